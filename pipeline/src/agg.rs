@@ -1,0 +1,1 @@
+//! Aggregation stages over documents.

@@ -1,0 +1,1 @@
+//! Aggregation expressions (`$add`, `$concat`, `$cond`, field paths, `$$ROOT`, ...).

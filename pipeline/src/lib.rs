@@ -1,0 +1,15 @@
+//! Pure query machinery shared by the shards and the router: BSON comparison, the
+//! match-expression language, aggregation expressions and stages, find projections and sorts.
+//! Change-stream stages come here too (shard part and merge part).
+//!
+//! Errors are [`wire::MongoError`] with MongoDB's codes (`BadValue`, `FailedToParse`, ...).
+
+pub mod agg;
+pub mod expr;
+pub mod matcher;
+pub mod projection;
+pub mod sort;
+pub mod value;
+
+pub use matcher::Matcher;
+pub use wire::{MongoError, Result};

@@ -1,0 +1,1 @@
+//! Sort specifications (`{a: 1, b: -1}`) and the comparator they define.

@@ -1,0 +1,1 @@
+//! The Tributary router.
