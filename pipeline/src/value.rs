@@ -1,14 +1,240 @@
 //! BSON values as MongoDB compares them: canonical type order, numbers by value across
-//! int32/int64/double/decimal, documents and arrays element-wise; dotted-path lookup.
+//! int32/int64/double/decimal, documents and arrays element-wise; dotted-path lookup;
+//! truthiness; and numeric arithmetic with MongoDB's promotion rules.
+//!
+//! Invariants:
+//! * [`compare`] is a total order (reflexive, antisymmetric, transitive) over every `Bson`
+//!   value, matching `BSONElement::woCompare` without collation: first by [`canonical_type`],
+//!   then by value within the type. NaN equals NaN and sorts below every other number; `-0.0`
+//!   equals `0.0`; `1 == 1.0 == NumberLong(1)`.
+//! * Int64 vs double comparisons are exact (no rounding through `f64`). Decimal128 values are
+//!   compared and computed through their nearest `f64` (a documented approximation: bson 3.1
+//!   has no decimal arithmetic).
+//! * [`add_numbers`]/[`mul_numbers`]/[`sub_numbers`] never panic: int32 overflow promotes to
+//!   int64, int64 overflow to double; any double makes a double, any decimal a decimal.
 
 use std::cmp::Ordering;
 
-use bson::{Bson, Document};
+use bson::{Bson, Decimal128, Document};
+
+/// MongoDB's canonical type rank (`canonicalizeBSONType`): values of different ranks compare
+/// by rank; numbers share one rank, as do strings and symbols.
+pub fn canonical_type(v: &Bson) -> u8 {
+    match v {
+        Bson::MinKey => 0,
+        Bson::Undefined => 1,
+        Bson::Null => 5,
+        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) => 10,
+        Bson::String(_) | Bson::Symbol(_) => 15,
+        Bson::Document(_) => 20,
+        Bson::Array(_) => 25,
+        Bson::Binary(_) => 30,
+        Bson::ObjectId(_) => 35,
+        Bson::Boolean(_) => 40,
+        Bson::DateTime(_) => 45,
+        Bson::Timestamp(_) => 47,
+        Bson::RegularExpression(_) => 50,
+        Bson::DbPointer(_) => 55,
+        Bson::JavaScriptCode(_) => 60,
+        Bson::JavaScriptCodeWithScope(_) => 65,
+        Bson::MaxKey => 127,
+    }
+}
+
+/// The BSON type code (`$type` numbers): double 1, string 2, ..., minKey -1, maxKey 127.
+pub fn type_code(v: &Bson) -> i32 {
+    match v {
+        Bson::Double(_) => 1,
+        Bson::String(_) => 2,
+        Bson::Document(_) => 3,
+        Bson::Array(_) => 4,
+        Bson::Binary(_) => 5,
+        Bson::Undefined => 6,
+        Bson::ObjectId(_) => 7,
+        Bson::Boolean(_) => 8,
+        Bson::DateTime(_) => 9,
+        Bson::Null => 10,
+        Bson::RegularExpression(_) => 11,
+        Bson::DbPointer(_) => 12,
+        Bson::JavaScriptCode(_) => 13,
+        Bson::Symbol(_) => 14,
+        Bson::JavaScriptCodeWithScope(_) => 15,
+        Bson::Int32(_) => 16,
+        Bson::Timestamp(_) => 17,
+        Bson::Int64(_) => 18,
+        Bson::Decimal128(_) => 19,
+        Bson::MinKey => -1,
+        Bson::MaxKey => 127,
+    }
+}
+
+/// The type alias MongoDB uses in `$type` and error messages (`"double"`, `"objectId"`, ...).
+pub fn type_name(v: &Bson) -> &'static str {
+    type_name_of_code(type_code(v)).unwrap_or("unknown")
+}
+
+/// The alias of a BSON type code, if it is one.
+pub fn type_name_of_code(code: i32) -> Option<&'static str> {
+    TYPE_ALIASES
+        .iter()
+        .find(|(_, c)| *c == code)
+        .map(|(name, _)| *name)
+}
+
+/// The type code of an alias (`"int"` → 16); `"number"` is not a single type and is absent.
+pub fn type_code_of_name(name: &str) -> Option<i32> {
+    TYPE_ALIASES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, c)| *c)
+}
+
+const TYPE_ALIASES: &[(&str, i32)] = &[
+    ("double", 1),
+    ("string", 2),
+    ("object", 3),
+    ("array", 4),
+    ("binData", 5),
+    ("undefined", 6),
+    ("objectId", 7),
+    ("bool", 8),
+    ("date", 9),
+    ("null", 10),
+    ("regex", 11),
+    ("dbPointer", 12),
+    ("javascript", 13),
+    ("symbol", 14),
+    ("javascriptWithScope", 15),
+    ("int", 16),
+    ("timestamp", 17),
+    ("long", 18),
+    ("decimal", 19),
+    ("minKey", -1),
+    ("maxKey", 127),
+];
+
+/// Whether the value is one of the four numeric types.
+pub fn is_number(v: &Bson) -> bool {
+    matches!(
+        v,
+        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_)
+    )
+}
+
+/// The nearest `f64` of a numeric value; `None` for non-numbers.
+pub fn as_f64(v: &Bson) -> Option<f64> {
+    match v {
+        Bson::Double(d) => Some(*d),
+        Bson::Int32(i) => Some(f64::from(*i)),
+        Bson::Int64(i) => Some(*i as f64),
+        Bson::Decimal128(d) => Some(decimal_to_f64(d)),
+        _ => None,
+    }
+}
+
+/// The value as an `i64` when it is a number with an integral value that fits.
+pub fn as_i64_exact(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(_) | Bson::Decimal128(_) => {
+            let d = as_f64(v)?;
+            f64_to_i64_exact(d)
+        }
+        _ => None,
+    }
+}
+
+/// `d` as an `i64` when it is integral and within range.
+pub fn f64_to_i64_exact(d: f64) -> Option<i64> {
+    // 2^63 is exactly representable; the valid range is [-2^63, 2^63).
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if d.is_finite() && d.fract() == 0.0 && (-TWO_63..TWO_63).contains(&d) {
+        Some(d as i64)
+    } else {
+        None
+    }
+}
+
+/// A Decimal128's nearest `f64` (through its string form).
+pub fn decimal_to_f64(d: &Decimal128) -> f64 {
+    let s = d.to_string();
+    match s.as_str() {
+        "NaN" | "-NaN" | "sNaN" | "-sNaN" => f64::NAN,
+        "Infinity" => f64::INFINITY,
+        "-Infinity" => f64::NEG_INFINITY,
+        _ => s.parse::<f64>().unwrap_or(f64::NAN),
+    }
+}
+
+/// A Decimal128 holding `d` (shortest round-trip digits).
+pub fn f64_to_decimal(d: f64) -> Decimal128 {
+    let s = if d.is_nan() {
+        "NaN".to_string()
+    } else if d.is_infinite() {
+        if d > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
+    } else {
+        format!("{d:e}")
+    };
+    s.parse::<Decimal128>()
+        .or_else(|_| "NaN".parse::<Decimal128>())
+        .unwrap_or(Decimal128::from_bytes([0; 16]))
+}
+
+/// MongoDB's truthiness (`$cond`, `$and`, `$expr`): false, null, undefined and numeric zero are
+/// false; everything else (including NaN, empty strings and empty arrays) is true.
+pub fn truthy(v: &Bson) -> bool {
+    match v {
+        Bson::Boolean(b) => *b,
+        Bson::Null | Bson::Undefined => false,
+        Bson::Int32(i) => *i != 0,
+        Bson::Int64(i) => *i != 0,
+        Bson::Double(d) => *d != 0.0,
+        Bson::Decimal128(d) => decimal_to_f64(d) != 0.0,
+        _ => true,
+    }
+}
 
 /// MongoDB's total order over BSON values (`BSONElement::woCompare` semantics, no collation).
 pub fn compare(a: &Bson, b: &Bson) -> Ordering {
-    let _ = (a, b);
-    unimplemented!("pipeline helper")
+    let (ta, tb) = (canonical_type(a), canonical_type(b));
+    if ta != tb {
+        return ta.cmp(&tb);
+    }
+    match (a, b) {
+        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => {
+            x.as_bytes().cmp(y.as_bytes())
+        }
+        (Bson::Document(x), Bson::Document(y)) => compare_documents(x, y),
+        (Bson::Array(x), Bson::Array(y)) => compare_arrays(x, y),
+        (Bson::Binary(x), Bson::Binary(y)) => x
+            .bytes
+            .len()
+            .cmp(&y.bytes.len())
+            .then_with(|| u8::from(x.subtype).cmp(&u8::from(y.subtype)))
+            .then_with(|| x.bytes.cmp(&y.bytes)),
+        (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
+        (Bson::Boolean(x), Bson::Boolean(y)) => x.cmp(y),
+        (Bson::DateTime(x), Bson::DateTime(y)) => x.timestamp_millis().cmp(&y.timestamp_millis()),
+        (Bson::Timestamp(x), Bson::Timestamp(y)) => {
+            (x.time, x.increment).cmp(&(y.time, y.increment))
+        }
+        (Bson::RegularExpression(x), Bson::RegularExpression(y)) => x
+            .pattern
+            .as_str()
+            .cmp(y.pattern.as_str())
+            .then_with(|| x.options.as_str().cmp(y.options.as_str())),
+        (Bson::JavaScriptCode(x), Bson::JavaScriptCode(y)) => x.cmp(y),
+        (Bson::JavaScriptCodeWithScope(x), Bson::JavaScriptCodeWithScope(y)) => x
+            .code
+            .cmp(&y.code)
+            .then_with(|| compare_documents(&x.scope, &y.scope)),
+        // DBPointer's fields are private in bson 3.1; its debug form is deterministic.
+        (Bson::DbPointer(x), Bson::DbPointer(y)) => format!("{x:?}").cmp(&format!("{y:?}")),
+        _ if ta == 10 => compare_numbers(a, b),
+        // MinKey, MaxKey, Null, Undefined: one value per type.
+        _ => Ordering::Equal,
+    }
 }
 
 /// Equality in MongoDB's sense (`1 == 1.0 == NumberLong(1)`).
@@ -16,8 +242,423 @@ pub fn equal(a: &Bson, b: &Bson) -> bool {
     compare(a, b) == Ordering::Equal
 }
 
+/// Documents compare element by element: canonical type, then field name, then value; a
+/// prefix sorts first.
+pub fn compare_documents(a: &Document, b: &Document) -> Ordering {
+    let mut ia = a.iter();
+    let mut ib = b.iter();
+    loop {
+        match (ia.next(), ib.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some((ka, va)), Some((kb, vb))) => {
+                let ord = canonical_type(va)
+                    .cmp(&canonical_type(vb))
+                    .then_with(|| ka.as_bytes().cmp(kb.as_bytes()))
+                    .then_with(|| compare(va, vb));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+        }
+    }
+}
+
+/// Arrays compare element-wise (type first, then value); a prefix sorts first.
+pub fn compare_arrays(a: &[Bson], b: &[Bson]) -> Ordering {
+    for (x, y) in a.iter().zip(b) {
+        let ord = canonical_type(x)
+            .cmp(&canonical_type(y))
+            .then_with(|| compare(x, y));
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Numeric comparison across the four numeric types. Non-numbers compare equal (callers only
+/// pass numbers).
+fn compare_numbers(a: &Bson, b: &Bson) -> Ordering {
+    match (a, b) {
+        (Bson::Int32(x), Bson::Int32(y)) => x.cmp(y),
+        (Bson::Int32(_) | Bson::Int64(_), Bson::Int32(_) | Bson::Int64(_)) => {
+            int_of(a).cmp(&int_of(b))
+        }
+        (Bson::Int32(_) | Bson::Int64(_), _) => {
+            compare_i64_f64(int_of(a), as_f64(b).unwrap_or(f64::NAN))
+        }
+        (_, Bson::Int32(_) | Bson::Int64(_)) => {
+            compare_i64_f64(int_of(b), as_f64(a).unwrap_or(f64::NAN)).reverse()
+        }
+        _ => compare_f64(as_f64(a).unwrap_or(f64::NAN), as_f64(b).unwrap_or(f64::NAN)),
+    }
+}
+
+fn int_of(v: &Bson) -> i64 {
+    match v {
+        Bson::Int32(i) => i64::from(*i),
+        Bson::Int64(i) => *i,
+        _ => 0,
+    }
+}
+
+/// Doubles in MongoDB order: NaN == NaN < -inf < ... < inf; -0 == 0.
+pub fn compare_f64(x: f64, y: f64) -> Ordering {
+    match (x.is_nan(), y.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// Exact comparison of an int64 with a double.
+fn compare_i64_f64(l: i64, d: f64) -> Ordering {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if d.is_nan() {
+        return Ordering::Greater;
+    }
+    if d >= TWO_63 {
+        return Ordering::Less;
+    }
+    if d < -TWO_63 {
+        return Ordering::Greater;
+    }
+    let t = d.trunc();
+    // t is integral and within [-2^63, 2^63): the cast is exact.
+    let ti = t as i64;
+    match l.cmp(&ti) {
+        Ordering::Equal => compare_f64(0.0, d - t),
+        o => o,
+    }
+}
+
 /// The value at a dotted path without array traversal (`a.0.b` indexes arrays); `None` when missing.
 pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-    let _ = (doc, path);
-    unimplemented!("pipeline helper")
+    let mut parts = path.split('.');
+    let first = parts.next()?;
+    let mut cur = doc.get(first)?;
+    for part in parts {
+        cur = child(cur, part)?;
+    }
+    Some(cur)
+}
+
+/// One step of a dotted path without fan-out: a document's field or an array's element.
+pub fn child<'a>(v: &'a Bson, part: &str) -> Option<&'a Bson> {
+    match v {
+        Bson::Document(d) => d.get(part),
+        Bson::Array(a) => array_index(part).and_then(|i| a.get(i)),
+        _ => None,
+    }
+}
+
+/// A path component as an array index: plain decimal digits, no sign, no leading zero (unless
+/// it is `0` itself), as MongoDB's positional path components.
+pub fn array_index(part: &str) -> Option<usize> {
+    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if part.len() > 1 && part.starts_with('0') {
+        return None;
+    }
+    part.parse().ok()
+}
+
+/// Every value a dotted path reaches with MongoDB's implicit array traversal (the semantics of
+/// `$match` paths and `$a.b` expressions before leaf expansion): arrays met before the last
+/// component fan out over their document elements (and are indexed by numeric components).
+/// The leaf values themselves are returned as stored (an array leaf is one value).
+pub fn path_values<'a>(doc: &'a Document, path: &str) -> Vec<&'a Bson> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut out = Vec::new();
+    if let Some((first, rest)) = parts.split_first()
+        && let Some(v) = doc.get(*first)
+    {
+        collect_path(v, rest, &mut out);
+    }
+    out
+}
+
+fn collect_path<'a>(v: &'a Bson, rest: &[&str], out: &mut Vec<&'a Bson>) {
+    let Some((part, tail)) = rest.split_first() else {
+        out.push(v);
+        return;
+    };
+    match v {
+        Bson::Document(d) => {
+            if let Some(c) = d.get(*part) {
+                collect_path(c, tail, out);
+            }
+        }
+        Bson::Array(arr) => {
+            if let Some(i) = array_index(part) {
+                if let Some(c) = arr.get(i) {
+                    collect_path(c, tail, out);
+                }
+            } else {
+                for e in arr {
+                    if let Bson::Document(d) = e
+                        && let Some(c) = d.get(*part)
+                    {
+                        collect_path(c, tail, out);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets `path` (dotted, through documents only) to `value`, creating intermediate documents.
+/// Returns false (and changes nothing) when a non-document is in the way.
+pub fn set_path(doc: &mut Document, path: &str, value: Bson) -> bool {
+    match path.split_once('.') {
+        None => {
+            doc.insert(path, value);
+            true
+        }
+        Some((head, tail)) => {
+            if !doc.contains_key(head) {
+                doc.insert(head, Document::new());
+            }
+            match doc.get_mut(head) {
+                Some(Bson::Document(sub)) => set_path(sub, tail, value),
+                _ => false,
+            }
+        }
+    }
+}
+
+/// Removes `path` (dotted, through documents only); returns the removed value.
+pub fn remove_path(doc: &mut Document, path: &str) -> Option<Bson> {
+    match path.split_once('.') {
+        None => doc.remove(path),
+        Some((head, tail)) => match doc.get_mut(head) {
+            Some(Bson::Document(sub)) => remove_path(sub, tail),
+            _ => None,
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic
+// ---------------------------------------------------------------------------------------------
+
+/// The widest numeric type among two operands, MongoDB's promotion order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Width {
+    Int,
+    Long,
+    Double,
+    Decimal,
+}
+
+fn width(v: &Bson) -> Option<Width> {
+    match v {
+        Bson::Int32(_) => Some(Width::Int),
+        Bson::Int64(_) => Some(Width::Long),
+        Bson::Double(_) => Some(Width::Double),
+        Bson::Decimal128(_) => Some(Width::Decimal),
+        _ => None,
+    }
+}
+
+fn arith(
+    a: &Bson,
+    b: &Bson,
+    int_op: fn(i64, i64) -> Option<i64>,
+    f_op: fn(f64, f64) -> f64,
+) -> Option<Bson> {
+    let w = width(a)?.max(width(b)?);
+    Some(match w {
+        Width::Int | Width::Long => {
+            let (x, y) = (int_of(a), int_of(b));
+            match int_op(x, y) {
+                Some(r) if w == Width::Int => match i32::try_from(r) {
+                    Ok(small) => Bson::Int32(small),
+                    Err(_) => Bson::Int64(r),
+                },
+                Some(r) => Bson::Int64(r),
+                None => Bson::Double(f_op(x as f64, y as f64)),
+            }
+        }
+        Width::Double => Bson::Double(f_op(as_f64(a)?, as_f64(b)?)),
+        Width::Decimal => Bson::Decimal128(f64_to_decimal(f_op(as_f64(a)?, as_f64(b)?))),
+    })
+}
+
+/// `a + b` with MongoDB's promotion (int32 → int64 → double on overflow); `None` unless both
+/// are numbers.
+pub fn add_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
+    arith(a, b, i64::checked_add, |x, y| x + y)
+}
+
+/// `a - b`, promoted like [`add_numbers`].
+pub fn sub_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
+    arith(a, b, i64::checked_sub, |x, y| x - y)
+}
+
+/// `a * b`, promoted like [`add_numbers`].
+pub fn mul_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
+    arith(a, b, i64::checked_mul, |x, y| x * y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, oid::ObjectId};
+
+    fn ordered(values: &[Bson]) {
+        for (i, a) in values.iter().enumerate() {
+            for (j, b) in values.iter().enumerate() {
+                assert_eq!(compare(a, b), i.cmp(&j), "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn canonical_type_order_puts_types_in_mongodb_order() {
+        ordered(&[
+            Bson::MinKey,
+            Bson::Undefined,
+            Bson::Null,
+            Bson::Int32(1),
+            Bson::String("a".into()),
+            Bson::Document(doc! {}),
+            Bson::Array(vec![]),
+            Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: vec![],
+            }),
+            Bson::ObjectId(ObjectId::from_bytes([0; 12])),
+            Bson::Boolean(false),
+            Bson::DateTime(bson::DateTime::from_millis(0)),
+            Bson::Timestamp(bson::Timestamp {
+                time: 0,
+                increment: 0,
+            }),
+            Bson::JavaScriptCode("x".into()),
+            Bson::MaxKey,
+        ]);
+    }
+
+    #[test]
+    fn numbers_compare_by_value_across_types() {
+        ordered(&[
+            Bson::Double(f64::NAN),
+            Bson::Double(f64::NEG_INFINITY),
+            Bson::Int64(i64::MIN),
+            Bson::Int32(-1),
+            Bson::Double(-0.5),
+            Bson::Int32(0),
+            Bson::Double(0.5),
+            Bson::Int64(1 << 53),
+            Bson::Int64((1 << 53) + 1),
+            Bson::Int64(i64::MAX),
+            Bson::Double(9_223_372_036_854_775_808.0),
+            Bson::Double(f64::INFINITY),
+        ]);
+        assert!(equal(&Bson::Int32(1), &Bson::Double(1.0)));
+        assert!(equal(&Bson::Int64(1), &Bson::Double(1.0)));
+        assert!(equal(&Bson::Double(-0.0), &Bson::Int32(0)));
+        assert!(equal(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
+        assert!(equal(
+            &Bson::Decimal128("1.5".parse().unwrap()),
+            &Bson::Double(1.5)
+        ));
+        assert!(equal(&Bson::String("a".into()), &Bson::Symbol("a".into())));
+    }
+
+    #[test]
+    fn documents_compare_field_by_field_type_then_name_then_value() {
+        ordered(&[
+            Bson::Document(doc! {}),
+            Bson::Document(doc! {"a": 1}),
+            Bson::Document(doc! {"a": 1, "b": 1}),
+            Bson::Document(doc! {"a": 2}),
+            Bson::Document(doc! {"b": 0}),
+            Bson::Document(doc! {"a": "x"}),
+        ]);
+        ordered(&[
+            Bson::Array(vec![]),
+            Bson::Array(vec![Bson::Int32(1)]),
+            Bson::Array(vec![Bson::Int32(1), Bson::Int32(0)]),
+            Bson::Array(vec![Bson::Int32(2)]),
+            Bson::Array(vec![Bson::String("a".into())]),
+        ]);
+    }
+
+    #[test]
+    fn get_path_indexes_arrays_without_fan_out() {
+        let d = doc! {"a": {"b": [10, {"c": 5}]}, "x": [{"y": 1}]};
+        assert_eq!(get_path(&d, "a.b.0"), Some(&Bson::Int32(10)));
+        assert_eq!(get_path(&d, "a.b.1.c"), Some(&Bson::Int32(5)));
+        assert_eq!(get_path(&d, "a.b.2"), None);
+        assert_eq!(get_path(&d, "x.y"), None);
+        assert_eq!(get_path(&d, "nope"), None);
+        assert_eq!(
+            path_values(&d, "x.y")
+                .into_iter()
+                .cloned()
+                .collect::<Vec<_>>(),
+            vec![Bson::Int32(1)]
+        );
+    }
+
+    #[test]
+    fn arithmetic_promotes_on_overflow() {
+        assert_eq!(
+            add_numbers(&Bson::Int32(1), &Bson::Int32(2)),
+            Some(Bson::Int32(3))
+        );
+        assert_eq!(
+            add_numbers(&Bson::Int32(i32::MAX), &Bson::Int32(1)),
+            Some(Bson::Int64(i64::from(i32::MAX) + 1))
+        );
+        assert_eq!(
+            add_numbers(&Bson::Int64(i64::MAX), &Bson::Int32(1)),
+            Some(Bson::Double(i64::MAX as f64 + 1.0))
+        );
+        assert_eq!(
+            mul_numbers(&Bson::Int32(3), &Bson::Double(0.5)),
+            Some(Bson::Double(1.5))
+        );
+        assert_eq!(
+            sub_numbers(&Bson::Int64(5), &Bson::Int32(7)),
+            Some(Bson::Int64(-2))
+        );
+        assert_eq!(
+            add_numbers(&Bson::Int32(1), &Bson::String("x".into())),
+            None
+        );
+        let dec = add_numbers(&Bson::Decimal128("1.5".parse().unwrap()), &Bson::Int32(1));
+        assert!(matches!(dec, Some(Bson::Decimal128(_))));
+        assert!(equal(&dec.unwrap(), &Bson::Double(2.5)));
+    }
+
+    #[test]
+    fn truthiness_follows_mongodb() {
+        for v in [
+            Bson::Boolean(false),
+            Bson::Null,
+            Bson::Undefined,
+            Bson::Int32(0),
+            Bson::Int64(0),
+            Bson::Double(0.0),
+        ] {
+            assert!(!truthy(&v), "{v:?}");
+        }
+        for v in [
+            Bson::Boolean(true),
+            Bson::String(String::new()),
+            Bson::Array(vec![]),
+            Bson::Double(f64::NAN),
+            Bson::Int32(-1),
+        ] {
+            assert!(truthy(&v), "{v:?}");
+        }
+    }
 }
