@@ -1,1 +1,20 @@
-//! The Tributary router.
+//! The Tributary router: speaks the MongoDB wire protocol to drivers, routes CRUD to shards by
+//! shard key, merges scattered reads, and keeps cluster time flowing between shards.
+//!
+//! Layers: [`server`] (bytes ↔ requests) → [`commands`] (one module per command family) →
+//! [`router::Router`] (shared state: shard clients, clock, metadata cache, cursors) →
+//! [`shard_client::ShardClient`] (in-process or TCP). [`routing`] is the pure shard-key and
+//! chunk logic.
+
+pub mod clock;
+mod commands;
+pub mod cursors;
+pub mod launch;
+pub mod metadata;
+pub mod router;
+pub mod routing;
+pub mod server;
+pub mod shard_client;
+
+pub use router::{Presentation, Router, RouterOptions};
+pub use shard_client::{LocalShard, RemoteShard, ShardClient};

@@ -1,1 +1,142 @@
-fn main() {}
+//! The `tributary` binary: the embedded cluster by default, or one shard, or one router.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use router::Presentation;
+use router::launch::{self, Running};
+
+/// Tributary: a sharded document store that serves MongoDB-compatible change streams.
+///
+/// With no subcommand it runs the embedded cluster: a router with in-process shards.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    embedded: EmbeddedArgs,
+}
+
+#[derive(Args, Debug)]
+struct EmbeddedArgs {
+    /// Port the router listens on.
+    #[arg(long, default_value_t = 27017)]
+    port: u16,
+    /// Address the router binds to.
+    #[arg(long = "bind-ip", default_value = "127.0.0.1")]
+    bind_ip: IpAddr,
+    /// Number of in-process shards.
+    #[arg(long, default_value_t = 3)]
+    shards: usize,
+    /// Directory for the shards' data (one subdirectory per shard).
+    #[arg(long, default_value = "./tributary-data")]
+    dbpath: PathBuf,
+    /// Present the router to drivers as a single-node replica set instead of a mongos.
+    #[arg(long = "replSetMode")]
+    repl_set_mode: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one shard as its own process.
+    Shard {
+        /// Port the shard listens on.
+        #[arg(long, default_value_t = 27018)]
+        port: u16,
+        /// Address the shard binds to.
+        #[arg(long = "bind-ip", default_value = "127.0.0.1")]
+        bind_ip: IpAddr,
+        /// Directory for the shard's data.
+        #[arg(long)]
+        dbpath: PathBuf,
+        /// The shard's name in logs.
+        #[arg(long, default_value = "shard")]
+        name: String,
+    },
+    /// Run a router over shards running in other processes.
+    Router {
+        /// Port the router listens on.
+        #[arg(long, default_value_t = 27017)]
+        port: u16,
+        /// Address the router binds to.
+        #[arg(long = "bind-ip", default_value = "127.0.0.1")]
+        bind_ip: IpAddr,
+        /// A shard's HOST:PORT; repeat for each shard, in the same order on every router
+        /// (the first is the config shard).
+        #[arg(long = "shard", required = true)]
+        shards: Vec<String>,
+        /// Present the router to drivers as a single-node replica set instead of a mongos.
+        #[arg(long = "replSetMode")]
+        repl_set_mode: bool,
+    },
+}
+
+fn presentation(repl_set_mode: bool) -> Presentation {
+    if repl_set_mode { Presentation::ReplicaSet } else { Presentation::Mongos }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let argv: Vec<String> = std::env::args().collect();
+    let running: Running = match cli.command {
+        None => {
+            let e = cli.embedded;
+            launch::embedded(
+                SocketAddr::new(e.bind_ip, e.port),
+                e.shards,
+                e.dbpath,
+                presentation(e.repl_set_mode),
+                argv,
+            )
+            .await?
+        }
+        Some(Command::Shard { port, bind_ip, dbpath, name }) => {
+            launch::shard(SocketAddr::new(bind_ip, port), dbpath, name).await?
+        }
+        Some(Command::Router { port, bind_ip, shards, repl_set_mode }) => {
+            launch::router(SocketAddr::new(bind_ip, port), shards, presentation(repl_set_mode), argv).await?
+        }
+    };
+    let cancel = running.cancel.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    running.wait().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

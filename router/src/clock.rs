@@ -1,0 +1,79 @@
+//! The router's view of cluster time: the highest `$clusterTime` it has seen from drivers and
+//! shards. It gossips that value on every command to a shard, so a shard's clock never runs
+//! behind a write the router has already acknowledged elsewhere.
+//!
+//! Invariant: the value only grows (`fetch_max`), so gossip is monotonic per router.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bson::{Binary, Bson, Document, Timestamp, doc, spec::BinarySubtype};
+use resume::ClusterTime;
+
+#[derive(Debug, Default)]
+pub struct ClusterClock {
+    max_seen: AtomicU64,
+}
+
+impl ClusterClock {
+    pub fn new() -> Self {
+        ClusterClock::default()
+    }
+
+    pub fn now(&self) -> ClusterTime {
+        ClusterTime::from_u64(self.max_seen.load(Ordering::Acquire))
+    }
+
+    pub fn observe(&self, t: ClusterTime) {
+        self.max_seen.fetch_max(t.as_u64(), Ordering::AcqRel);
+    }
+
+    /// Reads `$clusterTime.clusterTime` (and `operationTime`) from a document, if present.
+    pub fn observe_document(&self, d: &Document) {
+        if let Some(t) = cluster_time_of(d) {
+            self.observe(t);
+        }
+        if let Ok(t) = d.get_timestamp("operationTime") {
+            self.observe(t.into());
+        }
+    }
+
+    /// The `$clusterTime` document to attach to a command or reply.
+    pub fn gossip(&self) -> Document {
+        cluster_time_document(self.now())
+    }
+}
+
+/// `{clusterTime, signature: {hash, keyId}}` with an all-zero signature (no auth).
+pub fn cluster_time_document(t: ClusterTime) -> Document {
+    doc! {
+        "clusterTime": Bson::Timestamp(Timestamp::from(t)),
+        "signature": {
+            "hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] },
+            "keyId": 0_i64,
+        },
+    }
+}
+
+/// The `$clusterTime.clusterTime` of a command or reply.
+pub fn cluster_time_of(d: &Document) -> Option<ClusterTime> {
+    d.get_document("$clusterTime")
+        .ok()?
+        .get_timestamp("clusterTime")
+        .ok()
+        .map(ClusterTime::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gossip_never_goes_backwards() {
+        let c = ClusterClock::new();
+        c.observe(ClusterTime::new(10, 2));
+        c.observe(ClusterTime::new(9, 7));
+        assert_eq!(c.now(), ClusterTime::new(10, 2));
+        c.observe_document(&doc! {"$clusterTime": cluster_time_document(ClusterTime::new(11, 0))});
+        assert_eq!(c.now(), ClusterTime::new(11, 0));
+    }
+}

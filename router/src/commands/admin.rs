@@ -1,0 +1,154 @@
+//! Administrative and harness commands: `getParameter`, `getCmdLineOpts`, `serverStatus`,
+//! `listDatabases`, session bookkeeping, `listShards`, `listCommands`.
+
+use bson::{Bson, DateTime, Document, doc};
+use wire::Result;
+
+use super::{Ctx, ok};
+
+pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
+    let all = [
+        ("enableTestCommands", Bson::Boolean(false)),
+        (
+            "featureCompatibilityVersion",
+            Bson::Document(doc! {"version": "7.0"}),
+        ),
+        ("authenticationMechanisms", Bson::Array(vec![])),
+        ("requireApiVersion", Bson::Boolean(false)),
+    ];
+    let star = matches!(ctx.cmd.get("getParameter"), Some(Bson::String(s)) if s == "*");
+    let mut reply = Document::new();
+    for (name, value) in all {
+        if star || ctx.cmd.contains_key(name) {
+            reply.insert(name, value);
+        }
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}
+
+pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
+    let argv: Vec<Bson> = ctx.router.options.argv.iter().cloned().map(Bson::String).collect();
+    Ok(doc! {"argv": argv, "parsed": {}, "ok": 1.0})
+}
+
+pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
+    let router = ctx.router;
+    let uptime = router.started.elapsed();
+    let current = router.open_connections.load(std::sync::atomic::Ordering::Relaxed) as i64;
+    Ok(doc! {
+        "host": &router.options.advertised_host,
+        "version": super::handshake::VERSION,
+        "process": "mongos",
+        "pid": i64::from(std::process::id()),
+        "uptime": uptime.as_secs_f64(),
+        "uptimeMillis": uptime.as_millis() as i64,
+        "localTime": DateTime::now(),
+        "connections": {"current": current, "available": 100_000_i64 - current},
+        "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
+        "metrics": {"cursor": {"open": {"total": router.cursors.len() as i64}}},
+        "ok": 1.0,
+    })
+}
+
+pub(super) fn host_info() -> Result<Document> {
+    Ok(doc! {
+        "system": {"currentTime": DateTime::now(), "numCores": std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(1)},
+        "os": {"type": std::env::consts::OS},
+        "ok": 1.0,
+    })
+}
+
+/// Sessions are implicit: any `lsid` is accepted, so there is nothing to start or end.
+pub(super) fn sessions(ctx: &Ctx<'_>) -> Result<Document> {
+    if ctx.name == "startSession" {
+        let id = bson::Binary {
+            subtype: bson::spec::BinarySubtype::Uuid,
+            bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
+        };
+        return Ok(doc! {"id": {"id": id}, "timeoutMinutes": 30, "ok": 1.0});
+    }
+    Ok(ok())
+}
+
+pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
+    let shards: Vec<Bson> = ctx
+        .router
+        .shards
+        .iter()
+        .map(|s| Bson::Document(doc! {"_id": &s.name, "host": s.client.describe(), "state": 1}))
+        .collect();
+    Ok(doc! {"shards": shards, "ok": 1.0})
+}
+
+pub(super) fn list_commands() -> Result<Document> {
+    let names = [
+        "aggregate", "buildInfo", "collMod", "count", "create", "createIndexes", "delete",
+        "distinct", "drop", "dropDatabase", "dropIndexes", "enableSharding", "endSessions",
+        "find", "findAndModify", "getCmdLineOpts", "getMore", "getParameter", "hello", "insert",
+        "isMaster", "killAllSessions", "killCursors", "listCollections", "listCommands",
+        "listDatabases", "listIndexes", "listShards", "ping", "renameCollection",
+        "serverStatus", "shardCollection", "update",
+    ];
+    let mut commands = Document::new();
+    for n in names {
+        commands.insert(n, doc! {});
+    }
+    Ok(doc! {"commands": commands, "ok": 1.0})
+}
+
+/// `listDatabases` over every shard: sizes summed, `local` hidden, `filter` and `nameOnly`
+/// honoured.
+pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let name_only = args.opt_bool("nameOnly")?.unwrap_or(false);
+    let filter = match args.opt_doc("filter")? {
+        Some(f) => Some(pipeline::Matcher::parse(f)?),
+        None => None,
+    };
+    let router = ctx.router;
+    let replies = router
+        .broadcast(&router.all_shards(), "admin", &doc! {"listDatabases": 1})
+        .await;
+    let mut sizes: std::collections::BTreeMap<String, i64> = Default::default();
+    for reply in replies {
+        let reply = reply?;
+        for d in reply.get_array("databases").map(|a| a.as_slice()).unwrap_or(&[]) {
+            let Some(d) = d.as_document() else { continue };
+            let Ok(name) = d.get_str("name") else { continue };
+            if name == "local" {
+                continue;
+            }
+            let size = match d.get("sizeOnDisk") {
+                Some(Bson::Int64(n)) => *n,
+                Some(Bson::Int32(n)) => i64::from(*n),
+                Some(Bson::Double(n)) => *n as i64,
+                _ => 0,
+            };
+            *sizes.entry(name.to_string()).or_default() += size;
+        }
+    }
+    let mut total = 0i64;
+    let mut databases = Vec::new();
+    for (name, size) in sizes {
+        let entry = if name_only {
+            doc! {"name": &name}
+        } else {
+            doc! {"name": &name, "sizeOnDisk": size, "empty": size == 0}
+        };
+        if let Some(m) = &filter {
+            if !m.matches(&doc! {"name": &name, "sizeOnDisk": size, "empty": size == 0}) {
+                continue;
+            }
+        }
+        total += size;
+        databases.push(Bson::Document(entry));
+    }
+    let mut reply = doc! {"databases": databases};
+    if !name_only {
+        reply.insert("totalSize", total);
+        reply.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}

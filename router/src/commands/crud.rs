@@ -1,0 +1,444 @@
+//! Writes through the router: `insert`, `update`, `delete`, `findAndModify`.
+//!
+//! An unsharded collection's write goes whole to its database's primary shard. A sharded
+//! collection's write is split by shard key: inserts by each document's key, updates and deletes
+//! by the key their query pins down (or broadcast). Retryable writes keep working across the
+//! split because each sub-batch carries the session, the `txnNumber` and the original statement
+//! ids (`stmtIds`), and the shards deduplicate by them.
+//!
+//! Invariants: write errors are reported with the driver's statement index; an ordered write
+//! stops at its first error in statement order.
+
+use std::collections::BTreeMap;
+
+use bson::{Bson, Document, doc, oid::ObjectId};
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+use crate::metadata::{Placement, ShardedCollection};
+use crate::router::Router;
+
+/// Fields of a driver's command that are the router's business, not the shard's.
+const ROUTER_ONLY_FIELDS: &[&str] = &["$db", "$clusterTime", "$readPreference", "apiVersion",
+    "apiStrict", "apiDeprecationErrors"];
+
+/// The driver's command as it can be forwarded to a shard.
+pub(super) fn forwardable(cmd: &Document) -> Document {
+    cmd.iter()
+        .filter(|(k, _)| !ROUTER_ONLY_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Checks the namespace a command targets.
+pub(super) fn validate_collection_name(db: &str, coll: &str) -> Result<()> {
+    crate::router::validate_db_name(db)?;
+    if coll.is_empty() || coll.contains('\0') || coll.starts_with('.') || coll.contains('$') && !coll.starts_with("$cmd") {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!("Invalid collection name: {coll}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A write command's outcome, accumulated across shards.
+#[derive(Default)]
+struct WriteOutcome {
+    n: i64,
+    n_modified: i64,
+    upserted: Vec<(usize, Bson)>,
+    write_errors: BTreeMap<usize, Document>,
+    is_update: bool,
+}
+
+impl WriteOutcome {
+    /// Adds a shard's reply for statements whose driver indexes are `indexes` (in sub-batch
+    /// order).
+    fn absorb(&mut self, reply: &Document, indexes: &[usize]) {
+        self.n += int(reply.get("n"));
+        self.n_modified += int(reply.get("nModified"));
+        for u in reply.get_array("upserted").map(Vec::as_slice).unwrap_or(&[]) {
+            if let Some(u) = u.as_document() {
+                let i = int(u.get("index")) as usize;
+                let id = u.get("_id").cloned().unwrap_or(Bson::Null);
+                self.upserted.push((indexes.get(i).copied().unwrap_or(i), id));
+            }
+        }
+        for e in reply.get_array("writeErrors").map(Vec::as_slice).unwrap_or(&[]) {
+            if let Some(e) = e.as_document() {
+                let i = int(e.get("index")) as usize;
+                let index = indexes.get(i).copied().unwrap_or(i);
+                let mut e = e.clone();
+                e.insert("index", index as i32);
+                self.write_errors.insert(index, e);
+            }
+        }
+    }
+
+    /// A statement that failed as a whole on the router or at a shard.
+    fn fail(&mut self, index: usize, e: &MongoError) {
+        self.write_errors.insert(
+            index,
+            doc! {"index": index as i32, "code": e.code, "codeName": &e.code_name, "errmsg": &e.errmsg},
+        );
+    }
+
+    fn has_errors(&self) -> bool {
+        !self.write_errors.is_empty()
+    }
+
+    fn into_reply(mut self) -> Document {
+        let mut reply = doc! {"n": self.n};
+        if self.is_update {
+            reply.insert("nModified", self.n_modified);
+            if !self.upserted.is_empty() {
+                self.upserted.sort_by_key(|(i, _)| *i);
+                let ups: Vec<Bson> = self
+                    .upserted
+                    .into_iter()
+                    .map(|(i, id)| Bson::Document(doc! {"index": i as i32, "_id": id}))
+                    .collect();
+                reply.insert("upserted", ups);
+            }
+        }
+        if !self.write_errors.is_empty() {
+            let errs: Vec<Bson> = self.write_errors.into_values().map(Bson::Document).collect();
+            reply.insert("writeErrors", errs);
+        }
+        reply.insert("ok", 1.0);
+        reply
+    }
+}
+
+fn int(v: Option<&Bson>) -> i64 {
+    match v {
+        Some(Bson::Int32(i)) => i64::from(*i),
+        Some(Bson::Int64(i)) => *i,
+        Some(Bson::Double(d)) => *d as i64,
+        _ => 0,
+    }
+}
+
+/// A sub-command for statements `indexes` of the driver's command: the same options, its own
+/// statement list under `list_field`, and the original statement ids.
+fn sub_command(ctx: &Ctx<'_>, list_field: &str, statements: Vec<Bson>, indexes: &[usize]) -> Document {
+    let mut cmd = forwardable(ctx.cmd);
+    cmd.insert(list_field, statements);
+    if ctx.cmd.contains_key("txnNumber") {
+        let ids: Vec<Bson> = match ctx.cmd.get_array("stmtIds") {
+            Ok(given) => indexes.iter().map(|&i| given.get(i).cloned().unwrap_or(Bson::Int32(i as i32))).collect(),
+            Err(_) => indexes.iter().map(|&i| Bson::Int32(i as i32)).collect(),
+        };
+        cmd.insert("stmtIds", ids);
+    }
+    cmd
+}
+
+/// Marks errors that a driver may retry (shard unreachable) as `RetryableWriteError`.
+fn retryable(e: MongoError, ctx: &Ctx<'_>) -> MongoError {
+    let retry_codes = [6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436];
+    if ctx.cmd.contains_key("txnNumber") && retry_codes.contains(&e.code) {
+        e.with_label("RetryableWriteError")
+    } else {
+        e
+    }
+}
+
+pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let ordered = args.opt_bool("ordered")?.unwrap_or(true);
+    let raw = args.array("documents")?;
+    let mut outcome = WriteOutcome::default();
+    let mut docs: Vec<Option<Document>> = Vec::with_capacity(raw.len());
+    for (i, d) in raw.iter().enumerate() {
+        match d {
+            Bson::Document(d) => docs.push(Some(with_id(d))),
+            other => {
+                let e = MongoError::type_mismatch(format!(
+                    "BSON field 'insert.documents.{i}' is the wrong type '{}', expected type 'object'",
+                    super::args::type_name(other)
+                ));
+                return Err(e);
+            }
+        }
+    }
+    let placement = ctx.router.placement(ctx.db, coll, true).await.map_err(|e| retryable(e, ctx))?;
+    let router = ctx.router;
+    // Group statements by shard. Ordered writes run consecutive same-shard runs one after the
+    // other and stop at the first error; unordered ones run one batch per shard, concurrently.
+    let mut routed: Vec<(usize, usize, Document)> = Vec::with_capacity(docs.len());
+    for (i, d) in docs.iter_mut().enumerate() {
+        let Some(d) = d.take() else { continue };
+        let size = bson::to_vec(&d).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > wire::MAX_BSON_OBJECT_SIZE {
+            outcome.fail(i, &MongoError::new(ErrorCode::BSON_OBJECT_TOO_LARGE, format!("object to insert too large. size in bytes: {size}, max size: {}", wire::MAX_BSON_OBJECT_SIZE)));
+            if ordered {
+                break;
+            }
+            continue;
+        }
+        let shard = match &placement {
+            Placement::Unsharded { primary } => router.shard_index(primary)?,
+            Placement::Sharded(sc) => match sc.key.key_of_document(&d) {
+                Ok(key) => router.shard_index(sc.chunks.shard_for(&key))?,
+                Err(e) => {
+                    outcome.fail(i, &e);
+                    if ordered {
+                        break;
+                    }
+                    continue;
+                }
+            },
+        };
+        routed.push((i, shard, d));
+    }
+    let stop_at = if ordered { outcome.write_errors.keys().next().copied() } else { None };
+    let batches = group(routed, ordered, stop_at);
+    if ordered {
+        for (shard, indexes, docs) in batches {
+            let cmd = sub_command(ctx, "documents", docs, &indexes);
+            let reply = router
+                .shard_command(shard, ctx.db, cmd)
+                .await
+                .map_err(|e| retryable(e, ctx))?;
+            outcome.absorb(&reply, &indexes);
+            if reply.contains_key("writeErrors") {
+                break;
+            }
+        }
+        // An ordered write reports only its first error: later statements never ran.
+        if let Some(first) = outcome.write_errors.keys().next().copied() {
+            outcome.write_errors.retain(|&i, _| i == first);
+        }
+    } else {
+        let sends = batches.iter().map(|(shard, indexes, docs)| {
+            router.shard_command(*shard, ctx.db, sub_command(ctx, "documents", docs.clone(), indexes))
+        });
+        let replies = futures::future::join_all(sends).await;
+        for ((_, indexes, _), reply) in batches.iter().zip(replies) {
+            match reply {
+                Ok(reply) => outcome.absorb(&reply, indexes),
+                Err(e) => return Err(retryable(e, ctx)),
+            }
+        }
+    }
+    Ok(outcome.into_reply())
+}
+
+/// Groups `(index, shard, doc)` into per-shard batches: runs of consecutive statements for an
+/// ordered write (up to `stop_at`), one batch per shard otherwise.
+fn group(
+    routed: Vec<(usize, usize, Document)>,
+    ordered: bool,
+    stop_at: Option<usize>,
+) -> Vec<(usize, Vec<usize>, Vec<Bson>)> {
+    let mut batches: Vec<(usize, Vec<usize>, Vec<Bson>)> = Vec::new();
+    for (i, shard, d) in routed {
+        if stop_at.is_some_and(|s| i > s) {
+            break;
+        }
+        let slot = if ordered {
+            batches.last_mut().filter(|b| b.0 == shard)
+        } else {
+            batches.iter_mut().find(|b| b.0 == shard)
+        };
+        match slot {
+            Some(b) => {
+                b.1.push(i);
+                b.2.push(Bson::Document(d));
+            }
+            None => batches.push((shard, vec![i], vec![Bson::Document(d)])),
+        }
+    }
+    batches
+}
+
+/// The document with an `_id` (a new ObjectId first when it has none), as mongos does so that a
+/// hashed `_id` key can be routed.
+fn with_id(d: &Document) -> Document {
+    if d.contains_key("_id") {
+        return d.clone();
+    }
+    let mut out = Document::new();
+    out.insert("_id", ObjectId::new());
+    for (k, v) in d {
+        out.insert(k.clone(), v.clone());
+    }
+    out
+}
+
+/// Which shards a query on a sharded collection must reach.
+pub(super) fn shards_for_query(router: &Router, sc: &ShardedCollection, filter: &Document) -> Result<Vec<usize>> {
+    match sc.key.key_of_query(filter) {
+        Some(key) => Ok(vec![router.shard_index(sc.chunks.shard_for(&key))?]),
+        None => sc.chunks.shards().iter().map(|s| router.shard_index(s)).collect(),
+    }
+}
+
+pub(super) async fn update(ctx: &Ctx<'_>) -> Result<Document> {
+    write_statements(ctx, "updates", true).await
+}
+
+pub(super) async fn delete(ctx: &Ctx<'_>) -> Result<Document> {
+    write_statements(ctx, "deletes", false).await
+}
+
+/// `update` and `delete`: statement by statement on sharded collections, whole on unsharded.
+async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let ordered = args.opt_bool("ordered")?.unwrap_or(true);
+    let statements = args.documents(list_field)?;
+    let router = ctx.router;
+    let placement = router.placement(ctx.db, coll, is_update).await.map_err(|e| retryable(e, ctx))?;
+    let sc = match placement {
+        Placement::Unsharded { primary } if primary.is_empty() => {
+            // The database does not exist: nothing to update or delete.
+            let mut outcome = WriteOutcome { is_update, ..Default::default() };
+            outcome.n = 0;
+            return Ok(outcome.into_reply());
+        }
+        Placement::Unsharded { primary } => {
+            let shard = router.shard_index(&primary)?;
+            let reply = router
+                .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+                .await
+                .map_err(|e| retryable(e, ctx))?;
+            return Ok(reply);
+        }
+        Placement::Sharded(sc) => sc,
+    };
+    let mut outcome = WriteOutcome { is_update, ..Default::default() };
+    for (i, stmt) in statements.iter().enumerate() {
+        let filter = match stmt.get("q") {
+            Some(Bson::Document(q)) => q.clone(),
+            _ => {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field '{}.{list_field}.q' is missing or not an object",
+                    ctx.name
+                )));
+            }
+        };
+        let multi = if is_update {
+            matches!(stmt.get("multi"), Some(Bson::Boolean(true)))
+        } else {
+            !matches!(stmt.get("limit"), Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0)))
+        };
+        let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
+        let shards = shards_for_query(router, &sc, &filter)?;
+        let cmd = sub_command(ctx, list_field, vec![Bson::Document((*stmt).clone())], &[i]);
+        if shards.len() == 1 || multi {
+            let replies = router.broadcast(&shards, ctx.db, &cmd).await;
+            for reply in replies {
+                match reply {
+                    Ok(r) => outcome.absorb(&r, &[i]),
+                    Err(e) => return Err(retryable(e, ctx)),
+                }
+            }
+        } else if upsert {
+            outcome.fail(
+                i,
+                &MongoError::new(
+                    ErrorCode::SHARD_KEY_NOT_FOUND,
+                    format!("Failed to target upsert by query :: could not extract exact shard key from {filter}"),
+                ),
+            );
+        } else {
+            // A single-document write without the shard key: the first shard that matches wins.
+            for shard in shards {
+                let reply = router.shard_command(shard, ctx.db, cmd.clone()).await.map_err(|e| retryable(e, ctx))?;
+                let matched = int(reply.get("n")) > 0 || reply.contains_key("writeErrors");
+                outcome.absorb(&reply, &[i]);
+                if matched {
+                    break;
+                }
+            }
+        }
+        if ordered && outcome.has_errors() {
+            break;
+        }
+    }
+    Ok(outcome.into_reply())
+}
+
+pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let query = args.opt_doc("query")?.cloned().unwrap_or_default();
+    let upsert = args.opt_bool("upsert")?.unwrap_or(false);
+    let router = ctx.router;
+    let cmd = forwardable(ctx.cmd);
+    let placement = router.placement(ctx.db, coll, true).await.map_err(|e| retryable(e, ctx))?;
+    let shards = match placement {
+        Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
+        Placement::Sharded(sc) => shards_for_query(router, &sc, &query)?,
+    };
+    if shards.len() > 1 && upsert {
+        return Err(MongoError::new(
+            ErrorCode::SHARD_KEY_NOT_FOUND,
+            format!("Query for sharded findAndModify with upsert: true must contain the shard key: {query}"),
+        ));
+    }
+    let mut last = None;
+    for shard in shards {
+        let reply = router.shard_command(shard, ctx.db, cmd.clone()).await.map_err(|e| retryable(e, ctx))?;
+        let n = reply
+            .get_document("lastErrorObject")
+            .map(|l| int(l.get("n")))
+            .unwrap_or(0);
+        if n > 0 {
+            return Ok(reply);
+        }
+        last = Some(reply);
+    }
+    last.ok_or_else(|| MongoError::internal("findAndModify reached no shard"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routed(shards: &[usize]) -> Vec<(usize, usize, Document)> {
+        shards.iter().enumerate().map(|(i, &s)| (i, s, doc! {"_id": i as i32})).collect()
+    }
+
+    #[test]
+    fn ordered_batches_keep_statement_order() {
+        let b = group(routed(&[0, 0, 1, 0]), true, None);
+        let shape: Vec<(usize, Vec<usize>)> = b.into_iter().map(|(s, i, _)| (s, i)).collect();
+        assert_eq!(shape, vec![(0, vec![0, 1]), (1, vec![2]), (0, vec![3])]);
+    }
+
+    #[test]
+    fn unordered_batches_are_one_per_shard() {
+        let b = group(routed(&[0, 1, 0, 1]), false, None);
+        let shape: Vec<(usize, Vec<usize>)> = b.into_iter().map(|(s, i, _)| (s, i)).collect();
+        assert_eq!(shape, vec![(0, vec![0, 2]), (1, vec![1, 3])]);
+    }
+
+    #[test]
+    fn write_errors_are_reported_at_the_driver_index() {
+        let mut o = WriteOutcome::default();
+        o.absorb(
+            &doc! {"n": 1, "writeErrors": [{"index": 1, "code": 11000, "errmsg": "dup"}]},
+            &[4, 7],
+        );
+        let reply = o.into_reply();
+        let e = reply.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+        assert_eq!(e.get_i32("index").unwrap(), 7);
+        assert_eq!(reply.get_i64("n").unwrap(), 1);
+    }
+
+    #[test]
+    fn generated_ids_come_first() {
+        let d = with_id(&doc! {"a": 1});
+        assert_eq!(d.keys().next().unwrap(), "_id");
+        let kept = with_id(&doc! {"a": 1, "_id": 5});
+        assert_eq!(kept.get_i32("_id").unwrap(), 5);
+    }
+}

@@ -1,0 +1,348 @@
+//! Collection and database DDL through the router, and `shardCollection`.
+//!
+//! Unsharded collections live on their database's primary shard, so their DDL goes there. A
+//! sharded collection exists on every shard with one UUID, so its DDL is broadcast, and its
+//! metadata (`config.collections`, `config.chunks` on the config shard) is written by the router
+//! that shards or drops it.
+//!
+//! Invariant: a sharded collection is created on every shard (with the same UUID) before its
+//! metadata says it is sharded, so no router ever routes a write to a shard without it.
+
+use std::sync::Arc;
+
+use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+use super::crud::{forwardable, validate_collection_name};
+use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::metadata::{CONFIG_DB, Placement, ShardedCollection};
+use crate::routing::{ChunkTable, ShardKey};
+
+/// Chunks per shard when a hashed key is pre-split.
+const HASHED_CHUNKS_PER_SHARD: usize = 2;
+
+/// The shards holding `db.coll`: its primary, or every shard for a sharded collection.
+async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<(Vec<usize>, bool)> {
+    match ctx.router.placement(ctx.db, coll, create_db).await? {
+        Placement::Unsharded { primary } if primary.is_empty() => Ok((vec![], false)),
+        Placement::Unsharded { primary } => Ok((vec![ctx.router.shard_index(&primary)?], false)),
+        Placement::Sharded(_) => Ok((ctx.router.all_shards(), true)),
+    }
+}
+
+/// Runs the driver's command on `shards` and returns the first shard's reply (or first error).
+async fn on_shards(ctx: &Ctx<'_>, shards: &[usize]) -> Result<Document> {
+    let replies = ctx.router.broadcast(shards, ctx.db, &forwardable(ctx.cmd)).await;
+    let mut first = None;
+    for r in replies {
+        let r = r?;
+        first.get_or_insert(r);
+    }
+    first.ok_or_else(|| MongoError::internal("DDL reached no shard"))
+}
+
+fn ns_not_found(ns: &str) -> MongoError {
+    MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, format!("ns does not exist: {ns}"))
+}
+
+pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let (shards, _) = holders(ctx, coll, true).await?;
+    on_shards(ctx, &shards).await
+}
+
+pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let ns = format!("{}.{coll}", ctx.db);
+    let (shards, sharded) = holders(ctx, coll, false).await?;
+    let replies = ctx.router.broadcast(&shards, ctx.db, &forwardable(ctx.cmd)).await;
+    let mut n_indexes_was = None;
+    for r in replies {
+        match r {
+            Ok(r) => {
+                n_indexes_was.get_or_insert(r.get("nIndexesWas").cloned());
+            }
+            // As in MongoDB 7.0, dropping a collection that does not exist succeeds.
+            Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if sharded {
+        let router = ctx.router;
+        router
+            .shard_command(0, CONFIG_DB, doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]})
+            .await?;
+        router
+            .shard_command(0, CONFIG_DB, doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]})
+            .await?;
+        router.remember_collection(&ns, None);
+    }
+    let mut reply = doc! {"ns": ns};
+    if let Some(Some(n)) = n_indexes_was {
+        reply.insert("nIndexesWas", n);
+    }
+    reply.insert("ok", 1.0);
+    Ok(reply)
+}
+
+pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
+    let db = ctx.db;
+    if db == "admin" || db == CONFIG_DB || db == "local" {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OPERATION,
+            format!("Cannot drop '{db}' database through a router"),
+        ));
+    }
+    let router = ctx.router;
+    if router.database(db).await?.is_none() {
+        return Ok(doc! {"ok": 1.0});
+    }
+    for r in router.broadcast(&router.all_shards(), db, &doc! {"dropDatabase": 1}).await {
+        r?;
+    }
+    let prefix = format!("^{}\\.", regex_escape(db));
+    let regex = Bson::RegularExpression(bson::Regex { pattern: prefix.into(), options: String::new().into() });
+    router
+        .shard_command(0, CONFIG_DB, doc! {"delete": "chunks", "deletes": [{"q": {"ns": regex.clone()}, "limit": 0}]})
+        .await?;
+    router
+        .shard_command(0, CONFIG_DB, doc! {"delete": "collections", "deletes": [{"q": {"_id": regex}, "limit": 0}]})
+        .await?;
+    router
+        .shard_command(0, CONFIG_DB, doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]})
+        .await?;
+    router.forget_database(db);
+    Ok(doc! {"dropped": db, "ok": 1.0})
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special.then_some('\\').into_iter().chain(std::iter::once(c))
+        })
+        .collect()
+}
+
+fn split_ns(ns: &str) -> Result<(&str, &str)> {
+    ns.split_once('.')
+        .filter(|(db, coll)| !db.is_empty() && !coll.is_empty())
+        .ok_or_else(|| MongoError::new(ErrorCode::INVALID_NAMESPACE, format!("Invalid namespace specified '{ns}'")))
+}
+
+pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    if ctx.db != "admin" {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            "renameCollection may only be run against the admin database.",
+        ));
+    }
+    let from = args.collection()?;
+    let to = args.opt_str("to")?.ok_or_else(|| {
+        MongoError::with_code(40414, "BSON field 'renameCollection.to' is missing but a required field")
+    })?;
+    let (from_db, from_coll) = split_ns(from)?;
+    let (to_db, to_coll) = split_ns(to)?;
+    validate_collection_name(to_db, to_coll)?;
+    let router = ctx.router;
+    if router.sharded_collection(from).await?.is_some() || router.sharded_collection(to).await?.is_some() {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OPERATION,
+            format!("renaming a sharded collection is not supported: {from}"),
+        ));
+    }
+    let Some(source) = router.database(from_db).await? else {
+        return Err(MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, "Source collection does not exist"));
+    };
+    let _ = from_coll;
+    let target = match router.database(to_db).await? {
+        Some(t) => t,
+        None => {
+            router
+                .shard_command(
+                    0,
+                    CONFIG_DB,
+                    doc! {"insert": "databases", "documents": [{"_id": to_db, "primary": &source.primary}]},
+                )
+                .await?;
+            router.ensure_database(to_db).await?
+        }
+    };
+    if target.primary != source.primary {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED,
+            format!("cannot rename across databases with different primary shards ({from} → {to})"),
+        ));
+    }
+    let shard = router.shard_index(&source.primary)?;
+    router.shard_command(shard, "admin", forwardable(ctx.cmd)).await
+}
+
+pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
+    let router = ctx.router;
+    let ns = format!("{}.$cmd.listCollections", ctx.db);
+    let Some(db) = router.database(ctx.db).await? else {
+        return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
+    };
+    let shard = router.shard_index(&db.primary)?;
+    let reply = router.shard_command(shard, ctx.db, forwardable(ctx.cmd)).await?;
+    pass_cursor(ctx, shard, "$cmd.listCollections", reply)
+}
+
+pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    let ns = format!("{}.{coll}", ctx.db);
+    let (shards, _) = holders(ctx, coll, false).await?;
+    let Some(&shard) = shards.first() else {
+        return Err(ns_not_found(&ns));
+    };
+    let reply = ctx.router.shard_command(shard, ctx.db, forwardable(ctx.cmd)).await?;
+    pass_cursor(ctx, shard, coll, reply)
+}
+
+/// Registers a shard's open cursor as a router cursor and rewrites the id in the reply.
+fn pass_cursor(ctx: &Ctx<'_>, shard: usize, collection: &str, mut reply: Document) -> Result<Document> {
+    let source = Source::from_reply(shard, &reply)?;
+    if source.cursor_id != 0 {
+        let ns = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_str("ns").ok())
+            .unwrap_or_default()
+            .to_string();
+        let id = ctx.router.cursors.insert(RouterCursor {
+            ns,
+            state: CursorState::Merge(Merge {
+                db: ctx.db.to_string(),
+                collection: collection.to_string(),
+                sources: vec![Source { buffer: Default::default(), ..source }],
+                sort: None,
+                skip: 0,
+                limit: None,
+                projection: None,
+            }),
+        });
+        if let Ok(c) = reply.get_document_mut("cursor") {
+            c.insert("id", id);
+        }
+    }
+    Ok(reply)
+}
+
+pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let (shards, _) = holders(ctx, coll, true).await?;
+    on_shards(ctx, &shards).await
+}
+
+pub(super) async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    let (shards, _) = holders(ctx, coll, false).await?;
+    if shards.is_empty() {
+        return Err(ns_not_found(&format!("{}.{coll}", ctx.db)));
+    }
+    on_shards(ctx, &shards).await
+}
+
+pub(super) async fn coll_mod(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?;
+    let (shards, _) = holders(ctx, coll, false).await?;
+    if shards.is_empty() {
+        return Err(ns_not_found(&format!("{}.{coll}", ctx.db)));
+    }
+    on_shards(ctx, &shards).await
+}
+
+pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
+    let db = match ctx.cmd.get(ctx.name) {
+        Some(Bson::String(db)) => db.as_str(),
+        _ => return Err(MongoError::type_mismatch("enableSharding takes a database name")),
+    };
+    let entry = ctx.router.ensure_database(db).await?;
+    Ok(doc! {"primary": entry.primary, "ok": 1.0})
+}
+
+pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    if ctx.db != "admin" {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OPERATION,
+            "shardCollection may only be run against the admin database.",
+        ));
+    }
+    let ns = args.collection()?;
+    let (db, coll) = split_ns(ns)?;
+    validate_collection_name(db, coll)?;
+    let key = ShardKey::parse(args.doc("key")?)?;
+    let unique = args.opt_bool("unique")?.unwrap_or(false);
+    if unique && key.is_hashed() {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "hashed shard keys cannot be declared unique.",
+        ));
+    }
+    let router = ctx.router;
+    if let Some(existing) = router.sharded_collection(ns).await? {
+        if existing.key == key {
+            return Ok(doc! {"collectionsharded": ns, "collectionUUID": existing.uuid.clone(), "ok": 1.0});
+        }
+        return Err(MongoError::new(
+            ErrorCode::ALREADY_INITIALIZED,
+            format!("sharding already enabled for collection {ns} with options {}", existing.to_document()),
+        ));
+    }
+    let primary_name = router.ensure_database(db).await?.primary;
+    let primary = router.shard_index(&primary_name)?;
+
+    // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
+    let listed = router
+        .shard_command(primary, db, doc! {"listCollections": 1, "filter": {"name": coll}})
+        .await?;
+    let existing = crate::router::first_batch(&listed)?.into_iter().next();
+    if existing.as_ref().is_some_and(|c| c.get_str("type").unwrap_or("collection") == "view") {
+        return Err(MongoError::new(ErrorCode::COMMAND_NOT_SUPPORTED_ON_VIEW, format!("{ns} is a view")));
+    }
+    let uuid = match existing.as_ref().and_then(|c| c.get_document("info").ok()).and_then(|i| i.get("uuid")) {
+        Some(Bson::Binary(b)) => b.clone(),
+        _ => Binary { subtype: BinarySubtype::Uuid, bytes: uuid::Uuid::new_v4().as_bytes().to_vec() },
+    };
+    let has_data = match existing {
+        None => false,
+        Some(_) => {
+            let count = router.shard_command(primary, db, doc! {"count": coll}).await?;
+            count.get("n").is_some_and(|n| !matches!(n, Bson::Int32(0) | Bson::Int64(0)))
+        }
+    };
+    let chunks = if key.is_hashed() && !has_data {
+        ChunkTable::presplit_hashed(&key, &router.shard_names(), HASHED_CHUNKS_PER_SHARD)
+    } else {
+        ChunkTable::single(&key, &primary_name)
+    };
+    // Create it everywhere first (the primary last: it writes the shardCollection event).
+    let mut order: Vec<usize> = router.all_shards().into_iter().filter(|&s| s != primary).collect();
+    order.push(primary);
+    for shard in order {
+        let cmd = doc! {
+            "_shardsvrShardCollection": ns,
+            "key": key.pattern(),
+            "unique": unique,
+            "collectionUUID": uuid.clone(),
+            "isPrimary": shard == primary,
+            "numInitialChunks": chunks.chunks().len() as i64,
+        };
+        router.shard_command(shard, "admin", cmd).await?;
+    }
+    let sharded = ShardedCollection { ns: ns.to_string(), uuid: uuid.clone(), key: key.clone(), unique, chunks };
+    let chunk_docs: Vec<Bson> = sharded.chunks.to_documents(&key, ns).into_iter().map(Bson::Document).collect();
+    router.shard_command(0, CONFIG_DB, doc! {"insert": "chunks", "documents": chunk_docs}).await?;
+    router
+        .shard_command(0, CONFIG_DB, doc! {"insert": "collections", "documents": [sharded.to_document()]})
+        .await?;
+    router.remember_collection(ns, Some(Arc::new(sharded)));
+    Ok(doc! {"collectionsharded": ns, "collectionUUID": uuid, "ok": 1.0})
+}

@@ -1,0 +1,396 @@
+//! Reads through the router: `find`, `getMore`, `killCursors`, `count`, `distinct`, `aggregate`.
+//!
+//! A read that one shard can answer is forwarded whole and its cursor passed through. A read
+//! that spans shards is scattered and the router merges: k-way by the sort (the shards sort
+//! their parts), with skip and limit applied after the merge (each shard returns at most
+//! skip + limit) and the projection applied by the router when it would hide the sort key.
+//! A sharded aggregation pulls the documents of its leading `$match` and runs the pipeline here.
+
+use std::collections::VecDeque;
+
+use bson::{Bson, Document, doc};
+use pipeline::projection::Projection;
+use pipeline::sort::SortSpec;
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+use super::crud::{forwardable, shards_for_query, validate_collection_name};
+use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::metadata::Placement;
+use crate::router::Router;
+
+/// MongoDB's default first batch.
+const DEFAULT_BATCH: usize = 101;
+
+/// The shards a read of `db.coll` with `filter` must reach; empty when the database does not
+/// exist.
+async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Vec<usize>> {
+    match ctx.router.placement(ctx.db, coll, false).await? {
+        Placement::Unsharded { primary } if primary.is_empty() => Ok(vec![]),
+        Placement::Unsharded { primary } => Ok(vec![ctx.router.shard_index(&primary)?]),
+        Placement::Sharded(sc) => shards_for_query(ctx.router, &sc, filter),
+    }
+}
+
+/// `{cursor: {id, ns, firstBatch}, ok: 1}`, registering the cursor when it is not exhausted.
+fn cursor_reply(router: &Router, ns: String, batch: Vec<Document>, open: Option<RouterCursor>) -> Document {
+    let id = match open {
+        Some(cursor) => router.cursors.insert(cursor),
+        None => 0,
+    };
+    let batch: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
+    doc! {"cursor": {"firstBatch": batch, "id": id, "ns": ns}, "ok": 1.0}
+}
+
+/// Reads the first batch of a fresh router cursor and replies with it.
+async fn first_reply(ctx: &Ctx<'_>, ns: String, mut cursor: RouterCursor, batch_size: usize) -> Result<Document> {
+    let (batch, exhausted) = cursor.next_batch(ctx.router, batch_size).await?;
+    let open = if exhausted {
+        cursor.kill(ctx.router).await;
+        None
+    } else {
+        Some(cursor)
+    };
+    Ok(cursor_reply(ctx.router, ns, batch, open))
+}
+
+fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
+    let v = match from {
+        Some(d) => super::Args::new(d, ctx.name).opt_i64("batchSize")?,
+        None => ctx.args().opt_i64("batchSize")?,
+    };
+    match v {
+        None => Ok(DEFAULT_BATCH),
+        Some(n) if n < 0 => Err(MongoError::bad_value("BatchSize value must be non-negative")),
+        Some(n) => Ok(n as usize),
+    }
+}
+
+pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let ns = format!("{}.{coll}", ctx.db);
+    let filter = args.opt_doc("filter")?.cloned().unwrap_or_default();
+    // Validate everything before touching a shard, so bad input fails the same everywhere.
+    pipeline::Matcher::parse(&filter)?;
+    let sort = args.opt_doc("sort")?.filter(|s| !s.is_empty()).map(SortSpec::parse).transpose()?;
+    let projection_doc = args.opt_doc("projection")?.filter(|p| !p.is_empty());
+    let projection = projection_doc.map(Projection::parse).transpose()?;
+    let skip = args.opt_i64("skip")?.unwrap_or(0);
+    if skip < 0 {
+        return Err(MongoError::bad_value("skip value must be non-negative"));
+    }
+    let limit = args.opt_i64("limit")?.unwrap_or(0);
+    let single_batch = args.opt_bool("singleBatch")?.unwrap_or(false) || limit < 0;
+    let limit = (limit != 0).then_some(limit.unsigned_abs());
+    let mut first = batch_size(ctx, None)?;
+    if single_batch {
+        first = limit.map(|l| l as usize).unwrap_or(first);
+    }
+
+    let targets = read_targets(ctx, coll, &filter).await?;
+    if targets.is_empty() {
+        return Ok(cursor_reply(ctx.router, ns, vec![], None));
+    }
+    let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) = if targets.len() == 1 {
+        (forwardable(ctx.cmd), None, 0, None, None)
+    } else {
+        let mut cmd = forwardable(ctx.cmd);
+        cmd.remove("skip");
+        cmd.remove("singleBatch");
+        if let Some(l) = limit {
+            cmd.insert("limit", (l + skip as u64) as i64);
+        }
+        let router_projection = if sort.is_some() && projection.is_some() {
+            cmd.remove("projection");
+            projection
+        } else {
+            None
+        };
+        (cmd, sort, skip as u64, limit, router_projection)
+    };
+    let replies = ctx.router.broadcast(&targets, ctx.db, &shard_cmd).await;
+    let mut sources = Vec::with_capacity(targets.len());
+    for (shard, reply) in targets.iter().zip(replies) {
+        sources.push(Source::from_reply(*shard, &reply?)?);
+    }
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Merge(Merge {
+            db: ctx.db.to_string(),
+            collection: coll.to_string(),
+            sources,
+            sort: merge_sort,
+            skip: router_skip,
+            limit: router_limit,
+            projection: router_projection,
+        }),
+    };
+    let mut reply = first_reply(ctx, ns, cursor, first).await?;
+    if single_batch {
+        close_cursor_in_reply(ctx.router, &mut reply).await;
+    }
+    Ok(reply)
+}
+
+/// Kills the cursor a reply opened and reports id 0 (for `singleBatch`).
+async fn close_cursor_in_reply(router: &Router, reply: &mut Document) {
+    let id = crate::router::cursor_id(reply);
+    if id != 0 {
+        if let Some(c) = router.cursors.remove(id) {
+            c.lock().await.kill(router).await;
+        }
+        if let Ok(cursor) = reply.get_document_mut("cursor") {
+            cursor.insert("id", 0_i64);
+        }
+    }
+}
+
+pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
+    let id = match ctx.cmd.get("getMore") {
+        Some(Bson::Int64(i)) => *i,
+        Some(other) => {
+            return Err(MongoError::type_mismatch(format!(
+                "BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'",
+                super::args::type_name(other)
+            )));
+        }
+        None => return Err(MongoError::failed_to_parse("getMore without a cursor id")),
+    };
+    let args = ctx.args();
+    let coll = args.opt_str("collection")?.ok_or_else(|| {
+        MongoError::with_code(40414, "BSON field 'getMore.collection' is missing but a required field")
+    })?;
+    let n = match args.opt_i64("batchSize")? {
+        Some(n) if n > 0 => n as usize,
+        _ => usize::MAX,
+    };
+    let router = ctx.router;
+    let cursor = router.cursors.get(id)?;
+    let Ok(mut guard) = cursor.try_lock() else {
+        return Err(MongoError::new(
+            ErrorCode::CURSOR_IN_USE,
+            format!("Cursor id {id} is already in use"),
+        ));
+    };
+    let expected_ns = format!("{}.{coll}", ctx.db);
+    if guard.ns != expected_ns {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            format!("Requested getMore on namespace '{expected_ns}', but cursor belongs to a different namespace {}", guard.ns),
+        ));
+    }
+    let result = guard.next_batch(router, n).await;
+    let (batch, exhausted) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            guard.kill(router).await;
+            router.cursors.remove(id);
+            return Err(e);
+        }
+    };
+    let ns = guard.ns.clone();
+    let id = if exhausted {
+        guard.kill(router).await;
+        router.cursors.remove(id);
+        0
+    } else {
+        id
+    };
+    let batch: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
+    Ok(doc! {"cursor": {"nextBatch": batch, "id": id, "ns": ns}, "ok": 1.0})
+}
+
+pub(super) async fn kill_cursors(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    args.collection()?;
+    let ids = args.array("cursors")?;
+    let mut killed = Vec::new();
+    let mut not_found = Vec::new();
+    for id in ids {
+        let id = match id {
+            Bson::Int64(i) => *i,
+            Bson::Int32(i) => i64::from(*i),
+            other => {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field 'killCursors.cursors' has an element of type '{}', expected type 'long'",
+                    super::args::type_name(other)
+                )));
+            }
+        };
+        match ctx.router.cursors.remove(id) {
+            Some(c) => {
+                c.lock().await.kill(ctx.router).await;
+                killed.push(Bson::Int64(id));
+            }
+            None => not_found.push(Bson::Int64(id)),
+        }
+    }
+    Ok(doc! {
+        "cursorsKilled": killed,
+        "cursorsNotFound": not_found,
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+        "ok": 1.0,
+    })
+}
+
+pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    let query = args.opt_doc("query")?.cloned().unwrap_or_default();
+    pipeline::Matcher::parse(&query)?;
+    let skip = args.opt_i64("skip")?.unwrap_or(0).max(0) as u64;
+    let limit = args.opt_i64("limit")?.unwrap_or(0).unsigned_abs();
+    let targets = read_targets(ctx, coll, &query).await?;
+    if targets.len() == 1 {
+        return ctx.router.shard_command(targets[0], ctx.db, forwardable(ctx.cmd)).await;
+    }
+    let mut cmd = forwardable(ctx.cmd);
+    cmd.remove("skip");
+    cmd.remove("limit");
+    let mut total: u64 = 0;
+    for reply in ctx.router.broadcast(&targets, ctx.db, &cmd).await {
+        let reply = reply?;
+        total += match reply.get("n") {
+            Some(Bson::Int32(n)) => *n as u64,
+            Some(Bson::Int64(n)) => *n as u64,
+            Some(Bson::Double(n)) => *n as u64,
+            _ => 0,
+        };
+    }
+    let mut n = total.saturating_sub(skip);
+    if limit > 0 {
+        n = n.min(limit);
+    }
+    Ok(doc! {"n": n as i64, "ok": 1.0})
+}
+
+pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let coll = args.collection()?;
+    validate_collection_name(ctx.db, coll)?;
+    args.opt_str("key")?
+        .ok_or_else(|| MongoError::with_code(40414, "BSON field 'distinct.key' is missing but a required field"))?;
+    let query = args.opt_doc("query")?.cloned().unwrap_or_default();
+    pipeline::Matcher::parse(&query)?;
+    let targets = read_targets(ctx, coll, &query).await?;
+    let mut values: Vec<Bson> = Vec::new();
+    for reply in ctx.router.broadcast(&targets, ctx.db, &forwardable(ctx.cmd)).await {
+        let reply = reply?;
+        values.extend(reply.get_array("values").map(|a| a.to_vec()).unwrap_or_default());
+    }
+    values.sort_by(pipeline::value::compare);
+    values.dedup_by(|a, b| pipeline::value::equal(a, b));
+    Ok(doc! {"values": values, "ok": 1.0})
+}
+
+pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
+    let stages = args.documents("pipeline")?;
+    let cursor_opts = args.opt_doc("cursor")?;
+    if cursor_opts.is_none() && !args.opt_bool("explain")?.unwrap_or(false) {
+        return Err(MongoError::failed_to_parse(
+            "The 'cursor' option is required, except for aggregate with the explain argument",
+        ));
+    }
+    let first = batch_size(ctx, cursor_opts)?;
+    if stages.first().is_some_and(|s| s.contains_key("$changeStream")) {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED,
+            "$changeStream is not supported by this router yet",
+        ));
+    }
+    let coll = match ctx.cmd.get("aggregate") {
+        Some(Bson::String(c)) => c.as_str(),
+        _ => {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_NAMESPACE,
+                "aggregate: 1 is only supported for $changeStream on this router",
+            ));
+        }
+    };
+    validate_collection_name(ctx.db, coll)?;
+    let ns = format!("{}.{coll}", ctx.db);
+    let stage_docs: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
+    let parsed = pipeline::agg::Pipeline::parse(&stage_docs)?;
+    // The leading $match stages select what the shards send.
+    let mut filter = Document::new();
+    let leading: Vec<Bson> = stage_docs
+        .iter()
+        .take_while(|s| s.len() == 1 && s.contains_key("$match"))
+        .filter_map(|s| s.get("$match").cloned())
+        .collect();
+    if leading.len() == 1 {
+        if let Some(Bson::Document(m)) = leading.first() {
+            filter = m.clone();
+        }
+    } else if !leading.is_empty() {
+        filter.insert("$and", leading);
+    }
+    let targets = read_targets(ctx, coll, &filter).await?;
+    if targets.is_empty() {
+        let out = parsed.run(Vec::<Document>::new())?;
+        let cursor = RouterCursor { ns: ns.clone(), state: CursorState::Buffered(out.into()) };
+        return first_reply(ctx, ns, cursor, first).await;
+    }
+    if targets.len() == 1
+        && matches!(ctx.router.placement(ctx.db, coll, false).await?, Placement::Unsharded { .. })
+    {
+        let reply = ctx.router.shard_command(targets[0], ctx.db, forwardable(ctx.cmd)).await?;
+        return pass_through(ctx, ns, targets[0], coll, reply, first).await;
+    }
+    let find = doc! {"find": coll, "filter": filter, "batchSize": i32::MAX};
+    let replies = ctx.router.broadcast(&targets, ctx.db, &find).await;
+    let mut sources = Vec::new();
+    for (shard, reply) in targets.iter().zip(replies) {
+        sources.push(Source::from_reply(*shard, &reply?)?);
+    }
+    let mut all = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Merge(Merge {
+            db: ctx.db.to_string(),
+            collection: coll.to_string(),
+            sources,
+            sort: None,
+            skip: 0,
+            limit: None,
+            projection: None,
+        }),
+    };
+    let mut docs = Vec::new();
+    loop {
+        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX).await?;
+        docs.extend(batch);
+        if exhausted {
+            break;
+        }
+    }
+    let out: VecDeque<Document> = parsed.run(docs)?.into();
+    let cursor = RouterCursor { ns: ns.clone(), state: CursorState::Buffered(out) };
+    first_reply(ctx, ns, cursor, first).await
+}
+
+/// Wraps a shard's cursor reply in a router cursor (when it stays open).
+async fn pass_through(ctx: &Ctx<'_>, ns: String, shard: usize, coll: &str, reply: Document, _first: usize) -> Result<Document> {
+    let source = Source::from_reply(shard, &reply)?;
+    let batch: Vec<Document> = source.buffer.iter().cloned().collect();
+    if source.cursor_id == 0 {
+        return Ok(cursor_reply(ctx.router, ns, batch, None));
+    }
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Merge(Merge {
+            db: ctx.db.to_string(),
+            collection: coll.to_string(),
+            sources: vec![Source { shard, cursor_id: source.cursor_id, buffer: VecDeque::new() }],
+            sort: None,
+            skip: 0,
+            limit: None,
+            projection: None,
+        }),
+    };
+    Ok(cursor_reply(ctx.router, ns, batch, Some(cursor)))
+}

@@ -1,0 +1,121 @@
+//! Command dispatch: one driver command in, one reply document out.
+//!
+//! Invariants: every reply carries the router's `$clusterTime` and an `operationTime`; a failure
+//! anywhere becomes a MongoDB error document (never a dropped connection or a panic); the cluster
+//! time of every incoming command is observed before it runs.
+
+mod admin;
+mod args;
+mod crud;
+mod ddl;
+mod find;
+mod handshake;
+
+use bson::{Bson, Document};
+use wire::server::{ConnectionInfo, Request};
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::router::Router;
+
+pub(crate) use args::Args;
+
+/// What a command handler gets.
+pub(crate) struct Ctx<'a> {
+    pub router: &'a Router,
+    pub conn: &'a ConnectionInfo,
+    pub db: &'a str,
+    pub cmd: &'a Document,
+    /// The command's name as sent (first key).
+    pub name: &'a str,
+}
+
+impl Ctx<'_> {
+    pub fn args(&self) -> Args<'_> {
+        Args::new(self.cmd, self.name)
+    }
+}
+
+/// Runs one request and returns the reply (with `$clusterTime` and `operationTime`).
+pub async fn run(router: &Router, conn: &ConnectionInfo, req: &Request) -> Document {
+    router.clock.observe_document(&req.body);
+    let name = req.body.keys().next().map(String::as_str).unwrap_or("");
+    let ctx = Ctx {
+        router,
+        conn,
+        db: &req.db,
+        cmd: &req.body,
+        name,
+    };
+    let result = if name.is_empty() {
+        Err(MongoError::new(ErrorCode::FAILED_TO_PARSE, "empty command document"))
+    } else {
+        dispatch(&ctx).await
+    };
+    let mut reply = match result {
+        Ok(reply) => reply,
+        Err(e) => e.to_document(),
+    };
+    finish_reply(router, &mut reply);
+    reply
+}
+
+/// Replaces whatever time fields a shard put in the reply with the router's.
+fn finish_reply(router: &Router, reply: &mut Document) {
+    reply.remove("$clusterTime");
+    reply.remove("operationTime");
+    if !reply.contains_key("ok") {
+        reply.insert("ok", 1.0);
+    }
+    let now = router.clock.now();
+    reply.insert("$clusterTime", router.clock.gossip());
+    reply.insert("operationTime", Bson::Timestamp(now.timestamp()));
+}
+
+async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
+    match ctx.name {
+        "hello" | "isMaster" | "ismaster" => handshake::hello(ctx),
+        "ping" => Ok(ok()),
+        "buildInfo" | "buildinfo" => handshake::build_info(),
+        "getParameter" => admin::get_parameter(ctx),
+        "getCmdLineOpts" => admin::get_cmd_line_opts(ctx),
+        "serverStatus" => admin::server_status(ctx),
+        "hostInfo" => admin::host_info(),
+        "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
+        "listDatabases" => admin::list_databases(ctx).await,
+        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions"
+        | "startSession" => admin::sessions(ctx),
+        "listCommands" => admin::list_commands(),
+        "getLog" => Ok(bson::doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
+        "insert" => crud::insert(ctx).await,
+        "update" => crud::update(ctx).await,
+        "delete" => crud::delete(ctx).await,
+        "findAndModify" | "findandmodify" => crud::find_and_modify(ctx).await,
+        "find" => find::find(ctx).await,
+        "getMore" => find::get_more(ctx).await,
+        "killCursors" => find::kill_cursors(ctx).await,
+        "count" => find::count(ctx).await,
+        "distinct" => find::distinct(ctx).await,
+        "aggregate" => find::aggregate(ctx).await,
+        "create" => ddl::create(ctx).await,
+        "drop" => ddl::drop(ctx).await,
+        "dropDatabase" => ddl::drop_database(ctx).await,
+        "renameCollection" => ddl::rename_collection(ctx).await,
+        "listCollections" => ddl::list_collections(ctx).await,
+        "createIndexes" => ddl::create_indexes(ctx).await,
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(ctx).await,
+        "listIndexes" => ddl::list_indexes(ctx).await,
+        "collMod" => ddl::coll_mod(ctx).await,
+        "enableSharding" | "enablesharding" => ddl::enable_sharding(ctx).await,
+        "shardCollection" | "shardcollection" => ddl::shard_collection(ctx).await,
+        "listShards" => admin::list_shards(ctx),
+        other => Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_FOUND,
+            format!("no such command: '{other}'"),
+        )),
+    }
+}
+
+/// `{ok: 1}`.
+pub(crate) fn ok() -> Document {
+    bson::doc! {"ok": 1.0}
+}

@@ -1,0 +1,265 @@
+//! Router cursors: what a driver's cursor id stands for on the router.
+//!
+//! A cursor is one of: a pass-through to a single shard cursor; a merge of shard cursors done by
+//! the router (k-way by sort key, or concatenation); or results already computed by the router.
+//! Invariants: cursor ids are random, non-zero Int64s, unique in the table; a cursor is used by
+//! one getMore at a time (a concurrent one gets `CursorInUse`); an exhausted or killed cursor is
+//! removed from the table, and its shard cursors are killed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{Document, doc};
+use pipeline::projection::Projection;
+use pipeline::sort::SortSpec;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::router::{Router, cursor_id, next_batch};
+
+/// Idle cursors are reaped after this long, as in MongoDB.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The reply size budget for one batch (MongoDB's 16 MiB reply cap).
+pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+
+/// One shard cursor feeding a router cursor.
+#[derive(Debug)]
+pub struct Source {
+    pub shard: usize,
+    pub cursor_id: i64,
+    pub buffer: VecDeque<Document>,
+}
+
+impl Source {
+    /// A source from a shard's first cursor reply.
+    pub fn from_reply(shard: usize, reply: &Document) -> Result<Source> {
+        Ok(Source {
+            shard,
+            cursor_id: cursor_id(reply),
+            buffer: crate::router::first_batch(reply)?.into(),
+        })
+    }
+
+    fn exhausted(&self) -> bool {
+        self.buffer.is_empty() && self.cursor_id == 0
+    }
+}
+
+/// Shard cursors merged by the router.
+#[derive(Debug)]
+pub struct Merge {
+    pub db: String,
+    pub collection: String,
+    pub sources: Vec<Source>,
+    /// Merge order; `None` concatenates the sources in order.
+    pub sort: Option<SortSpec>,
+    /// Documents still to skip / to return at most (applied here, after the merge).
+    pub skip: u64,
+    pub limit: Option<u64>,
+    /// Applied here when the shards could not apply it (it would hide the sort key).
+    pub projection: Option<Projection>,
+}
+
+impl Merge {
+    /// The next merged document, fetching from shards as needed; `None` at the end.
+    async fn next(&mut self, router: &Router) -> Result<Option<Document>> {
+        loop {
+            if self.limit == Some(0) {
+                return Ok(None);
+            }
+            self.refill(router).await?;
+            let pick = match &self.sort {
+                Some(spec) => self
+                    .sources
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| s.buffer.front().map(|d| (i, d)))
+                    .min_by(|(_, a), (_, b)| spec.compare(a, b))
+                    .map(|(i, _)| i),
+                None => self.sources.iter().position(|s| !s.buffer.is_empty()),
+            };
+            let Some(i) = pick else { return Ok(None) };
+            let Some(doc) = self.sources[i].buffer.pop_front() else {
+                return Ok(None);
+            };
+            if self.skip > 0 {
+                self.skip -= 1;
+                continue;
+            }
+            if let Some(limit) = self.limit.as_mut() {
+                *limit -= 1;
+            }
+            return Ok(Some(match &self.projection {
+                Some(p) => p.apply(&doc)?,
+                None => doc,
+            }));
+        }
+    }
+
+    /// Fetches the next batch of every source whose buffer is empty but whose cursor is open.
+    /// With a sort every source needs a head; without one only the first open source does.
+    async fn refill(&mut self, router: &Router) -> Result<()> {
+        let needy: Vec<usize> = match self.sort {
+            Some(_) => (0..self.sources.len())
+                .filter(|&i| self.sources[i].buffer.is_empty() && self.sources[i].cursor_id != 0)
+                .collect(),
+            None => self
+                .sources
+                .iter()
+                .position(|s| !s.exhausted())
+                .filter(|&i| self.sources[i].buffer.is_empty())
+                .into_iter()
+                .collect(),
+        };
+        let fetches = needy.iter().map(|&i| {
+            let s = &self.sources[i];
+            router.shard_command(
+                s.shard,
+                &self.db,
+                doc! {"getMore": s.cursor_id, "collection": &self.collection},
+            )
+        });
+        let replies = futures::future::join_all(fetches).await;
+        for (i, reply) in needy.into_iter().zip(replies) {
+            let reply = reply?;
+            let source = &mut self.sources[i];
+            source.cursor_id = cursor_id(&reply);
+            source.buffer.extend(next_batch(&reply)?);
+        }
+        Ok(())
+    }
+
+    async fn kill(&mut self, router: &Router) {
+        for s in self.sources.iter_mut().filter(|s| s.cursor_id != 0) {
+            let kill = doc! {"killCursors": &self.collection, "cursors": [s.cursor_id]};
+            // Best effort: a shard that lost the cursor has nothing to clean up.
+            let _ = router.shard_command(s.shard, &self.db, kill).await;
+            s.cursor_id = 0;
+        }
+    }
+}
+
+/// What a router cursor reads from.
+#[derive(Debug)]
+pub enum CursorState {
+    Merge(Merge),
+    /// Results computed by the router (e.g. a sharded aggregation).
+    Buffered(VecDeque<Document>),
+}
+
+#[derive(Debug)]
+pub struct RouterCursor {
+    /// `db.collection` as the driver sees it in `cursor.ns`.
+    pub ns: String,
+    pub state: CursorState,
+}
+
+impl RouterCursor {
+    /// Up to `n` documents (and at most [`MAX_BATCH_BYTES`]); `exhausted` when nothing is left.
+    pub async fn next_batch(&mut self, router: &Router, n: usize) -> Result<(Vec<Document>, bool)> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        while out.len() < n {
+            let next = match &mut self.state {
+                CursorState::Merge(m) => m.next(router).await?,
+                CursorState::Buffered(b) => b.pop_front(),
+            };
+            let Some(doc) = next else {
+                return Ok((out, true));
+            };
+            bytes += bson::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
+            out.push(doc);
+            if bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+        }
+        let exhausted = match &self.state {
+            CursorState::Merge(m) => {
+                m.limit == Some(0) || m.sources.iter().all(Source::exhausted)
+            }
+            CursorState::Buffered(b) => b.is_empty(),
+        };
+        Ok((out, exhausted))
+    }
+
+    pub async fn kill(&mut self, router: &Router) {
+        if let CursorState::Merge(m) = &mut self.state {
+            m.kill(router).await;
+        }
+    }
+}
+
+struct Entry {
+    cursor: Arc<tokio::sync::Mutex<RouterCursor>>,
+    last_used: Instant,
+}
+
+/// All open router cursors.
+#[derive(Default)]
+pub struct CursorTable {
+    cursors: Mutex<HashMap<i64, Entry>>,
+}
+
+impl CursorTable {
+    /// Registers a cursor and returns its new id.
+    pub fn insert(&self, cursor: RouterCursor) -> i64 {
+        let mut map = lock(&self.cursors);
+        let id = loop {
+            let id = rand::random::<i64>() & i64::MAX;
+            if id != 0 && !map.contains_key(&id) {
+                break id;
+            }
+        };
+        map.insert(
+            id,
+            Entry {
+                cursor: Arc::new(tokio::sync::Mutex::new(cursor)),
+                last_used: Instant::now(),
+            },
+        );
+        id
+    }
+
+    /// The cursor with this id, or `CursorNotFound`.
+    pub fn get(&self, id: i64) -> Result<Arc<tokio::sync::Mutex<RouterCursor>>> {
+        let mut map = lock(&self.cursors);
+        match map.get_mut(&id) {
+            Some(e) => {
+                e.last_used = Instant::now();
+                Ok(e.cursor.clone())
+            }
+            None => Err(MongoError::new(
+                ErrorCode::CURSOR_NOT_FOUND,
+                format!("cursor id {id} not found"),
+            )),
+        }
+    }
+
+    pub fn remove(&self, id: i64) -> Option<Arc<tokio::sync::Mutex<RouterCursor>>> {
+        lock(&self.cursors).remove(&id).map(|e| e.cursor)
+    }
+
+    /// Removes cursors idle for longer than [`IDLE_TIMEOUT`] and returns them for cleanup.
+    pub fn take_idle(&self, now: Instant) -> Vec<Arc<tokio::sync::Mutex<RouterCursor>>> {
+        let mut map = lock(&self.cursors);
+        let idle: Vec<i64> = map
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.last_used) > IDLE_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        idle.into_iter().filter_map(|id| map.remove(&id)).map(|e| e.cursor).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.cursors).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

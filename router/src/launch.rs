@@ -1,0 +1,151 @@
+//! Starting Tributary's processes: the embedded cluster (a router with in-process shards), a
+//! lone shard, and a router over remote shards. Used by the binary and by the tests.
+//!
+//! Invariant: a started component runs until its [`Running::shutdown`] (or the cancellation
+//! token) stops it; shutdown waits for the servers to stop and the shards to close cleanly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::router::{Presentation, Router, RouterOptions};
+use crate::shard_client::{LocalShard, RemoteShard, ShardClient};
+
+/// A running component.
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    pub cancel: CancellationToken,
+    task: JoinHandle<()>,
+    shards: Vec<Arc<shard::Shard>>,
+    pub router: Option<Arc<Router>>,
+}
+
+impl Running {
+    /// Stops serving and closes the in-process shards.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+        for s in self.shards {
+            s.shutdown().await;
+        }
+    }
+
+    /// Waits until the server stops (after the cancellation token fires).
+    pub async fn wait(self) {
+        let _ = (&mut { self.task }).await;
+        for s in self.shards {
+            s.shutdown().await;
+        }
+    }
+}
+
+async fn open_shard(dbpath: PathBuf, name: String) -> anyhow::Result<Arc<shard::Shard>> {
+    std::fs::create_dir_all(&dbpath)
+        .with_context(|| format!("creating shard directory {}", dbpath.display()))?;
+    let opts = shard::ShardOptions {
+        dbpath: dbpath.clone(),
+        name,
+        clock: Arc::new(shard::SystemClock),
+    };
+    shard::Shard::open(opts)
+        .await
+        .map_err(|e| anyhow::anyhow!("opening shard at {}: {e}", dbpath.display()))
+}
+
+/// The embedded default: a router on `bind` with `n_shards` in-process shards under `dbpath`.
+pub async fn embedded(
+    bind: SocketAddr,
+    n_shards: usize,
+    dbpath: PathBuf,
+    presentation: Presentation,
+    argv: Vec<String>,
+) -> anyhow::Result<Running> {
+    anyhow::ensure!(n_shards >= 1, "a cluster needs at least one shard");
+    let mut shards = Vec::with_capacity(n_shards);
+    let mut clients: Vec<Arc<dyn ShardClient>> = Vec::with_capacity(n_shards);
+    for i in 0..n_shards {
+        let s = open_shard(dbpath.join(format!("shard{i}")), format!("shard{i}")).await?;
+        clients.push(Arc::new(LocalShard::new(s.clone())));
+        shards.push(s);
+    }
+    let mut running = router_over(bind, clients, presentation, argv).await?;
+    running.shards = shards;
+    Ok(running)
+}
+
+/// A router on `bind` over shards at `shard_addrs` (`host:port`).
+pub async fn router(
+    bind: SocketAddr,
+    shard_addrs: Vec<String>,
+    presentation: Presentation,
+    argv: Vec<String>,
+) -> anyhow::Result<Running> {
+    anyhow::ensure!(!shard_addrs.is_empty(), "a router needs at least one --shard");
+    let clients = shard_addrs
+        .into_iter()
+        .map(|a| Arc::new(RemoteShard::new(a)) as Arc<dyn ShardClient>)
+        .collect();
+    router_over(bind, clients, presentation, argv).await
+}
+
+async fn router_over(
+    bind: SocketAddr,
+    clients: Vec<Arc<dyn ShardClient>>,
+    presentation: Presentation,
+    argv: Vec<String>,
+) -> anyhow::Result<Running> {
+    let listener = TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding the router to {bind}"))?;
+    let addr = listener.local_addr()?;
+    let options = RouterOptions {
+        advertised_host: format!("{}:{}", host_for(addr), addr.port()),
+        presentation,
+        argv,
+    };
+    let router = Router::new(clients, options);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(crate::server::serve(router.clone(), listener, cancel.clone()));
+    tracing::info!(%addr, "router listening");
+    Ok(Running {
+        addr,
+        cancel,
+        task,
+        shards: Vec::new(),
+        router: Some(router),
+    })
+}
+
+/// One shard serving on `bind`, storing under `dbpath`.
+pub async fn shard(bind: SocketAddr, dbpath: PathBuf, name: String) -> anyhow::Result<Running> {
+    let s = open_shard(dbpath, name).await?;
+    let listener = TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding the shard to {bind}"))?;
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(shard::server::serve(s.clone(), listener, cancel.clone()));
+    tracing::info!(%addr, "shard listening");
+    Ok(Running {
+        addr,
+        cancel,
+        task,
+        shards: vec![s],
+        router: None,
+    })
+}
+
+/// The host name drivers should dial: `localhost` for loopback, else the IP.
+fn host_for(addr: SocketAddr) -> String {
+    if addr.ip().is_loopback() {
+        "localhost".to_string()
+    } else {
+        addr.ip().to_string()
+    }
+}

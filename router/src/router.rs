@@ -1,0 +1,313 @@
+//! The router's shared state and its conversation with the shards: the shard clients, the
+//! cluster clock, the metadata cache and the cursor table.
+//!
+//! Invariants: every command sent to a shard carries the router's `$clusterTime`, and every
+//! reply's cluster time is observed before the reply is used, so causality crosses shards
+//! (a write acknowledged on shard A before a write is sent to shard B has a smaller `ts`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bson::{Bson, Document, doc};
+use futures::future::join_all;
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::clock::ClusterClock;
+use crate::cursors::CursorTable;
+use crate::metadata::{CONFIG_DB, DatabaseEntry, MetadataCache, Placement, ShardedCollection};
+use crate::shard_client::ShardClient;
+
+/// How the router presents itself to drivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Presentation {
+    /// A mongos (`msg: "isdbgrid"`).
+    #[default]
+    Mongos,
+    /// A single-node replica set primary.
+    ReplicaSet,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RouterOptions {
+    /// `host:port` drivers dial, as shown in `hello`.
+    pub advertised_host: String,
+    pub presentation: Presentation,
+    pub argv: Vec<String>,
+}
+
+pub struct Shard {
+    pub name: String,
+    pub client: Arc<dyn ShardClient>,
+}
+
+/// The router. One per process; shared by every connection.
+pub struct Router {
+    pub(crate) shards: Vec<Shard>,
+    pub(crate) clock: ClusterClock,
+    pub(crate) metadata: MetadataCache,
+    pub(crate) cursors: CursorTable,
+    pub(crate) options: RouterOptions,
+    pub(crate) started: Instant,
+    next_connection_id: AtomicU64,
+    pub(crate) open_connections: AtomicU64,
+}
+
+impl Router {
+    /// A router over `shards`, named `shard0..shardN-1` in order; shard 0 is the config shard.
+    pub fn new(shards: Vec<Arc<dyn ShardClient>>, options: RouterOptions) -> Arc<Router> {
+        let shards = shards
+            .into_iter()
+            .enumerate()
+            .map(|(i, client)| Shard {
+                name: format!("shard{i}"),
+                client,
+            })
+            .collect();
+        Arc::new(Router {
+            shards,
+            clock: ClusterClock::new(),
+            metadata: MetadataCache::default(),
+            cursors: CursorTable::default(),
+            options,
+            started: Instant::now(),
+            next_connection_id: AtomicU64::new(1),
+            open_connections: AtomicU64::new(0),
+        })
+    }
+
+    pub fn shard_names(&self) -> Vec<String> {
+        self.shards.iter().map(|s| s.name.clone()).collect()
+    }
+
+    pub fn cluster_time(&self) -> ClusterTime {
+        self.clock.now()
+    }
+
+    pub(crate) fn next_connection_id(&self) -> u64 {
+        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn shard_index(&self, name: &str) -> Result<usize> {
+        self.shards.iter().position(|s| s.name == name).ok_or_else(|| {
+            MongoError::new(ErrorCode::SHARD_NOT_FOUND, format!("shard {name} not found"))
+        })
+    }
+
+    /// Sends `cmd` to a shard with the router's cluster time and returns the reply when it is
+    /// `ok: 1`, or its error. The reply's cluster time is observed either way.
+    pub async fn shard_command(&self, shard: usize, db: &str, cmd: Document) -> Result<Document> {
+        let reply = self.shard_command_raw(shard, db, cmd).await?;
+        match MongoError::from_reply(&reply) {
+            None => Ok(reply),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Like [`Router::shard_command`], but an `ok: 0` reply is returned as a document.
+    pub async fn shard_command_raw(
+        &self,
+        shard: usize,
+        db: &str,
+        mut cmd: Document,
+    ) -> Result<Document> {
+        let target = self
+            .shards
+            .get(shard)
+            .ok_or_else(|| MongoError::internal(format!("no shard with index {shard}")))?;
+        cmd.insert("$clusterTime", self.clock.gossip());
+        let reply = target.client.command(db, cmd).await?;
+        self.clock.observe_document(&reply);
+        Ok(reply)
+    }
+
+    /// Sends one command to several shards at once; results in the order of `shards`.
+    pub async fn broadcast(
+        &self,
+        shards: &[usize],
+        db: &str,
+        cmd: &Document,
+    ) -> Vec<Result<Document>> {
+        join_all(shards.iter().map(|&s| self.shard_command(s, db, cmd.clone()))).await
+    }
+
+    pub fn all_shards(&self) -> Vec<usize> {
+        (0..self.shards.len()).collect()
+    }
+
+    // ----- metadata --------------------------------------------------------------------------
+
+    /// The database's entry, if it exists.
+    pub async fn database(&self, db: &str) -> Result<Option<DatabaseEntry>> {
+        if let Some(entry) = self.metadata.database(db, Instant::now()) {
+            return Ok(entry);
+        }
+        self.load_database(db).await
+    }
+
+    async fn load_database(&self, db: &str) -> Result<Option<DatabaseEntry>> {
+        let now = Instant::now();
+        let found = self.config_find_one("databases", doc! {"_id": db}).await?;
+        let entry = found.map(|d| DatabaseEntry {
+            name: db.to_string(),
+            primary: d.get_str("primary").unwrap_or("shard0").to_string(),
+        });
+        self.metadata.set_database(db, entry.clone(), now);
+        Ok(entry)
+    }
+
+    /// The database's entry, creating it (with the least-loaded shard as primary) if needed.
+    pub async fn ensure_database(&self, db: &str) -> Result<DatabaseEntry> {
+        if let Some(entry) = self.database(db).await? {
+            return Ok(entry);
+        }
+        validate_db_name(db)?;
+        let primary = if db == CONFIG_DB || db == "admin" {
+            self.shards[0].name.clone()
+        } else {
+            self.least_loaded_shard().await?
+        };
+        let insert = doc! {
+            "insert": "databases",
+            "documents": [{"_id": db, "primary": &primary}],
+        };
+        // A concurrent router may win the race; its choice (a duplicate key here) stands.
+        self.shard_command(0, CONFIG_DB, insert).await?;
+        self.load_database(db).await?.ok_or_else(|| {
+            MongoError::internal(format!("database {db} vanished right after its creation"))
+        })
+    }
+
+    async fn least_loaded_shard(&self) -> Result<String> {
+        let mut counts = vec![0usize; self.shards.len()];
+        for d in self.config_find("databases", doc! {}).await? {
+            if let Ok(i) = self.shard_index(d.get_str("primary").unwrap_or("")) {
+                counts[i] += 1;
+            }
+        }
+        let best = (0..self.shards.len()).min_by_key(|&i| (counts[i], i)).unwrap_or(0);
+        Ok(self.shards[best].name.clone())
+    }
+
+    /// The sharded collection `ns`, if it is sharded.
+    pub async fn sharded_collection(&self, ns: &str) -> Result<Option<Arc<ShardedCollection>>> {
+        let now = Instant::now();
+        if let Some(entry) = self.metadata.collection(ns, now) {
+            return Ok(entry);
+        }
+        let entry = match self.config_find_one("collections", doc! {"_id": ns}).await? {
+            None => None,
+            Some(coll) => {
+                let chunks = self.config_find("chunks", doc! {"ns": ns}).await?;
+                Some(Arc::new(ShardedCollection::from_documents(&coll, &chunks)?))
+            }
+        };
+        self.metadata.set_collection(ns, entry.clone(), now);
+        Ok(entry)
+    }
+
+    /// Where `db.coll` lives. A database that does not exist yet is created when `create` is set
+    /// (writes), else reads go to shard 0 and find nothing.
+    pub async fn placement(&self, db: &str, coll: &str, create: bool) -> Result<Placement> {
+        let ns = format!("{db}.{coll}");
+        if let Some(sharded) = self.sharded_collection(&ns).await? {
+            return Ok(Placement::Sharded(sharded));
+        }
+        let primary = if create {
+            self.ensure_database(db).await?.primary
+        } else {
+            match self.database(db).await? {
+                Some(entry) => entry.primary,
+                None if db == CONFIG_DB || db == "admin" => self.shards[0].name.clone(),
+                None => return Ok(Placement::Unsharded { primary: String::new() }),
+            }
+        };
+        Ok(Placement::Unsharded { primary })
+    }
+
+    pub(crate) fn remember_collection(&self, ns: &str, entry: Option<Arc<ShardedCollection>>) {
+        self.metadata.set_collection(ns, entry, Instant::now());
+    }
+
+    pub(crate) fn forget_database(&self, db: &str) {
+        self.metadata.forget_database(db);
+    }
+
+    /// All documents of a `config` collection matching `filter`, from the config shard.
+    pub async fn config_find(&self, coll: &str, filter: Document) -> Result<Vec<Document>> {
+        let reply = self
+            .shard_command(
+                0,
+                CONFIG_DB,
+                doc! {"find": coll, "filter": filter, "batchSize": i32::MAX},
+            )
+            .await?;
+        let mut docs = first_batch(&reply)?;
+        let mut cursor_id = cursor_id(&reply);
+        while cursor_id != 0 {
+            let more = self
+                .shard_command(0, CONFIG_DB, doc! {"getMore": cursor_id, "collection": coll})
+                .await?;
+            docs.extend(next_batch(&more)?);
+            cursor_id = self::cursor_id(&more);
+        }
+        Ok(docs)
+    }
+
+    async fn config_find_one(&self, coll: &str, filter: Document) -> Result<Option<Document>> {
+        Ok(self.config_find(coll, filter).await?.into_iter().next())
+    }
+}
+
+pub(crate) fn validate_db_name(db: &str) -> Result<()> {
+    let bad = db.is_empty()
+        || db.len() > 63
+        || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']);
+    if bad {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!("Invalid database name: '{db}'"),
+        ));
+    }
+    Ok(())
+}
+
+/// `cursor.firstBatch` of a cursor reply.
+pub(crate) fn first_batch(reply: &Document) -> Result<Vec<Document>> {
+    batch(reply, "firstBatch")
+}
+
+/// `cursor.nextBatch` of a getMore reply.
+pub(crate) fn next_batch(reply: &Document) -> Result<Vec<Document>> {
+    batch(reply, "nextBatch")
+}
+
+fn batch(reply: &Document, field: &str) -> Result<Vec<Document>> {
+    let cursor = reply
+        .get_document("cursor")
+        .map_err(|_| MongoError::internal(format!("shard reply without a cursor: {reply}")))?;
+    let docs = cursor
+        .get_array(field)
+        .map_err(|_| MongoError::internal(format!("shard reply without cursor.{field}")))?;
+    Ok(docs
+        .iter()
+        .filter_map(|d| match d {
+            Bson::Document(d) => Some(d.clone()),
+            _ => None,
+        })
+        .collect())
+}
+
+/// `cursor.id` of a cursor reply (0 when absent).
+pub(crate) fn cursor_id(reply: &Document) -> i64 {
+    reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| match c.get("id") {
+            Some(Bson::Int64(i)) => Some(*i),
+            Some(Bson::Int32(i)) => Some(i64::from(*i)),
+            _ => None,
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,56 @@
+//! The router's wire server: each request becomes a command run by [`crate::commands`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use wire::server::{ConnectionInfo, Handler, Reply, Request};
+
+use crate::router::Router;
+
+/// Serves drivers on `listener` until `cancel` fires.
+pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
+    let reaper = tokio::spawn(reap_idle_cursors(router.clone(), cancel.clone()));
+    wire::server::serve(listener, Arc::new(RouterHandler { router }), cancel).await;
+    reaper.abort();
+}
+
+struct RouterHandler {
+    router: Arc<Router>,
+}
+
+#[async_trait]
+impl Handler for RouterHandler {
+    async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply {
+        let reply = crate::commands::run(&self.router, conn, &req).await;
+        if req.more_to_come {
+            Reply::NoReply
+        } else {
+            Reply::Document(reply)
+        }
+    }
+
+    fn connection_opened(&self, _conn: &ConnectionInfo) {
+        self.router.open_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn connection_closed(&self, _conn: &ConnectionInfo) {
+        self.router.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Kills cursors nobody has used for [`crate::cursors::IDLE_TIMEOUT`].
+async fn reap_idle_cursors(router: Arc<Router>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for cursor in router.cursors.take_idle(std::time::Instant::now()) {
+            cursor.lock().await.kill(&router).await;
+        }
+    }
+}
