@@ -78,7 +78,11 @@ codes! {
     IMMUTABLE_FIELD = 66, "ImmutableField";
     CANNOT_CREATE_INDEX = 67, "CannotCreateIndex";
     INDEX_ALREADY_EXISTS = 68, "IndexAlreadyExists";
+    ALREADY_INITIALIZED = 23, "AlreadyInitialized";
+    SHARD_NOT_FOUND = 70, "ShardNotFound";
     INVALID_OPTIONS = 72, "InvalidOptions";
+    CURSOR_IN_USE = 292, "CursorInUse";
+    TRANSACTION_TOO_OLD = 225, "TransactionTooOld";
     INVALID_NAMESPACE = 73, "InvalidNamespace";
     INDEX_OPTIONS_CONFLICT = 85, "IndexOptionsConflict";
     INDEX_KEY_SPECS_CONFLICT = 86, "IndexKeySpecsConflict";
@@ -123,6 +127,9 @@ codes! {
     API_STRICT_ERROR = 323, "APIStrictError";
     DUPLICATE_KEY = 11000, "DuplicateKey";
     BSON_OBJECT_TOO_LARGE = 10334, "BSONObjectTooLarge";
+    ILLEGAL_OP_MSG_FLAG = 223, "IllegalOpMsgFlag";
+    CHECKSUM_MISMATCH = 288, "ChecksumMismatch";
+    UNSUPPORTED_OP_QUERY_COMMAND = 352, "UnsupportedOpQueryCommand";
 }
 
 impl ErrorCode {

@@ -3,10 +3,41 @@
 //!
 //! The framing never allocates more than a message's declared length, and only after checking
 //! that length against [`MAX_MESSAGE_SIZE`]. The tokio codec (feature `codec`) is a thin shell.
+//!
+//! Layers, bottom up: [`message`] (types) → [`compression`] → [`frame`] (pure bytes ⇄ messages)
+//! → `codec` (tokio-util `Decoder`/`Encoder`) → `server` (connection loop shared by the router and
+//! the shards) and `client` (pooled command client to a remote shard).
 
+// `MongoError` (the project-wide client-visible error) is ~170 bytes; errors are the cold path
+// here and boxing them would change the shared API, so the size lint is allowed crate-wide.
+#![allow(clippy::result_large_err)]
+
+pub mod compression;
 pub mod error;
+pub mod frame;
+pub mod message;
+
+#[cfg(feature = "codec")]
+pub mod client;
+#[cfg(feature = "codec")]
+pub mod codec;
+#[cfg(feature = "codec")]
+pub mod connection;
+#[cfg(feature = "codec")]
+pub mod server;
 
 pub use error::{ErrorCode, MongoError, Result};
+pub use frame::{FrameError, decode, encode};
+pub use message::{Compressor, DocumentSequence, Message, MsgFlags, Op, OpMsg, OpQuery, OpReply};
+
+#[cfg(feature = "codec")]
+pub use async_trait::async_trait;
+#[cfg(feature = "codec")]
+pub use client::{Client, ClientError};
+#[cfg(feature = "codec")]
+pub use codec::MessageCodec;
+#[cfg(feature = "codec")]
+pub use server::{ConnectionInfo, Handler, Reply, Request, serve, serve_connection};
 
 /// `maxMessageSizeBytes` advertised in the handshake; larger frames are rejected before allocation.
 pub const MAX_MESSAGE_SIZE: usize = 48_000_000;

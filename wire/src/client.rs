@@ -1,0 +1,188 @@
+//! A small command client to one `host:port`, used by the router to reach remote shards.
+//!
+//! Invariants:
+//! * A connection is in the idle pool only while no command is using it; a command takes one
+//!   (or opens one) and puts it back only after a complete, matching reply. A connection that
+//!   saw any error, or whose command was cancelled (its future dropped, e.g. by a timeout), is
+//!   dropped, so a late reply can never be read as the answer to another command.
+//! * The pool lock is a std `Mutex` held only to push or pop, never across an `.await`.
+//! * Replies are returned as documents, `ok: 0` included; [`ClientError`] is only for failures
+//!   to connect, I/O and protocol errors.
+//! * Connecting times out after [`CONNECT_TIMEOUT`]; reads have no timeout (a getMore with
+//!   `awaitData` may wait a long time): wrap [`Client::command`] in `tokio::time::timeout`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use bson::{Document, RawDocumentBuf};
+use tokio::net::TcpStream;
+
+use crate::codec::CodecError;
+use crate::connection::Connection;
+use crate::error::{ErrorCode, MongoError};
+use crate::message::{Message, Op, to_document};
+
+/// How long to wait for a TCP connection to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most this many idle connections are kept; more are closed when returned.
+pub const MAX_IDLE: usize = 16;
+
+/// Why a command did not produce a reply document.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("connecting to {addr} timed out after {CONNECT_TIMEOUT:?}")]
+    ConnectTimeout { addr: String },
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("I/O error talking to {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("protocol error talking to {addr}: {message}")]
+    Protocol { addr: String, message: String },
+    #[error("{addr} closed the connection before replying")]
+    Closed { addr: String },
+}
+
+impl ClientError {
+    /// The error a client of the router should see: a network error, as a driver would report
+    /// one from a shard (`HostUnreachable`, `NetworkTimeout` or `SocketException`).
+    pub fn to_mongo_error(&self) -> MongoError {
+        let code = match self {
+            ClientError::ConnectTimeout { .. } => ErrorCode::NETWORK_TIMEOUT,
+            ClientError::Connect { .. } => ErrorCode::HOST_UNREACHABLE,
+            ClientError::Io { .. } | ClientError::Closed { .. } | ClientError::Protocol { .. } => {
+                ErrorCode::SOCKET_EXCEPTION
+            }
+        };
+        MongoError::new(code, self.to_string())
+    }
+}
+
+/// A pooled OP_MSG command client to one server.
+#[derive(Debug)]
+pub struct Client {
+    addr: String,
+    idle: Mutex<Vec<Connection>>,
+    next_request_id: AtomicI32,
+}
+
+impl Client {
+    pub fn new(addr: String) -> Client {
+        Client {
+            addr,
+            idle: Mutex::new(Vec::new()),
+            next_request_id: AtomicI32::new(1),
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Runs `body` against database `db` (sets `$db`) and returns the reply document as is.
+    pub async fn command(&self, db: &str, mut body: Document) -> Result<Document, ClientError> {
+        body.insert("$db", db);
+        let raw = RawDocumentBuf::try_from(&body).map_err(|e| self.protocol(e.to_string()))?;
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX;
+        let request = Message::msg(request_id, raw);
+
+        let mut conn = match self.take_idle() {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        conn.write_message(&request)
+            .await
+            .map_err(|e| self.codec_error(e))?;
+        let reply = conn
+            .read_message()
+            .await
+            .map_err(|e| self.codec_error(e))?
+            .ok_or_else(|| ClientError::Closed {
+                addr: self.addr.clone(),
+            })?;
+        // One request in flight per connection: any other reply means the stream is confused.
+        if reply.response_to != request_id {
+            return Err(self.protocol(format!(
+                "reply to request {} while waiting for {request_id}",
+                reply.response_to
+            )));
+        }
+        let doc = match &reply.op {
+            Op::Msg(msg) => {
+                if msg.flags.more_to_come() {
+                    return Err(self.protocol("unexpected moreToCome reply".to_string()));
+                }
+                to_document(&msg.body)
+            }
+            Op::Reply(r) => match r.documents.first() {
+                Some(d) => to_document(d),
+                None => return Err(self.protocol("OP_REPLY without a document".to_string())),
+            },
+            Op::Query(_) => return Err(self.protocol("server sent an OP_QUERY".to_string())),
+        }
+        .map_err(|e| self.protocol(e.to_string()))?;
+        self.put_idle(conn);
+        Ok(doc)
+    }
+
+    /// The most recently used idle connection that still looks alive; stale ones are dropped.
+    fn take_idle(&self) -> Option<Connection> {
+        loop {
+            let conn = self.idle.lock().ok().and_then(|mut idle| idle.pop())?;
+            if !conn.is_stale() {
+                return Some(conn);
+            }
+        }
+    }
+
+    fn put_idle(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(conn);
+        }
+    }
+
+    async fn connect(&self) -> Result<Connection, ClientError> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| ClientError::ConnectTimeout {
+                addr: self.addr.clone(),
+            })?
+            .map_err(|source| ClientError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        Ok(Connection::new(stream))
+    }
+
+    fn protocol(&self, message: String) -> ClientError {
+        ClientError::Protocol {
+            addr: self.addr.clone(),
+            message,
+        }
+    }
+
+    fn codec_error(&self, e: CodecError) -> ClientError {
+        match e {
+            CodecError::Io(source) => ClientError::Io {
+                addr: self.addr.clone(),
+                source,
+            },
+            other => self.protocol(other.to_string()),
+        }
+    }
+
+    /// Number of idle pooled connections (for tests and metrics).
+    pub fn idle_connections(&self) -> usize {
+        self.idle.lock().map(|idle| idle.len()).unwrap_or(0)
+    }
+}

@@ -1,0 +1,85 @@
+//! A buffered TCP connection that reads and writes whole [`Message`]s (the mini-redis
+//! `Connection` layer), shared by the server loop and the client.
+//!
+//! Invariants: reads go through [`MessageCodec`], so a frame is handed out only once it is
+//! complete and its length was checked before the buffer grew for it; a recoverable frame error
+//! has already been skipped when it is returned, so the next read starts at the next frame. Each
+//! write is one `write_all` of one encoded frame.
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::codec::{CodecError, MessageCodec};
+use crate::message::Message;
+
+const INITIAL_BUFFER: usize = 8 * 1024;
+
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    codec: MessageCodec,
+}
+
+impl Connection {
+    pub fn new(stream: TcpStream) -> Connection {
+        Connection {
+            stream,
+            read_buf: BytesMut::with_capacity(INITIAL_BUFFER),
+            write_buf: BytesMut::with_capacity(INITIAL_BUFFER),
+            codec: MessageCodec,
+        }
+    }
+
+    /// The next message; `Ok(None)` when the peer closed cleanly between frames.
+    pub async fn read_message(&mut self) -> Result<Option<Message>, CodecError> {
+        loop {
+            if let Some(message) = self.codec.decode(&mut self.read_buf)? {
+                return Ok(Some(message));
+            }
+            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+                if self.read_buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(CodecError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed in the middle of a frame",
+                )));
+            }
+        }
+    }
+
+    /// Encodes and sends one message.
+    pub async fn write_message(&mut self, message: &Message) -> Result<(), CodecError> {
+        self.write_buf.clear();
+        self.codec.encode(message, &mut self.write_buf)?;
+        self.stream.write_all(&self.write_buf).await?;
+        Ok(())
+    }
+
+    /// Sends bytes as they are (tests use this to send hand-built or malformed frames).
+    pub async fn write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// Best-effort check, without waiting, that an idle connection is still usable: the peer has
+    /// not closed it and sent nothing unasked (either would make the next reply ambiguous).
+    pub fn is_stale(&self) -> bool {
+        if !self.read_buf.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        }
+    }
+
+    /// Flushes and shuts down the write half.
+    pub async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.stream.shutdown().await
+    }
+}

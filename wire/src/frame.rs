@@ -1,0 +1,564 @@
+//! Pure framing: bytes ⇄ [`Message`]. No I/O, no tokio.
+//!
+//! Invariants:
+//! * [`decode`] returns `Ok(None)` while the buffer holds less than one whole frame, and never
+//!   panics on any input. It reads `messageLength` first and rejects values below 16 or above
+//!   [`MAX_MESSAGE_SIZE`] before anything is allocated; a compressed frame's `uncompressedSize` is
+//!   checked the same way before it is inflated.
+//! * Every length inside a frame (BSON documents, document sequences, C strings) is checked
+//!   against the bytes that remain in the frame before it is used; nothing reads past the frame.
+//! * `decode(encode(m)) == m` for every message [`encode`] accepts, and a frame decodes the same
+//!   however it was split across reads (the decoder only ever looks at complete frames).
+//! * An error's [`FrameError::skip`] is `Some(len)` only when the frame boundary is trustworthy and
+//!   the connection may continue after discarding `len` bytes (an unknown opcode). Every other
+//!   error means the byte stream can no longer be trusted: reply if possible, then close.
+//!
+//! Error codes follow mongod: bad lengths and corrupt compression are `ProtocolError` (17, what
+//! mongod's transport layer reports before closing); OP_MSG parse failures use the codes of
+//! mongod's `OpMsg::parse` (`IllegalOpMsgFlag` 223, `ChecksumMismatch` 288, 40430–40433, 40587);
+//! an oversize reply we would send is `BSONObjectTooLarge` (10334).
+
+use bson::RawDocumentBuf;
+use bytes::{BufMut, BytesMut};
+
+use crate::MAX_MESSAGE_SIZE;
+use crate::compression;
+use crate::error::{ErrorCode, MongoError};
+use crate::message::{
+    Compressor, DocumentSequence, HEADER_LEN, Message, MsgFlags, Op, OpMsg, OpQuery, OpReply,
+    opcode,
+};
+
+/// A frame that could not be decoded, with what is known about the request it came from.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{error}")]
+pub struct FrameError {
+    /// The client-visible error to reply with.
+    pub error: MongoError,
+    /// The frame's `requestID`, when the header was readable (needed to address a reply).
+    pub request_id: Option<i32>,
+    /// The opcode the peer used (the inner one for OP_COMPRESSED), when known: an OP_QUERY is
+    /// answered with OP_REPLY.
+    pub op_code: Option<i32>,
+    /// `Some(n)`: discard `n` bytes and carry on with the next frame. `None`: close.
+    pub skip: Option<usize>,
+}
+
+impl FrameError {
+    fn fatal(error: MongoError, header: Option<&Header>) -> FrameError {
+        FrameError {
+            error,
+            request_id: header.map(|h| h.request_id),
+            op_code: header.map(|h| h.op_code),
+            skip: None,
+        }
+    }
+}
+
+/// The 16-byte standard header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    length: usize,
+    request_id: i32,
+    response_to: i32,
+    op_code: i32,
+}
+
+fn protocol_error(msg: impl Into<String>) -> MongoError {
+    MongoError::new(ErrorCode::PROTOCOL_ERROR, msg)
+}
+
+/// Checks a declared message length (`messageLength`) against the limits.
+fn check_length(len: i32) -> Result<usize, MongoError> {
+    match usize::try_from(len) {
+        Ok(n) if (HEADER_LEN..=MAX_MESSAGE_SIZE).contains(&n) => Ok(n),
+        _ => Err(protocol_error(format!(
+            "recv(): message msgLen {len} is invalid. Min {HEADER_LEN} Max: {MAX_MESSAGE_SIZE}"
+        ))),
+    }
+}
+
+/// Decodes one frame from the front of `src`.
+///
+/// `Ok(None)`: more bytes are needed. `Ok(Some((message, n)))`: the first `n` bytes were one frame.
+pub fn decode(src: &[u8]) -> Result<Option<(Message, usize)>, FrameError> {
+    let mut r = Reader::new(src);
+    let Some(len) = r.i32() else {
+        return Ok(None);
+    };
+    let request_id = r.i32();
+    let length = check_length(len).map_err(|error| FrameError {
+        error,
+        request_id,
+        op_code: None,
+        skip: None,
+    })?;
+    if src.len() < length {
+        return Ok(None);
+    }
+    let frame = &src[..length];
+    let mut r = Reader::new(frame);
+    let header = match (r.i32(), r.i32(), r.i32(), r.i32()) {
+        (Some(_), Some(request_id), Some(response_to), Some(op_code)) => Header {
+            length,
+            request_id,
+            response_to,
+            op_code,
+        },
+        // Unreachable: `length >= HEADER_LEN` and the frame holds `length` bytes.
+        _ => return Err(FrameError::fatal(protocol_error("short header"), None)),
+    };
+    let message = match header.op_code {
+        opcode::OP_COMPRESSED => decode_compressed(&header, r.rest())?,
+        op => Message {
+            request_id: header.request_id,
+            response_to: header.response_to,
+            compressor: None,
+            op: decode_op(op, frame, &header)?,
+        },
+    };
+    Ok(Some((message, length)))
+}
+
+/// Decodes the operation of a frame whose header says `op`; `frame` includes the header (the
+/// OP_MSG checksum covers it).
+fn decode_op(op: i32, frame: &[u8], header: &Header) -> Result<Op, FrameError> {
+    let body = frame.get(HEADER_LEN..).unwrap_or_default();
+    let fatal = |e: MongoError| FrameError::fatal(e, Some(header));
+    match op {
+        opcode::OP_MSG => decode_msg(frame, body).map(Op::Msg).map_err(fatal),
+        opcode::OP_QUERY => decode_query(body).map(Op::Query).map_err(fatal),
+        opcode::OP_REPLY => decode_reply(body).map(Op::Reply).map_err(fatal),
+        other => Err(FrameError {
+            error: protocol_error(format!("Unsupported opcode {other}")),
+            request_id: Some(header.request_id),
+            op_code: Some(other),
+            skip: Some(header.length),
+        }),
+    }
+}
+
+fn decode_compressed(header: &Header, payload: &[u8]) -> Result<Message, FrameError> {
+    let mut r = Reader::new(payload);
+    let fatal = |e: MongoError, op: Option<i32>| FrameError {
+        error: e,
+        request_id: Some(header.request_id),
+        op_code: op,
+        skip: None,
+    };
+    let (Some(original), Some(size), Some(id)) = (r.i32(), r.i32(), r.u8()) else {
+        return Err(fatal(
+            protocol_error("OP_COMPRESSED header truncated"),
+            None,
+        ));
+    };
+    // The inner message (with a rebuilt 16-byte header) must itself fit the limit.
+    let inner_len = usize::try_from(size)
+        .ok()
+        .and_then(|s| s.checked_add(HEADER_LEN))
+        .filter(|n| *n <= MAX_MESSAGE_SIZE)
+        .ok_or_else(|| {
+            fatal(
+                protocol_error(format!(
+                    "OP_COMPRESSED uncompressedSize {size} is invalid. Max: {}",
+                    MAX_MESSAGE_SIZE - HEADER_LEN
+                )),
+                Some(original),
+            )
+        })?;
+    if original == opcode::OP_COMPRESSED {
+        return Err(fatal(
+            protocol_error("OP_COMPRESSED cannot contain OP_COMPRESSED"),
+            Some(original),
+        ));
+    }
+    let compressor = Compressor::from_id(id).ok_or_else(|| {
+        fatal(
+            protocol_error(format!(
+                "Cannot decompress message: unknown compressor id {id}"
+            )),
+            Some(original),
+        )
+    })?;
+    let inflated = compression::decompress(compressor, r.rest(), inner_len - HEADER_LEN)
+        .map_err(|e| fatal(e, Some(original)))?;
+    // Rebuild the uncompressed message as mongod does, so an inner checksum covers the same bytes.
+    let mut inner = Vec::with_capacity(inner_len);
+    put_header(
+        &mut inner,
+        inner_len,
+        header.request_id,
+        header.response_to,
+        original,
+    );
+    inner.extend_from_slice(&inflated);
+    let inner_header = Header {
+        length: header.length, // the bytes to skip on the wire are the outer frame's
+        op_code: original,
+        ..*header
+    };
+    let op = decode_op(original, &inner, &inner_header)?;
+    Ok(Message {
+        request_id: header.request_id,
+        response_to: header.response_to,
+        compressor: Some(compressor),
+        op,
+    })
+}
+
+fn decode_msg(frame: &[u8], body: &[u8]) -> Result<OpMsg, MongoError> {
+    let mut r = Reader::new(body);
+    let flags = MsgFlags(
+        r.u32()
+            .ok_or_else(|| protocol_error("OP_MSG without flags"))?,
+    );
+    if flags.has_unknown_required() {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OP_MSG_FLAG,
+            format!("Message contains illegal flags value: 0b{:032b}", flags.0),
+        ));
+    }
+    let mut sections = r.rest();
+    if flags.checksum_present() {
+        let Some(split) = sections.len().checked_sub(4).filter(|n| *n > 0) else {
+            return Err(MongoError::with_code(
+                51251,
+                "Invalid message size for an OpMsg containing a checksum",
+            ));
+        };
+        let (rest, sum) = sections.split_at(split);
+        let expected = Reader::new(sum).u32().unwrap_or_default();
+        let covered = frame
+            .get(..frame.len().saturating_sub(4))
+            .unwrap_or_default();
+        if crc32c::crc32c(covered) != expected {
+            return Err(MongoError::new(
+                ErrorCode::CHECKSUM_MISMATCH,
+                "OP_MSG checksum does not match contents",
+            ));
+        }
+        sections = rest;
+    }
+    let mut r = Reader::new(sections);
+    let mut body = None;
+    let mut sequences: Vec<DocumentSequence> = Vec::new();
+    while let Some(kind) = r.u8() {
+        match kind {
+            0 => {
+                if body.is_some() {
+                    return Err(MongoError::with_code(
+                        40430,
+                        "Multiple body sections in message",
+                    ));
+                }
+                body = Some(r.document()?);
+            }
+            1 => {
+                let size = r
+                    .i32()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| *n >= 4)
+                    .ok_or_else(|| protocol_error("invalid document sequence size"))?;
+                let section = r
+                    .take(size - 4)
+                    .ok_or_else(|| protocol_error("document sequence runs past the message"))?;
+                let mut s = Reader::new(section);
+                let identifier = s.cstring()?;
+                if sequences.iter().any(|q| q.identifier == identifier) {
+                    return Err(MongoError::with_code(
+                        40431,
+                        format!("Duplicate document sequence: {identifier}"),
+                    ));
+                }
+                let mut documents = Vec::new();
+                while !s.is_empty() {
+                    documents.push(s.document()?);
+                }
+                sequences.push(DocumentSequence {
+                    identifier,
+                    documents,
+                });
+            }
+            other => {
+                return Err(MongoError::with_code(
+                    40432,
+                    format!("Unknown section kind {other}"),
+                ));
+            }
+        }
+    }
+    let body =
+        body.ok_or_else(|| MongoError::with_code(40587, "OP_MSG messages must have a body"))?;
+    Ok(OpMsg {
+        flags,
+        body,
+        sequences,
+    })
+}
+
+fn decode_query(body: &[u8]) -> Result<OpQuery, MongoError> {
+    let mut r = Reader::new(body);
+    let truncated = || protocol_error("OP_QUERY truncated");
+    let flags = r.u32().ok_or_else(truncated)?;
+    let full_collection_name = r.cstring()?;
+    let number_to_skip = r.i32().ok_or_else(truncated)?;
+    let number_to_return = r.i32().ok_or_else(truncated)?;
+    let query = r.document()?;
+    let return_fields_selector = if r.is_empty() {
+        None
+    } else {
+        Some(r.document()?)
+    };
+    if !r.is_empty() {
+        return Err(protocol_error("OP_QUERY has trailing bytes"));
+    }
+    Ok(OpQuery {
+        flags,
+        full_collection_name,
+        number_to_skip,
+        number_to_return,
+        query,
+        return_fields_selector,
+    })
+}
+
+fn decode_reply(body: &[u8]) -> Result<OpReply, MongoError> {
+    let mut r = Reader::new(body);
+    let truncated = || protocol_error("OP_REPLY truncated");
+    let response_flags = r.u32().ok_or_else(truncated)?;
+    let cursor_id = r.i64().ok_or_else(truncated)?;
+    let starting_from = r.i32().ok_or_else(truncated)?;
+    let number_returned = r
+        .i32()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| protocol_error("OP_REPLY numberReturned is negative"))?;
+    // Each document takes at least 5 bytes: bound the allocation by what the frame can hold.
+    let mut documents = Vec::with_capacity(number_returned.min(r.remaining() / 5));
+    while !r.is_empty() {
+        documents.push(r.document()?);
+    }
+    if documents.len() != number_returned {
+        return Err(protocol_error(format!(
+            "OP_REPLY numberReturned {number_returned} but {} documents",
+            documents.len()
+        )));
+    }
+    Ok(OpReply {
+        response_flags,
+        cursor_id,
+        starting_from,
+        documents,
+    })
+}
+
+/// Appends the frame for `msg` to `dst` (OP_COMPRESSED-wrapped when `msg.compressor` is set).
+///
+/// Fails with `BSONObjectTooLarge` when the frame would exceed [`MAX_MESSAGE_SIZE`], leaving
+/// `dst` as it was.
+pub fn encode(msg: &Message, dst: &mut BytesMut) -> Result<(), MongoError> {
+    let start = dst.len();
+    let result = match msg.compressor {
+        None => encode_plain(msg, dst),
+        Some(compressor) => {
+            let mut inner = BytesMut::new();
+            encode_plain(msg, &mut inner).and_then(|()| {
+                let payload = inner.get(HEADER_LEN..).unwrap_or_default();
+                let packed = compression::compress(compressor, payload)?;
+                let len = HEADER_LEN + 4 + 4 + 1 + packed.len();
+                check_out_len(len)?;
+                dst.reserve(len);
+                put_header(
+                    dst,
+                    len,
+                    msg.request_id,
+                    msg.response_to,
+                    opcode::OP_COMPRESSED,
+                );
+                dst.put_i32_le(msg.op.op_code());
+                dst.put_i32_le(i32_len(payload.len()));
+                dst.put_u8(compressor.id());
+                dst.put_slice(&packed);
+                Ok(())
+            })
+        }
+    };
+    if result.is_err() {
+        dst.truncate(start);
+    }
+    result
+}
+
+/// Encodes `msg` into a fresh buffer.
+pub fn encode_to_vec(msg: &Message) -> Result<Vec<u8>, MongoError> {
+    let mut buf = BytesMut::new();
+    encode(msg, &mut buf)?;
+    Ok(buf.to_vec())
+}
+
+fn encode_plain(msg: &Message, dst: &mut BytesMut) -> Result<(), MongoError> {
+    let start = dst.len();
+    put_header(dst, 0, msg.request_id, msg.response_to, msg.op.op_code());
+    match &msg.op {
+        Op::Msg(m) => {
+            dst.put_u32_le(m.flags.0);
+            dst.put_u8(0);
+            dst.put_slice(m.body.as_bytes());
+            for seq in &m.sequences {
+                dst.put_u8(1);
+                let size_at = dst.len();
+                dst.put_i32_le(0);
+                put_cstring(dst, &seq.identifier)?;
+                for d in &seq.documents {
+                    dst.put_slice(d.as_bytes());
+                }
+                let size = dst.len() - size_at;
+                check_out_len(size)?;
+                patch_i32(dst, size_at, size);
+            }
+            if m.flags.checksum_present() {
+                let total = dst.len() - start + 4;
+                check_out_len(total)?;
+                patch_i32(dst, start, total);
+                let sum = crc32c::crc32c(dst.get(start..).unwrap_or_default());
+                dst.put_u32_le(sum);
+            }
+        }
+        Op::Query(q) => {
+            dst.put_u32_le(q.flags);
+            put_cstring(dst, &q.full_collection_name)?;
+            dst.put_i32_le(q.number_to_skip);
+            dst.put_i32_le(q.number_to_return);
+            dst.put_slice(q.query.as_bytes());
+            if let Some(sel) = &q.return_fields_selector {
+                dst.put_slice(sel.as_bytes());
+            }
+        }
+        Op::Reply(r) => {
+            dst.put_u32_le(r.response_flags);
+            dst.put_i64_le(r.cursor_id);
+            dst.put_i32_le(r.starting_from);
+            check_out_len(r.documents.len())?;
+            dst.put_i32_le(i32_len(r.documents.len()));
+            for d in &r.documents {
+                dst.put_slice(d.as_bytes());
+            }
+        }
+    }
+    let total = dst.len() - start;
+    check_out_len(total)?;
+    patch_i32(dst, start, total);
+    Ok(())
+}
+
+fn check_out_len(len: usize) -> Result<(), MongoError> {
+    if len > MAX_MESSAGE_SIZE {
+        return Err(MongoError::new(
+            ErrorCode::BSON_OBJECT_TOO_LARGE,
+            format!(
+                "BSON size limit hit while building Message. Size: {len}; maxSize: {MAX_MESSAGE_SIZE}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `len` as an i32; callers have checked it against `MAX_MESSAGE_SIZE`, which fits.
+fn i32_len(len: usize) -> i32 {
+    i32::try_from(len).unwrap_or(i32::MAX)
+}
+
+fn put_header(dst: &mut impl BufMut, len: usize, request_id: i32, response_to: i32, op: i32) {
+    dst.put_i32_le(i32_len(len));
+    dst.put_i32_le(request_id);
+    dst.put_i32_le(response_to);
+    dst.put_i32_le(op);
+}
+
+fn patch_i32(dst: &mut BytesMut, at: usize, value: usize) {
+    if let Some(slot) = dst.get_mut(at..at + 4) {
+        slot.copy_from_slice(&i32_len(value).to_le_bytes());
+    }
+}
+
+fn put_cstring(dst: &mut BytesMut, s: &str) -> Result<(), MongoError> {
+    if s.as_bytes().contains(&0) {
+        return Err(MongoError::bad_value(format!(
+            "string {s:?} contains a NUL byte and cannot be a C string"
+        )));
+    }
+    dst.put_slice(s.as_bytes());
+    dst.put_u8(0);
+    Ok(())
+}
+
+/// A bounds-checked little-endian cursor over one frame.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+    fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.buf.len() {
+            return None;
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Some(head)
+    }
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N).and_then(|b| b.try_into().ok())
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.array::<1>().map(|[b]| b)
+    }
+    fn i32(&mut self) -> Option<i32> {
+        self.array().map(i32::from_le_bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.array().map(u32::from_le_bytes)
+    }
+    fn i64(&mut self) -> Option<i64> {
+        self.array().map(i64::from_le_bytes)
+    }
+    fn cstring(&mut self) -> Result<String, MongoError> {
+        let nul = self
+            .buf
+            .iter()
+            .position(|b| *b == 0)
+            .ok_or_else(|| protocol_error("unterminated C string"))?;
+        let bytes = self.take(nul + 1).unwrap_or_default();
+        let s = bytes.get(..nul).unwrap_or_default();
+        String::from_utf8(s.to_vec())
+            .map_err(|_| MongoError::new(ErrorCode::INVALID_BSON, "C string is not valid UTF-8"))
+    }
+    /// One BSON document: its length prefix is checked against the bytes left before copying.
+    fn document(&mut self) -> Result<RawDocumentBuf, MongoError> {
+        let len = Reader::new(self.buf)
+            .i32()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n >= 5)
+            .ok_or_else(|| {
+                MongoError::new(ErrorCode::INVALID_BSON, "invalid BSON document length")
+            })?;
+        let bytes = self.take(len).ok_or_else(|| {
+            MongoError::new(
+                ErrorCode::INVALID_BSON,
+                "BSON document length runs past the end of the message",
+            )
+        })?;
+        RawDocumentBuf::from_bytes(bytes.to_vec())
+            .map_err(|e| MongoError::new(ErrorCode::INVALID_BSON, format!("invalid BSON: {e}")))
+    }
+}

@@ -1,0 +1,424 @@
+//! The connection loop shared by the router and the shard servers: frames in, [`Handler`] calls,
+//! frames out.
+//!
+//! Invariants:
+//! * One request at a time per connection, answered in the form it came in: an OP_MSG gets an
+//!   OP_MSG reply (`responseTo` = its `requestID`, flags 0), an OP_QUERY an OP_REPLY
+//!   (`responseFlags` 8, cursor 0, one document); a compressed request gets a reply compressed
+//!   the same way, except handshake and auth commands, which are never compressed.
+//! * A request with `moreToCome` never gets a reply, not even an error (the client will not read
+//!   one, and a stray reply would be taken as the answer to its next request).
+//! * Compression is negotiated here: a hello with `compression: [...]` gets back, in an `ok`
+//!   reply, the names it offered that we support, in its order (the field is left out when none).
+//! * Bad input never panics or hangs the loop. A frame whose length cannot be trusted, or that
+//!   fails to parse, is answered (when its `requestID` is known) with `{ok: 0, errmsg, code,
+//!   codeName}` and the connection is closed, as mongod does for connection-fatal parse errors.
+//!   A well-framed message we cannot serve (unknown opcode, invalid BSON in a body, an OP_QUERY
+//!   command other than the handshake) is answered with an error and the loop carries on.
+//!
+//! The decisions (request → [`Request`], handler reply → reply frame) are the pure functions
+//! [`prepare`] and [`reply_message`]; the async part only moves bytes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bson::{Bson, Document, RawDocumentBuf, doc};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::codec::CodecError;
+use crate::connection::Connection;
+use crate::error::{ErrorCode, MongoError, reply_ok};
+use crate::frame::FrameError;
+use crate::message::{Compressor, Message, Op, OpMsg, OpReply, opcode, to_document};
+
+/// A command as the handler sees it, whatever opcode carried it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The kind-0 body, with each kind-1 sequence merged in as an array under its identifier.
+    pub body: Document,
+    /// From `$db`, or from OP_QUERY's `<db>.$cmd`.
+    pub db: String,
+    pub more_to_come: bool,
+    pub exhaust_allowed: bool,
+    pub legacy_op_query: bool,
+}
+
+impl Request {
+    /// The command name: the body's first key.
+    pub fn command_name(&self) -> &str {
+        self.body.keys().next().map(String::as_str).unwrap_or("")
+    }
+}
+
+/// What the handler wants sent back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Document(Document),
+    /// Send nothing (the request needs no answer).
+    NoReply,
+    /// Close the socket without answering (fail points use this to simulate a network error).
+    CloseConnection,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    pub id: u64,
+    pub peer: SocketAddr,
+}
+
+/// Serves commands. One call per request; calls on one connection never overlap.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply;
+}
+
+/// Commands that open a connection: never compressed, and where compression is negotiated.
+const HELLO_COMMANDS: [&str; 3] = ["hello", "isMaster", "ismaster"];
+/// Commands whose replies are never compressed (OP_COMPRESSED spec).
+const UNCOMPRESSED_COMMANDS: [&str; 11] = [
+    "hello",
+    "isMaster",
+    "ismaster",
+    "saslStart",
+    "saslContinue",
+    "getnonce",
+    "authenticate",
+    "createUser",
+    "updateUser",
+    "copydbSaslStart",
+    "copydbgetnonce",
+];
+/// Commands mongod still accepts over OP_QUERY (`checkAllowedOpQueryCommand`).
+const OP_QUERY_COMMANDS: [&str; 9] = [
+    "hello",
+    "isMaster",
+    "ismaster",
+    "_isSelf",
+    "authenticate",
+    "buildinfo",
+    "buildInfo",
+    "saslContinue",
+    "saslStart",
+];
+
+/// How to address the reply to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplyTo {
+    pub request_id: i32,
+    /// Answer with OP_REPLY (the request was an OP_QUERY).
+    pub legacy: bool,
+    /// Compress the reply with this (the request's compressor, unless the command is exempt).
+    pub compressor: Option<Compressor>,
+    /// Send nothing at all.
+    pub more_to_come: bool,
+    /// `Some` when the request was a hello offering compressors: the ones we accept.
+    pub negotiated: Option<Vec<Compressor>>,
+}
+
+/// The outcome of [`prepare`]: a request for the handler, or an error to answer with directly.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prepared {
+    Request(Request, ReplyTo),
+    Error(MongoError, ReplyTo),
+}
+
+/// Turns a decoded message into a handler request (pure).
+pub fn prepare(message: Message) -> Prepared {
+    let mut to = ReplyTo {
+        request_id: message.request_id,
+        legacy: false,
+        compressor: message.compressor,
+        more_to_come: false,
+        negotiated: None,
+    };
+    let request = match message.op {
+        Op::Msg(msg) => {
+            to.more_to_come = msg.flags.more_to_come();
+            request_from_msg(msg)
+        }
+        Op::Query(query) => {
+            to.legacy = true;
+            request_from_query(query)
+        }
+        Op::Reply(_) => Err(MongoError::new(
+            ErrorCode::PROTOCOL_ERROR,
+            format!("Unsupported opcode {} from a client", opcode::OP_REPLY),
+        )),
+    };
+    match request {
+        Ok(req) => {
+            let name = req.command_name();
+            if UNCOMPRESSED_COMMANDS.contains(&name) {
+                to.compressor = None;
+            }
+            if HELLO_COMMANDS.contains(&name) {
+                to.negotiated = offered_compressors(&req.body);
+            }
+            Prepared::Request(req, to)
+        }
+        Err(e) => Prepared::Error(e, to),
+    }
+}
+
+fn request_from_msg(msg: OpMsg) -> Result<Request, MongoError> {
+    let mut body = to_document(&msg.body)?;
+    for seq in &msg.sequences {
+        if body.contains_key(&seq.identifier) {
+            return Err(MongoError::with_code(
+                40433,
+                format!(
+                    "Duplicate field between body and document sequence {}",
+                    seq.identifier
+                ),
+            ));
+        }
+        let docs = seq
+            .documents
+            .iter()
+            .map(|d| to_document(d).map(Bson::Document))
+            .collect::<Result<Vec<_>, _>>()?;
+        body.insert(seq.identifier.clone(), docs);
+    }
+    let db = match body.get("$db") {
+        Some(Bson::String(db)) => db.clone(),
+        Some(_) => {
+            return Err(MongoError::type_mismatch("$db must be a string"));
+        }
+        None => {
+            return Err(MongoError::with_code(
+                40571,
+                "OP_MSG requests require a $db argument",
+            ));
+        }
+    };
+    Ok(Request {
+        body,
+        db,
+        more_to_come: msg.flags.more_to_come(),
+        exhaust_allowed: msg.flags.exhaust_allowed(),
+        legacy_op_query: false,
+    })
+}
+
+fn request_from_query(query: crate::message::OpQuery) -> Result<Request, MongoError> {
+    let unsupported = |what: &str| {
+        MongoError::new(
+            ErrorCode::UNSUPPORTED_OP_QUERY_COMMAND,
+            format!(
+                "Unsupported OP_QUERY command: {what}. The client driver may require an upgrade. \
+                 For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"
+            ),
+        )
+    };
+    let db = query
+        .command_db()
+        .ok_or_else(|| unsupported(&query.full_collection_name))?
+        .to_string();
+    let mut body = to_document(&query.query)?;
+    // Drivers may wrap the command as `{$query: {...}, $readPreference: ...}`.
+    if let Some(Bson::Document(inner)) = body.get("$query") {
+        body = inner.clone();
+    }
+    let name = body.keys().next().cloned().unwrap_or_default();
+    if !OP_QUERY_COMMANDS.contains(&name.as_str()) {
+        return Err(unsupported(&name));
+    }
+    Ok(Request {
+        body,
+        db,
+        more_to_come: false,
+        exhaust_allowed: false,
+        legacy_op_query: true,
+    })
+}
+
+/// The supported compressors a hello offers, in the client's order (`None` if it offers none).
+fn offered_compressors(body: &Document) -> Option<Vec<Compressor>> {
+    let offered = body.get_array("compression").ok()?;
+    let mut accepted: Vec<Compressor> = Vec::new();
+    for c in offered
+        .iter()
+        .filter_map(Bson::as_str)
+        .filter_map(Compressor::from_name)
+    {
+        if !accepted.contains(&c) {
+            accepted.push(c);
+        }
+    }
+    Some(accepted)
+}
+
+/// The frame that answers a request with `reply` (pure); `None` when nothing is to be sent.
+pub fn reply_message(to: &ReplyTo, mut reply: Document) -> Option<Message> {
+    if to.more_to_come {
+        return None;
+    }
+    if let Some(accepted) = &to.negotiated
+        && !accepted.is_empty()
+        && reply_ok(&reply)
+    {
+        let names: Vec<Bson> = accepted.iter().map(|c| Bson::from(c.name())).collect();
+        reply.insert("compression", names);
+    }
+    let raw = RawDocumentBuf::try_from(&reply).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "handler reply is not serialisable");
+        error_raw(&MongoError::internal(format!(
+            "reply could not be serialised: {e}"
+        )))
+    });
+    Some(Message {
+        request_id: next_reply_id(),
+        response_to: to.request_id,
+        compressor: to.compressor,
+        op: if to.legacy {
+            Op::Reply(OpReply::command_reply(raw))
+        } else {
+            Op::Msg(OpMsg::new(raw))
+        },
+    })
+}
+
+/// The error reply for a frame that failed to decode, when it can be addressed.
+fn frame_error_reply(e: &FrameError) -> Option<Message> {
+    let request_id = e.request_id?;
+    let to = ReplyTo {
+        request_id,
+        legacy: e.op_code == Some(opcode::OP_QUERY),
+        compressor: None,
+        more_to_come: false,
+        negotiated: None,
+    };
+    reply_message(&to, e.error.to_document())
+}
+
+fn error_raw(e: &MongoError) -> RawDocumentBuf {
+    let doc = e.to_document();
+    RawDocumentBuf::try_from(&doc).unwrap_or_else(|_| RawDocumentBuf::new())
+}
+
+/// Request ids for server-originated messages (replies); only uniqueness matters.
+fn next_reply_id() -> i32 {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX
+}
+
+/// Serves one connection until the peer closes it, a fatal frame error, or `CloseConnection`.
+pub async fn serve_connection<H: Handler>(
+    stream: TcpStream,
+    handler: Arc<H>,
+    conn: ConnectionInfo,
+) {
+    let span = tracing::info_span!("connection", id = conn.id, peer = %conn.peer);
+    run_connection(stream, handler, conn).instrument(span).await;
+}
+
+async fn run_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, conn: ConnectionInfo) {
+    let _ = stream.set_nodelay(true);
+    let mut io = Connection::new(stream);
+    tracing::debug!("connection opened");
+    loop {
+        let message = match io.read_message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => break,
+            Err(CodecError::Frame(e)) => {
+                tracing::debug!(error = %e.error, "bad frame");
+                if let Some(reply) = frame_error_reply(&e)
+                    && io.write_message(&reply).await.is_err()
+                {
+                    break;
+                }
+                if e.skip.is_some() {
+                    continue;
+                }
+                break;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "connection read failed");
+                break;
+            }
+        };
+        let (reply, to) = match prepare(message) {
+            Prepared::Request(req, to) => match handler.handle(&conn, req).await {
+                Reply::Document(doc) => (doc, to),
+                Reply::NoReply => continue,
+                Reply::CloseConnection => break,
+            },
+            Prepared::Error(e, to) => {
+                tracing::debug!(error = %e, "request rejected");
+                (e.to_document(), to)
+            }
+        };
+        let Some(frame) = reply_message(&to, reply) else {
+            continue;
+        };
+        let sent = match io.write_message(&frame).await {
+            Err(CodecError::Encode(e)) => {
+                // The reply itself is unsendable (too large): tell the client why instead.
+                tracing::warn!(error = %e, "reply could not be encoded");
+                match reply_message(&to, e.to_document()) {
+                    Some(frame) => io.write_message(&frame).await,
+                    None => Ok(()),
+                }
+            }
+            other => other,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "connection write failed");
+            break;
+        }
+    }
+    let _ = io.shutdown().await;
+    tracing::debug!("connection closed");
+}
+
+/// Accepts connections until `cancel` fires, one task per connection (ids from 1), then waits
+/// for the connection tasks, which also stop on `cancel`.
+pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, cancel: CancellationToken) {
+    let next_id = AtomicU64::new(1);
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let conn = ConnectionInfo {
+                    id: next_id.fetch_add(1, Ordering::Relaxed),
+                    peer,
+                };
+                let handler = Arc::clone(&handler);
+                let cancel = cancel.clone();
+                tracker.spawn(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        _ = serve_connection(stream, handler, conn) => {}
+                    }
+                });
+            }
+            Err(e) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// `{ok: 1}` plus `fields`: a convenience for handlers and tests.
+pub fn ok_reply(fields: Document) -> Document {
+    let mut d = doc! { "ok": 1.0 };
+    d.extend(fields);
+    d
+}
