@@ -38,10 +38,15 @@ impl Running {
 
     /// Waits until the server stops (after the cancellation token fires).
     pub async fn wait(self) {
-        let _ = (&mut { self.task }).await;
+        let _ = self.task.await;
         for s in self.shards {
             s.shutdown().await;
         }
+    }
+
+    /// The in-process shards (empty for a router over remote shards).
+    pub fn shards(&self) -> &[Arc<shard::Shard>] {
+        &self.shards
     }
 }
 

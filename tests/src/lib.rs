@@ -1,1 +1,238 @@
-//! Shared helpers for the integration tests: starting clusters and connecting drivers.
+//! Shared helpers for the integration tests: starting clusters (embedded, in this process; or
+//! multi-process, from the `tributary` binary) and connecting the real `mongodb` driver to them.
+//!
+//! Invariant: every cluster a test starts lives in its own temporary directory and on ports the
+//! OS handed out, so tests run in parallel without sharing state; dropping a cluster stops it.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use mongodb::Client;
+use mongodb::options::ClientOptions;
+use router::Presentation;
+use router::launch::{self, Running};
+use tempfile::TempDir;
+
+pub mod scenarios;
+
+/// Logs for test runs: `RUST_LOG=debug cargo test` shows the servers' spans.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A driver connected to `addr`, with short timeouts suited to tests.
+pub async fn connect(addr: SocketAddr) -> Result<Client> {
+    connect_uri(&format!("mongodb://{addr}/?directConnection=true")).await
+}
+
+pub async fn connect_uri(uri: &str) -> Result<Client> {
+    let mut opts = ClientOptions::parse(uri).await?;
+    opts.server_selection_timeout = Some(Duration::from_secs(10));
+    opts.connect_timeout = Some(Duration::from_secs(5));
+    Ok(Client::with_options(opts)?)
+}
+
+/// A router with in-process shards, started in this process.
+pub struct EmbeddedCluster {
+    pub dir: TempDir,
+    pub running: Option<Running>,
+    pub n_shards: usize,
+    pub presentation: Presentation,
+    pub addr: SocketAddr,
+}
+
+impl EmbeddedCluster {
+    pub async fn start(n_shards: usize) -> Result<EmbeddedCluster> {
+        Self::start_with(n_shards, Presentation::Mongos).await
+    }
+
+    pub async fn start_with(n_shards: usize, presentation: Presentation) -> Result<EmbeddedCluster> {
+        init_tracing();
+        let dir = tempfile::tempdir()?;
+        let running = launch::embedded(
+            "127.0.0.1:0".parse()?,
+            n_shards,
+            dir.path().to_path_buf(),
+            presentation,
+            vec!["tributary".into()],
+        )
+        .await?;
+        let addr = running.addr;
+        Ok(EmbeddedCluster {
+            dir,
+            running: Some(running),
+            n_shards,
+            presentation,
+            addr,
+        })
+    }
+
+    pub async fn client(&self) -> Result<Client> {
+        connect(self.addr).await
+    }
+
+    /// The in-process shards, for checking where documents landed.
+    pub fn shards(&self) -> &[Arc<shard::Shard>] {
+        self.running.as_ref().map(|r| r.shards()).unwrap_or(&[])
+    }
+
+    /// Stops the cluster and starts it again on the same data (a new port).
+    pub async fn restart(&mut self) -> Result<()> {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+        let running = launch::embedded(
+            "127.0.0.1:0".parse()?,
+            self.n_shards,
+            self.dir.path().to_path_buf(),
+            self.presentation,
+            vec!["tributary".into()],
+        )
+        .await?;
+        self.addr = running.addr;
+        self.running = Some(running);
+        Ok(())
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+    }
+}
+
+/// The `tributary` binary built beside the test executable (`target/<profile>/tributary`).
+pub fn tributary_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no target directory")?;
+    let bin = profile_dir.join("tributary");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p router --bin tributary` first",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until something accepts connections on `addr`.
+pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        anyhow::ensure!(start.elapsed() < timeout, "nothing listens on {addr} after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub args: Vec<String>,
+}
+
+impl Proc {
+    pub async fn spawn(args: Vec<String>, addr: SocketAddr) -> Result<Proc> {
+        let child = Command::new(tributary_binary()?)
+            .args(&args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning tributary {args:?}"))?;
+        let p = Proc { child, addr, args };
+        wait_for_port(addr, Duration::from_secs(20)).await?;
+        Ok(p)
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the same command again (same port, same data).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill();
+        *self = Proc::spawn(self.args.clone(), self.addr).await?;
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `n` `tributary shard` processes and one `tributary router` over them.
+pub struct ProcessCluster {
+    pub dir: TempDir,
+    pub shards: Vec<Proc>,
+    pub router: Proc,
+}
+
+impl ProcessCluster {
+    pub async fn start(n_shards: usize) -> Result<ProcessCluster> {
+        Self::start_with(n_shards, Presentation::Mongos).await
+    }
+
+    pub async fn start_with(n_shards: usize, presentation: Presentation) -> Result<ProcessCluster> {
+        init_tracing();
+        let dir = tempfile::tempdir()?;
+        let mut shards = Vec::new();
+        for i in 0..n_shards {
+            let port = free_port()?;
+            let dbpath = dir.path().join(format!("shard{i}"));
+            let args = vec![
+                "shard".to_string(),
+                "--port".into(),
+                port.to_string(),
+                "--dbpath".into(),
+                dbpath.display().to_string(),
+                "--name".into(),
+                format!("shard{i}"),
+            ];
+            shards.push(Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?);
+        }
+        let port = free_port()?;
+        let mut args = vec!["router".to_string(), "--port".into(), port.to_string()];
+        for s in &shards {
+            args.push("--shard".into());
+            args.push(s.addr.to_string());
+        }
+        if presentation == Presentation::ReplicaSet {
+            args.push("--replSetMode".into());
+        }
+        let router = Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?;
+        Ok(ProcessCluster { dir, shards, router })
+    }
+
+    pub async fn client(&self) -> Result<Client> {
+        connect(self.router.addr).await
+    }
+
+    /// A driver connected straight to shard `i`.
+    pub async fn shard_client(&self, i: usize) -> Result<Client> {
+        connect(self.shards[i].addr).await
+    }
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs every check Tributary has, from a fresh clone: formatting, lints, the Rust test suites
+# (unit, property, integration with the real `mongodb` driver over TCP, multi-process and crash
+# tests), and the driver interop scripts (pymongo). Installs what the tests need first.
+#
+#   bash scripts/test.sh            # the CI suite (well under 30 minutes on 2 cores)
+#   TRIBUTARY_SOAK=1 bash scripts/test.sh   # also the long soak suites (see README)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing test dependencies"
+python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
+if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
+  npm --prefix resume/tests/interop install --no-audit --no-fund --silent
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "building the tributary binary (multi-process tests spawn it)"
+cargo build --bin tributary
+
+step "cargo test"
+if command -v cargo-nextest >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
+
+step "benches compile and run once (test mode)"
+cargo test --workspace --benches -- --test >/dev/null
+
+step "pymongo interop scripts"
+data=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+./target/debug/tributary --port "$port" --dbpath "$data" >"$data/tributary.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$data"' EXIT
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+status=0
+for script in tests/py/*.py; do
+  echo "--- $script"
+  python3 "$script" "mongodb://127.0.0.1:$port/" || status=1
+done
+if [ "$status" -ne 0 ]; then
+  echo "server log:"; tail -50 "$data/tributary.log"
+  exit 1
+fi
+
+echo
+echo "all checks passed"

@@ -1,0 +1,104 @@
+//! The foundation issue's checks, against the embedded cluster and a multi-process cluster:
+//! the same driver scenarios must pass in both modes.
+
+use mongodb::bson::{Document, doc};
+use tests::scenarios;
+use tests::{EmbeddedCluster, ProcessCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_cluster_serves_the_driver_scenarios() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    scenarios::handshake_and_admin(&client).await?;
+    scenarios::crud(&client, "crud").await?;
+    scenarios::ddl(&client, "ddl").await?;
+    scenarios::sharded_crud(&client, "hashed", doc! {"sk": "hashed"}).await?;
+    scenarios::sharded_crud(&client, "ranged", doc! {"sk": 1}).await?;
+    scenarios::retryable_write_dedupe(&client, "retry").await?;
+    scenarios::bad_input(&client, "bad").await?;
+    cluster.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_process_cluster_serves_the_driver_scenarios() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    scenarios::handshake_and_admin(&client).await?;
+    scenarios::crud(&client, "crud").await?;
+    scenarios::ddl(&client, "ddl").await?;
+    scenarios::sharded_crud(&client, "hashed", doc! {"sk": "hashed"}).await?;
+    scenarios::sharded_crud(&client, "ranged", doc! {"sk": 1}).await?;
+    scenarios::retryable_write_dedupe(&client, "retry").await?;
+    scenarios::bad_input(&client, "bad").await?;
+    Ok(())
+}
+
+/// A hashed collection is pre-split over every shard and each document lives on exactly one;
+/// an unsharded collection lives only on its database's primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_are_routed_to_the_right_shard() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    admin.run_command(doc! {"shardCollection": "routed.h", "key": {"_id": "hashed"}}).await?;
+    let h = client.database("routed").collection::<Document>("h");
+    h.insert_many((0..600).map(|i| doc! {"_id": i})).await?;
+    let u = client.database("routed").collection::<Document>("u");
+    u.insert_many((0..10).map(|i| doc! {"_id": i})).await?;
+    let primary = client
+        .database("config")
+        .collection::<Document>("databases")
+        .find_one(doc! {"_id": "routed"})
+        .await?
+        .expect("config.databases has the database");
+    let primary = primary.get_str("primary")?.to_string();
+    let mut total = 0;
+    let mut uuids = Vec::new();
+    for i in 0..3 {
+        let direct = cluster.shard_client(i).await?;
+        let n = direct.database("routed").collection::<Document>("h").count_documents(doc! {}).await?;
+        assert!(n > 100, "shard{i} holds {n} of 600 hashed documents");
+        total += n;
+        let un = direct.database("routed").collection::<Document>("u").count_documents(doc! {}).await?;
+        let expected = if primary == format!("shard{i}") { 10 } else { 0 };
+        assert_eq!(un, expected, "unsharded documents on shard{i} (primary {primary})");
+        let spec = direct
+            .database("routed")
+            .run_command(doc! {"listCollections": 1, "filter": {"name": "h"}})
+            .await?;
+        let info = spec.get_document("cursor")?.get_array("firstBatch")?[0]
+            .as_document()
+            .expect("a collection spec")
+            .get_document("info")?
+            .get("uuid")
+            .cloned();
+        uuids.push(info);
+    }
+    assert_eq!(total, 600);
+    assert!(uuids.iter().all(|u| u.is_some() && *u == uuids[0]), "one UUID on every shard: {uuids:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_survives_a_restart() -> anyhow::Result<()> {
+    let mut cluster = EmbeddedCluster::start(3).await?;
+    {
+        let client = cluster.client().await?;
+        client.database("admin").run_command(doc! {"shardCollection": "keep.h", "key": {"k": "hashed"}}).await?;
+        let h = client.database("keep").collection::<Document>("h");
+        h.insert_many((0..100).map(|i| doc! {"_id": i, "k": i})).await?;
+        let u = client.database("keep").collection::<Document>("u");
+        u.insert_one(doc! {"_id": "x", "v": 1}).await?;
+        u.update_one(doc! {"_id": "x"}, doc! {"$set": {"v": 2}}).await?;
+    }
+    cluster.restart().await?;
+    let client = cluster.client().await?;
+    let h = client.database("keep").collection::<Document>("h");
+    assert_eq!(h.count_documents(doc! {}).await?, 100);
+    assert_eq!(h.count_documents(doc! {"k": 42}).await?, 1);
+    let u = client.database("keep").collection::<Document>("u");
+    assert_eq!(u.find_one(doc! {"_id": "x"}).await?, Some(doc! {"_id": "x", "v": 2}));
+    cluster.stop().await;
+    Ok(())
+}
