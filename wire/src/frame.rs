@@ -562,3 +562,272 @@ impl<'a> Reader<'a> {
             .map_err(|e| MongoError::new(ErrorCode::INVALID_BSON, format!("invalid BSON: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bson::rawdoc;
+
+    use super::*;
+
+    fn hello_msg() -> Message {
+        Message::msg(7, rawdoc! { "hello": 1, "$db": "admin" })
+    }
+
+    fn frame_bytes(m: &Message) -> Vec<u8> {
+        encode_to_vec(m).unwrap()
+    }
+
+    /// Builds a frame by hand: header + payload.
+    fn raw_frame(request_id: i32, op: i32, payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        put_header(&mut v, HEADER_LEN + payload.len(), request_id, 0, op);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn doc_bytes(d: RawDocumentBuf) -> Vec<u8> {
+        d.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn hand_built_op_msg_decodes_to_its_fields() {
+        let body = doc_bytes(rawdoc! { "insert": "c", "$db": "test" });
+        let d1 = doc_bytes(rawdoc! { "_id": 1 });
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&MsgFlags::EXHAUST_ALLOWED.to_le_bytes());
+        payload.push(1);
+        let seq_len = 4 + "documents".len() + 1 + d1.len();
+        payload.extend_from_slice(&(seq_len as i32).to_le_bytes());
+        payload.extend_from_slice(b"documents\0");
+        payload.extend_from_slice(&d1);
+        payload.push(0);
+        payload.extend_from_slice(&body);
+        let bytes = raw_frame(42, opcode::OP_MSG, &payload);
+        let (m, n) = decode(&bytes).unwrap().unwrap();
+        assert_eq!(n, bytes.len());
+        assert_eq!(m.request_id, 42);
+        let Op::Msg(msg) = m.op else {
+            panic!("not OP_MSG")
+        };
+        assert!(msg.flags.exhaust_allowed() && !msg.flags.more_to_come());
+        assert_eq!(msg.body.as_bytes(), body.as_slice());
+        assert_eq!(msg.sequences.len(), 1);
+        assert_eq!(msg.sequences[0].identifier, "documents");
+        assert_eq!(msg.sequences[0].documents[0].as_bytes(), d1.as_slice());
+    }
+
+    #[test]
+    fn hand_built_op_query_decodes_to_its_fields() {
+        let q = doc_bytes(rawdoc! { "$query": { "ismaster": 1 } });
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&4u32.to_le_bytes());
+        payload.extend_from_slice(b"admin.$cmd\0");
+        payload.extend_from_slice(&0i32.to_le_bytes());
+        payload.extend_from_slice(&(-1i32).to_le_bytes());
+        payload.extend_from_slice(&q);
+        let bytes = raw_frame(3, opcode::OP_QUERY, &payload);
+        let (m, _) = decode(&bytes).unwrap().unwrap();
+        let Op::Query(query) = m.op else {
+            panic!("not OP_QUERY")
+        };
+        assert_eq!(query.flags, 4);
+        assert_eq!(query.command_db(), Some("admin"));
+        assert_eq!(query.number_to_return, -1);
+        assert_eq!(query.query.as_bytes(), q.as_slice());
+        assert!(query.return_fields_selector.is_none());
+    }
+
+    #[test]
+    fn every_proper_prefix_is_incomplete() {
+        let bytes = frame_bytes(&hello_msg());
+        for cut in 0..bytes.len() {
+            assert_eq!(decode(&bytes[..cut]), Ok(None), "prefix of {cut} bytes");
+        }
+    }
+
+    #[test]
+    fn length_below_header_size_is_rejected_at_once() {
+        let err = decode(&10i32.to_le_bytes()).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::PROTOCOL_ERROR.code);
+        assert_eq!(err.request_id, None);
+        assert_eq!(err.skip, None);
+    }
+
+    #[test]
+    fn oversize_length_is_rejected_before_the_body_arrives() {
+        let mut bytes = ((MAX_MESSAGE_SIZE + 1) as i32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&99i32.to_le_bytes());
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::PROTOCOL_ERROR.code);
+        assert_eq!(err.request_id, Some(99));
+        assert_eq!(err.skip, None, "an untrusted length closes the connection");
+        assert!(decode(&(-1i32).to_le_bytes()).is_err());
+    }
+
+    #[test]
+    fn checksum_is_produced_and_verified() {
+        let mut m = hello_msg();
+        if let Op::Msg(msg) = &mut m.op {
+            msg.flags = MsgFlags(MsgFlags::CHECKSUM_PRESENT);
+        }
+        let bytes = frame_bytes(&m);
+        let (covered, sum) = bytes.split_at(bytes.len() - 4);
+        assert_eq!(crc32c::crc32c(covered).to_le_bytes(), sum);
+        assert_eq!(decode(&bytes).unwrap().unwrap().0, m);
+
+        let mut corrupt = bytes.clone();
+        let at = corrupt.len() - 8; // inside the body's last value
+        corrupt[at] ^= 0x01;
+        let err = decode(&corrupt).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::CHECKSUM_MISMATCH.code);
+        assert_eq!(err.error.code_name, "ChecksumMismatch");
+        assert_eq!(err.request_id, Some(7));
+        assert_eq!(err.skip, None);
+    }
+
+    #[test]
+    fn unknown_required_flag_is_illegal_but_unknown_optional_flag_is_kept() {
+        let mut m = hello_msg();
+        if let Op::Msg(msg) = &mut m.op {
+            msg.flags = MsgFlags(1 << 5);
+        }
+        let err = decode(&frame_bytes(&m)).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::ILLEGAL_OP_MSG_FLAG.code);
+
+        if let Op::Msg(msg) = &mut m.op {
+            msg.flags = MsgFlags(1 << 20 | MsgFlags::MORE_TO_COME);
+        }
+        assert_eq!(decode(&frame_bytes(&m)).unwrap().unwrap().0, m);
+    }
+
+    #[test]
+    fn op_msg_section_errors_use_mongod_codes() {
+        let body = doc_bytes(rawdoc! { "ping": 1, "$db": "a" });
+        let flags = 0u32.to_le_bytes();
+        let cases: Vec<(Vec<u8>, i32)> = vec![
+            ([&flags[..]].concat(), 40587),
+            ([&flags[..], &[0], &body, &[0], &body].concat(), 40430),
+            ([&flags[..], &[0], &body, &[7]].concat(), 40432),
+            (
+                [
+                    &flags[..],
+                    &[1],
+                    &6i32.to_le_bytes(),
+                    b"a\0",
+                    &[1],
+                    &6i32.to_le_bytes(),
+                    b"a\0",
+                    &[0],
+                    &body,
+                ]
+                .concat(),
+                40431,
+            ),
+            // A document sequence claiming more bytes than the message has.
+            (
+                [&flags[..], &[1], &1000i32.to_le_bytes(), b"a\0"].concat(),
+                17,
+            ),
+            // A body whose length runs past the end.
+            ([&flags[..], &[0], &body[..body.len() - 1]].concat(), 22),
+        ];
+        for (payload, code) in cases {
+            let err = decode(&raw_frame(1, opcode::OP_MSG, &payload)).unwrap_err();
+            assert_eq!(err.error.code, code, "{payload:?}");
+            assert_eq!(err.skip, None);
+        }
+    }
+
+    #[test]
+    fn unknown_opcode_is_skippable() {
+        let bytes = raw_frame(5, 2010, b"whatever");
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err.skip, Some(bytes.len()));
+        assert_eq!(err.request_id, Some(5));
+        assert_eq!(err.op_code, Some(2010));
+    }
+
+    #[test]
+    fn compressed_frames_round_trip_with_each_compressor() {
+        for c in [
+            Compressor::Noop,
+            Compressor::Snappy,
+            Compressor::Zlib,
+            Compressor::Zstd,
+        ] {
+            let mut m = hello_msg();
+            m.compressor = Some(c);
+            let bytes = frame_bytes(&m);
+            assert_eq!(
+                i32::from_le_bytes(bytes[12..16].try_into().unwrap()),
+                opcode::OP_COMPRESSED
+            );
+            assert_eq!(bytes[24], c.id());
+            assert_eq!(decode(&bytes).unwrap(), Some((m, bytes.len())));
+        }
+    }
+
+    #[test]
+    fn compressed_size_over_the_limit_is_rejected_before_inflating() {
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&opcode::OP_MSG.to_le_bytes());
+        payload.extend_from_slice(&(MAX_MESSAGE_SIZE as i32).to_le_bytes());
+        payload.push(Compressor::Zlib.id());
+        payload.extend_from_slice(b"not even zlib");
+        let err = decode(&raw_frame(8, opcode::OP_COMPRESSED, &payload)).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::PROTOCOL_ERROR.code);
+        assert!(
+            err.error.errmsg.contains("uncompressedSize"),
+            "{}",
+            err.error.errmsg
+        );
+        assert_eq!(err.request_id, Some(8));
+    }
+
+    #[test]
+    fn compressed_payload_larger_than_declared_is_rejected() {
+        // A small zlib stream that inflates to 1 MiB, declared as 100 bytes.
+        let big = vec![0u8; 1 << 20];
+        let packed = compression::compress(Compressor::Zlib, &big).unwrap();
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&opcode::OP_MSG.to_le_bytes());
+        payload.extend_from_slice(&100i32.to_le_bytes());
+        payload.push(Compressor::Zlib.id());
+        payload.extend_from_slice(&packed);
+        let err = decode(&raw_frame(8, opcode::OP_COMPRESSED, &payload)).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::PROTOCOL_ERROR.code);
+        assert_eq!(err.skip, None);
+    }
+
+    #[test]
+    fn unknown_compressor_is_a_protocol_error() {
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&opcode::OP_MSG.to_le_bytes());
+        payload.extend_from_slice(&10i32.to_le_bytes());
+        payload.push(9);
+        let err = decode(&raw_frame(8, opcode::OP_COMPRESSED, &payload)).unwrap_err();
+        assert_eq!(err.error.code, ErrorCode::PROTOCOL_ERROR.code);
+        assert_eq!(err.op_code, Some(opcode::OP_MSG));
+    }
+
+    #[test]
+    fn encoding_a_frame_over_the_limit_fails_and_leaves_the_buffer_alone() {
+        let blob = bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![0u8; 13_000_000],
+        };
+        let big = rawdoc! { "b": blob };
+        let mut m = hello_msg();
+        if let Op::Msg(msg) = &mut m.op {
+            // Four 13 MB documents: 52 MB of sequence.
+            msg.sequences.push(DocumentSequence {
+                identifier: "documents".into(),
+                documents: vec![big; 4],
+            });
+        }
+        let mut dst = BytesMut::from(&b"keep"[..]);
+        let err = encode(&m, &mut dst).unwrap_err();
+        assert_eq!(err.code, ErrorCode::BSON_OBJECT_TOO_LARGE.code);
+        assert_eq!(&dst[..], b"keep");
+    }
+}
