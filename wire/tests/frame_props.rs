@@ -1,5 +1,7 @@
 //! Property tests for the pure framing: round trips, split reads, and hostile bytes.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap (common rules)
+
 use bson::{Bson, Document, RawDocumentBuf};
 use bytes::BytesMut;
 use proptest::prelude::*;

@@ -1,6 +1,8 @@
 //! The connection loop and the client over real sockets: `serve` on 127.0.0.1:0 with an echo
 //! handler, driven by `Client` and by hand-built frames.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap (common rules)
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
