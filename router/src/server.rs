@@ -1,7 +1,6 @@
 //! The router's wire server: each request becomes a command run by [`crate::commands`].
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use tokio::net::TcpListener;
@@ -30,14 +29,6 @@ impl Handler for RouterHandler {
         } else {
             Reply::Document(reply)
         }
-    }
-
-    fn connection_opened(&self, _conn: &ConnectionInfo) {
-        self.router.open_connections.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn connection_closed(&self, _conn: &ConnectionInfo) {
-        self.router.open_connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
