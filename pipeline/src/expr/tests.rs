@@ -1,0 +1,337 @@
+//! Table-driven tests of the expression evaluator: each case is (expression, document, result).
+
+use bson::{Bson, Document, doc};
+
+use super::*;
+
+fn eval_on(e: Bson, d: &Document) -> Result<Option<Bson>> {
+    Expr::parse(&e)?.evaluate(d)
+}
+
+/// Each case: expression, expected value (`None` = missing), on a fixed document.
+fn check(cases: &[(Bson, Option<Bson>)]) {
+    let d = doc! {
+        "a": 1, "b": 2.5, "s": "Hello", "n": null, "arr": [1, 2, 3],
+        "docs": [{"x": 1}, {"x": 2}, {"y": 3}], "o": {"p": {"q": 7}},
+        "big": i64::MAX, "i": i32::MAX,
+    };
+    for (e, want) in cases {
+        let got = eval_on(e.clone(), &d).unwrap_or_else(|err| panic!("{e}: {err}"));
+        match (&got, want) {
+            (Some(g), Some(w)) => assert!(
+                value::equal(g, w) && value::type_code(g) == value::type_code(w),
+                "{e}: got {g:?}, want {w:?}"
+            ),
+            _ => assert_eq!(&got, want, "{e}"),
+        }
+    }
+}
+
+fn b(v: impl Into<Bson>) -> Option<Bson> {
+    Some(v.into())
+}
+
+#[test]
+fn field_paths_and_variables() {
+    check(&[
+        (Bson::from("$a"), b(1)),
+        (Bson::from("$o.p.q"), b(7)),
+        (Bson::from("$nope"), None),
+        (
+            Bson::from("$docs.x"),
+            b(vec![Bson::Int32(1), Bson::Int32(2)]),
+        ),
+        (Bson::from("$arr.0"), b(Vec::<Bson>::new())),
+        (Bson::from("$$ROOT.a"), b(1)),
+        (Bson::from("$$CURRENT.o.p"), b(doc! {"q": 7})),
+        (Bson::from("$$REMOVE"), None),
+        (Bson::from("plain"), b("plain")),
+        (bson::bson!({"$literal": "$a"}), b("$a")),
+        (bson::bson!({"k": "$a", "m": "$nope"}), b(doc! {"k": 1})),
+        (
+            bson::bson!(["$a", "$nope"]),
+            b(vec![Bson::Int32(1), Bson::Null]),
+        ),
+        (
+            bson::bson!({"$let": {"vars": {"x": 2, "y": "$a"}, "in": {"$add": ["$$x", "$$y"]}}}),
+            b(3),
+        ),
+    ]);
+}
+
+#[test]
+fn arithmetic() {
+    check(&[
+        (bson::bson!({"$add": [1, 2]}), b(3)),
+        (bson::bson!({"$add": ["$a", "$b"]}), b(3.5)),
+        (bson::bson!({"$add": ["$i", 1]}), b(i64::from(i32::MAX) + 1)),
+        (bson::bson!({"$add": ["$big", 1]}), b(i64::MAX as f64 + 1.0)),
+        (bson::bson!({"$add": [1, "$nope"]}), b(Bson::Null)),
+        (bson::bson!({"$subtract": [5, 7]}), b(-2)),
+        (bson::bson!({"$multiply": [2, 3, 4]}), b(24)),
+        (bson::bson!({"$divide": [7, 2]}), b(3.5)),
+        (bson::bson!({"$mod": [7, 3]}), b(1)),
+        (bson::bson!({"$mod": [7.5, 2]}), b(1.5)),
+        (bson::bson!({"$abs": -3}), b(3)),
+        (bson::bson!({"$ceil": 1.2}), b(2.0)),
+        (bson::bson!({"$floor": -1.2}), b(-2.0)),
+        (bson::bson!({"$round": [2.5, 0]}), b(2.0)),
+        (bson::bson!({"$round": [3.5]}), b(4.0)),
+        (bson::bson!({"$round": [1234, -2]}), b(1200)),
+        (bson::bson!({"$round": [1250, -2]}), b(1200)),
+        (bson::bson!({"$round": [1.2345, 2]}), b(1.23)),
+        (bson::bson!({"$trunc": [-1.7]}), b(-1.0)),
+        (bson::bson!({"$trunc": [1.789, 1]}), b(1.7)),
+        (bson::bson!({"$pow": [2, 10]}), b(1024)),
+        (bson::bson!({"$sqrt": 16}), b(4.0)),
+    ]);
+    let add_date = eval_on(
+        bson::bson!({"$add": [Bson::DateTime(bson::DateTime::from_millis(1000)), 500]}),
+        &doc! {},
+    )
+    .unwrap();
+    assert_eq!(
+        add_date,
+        b(Bson::DateTime(bson::DateTime::from_millis(1500)))
+    );
+}
+
+#[test]
+fn comparison_boolean_and_conditional() {
+    check(&[
+        (bson::bson!({"$eq": ["$a", 1.0]}), b(true)),
+        (bson::bson!({"$eq": ["$nope", null]}), b(false)),
+        (bson::bson!({"$lt": ["$nope", null]}), b(true)),
+        (bson::bson!({"$gt": ["$s", 5]}), b(true)),
+        (bson::bson!({"$ne": [1, 2]}), b(true)),
+        (bson::bson!({"$cmp": [1, 2]}), b(-1)),
+        (bson::bson!({"$and": [1, "$a", true]}), b(true)),
+        (bson::bson!({"$and": []}), b(true)),
+        (bson::bson!({"$or": [0, "$n"]}), b(false)),
+        (bson::bson!({"$not": ["$n"]}), b(true)),
+        (bson::bson!({"$cond": [true, 1, 2]}), b(1)),
+        (
+            bson::bson!({"$cond": {"if": "$n", "then": 1, "else": 2}}),
+            b(2),
+        ),
+        (bson::bson!({"$ifNull": ["$n", "$nope", 5]}), b(5)),
+        (bson::bson!({"$ifNull": ["$a", 5]}), b(1)),
+        (
+            bson::bson!({"$switch": {"branches": [{"case": false, "then": 1}, {"case": true, "then": 2}]}}),
+            b(2),
+        ),
+        (
+            bson::bson!({"$switch": {"branches": [{"case": false, "then": 1}], "default": 9}}),
+            b(9),
+        ),
+    ]);
+}
+
+#[test]
+fn strings() {
+    check(&[
+        (bson::bson!({"$concat": ["$s", " ", "x"]}), b("Hello x")),
+        (bson::bson!({"$concat": ["$s", "$nope"]}), b(Bson::Null)),
+        (bson::bson!({"$substr": ["$s", 1, 3]}), b("ell")),
+        (bson::bson!({"$substrBytes": ["$s", 3, -1]}), b("lo")),
+        (bson::bson!({"$substrCP": ["héllo", 1, 2]}), b("él")),
+        (bson::bson!({"$toLower": "$s"}), b("hello")),
+        (bson::bson!({"$toUpper": "$s"}), b("HELLO")),
+        (bson::bson!({"$toUpper": "$nope"}), b("")),
+        (bson::bson!({"$strLenBytes": "héllo"}), b(6)),
+        (bson::bson!({"$strLenCP": "héllo"}), b(5)),
+        (
+            bson::bson!({"$split": ["a,b,,c", ","]}),
+            b(vec!["a", "b", "", "c"]),
+        ),
+        (bson::bson!({"$trim": {"input": "  x  "}}), b("x")),
+        (
+            bson::bson!({"$ltrim": {"input": "xxaxx", "chars": "x"}}),
+            b("axx"),
+        ),
+        (
+            bson::bson!({"$rtrim": {"input": "xxaxx", "chars": "x"}}),
+            b("xxa"),
+        ),
+        (bson::bson!({"$indexOfBytes": ["hello", "l"]}), b(2)),
+        (bson::bson!({"$indexOfBytes": ["hello", "z"]}), b(-1)),
+        (bson::bson!({"$indexOfBytes": ["hello", "l", 3]}), b(3)),
+        (bson::bson!({"$indexOfCP": ["héllo", "l"]}), b(2)),
+        (bson::bson!({"$strcasecmp": ["abc", "ABC"]}), b(0)),
+    ]);
+}
+
+#[test]
+fn arrays() {
+    check(&[
+        (bson::bson!({"$size": "$arr"}), b(3)),
+        (bson::bson!({"$arrayElemAt": ["$arr", -1]}), b(3)),
+        (bson::bson!({"$arrayElemAt": ["$arr", 5]}), None),
+        (bson::bson!({"$first": "$arr"}), b(1)),
+        (bson::bson!({"$last": "$arr"}), b(3)),
+        (bson::bson!({"$in": [2, "$arr"]}), b(true)),
+        (bson::bson!({"$isArray": ["$arr"]}), b(true)),
+        (bson::bson!({"$isArray": ["$a"]}), b(false)),
+        (
+            bson::bson!({"$concatArrays": ["$arr", [4]]}),
+            b(vec![1, 2, 3, 4]),
+        ),
+        (bson::bson!({"$slice": ["$arr", 2]}), b(vec![1, 2])),
+        (bson::bson!({"$slice": ["$arr", -2]}), b(vec![2, 3])),
+        (bson::bson!({"$slice": ["$arr", 1, 1]}), b(vec![2])),
+        (bson::bson!({"$reverseArray": "$arr"}), b(vec![3, 2, 1])),
+        (bson::bson!({"$range": [0, 6, 2]}), b(vec![0, 2, 4])),
+        (bson::bson!({"$range": [3, 0, -1]}), b(vec![3, 2, 1])),
+        (bson::bson!({"$indexOfArray": ["$arr", 2]}), b(1)),
+        (
+            bson::bson!({"$filter": {"input": "$arr", "as": "e", "cond": {"$gt": ["$$e", 1]}}}),
+            b(vec![2, 3]),
+        ),
+        (
+            bson::bson!({"$filter": {"input": "$arr", "cond": {"$gt": ["$$this", 1]}, "limit": 1}}),
+            b(vec![2]),
+        ),
+        (
+            bson::bson!({"$map": {"input": "$arr", "as": "e", "in": {"$multiply": ["$$e", 10]}}}),
+            b(vec![10, 20, 30]),
+        ),
+        (
+            bson::bson!({"$reduce": {"input": "$arr", "initialValue": 0, "in": {"$add": ["$$value", "$$this"]}}}),
+            b(6),
+        ),
+        (
+            bson::bson!({"$map": {"input": "$nope", "in": 1}}),
+            b(Bson::Null),
+        ),
+        (
+            bson::bson!({"$setUnion": [[1, 2], [2, 3]]}),
+            b(vec![1, 2, 3]),
+        ),
+        (
+            bson::bson!({"$setIntersection": [[1, 2], [2, 3]]}),
+            b(vec![2]),
+        ),
+        (
+            bson::bson!({"$setDifference": [[1, 2], [2, 3]]}),
+            b(vec![1]),
+        ),
+        (bson::bson!({"$setEquals": [[1, 2], [2, 1, 1]]}), b(true)),
+        (bson::bson!({"$setIsSubset": [[1], [2, 1]]}), b(true)),
+        (bson::bson!({"$anyElementTrue": [[0, 1]]}), b(true)),
+        (bson::bson!({"$allElementsTrue": [[0, 1]]}), b(false)),
+        (bson::bson!({"$sum": "$arr"}), b(6)),
+        (bson::bson!({"$sum": [1, "x", 2]}), b(3)),
+        (bson::bson!({"$avg": "$arr"}), b(2.0)),
+        (bson::bson!({"$max": "$arr"}), b(3)),
+        (bson::bson!({"$min": [5, null, 2]}), b(2)),
+    ]);
+}
+
+#[test]
+fn types_and_objects() {
+    check(&[
+        (bson::bson!({"$type": "$a"}), b("int")),
+        (bson::bson!({"$type": "$nope"}), b("missing")),
+        (bson::bson!({"$type": "$arr"}), b("array")),
+        (bson::bson!({"$toString": 5}), b("5")),
+        (bson::bson!({"$toString": 2.5}), b("2.5")),
+        (bson::bson!({"$toInt": "42"}), b(42)),
+        (bson::bson!({"$toInt": 4.9}), b(4)),
+        (bson::bson!({"$toLong": 5}), b(5i64)),
+        (bson::bson!({"$toDouble": "1.5"}), b(1.5)),
+        (bson::bson!({"$toBool": 0}), b(false)),
+        (bson::bson!({"$toBool": "x"}), b(true)),
+        (bson::bson!({"$toInt": "$nope"}), b(Bson::Null)),
+        (
+            bson::bson!({"$convert": {"input": "x", "to": "int", "onError": -1}}),
+            b(-1),
+        ),
+        (
+            bson::bson!({"$convert": {"input": null, "to": "int", "onNull": 0}}),
+            b(0),
+        ),
+        (bson::bson!({"$convert": {"input": "7", "to": 16}}), b(7)),
+        (bson::bson!({"$isNumber": "$b"}), b(true)),
+        (
+            bson::bson!({"$mergeObjects": [{"a": 1}, null, {"b": 2, "a": 3}]}),
+            b(doc! {"a": 3, "b": 2}),
+        ),
+        (bson::bson!({"$getField": "a"}), b(1)),
+        (
+            bson::bson!({"$getField": {"field": "q", "input": "$o.p"}}),
+            b(7),
+        ),
+        (
+            bson::bson!({"$setField": {"field": "z", "input": {"a": 1}, "value": 2}}),
+            b(doc! {"a": 1, "z": 2}),
+        ),
+        (
+            bson::bson!({"$unsetField": {"field": "a", "input": {"a": 1, "b": 2}}}),
+            b(doc! {"b": 2}),
+        ),
+        (
+            bson::bson!({"$objectToArray": {"a": 1}}),
+            b(vec![doc! {"k": "a", "v": 1}]),
+        ),
+        (
+            bson::bson!({"$arrayToObject": [[["a", 1], ["b", 2]]]}),
+            b(doc! {"a": 1, "b": 2}),
+        ),
+        (
+            bson::bson!({"$arrayToObject": [[{"k": "a", "v": 1}]]}),
+            b(doc! {"a": 1}),
+        ),
+    ]);
+}
+
+#[test]
+fn errors_carry_mongodb_codes() {
+    let d = doc! {"s": "x", "arr": [1]};
+    let cases: &[(Bson, i32)] = &[
+        (bson::bson!({"$foo": 1}), 168),
+        (bson::bson!({"$add": 1, "$sub": 2}), 15983),
+        (bson::bson!({"$add": ["$s", 1]}), 16554),
+        (bson::bson!({"$multiply": ["$s", 1]}), 16555),
+        (bson::bson!({"$divide": [1, 0]}), 16608),
+        (bson::bson!({"$mod": [1, 0]}), 16610),
+        (bson::bson!({"$subtract": [1]}), 16020),
+        (bson::bson!({"$size": "$s"}), 17124),
+        (bson::bson!({"$concat": ["$s", 1]}), 16702),
+        (Bson::from("$$undefinedVar"), 17276),
+        (Bson::from("$"), 16872),
+        (
+            bson::bson!({"$switch": {"branches": [{"case": false, "then": 1}]}}),
+            40066,
+        ),
+        (bson::bson!({"$toInt": "abc"}), 241),
+        (bson::bson!({"$map": {"input": "$s", "in": 1}}), 16883),
+        (bson::bson!({"$split": ["a", ""]}), 40087),
+        (bson::bson!({"$range": [0, 5, 0]}), 34449),
+        (bson::bson!({"$let": {"vars": {"Bad": 1}, "in": 1}}), 16867),
+    ];
+    for (e, code) in cases {
+        let r = eval_on(e.clone(), &d);
+        let e2 = r.expect_err(&format!("{e} should fail"));
+        assert_eq!(e2.code, *code, "{e}: {e2}");
+    }
+}
+
+#[test]
+fn now_comes_from_the_environment() {
+    let e = Expr::parse(&Bson::from("$$NOW")).unwrap();
+    let t = bson::DateTime::from_millis(42);
+    let env = Env {
+        now: Some(t),
+        vars: vec![],
+    };
+    assert_eq!(
+        e.evaluate_in(&doc! {}, &env).unwrap(),
+        Some(Bson::DateTime(t))
+    );
+    let e = Expr::parse_with_vars(&Bson::from("$$x"), &["x".to_string()]).unwrap();
+    let env = Env {
+        now: None,
+        vars: vec![("x".into(), Bson::Int32(3))],
+    };
+    assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), Some(Bson::Int32(3)));
+}
