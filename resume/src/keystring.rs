@@ -326,6 +326,12 @@ impl Builder {
         append_value(&mut self.buf, &mut self.type_bits, v);
     }
 
+    /// Appends one top-level object (same bytes as `append(&Bson::Document(..))`, no clone).
+    pub fn append_document(&mut self, d: &Document) {
+        self.buf.push(ctype::OBJECT);
+        append_object_body(&mut self.buf, &mut self.type_bits, d);
+    }
+
     /// Appends the end byte `0x04` that closes a complete key.
     pub fn append_end(&mut self) {
         self.buf.push(ctype::END);
@@ -352,6 +358,15 @@ pub fn key_bytes(value: &Bson) -> Vec<u8> {
     let mut buf = Vec::with_capacity(24);
     let mut bits = TypeBits::new();
     append_value(&mut buf, &mut bits, value);
+    buf
+}
+
+/// [`key_bytes`] of a document, without cloning it into a [`Bson`].
+pub fn document_key_bytes(d: &Document) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(32);
+    let mut bits = TypeBits::new();
+    buf.push(ctype::OBJECT);
+    append_object_body(&mut buf, &mut bits, d);
     buf
 }
 

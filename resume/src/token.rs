@@ -1,0 +1,743 @@
+//! Change-stream resume tokens: their logical content ([`ResumeTokenData`]), their wire form
+//! ([`ResumeToken`], `{_data: <hex>, _typeBits?: BinData(0)}`) and the two comparisons a change
+//! stream needs (by `_data` bytes, and `compareAgainstClientResumeToken`).
+//!
+//! Invariants:
+//! * every [`ResumeTokenData`] obeys §5.2 of the reference: a high-water mark has
+//!   `txnOpIndex = 0`, `fromInvalidate = false`, no uuid and no event identifier; before v2 an
+//!   event identifier requires a uuid; from v2 an event token has an event identifier;
+//!   `fragmentNum` exists only on v2 event tokens. Constructors and the decoder both enforce it.
+//! * `decode(encode(x)) == x`, and `encode(x).data()` byte order equals
+//!   [`ResumeTokenData::logical_cmp`] order.
+//! * decoding never panics; every failure is a [`TokenError`] with MongoDB's code.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use bson::{Binary, Bson, Document, Uuid, spec::BinarySubtype};
+use wire::MongoError;
+
+use crate::ClusterTime;
+use crate::keystring::{self, Builder, TypeBitsReader, document_key_bytes};
+
+/// Resume token format version. V2 is the default of current MongoDB releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum TokenVersion {
+    /// Legacy (4.0): no tokenType, no fromInvalidate. Decoded, never produced by default.
+    V0 = 0,
+    /// 4.2 – 6.x: tokenType and fromInvalidate; the event identifier is the document key.
+    V1 = 1,
+    /// Current: null uuid allowed, `{operationType, ...}` identifiers, `fragmentNum`.
+    #[default]
+    V2 = 2,
+}
+
+impl TokenVersion {
+    pub fn as_i32(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_i32(v: i32) -> Option<TokenVersion> {
+        match v {
+            0 => Some(TokenVersion::V0),
+            1 => Some(TokenVersion::V1),
+            2 => Some(TokenVersion::V2),
+            _ => None,
+        }
+    }
+}
+
+/// `kHighWaterMarkToken = 0` sorts before `kEventToken = 128` at the same cluster time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TokenType {
+    HighWaterMark = 0,
+    Event = 128,
+}
+
+impl TokenType {
+    pub fn as_i32(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Outcome of comparing an event in the resumed stream against the client's resume token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResumeStatus {
+    /// The event precedes the resume point: keep scanning.
+    CheckNextDoc,
+    /// This event is the resume point.
+    FoundToken,
+    /// The client token names a fragment of this event, which has not been split yet.
+    NeedsSplit,
+    /// The scan has passed the resume point without seeing it.
+    SurpassedToken,
+}
+
+/// A resume-token parse or validation failure; [`TokenError::code`] is MongoDB's error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    #[error("resume token _data field must be a string")]
+    DataMissing,
+    #[error("invalid resume token _typeBits: {0}")]
+    BadTypeBits(String),
+    #[error("resume token string was not a valid hex string")]
+    NotHex,
+    #[error("invalid empty resume token")]
+    Empty,
+    #[error("invalid resume token: {0}")]
+    Malformed(String),
+    #[error("Resume Token does not contain version")]
+    VersionMissing,
+    #[error("Invalid resume token: wrong type for version")]
+    VersionNotInt,
+    #[error("Invalid Resume Token: only supports version 0, 1 and 2, got {0}")]
+    BadVersion(i32),
+    #[error("Resume Token does not contain tokenType")]
+    TokenTypeMissing,
+    #[error("Resume Token tokenType is not an int.")]
+    TokenTypeNotInt,
+    #[error("Token type {0} not recognized")]
+    BadTokenType(i32),
+    #[error("Resume Token does not contain txnOpIndex")]
+    TxnOpIndexMissing,
+    #[error("Resume Token txnOpIndex is not an integer")]
+    TxnOpIndexNotInt,
+    #[error("Invalid Resume Token: txnOpIndex should be non-negative")]
+    NegativeTxnOpIndex,
+    #[error("Resume Token does not contain fromInvalidate")]
+    FromInvalidateMissing,
+    #[error("Resume Token fromInvalidate is not a boolean.")]
+    FromInvalidateNotBool,
+    #[error("Invalid resume token: expected a UUID or null")]
+    BadUuid,
+    #[error("Invalid resume token: a high water mark token cannot have an eventIdentifier")]
+    HighWaterMarkWithEventIdentifier,
+    #[error("Invalid resume token: an event token must have an eventIdentifier")]
+    EventWithoutIdentifier,
+    #[error("Invalid resume token: eventIdentifier must be an object")]
+    EventIdentifierNotObject,
+    #[error("Invalid resume token: fragmentNum must be a non-negative integer")]
+    BadFragmentNum,
+    #[error("invalid oversized resume token")]
+    TrailingData,
+}
+
+impl TokenError {
+    /// MongoDB's code for this failure (`resume_token.cpp` uasserts; 9 and 260 otherwise).
+    pub fn code(&self) -> i32 {
+        match self {
+            TokenError::DataMissing => 40647,
+            TokenError::BadTypeBits(_) => 40648,
+            TokenError::NotHex => 9,
+            TokenError::Empty => 40649,
+            TokenError::Malformed(_) => 260,
+            TokenError::VersionMissing => 50796,
+            TokenError::VersionNotInt => 50854,
+            TokenError::BadVersion(_) => 50795,
+            TokenError::TokenTypeMissing => 51055,
+            TokenError::TokenTypeNotInt => 51056,
+            TokenError::BadTokenType(_) => 51057,
+            TokenError::TxnOpIndexMissing => 50793,
+            TokenError::TxnOpIndexNotInt => 50855,
+            TokenError::NegativeTxnOpIndex => 50794,
+            TokenError::FromInvalidateMissing => 50872,
+            TokenError::FromInvalidateNotBool => 50870,
+            TokenError::BadUuid => 6189500,
+            TokenError::HighWaterMarkWithEventIdentifier => 6189504,
+            TokenError::EventWithoutIdentifier => 6189501,
+            TokenError::EventIdentifierNotObject => 6189503,
+            TokenError::BadFragmentNum => 7182501,
+            TokenError::TrailingData => 40646,
+        }
+    }
+}
+
+impl From<TokenError> for MongoError {
+    fn from(e: TokenError) -> MongoError {
+        MongoError::with_code(e.code(), e.to_string())
+    }
+}
+
+/// txnOpIndex values at or above this are appended as int64 (as `BSONObjBuilder::appendNumber`
+/// does), which MongoDB's decoder then rejects; constructors refuse them.
+pub const MAX_TXN_OP_INDEX: u32 = (1 << 30) - 1;
+
+/// The logical content of a resume token (§5.1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumeTokenData {
+    cluster_time: ClusterTime,
+    version: TokenVersion,
+    token_type: TokenType,
+    txn_op_index: u32,
+    from_invalidate: bool,
+    uuid: Option<Uuid>,
+    event_identifier: Option<Document>,
+    fragment_num: Option<u32>,
+}
+
+impl ResumeTokenData {
+    /// A high-water mark at `cluster_time`: `ts, version, 0, 0, false[, null]`. V0 has no
+    /// token type and so no high-water marks; asking for one yields a V1 token.
+    pub fn high_water_mark(cluster_time: ClusterTime, version: TokenVersion) -> Self {
+        let version = if version == TokenVersion::V0 {
+            TokenVersion::V1
+        } else {
+            version
+        };
+        ResumeTokenData {
+            cluster_time,
+            version,
+            token_type: TokenType::HighWaterMark,
+            txn_op_index: 0,
+            from_invalidate: false,
+            uuid: None,
+            event_identifier: None,
+            fragment_num: None,
+        }
+    }
+
+    /// An event token. `event_identifier` is `{operationType, documentKey}` /
+    /// `{operationType, operationDescription}` in v2 (see [`event_identifier`]) and the bare
+    /// document key before. Fails when v2 has no identifier, when an identifier has no uuid
+    /// before v2, or when `txn_op_index > MAX_TXN_OP_INDEX`.
+    pub fn event(
+        cluster_time: ClusterTime,
+        version: TokenVersion,
+        txn_op_index: u32,
+        uuid: Option<Uuid>,
+        event_identifier: Option<Document>,
+    ) -> Result<Self, TokenError> {
+        let data = ResumeTokenData {
+            cluster_time,
+            version,
+            token_type: TokenType::Event,
+            txn_op_index,
+            from_invalidate: false,
+            uuid,
+            event_identifier,
+            fragment_num: None,
+        };
+        data.validate()?;
+        Ok(data)
+    }
+
+    /// Marks the token as the invalidate that follows its triggering event. High-water marks
+    /// cannot be invalidates; the call is ignored for them, and for v0 (no such field).
+    pub fn with_from_invalidate(mut self, from_invalidate: bool) -> Self {
+        if self.token_type == TokenType::Event && self.version >= TokenVersion::V1 {
+            self.from_invalidate = from_invalidate;
+        }
+        self
+    }
+
+    /// Sets the fragment number of a split event (v2 event tokens only).
+    pub fn with_fragment_num(mut self, fragment_num: Option<u32>) -> Result<Self, TokenError> {
+        if fragment_num.is_some()
+            && (self.version != TokenVersion::V2 || self.token_type != TokenType::Event)
+        {
+            return Err(TokenError::Malformed(
+                "fragmentNum is only allowed on v2 event tokens".into(),
+            ));
+        }
+        if fragment_num.is_some_and(|f| f > i32::MAX as u32) {
+            return Err(TokenError::BadFragmentNum);
+        }
+        self.fragment_num = fragment_num;
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), TokenError> {
+        if self.txn_op_index > MAX_TXN_OP_INDEX {
+            return Err(TokenError::Malformed("txnOpIndex too large".into()));
+        }
+        match self.token_type {
+            TokenType::HighWaterMark => {
+                if self.event_identifier.is_some() {
+                    return Err(TokenError::HighWaterMarkWithEventIdentifier);
+                }
+                if self.uuid.is_some()
+                    || self.txn_op_index != 0
+                    || self.from_invalidate
+                    || self.fragment_num.is_some()
+                    || self.version == TokenVersion::V0
+                {
+                    return Err(TokenError::Malformed(
+                        "a high water mark token has only clusterTime and version".into(),
+                    ));
+                }
+            }
+            TokenType::Event => {
+                if self.version == TokenVersion::V2 && self.event_identifier.is_none() {
+                    return Err(TokenError::EventWithoutIdentifier);
+                }
+                if self.version < TokenVersion::V2
+                    && self.event_identifier.is_some()
+                    && self.uuid.is_none()
+                {
+                    return Err(TokenError::Malformed(
+                        "an eventIdentifier requires a uuid before version 2".into(),
+                    ));
+                }
+                if self.version == TokenVersion::V0 && self.from_invalidate {
+                    return Err(TokenError::Malformed(
+                        "v0 tokens have no fromInvalidate".into(),
+                    ));
+                }
+                if self.version != TokenVersion::V2 && self.fragment_num.is_some() {
+                    return Err(TokenError::Malformed(
+                        "fragmentNum is only allowed on v2 tokens".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn cluster_time(&self) -> ClusterTime {
+        self.cluster_time
+    }
+    pub fn version(&self) -> TokenVersion {
+        self.version
+    }
+    pub fn token_type(&self) -> TokenType {
+        self.token_type
+    }
+    pub fn is_high_water_mark(&self) -> bool {
+        self.token_type == TokenType::HighWaterMark
+    }
+    pub fn txn_op_index(&self) -> u32 {
+        self.txn_op_index
+    }
+    pub fn from_invalidate(&self) -> bool {
+        self.from_invalidate
+    }
+    pub fn uuid(&self) -> Option<Uuid> {
+        self.uuid
+    }
+    pub fn event_identifier(&self) -> Option<&Document> {
+        self.event_identifier.as_ref()
+    }
+    pub fn fragment_num(&self) -> Option<u32> {
+        self.fragment_num
+    }
+
+    /// The KeyString value sequence of §5.2, in encoding order.
+    fn values(&self) -> Vec<Bson> {
+        let mut v = Vec::with_capacity(8);
+        v.push(Bson::Timestamp(self.cluster_time.timestamp()));
+        v.push(Bson::Int32(self.version.as_i32()));
+        if self.version >= TokenVersion::V1 {
+            v.push(Bson::Int32(self.token_type.as_i32()));
+        }
+        v.push(Bson::Int32(self.txn_op_index as i32));
+        if self.version >= TokenVersion::V1 {
+            v.push(Bson::Boolean(self.from_invalidate));
+        }
+        match self.uuid {
+            Some(u) => v.push(uuid_bson(u)),
+            None if self.version >= TokenVersion::V2 => v.push(Bson::Null),
+            None => {}
+        }
+        if let Some(id) = &self.event_identifier {
+            v.push(Bson::Document(id.clone()));
+        }
+        if let Some(f) = self.fragment_num {
+            v.push(Bson::Int32(f as i32));
+        }
+        v
+    }
+
+    /// The wire token: KeyString V1, ascending, end byte `0x04`, plus its type bits.
+    pub fn encode(&self) -> ResumeToken {
+        let mut b = Builder::new();
+        b.append(&Bson::Timestamp(self.cluster_time.timestamp()));
+        b.append(&Bson::Int32(self.version.as_i32()));
+        if self.version >= TokenVersion::V1 {
+            b.append(&Bson::Int32(self.token_type.as_i32()));
+        }
+        b.append(&Bson::Int32(self.txn_op_index as i32));
+        if self.version >= TokenVersion::V1 {
+            b.append(&Bson::Boolean(self.from_invalidate));
+        }
+        match self.uuid {
+            Some(u) => b.append(&uuid_bson(u)),
+            None if self.version >= TokenVersion::V2 => b.append(&Bson::Null),
+            None => {}
+        }
+        if let Some(id) = &self.event_identifier {
+            b.append_document(id);
+        }
+        if let Some(f) = self.fragment_num {
+            b.append(&Bson::Int32(f as i32));
+        }
+        b.append_end();
+        let (data, bits) = b.finish();
+        ResumeToken {
+            data,
+            type_bits: bits.to_bytes(),
+        }
+    }
+
+    /// `{_data, _typeBits?}`.
+    pub fn to_document(&self) -> Document {
+        self.encode().to_document()
+    }
+
+    /// Parses and decodes `{_data, _typeBits?}`.
+    pub fn from_document(doc: &Document) -> Result<Self, TokenError> {
+        ResumeToken::from_document(doc)?.decode()
+    }
+
+    /// Decodes the raw KeyString bytes and serialized type bits of a token.
+    pub fn decode(data: &[u8], type_bits: &[u8]) -> Result<Self, TokenError> {
+        let mut bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
+        let values = keystring::decode_all(data, &mut bits)
+            .map_err(|e| TokenError::Malformed(e.to_string()))?;
+        Self::from_values(values)
+    }
+
+    fn from_values(values: Vec<Bson>) -> Result<Self, TokenError> {
+        let mut it = values.into_iter().peekable();
+        let cluster_time = match it.next() {
+            None => return Err(TokenError::Empty),
+            Some(Bson::Timestamp(ts)) => ClusterTime::from(ts),
+            Some(_) => {
+                return Err(TokenError::Malformed(
+                    "clusterTime must be a Timestamp".into(),
+                ));
+            }
+        };
+        let version = match it.next() {
+            None => return Err(TokenError::VersionMissing),
+            Some(Bson::Int32(v)) => TokenVersion::from_i32(v).ok_or(TokenError::BadVersion(v))?,
+            Some(_) => return Err(TokenError::VersionNotInt),
+        };
+        let token_type = if version >= TokenVersion::V1 {
+            match it.next() {
+                None => return Err(TokenError::TokenTypeMissing),
+                Some(Bson::Int32(0)) => TokenType::HighWaterMark,
+                Some(Bson::Int32(128)) => TokenType::Event,
+                Some(Bson::Int32(t)) => return Err(TokenError::BadTokenType(t)),
+                Some(_) => return Err(TokenError::TokenTypeNotInt),
+            }
+        } else {
+            TokenType::Event
+        };
+        let txn_op_index = match it.next() {
+            None => return Err(TokenError::TxnOpIndexMissing),
+            Some(Bson::Int32(i)) => u32::try_from(i).map_err(|_| TokenError::NegativeTxnOpIndex)?,
+            Some(_) => return Err(TokenError::TxnOpIndexNotInt),
+        };
+        let from_invalidate = if version >= TokenVersion::V1 {
+            match it.next() {
+                None => return Err(TokenError::FromInvalidateMissing),
+                Some(Bson::Boolean(b)) => b,
+                Some(_) => return Err(TokenError::FromInvalidateNotBool),
+            }
+        } else {
+            false
+        };
+        let mut data = ResumeTokenData {
+            cluster_time,
+            version,
+            token_type,
+            txn_op_index,
+            from_invalidate,
+            uuid: None,
+            event_identifier: None,
+            fragment_num: None,
+        };
+        if let Some(u) = it.next() {
+            data.uuid = match (u, version) {
+                (Bson::Null, TokenVersion::V2) => None,
+                (u, v) => match bson_uuid(&u) {
+                    Some(u) => Some(u),
+                    None if v == TokenVersion::V2 => return Err(TokenError::BadUuid),
+                    None => {
+                        return Err(TokenError::Malformed("uuid must be a UUID".into()));
+                    }
+                },
+            };
+            if let Some(id) = it.next() {
+                match id {
+                    Bson::Document(d) => data.event_identifier = Some(d),
+                    _ => return Err(TokenError::EventIdentifierNotObject),
+                }
+                if version == TokenVersion::V2
+                    && let Some(f) = it.next()
+                {
+                    match f {
+                        Bson::Int32(f) if f >= 0 => data.fragment_num = Some(f as u32),
+                        _ => return Err(TokenError::BadFragmentNum),
+                    }
+                }
+            }
+        }
+        if it.peek().is_some() {
+            return Err(TokenError::TrailingData);
+        }
+        data.validate()?;
+        Ok(data)
+    }
+
+    /// The logical order of §5.7 (cluster time, version, token type, txnOpIndex,
+    /// fromInvalidate, uuid, event identifier in BSON order, fragmentNum). Equals the byte
+    /// order of the encoded `_data`.
+    pub fn logical_cmp(&self, other: &Self) -> Ordering {
+        self.cluster_time
+            .cmp(&other.cluster_time)
+            .then(self.version.cmp(&other.version))
+            .then_with(|| self.rest_cmp(other))
+    }
+
+    /// Everything after the version; positional differences between versions only arise when
+    /// versions differ, which `logical_cmp` has already decided.
+    fn rest_cmp(&self, other: &Self) -> Ordering {
+        self.token_type
+            .cmp(&other.token_type)
+            .then(self.txn_op_index.cmp(&other.txn_op_index))
+            .then(self.from_invalidate.cmp(&other.from_invalidate))
+            .then_with(|| {
+                self.uuid
+                    .map(|u| u.bytes())
+                    .cmp(&other.uuid.map(|u| u.bytes()))
+            })
+            .then_with(|| {
+                let a = self.event_identifier.as_ref().map(document_key_bytes);
+                let b = other.event_identifier.as_ref().map(document_key_bytes);
+                a.cmp(&b)
+            })
+            .then(self.fragment_num.cmp(&other.fragment_num))
+    }
+
+    /// `compareAgainstClientResumeToken`: where does this event (from the resumed stream) lie
+    /// relative to the client's token? The version is ignored. The caller decides whether a
+    /// `SurpassedToken` caused by a differing uuid or a skipped txnOpIndex is an error (it is on
+    /// a replica set; on a shard feeding a merge it means the token lives on another shard).
+    pub fn compare_against_client_token(&self, client: &ResumeTokenData) -> ResumeStatus {
+        compare_against_client_token(self, client)
+    }
+
+    /// The KeyString value sequence in encoding order (for diagnostics and tests).
+    pub fn to_values(&self) -> Vec<Bson> {
+        self.values()
+    }
+}
+
+impl fmt::Display for ResumeTokenData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{{clusterTime: {}, version: {}, tokenType: {}, txnOpIndex: {}, fromInvalidate: {}",
+            self.cluster_time,
+            self.version.as_i32(),
+            self.token_type.as_i32(),
+            self.txn_op_index,
+            self.from_invalidate
+        )?;
+        if let Some(u) = self.uuid {
+            write!(f, ", uuid: {u}")?;
+        }
+        if let Some(id) = &self.event_identifier {
+            write!(f, ", eventIdentifier: {id}")?;
+        }
+        if let Some(n) = self.fragment_num {
+            write!(f, ", fragmentNum: {n}")?;
+        }
+        write!(f, "}}")
+    }
+}
+
+/// Builds a v2 event identifier: `{operationType, documentKey}` for CRUD events,
+/// `{operationType, operationDescription}` otherwise; an empty or missing second part is
+/// omitted (e.g. `{operationType: "drop"}`).
+pub fn event_identifier(operation_type: &str, second: Option<(&str, Document)>) -> Document {
+    let mut d = Document::new();
+    d.insert("operationType", operation_type);
+    if let Some((name, value)) = second
+        && !value.is_empty()
+    {
+        d.insert(name, value);
+    }
+    d
+}
+
+fn uuid_bson(u: Uuid) -> Bson {
+    Bson::Binary(Binary {
+        subtype: BinarySubtype::Uuid,
+        bytes: u.bytes().to_vec(),
+    })
+}
+
+fn bson_uuid(b: &Bson) -> Option<Uuid> {
+    match b {
+        Bson::Binary(Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes,
+        }) => <[u8; 16]>::try_from(bytes.as_slice())
+            .ok()
+            .map(Uuid::from_bytes),
+        _ => None,
+    }
+}
+
+/// `compareAgainstClientResumeToken` semantics (§5.7), ignoring `version`.
+pub fn compare_against_client_token(
+    event: &ResumeTokenData,
+    client: &ResumeTokenData,
+) -> ResumeStatus {
+    use ResumeStatus::*;
+    let by = |o: Ordering| {
+        if o == Ordering::Greater {
+            SurpassedToken
+        } else {
+            CheckNextDoc
+        }
+    };
+    if event.cluster_time != client.cluster_time {
+        return by(event.cluster_time.cmp(&client.cluster_time));
+    }
+    if event.token_type != client.token_type {
+        return by(event.token_type.cmp(&client.token_type));
+    }
+    if event.txn_op_index != client.txn_op_index {
+        return by(event.txn_op_index.cmp(&client.txn_op_index));
+    }
+    if event.from_invalidate != client.from_invalidate {
+        return by(event.from_invalidate.cmp(&client.from_invalidate));
+    }
+    let (eu, cu) = (
+        event.uuid.map(|u| u.bytes()),
+        client.uuid.map(|u| u.bytes()),
+    );
+    if eu != cu {
+        return by(eu.cmp(&cu));
+    }
+    let ei = event.event_identifier.as_ref().map(document_key_bytes);
+    let ci = client.event_identifier.as_ref().map(document_key_bytes);
+    if ei != ci {
+        return by(ei.cmp(&ci));
+    }
+    match (event.fragment_num, client.fragment_num) {
+        (None, Some(_)) => NeedsSplit,
+        (e, c) if e == c => FoundToken,
+        (e, c) => by(e.cmp(&c)),
+    }
+}
+
+/// The wire form of a resume token: raw `_data` bytes and serialized `_typeBits` (empty when
+/// all type bits are zero). Equality, hashing and order use `_data` only, as in MongoDB.
+#[derive(Debug, Clone)]
+pub struct ResumeToken {
+    data: Vec<u8>,
+    type_bits: Vec<u8>,
+}
+
+impl ResumeToken {
+    /// From raw parts (no validation; [`ResumeToken::decode`] validates).
+    pub fn from_parts(data: Vec<u8>, type_bits: Vec<u8>) -> Self {
+        ResumeToken { data, type_bits }
+    }
+
+    /// The `_data` bytes (hex-decoded).
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// `_data` as MongoDB sends it: uppercase hex.
+    pub fn data_hex(&self) -> String {
+        hex::encode_upper(&self.data)
+    }
+
+    /// The serialized `_typeBits`, if any bit is set.
+    pub fn type_bits(&self) -> Option<&[u8]> {
+        if self.type_bits.is_empty() {
+            None
+        } else {
+            Some(&self.type_bits)
+        }
+    }
+
+    /// `{_data: <uppercase hex>, _typeBits?: BinData(0)}`.
+    pub fn to_document(&self) -> Document {
+        let mut d = Document::new();
+        d.insert("_data", self.data_hex());
+        if !self.type_bits.is_empty() {
+            d.insert(
+                "_typeBits",
+                Bson::Binary(Binary {
+                    subtype: BinarySubtype::Generic,
+                    bytes: self.type_bits.clone(),
+                }),
+            );
+        }
+        d
+    }
+
+    /// Parses the wire form (without decoding the KeyString).
+    pub fn from_document(doc: &Document) -> Result<Self, TokenError> {
+        let hex_str = match doc.get("_data") {
+            Some(Bson::String(s)) => s,
+            _ => return Err(TokenError::DataMissing),
+        };
+        let type_bits = match doc.get("_typeBits") {
+            None => Vec::new(),
+            Some(Bson::Binary(b)) if b.subtype == BinarySubtype::Generic => b.bytes.clone(),
+            Some(_) => {
+                return Err(TokenError::BadTypeBits(
+                    "_typeBits must be BinData subtype 0".into(),
+                ));
+            }
+        };
+        for (k, _) in doc {
+            if k != "_data" && k != "_typeBits" {
+                return Err(TokenError::Malformed(format!("unexpected field '{k}'")));
+            }
+        }
+        let data = hex::decode(hex_str).map_err(|_| TokenError::NotHex)?;
+        Ok(ResumeToken { data, type_bits })
+    }
+
+    /// Decodes the logical content.
+    pub fn decode(&self) -> Result<ResumeTokenData, TokenError> {
+        ResumeTokenData::decode(&self.data, &self.type_bits)
+    }
+}
+
+impl PartialEq for ResumeToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.data == other.data
+    }
+}
+impl Eq for ResumeToken {}
+
+impl std::hash::Hash for ResumeToken {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.data.hash(state);
+    }
+}
+
+impl PartialOrd for ResumeToken {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ResumeToken {
+    /// Byte order of `_data`, which is the logical order of §5.7.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.data.cmp(&other.data)
+    }
+}
+
+impl From<&ResumeToken> for Bson {
+    fn from(t: &ResumeToken) -> Bson {
+        Bson::Document(t.to_document())
+    }
+}
+
+/// Compares two wire tokens by `_data` bytes (the merge order used by mongos).
+pub fn compare_tokens(a: &ResumeToken, b: &ResumeToken) -> Ordering {
+    a.cmp(b)
+}
