@@ -1,2 +1,245 @@
 //! A Tributary shard: a mongod-like store of documents, catalog and oplog in redb, with a
 //! hybrid logical clock and a single group-committing writer.
+//!
+//! The router talks to a shard only through MongoDB command documents
+//! ([`Shard::run_command`]); [`server`] serves the same documents over the wire protocol.
+//!
+//! Layout:
+//! * [`storage`]: the engine seam (trait + redb + fault injection).
+//! * [`catalog`], [`keys`]: collections and document keys.
+//! * [`clock`]: injected wall clock and the hybrid logical clock (high-water mark, reservation).
+//! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread.
+//! * [`retryable`]: retryable-write records; [`cursor`]: cursor registry.
+//! * [`commands`]: one file per command family; [`update`]: pure update operators and diffs.
+//!
+//! Invariants (details in each module): every acknowledged write is durable; a document change
+//! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
+//! clock starts above every high-water mark given out before.
+
+pub mod catalog;
+pub mod clock;
+pub mod commands;
+pub mod cursor;
+pub mod keys;
+pub mod oplog;
+pub mod query;
+pub mod retryable;
+pub mod server;
+pub mod state;
+pub mod storage;
+#[path = "update_stub.rs"]
+pub mod update;
+pub mod writer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use resume::ClusterTime;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+
+use crate::catalog::{Catalog, CollectionEntry};
+use crate::clock::Hlc;
+use crate::cursor::CursorRegistry;
+use crate::oplog::TailWindow;
+use crate::state::ShardState;
+use crate::storage::{KeyRange, RedbStorage, Scan, Storage, StorageError, Table};
+use crate::writer::{RESERVATION_KEY, Writer};
+
+/// Bytes of recent oplog entries kept in memory for tailing readers.
+pub const TAIL_WINDOW_BYTES: usize = 64 * 1024 * 1024;
+
+/// How to open a shard.
+#[derive(Clone)]
+pub struct ShardOptions {
+    pub dbpath: PathBuf,
+    /// e.g. "shard0"; also the data file's name.
+    pub name: String,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Why a shard could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardError {
+    #[error("creating data directory: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("corrupt {0} in storage")]
+    Corrupt(&'static str),
+}
+
+/// One shard.
+pub struct Shard {
+    state: Arc<ShardState>,
+    writer: Writer,
+    cursors: CursorRegistry,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Shard {
+    /// Opens (or creates) the shard's data file `<dbpath>/<name>.redb`.
+    pub async fn open(opts: ShardOptions) -> Result<Arc<Shard>, ShardError> {
+        std::fs::create_dir_all(&opts.dbpath)?;
+        let path = opts.dbpath.join(format!("{}.redb", opts.name));
+        let storage = tokio::task::spawn_blocking(move || RedbStorage::open(&path))
+            .await
+            .map_err(|e| StorageError::Engine(e.to_string()))??;
+        Shard::open_with_storage(opts, Arc::new(storage)).await
+    }
+
+    /// Opens a shard on a given engine (tests inject faulty ones).
+    pub async fn open_with_storage(
+        opts: ShardOptions,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Arc<Shard>, ShardError> {
+        let read = storage.begin_read()?;
+        let mut catalog = Catalog::default();
+        let mut bad = false;
+        read.scan(Table::Catalog, &KeyRange::all(), false, &mut |_, v| {
+            match Document::from_reader(v)
+                .ok()
+                .and_then(|d| CollectionEntry::from_document(&d))
+            {
+                Some(e) => catalog.put(e),
+                None => bad = true,
+            }
+            Scan::Continue
+        })?;
+        if bad {
+            return Err(ShardError::Corrupt("catalog entry"));
+        }
+        let reserved = match read.get(Table::Meta, RESERVATION_KEY)? {
+            Some(b) => {
+                let arr: [u8; 8] = b
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| ShardError::Corrupt("clock reservation"))?;
+                ClusterTime::from_u64(u64::from_be_bytes(arr))
+            }
+            None => ClusterTime::ZERO,
+        };
+        let last = oplog::last_ts_in_storage(&*read)?.unwrap_or(ClusterTime::ZERO);
+        drop(read);
+        let hlc = Hlc::recover(reserved, last);
+        let state = Arc::new(ShardState::new(
+            opts.name.clone(),
+            storage,
+            opts.clock.clone(),
+            hlc,
+            catalog,
+            TailWindow::new(last, TAIL_WINDOW_BYTES),
+        ));
+        let writer = Writer::start(state.clone());
+        writer.renew();
+        let shard = Arc::new(Shard {
+            state,
+            writer,
+            cursors: CursorRegistry::default(),
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        // Housekeeping: keep the clock reservation ahead of the clock, reap idle cursors.
+        let weak = Arc::downgrade(&shard);
+        let cancel = shard.cancel.clone();
+        shard.tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                let Some(shard) = weak.upgrade() else { break };
+                shard.writer.renew();
+                shard.cursors.reap(shard.state.now_millis());
+            }
+        });
+        Ok(shard)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// Runs one command document and returns the reply (always with `$clusterTime` and
+    /// `operationTime`).
+    pub async fn run_command(&self, cmd: Document) -> Document {
+        if let Some(t) = incoming_cluster_time(&cmd) {
+            self.state.observe(t);
+        }
+        let (mut reply, op_time) = match commands::dispatch(self, cmd).await {
+            Ok(r) => (r.doc, r.op_time),
+            Err(e) => (e.to_document(), None),
+        };
+        let ct = self.state.cluster_time();
+        let op_time = op_time.unwrap_or(ct);
+        reply.insert("$clusterTime", cluster_time_doc(ct));
+        reply.insert("operationTime", op_time.timestamp());
+        reply
+    }
+
+    /// The shard's current cluster time.
+    pub fn cluster_time(&self) -> ClusterTime {
+        self.state.cluster_time()
+    }
+
+    /// A time `H` such that every oplog entry made visible after this call has `ts > H`.
+    pub fn high_water_mark(&self) -> ClusterTime {
+        self.state.high_water_mark()
+    }
+
+    /// The `ts` of the last visible oplog entry.
+    pub fn last_visible(&self) -> ClusterTime {
+        self.state.tail.visible()
+    }
+
+    /// The shared state (storage, tail window, catalog) for the change-stream machinery.
+    pub fn state(&self) -> &Arc<ShardState> {
+        &self.state
+    }
+
+    /// Stops background tasks and the writer (after the queued writes).
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        if let Some(h) = self.writer.stop() {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+
+    pub(crate) fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
+    pub(crate) fn cursors(&self) -> &CursorRegistry {
+        &self.cursors
+    }
+}
+
+/// `{clusterTime, signature: {hash: 20 zero bytes, keyId: 0}}`.
+pub fn cluster_time_doc(t: ClusterTime) -> Document {
+    doc! {
+        "clusterTime": t.timestamp(),
+        "signature": {
+            "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0u8; 20] },
+            "keyId": 0_i64,
+        }
+    }
+}
+
+fn incoming_cluster_time(cmd: &Document) -> Option<ClusterTime> {
+    match cmd.get("$clusterTime") {
+        Some(Bson::Document(d)) => match d.get("clusterTime") {
+            Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
+            _ => None,
+        },
+        _ => None,
+    }
+}

@@ -1,0 +1,888 @@
+//! Catalog commands: `create`, `drop`, `dropDatabase`, `renameCollection`, `listCollections`,
+//! `listDatabases`, `createIndexes`, `dropIndexes`, `listIndexes`, `collMod`, and the internal
+//! `_shardsvrShardCollection`.
+//!
+//! Every catalog change runs as a writer job: the catalog entry, the data change (if any) and
+//! the `c` oplog entry on `<db>.$cmd` commit together. Validation happens before any write, so a
+//! rejected DDL leaves nothing behind.
+
+use bson::{Bson, Document, Uuid, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use super::write_ops::{create_collection, dup_key_error, ensure_collection, insert_one, lookup};
+use super::{Ctx, Reply, as_bool, cursor_reply};
+use crate::catalog::{CollectionEntry, check_coll_name, check_db_name, get_dotted};
+use crate::oplog::EntrySpec;
+use crate::query::Filter;
+use crate::storage::{Scan, StorageResult};
+use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
+
+/// Generic command fields that are not collection options.
+const GENERIC_FIELDS: &[&str] = &[
+    "$db",
+    "$clusterTime",
+    "$readPreference",
+    "lsid",
+    "txnNumber",
+    "stmtIds",
+    "autocommit",
+    "startTransaction",
+    "writeConcern",
+    "readConcern",
+    "comment",
+    "maxTimeMS",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "collectionUUID",
+    "mayBypassWriteBlocking",
+    "$audit",
+    "$client",
+];
+
+fn options_of(cmd: &Document) -> Document {
+    cmd.iter()
+        .skip(1)
+        .filter(|(k, _)| !GENERIC_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Runs a DDL body as one writer job.
+async fn run_ddl<F>(ctx: &Ctx<'_>, f: F) -> Result<Reply, MongoError>
+where
+    F: FnOnce(&mut WriteCtx<'_>) -> OpResult<(Document, Option<ClusterTime>)> + Send + 'static,
+{
+    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        match f(w) {
+            Ok((mut reply, op_time)) => {
+                reply.insert("ok", 1.0);
+                Ok(WriteOutput { reply, op_time })
+            }
+            Err(OpError::Storage(e)) => Err(e),
+            Err(OpError::Mongo(e)) => Ok(WriteOutput {
+                reply: e.to_document(),
+                op_time: None,
+            }),
+        }
+    };
+    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    Ok(Reply {
+        doc: out.reply,
+        op_time: out.op_time,
+    })
+}
+
+fn uuid_arg(cmd: &Document, field: &str) -> Result<Option<Uuid>, MongoError> {
+    match cmd.get(field) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Binary(b)) => b
+            .to_uuid()
+            .map(Some)
+            .map_err(|_| MongoError::bad_value(format!("'{field}' must be a UUID"))),
+        Some(_) => Err(MongoError::type_mismatch(format!(
+            "BSON field '{field}' is the wrong type, expected type 'binData'"
+        ))),
+    }
+}
+
+fn ns_not_found() -> MongoError {
+    MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, "ns not found")
+}
+
+pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_coll_name(&ctx.db, &coll)?;
+    let uuid = uuid_arg(&ctx.cmd, "collectionUUID")?;
+    let options = options_of(&ctx.cmd);
+    if let Some(v) = options.get("viewOn")
+        && !matches!(v, Bson::String(_))
+    {
+        return Err(MongoError::type_mismatch(
+            "BSON field 'create.viewOn' is the wrong type, expected type 'string'",
+        ));
+    }
+    if options.contains_key("pipeline") && !options.contains_key("viewOn") {
+        return Err(MongoError::new(
+            ErrorCode::BAD_VALUE,
+            "'pipeline' requires 'viewOn' to also be specified",
+        ));
+    }
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        if let Some(existing) = lookup(w, &db, &coll) {
+            if existing.options == options && uuid.is_none_or(|u| u == existing.uuid) {
+                return Ok((Document::new(), None));
+            }
+            return Err(MongoError::new(
+                ErrorCode::NAMESPACE_EXISTS,
+                format!("Collection {db}.{coll} already exists."),
+            )
+            .into());
+        }
+        if let Some(Bson::String(view_on)) = options.get("viewOn") {
+            // Views live in `<db>.system.views`, as in MongoDB; the catalog keeps the name.
+            let views = ensure_collection(w, &db, "system.views")?;
+            let mut vdoc = doc! {"_id": format!("{db}.{coll}"), "viewOn": view_on.clone()};
+            vdoc.insert(
+                "pipeline",
+                options
+                    .get("pipeline")
+                    .cloned()
+                    .unwrap_or(Bson::Array(Vec::new())),
+            );
+            w.save_collection(CollectionEntry::new(
+                &db,
+                &coll,
+                uuid.unwrap_or_else(Uuid::new),
+                options.clone(),
+            ))?;
+            let ts = insert_one(w, &views, vdoc, None, 0)?;
+            return Ok((Document::new(), Some(ts)));
+        }
+        create_collection(w, &db, &coll, uuid, options)?;
+        Ok((Document::new(), w_last(w)))
+    })
+    .await
+}
+
+/// The last `ts` this batch wrote (for `operationTime`).
+fn w_last(w: &WriteCtx<'_>) -> Option<ClusterTime> {
+    Some(w.state().cluster_time())
+}
+
+fn is_view(c: &CollectionEntry) -> bool {
+    c.options.contains_key("viewOn")
+}
+
+/// Drops one collection (or view) inside a job; returns the `ts` of its entry.
+fn drop_one(w: &mut WriteCtx<'_>, c: &CollectionEntry) -> OpResult<ClusterTime> {
+    if is_view(c) {
+        w.remove_collection(&c.ns())?;
+        if let Some(views) = lookup(w, &c.db, "system.views") {
+            let id = Bson::String(c.ns());
+            if let Some(d) = w.get_doc(&views, &id)? {
+                return super::write_ops::delete_one(w, &views, &d, None, 0);
+            }
+        }
+        return Ok(w.state().cluster_time());
+    }
+    let n = w.clear_collection(c)?;
+    w.remove_collection(&c.ns())?;
+    let ts = w.log(EntrySpec::command(
+        &c.db,
+        Some(c.uuid),
+        doc! {"drop": &c.name},
+        Some(doc! {"numRecords": n as i64}),
+    ))?;
+    Ok(ts)
+}
+
+pub async fn drop(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_db_name(&ctx.db)?;
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        let Some(c) = lookup(w, &db, &coll) else {
+            return Err(ns_not_found().into());
+        };
+        let n_indexes = c.all_indexes().len() as i32;
+        let ts = drop_one(w, &c)?;
+        Ok((doc! {"nIndexesWas": n_indexes, "ns": c.ns()}, Some(ts)))
+    })
+    .await
+}
+
+pub async fn drop_database(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    check_db_name(&ctx.db)?;
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        let colls: Vec<_> = w.catalog().collections_in(&db).cloned().collect();
+        if colls.is_empty() {
+            return Ok((Document::new(), None));
+        }
+        for c in &colls {
+            drop_one(w, c)?;
+        }
+        let ts = w.log(EntrySpec::command(
+            &db,
+            None,
+            doc! {"dropDatabase": 1},
+            None,
+        ))?;
+        Ok((doc! {"dropped": &db}, Some(ts)))
+    })
+    .await
+}
+
+fn split_ns(ns: &str) -> Result<(String, String), MongoError> {
+    match ns.split_once('.') {
+        Some((d, c)) if !d.is_empty() && !c.is_empty() => Ok((d.to_string(), c.to_string())),
+        _ => Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!("Invalid namespace specified '{ns}'"),
+        )),
+    }
+}
+
+pub async fn rename_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    if ctx.db != "admin" {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            "renameCollection may only be run against the admin database.",
+        ));
+    }
+    let from = ctx.collection()?;
+    let to = ctx.opt_str("to")?.ok_or_else(|| ctx.missing("to"))?;
+    let (sdb, scoll) = split_ns(&from)?;
+    let (tdb, tcoll) = split_ns(&to)?;
+    check_coll_name(&tdb, &tcoll)?;
+    let drop_target = match ctx.cmd.get("dropTarget") {
+        None | Some(Bson::Null) => false,
+        Some(Bson::Binary(_)) => true,
+        Some(v) => as_bool(v).ok_or_else(|| {
+            MongoError::type_mismatch(
+                "BSON field 'dropTarget' is the wrong type, expected type 'bool'",
+            )
+        })?,
+    };
+    let stay_temp = ctx.bool_or("stayTemp", false)?;
+    if from == to {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OPERATION,
+            "Can't rename a collection to itself",
+        ));
+    }
+    run_ddl(ctx, move |w| {
+        let Some(src) = lookup(w, &sdb, &scoll) else {
+            return Err(MongoError::new(
+                ErrorCode::NAMESPACE_NOT_FOUND,
+                format!("Source collection {from} does not exist"),
+            )
+            .into());
+        };
+        let target = lookup(w, &tdb, &tcoll);
+        if target.is_some() && !drop_target {
+            return Err(
+                MongoError::new(ErrorCode::NAMESPACE_EXISTS, "target namespace exists").into(),
+            );
+        }
+        let mut o = doc! {"renameCollection": &from, "to": &to, "stayTemp": stay_temp};
+        if let Some(t) = &target {
+            w.clear_collection(t)?;
+            w.remove_collection(&t.ns())?;
+            o.insert("dropTarget", t.uuid);
+        }
+        w.remove_collection(&src.ns())?;
+        let mut moved = (*src).clone();
+        moved.db = tdb.clone();
+        moved.name = tcoll.clone();
+        w.save_collection(moved)?;
+        let ts = w.log(EntrySpec::command(&sdb, Some(src.uuid), o, None))?;
+        Ok((Document::new(), Some(ts)))
+    })
+    .await
+}
+
+fn collection_info(c: &CollectionEntry, name_only: bool) -> Document {
+    if is_view(c) {
+        if name_only {
+            return doc! {"name": &c.name, "type": "view"};
+        }
+        return doc! {"name": &c.name, "type": "view", "options": c.options.clone(), "info": {"readOnly": true}};
+    }
+    if name_only {
+        return doc! {"name": &c.name, "type": "collection"};
+    }
+    doc! {
+        "name": &c.name,
+        "type": "collection",
+        "options": c.options.clone(),
+        "info": {"readOnly": false, "uuid": c.uuid},
+        "idIndex": CollectionEntry::id_index(),
+    }
+}
+
+pub fn list_collections(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    check_db_name(&ctx.db)?;
+    let filter = Filter::parse(&ctx.opt_doc("filter")?.unwrap_or_default())?;
+    let name_only = ctx.bool_or("nameOnly", false)?;
+    let catalog = ctx.shard.state().catalog();
+    let docs: Vec<Document> = catalog
+        .collections_in(&ctx.db)
+        .map(|c| collection_info(c, false))
+        .filter(|d| filter.matches(d))
+        .map(|d| {
+            if name_only {
+                doc! {"name": d.get("name").cloned().unwrap_or(Bson::Null), "type": d.get("type").cloned().unwrap_or(Bson::Null)}
+            } else {
+                d
+            }
+        })
+        .collect();
+    let ns = format!("{}.$cmd.listCollections", ctx.db);
+    Ok(Reply::read(cursor_reply(0, &ns, docs, true)))
+}
+
+pub fn list_databases(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let name_only = ctx.bool_or("nameOnly", false)?;
+    let filter = Filter::parse(&ctx.opt_doc("filter")?.unwrap_or_default())?;
+    let catalog = ctx.shard.state().catalog();
+    let txn = ctx
+        .shard
+        .state()
+        .storage
+        .begin_read()
+        .map_err(|e| MongoError::internal(e.to_string()))?;
+    let mut dbs = Vec::new();
+    let mut total: i64 = 0;
+    for db in catalog.databases() {
+        let mut size: i64 = 0;
+        for c in catalog.collections_in(&db) {
+            crate::writer::scan_collection(&*txn, c, &mut |d| {
+                size += super::write_ops::bson_size(&d) as i64;
+                Scan::Continue
+            })
+            .map_err(|e| MongoError::internal(e.to_string()))?;
+        }
+        let size = size.max(4096);
+        let d = if name_only {
+            doc! {"name": &db}
+        } else {
+            doc! {"name": &db, "sizeOnDisk": size, "empty": false}
+        };
+        if filter.matches(&d) {
+            total += size;
+            dbs.push(Bson::Document(d));
+        }
+    }
+    let mut reply = doc! {"databases": dbs};
+    if !name_only {
+        reply.insert("totalSize", total);
+        reply.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    reply.insert("ok", 1.0);
+    Ok(Reply::read(reply))
+}
+
+/// MongoDB's default index name: `field_dir` pairs joined by `_`.
+pub fn default_index_name(key: &Document) -> String {
+    key.iter()
+        .map(|(k, v)| {
+            let dir = match v {
+                Bson::String(s) => s.clone(),
+                Bson::Int32(i) => i.to_string(),
+                Bson::Int64(i) => i.to_string(),
+                Bson::Double(d) => d.to_string(),
+                other => other.to_string(),
+            };
+            format!("{k}_{dir}")
+        })
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// Normalizes one requested index spec to `{v: 2, key, name, ...options}`.
+fn normalize_spec(spec: &Bson) -> Result<Document, MongoError> {
+    let Bson::Document(s) = spec else {
+        return Err(MongoError::type_mismatch(
+            "The elements of the 'indexes' array must be objects",
+        ));
+    };
+    let key = match s.get("key") {
+        Some(Bson::Document(k)) if !k.is_empty() => k.clone(),
+        Some(Bson::Document(_)) => {
+            return Err(MongoError::new(
+                ErrorCode::CANNOT_CREATE_INDEX,
+                "Index keys cannot be empty.",
+            ));
+        }
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "The field 'key' must be an object",
+            ));
+        }
+        None => {
+            return Err(MongoError::failed_to_parse(
+                "The 'key' field is a required property of an index specification",
+            ));
+        }
+    };
+    let name = match s.get("name") {
+        Some(Bson::String(n)) if !n.is_empty() => n.clone(),
+        Some(Bson::String(_)) => {
+            return Err(MongoError::new(
+                ErrorCode::CANNOT_CREATE_INDEX,
+                "The index name cannot be empty",
+            ));
+        }
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "The field 'name' must be a string",
+            ));
+        }
+        None => {
+            return Err(MongoError::failed_to_parse(
+                "The 'name' field is a required property of an index specification",
+            ));
+        }
+    };
+    let mut out = doc! {"v": 2, "key": key, "name": name};
+    for (k, v) in s {
+        if !matches!(k.as_str(), "v" | "key" | "name" | "ns") {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(out)
+}
+
+fn options_only(spec: &Document) -> Document {
+    spec.iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "v" | "key" | "name"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn keys_equal(a: &Document, b: &Document) -> bool {
+    pipeline::value::compare_documents(a, b) == std::cmp::Ordering::Equal
+}
+
+/// Adds index specs to a collection inside a job; returns how many were new.
+fn add_indexes(
+    w: &mut WriteCtx<'_>,
+    coll: &CollectionEntry,
+    specs: Vec<Document>,
+) -> OpResult<(usize, Option<ClusterTime>)> {
+    let mut entry = coll.clone();
+    let mut added = Vec::new();
+    for spec in specs {
+        let key = spec.get_document("key").cloned().unwrap_or_default();
+        let name = spec.get_str("name").unwrap_or("").to_string();
+        let existing = entry.all_indexes();
+        if let Some(same_name) = existing
+            .iter()
+            .find(|e| e.get_str("name").ok() == Some(name.as_str()))
+        {
+            let same_key = same_name
+                .get_document("key")
+                .map(|k| keys_equal(k, &key))
+                .unwrap_or(false);
+            if !same_key {
+                return Err(MongoError::new(
+                    ErrorCode::INDEX_KEY_SPECS_CONFLICT,
+                    format!(
+                        "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
+                        super::write_ops::render_doc(&spec),
+                        super::write_ops::render_doc(same_name)
+                    ),
+                )
+                .into());
+            }
+            if name != "_id_" && options_only(same_name) != options_only(&spec) {
+                return Err(MongoError::new(
+                    ErrorCode::INDEX_OPTIONS_CONFLICT,
+                    format!(
+                        "An existing index has the same name as the requested index. Requested index: {}, existing index: {}",
+                        super::write_ops::render_doc(&spec),
+                        super::write_ops::render_doc(same_name)
+                    ),
+                )
+                .into());
+            }
+            continue;
+        }
+        if let Some(same_key) = existing.iter().find(|e| {
+            e.get_document("key")
+                .map(|k| keys_equal(k, &key))
+                .unwrap_or(false)
+                && options_only(e) == options_only(&spec)
+        }) {
+            return Err(MongoError::new(
+                ErrorCode::INDEX_OPTIONS_CONFLICT,
+                format!(
+                    "Index already exists with a different name: {}",
+                    same_key.get_str("name").unwrap_or("")
+                ),
+            )
+            .into());
+        }
+        if spec.get("unique").and_then(as_bool).unwrap_or(false) {
+            check_existing_unique(w, coll, &key, &name)?;
+        }
+        entry.indexes.push(spec.clone());
+        added.push(spec);
+    }
+    if added.is_empty() {
+        return Ok((0, None));
+    }
+    let n = added.len();
+    w.save_collection(entry)?;
+    let mut last = None;
+    for spec in added {
+        let mut o = doc! {"createIndexes": &coll.name};
+        o.extend(spec);
+        last = Some(w.log(EntrySpec::command(&coll.db, Some(coll.uuid), o, None))?);
+    }
+    Ok((n, last))
+}
+
+/// A unique index cannot be built over duplicates.
+fn check_existing_unique(
+    w: &WriteCtx<'_>,
+    coll: &CollectionEntry,
+    key: &Document,
+    name: &str,
+) -> OpResult<()> {
+    let mut seen: Vec<Document> = Vec::new();
+    let mut dup = None;
+    w.scan_docs(coll, &mut |d| {
+        let mut v = Document::new();
+        for (f, _) in key {
+            v.insert(f.clone(), get_dotted(&d, f).cloned().unwrap_or(Bson::Null));
+        }
+        if seen.iter().any(|s| keys_equal(s, &v)) {
+            dup = Some(v);
+            return Scan::Stop;
+        }
+        seen.push(v);
+        Scan::Continue
+    })?;
+    match dup {
+        Some(v) => Err(dup_key_error(coll, name, key, &v).into()),
+        None => Ok(()),
+    }
+}
+
+pub async fn create_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_coll_name(&ctx.db, &coll)?;
+    let indexes = ctx
+        .opt_array("indexes")?
+        .ok_or_else(|| ctx.missing("indexes"))?;
+    if indexes.is_empty() {
+        return Err(MongoError::bad_value(
+            "Must specify at least one index to create",
+        ));
+    }
+    let specs = indexes
+        .iter()
+        .map(normalize_spec)
+        .collect::<Result<Vec<_>, _>>()?;
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        let existed = lookup(w, &db, &coll);
+        let created = existed.is_none();
+        let c = match existed {
+            Some(c) => c,
+            None => ensure_collection(w, &db, &coll)?,
+        };
+        let before = c.all_indexes().len() as i32;
+        let (n, ts) = add_indexes(w, &c, specs)?;
+        let mut reply = doc! {
+            "numIndexesBefore": before,
+            "numIndexesAfter": before + n as i32,
+            "createdCollectionAutomatically": created,
+        };
+        if n == 0 {
+            reply.insert("note", "all indexes already exist");
+        }
+        Ok((
+            reply,
+            ts.or_else(|| created.then(|| w.state().cluster_time())),
+        ))
+    })
+    .await
+}
+
+pub async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let index = ctx
+        .cmd
+        .get("index")
+        .cloned()
+        .ok_or_else(|| ctx.missing("index"))?;
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        let Some(c) = lookup(w, &db, &coll) else {
+            return Err(ns_not_found().into());
+        };
+        let was = c.all_indexes().len() as i32;
+        let names: Vec<String> = match &index {
+            Bson::String(s) if s == "*" => c
+                .indexes
+                .iter()
+                .filter_map(|s| s.get_str("name").ok().map(str::to_string))
+                .collect(),
+            Bson::String(s) => vec![s.clone()],
+            Bson::Array(a) => a
+                .iter()
+                .map(|v| match v {
+                    Bson::String(s) => Ok(s.clone()),
+                    _ => Err(MongoError::type_mismatch(
+                        "dropIndexes index names must be strings",
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Bson::Document(key) => {
+                let found = c.all_indexes().into_iter().find(|s| {
+                    s.get_document("key")
+                        .map(|k| keys_equal(k, key))
+                        .unwrap_or(false)
+                });
+                match found {
+                    Some(s) => vec![s.get_str("name").unwrap_or("").to_string()],
+                    None => {
+                        return Err(MongoError::new(
+                            ErrorCode::INDEX_NOT_FOUND,
+                            format!(
+                                "can't find index with key: {}",
+                                super::write_ops::render_doc(key)
+                            ),
+                        )
+                        .into());
+                    }
+                }
+            }
+            _ => {
+                return Err(MongoError::type_mismatch(
+                    "BSON field 'dropIndexes.index' is the wrong type",
+                )
+                .into());
+            }
+        };
+        let mut entry = (*c).clone();
+        let mut dropped = Vec::new();
+        for name in &names {
+            if name == "_id_" {
+                return Err(
+                    MongoError::new(ErrorCode::INVALID_OPTIONS, "cannot drop _id index").into(),
+                );
+            }
+            let Some(pos) = entry
+                .indexes
+                .iter()
+                .position(|s| s.get_str("name").ok() == Some(name.as_str()))
+            else {
+                return Err(MongoError::new(
+                    ErrorCode::INDEX_NOT_FOUND,
+                    format!("index not found with name [{name}]"),
+                )
+                .into());
+            };
+            dropped.push(entry.indexes.remove(pos));
+        }
+        let mut last = None;
+        if !dropped.is_empty() {
+            w.save_collection(entry)?;
+            for spec in dropped {
+                let name = spec.get_str("name").unwrap_or("").to_string();
+                last = Some(w.log(EntrySpec::command(
+                    &db,
+                    Some(c.uuid),
+                    doc! {"dropIndexes": &coll, "index": name},
+                    Some(spec),
+                ))?);
+            }
+        }
+        Ok((doc! {"nIndexesWas": was}, last))
+    })
+    .await
+}
+
+pub fn list_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let catalog = ctx.shard.state().catalog();
+    let Some(c) = catalog.lookup(&ctx.db, &coll) else {
+        return Err(MongoError::new(
+            ErrorCode::NAMESPACE_NOT_FOUND,
+            format!("ns does not exist: {}.{}", ctx.db, coll),
+        ));
+    };
+    let ns = format!("{}.$cmd.listIndexes.{}", ctx.db, coll);
+    Ok(Reply::read(cursor_reply(0, &ns, c.all_indexes(), true)))
+}
+
+pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let changes = options_of(&ctx.cmd);
+    for (k, _) in &changes {
+        if !matches!(
+            k.as_str(),
+            "validator"
+                | "validationLevel"
+                | "validationAction"
+                | "changeStreamPreAndPostImages"
+                | "expireAfterSeconds"
+                | "index"
+                | "viewOn"
+                | "pipeline"
+                | "recordPreImages"
+                | "dryRun"
+                | "cappedSize"
+                | "cappedMax"
+                | "timeseries"
+        ) {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                format!("unknown option to collMod: {k}"),
+            ));
+        }
+    }
+    let db = ctx.db.clone();
+    run_ddl(ctx, move |w| {
+        let Some(c) = lookup(w, &db, &coll) else {
+            return Err(MongoError::new(
+                ErrorCode::NAMESPACE_NOT_FOUND,
+                format!("ns does not exist: {db}.{coll}"),
+            )
+            .into());
+        };
+        let mut entry = (*c).clone();
+        let mut old = entry.options.clone();
+        old.insert("uuid", c.uuid);
+        let mut o2 = doc! {"collectionOptions_old": old};
+        let mut reply = Document::new();
+        for (k, v) in &changes {
+            if k == "index" {
+                let Bson::Document(spec) = v else {
+                    return Err(
+                        MongoError::type_mismatch("collMod 'index' must be an object").into(),
+                    );
+                };
+                let pos = entry.indexes.iter().position(|s| {
+                    spec.get_str("name")
+                        .ok()
+                        .is_some_and(|n| s.get_str("name").ok() == Some(n))
+                        || spec.get_document("keyPattern").ok().is_some_and(|kp| {
+                            s.get_document("key")
+                                .map(|k| keys_equal(k, kp))
+                                .unwrap_or(false)
+                        })
+                });
+                let Some(pos) = pos else {
+                    return Err(MongoError::new(
+                        ErrorCode::INDEX_NOT_FOUND,
+                        "cannot find index for collMod",
+                    )
+                    .into());
+                };
+                let mut old_opts = Document::new();
+                if let Some(target) = entry.indexes.get_mut(pos) {
+                    for (ik, iv) in spec {
+                        if matches!(ik.as_str(), "name" | "keyPattern") {
+                            continue;
+                        }
+                        let prev = target.get(ik).cloned();
+                        reply.insert(
+                            format!("{ik}_old"),
+                            prev.clone().unwrap_or(Bson::Boolean(false)),
+                        );
+                        reply.insert(format!("{ik}_new"), iv.clone());
+                        if let Some(p) = prev {
+                            old_opts.insert(ik.clone(), p);
+                        }
+                        target.insert(ik.clone(), iv.clone());
+                    }
+                }
+                o2.insert("indexOptions_old", old_opts);
+            } else if k != "dryRun" {
+                entry.options.insert(k.clone(), v.clone());
+            }
+        }
+        w.save_collection(entry)?;
+        let mut o = doc! {"collMod": &coll};
+        o.extend(changes.clone());
+        let ts = w.log(EntrySpec::command(&db, Some(c.uuid), o, Some(o2)))?;
+        Ok((reply, Some(ts)))
+    })
+    .await
+}
+
+pub async fn shard_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let ns = ctx.collection()?;
+    let (db, coll) = split_ns(&ns)?;
+    check_coll_name(&db, &coll)?;
+    let key = ctx.opt_doc("key")?.ok_or_else(|| ctx.missing("key"))?;
+    if key.is_empty() {
+        return Err(MongoError::bad_value("Shard key cannot be empty"));
+    }
+    let unique = ctx.bool_or("unique", false)?;
+    let uuid = uuid_arg(&ctx.cmd, "collectionUUID")?;
+    let is_primary = ctx.bool_or("isPrimary", false)?;
+    let num_initial_chunks = ctx.opt_i64("numInitialChunks")?.unwrap_or(0);
+    let presplit = ctx.bool_or("presplitHashedZones", false)?;
+    run_ddl(ctx, move |w| {
+        let c = match lookup(w, &db, &coll) {
+            Some(c) => {
+                if let Some(u) = uuid
+                    && u != c.uuid
+                {
+                    return Err(MongoError::new(
+                        ErrorCode::INVALID_OPTIONS,
+                        format!("collection {ns} exists with a different UUID"),
+                    )
+                    .into());
+                }
+                c
+            }
+            None => create_collection(w, &db, &coll, uuid, Document::new())?,
+        };
+        if let Some(existing) = &c.shard_key {
+            if !keys_equal(existing, &key) {
+                return Err(MongoError::new(
+                    ErrorCode::ALREADY_INITIALIZED,
+                    format!("collection {ns} is already sharded with a different key"),
+                )
+                .into());
+            }
+            return Ok((
+                doc! {"collectionsharded": &ns, "collectionUUID": c.uuid},
+                None,
+            ));
+        }
+        // The shard key needs an index (unless `_id` alone, which always has one).
+        let mut last = None;
+        let id_only = key.len() == 1 && key.contains_key("_id");
+        let has_index = c.all_indexes().iter().any(|s| {
+            s.get_document("key")
+                .map(|k| keys_equal(k, &key))
+                .unwrap_or(false)
+        });
+        let mut entry = (*c).clone();
+        if !id_only && !has_index {
+            let mut spec = doc! {"v": 2, "key": key.clone(), "name": default_index_name(&key)};
+            if unique {
+                spec.insert("unique", true);
+            }
+            let (_, ts) = add_indexes(w, &c, vec![spec])?;
+            last = ts;
+            if let Some(updated) = lookup(w, &db, &coll) {
+                entry = (*updated).clone();
+            }
+        }
+        entry.shard_key = Some(key.clone());
+        entry.unique_shard_key = unique;
+        w.save_collection(entry)?;
+        if is_primary {
+            let o2 = doc! {
+                "shardCollection": &ns,
+                "shardKey": key.clone(),
+                "unique": unique,
+                "numInitialChunks": num_initial_chunks,
+                "presplitHashedZones": presplit,
+            };
+            last = Some(w.log(EntrySpec::noop(
+                ns.clone(),
+                Some(c.uuid),
+                doc! {"msg": {"shardCollection": &ns}},
+                Some(o2),
+            ))?);
+        }
+        Ok((
+            doc! {"collectionsharded": &ns, "collectionUUID": c.uuid},
+            last,
+        ))
+    })
+    .await
+}

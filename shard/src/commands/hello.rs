@@ -1,0 +1,65 @@
+//! Handshake and server-information commands: `hello`/`isMaster`, `buildInfo`, `getParameter`.
+//!
+//! A shard presents itself as a standalone-like server (no `setName`, no `msg: isdbgrid`) with
+//! `logicalSessionTimeoutMinutes`, so clients connecting directly (e.g. to tail the oplog) get
+//! sessions.
+
+use bson::{Bson, doc};
+use wire::MongoError;
+
+use super::{Ctx, Reply};
+
+pub const MAX_WIRE_VERSION: i32 = 21;
+
+pub fn hello(ctx: &Ctx<'_>, name: &str) -> Result<Reply, MongoError> {
+    let now = ctx.shard.state().now_millis();
+    let mut d = bson::Document::new();
+    if ctx.cmd.get("helloOk").and_then(super::as_bool) == Some(true) {
+        d.insert("helloOk", true);
+    }
+    if name == "hello" {
+        d.insert("isWritablePrimary", true);
+    } else {
+        d.insert("ismaster", true);
+    }
+    d.insert("maxBsonObjectSize", wire::MAX_BSON_OBJECT_SIZE as i32);
+    d.insert("maxMessageSizeBytes", wire::MAX_MESSAGE_SIZE as i32);
+    d.insert("maxWriteBatchSize", 100_000_i32);
+    d.insert(
+        "localTime",
+        bson::DateTime::from_millis(i64::try_from(now).unwrap_or(i64::MAX)),
+    );
+    d.insert("logicalSessionTimeoutMinutes", 30_i32);
+    d.insert("connectionId", 1_i32);
+    d.insert("minWireVersion", 0_i32);
+    d.insert("maxWireVersion", MAX_WIRE_VERSION);
+    d.insert("readOnly", false);
+    d.insert("ok", 1.0);
+    Ok(Reply::read(d))
+}
+
+pub fn build_info() -> Result<Reply, MongoError> {
+    Ok(Reply::read(doc! {
+        "version": "7.0.0",
+        "gitVersion": "tributary",
+        "versionArray": [7, 0, 0, 0],
+        "bits": 64,
+        "debug": false,
+        "maxBsonObjectSize": wire::MAX_BSON_OBJECT_SIZE as i32,
+        "storageEngines": ["redb"],
+        "ok": 1.0,
+    }))
+}
+
+pub fn get_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let mut d = bson::Document::new();
+    let all = matches!(ctx.cmd.get("getParameter"), Some(Bson::String(s)) if s == "*");
+    if all || ctx.cmd.contains_key("enableTestCommands") {
+        d.insert("enableTestCommands", true);
+    }
+    if all || ctx.cmd.contains_key("featureCompatibilityVersion") {
+        d.insert("featureCompatibilityVersion", doc! {"version": "7.0"});
+    }
+    d.insert("ok", 1.0);
+    Ok(Reply::read(d))
+}

@@ -1,0 +1,221 @@
+//! Command dispatch and the argument helpers every command family uses.
+//!
+//! Each family lives in its own file: `parse` the command document into typed arguments
+//! (rejecting bad input with MongoDB's codes), then execute (reads on a snapshot, writes as a
+//! job for the writer), then build the reply. Errors are [`MongoError`]s; nothing here panics
+//! on input.
+
+mod ddl;
+mod find_and_modify;
+mod hello;
+mod query;
+mod write;
+pub(crate) mod write_ops;
+
+use bson::{Bson, Document};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use crate::Shard;
+
+/// A command's reply body and the optime of its last write (if it wrote).
+pub struct Reply {
+    pub doc: Document,
+    pub op_time: Option<ClusterTime>,
+}
+
+impl Reply {
+    pub fn read(doc: Document) -> Self {
+        Reply { doc, op_time: None }
+    }
+}
+
+/// Runs one command.
+pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError> {
+    let Some(name) = cmd.keys().next().cloned() else {
+        return Err(MongoError::new(
+            ErrorCode::FAILED_TO_PARSE,
+            "Empty command document",
+        ));
+    };
+    let db = match cmd.get("$db") {
+        Some(Bson::String(s)) => s.clone(),
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "BSON field '$db' is the wrong type, expected type 'string'",
+            ));
+        }
+        None => {
+            return Err(MongoError::with_code(
+                40571,
+                "OP_MSG requests require a $db argument",
+            ));
+        }
+    };
+    let ctx = Ctx { shard, db, cmd };
+    match name.as_str() {
+        "hello" | "isMaster" | "ismaster" => hello::hello(&ctx, &name),
+        "ping" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
+        "buildInfo" | "buildinfo" => hello::build_info(),
+        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" => {
+            Ok(Reply::read(bson::doc! {"ok": 1.0}))
+        }
+        "getParameter" => hello::get_parameter(&ctx),
+        "insert" => write::insert(&ctx).await,
+        "update" => write::update(&ctx).await,
+        "delete" => write::delete(&ctx).await,
+        "findAndModify" | "findandmodify" => find_and_modify::find_and_modify(&ctx).await,
+        "find" => query::find(&ctx).await,
+        "getMore" => query::get_more(&ctx).await,
+        "killCursors" => query::kill_cursors(&ctx),
+        "count" => query::count(&ctx),
+        "distinct" => query::distinct(&ctx),
+        "aggregate" => query::aggregate(&ctx),
+        "create" => ddl::create(&ctx).await,
+        "drop" => ddl::drop(&ctx).await,
+        "dropDatabase" => ddl::drop_database(&ctx).await,
+        "renameCollection" => ddl::rename_collection(&ctx).await,
+        "listCollections" => ddl::list_collections(&ctx),
+        "listDatabases" => ddl::list_databases(&ctx),
+        "createIndexes" => ddl::create_indexes(&ctx).await,
+        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx).await,
+        "listIndexes" => ddl::list_indexes(&ctx),
+        "collMod" => ddl::coll_mod(&ctx).await,
+        "_shardsvrShardCollection" => ddl::shard_collection(&ctx).await,
+        other => Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_FOUND,
+            format!("no such command: '{other}'"),
+        )),
+    }
+}
+
+/// One command being executed.
+pub struct Ctx<'a> {
+    pub shard: &'a Shard,
+    pub db: String,
+    pub cmd: Document,
+}
+
+impl Ctx<'_> {
+    pub fn name(&self) -> &str {
+        self.cmd.keys().next().map(String::as_str).unwrap_or("")
+    }
+
+    /// The collection named by the command's first field.
+    pub fn collection(&self) -> Result<String, MongoError> {
+        match self.cmd.iter().next() {
+            Some((_, Bson::String(s))) => Ok(s.clone()),
+            Some((_, v)) => Err(MongoError::new(
+                ErrorCode::INVALID_NAMESPACE,
+                format!(
+                    "collection name has invalid type {}",
+                    pipeline::value::type_name(v)
+                ),
+            )),
+            None => Err(MongoError::failed_to_parse("Empty command document")),
+        }
+    }
+
+    pub fn ns(&self, coll: &str) -> String {
+        format!("{}.{}", self.db, coll)
+    }
+
+    fn wrong_type(&self, field: &str, v: &Bson, expected: &str) -> MongoError {
+        MongoError::type_mismatch(format!(
+            "BSON field '{}.{}' is the wrong type '{}', expected type '{}'",
+            self.name(),
+            field,
+            pipeline::value::type_name(v),
+            expected
+        ))
+    }
+
+    pub fn opt_doc(&self, field: &str) -> Result<Option<Document>, MongoError> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d.clone())),
+            Some(v) => Err(self.wrong_type(field, v, "object")),
+        }
+    }
+
+    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>, MongoError> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(v) => match as_bool(v) {
+                Some(b) => Ok(Some(b)),
+                None => Err(self.wrong_type(field, v, "bool")),
+            },
+        }
+    }
+
+    pub fn bool_or(&self, field: &str, default: bool) -> Result<bool, MongoError> {
+        Ok(self.opt_bool(field)?.unwrap_or(default))
+    }
+
+    pub fn opt_i64(&self, field: &str) -> Result<Option<i64>, MongoError> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(v) => match as_i64(v) {
+                Some(n) => Ok(Some(n)),
+                None => Err(self.wrong_type(field, v, "long")),
+            },
+        }
+    }
+
+    pub fn opt_array(&self, field: &str) -> Result<Option<Vec<Bson>>, MongoError> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Array(a)) => Ok(Some(a.clone())),
+            Some(v) => Err(self.wrong_type(field, v, "array")),
+        }
+    }
+
+    pub fn opt_str(&self, field: &str) -> Result<Option<String>, MongoError> {
+        match self.cmd.get(field) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(self.wrong_type(field, v, "string")),
+        }
+    }
+
+    pub fn missing(&self, field: &str) -> MongoError {
+        MongoError::with_code(
+            40414,
+            format!(
+                "BSON field '{}.{}' is missing but a required field",
+                self.name(),
+                field
+            ),
+        )
+    }
+}
+
+pub fn as_bool(v: &Bson) -> Option<bool> {
+    match v {
+        Bson::Boolean(b) => Some(*b),
+        Bson::Int32(i) => Some(*i != 0),
+        Bson::Int64(i) => Some(*i != 0),
+        Bson::Double(d) => Some(*d != 0.0),
+        _ => None,
+    }
+}
+
+pub fn as_i64(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(d) if d.fract() == 0.0 && d.is_finite() => Some(*d as i64),
+        _ => None,
+    }
+}
+
+/// A cursor reply `{cursor: {firstBatch|nextBatch, id, ns}, ok: 1}`.
+pub fn cursor_reply(id: i64, ns: &str, batch: Vec<Document>, first: bool) -> Document {
+    let docs: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
+    let key = if first { "firstBatch" } else { "nextBatch" };
+    let mut c = Document::new();
+    c.insert(key, docs);
+    c.insert("id", id);
+    c.insert("ns", ns);
+    bson::doc! {"cursor": c, "ok": 1.0}
+}

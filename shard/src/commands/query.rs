@@ -1,0 +1,556 @@
+//! Reads: `find` (including `local.oplog.rs`, tailable and awaitData), `getMore`,
+//! `killCursors`, `count`, `distinct`, `aggregate`.
+//!
+//! Reads run on one storage snapshot and never go through the writer. Regular cursors hold
+//! their remaining results; oplog tail cursors hold their position (the last entry examined)
+//! and read on from the tail window (or storage when the window has moved past them), waiting
+//! on the window's wake-up for `awaitData`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use super::{Ctx, Reply, as_i64, cursor_reply};
+use crate::cursor::{Cursor, CursorSource};
+use crate::oplog::{WindowRead, read_from_storage};
+use crate::query::{Filter, Projection, Sort, scan_matching};
+use crate::storage::{ReadTxn, Scan, StorageError};
+
+/// Default first-batch size, as in MongoDB.
+const DEFAULT_FIRST_BATCH: usize = 101;
+/// Replies stay below the BSON limit.
+const MAX_BATCH_BYTES: usize = wire::MAX_BSON_OBJECT_SIZE - 64 * 1024;
+/// Default `maxTimeMS` of an awaitData getMore.
+const DEFAULT_AWAIT_MS: u64 = 1000;
+
+pub const OPLOG_NS: &str = "local.oplog.rs";
+
+fn storage_err(e: StorageError) -> MongoError {
+    MongoError::internal(e.to_string())
+}
+
+fn non_negative(ctx: &Ctx<'_>, field: &str) -> Result<Option<i64>, MongoError> {
+    match ctx.opt_i64(field)? {
+        Some(v) if v < 0 => Err(MongoError::with_code(
+            51024,
+            format!("BSON field '{field}' value must be >= 0, actual value '{v}'"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Splits `docs` into a batch of at most `n` documents (and the byte cap).
+fn take_batch(docs: &mut VecDeque<Document>, n: Option<usize>) -> Vec<Document> {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    while let Some(d) = docs.front() {
+        if n.is_some_and(|n| out.len() >= n) {
+            break;
+        }
+        let size = super::write_ops::bson_size(d);
+        if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
+            break;
+        }
+        bytes += size;
+        if let Some(d) = docs.pop_front() {
+            out.push(d);
+        }
+    }
+    out
+}
+
+pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let ns = ctx.ns(&coll);
+    let filter_doc = ctx.opt_doc("filter")?.unwrap_or_default();
+    let filter = Filter::parse(&filter_doc)?;
+    let projection = ctx
+        .opt_doc("projection")?
+        .filter(|p| !p.is_empty())
+        .map(|p| Projection::parse(&p))
+        .transpose()?;
+    let sort_doc = ctx.opt_doc("sort")?.filter(|s| !s.is_empty());
+    let skip = non_negative(ctx, "skip")?.unwrap_or(0) as usize;
+    let limit = non_negative(ctx, "limit")?
+        .filter(|l| *l > 0)
+        .map(|l| l as usize);
+    let batch_size = non_negative(ctx, "batchSize")?.map(|b| b as usize);
+    let single_batch = ctx.bool_or("singleBatch", false)?;
+    let tailable = ctx.bool_or("tailable", false)?;
+    let await_data = ctx.bool_or("awaitData", false)?;
+    if await_data && !tailable {
+        return Err(MongoError::failed_to_parse(
+            "Cannot set 'awaitData' without also setting 'tailable'",
+        ));
+    }
+    let now = ctx.shard.state().now_millis();
+    if ns == OPLOG_NS {
+        return find_oplog(
+            ctx,
+            filter,
+            &filter_doc,
+            sort_doc.as_ref(),
+            projection,
+            limit,
+            batch_size,
+            tailable,
+            await_data,
+        );
+    }
+    if tailable {
+        return Err(MongoError::bad_value(format!(
+            "error processing query: ns={ns} tailable cursor requested on non capped collection"
+        )));
+    }
+    let sort = sort_doc.map(|s| Sort::parse(&s)).transpose()?;
+    let catalog = ctx.shard.state().catalog();
+    let Some(entry) = catalog.lookup(&ctx.db, &coll).cloned() else {
+        return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
+    };
+    let txn = ctx
+        .shard
+        .state()
+        .storage
+        .begin_read()
+        .map_err(storage_err)?;
+    let mut docs = Vec::new();
+    let stop_at = match (&sort, limit) {
+        (None, Some(l)) => Some(skip + l),
+        _ => None,
+    };
+    scan_matching(&*txn, &entry, &filter, &mut |d| {
+        docs.push(d);
+        if stop_at.is_some_and(|s| docs.len() >= s) {
+            Scan::Stop
+        } else {
+            Scan::Continue
+        }
+    })
+    .map_err(storage_err)?;
+    if let Some(s) = &sort {
+        s.sort(&mut docs);
+    }
+    let mut rest: VecDeque<Document> = docs.into_iter().skip(skip).collect();
+    if let Some(l) = limit {
+        rest.truncate(l);
+    }
+    if let Some(p) = &projection {
+        rest = rest
+            .into_iter()
+            .map(|d| p.apply(&d))
+            .collect::<Result<_, _>>()?;
+    }
+    let first = take_batch(&mut rest, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)));
+    let id = if rest.is_empty() || single_batch {
+        0
+    } else {
+        ctx.shard.cursors().insert(Cursor {
+            ns: ns.clone(),
+            source: CursorSource::Buffered(rest),
+            last_used_ms: now,
+        })
+    };
+    Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+}
+
+/// The lower bound a filter puts on `ts` (`{ts: {$gte|$gt|$eq: T}}` or `{ts: T}`), as the
+/// position to scan after.
+fn ts_lower_bound(filter: &Document) -> ClusterTime {
+    let after = |v: &Bson, inclusive: bool| match v {
+        Bson::Timestamp(t) => {
+            let t = ClusterTime::from(*t);
+            if inclusive { t.prev() } else { t }
+        }
+        _ => ClusterTime::ZERO,
+    };
+    match filter.get("ts") {
+        Some(Bson::Document(d)) => {
+            let mut best = ClusterTime::ZERO;
+            for (op, v) in d {
+                let b = match op.as_str() {
+                    "$gte" | "$eq" => after(v, true),
+                    "$gt" => after(v, false),
+                    _ => ClusterTime::ZERO,
+                };
+                best = best.max(b);
+            }
+            best
+        }
+        Some(v @ Bson::Timestamp(_)) => after(v, true),
+        _ => ClusterTime::ZERO,
+    }
+}
+
+/// Reads up to `limit` oplog entries after `after`: from the tail window when it covers the
+/// position, else from storage.
+fn read_oplog(
+    ctx: &Ctx<'_>,
+    txn: Option<&dyn ReadTxn>,
+    after: ClusterTime,
+    limit: usize,
+) -> Result<Vec<(ClusterTime, bytes::Bytes)>, MongoError> {
+    let state = ctx.shard.state();
+    if let WindowRead::Entries(v) = state.tail.read_after(after, limit) {
+        return Ok(v);
+    }
+    match txn {
+        Some(t) => read_from_storage(t, after, limit).map_err(storage_err),
+        None => {
+            let t = state.storage.begin_read().map_err(storage_err)?;
+            read_from_storage(&*t, after, limit).map_err(storage_err)
+        }
+    }
+}
+
+/// Matching entries after `*last`, advancing `*last` past every entry examined.
+fn next_oplog_batch(
+    ctx: &Ctx<'_>,
+    filter: &Filter,
+    last: &mut ClusterTime,
+    max_docs: Option<usize>,
+) -> Result<Vec<Document>, MongoError> {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    loop {
+        let chunk = read_oplog(ctx, None, *last, 1000)?;
+        if chunk.is_empty() {
+            return Ok(out);
+        }
+        for (ts, raw) in chunk {
+            let Ok(d) = Document::from_reader(&raw[..]) else {
+                return Err(MongoError::internal("undecodable oplog entry"));
+            };
+            if filter.matches(&d) {
+                if !out.is_empty() && bytes + raw.len() > MAX_BATCH_BYTES {
+                    return Ok(out);
+                }
+                bytes += raw.len();
+                out.push(d);
+            }
+            *last = ts;
+            if max_docs.is_some_and(|m| out.len() >= m) {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn find_oplog(
+    ctx: &Ctx<'_>,
+    filter: Filter,
+    filter_doc: &Document,
+    sort: Option<&Document>,
+    projection: Option<Projection>,
+    limit: Option<usize>,
+    batch_size: Option<usize>,
+    tailable: bool,
+    await_data: bool,
+) -> Result<Reply, MongoError> {
+    let now = ctx.shard.state().now_millis();
+    let reverse = sort
+        .and_then(|s| s.get("$natural"))
+        .and_then(as_i64)
+        .is_some_and(|v| v < 0);
+    if tailable {
+        let mut last = ts_lower_bound(filter_doc);
+        let first = next_oplog_batch(
+            ctx,
+            &filter,
+            &mut last,
+            Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)),
+        )?;
+        let id = ctx.shard.cursors().insert(Cursor {
+            ns: OPLOG_NS.into(),
+            source: CursorSource::OplogTail {
+                filter,
+                last,
+                await_data,
+            },
+            last_used_ms: now,
+        });
+        return Ok(Reply::read(cursor_reply(id, OPLOG_NS, first, true)));
+    }
+    let txn = ctx
+        .shard
+        .state()
+        .storage
+        .begin_read()
+        .map_err(storage_err)?;
+    let mut docs = VecDeque::new();
+    let range = if reverse {
+        crate::storage::KeyRange::all()
+    } else {
+        crate::storage::KeyRange::from(std::ops::Bound::Excluded(
+            crate::oplog::oplog_key(ts_lower_bound(filter_doc)).to_vec(),
+        ))
+    };
+    let mut bad = false;
+    txn.scan(
+        crate::storage::Table::Oplog,
+        &range,
+        reverse,
+        &mut |_, v| {
+            match Document::from_reader(v) {
+                Ok(d) => {
+                    if filter.matches(&d) {
+                        docs.push_back(d);
+                    }
+                }
+                Err(_) => bad = true,
+            }
+            if limit.is_some_and(|l| docs.len() >= l) {
+                Scan::Stop
+            } else {
+                Scan::Continue
+            }
+        },
+    )
+    .map_err(storage_err)?;
+    if bad {
+        return Err(MongoError::internal("undecodable oplog entry"));
+    }
+    if let Some(p) = &projection {
+        docs = docs
+            .into_iter()
+            .map(|d| p.apply(&d))
+            .collect::<Result<_, _>>()?;
+    }
+    let first = take_batch(&mut docs, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)));
+    let id = if docs.is_empty() {
+        0
+    } else {
+        ctx.shard.cursors().insert(Cursor {
+            ns: OPLOG_NS.into(),
+            source: CursorSource::Buffered(docs),
+            last_used_ms: now,
+        })
+    };
+    Ok(Reply::read(cursor_reply(id, OPLOG_NS, first, true)))
+}
+
+pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let id = match ctx.cmd.get("getMore") {
+        Some(Bson::Int64(i)) => *i,
+        Some(Bson::Int32(i)) => i64::from(*i),
+        Some(v) => {
+            return Err(MongoError::type_mismatch(format!(
+                "BSON field 'getMore.getMore' is the wrong type '{}', expected type 'long'",
+                pipeline::value::type_name(v)
+            )));
+        }
+        None => return Err(ctx.missing("getMore")),
+    };
+    let coll = ctx
+        .opt_str("collection")?
+        .ok_or_else(|| ctx.missing("collection"))?;
+    let ns = ctx.ns(&coll);
+    let batch_size = non_negative(ctx, "batchSize")?
+        .filter(|b| *b > 0)
+        .map(|b| b as usize);
+    let max_time = non_negative(ctx, "maxTimeMS")?.map(|m| m as u64);
+    let Some(mut cursor) = ctx.shard.cursors().take(id) else {
+        return Err(MongoError::new(
+            ErrorCode::CURSOR_NOT_FOUND,
+            format!("cursor id {id} not found"),
+        ));
+    };
+    if cursor.ns != ns {
+        let msg = format!(
+            "Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}",
+            cursor.ns
+        );
+        ctx.shard.cursors().put_back(id, cursor);
+        return Err(MongoError::new(ErrorCode::UNAUTHORIZED, msg));
+    }
+    let (batch, alive) = match &mut cursor.source {
+        CursorSource::Buffered(rest) => {
+            let b = take_batch(rest, batch_size);
+            let alive = !rest.is_empty();
+            (b, alive)
+        }
+        CursorSource::OplogTail {
+            filter,
+            last,
+            await_data,
+        } => {
+            let mut rx = ctx.shard.state().tail.subscribe();
+            let wait =
+                Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
+            let deadline = tokio::time::Instant::now() + wait;
+            let batch = loop {
+                rx.borrow_and_update();
+                let b = match next_oplog_batch(ctx, filter, last, batch_size) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        return Err(e);
+                    }
+                };
+                if !b.is_empty() || !*await_data {
+                    break b;
+                }
+                match tokio::time::timeout_at(deadline, rx.changed()).await {
+                    Ok(Ok(())) => continue,
+                    _ => break Vec::new(),
+                }
+            };
+            (batch, true)
+        }
+    };
+    if alive {
+        cursor.last_used_ms = ctx.shard.state().now_millis();
+        ctx.shard.cursors().put_back(id, cursor);
+    }
+    Ok(Reply::read(cursor_reply(
+        if alive { id } else { 0 },
+        &ns,
+        batch,
+        false,
+    )))
+}
+
+pub fn kill_cursors(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let ids = ctx
+        .opt_array("cursors")?
+        .ok_or_else(|| ctx.missing("cursors"))?;
+    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    for v in ids {
+        let Some(id) = as_i64(&v) else {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'killCursors.cursors' element is the wrong type, expected type 'long'",
+            ));
+        };
+        if ctx.shard.cursors().kill(id) {
+            killed.push(Bson::Int64(id));
+        } else {
+            not_found.push(Bson::Int64(id));
+        }
+    }
+    Ok(Reply::read(doc! {
+        "cursorsKilled": killed,
+        "cursorsNotFound": not_found,
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+        "ok": 1.0,
+    }))
+}
+
+/// The matching documents of a collection on a fresh snapshot (empty when it does not exist).
+fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Document>, MongoError> {
+    let catalog = ctx.shard.state().catalog();
+    let Some(entry) = catalog.lookup(&ctx.db, coll).cloned() else {
+        return Ok(Vec::new());
+    };
+    let txn = ctx
+        .shard
+        .state()
+        .storage
+        .begin_read()
+        .map_err(storage_err)?;
+    let mut docs = Vec::new();
+    scan_matching(&*txn, &entry, filter, &mut |d| {
+        docs.push(d);
+        Scan::Continue
+    })
+    .map_err(storage_err)?;
+    Ok(docs)
+}
+
+pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let filter = Filter::parse(&ctx.opt_doc("query")?.unwrap_or_default())?;
+    let skip = non_negative(ctx, "skip")?.unwrap_or(0);
+    let limit = ctx.opt_i64("limit")?.map(i64::abs).filter(|l| *l > 0);
+    let total = matching_docs(ctx, &coll, &filter)?.len() as i64;
+    let mut n = (total - skip).max(0);
+    if let Some(l) = limit {
+        n = n.min(l);
+    }
+    Ok(Reply::read(doc! {"n": n as i32, "ok": 1.0}))
+}
+
+pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    let key = ctx.opt_str("key")?.ok_or_else(|| ctx.missing("key"))?;
+    let filter = Filter::parse(&ctx.opt_doc("query")?.unwrap_or_default())?;
+    let mut values: Vec<Bson> = Vec::new();
+    for d in matching_docs(ctx, &coll, &filter)? {
+        for v in pipeline::value::path_values(&d, &key) {
+            let items: Vec<&Bson> = match v {
+                Bson::Array(a) => a.iter().collect(),
+                other => vec![other],
+            };
+            for item in items {
+                if !values.iter().any(|x| pipeline::value::equal(x, item)) {
+                    values.push(item.clone());
+                }
+            }
+        }
+    }
+    values.sort_by(pipeline::value::compare);
+    Ok(Reply::read(doc! {"values": values, "ok": 1.0}))
+}
+
+pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let ns_coll = match ctx.cmd.get("aggregate") {
+        Some(Bson::String(s)) => s.clone(),
+        Some(v) if as_i64(v) == Some(1) => String::new(),
+        _ => {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_NAMESPACE,
+                "collection name has invalid type",
+            ));
+        }
+    };
+    let stages = ctx
+        .opt_array("pipeline")?
+        .ok_or_else(|| ctx.missing("pipeline"))?;
+    let cursor_opts = ctx.opt_doc("cursor")?;
+    if cursor_opts.is_none() && !ctx.bool_or("explain", false)? {
+        return Err(MongoError::failed_to_parse(
+            "The 'cursor' option is required, except for aggregate with the explain argument",
+        ));
+    }
+    let batch_size = cursor_opts
+        .as_ref()
+        .and_then(|c| c.get("batchSize"))
+        .and_then(as_i64)
+        .map(|b| b.max(0) as usize);
+    let mut parsed = Vec::with_capacity(stages.len());
+    for s in stages {
+        match s {
+            Bson::Document(d) => parsed.push(d),
+            _ => {
+                return Err(MongoError::type_mismatch(
+                    "Each element of the 'pipeline' array must be an object",
+                ));
+            }
+        }
+    }
+    let input = if ns_coll.is_empty() {
+        Vec::new()
+    } else {
+        matching_docs(ctx, &ns_coll, &Filter::all())?
+    };
+    let out = crate::query::run_pipeline(&parsed, input)?;
+    let ns = if ns_coll.is_empty() {
+        format!("{}.$cmd.aggregate", ctx.db)
+    } else {
+        ctx.ns(&ns_coll)
+    };
+    let mut rest: VecDeque<Document> = out.into();
+    let first = take_batch(&mut rest, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)));
+    let id = if rest.is_empty() {
+        0
+    } else {
+        ctx.shard.cursors().insert(Cursor {
+            ns: ns.clone(),
+            source: CursorSource::Buffered(rest),
+            last_used_ms: ctx.shard.state().now_millis(),
+        })
+    };
+    Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+}

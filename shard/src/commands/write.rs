@@ -1,0 +1,427 @@
+//! `insert`, `update` and `delete`: parse the statements, then run them all as one job of the
+//! writer (one atomic commit with their oplog entries and retryable-write records).
+//!
+//! Per-statement failures become `writeErrors` (`ordered` stops at the first); earlier
+//! statements keep their effects, as in MongoDB. A retried statement (same `lsid`,
+//! `txnNumber`, `stmtId`) is not applied again: its recorded result counts instead.
+
+use bson::{Bson, Document, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use super::write_ops::{
+    UpdateStmt, delete_one, ensure_collection, insert_one, lookup, prepare_insert, run_update,
+    targets,
+};
+use super::{Ctx, Reply, as_bool, as_i64};
+use crate::catalog::check_coll_name;
+use crate::query::Filter;
+use crate::retryable::{RetryInfo, RetryState};
+use crate::storage::StorageResult;
+use crate::update::UpdateSpec;
+use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
+
+/// `{index, code, errmsg, ...extra}` for `writeErrors`.
+pub fn write_error(index: usize, e: &MongoError) -> Bson {
+    let mut d = doc! {"index": index as i32, "code": e.code, "errmsg": &e.errmsg};
+    if let Some(extra) = &e.extra {
+        for (k, v) in extra {
+            d.insert(k.clone(), v.clone());
+        }
+    }
+    Bson::Document(d)
+}
+
+/// Starts the retryable-write state of a job, or returns the command's error reply.
+pub fn begin_retry(
+    w: &WriteCtx<'_>,
+    info: Option<RetryInfo>,
+) -> StorageResult<Result<Option<RetryState>, WriteOutput>> {
+    match info {
+        None => Ok(Ok(None)),
+        Some(info) => match RetryState::begin(w.txn(), info)? {
+            Ok(s) => Ok(Ok(Some(s))),
+            Err(e) => Ok(Err(WriteOutput {
+                reply: e.to_document(),
+                op_time: None,
+            })),
+        },
+    }
+}
+
+fn finish(
+    w: &mut WriteCtx<'_>,
+    retry: &Option<RetryState>,
+    mut reply: Document,
+    write_errors: Vec<Bson>,
+    retried: Vec<i32>,
+    last_ts: Option<ClusterTime>,
+) -> StorageResult<WriteOutput> {
+    if let Some(r) = retry {
+        r.save(w.txn_mut())?;
+    }
+    if !write_errors.is_empty() {
+        reply.insert("writeErrors", write_errors);
+    }
+    if !retried.is_empty() {
+        reply.insert("retriedStmtIds", retried);
+    }
+    reply.insert("ok", 1.0);
+    // A retry that did nothing new reports the time of the session's last write.
+    let op_time = last_ts.or_else(|| retry.as_ref().and_then(|r| r.record.last_op));
+    Ok(WriteOutput { reply, op_time })
+}
+
+fn stmt_id(retry: &Option<RetryState>, i: usize) -> i32 {
+    match retry {
+        Some(r) => r.info.stmt_id(i),
+        None => i32::try_from(i).unwrap_or(i32::MAX),
+    }
+}
+
+pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_coll_name(&ctx.db, &coll)?;
+    let docs = ctx
+        .opt_array("documents")?
+        .ok_or_else(|| ctx.missing("documents"))?;
+    let mut parsed = Vec::with_capacity(docs.len());
+    for (i, d) in docs.into_iter().enumerate() {
+        match d {
+            Bson::Document(d) => parsed.push(d),
+            other => {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field 'insert.documents.{i}' is the wrong type '{}', expected type 'object'",
+                    pipeline::value::type_name(&other)
+                )));
+            }
+        }
+    }
+    let ordered = ctx.bool_or("ordered", true)?;
+    let retry_info = RetryInfo::from_command(&ctx.cmd)?;
+    let db = ctx.db.clone();
+    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        let mut retry = match begin_retry(w, retry_info)? {
+            Ok(r) => r,
+            Err(out) => return Ok(out),
+        };
+        let (mut n, mut errors, mut retried, mut last_ts) = (0_i32, Vec::new(), Vec::new(), None);
+        for (i, doc) in parsed.into_iter().enumerate() {
+            let stmt = stmt_id(&retry, i);
+            if retry.as_ref().is_some_and(|r| r.executed(stmt).is_some()) {
+                n += 1;
+                retried.push(stmt);
+                continue;
+            }
+            match insert_stmt(w, &db, &coll, doc, retry.as_mut(), stmt) {
+                Ok(ts) => {
+                    n += 1;
+                    last_ts = Some(ts);
+                    if let Some(r) = retry.as_mut() {
+                        r.record(stmt, doc! {"n": 1});
+                    }
+                }
+                Err(OpError::Storage(e)) => return Err(e),
+                Err(OpError::Mongo(e)) => {
+                    errors.push(write_error(i, &e));
+                    if ordered {
+                        break;
+                    }
+                }
+            }
+        }
+        finish(w, &retry, doc! {"n": n}, errors, retried, last_ts)
+    };
+    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    Ok(Reply {
+        doc: out.reply,
+        op_time: out.op_time,
+    })
+}
+
+fn insert_stmt(
+    w: &mut WriteCtx<'_>,
+    db: &str,
+    coll: &str,
+    doc: Document,
+    retry: Option<&mut RetryState>,
+    stmt: i32,
+) -> OpResult<ClusterTime> {
+    let doc = prepare_insert(doc, w.wall_ms)?;
+    let c = ensure_collection(w, db, coll)?;
+    insert_one(w, &c, doc, retry, stmt)
+}
+
+/// Parses one `updates` element; statement-level problems are kept for its write error.
+fn parse_update(ctx: &Ctx<'_>, v: &Bson) -> Result<Result<UpdateStmt, MongoError>, MongoError> {
+    let Bson::Document(d) = v else {
+        return Err(MongoError::type_mismatch(format!(
+            "BSON field 'update.updates' element is the wrong type '{}', expected type 'object'",
+            pipeline::value::type_name(v)
+        )));
+    };
+    let q = match d.get("q") {
+        Some(Bson::Document(q)) => q.clone(),
+        Some(other) => {
+            return Err(MongoError::type_mismatch(format!(
+                "BSON field 'update.updates.q' is the wrong type '{}', expected type 'object'",
+                pipeline::value::type_name(other)
+            )));
+        }
+        None => {
+            return Err(MongoError::with_code(
+                40414,
+                "BSON field 'update.updates.q' is missing but a required field",
+            ));
+        }
+    };
+    let Some(u) = d.get("u") else {
+        return Err(MongoError::with_code(
+            40414,
+            "BSON field 'update.updates.u' is missing but a required field",
+        ));
+    };
+    let upsert = d.get("upsert").and_then(as_bool).unwrap_or(false);
+    let multi = d.get("multi").and_then(as_bool).unwrap_or(false);
+    let array_filters = match d.get("arrayFilters") {
+        Some(Bson::Array(a)) => Some(a.clone()),
+        _ => None,
+    };
+    let _ = ctx;
+    Ok(build_update_stmt(q, u, array_filters, upsert, multi, None))
+}
+
+/// Builds an update statement (shared with findAndModify).
+pub fn build_update_stmt(
+    q: Document,
+    u: &Bson,
+    array_filters: Option<Vec<Bson>>,
+    upsert: bool,
+    multi: bool,
+    sort: Option<crate::query::Sort>,
+) -> Result<UpdateStmt, MongoError> {
+    let filter = Filter::parse(&q)?;
+    if multi
+        && let Bson::Document(d) = u
+        && d.keys().next().is_some_and(|k| !k.starts_with('$'))
+    {
+        return Err(MongoError::failed_to_parse(
+            "multi update is not supported for replacement-style update",
+        ));
+    }
+    let spec = UpdateSpec::parse(u, array_filters.as_deref())?;
+    Ok(UpdateStmt {
+        filter,
+        query: q,
+        spec,
+        upsert,
+        multi,
+        sort,
+    })
+}
+
+pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_coll_name(&ctx.db, &coll)?;
+    let updates = ctx
+        .opt_array("updates")?
+        .ok_or_else(|| ctx.missing("updates"))?;
+    let mut stmts = Vec::with_capacity(updates.len());
+    for u in &updates {
+        stmts.push(parse_update(ctx, u)?);
+    }
+    let ordered = ctx.bool_or("ordered", true)?;
+    let retry_info = RetryInfo::from_command(&ctx.cmd)?;
+    if retry_info.is_some() && stmts.iter().any(|s| matches!(s, Ok(s) if s.multi)) {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "Cannot use (or request) retryable writes with multi=true",
+        ));
+    }
+    let db = ctx.db.clone();
+    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        let mut retry = match begin_retry(w, retry_info)? {
+            Ok(r) => r,
+            Err(out) => return Ok(out),
+        };
+        let (mut n, mut n_modified) = (0_i64, 0_i64);
+        let (mut upserted, mut errors, mut retried, mut last_ts) =
+            (Vec::new(), Vec::new(), Vec::new(), None);
+        for (i, stmt) in stmts.into_iter().enumerate() {
+            let sid = stmt_id(&retry, i);
+            if let Some(prev) = retry.as_ref().and_then(|r| r.executed(sid)) {
+                n += prev.get("n").and_then(as_i64).unwrap_or(0);
+                n_modified += prev.get("nModified").and_then(as_i64).unwrap_or(0);
+                if let Some(id) = prev.get("upserted") {
+                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
+                }
+                retried.push(sid);
+                continue;
+            }
+            let result = match stmt {
+                Ok(s) => run_update(w, &db, &coll, &s, retry.as_mut(), sid),
+                Err(e) => Err(OpError::Mongo(e)),
+            };
+            match result {
+                Ok(o) => {
+                    let mut rec = doc! {"n": o.n, "nModified": o.n_modified};
+                    n += o.n;
+                    n_modified += o.n_modified;
+                    if let Some(id) = o.upserted {
+                        n += 1;
+                        rec.insert("n", o.n + 1);
+                        rec.insert("upserted", id.clone());
+                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
+                    }
+                    if o.last_ts.is_some() {
+                        last_ts = o.last_ts;
+                    }
+                    if let Some(r) = retry.as_mut() {
+                        r.record(sid, rec);
+                    }
+                }
+                Err(OpError::Storage(e)) => return Err(e),
+                Err(OpError::Mongo(e)) => {
+                    errors.push(write_error(i, &e));
+                    if ordered {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut reply = doc! {"n": n as i32};
+        if !upserted.is_empty() {
+            reply.insert("upserted", upserted);
+        }
+        reply.insert("nModified", n_modified as i32);
+        finish(w, &retry, reply, errors, retried, last_ts)
+    };
+    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    Ok(Reply {
+        doc: out.reply,
+        op_time: out.op_time,
+    })
+}
+
+struct DeleteStmt {
+    filter: Filter,
+    multi: bool,
+}
+
+pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let coll = ctx.collection()?;
+    check_coll_name(&ctx.db, &coll)?;
+    let deletes = ctx
+        .opt_array("deletes")?
+        .ok_or_else(|| ctx.missing("deletes"))?;
+    let mut stmts = Vec::with_capacity(deletes.len());
+    for d in &deletes {
+        let Bson::Document(d) = d else {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'delete.deletes' element is the wrong type, expected type 'object'",
+            ));
+        };
+        let q = match d.get("q") {
+            Some(Bson::Document(q)) => q.clone(),
+            Some(_) => {
+                return Err(MongoError::type_mismatch(
+                    "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'",
+                ));
+            }
+            None => {
+                return Err(MongoError::with_code(
+                    40414,
+                    "BSON field 'delete.deletes.q' is missing but a required field",
+                ));
+            }
+        };
+        let limit = match d.get("limit") {
+            Some(v) => as_i64(v).ok_or_else(|| {
+                MongoError::type_mismatch(
+                    "BSON field 'delete.deletes.limit' is the wrong type, expected type 'int'",
+                )
+            })?,
+            None => {
+                return Err(MongoError::with_code(
+                    40414,
+                    "BSON field 'delete.deletes.limit' is missing but a required field",
+                ));
+            }
+        };
+        if limit != 0 && limit != 1 {
+            return Err(MongoError::failed_to_parse(format!(
+                "The limit field in delete objects must be 0 or 1. Got {limit}"
+            )));
+        }
+        stmts.push(Filter::parse(&q).map(|filter| DeleteStmt {
+            filter,
+            multi: limit == 0,
+        }));
+    }
+    let ordered = ctx.bool_or("ordered", true)?;
+    let retry_info = RetryInfo::from_command(&ctx.cmd)?;
+    let db = ctx.db.clone();
+    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        let mut retry = match begin_retry(w, retry_info)? {
+            Ok(r) => r,
+            Err(out) => return Ok(out),
+        };
+        let (mut n, mut errors, mut retried, mut last_ts) = (0_i64, Vec::new(), Vec::new(), None);
+        for (i, stmt) in stmts.into_iter().enumerate() {
+            let sid = stmt_id(&retry, i);
+            if let Some(prev) = retry.as_ref().and_then(|r| r.executed(sid)) {
+                n += prev.get("n").and_then(as_i64).unwrap_or(0);
+                retried.push(sid);
+                continue;
+            }
+            let result = match stmt {
+                Ok(s) => delete_stmt(w, &db, &coll, &s, retry.as_mut(), sid),
+                Err(e) => Err(OpError::Mongo(e)),
+            };
+            match result {
+                Ok((count, ts)) => {
+                    n += count;
+                    if ts.is_some() {
+                        last_ts = ts;
+                    }
+                    if let Some(r) = retry.as_mut() {
+                        r.record(sid, doc! {"n": count});
+                    }
+                }
+                Err(OpError::Storage(e)) => return Err(e),
+                Err(OpError::Mongo(e)) => {
+                    errors.push(write_error(i, &e));
+                    if ordered {
+                        break;
+                    }
+                }
+            }
+        }
+        finish(w, &retry, doc! {"n": n as i32}, errors, retried, last_ts)
+    };
+    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    Ok(Reply {
+        doc: out.reply,
+        op_time: out.op_time,
+    })
+}
+
+fn delete_stmt(
+    w: &mut WriteCtx<'_>,
+    db: &str,
+    coll: &str,
+    stmt: &DeleteStmt,
+    mut retry: Option<&mut RetryState>,
+    sid: i32,
+) -> OpResult<(i64, Option<ClusterTime>)> {
+    let Some(c) = lookup(w, db, coll) else {
+        return Ok((0, None));
+    };
+    let docs = targets(w, &c, &stmt.filter, stmt.multi, None)?;
+    let mut last = None;
+    let n = docs.len() as i64;
+    for d in &docs {
+        last = Some(delete_one(w, &c, d, retry.as_deref_mut(), sid)?);
+    }
+    Ok((n, last))
+}

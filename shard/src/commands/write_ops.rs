@@ -1,0 +1,488 @@
+//! Statement-level write primitives, run by the writer inside a batch's transaction: implicit
+//! collection creation, insert, update (with upsert), delete, each writing its document change
+//! and its oplog entry together.
+//!
+//! Invariant: every primitive validates everything that can fail for client reasons (duplicate
+//! keys, bad updates, size limits, immutable fields) BEFORE it writes anything, so a failing
+//! statement leaves no trace; only storage failures can stop it midway, and those abort the
+//! whole batch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use bson::oid::ObjectId;
+use bson::{Bson, Document, Uuid, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use crate::catalog::{CollectionEntry, check_coll_name, get_dotted};
+use crate::oplog::EntrySpec;
+use crate::query::{Filter, Sort, scan_matching};
+use crate::retryable::RetryState;
+use crate::storage::Scan;
+use crate::update::{self, DiffOutcome, UpdateContext, UpdateSpec};
+use crate::writer::{OpError, OpResult, WriteCtx};
+
+/// Looks a collection up in the batch's catalog.
+pub fn lookup(ctx: &WriteCtx<'_>, db: &str, coll: &str) -> Option<Arc<CollectionEntry>> {
+    ctx.catalog().lookup(db, coll).cloned()
+}
+
+/// The collection, created (with its `create` oplog entry) if it does not exist.
+pub fn ensure_collection(
+    ctx: &mut WriteCtx<'_>,
+    db: &str,
+    coll: &str,
+) -> OpResult<Arc<CollectionEntry>> {
+    if let Some(c) = lookup(ctx, db, coll) {
+        return Ok(c);
+    }
+    check_coll_name(db, coll)?;
+    create_collection(ctx, db, coll, None, Document::new())
+}
+
+/// Creates a collection: catalog entry + `c` `create` entry, in the current transaction.
+pub fn create_collection(
+    ctx: &mut WriteCtx<'_>,
+    db: &str,
+    coll: &str,
+    uuid: Option<Uuid>,
+    options: Document,
+) -> OpResult<Arc<CollectionEntry>> {
+    let uuid = uuid.unwrap_or_else(Uuid::new);
+    let entry = CollectionEntry::new(db, coll, uuid, options.clone());
+    let mut o = doc! {"create": coll};
+    for (k, v) in &options {
+        o.insert(k.clone(), v.clone());
+    }
+    if !options.contains_key("viewOn") {
+        o.insert("idIndex", CollectionEntry::id_index());
+    }
+    let saved = ctx.save_collection(entry)?;
+    ctx.log(EntrySpec::command(db, Some(uuid), o, None))?;
+    Ok(saved)
+}
+
+static OID_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn process_id() -> [u8; 5] {
+    static PID: std::sync::OnceLock<[u8; 5]> = std::sync::OnceLock::new();
+    *PID.get_or_init(rand::random)
+}
+
+/// A new ObjectId whose time part comes from the injected clock.
+pub fn new_object_id(wall_ms: u64) -> ObjectId {
+    let secs = u32::try_from(wall_ms / 1000).unwrap_or(u32::MAX);
+    let c = OID_COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+    ObjectId::from_parts(secs, process_id(), [c[1], c[2], c[3]])
+}
+
+/// Prepares a document for insertion as MongoDB does: `_id` generated when missing and moved
+/// first; `$`-prefixed top-level names, bad `_id` types and oversized documents rejected.
+pub fn prepare_insert(doc: Document, wall_ms: u64) -> Result<Document, MongoError> {
+    for k in doc.keys() {
+        if k.starts_with('$') {
+            return Err(MongoError::bad_value(format!(
+                "Document can't have $ prefixed field names: {k}"
+            )));
+        }
+    }
+    let out = ensure_id_first(doc, wall_ms)?;
+    check_size(&out)?;
+    Ok(out)
+}
+
+/// `_id` first (generated when missing); rejects `_id` values MongoDB refuses.
+pub fn ensure_id_first(mut doc: Document, wall_ms: u64) -> Result<Document, MongoError> {
+    let id = doc
+        .remove("_id")
+        .unwrap_or_else(|| Bson::ObjectId(new_object_id(wall_ms)));
+    check_id(&id)?;
+    let mut out = Document::new();
+    out.insert("_id", id);
+    out.extend(doc);
+    Ok(out)
+}
+
+pub fn check_id(id: &Bson) -> Result<(), MongoError> {
+    let what = match id {
+        Bson::Array(_) => "an array",
+        Bson::RegularExpression(_) => "a regex",
+        Bson::Undefined => "a undefined",
+        _ => return Ok(()),
+    };
+    Err(MongoError::new(
+        ErrorCode::INVALID_ID_FIELD,
+        format!("can't use {what} for _id"),
+    ))
+}
+
+pub fn check_size(doc: &Document) -> Result<(), MongoError> {
+    let size = bson_size(doc);
+    if size > wire::MAX_BSON_OBJECT_SIZE {
+        return Err(MongoError::new(
+            ErrorCode::BSON_OBJECT_TOO_LARGE,
+            format!(
+                "object to insert too large. size in bytes: {size}, max size: {}",
+                wire::MAX_BSON_OBJECT_SIZE
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn bson_size(doc: &Document) -> usize {
+    let mut buf = Vec::new();
+    match doc.to_writer(&mut buf) {
+        Ok(()) => buf.len(),
+        Err(_) => usize::MAX,
+    }
+}
+
+/// MongoDB's rendering of a value inside error messages (`{ _id: 1 }`, `"x"`, `ObjectId('…')`).
+pub fn render(v: &Bson) -> String {
+    match v {
+        Bson::String(s) => format!("{s:?}"),
+        Bson::ObjectId(o) => format!("ObjectId('{o}')"),
+        Bson::Int32(i) => i.to_string(),
+        Bson::Int64(i) => i.to_string(),
+        Bson::Double(d) => d.to_string(),
+        Bson::Boolean(b) => b.to_string(),
+        Bson::Null => "null".into(),
+        Bson::Document(d) => render_doc(d),
+        Bson::Array(a) => {
+            if a.is_empty() {
+                "[]".into()
+            } else {
+                format!(
+                    "[ {} ]",
+                    a.iter().map(render).collect::<Vec<_>>().join(", ")
+                )
+            }
+        }
+        Bson::DateTime(d) => format!("new Date({})", d.timestamp_millis()),
+        other => other.to_string(),
+    }
+}
+
+pub fn render_doc(d: &Document) -> String {
+    if d.is_empty() {
+        return "{}".into();
+    }
+    format!(
+        "{{ {} }}",
+        d.iter()
+            .map(|(k, v)| format!("{k}: {}", render(v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The duplicate-key error MongoDB returns.
+pub fn dup_key_error(
+    coll: &CollectionEntry,
+    index_name: &str,
+    key_pattern: &Document,
+    key_value: &Document,
+) -> MongoError {
+    // The message shows the key with field names only when the value doc has them.
+    let shown: Document = key_value.clone();
+    MongoError::new(
+        ErrorCode::DUPLICATE_KEY,
+        format!(
+            "E11000 duplicate key error collection: {} index: {} dup key: {}",
+            coll.ns(),
+            index_name,
+            render_doc(&shown)
+        ),
+    )
+    .with_extra(doc! {"keyPattern": key_pattern.clone(), "keyValue": key_value.clone()})
+}
+
+/// The values of an index's key fields in `doc` (missing → null).
+fn index_key_value(pattern: &Document, doc: &Document) -> Document {
+    let mut out = Document::new();
+    for (f, _) in pattern {
+        out.insert(f.clone(), get_dotted(doc, f).cloned().unwrap_or(Bson::Null));
+    }
+    out
+}
+
+/// Checks `_id` uniqueness and every unique secondary index for a document about to be
+/// written. `replacing` is the `_id` of the document it replaces (an update).
+pub fn check_unique(
+    ctx: &WriteCtx<'_>,
+    coll: &CollectionEntry,
+    doc: &Document,
+    replacing: Option<&Bson>,
+) -> OpResult<()> {
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    if replacing.is_none() && ctx.get_doc(coll, &id)?.is_some() {
+        return Err(OpError::Mongo(dup_key_error(
+            coll,
+            "_id_",
+            &doc! {"_id": 1},
+            &doc! {"_id": id},
+        )));
+    }
+    for spec in &coll.indexes {
+        let unique = spec.get("unique").and_then(super::as_bool).unwrap_or(false);
+        let Ok(pattern) = spec.get_document("key") else {
+            continue;
+        };
+        if !unique {
+            continue;
+        }
+        let value = index_key_value(pattern, doc);
+        let mut clash = false;
+        ctx.scan_docs(coll, &mut |other| {
+            let other_id = other.get("_id").cloned().unwrap_or(Bson::Null);
+            if pipeline::value::equal(&other_id, &id) {
+                return Scan::Continue;
+            }
+            if pipeline::value::compare_documents(&index_key_value(pattern, &other), &value)
+                == std::cmp::Ordering::Equal
+            {
+                clash = true;
+                return Scan::Stop;
+            }
+            Scan::Continue
+        })?;
+        if clash {
+            let name = spec.get_str("name").unwrap_or("");
+            return Err(OpError::Mongo(dup_key_error(coll, name, pattern, &value)));
+        }
+    }
+    Ok(())
+}
+
+/// Session fields for the entry of statement `stmt`, when the write is retryable.
+fn with_session(mut spec: EntrySpec, retry: Option<&RetryState>, stmt: i32) -> EntrySpec {
+    if let Some(r) = retry {
+        spec.session = Some(r.session_fields(stmt));
+    }
+    spec
+}
+
+fn logged(
+    ctx: &mut WriteCtx<'_>,
+    spec: EntrySpec,
+    retry: &mut Option<&mut RetryState>,
+    stmt: i32,
+) -> OpResult<ClusterTime> {
+    let spec = with_session(spec, retry.as_deref(), stmt);
+    let ts = ctx.log(spec)?;
+    if let Some(r) = retry.as_deref_mut() {
+        r.wrote_entry(ts);
+    }
+    Ok(ts)
+}
+
+/// Inserts a prepared document (see [`prepare_insert`]).
+pub fn insert_one(
+    ctx: &mut WriteCtx<'_>,
+    coll: &CollectionEntry,
+    doc: Document,
+    mut retry: Option<&mut RetryState>,
+    stmt: i32,
+) -> OpResult<ClusterTime> {
+    check_unique(ctx, coll, &doc, None)?;
+    ctx.put_doc(coll, &doc)?;
+    let key = coll.document_key(&doc);
+    logged(
+        ctx,
+        EntrySpec::insert(coll.ns(), coll.uuid, doc, key),
+        &mut retry,
+        stmt,
+    )
+}
+
+/// Deletes one document (given whole, as found).
+pub fn delete_one(
+    ctx: &mut WriteCtx<'_>,
+    coll: &CollectionEntry,
+    doc: &Document,
+    mut retry: Option<&mut RetryState>,
+    stmt: i32,
+) -> OpResult<ClusterTime> {
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    ctx.delete_doc(coll, &id)?;
+    let key = coll.document_key(doc);
+    logged(
+        ctx,
+        EntrySpec::delete(coll.ns(), coll.uuid, key),
+        &mut retry,
+        stmt,
+    )
+}
+
+/// One parsed update statement.
+pub struct UpdateStmt {
+    pub filter: Filter,
+    pub query: Document,
+    pub spec: UpdateSpec,
+    pub upsert: bool,
+    pub multi: bool,
+    pub sort: Option<Sort>,
+}
+
+/// What an update statement did.
+#[derive(Debug, Default)]
+pub struct UpdateOutcome {
+    pub n: i64,
+    pub n_modified: i64,
+    pub upserted: Option<Bson>,
+    pub last_ts: Option<ClusterTime>,
+    /// First matched document before and after (findAndModify).
+    pub before: Option<Document>,
+    pub after: Option<Document>,
+}
+
+fn update_context(
+    ctx: &WriteCtx<'_>,
+    coll: Option<&CollectionEntry>,
+    upsert_insert: bool,
+) -> UpdateContext {
+    let now_ms = ctx.wall_ms;
+    UpdateContext {
+        now: bson::DateTime::from_millis(i64::try_from(now_ms).unwrap_or(i64::MAX)),
+        now_ts: ctx.state().cluster_time().timestamp(),
+        is_upsert_insert: upsert_insert,
+        immutable_paths: coll.map(|c| c.immutable_paths()).unwrap_or_default(),
+    }
+}
+
+/// The documents an update or delete statement targets.
+pub fn targets(
+    ctx: &WriteCtx<'_>,
+    coll: &CollectionEntry,
+    filter: &Filter,
+    multi: bool,
+    sort: Option<&Sort>,
+) -> OpResult<Vec<Document>> {
+    let mut found = Vec::new();
+    let one = !multi && sort.is_none();
+    scan_matching(ctx.txn(), coll, filter, &mut |d| {
+        found.push(d);
+        if one { Scan::Stop } else { Scan::Continue }
+    })?;
+    if let Some(s) = sort {
+        s.sort(&mut found);
+        if !multi {
+            found.truncate(1);
+        }
+    }
+    Ok(found)
+}
+
+/// Checks that an update kept `_id` and the shard key.
+fn check_immutable(
+    coll: &CollectionEntry,
+    old: &Document,
+    new: &Document,
+) -> Result<(), MongoError> {
+    let mut paths = vec!["_id".to_string()];
+    paths.extend(coll.immutable_paths());
+    for p in paths {
+        let a = get_dotted(old, &p);
+        let b = get_dotted(new, &p);
+        let same = match (a, b) {
+            (Some(x), Some(y)) => crate::update::values::binary_eq(x, y),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            let shown = b.map(render).unwrap_or_else(|| "missing".into());
+            return Err(MongoError::new(
+                ErrorCode::IMMUTABLE_FIELD,
+                format!(
+                    "After applying the update, the (immutable) field '{p}' was found to have been altered to {p}: {shown}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one update statement (with upsert) against `db.coll`.
+pub fn run_update(
+    ctx: &mut WriteCtx<'_>,
+    db: &str,
+    coll_name: &str,
+    stmt: &UpdateStmt,
+    mut retry: Option<&mut RetryState>,
+    stmt_id: i32,
+) -> OpResult<UpdateOutcome> {
+    let mut out = UpdateOutcome::default();
+    let coll = lookup(ctx, db, coll_name);
+    let docs = match &coll {
+        Some(c) => targets(ctx, c, &stmt.filter, stmt.multi, stmt.sort.as_ref())?,
+        None => Vec::new(),
+    };
+    if let Some(coll) = &coll {
+        for old in docs {
+            let uctx = update_context(ctx, Some(coll), false);
+            let new = stmt.spec.apply(&old, &uctx)?;
+            check_immutable(coll, &old, &new)?;
+            check_update_size(&new)?;
+            out.n += 1;
+            let o = match update::diff_or_replacement(&old, &new) {
+                DiffOutcome::Unchanged => None,
+                DiffOutcome::Diff(d) => Some(doc! {"$v": 2, "diff": d}),
+                DiffOutcome::Replacement => Some(new.clone()),
+            };
+            if let Some(o) = o {
+                check_unique(ctx, coll, &new, new.get("_id"))?;
+                ctx.put_doc(coll, &new)?;
+                let key = coll.document_key(&old);
+                let ts = logged(
+                    ctx,
+                    EntrySpec::update(coll.ns(), coll.uuid, o, key),
+                    &mut retry,
+                    stmt_id,
+                )?;
+                out.n_modified += 1;
+                out.last_ts = Some(ts);
+            }
+            if out.before.is_none() {
+                out.before = Some(old);
+                out.after = Some(new);
+            }
+        }
+    }
+    if out.n == 0 && stmt.upsert {
+        let seed = update::upsert_seed(&stmt.query)?;
+        let uctx = update_context(ctx, coll.as_deref(), true);
+        let new = stmt.spec.apply(&seed, &uctx)?;
+        let new = ensure_id_first(new, ctx.wall_ms)?;
+        check_update_size(&new)?;
+        let coll = match coll {
+            Some(c) => c,
+            None => {
+                check_coll_name(db, coll_name)?;
+                // Validate before creating anything: a duplicate cannot exist in a new collection.
+                ensure_collection(ctx, db, coll_name)?
+            }
+        };
+        let id = new.get("_id").cloned().unwrap_or(Bson::Null);
+        let ts = insert_one(ctx, &coll, new.clone(), retry, stmt_id)?;
+        out.upserted = Some(id);
+        out.last_ts = Some(ts);
+        out.after = Some(new);
+    }
+    Ok(out)
+}
+
+fn check_update_size(doc: &Document) -> Result<(), MongoError> {
+    let size = bson_size(doc);
+    if size > wire::MAX_BSON_OBJECT_SIZE {
+        return Err(MongoError::with_code(
+            17419,
+            format!(
+                "Resulting document after update is larger than {}",
+                wire::MAX_BSON_OBJECT_SIZE
+            ),
+        ));
+    }
+    Ok(())
+}

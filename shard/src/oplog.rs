@@ -1,0 +1,324 @@
+//! The oplog: entries in MongoDB's format (`ts, t, v, op, ns, ui, o, o2, wall`, plus
+//! `lsid/txnNumber/stmtId/prevOpTime` for retryable writes), stored in
+//! [`Table::Oplog`](crate::storage::Table::Oplog) keyed by `ts`, and the in-memory tail window of
+//! recently committed entries that tailing readers share.
+//!
+//! Invariants:
+//! * `ts` strictly increases in storage order; an entry never changes once visible.
+//! * An entry is written in the same commit as the data change it describes.
+//! * The tail window holds only committed entries, published in `ts` order by the writer, and
+//!   `visible` (the watch value) is the `ts` of the last published entry. Every committed entry
+//!   with `floor < ts <= visible` is in the window; entries at or below `floor` must be read from
+//!   storage. The window is bounded by bytes; eviction raises `floor`.
+//! * Readers never hold a skiplist entry across `.await`: they copy entries out in batches.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bson::{Bson, Document, Timestamp, Uuid, doc};
+use bytes::Bytes;
+use crossbeam_skiplist::SkipMap;
+use resume::ClusterTime;
+use tokio::sync::watch;
+
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table};
+
+/// The storage key of an oplog entry.
+pub fn oplog_key(ts: ClusterTime) -> [u8; 8] {
+    ts.as_u64().to_be_bytes()
+}
+
+pub fn ts_of_key(key: &[u8]) -> Option<ClusterTime> {
+    let arr: [u8; 8] = key.try_into().ok()?;
+    Some(ClusterTime::from_u64(u64::from_be_bytes(arr)))
+}
+
+/// The session part of a retryable write's entry.
+#[derive(Debug, Clone)]
+pub struct SessionFields {
+    pub lsid: Document,
+    pub txn_number: i64,
+    pub stmt_id: i32,
+    /// The previous entry of the same `(lsid, txnNumber)`, or `None` for the first.
+    pub prev_op_time: Option<ClusterTime>,
+}
+
+/// `{ts, t}` as MongoDB writes an OpTime; the null OpTime is `{ts: Timestamp(0, 0), t: -1}`.
+pub fn op_time_doc(ts: Option<ClusterTime>) -> Document {
+    match ts {
+        Some(ts) => doc! {"ts": ts.timestamp(), "t": 1_i64},
+        None => doc! {"ts": Timestamp { time: 0, increment: 0 }, "t": -1_i64},
+    }
+}
+
+/// What an entry describes, before `ts` and `wall` are stamped on.
+#[derive(Debug, Clone)]
+pub struct EntrySpec {
+    pub op: &'static str,
+    pub ns: String,
+    pub ui: Option<Uuid>,
+    pub o: Document,
+    pub o2: Option<Document>,
+    pub session: Option<SessionFields>,
+}
+
+impl EntrySpec {
+    pub fn insert(ns: String, ui: Uuid, doc: Document, key: Document) -> Self {
+        EntrySpec {
+            op: "i",
+            ns,
+            ui: Some(ui),
+            o: doc,
+            o2: Some(key),
+            session: None,
+        }
+    }
+
+    /// `o` is `{$v: 2, diff}` or a whole replacement document.
+    pub fn update(ns: String, ui: Uuid, o: Document, key: Document) -> Self {
+        EntrySpec {
+            op: "u",
+            ns,
+            ui: Some(ui),
+            o,
+            o2: Some(key),
+            session: None,
+        }
+    }
+
+    pub fn delete(ns: String, ui: Uuid, key: Document) -> Self {
+        EntrySpec {
+            op: "d",
+            ns,
+            ui: Some(ui),
+            o: key,
+            o2: None,
+            session: None,
+        }
+    }
+
+    /// A DDL entry on `<db>.$cmd`.
+    pub fn command(db: &str, ui: Option<Uuid>, o: Document, o2: Option<Document>) -> Self {
+        EntrySpec {
+            op: "c",
+            ns: format!("{db}.$cmd"),
+            ui,
+            o,
+            o2,
+            session: None,
+        }
+    }
+
+    pub fn noop(ns: String, ui: Option<Uuid>, o: Document, o2: Option<Document>) -> Self {
+        EntrySpec {
+            op: "n",
+            ns,
+            ui,
+            o,
+            o2,
+            session: None,
+        }
+    }
+
+    /// The full entry, in MongoDB's field order.
+    pub fn build(self, ts: ClusterTime, wall_millis: u64) -> Document {
+        let mut d = Document::new();
+        if let Some(s) = &self.session {
+            d.insert("lsid", s.lsid.clone());
+            d.insert("txnNumber", s.txn_number);
+        }
+        d.insert("op", self.op);
+        d.insert("ns", self.ns);
+        if let Some(ui) = self.ui {
+            d.insert("ui", ui);
+        }
+        d.insert("o", self.o);
+        if let Some(o2) = self.o2 {
+            d.insert("o2", o2);
+        }
+        if let Some(s) = &self.session {
+            d.insert("stmtId", s.stmt_id);
+        }
+        d.insert("ts", ts.timestamp());
+        d.insert("t", 1_i64);
+        d.insert("v", 2_i64);
+        d.insert(
+            "wall",
+            bson::DateTime::from_millis(i64::try_from(wall_millis).unwrap_or(i64::MAX)),
+        );
+        if let Some(s) = &self.session {
+            d.insert("prevOpTime", op_time_doc(s.prev_op_time));
+        }
+        d
+    }
+}
+
+/// The `ts` of an entry document.
+pub fn entry_ts(d: &Document) -> Option<ClusterTime> {
+    match d.get("ts") {
+        Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
+        _ => None,
+    }
+}
+
+/// Reads committed entries with `ts > after` from storage, at most `limit`, in order.
+pub fn read_from_storage(
+    txn: &dyn ReadTxn,
+    after: ClusterTime,
+    limit: usize,
+) -> StorageResult<Vec<(ClusterTime, Bytes)>> {
+    let mut out = Vec::new();
+    let range = KeyRange::from(std::ops::Bound::Excluded(oplog_key(after).to_vec()));
+    txn.scan(Table::Oplog, &range, false, &mut |k, v| {
+        if let Some(ts) = ts_of_key(k) {
+            out.push((ts, Bytes::copy_from_slice(v)));
+        }
+        if out.len() >= limit {
+            Scan::Stop
+        } else {
+            Scan::Continue
+        }
+    })?;
+    Ok(out)
+}
+
+/// The last entry's `ts` in storage.
+pub fn last_ts_in_storage(txn: &dyn ReadTxn) -> StorageResult<Option<ClusterTime>> {
+    let mut last = None;
+    txn.scan(Table::Oplog, &KeyRange::all(), true, &mut |k, _| {
+        last = ts_of_key(k);
+        Scan::Stop
+    })?;
+    Ok(last)
+}
+
+/// The in-memory window of recently committed entries.
+pub struct TailWindow {
+    entries: SkipMap<u64, Bytes>,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    /// Entries with `ts <= floor` may be missing from the window.
+    floor: AtomicU64,
+    visible: watch::Sender<ClusterTime>,
+}
+
+/// What [`TailWindow::read_after`] found.
+#[derive(Debug)]
+pub enum WindowRead {
+    /// The entries after the position, up to the visible point (possibly none).
+    Entries(Vec<(ClusterTime, Bytes)>),
+    /// The window no longer covers the position: read from storage.
+    Behind,
+}
+
+impl TailWindow {
+    /// A window whose coverage starts after `last_committed`.
+    pub fn new(last_committed: ClusterTime, max_bytes: usize) -> TailWindow {
+        let (visible, _) = watch::channel(last_committed);
+        TailWindow {
+            entries: SkipMap::new(),
+            bytes: AtomicUsize::new(0),
+            max_bytes,
+            floor: AtomicU64::new(last_committed.as_u64()),
+            visible,
+        }
+    }
+
+    /// The writer publishes a committed batch, in `ts` order.
+    pub fn publish(&self, batch: Vec<(ClusterTime, Bytes)>) {
+        let Some(last) = batch.last().map(|(ts, _)| *ts) else {
+            return;
+        };
+        for (ts, bytes) in batch {
+            self.bytes.fetch_add(bytes.len(), Ordering::SeqCst);
+            self.entries.insert(ts.as_u64(), bytes);
+        }
+        self.visible.send_replace(last);
+        while self.bytes.load(Ordering::SeqCst) > self.max_bytes {
+            let Some(front) = self.entries.pop_front() else {
+                break;
+            };
+            self.floor.fetch_max(*front.key(), Ordering::SeqCst);
+            self.bytes.fetch_sub(front.value().len(), Ordering::SeqCst);
+        }
+    }
+
+    /// The `ts` of the last committed, visible entry.
+    pub fn visible(&self) -> ClusterTime {
+        *self.visible.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<ClusterTime> {
+        self.visible.subscribe()
+    }
+
+    /// Up to `limit` visible entries with `ts > after`.
+    pub fn read_after(&self, after: ClusterTime, limit: usize) -> WindowRead {
+        if after.as_u64() < self.floor.load(Ordering::SeqCst) {
+            return WindowRead::Behind;
+        }
+        let visible = self.visible().as_u64();
+        let mut out = Vec::new();
+        let start = after.as_u64().saturating_add(1);
+        if start <= visible {
+            for e in self.entries.range(start..=visible) {
+                out.push((ClusterTime::from_u64(*e.key()), e.value().clone()));
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        // Eviction may have raced with the copy: only trust it if coverage still holds.
+        if after.as_u64() < self.floor.load(Ordering::SeqCst) {
+            return WindowRead::Behind;
+        }
+        WindowRead::Entries(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u32) -> (ClusterTime, Bytes) {
+        (ClusterTime::new(n, 1), Bytes::from(vec![0u8; 10]))
+    }
+
+    #[test]
+    fn window_serves_entries_after_a_position_up_to_visible() {
+        let w = TailWindow::new(ClusterTime::ZERO, 1 << 20);
+        w.publish(vec![entry(1), entry(2), entry(3)]);
+        assert_eq!(w.visible(), ClusterTime::new(3, 1));
+        match w.read_after(ClusterTime::new(1, 1), 10) {
+            WindowRead::Entries(v) => {
+                assert_eq!(v.len(), 2);
+                assert_eq!(v[0].0, ClusterTime::new(2, 1));
+            }
+            WindowRead::Behind => panic!("window should cover"),
+        }
+    }
+
+    #[test]
+    fn window_is_bounded_by_bytes_and_reports_evicted_positions_as_behind() {
+        let w = TailWindow::new(ClusterTime::ZERO, 25);
+        w.publish(vec![entry(1), entry(2), entry(3), entry(4)]);
+        assert!(matches!(
+            w.read_after(ClusterTime::ZERO, 10),
+            WindowRead::Behind
+        ));
+        match w.read_after(ClusterTime::new(2, 1), 10) {
+            WindowRead::Entries(v) => assert_eq!(v.len(), 2),
+            WindowRead::Behind => panic!("should cover after the floor"),
+        }
+    }
+
+    #[test]
+    fn entries_have_mongodb_field_order() {
+        let ui = Uuid::new();
+        let e = EntrySpec::insert("d.c".into(), ui, doc! {"_id": 1}, doc! {"_id": 1})
+            .build(ClusterTime::new(5, 2), 5_000);
+        let keys: Vec<&str> = e.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["op", "ns", "ui", "o", "o2", "ts", "t", "v", "wall"]);
+        assert_eq!(e.get_i64("t").unwrap(), 1);
+        assert_eq!(e.get_i64("v").unwrap(), 2);
+    }
+}

@@ -1,0 +1,50 @@
+//! Serves a shard's `run_command` over the MongoDB wire protocol (multi-process mode, and
+//! direct connections that tail `local.oplog.rs`).
+//!
+//! A thin shell: the request body (with `$db`) goes to [`Shard::run_command`] unchanged; the
+//! connection id is filled into handshake replies; unacknowledged writes (`moreToCome`) get no
+//! reply.
+
+use std::sync::Arc;
+
+use bson::Bson;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use wire::{ConnectionInfo, Handler, Reply, Request};
+
+use crate::Shard;
+
+struct ShardHandler {
+    shard: Arc<Shard>,
+}
+
+#[wire::async_trait]
+impl Handler for ShardHandler {
+    async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply {
+        let mut body = req.body;
+        if !body.contains_key("$db") {
+            body.insert("$db", req.db.clone());
+        }
+        let is_hello = matches!(
+            body.keys().next().map(String::as_str),
+            Some("hello" | "isMaster" | "ismaster")
+        );
+        let mut reply = self.shard.run_command(body).await;
+        if is_hello && reply.contains_key("connectionId") {
+            reply.insert(
+                "connectionId",
+                Bson::Int64(i64::try_from(conn.id).unwrap_or(i64::MAX)),
+            );
+        }
+        if req.more_to_come {
+            Reply::NoReply
+        } else {
+            Reply::Document(reply)
+        }
+    }
+}
+
+/// Accepts connections until `cancel` fires.
+pub async fn serve(shard: Arc<Shard>, listener: TcpListener, cancel: CancellationToken) {
+    wire::serve(listener, Arc::new(ShardHandler { shard }), cancel).await;
+}

@@ -1,0 +1,80 @@
+//! The state every part of a shard shares: storage, clocks, the published catalog and the oplog
+//! tail window.
+//!
+//! Concurrency: the `std` mutex and rwlock here are held only for short, non-async critical
+//! sections (never across `.await`), so they never block the runtime for long.
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use resume::ClusterTime;
+
+use crate::catalog::Catalog;
+use crate::clock::{Clock, Hlc};
+use crate::oplog::TailWindow;
+use crate::storage::Storage;
+
+pub struct ShardState {
+    pub name: String,
+    pub storage: Arc<dyn Storage>,
+    pub clock: Arc<dyn Clock>,
+    hlc: Mutex<Hlc>,
+    catalog: RwLock<Arc<Catalog>>,
+    pub tail: TailWindow,
+}
+
+impl ShardState {
+    pub fn new(
+        name: String,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+        hlc: Hlc,
+        catalog: Catalog,
+        tail: TailWindow,
+    ) -> Self {
+        ShardState {
+            name,
+            storage,
+            clock,
+            hlc: Mutex::new(hlc),
+            catalog: RwLock::new(Arc::new(catalog)),
+            tail,
+        }
+    }
+
+    pub fn hlc(&self) -> MutexGuard<'_, Hlc> {
+        // A poisoned lock only means another thread panicked while holding it; the clock state
+        // is still consistent (every update is a single assignment).
+        self.hlc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn now_millis(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    /// The current cluster time (never below anything observed or handed out).
+    pub fn cluster_time(&self) -> ClusterTime {
+        let wall = self.now_millis();
+        self.hlc().now(wall)
+    }
+
+    pub fn observe(&self, t: ClusterTime) {
+        self.hlc().observe(t);
+    }
+
+    pub fn high_water_mark(&self) -> ClusterTime {
+        let wall = self.now_millis();
+        self.hlc().high_water_mark(wall)
+    }
+
+    /// The catalog of the last committed state.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn publish_catalog(&self, c: Arc<Catalog>) {
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = c;
+    }
+}

@@ -1,0 +1,467 @@
+//! The storage seam: a narrow byte-oriented key/value interface with ACID transactions, and its
+//! redb implementation.
+//!
+//! Everything a shard persists goes through [`Storage`]: the catalog, documents, the oplog,
+//! retryable-write records and the clock reservation, each in its own [`Table`]. Keys are
+//! compared as bytes, so callers encode keys order-preservingly (big-endian integers,
+//! KeyString bytes).
+//!
+//! Invariants:
+//! * A write transaction is all-or-nothing: nothing it wrote is visible to any reader before
+//!   [`WriteTxn::commit`] returns `Ok`, and after a crash either all of it or none of it exists.
+//! * [`WriteTxn::commit`] returning `Ok` means the data is durable (fsync'd).
+//! * A write transaction reads its own writes; read transactions see one committed snapshot.
+//! * There is at most one write transaction at a time (the shard's writer thread).
+//!
+//! [`FaultyStorage`] wraps any engine and injects I/O errors, for tests.
+
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+/// The tables a shard keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Table {
+    /// key: namespace `db.coll` (UTF-8); value: BSON collection entry.
+    Catalog,
+    /// key: collection UUID (16 bytes) ++ KeyString of `_id`; value: BSON document.
+    Documents,
+    /// key: `ts` as big-endian u64 (`secs << 32 | inc`); value: BSON oplog entry.
+    Oplog,
+    /// key: session id (16 bytes); value: BSON retryable-write record.
+    Retryable,
+    /// key: UTF-8 name; value: bytes (e.g. the clock reservation).
+    Meta,
+}
+
+impl Table {
+    pub const ALL: [Table; 5] = [
+        Table::Catalog,
+        Table::Documents,
+        Table::Oplog,
+        Table::Retryable,
+        Table::Meta,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Table::Catalog => "catalog",
+            Table::Documents => "documents",
+            Table::Oplog => "oplog",
+            Table::Retryable => "retryable",
+            Table::Meta => "meta",
+        }
+    }
+
+    fn def(self) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
+        TableDefinition::new(self.name())
+    }
+}
+
+/// A storage failure. Never client input: surfaces as `InternalError` to clients.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    #[error("storage engine error: {0}")]
+    Engine(String),
+    #[error("injected storage fault: {0}")]
+    Injected(&'static str),
+}
+
+pub type StorageResult<T> = std::result::Result<T, StorageError>;
+
+fn engine<E: std::fmt::Display>(e: E) -> StorageError {
+    StorageError::Engine(e.to_string())
+}
+
+/// A key range over byte keys.
+#[derive(Debug, Clone)]
+pub struct KeyRange {
+    pub start: Bound<Vec<u8>>,
+    pub end: Bound<Vec<u8>>,
+}
+
+impl KeyRange {
+    pub fn all() -> Self {
+        KeyRange {
+            start: Bound::Unbounded,
+            end: Bound::Unbounded,
+        }
+    }
+
+    /// Every key that starts with `prefix`.
+    pub fn prefix(prefix: &[u8]) -> Self {
+        let start = Bound::Included(prefix.to_vec());
+        // The smallest key greater than every key with this prefix: increment the last byte
+        // that is not 0xff and drop what follows it.
+        let mut end = prefix.to_vec();
+        while let Some(last) = end.last().copied() {
+            if last == 0xff {
+                end.pop();
+            } else {
+                if let Some(l) = end.last_mut() {
+                    *l = last + 1;
+                }
+                break;
+            }
+        }
+        let end = if end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(end)
+        };
+        KeyRange { start, end }
+    }
+
+    pub fn from(start: Bound<Vec<u8>>) -> Self {
+        KeyRange {
+            start,
+            end: Bound::Unbounded,
+        }
+    }
+
+    fn as_refs(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
+        (as_ref(&self.start), as_ref(&self.end))
+    }
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(v) => Bound::Included(v.as_slice()),
+        Bound::Excluded(v) => Bound::Excluded(v.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// What a scan visitor returns: keep going or stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    Continue,
+    Stop,
+}
+
+/// Reads, in a snapshot (read transaction) or through a write transaction (own writes visible).
+pub trait ReadTxn: Send {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>>;
+
+    /// Visits the entries of `range` in key order (descending when `reverse`) until the visitor
+    /// says [`Scan::Stop`].
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()>;
+}
+
+/// A write transaction.
+pub trait WriteTxn: ReadTxn {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()>;
+    /// Removes a key; returns whether it existed.
+    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool>;
+    /// Makes every write of this transaction durable and visible, atomically.
+    fn commit(self: Box<Self>) -> StorageResult<()>;
+}
+
+/// A storage engine.
+pub trait Storage: Send + Sync + 'static {
+    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>>;
+    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// redb
+
+/// The redb engine: one file, quick repair on, `Durability::Immediate` commits (fsync).
+pub struct RedbStorage {
+    db: redb::Database,
+}
+
+impl RedbStorage {
+    /// Opens (or creates) the database file and makes sure every table exists.
+    pub fn open(path: &Path) -> StorageResult<RedbStorage> {
+        let mut builder = redb::Builder::new();
+        // Repair after a crash is quick because every commit records the allocator state
+        // (quick repair, set on each write transaction); the callback only has to let it run.
+        builder.set_repair_callback(|_session| {});
+        let db = builder.create(path).map_err(engine)?;
+        let storage = RedbStorage { db };
+        let mut txn = storage.db.begin_write().map_err(engine)?;
+        txn.set_quick_repair(true);
+        for t in Table::ALL {
+            txn.open_table(t.def()).map_err(engine)?;
+        }
+        txn.commit().map_err(engine)?;
+        Ok(storage)
+    }
+}
+
+impl Storage for RedbStorage {
+    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>> {
+        Ok(Box::new(RedbRead(self.db.begin_read().map_err(engine)?)))
+    }
+
+    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        let mut txn = self.db.begin_write().map_err(engine)?;
+        txn.set_quick_repair(true);
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(engine)?;
+        Ok(Box::new(RedbWrite(txn)))
+    }
+}
+
+struct RedbRead(redb::ReadTransaction);
+struct RedbWrite(redb::WriteTransaction);
+
+fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
+    t: &T,
+    range: &KeyRange,
+    reverse: bool,
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+) -> StorageResult<()> {
+    let iter = t.range::<&[u8]>(range.as_refs()).map_err(engine)?;
+    let mut step = |item: Result<
+        (
+            redb::AccessGuard<'_, &'static [u8]>,
+            redb::AccessGuard<'_, &'static [u8]>,
+        ),
+        redb::StorageError,
+    >| {
+        let (k, v) = item.map_err(engine)?;
+        Ok::<Scan, StorageError>(visit(k.value(), v.value()))
+    };
+    if reverse {
+        for item in iter.rev() {
+            if step(item)? == Scan::Stop {
+                break;
+            }
+        }
+    } else {
+        for item in iter {
+            if step(item)? == Scan::Stop {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl ReadTxn for RedbRead {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        let t = self.0.open_table(table.def()).map_err(engine)?;
+        Ok(t.get(key).map_err(engine)?.map(|v| v.value().to_vec()))
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()> {
+        let t = self.0.open_table(table.def()).map_err(engine)?;
+        scan_table(&t, range, reverse, visit)
+    }
+}
+
+impl ReadTxn for RedbWrite {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        let t = self.0.open_table(table.def()).map_err(engine)?;
+        Ok(t.get(key).map_err(engine)?.map(|v| v.value().to_vec()))
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()> {
+        let t = self.0.open_table(table.def()).map_err(engine)?;
+        scan_table(&t, range, reverse, visit)
+    }
+}
+
+impl WriteTxn for RedbWrite {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        let mut t = self.0.open_table(table.def()).map_err(engine)?;
+        t.insert(key, value).map_err(engine)?;
+        Ok(())
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
+        let mut t = self.0.open_table(table.def()).map_err(engine)?;
+        Ok(t.remove(key).map_err(engine)?.is_some())
+    }
+
+    fn commit(self: Box<Self>) -> StorageResult<()> {
+        self.0.commit().map_err(engine)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fault injection
+
+/// Switches shared by a [`FaultyStorage`] and the test that drives it.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// When set, every commit fails (and nothing of the transaction persists).
+    pub fail_commits: AtomicBool,
+    /// When ≥ 0, counts down on every put; the put that finds it at 0 fails. -1 disables.
+    pub fail_put_after: AtomicI64,
+}
+
+impl Faults {
+    pub fn new() -> Arc<Faults> {
+        Arc::new(Faults {
+            fail_commits: AtomicBool::new(false),
+            fail_put_after: AtomicI64::new(-1),
+        })
+    }
+}
+
+/// A storage engine that fails on command (tests only, but public so integration tests can use it).
+pub struct FaultyStorage<S> {
+    inner: S,
+    faults: Arc<Faults>,
+}
+
+impl<S: Storage> FaultyStorage<S> {
+    pub fn new(inner: S, faults: Arc<Faults>) -> Self {
+        FaultyStorage { inner, faults }
+    }
+}
+
+impl<S: Storage> Storage for FaultyStorage<S> {
+    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>> {
+        self.inner.begin_read()
+    }
+
+    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        Ok(Box::new(FaultyWrite {
+            inner: self.inner.begin_write()?,
+            faults: self.faults.clone(),
+        }))
+    }
+}
+
+struct FaultyWrite {
+    inner: Box<dyn WriteTxn>,
+    faults: Arc<Faults>,
+}
+
+impl ReadTxn for FaultyWrite {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.inner.get(table, key)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()> {
+        self.inner.scan(table, range, reverse, visit)
+    }
+}
+
+impl WriteTxn for FaultyWrite {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        let left = self.faults.fail_put_after.load(Ordering::SeqCst);
+        if left == 0 {
+            self.faults.fail_put_after.store(-1, Ordering::SeqCst);
+            return Err(StorageError::Injected("put"));
+        }
+        if left > 0 {
+            self.faults.fail_put_after.store(left - 1, Ordering::SeqCst);
+        }
+        self.inner.put(table, key, value)
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
+        self.inner.delete(table, key)
+    }
+
+    fn commit(self: Box<Self>) -> StorageResult<()> {
+        if self.faults.fail_commits.load(Ordering::SeqCst) {
+            // Dropping the inner transaction aborts it.
+            return Err(StorageError::Injected("commit"));
+        }
+        self.inner.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(txn: &dyn ReadTxn, table: Table, range: &KeyRange, rev: bool) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        txn.scan(table, range, rev, &mut |k, _| {
+            out.push(k.to_vec());
+            Scan::Continue
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn committed_writes_are_visible_and_uncommitted_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbStorage::open(&dir.path().join("db")).unwrap();
+        let mut w = s.begin_write().unwrap();
+        w.put(Table::Meta, b"a", b"1").unwrap();
+        assert_eq!(w.get(Table::Meta, b"a").unwrap(), Some(b"1".to_vec()));
+        drop(w); // abort
+        assert_eq!(
+            s.begin_read().unwrap().get(Table::Meta, b"a").unwrap(),
+            None
+        );
+        let mut w = s.begin_write().unwrap();
+        w.put(Table::Meta, b"a", b"1").unwrap();
+        w.commit().unwrap();
+        assert_eq!(
+            s.begin_read().unwrap().get(Table::Meta, b"a").unwrap(),
+            Some(b"1".to_vec())
+        );
+    }
+
+    #[test]
+    fn prefix_range_covers_exactly_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbStorage::open(&dir.path().join("db")).unwrap();
+        let mut w = s.begin_write().unwrap();
+        for k in [&[1u8, 0xff][..], &[1, 0xff, 0xff], &[2], &[1], &[0, 9]] {
+            w.put(Table::Documents, k, b"").unwrap();
+        }
+        w.commit().unwrap();
+        let r = s.begin_read().unwrap();
+        let got = collect(&*r, Table::Documents, &KeyRange::prefix(&[1]), false);
+        assert_eq!(got, vec![vec![1], vec![1, 0xff], vec![1, 0xff, 0xff]]);
+        let got = collect(&*r, Table::Documents, &KeyRange::prefix(&[1, 0xff]), true);
+        assert_eq!(got, vec![vec![1, 0xff, 0xff], vec![1, 0xff]]);
+    }
+
+    #[test]
+    fn injected_commit_failure_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Faults::new();
+        let s = FaultyStorage::new(
+            RedbStorage::open(&dir.path().join("db")).unwrap(),
+            faults.clone(),
+        );
+        faults.fail_commits.store(true, Ordering::SeqCst);
+        let mut w = s.begin_write().unwrap();
+        w.put(Table::Meta, b"k", b"v").unwrap();
+        assert!(w.commit().is_err());
+        assert_eq!(
+            s.begin_read().unwrap().get(Table::Meta, b"k").unwrap(),
+            None
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! The single writer: one thread per shard that group-commits every write.
+//!
+//! Write commands are closures sent over a channel. The writer takes whatever is queued (up to
+//! [`MAX_BATCH`] jobs), runs them in order inside ONE storage write transaction, renews the clock
+//! reservation in the same transaction when needed, commits once (fsync), then publishes the new
+//! catalog and oplog entries and acknowledges each job.
+//!
+//! Invariants:
+//! * A job is acknowledged only after its effects are durable.
+//! * A job's client-visible failure (duplicate key, bad update) is detected before it writes
+//!   anything for that statement, so it leaves nothing behind and never fails its batch-mates.
+//! * A storage failure aborts the whole batch: every job in it gets an error and nothing of the
+//!   batch persists or becomes visible (catalog and tail window are published only after commit).
+//! * Oplog entries are published to the tail window in `ts` order, after commit, and the HLC's
+//!   in-flight hold on the high-water mark is released only after that.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bson::{Bson, Document};
+use bytes::Bytes;
+use resume::ClusterTime;
+use tokio::sync::{mpsc, oneshot};
+use wire::MongoError;
+
+use crate::catalog::{Catalog, CollectionEntry};
+use crate::keys;
+use crate::oplog::{EntrySpec, oplog_key};
+use crate::state::ShardState;
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn};
+
+/// The most jobs one commit carries.
+pub const MAX_BATCH: usize = 256;
+
+/// Meta-table key of the clock reservation.
+pub const RESERVATION_KEY: &[u8] = b"clock.reserved";
+
+/// What a write job returns: its reply and the `ts` of its last oplog entry.
+#[derive(Debug, Clone)]
+pub struct WriteOutput {
+    pub reply: Document,
+    pub op_time: Option<ClusterTime>,
+}
+
+/// An error inside a write statement: client-visible, or a storage failure that dooms the batch.
+#[derive(Debug)]
+pub enum OpError {
+    Mongo(MongoError),
+    Storage(StorageError),
+}
+
+impl From<MongoError> for OpError {
+    fn from(e: MongoError) -> Self {
+        OpError::Mongo(e)
+    }
+}
+
+impl From<StorageError> for OpError {
+    fn from(e: StorageError) -> Self {
+        OpError::Storage(e)
+    }
+}
+
+pub type OpResult<T> = Result<T, OpError>;
+
+pub type WriteFn = Box<dyn FnOnce(&mut WriteCtx<'_>) -> StorageResult<WriteOutput> + Send>;
+
+enum Job {
+    Write(WriteFn, oneshot::Sender<Result<WriteOutput, MongoError>>),
+    Renew,
+    Shutdown,
+}
+
+/// The view a write job has of the shard: the batch's transaction and catalog copy.
+pub struct WriteCtx<'a> {
+    txn: &'a mut dyn WriteTxn,
+    catalog: &'a mut Arc<Catalog>,
+    state: &'a ShardState,
+    pending: &'a mut Vec<(ClusterTime, Bytes)>,
+    pub wall_ms: u64,
+}
+
+impl<'a> WriteCtx<'a> {
+    pub fn state(&self) -> &ShardState {
+        self.state
+    }
+
+    pub fn txn(&self) -> &dyn ReadTxn {
+        &*self.txn
+    }
+
+    pub fn txn_mut(&mut self) -> &mut dyn WriteTxn {
+        &mut *self.txn
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        self.catalog
+    }
+
+    /// Writes an oplog entry at a fresh `ts`; returns the `ts`.
+    pub fn log(&mut self, spec: EntrySpec) -> StorageResult<ClusterTime> {
+        let ts = self.state.hlc().tick(self.wall_ms);
+        let entry = spec.build(ts, self.wall_ms);
+        let mut buf = Vec::new();
+        entry
+            .to_writer(&mut buf)
+            .map_err(|e| StorageError::Engine(format!("serializing oplog entry: {e}")))?;
+        self.txn.put(Table::Oplog, &oplog_key(ts), &buf)?;
+        self.pending.push((ts, Bytes::from(buf)));
+        Ok(ts)
+    }
+
+    pub fn get_doc(&self, coll: &CollectionEntry, id: &Bson) -> StorageResult<Option<Document>> {
+        match self
+            .txn
+            .get(Table::Documents, &keys::doc_key(&coll.uuid, id))?
+        {
+            Some(bytes) => Ok(decode_doc(&bytes)),
+            None => Ok(None),
+        }
+    }
+
+    /// Visits the collection's documents in `_id` order.
+    pub fn scan_docs(
+        &self,
+        coll: &CollectionEntry,
+        visit: &mut dyn FnMut(Document) -> Scan,
+    ) -> StorageResult<()> {
+        scan_collection(&*self.txn, coll, visit)
+    }
+
+    pub fn put_doc(&mut self, coll: &CollectionEntry, doc: &Document) -> StorageResult<()> {
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let mut buf = Vec::new();
+        doc.to_writer(&mut buf)
+            .map_err(|e| StorageError::Engine(format!("serializing document: {e}")))?;
+        self.txn
+            .put(Table::Documents, &keys::doc_key(&coll.uuid, &id), &buf)
+    }
+
+    pub fn delete_doc(&mut self, coll: &CollectionEntry, id: &Bson) -> StorageResult<bool> {
+        self.txn
+            .delete(Table::Documents, &keys::doc_key(&coll.uuid, id))
+    }
+
+    /// Removes every document of a collection.
+    pub fn clear_collection(&mut self, coll: &CollectionEntry) -> StorageResult<u64> {
+        let mut keys_to_delete = Vec::new();
+        let range = KeyRange::prefix(&keys::collection_prefix(&coll.uuid));
+        self.txn
+            .scan(Table::Documents, &range, false, &mut |k, _| {
+                keys_to_delete.push(k.to_vec());
+                Scan::Continue
+            })?;
+        for k in &keys_to_delete {
+            self.txn.delete(Table::Documents, k)?;
+        }
+        Ok(keys_to_delete.len() as u64)
+    }
+
+    /// Stores a catalog entry (in this batch's copy and in storage).
+    pub fn save_collection(
+        &mut self,
+        entry: CollectionEntry,
+    ) -> StorageResult<Arc<CollectionEntry>> {
+        let ns = entry.ns();
+        let mut buf = Vec::new();
+        entry
+            .to_document()
+            .to_writer(&mut buf)
+            .map_err(|e| StorageError::Engine(format!("serializing catalog entry: {e}")))?;
+        self.txn.put(Table::Catalog, ns.as_bytes(), &buf)?;
+        Arc::make_mut(self.catalog).put(entry);
+        Ok(self
+            .catalog
+            .get(&ns)
+            .cloned()
+            .ok_or_else(|| StorageError::Engine("catalog entry vanished".into()))?)
+    }
+
+    pub fn remove_collection(&mut self, ns: &str) -> StorageResult<()> {
+        self.txn.delete(Table::Catalog, ns.as_bytes())?;
+        Arc::make_mut(self.catalog).remove(ns);
+        Ok(())
+    }
+}
+
+pub fn decode_doc(bytes: &[u8]) -> Option<Document> {
+    Document::from_reader(bytes).ok()
+}
+
+/// Visits a collection's documents in `_id` order through any transaction.
+pub fn scan_collection(
+    txn: &dyn ReadTxn,
+    coll: &CollectionEntry,
+    visit: &mut dyn FnMut(Document) -> Scan,
+) -> StorageResult<()> {
+    let range = KeyRange::prefix(&keys::collection_prefix(&coll.uuid));
+    let mut result = Ok(());
+    txn.scan(
+        Table::Documents,
+        &range,
+        false,
+        &mut |_, v| match decode_doc(v) {
+            Some(d) => visit(d),
+            None => {
+                result = Err(StorageError::Engine(
+                    "undecodable document in storage".into(),
+                ));
+                Scan::Stop
+            }
+        },
+    )?;
+    result
+}
+
+/// The handle commands use to submit writes.
+pub struct Writer {
+    tx: mpsc::UnboundedSender<Job>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Writer {
+    pub fn start(state: Arc<ShardState>) -> Writer {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let name = format!("{}-writer", state.name);
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || writer_loop(state, rx))
+            .ok();
+        Writer {
+            tx,
+            thread: std::sync::Mutex::new(thread),
+        }
+    }
+
+    /// Runs a write job in the next batch; resolves after its commit.
+    pub async fn submit(&self, f: WriteFn) -> Result<WriteOutput, MongoError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Write(f, tx))
+            .map_err(|_| shutting_down())?;
+        rx.await.map_err(|_| shutting_down())?
+    }
+
+    /// Asks the writer to renew the clock reservation if it is running out.
+    pub fn renew(&self) {
+        let _ = self.tx.send(Job::Renew);
+    }
+
+    /// Stops the writer after the queued jobs; returns its thread to join (once).
+    pub fn stop(&self) -> Option<JoinHandle<()>> {
+        let _ = self.tx.send(Job::Shutdown);
+        self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+fn shutting_down() -> MongoError {
+    MongoError::new(
+        wire::ErrorCode::SHUTDOWN_IN_PROGRESS,
+        "The shard is shutting down",
+    )
+}
+
+fn writer_loop(state: Arc<ShardState>, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let _span = tracing::info_span!("writer", shard = %state.name).entered();
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        let stop = jobs.iter().any(|j| matches!(j, Job::Shutdown));
+        run_batch(&state, jobs);
+        if stop {
+            break;
+        }
+    }
+}
+
+fn run_batch(state: &ShardState, jobs: Vec<Job>) {
+    let mut writes = Vec::new();
+    for j in jobs {
+        if let Job::Write(f, tx) = j {
+            writes.push((f, tx));
+        }
+    }
+    let wall_ms = state.now_millis();
+    let renewal = state.hlc().reservation_needed(wall_ms);
+    if writes.is_empty() && renewal.is_none() {
+        return;
+    }
+    let fail_all = |writes: Vec<(WriteFn, oneshot::Sender<Result<WriteOutput, MongoError>>)>,
+                    e: &StorageError| {
+        tracing::error!(error = %e, "write batch failed");
+        for (_, tx) in writes {
+            let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
+        }
+    };
+    let mut txn = match state.storage.begin_write() {
+        Ok(t) => t,
+        Err(e) => return fail_all(writes, &e),
+    };
+    let mut catalog = state.catalog();
+    let mut pending = Vec::new();
+    let mut acks = Vec::with_capacity(writes.len());
+    let mut failure = None;
+    {
+        let mut ctx = WriteCtx {
+            txn: &mut *txn,
+            catalog: &mut catalog,
+            state,
+            pending: &mut pending,
+            wall_ms,
+        };
+        for (f, tx) in writes {
+            if failure.is_some() {
+                acks.push((tx, None));
+                continue;
+            }
+            match f(&mut ctx) {
+                Ok(out) => acks.push((tx, Some(out))),
+                Err(e) => {
+                    failure = Some(e);
+                    acks.push((tx, None));
+                }
+            }
+        }
+    }
+    // Renew the reservation in this same commit, covering every ts the batch handed out.
+    let renewal = match failure {
+        None => state.hlc().reservation_needed(wall_ms),
+        Some(_) => None,
+    };
+    if failure.is_none()
+        && let Some(r) = renewal
+        && let Err(e) = txn.put(Table::Meta, RESERVATION_KEY, &r.as_u64().to_be_bytes())
+    {
+        failure = Some(e);
+    }
+    let committed = match failure {
+        Some(e) => Err(e),
+        None => txn.commit(),
+    };
+    match committed {
+        Ok(()) => {
+            state.publish_catalog(catalog);
+            if let Some(r) = renewal {
+                state.hlc().set_reserved(r);
+            }
+            state.tail.publish(pending);
+            state.hlc().clear_inflight();
+            for (tx, out) in acks {
+                if let Some(out) = out {
+                    let _ = tx.send(Ok(out));
+                }
+            }
+        }
+        Err(e) => {
+            // Nothing of the batch persisted; the ts values it ticked are simply skipped.
+            state.hlc().clear_inflight();
+            tracing::error!(error = %e, "write batch failed");
+            for (tx, _) in acks {
+                let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
+            }
+        }
+    }
+}
