@@ -391,6 +391,9 @@ impl ResumeTokenData {
 
     /// Decodes the raw KeyString bytes and serialized type bits of a token.
     pub fn decode(data: &[u8], type_bits: &[u8]) -> Result<Self, TokenError> {
+        if data.is_empty() {
+            return Err(TokenError::Empty);
+        }
         let mut bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
         let values = keystring::decode_all(data, &mut bits)
             .map_err(|e| TokenError::Malformed(e.to_string()))?;

@@ -3,6 +3,8 @@
 //! `mongodb-resumetoken-decoder` README). Each test checks encode → exact bytes and
 //! decode → the same logical data.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may unwrap
+
 use bson::{Bson, Document, Uuid, doc, oid::ObjectId};
 use resume::{
     ClusterTime, ResumeToken, ResumeTokenData, TokenType, TokenVersion, event_identifier,
