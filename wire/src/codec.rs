@@ -1,4 +1,4 @@
-//! A tokio-util `Decoder`/`Encoder` over the pure [`frame`](crate::frame) functions.
+//! A tokio-util `Decoder`/`Encoder` over the pure [`frame`] functions.
 //!
 //! Invariants: the codec owns no protocol logic. It advances the buffer by exactly the frame
 //! length the pure decoder reports, reserves room for a frame only after its length passed the

@@ -422,3 +422,117 @@ pub fn ok_reply(fields: Document) -> Document {
     d.extend(fields);
     d
 }
+
+#[cfg(test)]
+mod tests {
+    use bson::rawdoc;
+
+    use super::*;
+    use crate::message::{DocumentSequence, MsgFlags, OpQuery};
+
+    fn op_msg(body: RawDocumentBuf, compressor: Option<Compressor>) -> Message {
+        Message {
+            compressor,
+            ..Message::msg(9, body)
+        }
+    }
+
+    #[test]
+    fn op_query_commands_are_unwrapped_from_dollar_query() {
+        let m = Message {
+            request_id: 4,
+            response_to: 0,
+            compressor: None,
+            op: Op::Query(OpQuery {
+                flags: 0,
+                full_collection_name: "admin.$cmd".into(),
+                number_to_skip: 0,
+                number_to_return: -1,
+                query: rawdoc! { "$query": { "isMaster": 1 }, "$readPreference": { "mode": "secondaryPreferred" } },
+                return_fields_selector: None,
+            }),
+        };
+        let Prepared::Request(req, to) = prepare(m) else {
+            panic!("rejected")
+        };
+        assert_eq!(req.body, doc! { "isMaster": 1 });
+        assert_eq!(req.db, "admin");
+        assert!(req.legacy_op_query && to.legacy);
+        assert_eq!(to.negotiated, None, "no compression offered");
+    }
+
+    #[test]
+    fn a_sequence_clashing_with_a_body_field_is_rejected() {
+        let mut m = op_msg(rawdoc! { "insert": "c", "documents": [], "$db": "t" }, None);
+        if let Op::Msg(msg) = &mut m.op {
+            msg.sequences.push(DocumentSequence {
+                identifier: "documents".into(),
+                documents: vec![],
+            });
+        }
+        let Prepared::Error(e, _) = prepare(m) else {
+            panic!("accepted")
+        };
+        assert_eq!(e.code, 40433);
+    }
+
+    #[test]
+    fn handshake_and_auth_replies_are_never_compressed() {
+        for name in ["hello", "isMaster", "ismaster", "saslStart", "saslContinue"] {
+            let mut body = Document::new();
+            body.insert(name, 1);
+            body.insert("$db", "admin");
+            let raw = RawDocumentBuf::try_from(&body).unwrap();
+            let Prepared::Request(_, to) = prepare(op_msg(raw, Some(Compressor::Zlib))) else {
+                panic!("rejected")
+            };
+            assert_eq!(to.compressor, None, "{name}");
+        }
+        let Prepared::Request(_, to) = prepare(op_msg(
+            rawdoc! { "find": "c", "$db": "t" },
+            Some(Compressor::Zlib),
+        )) else {
+            panic!("rejected")
+        };
+        assert_eq!(to.compressor, Some(Compressor::Zlib));
+    }
+
+    #[test]
+    fn negotiated_compressors_go_only_into_ok_replies() {
+        let hello =
+            rawdoc! { "hello": 1, "compression": ["zlib", "zlib", "snappy", 7], "$db": "admin" };
+        let Prepared::Request(_, to) = prepare(op_msg(hello, None)) else {
+            panic!("rejected")
+        };
+        assert_eq!(
+            to.negotiated,
+            Some(vec![Compressor::Zlib, Compressor::Snappy])
+        );
+        let ok = reply_message(&to, doc! { "ok": 1 }).unwrap();
+        let Op::Msg(msg) = &ok.op else { panic!() };
+        assert_eq!(
+            to_document(&msg.body)
+                .unwrap()
+                .get_array("compression")
+                .unwrap(),
+            &vec![Bson::from("zlib"), Bson::from("snappy")]
+        );
+        let err = reply_message(&to, doc! { "ok": 0 }).unwrap();
+        let Op::Msg(msg) = &err.op else { panic!() };
+        assert!(!to_document(&msg.body).unwrap().contains_key("compression"));
+    }
+
+    #[test]
+    fn more_to_come_requests_produce_no_reply_frame() {
+        let mut m = op_msg(rawdoc! { "insert": "c", "$db": "t" }, None);
+        if let Op::Msg(msg) = &mut m.op {
+            msg.flags = MsgFlags(MsgFlags::MORE_TO_COME);
+        }
+        let Prepared::Request(req, to) = prepare(m) else {
+            panic!("rejected")
+        };
+        assert!(req.more_to_come);
+        assert_eq!(reply_message(&to, doc! { "ok": 1 }), None);
+        assert_eq!(reply_message(&to, doc! { "ok": 0, "code": 2 }), None);
+    }
+}
