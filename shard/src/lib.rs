@@ -27,7 +27,6 @@ pub mod retryable;
 pub mod server;
 pub mod state;
 pub mod storage;
-#[path = "update_stub.rs"]
 pub mod update;
 pub mod writer;
 

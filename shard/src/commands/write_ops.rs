@@ -146,6 +146,7 @@ pub fn render(v: &Bson) -> String {
         Bson::ObjectId(o) => format!("ObjectId('{o}')"),
         Bson::Int32(i) => i.to_string(),
         Bson::Int64(i) => i.to_string(),
+        Bson::Double(d) if d.is_finite() && d.fract() == 0.0 && d.abs() < 1e15 => format!("{d:.1}"),
         Bson::Double(d) => d.to_string(),
         Bson::Boolean(b) => b.to_string(),
         Bson::Null => "null".into(),
@@ -422,11 +423,11 @@ pub fn run_update(
     if let Some(coll) = &coll {
         for old in docs {
             let uctx = update_context(ctx, Some(coll), false);
-            let new = stmt.spec.apply(&old, &uctx)?;
+            let (new, outcome) = stmt.spec.apply_logged(&old, &uctx, Some(&stmt.query))?;
             check_immutable(coll, &old, &new)?;
             check_update_size(&new)?;
             out.n += 1;
-            let o = match update::diff_or_replacement(&old, &new) {
+            let o = match outcome {
                 DiffOutcome::Unchanged => None,
                 DiffOutcome::Diff(d) => Some(doc! {"$v": 2, "diff": d}),
                 DiffOutcome::Replacement => Some(new.clone()),
@@ -453,7 +454,7 @@ pub fn run_update(
     if out.n == 0 && stmt.upsert {
         let seed = update::upsert_seed(&stmt.query)?;
         let uctx = update_context(ctx, coll.as_deref(), true);
-        let new = stmt.spec.apply(&seed, &uctx)?;
+        let (new, _) = stmt.spec.apply_logged(&seed, &uctx, Some(&stmt.query))?;
         let new = ensure_id_first(new, ctx.wall_ms)?;
         check_update_size(&new)?;
         let coll = match coll {
