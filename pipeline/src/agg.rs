@@ -1,1 +1,910 @@
-//! Aggregation stages over documents.
+//! Aggregation stages over documents: parsing a pipeline once and running it over an input.
+//!
+//! Supported stages: `$match $project $addFields $set $unset $replaceRoot $replaceWith $redact`
+//! (single-document transforms, see [`Stage::is_single_document_transform`]) and
+//! `$group $sort $limit $skip $count $unwind $sortByCount` (which need the whole stream).
+//!
+//! Invariants:
+//! * A stage specification is a document with exactly one field (40323) naming a known stage
+//!   (40324); parse errors carry MongoDB's location codes.
+//! * Single-document transforms map one document to at most one document and keep no state,
+//!   so change streams can run them one event at a time with [`Stage::apply_one`]; running a
+//!   pipeline of such stages over a batch equals applying them to each document in order.
+//! * `$group` groups by [`crate::value::compare`] equality (so `1` and `1.0` share a group) and
+//!   outputs groups in order of first appearance; `$sort` is stable.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use bson::{Bson, Document, doc};
+
+use crate::expr::{self, Env, Expr};
+use crate::matcher::Matcher;
+use crate::projection::{Projection, Syntax};
+use crate::sort::SortSpec;
+use crate::value::{self, compare};
+use crate::{MongoError, Result};
+
+/// A parsed pipeline.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    stages: Vec<Stage>,
+}
+
+/// One parsed stage.
+#[derive(Debug, Clone)]
+pub enum Stage {
+    Match(Matcher),
+    /// `$project` and `$unset`.
+    Project(Projection),
+    /// `$addFields` and `$set`.
+    AddFields(Projection),
+    /// `$replaceRoot` and `$replaceWith`.
+    ReplaceRoot(Expr),
+    Redact(Expr),
+    Group(Group),
+    Sort(SortSpec),
+    Limit(u64),
+    Skip(u64),
+    Count(String),
+    Unwind(Unwind),
+    /// `$sortByCount`: group by the expression, count, sort by count descending.
+    SortByCount(Group),
+}
+
+/// A `$unwind` specification.
+#[derive(Debug, Clone)]
+pub struct Unwind {
+    pub path: String,
+    pub include_array_index: Option<String>,
+    pub preserve_null_and_empty_arrays: bool,
+}
+
+/// A `$group` specification: the `_id` expression and the named accumulators.
+#[derive(Debug, Clone)]
+pub struct Group {
+    id: Expr,
+    accumulators: Vec<(String, AccKind, Expr)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AccKind {
+    Sum,
+    Avg,
+    Min,
+    Max,
+    First,
+    Last,
+    Push,
+    AddToSet,
+    Count,
+    MergeObjects,
+}
+
+impl Pipeline {
+    /// Parses the stages of a pipeline.
+    pub fn parse(stages: &[Document]) -> Result<Pipeline> {
+        Ok(Pipeline {
+            stages: stages.iter().map(Stage::parse).collect::<Result<_>>()?,
+        })
+    }
+
+    /// The parsed stages.
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    /// Whether every stage is a single-document transform.
+    pub fn is_single_document_transform(&self) -> bool {
+        self.stages.iter().all(Stage::is_single_document_transform)
+    }
+
+    /// Runs the pipeline over the input, in order.
+    pub fn run(&self, input: impl IntoIterator<Item = Document>) -> Result<Vec<Document>> {
+        let mut docs: Vec<Document> = input.into_iter().collect();
+        for stage in &self.stages {
+            docs = stage.run(docs)?;
+        }
+        Ok(docs)
+    }
+}
+
+fn stage_err(code: i32, msg: impl Into<String>) -> MongoError {
+    MongoError::with_code(code, msg)
+}
+
+impl Stage {
+    /// Parses one `{$stage: spec}` document.
+    pub fn parse(spec: &Document) -> Result<Stage> {
+        if spec.len() != 1 {
+            return Err(stage_err(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            ));
+        }
+        let Some((name, arg)) = spec.iter().next() else {
+            return Err(stage_err(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            ));
+        };
+        Ok(match name.as_str() {
+            "$match" => match arg {
+                Bson::Document(d) => Stage::Match(Matcher::parse(d)?),
+                _ => {
+                    return Err(stage_err(
+                        15959,
+                        "the match filter must be an expression in an object",
+                    ));
+                }
+            },
+            "$project" => match arg {
+                Bson::Document(d) => {
+                    Stage::Project(Projection::parse_with(d, Syntax::Project, None)?)
+                }
+                _ => {
+                    return Err(stage_err(15969, "$project specification must be an object"));
+                }
+            },
+            "$addFields" | "$set" => match arg {
+                Bson::Document(d) => {
+                    Stage::AddFields(Projection::parse_with(d, Syntax::AddFields, None)?)
+                }
+                other => {
+                    return Err(stage_err(
+                        40272,
+                        format!(
+                            "{name} specification stage must be an object, got {}",
+                            value::type_name(other)
+                        ),
+                    ));
+                }
+            },
+            "$unset" => {
+                let fields: Vec<&Bson> = match arg {
+                    Bson::String(_) => vec![arg],
+                    Bson::Array(a) if a.is_empty() => {
+                        return Err(stage_err(
+                            31119,
+                            "$unset specification must be a string or an array with at least one field",
+                        ));
+                    }
+                    Bson::Array(a) => a.iter().collect(),
+                    _ => {
+                        return Err(stage_err(
+                            31002,
+                            "$unset specification must be a string or an array",
+                        ));
+                    }
+                };
+                let mut spec = Document::new();
+                for f in fields {
+                    let Bson::String(s) = f else {
+                        return Err(stage_err(
+                            31120,
+                            "$unset specification must be a string or an array containing only string values",
+                        ));
+                    };
+                    spec.insert(s.clone(), 0);
+                }
+                Stage::Project(Projection::parse_with(&spec, Syntax::Project, None)?)
+            }
+            "$replaceRoot" => {
+                let Bson::Document(d) = arg else {
+                    return Err(stage_err(
+                        40228,
+                        format!(
+                            "expected an object as specification for $replaceRoot stage, got {}",
+                            value::type_name(arg)
+                        ),
+                    ));
+                };
+                let mut new_root = None;
+                for (k, v) in d {
+                    if k == "newRoot" {
+                        new_root = Some(Expr::parse(v)?);
+                    } else {
+                        return Err(stage_err(
+                            40415,
+                            format!("BSON field '$replaceRoot.{k}' is an unknown field."),
+                        ));
+                    }
+                }
+                Stage::ReplaceRoot(new_root.ok_or_else(|| {
+                    stage_err(
+                        40414,
+                        "BSON field '$replaceRoot.newRoot' is missing but a required field",
+                    )
+                })?)
+            }
+            "$replaceWith" => Stage::ReplaceRoot(Expr::parse(arg)?),
+            "$redact" => Stage::Redact(Expr::parse(arg)?),
+            "$group" => Stage::Group(Group::parse(arg)?),
+            "$sort" => {
+                let Bson::Document(d) = arg else {
+                    return Err(stage_err(
+                        15973,
+                        "the $sort key specification must be an object",
+                    ));
+                };
+                if d.is_empty() {
+                    return Err(stage_err(
+                        15976,
+                        "$sort stage must have at least one sort key",
+                    ));
+                }
+                Stage::Sort(SortSpec::parse(d)?)
+            }
+            "$limit" => {
+                let n = integral_arg(arg)
+                    .ok_or_else(|| stage_err(15957, "the limit must be specified as a number"))?;
+                if n <= 0 {
+                    return Err(stage_err(15958, "the limit must be positive"));
+                }
+                Stage::Limit(u64::try_from(n).unwrap_or(u64::MAX))
+            }
+            "$skip" => {
+                let n = integral_arg(arg)
+                    .ok_or_else(|| stage_err(15972, "Argument to $skip must be a number"))?;
+                if n < 0 {
+                    return Err(stage_err(15956, "Argument to $skip cannot be negative"));
+                }
+                Stage::Skip(u64::try_from(n).unwrap_or(0))
+            }
+            "$count" => {
+                let Bson::String(f) = arg else {
+                    return Err(stage_err(
+                        40156,
+                        "the count field must be a non-empty string",
+                    ));
+                };
+                if f.is_empty() {
+                    return Err(stage_err(
+                        40157,
+                        "the count field must be a non-empty string",
+                    ));
+                }
+                if f.starts_with('$') {
+                    return Err(stage_err(
+                        40158,
+                        "the count field cannot be a $-prefixed path",
+                    ));
+                }
+                if f.contains('\0') {
+                    return Err(stage_err(
+                        40159,
+                        "the count field cannot contain a null byte",
+                    ));
+                }
+                if f.contains('.') {
+                    return Err(stage_err(40160, "the count field cannot contain '.'"));
+                }
+                Stage::Count(f.clone())
+            }
+            "$unwind" => Stage::Unwind(Unwind::parse(arg)?),
+            "$sortByCount" => {
+                match arg {
+                    Bson::String(s) if s.starts_with('$') => {}
+                    Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {}
+                    Bson::Document(_) => {
+                        return Err(stage_err(
+                            40147,
+                            "the sortByCount field must be specified as a single expression",
+                        ));
+                    }
+                    _ => {
+                        return Err(stage_err(
+                            40148,
+                            "the sortByCount field must be defined as a $-prefixed path or an expression",
+                        ));
+                    }
+                }
+                Stage::SortByCount(Group {
+                    id: Expr::parse(arg)?,
+                    accumulators: vec![(
+                        "count".into(),
+                        AccKind::Sum,
+                        Expr::literal(Bson::Int32(1)),
+                    )],
+                })
+            }
+            other => {
+                return Err(stage_err(
+                    40324,
+                    format!("Unrecognized pipeline stage name: '{other}'"),
+                ));
+            }
+        })
+    }
+
+    /// The stage's name as written (`"$match"`, ...; `$set` reports `"$addFields"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Stage::Match(_) => "$match",
+            Stage::Project(_) => "$project",
+            Stage::AddFields(_) => "$addFields",
+            Stage::ReplaceRoot(_) => "$replaceRoot",
+            Stage::Redact(_) => "$redact",
+            Stage::Group(_) => "$group",
+            Stage::Sort(_) => "$sort",
+            Stage::Limit(_) => "$limit",
+            Stage::Skip(_) => "$skip",
+            Stage::Count(_) => "$count",
+            Stage::Unwind(_) => "$unwind",
+            Stage::SortByCount(_) => "$sortByCount",
+        }
+    }
+
+    /// Whether the stage maps each document to at most one document without state.
+    pub fn is_single_document_transform(&self) -> bool {
+        matches!(
+            self,
+            Stage::Match(_)
+                | Stage::Project(_)
+                | Stage::AddFields(_)
+                | Stage::ReplaceRoot(_)
+                | Stage::Redact(_)
+        )
+    }
+
+    /// Applies a single-document transform; `Ok(None)` drops the document. Other stages are
+    /// an error (callers check [`Stage::is_single_document_transform`] first).
+    pub fn apply_one(&self, doc: Document) -> Result<Option<Document>> {
+        match self {
+            Stage::Match(m) => Ok(m.try_matches(&doc)?.then_some(doc)),
+            Stage::Project(p) | Stage::AddFields(p) => p.apply(&doc).map(Some),
+            Stage::ReplaceRoot(e) => match e.evaluate(&doc)? {
+                Some(Bson::Document(d)) => Ok(Some(d)),
+                other => Err(stage_err(
+                    40228,
+                    format!(
+                        "'newRoot' expression must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'. Input document: {doc}",
+                        other
+                            .as_ref()
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| "MISSING".into()),
+                        other.as_ref().map(value::type_name).unwrap_or("missing"),
+                    ),
+                )),
+            },
+            Stage::Redact(e) => redact(e, &doc, &doc),
+            _ => Err(MongoError::internal(format!(
+                "{} is not a single-document stage",
+                self.name()
+            ))),
+        }
+    }
+
+    /// Runs the stage over a batch.
+    pub fn run(&self, docs: Vec<Document>) -> Result<Vec<Document>> {
+        Ok(match self {
+            s if s.is_single_document_transform() => {
+                let mut out = Vec::with_capacity(docs.len());
+                for d in docs {
+                    if let Some(d) = s.apply_one(d)? {
+                        out.push(d);
+                    }
+                }
+                out
+            }
+            Stage::Group(g) => g.run(docs)?,
+            Stage::SortByCount(g) => {
+                let mut out = g.run(docs)?;
+                let spec = SortSpec::parse(&doc! {"count": -1})?;
+                spec.sort(&mut out);
+                out
+            }
+            Stage::Sort(spec) => {
+                let mut docs = docs;
+                spec.sort(&mut docs);
+                docs
+            }
+            Stage::Limit(n) => docs
+                .into_iter()
+                .take(usize::try_from(*n).unwrap_or(usize::MAX))
+                .collect(),
+            Stage::Skip(n) => docs
+                .into_iter()
+                .skip(usize::try_from(*n).unwrap_or(usize::MAX))
+                .collect(),
+            Stage::Count(f) => {
+                if docs.is_empty() {
+                    Vec::new()
+                } else {
+                    let n = i64::try_from(docs.len()).unwrap_or(i64::MAX);
+                    let v = match i32::try_from(n) {
+                        Ok(i) => Bson::Int32(i),
+                        Err(_) => Bson::Int64(n),
+                    };
+                    let mut d = Document::new();
+                    d.insert(f.clone(), v);
+                    vec![d]
+                }
+            }
+            Stage::Unwind(u) => {
+                let mut out = Vec::with_capacity(docs.len());
+                for d in docs {
+                    u.apply(d, &mut out);
+                }
+                out
+            }
+            _ => docs,
+        })
+    }
+}
+
+/// An integral number argument (`$limit`, `$skip`).
+fn integral_arg(v: &Bson) -> Option<i64> {
+    if value::is_number(v) {
+        value::as_i64_exact(v)
+    } else {
+        None
+    }
+}
+
+fn redact(e: &Expr, root: &Document, current: &Document) -> Result<Option<Document>> {
+    let verdict = e.evaluate_at(root, current, &Env::default())?;
+    match verdict.as_ref() {
+        Some(Bson::String(s)) if s == expr::REDACT_KEEP => Ok(Some(current.clone())),
+        Some(Bson::String(s)) if s == expr::REDACT_PRUNE => Ok(None),
+        Some(Bson::String(s)) if s == expr::REDACT_DESCEND => {
+            let mut out = Document::new();
+            for (k, v) in current {
+                match v {
+                    Bson::Document(d) => {
+                        if let Some(r) = redact(e, root, d)? {
+                            out.insert(k.clone(), r);
+                        }
+                    }
+                    Bson::Array(a) => {
+                        out.insert(k.clone(), redact_array(e, root, a)?);
+                    }
+                    other => {
+                        out.insert(k.clone(), other.clone());
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+        other => Err(stage_err(
+            17053,
+            format!(
+                "$redact's expression should not return anything aside from the variables $$KEEP, $$DESCEND, and $$PRUNE, but returned {}",
+                other
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "MISSING".into())
+            ),
+        )),
+    }
+}
+
+fn redact_array(e: &Expr, root: &Document, a: &[Bson]) -> Result<Bson> {
+    let mut out = Vec::with_capacity(a.len());
+    for v in a {
+        match v {
+            Bson::Document(d) => {
+                if let Some(r) = redact(e, root, d)? {
+                    out.push(Bson::Document(r));
+                }
+            }
+            Bson::Array(inner) => out.push(redact_array(e, root, inner)?),
+            other => out.push(other.clone()),
+        }
+    }
+    Ok(Bson::Array(out))
+}
+
+impl Unwind {
+    fn parse(arg: &Bson) -> Result<Unwind> {
+        let check_path = |p: &str| -> Result<String> {
+            match p.strip_prefix('$') {
+                Some(rest) if !rest.is_empty() && !rest.starts_with('$') => Ok(rest.to_string()),
+                _ => Err(stage_err(
+                    28818,
+                    format!("path option to $unwind stage should be prefixed with a '$': {p}"),
+                )),
+            }
+        };
+        match arg {
+            Bson::String(s) => Ok(Unwind {
+                path: check_path(s)?,
+                include_array_index: None,
+                preserve_null_and_empty_arrays: false,
+            }),
+            Bson::Document(d) => {
+                let mut path = None;
+                let mut index = None;
+                let mut preserve = false;
+                for (k, v) in d {
+                    match k.as_str() {
+                        "path" => match v {
+                            Bson::String(s) => path = Some(check_path(s)?),
+                            other => {
+                                return Err(stage_err(
+                                    28808,
+                                    format!(
+                                        "expected a string as the path for $unwind stage, got {}",
+                                        value::type_name(other)
+                                    ),
+                                ));
+                            }
+                        },
+                        "includeArrayIndex" => match v {
+                            Bson::String(s) if s.is_empty() || s.starts_with('$') => {
+                                return Err(stage_err(
+                                    28822,
+                                    format!(
+                                        "includeArrayIndex option to $unwind stage should not be prefixed with a '$': {s}"
+                                    ),
+                                ));
+                            }
+                            Bson::String(s) => index = Some(s.clone()),
+                            other => {
+                                return Err(stage_err(
+                                    28810,
+                                    format!(
+                                        "expected a non-empty string for the includeArrayIndex option to $unwind stage, got {}",
+                                        value::type_name(other)
+                                    ),
+                                ));
+                            }
+                        },
+                        "preserveNullAndEmptyArrays" => match v {
+                            Bson::Boolean(b) => preserve = *b,
+                            other => {
+                                return Err(stage_err(
+                                    28809,
+                                    format!(
+                                        "expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage, got {}",
+                                        value::type_name(other)
+                                    ),
+                                ));
+                            }
+                        },
+                        other => {
+                            return Err(stage_err(
+                                28811,
+                                format!("unrecognized option to $unwind stage: {other}"),
+                            ));
+                        }
+                    }
+                }
+                Ok(Unwind {
+                    path: path
+                        .ok_or_else(|| stage_err(28812, "no path specified to $unwind stage"))?,
+                    include_array_index: index,
+                    preserve_null_and_empty_arrays: preserve,
+                })
+            }
+            other => Err(stage_err(
+                15981,
+                format!(
+                    "expected either a string or an object as specification for $unwind stage, got {}",
+                    value::type_name(other)
+                ),
+            )),
+        }
+    }
+
+    /// Unwinds one document into `out`.
+    pub fn apply(&self, doc: Document, out: &mut Vec<Document>) {
+        let with_index = |mut d: Document, i: Option<usize>| {
+            if let Some(f) = &self.include_array_index {
+                let v = match i {
+                    Some(i) => Bson::Int64(i64::try_from(i).unwrap_or(i64::MAX)),
+                    None => Bson::Null,
+                };
+                value::set_path(&mut d, f, v);
+            }
+            d
+        };
+        match value::get_path(&doc, &self.path).cloned() {
+            Some(Bson::Array(a)) => {
+                if a.is_empty() {
+                    if self.preserve_null_and_empty_arrays {
+                        let mut d = doc;
+                        value::remove_path(&mut d, &self.path);
+                        out.push(with_index(d, None));
+                    }
+                    return;
+                }
+                for (i, e) in a.into_iter().enumerate() {
+                    let mut d = doc.clone();
+                    value::set_path(&mut d, &self.path, e);
+                    out.push(with_index(d, Some(i)));
+                }
+            }
+            None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                if self.preserve_null_and_empty_arrays {
+                    out.push(with_index(doc, None));
+                }
+            }
+            Some(_) => out.push(with_index(doc, None)),
+        }
+    }
+}
+
+/// A BSON value ordered by MongoDB's comparison, for grouping.
+struct GroupKey(Bson);
+
+impl PartialEq for GroupKey {
+    fn eq(&self, other: &Self) -> bool {
+        compare(&self.0, &other.0) == Ordering::Equal
+    }
+}
+impl Eq for GroupKey {}
+impl PartialOrd for GroupKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for GroupKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        compare(&self.0, &other.0)
+    }
+}
+
+/// One accumulator's running state.
+#[derive(Debug, Clone)]
+enum AccState {
+    Sum(Bson),
+    Avg(Bson, u64),
+    Best(Option<Bson>),
+    First(Option<Bson>),
+    Last(Option<Bson>),
+    Push(Vec<Bson>),
+    Set(Vec<Bson>, BTreeMap<GroupKey, ()>),
+    Merge(Document),
+}
+
+impl std::fmt::Debug for GroupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl Clone for GroupKey {
+    fn clone(&self) -> Self {
+        GroupKey(self.0.clone())
+    }
+}
+
+impl Group {
+    fn parse(arg: &Bson) -> Result<Group> {
+        let Bson::Document(d) = arg else {
+            return Err(stage_err(
+                15947,
+                "a group's fields must be specified in an object",
+            ));
+        };
+        let mut id = None;
+        let mut accumulators = Vec::new();
+        for (k, v) in d {
+            if k == "_id" {
+                id = Some(parse_group_id(v)?);
+                continue;
+            }
+            if k.contains('.') {
+                return Err(stage_err(
+                    40235,
+                    format!("The field name '{k}' cannot contain '.'"),
+                ));
+            }
+            if k.starts_with('$') {
+                return Err(stage_err(
+                    40236,
+                    format!("The field name '{k}' cannot be an operator name"),
+                ));
+            }
+            let Bson::Document(acc) = v else {
+                return Err(stage_err(
+                    40234,
+                    format!("The field '{k}' must be an accumulator object"),
+                ));
+            };
+            if acc.len() != 1 {
+                return Err(stage_err(
+                    40238,
+                    format!("The field '{k}' must specify one accumulator"),
+                ));
+            }
+            let Some((op, operand)) = acc.iter().next() else {
+                return Err(stage_err(
+                    40238,
+                    format!("The field '{k}' must specify one accumulator"),
+                ));
+            };
+            let kind = match op.as_str() {
+                "$sum" => AccKind::Sum,
+                "$avg" => AccKind::Avg,
+                "$min" => AccKind::Min,
+                "$max" => AccKind::Max,
+                "$first" => AccKind::First,
+                "$last" => AccKind::Last,
+                "$push" => AccKind::Push,
+                "$addToSet" => AccKind::AddToSet,
+                "$count" => AccKind::Count,
+                "$mergeObjects" => AccKind::MergeObjects,
+                other => {
+                    return Err(stage_err(
+                        15952,
+                        format!("unknown group operator '{other}'"),
+                    ));
+                }
+            };
+            if matches!(operand, Bson::Array(_)) && kind != AccKind::Count {
+                return Err(stage_err(
+                    40237,
+                    format!("The {op} accumulator is a unary operator"),
+                ));
+            }
+            let e = if kind == AccKind::Count {
+                match operand {
+                    Bson::Document(c) if c.is_empty() => Expr::literal(Bson::Int32(1)),
+                    _ => {
+                        return Err(MongoError::type_mismatch(
+                            "$count takes no arguments, i.e. $count:{}",
+                        ));
+                    }
+                }
+            } else {
+                Expr::parse(operand)?
+            };
+            accumulators.push((k.clone(), kind, e));
+        }
+        Ok(Group {
+            id: id.ok_or_else(|| stage_err(15955, "a group specification must include an _id"))?,
+            accumulators,
+        })
+    }
+
+    fn init(&self) -> Vec<AccState> {
+        self.accumulators
+            .iter()
+            .map(|(_, kind, _)| match kind {
+                AccKind::Sum | AccKind::Count => AccState::Sum(Bson::Int32(0)),
+                AccKind::Avg => AccState::Avg(Bson::Int32(0), 0),
+                AccKind::Min | AccKind::Max => AccState::Best(None),
+                AccKind::First => AccState::First(None),
+                AccKind::Last => AccState::Last(None),
+                AccKind::Push => AccState::Push(Vec::new()),
+                AccKind::AddToSet => AccState::Set(Vec::new(), BTreeMap::new()),
+                AccKind::MergeObjects => AccState::Merge(Document::new()),
+            })
+            .collect()
+    }
+
+    /// Runs the grouping over a batch; groups come out in order of first appearance.
+    pub fn run(&self, docs: Vec<Document>) -> Result<Vec<Document>> {
+        let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
+        let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
+        for d in &docs {
+            let key = self.id.evaluate(d)?.unwrap_or(Bson::Null);
+            let gi = match index.get(&GroupKey(key.clone())) {
+                Some(i) => *i,
+                None => {
+                    groups.push((key.clone(), self.init(), false));
+                    let i = groups.len() - 1;
+                    index.insert(GroupKey(key), i);
+                    i
+                }
+            };
+            let Some((_, states, seen)) = groups.get_mut(gi) else {
+                continue;
+            };
+            let first_doc = !*seen;
+            *seen = true;
+            for ((_, kind, e), st) in self.accumulators.iter().zip(states.iter_mut()) {
+                let v = e.evaluate(d)?;
+                accumulate(*kind, st, v, first_doc)?;
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|(key, states, _)| {
+                let mut out = doc! {"_id": key};
+                for ((name, _, _), st) in self.accumulators.iter().zip(states) {
+                    out.insert(name.clone(), finish(st));
+                }
+                out
+            })
+            .collect())
+    }
+}
+
+/// `_id: {a: "$a"}` is an object expression; operators and literals are expressions too.
+fn parse_group_id(v: &Bson) -> Result<Expr> {
+    Expr::parse(v)
+}
+
+fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool) -> Result<()> {
+    match st {
+        AccState::Sum(acc) => {
+            if let Some(n) = v.as_ref().filter(|n| value::is_number(n)) {
+                *acc = value::add_numbers(acc, n).unwrap_or(Bson::Null);
+            }
+        }
+        AccState::Avg(acc, count) => {
+            if let Some(n) = v.as_ref().filter(|n| value::is_number(n)) {
+                *acc = value::add_numbers(acc, n).unwrap_or(Bson::Null);
+                *count += 1;
+            }
+        }
+        AccState::Best(best) => {
+            if let Some(x) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined)) {
+                let replace = match best {
+                    None => true,
+                    Some(b) => {
+                        let o = compare(&x, b);
+                        if kind == AccKind::Min {
+                            o.is_lt()
+                        } else {
+                            o.is_gt()
+                        }
+                    }
+                };
+                if replace {
+                    *best = Some(x);
+                }
+            }
+        }
+        AccState::First(first) => {
+            if first_doc {
+                *first = Some(v.unwrap_or(Bson::Null));
+            }
+        }
+        AccState::Last(last) => *last = Some(v.unwrap_or(Bson::Null)),
+        AccState::Push(items) => {
+            if let Some(x) = v {
+                items.push(x);
+            }
+        }
+        AccState::Set(items, seen) => {
+            if let Some(x) = v
+                && seen.insert(GroupKey(x.clone()), ()).is_none()
+            {
+                items.push(x);
+            }
+        }
+        AccState::Merge(d) => match v {
+            None | Some(Bson::Null) | Some(Bson::Undefined) => {}
+            Some(Bson::Document(m)) => {
+                for (k, x) in m {
+                    d.insert(k, x);
+                }
+            }
+            Some(other) => {
+                return Err(stage_err(
+                    40400,
+                    format!(
+                        "$mergeObjects requires object inputs, but input {other} is of type {}",
+                        value::type_name(&other)
+                    ),
+                ));
+            }
+        },
+    }
+    Ok(())
+}
+
+fn finish(st: AccState) -> Bson {
+    match st {
+        AccState::Sum(acc) => acc,
+        AccState::Avg(_, 0) => Bson::Null,
+        AccState::Avg(acc, n) => {
+            let avg = value::as_f64(&acc).unwrap_or(f64::NAN) / n as f64;
+            if matches!(acc, Bson::Decimal128(_)) {
+                Bson::Decimal128(value::f64_to_decimal(avg))
+            } else {
+                Bson::Double(avg)
+            }
+        }
+        AccState::Best(b) => b.unwrap_or(Bson::Null),
+        AccState::First(v) | AccState::Last(v) => v.unwrap_or(Bson::Null),
+        AccState::Push(items) | AccState::Set(items, _) => Bson::Array(items),
+        AccState::Merge(d) => Bson::Document(d),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -322,8 +322,20 @@ impl Expr {
 
     /// Evaluates with an explicit environment (`$$NOW`, user variables).
     pub fn evaluate_in(&self, doc: &Document, env: &Env) -> Result<Option<Bson>> {
+        self.evaluate_at(doc, doc, env)
+    }
+
+    /// Evaluates with `$$CURRENT` (and so plain field paths) bound to `current`, a part of
+    /// `root` (as `$redact` does at each level).
+    pub fn evaluate_at(
+        &self,
+        root: &Document,
+        current: &Document,
+        env: &Env,
+    ) -> Result<Option<Bson>> {
         let mut cx = Cx {
-            root: doc,
+            root,
+            current,
             env,
             vars: Vec::new(),
         };
@@ -1003,6 +1015,7 @@ fn var_name_arg(v: Option<&Bson>) -> Result<String> {
 
 struct Cx<'a> {
     root: &'a Document,
+    current: &'a Document,
     env: &'a Env,
     vars: Vec<(String, Option<Bson>)>,
 }
@@ -1066,14 +1079,19 @@ fn path_of_value(v: Option<Bson>, path: &[String]) -> Option<Bson> {
 fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
     Ok(match node {
         Node::Literal(v) => Some(v.clone()),
-        Node::Field(p) => field_of_doc(cx.root, p),
+        Node::Field(p) => field_of_doc(cx.current, p),
         Node::Var(var, path) => {
             let v = match var {
                 Var::Root | Var::Current => {
+                    let base = if *var == Var::Root {
+                        cx.root
+                    } else {
+                        cx.current
+                    };
                     if let Some((first, rest)) = path.split_first() {
-                        return Ok(cx.root.get(first).and_then(|v| descend(v, rest)));
+                        return Ok(base.get(first).and_then(|v| descend(v, rest)));
                     }
-                    Some(Bson::Document(cx.root.clone()))
+                    Some(Bson::Document(base.clone()))
                 }
                 Var::Remove => None,
                 Var::Now => match cx.env.now {

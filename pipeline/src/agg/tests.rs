@@ -1,0 +1,295 @@
+//! Stage-by-stage tests: each runs a small pipeline over fixed input and checks the output.
+
+use bson::{Bson, Document, doc};
+
+use super::*;
+
+fn run(stages: Vec<Document>, input: Vec<Document>) -> Vec<Document> {
+    Pipeline::parse(&stages)
+        .unwrap_or_else(|e| panic!("{stages:?}: {e}"))
+        .run(input)
+        .unwrap()
+}
+
+fn people() -> Vec<Document> {
+    vec![
+        doc! {"_id": 1, "name": "ann", "dept": "eng", "age": 30, "tags": ["a", "b"]},
+        doc! {"_id": 2, "name": "bob", "dept": "ops", "age": 40, "tags": []},
+        doc! {"_id": 3, "name": "cy", "dept": "eng", "age": 25.0},
+        doc! {"_id": 4, "name": "di", "dept": "eng", "age": 35, "tags": "solo"},
+    ]
+}
+
+#[test]
+fn count_documents_pipeline_from_drivers_works() {
+    let out = run(
+        vec![
+            doc! {"$match": {"dept": "eng"}},
+            doc! {"$skip": 1},
+            doc! {"$limit": 5},
+            doc! {"$group": {"_id": 1, "n": {"$sum": 1}}},
+        ],
+        people(),
+    );
+    assert_eq!(out, vec![doc! {"_id": 1, "n": 2}]);
+    let none = run(
+        vec![
+            doc! {"$match": {"dept": "x"}},
+            doc! {"$group": {"_id": 1, "n": {"$sum": 1}}},
+        ],
+        people(),
+    );
+    assert!(none.is_empty());
+}
+
+#[test]
+fn group_accumulators() {
+    let out = run(
+        vec![
+            doc! {"$group": {
+                "_id": "$dept",
+                "total": {"$sum": "$age"},
+                "avg": {"$avg": "$age"},
+                "min": {"$min": "$age"},
+                "max": {"$max": "$age"},
+                "first": {"$first": "$name"},
+                "last": {"$last": "$name"},
+                "names": {"$push": "$name"},
+                "depts": {"$addToSet": "$dept"},
+                "n": {"$count": {}},
+            }},
+            doc! {"$sort": {"_id": 1}},
+        ],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            doc! {"_id": "eng", "total": 90.0, "avg": 30.0, "min": 25.0, "max": 35,
+            "first": "ann", "last": "di", "names": ["ann", "cy", "di"],
+            "depts": ["eng"], "n": 3},
+            doc! {"_id": "ops", "total": 40, "avg": 40.0, "min": 40, "max": 40,
+            "first": "bob", "last": "bob", "names": ["bob"], "depts": ["ops"], "n": 1},
+        ]
+    );
+}
+
+#[test]
+fn group_by_null_document_and_numerically_equal_keys() {
+    let out = run(
+        vec![doc! {"$group": {"_id": null, "n": {"$sum": 1}}}],
+        people(),
+    );
+    assert_eq!(out, vec![doc! {"_id": null, "n": 4}]);
+    let out = run(
+        vec![
+            doc! {"$group": {"_id": {"d": "$dept", "old": {"$gte": ["$age", 30]}}, "n": {"$sum": 1}}},
+        ],
+        people(),
+    );
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0], doc! {"_id": {"d": "eng", "old": true}, "n": 2});
+    let out = run(
+        vec![doc! {"$group": {"_id": "$k"}}],
+        vec![doc! {"k": 1}, doc! {"k": 1.0}, doc! {"k": 1i64}, doc! {}],
+    );
+    assert_eq!(out, vec![doc! {"_id": 1}, doc! {"_id": null}]);
+}
+
+#[test]
+fn unwind_string_and_document_forms() {
+    let out = run(
+        vec![doc! {"$unwind": "$tags"}, doc! {"$project": {"tags": 1}}],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            doc! {"_id": 1, "tags": "a"},
+            doc! {"_id": 1, "tags": "b"},
+            doc! {"_id": 4, "tags": "solo"},
+        ]
+    );
+    let out = run(
+        vec![
+            doc! {"$unwind": {"path": "$tags", "includeArrayIndex": "i", "preserveNullAndEmptyArrays": true}},
+            doc! {"$project": {"tags": 1, "i": 1}},
+        ],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            doc! {"_id": 1, "tags": "a", "i": 0i64},
+            doc! {"_id": 1, "tags": "b", "i": 1i64},
+            doc! {"_id": 2, "i": Bson::Null},
+            doc! {"_id": 3, "i": Bson::Null},
+            doc! {"_id": 4, "tags": "solo", "i": Bson::Null},
+        ]
+    );
+}
+
+#[test]
+fn shape_stages() {
+    let d = vec![doc! {"_id": 1, "a": {"b": 2}, "c": 3}];
+    assert_eq!(
+        run(
+            vec![doc! {"$project": {"c": 1, "x": {"$add": ["$c", 1]}}}],
+            d.clone()
+        ),
+        vec![doc! {"_id": 1, "c": 3, "x": 4}]
+    );
+    assert_eq!(
+        run(vec![doc! {"$set": {"c": 9, "a.z": 1}}], d.clone()),
+        vec![doc! {"_id": 1, "a": {"b": 2, "z": 1}, "c": 9}]
+    );
+    assert_eq!(
+        run(vec![doc! {"$addFields": {"n": "$a.b"}}], d.clone()),
+        vec![doc! {"_id": 1, "a": {"b": 2}, "c": 3, "n": 2}]
+    );
+    assert_eq!(
+        run(vec![doc! {"$unset": ["c", "a.b"]}], d.clone()),
+        vec![doc! {"_id": 1, "a": {}}]
+    );
+    assert_eq!(
+        run(vec![doc! {"$unset": "c"}], d.clone()),
+        vec![doc! {"_id": 1, "a": {"b": 2}}]
+    );
+    assert_eq!(
+        run(vec![doc! {"$replaceRoot": {"newRoot": "$a"}}], d.clone()),
+        vec![doc! {"b": 2}]
+    );
+    assert_eq!(
+        run(
+            vec![doc! {"$replaceWith": {"$mergeObjects": ["$a", {"q": 1}]}}],
+            d.clone()
+        ),
+        vec![doc! {"b": 2, "q": 1}]
+    );
+    let e = Pipeline::parse(&[doc! {"$replaceWith": "$c"}])
+        .unwrap()
+        .run(d)
+        .unwrap_err();
+    assert_eq!(e.code, 40228);
+}
+
+#[test]
+fn sort_limit_skip_count_sort_by_count() {
+    let ids = |v: Vec<Document>| {
+        v.into_iter()
+            .map(|d| d.get("_id").cloned().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(run(
+            vec![
+                doc! {"$sort": {"age": -1}},
+                doc! {"$skip": 1},
+                doc! {"$limit": 2}
+            ],
+            people()
+        )),
+        vec![Bson::Int32(4), Bson::Int32(1)]
+    );
+    assert_eq!(
+        run(vec![doc! {"$count": "n"}], people()),
+        vec![doc! {"n": 4}]
+    );
+    assert!(run(vec![doc! {"$count": "n"}], vec![]).is_empty());
+    assert_eq!(
+        run(vec![doc! {"$sortByCount": "$dept"}], people()),
+        vec![
+            doc! {"_id": "eng", "count": 3},
+            doc! {"_id": "ops", "count": 1}
+        ]
+    );
+}
+
+#[test]
+fn redact_descends_prunes_and_keeps() {
+    let input = vec![doc! {
+        "_id": 1, "level": 1,
+        "sub": {"level": 5, "secret": 1},
+        "list": [{"level": 1, "x": 1}, {"level": 9}],
+    }];
+    let out = run(
+        vec![doc! {"$redact": {"$cond": [{"$gt": ["$level", 3]}, "$$PRUNE", "$$DESCEND"]}}],
+        input,
+    );
+    assert_eq!(
+        out,
+        vec![doc! {"_id": 1, "level": 1, "list": [{"level": 1, "x": 1}]}]
+    );
+    let e = Pipeline::parse(&[doc! {"$redact": "x"}])
+        .unwrap()
+        .run(vec![doc! {}])
+        .unwrap_err();
+    assert_eq!(e.code, 17053);
+}
+
+#[test]
+fn single_document_stages_apply_one_at_a_time_like_a_batch() {
+    let stages = vec![
+        doc! {"$match": {"age": {"$gte": 30}}},
+        doc! {"$addFields": {"senior": {"$gt": ["$age", 32]}}},
+        doc! {"$project": {"name": 1, "senior": 1}},
+    ];
+    let p = Pipeline::parse(&stages).unwrap();
+    assert!(p.is_single_document_transform());
+    let batch = p.run(people()).unwrap();
+    let mut one_by_one = Vec::new();
+    for d in people() {
+        let mut cur = Some(d);
+        for s in p.stages() {
+            cur = match cur {
+                Some(d) => s.apply_one(d).unwrap(),
+                None => None,
+            };
+        }
+        one_by_one.extend(cur);
+    }
+    assert_eq!(batch, one_by_one);
+    assert!(
+        !Stage::parse(&doc! {"$group": {"_id": 1}})
+            .unwrap()
+            .is_single_document_transform()
+    );
+}
+
+#[test]
+fn parse_errors_carry_mongodb_codes() {
+    let cases: Vec<(Document, i32)> = vec![
+        (doc! {"$foo": 1}, 40324),
+        (doc! {"$match": {}, "$limit": 1}, 40323),
+        (doc! {}, 40323),
+        (doc! {"$limit": 0}, 15958),
+        (doc! {"$limit": -1}, 15958),
+        (doc! {"$limit": "x"}, 15957),
+        (doc! {"$skip": -1}, 15956),
+        (doc! {"$skip": "x"}, 15972),
+        (doc! {"$count": 1}, 40156),
+        (doc! {"$count": ""}, 40157),
+        (doc! {"$count": "$x"}, 40158),
+        (doc! {"$count": "a.b"}, 40160),
+        (doc! {"$match": 1}, 15959),
+        (doc! {"$sort": {}}, 15976),
+        (doc! {"$sort": {"a": 3}}, 15975),
+        (doc! {"$group": {"n": {"$sum": 1}}}, 15955),
+        (doc! {"$group": {"_id": 1, "n": {"$foo": 1}}}, 15952),
+        (doc! {"$group": {"_id": 1, "n": 1}}, 40234),
+        (doc! {"$group": {"_id": 1, "a.b": {"$sum": 1}}}, 40235),
+        (doc! {"$unwind": "tags"}, 28818),
+        (doc! {"$unwind": {"path": "$a", "bogus": 1}}, 28811),
+        (doc! {"$unwind": {}}, 28812),
+        (doc! {"$unset": []}, 31119),
+        (doc! {"$unset": [1]}, 31120),
+        (doc! {"$project": {}}, 51272),
+        (doc! {"$project": {"a": 1, "b": 0}}, 31254),
+        (doc! {"$replaceRoot": {}}, 40414),
+        (doc! {"$match": {"$expr": {"$nope": 1}}}, 168),
+    ];
+    for (spec, code) in cases {
+        let e = Stage::parse(&spec).expect_err(&format!("{spec}"));
+        assert_eq!(e.code, code, "{spec}: {e}");
+    }
+}
