@@ -326,13 +326,13 @@ fn step<'a>(cur: Cursor<'a>, name: &str) -> Option<Cursor<'a>> {
             let value = values.get(i)?;
             let entry = match node.entries.entry(i) {
                 std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::btree_map::Entry::Vacant(v) => v.insert(ArrayEntry::Sub(
-                    match value {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(ArrayEntry::Sub(match value {
                         Bson::Document(_) => SubDiff::Doc(DocDiff::default()),
                         Bson::Array(_) => SubDiff::Array(ArrayDiff::default()),
                         _ => return None,
-                    },
-                )),
+                    }))
+                }
             };
             match entry {
                 ArrayEntry::Update(_) => None,

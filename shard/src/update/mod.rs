@@ -50,6 +50,10 @@
 //! calculator ([`diff()`]): changed sub-documents become `s` sub-diffs, shrunk arrays carry `l`,
 //! fields whose position changed are deleted and re-inserted through `i`.
 
+// `wire::MongoError` is the project's one client-visible error type; like `wire` and `pipeline`
+// we return it by value rather than boxing it on every path.
+#![allow(clippy::result_large_err)]
+
 pub mod diff;
 pub mod operators;
 pub mod path;
@@ -443,7 +447,8 @@ fn check_immutable(
         let Some(before) = pipeline::value::get_path(old, imm) else {
             continue;
         };
-        let unchanged = pipeline::value::get_path(new, imm).is_some_and(|after| binary_eq(before, after));
+        let unchanged =
+            pipeline::value::get_path(new, imm).is_some_and(|after| binary_eq(before, after));
         if !unchanged {
             let root_field = imm.split('.').next().unwrap_or(imm);
             let path = culprit(imm).unwrap_or_else(|| imm.to_string());

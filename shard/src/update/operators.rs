@@ -93,12 +93,16 @@ pub enum Modifier {
     Max(Bson),
     CurrentDate(DateKind),
     /// Placed at the destination path; moves the value found at `from`.
-    Rename { from: UpdatePath },
+    Rename {
+        from: UpdatePath,
+    },
     /// Placed at the source path of a `$rename` to reserve it (conflict detection only).
     RenameSource,
     Push(PushSpec),
     AddToSet(Vec<Bson>),
-    Pop { first: bool },
+    Pop {
+        first: bool,
+    },
     Pull(PullCond),
     PullAll(Vec<Bson>),
     Bit(Vec<(BitOp, Bson)>),
@@ -150,7 +154,11 @@ impl Modifier {
             "$unset" => Modifier::Unset,
             "$inc" | "$mul" => {
                 if !is_number(v) {
-                    let verb = if op == "$inc" { "increment" } else { "multiply" };
+                    let verb = if op == "$inc" {
+                        "increment"
+                    } else {
+                        "multiply"
+                    };
                     return Err(MongoError::type_mismatch(format!(
                         "Cannot {verb} with non-numeric argument: {}",
                         one_field(field, v)
@@ -168,14 +176,10 @@ impl Modifier {
             "$push" => Modifier::Push(parse_push(v)?),
             "$addToSet" => Modifier::AddToSet(parse_add_to_set(v)?),
             "$pop" => {
-                let n = if is_number(v) {
-                    value::as_f64(v)
-                } else {
-                    None
-                };
+                let n = if is_number(v) { value::as_f64(v) } else { None };
                 match n {
-                    Some(n) if n == 1.0 => Modifier::Pop { first: false },
-                    Some(n) if n == -1.0 => Modifier::Pop { first: true },
+                    Some(1.0) => Modifier::Pop { first: false },
+                    Some(-1.0) => Modifier::Pop { first: true },
                     Some(_) => {
                         return Err(MongoError::failed_to_parse(format!(
                             "$pop expects 1 or -1, found: {}",
@@ -305,7 +309,7 @@ impl Modifier {
                 };
                 let integer_operands = is_integer(v) && is_integer(n);
                 match result {
-                    Some(r) if !(integer_operands && !is_integer(&r)) => Ok(replace(v, r)),
+                    Some(r) if !integer_operands || is_integer(&r) => Ok(replace(v, r)),
                     _ => Err(MongoError::bad_value(format!(
                         "Failed to apply {name} operations to current value ({}) for document {{{}}}",
                         render(v),
@@ -390,7 +394,9 @@ impl Modifier {
             }
             Modifier::Pull(cond) => {
                 let Bson::Array(arr) = v else {
-                    return Err(MongoError::bad_value("Cannot apply $pull to a non-array value"));
+                    return Err(MongoError::bad_value(
+                        "Cannot apply $pull to a non-array value",
+                    ));
                 };
                 let before = arr.len();
                 arr.retain(|e| !pull_matches(cond, e));
@@ -402,7 +408,9 @@ impl Modifier {
             }
             Modifier::PullAll(items) => {
                 let Bson::Array(arr) = v else {
-                    return Err(MongoError::bad_value("Cannot apply $pull to a non-array value"));
+                    return Err(MongoError::bad_value(
+                        "Cannot apply $pull to a non-array value",
+                    ));
                 };
                 let before = arr.len();
                 arr.retain(|e| !items.iter().any(|i| equal(i, e)));
@@ -454,15 +462,13 @@ fn now_value(kind: DateKind, ctx: &UpdateContext) -> Bson {
 fn parse_current_date(v: &Bson) -> Result<DateKind> {
     match v {
         Bson::Boolean(_) => Ok(DateKind::Date),
-        Bson::Document(d) if d.len() == 1 && d.contains_key("$type") => {
-            match d.get("$type") {
-                Some(Bson::String(s)) if s == "date" => Ok(DateKind::Date),
-                Some(Bson::String(s)) if s == "timestamp" => Ok(DateKind::Timestamp),
-                _ => Err(MongoError::bad_value(
-                    "The '$type' string field is required to be 'date' or 'timestamp': {$currentDate: {field : {$type: 'date'}}}",
-                )),
-            }
-        }
+        Bson::Document(d) if d.len() == 1 && d.contains_key("$type") => match d.get("$type") {
+            Some(Bson::String(s)) if s == "date" => Ok(DateKind::Date),
+            Some(Bson::String(s)) if s == "timestamp" => Ok(DateKind::Timestamp),
+            _ => Err(MongoError::bad_value(
+                "The '$type' string field is required to be 'date' or 'timestamp': {$currentDate: {field : {$type: 'date'}}}",
+            )),
+        },
         Bson::Document(d) => Err(MongoError::bad_value(format!(
             "Unrecognized $currentDate option: {}",
             render_doc(d)
@@ -678,7 +684,10 @@ fn is_path_accepting_keyword(k: &str) -> bool {
 fn parse_pull(v: &Bson) -> Result<PullCond> {
     match v {
         Bson::Document(d) => {
-            let wrapped = d.keys().next().is_some_and(|k| is_path_accepting_keyword(k));
+            let wrapped = d
+                .keys()
+                .next()
+                .is_some_and(|k| is_path_accepting_keyword(k));
             if wrapped {
                 Ok(PullCond::Wrapped(Box::new(Matcher::parse(
                     &doc! { WRAP: v.clone() },

@@ -132,7 +132,12 @@ fn into_existing(node: &mut Node, path: &UpdatePath, depth: usize, leaf: Leaf) -
     }
 }
 
-fn insert_in_object(obj: &mut ObjectNode, path: &UpdatePath, depth: usize, leaf: Leaf) -> Result<()> {
+fn insert_in_object(
+    obj: &mut ObjectNode,
+    path: &UpdatePath,
+    depth: usize,
+    leaf: Leaf,
+) -> Result<()> {
     match path.parts.get(depth) {
         Some(Part::Field(f)) => {
             let key = FieldKey(f.clone());
@@ -254,7 +259,10 @@ impl<'a> Resolver<'a> {
             }
             if let Some(p) = &o.positional {
                 let index = positional::matched_index(self.query, self.doc, path)?;
-                merged.entry(FieldKey(index.to_string())).or_default().push(p);
+                merged
+                    .entry(FieldKey(index.to_string()))
+                    .or_default()
+                    .push(p);
             }
         }
         for (k, nodes) in merged {
@@ -521,7 +529,11 @@ fn apply_rename(
 ) -> Result<()> {
     let from_parts = from.fields();
     for imm in immutable_paths(env) {
-        let common = imm.iter().zip(&from_parts).take_while(|(a, b)| a == b).count();
+        let common = imm
+            .iter()
+            .zip(&from_parts)
+            .take_while(|(a, b)| a == b)
+            .count();
         if common >= imm.len().min(from_parts.len()) {
             return Err(MongoError::new(
                 ErrorCode::IMMUTABLE_FIELD,
@@ -547,7 +559,9 @@ fn apply_rename(
                     "The destination field cannot be an array element, '{}' in doc with {} has an array field called '{}'",
                     join(to),
                     env.id,
-                    to.get(i.wrapping_sub(1)).map(String::as_str).unwrap_or_default()
+                    to.get(i.wrapping_sub(1))
+                        .map(String::as_str)
+                        .unwrap_or_default()
                 )));
             }
             Some(_) => None,

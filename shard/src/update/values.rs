@@ -27,8 +27,7 @@ pub fn binary_eq(a: &Bson, b: &Bson) -> bool {
 /// Byte-for-byte equality of two documents, field order included.
 pub fn doc_binary_eq(a: &Document, b: &Document) -> bool {
     a.len() == b.len()
-        && a
-            .iter()
+        && a.iter()
             .zip(b.iter())
             .all(|((ka, va), (kb, vb))| ka == kb && binary_eq(va, vb))
 }
@@ -101,7 +100,10 @@ pub fn render_doc(d: &Document) -> String {
     if d.is_empty() {
         return "{}".to_string();
     }
-    let parts: Vec<String> = d.iter().map(|(k, v)| format!("{k}: {}", render(v))).collect();
+    let parts: Vec<String> = d
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", render(v)))
+        .collect();
     format!("{{ {} }}", parts.join(", "))
 }
 
@@ -121,8 +123,14 @@ mod tests {
     #[test]
     fn binary_eq_is_order_and_type_sensitive() {
         assert!(!binary_eq(&Bson::Int32(1), &Bson::Double(1.0)));
-        assert!(!doc_binary_eq(&doc! {"a": 1, "b": 2}, &doc! {"b": 2, "a": 1}));
-        assert!(doc_binary_eq(&doc! {"a": [1, {"x": 2.5}]}, &doc! {"a": [1, {"x": 2.5}]}));
+        assert!(!doc_binary_eq(
+            &doc! {"a": 1, "b": 2},
+            &doc! {"b": 2, "a": 1}
+        ));
+        assert!(doc_binary_eq(
+            &doc! {"a": [1, {"x": 2.5}]},
+            &doc! {"a": [1, {"x": 2.5}]}
+        ));
         assert!(binary_eq(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
         assert!(!binary_eq(&Bson::Double(0.0), &Bson::Double(-0.0)));
     }
