@@ -10,7 +10,9 @@
 //!   `{a: 2}` matches `{a: [1, 2]}` and `{a: [1, 2]}` matches `{a: [[1, 2]]}`.
 //!   `$size`, `$elemMatch` and `$all` look at the array itself.
 //! * A missing path is "missing", which equality with `null` (and `$lte/$gte: null`,
-//!   `$in: [null]`) matches; `null` does not match `undefined`.
+//!   `$in: [null]`) matches, as it matches `null` and (MongoDB 7.0, before 8.0's change)
+//!   `undefined`. `{"a.b": null}` matches `{a: [{}]}` but not `{a: []}` or `{a: [5, {b: 5}]}`:
+//!   non-document array elements are skipped by path traversal.
 //! * Several operators on one path are independent: `{a: {$gt: 1, $lt: 3}}` holds when some
 //!   element is `> 1` and some (maybe other) element is `< 3`; use `$elemMatch` for one element.
 //! * `$ne`, `$nin`, `$not` and `$exists: false` are the negation of the positive predicate over
@@ -759,7 +761,13 @@ fn pred_missing(pred: &Pred) -> bool {
 }
 
 fn pred_single(pred: &Pred, v: &Bson) -> Result<bool> {
+    // MongoDB 7.0: equality to null also holds for `undefined` (changed only in 8.0).
+    let nullish = matches!(v, Bson::Null | Bson::Undefined);
     Ok(match pred {
+        Pred::Eq(Bson::Null) | Pred::Lte(Bson::Null) | Pred::Gte(Bson::Null) if nullish => true,
+        Pred::In { values, .. } if nullish && values.iter().any(|x| matches!(x, Bson::Null)) => {
+            true
+        }
         Pred::Eq(x) => equal(v, x),
         Pred::Lt(x) => ordered(v, x, |o| o.is_lt()),
         Pred::Lte(x) => ordered(v, x, |o| o.is_le()),
@@ -895,11 +903,20 @@ mod tests {
     }
 
     #[test]
-    fn null_matches_missing_and_null_but_not_undefined() {
+    fn null_matches_missing_null_and_undefined() {
         check(&[
             (doc! {"a": null}, doc! {}, true),
             (doc! {"a": null}, doc! {"a": null}, true),
-            (doc! {"a": null}, doc! {"a": Bson::Undefined}, false),
+            (doc! {"a": null}, doc! {"a": Bson::Undefined}, true),
+            (doc! {"a": {"$in": [null]}}, doc! {"a": Bson::Undefined}, true),
+            // jstests/core/null2.js
+            (doc! {"a.b": null}, doc! {"a": [{"b": 5}]}, false),
+            (doc! {"a.b": null}, doc! {"a": [{}]}, true),
+            (doc! {"a.b": null}, doc! {"a": []}, false),
+            (doc! {"a.b": null}, doc! {"a": [{}, {"b": 5}]}, true),
+            (doc! {"a.b": null}, doc! {"a": [5, {"b": 5}]}, false),
+            (doc! {"a": {"$elemMatch": {"b": null}}}, doc! {"a": [{"c": 1}]}, true),
+            (doc! {"a": {"$elemMatch": {"b": null}}}, doc! {"a": [1]}, false),
             (doc! {"a": null}, doc! {"a": 0}, false),
             (doc! {"a": null}, doc! {"a": [1, null]}, true),
             (doc! {"a": null}, doc! {"a": [1, 2]}, false),
