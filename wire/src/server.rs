@@ -5,7 +5,10 @@
 //! * One request at a time per connection, answered in the form it came in: an OP_MSG gets an
 //!   OP_MSG reply (`responseTo` = its `requestID`, flags 0), an OP_QUERY an OP_REPLY
 //!   (`responseFlags` 8, cursor 0, one document); a compressed request gets a reply compressed
-//!   the same way, except handshake and auth commands, which are never compressed.
+//!   the same way, except handshake and auth commands, which are never compressed; a request
+//!   with a checksum gets a reply with one.
+//! * Exhaust is not implemented: `exhaustAllowed` is passed to the handler, but every request
+//!   gets at most one reply, with flags 0 (clients then simply send the next getMore/hello).
 //! * A request with `moreToCome` never gets a reply, not even an error (the client will not read
 //!   one, and a stray reply would be taken as the answer to its next request).
 //! * Compression is negotiated here: a hello with `compression: [...]` gets back, in an `ok`
@@ -34,7 +37,7 @@ use crate::codec::CodecError;
 use crate::connection::Connection;
 use crate::error::{ErrorCode, MongoError, reply_ok};
 use crate::frame::FrameError;
-use crate::message::{Compressor, Message, Op, OpMsg, OpReply, opcode, to_document};
+use crate::message::{Compressor, Message, MsgFlags, Op, OpMsg, OpReply, opcode, to_document};
 
 /// A command as the handler sees it, whatever opcode carried it.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +120,8 @@ pub struct ReplyTo {
     pub compressor: Option<Compressor>,
     /// Send nothing at all.
     pub more_to_come: bool,
+    /// Append a CRC-32C to the reply (the request carried one, as mongod answers).
+    pub checksum: bool,
     /// `Some` when the request was a hello offering compressors: the ones we accept.
     pub negotiated: Option<Vec<Compressor>>,
 }
@@ -135,11 +140,13 @@ pub fn prepare(message: Message) -> Prepared {
         legacy: false,
         compressor: message.compressor,
         more_to_come: false,
+        checksum: false,
         negotiated: None,
     };
     let request = match message.op {
         Op::Msg(msg) => {
             to.more_to_come = msg.flags.more_to_come();
+            to.checksum = msg.flags.checksum_present();
             request_from_msg(msg)
         }
         Op::Query(query) => {
@@ -279,7 +286,11 @@ pub fn reply_message(to: &ReplyTo, mut reply: Document) -> Option<Message> {
         op: if to.legacy {
             Op::Reply(OpReply::command_reply(raw))
         } else {
-            Op::Msg(OpMsg::new(raw))
+            let mut msg = OpMsg::new(raw);
+            if to.checksum {
+                msg.flags = MsgFlags(MsgFlags::CHECKSUM_PRESENT);
+            }
+            Op::Msg(msg)
         },
     })
 }
@@ -292,6 +303,7 @@ fn frame_error_reply(e: &FrameError) -> Option<Message> {
         legacy: e.op_code == Some(opcode::OP_QUERY),
         compressor: None,
         more_to_come: false,
+        checksum: false,
         negotiated: None,
     };
     reply_message(&to, e.error.to_document())
@@ -428,7 +440,7 @@ mod tests {
     use bson::rawdoc;
 
     use super::*;
-    use crate::message::{DocumentSequence, MsgFlags, OpQuery};
+    use crate::message::{DocumentSequence, OpQuery};
 
     fn op_msg(body: RawDocumentBuf, compressor: Option<Compressor>) -> Message {
         Message {

@@ -374,6 +374,22 @@ async fn oversize_frame_gets_an_error_then_close() {
 }
 
 #[tokio::test]
+async fn checksummed_requests_get_checksummed_replies() {
+    let server = start().await;
+    let mut conn = connect(server.addr).await;
+    let ping = rawdoc! { "ping": 1, "$db": "a" };
+    conn.write_message(&msg(41, ping, MsgFlags::CHECKSUM_PRESENT, None))
+        .await
+        .unwrap();
+    // The decoder verified the CRC; the flag says it was there.
+    let reply = read(&mut conn).await.unwrap();
+    let Op::Msg(op) = &reply.op else {
+        panic!("expected OP_MSG")
+    };
+    assert!(op.flags.checksum_present());
+}
+
+#[tokio::test]
 async fn bad_checksum_gets_an_error_then_close() {
     let server = start().await;
     let mut conn = connect(server.addr).await;
