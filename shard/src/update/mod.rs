@@ -114,10 +114,10 @@ pub struct OperatorUpdate {
     filters: HashMap<String, Matcher>,
 }
 
-/// A parsed pipeline-style update: its stages, in order.
+/// A parsed pipeline-style update: single-document stages, run in order.
 #[derive(Debug, Clone)]
 pub struct PipelineUpdate {
-    stages: Vec<Document>,
+    pipeline: pipeline::agg::Pipeline,
 }
 
 /// A parsed update specification (the `u` of an update statement).
@@ -552,41 +552,45 @@ fn altered(field: &str, value: &Bson) -> MongoError {
 // ---------------------------------------------------------------------------------------------
 
 fn parse_pipeline(stages: &[Bson]) -> Result<PipelineUpdate> {
-    let mut out = Vec::with_capacity(stages.len());
+    let mut docs = Vec::with_capacity(stages.len());
     for s in stages {
         let Bson::Document(stage) = s else {
             return Err(MongoError::type_mismatch(
                 "Each element of the 'pipeline' array must be an object",
             ));
         };
-        let Some(name) = stage.keys().next() else {
-            return Err(MongoError::with_code(
-                40323,
-                "A pipeline stage specification object must contain exactly one field.",
-            ));
-        };
-        if stage.len() != 1 {
-            return Err(MongoError::with_code(
-                40323,
-                "A pipeline stage specification object must contain exactly one field.",
-            ));
-        }
-        if !PIPELINE_UPDATE_STAGES.contains(&name.as_str()) {
+        if let Some(name) = stage.keys().next()
+            && stage.len() == 1
+            && !PIPELINE_UPDATE_STAGES.contains(&name.as_str())
+        {
             return Err(MongoError::new(
                 ErrorCode::INVALID_OPTIONS,
                 format!("{name} is not allowed to be used within an update"),
             ));
         }
-        out.push(stage.clone());
+        docs.push(stage.clone());
     }
-    Ok(PipelineUpdate { stages: out })
+    let pipeline = pipeline::agg::Pipeline::parse(&docs)?;
+    if !pipeline.is_single_document_transform() {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "only single-document stages are allowed within an update",
+        ));
+    }
+    Ok(PipelineUpdate { pipeline })
 }
 
+/// Runs the stages over the document; the result replaces it (keeping `_id`, like a
+/// replacement). `$$NOW` is not bound (`pipeline::agg` stages take no environment yet).
 fn apply_pipeline(p: &PipelineUpdate, doc: &Document, ctx: &UpdateContext) -> Result<Document> {
-    let _ = (&p.stages, ctx);
-    let _ = doc;
-    Err(MongoError::new(
-        ErrorCode::COMMAND_NOT_SUPPORTED,
-        "pipeline-style updates are not available yet",
-    ))
+    let mut cur = doc.clone();
+    for stage in p.pipeline.stages() {
+        cur = stage.apply_one(cur)?.ok_or_else(|| {
+            MongoError::internal(format!(
+                "{} dropped the document in an update",
+                stage.name()
+            ))
+        })?;
+    }
+    finish_whole_document(&cur, doc, ctx)
 }

@@ -1098,6 +1098,86 @@ fn replacement_semantics() {
 }
 
 #[test]
+fn pipeline_updates() {
+    check(
+        vec![
+            ok(
+                "$set with an expression",
+                doc! {"_id": 1, "a": 1},
+                bson!([{"$set": {"b": {"$add": ["$a", 1]}}}]),
+                doc! {"_id": 1, "a": 1, "b": 2},
+            ),
+            ok(
+                "$addFields then $unset",
+                doc! {"_id": 1, "a": 1, "c": 3},
+                bson!([{"$addFields": {"b": "$c"}}, {"$unset": "c"}]),
+                doc! {"_id": 1, "a": 1, "b": 3},
+            ),
+            ok(
+                "$project keeps _id",
+                doc! {"_id": 1, "a": 1, "b": 2},
+                bson!([{"$project": {"b": 1}}]),
+                doc! {"_id": 1, "b": 2},
+            ),
+            ok(
+                "$project excluding _id keeps it anyway",
+                doc! {"_id": 1, "a": 1, "b": 2},
+                bson!([{"$project": {"_id": 0, "b": 1}}]),
+                doc! {"_id": 1, "b": 2},
+            ),
+            ok(
+                "$replaceWith keeps _id first",
+                doc! {"_id": 1, "a": {"x": 1}},
+                bson!([{"$replaceWith": "$a"}]),
+                doc! {"_id": 1, "x": 1},
+            ),
+            ok(
+                "$replaceRoot",
+                doc! {"_id": 1, "a": {"x": 1}},
+                bson!([{"$replaceRoot": {"newRoot": {"y": "$a.x"}}}]),
+                doc! {"_id": 1, "y": 1},
+            ),
+            ok(
+                "a no-op pipeline",
+                doc! {"_id": 1, "a": 1},
+                bson!([{"$set": {"a": 1}}]),
+                doc! {"_id": 1, "a": 1},
+            ),
+            fails(
+                "$replaceWith changing _id",
+                doc! {"_id": 1},
+                bson!([{"$replaceWith": {"_id": 2}}]),
+                66,
+            ),
+            fails(
+                "pipeline with arrayFilters",
+                doc! {"_id": 1},
+                bson!([{"$set": {"a": 1}}]),
+                9,
+            ),
+        ]
+        .into_iter()
+        .map(|mut c| {
+            if c.name == "pipeline with arrayFilters" {
+                c.filters = vec![bson!({"x": 1})];
+            }
+            c
+        })
+        .collect(),
+    );
+    let old =
+        doc! {"_id": 1, "big": "a fairly long string value to make the diff worth it", "n": 1};
+    let spec = UpdateSpec::parse(&bson!([{"$set": {"n": 2}}]), None).unwrap();
+    let (_, outcome) = spec.apply_logged(&old, &ctx(), None).unwrap();
+    assert_eq!(outcome, DiffOutcome::Diff(doc! {"u": {"n": 2}}));
+    let (_, outcome) = UpdateSpec::parse(&bson!([{"$replaceWith": {"z": 1}}]), None)
+        .unwrap()
+        .apply_logged(&old, &ctx(), None)
+        .unwrap();
+    assert_eq!(outcome, DiffOutcome::Replacement);
+}
+
+#[test]
 fn operator_updates_log_mongodb_shaped_diffs() {
     let cases: Vec<(Document, Bson, Document)> = vec![
         (
