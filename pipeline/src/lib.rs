@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod agg;
+pub mod changestream;
 pub mod expr;
 pub mod matcher;
 pub mod projection;

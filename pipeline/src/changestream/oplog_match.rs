@@ -64,7 +64,7 @@ pub fn matches(spec: &ChangeStreamSpec, entry: &Document) -> bool {
                 return terminal_apply_ops_matches(spec, entry, o);
             }
             if o.contains_key("commitTransaction") {
-                return entry.get_str("ns") == Ok("admin.$cmd");
+                return entry.get_str("ns").ok() == Some("admin.$cmd");
             }
             command_matches(spec, entry, o)
         }
@@ -100,7 +100,7 @@ fn migrated_entry_allowed(spec: &ChangeStreamSpec, entry: &Document) -> bool {
         return true;
     }
     spec.options.show_system_events
-        && entry.get_str("op") == Ok("c")
+        && entry.get_str("op").ok() == Some("c")
         && entry
             .get_document("o")
             .is_ok_and(|o| o.contains_key("create") || o.contains_key("createIndexes"))
@@ -131,7 +131,7 @@ fn command_matches(spec: &ChangeStreamSpec, entry: &Document, o: &Document) -> b
 
 /// A terminal `applyOps` (not partial, not prepare) that touches the stream or ends a chain.
 fn terminal_apply_ops_matches(spec: &ChangeStreamSpec, entry: &Document, o: &Document) -> bool {
-    if entry.get_str("ns") != Ok("admin.$cmd")
+    if entry.get_str("ns").ok() != Some("admin.$cmd")
         || matches!(o.get("prepare"), Some(Bson::Boolean(true)))
         || matches!(o.get("partialTxn"), Some(Bson::Boolean(true)))
     {

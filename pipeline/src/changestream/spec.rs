@@ -154,8 +154,8 @@ pub enum UserStage {
     /// `$match`, parsed once.
     Match(Matcher),
     /// A single-document transform (`$project`, `$addFields`/`$set`, `$unset`,
-    /// `$replaceRoot`/`$replaceWith`, `$redact`): the whole stage document.
-    Transform(Document),
+    /// `$replaceRoot`/`$replaceWith`, `$redact`), parsed once by [`crate::agg`].
+    Transform(crate::agg::Stage),
 }
 
 /// A parsed change-stream pipeline.
@@ -314,7 +314,7 @@ pub fn parse_pipeline(pipeline: &[Bson], ctx: &RequestContext<'_>) -> Result<Cha
             };
             user_stages.push(UserStage::Match(Matcher::parse(filter)?));
         } else {
-            user_stages.push(UserStage::Transform((*whole).clone()));
+            user_stages.push(UserStage::Transform(crate::agg::Stage::parse(whole)?));
         }
     }
     Ok(ChangeStreamPipeline {

@@ -47,7 +47,7 @@ impl OpTime {
 
 /// Whether `entry` is one the unwind stage expands (`applyOps` or `commitTransaction`).
 pub fn is_transaction_entry(entry: &Document) -> bool {
-    entry.get_str("op") == Ok("c")
+    entry.get_str("op").ok() == Some("c")
         && entry
             .get_document("o")
             .is_ok_and(|o| o.contains_key("applyOps") || o.contains_key("commitTransaction"))

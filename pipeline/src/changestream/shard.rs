@@ -1,0 +1,126 @@
+//! The shard half of a change stream, composed in MongoDB's order (reference §4.1): oplog match
+//! → unwind transaction → transform → check invalidate → check resumability → classic-types
+//! filter, then (after the shard adds images) the user's stages.
+//!
+//! Owns: the per-cursor state of those stages and their order; nothing here reads the oplog.
+//!
+//! Invariants:
+//! * events come out in token order for entries fed in oplog order (one entry's events share its
+//!   `ts` and are ordered by `txnOpIndex`; an invalidate directly follows its trigger);
+//! * the classic-types filter runs after the resume check and lets the client's own resume
+//!   event through, so a token of an expanded event still resumes a stream without
+//!   `showExpandedEvents` (the router swallows it);
+//! * after an invalidate the stream yields nothing more and [`ShardStream::invalidated`] gives
+//!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
+
+use bson::Document;
+use resume::token::{ResumeStatus, ResumeToken};
+use wire::Result;
+
+use super::ChangeEvent;
+use super::invalidate::CheckInvalidate;
+use super::oplog_match;
+use super::post_merge::UserPipeline;
+use super::resumability::CheckResumability;
+use super::spec::{ChangeStreamSpec, UserStage};
+use super::transform::{Transformer, is_classic_type};
+use super::unwind::{OpTime, is_transaction_entry, unwind};
+
+/// One shard cursor's change-stream stages.
+#[derive(Debug, Clone)]
+pub struct ShardStream {
+    spec: ChangeStreamSpec,
+    transformer: Transformer,
+    invalidate: CheckInvalidate,
+    resumability: CheckResumability,
+    user: UserPipeline,
+}
+
+impl ShardStream {
+    /// `user_stages` are the stages pushed down to the shard (all of them, see
+    /// [`oplog_match`]'s note on pushdown).
+    pub fn new(spec: ChangeStreamSpec, user_stages: Vec<UserStage>) -> ShardStream {
+        ShardStream {
+            transformer: Transformer::new(&spec),
+            invalidate: CheckInvalidate::new(&spec),
+            resumability: CheckResumability::new(&spec.start),
+            user: UserPipeline::new(user_stages),
+            spec,
+        }
+    }
+
+    pub fn spec(&self) -> &ChangeStreamSpec {
+        &self.spec
+    }
+
+    /// The events one oplog entry yields, before images and user stages. `lookup` finds earlier
+    /// entries of a transaction chain by optime.
+    pub fn events_for_entry(
+        &mut self,
+        entry: &Document,
+        lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
+    ) -> Result<Vec<ChangeEvent>> {
+        let mut out = Vec::new();
+        if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
+            return Ok(out);
+        }
+        if is_transaction_entry(entry) {
+            for op in unwind(&self.spec, entry, lookup)? {
+                self.one(&op, &mut out)?;
+                if self.invalidate.invalidated().is_some() {
+                    break;
+                }
+            }
+        } else {
+            self.one(entry, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn one(&mut self, op: &Document, out: &mut Vec<ChangeEvent>) -> Result<()> {
+        let Some(event) = self.transformer.transform(op)? else {
+            return Ok(());
+        };
+        let (event, invalidate) = self.invalidate.process(event)?;
+        for e in std::iter::once(event).chain(invalidate) {
+            let status = self.resumability.check(&e);
+            if status == Some(ResumeStatus::CheckNextDoc) {
+                continue;
+            }
+            if !self.spec.options.show_expanded_events
+                && !is_classic_type(e.operation_type())
+                && status != Some(ResumeStatus::FoundToken)
+            {
+                continue;
+            }
+            out.push(e);
+        }
+        Ok(())
+    }
+
+    /// The user's stages on one event (after images); `None` when they drop it.
+    pub fn apply_user_stages(&self, event: ChangeEvent) -> Result<Option<ChangeEvent>> {
+        self.user.apply_event(event)
+    }
+
+    /// [`ShardStream::events_for_entry`] then [`ShardStream::apply_user_stages`], for streams
+    /// without images.
+    pub fn process_entry(
+        &mut self,
+        entry: &Document,
+        lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
+    ) -> Result<Vec<ChangeEvent>> {
+        let mut out = Vec::new();
+        for e in self.events_for_entry(entry, lookup)? {
+            if let Some(e) = self.apply_user_stages(e)? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The invalidate token, once this stream has been invalidated.
+    pub fn invalidated(&self) -> Option<&ResumeToken> {
+        self.invalidate.invalidated()
+    }
+}
