@@ -4,6 +4,7 @@
 //! Concurrency: the `std` mutex and rwlock here are held only for short, non-async critical
 //! sections (never across `.await`), so they never block the runtime for long.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use resume::ClusterTime;
@@ -20,6 +21,7 @@ pub struct ShardState {
     hlc: Mutex<Hlc>,
     catalog: RwLock<Arc<Catalog>>,
     pub tail: TailWindow,
+    commits: AtomicU64,
 }
 
 impl ShardState {
@@ -38,6 +40,7 @@ impl ShardState {
             hlc: Mutex::new(hlc),
             catalog: RwLock::new(Arc::new(catalog)),
             tail,
+            commits: AtomicU64::new(0),
         }
     }
 
@@ -45,6 +48,15 @@ impl ShardState {
         // A poisoned lock only means another thread panicked while holding it; the clock state
         // is still consistent (every update is a single assignment).
         self.hlc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many write transactions the writer has committed (for tests and benches).
+    pub fn commit_count(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_commit(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn now_millis(&self) -> u64 {

@@ -346,6 +346,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     };
     match committed {
         Ok(()) => {
+            state.count_commit();
             state.publish_catalog(catalog);
             if let Some(r) = renewal {
                 state.hlc().set_reserved(r);
