@@ -513,3 +513,48 @@ async fn serve_stops_on_cancel_and_closes_connections() {
         .unwrap();
     assert_closed(&mut conn).await;
 }
+
+#[tokio::test]
+async fn client_skips_pooled_connections_the_server_has_closed() {
+    // A server that answers one request per connection, then hangs up.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut served = 0;
+        while let Ok((stream, _)) = listener.accept().await {
+            let mut conn = Connection::new(stream);
+            let request = conn.read_message().await.unwrap().unwrap();
+            served += 1;
+            let reply = Message {
+                request_id: 1000,
+                response_to: request.request_id,
+                compressor: None,
+                op: Op::Msg(OpMsg::new(rawdoc! { "ok": 1.0, "served": served })),
+            };
+            conn.write_message(&reply).await.unwrap();
+            conn.shutdown().await.unwrap();
+        }
+    });
+    let client = Client::new(addr.to_string());
+    assert_eq!(
+        client
+            .command("a", doc! { "ping": 1 })
+            .await
+            .unwrap()
+            .get_i32("served")
+            .unwrap(),
+        1
+    );
+    assert_eq!(client.idle_connections(), 1);
+    // Let the FIN arrive; the pooled connection is then recognised as dead and replaced.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        client
+            .command("a", doc! { "ping": 1 })
+            .await
+            .unwrap()
+            .get_i32("served")
+            .unwrap(),
+        2
+    );
+}
