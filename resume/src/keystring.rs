@@ -123,15 +123,17 @@ impl TypeBits {
     }
 
     fn bit(&mut self, one: bool) {
+        // Bytes are materialized lazily, up to the last one bit, so that the common all-zero
+        // stream never allocates; `to_bytes` pads to `ceil(cur_bit / 8)` bytes.
         if one {
             self.all_zeros = false;
-        }
-        let byte = self.cur_bit / 8;
-        let off = self.cur_bit % 8;
-        if off == 0 {
-            self.data.push(u8::from(one));
-        } else if let Some(b) = self.data.get_mut(byte) {
-            *b |= u8::from(one) << off;
+            let byte = self.cur_bit / 8;
+            if self.data.len() <= byte {
+                self.data.resize(byte + 1, 0);
+            }
+            if let Some(b) = self.data.get_mut(byte) {
+                *b |= 1 << (self.cur_bit % 8);
+            }
         }
         self.cur_bit += 1;
     }
@@ -168,20 +170,22 @@ impl TypeBits {
         if self.all_zeros {
             return Vec::new();
         }
-        let n = self.data.len();
+        // Every appended bit that starts a byte allocates that byte, zeros included.
+        let n = self.cur_bit.div_ceil(8);
+        let pad = n.saturating_sub(self.data.len());
         let mut out = Vec::with_capacity(n + 5);
-        match self.data.as_slice() {
-            [b] if *b < 0x80 => out.push(*b),
-            _ if n <= tb::MAX_BYTES_FOR_SHORT_ENCODING => {
-                out.push(0x80 | n as u8);
-                out.extend_from_slice(&self.data);
-            }
-            _ => {
-                out.push(0x80);
-                out.extend_from_slice(&(n as u32).to_le_bytes());
-                out.extend_from_slice(&self.data);
-            }
+        if n == 1 && self.data.first().is_some_and(|b| *b < 0x80) {
+            out.extend_from_slice(&self.data);
+            return out;
         }
+        if n <= tb::MAX_BYTES_FOR_SHORT_ENCODING {
+            out.push(0x80 | n as u8);
+        } else {
+            out.push(0x80);
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+        }
+        out.extend_from_slice(&self.data);
+        out.resize(out.len() + pad, 0);
         out
     }
 }
@@ -324,6 +328,39 @@ impl Builder {
     /// Appends one top-level value (CType byte + payload; no name).
     pub fn append(&mut self, v: &Bson) {
         append_value(&mut self.buf, &mut self.type_bits, v);
+    }
+
+    /// Appends an int32 (type bits `00`), as `append(&Bson::Int32(v))`.
+    pub fn append_i32(&mut self, v: i32) {
+        self.type_bits.two(tb::INT);
+        append_integer(&mut self.buf, i64::from(v));
+    }
+
+    /// Appends a Timestamp, as `append(&Bson::Timestamp(..))`.
+    pub fn append_timestamp(&mut self, secs: u32, inc: u32) {
+        self.buf.push(ctype::TIMESTAMP);
+        let v = (u64::from(secs) << 32) | u64::from(inc);
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    /// Appends a bool.
+    pub fn append_bool(&mut self, v: bool) {
+        self.buf.push(if v {
+            ctype::BOOL_TRUE
+        } else {
+            ctype::BOOL_FALSE
+        });
+    }
+
+    /// Appends null.
+    pub fn append_null(&mut self) {
+        self.buf.push(ctype::NULLISH);
+    }
+
+    /// Appends a UUID as BinData subtype 4: `5A 10 04` + 16 bytes.
+    pub fn append_uuid(&mut self, bytes: &[u8; 16]) {
+        self.buf.extend_from_slice(&[ctype::BIN_DATA, 16, 4]);
+        self.buf.extend_from_slice(bytes);
     }
 
     /// Appends one top-level object (same bytes as `append(&Bson::Document(..))`, no clone).
@@ -1066,22 +1103,54 @@ fn decode_number(
     }
 }
 
-/// Decodes a whole KeyString made of top-level values followed by the end byte; returns the
-/// values. Everything after the end byte is an error (no RecordId is expected).
-pub fn decode_all(data: &[u8], bits: &mut TypeBitsReader<'_>) -> Result<Vec<Bson>, KeyStringError> {
-    let mut r = Reader::new(data);
-    let mut out = Vec::new();
-    while let Some(ct) = r.peek() {
-        r.pos += 1;
+/// Streams the top-level values of a complete KeyString (values, then the end byte `0x04`,
+/// then nothing: a missing end byte or bytes after it are errors; no RecordId is expected).
+#[derive(Debug, Clone)]
+pub struct ValueStream<'a, 'b> {
+    r: Reader<'a>,
+    bits: TypeBitsReader<'b>,
+    done: bool,
+}
+
+impl<'a, 'b> ValueStream<'a, 'b> {
+    pub fn new(data: &'a [u8], bits: TypeBitsReader<'b>) -> Self {
+        ValueStream {
+            r: Reader::new(data),
+            bits,
+            done: false,
+        }
+    }
+
+    /// The next value, or `None` once the end byte has been read.
+    pub fn next_value(&mut self) -> Result<Option<Bson>, KeyStringError> {
+        if self.done {
+            return Ok(None);
+        }
+        let Some(ct) = self.r.peek() else {
+            return err("key has no end byte");
+        };
+        self.r.pos += 1;
         if ct == ctype::END {
-            if r.remaining() != 0 {
+            if self.r.remaining() != 0 {
                 return err("bytes after the end of the key");
             }
-            return Ok(out);
+            self.done = true;
+            return Ok(None);
         }
-        out.push(decode_value(ct, &mut r, bits, 1)?);
+        decode_value(ct, &mut self.r, &mut self.bits, 1).map(Some)
     }
-    err("key has no end byte")
+}
+
+/// Decodes a whole KeyString made of top-level values followed by the end byte; returns the
+/// values (see [`ValueStream`]).
+pub fn decode_all(data: &[u8], bits: &mut TypeBitsReader<'_>) -> Result<Vec<Bson>, KeyStringError> {
+    let mut stream = ValueStream::new(data, bits.clone());
+    let mut out = Vec::new();
+    while let Some(v) = stream.next_value()? {
+        out.push(v);
+    }
+    *bits = stream.bits;
+    Ok(out)
 }
 
 /// Decodes a single value produced by [`key_bytes`] (no end byte) with the given type bits.

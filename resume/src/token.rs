@@ -18,7 +18,7 @@ use bson::{Binary, Bson, Document, Uuid, spec::BinarySubtype};
 use wire::MongoError;
 
 use crate::ClusterTime;
-use crate::keystring::{self, Builder, TypeBitsReader, document_key_bytes};
+use crate::keystring::{Builder, TypeBitsReader, ValueStream, document_key_bytes};
 
 /// Resume token format version. V2 is the default of current MongoDB releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -351,25 +351,25 @@ impl ResumeTokenData {
     /// The wire token: KeyString V1, ascending, end byte `0x04`, plus its type bits.
     pub fn encode(&self) -> ResumeToken {
         let mut b = Builder::new();
-        b.append(&Bson::Timestamp(self.cluster_time.timestamp()));
-        b.append(&Bson::Int32(self.version.as_i32()));
+        b.append_timestamp(self.cluster_time.secs, self.cluster_time.inc);
+        b.append_i32(self.version.as_i32());
         if self.version >= TokenVersion::V1 {
-            b.append(&Bson::Int32(self.token_type.as_i32()));
+            b.append_i32(self.token_type.as_i32());
         }
-        b.append(&Bson::Int32(self.txn_op_index as i32));
+        b.append_i32(self.txn_op_index as i32);
         if self.version >= TokenVersion::V1 {
-            b.append(&Bson::Boolean(self.from_invalidate));
+            b.append_bool(self.from_invalidate);
         }
         match self.uuid {
-            Some(u) => b.append(&uuid_bson(u)),
-            None if self.version >= TokenVersion::V2 => b.append(&Bson::Null),
+            Some(u) => b.append_uuid(&u.bytes()),
+            None if self.version >= TokenVersion::V2 => b.append_null(),
             None => {}
         }
         if let Some(id) = &self.event_identifier {
             b.append_document(id);
         }
         if let Some(f) = self.fragment_num {
-            b.append(&Bson::Int32(f as i32));
+            b.append_i32(f as i32);
         }
         b.append_end();
         let (data, bits) = b.finish();
@@ -394,15 +394,20 @@ impl ResumeTokenData {
         if data.is_empty() {
             return Err(TokenError::Empty);
         }
-        let mut bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
-        let values = keystring::decode_all(data, &mut bits)
-            .map_err(|e| TokenError::Malformed(e.to_string()))?;
-        Self::from_values(values)
-    }
-
-    fn from_values(values: Vec<Bson>) -> Result<Self, TokenError> {
-        let mut it = values.into_iter().peekable();
-        let cluster_time = match it.next() {
+        // Like MongoDB, decode the whole KeyString first (so its errors take precedence), then
+        // validate the fields in order.
+        let bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
+        let mut stream = ValueStream::new(data, bits);
+        let mut values = Vec::with_capacity(8);
+        while let Some(v) = stream
+            .next_value()
+            .map_err(|e| TokenError::Malformed(e.to_string()))?
+        {
+            values.push(v);
+        }
+        let mut it = values.into_iter();
+        let mut next = move || -> Result<Option<Bson>, TokenError> { Ok(it.next()) };
+        let cluster_time = match next()? {
             None => return Err(TokenError::Empty),
             Some(Bson::Timestamp(ts)) => ClusterTime::from(ts),
             Some(_) => {
@@ -411,13 +416,13 @@ impl ResumeTokenData {
                 ));
             }
         };
-        let version = match it.next() {
+        let version = match next()? {
             None => return Err(TokenError::VersionMissing),
             Some(Bson::Int32(v)) => TokenVersion::from_i32(v).ok_or(TokenError::BadVersion(v))?,
             Some(_) => return Err(TokenError::VersionNotInt),
         };
         let token_type = if version >= TokenVersion::V1 {
-            match it.next() {
+            match next()? {
                 None => return Err(TokenError::TokenTypeMissing),
                 Some(Bson::Int32(0)) => TokenType::HighWaterMark,
                 Some(Bson::Int32(128)) => TokenType::Event,
@@ -427,13 +432,13 @@ impl ResumeTokenData {
         } else {
             TokenType::Event
         };
-        let txn_op_index = match it.next() {
+        let txn_op_index = match next()? {
             None => return Err(TokenError::TxnOpIndexMissing),
             Some(Bson::Int32(i)) => u32::try_from(i).map_err(|_| TokenError::NegativeTxnOpIndex)?,
             Some(_) => return Err(TokenError::TxnOpIndexNotInt),
         };
         let from_invalidate = if version >= TokenVersion::V1 {
-            match it.next() {
+            match next()? {
                 None => return Err(TokenError::FromInvalidateMissing),
                 Some(Bson::Boolean(b)) => b,
                 Some(_) => return Err(TokenError::FromInvalidateNotBool),
@@ -451,7 +456,7 @@ impl ResumeTokenData {
             event_identifier: None,
             fragment_num: None,
         };
-        if let Some(u) = it.next() {
+        if let Some(u) = next()? {
             data.uuid = match (u, version) {
                 (Bson::Null, TokenVersion::V2) => None,
                 (u, v) => match bson_uuid(&u) {
@@ -462,13 +467,13 @@ impl ResumeTokenData {
                     }
                 },
             };
-            if let Some(id) = it.next() {
+            if let Some(id) = next()? {
                 match id {
                     Bson::Document(d) => data.event_identifier = Some(d),
                     _ => return Err(TokenError::EventIdentifierNotObject),
                 }
                 if version == TokenVersion::V2
-                    && let Some(f) = it.next()
+                    && let Some(f) = next()?
                 {
                     match f {
                         Bson::Int32(f) if f >= 0 => data.fragment_num = Some(f as u32),
@@ -477,7 +482,7 @@ impl ResumeTokenData {
                 }
             }
         }
-        if it.peek().is_some() {
+        if next()?.is_some() {
             return Err(TokenError::TrailingData);
         }
         data.validate()?;
