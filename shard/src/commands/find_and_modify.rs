@@ -68,6 +68,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         if let Some(prev) = retry.as_ref().and_then(|r| r.executed(sid)) {
             let mut reply = prev.clone();
             reply.insert("retriedStmtId", sid);
+            reply.insert("ok", 1.0);
             return Ok(WriteOutput {
                 reply,
                 op_time: retry.as_ref().and_then(|r| r.record.last_op),

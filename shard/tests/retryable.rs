@@ -1,0 +1,134 @@
+//! Retryable writes: a retried statement returns its first result and is never applied twice,
+//! records survive restarts, old txnNumbers are refused, entries chain through prevOpTime.
+
+mod common;
+
+use bson::{Bson, Document, Uuid, doc};
+use common::*;
+
+fn session(lsid: Uuid, txn: i64) -> Document {
+    doc! {"lsid": {"id": lsid}, "txnNumber": txn}
+}
+
+fn with(mut cmd: Document, extra: Document) -> Document {
+    cmd.extend(extra);
+    cmd
+}
+
+#[tokio::test]
+async fn a_retried_insert_is_not_applied_twice_and_entries_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let lsid = Uuid::new();
+    let cmd = with(
+        doc! {"insert": "c", "documents": [{"_id": 1}, {"_id": 2}]},
+        session(lsid, 1),
+    );
+    let first = ok(&s, "db", cmd.clone()).await;
+    assert_eq!(first.get_i32("n").unwrap(), 2);
+    let entries_before = oplog(&s).await.len();
+    let retry = ok(&s, "db", cmd).await;
+    assert_eq!(retry.get_i32("n").unwrap(), 2);
+    assert_eq!(retry.get_array("retriedStmtIds").unwrap(), &vec![Bson::Int32(0), Bson::Int32(1)]);
+    assert!(!retry.contains_key("writeErrors"));
+    assert_eq!(oplog(&s).await.len(), entries_before);
+    assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 2);
+
+    let inserts: Vec<Document> = oplog_for(&s, "db")
+        .await
+        .into_iter()
+        .filter(|e| e.get_str("op").ok() == Some("i"))
+        .collect();
+    assert_eq!(inserts[0].get_document("lsid").unwrap(), &doc! {"id": lsid});
+    assert_eq!(inserts[0].get_i64("txnNumber").unwrap(), 1);
+    assert_eq!(inserts[0].get_i32("stmtId").unwrap(), 0);
+    assert_eq!(
+        inserts[0].get_document("prevOpTime").unwrap(),
+        &doc! {"ts": bson::Timestamp{time: 0, increment: 0}, "t": -1_i64}
+    );
+    assert_eq!(inserts[1].get_i32("stmtId").unwrap(), 1);
+    assert_eq!(
+        inserts[1].get_document("prevOpTime").unwrap().get_timestamp("ts").unwrap(),
+        inserts[0].get_timestamp("ts").unwrap()
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retried_update_survives_restart_and_old_txn_numbers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let lsid = Uuid::new();
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}]}).await;
+    let cmd = with(
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]},
+        session(lsid, 5),
+    );
+    let first = ok(&s, "db", cmd.clone()).await;
+    assert_eq!(first.get_i32("nModified").unwrap(), 1);
+    s.shutdown().await;
+    drop(s);
+    let s = open(dir.path()).await;
+    let retry = ok(&s, "db", cmd).await;
+    assert_eq!(retry.get_i32("n").unwrap(), 1);
+    assert_eq!(retry.get_i32("nModified").unwrap(), 1);
+    assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1, "n": 1}]);
+    // An older txnNumber on the same session is too old.
+    let old = with(
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]},
+        session(lsid, 4),
+    );
+    let r = run(&s, "db", old).await;
+    assert_eq!(r.get_i32("code").unwrap(), 225);
+    assert_eq!(r.get_str("codeName").unwrap(), "TransactionTooOld");
+    // A newer one executes.
+    let newer = with(
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]},
+        session(lsid, 6),
+    );
+    ok(&s, "db", newer).await;
+    assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1, "n": 2}]);
+    // Retryable multi-updates are refused.
+    let multi = with(
+        doc! {"update": "c", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}, "multi": true}]},
+        session(lsid, 7),
+    );
+    assert_eq!(err_code(&s, "db", multi).await, 72);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn retried_find_and_modify_and_delete_return_the_first_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let lsid = Uuid::new();
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}, {"_id": 2}]}).await;
+    let fam = with(
+        doc! {"findAndModify": "c", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}, "new": true},
+        session(lsid, 1),
+    );
+    let a = ok(&s, "db", fam.clone()).await;
+    let b = ok(&s, "db", fam).await;
+    assert_eq!(a.get_document("value").unwrap(), &doc! {"_id": 1, "n": 1});
+    assert_eq!(b.get_document("value").unwrap(), &doc! {"_id": 1, "n": 1});
+    assert_eq!(find(&s, "db", "c", doc! {"_id": 1}).await, vec![doc! {"_id": 1, "n": 1}]);
+    let del = with(
+        doc! {"delete": "c", "deletes": [{"q": {"_id": 2}, "limit": 1}]},
+        session(lsid, 2),
+    );
+    let a = ok(&s, "db", del.clone()).await;
+    let b = ok(&s, "db", del).await;
+    assert_eq!(a.get_i32("n").unwrap(), 1);
+    assert_eq!(b.get_i32("n").unwrap(), 1);
+    // The explicit stmtIds are honoured.
+    let cmd = with(
+        doc! {"insert": "c", "documents": [{"_id": 10}], "stmtIds": [42]},
+        session(lsid, 3),
+    );
+    ok(&s, "db", cmd.clone()).await;
+    let r = ok(&s, "db", cmd).await;
+    assert_eq!(r.get_array("retriedStmtIds").unwrap(), &vec![Bson::Int32(42)]);
+    let e = oplog_for(&s, "db").await.pop().unwrap();
+    assert_eq!(e.get_i32("stmtId").unwrap(), 42);
+    s.shutdown().await;
+}
