@@ -30,6 +30,9 @@ pub mod spec;
 pub mod transform;
 pub mod unwind;
 
+#[cfg(test)]
+pub(crate) mod test_util;
+
 use bson::Document;
 use resume::token::{ResumeToken, ResumeTokenData};
 use wire::{MongoError, Result};

@@ -1,1 +1,125 @@
+use bson::{Document, doc};
+
 use super::*;
+
+fn parse(diff: Document, expanded: bool) -> Document {
+    parse_diff(&diff).unwrap().into_document(expanded)
+}
+
+#[test]
+fn diff_to_update_description_table() {
+    let cases: Vec<(&str, Document, Document)> = vec![
+        (
+            "set and unset",
+            doc! {"d": {"x": false}, "u": {"a": 1}, "i": {"b": 2}},
+            doc! {"updatedFields": {"a": 1, "b": 2}, "removedFields": ["x"], "truncatedArrays": []},
+        ),
+        (
+            "u then i then b regardless of key order",
+            doc! {"i": {"b": 2}, "b": {"bin": {"o": 0}}, "u": {"a": 1}},
+            doc! {"updatedFields": {"a": 1, "b": 2, "bin": {"o": 0}}, "removedFields": [], "truncatedArrays": []},
+        ),
+        (
+            "nested document",
+            doc! {"u": {"top": 1}, "sa": {"u": {"b": 1}, "d": {"c": false}, "sd": {"i": {"e": 5}}}},
+            doc! {"updatedFields": {"top": 1, "a.b": 1, "a.d.e": 5}, "removedFields": ["a.c"], "truncatedArrays": []},
+        ),
+        (
+            "array truncate",
+            doc! {"sarr": {"a": true, "l": 2}},
+            doc! {"updatedFields": {}, "removedFields": [], "truncatedArrays": [{"field": "arr", "newSize": 2}]},
+        ),
+        (
+            "array set and nested",
+            doc! {"sarr": {"a": true, "u1": 10, "s2": {"u": {"x": 1}}, "u5": {"n": 1}}},
+            doc! {"updatedFields": {"arr.1": 10, "arr.2.x": 1, "arr.5": {"n": 1}}, "removedFields": [], "truncatedArrays": []},
+        ),
+        (
+            "array in array",
+            doc! {"sm": {"a": true, "s0": {"a": true, "l": 1, "u0": 7}}},
+            doc! {"updatedFields": {"m.0.0": 7}, "removedFields": [], "truncatedArrays": [{"field": "m.0", "newSize": 1}]},
+        ),
+        (
+            "empty diff",
+            doc! {},
+            doc! {"updatedFields": {}, "removedFields": [], "truncatedArrays": []},
+        ),
+    ];
+    for (name, diff, want) in cases {
+        assert_eq!(parse(diff, false), want, "{name}");
+    }
+}
+
+#[test]
+fn disambiguated_paths_only_with_expanded_events_and_then_always() {
+    let d = parse(doc! {"u": {"a": 1}}, true);
+    assert_eq!(d.get_document("disambiguatedPaths").unwrap(), &doc! {});
+    assert!(!parse(doc! {"u": {"a": 1}}, false).contains_key("disambiguatedPaths"));
+}
+
+#[test]
+fn ambiguity_rules() {
+    let cases: Vec<(&str, Document, Document)> = vec![
+        ("numeric first component is not ambiguous", doc! {"u": {"0": 1}}, doc! {}),
+        ("array index alone is not ambiguous", doc! {"sarr": {"a": true, "u3": 1}}, doc! {}),
+        (
+            "numeric field below the top is ambiguous",
+            doc! {"sa": {"u": {"1": true}}},
+            doc! {"a.1": ["a", "1"]},
+        ),
+        (
+            "dotted field name",
+            doc! {"u": {"a.b": 1}},
+            doc! {"a.b": ["a.b"]},
+        ),
+        (
+            "dotted removed field",
+            doc! {"d": {"x.y": false}},
+            doc! {"x.y": ["x.y"]},
+        ),
+        (
+            "leading zero is not strictly numeric",
+            doc! {"sa": {"u": {"01": 1}}},
+            doc! {},
+        ),
+        (
+            "ambiguity sticks to deeper components, indexes as ints",
+            doc! {"sa.b": {"sarr": {"a": true, "l": 1, "u0": 5}}},
+            doc! {"a.b.arr": ["a.b", "arr"], "a.b.arr.0": ["a.b", "arr", 0]},
+        ),
+        (
+            "index before an ambiguous field",
+            doc! {"sarr": {"a": true, "s2": {"u": {"3": 1}}}},
+            doc! {"arr.2.3": ["arr", 2, "3"]},
+        ),
+    ];
+    for (name, diff, want) in cases {
+        let d = parse(diff, true);
+        assert_eq!(d.get_document("disambiguatedPaths").unwrap(), &want, "{name}");
+    }
+}
+
+#[test]
+fn malformed_diffs_are_errors() {
+    for diff in [
+        doc! {"x": 1},
+        doc! {"u": 1},
+        doc! {"d": []},
+        doc! {"sa": 5},
+        doc! {"sa": {"a": true, "l": -1}},
+        doc! {"sa": {"a": true, "ux": 1}},
+        doc! {"sa": {"a": true, "q1": 1}},
+        doc! {"sa": {"a": true, "l": "2"}},
+    ] {
+        assert!(parse_diff(&diff).is_err(), "{diff}");
+    }
+}
+
+#[test]
+fn deep_diffs_do_not_overflow() {
+    let mut d = doc! {"u": {"x": 1}};
+    for _ in 0..500 {
+        d = doc! {"sa": d};
+    }
+    assert!(parse_diff(&d).is_err());
+}
