@@ -285,8 +285,8 @@ impl Modifier {
             }
             Modifier::Unset => {
                 if in_array {
-                    *v = Bson::Null;
-                    Ok(Change::Updated)
+                    // An array element is nulled, not removed (indexes of the others hold).
+                    Ok(replace(v, Bson::Null))
                 } else {
                     Ok(Change::Deleted)
                 }

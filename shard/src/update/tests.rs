@@ -1456,7 +1456,7 @@ mod properties {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(2048))]
 
         #[test]
         fn diff_of_identical_documents_is_none(x in document()) {
@@ -1490,6 +1490,7 @@ mod properties {
             match outcome {
                 DiffOutcome::Unchanged => prop_assert!(doc_binary_eq(&old, &new), "{} said unchanged", u),
                 DiffOutcome::Diff(d) => {
+                    prop_assert!(!doc_binary_eq(&old, &new), "{} logged {} for a no-op", u, d);
                     let replayed = apply_diff(&old, &d).unwrap();
                     prop_assert!(doc_binary_eq(&replayed, &new), "logged diff {} for {} on {} gave {} not {}", d, u, old, replayed, new);
                 }
