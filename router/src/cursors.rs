@@ -143,9 +143,15 @@ impl Merge {
 /// What a router cursor reads from.
 #[derive(Debug)]
 pub enum CursorState {
-    Merge(Merge),
+    Merge(Box<Merge>),
     /// Results computed by the router (e.g. a sharded aggregation).
     Buffered(VecDeque<Document>),
+}
+
+impl CursorState {
+    pub fn merge(m: Merge) -> CursorState {
+        CursorState::Merge(Box::new(m))
+    }
 }
 
 #[derive(Debug)]
@@ -168,16 +174,14 @@ impl RouterCursor {
             let Some(doc) = next else {
                 return Ok((out, true));
             };
-            bytes += bson::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
+            bytes += doc.to_vec().map(|v| v.len()).unwrap_or(0);
             out.push(doc);
             if bytes >= MAX_BATCH_BYTES {
                 break;
             }
         }
         let exhausted = match &self.state {
-            CursorState::Merge(m) => {
-                m.limit == Some(0) || m.sources.iter().all(Source::exhausted)
-            }
+            CursorState::Merge(m) => m.limit == Some(0) || m.sources.iter().all(Source::exhausted),
             CursorState::Buffered(b) => b.is_empty(),
         };
         Ok((out, exhausted))
@@ -248,7 +252,10 @@ impl CursorTable {
             .filter(|(_, e)| now.duration_since(e.last_used) > IDLE_TIMEOUT)
             .map(|(id, _)| *id)
             .collect();
-        idle.into_iter().filter_map(|id| map.remove(&id)).map(|e| e.cursor).collect()
+        idle.into_iter()
+            .filter_map(|id| map.remove(&id))
+            .map(|e| e.cursor)
+            .collect()
     }
 
     pub fn len(&self) -> usize {

@@ -91,7 +91,10 @@ pub async fn router(
     presentation: Presentation,
     argv: Vec<String>,
 ) -> anyhow::Result<Running> {
-    anyhow::ensure!(!shard_addrs.is_empty(), "a router needs at least one --shard");
+    anyhow::ensure!(
+        !shard_addrs.is_empty(),
+        "a router needs at least one --shard"
+    );
     let clients = shard_addrs
         .into_iter()
         .map(|a| Arc::new(RemoteShard::new(a)) as Arc<dyn ShardClient>)
@@ -116,7 +119,11 @@ async fn router_over(
     };
     let router = Router::new(clients, options);
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(crate::server::serve(router.clone(), listener, cancel.clone()));
+    let task = tokio::spawn(crate::server::serve(
+        router.clone(),
+        listener,
+        cancel.clone(),
+    ));
     tracing::info!(%addr, "router listening");
     Ok(Running {
         addr,

@@ -75,7 +75,11 @@ enum Command {
 }
 
 fn presentation(repl_set_mode: bool) -> Presentation {
-    if repl_set_mode { Presentation::ReplicaSet } else { Presentation::Mongos }
+    if repl_set_mode {
+        Presentation::ReplicaSet
+    } else {
+        Presentation::Mongos
+    }
 }
 
 #[tokio::main]
@@ -100,11 +104,25 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?
         }
-        Some(Command::Shard { port, bind_ip, dbpath, name }) => {
-            launch::shard(SocketAddr::new(bind_ip, port), dbpath, name).await?
-        }
-        Some(Command::Router { port, bind_ip, shards, repl_set_mode }) => {
-            launch::router(SocketAddr::new(bind_ip, port), shards, presentation(repl_set_mode), argv).await?
+        Some(Command::Shard {
+            port,
+            bind_ip,
+            dbpath,
+            name,
+        }) => launch::shard(SocketAddr::new(bind_ip, port), dbpath, name).await?,
+        Some(Command::Router {
+            port,
+            bind_ip,
+            shards,
+            repl_set_mode,
+        }) => {
+            launch::router(
+                SocketAddr::new(bind_ip, port),
+                shards,
+                presentation(repl_set_mode),
+                argv,
+            )
+            .await?
         }
     };
     let cancel = running.cancel.clone();
@@ -123,13 +141,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

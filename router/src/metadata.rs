@@ -78,7 +78,9 @@ impl ShardedCollection {
 #[derive(Debug, Clone)]
 pub enum Placement {
     /// Not sharded: all of it lives on the database's primary shard.
-    Unsharded { primary: String },
+    Unsharded {
+        primary: String,
+    },
     Sharded(Arc<ShardedCollection>),
 }
 

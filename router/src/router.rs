@@ -6,7 +6,7 @@
 //! (a write acknowledged on shard A before a write is sent to shard B has a smaller `ts`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use bson::{Bson, Document, doc};
@@ -50,7 +50,6 @@ pub struct Router {
     pub(crate) cursors: CursorTable,
     pub(crate) options: RouterOptions,
     pub(crate) started: Instant,
-    next_connection_id: AtomicU64,
     pub(crate) open_connections: AtomicU64,
 }
 
@@ -72,7 +71,6 @@ impl Router {
             cursors: CursorTable::default(),
             options,
             started: Instant::now(),
-            next_connection_id: AtomicU64::new(1),
             open_connections: AtomicU64::new(0),
         })
     }
@@ -85,14 +83,16 @@ impl Router {
         self.clock.now()
     }
 
-    pub(crate) fn next_connection_id(&self) -> u64 {
-        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
-    }
-
     pub(crate) fn shard_index(&self, name: &str) -> Result<usize> {
-        self.shards.iter().position(|s| s.name == name).ok_or_else(|| {
-            MongoError::new(ErrorCode::SHARD_NOT_FOUND, format!("shard {name} not found"))
-        })
+        self.shards
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| {
+                MongoError::new(
+                    ErrorCode::SHARD_NOT_FOUND,
+                    format!("shard {name} not found"),
+                )
+            })
     }
 
     /// Sends `cmd` to a shard with the router's cluster time and returns the reply when it is
@@ -129,7 +129,12 @@ impl Router {
         db: &str,
         cmd: &Document,
     ) -> Vec<Result<Document>> {
-        join_all(shards.iter().map(|&s| self.shard_command(s, db, cmd.clone()))).await
+        join_all(
+            shards
+                .iter()
+                .map(|&s| self.shard_command(s, db, cmd.clone())),
+        )
+        .await
     }
 
     pub fn all_shards(&self) -> Vec<usize> {
@@ -186,7 +191,9 @@ impl Router {
                 counts[i] += 1;
             }
         }
-        let best = (0..self.shards.len()).min_by_key(|&i| (counts[i], i)).unwrap_or(0);
+        let best = (0..self.shards.len())
+            .min_by_key(|&i| (counts[i], i))
+            .unwrap_or(0);
         Ok(self.shards[best].name.clone())
     }
 
@@ -196,7 +203,10 @@ impl Router {
         if let Some(entry) = self.metadata.collection(ns, now) {
             return Ok(entry);
         }
-        let entry = match self.config_find_one("collections", doc! {"_id": ns}).await? {
+        let entry = match self
+            .config_find_one("collections", doc! {"_id": ns})
+            .await?
+        {
             None => None,
             Some(coll) => {
                 let chunks = self.config_find("chunks", doc! {"ns": ns}).await?;
@@ -220,7 +230,11 @@ impl Router {
             match self.database(db).await? {
                 Some(entry) => entry.primary,
                 None if db == CONFIG_DB || db == "admin" => self.shards[0].name.clone(),
-                None => return Ok(Placement::Unsharded { primary: String::new() }),
+                None => {
+                    return Ok(Placement::Unsharded {
+                        primary: String::new(),
+                    });
+                }
             }
         };
         Ok(Placement::Unsharded { primary })
@@ -247,7 +261,11 @@ impl Router {
         let mut cursor_id = cursor_id(&reply);
         while cursor_id != 0 {
             let more = self
-                .shard_command(0, CONFIG_DB, doc! {"getMore": cursor_id, "collection": coll})
+                .shard_command(
+                    0,
+                    CONFIG_DB,
+                    doc! {"getMore": cursor_id, "collection": coll},
+                )
                 .await?;
             docs.extend(next_batch(&more)?);
             cursor_id = self::cursor_id(&more);
@@ -261,9 +279,7 @@ impl Router {
 }
 
 pub(crate) fn validate_db_name(db: &str) -> Result<()> {
-    let bad = db.is_empty()
-        || db.len() > 63
-        || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']);
+    let bad = db.is_empty() || db.len() > 63 || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']);
     if bad {
         return Err(MongoError::new(
             ErrorCode::INVALID_NAMESPACE,

@@ -117,14 +117,18 @@ fn equality_value(filter: &Document, field: &str) -> Option<Bson> {
     if let Some(v) = filter.get(field) {
         let found = match v {
             Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
-                if d.len() == 1 { d.get("$eq").cloned() } else { None }
+                if d.len() == 1 {
+                    d.get("$eq").cloned()
+                } else {
+                    None
+                }
             }
             other => Some(other.clone()),
         };
-        if let Some(found) = found {
-            if !matches!(found, Bson::Array(_) | Bson::RegularExpression(_)) {
-                return Some(found);
-            }
+        if let Some(found) = found
+            && !matches!(found, Bson::Array(_) | Bson::RegularExpression(_))
+        {
+            return Some(found);
         }
     }
     if let Ok(clauses) = filter.get_array("$and") {
@@ -203,9 +207,9 @@ fn hash_into(h: &mut Md5, v: &Bson) {
             h.update(t.increment.to_le_bytes());
         }
         Bson::RegularExpression(r) => {
-            h.update(r.pattern.as_bytes());
+            h.update(r.pattern.as_str().as_bytes());
             h.update([0]);
-            h.update(r.options.as_bytes());
+            h.update(r.options.as_str().as_bytes());
         }
         other => h.update(other.to_string().as_bytes()),
     }
@@ -237,9 +241,15 @@ impl ChunkTable {
     /// Builds a table, checking the invariants: sorted, contiguous, covering MinKey..MaxKey.
     pub fn new(mut chunks: Vec<Chunk>) -> Result<ChunkTable> {
         chunks.sort_by(|a, b| compare_keys(&a.min, &b.min));
-        let covers = chunks.first().is_some_and(|c| c.min.iter().all(|v| *v == Bson::MinKey))
-            && chunks.last().is_some_and(|c| c.max.iter().all(|v| *v == Bson::MaxKey))
-            && chunks.windows(2).all(|w| compare_keys(&w[0].max, &w[1].min).is_eq());
+        let covers = chunks
+            .first()
+            .is_some_and(|c| c.min.iter().all(|v| *v == Bson::MinKey))
+            && chunks
+                .last()
+                .is_some_and(|c| c.max.iter().all(|v| *v == Bson::MaxKey))
+            && chunks
+                .windows(2)
+                .all(|w| compare_keys(&w[0].max, &w[1].min).is_eq());
         if !covers {
             return Err(MongoError::new(
                 ErrorCode::INCOMPATIBLE_SHARDING_METADATA,
@@ -263,7 +273,11 @@ impl ChunkTable {
 
     /// A hashed key pre-split evenly: `chunks_per_shard` chunks for each shard, in shard order.
     /// The hashed field must be the first key field.
-    pub fn presplit_hashed(key: &ShardKey, shards: &[String], chunks_per_shard: usize) -> ChunkTable {
+    pub fn presplit_hashed(
+        key: &ShardKey,
+        shards: &[String],
+        chunks_per_shard: usize,
+    ) -> ChunkTable {
         let n_fields = key.fields.len();
         let total = (shards.len() * chunks_per_shard).max(1);
         let step = (u64::MAX / total as u64) as i128;
@@ -274,8 +288,16 @@ impl ChunkTable {
         };
         let chunks = (0..total)
             .map(|i| Chunk {
-                min: if i == 0 { vec![Bson::MinKey; n_fields] } else { bound(i) },
-                max: if i + 1 == total { vec![Bson::MaxKey; n_fields] } else { bound(i + 1) },
+                min: if i == 0 {
+                    vec![Bson::MinKey; n_fields]
+                } else {
+                    bound(i)
+                },
+                max: if i + 1 == total {
+                    vec![Bson::MaxKey; n_fields]
+                } else {
+                    bound(i + 1)
+                },
                 shard: shards[i * shards.len() / total].clone(),
             })
             .collect();
@@ -310,7 +332,11 @@ impl ChunkTable {
     pub fn to_documents(&self, key: &ShardKey, ns: &str) -> Vec<Document> {
         let names: Vec<&str> = key.fields().collect();
         let bound = |vals: &[Bson]| -> Document {
-            names.iter().zip(vals).map(|(n, v)| (n.to_string(), v.clone())).collect()
+            names
+                .iter()
+                .zip(vals)
+                .map(|(n, v)| (n.to_string(), v.clone()))
+                .collect()
         };
         self.chunks
             .iter()
@@ -382,7 +408,9 @@ mod tests {
         let mut per_shard = std::collections::HashMap::new();
         for i in 0..3000 {
             let k = key.key_of_document(&doc! {"_id": i}).unwrap();
-            *per_shard.entry(table.shard_for(&k).to_string()).or_insert(0) += 1;
+            *per_shard
+                .entry(table.shard_for(&k).to_string())
+                .or_insert(0) += 1;
         }
         assert_eq!(per_shard.len(), 3);
         assert!(per_shard.values().all(|&n| n > 700), "{per_shard:?}");
@@ -398,8 +426,15 @@ mod tests {
 
     #[test]
     fn a_table_with_a_gap_is_rejected() {
-        let c = |min: Bson, max: Bson| Chunk { min: vec![min], max: vec![max], shard: "s".into() };
-        let gap = vec![c(Bson::MinKey, Bson::Int32(5)), c(Bson::Int32(6), Bson::MaxKey)];
+        let c = |min: Bson, max: Bson| Chunk {
+            min: vec![min],
+            max: vec![max],
+            shard: "s".into(),
+        };
+        let gap = vec![
+            c(Bson::MinKey, Bson::Int32(5)),
+            c(Bson::Int32(6), Bson::MaxKey),
+        ];
         assert!(ChunkTable::new(gap).is_err());
     }
 

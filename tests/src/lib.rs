@@ -4,6 +4,9 @@
 //! Invariant: every cluster a test starts lives in its own temporary directory and on ports the
 //! OS handed out, so tests run in parallel without sharing state; dropping a cluster stops it.
 
+// Test support: a failed expectation should panic with the value, as in a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,7 +59,10 @@ impl EmbeddedCluster {
         Self::start_with(n_shards, Presentation::Mongos).await
     }
 
-    pub async fn start_with(n_shards: usize, presentation: Presentation) -> Result<EmbeddedCluster> {
+    pub async fn start_with(
+        n_shards: usize,
+        presentation: Presentation,
+    ) -> Result<EmbeddedCluster> {
         init_tracing();
         let dir = tempfile::tempdir()?;
         let running = launch::embedded(
@@ -139,7 +145,10 @@ pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<()> {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             return Ok(());
         }
-        anyhow::ensure!(start.elapsed() < timeout, "nothing listens on {addr} after {timeout:?}");
+        anyhow::ensure!(
+            start.elapsed() < timeout,
+            "nothing listens on {addr} after {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -155,7 +164,10 @@ impl Proc {
     pub async fn spawn(args: Vec<String>, addr: SocketAddr) -> Result<Proc> {
         let child = Command::new(tributary_binary()?)
             .args(&args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawning tributary {args:?}"))?;
@@ -224,7 +236,11 @@ impl ProcessCluster {
             args.push("--replSetMode".into());
         }
         let router = Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?;
-        Ok(ProcessCluster { dir, shards, router })
+        Ok(ProcessCluster {
+            dir,
+            shards,
+            router,
+        })
     }
 
     pub async fn client(&self) -> Result<Client> {

@@ -14,7 +14,11 @@ pub fn code_of(e: &mongodb::error::Error) -> Option<i32> {
         ErrorKind::Command(c) => Some(c.code),
         ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
         ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
-        ErrorKind::InsertMany(m) => m.write_errors.as_ref().and_then(|w| w.first()).map(|w| w.code),
+        ErrorKind::InsertMany(m) => m
+            .write_errors
+            .as_ref()
+            .and_then(|w| w.first())
+            .map(|w| w.code),
         _ => None,
     }
 }
@@ -25,7 +29,10 @@ pub async fn handshake_and_admin(client: &Client) -> Result<()> {
     let hello = admin.run_command(doc! {"hello": 1}).await?;
     ensure!(hello.get_bool("isWritablePrimary")?, "{hello}");
     ensure!(hello.get_i32("maxWireVersion")? == 21, "{hello}");
-    ensure!(hello.contains_key("logicalSessionTimeoutMinutes"), "{hello}");
+    ensure!(
+        hello.contains_key("logicalSessionTimeoutMinutes"),
+        "{hello}"
+    );
     let legacy = admin.run_command(doc! {"isMaster": 1}).await?;
     ensure!(legacy.get_bool("ismaster")?, "{legacy}");
     let build = admin.run_command(doc! {"buildInfo": 1}).await?;
@@ -34,17 +41,29 @@ pub async fn handshake_and_admin(client: &Client) -> Result<()> {
     let params = admin.run_command(doc! {"getParameter": "*"}).await?;
     ensure!(params.contains_key("enableTestCommands"), "{params}");
     let opts = admin.run_command(doc! {"getCmdLineOpts": 1}).await?;
-    ensure!(opts.contains_key("argv") && opts.contains_key("parsed"), "{opts}");
+    ensure!(
+        opts.contains_key("argv") && opts.contains_key("parsed"),
+        "{opts}"
+    );
     let status = admin.run_command(doc! {"serverStatus": 1}).await?;
-    ensure!(status.get_document("storageEngine")?.contains_key("name"), "{status}");
+    ensure!(
+        status.get_document("storageEngine")?.contains_key("name"),
+        "{status}"
+    );
     admin.run_command(doc! {"endSessions": []}).await?;
     admin.run_command(doc! {"killAllSessions": []}).await?;
-    let err = admin.run_command(doc! {"noSuchCommand": 1}).await.unwrap_err();
+    let err = admin
+        .run_command(doc! {"noSuchCommand": 1})
+        .await
+        .unwrap_err();
     ensure!(code_of(&err) == Some(59), "unknown command gave {err}");
     // The connection survives the error.
     admin.run_command(doc! {"ping": 1}).await?;
     let reply = admin.run_command(doc! {"ping": 1}).await?;
-    ensure!(reply.contains_key("$clusterTime") && reply.contains_key("operationTime"), "{reply}");
+    ensure!(
+        reply.contains_key("$clusterTime") && reply.contains_key("operationTime"),
+        "{reply}"
+    );
     Ok(())
 }
 
@@ -52,18 +71,31 @@ pub async fn handshake_and_admin(client: &Client) -> Result<()> {
 pub async fn crud(client: &Client, db_name: &str) -> Result<()> {
     let db = client.database(db_name);
     let c = db.collection::<Document>("people");
-    c.insert_many((0..250).map(|i| doc! {"_id": i, "n": i, "g": i % 5, "tags": ["a", format!("t{}", i % 3)]}))
-        .await?;
+    c.insert_many(
+        (0..250).map(|i| doc! {"_id": i, "n": i, "g": i % 5, "tags": ["a", format!("t{}", i % 3)]}),
+    )
+    .await?;
 
     // Duplicate _id: ordered stops at the error, unordered goes on.
     let err = c
-        .insert_many(vec![doc! {"_id": 1000}, doc! {"_id": 1}, doc! {"_id": 1001}])
+        .insert_many(vec![
+            doc! {"_id": 1000},
+            doc! {"_id": 1},
+            doc! {"_id": 1001},
+        ])
         .await
         .unwrap_err();
-    ensure!(format!("{err}").contains("11000") || format!("{err:?}").contains("11000"), "{err}");
+    ensure!(
+        format!("{err}").contains("11000") || format!("{err:?}").contains("11000"),
+        "{err}"
+    );
     ensure!(c.count_documents(doc! {"_id": {"$gte": 1000}}).await? == 1);
     let err = c
-        .insert_many(vec![doc! {"_id": 2000}, doc! {"_id": 2}, doc! {"_id": 2001}])
+        .insert_many(vec![
+            doc! {"_id": 2000},
+            doc! {"_id": 2},
+            doc! {"_id": 2001},
+        ])
         .ordered(false)
         .await
         .unwrap_err();
@@ -84,9 +116,17 @@ pub async fn crud(client: &Client, db_name: &str) -> Result<()> {
         .await?;
     ensure!(docs.len() == 20, "got {}", docs.len());
     let ns: Vec<i32> = docs.iter().map(|d| d.get_i32("n").unwrap_or(-1)).collect();
-    let expected: Vec<i32> = (0..250).rev().filter(|i| i % 5 == 2).skip(3).take(20).collect();
+    let expected: Vec<i32> = (0..250)
+        .rev()
+        .filter(|i| i % 5 == 2)
+        .skip(3)
+        .take(20)
+        .collect();
     ensure!(ns == expected, "{ns:?} != {expected:?}");
-    ensure!(docs.iter().all(|d| d.len() == 1), "projection kept extra fields: {docs:?}");
+    ensure!(
+        docs.iter().all(|d| d.len() == 1),
+        "projection kept extra fields: {docs:?}"
+    );
     let all: Vec<Document> = c.find(doc! {}).batch_size(10).await?.try_collect().await?;
     ensure!(all.len() == 250);
     let tagged = c.count_documents(doc! {"tags": "t1"}).await?;
@@ -101,13 +141,31 @@ pub async fn crud(client: &Client, db_name: &str) -> Result<()> {
     ensure!(d.get_i32("n")? == 17, "{d}");
     ensure!(d.get_document("x")?.get_i32("y")? == 1, "{d}");
     ensure!(d.get_array("tags")?.len() == 2, "{d}");
-    let noop = c.update_one(doc! {"_id": 7}, doc! {"$set": {"n": 17}}).await?;
-    ensure!(noop.matched_count == 1 && noop.modified_count == 0, "{noop:?}");
-    let up = c.update_one(doc! {"_id": 5000}, doc! {"$set": {"n": 1}, "$setOnInsert": {"new": true}}).upsert(true).await?;
+    let noop = c
+        .update_one(doc! {"_id": 7}, doc! {"$set": {"n": 17}})
+        .await?;
+    ensure!(
+        noop.matched_count == 1 && noop.modified_count == 0,
+        "{noop:?}"
+    );
+    let up = c
+        .update_one(
+            doc! {"_id": 5000},
+            doc! {"$set": {"n": 1}, "$setOnInsert": {"new": true}},
+        )
+        .upsert(true)
+        .await?;
     ensure!(up.upserted_id == Some(Bson::Int32(5000)), "{up:?}");
-    let many = c.update_many(doc! {"g": 0}, doc! {"$mul": {"n": 2}}).await?;
-    ensure!(many.matched_count == 50 && many.modified_count == 49, "{many:?}");
-    let rep = c.replace_one(doc! {"_id": 8}, doc! {"replaced": true}).await?;
+    let many = c
+        .update_many(doc! {"g": 0}, doc! {"$mul": {"n": 2}})
+        .await?;
+    ensure!(
+        many.matched_count == 50 && many.modified_count == 49,
+        "{many:?}"
+    );
+    let rep = c
+        .replace_one(doc! {"_id": 8}, doc! {"replaced": true})
+        .await?;
     ensure!(rep.modified_count == 1);
     let d = c.find_one(doc! {"_id": 8}).await?.unwrap_or_default();
     ensure!(d == doc! {"_id": 8, "replaced": true}, "{d}");
@@ -128,11 +186,23 @@ pub async fn crud(client: &Client, db_name: &str) -> Result<()> {
     ensure!(removed.is_some());
 
     // count, distinct, aggregate.
-    ensure!(c.estimated_document_count().await? == 250, "estimated count");
+    ensure!(
+        c.estimated_document_count().await? == 250,
+        "estimated count"
+    );
     ensure!(c.count_documents(doc! {"g": 1}).await? == 50);
     let mut gs = c.distinct("g", doc! {}).await?;
     gs.sort_by_key(|b| b.as_i32());
-    ensure!(gs == vec![Bson::Int32(0), Bson::Int32(1), Bson::Int32(2), Bson::Int32(3), Bson::Int32(4)], "{gs:?}");
+    ensure!(
+        gs == vec![
+            Bson::Int32(0),
+            Bson::Int32(1),
+            Bson::Int32(2),
+            Bson::Int32(3),
+            Bson::Int32(4)
+        ],
+        "{gs:?}"
+    );
     let groups: Vec<Document> = c
         .aggregate(vec![
             doc! {"$match": {"n": {"$lt": 100}}},
@@ -171,21 +241,33 @@ pub async fn ddl(client: &Client, db_name: &str) -> Result<()> {
     ensure!(code_of(&err) == Some(48), "create twice: {err}");
     let c = db.collection::<Document>("a");
     c.insert_one(doc! {"k": 1}).await?;
-    c.create_index(IndexModel::builder().keys(doc! {"k": 1}).build()).await?;
+    c.create_index(IndexModel::builder().keys(doc! {"k": 1}).build())
+        .await?;
     let mut names = c.list_index_names().await?;
     names.sort();
-    ensure!(names == vec!["_id_".to_string(), "k_1".to_string()], "{names:?}");
-    db.run_command(doc! {"collMod": "a", "validationLevel": "moderate"}).await?;
+    ensure!(
+        names == vec!["_id_".to_string(), "k_1".to_string()],
+        "{names:?}"
+    );
+    db.run_command(doc! {"collMod": "a", "validationLevel": "moderate"})
+        .await?;
     c.drop_index("k_1").await?;
     ensure!(c.list_index_names().await? == vec!["_id_".to_string()]);
     client
         .database("admin")
-        .run_command(doc! {"renameCollection": format!("{db_name}.a"), "to": format!("{db_name}.b")})
+        .run_command(
+            doc! {"renameCollection": format!("{db_name}.a"), "to": format!("{db_name}.b")},
+        )
         .await?;
     let mut colls = db.list_collection_names().await?;
     colls.sort();
     ensure!(colls == vec!["b".to_string()], "{colls:?}");
-    ensure!(db.collection::<Document>("b").count_documents(doc! {}).await? == 1);
+    ensure!(
+        db.collection::<Document>("b")
+            .count_documents(doc! {})
+            .await?
+            == 1
+    );
     db.collection::<Document>("b").drop().await?;
     ensure!(db.list_collection_names().await?.is_empty());
     db.collection::<Document>("c").insert_one(doc! {}).await?;
@@ -202,38 +284,75 @@ pub async fn sharded_crud(client: &Client, db_name: &str, key: Document) -> Resu
     let admin = client.database("admin");
     admin.run_command(doc! {"enableSharding": db_name}).await?;
     let ns = format!("{db_name}.s");
-    admin.run_command(doc! {"shardCollection": &ns, "key": key.clone()}).await?;
+    admin
+        .run_command(doc! {"shardCollection": &ns, "key": key.clone()})
+        .await?;
     // Sharding again with the same key is a no-op; another key is refused.
-    admin.run_command(doc! {"shardCollection": &ns, "key": key}).await?;
+    admin
+        .run_command(doc! {"shardCollection": &ns, "key": key})
+        .await?;
     let err = admin
         .run_command(doc! {"shardCollection": &ns, "key": {"other": 1}})
         .await
         .unwrap_err();
     ensure!(code_of(&err) == Some(23), "{err}");
     let c = client.database(db_name).collection::<Document>("s");
-    c.insert_many((0..300).map(|i| doc! {"_id": i, "sk": i, "v": i % 7})).await?;
+    c.insert_many((0..300).map(|i| doc! {"_id": i, "sk": i, "v": i % 7}))
+        .await?;
     ensure!(c.count_documents(doc! {}).await? == 300);
-    let sorted: Vec<Document> = c.find(doc! {"v": 3}).sort(doc! {"_id": 1}).skip(2).limit(5).await?.try_collect().await?;
-    let ids: Vec<i32> = sorted.iter().filter_map(|d| d.get_i32("_id").ok()).collect();
+    let sorted: Vec<Document> = c
+        .find(doc! {"v": 3})
+        .sort(doc! {"_id": 1})
+        .skip(2)
+        .limit(5)
+        .await?
+        .try_collect()
+        .await?;
+    let ids: Vec<i32> = sorted
+        .iter()
+        .filter_map(|d| d.get_i32("_id").ok())
+        .collect();
     let expected: Vec<i32> = (0..300).filter(|i| i % 7 == 3).skip(2).take(5).collect();
     ensure!(ids == expected, "{ids:?} != {expected:?}");
-    let desc: Vec<Document> = c.find(doc! {}).sort(doc! {"sk": -1}).projection(doc! {"sk": 1}).batch_size(17).await?.try_collect().await?;
+    let desc: Vec<Document> = c
+        .find(doc! {})
+        .sort(doc! {"sk": -1})
+        .projection(doc! {"sk": 1})
+        .batch_size(17)
+        .await?
+        .try_collect()
+        .await?;
     ensure!(desc.len() == 300);
-    ensure!(desc.windows(2).all(|w| w[0].get_i32("sk").unwrap_or(0) > w[1].get_i32("sk").unwrap_or(0)));
+    ensure!(
+        desc.windows(2)
+            .all(|w| w[0].get_i32("sk").unwrap_or(0) > w[1].get_i32("sk").unwrap_or(0))
+    );
     let one = c.find_one(doc! {"_id": 42, "sk": 42}).await?;
     ensure!(one.is_some_and(|d| d.get_i32("v").ok() == Some(0)));
-    let r = c.update_many(doc! {"v": 1}, doc! {"$set": {"touched": true}}).await?;
+    let r = c
+        .update_many(doc! {"v": 1}, doc! {"$set": {"touched": true}})
+        .await?;
     ensure!(r.modified_count == 43, "{r:?}");
-    let r = c.update_one(doc! {"_id": 5, "sk": 5}, doc! {"$inc": {"v": 100}}).await?;
+    let r = c
+        .update_one(doc! {"_id": 5, "sk": 5}, doc! {"$inc": {"v": 100}})
+        .await?;
     ensure!(r.modified_count == 1);
-    let r = c.update_one(doc! {"_id": 6}, doc! {"$inc": {"v": 100}}).await?;
-    ensure!(r.modified_count == 1, "single update without the shard key: {r:?}");
+    let r = c
+        .update_one(doc! {"_id": 6}, doc! {"$inc": {"v": 100}})
+        .await?;
+    ensure!(
+        r.modified_count == 1,
+        "single update without the shard key: {r:?}"
+    );
     ensure!(c.count_documents(doc! {"v": {"$gte": 100}}).await? == 2);
     let mut vs = c.distinct("v", doc! {"v": {"$lt": 7}}).await?;
     vs.sort_by_key(|b| b.as_i32());
     ensure!(vs.len() == 7, "{vs:?}");
     let agg: Vec<Document> = c
-        .aggregate(vec![doc! {"$match": {"v": {"$lt": 7}}}, doc! {"$group": {"_id": null, "total": {"$sum": "$v"}}}])
+        .aggregate(vec![
+            doc! {"$match": {"v": {"$lt": 7}}},
+            doc! {"$group": {"_id": null, "total": {"$sum": "$v"}}},
+        ])
         .await?
         .try_collect()
         .await?;
@@ -257,8 +376,14 @@ pub async fn retryable_write_dedupe(client: &Client, db_name: &str) -> Result<()
     };
     let first = db.run_command(insert.clone()).await?;
     let second = db.run_command(insert).await?;
-    ensure!(first.get_i32("n").ok() == second.get_i32("n").ok(), "{first} vs {second}");
-    ensure!(!second.contains_key("writeErrors"), "retry reported {second}");
+    ensure!(
+        first.get_i32("n").ok() == second.get_i32("n").ok(),
+        "{first} vs {second}"
+    );
+    ensure!(
+        !second.contains_key("writeErrors"),
+        "retry reported {second}"
+    );
     let update = doc! {
         "update": "r",
         "updates": [{"q": {"_id": 1}, "u": {"$inc": {"x": 1}}}],
@@ -267,10 +392,25 @@ pub async fn retryable_write_dedupe(client: &Client, db_name: &str) -> Result<()
     };
     db.run_command(update.clone()).await?;
     let again = db.run_command(update).await?;
-    ensure!(again.get_i32("nModified").unwrap_or(again.get_i64("nModified").unwrap_or(0) as i32) == 1, "{again}");
-    let d = db.collection::<Document>("r").find_one(doc! {"_id": 1}).await?.unwrap_or_default();
+    ensure!(
+        again
+            .get_i32("nModified")
+            .unwrap_or(again.get_i64("nModified").unwrap_or(0) as i32)
+            == 1,
+        "{again}"
+    );
+    let d = db
+        .collection::<Document>("r")
+        .find_one(doc! {"_id": 1})
+        .await?
+        .unwrap_or_default();
     ensure!(d.get_i32("x")? == 1, "update applied twice: {d}");
-    ensure!(db.collection::<Document>("r").count_documents(doc! {}).await? == 2);
+    ensure!(
+        db.collection::<Document>("r")
+            .count_documents(doc! {})
+            .await?
+            == 2
+    );
     Ok(())
 }
 
@@ -280,23 +420,44 @@ pub async fn bad_input(client: &Client, db_name: &str) -> Result<()> {
     let c = db.collection::<Document>("bad");
     let err = c.find(doc! {"a": {"$foo": 1}}).await.unwrap_err();
     ensure!(code_of(&err) == Some(2), "unknown query operator: {err}");
-    let err = c.update_one(doc! {}, doc! {"$foo": {"a": 1}}).upsert(true).await.unwrap_err();
-    ensure!(format!("{err:?}").contains("9") , "unknown update operator: {err:?}");
-    let err = db.run_command(doc! {"find": "bad", "filter": 5}).await.unwrap_err();
+    let err = c
+        .update_one(doc! {}, doc! {"$foo": {"a": 1}})
+        .upsert(true)
+        .await
+        .unwrap_err();
+    ensure!(
+        format!("{err:?}").contains("9"),
+        "unknown update operator: {err:?}"
+    );
+    let err = db
+        .run_command(doc! {"find": "bad", "filter": 5})
+        .await
+        .unwrap_err();
     ensure!(code_of(&err) == Some(14), "wrong field type: {err}");
-    let err = db.run_command(doc! {"insert": "bad", "documents": [{"$x": 1}]}).await;
+    let err = db
+        .run_command(doc! {"insert": "bad", "documents": [{"$x": 1}]})
+        .await;
     let text = match err {
         Ok(reply) => reply.to_string(),
         Err(e) => format!("{e:?}"),
     };
-    ensure!(text.contains("$x") || text.contains("Dollar"), "$-prefixed field accepted: {text}");
+    ensure!(
+        text.contains("$x") || text.contains("Dollar"),
+        "$-prefixed field accepted: {text}"
+    );
     let big = "x".repeat(16 * 1024 * 1024);
-    let err = db.run_command(doc! {"insert": "bad", "documents": [{"big": big}]}).await;
+    let err = db
+        .run_command(doc! {"insert": "bad", "documents": [{"big": big}]})
+        .await;
     let text = match err {
         Ok(reply) => reply.to_string(),
         Err(e) => format!("{e:?}"),
     };
-    ensure!(text.contains("10334"), "oversize document: {}", &text[..text.len().min(300)]);
+    ensure!(
+        text.contains("10334"),
+        "oversize document: {}",
+        &text[..text.len().min(300)]
+    );
     let err = c.aggregate(vec![doc! {"$nope": {}}]).await.unwrap_err();
     ensure!(code_of(&err) == Some(40324), "unknown stage: {err}");
     db.run_command(doc! {"ping": 1}).await?;

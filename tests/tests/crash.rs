@@ -45,12 +45,17 @@ async fn acknowledged_writes_survive_kill_9_of_a_shard() -> anyhow::Result<()> {
         w.await?;
     }
     let acked = acked.lock().unwrap().clone();
-    assert!(acked_at_kill > 50, "the load was running when the shard died ({acked_at_kill} acks)");
+    assert!(
+        acked_at_kill > 50,
+        "the load was running when the shard died ({acked_at_kill} acks)"
+    );
     let fresh = tests::connect(cluster.router.addr).await?;
     let c = fresh.database("durable").collection::<Document>("c");
     let mut missing = Vec::new();
     for chunk in acked.chunks(1000) {
-        let n = c.count_documents(doc! {"_id": {"$in": chunk.to_vec()}}).await?;
+        let n = c
+            .count_documents(doc! {"_id": {"$in": chunk.to_vec()}})
+            .await?;
         if n as usize != chunk.len() {
             for id in chunk {
                 if c.find_one(doc! {"_id": id}).await?.is_none() {
@@ -59,6 +64,11 @@ async fn acknowledged_writes_survive_kill_9_of_a_shard() -> anyhow::Result<()> {
             }
         }
     }
-    assert!(missing.is_empty(), "{} acknowledged writes lost: {:?}", missing.len(), &missing[..missing.len().min(20)]);
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged writes lost: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
     Ok(())
 }

@@ -41,7 +41,9 @@ async fn documents_are_routed_to_the_right_shard() -> anyhow::Result<()> {
     let cluster = ProcessCluster::start(3).await?;
     let client = cluster.client().await?;
     let admin = client.database("admin");
-    admin.run_command(doc! {"shardCollection": "routed.h", "key": {"_id": "hashed"}}).await?;
+    admin
+        .run_command(doc! {"shardCollection": "routed.h", "key": {"_id": "hashed"}})
+        .await?;
     let h = client.database("routed").collection::<Document>("h");
     h.insert_many((0..600).map(|i| doc! {"_id": i})).await?;
     let u = client.database("routed").collection::<Document>("u");
@@ -57,12 +59,27 @@ async fn documents_are_routed_to_the_right_shard() -> anyhow::Result<()> {
     let mut uuids = Vec::new();
     for i in 0..3 {
         let direct = cluster.shard_client(i).await?;
-        let n = direct.database("routed").collection::<Document>("h").count_documents(doc! {}).await?;
+        let n = direct
+            .database("routed")
+            .collection::<Document>("h")
+            .count_documents(doc! {})
+            .await?;
         assert!(n > 100, "shard{i} holds {n} of 600 hashed documents");
         total += n;
-        let un = direct.database("routed").collection::<Document>("u").count_documents(doc! {}).await?;
-        let expected = if primary == format!("shard{i}") { 10 } else { 0 };
-        assert_eq!(un, expected, "unsharded documents on shard{i} (primary {primary})");
+        let un = direct
+            .database("routed")
+            .collection::<Document>("u")
+            .count_documents(doc! {})
+            .await?;
+        let expected = if primary == format!("shard{i}") {
+            10
+        } else {
+            0
+        };
+        assert_eq!(
+            un, expected,
+            "unsharded documents on shard{i} (primary {primary})"
+        );
         let spec = direct
             .database("routed")
             .run_command(doc! {"listCollections": 1, "filter": {"name": "h"}})
@@ -76,7 +93,10 @@ async fn documents_are_routed_to_the_right_shard() -> anyhow::Result<()> {
         uuids.push(info);
     }
     assert_eq!(total, 600);
-    assert!(uuids.iter().all(|u| u.is_some() && *u == uuids[0]), "one UUID on every shard: {uuids:?}");
+    assert!(
+        uuids.iter().all(|u| u.is_some() && *u == uuids[0]),
+        "one UUID on every shard: {uuids:?}"
+    );
     Ok(())
 }
 
@@ -85,12 +105,17 @@ async fn data_survives_a_restart() -> anyhow::Result<()> {
     let mut cluster = EmbeddedCluster::start(3).await?;
     {
         let client = cluster.client().await?;
-        client.database("admin").run_command(doc! {"shardCollection": "keep.h", "key": {"k": "hashed"}}).await?;
+        client
+            .database("admin")
+            .run_command(doc! {"shardCollection": "keep.h", "key": {"k": "hashed"}})
+            .await?;
         let h = client.database("keep").collection::<Document>("h");
-        h.insert_many((0..100).map(|i| doc! {"_id": i, "k": i})).await?;
+        h.insert_many((0..100).map(|i| doc! {"_id": i, "k": i}))
+            .await?;
         let u = client.database("keep").collection::<Document>("u");
         u.insert_one(doc! {"_id": "x", "v": 1}).await?;
-        u.update_one(doc! {"_id": "x"}, doc! {"$set": {"v": 2}}).await?;
+        u.update_one(doc! {"_id": "x"}, doc! {"$set": {"v": 2}})
+            .await?;
     }
     cluster.restart().await?;
     let client = cluster.client().await?;
@@ -98,7 +123,10 @@ async fn data_survives_a_restart() -> anyhow::Result<()> {
     assert_eq!(h.count_documents(doc! {}).await?, 100);
     assert_eq!(h.count_documents(doc! {"k": 42}).await?, 1);
     let u = client.database("keep").collection::<Document>("u");
-    assert_eq!(u.find_one(doc! {"_id": "x"}).await?, Some(doc! {"_id": "x", "v": 2}));
+    assert_eq!(
+        u.find_one(doc! {"_id": "x"}).await?,
+        Some(doc! {"_id": "x", "v": 2})
+    );
     cluster.stop().await;
     Ok(())
 }

@@ -28,14 +28,23 @@ pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
 }
 
 pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
-    let argv: Vec<Bson> = ctx.router.options.argv.iter().cloned().map(Bson::String).collect();
+    let argv: Vec<Bson> = ctx
+        .router
+        .options
+        .argv
+        .iter()
+        .cloned()
+        .map(Bson::String)
+        .collect();
     Ok(doc! {"argv": argv, "parsed": {}, "ok": 1.0})
 }
 
 pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
     let uptime = router.started.elapsed();
-    let current = router.open_connections.load(std::sync::atomic::Ordering::Relaxed) as i64;
+    let current = router
+        .open_connections
+        .load(std::sync::atomic::Ordering::Relaxed) as i64;
     Ok(doc! {
         "host": &router.options.advertised_host,
         "version": super::handshake::VERSION,
@@ -83,12 +92,39 @@ pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
 
 pub(super) fn list_commands() -> Result<Document> {
     let names = [
-        "aggregate", "buildInfo", "collMod", "count", "create", "createIndexes", "delete",
-        "distinct", "drop", "dropDatabase", "dropIndexes", "enableSharding", "endSessions",
-        "find", "findAndModify", "getCmdLineOpts", "getMore", "getParameter", "hello", "insert",
-        "isMaster", "killAllSessions", "killCursors", "listCollections", "listCommands",
-        "listDatabases", "listIndexes", "listShards", "ping", "renameCollection",
-        "serverStatus", "shardCollection", "update",
+        "aggregate",
+        "buildInfo",
+        "collMod",
+        "count",
+        "create",
+        "createIndexes",
+        "delete",
+        "distinct",
+        "drop",
+        "dropDatabase",
+        "dropIndexes",
+        "enableSharding",
+        "endSessions",
+        "find",
+        "findAndModify",
+        "getCmdLineOpts",
+        "getMore",
+        "getParameter",
+        "hello",
+        "insert",
+        "isMaster",
+        "killAllSessions",
+        "killCursors",
+        "listCollections",
+        "listCommands",
+        "listDatabases",
+        "listIndexes",
+        "listShards",
+        "ping",
+        "renameCollection",
+        "serverStatus",
+        "shardCollection",
+        "update",
     ];
     let mut commands = Document::new();
     for n in names {
@@ -113,9 +149,15 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     let mut sizes: std::collections::BTreeMap<String, i64> = Default::default();
     for reply in replies {
         let reply = reply?;
-        for d in reply.get_array("databases").map(|a| a.as_slice()).unwrap_or(&[]) {
+        for d in reply
+            .get_array("databases")
+            .map(|a| a.as_slice())
+            .unwrap_or(&[])
+        {
             let Some(d) = d.as_document() else { continue };
-            let Ok(name) = d.get_str("name") else { continue };
+            let Ok(name) = d.get_str("name") else {
+                continue;
+            };
             if name == "local" {
                 continue;
             }
@@ -136,10 +178,10 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
         } else {
             doc! {"name": &name, "sizeOnDisk": size, "empty": size == 0}
         };
-        if let Some(m) = &filter {
-            if !m.matches(&doc! {"name": &name, "sizeOnDisk": size, "empty": size == 0}) {
-                continue;
-            }
+        if let Some(m) = &filter
+            && !m.matches(&doc! {"name": &name, "sizeOnDisk": size, "empty": size == 0})
+        {
+            continue;
         }
         total += size;
         databases.push(Bson::Document(entry));

@@ -35,10 +35,7 @@ impl<'a> Args<'a> {
             )),
             Some(other) => Err(MongoError::new(
                 ErrorCode::INVALID_NAMESPACE,
-                format!(
-                    "collection name has invalid type {}",
-                    type_name(other)
-                ),
+                format!("collection name has invalid type {}", type_name(other)),
             )),
             None => Err(MongoError::failed_to_parse(format!(
                 "command {} is missing its target",
@@ -110,10 +107,6 @@ impl<'a> Args<'a> {
             Some(Bson::String(s)) => Ok(Some(s)),
             Some(other) => Err(self.mismatch(field, "string", other)),
         }
-    }
-
-    pub fn get(&self, field: &str) -> Option<&'a Bson> {
-        self.cmd.get(field)
     }
 
     fn missing(&self, field: &str) -> MongoError {

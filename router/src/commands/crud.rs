@@ -19,8 +19,14 @@ use crate::metadata::{Placement, ShardedCollection};
 use crate::router::Router;
 
 /// Fields of a driver's command that are the router's business, not the shard's.
-const ROUTER_ONLY_FIELDS: &[&str] = &["$db", "$clusterTime", "$readPreference", "apiVersion",
-    "apiStrict", "apiDeprecationErrors"];
+const ROUTER_ONLY_FIELDS: &[&str] = &[
+    "$db",
+    "$clusterTime",
+    "$readPreference",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
 
 /// The driver's command as it can be forwarded to a shard.
 pub(super) fn forwardable(cmd: &Document) -> Document {
@@ -33,7 +39,11 @@ pub(super) fn forwardable(cmd: &Document) -> Document {
 /// Checks the namespace a command targets.
 pub(super) fn validate_collection_name(db: &str, coll: &str) -> Result<()> {
     crate::router::validate_db_name(db)?;
-    if coll.is_empty() || coll.contains('\0') || coll.starts_with('.') || coll.contains('$') && !coll.starts_with("$cmd") {
+    if coll.is_empty()
+        || coll.contains('\0')
+        || coll.starts_with('.')
+        || coll.contains('$') && !coll.starts_with("$cmd")
+    {
         return Err(MongoError::new(
             ErrorCode::INVALID_NAMESPACE,
             format!("Invalid collection name: {coll}"),
@@ -58,14 +68,23 @@ impl WriteOutcome {
     fn absorb(&mut self, reply: &Document, indexes: &[usize]) {
         self.n += int(reply.get("n"));
         self.n_modified += int(reply.get("nModified"));
-        for u in reply.get_array("upserted").map(Vec::as_slice).unwrap_or(&[]) {
+        for u in reply
+            .get_array("upserted")
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
             if let Some(u) = u.as_document() {
                 let i = int(u.get("index")) as usize;
                 let id = u.get("_id").cloned().unwrap_or(Bson::Null);
-                self.upserted.push((indexes.get(i).copied().unwrap_or(i), id));
+                self.upserted
+                    .push((indexes.get(i).copied().unwrap_or(i), id));
             }
         }
-        for e in reply.get_array("writeErrors").map(Vec::as_slice).unwrap_or(&[]) {
+        for e in reply
+            .get_array("writeErrors")
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
             if let Some(e) = e.as_document() {
                 let i = int(e.get("index")) as usize;
                 let index = indexes.get(i).copied().unwrap_or(i);
@@ -103,7 +122,11 @@ impl WriteOutcome {
             }
         }
         if !self.write_errors.is_empty() {
-            let errs: Vec<Bson> = self.write_errors.into_values().map(Bson::Document).collect();
+            let errs: Vec<Bson> = self
+                .write_errors
+                .into_values()
+                .map(Bson::Document)
+                .collect();
             reply.insert("writeErrors", errs);
         }
         reply.insert("ok", 1.0);
@@ -122,12 +145,20 @@ fn int(v: Option<&Bson>) -> i64 {
 
 /// A sub-command for statements `indexes` of the driver's command: the same options, its own
 /// statement list under `list_field`, and the original statement ids.
-fn sub_command(ctx: &Ctx<'_>, list_field: &str, statements: Vec<Bson>, indexes: &[usize]) -> Document {
+fn sub_command(
+    ctx: &Ctx<'_>,
+    list_field: &str,
+    statements: Vec<Bson>,
+    indexes: &[usize],
+) -> Document {
     let mut cmd = forwardable(ctx.cmd);
     cmd.insert(list_field, statements);
     if ctx.cmd.contains_key("txnNumber") {
         let ids: Vec<Bson> = match ctx.cmd.get_array("stmtIds") {
-            Ok(given) => indexes.iter().map(|&i| given.get(i).cloned().unwrap_or(Bson::Int32(i as i32))).collect(),
+            Ok(given) => indexes
+                .iter()
+                .map(|&i| given.get(i).cloned().unwrap_or(Bson::Int32(i as i32)))
+                .collect(),
             Err(_) => indexes.iter().map(|&i| Bson::Int32(i as i32)).collect(),
         };
         cmd.insert("stmtIds", ids);
@@ -137,7 +168,9 @@ fn sub_command(ctx: &Ctx<'_>, list_field: &str, statements: Vec<Bson>, indexes: 
 
 /// Marks errors that a driver may retry (shard unreachable) as `RetryableWriteError`.
 fn retryable(e: MongoError, ctx: &Ctx<'_>) -> MongoError {
-    let retry_codes = [6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436];
+    let retry_codes = [
+        6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+    ];
     if ctx.cmd.contains_key("txnNumber") && retry_codes.contains(&e.code) {
         e.with_label("RetryableWriteError")
     } else {
@@ -165,16 +198,29 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
             }
         }
     }
-    let placement = ctx.router.placement(ctx.db, coll, true).await.map_err(|e| retryable(e, ctx))?;
+    let placement = ctx
+        .router
+        .placement(ctx.db, coll, true)
+        .await
+        .map_err(|e| retryable(e, ctx))?;
     let router = ctx.router;
     // Group statements by shard. Ordered writes run consecutive same-shard runs one after the
     // other and stop at the first error; unordered ones run one batch per shard, concurrently.
     let mut routed: Vec<(usize, usize, Document)> = Vec::with_capacity(docs.len());
     for (i, d) in docs.iter_mut().enumerate() {
         let Some(d) = d.take() else { continue };
-        let size = bson::to_vec(&d).map(|v| v.len()).unwrap_or(usize::MAX);
+        let size = d.to_vec().map(|v| v.len()).unwrap_or(usize::MAX);
         if size > wire::MAX_BSON_OBJECT_SIZE {
-            outcome.fail(i, &MongoError::new(ErrorCode::BSON_OBJECT_TOO_LARGE, format!("object to insert too large. size in bytes: {size}, max size: {}", wire::MAX_BSON_OBJECT_SIZE)));
+            outcome.fail(
+                i,
+                &MongoError::new(
+                    ErrorCode::BSON_OBJECT_TOO_LARGE,
+                    format!(
+                        "object to insert too large. size in bytes: {size}, max size: {}",
+                        wire::MAX_BSON_OBJECT_SIZE
+                    ),
+                ),
+            );
             if ordered {
                 break;
             }
@@ -195,7 +241,11 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         };
         routed.push((i, shard, d));
     }
-    let stop_at = if ordered { outcome.write_errors.keys().next().copied() } else { None };
+    let stop_at = if ordered {
+        outcome.write_errors.keys().next().copied()
+    } else {
+        None
+    };
     let batches = group(routed, ordered, stop_at);
     if ordered {
         for (shard, indexes, docs) in batches {
@@ -215,7 +265,11 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     } else {
         let sends = batches.iter().map(|(shard, indexes, docs)| {
-            router.shard_command(*shard, ctx.db, sub_command(ctx, "documents", docs.clone(), indexes))
+            router.shard_command(
+                *shard,
+                ctx.db,
+                sub_command(ctx, "documents", docs.clone(), indexes),
+            )
         });
         let replies = futures::future::join_all(sends).await;
         for ((_, indexes, _), reply) in batches.iter().zip(replies) {
@@ -271,10 +325,19 @@ fn with_id(d: &Document) -> Document {
 }
 
 /// Which shards a query on a sharded collection must reach.
-pub(super) fn shards_for_query(router: &Router, sc: &ShardedCollection, filter: &Document) -> Result<Vec<usize>> {
+pub(super) fn shards_for_query(
+    router: &Router,
+    sc: &ShardedCollection,
+    filter: &Document,
+) -> Result<Vec<usize>> {
     match sc.key.key_of_query(filter) {
         Some(key) => Ok(vec![router.shard_index(sc.chunks.shard_for(&key))?]),
-        None => sc.chunks.shards().iter().map(|s| router.shard_index(s)).collect(),
+        None => sc
+            .chunks
+            .shards()
+            .iter()
+            .map(|s| router.shard_index(s))
+            .collect(),
     }
 }
 
@@ -294,11 +357,17 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
     let ordered = args.opt_bool("ordered")?.unwrap_or(true);
     let statements = args.documents(list_field)?;
     let router = ctx.router;
-    let placement = router.placement(ctx.db, coll, is_update).await.map_err(|e| retryable(e, ctx))?;
+    let placement = router
+        .placement(ctx.db, coll, is_update)
+        .await
+        .map_err(|e| retryable(e, ctx))?;
     let sc = match placement {
         Placement::Unsharded { primary } if primary.is_empty() => {
             // The database does not exist: nothing to update or delete.
-            let mut outcome = WriteOutcome { is_update, ..Default::default() };
+            let mut outcome = WriteOutcome {
+                is_update,
+                ..Default::default()
+            };
             outcome.n = 0;
             return Ok(outcome.into_reply());
         }
@@ -312,7 +381,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         }
         Placement::Sharded(sc) => sc,
     };
-    let mut outcome = WriteOutcome { is_update, ..Default::default() };
+    let mut outcome = WriteOutcome {
+        is_update,
+        ..Default::default()
+    };
     for (i, stmt) in statements.iter().enumerate() {
         let filter = match stmt.get("q") {
             Some(Bson::Document(q)) => q.clone(),
@@ -326,7 +398,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         let multi = if is_update {
             matches!(stmt.get("multi"), Some(Bson::Boolean(true)))
         } else {
-            !matches!(stmt.get("limit"), Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0)))
+            !matches!(
+                stmt.get("limit"),
+                Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0))
+            )
         };
         let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
         let shards = shards_for_query(router, &sc, &filter)?;
@@ -350,7 +425,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         } else {
             // A single-document write without the shard key: the first shard that matches wins.
             for shard in shards {
-                let reply = router.shard_command(shard, ctx.db, cmd.clone()).await.map_err(|e| retryable(e, ctx))?;
+                let reply = router
+                    .shard_command(shard, ctx.db, cmd.clone())
+                    .await
+                    .map_err(|e| retryable(e, ctx))?;
                 let matched = int(reply.get("n")) > 0 || reply.contains_key("writeErrors");
                 outcome.absorb(&reply, &[i]);
                 if matched {
@@ -373,7 +451,10 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let upsert = args.opt_bool("upsert")?.unwrap_or(false);
     let router = ctx.router;
     let cmd = forwardable(ctx.cmd);
-    let placement = router.placement(ctx.db, coll, true).await.map_err(|e| retryable(e, ctx))?;
+    let placement = router
+        .placement(ctx.db, coll, true)
+        .await
+        .map_err(|e| retryable(e, ctx))?;
     let shards = match placement {
         Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
         Placement::Sharded(sc) => shards_for_query(router, &sc, &query)?,
@@ -381,12 +462,17 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     if shards.len() > 1 && upsert {
         return Err(MongoError::new(
             ErrorCode::SHARD_KEY_NOT_FOUND,
-            format!("Query for sharded findAndModify with upsert: true must contain the shard key: {query}"),
+            format!(
+                "Query for sharded findAndModify with upsert: true must contain the shard key: {query}"
+            ),
         ));
     }
     let mut last = None;
     for shard in shards {
-        let reply = router.shard_command(shard, ctx.db, cmd.clone()).await.map_err(|e| retryable(e, ctx))?;
+        let reply = router
+            .shard_command(shard, ctx.db, cmd.clone())
+            .await
+            .map_err(|e| retryable(e, ctx))?;
         let n = reply
             .get_document("lastErrorObject")
             .map(|l| int(l.get("n")))
@@ -404,7 +490,11 @@ mod tests {
     use super::*;
 
     fn routed(shards: &[usize]) -> Vec<(usize, usize, Document)> {
-        shards.iter().enumerate().map(|(i, &s)| (i, s, doc! {"_id": i as i32})).collect()
+        shards
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (i, s, doc! {"_id": i as i32}))
+            .collect()
     }
 
     #[test]
@@ -429,7 +519,10 @@ mod tests {
             &[4, 7],
         );
         let reply = o.into_reply();
-        let e = reply.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+        let e = reply.get_array("writeErrors").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .clone();
         assert_eq!(e.get_i32("index").unwrap(), 7);
         assert_eq!(reply.get_i64("n").unwrap(), 1);
     }

@@ -33,7 +33,10 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<(Vec<usiz
 
 /// Runs the driver's command on `shards` and returns the first shard's reply (or first error).
 async fn on_shards(ctx: &Ctx<'_>, shards: &[usize]) -> Result<Document> {
-    let replies = ctx.router.broadcast(shards, ctx.db, &forwardable(ctx.cmd)).await;
+    let replies = ctx
+        .router
+        .broadcast(shards, ctx.db, &forwardable(ctx.cmd))
+        .await;
     let mut first = None;
     for r in replies {
         let r = r?;
@@ -43,7 +46,10 @@ async fn on_shards(ctx: &Ctx<'_>, shards: &[usize]) -> Result<Document> {
 }
 
 fn ns_not_found(ns: &str) -> MongoError {
-    MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, format!("ns does not exist: {ns}"))
+    MongoError::new(
+        ErrorCode::NAMESPACE_NOT_FOUND,
+        format!("ns does not exist: {ns}"),
+    )
 }
 
 pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
@@ -58,7 +64,10 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, coll)?;
     let ns = format!("{}.{coll}", ctx.db);
     let (shards, sharded) = holders(ctx, coll, false).await?;
-    let replies = ctx.router.broadcast(&shards, ctx.db, &forwardable(ctx.cmd)).await;
+    let replies = ctx
+        .router
+        .broadcast(&shards, ctx.db, &forwardable(ctx.cmd))
+        .await;
     let mut n_indexes_was = None;
     for r in replies {
         match r {
@@ -73,10 +82,18 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
     if sharded {
         let router = ctx.router;
         router
-            .shard_command(0, CONFIG_DB, doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]})
+            .shard_command(
+                0,
+                CONFIG_DB,
+                doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]},
+            )
             .await?;
         router
-            .shard_command(0, CONFIG_DB, doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]})
+            .shard_command(
+                0,
+                CONFIG_DB,
+                doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]},
+            )
             .await?;
         router.remember_collection(&ns, None);
     }
@@ -100,37 +117,48 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     if router.database(db).await?.is_none() {
         return Ok(doc! {"ok": 1.0});
     }
-    for r in router.broadcast(&router.all_shards(), db, &doc! {"dropDatabase": 1}).await {
+    for r in router
+        .broadcast(&router.all_shards(), db, &doc! {"dropDatabase": 1})
+        .await
+    {
         r?;
     }
-    let prefix = format!("^{}\\.", regex_escape(db));
-    let regex = Bson::RegularExpression(bson::Regex { pattern: prefix.into(), options: String::new().into() });
+    // Namespaces `db.*` are exactly the strings in ["db.", "db/"): '/' follows '.'.
+    let in_db = doc! {"$gte": format!("{db}."), "$lt": format!("{db}/")};
     router
-        .shard_command(0, CONFIG_DB, doc! {"delete": "chunks", "deletes": [{"q": {"ns": regex.clone()}, "limit": 0}]})
+        .shard_command(
+            0,
+            CONFIG_DB,
+            doc! {"delete": "chunks", "deletes": [{"q": {"ns": in_db.clone()}, "limit": 0}]},
+        )
         .await?;
     router
-        .shard_command(0, CONFIG_DB, doc! {"delete": "collections", "deletes": [{"q": {"_id": regex}, "limit": 0}]})
+        .shard_command(
+            0,
+            CONFIG_DB,
+            doc! {"delete": "collections", "deletes": [{"q": {"_id": in_db}, "limit": 0}]},
+        )
         .await?;
     router
-        .shard_command(0, CONFIG_DB, doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]})
+        .shard_command(
+            0,
+            CONFIG_DB,
+            doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]},
+        )
         .await?;
     router.forget_database(db);
     Ok(doc! {"dropped": db, "ok": 1.0})
 }
 
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$".contains(c);
-            special.then_some('\\').into_iter().chain(std::iter::once(c))
-        })
-        .collect()
-}
-
 fn split_ns(ns: &str) -> Result<(&str, &str)> {
     ns.split_once('.')
         .filter(|(db, coll)| !db.is_empty() && !coll.is_empty())
-        .ok_or_else(|| MongoError::new(ErrorCode::INVALID_NAMESPACE, format!("Invalid namespace specified '{ns}'")))
+        .ok_or_else(|| {
+            MongoError::new(
+                ErrorCode::INVALID_NAMESPACE,
+                format!("Invalid namespace specified '{ns}'"),
+            )
+        })
 }
 
 pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
@@ -143,20 +171,28 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let from = args.collection()?;
     let to = args.opt_str("to")?.ok_or_else(|| {
-        MongoError::with_code(40414, "BSON field 'renameCollection.to' is missing but a required field")
+        MongoError::with_code(
+            40414,
+            "BSON field 'renameCollection.to' is missing but a required field",
+        )
     })?;
     let (from_db, from_coll) = split_ns(from)?;
     let (to_db, to_coll) = split_ns(to)?;
     validate_collection_name(to_db, to_coll)?;
     let router = ctx.router;
-    if router.sharded_collection(from).await?.is_some() || router.sharded_collection(to).await?.is_some() {
+    if router.sharded_collection(from).await?.is_some()
+        || router.sharded_collection(to).await?.is_some()
+    {
         return Err(MongoError::new(
             ErrorCode::ILLEGAL_OPERATION,
             format!("renaming a sharded collection is not supported: {from}"),
         ));
     }
     let Some(source) = router.database(from_db).await? else {
-        return Err(MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, "Source collection does not exist"));
+        return Err(MongoError::new(
+            ErrorCode::NAMESPACE_NOT_FOUND,
+            "Source collection does not exist",
+        ));
     };
     let _ = from_coll;
     let target = match router.database(to_db).await? {
@@ -179,7 +215,9 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let shard = router.shard_index(&source.primary)?;
-    router.shard_command(shard, "admin", forwardable(ctx.cmd)).await
+    router
+        .shard_command(shard, "admin", forwardable(ctx.cmd))
+        .await
 }
 
 pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
@@ -189,7 +227,9 @@ pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
         return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
     };
     let shard = router.shard_index(&db.primary)?;
-    let reply = router.shard_command(shard, ctx.db, forwardable(ctx.cmd)).await?;
+    let reply = router
+        .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+        .await?;
     pass_cursor(ctx, shard, "$cmd.listCollections", reply)
 }
 
@@ -200,12 +240,20 @@ pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let Some(&shard) = shards.first() else {
         return Err(ns_not_found(&ns));
     };
-    let reply = ctx.router.shard_command(shard, ctx.db, forwardable(ctx.cmd)).await?;
+    let reply = ctx
+        .router
+        .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+        .await?;
     pass_cursor(ctx, shard, coll, reply)
 }
 
 /// Registers a shard's open cursor as a router cursor and rewrites the id in the reply.
-fn pass_cursor(ctx: &Ctx<'_>, shard: usize, collection: &str, mut reply: Document) -> Result<Document> {
+fn pass_cursor(
+    ctx: &Ctx<'_>,
+    shard: usize,
+    collection: &str,
+    mut reply: Document,
+) -> Result<Document> {
     let source = Source::from_reply(shard, &reply)?;
     if source.cursor_id != 0 {
         let ns = reply
@@ -216,10 +264,13 @@ fn pass_cursor(ctx: &Ctx<'_>, shard: usize, collection: &str, mut reply: Documen
             .to_string();
         let id = ctx.router.cursors.insert(RouterCursor {
             ns,
-            state: CursorState::Merge(Merge {
+            state: CursorState::merge(Merge {
                 db: ctx.db.to_string(),
                 collection: collection.to_string(),
-                sources: vec![Source { buffer: Default::default(), ..source }],
+                sources: vec![Source {
+                    buffer: Default::default(),
+                    ..source
+                }],
                 sort: None,
                 skip: 0,
                 limit: None,
@@ -261,7 +312,11 @@ pub(super) async fn coll_mod(ctx: &Ctx<'_>) -> Result<Document> {
 pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
     let db = match ctx.cmd.get(ctx.name) {
         Some(Bson::String(db)) => db.as_str(),
-        _ => return Err(MongoError::type_mismatch("enableSharding takes a database name")),
+        _ => {
+            return Err(MongoError::type_mismatch(
+                "enableSharding takes a database name",
+            ));
+        }
     };
     let entry = ctx.router.ensure_database(db).await?;
     Ok(doc! {"primary": entry.primary, "ok": 1.0})
@@ -289,11 +344,16 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
     if let Some(existing) = router.sharded_collection(ns).await? {
         if existing.key == key {
-            return Ok(doc! {"collectionsharded": ns, "collectionUUID": existing.uuid.clone(), "ok": 1.0});
+            return Ok(
+                doc! {"collectionsharded": ns, "collectionUUID": existing.uuid.clone(), "ok": 1.0},
+            );
         }
         return Err(MongoError::new(
             ErrorCode::ALREADY_INITIALIZED,
-            format!("sharding already enabled for collection {ns} with options {}", existing.to_document()),
+            format!(
+                "sharding already enabled for collection {ns} with options {}",
+                existing.to_document()
+            ),
         ));
     }
     let primary_name = router.ensure_database(db).await?.primary;
@@ -301,21 +361,42 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
 
     // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
     let listed = router
-        .shard_command(primary, db, doc! {"listCollections": 1, "filter": {"name": coll}})
+        .shard_command(
+            primary,
+            db,
+            doc! {"listCollections": 1, "filter": {"name": coll}},
+        )
         .await?;
     let existing = crate::router::first_batch(&listed)?.into_iter().next();
-    if existing.as_ref().is_some_and(|c| c.get_str("type").unwrap_or("collection") == "view") {
-        return Err(MongoError::new(ErrorCode::COMMAND_NOT_SUPPORTED_ON_VIEW, format!("{ns} is a view")));
+    if existing
+        .as_ref()
+        .is_some_and(|c| c.get_str("type").unwrap_or("collection") == "view")
+    {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED_ON_VIEW,
+            format!("{ns} is a view"),
+        ));
     }
-    let uuid = match existing.as_ref().and_then(|c| c.get_document("info").ok()).and_then(|i| i.get("uuid")) {
+    let uuid = match existing
+        .as_ref()
+        .and_then(|c| c.get_document("info").ok())
+        .and_then(|i| i.get("uuid"))
+    {
         Some(Bson::Binary(b)) => b.clone(),
-        _ => Binary { subtype: BinarySubtype::Uuid, bytes: uuid::Uuid::new_v4().as_bytes().to_vec() },
+        _ => Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
+        },
     };
     let has_data = match existing {
         None => false,
         Some(_) => {
-            let count = router.shard_command(primary, db, doc! {"count": coll}).await?;
-            count.get("n").is_some_and(|n| !matches!(n, Bson::Int32(0) | Bson::Int64(0)))
+            let count = router
+                .shard_command(primary, db, doc! {"count": coll})
+                .await?;
+            count
+                .get("n")
+                .is_some_and(|n| !matches!(n, Bson::Int32(0) | Bson::Int64(0)))
         }
     };
     let chunks = if key.is_hashed() && !has_data {
@@ -324,7 +405,11 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         ChunkTable::single(&key, &primary_name)
     };
     // Create it everywhere first (the primary last: it writes the shardCollection event).
-    let mut order: Vec<usize> = router.all_shards().into_iter().filter(|&s| s != primary).collect();
+    let mut order: Vec<usize> = router
+        .all_shards()
+        .into_iter()
+        .filter(|&s| s != primary)
+        .collect();
     order.push(primary);
     for shard in order {
         let cmd = doc! {
@@ -337,11 +422,32 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         };
         router.shard_command(shard, "admin", cmd).await?;
     }
-    let sharded = ShardedCollection { ns: ns.to_string(), uuid: uuid.clone(), key: key.clone(), unique, chunks };
-    let chunk_docs: Vec<Bson> = sharded.chunks.to_documents(&key, ns).into_iter().map(Bson::Document).collect();
-    router.shard_command(0, CONFIG_DB, doc! {"insert": "chunks", "documents": chunk_docs}).await?;
+    let sharded = ShardedCollection {
+        ns: ns.to_string(),
+        uuid: uuid.clone(),
+        key: key.clone(),
+        unique,
+        chunks,
+    };
+    let chunk_docs: Vec<Bson> = sharded
+        .chunks
+        .to_documents(&key, ns)
+        .into_iter()
+        .map(Bson::Document)
+        .collect();
     router
-        .shard_command(0, CONFIG_DB, doc! {"insert": "collections", "documents": [sharded.to_document()]})
+        .shard_command(
+            0,
+            CONFIG_DB,
+            doc! {"insert": "chunks", "documents": chunk_docs},
+        )
+        .await?;
+    router
+        .shard_command(
+            0,
+            CONFIG_DB,
+            doc! {"insert": "collections", "documents": [sharded.to_document()]},
+        )
         .await?;
     router.remember_collection(ns, Some(Arc::new(sharded)));
     Ok(doc! {"collectionsharded": ns, "collectionUUID": uuid, "ok": 1.0})

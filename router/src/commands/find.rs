@@ -33,7 +33,12 @@ async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Ve
 }
 
 /// `{cursor: {id, ns, firstBatch}, ok: 1}`, registering the cursor when it is not exhausted.
-fn cursor_reply(router: &Router, ns: String, batch: Vec<Document>, open: Option<RouterCursor>) -> Document {
+fn cursor_reply(
+    router: &Router,
+    ns: String,
+    batch: Vec<Document>,
+    open: Option<RouterCursor>,
+) -> Document {
     let id = match open {
         Some(cursor) => router.cursors.insert(cursor),
         None => 0,
@@ -43,7 +48,12 @@ fn cursor_reply(router: &Router, ns: String, batch: Vec<Document>, open: Option<
 }
 
 /// Reads the first batch of a fresh router cursor and replies with it.
-async fn first_reply(ctx: &Ctx<'_>, ns: String, mut cursor: RouterCursor, batch_size: usize) -> Result<Document> {
+async fn first_reply(
+    ctx: &Ctx<'_>,
+    ns: String,
+    mut cursor: RouterCursor,
+    batch_size: usize,
+) -> Result<Document> {
     let (batch, exhausted) = cursor.next_batch(ctx.router, batch_size).await?;
     let open = if exhausted {
         cursor.kill(ctx.router).await;
@@ -61,7 +71,9 @@ fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
     };
     match v {
         None => Ok(DEFAULT_BATCH),
-        Some(n) if n < 0 => Err(MongoError::bad_value("BatchSize value must be non-negative")),
+        Some(n) if n < 0 => Err(MongoError::bad_value(
+            "BatchSize value must be non-negative",
+        )),
         Some(n) => Ok(n as usize),
     }
 }
@@ -74,7 +86,11 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     let filter = args.opt_doc("filter")?.cloned().unwrap_or_default();
     // Validate everything before touching a shard, so bad input fails the same everywhere.
     pipeline::Matcher::parse(&filter)?;
-    let sort = args.opt_doc("sort")?.filter(|s| !s.is_empty()).map(SortSpec::parse).transpose()?;
+    let sort = args
+        .opt_doc("sort")?
+        .filter(|s| !s.is_empty())
+        .map(SortSpec::parse)
+        .transpose()?;
     let projection_doc = args.opt_doc("projection")?.filter(|p| !p.is_empty());
     let projection = projection_doc.map(Projection::parse).transpose()?;
     let skip = args.opt_i64("skip")?.unwrap_or(0);
@@ -93,23 +109,24 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.is_empty() {
         return Ok(cursor_reply(ctx.router, ns, vec![], None));
     }
-    let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) = if targets.len() == 1 {
-        (forwardable(ctx.cmd), None, 0, None, None)
-    } else {
-        let mut cmd = forwardable(ctx.cmd);
-        cmd.remove("skip");
-        cmd.remove("singleBatch");
-        if let Some(l) = limit {
-            cmd.insert("limit", (l + skip as u64) as i64);
-        }
-        let router_projection = if sort.is_some() && projection.is_some() {
-            cmd.remove("projection");
-            projection
+    let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) =
+        if targets.len() == 1 {
+            (forwardable(ctx.cmd), None, 0, None, None)
         } else {
-            None
+            let mut cmd = forwardable(ctx.cmd);
+            cmd.remove("skip");
+            cmd.remove("singleBatch");
+            if let Some(l) = limit {
+                cmd.insert("limit", (l + skip as u64) as i64);
+            }
+            let router_projection = if sort.is_some() && projection.is_some() {
+                cmd.remove("projection");
+                projection
+            } else {
+                None
+            };
+            (cmd, sort, skip as u64, limit, router_projection)
         };
-        (cmd, sort, skip as u64, limit, router_projection)
-    };
     let replies = ctx.router.broadcast(&targets, ctx.db, &shard_cmd).await;
     let mut sources = Vec::with_capacity(targets.len());
     for (shard, reply) in targets.iter().zip(replies) {
@@ -117,7 +134,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Merge(Merge {
+        state: CursorState::merge(Merge {
             db: ctx.db.to_string(),
             collection: coll.to_string(),
             sources,
@@ -160,7 +177,10 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let args = ctx.args();
     let coll = args.opt_str("collection")?.ok_or_else(|| {
-        MongoError::with_code(40414, "BSON field 'getMore.collection' is missing but a required field")
+        MongoError::with_code(
+            40414,
+            "BSON field 'getMore.collection' is missing but a required field",
+        )
     })?;
     let n = match args.opt_i64("batchSize")? {
         Some(n) if n > 0 => n as usize,
@@ -178,7 +198,10 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
     if guard.ns != expected_ns {
         return Err(MongoError::new(
             ErrorCode::UNAUTHORIZED,
-            format!("Requested getMore on namespace '{expected_ns}', but cursor belongs to a different namespace {}", guard.ns),
+            format!(
+                "Requested getMore on namespace '{expected_ns}', but cursor belongs to a different namespace {}",
+                guard.ns
+            ),
         ));
     }
     let result = guard.next_batch(router, n).await;
@@ -246,7 +269,10 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     let limit = args.opt_i64("limit")?.unwrap_or(0).unsigned_abs();
     let targets = read_targets(ctx, coll, &query).await?;
     if targets.len() == 1 {
-        return ctx.router.shard_command(targets[0], ctx.db, forwardable(ctx.cmd)).await;
+        return ctx
+            .router
+            .shard_command(targets[0], ctx.db, forwardable(ctx.cmd))
+            .await;
     }
     let mut cmd = forwardable(ctx.cmd);
     cmd.remove("skip");
@@ -272,15 +298,28 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     let args = ctx.args();
     let coll = args.collection()?;
     validate_collection_name(ctx.db, coll)?;
-    args.opt_str("key")?
-        .ok_or_else(|| MongoError::with_code(40414, "BSON field 'distinct.key' is missing but a required field"))?;
+    args.opt_str("key")?.ok_or_else(|| {
+        MongoError::with_code(
+            40414,
+            "BSON field 'distinct.key' is missing but a required field",
+        )
+    })?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
     pipeline::Matcher::parse(&query)?;
     let targets = read_targets(ctx, coll, &query).await?;
     let mut values: Vec<Bson> = Vec::new();
-    for reply in ctx.router.broadcast(&targets, ctx.db, &forwardable(ctx.cmd)).await {
+    for reply in ctx
+        .router
+        .broadcast(&targets, ctx.db, &forwardable(ctx.cmd))
+        .await
+    {
         let reply = reply?;
-        values.extend(reply.get_array("values").map(|a| a.to_vec()).unwrap_or_default());
+        values.extend(
+            reply
+                .get_array("values")
+                .map(|a| a.to_vec())
+                .unwrap_or_default(),
+        );
     }
     values.sort_by(pipeline::value::compare);
     values.dedup_by(|a, b| pipeline::value::equal(a, b));
@@ -297,7 +336,10 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let first = batch_size(ctx, cursor_opts)?;
-    if stages.first().is_some_and(|s| s.contains_key("$changeStream")) {
+    if stages
+        .first()
+        .is_some_and(|s| s.contains_key("$changeStream"))
+    {
         return Err(MongoError::new(
             ErrorCode::COMMAND_NOT_SUPPORTED,
             "$changeStream is not supported by this router yet",
@@ -333,13 +375,22 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     let targets = read_targets(ctx, coll, &filter).await?;
     if targets.is_empty() {
         let out = parsed.run(Vec::<Document>::new())?;
-        let cursor = RouterCursor { ns: ns.clone(), state: CursorState::Buffered(out.into()) };
+        let cursor = RouterCursor {
+            ns: ns.clone(),
+            state: CursorState::Buffered(out.into()),
+        };
         return first_reply(ctx, ns, cursor, first).await;
     }
     if targets.len() == 1
-        && matches!(ctx.router.placement(ctx.db, coll, false).await?, Placement::Unsharded { .. })
+        && matches!(
+            ctx.router.placement(ctx.db, coll, false).await?,
+            Placement::Unsharded { .. }
+        )
     {
-        let reply = ctx.router.shard_command(targets[0], ctx.db, forwardable(ctx.cmd)).await?;
+        let reply = ctx
+            .router
+            .shard_command(targets[0], ctx.db, forwardable(ctx.cmd))
+            .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
     let find = doc! {"find": coll, "filter": filter, "batchSize": i32::MAX};
@@ -350,7 +401,7 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let mut all = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Merge(Merge {
+        state: CursorState::merge(Merge {
             db: ctx.db.to_string(),
             collection: coll.to_string(),
             sources,
@@ -369,12 +420,22 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
         }
     }
     let out: VecDeque<Document> = parsed.run(docs)?.into();
-    let cursor = RouterCursor { ns: ns.clone(), state: CursorState::Buffered(out) };
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Buffered(out),
+    };
     first_reply(ctx, ns, cursor, first).await
 }
 
 /// Wraps a shard's cursor reply in a router cursor (when it stays open).
-async fn pass_through(ctx: &Ctx<'_>, ns: String, shard: usize, coll: &str, reply: Document, _first: usize) -> Result<Document> {
+async fn pass_through(
+    ctx: &Ctx<'_>,
+    ns: String,
+    shard: usize,
+    coll: &str,
+    reply: Document,
+    _first: usize,
+) -> Result<Document> {
     let source = Source::from_reply(shard, &reply)?;
     let batch: Vec<Document> = source.buffer.iter().cloned().collect();
     if source.cursor_id == 0 {
@@ -382,10 +443,14 @@ async fn pass_through(ctx: &Ctx<'_>, ns: String, shard: usize, coll: &str, reply
     }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Merge(Merge {
+        state: CursorState::merge(Merge {
             db: ctx.db.to_string(),
             collection: coll.to_string(),
-            sources: vec![Source { shard, cursor_id: source.cursor_id, buffer: VecDeque::new() }],
+            sources: vec![Source {
+                shard,
+                cursor_id: source.cursor_id,
+                buffer: VecDeque::new(),
+            }],
             sort: None,
             skip: 0,
             limit: None,

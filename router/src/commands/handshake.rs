@@ -18,7 +18,14 @@ const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
 pub(super) fn hello(ctx: &Ctx<'_>) -> Result<Document> {
     let legacy = ctx.name != "hello";
     let mut reply = Document::new();
-    reply.insert(if legacy { "ismaster" } else { "isWritablePrimary" }, true);
+    reply.insert(
+        if legacy {
+            "ismaster"
+        } else {
+            "isWritablePrimary"
+        },
+        true,
+    );
     match ctx.router.options.presentation {
         Presentation::Mongos => {
             reply.insert("msg", "isdbgrid");

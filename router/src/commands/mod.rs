@@ -47,7 +47,10 @@ pub async fn run(router: &Router, conn: &ConnectionInfo, req: &Request) -> Docum
         name,
     };
     let result = if name.is_empty() {
-        Err(MongoError::new(ErrorCode::FAILED_TO_PARSE, "empty command document"))
+        Err(MongoError::new(
+            ErrorCode::FAILED_TO_PARSE,
+            "empty command document",
+        ))
     } else {
         dispatch(&ctx).await
     };
@@ -82,8 +85,9 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
         "hostInfo" => admin::host_info(),
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
         "listDatabases" => admin::list_databases(ctx).await,
-        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions"
-        | "startSession" => admin::sessions(ctx),
+        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" | "startSession" => {
+            admin::sessions(ctx)
+        }
         "listCommands" => admin::list_commands(),
         "getLog" => Ok(bson::doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
         "insert" => crud::insert(ctx).await,
