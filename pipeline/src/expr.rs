@@ -2471,9 +2471,12 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             let mut out = Vec::new();
             let mut i = start;
             while (step > 0 && i < end) || (step < 0 && i > end) {
-                if out.len() >= 10_000_000 {
-                    return Err(err(
-                        ErrorCode::EXCEEDED_TIME_LIMIT.code.max(146),
+                if out.len() >= RANGE_MAX_ELEMENTS {
+                    return Err(MongoError::new(
+                        ErrorCode {
+                            code: 146,
+                            name: "ExceededMemoryLimit",
+                        },
                         "$range would use too much memory",
                     ));
                 }
@@ -2799,6 +2802,9 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
         }
     })
 }
+
+/// The most elements `$range` may produce (MongoDB bounds it by a 64MB memory limit).
+const RANGE_MAX_ELEMENTS: usize = 1_000_000;
 
 fn element_at(arr: Vec<Bson>, idx: i64) -> Option<Bson> {
     let len = i64::try_from(arr.len()).unwrap_or(i64::MAX);

@@ -1,0 +1,63 @@
+//! Matching a typical filter against a typical document, and a typical pipeline.
+
+// Fixed, known-valid inputs: a failure to parse them is a bug the bench should stop on.
+#![allow(clippy::unwrap_used)]
+
+use bson::doc;
+use criterion::{Criterion, black_box, criterion_group, criterion_main};
+use pipeline::Matcher;
+use pipeline::agg::Pipeline;
+
+fn typical_doc() -> bson::Document {
+    doc! {
+        "_id": bson::oid::ObjectId::from_bytes([7; 12]),
+        "status": "active",
+        "age": 37,
+        "name": {"first": "Ada", "last": "Lovelace"},
+        "tags": ["math", "engines", "poetry"],
+        "orders": [
+            {"sku": "a1", "qty": 2, "price": 9.5},
+            {"sku": "b2", "qty": 1, "price": 120.0},
+        ],
+        "created": bson::DateTime::from_millis(1_700_000_000_000),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let d = typical_doc();
+    let m = Matcher::parse(&doc! {
+        "status": "active",
+        "age": {"$gte": 18, "$lt": 65},
+        "tags": {"$in": ["poetry", "music"]},
+        "orders.qty": {"$gt": 1},
+    })
+    .unwrap();
+    assert!(m.matches(&d));
+    c.bench_function("matcher/typical", |b| {
+        b.iter(|| black_box(&m).matches(black_box(&d)))
+    });
+
+    let re = Matcher::parse(&doc! {"name.last": {"$regex": "^love", "$options": "i"}}).unwrap();
+    c.bench_function("matcher/regex", |b| {
+        b.iter(|| black_box(&re).matches(black_box(&d)))
+    });
+
+    let ex = Matcher::parse(&doc! {"$expr": {"$gt": [{"$size": "$orders"}, 1]}}).unwrap();
+    c.bench_function("matcher/expr", |b| {
+        b.iter(|| black_box(&ex).matches(black_box(&d)))
+    });
+
+    let p = Pipeline::parse(&[
+        doc! {"$match": {"status": "active"}},
+        doc! {"$addFields": {"total": {"$sum": "$orders.price"}}},
+        doc! {"$project": {"name": 1, "total": 1}},
+    ])
+    .unwrap();
+    let docs: Vec<bson::Document> = (0..100).map(|_| typical_doc()).collect();
+    c.bench_function("pipeline/docs=100", |b| {
+        b.iter(|| p.run(black_box(docs.clone())).unwrap())
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
