@@ -164,6 +164,36 @@ impl TypeBits {
         }
     }
 
+    /// Number of bits appended.
+    pub fn len(&self) -> usize {
+        self.cur_bit
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cur_bit == 0
+    }
+
+    /// Appends all bits of `other`.
+    pub fn append_all(&mut self, other: &TypeBits) {
+        if other.all_zeros {
+            self.cur_bit += other.cur_bit;
+            return;
+        }
+        let mut r = other.reader();
+        for _ in 0..other.cur_bit {
+            self.bit(r.bit().unwrap_or(0) == 1);
+        }
+    }
+
+    /// Reads these bits back (unserialized).
+    pub fn reader(&self) -> TypeBitsReader<'_> {
+        TypeBitsReader {
+            data: &self.data,
+            limit: self.cur_bit.div_ceil(8),
+            cur_bit: 0,
+        }
+    }
+
     /// The serialized form: empty when all zeros; one byte when a single data byte below 0x80;
     /// `0x80|len` + data up to 127 bytes; else `0x80`, u32 LE length, data.
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -194,6 +224,9 @@ impl TypeBits {
 #[derive(Debug, Clone)]
 pub struct TypeBitsReader<'a> {
     data: &'a [u8],
+    /// Addressable bytes; bytes in `data.len()..limit` read as zero (a lazily materialized
+    /// [`TypeBits`]). Ignored when `data` is empty (the all-zeros stream).
+    limit: usize,
     cur_bit: usize,
 }
 
@@ -232,13 +265,18 @@ impl<'a> TypeBitsReader<'a> {
                 data
             }
         };
-        Ok(TypeBitsReader { data, cur_bit: 0 })
+        Ok(TypeBitsReader {
+            data,
+            limit: data.len(),
+            cur_bit: 0,
+        })
     }
 
     /// An all-zeros reader (no `_typeBits`).
     pub fn zeros() -> TypeBitsReader<'static> {
         TypeBitsReader {
             data: &[],
+            limit: 0,
             cur_bit: 0,
         }
     }
@@ -256,6 +294,7 @@ impl<'a> TypeBitsReader<'a> {
         self.cur_bit += 1;
         match self.data.get(byte) {
             Some(b) => Ok((b >> off) & 1),
+            None if byte < self.limit => Ok(0),
             None => err("Invalid size byte(s)."),
         }
     }
@@ -292,6 +331,29 @@ impl<'a> TypeBitsReader<'a> {
         Ok(e)
     }
 
+    /// How many bits have been read.
+    pub fn position(&self) -> usize {
+        self.cur_bit
+    }
+
+    /// A reader over the same stream positioned at bit `bit`.
+    pub fn at(&self, bit: usize) -> Self {
+        TypeBitsReader {
+            cur_bit: bit,
+            ..self.clone()
+        }
+    }
+
+    /// The bits `start..end` of this stream as a new [`TypeBits`].
+    pub fn extract(&self, start: usize, end: usize) -> TypeBits {
+        let mut out = TypeBits::new();
+        let mut r = self.at(start);
+        for _ in start..end {
+            out.bit(r.bit().unwrap_or(0) == 1);
+        }
+        out
+    }
+
     /// True when every bit of the buffer was consumed or is zero (no stray one bits).
     pub fn only_zeros_remain(&self) -> bool {
         if self.all_zeros() {
@@ -320,7 +382,7 @@ pub struct Builder {
 impl Builder {
     pub fn new() -> Self {
         Builder {
-            buf: Vec::with_capacity(64),
+            buf: Vec::with_capacity(128),
             type_bits: TypeBits::new(),
         }
     }
@@ -367,6 +429,12 @@ impl Builder {
     pub fn append_document(&mut self, d: &Document) {
         self.buf.push(ctype::OBJECT);
         append_object_body(&mut self.buf, &mut self.type_bits, d);
+    }
+
+    /// Appends already-encoded value bytes and their type bits.
+    pub fn append_raw(&mut self, bytes: &[u8], bits: &TypeBits) {
+        self.buf.extend_from_slice(bytes);
+        self.type_bits.append_all(bits);
     }
 
     /// Appends the end byte `0x04` that closes a complete key.
@@ -525,7 +593,9 @@ fn append_object_body(buf: &mut Vec<u8>, bits: &mut TypeBits, d: &Document) {
     for (name, v) in d {
         buf.push(generic_ctype(v));
         // Field names are C strings: BSON cannot hold a NUL inside one.
-        buf.extend(name.as_bytes().iter().copied().take_while(|b| *b != 0));
+        let n = name.as_bytes();
+        let end = n.iter().position(|b| *b == 0).unwrap_or(n.len());
+        buf.extend_from_slice(&n[..end]);
         buf.push(0);
         append_value(buf, bits, v);
     }
@@ -534,11 +604,13 @@ fn append_object_body(buf: &mut Vec<u8>, bits: &mut TypeBits, d: &Document) {
 
 /// Bytes with each NUL escaped as `00 FF`, then a terminating `00`.
 fn append_string_like(buf: &mut Vec<u8>, s: &[u8]) {
-    for &b in s {
-        buf.push(b);
-        if b == 0 {
-            buf.push(0xff);
-        }
+    let mut parts = s.split(|b| *b == 0);
+    if let Some(first) = parts.next() {
+        buf.extend_from_slice(first);
+    }
+    for part in parts {
+        buf.extend_from_slice(&[0, 0xff]);
+        buf.extend_from_slice(part);
     }
     buf.push(0);
 }
@@ -748,6 +820,11 @@ impl<'a> Reader<'a> {
         self.buf.len().saturating_sub(self.pos)
     }
 
+    /// Bytes consumed so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     pub fn peek(&self) -> Option<u8> {
         self.buf.get(self.pos).copied()
     }
@@ -906,6 +983,108 @@ pub fn decode_value(
         ctype::NUMERIC_NAN..=ctype::NUMERIC_POSITIVE_LARGE_MAGNITUDE => decode_number(ct, r, bits)?,
         other => return err(format!("Unknown type: {other}")),
     })
+}
+
+/// Validates one value whose CType byte has been read, consuming its bytes and type bits,
+/// without building it. Accepts exactly what [`decode_value`] accepts.
+pub fn skip_value(
+    ct: u8,
+    r: &mut Reader<'_>,
+    bits: &mut TypeBitsReader<'_>,
+    depth: u32,
+) -> Result<(), KeyStringError> {
+    if depth > MAX_DEPTH {
+        return err("KeyString encoding exceeded maximum allowable BSON nesting depth");
+    }
+    fn utf8_ok(b: &[u8]) -> Result<(), KeyStringError> {
+        std::str::from_utf8(b)
+            .map(|_| ())
+            .map_err(|_| KeyStringError("string is not valid UTF-8".into()))
+    }
+    fn string_ok(r: &mut Reader<'_>) -> Result<(), KeyStringError> {
+        utf8_ok(r.cstring()?)?;
+        while r.peek() == Some(0xff) {
+            r.pos += 1;
+            utf8_ok(r.cstring()?)?;
+        }
+        Ok(())
+    }
+    match ct {
+        ctype::MIN_KEY
+        | ctype::MAX_KEY
+        | ctype::NULLISH
+        | ctype::UNDEFINED
+        | ctype::BOOL_TRUE
+        | ctype::BOOL_FALSE => {}
+        ctype::DATE | ctype::TIMESTAMP => {
+            r.take(8)?;
+        }
+        ctype::OID => {
+            r.take(12)?;
+        }
+        ctype::STRING_LIKE => {
+            bits.bit()?;
+            string_ok(r)?;
+        }
+        ctype::CODE => string_ok(r)?,
+        ctype::CODE_WITH_SCOPE => {
+            string_ok(r)?;
+            skip_object_body(r, bits, depth + 2)?;
+        }
+        ctype::BIN_DATA => {
+            let mut size = usize::from(r.u8()?);
+            if size == 0xff {
+                size = r.u32_be()? as usize;
+            }
+            r.u8()?;
+            r.take(size)?;
+        }
+        ctype::REGEX => {
+            utf8_ok(r.cstring()?)?;
+            utf8_ok(r.cstring()?)?;
+        }
+        ctype::DBREF => {
+            let size = r.u32_be()? as usize;
+            let ns = r.take(size)?;
+            utf8_ok(ns)?;
+            if ns.contains(&0) {
+                return err("DBRef namespace contains NUL");
+            }
+            r.take(12)?;
+        }
+        ctype::OBJECT => skip_object_body(r, bits, depth + 1)?,
+        ctype::ARRAY => loop {
+            let ct = r.u8()?;
+            if ct == 0 {
+                break;
+            }
+            skip_value(ct, r, bits, depth + 1)?;
+        },
+        ctype::NUMERIC_NAN..=ctype::NUMERIC_POSITIVE_LARGE_MAGNITUDE => {
+            decode_number(ct, r, bits)?;
+        }
+        other => return err(format!("Unknown type: {other}")),
+    }
+    Ok(())
+}
+
+fn skip_object_body(
+    r: &mut Reader<'_>,
+    bits: &mut TypeBitsReader<'_>,
+    depth: u32,
+) -> Result<(), KeyStringError> {
+    if depth > MAX_DEPTH {
+        return err("KeyString encoding exceeded maximum allowable BSON nesting depth");
+    }
+    loop {
+        if r.u8()? == 0 {
+            return Ok(());
+        }
+        std::str::from_utf8(r.cstring()?)
+            .map_err(|_| KeyStringError("string is not valid UTF-8".into()))?;
+        let ct = r.u8()?;
+        skip_value(ct, r, bits, depth)?;
+    }
 }
 
 fn decode_object_body(

@@ -13,12 +13,15 @@
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::sync::OnceLock;
 
 use bson::{Binary, Bson, Document, Uuid, spec::BinarySubtype};
 use wire::MongoError;
 
 use crate::ClusterTime;
-use crate::keystring::{Builder, TypeBitsReader, ValueStream, document_key_bytes};
+use crate::keystring::{
+    self, Builder, Reader, TypeBits, TypeBitsReader, ctype, decode_value, skip_value,
+};
 
 /// Resume token format version. V2 is the default of current MongoDB releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -172,7 +175,7 @@ pub struct ResumeTokenData {
     txn_op_index: u32,
     from_invalidate: bool,
     uuid: Option<Uuid>,
-    event_identifier: Option<Document>,
+    event_identifier: Option<Identifier>,
     fragment_num: Option<u32>,
 }
 
@@ -215,7 +218,7 @@ impl ResumeTokenData {
             txn_op_index,
             from_invalidate: false,
             uuid,
-            event_identifier,
+            event_identifier: event_identifier.map(Identifier::from_document),
             fragment_num: None,
         };
         data.validate()?;
@@ -316,7 +319,13 @@ impl ResumeTokenData {
         self.uuid
     }
     pub fn event_identifier(&self) -> Option<&Document> {
-        self.event_identifier.as_ref()
+        self.event_identifier.as_ref().map(Identifier::document)
+    }
+
+    /// The KeyString bytes of the event identifier (an object: `46 ... 00`), which order
+    /// identifiers as BSON does.
+    pub fn event_identifier_key(&self) -> Option<&[u8]> {
+        self.event_identifier.as_ref().map(|i| i.key.as_slice())
     }
     pub fn fragment_num(&self) -> Option<u32> {
         self.fragment_num
@@ -340,7 +349,7 @@ impl ResumeTokenData {
             None => {}
         }
         if let Some(id) = &self.event_identifier {
-            v.push(Bson::Document(id.clone()));
+            v.push(Bson::Document(id.document().clone()));
         }
         if let Some(f) = self.fragment_num {
             v.push(Bson::Int32(f as i32));
@@ -366,7 +375,7 @@ impl ResumeTokenData {
             None => {}
         }
         if let Some(id) = &self.event_identifier {
-            b.append_document(id);
+            b.append_raw(&id.key, &id.bits);
         }
         if let Some(f) = self.fragment_num {
             b.append_i32(f as i32);
@@ -394,19 +403,52 @@ impl ResumeTokenData {
         if data.is_empty() {
             return Err(TokenError::Empty);
         }
-        // Like MongoDB, decode the whole KeyString first (so its errors take precedence), then
-        // validate the fields in order.
-        let bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
-        let mut stream = ValueStream::new(data, bits);
-        let mut values = Vec::with_capacity(8);
-        while let Some(v) = stream
-            .next_value()
-            .map_err(|e| TokenError::Malformed(e.to_string()))?
-        {
-            values.push(v);
+        // Like MongoDB, check the whole KeyString first (so its errors take precedence), then
+        // the fields in order. Pass 1 validates every value without building it and records
+        // where each lies; pass 2 reads the scalars and keeps the identifier's raw bytes.
+        let mut bits = TypeBitsReader::new(type_bits).map_err(|e| TokenError::BadTypeBits(e.0))?;
+        let malformed = |e: keystring::KeyStringError| TokenError::Malformed(e.to_string());
+        let mut slots = [Slot::default(); 9];
+        let mut n = 0;
+        let mut overflow = false;
+        let mut r = Reader::new(data);
+        loop {
+            let ct = r
+                .u8()
+                .map_err(|_| TokenError::Malformed("key has no end byte".into()))?;
+            if ct == ctype::END {
+                if r.remaining() != 0 {
+                    return Err(TokenError::Malformed(
+                        "bytes after the end of the key".into(),
+                    ));
+                }
+                break;
+            }
+            let (start, bit_start) = (r.position(), bits.position());
+            skip_value(ct, &mut r, &mut bits, 1).map_err(malformed)?;
+            let slot = Slot {
+                ct,
+                start,
+                end: r.position(),
+                bit_start,
+                bit_end: bits.position(),
+            };
+            match slots.get_mut(n) {
+                Some(s) => {
+                    *s = slot;
+                    n += 1;
+                }
+                None => overflow = true,
+            }
         }
-        let mut it = values.into_iter();
-        let mut next = move || -> Result<Option<Bson>, TokenError> { Ok(it.next()) };
+        let scalar = |s: &Slot| -> Result<Bson, TokenError> {
+            let mut r = Reader::new(data.get(s.start..s.end).unwrap_or(&[]));
+            decode_value(s.ct, &mut r, &mut bits.at(s.bit_start), 1).map_err(malformed)
+        };
+        let mut it = slots.iter().take(n);
+        let mut next = move || -> Result<Option<Bson>, TokenError> {
+            it.next().map(|s| scalar(s)).transpose()
+        };
         let cluster_time = match next()? {
             None => return Err(TokenError::Empty),
             Some(Bson::Timestamp(ts)) => ClusterTime::from(ts),
@@ -446,7 +488,7 @@ impl ResumeTokenData {
         } else {
             false
         };
-        let mut data = ResumeTokenData {
+        let mut out = ResumeTokenData {
             cluster_time,
             version,
             token_type,
@@ -456,37 +498,42 @@ impl ResumeTokenData {
             event_identifier: None,
             fragment_num: None,
         };
-        if let Some(u) = next()? {
-            data.uuid = match (u, version) {
-                (Bson::Null, TokenVersion::V2) => None,
-                (u, v) => match bson_uuid(&u) {
-                    Some(u) => Some(u),
-                    None if v == TokenVersion::V2 => return Err(TokenError::BadUuid),
-                    None => {
-                        return Err(TokenError::Malformed("uuid must be a UUID".into()));
-                    }
-                },
+        let prefix = if version >= TokenVersion::V1 { 5 } else { 3 };
+        let mut rest = slots.iter().take(n).skip(prefix);
+        if let Some(u) = rest.next() {
+            let bytes = data.get(u.start..u.end).unwrap_or(&[]);
+            out.uuid = match uuid_from_slot(u.ct, bytes) {
+                Some(u) => Some(u),
+                None if u.ct == ctype::NULLISH && version == TokenVersion::V2 => None,
+                None if version == TokenVersion::V2 => return Err(TokenError::BadUuid),
+                None => return Err(TokenError::Malformed("uuid must be a UUID".into())),
             };
-            if let Some(id) = next()? {
-                match id {
-                    Bson::Document(d) => data.event_identifier = Some(d),
-                    _ => return Err(TokenError::EventIdentifierNotObject),
+            if let Some(id) = rest.next() {
+                if id.ct != ctype::OBJECT {
+                    return Err(TokenError::EventIdentifierNotObject);
                 }
+                // Keep the CType byte: the identifier's key is a complete object encoding.
+                let key = data
+                    .get(id.start.saturating_sub(1)..id.end)
+                    .unwrap_or(&[])
+                    .to_vec();
+                let id_bits = bits.extract(id.bit_start, id.bit_end);
+                out.event_identifier = Some(Identifier::from_raw(key, id_bits));
                 if version == TokenVersion::V2
-                    && let Some(f) = next()?
+                    && let Some(f) = rest.next()
                 {
-                    match f {
-                        Bson::Int32(f) if f >= 0 => data.fragment_num = Some(f as u32),
+                    match scalar(f)? {
+                        Bson::Int32(f) if f >= 0 => out.fragment_num = Some(f as u32),
                         _ => return Err(TokenError::BadFragmentNum),
                     }
                 }
             }
         }
-        if next()?.is_some() {
+        if rest.next().is_some() || overflow {
             return Err(TokenError::TrailingData);
         }
-        data.validate()?;
-        Ok(data)
+        out.validate()?;
+        Ok(out)
     }
 
     /// The logical order of §5.7 (cluster time, version, token type, txnOpIndex,
@@ -512,9 +559,8 @@ impl ResumeTokenData {
                     .cmp(&other.uuid.map(|u| u.bytes()))
             })
             .then_with(|| {
-                let a = self.event_identifier.as_ref().map(document_key_bytes);
-                let b = other.event_identifier.as_ref().map(document_key_bytes);
-                a.cmp(&b)
+                self.event_identifier_key()
+                    .cmp(&other.event_identifier_key())
             })
             .then(self.fragment_num.cmp(&other.fragment_num))
     }
@@ -547,7 +593,7 @@ impl fmt::Display for ResumeTokenData {
         if let Some(u) = self.uuid {
             write!(f, ", uuid: {u}")?;
         }
-        if let Some(id) = &self.event_identifier {
+        if let Some(id) = self.event_identifier() {
             write!(f, ", eventIdentifier: {id}")?;
         }
         if let Some(n) = self.fragment_num {
@@ -576,18 +622,6 @@ fn uuid_bson(u: Uuid) -> Bson {
         subtype: BinarySubtype::Uuid,
         bytes: u.bytes().to_vec(),
     })
-}
-
-fn bson_uuid(b: &Bson) -> Option<Uuid> {
-    match b {
-        Bson::Binary(Binary {
-            subtype: BinarySubtype::Uuid,
-            bytes,
-        }) => <[u8; 16]>::try_from(bytes.as_slice())
-            .ok()
-            .map(Uuid::from_bytes),
-        _ => None,
-    }
 }
 
 /// `compareAgainstClientResumeToken` semantics (§5.7), ignoring `version`.
@@ -622,8 +656,7 @@ pub fn compare_against_client_token(
     if eu != cu {
         return by(eu.cmp(&cu));
     }
-    let ei = event.event_identifier.as_ref().map(document_key_bytes);
-    let ci = client.event_identifier.as_ref().map(document_key_bytes);
+    let (ei, ci) = (event.event_identifier_key(), client.event_identifier_key());
     if ei != ci {
         return by(ei.cmp(&ci));
     }
@@ -748,4 +781,81 @@ impl From<&ResumeToken> for Bson {
 /// Compares two wire tokens by `_data` bytes (the merge order used by mongos).
 pub fn compare_tokens(a: &ResumeToken, b: &ResumeToken) -> Ordering {
     a.cmp(b)
+}
+
+/// Where one top-level value of a token lies: its CType, its payload bytes (after the CType)
+/// and its type bits.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    ct: u8,
+    start: usize,
+    end: usize,
+    bit_start: usize,
+    bit_end: usize,
+}
+
+/// A UUID value: `5A 10 04` + 16 bytes (`bytes` is what follows the CType).
+fn uuid_from_slot(ct: u8, bytes: &[u8]) -> Option<Uuid> {
+    match (ct, bytes) {
+        (ctype::BIN_DATA, [16, 4, rest @ ..]) => {
+            <[u8; 16]>::try_from(rest).ok().map(Uuid::from_bytes)
+        }
+        _ => None,
+    }
+}
+
+/// An event identifier: its KeyString encoding (an object, with its own type bits) and the
+/// document, built on first use when the token was decoded. Encoding and comparing tokens use
+/// the bytes and never re-encode; equality is exact (types included).
+#[derive(Clone)]
+struct Identifier {
+    key: Vec<u8>,
+    bits: TypeBits,
+    doc: OnceLock<Document>,
+}
+
+impl Identifier {
+    fn from_document(doc: Document) -> Identifier {
+        let mut b = Builder::new();
+        b.append_document(&doc);
+        let (key, bits) = b.finish();
+        Identifier {
+            key,
+            bits,
+            doc: OnceLock::from(doc),
+        }
+    }
+
+    /// From bytes already validated by [`skip_value`].
+    fn from_raw(key: Vec<u8>, bits: TypeBits) -> Identifier {
+        Identifier {
+            key,
+            bits,
+            doc: OnceLock::new(),
+        }
+    }
+
+    fn document(&self) -> &Document {
+        self.doc.get_or_init(|| {
+            let mut r = Reader::new(&self.key);
+            let mut bits = self.bits.reader();
+            match r.u8().and_then(|ct| decode_value(ct, &mut r, &mut bits, 1)) {
+                Ok(Bson::Document(d)) => d,
+                // Unreachable: the bytes passed the same checks when the token was decoded.
+                _ => Document::new(),
+            }
+        })
+    }
+}
+
+impl PartialEq for Identifier {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.bits.to_bytes() == other.bits.to_bytes()
+    }
+}
+
+impl fmt::Debug for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.document(), f)
+    }
 }

@@ -343,6 +343,20 @@ proptest! {
             let _ = keystring::decode_key(&data, &mut r);
         }
         let _ = keystring::decode_all(&data, &mut TypeBitsReader::zeros());
+        // The validating skipper (used to decode tokens lazily) accepts exactly what the
+        // decoder accepts, and consumes the same bytes and type bits.
+        if let (Some(&ct), Ok(r0)) = (data.first(), TypeBitsReader::new(&bits)) {
+            let rest = &data[1..];
+            let (mut ra, mut rb) = (keystring::Reader::new(rest), keystring::Reader::new(rest));
+            let (mut ba, mut bb) = (r0.clone(), r0);
+            let decoded = keystring::decode_value(ct, &mut ra, &mut ba, 1);
+            let skipped = keystring::skip_value(ct, &mut rb, &mut bb, 1);
+            prop_assert_eq!(decoded.is_ok(), skipped.is_ok());
+            if decoded.is_ok() {
+                prop_assert_eq!(ra.position(), rb.position());
+                prop_assert_eq!(ba.position(), bb.position());
+            }
+        }
     }
 
     #[test]
@@ -352,7 +366,15 @@ proptest! {
         let i = pos.index(data.len());
         data[i] = byte;
         let tb = token.type_bits().unwrap_or(&[]).to_vec();
-        let _ = ResumeToken::from_parts(data.clone(), tb.clone()).decode();
+        if let Ok(d) = ResumeToken::from_parts(data.clone(), tb.clone()).decode() {
+            // A lazily decoded identifier materializes to what an eager decode yields.
+            if let Some(doc) = d.event_identifier() {
+                let mut bits = TypeBitsReader::new(&tb).unwrap();
+                let values = keystring::decode_all(&data, &mut bits).unwrap();
+                let eager = values.iter().find(|v| matches!(v, Bson::Document(_))).unwrap();
+                prop_assert_eq!(exact(&[Bson::Document(doc.clone())]), exact(std::slice::from_ref(eager)));
+            }
+        }
         let n = cut.index(data.len() + 1);
         let _ = ResumeToken::from_parts(data[..n].to_vec(), tb).decode();
     }
