@@ -1,0 +1,362 @@
+//! Change-stream cursors on a shard: the shard half of a `$changeStream` aggregate.
+//!
+//! Every cursor reads the shared tail window (one copy of each entry in memory for all cursors,
+//! published once by the writer); a cursor that has fallen behind the window reads the oplog
+//! from storage in batches and rejoins. The pure stages (`pipeline::changestream::ShardStream`)
+//! turn entries into events. A cursor holds at most one batch of pending events, so a slow or
+//! idle reader costs its position and nothing more: writers never wait for readers.
+//!
+//! Invariants:
+//! * `position` only grows; every oplog entry with `ts <= position` has been run through the
+//!   stages, and its events are either returned already or in `pending`.
+//! * The post-batch resume token only grows. When nothing is pending and the cursor has read
+//!   every entry at or below the shard's high-water mark `H`, it is the high-water-mark token
+//!   at `H + 1`: every event this shard will still return sorts after it, and resuming from it
+//!   (scan `ts >= H + 1`) neither repeats nor skips an event. Routers merge on that promise.
+//! * A getMore returns as soon as it has an event, or when the router asked for a promise at
+//!   least some time `F` (a nudge) and the token has reached it, or at its deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use pipeline::changestream::ChangeEvent;
+use pipeline::changestream::shard::ShardStream;
+use pipeline::changestream::spec::{RequestContext, parse_pipeline};
+use resume::ClusterTime;
+use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
+use tokio::sync::Notify;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::oplog::{self, WindowRead};
+use crate::state::ShardState;
+use crate::storage::Table;
+
+/// Entries read from the window or storage per step.
+const READ_BATCH: usize = 512;
+/// getMore's awaitData wait when the request gives no `maxTimeMS`.
+pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
+/// Reply budget for one batch of events.
+const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// Change-stream cursors idle for longer than this are dropped.
+const IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+
+/// The router's request for a promise: wake the cursor once its token can reach `floor`.
+#[derive(Default)]
+struct Nudge {
+    floor: AtomicU64,
+    notify: Notify,
+}
+
+struct Entry {
+    cursor: tokio::sync::Mutex<StreamCursor>,
+    nudge: Nudge,
+    last_used_ms: AtomicU64,
+}
+
+/// The shard's open change-stream cursors.
+#[derive(Default)]
+pub struct ChangeStreams {
+    cursors: Mutex<HashMap<i64, Arc<Entry>>>,
+}
+
+/// One cursor's reading state. See the module invariants.
+pub struct StreamCursor {
+    stream: ShardStream,
+    ns: String,
+    position: ClusterTime,
+    pending: VecDeque<ChangeEvent>,
+    pbrt: ResumeToken,
+    /// Set once the invalidate event has been handed out: the cursor then closes.
+    closed: bool,
+}
+
+impl StreamCursor {
+    /// Runs the stages over entries after `position` until `want` events are pending or every
+    /// visible entry is read. Returns whether it read everything visible.
+    fn advance(&mut self, state: &ShardState, want: usize) -> Result<bool> {
+        while self.pending.len() < want.max(1) && self.stream.invalidated().is_none() {
+            let entries = match state.tail.read_after(self.position, READ_BATCH) {
+                WindowRead::Entries(e) => e,
+                WindowRead::Behind => {
+                    let read = state.storage.begin_read().map_err(storage_error)?;
+                    oplog::read_from_storage(&*read, self.position, READ_BATCH)
+                        .map_err(storage_error)?
+                }
+            };
+            let exhausted = entries.len() < READ_BATCH;
+            for (ts, bytes) in entries {
+                let entry = Document::from_reader(&mut bytes.as_ref()).map_err(|e| {
+                    MongoError::internal(format!("corrupt oplog entry at {ts}: {e}"))
+                })?;
+                let mut lookup = |optime: pipeline::changestream::unwind::OpTime| {
+                    read_entry(state, optime.ts)
+                };
+                let events = self.stream.process_entry(&entry, &mut lookup)?;
+                self.pending.extend(events);
+                self.position = ts;
+                if self.stream.invalidated().is_some() {
+                    break;
+                }
+            }
+            if exhausted {
+                return Ok(true);
+            }
+        }
+        Ok(self.pending.is_empty() && self.stream.invalidated().is_none())
+    }
+
+    /// Moves up to `n` pending events (and at most the reply budget) into a batch.
+    fn take_batch(&mut self, n: usize) -> Vec<Bson> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while out.len() < n {
+            let Some(e) = self.pending.front() else { break };
+            let size = e.doc.to_vec().map(|v| v.len()).unwrap_or(0);
+            if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
+                break;
+            }
+            let Some(e) = self.pending.pop_front() else { break };
+            bytes += size;
+            self.raise(e.token.clone());
+            if e.operation_type() == "invalidate" {
+                self.closed = true;
+            }
+            out.push(Bson::Document(e.doc));
+        }
+        out
+    }
+
+    fn raise(&mut self, token: ResumeToken) {
+        if token > self.pbrt {
+            self.pbrt = token;
+        }
+    }
+
+    /// After reading everything visible at or below `hwm`: promise `hwm + 1`.
+    fn promise(&mut self, hwm: ClusterTime) {
+        if self.pending.is_empty() && self.stream.invalidated().is_none() {
+            let t = ResumeTokenData::high_water_mark(hwm.next(), TokenVersion::default()).encode();
+            self.raise(t);
+        }
+    }
+
+    fn reply(&self, id: i64, batch: Vec<Bson>, first: bool) -> Document {
+        let mut cursor = Document::new();
+        cursor.insert(if first { "firstBatch" } else { "nextBatch" }, batch);
+        cursor.insert("postBatchResumeToken", self.pbrt.to_document());
+        cursor.insert("id", if self.closed { 0 } else { id });
+        cursor.insert("ns", &self.ns);
+        let mut reply = doc! {"cursor": cursor};
+        if self.closed {
+            reply.insert("invalidated", true);
+        }
+        reply.insert("ok", 1.0);
+        reply
+    }
+}
+
+fn storage_error(e: impl std::fmt::Display) -> MongoError {
+    MongoError::internal(format!("reading the oplog: {e}"))
+}
+
+/// One oplog entry by `ts` (for walking a transaction's `prevOpTime` chain).
+fn read_entry(state: &ShardState, ts: ClusterTime) -> Option<Document> {
+    let read = state.storage.begin_read().ok()?;
+    let bytes = read.get(Table::Oplog, &oplog::oplog_key(ts)).ok()??;
+    Document::from_reader(&mut bytes.as_slice()).ok()
+}
+
+fn batch_size(cursor_opts: Option<&Document>) -> Result<usize> {
+    match cursor_opts.and_then(|c| c.get("batchSize")) {
+        None => Ok(101),
+        Some(Bson::Int32(n)) if *n >= 0 => Ok(*n as usize),
+        Some(Bson::Int64(n)) if *n >= 0 => Ok(*n as usize),
+        Some(Bson::Double(n)) if *n >= 0.0 => Ok(*n as usize),
+        Some(_) => Err(MongoError::bad_value("batchSize must be a non-negative number")),
+    }
+}
+
+impl ChangeStreams {
+    /// `aggregate` with `$changeStream` first: opens a cursor and returns its first batch
+    /// (without waiting). A stream without a start option starts at the shard's next tick.
+    pub fn open(&self, state: &ShardState, db: &str, cmd: &Document) -> Result<Document> {
+        let coll = match cmd.get("aggregate") {
+            Some(Bson::String(c)) => Some(c.as_str()),
+            _ => None,
+        };
+        let stages = cmd.get_array("pipeline").map_err(|_| {
+            MongoError::type_mismatch("'pipeline' option must be specified as an array")
+        })?;
+        let ctx = RequestContext {
+            db,
+            coll,
+            through_router: false,
+            standalone: false,
+        };
+        let parsed = parse_pipeline(stages, &ctx)?;
+        let now = state.high_water_mark().next();
+        let start = parsed.spec.scan_start(now);
+        let pbrt = parsed.spec.initial_post_batch_resume_token(now);
+        let ns = match coll {
+            Some(c) => format!("{db}.{c}"),
+            None => format!("{db}.$cmd.aggregate"),
+        };
+        // Entries at `start` are included: the scan is `ts > position`.
+        let position = start.prev();
+        let mut cursor = StreamCursor {
+            stream: ShardStream::new(parsed.spec, parsed.user_stages),
+            ns,
+            position,
+            pending: VecDeque::new(),
+            pbrt,
+            closed: false,
+        };
+        let n = batch_size(cmd.get_document("cursor").ok())?;
+        if n > 0 {
+            let hwm = state.high_water_mark();
+            let read_through = cursor.advance(state, n)?;
+            let batch = cursor.take_batch(n);
+            if read_through {
+                cursor.promise(hwm);
+            }
+            return self.register(state, cursor, batch);
+        }
+        self.register(state, cursor, Vec::new())
+    }
+
+    fn register(&self, state: &ShardState, cursor: StreamCursor, batch: Vec<Bson>) -> Result<Document> {
+        if cursor.closed {
+            return Ok(cursor.reply(0, batch, true));
+        }
+        let id = self.insert(cursor, state.now_millis());
+        let entry = self.get(id)?;
+        let cursor = entry
+            .cursor
+            .try_lock()
+            .map_err(|_| MongoError::internal("a new cursor is busy"))?;
+        Ok(cursor.reply(id, batch, true))
+    }
+
+    fn insert(&self, cursor: StreamCursor, now_ms: u64) -> i64 {
+        let mut map = lock(&self.cursors);
+        let id = loop {
+            let id = (rand::random::<u64>() >> 1) as i64;
+            if id != 0 && !map.contains_key(&id) {
+                break id;
+            }
+        };
+        map.insert(
+            id,
+            Arc::new(Entry {
+                cursor: tokio::sync::Mutex::new(cursor),
+                nudge: Nudge::default(),
+                last_used_ms: AtomicU64::new(now_ms),
+            }),
+        );
+        id
+    }
+
+    fn get(&self, id: i64) -> Result<Arc<Entry>> {
+        lock(&self.cursors).get(&id).cloned().ok_or_else(|| {
+            MongoError::new(ErrorCode::CURSOR_NOT_FOUND, format!("cursor id {id} not found"))
+        })
+    }
+
+    /// Whether `id` is one of ours (getMore/killCursors dispatch on it).
+    pub fn contains(&self, id: i64) -> bool {
+        lock(&self.cursors).contains_key(&id)
+    }
+
+    /// `getMore` on a change-stream cursor: waits (awaitData) up to `max_time` for an event.
+    pub async fn get_more(
+        &self,
+        state: &ShardState,
+        id: i64,
+        batch_size: Option<usize>,
+        max_time: Duration,
+    ) -> Result<Document> {
+        let entry = self.get(id)?;
+        let Ok(mut cursor) = entry.cursor.try_lock() else {
+            return Err(MongoError::new(
+                ErrorCode::CURSOR_IN_USE,
+                format!("cursor id {id} is already in use"),
+            ));
+        };
+        entry.last_used_ms.store(state.now_millis(), Ordering::Relaxed);
+        let n = batch_size.unwrap_or(usize::MAX);
+        let deadline = tokio::time::Instant::now() + max_time;
+        let mut visible = state.tail.subscribe();
+        // The high-water mark below which this cursor has read every entry, if it has.
+        let mut read_through;
+        loop {
+            visible.borrow_and_update();
+            let hwm = state.high_water_mark();
+            read_through = cursor.advance(state, n)?.then_some(hwm);
+            if let Some(h) = read_through {
+                cursor.promise(h);
+            }
+            if !cursor.pending.is_empty() || cursor.stream.invalidated().is_some() {
+                break;
+            }
+            let floor = ClusterTime::from_u64(entry.nudge.floor.load(Ordering::Acquire));
+            if floor > ClusterTime::ZERO
+                && cursor.pbrt
+                    >= ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode()
+            {
+                break;
+            }
+            tokio::select! {
+                _ = visible.changed() => {}
+                _ = entry.nudge.notify.notified() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let batch = cursor.take_batch(n);
+        if let Some(h) = read_through {
+            cursor.promise(h);
+        }
+        let reply = cursor.reply(id, batch, false);
+        if cursor.closed {
+            drop(cursor);
+            lock(&self.cursors).remove(&id);
+        }
+        Ok(reply)
+    }
+
+    /// The router needs this cursor's promise to reach `floor`: advance the clock to it and
+    /// wake a waiting getMore so it answers as soon as it can promise that much.
+    pub fn nudge(&self, state: &ShardState, id: i64, floor: ClusterTime) -> Result<()> {
+        let entry = self.get(id)?;
+        state.observe(floor);
+        entry.nudge.floor.fetch_max(floor.as_u64(), Ordering::AcqRel);
+        entry.nudge.notify.notify_one();
+        Ok(())
+    }
+
+    pub fn kill(&self, id: i64) -> bool {
+        lock(&self.cursors).remove(&id).is_some()
+    }
+
+    /// Drops cursors nobody has used for ten minutes.
+    pub fn reap(&self, now_ms: u64) {
+        lock(&self.cursors).retain(|_, e| {
+            now_ms.saturating_sub(e.last_used_ms.load(Ordering::Relaxed)) < IDLE_TIMEOUT_MS
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.cursors).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Never held across `.await`; a poisoned map is still consistent (entries are whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
