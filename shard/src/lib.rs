@@ -17,6 +17,7 @@
 //! clock starts above every high-water mark given out before.
 
 pub mod catalog;
+pub mod changestream;
 pub mod clock;
 pub mod commands;
 pub mod cursor;
