@@ -447,7 +447,7 @@ impl ResumeTokenData {
         };
         let mut it = slots.iter().take(n);
         let mut next = move || -> Result<Option<Bson>, TokenError> {
-            it.next().map(|s| scalar(s)).transpose()
+            it.next().map(&scalar).transpose()
         };
         let cluster_time = match next()? {
             None => return Err(TokenError::Empty),
