@@ -177,9 +177,9 @@ impl Builder {
                 _ => return Err(malformed("array 'l' is not a non-negative int")),
             };
             let field = self.dotted();
-            self.out
-                .truncated_arrays
-                .push(Bson::Document(doc! {"field": field.clone(), "newSize": size}));
+            self.out.truncated_arrays.push(Bson::Document(
+                doc! {"field": field.clone(), "newSize": size},
+            ));
             self.note_ambiguity(&field);
         }
         for (k, v) in diff {
@@ -202,9 +202,7 @@ impl Builder {
 
 /// `FieldRef::isNumericPathComponentStrict`: digits only, no leading zero (except "0").
 fn is_strictly_numeric(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_digit())
-        && (s.len() == 1 || !s.starts_with('0'))
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s.len() == 1 || !s.starts_with('0'))
 }
 
 fn malformed(what: &str) -> MongoError {

@@ -82,22 +82,29 @@ impl Merger {
                 "shard {shard} sent events after its invalidate"
             )));
         }
-        let mut floor = remote.buffer.back().map(|e| &e.token).or(remote.promise.as_ref());
+        let mut floor = remote
+            .buffer
+            .back()
+            .map(|e| &e.token)
+            .or(remote.promise.as_ref());
         let mut strict = remote.buffer.back().is_some();
         for e in &events {
-            if let Some(f) = floor {
-                if e.token < *f || (strict && e.token == *f) {
-                    return Err(MongoError::internal(format!(
-                        "shard {shard} sent events out of token order"
-                    )));
-                }
+            if let Some(f) = floor
+                && (e.token < *f || (strict && e.token == *f))
+            {
+                return Err(MongoError::internal(format!(
+                    "shard {shard} sent events out of token order"
+                )));
             }
             floor = Some(&e.token);
             strict = true;
         }
         let newest = events.last().map(|e| e.token.clone());
         remote.buffer.extend(events);
-        for t in [Some(post_batch_resume_token), newest].into_iter().flatten() {
+        for t in [Some(post_batch_resume_token), newest]
+            .into_iter()
+            .flatten()
+        {
             if remote.promise.as_ref().is_none_or(|p| t > *p) {
                 remote.promise = Some(t);
             }
@@ -152,12 +159,11 @@ impl Merger {
     /// released token and, when nothing is ready, the minimum promise.
     pub fn post_batch_resume_token(&self) -> Option<ResumeToken> {
         let mut hw = self.high_water.clone();
-        if !self.has_ready() {
-            if let Some((_, min)) = self.min_promise() {
-                if hw.as_ref().is_none_or(|h| min > h) {
-                    hw = Some(min.clone());
-                }
-            }
+        if !self.has_ready()
+            && let Some((_, min)) = self.min_promise()
+            && hw.as_ref().is_none_or(|h| min > h)
+        {
+            hw = Some(min.clone());
         }
         hw
     }

@@ -113,7 +113,11 @@ fn command_matches(spec: &ChangeStreamSpec, entry: &Document, o: &Document) -> b
         // namespace must still match, so only the two names count.
         return ns_matches(spec, from) || o.get_str("to").is_ok_and(|to| ns_matches(spec, to));
     }
-    let Some(db) = entry.get_str("ns").ok().and_then(|ns| ns.strip_suffix(".$cmd")) else {
+    let Some(db) = entry
+        .get_str("ns")
+        .ok()
+        .and_then(|ns| ns.strip_suffix(".$cmd"))
+    else {
         return false;
     };
     if o.contains_key("dropDatabase") {

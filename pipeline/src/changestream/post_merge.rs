@@ -58,9 +58,7 @@ impl UserPipeline {
             return Ok(Some(event));
         }
         let ChangeEvent { token, data, doc } = event;
-        Ok(self
-            .apply(doc)?
-            .map(|doc| ChangeEvent { token, data, doc }))
+        Ok(self.apply(doc)?.map(|doc| ChangeEvent { token, data, doc }))
     }
 }
 

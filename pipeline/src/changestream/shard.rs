@@ -124,3 +124,6 @@ impl ShardStream {
         self.invalidate.invalidated()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -263,15 +263,12 @@ pub fn parse_pipeline(pipeline: &[Bson], ctx: &RequestContext<'_>) -> Result<Cha
         }
         stages.push((name.as_str(), arg, d));
     }
-    if let Some(pos) = stages.iter().position(|(n, _, _)| *n == "$changeStream") {
-        if pos != 0 || stages.iter().filter(|(n, _, _)| *n == "$changeStream").count() > 1 {
-            return Err(MongoError::with_code(
-                40602,
-                "$changeStream is only valid as the first stage in a pipeline",
-            ));
-        }
-    }
-    let Some((_, first_arg, _)) = stages.first().filter(|(n, _, _)| *n == "$changeStream") else {
+    let change_streams = stages
+        .iter()
+        .filter(|(n, _, _)| *n == "$changeStream")
+        .count();
+    let first = stages.first().filter(|(n, _, _)| *n == "$changeStream");
+    let (Some((_, first_arg, _)), 1) = (first, change_streams) else {
         return Err(MongoError::with_code(
             40602,
             "$changeStream is only valid as the first stage in a pipeline",
@@ -422,7 +419,7 @@ pub fn parse_stage(arg: &Bson, ctx: &RequestContext<'_>) -> Result<ChangeStreamS
         return Err(invalid_ns());
     }
     if ctx.coll.is_some_and(|c| c.starts_with("system."))
-        && !(o.allow_to_run_on_system_ns && !ctx.through_router)
+        && (ctx.through_router || !o.allow_to_run_on_system_ns)
     {
         return Err(invalid_ns());
     }
@@ -464,14 +461,16 @@ pub fn parse_stage(arg: &Bson, ctx: &RequestContext<'_>) -> Result<ChangeStreamS
         (None, None, Some(ts)) => StartPoint::StartAtOperationTime(ts),
         (None, None, None) => StartPoint::None,
     };
-    if let Some(t) = start.client_token() {
-        if level == StreamLevel::Collection && !t.is_high_water_mark() && t.uuid().is_none() {
-            return Err(MongoError::new(
-                ErrorCode::INVALID_RESUME_TOKEN,
-                "Attempted to resume a single-collection stream, but the resume token does not \
-                 include a UUID.",
-            ));
-        }
+    if let Some(t) = start.client_token()
+        && level == StreamLevel::Collection
+        && !t.is_high_water_mark()
+        && t.uuid().is_none()
+    {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_RESUME_TOKEN,
+            "Attempted to resume a single-collection stream, but the resume token does not \
+             include a UUID.",
+        ));
     }
     Ok(ChangeStreamSpec {
         level,

@@ -55,22 +55,22 @@ pub fn expanded(mut s: ChangeStreamSpec) -> ChangeStreamSpec {
 pub fn insert(ns: &str, secs: u32, d: Document) -> Document {
     let id = d.get("_id").cloned().unwrap_or(Bson::Null);
     doc! {"ts": ts(secs, 1), "t": 1_i64, "v": 2, "op": "i", "ns": ns, "ui": uuid(1),
-          "o": d, "o2": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
+    "o": d, "o2": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
 }
 
 pub fn update(ns: &str, secs: u32, id: i32, diff: Document) -> Document {
     doc! {"ts": ts(secs, 1), "t": 1_i64, "v": 2, "op": "u", "ns": ns, "ui": uuid(1),
-          "o": {"$v": 2, "diff": diff}, "o2": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
+    "o": {"$v": 2, "diff": diff}, "o2": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
 }
 
 pub fn delete(ns: &str, secs: u32, id: i32) -> Document {
     doc! {"ts": ts(secs, 1), "t": 1_i64, "v": 2, "op": "d", "ns": ns, "ui": uuid(1),
-          "o": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
+    "o": {"_id": id}, "wall": wall(i64::from(secs) * 1000)}
 }
 
 pub fn cmd(db: &str, secs: u32, o: Document) -> Document {
     doc! {"ts": ts(secs, 1), "t": 1_i64, "v": 2, "op": "c", "ns": format!("{db}.$cmd"),
-          "ui": uuid(1), "o": o, "wall": wall(i64::from(secs) * 1000)}
+    "ui": uuid(1), "o": o, "wall": wall(i64::from(secs) * 1000)}
 }
 
 /// A v2 insert token for `{_id: id}`.
@@ -80,7 +80,10 @@ pub fn insert_token(secs: u32, txn: u32, id: i32) -> ResumeTokenData {
         TokenVersion::V2,
         txn,
         Some(buuid(1)),
-        Some(event_identifier("insert", Some(("documentKey", doc! {"_id": id})))),
+        Some(event_identifier(
+            "insert",
+            Some(("documentKey", doc! {"_id": id})),
+        )),
     )
     .unwrap()
 }

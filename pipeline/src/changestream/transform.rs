@@ -140,10 +140,10 @@ impl Transformer {
         d.insert("_id", token.to_document());
         d.insert("operationType", p.operation_type);
         d.insert("clusterTime", Bson::Timestamp(ts.timestamp()));
-        if self.show_expanded_events {
-            if let Some(ui) = entry.get("ui") {
-                d.insert("collectionUUID", ui.clone());
-            }
+        if self.show_expanded_events
+            && let Some(ui) = entry.get("ui")
+        {
+            d.insert("collectionUUID", ui.clone());
         }
         if let Some(wall) = entry.get("wall") {
             d.insert("wallTime", wall.clone());
@@ -159,10 +159,10 @@ impl Transformer {
         if let Some(key) = p.document_key.filter(|_| crud) {
             d.insert("documentKey", key);
         }
-        if self.show_expanded_events {
-            if let Some(desc) = p.operation_description {
-                d.insert("operationDescription", desc);
-            }
+        if self.show_expanded_events
+            && let Some(desc) = p.operation_description
+        {
+            d.insert("operationDescription", desc);
         }
         if let Some((name, u)) = p.update_description {
             d.insert(name, u);
@@ -170,15 +170,15 @@ impl Transformer {
         if let Some(s) = p.state_before_change {
             d.insert("stateBeforeChange", s);
         }
-        if self.show_expanded_events {
-            if let Some(t) = p.ns_type {
-                d.insert("nsType", t);
-            }
+        if self.show_expanded_events
+            && let Some(t) = p.ns_type
+        {
+            d.insert("nsType", t);
         }
-        if self.show_commit_timestamp {
-            if let Some(ct) = entry.get("commitTimestamp") {
-                d.insert("commitTimestamp", ct.clone());
-            }
+        if self.show_commit_timestamp
+            && let Some(ct) = entry.get("commitTimestamp")
+        {
+            d.insert("commitTimestamp", ct.clone());
         }
         Ok(Some(ChangeEvent {
             token,
@@ -276,7 +276,11 @@ impl Transformer {
                 p.document_key = Some(key_or_id(o2, o));
                 p.full_document = Some(o.clone());
             }
-            None => return Err(bad_update("update entry is neither a $v:2 diff nor a replacement")),
+            None => {
+                return Err(bad_update(
+                    "update entry is neither a $v:2 diff nor a replacement",
+                ));
+            }
         }
         Ok(())
     }
@@ -382,7 +386,10 @@ fn is_two(v: &Bson) -> bool {
 }
 
 fn bad_update(msg: &str) -> MongoError {
-    MongoError::with_code(6741200, format!("Unexpected update oplog entry format: {msg}"))
+    MongoError::with_code(
+        6741200,
+        format!("Unexpected update oplog entry format: {msg}"),
+    )
 }
 
 /// `ui` as a UUID (BinData subtype 4, 16 bytes).

@@ -69,17 +69,18 @@ pub fn unwind(
     // The chain, newest first: the entry itself (unless it is a commit, which holds no ops),
     // then every earlier link.
     let mut chain: Vec<Document> = Vec::new();
-    let mut cursor = if commit {
-        Some(prev_op_time(entry).ok_or_else(|| {
-            history_lost(format!("commitTransaction at {ts} has no prevOpTime"))
-        })?)
-    } else {
-        if has_prev_op_time(entry) {
-            prev_op_time(entry)
+    let mut cursor =
+        if commit {
+            Some(prev_op_time(entry).ok_or_else(|| {
+                history_lost(format!("commitTransaction at {ts} has no prevOpTime"))
+            })?)
         } else {
-            None
-        }
-    };
+            if has_prev_op_time(entry) {
+                prev_op_time(entry)
+            } else {
+                None
+            }
+        };
     let mut newer = ts;
     while let Some(at) = cursor {
         if at.ts >= newer {

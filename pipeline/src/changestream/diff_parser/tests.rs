@@ -60,8 +60,16 @@ fn disambiguated_paths_only_with_expanded_events_and_then_always() {
 #[test]
 fn ambiguity_rules() {
     let cases: Vec<(&str, Document, Document)> = vec![
-        ("numeric first component is not ambiguous", doc! {"u": {"0": 1}}, doc! {}),
-        ("array index alone is not ambiguous", doc! {"sarr": {"a": true, "u3": 1}}, doc! {}),
+        (
+            "numeric first component is not ambiguous",
+            doc! {"u": {"0": 1}},
+            doc! {},
+        ),
+        (
+            "array index alone is not ambiguous",
+            doc! {"sarr": {"a": true, "u3": 1}},
+            doc! {},
+        ),
         (
             "numeric field below the top is ambiguous",
             doc! {"sa": {"u": {"1": true}}},
@@ -95,7 +103,11 @@ fn ambiguity_rules() {
     ];
     for (name, diff, want) in cases {
         let d = parse(diff, true);
-        assert_eq!(d.get_document("disambiguatedPaths").unwrap(), &want, "{name}");
+        assert_eq!(
+            d.get_document("disambiguatedPaths").unwrap(),
+            &want,
+            "{name}"
+        );
     }
 }
 

@@ -87,24 +87,136 @@ fn commands_per_stream_level() {
     let d = db_spec("db");
     let k = cluster_spec();
     let cases: Vec<(&str, Document, bool, bool, bool)> = vec![
-        ("drop watched", cmd("db", 5, doc! {"drop": "c"}), true, true, true),
-        ("drop other", cmd("db", 5, doc! {"drop": "x"}), false, true, true),
-        ("drop system", cmd("db", 5, doc! {"drop": "system.js"}), false, false, false),
-        ("drop in other db", cmd("o", 5, doc! {"drop": "c"}), false, false, true),
-        ("rename from", cmd("db", 5, doc! {"renameCollection": "db.c", "to": "db.x"}), true, true, true),
-        ("rename to", cmd("db", 5, doc! {"renameCollection": "db.x", "to": "db.c"}), true, true, true),
-        ("rename cross-db into", cmd("o", 5, doc! {"renameCollection": "o.x", "to": "db.c"}), true, true, true),
-        ("rename unrelated", cmd("db", 5, doc! {"renameCollection": "db.x", "to": "db.y"}), false, true, true),
-        ("dropDatabase", cmd("db", 5, doc! {"dropDatabase": 1}), false, true, true),
-        ("dropDatabase other", cmd("o", 5, doc! {"dropDatabase": 1}), false, false, true),
-        ("dropDatabase admin", cmd("admin", 5, doc! {"dropDatabase": 1}), false, false, false),
-        ("create", cmd("db", 5, doc! {"create": "c"}), true, true, true),
-        ("createIndexes", cmd("db", 5, doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"}), true, true, true),
-        ("commitIndexBuild", cmd("db", 5, doc! {"commitIndexBuild": "c", "indexes": []}), true, true, true),
-        ("dropIndexes", cmd("db", 5, doc! {"dropIndexes": "c", "index": "a_1"}), true, true, true),
-        ("collMod", cmd("db", 5, doc! {"collMod": "c"}), true, true, true),
-        ("startIndexBuild", cmd("db", 5, doc! {"startIndexBuild": "c"}), false, false, false),
-        ("abortTransaction", cmd("admin", 5, doc! {"abortTransaction": 1}), false, false, false),
+        (
+            "drop watched",
+            cmd("db", 5, doc! {"drop": "c"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "drop other",
+            cmd("db", 5, doc! {"drop": "x"}),
+            false,
+            true,
+            true,
+        ),
+        (
+            "drop system",
+            cmd("db", 5, doc! {"drop": "system.js"}),
+            false,
+            false,
+            false,
+        ),
+        (
+            "drop in other db",
+            cmd("o", 5, doc! {"drop": "c"}),
+            false,
+            false,
+            true,
+        ),
+        (
+            "rename from",
+            cmd("db", 5, doc! {"renameCollection": "db.c", "to": "db.x"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "rename to",
+            cmd("db", 5, doc! {"renameCollection": "db.x", "to": "db.c"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "rename cross-db into",
+            cmd("o", 5, doc! {"renameCollection": "o.x", "to": "db.c"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "rename unrelated",
+            cmd("db", 5, doc! {"renameCollection": "db.x", "to": "db.y"}),
+            false,
+            true,
+            true,
+        ),
+        (
+            "dropDatabase",
+            cmd("db", 5, doc! {"dropDatabase": 1}),
+            false,
+            true,
+            true,
+        ),
+        (
+            "dropDatabase other",
+            cmd("o", 5, doc! {"dropDatabase": 1}),
+            false,
+            false,
+            true,
+        ),
+        (
+            "dropDatabase admin",
+            cmd("admin", 5, doc! {"dropDatabase": 1}),
+            false,
+            false,
+            false,
+        ),
+        (
+            "create",
+            cmd("db", 5, doc! {"create": "c"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "createIndexes",
+            cmd(
+                "db",
+                5,
+                doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"},
+            ),
+            true,
+            true,
+            true,
+        ),
+        (
+            "commitIndexBuild",
+            cmd("db", 5, doc! {"commitIndexBuild": "c", "indexes": []}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "dropIndexes",
+            cmd("db", 5, doc! {"dropIndexes": "c", "index": "a_1"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "collMod",
+            cmd("db", 5, doc! {"collMod": "c"}),
+            true,
+            true,
+            true,
+        ),
+        (
+            "startIndexBuild",
+            cmd("db", 5, doc! {"startIndexBuild": "c"}),
+            false,
+            false,
+            false,
+        ),
+        (
+            "abortTransaction",
+            cmd("admin", 5, doc! {"abortTransaction": 1}),
+            false,
+            false,
+            false,
+        ),
     ];
     for (name, e, want_c, want_d, want_k) in cases {
         assert_eq!(matches(&c, &e), want_c, "collection stream, {name}");
@@ -117,29 +229,60 @@ fn commands_per_stream_level() {
 fn transaction_entries() {
     let c = coll_spec("db", "c");
     let cases: Vec<(&str, Document, bool)> = vec![
-        ("touches watched", txn(vec![inner("db.x", 1), inner("db.c", 2)], doc! {}), true),
-        ("touches nothing", txn(vec![inner("db.x", 1)], doc! {}), false),
         (
-            "ends a chain",
-            txn(vec![inner("db.x", 1)], doc! {"prevOpTime": {"ts": ts(19, 1), "t": 1_i64}}),
+            "touches watched",
+            txn(vec![inner("db.x", 1), inner("db.c", 2)], doc! {}),
             true,
         ),
-        ("partial", {
-            let mut e = txn(vec![inner("db.c", 1)], doc! {});
-            e.get_document_mut("o").unwrap().insert("partialTxn", true);
-            e
-        }, false),
-        ("prepare", {
-            let mut e = txn(vec![inner("db.c", 1)], doc! {});
-            e.get_document_mut("o").unwrap().insert("prepare", true);
-            e
-        }, false),
-        ("commit", cmd("admin", 30, doc! {"commitTransaction": 1, "commitTimestamp": ts(25, 1)}), true),
-        ("applyOps not on admin", {
-            let mut e = txn(vec![inner("db.c", 1)], doc! {});
-            e.insert("ns", "db.$cmd");
-            e
-        }, false),
+        (
+            "touches nothing",
+            txn(vec![inner("db.x", 1)], doc! {}),
+            false,
+        ),
+        (
+            "ends a chain",
+            txn(
+                vec![inner("db.x", 1)],
+                doc! {"prevOpTime": {"ts": ts(19, 1), "t": 1_i64}},
+            ),
+            true,
+        ),
+        (
+            "partial",
+            {
+                let mut e = txn(vec![inner("db.c", 1)], doc! {});
+                e.get_document_mut("o").unwrap().insert("partialTxn", true);
+                e
+            },
+            false,
+        ),
+        (
+            "prepare",
+            {
+                let mut e = txn(vec![inner("db.c", 1)], doc! {});
+                e.get_document_mut("o").unwrap().insert("prepare", true);
+                e
+            },
+            false,
+        ),
+        (
+            "commit",
+            cmd(
+                "admin",
+                30,
+                doc! {"commitTransaction": 1, "commitTimestamp": ts(25, 1)},
+            ),
+            true,
+        ),
+        (
+            "applyOps not on admin",
+            {
+                let mut e = txn(vec![inner("db.c", 1)], doc! {});
+                e.insert("ns", "db.$cmd");
+                e
+            },
+            false,
+        ),
     ];
     for (name, e, want) in cases {
         assert_eq!(matches(&c, &e), want, "{name}");
@@ -152,13 +295,28 @@ fn marker_noops() {
         doc! {"ts": ts(5, 1), "t": 1_i64, "op": "n", "ns": ns, "ui": uuid(1), "o": {"msg": "x"}, "o2": o2}
     };
     let c = coll_spec("db", "c");
-    assert!(matches(&c, &noop("db.c", doc! {"shardCollection": "db.c", "key": {"a": 1}})));
-    assert!(!matches(&c, &noop("db.x", doc! {"shardCollection": "db.x"})));
-    assert!(matches(&c, &noop("db.c", doc! {"reshardCollection": "db.c"})));
-    assert!(!matches(&c, &noop("db.c", doc! {"migrateLastChunkFromShard": "db.c"})));
+    assert!(matches(
+        &c,
+        &noop("db.c", doc! {"shardCollection": "db.c", "key": {"a": 1}})
+    ));
+    assert!(!matches(
+        &c,
+        &noop("db.x", doc! {"shardCollection": "db.x"})
+    ));
+    assert!(matches(
+        &c,
+        &noop("db.c", doc! {"reshardCollection": "db.c"})
+    ));
+    assert!(!matches(
+        &c,
+        &noop("db.c", doc! {"migrateLastChunkFromShard": "db.c"})
+    ));
     let mut sys = coll_spec("db", "c");
     sys.options.show_system_events = true;
-    assert!(matches(&sys, &noop("db.c", doc! {"migrateLastChunkFromShard": "db.c"})));
+    assert!(matches(
+        &sys,
+        &noop("db.c", doc! {"migrateLastChunkFromShard": "db.c"})
+    ));
     // Heartbeats never match.
     let hb = doc! {"ts": ts(5, 1), "t": 1_i64, "op": "n", "ns": "", "o": {"msg": "periodic noop"}};
     assert!(!matches(&cluster_spec(), &hb));

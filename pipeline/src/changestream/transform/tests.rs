@@ -75,7 +75,11 @@ fn classic_events_have_mongodbs_layout() {
         ),
         (
             "rename",
-            cmd("db", 10, doc! {"renameCollection": "db.c", "to": "db.d", "stayTemp": false}),
+            cmd(
+                "db",
+                10,
+                doc! {"renameCollection": "db.c", "to": "db.d", "stayTemp": false},
+            ),
             doc! {
                 "to": ns("db", "d"),
                 "_id": token(10, 0, Some(1), doc! {"operationType": "rename", "operationDescription": {"to": ns("db", "d")}}),
@@ -129,7 +133,11 @@ fn expanded_events_have_mongodbs_layout() {
         ),
         (
             "create",
-            cmd("db", 7, doc! {"create": "c", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}),
+            cmd(
+                "db",
+                7,
+                doc! {"create": "c", "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+            ),
             doc! {
                 "_id": token(7, 0, Some(1), doc! {"operationType": "create", "operationDescription": {"idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"}}}),
                 "operationType": "create", "clusterTime": ts(7, 1), "collectionUUID": uuid(1),
@@ -151,7 +159,11 @@ fn expanded_events_have_mongodbs_layout() {
         ),
         (
             "createIndexes",
-            cmd("db", 8, doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"}),
+            cmd(
+                "db",
+                8,
+                doc! {"createIndexes": "c", "v": 2, "key": {"a": 1}, "name": "a_1"},
+            ),
             doc! {
                 "_id": token(8, 0, Some(1), doc! {"operationType": "createIndexes", "operationDescription": {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]}}),
                 "operationType": "createIndexes", "clusterTime": ts(8, 1), "collectionUUID": uuid(1),
@@ -161,7 +173,11 @@ fn expanded_events_have_mongodbs_layout() {
         ),
         (
             "commitIndexBuild",
-            cmd("db", 8, doc! {"commitIndexBuild": "c", "indexBuildUUID": uuid(3), "indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]}),
+            cmd(
+                "db",
+                8,
+                doc! {"commitIndexBuild": "c", "indexBuildUUID": uuid(3), "indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]},
+            ),
             doc! {
                 "_id": token(8, 0, Some(1), doc! {"operationType": "createIndexes", "operationDescription": {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]}}),
                 "operationType": "createIndexes", "clusterTime": ts(8, 1), "collectionUUID": uuid(1),
@@ -187,7 +203,10 @@ fn expanded_events_have_mongodbs_layout() {
             "modify",
             {
                 let mut e = cmd("db", 10, doc! {"collMod": "c", "validationLevel": "off"});
-                e.insert("o2", doc! {"collectionOptions_old": {"uuid": uuid(1), "validationLevel": "strict"}});
+                e.insert(
+                    "o2",
+                    doc! {"collectionOptions_old": {"uuid": uuid(1), "validationLevel": "strict"}},
+                );
                 e
             },
             doc! {
@@ -200,7 +219,11 @@ fn expanded_events_have_mongodbs_layout() {
         ),
         (
             "rename with dropTarget",
-            cmd("db", 11, doc! {"renameCollection": "db.c", "to": "db.d", "stayTemp": false, "dropTarget": uuid(2)}),
+            cmd(
+                "db",
+                11,
+                doc! {"renameCollection": "db.c", "to": "db.d", "stayTemp": false, "dropTarget": uuid(2)},
+            ),
             doc! {
                 "to": ns("db", "d"),
                 "_id": token(11, 0, Some(1), doc! {"operationType": "rename", "operationDescription": {"to": ns("db", "d"), "dropTarget": uuid(2)}}),
@@ -212,7 +235,7 @@ fn expanded_events_have_mongodbs_layout() {
         (
             "shardCollection",
             doc! {"ts": ts(12, 1), "t": 1_i64, "op": "n", "ns": "db.c", "ui": uuid(1), "o": {"msg": {"shardCollection": "db.c"}},
-                  "o2": {"shardCollection": "db.c", "key": {"a": 1}, "unique": false}, "wall": wall(12000)},
+            "o2": {"shardCollection": "db.c", "key": {"a": 1}, "unique": false}, "wall": wall(12000)},
             doc! {
                 "_id": token(12, 0, Some(1), doc! {"operationType": "shardCollection", "operationDescription": {"key": {"a": 1}, "unique": false}}),
                 "operationType": "shardCollection", "clusterTime": ts(12, 1), "collectionUUID": uuid(1),
@@ -229,8 +252,14 @@ fn expanded_events_have_mongodbs_layout() {
 #[test]
 fn operation_description_is_in_the_token_even_when_hidden() {
     let e = cmd("db", 10, doc! {"renameCollection": "db.c", "to": "db.d"});
-    let plain = Transformer::new(&coll_spec("db", "c")).transform(&e).unwrap().unwrap();
-    let shown = Transformer::new(&expanded(coll_spec("db", "c"))).transform(&e).unwrap().unwrap();
+    let plain = Transformer::new(&coll_spec("db", "c"))
+        .transform(&e)
+        .unwrap()
+        .unwrap();
+    let shown = Transformer::new(&expanded(coll_spec("db", "c")))
+        .transform(&e)
+        .unwrap()
+        .unwrap();
     assert_eq!(plain.token, shown.token);
     assert!(!plain.doc.contains_key("operationDescription"));
     assert!(shown.doc.contains_key("operationDescription"));
@@ -256,8 +285,13 @@ fn transaction_ops_carry_lsid_and_txn_number_first() {
 #[test]
 fn bad_update_entries_fail_with_6741200() {
     let s = coll_spec("db", "c");
-    for o in [doc! {"$v": 1, "$set": {"a": 1}}, doc! {"$set": {"a": 1}}, doc! {"$v": "2", "diff": {}}] {
-        let e = doc! {"ts": ts(5, 1), "op": "u", "ns": "db.c", "ui": uuid(1), "o": o, "o2": {"_id": 1}};
+    for o in [
+        doc! {"$v": 1, "$set": {"a": 1}},
+        doc! {"$set": {"a": 1}},
+        doc! {"$v": "2", "diff": {}},
+    ] {
+        let e =
+            doc! {"ts": ts(5, 1), "op": "u", "ns": "db.c", "ui": uuid(1), "o": o, "o2": {"_id": 1}};
         let err = Transformer::new(&s).transform(&e).unwrap_err();
         assert_eq!(err.code, 6741200);
     }
@@ -288,7 +322,13 @@ fn classic_types_filter() {
     for t in CLASSIC_TYPES {
         assert!(is_classic_type(t));
     }
-    for t in ["create", "createIndexes", "dropIndexes", "modify", "shardCollection"] {
+    for t in [
+        "create",
+        "createIndexes",
+        "dropIndexes",
+        "modify",
+        "shardCollection",
+    ] {
         assert!(!is_classic_type(t), "{t}");
     }
 }
@@ -309,12 +349,24 @@ fn token_version_sticks_to_a_v1_client_token_until_past_it() {
     let mut t = Transformer::new(&s);
     let v = |t: &mut Transformer, e: &Document| t.transform(e).unwrap().unwrap().data.version();
     // At and before the resume point: v1 (so the resume check can find the token)...
-    let at = t.transform(&insert("db.c", 5, doc! {"_id": 2})).unwrap().unwrap();
+    let at = t
+        .transform(&insert("db.c", 5, doc! {"_id": 2}))
+        .unwrap()
+        .unwrap();
     assert_eq!(at.data, client);
     // ...after it: the default version, for good.
-    assert_eq!(v(&mut t, &insert("db.c", 6, doc! {"_id": 3})), TokenVersion::V2);
-    assert_eq!(v(&mut t, &insert("db.c", 7, doc! {"_id": 0})), TokenVersion::V2);
+    assert_eq!(
+        v(&mut t, &insert("db.c", 6, doc! {"_id": 3})),
+        TokenVersion::V2
+    );
+    assert_eq!(
+        v(&mut t, &insert("db.c", 7, doc! {"_id": 0})),
+        TokenVersion::V2
+    );
     // Without a client token: v2 from the start.
     let mut fresh = Transformer::new(&coll_spec("db", "c"));
-    assert_eq!(v(&mut fresh, &insert("db.c", 5, doc! {"_id": 2})), TokenVersion::V2);
+    assert_eq!(
+        v(&mut fresh, &insert("db.c", 5, doc! {"_id": 2})),
+        TokenVersion::V2
+    );
 }

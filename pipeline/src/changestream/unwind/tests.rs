@@ -17,15 +17,23 @@ fn apply_ops(secs: u32, ops: Vec<Document>, prev: Option<u32>, extra: Document) 
         None => doc! {"ts": ts(0, 0), "t": -1_i64},
     };
     doc! {"ts": ts(secs, 1), "t": 1_i64, "op": "c", "ns": "admin.$cmd", "o": o,
-          "lsid": {"id": uuid(9)}, "txnNumber": 7_i64, "prevOpTime": prev, "wall": wall(i64::from(secs))}
+    "lsid": {"id": uuid(9)}, "txnNumber": 7_i64, "prevOpTime": prev, "wall": wall(i64::from(secs))}
 }
 
 fn oplog(entries: &[Document]) -> HashMap<OpTime, Document> {
     entries
         .iter()
         .map(|e| {
-            let Some(Bson::Timestamp(t)) = e.get("ts") else { panic!() };
-            (OpTime { ts: ClusterTime::from(*t), term: 1 }, e.clone())
+            let Some(Bson::Timestamp(t)) = e.get("ts") else {
+                panic!()
+            };
+            (
+                OpTime {
+                    ts: ClusterTime::from(*t),
+                    term: 1,
+                },
+                e.clone(),
+            )
         })
         .collect()
 }
@@ -44,7 +52,12 @@ fn ids(out: &[Document]) -> Vec<(i32, i64, i64)> {
 
 #[test]
 fn small_transaction_stamps_every_op_and_counts_filtered_ones() {
-    let e = apply_ops(20, vec![op("db.c", 1), op("db.x", 2), op("db.c", 3)], None, doc! {});
+    let e = apply_ops(
+        20,
+        vec![op("db.c", 1), op("db.x", 2), op("db.c", 3)],
+        None,
+        doc! {},
+    );
     let out = unwind(&coll_spec("db", "c"), &e, &mut |_| None).unwrap();
     assert_eq!(ids(&out), [(1, 0, 0), (3, 2, 2)]);
     for d in &out {
@@ -58,11 +71,19 @@ fn small_transaction_stamps_every_op_and_counts_filtered_ones() {
 
 #[test]
 fn large_transaction_replays_the_chain_oldest_first() {
-    let first = apply_ops(10, vec![op("db.c", 1), op("db.c", 2)], None, doc! {"partialTxn": true});
+    let first = apply_ops(
+        10,
+        vec![op("db.c", 1), op("db.c", 2)],
+        None,
+        doc! {"partialTxn": true},
+    );
     let second = apply_ops(11, vec![op("db.x", 3)], Some(10), doc! {"partialTxn": true});
     let last = apply_ops(12, vec![op("db.c", 4)], Some(11), doc! {"count": 4});
     let log = oplog(&[first, second]);
-    let out = unwind(&coll_spec("db", "c"), &last, &mut |at| log.get(&at).cloned()).unwrap();
+    let out = unwind(&coll_spec("db", "c"), &last, &mut |at| {
+        log.get(&at).cloned()
+    })
+    .unwrap();
     assert_eq!(ids(&out), [(1, 0, 0), (2, 1, 1), (4, 3, 0)]);
     let apply_ts: Vec<&Bson> = out.iter().map(|d| d.get("applyOpsTs").unwrap()).collect();
     assert_eq!(apply_ts, [&ts(10, 1), &ts(10, 1), &ts(12, 1)]);
@@ -71,14 +92,26 @@ fn large_transaction_replays_the_chain_oldest_first() {
 
 #[test]
 fn prepared_transaction_is_stamped_with_the_commit_entry() {
-    let prepare = apply_ops(10, vec![op("db.c", 1), op("db.c", 2)], None, doc! {"prepare": true});
-    let mut commit = cmd("admin", 15, doc! {"commitTransaction": 1, "commitTimestamp": ts(13, 1)});
+    let prepare = apply_ops(
+        10,
+        vec![op("db.c", 1), op("db.c", 2)],
+        None,
+        doc! {"prepare": true},
+    );
+    let mut commit = cmd(
+        "admin",
+        15,
+        doc! {"commitTransaction": 1, "commitTimestamp": ts(13, 1)},
+    );
     commit.remove("ui");
     commit.insert("lsid", doc! {"id": uuid(9)});
     commit.insert("txnNumber", 7_i64);
     commit.insert("prevOpTime", doc! {"ts": ts(10, 1), "t": 1_i64});
     let log = oplog(&[prepare]);
-    let out = unwind(&coll_spec("db", "c"), &commit, &mut |at| log.get(&at).cloned()).unwrap();
+    let out = unwind(&coll_spec("db", "c"), &commit, &mut |at| {
+        log.get(&at).cloned()
+    })
+    .unwrap();
     assert_eq!(ids(&out), [(1, 0, 0), (2, 1, 1)]);
     for d in &out {
         assert_eq!(d.get("ts"), Some(&ts(15, 1)));
@@ -95,7 +128,12 @@ fn missing_chain_link_is_history_lost() {
     assert!(err.has_label("NonResumableChangeStreamError"));
     let mut commit = cmd("admin", 15, doc! {"commitTransaction": 1});
     commit.insert("prevOpTime", doc! {"ts": ts(10, 1), "t": 1_i64});
-    assert_eq!(unwind(&coll_spec("db", "c"), &commit, &mut |_| None).unwrap_err().code, 286);
+    assert_eq!(
+        unwind(&coll_spec("db", "c"), &commit, &mut |_| None)
+            .unwrap_err()
+            .code,
+        286
+    );
 }
 
 #[test]
@@ -114,7 +152,10 @@ fn batched_writes_without_lsid_carry_none() {
     e.remove("txnNumber");
     let out = unwind(&coll_spec("db", "c"), &e, &mut |_| None).unwrap();
     assert_eq!(out.len(), 1);
-    assert!(out.iter().all(|d| !d.contains_key("lsid") && !d.contains_key("txnNumber")));
+    assert!(
+        out.iter()
+            .all(|d| !d.contains_key("lsid") && !d.contains_key("txnNumber"))
+    );
 }
 
 #[test]
@@ -122,5 +163,8 @@ fn inner_migrated_ops_are_dropped() {
     let mut migrated = op("db.c", 2);
     migrated.insert("fromMigrate", true);
     let e = apply_ops(20, vec![op("db.c", 1), migrated], None, doc! {});
-    assert_eq!(ids(&unwind(&coll_spec("db", "c"), &e, &mut |_| None).unwrap()), [(1, 0, 0)]);
+    assert_eq!(
+        ids(&unwind(&coll_spec("db", "c"), &e, &mut |_| None).unwrap()),
+        [(1, 0, 0)]
+    );
 }

@@ -1,0 +1,134 @@
+//! Change-stream hot paths: the shard's match + transform of CRUD entries (events/s), and the
+//! router's merge over N shards (`merge/shards=N`).
+
+use std::hint::black_box;
+
+use bson::{Binary, Bson, DateTime, Document, Timestamp, doc, spec::BinarySubtype};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use pipeline::changestream::merge::Merger;
+use pipeline::changestream::shard::ShardStream;
+use pipeline::changestream::spec::{ChangeStreamSpec, StreamLevel};
+use pipeline::changestream::unwind::OpTime;
+use resume::ClusterTime;
+use resume::token::{ResumeTokenData, TokenVersion};
+
+const N: u32 = 1000;
+
+fn ts(secs: u32) -> Bson {
+    Bson::Timestamp(Timestamp {
+        time: secs,
+        increment: 1,
+    })
+}
+
+fn ui() -> Bson {
+    Bson::Binary(Binary {
+        subtype: BinarySubtype::Uuid,
+        bytes: vec![7; 16],
+    })
+}
+
+fn inserts() -> Vec<Document> {
+    (0..N)
+        .map(|i| {
+            doc! {"ts": ts(1000 + i), "t": 1_i64, "v": 2, "op": "i", "ns": "db.c", "ui": ui(),
+            "o": {"_id": i64::from(i), "name": "widget", "qty": i, "tags": ["a", "b"]},
+            "o2": {"_id": i64::from(i)}, "wall": DateTime::from_millis(i64::from(i))}
+        })
+        .collect()
+}
+
+fn updates() -> Vec<Document> {
+    (0..N)
+        .map(|i| {
+            doc! {"ts": ts(1000 + i), "t": 1_i64, "v": 2, "op": "u", "ns": "db.c", "ui": ui(),
+                  "o": {"$v": 2, "diff": {"u": {"qty": i}, "d": {"old": false}, "stags": {"a": true, "u2": "c"}}},
+                  "o2": {"_id": i64::from(i)}, "wall": DateTime::from_millis(i64::from(i))}
+        })
+        .collect()
+}
+
+fn shard_side(c: &mut Criterion) {
+    let spec = ChangeStreamSpec::new(StreamLevel::Collection, "db", Some("c"));
+    let mut g = c.benchmark_group("shard");
+    g.throughput(Throughput::Elements(u64::from(N)));
+    for (name, entries) in [("insert", inserts()), ("update", updates())] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut s = ShardStream::new(spec.clone(), vec![]);
+                let mut lookup = |_: OpTime| None;
+                let mut n = 0;
+                for e in &entries {
+                    n += s
+                        .process_entry(e, &mut lookup)
+                        .map(|v| v.len())
+                        .unwrap_or(0);
+                }
+                black_box(n)
+            })
+        });
+    }
+    g.finish();
+}
+
+fn merge(c: &mut Criterion) {
+    let mut g = c.benchmark_group("merge");
+    for shards in [1usize, 3, 8] {
+        // Each shard gets N/shards events at interleaved times, in batches of 50.
+        let per: Vec<Vec<Vec<pipeline::changestream::ChangeEvent>>> = (0..shards)
+            .map(|s| {
+                let events: Vec<_> = (0..N as usize / shards)
+                    .map(|i| {
+                        let secs = (i * shards + s) as u32 + 1;
+                        let data = ResumeTokenData::event(
+                            ClusterTime::new(secs, 1),
+                            TokenVersion::V2,
+                            0,
+                            Some(bson::Uuid::from_bytes([7; 16])),
+                            Some(doc! {"operationType": "insert", "documentKey": {"_id": secs as i32}}),
+                        )
+                        .unwrap_or_else(|_| unreachable!());
+                        let token = data.encode();
+                        let doc = doc! {"_id": token.to_document(), "operationType": "insert"};
+                        pipeline::changestream::ChangeEvent { token, data, doc }
+                    })
+                    .collect();
+                events.chunks(50).map(<[_]>::to_vec).collect()
+            })
+            .collect();
+        let total: usize = per.iter().flatten().map(Vec::len).sum();
+        g.throughput(Throughput::Elements(total as u64));
+        g.bench_with_input(
+            BenchmarkId::from_parameter(format!("shards={shards}")),
+            &per,
+            |b, per| {
+                b.iter(|| {
+                    let mut m = Merger::new(shards, None);
+                    let mut out = 0;
+                    let rounds = per.iter().map(Vec::len).max().unwrap_or(0);
+                    for r in 0..rounds {
+                        for (s, batches) in per.iter().enumerate() {
+                            if let Some(batch) = batches.get(r) {
+                                let last = batch.last().map_or(0, |e| e.data.cluster_time().secs);
+                                let promise = ResumeTokenData::high_water_mark(
+                                    ClusterTime::new(last + 1, 0),
+                                    TokenVersion::V2,
+                                )
+                                .encode();
+                                let _ = m.push_batch(s, batch.clone(), promise);
+                            }
+                        }
+                        while m.pop_ready().is_some() {
+                            out += 1;
+                        }
+                    }
+                    black_box(out)
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, shard_side, merge);
+criterion_main!(benches);

@@ -1,0 +1,233 @@
+use bson::{Bson, Document, doc};
+use resume::token::ResumeTokenData;
+
+use super::*;
+use crate::changestream::merge::Merger;
+use crate::changestream::post_merge::RouterStream;
+use crate::changestream::spec::{RequestContext, StartPoint, parse_pipeline};
+use crate::changestream::test_util::*;
+
+fn no_chain(_: OpTime) -> Option<Document> {
+    None
+}
+
+fn run(stream: &mut ShardStream, oplog: &[Document]) -> Vec<ChangeEvent> {
+    oplog
+        .iter()
+        .flat_map(|e| stream.process_entry(e, &mut no_chain).unwrap())
+        .collect()
+}
+
+fn types(events: &[ChangeEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.operation_type()).collect()
+}
+
+fn oplog() -> Vec<Document> {
+    let mut txn = cmd(
+        "admin",
+        7,
+        doc! {"applyOps": [
+            {"op": "i", "ns": "db.c", "ui": uuid(1), "o": {"_id": 10}, "o2": {"_id": 10}},
+            {"op": "d", "ns": "db.other", "ui": uuid(2), "o": {"_id": 11}},
+            {"op": "u", "ns": "db.c", "ui": uuid(1), "o": {"$v": 2, "diff": {"u": {"a": 1}}}, "o2": {"_id": 10}},
+        ]},
+    );
+    txn.remove("ui");
+    txn.insert("lsid", doc! {"id": uuid(9)});
+    txn.insert("txnNumber", 1_i64);
+    vec![
+        cmd("db", 3, doc! {"create": "c"}),
+        insert("db.c", 4, doc! {"_id": 1}),
+        insert("db.other", 5, doc! {"_id": 2}),
+        update("db.c", 6, 1, doc! {"u": {"a": 2}}),
+        txn,
+        delete("db.c", 8, 1),
+        cmd("db", 9, doc! {"drop": "c"}),
+        insert("db.c", 10, doc! {"_id": 3}),
+    ]
+}
+
+#[test]
+fn collection_stream_end_to_end() {
+    let mut s = ShardStream::new(coll_spec("db", "c"), vec![]);
+    let events = run(&mut s, &oplog());
+    assert_eq!(
+        types(&events),
+        [
+            "insert",
+            "update",
+            "insert",
+            "update",
+            "delete",
+            "drop",
+            "invalidate"
+        ],
+        "create is hidden without showExpandedEvents; nothing after the invalidate"
+    );
+    let tokens: Vec<_> = events.iter().map(|e| e.token.clone()).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase"
+    );
+    // The transaction's ops share clusterTime 7 and count the filtered op in txnOpIndex.
+    let txn: Vec<u32> = events
+        .iter()
+        .filter(|e| e.data.cluster_time() == ct(7, 1))
+        .map(|e| e.data.txn_op_index())
+        .collect();
+    assert_eq!(txn, [0, 2]);
+    assert_eq!(s.invalidated(), events.last().map(|e| &e.token));
+}
+
+#[test]
+fn database_and_expanded_streams() {
+    let mut s = ShardStream::new(expanded(db_spec("db")), vec![]);
+    let events = run(&mut s, &oplog());
+    assert_eq!(
+        types(&events),
+        [
+            "create", "insert", "insert", "update", "insert", "delete", "update", "delete", "drop",
+            "insert"
+        ],
+    );
+    assert!(s.invalidated().is_none());
+}
+
+#[test]
+fn resuming_skips_to_the_token_and_the_router_swallows_it() {
+    let full = run(
+        &mut ShardStream::new(coll_spec("db", "c"), vec![]),
+        &oplog(),
+    );
+    let resume_at = full.get(2).unwrap().data.clone(); // the first op of the transaction
+    let mut spec = coll_spec("db", "c");
+    spec.start = StartPoint::ResumeAfter(resume_at.clone());
+    let mut shard = ShardStream::new(spec.clone(), vec![]);
+    let events = run(&mut shard, &oplog());
+    assert_eq!(
+        types(&events),
+        ["insert", "update", "delete", "drop", "invalidate"]
+    );
+    assert_eq!(
+        events.first().unwrap().data,
+        resume_at,
+        "the shard passes the token on"
+    );
+    let mut router = RouterStream::new(&spec, vec![]);
+    let out: Vec<Document> = events
+        .into_iter()
+        .filter_map(|e| router.process(e).unwrap())
+        .collect();
+    let out_types: Vec<&str> = out
+        .iter()
+        .map(|d| d.get_str("operationType").unwrap())
+        .collect();
+    assert_eq!(out_types, ["update", "delete", "drop", "invalidate"]);
+}
+
+#[test]
+fn resuming_from_an_expanded_event_token_without_the_flag_still_finds_it() {
+    let full = run(
+        &mut ShardStream::new(expanded(coll_spec("db", "c")), vec![]),
+        &oplog(),
+    );
+    let create = full.first().unwrap();
+    assert_eq!(create.operation_type(), "create");
+    let mut spec = coll_spec("db", "c");
+    spec.start = StartPoint::ResumeAfter(create.data.clone());
+    let events = run(&mut ShardStream::new(spec.clone(), vec![]), &oplog());
+    assert_eq!(events.first().unwrap().operation_type(), "create");
+    let mut router = RouterStream::new(&spec, vec![]);
+    let first = events
+        .into_iter()
+        .find_map(|e| router.process(e).unwrap())
+        .unwrap();
+    assert_eq!(first.get_str("operationType").unwrap(), "insert");
+}
+
+#[test]
+fn start_after_the_invalidate_continues_past_the_drop() {
+    let full = run(
+        &mut ShardStream::new(coll_spec("db", "c"), vec![]),
+        &oplog(),
+    );
+    let inv = full.last().unwrap();
+    assert_eq!(inv.operation_type(), "invalidate");
+    let mut spec = coll_spec("db", "c");
+    spec.start = StartPoint::StartAfter(inv.data.clone());
+    let mut shard = ShardStream::new(spec.clone(), vec![]);
+    let entries = oplog();
+    let from_drop = entries.get(6..).unwrap();
+    let events = run(&mut shard, from_drop);
+    assert_eq!(types(&events), ["invalidate", "insert"]);
+    assert!(shard.invalidated().is_none());
+    let mut router = RouterStream::new(&spec, vec![]);
+    let out: Vec<Document> = events
+        .into_iter()
+        .filter_map(|e| router.process(e).unwrap())
+        .collect();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].get_document("documentKey").unwrap(),
+        &doc! {"_id": 3}
+    );
+}
+
+#[test]
+fn user_stages_run_on_the_shard() {
+    let ctx = RequestContext {
+        db: "db",
+        coll: Some("c"),
+        through_router: true,
+        standalone: false,
+    };
+    let p = parse_pipeline(
+        &[
+            Bson::Document(doc! {"$changeStream": {}}),
+            Bson::Document(doc! {"$match": {"operationType": {"$in": ["delete", "invalidate"]}}}),
+        ],
+        &ctx,
+    )
+    .unwrap();
+    let mut s = ShardStream::new(p.spec, p.user_stages);
+    assert_eq!(types(&run(&mut s, &oplog())), ["delete", "invalidate"]);
+}
+
+#[test]
+fn two_shards_merge_into_one_ordered_stream() {
+    let spec = db_spec("db");
+    let entries = oplog();
+    // Shard A holds db.c, shard B db.other (the transaction's ops split accordingly).
+    let mut a = ShardStream::new(spec.clone(), vec![]);
+    let mut b = ShardStream::new(spec.clone(), vec![]);
+    let a_ev: Vec<ChangeEvent> = run(&mut a, &entries)
+        .into_iter()
+        .filter(|e| {
+            e.doc
+                .get_document("ns")
+                .is_ok_and(|n| n.get_str("coll").ok() != Some("other"))
+        })
+        .collect();
+    let b_ev: Vec<ChangeEvent> = run(&mut b, &entries)
+        .into_iter()
+        .filter(|e| {
+            e.doc
+                .get_document("ns")
+                .is_ok_and(|n| n.get_str("coll").ok() == Some("other"))
+        })
+        .collect();
+    let hwm = |secs| {
+        ResumeTokenData::high_water_mark(ct(secs, 0), resume::token::TokenVersion::V2).encode()
+    };
+    let mut m = Merger::new(2, None);
+    m.push_batch(0, a_ev, hwm(20)).unwrap();
+    m.push_batch(1, b_ev, hwm(20)).unwrap();
+    let merged: Vec<ChangeEvent> = std::iter::from_fn(|| m.pop_ready()).collect();
+    let all = run(&mut ShardStream::new(spec, vec![]), &entries);
+    let want: Vec<_> = all.iter().map(|e| e.token.clone()).collect();
+    let got: Vec<_> = merged.iter().map(|e| e.token.clone()).collect();
+    assert_eq!(
+        got, want,
+        "the merge of the parts equals the single-shard stream"
+    );
+}
