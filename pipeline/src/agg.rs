@@ -84,8 +84,17 @@ enum AccKind {
 impl Pipeline {
     /// Parses the stages of a pipeline.
     pub fn parse(stages: &[Document]) -> Result<Pipeline> {
+        Pipeline::parse_with_vars(stages, &[])
+    }
+
+    /// Parses the stages where expressions may use the given user variables (the command's
+    /// `let`); their values come with [`Pipeline::run_in`].
+    pub fn parse_with_vars(stages: &[Document], vars: &[String]) -> Result<Pipeline> {
         Ok(Pipeline {
-            stages: stages.iter().map(Stage::parse).collect::<Result<_>>()?,
+            stages: stages
+                .iter()
+                .map(|s| Stage::parse_with_vars(s, vars))
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -101,9 +110,18 @@ impl Pipeline {
 
     /// Runs the pipeline over the input, in order.
     pub fn run(&self, input: impl IntoIterator<Item = Document>) -> Result<Vec<Document>> {
+        self.run_in(input, &Env::default())
+    }
+
+    /// Runs the pipeline with `$$NOW` and user variable values.
+    pub fn run_in(
+        &self,
+        input: impl IntoIterator<Item = Document>,
+        env: &Env,
+    ) -> Result<Vec<Document>> {
         let mut docs: Vec<Document> = input.into_iter().collect();
         for stage in &self.stages {
-            docs = stage.run(docs)?;
+            docs = stage.run_in(docs, env)?;
         }
         Ok(docs)
     }
@@ -116,6 +134,11 @@ fn stage_err(code: i32, msg: impl Into<String>) -> MongoError {
 impl Stage {
     /// Parses one `{$stage: spec}` document.
     pub fn parse(spec: &Document) -> Result<Stage> {
+        Stage::parse_with_vars(spec, &[])
+    }
+
+    /// Parses one stage where expressions may use the given user variables.
+    pub fn parse_with_vars(spec: &Document, vars: &[String]) -> Result<Stage> {
         if spec.len() != 1 {
             return Err(stage_err(
                 40323,
@@ -130,7 +153,7 @@ impl Stage {
         };
         Ok(match name.as_str() {
             "$match" => match arg {
-                Bson::Document(d) => Stage::Match(Matcher::parse(d)?),
+                Bson::Document(d) => Stage::Match(Matcher::parse_with_vars(d, vars)?),
                 _ => {
                     return Err(stage_err(
                         15959,
@@ -140,16 +163,19 @@ impl Stage {
             },
             "$project" => match arg {
                 Bson::Document(d) => {
-                    Stage::Project(Projection::parse_with(d, Syntax::Project, None)?)
+                    Stage::Project(Projection::parse_with_vars(d, Syntax::Project, None, vars)?)
                 }
                 _ => {
                     return Err(stage_err(15969, "$project specification must be an object"));
                 }
             },
             "$addFields" | "$set" => match arg {
-                Bson::Document(d) => {
-                    Stage::AddFields(Projection::parse_with(d, Syntax::AddFields, None)?)
-                }
+                Bson::Document(d) => Stage::AddFields(Projection::parse_with_vars(
+                    d,
+                    Syntax::AddFields,
+                    None,
+                    vars,
+                )?),
                 other => {
                     return Err(stage_err(
                         40272,
@@ -202,7 +228,7 @@ impl Stage {
                 let mut new_root = None;
                 for (k, v) in d {
                     if k == "newRoot" {
-                        new_root = Some(Expr::parse(v)?);
+                        new_root = Some(Expr::parse_with_vars(v, vars)?);
                     } else {
                         return Err(stage_err(
                             40415,
@@ -217,9 +243,9 @@ impl Stage {
                     )
                 })?)
             }
-            "$replaceWith" => Stage::ReplaceRoot(Expr::parse(arg)?),
-            "$redact" => Stage::Redact(Expr::parse(arg)?),
-            "$group" => Stage::Group(Group::parse(arg)?),
+            "$replaceWith" => Stage::ReplaceRoot(Expr::parse_with_vars(arg, vars)?),
+            "$redact" => Stage::Redact(Expr::parse_with_vars(arg, vars)?),
+            "$group" => Stage::Group(Group::parse(arg, vars)?),
             "$sort" => {
                 let Bson::Document(d) = arg else {
                     return Err(stage_err(
@@ -300,7 +326,7 @@ impl Stage {
                     }
                 }
                 Stage::SortByCount(Group {
-                    id: Expr::parse(arg)?,
+                    id: Expr::parse_with_vars(arg, vars)?,
                     accumulators: vec![(
                         "count".into(),
                         AccKind::Sum,
@@ -350,10 +376,15 @@ impl Stage {
     /// Applies a single-document transform; `Ok(None)` drops the document. Other stages are
     /// an error (callers check [`Stage::is_single_document_transform`] first).
     pub fn apply_one(&self, doc: Document) -> Result<Option<Document>> {
+        self.apply_one_in(doc, &Env::default())
+    }
+
+    /// [`Stage::apply_one`] with `$$NOW` and user variable values.
+    pub fn apply_one_in(&self, doc: Document, env: &Env) -> Result<Option<Document>> {
         match self {
-            Stage::Match(m) => Ok(m.try_matches(&doc)?.then_some(doc)),
-            Stage::Project(p) | Stage::AddFields(p) => p.apply(&doc).map(Some),
-            Stage::ReplaceRoot(e) => match e.evaluate(&doc)? {
+            Stage::Match(m) => Ok(m.try_matches_in(&doc, env)?.then_some(doc)),
+            Stage::Project(p) | Stage::AddFields(p) => p.apply_in(&doc, env).map(Some),
+            Stage::ReplaceRoot(e) => match e.evaluate_in(&doc, env)? {
                 Some(Bson::Document(d)) => Ok(Some(d)),
                 other => Err(stage_err(
                     40228,
@@ -367,7 +398,7 @@ impl Stage {
                     ),
                 )),
             },
-            Stage::Redact(e) => redact(e, &doc, &doc),
+            Stage::Redact(e) => redact(e, &doc, &doc, env),
             _ => Err(MongoError::internal(format!(
                 "{} is not a single-document stage",
                 self.name()
@@ -377,19 +408,24 @@ impl Stage {
 
     /// Runs the stage over a batch.
     pub fn run(&self, docs: Vec<Document>) -> Result<Vec<Document>> {
+        self.run_in(docs, &Env::default())
+    }
+
+    /// Runs the stage over a batch with `$$NOW` and user variable values.
+    pub fn run_in(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
         Ok(match self {
             s if s.is_single_document_transform() => {
                 let mut out = Vec::with_capacity(docs.len());
                 for d in docs {
-                    if let Some(d) = s.apply_one(d)? {
+                    if let Some(d) = s.apply_one_in(d, env)? {
                         out.push(d);
                     }
                 }
                 out
             }
-            Stage::Group(g) => g.run(docs)?,
+            Stage::Group(g) => g.run(docs, env)?,
             Stage::SortByCount(g) => {
-                let mut out = g.run(docs)?;
+                let mut out = g.run(docs, env)?;
                 let spec = SortSpec::parse(&doc! {"count": -1})?;
                 spec.sort(&mut out);
                 out
@@ -442,8 +478,8 @@ fn integral_arg(v: &Bson) -> Option<i64> {
     }
 }
 
-fn redact(e: &Expr, root: &Document, current: &Document) -> Result<Option<Document>> {
-    let verdict = e.evaluate_at(root, current, &Env::default())?;
+fn redact(e: &Expr, root: &Document, current: &Document, env: &Env) -> Result<Option<Document>> {
+    let verdict = e.evaluate_at(root, current, env)?;
     match verdict.as_ref() {
         Some(Bson::String(s)) if s == expr::REDACT_KEEP => Ok(Some(current.clone())),
         Some(Bson::String(s)) if s == expr::REDACT_PRUNE => Ok(None),
@@ -452,12 +488,12 @@ fn redact(e: &Expr, root: &Document, current: &Document) -> Result<Option<Docume
             for (k, v) in current {
                 match v {
                     Bson::Document(d) => {
-                        if let Some(r) = redact(e, root, d)? {
+                        if let Some(r) = redact(e, root, d, env)? {
                             out.insert(k.clone(), r);
                         }
                     }
                     Bson::Array(a) => {
-                        out.insert(k.clone(), redact_array(e, root, a)?);
+                        out.insert(k.clone(), redact_array(e, root, a, env)?);
                     }
                     other => {
                         out.insert(k.clone(), other.clone());
@@ -478,16 +514,16 @@ fn redact(e: &Expr, root: &Document, current: &Document) -> Result<Option<Docume
     }
 }
 
-fn redact_array(e: &Expr, root: &Document, a: &[Bson]) -> Result<Bson> {
+fn redact_array(e: &Expr, root: &Document, a: &[Bson], env: &Env) -> Result<Bson> {
     let mut out = Vec::with_capacity(a.len());
     for v in a {
         match v {
             Bson::Document(d) => {
-                if let Some(r) = redact(e, root, d)? {
+                if let Some(r) = redact(e, root, d, env)? {
                     out.push(Bson::Document(r));
                 }
             }
-            Bson::Array(inner) => out.push(redact_array(e, root, inner)?),
+            Bson::Array(inner) => out.push(redact_array(e, root, inner, env)?),
             other => out.push(other.clone()),
         }
     }
@@ -670,7 +706,7 @@ impl Clone for GroupKey {
 }
 
 impl Group {
-    fn parse(arg: &Bson) -> Result<Group> {
+    fn parse(arg: &Bson, vars: &[String]) -> Result<Group> {
         let Bson::Document(d) = arg else {
             return Err(stage_err(
                 15947,
@@ -681,7 +717,7 @@ impl Group {
         let mut accumulators = Vec::new();
         for (k, v) in d {
             if k == "_id" {
-                id = Some(parse_group_id(v)?);
+                id = Some(Expr::parse_with_vars(v, vars)?);
                 continue;
             }
             if k.contains('.') {
@@ -748,7 +784,7 @@ impl Group {
                     }
                 }
             } else {
-                Expr::parse(operand)?
+                Expr::parse_with_vars(operand, vars)?
             };
             accumulators.push((k.clone(), kind, e));
         }
@@ -775,11 +811,11 @@ impl Group {
     }
 
     /// Runs the grouping over a batch; groups come out in order of first appearance.
-    pub fn run(&self, docs: Vec<Document>) -> Result<Vec<Document>> {
+    pub fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
         let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
         let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
         for d in &docs {
-            let key = self.id.evaluate(d)?.unwrap_or(Bson::Null);
+            let key = self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null);
             let gi = match index.get(&GroupKey(key.clone())) {
                 Some(i) => *i,
                 None => {
@@ -795,7 +831,7 @@ impl Group {
             let first_doc = !*seen;
             *seen = true;
             for ((_, kind, e), st) in self.accumulators.iter().zip(states.iter_mut()) {
-                let v = e.evaluate(d)?;
+                let v = e.evaluate_in(d, env)?;
                 accumulate(*kind, st, v, first_doc)?;
             }
         }
@@ -810,11 +846,6 @@ impl Group {
             })
             .collect())
     }
-}
-
-/// `_id: {a: "$a"}` is an object expression; operators and literals are expressions too.
-fn parse_group_id(v: &Bson) -> Result<Expr> {
-    Expr::parse(v)
 }
 
 fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool) -> Result<()> {

@@ -29,7 +29,7 @@ use std::fmt;
 use bson::{Bson, Document};
 use wire::ErrorCode;
 
-use crate::expr::Expr;
+use crate::expr::{Env, Expr};
 use crate::value::{self, compare, equal};
 use crate::{MongoError, Result};
 
@@ -148,7 +148,14 @@ impl Matcher {
     /// specific code MongoDB uses.
     pub fn parse(filter: &Document) -> Result<Matcher> {
         Ok(Matcher {
-            root: parse_filter(filter)?,
+            root: parse_filter(filter, &[])?,
+        })
+    }
+
+    /// Parses a filter whose `$expr` may use the given user variables (a command's `let`).
+    pub fn parse_with_vars(filter: &Document, vars: &[String]) -> Result<Matcher> {
+        Ok(Matcher {
+            root: parse_filter(filter, vars)?,
         })
     }
 
@@ -165,7 +172,12 @@ impl Matcher {
 
     /// Whether the document matches, surfacing `$expr` evaluation errors (e.g. `$divide` by 0).
     pub fn try_matches(&self, doc: &Document) -> Result<bool> {
-        eval_doc(&self.root, doc)
+        eval_doc(&self.root, doc, &Env::default())
+    }
+
+    /// [`Matcher::try_matches`] with `$$NOW` and user variables for `$expr`.
+    pub fn try_matches_in(&self, doc: &Document, env: &Env) -> Result<bool> {
+        eval_doc(&self.root, doc, env)
     }
 
     /// Whether the filter is trivially true (`{}`).
@@ -199,11 +211,11 @@ fn collect_paths(node: &Node, out: &mut BTreeSet<String>) -> bool {
 // Parsing
 // ---------------------------------------------------------------------------------------------
 
-fn parse_filter(filter: &Document) -> Result<Node> {
+fn parse_filter(filter: &Document, vars: &[String]) -> Result<Node> {
     let mut children = Vec::new();
     for (key, value) in filter {
         if let Some(op) = key.strip_prefix('$') {
-            if let Some(n) = parse_top_level(op, value)? {
+            if let Some(n) = parse_top_level(op, value, vars)? {
                 children.push(n);
             }
         } else {
@@ -221,7 +233,7 @@ fn and_of(mut children: Vec<Node>) -> Node {
     }
 }
 
-fn parse_top_level(op: &str, value: &Bson) -> Result<Option<Node>> {
+fn parse_top_level(op: &str, value: &Bson, vars: &[String]) -> Result<Option<Node>> {
     Ok(Some(match op {
         "and" | "or" | "nor" => {
             let Bson::Array(items) = value else {
@@ -239,7 +251,7 @@ fn parse_top_level(op: &str, value: &Bson) -> Result<Option<Node>> {
                         "$or/$and/$nor entries need to be full objects",
                     ));
                 };
-                children.push(parse_filter(d)?);
+                children.push(parse_filter(d, vars)?);
             }
             match op {
                 "and" => Node::And(children),
@@ -247,7 +259,7 @@ fn parse_top_level(op: &str, value: &Bson) -> Result<Option<Node>> {
                 _ => Node::Nor(children),
             }
         }
-        "expr" => Node::Expr(Box::new(Expr::parse(value)?)),
+        "expr" => Node::Expr(Box::new(Expr::parse_with_vars(value, vars)?)),
         "comment" => return Ok(None),
         "alwaysTrue" | "alwaysFalse" => {
             if value::as_f64(value) != Some(1.0) {
@@ -542,7 +554,7 @@ fn parse_op(op: &str, arg: &Bson, mk: &dyn Fn(Pred) -> Node) -> Result<Node> {
                         "$elemMatch cannot contain $where expression",
                     ));
                 }
-                mk(Pred::ElemMatchObject(Box::new(parse_filter(d)?)))
+                mk(Pred::ElemMatchObject(Box::new(parse_filter(d, &[])?)))
             }
         }
         "comment" => Node::True,
@@ -592,11 +604,11 @@ fn parse_type_alias(v: &Bson) -> Result<Option<i32>> {
 // Evaluation
 // ---------------------------------------------------------------------------------------------
 
-fn eval_doc(node: &Node, doc: &Document) -> Result<bool> {
+fn eval_doc(node: &Node, doc: &Document, env: &Env) -> Result<bool> {
     Ok(match node {
         Node::And(v) => {
             for n in v {
-                if !eval_doc(n, doc)? {
+                if !eval_doc(n, doc, env)? {
                     return Ok(false);
                 }
             }
@@ -604,7 +616,7 @@ fn eval_doc(node: &Node, doc: &Document) -> Result<bool> {
         }
         Node::Or(v) => {
             for n in v {
-                if eval_doc(n, doc)? {
+                if eval_doc(n, doc, env)? {
                     return Ok(true);
                 }
             }
@@ -612,35 +624,35 @@ fn eval_doc(node: &Node, doc: &Document) -> Result<bool> {
         }
         Node::Nor(v) => {
             for n in v {
-                if eval_doc(n, doc)? {
+                if eval_doc(n, doc, env)? {
                     return Ok(false);
                 }
             }
             true
         }
-        Node::Not(n) => !eval_doc(n, doc)?,
+        Node::Not(n) => !eval_doc(n, doc, env)?,
         Node::True => true,
         Node::False => false,
-        Node::Expr(e) => value::truthy(&e.evaluate(doc)?.unwrap_or(Bson::Null)),
+        Node::Expr(e) => value::truthy(&e.evaluate_in(doc, env)?.unwrap_or(Bson::Null)),
         Node::Path { parts, pred, .. } => {
             let (first, rest) = match parts.split_first() {
                 Some(x) => x,
                 None => return Ok(false),
             };
-            walk(doc.get(first), rest, pred)?
+            walk(doc.get(first), rest, pred, env)?
         }
         // A value predicate against a whole document (only reachable through a document
         // element of a value-form `$elemMatch`).
-        Node::Single(p) => pred_single(p, &Bson::Document(doc.clone()))?,
+        Node::Single(p) => pred_single(p, &Bson::Document(doc.clone()), env)?,
     })
 }
 
 /// Evaluates a value-form `$elemMatch` child against one element.
-fn eval_single(node: &Node, v: &Bson) -> Result<bool> {
+fn eval_single(node: &Node, v: &Bson, env: &Env) -> Result<bool> {
     Ok(match node {
         Node::And(ns) => {
             for n in ns {
-                if !eval_single(n, v)? {
+                if !eval_single(n, v, env)? {
                     return Ok(false);
                 }
             }
@@ -648,7 +660,7 @@ fn eval_single(node: &Node, v: &Bson) -> Result<bool> {
         }
         Node::Or(ns) => {
             for n in ns {
-                if eval_single(n, v)? {
+                if eval_single(n, v, env)? {
                     return Ok(true);
                 }
             }
@@ -656,40 +668,40 @@ fn eval_single(node: &Node, v: &Bson) -> Result<bool> {
         }
         Node::Nor(ns) => {
             for n in ns {
-                if eval_single(n, v)? {
+                if eval_single(n, v, env)? {
                     return Ok(false);
                 }
             }
             true
         }
-        Node::Not(n) => !eval_single(n, v)?,
+        Node::Not(n) => !eval_single(n, v, env)?,
         Node::True => true,
         Node::False => false,
-        Node::Single(p) => pred_single(p, v)?,
+        Node::Single(p) => pred_single(p, v, env)?,
         Node::Expr(_) | Node::Path { .. } => match v {
-            Bson::Document(d) => eval_doc(node, d)?,
+            Bson::Document(d) => eval_doc(node, d, env)?,
             _ => false,
         },
     })
 }
 
 /// Follows the remaining path components from `v`, fanning out over arrays.
-fn walk(v: Option<&Bson>, rest: &[String], pred: &Pred) -> Result<bool> {
+fn walk(v: Option<&Bson>, rest: &[String], pred: &Pred, env: &Env) -> Result<bool> {
     let Some((part, tail)) = rest.split_first() else {
-        return leaf(v, pred);
+        return leaf(v, pred, env);
     };
     match v {
-        Some(Bson::Document(d)) => walk(d.get(part), tail, pred),
+        Some(Bson::Document(d)) => walk(d.get(part), tail, pred, env),
         Some(Bson::Array(arr)) => {
             if let Some(i) = value::array_index(part) {
-                if walk(arr.get(i), tail, pred)? {
+                if walk(arr.get(i), tail, pred, env)? {
                     return Ok(true);
                 }
                 // Also look for documents with a field literally named like the index.
                 for e in arr {
                     if let Bson::Document(d) = e
                         && let Some(c) = d.get(part)
-                        && walk(Some(c), tail, pred)?
+                        && walk(Some(c), tail, pred, env)?
                     {
                         return Ok(true);
                     }
@@ -698,7 +710,7 @@ fn walk(v: Option<&Bson>, rest: &[String], pred: &Pred) -> Result<bool> {
             }
             for e in arr {
                 if let Bson::Document(d) = e
-                    && walk(d.get(part), tail, pred)?
+                    && walk(d.get(part), tail, pred, env)?
                 {
                     return Ok(true);
                 }
@@ -706,47 +718,44 @@ fn walk(v: Option<&Bson>, rest: &[String], pred: &Pred) -> Result<bool> {
             Ok(false)
         }
         // A scalar (or nothing) in the middle of the path: the path is missing.
-        _ => leaf(None, pred),
+        _ => leaf(None, pred, env),
     }
 }
 
-fn leaf(v: Option<&Bson>, pred: &Pred) -> Result<bool> {
+fn leaf(v: Option<&Bson>, pred: &Pred, env: &Env) -> Result<bool> {
     match v {
         None => Ok(pred_missing(pred)),
-        Some(Bson::Array(arr)) => match pred {
+        Some(whole @ Bson::Array(arr)) => match pred {
             Pred::Size(_) | Pred::ElemMatchObject(_) | Pred::ElemMatchValue(_) | Pred::Exists => {
-                pred_single(pred, &Bson::Array(arr.clone()))
+                pred_single(pred, whole, env)
             }
             _ => {
-                if pred_array_whole(pred, arr)? {
+                if pred_array_whole(pred, whole, env)? {
                     return Ok(true);
                 }
                 for e in arr {
-                    if pred_single(pred, e)? {
+                    if pred_single(pred, e, env)? {
                         return Ok(true);
                     }
                 }
                 Ok(false)
             }
         },
-        Some(v) => pred_single(pred, v),
+        Some(v) => pred_single(pred, v, env),
     }
 }
 
-/// The whole-array test of a leaf array (avoids cloning for the common predicates).
-fn pred_array_whole(pred: &Pred, arr: &[Bson]) -> Result<bool> {
+/// The whole-array test of a leaf array: only predicates whose operand can equal or order
+/// against an array (array operands, MinKey/MaxKey bounds, `$type: "array"`) can hold.
+fn pred_array_whole(pred: &Pred, whole: &Bson, env: &Env) -> Result<bool> {
     Ok(match pred {
-        Pred::Eq(x) => matches!(x, Bson::Array(b) if value::compare_arrays(arr, b).is_eq()),
-        Pred::Lt(x) | Pred::Lte(x) | Pred::Gt(x) | Pred::Gte(x) => {
-            if matches!(x, Bson::Array(_) | Bson::MinKey | Bson::MaxKey) {
-                pred_single(pred, &Bson::Array(arr.to_vec()))?
-            } else {
-                false
-            }
+        Pred::Eq(x) | Pred::Lt(x) | Pred::Lte(x) | Pred::Gt(x) | Pred::Gte(x) => {
+            matches!(x, Bson::Array(_) | Bson::MinKey | Bson::MaxKey)
+                && pred_single(pred, whole, env)?
         }
         Pred::In { values, .. } => values
             .iter()
-            .any(|x| matches!(x, Bson::Array(b) if value::compare_arrays(arr, b).is_eq())),
+            .any(|x| matches!(x, Bson::Array(_)) && equal(whole, x)),
         Pred::Type { codes, .. } => codes.contains(&4),
         _ => false,
     })
@@ -760,7 +769,7 @@ fn pred_missing(pred: &Pred) -> bool {
     }
 }
 
-fn pred_single(pred: &Pred, v: &Bson) -> Result<bool> {
+fn pred_single(pred: &Pred, v: &Bson, env: &Env) -> Result<bool> {
     // MongoDB 7.0: equality to null also holds for `undefined` (changed only in 8.0).
     let nullish = matches!(v, Bson::Null | Bson::Undefined);
     Ok(match pred {
@@ -797,7 +806,7 @@ fn pred_single(pred: &Pred, v: &Bson) -> Result<bool> {
             Bson::Array(a) => {
                 for e in a {
                     let hit = match e {
-                        Bson::Document(d) => eval_doc(node, d)?,
+                        Bson::Document(d) => eval_doc(node, d, env)?,
                         _ => false,
                     };
                     if hit {
@@ -813,7 +822,7 @@ fn pred_single(pred: &Pred, v: &Bson) -> Result<bool> {
                 for e in a {
                     let mut all = true;
                     for n in nodes {
-                        if !eval_single(n, e)? {
+                        if !eval_single(n, e, env)? {
                             all = false;
                             break;
                         }

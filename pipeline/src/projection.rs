@@ -17,7 +17,7 @@
 
 use bson::{Bson, Document, doc};
 
-use crate::expr::Expr;
+use crate::expr::{Env, Expr};
 use crate::matcher::Matcher;
 use crate::value;
 use crate::{MongoError, Result};
@@ -79,8 +79,19 @@ impl Projection {
         syntax: Syntax,
         filter: Option<&Document>,
     ) -> Result<Projection> {
+        Projection::parse_with_vars(spec, syntax, filter, &[])
+    }
+
+    /// [`Projection::parse_with`] where computed fields may use the given user variables.
+    pub fn parse_with_vars(
+        spec: &Document,
+        syntax: Syntax,
+        filter: Option<&Document>,
+        vars: &[String],
+    ) -> Result<Projection> {
         let mut p = Parser {
             syntax,
+            vars: vars.to_vec(),
             kind: if syntax == Syntax::AddFields {
                 Some(Kind::AddFields)
             } else {
@@ -153,13 +164,18 @@ impl Projection {
 
     /// Projects one document. Fails only on expression errors or an unmatched positional path.
     pub fn apply(&self, doc: &Document) -> Result<Document> {
+        self.apply_in(doc, &Env::default())
+    }
+
+    /// [`Projection::apply`] with `$$NOW` and user variables for computed fields.
+    pub fn apply_in(&self, doc: &Document, env: &Env) -> Result<Document> {
         if self.identity {
             return Ok(doc.clone());
         }
         let mut out = match self.kind {
-            Kind::Inclusion => include_doc(doc, &self.root, doc, true, self.include_id)?,
-            Kind::Exclusion => exclude_doc(doc, &self.root, doc)?,
-            Kind::AddFields => add_fields_doc(doc, &self.root, doc)?,
+            Kind::Inclusion => include_doc(doc, &self.root, doc, true, self.include_id, env)?,
+            Kind::Exclusion => exclude_doc(doc, &self.root, doc, env)?,
+            Kind::AddFields => add_fields_doc(doc, &self.root, doc, env)?,
         };
         if let Some((path, m)) = &self.positional {
             apply_positional(doc, path, m, &mut out)?;
@@ -170,6 +186,7 @@ impl Projection {
 
 struct Parser {
     syntax: Syntax,
+    vars: Vec<String>,
     kind: Option<Kind>,
     root: Vec<(String, PNode)>,
     include_id: bool,
@@ -315,7 +332,7 @@ impl Parser {
             ));
         }
         self.set_kind(Kind::Inclusion, full)?;
-        Ok(PNode::Compute(Expr::parse(v)?))
+        Ok(PNode::Compute(Expr::parse_with_vars(v, &self.vars)?))
     }
 }
 
@@ -411,6 +428,7 @@ fn include_doc(
     root: &Document,
     top: bool,
     include_id: bool,
+    env: &Env,
 ) -> Result<Document> {
     let mut out = Document::new();
     for (k, v) in src {
@@ -419,7 +437,7 @@ fn include_doc(
                 out.insert(k.clone(), v.clone());
             }
             Some(PNode::Nested(children)) => {
-                if let Some(x) = include_value(v, children, root)? {
+                if let Some(x) = include_value(v, children, root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
@@ -434,7 +452,7 @@ fn include_doc(
                 }
             }
             Some(PNode::Compute(e)) => {
-                if let Some(x) = e.evaluate(root)? {
+                if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
@@ -453,14 +471,14 @@ fn include_doc(
         }
         match n {
             PNode::Compute(e) => {
-                if let Some(x) = e.evaluate(root)? {
+                if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
             PNode::Nested(children) if has_computed(children) => {
                 out.insert(
                     k.clone(),
-                    include_doc(&Document::new(), children, root, false, false)?,
+                    include_doc(&Document::new(), children, root, false, false, env)?,
                 );
             }
             _ => {}
@@ -470,15 +488,20 @@ fn include_doc(
 }
 
 /// An included subtree applied to a value: documents recurse, arrays map over their elements.
-fn include_value(v: &Bson, children: &[(String, PNode)], root: &Document) -> Result<Option<Bson>> {
+fn include_value(
+    v: &Bson,
+    children: &[(String, PNode)],
+    root: &Document,
+    env: &Env,
+) -> Result<Option<Bson>> {
     Ok(match v {
         Bson::Document(d) => Some(Bson::Document(include_doc(
-            d, children, root, false, false,
+            d, children, root, false, false, env,
         )?)),
         Bson::Array(a) => {
             let mut out = Vec::new();
             for e in a {
-                if let Some(x) = include_value(e, children, root)? {
+                if let Some(x) = include_value(e, children, root, env)? {
                     out.push(x);
                 }
             }
@@ -490,18 +513,24 @@ fn include_value(v: &Bson, children: &[(String, PNode)], root: &Document) -> Res
             root,
             false,
             false,
+            env,
         )?)),
         _ => None,
     })
 }
 
-fn exclude_doc(src: &Document, nodes: &[(String, PNode)], root: &Document) -> Result<Document> {
+fn exclude_doc(
+    src: &Document,
+    nodes: &[(String, PNode)],
+    root: &Document,
+    env: &Env,
+) -> Result<Document> {
     let mut out = Document::new();
     for (k, v) in src {
         match find_node(nodes, k) {
             Some(PNode::Exclude) => {}
             Some(PNode::Nested(children)) => {
-                out.insert(k.clone(), exclude_value(v, children, root)?);
+                out.insert(k.clone(), exclude_value(v, children, root, env)?);
             }
             Some(PNode::Slice { skip, limit }) => {
                 out.insert(k.clone(), slice_value(v, *skip, *limit));
@@ -514,30 +543,40 @@ fn exclude_doc(src: &Document, nodes: &[(String, PNode)], root: &Document) -> Re
     Ok(out)
 }
 
-fn exclude_value(v: &Bson, children: &[(String, PNode)], root: &Document) -> Result<Bson> {
+fn exclude_value(
+    v: &Bson,
+    children: &[(String, PNode)],
+    root: &Document,
+    env: &Env,
+) -> Result<Bson> {
     Ok(match v {
-        Bson::Document(d) => Bson::Document(exclude_doc(d, children, root)?),
+        Bson::Document(d) => Bson::Document(exclude_doc(d, children, root, env)?),
         Bson::Array(a) => Bson::Array(
             a.iter()
-                .map(|e| exclude_value(e, children, root))
+                .map(|e| exclude_value(e, children, root, env))
                 .collect::<Result<Vec<_>>>()?,
         ),
         other => other.clone(),
     })
 }
 
-fn add_fields_doc(src: &Document, nodes: &[(String, PNode)], root: &Document) -> Result<Document> {
+fn add_fields_doc(
+    src: &Document,
+    nodes: &[(String, PNode)],
+    root: &Document,
+    env: &Env,
+) -> Result<Document> {
     let mut out = Document::new();
     for (k, v) in src {
         match find_node(nodes, k) {
             Some(PNode::Compute(e)) => {
                 // A computed field replaces the value in place; missing removes it.
-                if let Some(x) = e.evaluate(root)? {
+                if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
             Some(PNode::Nested(children)) => {
-                out.insert(k.clone(), add_fields_value(v, children, root)?);
+                out.insert(k.clone(), add_fields_value(v, children, root, env)?);
             }
             _ => {
                 out.insert(k.clone(), v.clone());
@@ -550,12 +589,15 @@ fn add_fields_doc(src: &Document, nodes: &[(String, PNode)], root: &Document) ->
         }
         match n {
             PNode::Compute(e) => {
-                if let Some(x) = e.evaluate(root)? {
+                if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
             PNode::Nested(children) => {
-                out.insert(k.clone(), add_fields_doc(&Document::new(), children, root)?);
+                out.insert(
+                    k.clone(),
+                    add_fields_doc(&Document::new(), children, root, env)?,
+                );
             }
             _ => {}
         }
@@ -563,15 +605,20 @@ fn add_fields_doc(src: &Document, nodes: &[(String, PNode)], root: &Document) ->
     Ok(out)
 }
 
-fn add_fields_value(v: &Bson, children: &[(String, PNode)], root: &Document) -> Result<Bson> {
+fn add_fields_value(
+    v: &Bson,
+    children: &[(String, PNode)],
+    root: &Document,
+    env: &Env,
+) -> Result<Bson> {
     Ok(match v {
-        Bson::Document(d) => Bson::Document(add_fields_doc(d, children, root)?),
+        Bson::Document(d) => Bson::Document(add_fields_doc(d, children, root, env)?),
         Bson::Array(a) => Bson::Array(
             a.iter()
-                .map(|e| add_fields_value(e, children, root))
+                .map(|e| add_fields_value(e, children, root, env))
                 .collect::<Result<Vec<_>>>()?,
         ),
-        _ => Bson::Document(add_fields_doc(&Document::new(), children, root)?),
+        _ => Bson::Document(add_fields_doc(&Document::new(), children, root, env)?),
     })
 }
 

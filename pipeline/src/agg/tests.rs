@@ -293,3 +293,25 @@ fn parse_errors_carry_mongodb_codes() {
         assert_eq!(e.code, code, "{spec}: {e}");
     }
 }
+
+#[test]
+fn now_and_let_variables_come_from_the_environment() {
+    let vars = vec!["limit".to_string()];
+    let p = Pipeline::parse_with_vars(
+        &[
+            doc! {"$match": {"$expr": {"$lt": ["$age", "$$limit"]}}},
+            doc! {"$project": {"_id": 1, "at": "$$NOW"}},
+        ],
+        &vars,
+    )
+    .unwrap();
+    let now = bson::DateTime::from_millis(1_000);
+    let env = Env {
+        now: Some(now),
+        vars: vec![("limit".into(), Bson::Int32(30))],
+    };
+    assert_eq!(p.run_in(people(), &env).unwrap(), vec![doc! {"_id": 3, "at": now}]);
+    // Without the declaration the variable is undefined at parse time.
+    let e = Pipeline::parse(&[doc! {"$match": {"$expr": "$$limit"}}]).unwrap_err();
+    assert_eq!(e.code, 17276);
+}
