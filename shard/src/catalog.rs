@@ -74,10 +74,8 @@ impl CollectionEntry {
                 }
             }
         }
-        if !has_id {
-            if let Some(id) = doc.get("_id") {
-                key.insert("_id", id.clone());
-            }
+        if !has_id && let Some(id) = doc.get("_id") {
+            key.insert("_id", id.clone());
         }
         key
     }

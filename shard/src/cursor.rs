@@ -22,7 +22,7 @@ pub enum CursorSource {
     Buffered(VecDeque<Document>),
     /// A tailable cursor on `local.oplog.rs`: entries after `last` matching `filter`.
     OplogTail {
-        filter: Filter,
+        filter: Box<Filter>,
         last: ClusterTime,
         await_data: bool,
     },

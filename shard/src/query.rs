@@ -119,9 +119,9 @@ impl Sort {
                 Bson::Double(d) if *d == -1.0 => false,
                 Bson::Document(d) if d.contains_key("$meta") => true,
                 _ => {
-                    return Err(MongoError::bad_value(format!(
-                        "$sort key ordering must be 1 (for ascending) or -1 (for descending)"
-                    )));
+                    return Err(MongoError::bad_value(
+                        "$sort key ordering must be 1 (for ascending) or -1 (for descending)",
+                    ));
                 }
             };
             keys.push((k.clone(), asc));
@@ -291,53 +291,6 @@ fn include_paths(src: &Document, paths: &[String], out: &mut Document) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bson::doc;
-
-    #[test]
-    fn id_point_lookup_is_detected_only_for_single_scalar_ids() {
-        assert_eq!(
-            Filter::parse(&doc! {"_id": 5}).unwrap().id_eq(),
-            Some(&Bson::Int32(5))
-        );
-        assert_eq!(
-            Filter::parse(&doc! {"_id": {"$eq": "x"}}).unwrap().id_eq(),
-            Some(&Bson::String("x".into()))
-        );
-        assert!(
-            Filter::parse(&doc! {"_id": {"$gt": 5}})
-                .unwrap()
-                .id_eq()
-                .is_none()
-        );
-        assert!(
-            Filter::parse(&doc! {"_id": 5, "a": 1})
-                .unwrap()
-                .id_eq()
-                .is_none()
-        );
-        assert!(Filter::parse(&doc! {"_id": [1]}).unwrap().id_eq().is_none());
-    }
-
-    #[test]
-    fn projection_includes_and_excludes_dotted_paths() {
-        let d = doc! {"_id": 1, "a": {"b": 1, "c": 2}, "x": 3};
-        let p = Projection::parse(&doc! {"a.b": 1}).unwrap();
-        assert_eq!(p.apply(&d).unwrap(), doc! {"_id": 1, "a": {"b": 1}});
-        let p = Projection::parse(&doc! {"a": 0, "_id": 0}).unwrap();
-        assert_eq!(p.apply(&d).unwrap(), doc! {"x": 3});
-    }
-
-    #[test]
-    fn sort_orders_by_keys_with_direction() {
-        let mut v = vec![doc! {"a": 2}, doc! {"a": 1}, doc! {"b": 1}];
-        Sort::parse(&doc! {"a": -1}).unwrap().sort(&mut v);
-        assert_eq!(v, vec![doc! {"a": 2}, doc! {"a": 1}, doc! {"b": 1}]);
-    }
-}
-
 /// Runs an aggregation pipeline over `input`.
 ///
 /// Interim: the stages a shard needs before `pipeline::agg` is available (`$match`, `$sort`,
@@ -415,4 +368,51 @@ pub fn run_pipeline(
         }
     }
     Ok(docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn id_point_lookup_is_detected_only_for_single_scalar_ids() {
+        assert_eq!(
+            Filter::parse(&doc! {"_id": 5}).unwrap().id_eq(),
+            Some(&Bson::Int32(5))
+        );
+        assert_eq!(
+            Filter::parse(&doc! {"_id": {"$eq": "x"}}).unwrap().id_eq(),
+            Some(&Bson::String("x".into()))
+        );
+        assert!(
+            Filter::parse(&doc! {"_id": {"$gt": 5}})
+                .unwrap()
+                .id_eq()
+                .is_none()
+        );
+        assert!(
+            Filter::parse(&doc! {"_id": 5, "a": 1})
+                .unwrap()
+                .id_eq()
+                .is_none()
+        );
+        assert!(Filter::parse(&doc! {"_id": [1]}).unwrap().id_eq().is_none());
+    }
+
+    #[test]
+    fn projection_includes_and_excludes_dotted_paths() {
+        let d = doc! {"_id": 1, "a": {"b": 1, "c": 2}, "x": 3};
+        let p = Projection::parse(&doc! {"a.b": 1}).unwrap();
+        assert_eq!(p.apply(&d).unwrap(), doc! {"_id": 1, "a": {"b": 1}});
+        let p = Projection::parse(&doc! {"a": 0, "_id": 0}).unwrap();
+        assert_eq!(p.apply(&d).unwrap(), doc! {"x": 3});
+    }
+
+    #[test]
+    fn sort_orders_by_keys_with_direction() {
+        let mut v = vec![doc! {"a": 2}, doc! {"a": 1}, doc! {"b": 1}];
+        Sort::parse(&doc! {"a": -1}).unwrap().sort(&mut v);
+        assert_eq!(v, vec![doc! {"a": 2}, doc! {"a": 1}, doc! {"b": 1}]);
+    }
 }

@@ -217,6 +217,14 @@ impl Storage for RedbStorage {
 struct RedbRead(redb::ReadTransaction);
 struct RedbWrite(redb::WriteTransaction);
 
+type RangeItem<'a> = Result<
+    (
+        redb::AccessGuard<'a, &'static [u8]>,
+        redb::AccessGuard<'a, &'static [u8]>,
+    ),
+    redb::StorageError,
+>;
+
 fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     t: &T,
     range: &KeyRange,
@@ -224,13 +232,7 @@ fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
 ) -> StorageResult<()> {
     let iter = t.range::<&[u8]>(range.as_refs()).map_err(engine)?;
-    let mut step = |item: Result<
-        (
-            redb::AccessGuard<'_, &'static [u8]>,
-            redb::AccessGuard<'_, &'static [u8]>,
-        ),
-        redb::StorageError,
-    >| {
+    let mut step = |item: RangeItem<'_>| {
         let (k, v) = item.map_err(engine)?;
         Ok::<Scan, StorageError>(visit(k.value(), v.value()))
     };

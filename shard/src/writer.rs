@@ -171,11 +171,10 @@ impl<'a> WriteCtx<'a> {
             .map_err(|e| StorageError::Engine(format!("serializing catalog entry: {e}")))?;
         self.txn.put(Table::Catalog, ns.as_bytes(), &buf)?;
         Arc::make_mut(self.catalog).put(entry);
-        Ok(self
-            .catalog
+        self.catalog
             .get(&ns)
             .cloned()
-            .ok_or_else(|| StorageError::Engine("catalog entry vanished".into()))?)
+            .ok_or_else(|| StorageError::Engine("catalog entry vanished".into()))
     }
 
     pub fn remove_collection(&mut self, ns: &str) -> StorageResult<()> {

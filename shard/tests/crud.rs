@@ -1,5 +1,7 @@
 //! Commands against a real shard on disk: CRUD, cursors, errors, handshake.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use bson::{Bson, doc};
@@ -9,15 +11,27 @@ use common::*;
 async fn insert_generates_id_first_and_find_returns_documents() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"a": 1}, {"b": 2, "_id": 7}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"a": 1}, {"b": 2, "_id": 7}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 2);
     let docs = find(&s, "db", "c", doc! {}).await;
     assert_eq!(docs.len(), 2);
     for d in &docs {
-        assert_eq!(d.keys().next().unwrap(), "_id", "_id must be the first field: {d:?}");
+        assert_eq!(
+            d.keys().next().unwrap(),
+            "_id",
+            "_id must be the first field: {d:?}"
+        );
     }
     assert!(docs.iter().any(|d| d.get("_id") == Some(&Bson::Int32(7))));
-    assert!(docs.iter().any(|d| matches!(d.get("_id"), Some(Bson::ObjectId(_)))));
+    assert!(
+        docs.iter()
+            .any(|d| matches!(d.get("_id"), Some(Bson::ObjectId(_))))
+    );
     s.shutdown().await;
 }
 
@@ -26,7 +40,12 @@ async fn duplicate_id_is_a_write_error_like_mongodb_and_ordered_stops() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
     ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1}]}).await;
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 2}, {"_id": 1.0}, {"_id": 3}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 2}, {"_id": 1.0}, {"_id": 3}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 1);
     let we = r.get_array("writeErrors").unwrap();
     assert_eq!(we.len(), 1);
@@ -55,15 +74,27 @@ async fn insert_rejects_dollar_fields_oversized_docs_and_bad_types() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
     let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"$x": 1}]}).await;
-    let e = r.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
     assert_eq!(e.get_i32("code").unwrap(), 2);
     let big = "x".repeat(17 * 1024 * 1024);
     let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"big": big}]}).await;
-    let e = r.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
     assert_eq!(e.get_i32("code").unwrap(), 10334);
-    assert_eq!(err_code(&s, "db", doc! {"insert": "c", "documents": [1]}).await, 14);
+    assert_eq!(
+        err_code(&s, "db", doc! {"insert": "c", "documents": [1]}).await,
+        14
+    );
     assert_eq!(err_code(&s, "db", doc! {"insert": "c"}).await, 40414);
-    assert_eq!(err_code(&s, "db", doc! {"insert": 5, "documents": []}).await, 73);
+    assert_eq!(
+        err_code(&s, "db", doc! {"insert": 5, "documents": []}).await,
+        73
+    );
     assert_eq!(err_code(&s, "db", doc! {"frobnicate": 1}).await, 59);
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 0);
     s.shutdown().await;
@@ -125,7 +156,14 @@ async fn find_supports_filter_projection_sort_skip_limit_and_cursors() {
     )
     .await;
     let b = first_batch(&r);
-    assert_eq!(b, vec![doc! {"name": "n233"}, doc! {"name": "n223"}, doc! {"name": "n213"}]);
+    assert_eq!(
+        b,
+        vec![
+            doc! {"name": "n233"},
+            doc! {"name": "n223"},
+            doc! {"name": "n213"}
+        ]
+    );
     assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), 0);
     // Default first batch is 101; getMore pages the rest; the cursor closes at the end.
     let r = ok(&s, "db", doc! {"find": "c"}).await;
@@ -134,26 +172,63 @@ async fn find_supports_filter_projection_sort_skip_limit_and_cursors() {
     assert_eq!(cur.get_str("ns").unwrap(), "db.c");
     let id = cur.get_i64("id").unwrap();
     assert_ne!(id, 0);
-    let r = ok(&s, "db", doc! {"getMore": id, "collection": "c", "batchSize": 100}).await;
-    assert_eq!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().len(), 100);
+    let r = ok(
+        &s,
+        "db",
+        doc! {"getMore": id, "collection": "c", "batchSize": 100},
+    )
+    .await;
+    assert_eq!(
+        r.get_document("cursor")
+            .unwrap()
+            .get_array("nextBatch")
+            .unwrap()
+            .len(),
+        100
+    );
     let r = ok(&s, "db", doc! {"getMore": id, "collection": "c"}).await;
     let c = r.get_document("cursor").unwrap();
     assert_eq!(c.get_array("nextBatch").unwrap().len(), 49);
     assert_eq!(c.get_i64("id").unwrap(), 0);
-    assert_eq!(err_code(&s, "db", doc! {"getMore": id, "collection": "c"}).await, 43);
+    assert_eq!(
+        err_code(&s, "db", doc! {"getMore": id, "collection": "c"}).await,
+        43
+    );
     // killCursors
     let r = ok(&s, "db", doc! {"find": "c", "batchSize": 2}).await;
     let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-    let r = ok(&s, "db", doc! {"killCursors": "c", "cursors": [id, 12345_i64]}).await;
-    assert_eq!(r.get_array("cursorsKilled").unwrap(), &vec![Bson::Int64(id)]);
-    assert_eq!(r.get_array("cursorsNotFound").unwrap(), &vec![Bson::Int64(12345)]);
+    let r = ok(
+        &s,
+        "db",
+        doc! {"killCursors": "c", "cursors": [id, 12345_i64]},
+    )
+    .await;
+    assert_eq!(
+        r.get_array("cursorsKilled").unwrap(),
+        &vec![Bson::Int64(id)]
+    );
+    assert_eq!(
+        r.get_array("cursorsNotFound").unwrap(),
+        &vec![Bson::Int64(12345)]
+    );
     // singleBatch closes the cursor.
-    let r = ok(&s, "db", doc! {"find": "c", "batchSize": 2, "singleBatch": true}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"find": "c", "batchSize": 2, "singleBatch": true},
+    )
+    .await;
     assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), 0);
     // Missing collection: empty result.
     assert!(find(&s, "db", "nope", doc! {}).await.is_empty());
-    assert_eq!(err_code(&s, "db", doc! {"find": "c", "filter": 1}).await, 14);
-    assert_eq!(err_code(&s, "db", doc! {"find": "c", "skip": -1}).await, 51024);
+    assert_eq!(
+        err_code(&s, "db", doc! {"find": "c", "filter": 1}).await,
+        14
+    );
+    assert_eq!(
+        err_code(&s, "db", doc! {"find": "c", "skip": -1}).await,
+        51024
+    );
     s.shutdown().await;
 }
 
@@ -167,12 +242,20 @@ async fn count_and_distinct() {
         doc! {"insert": "c", "documents": [{"a": 1}, {"a": [1, 2]}, {"a": 3}, {"b": 1}]},
     )
     .await;
-    let r = ok(&s, "db", doc! {"count": "c", "query": {"a": {"$exists": true}}}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"count": "c", "query": {"a": {"$exists": true}}},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 3);
     let r = ok(&s, "db", doc! {"count": "c", "skip": 1, "limit": 2}).await;
     assert_eq!(r.get_i32("n").unwrap(), 2);
     let r = ok(&s, "db", doc! {"distinct": "c", "key": "a"}).await;
-    assert_eq!(r.get_array("values").unwrap(), &vec![Bson::Int32(1), Bson::Int32(2), Bson::Int32(3)]);
+    assert_eq!(
+        r.get_array("values").unwrap(),
+        &vec![Bson::Int32(1), Bson::Int32(2), Bson::Int32(3)]
+    );
     let r = ok(&s, "db", doc! {"distinct": "none", "key": "a"}).await;
     assert!(r.get_array("values").unwrap().is_empty());
     s.shutdown().await;
@@ -197,23 +280,50 @@ async fn update_counts_matches_modifications_and_upserts() {
     assert_eq!(r.get_i32("nModified").unwrap(), 2);
     let up = r.get_array("upserted").unwrap();
     assert_eq!(up[0].as_document().unwrap(), &doc! {"index": 2, "_id": 9});
-    assert_eq!(find(&s, "db", "c", doc! {"_id": 9}).await, vec![doc! {"_id": 9, "x": 1}]);
+    assert_eq!(
+        find(&s, "db", "c", doc! {"_id": 9}).await,
+        vec![doc! {"_id": 9, "x": 1}]
+    );
     assert_eq!(find(&s, "db", "c", doc! {"b": 1}).await.len(), 2);
     // Replacement keeps _id; changing _id is ImmutableField.
-    ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"z": 5}}]}).await;
-    assert_eq!(find(&s, "db", "c", doc! {"_id": 1}).await, vec![doc! {"_id": 1, "z": 5}]);
-    let r = ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"_id": 5}}}]}).await;
-    let e = r.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+    ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"z": 5}}]},
+    )
+    .await;
+    assert_eq!(
+        find(&s, "db", "c", doc! {"_id": 1}).await,
+        vec![doc! {"_id": 1, "z": 5}]
+    );
+    let r = ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"_id": 5}}}]},
+    )
+    .await;
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
     assert_eq!(e.get_i32("code").unwrap(), 66);
     // arrayFilters
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 10, "arr": [1, 5, 9]}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 10, "arr": [1, 5, 9]}]},
+    )
+    .await;
     ok(
         &s,
         "db",
         doc! {"update": "c", "updates": [{"q": {"_id": 10}, "u": {"$set": {"arr.$[x]": 0}}, "arrayFilters": [{"x": {"$gt": 4}}]}]},
     )
     .await;
-    assert_eq!(find(&s, "db", "c", doc! {"_id": 10}).await, vec![doc! {"_id": 10, "arr": [1, 0, 0]}]);
+    assert_eq!(
+        find(&s, "db", "c", doc! {"_id": 10}).await,
+        vec![doc! {"_id": 10, "arr": [1, 0, 0]}]
+    );
     // Upsert into a new collection creates it.
     ok(&s, "db", doc! {"update": "fresh", "updates": [{"q": {"k": "v"}, "u": {"$inc": {"n": 1}}, "upsert": true}]}).await;
     let d = find(&s, "db", "fresh", doc! {}).await;
@@ -227,13 +337,36 @@ async fn update_counts_matches_modifications_and_upserts() {
 async fn delete_with_limit_zero_and_one() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"a": 1}, {"a": 1}, {"a": 1}, {"a": 2}]}).await;
-    let r = ok(&s, "db", doc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": 1}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"a": 1}, {"a": 1}, {"a": 1}, {"a": 2}]},
+    )
+    .await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": 1}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 1);
-    let r = ok(&s, "db", doc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": 0}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": 0}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 2);
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 1);
-    assert_eq!(err_code(&s, "db", doc! {"delete": "c", "deletes": [{"q": {}, "limit": 5}]}).await, 9);
+    assert_eq!(
+        err_code(
+            &s,
+            "db",
+            doc! {"delete": "c", "deletes": [{"q": {}, "limit": 5}]}
+        )
+        .await,
+        9
+    );
     s.shutdown().await;
 }
 
@@ -241,7 +374,12 @@ async fn delete_with_limit_zero_and_one() {
 async fn find_and_modify_update_remove_upsert() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "n": 1}, {"_id": 2, "n": 5}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "n": 1}, {"_id": 2, "n": 5}]},
+    )
+    .await;
     let r = ok(
         &s,
         "db",
@@ -261,14 +399,32 @@ async fn find_and_modify_update_remove_upsert() {
         r.get_document("lastErrorObject").unwrap(),
         &doc! {"n": 1, "updatedExisting": false, "upserted": 3}
     );
-    let r = ok(&s, "db", doc! {"findAndModify": "c", "query": {"_id": 3}, "remove": true}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"findAndModify": "c", "query": {"_id": 3}, "remove": true},
+    )
+    .await;
     assert_eq!(r.get_document("value").unwrap(), &doc! {"_id": 3, "n": 0});
     assert_eq!(r.get_document("lastErrorObject").unwrap(), &doc! {"n": 1});
-    let r = ok(&s, "db", doc! {"findAndModify": "c", "query": {"_id": 3}, "remove": true}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"findAndModify": "c", "query": {"_id": 3}, "remove": true},
+    )
+    .await;
     assert_eq!(r.get("value"), Some(&Bson::Null));
-    assert_eq!(err_code(&s, "db", doc! {"findAndModify": "c", "query": {}}).await, 9);
     assert_eq!(
-        err_code(&s, "db", doc! {"findAndModify": "c", "remove": true, "update": {"$set": {"a": 1}}}).await,
+        err_code(&s, "db", doc! {"findAndModify": "c", "query": {}}).await,
+        9
+    );
+    assert_eq!(
+        err_code(
+            &s,
+            "db",
+            doc! {"findAndModify": "c", "remove": true, "update": {"$set": {"a": 1}}}
+        )
+        .await,
         9
     );
     s.shutdown().await;
@@ -278,7 +434,12 @@ async fn find_and_modify_update_remove_upsert() {
 async fn aggregate_returns_a_cursor() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"a": 1}, {"a": 2}, {"a": 3}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"a": 1}, {"a": 2}, {"a": 3}]},
+    )
+    .await;
     let r = ok(
         &s,
         "db",
@@ -286,7 +447,10 @@ async fn aggregate_returns_a_cursor() {
     )
     .await;
     assert_eq!(first_batch(&r), vec![doc! {"n": 2}]);
-    assert_eq!(err_code(&s, "db", doc! {"aggregate": "c", "pipeline": []}).await, 9);
+    assert_eq!(
+        err_code(&s, "db", doc! {"aggregate": "c", "pipeline": []}).await,
+        9
+    );
     s.shutdown().await;
 }
 
@@ -295,12 +459,12 @@ async fn hello_presents_a_standalone_with_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
     let r = ok(&s, "admin", doc! {"hello": 1, "helloOk": true}).await;
-    assert_eq!(r.get_bool("isWritablePrimary").unwrap(), true);
+    assert!(r.get_bool("isWritablePrimary").unwrap());
     assert_eq!(r.get_i32("maxWireVersion").unwrap(), 21);
     assert_eq!(r.get_i32("logicalSessionTimeoutMinutes").unwrap(), 30);
     assert!(!r.contains_key("setName") && !r.contains_key("msg"));
     let r = ok(&s, "admin", doc! {"isMaster": 1}).await;
-    assert_eq!(r.get_bool("ismaster").unwrap(), true);
+    assert!(r.get_bool("ismaster").unwrap());
     let r = ok(&s, "admin", doc! {"buildInfo": 1}).await;
     assert_eq!(r.get_str("version").unwrap(), "7.0.0");
     s.shutdown().await;

@@ -1,6 +1,8 @@
 //! Durability and atomicity: restart, group-commit atomicity, injected storage faults, the
 //! clock's promise across restarts, and a SIGKILL crash test.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -23,9 +25,24 @@ fn ts_of(e: &bson::Document) -> ClusterTime {
 async fn restart_keeps_documents_catalog_and_oplog() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "a": 1}, {"_id": 2}]}).await;
-    ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"a": 1}}}]}).await;
-    ok(&s, "db", doc! {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1", "unique": true}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "a": 1}, {"_id": 2}]},
+    )
+    .await;
+    ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"a": 1}}}]},
+    )
+    .await;
+    ok(
+        &s,
+        "db",
+        doc! {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1", "unique": true}]},
+    )
+    .await;
     let before = oplog(&s).await;
     let uuid_before = first_batch(&ok(&s, "db", doc! {"listCollections": 1}).await)[0].clone();
     s.shutdown().await;
@@ -42,15 +59,34 @@ async fn restart_keeps_documents_catalog_and_oplog() {
     let r = ok(&s, "db", doc! {"listIndexes": "c"}).await;
     assert_eq!(first_batch(&r).len(), 2);
     // The unique index is still enforced.
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 3, "a": 2}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 3, "a": 2}]},
+    )
+    .await;
     assert_eq!(
-        r.get_array("writeErrors").unwrap()[0].as_document().unwrap().get_i32("code").unwrap(),
+        r.get_array("writeErrors").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .get_i32("code")
+            .unwrap(),
         11000
     );
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 4, "a": 10}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 4, "a": 10}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 1);
     let log = oplog(&s).await;
-    assert!(ts_of(log.last().unwrap()) > ts_of(before.last().unwrap()), "{:?} vs {:?}", log.last(), before.last());
+    assert!(
+        ts_of(log.last().unwrap()) > ts_of(before.last().unwrap()),
+        "{:?} vs {:?}",
+        log.last(),
+        before.last()
+    );
     s.shutdown().await;
 }
 
@@ -58,26 +94,47 @@ async fn restart_keeps_documents_catalog_and_oplog() {
 async fn a_failing_op_in_a_group_commit_batch_leaves_nothing_and_batch_mates_succeed() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": "taken"}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": "taken"}]},
+    )
+    .await;
     let commits_before = s.state().commit_count();
     let mut futs = Vec::new();
     for i in 0..64 {
         let s = s.clone();
-        let id = if i == 31 { Bson::from("taken") } else { Bson::from(i) };
+        let id = if i == 31 {
+            Bson::from("taken")
+        } else {
+            Bson::from(i)
+        };
         futs.push(async move {
-            run(&s, "db", doc! {"insert": "c", "documents": [{"_id": id, "i": i}]}).await
+            run(
+                &s,
+                "db",
+                doc! {"insert": "c", "documents": [{"_id": id, "i": i}]},
+            )
+            .await
         });
     }
     let replies = futures::future::join_all(futs).await;
     let commits = s.state().commit_count() - commits_before;
-    assert!(commits < 64, "writes must be group-committed ({commits} commits for 64 ops)");
+    assert!(
+        commits < 64,
+        "writes must be group-committed ({commits} commits for 64 ops)"
+    );
     for (i, r) in replies.iter().enumerate() {
         assert!(is_ok(r));
         if i == 31 {
             assert_eq!(r.get_i32("n").unwrap(), 0);
             assert!(r.contains_key("writeErrors"));
         } else {
-            assert_eq!(r.get_i32("n").unwrap(), 1, "batch-mate {i} must succeed: {r:?}");
+            assert_eq!(
+                r.get_i32("n").unwrap(),
+                1,
+                "batch-mate {i} must succeed: {r:?}"
+            );
         }
     }
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 64);
@@ -151,7 +208,10 @@ async fn the_clock_never_goes_below_a_high_water_mark_given_before_a_restart() {
     let s = Shard::open(opts).await.unwrap();
     let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 2}]}).await;
     let ts = ClusterTime::from(r.get_timestamp("operationTime").unwrap());
-    assert!(ts > h, "first write after restart ({ts}) must be above the old H ({h})");
+    assert!(
+        ts > h,
+        "first write after restart ({ts}) must be above the old H ({h})"
+    );
     assert!(s.cluster_time() > h);
     s.shutdown().await;
 }
@@ -169,7 +229,12 @@ async fn crash_child() {
         tasks.push(tokio::spawn(async move {
             for i in 0.. {
                 let id = t * 1_000_000 + i;
-                let r = run(&s, "db", doc! {"insert": "c", "documents": [{"_id": id, "pad": "x".repeat(100)}]}).await;
+                let r = run(
+                    &s,
+                    "db",
+                    doc! {"insert": "c", "documents": [{"_id": id, "pad": "x".repeat(100)}]},
+                )
+                .await;
                 if is_ok(&r) && r.get_i32("n").ok() == Some(1) {
                     let h = s.high_water_mark();
                     println!("ACK {id} {}", h.as_u64());
@@ -217,7 +282,11 @@ async fn every_acknowledged_write_survives_sigkill() {
     })
     .await
     .unwrap();
-    assert!(acked.len() >= 100, "child acknowledged only {} writes", acked.len());
+    assert!(
+        acked.len() >= 100,
+        "child acknowledged only {} writes",
+        acked.len()
+    );
 
     let s = open(dir.path()).await;
     let docs = find(&s, "db", "c", doc! {}).await;
@@ -233,12 +302,23 @@ async fn every_acknowledged_write_survives_sigkill() {
     }
     let log = oplog(&s).await;
     for w in log.windows(2) {
-        assert!(ts_of(&w[0]) < ts_of(&w[1]), "oplog ts must strictly increase");
+        assert!(
+            ts_of(&w[0]) < ts_of(&w[1]),
+            "oplog ts must strictly increase"
+        );
     }
     // Every document has its oplog entry and vice versa (one atomic commit).
-    let inserted = log.iter().filter(|e| e.get_str("op").ok() == Some("i")).count();
+    let inserted = log
+        .iter()
+        .filter(|e| e.get_str("op").ok() == Some("i"))
+        .count();
     assert_eq!(inserted, docs.len());
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": -1_i64}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": -1_i64}]},
+    )
+    .await;
     let ts = ClusterTime::from(r.get_timestamp("operationTime").unwrap());
     assert!(
         ts.as_u64() > max_h,

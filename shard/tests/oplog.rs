@@ -1,5 +1,7 @@
 //! The oplog's format per operation type, DDL entries, and tailing `local.oplog.rs`.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use std::time::Duration;
@@ -23,14 +25,34 @@ fn ops(entries: &[Document]) -> Vec<(String, String)> {
 async fn crud_entries_have_mongodb_format() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "a": 1, "b": [1, 2]}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "a": 1, "b": [1, 2]}]},
+    )
+    .await;
     ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"a": 2}, "$unset": {"b": 1}}}]}).await;
     // A no-op update writes no entry.
-    let r = ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"a": 2}}}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"a": 2}}}]},
+    )
+    .await;
     assert_eq!(r.get_i32("n").unwrap(), 1);
     assert_eq!(r.get_i32("nModified").unwrap(), 0);
-    ok(&s, "db", doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"x": 9}}]}).await;
-    ok(&s, "db", doc! {"delete": "c", "deletes": [{"q": {"_id": 1}, "limit": 1}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"x": 9}}]},
+    )
+    .await;
+    ok(
+        &s,
+        "db",
+        doc! {"delete": "c", "deletes": [{"q": {"_id": 1}, "limit": 1}]},
+    )
+    .await;
 
     let log = oplog_for(&s, "db").await;
     assert_eq!(
@@ -50,7 +72,10 @@ async fn crud_entries_have_mongodb_format() {
     );
     let uuid = create.get("ui").unwrap().clone();
     let ins = &log[1];
-    assert_eq!(ins.get_document("o").unwrap(), &doc! {"_id": 1, "a": 1, "b": [1, 2]});
+    assert_eq!(
+        ins.get_document("o").unwrap(),
+        &doc! {"_id": 1, "a": 1, "b": [1, 2]}
+    );
     assert_eq!(ins.get_document("o2").unwrap(), &doc! {"_id": 1});
     assert_eq!(ins.get("ui"), Some(&uuid));
     assert_eq!(ins.get_i64("t").unwrap(), 1);
@@ -79,15 +104,40 @@ async fn crud_entries_have_mongodb_format() {
 async fn ddl_commands_write_command_entries() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"create": "a", "validator": {"x": {"$exists": true}}}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"create": "a", "validator": {"x": {"$exists": true}}},
+    )
+    .await;
     // create again with the same options is fine (7.0), different options is NamespaceExists.
-    ok(&s, "db", doc! {"create": "a", "validator": {"x": {"$exists": true}}}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"create": "a", "validator": {"x": {"$exists": true}}},
+    )
+    .await;
     assert_eq!(err_code(&s, "db", doc! {"create": "a"}).await, 48);
-    ok(&s, "db", doc! {"createIndexes": "a", "indexes": [{"key": {"x": 1}, "name": "x_1"}]}).await;
-    let r = ok(&s, "db", doc! {"createIndexes": "a", "indexes": [{"key": {"x": 1}, "name": "x_1"}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"createIndexes": "a", "indexes": [{"key": {"x": 1}, "name": "x_1"}]},
+    )
+    .await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"createIndexes": "a", "indexes": [{"key": {"x": 1}, "name": "x_1"}]},
+    )
+    .await;
     assert_eq!(r.get_str("note").unwrap(), "all indexes already exist");
     assert_eq!(
-        err_code(&s, "db", doc! {"createIndexes": "a", "indexes": [{"key": {"y": 1}, "name": "x_1"}]}).await,
+        err_code(
+            &s,
+            "db",
+            doc! {"createIndexes": "a", "indexes": [{"key": {"y": 1}, "name": "x_1"}]}
+        )
+        .await,
         86
     );
     let r = ok(&s, "db", doc! {"listIndexes": "a"}).await;
@@ -98,10 +148,21 @@ async fn ddl_commands_write_command_entries() {
     assert_eq!(names, vec!["_id_", "x_1"]);
     ok(&s, "db", doc! {"collMod": "a", "validator": {}}).await;
     ok(&s, "db", doc! {"dropIndexes": "a", "index": "x_1"}).await;
-    assert_eq!(err_code(&s, "db", doc! {"dropIndexes": "a", "index": "_id_"}).await, 72);
-    assert_eq!(err_code(&s, "db", doc! {"dropIndexes": "a", "index": "zz"}).await, 27);
+    assert_eq!(
+        err_code(&s, "db", doc! {"dropIndexes": "a", "index": "_id_"}).await,
+        72
+    );
+    assert_eq!(
+        err_code(&s, "db", doc! {"dropIndexes": "a", "index": "zz"}).await,
+        27
+    );
     ok(&s, "db", doc! {"insert": "b", "documents": [{"_id": 1}]}).await;
-    ok(&s, "admin", doc! {"renameCollection": "db.a", "to": "db.b", "dropTarget": true}).await;
+    ok(
+        &s,
+        "admin",
+        doc! {"renameCollection": "db.a", "to": "db.b", "dropTarget": true},
+    )
+    .await;
     assert_eq!(
         err_code(&s, "admin", doc! {"renameCollection": "db.a", "to": "db.z"}).await,
         26
@@ -136,7 +197,10 @@ async fn ddl_commands_write_command_entries() {
         ]
     );
     let ci = log[1].get_document("o").unwrap();
-    assert_eq!(ci, &doc! {"createIndexes": "a", "v": 2, "key": {"x": 1}, "name": "x_1"});
+    assert_eq!(
+        ci,
+        &doc! {"createIndexes": "a", "v": 2, "key": {"x": 1}, "name": "x_1"}
+    );
     let cm = &log[2];
     assert_eq!(
         cm.get_document("o2")
@@ -148,7 +212,10 @@ async fn ddl_commands_write_command_entries() {
         &doc! {"x": {"$exists": true}}
     );
     let di = &log[3];
-    assert_eq!(di.get_document("o").unwrap(), &doc! {"dropIndexes": "a", "index": "x_1"});
+    assert_eq!(
+        di.get_document("o").unwrap(),
+        &doc! {"dropIndexes": "a", "index": "x_1"}
+    );
     assert_eq!(
         di.get_document("o2").unwrap(),
         &doc! {"v": 2, "key": {"x": 1}, "name": "x_1"}
@@ -156,7 +223,7 @@ async fn ddl_commands_write_command_entries() {
     let rn = log[5].get_document("o").unwrap();
     assert_eq!(rn.get_str("renameCollection").unwrap(), "db.a");
     assert_eq!(rn.get_str("to").unwrap(), "db.b");
-    assert_eq!(rn.get_bool("stayTemp").unwrap(), false);
+    assert!(!rn.get_bool("stayTemp").unwrap());
     assert_eq!(rn.get("dropTarget"), log[4].get("ui"));
     let dd = &log[9];
     assert_eq!(dd.get_document("o").unwrap(), &doc! {"dropDatabase": 1});
@@ -170,10 +237,20 @@ async fn ddl_commands_write_command_entries() {
 async fn list_collections_and_databases() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    ok(&s, "db", doc! {"create": "x", "changeStreamPreAndPostImages": {"enabled": true}}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"create": "x", "changeStreamPreAndPostImages": {"enabled": true}},
+    )
+    .await;
     ok(&s, "db", doc! {"insert": "y", "documents": [{}]}).await;
     ok(&s, "other", doc! {"insert": "z", "documents": [{}]}).await;
-    let r = ok(&s, "db", doc! {"listCollections": 1, "filter": {"name": "x"}}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"listCollections": 1, "filter": {"name": "x"}},
+    )
+    .await;
     let b = first_batch(&r);
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].get_str("type").unwrap(), "collection");
@@ -182,7 +259,13 @@ async fn list_collections_and_databases() {
         &doc! {"changeStreamPreAndPostImages": {"enabled": true}}
     );
     assert!(b[0].get_document("info").unwrap().contains_key("uuid"));
-    assert_eq!(b[0].get_document("idIndex").unwrap().get_str("name").unwrap(), "_id_");
+    assert_eq!(
+        b[0].get_document("idIndex")
+            .unwrap()
+            .get_str("name")
+            .unwrap(),
+        "_id_"
+    );
     let r = ok(&s, "db", doc! {"listCollections": 1, "nameOnly": true}).await;
     assert_eq!(first_batch(&r).len(), 2);
     let r = ok(&s, "admin", doc! {"listDatabases": 1}).await;
@@ -207,23 +290,40 @@ async fn sharded_collection_has_shard_key_document_keys_and_marker() {
         doc! {"_shardsvrShardCollection": "db.s", "key": {"region": 1, "n": 1}, "unique": false, "collectionUUID": uuid, "isPrimary": true},
     )
     .await;
-    ok(&s, "db", doc! {"insert": "s", "documents": [{"_id": 1, "n": 5, "region": "eu"}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "s", "documents": [{"_id": 1, "n": 5, "region": "eu"}]},
+    )
+    .await;
     let r = ok(
         &s,
         "db",
         doc! {"update": "s", "updates": [{"q": {"_id": 1}, "u": {"$set": {"region": "us"}}}]},
     )
     .await;
-    let e = r.get_array("writeErrors").unwrap()[0].as_document().unwrap().clone();
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
     assert_eq!(e.get_i32("code").unwrap(), 66, "shard key is immutable");
     let log = oplog_for(&s, "db").await;
-    let marker = log.iter().find(|e| e.get_str("op").ok() == Some("n")).unwrap();
+    let marker = log
+        .iter()
+        .find(|e| e.get_str("op").ok() == Some("n"))
+        .unwrap();
     assert_eq!(marker.get_str("ns").unwrap(), "db.s");
     assert_eq!(marker.get("ui"), Some(&Bson::from(uuid)));
     let o2 = marker.get_document("o2").unwrap();
     assert_eq!(o2.get_str("shardCollection").unwrap(), "db.s");
-    assert_eq!(o2.get_document("shardKey").unwrap(), &doc! {"region": 1, "n": 1});
-    let ins = log.iter().find(|e| e.get_str("op").ok() == Some("i")).unwrap();
+    assert_eq!(
+        o2.get_document("shardKey").unwrap(),
+        &doc! {"region": 1, "n": 1}
+    );
+    let ins = log
+        .iter()
+        .find(|e| e.get_str("op").ok() == Some("i"))
+        .unwrap();
     assert_eq!(
         ins.get_document("o2").unwrap(),
         &doc! {"region": "eu", "n": 5, "_id": 1}
@@ -252,8 +352,19 @@ async fn oplog_find_filters_by_ts_and_tailable_await_data_waits_for_new_entries(
     assert_ne!(id, 0);
     // An empty awaitData getMore waits about maxTimeMS and returns nothing.
     let t0 = std::time::Instant::now();
-    let r = ok(&s, "local", doc! {"getMore": id, "collection": "oplog.rs", "maxTimeMS": 200_i64}).await;
-    assert!(r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().is_empty());
+    let r = ok(
+        &s,
+        "local",
+        doc! {"getMore": id, "collection": "oplog.rs", "maxTimeMS": 200_i64},
+    )
+    .await;
+    assert!(
+        r.get_document("cursor")
+            .unwrap()
+            .get_array("nextBatch")
+            .unwrap()
+            .is_empty()
+    );
     assert!(t0.elapsed() >= Duration::from_millis(150));
     // A write while the getMore waits wakes it.
     let s2 = s.clone();
@@ -261,8 +372,18 @@ async fn oplog_find_filters_by_ts_and_tailable_await_data_waits_for_new_entries(
         tokio::time::sleep(Duration::from_millis(100)).await;
         ok(&s2, "db", doc! {"insert": "c", "documents": [{"_id": 2}]}).await;
     });
-    let r = ok(&s, "local", doc! {"getMore": id, "collection": "oplog.rs", "maxTimeMS": 5000_i64}).await;
-    let batch = r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().clone();
+    let r = ok(
+        &s,
+        "local",
+        doc! {"getMore": id, "collection": "oplog.rs", "maxTimeMS": 5000_i64},
+    )
+    .await;
+    let batch = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("nextBatch")
+        .unwrap()
+        .clone();
     assert_eq!(batch.len(), 1);
     let e = batch[0].as_document().unwrap();
     assert_eq!(e.get_document("o").unwrap(), &doc! {"_id": 2});
@@ -277,9 +398,19 @@ async fn oplog_find_filters_by_ts_and_tailable_await_data_waits_for_new_entries(
     .await;
     let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
     ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 3}]}).await;
-    ok(&s, "db", doc! {"delete": "c", "deletes": [{"q": {"_id": 3}, "limit": 1}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"delete": "c", "deletes": [{"q": {"_id": 3}, "limit": 1}]},
+    )
+    .await;
     let r = ok(&s, "local", doc! {"getMore": id, "collection": "oplog.rs"}).await;
-    let batch = r.get_document("cursor").unwrap().get_array("nextBatch").unwrap().clone();
+    let batch = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("nextBatch")
+        .unwrap()
+        .clone();
     assert_eq!(batch.len(), 1);
     assert_eq!(batch[0].as_document().unwrap().get_str("op").unwrap(), "d");
     // Tailable on a normal collection is refused.
@@ -300,7 +431,10 @@ async fn high_water_mark_is_below_later_entries() {
         ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": i}]}).await;
         let e = oplog(&s).await.pop().unwrap();
         let ts = resume::ClusterTime::from(e.get_timestamp("ts").unwrap());
-        assert!(ts > h, "entry {ts} must be above the earlier high-water mark {h}");
+        assert!(
+            ts > h,
+            "entry {ts} must be above the earlier high-water mark {h}"
+        );
         assert!(s.high_water_mark() >= ts);
     }
     s.shutdown().await;

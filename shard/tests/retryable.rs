@@ -1,6 +1,8 @@
 //! Retryable writes: a retried statement returns its first result and is never applied twice,
 //! records survive restarts, old txnNumbers are refused, entries chain through prevOpTime.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use bson::{Bson, Document, Uuid, doc};
@@ -29,7 +31,10 @@ async fn a_retried_insert_is_not_applied_twice_and_entries_chain() {
     let entries_before = oplog(&s).await.len();
     let retry = ok(&s, "db", cmd).await;
     assert_eq!(retry.get_i32("n").unwrap(), 2);
-    assert_eq!(retry.get_array("retriedStmtIds").unwrap(), &vec![Bson::Int32(0), Bson::Int32(1)]);
+    assert_eq!(
+        retry.get_array("retriedStmtIds").unwrap(),
+        &vec![Bson::Int32(0), Bson::Int32(1)]
+    );
     assert!(!retry.contains_key("writeErrors"));
     assert_eq!(oplog(&s).await.len(), entries_before);
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 2);
@@ -48,7 +53,11 @@ async fn a_retried_insert_is_not_applied_twice_and_entries_chain() {
     );
     assert_eq!(inserts[1].get_i32("stmtId").unwrap(), 1);
     assert_eq!(
-        inserts[1].get_document("prevOpTime").unwrap().get_timestamp("ts").unwrap(),
+        inserts[1]
+            .get_document("prevOpTime")
+            .unwrap()
+            .get_timestamp("ts")
+            .unwrap(),
         inserts[0].get_timestamp("ts").unwrap()
     );
     s.shutdown().await;
@@ -59,7 +68,12 @@ async fn a_retried_update_survives_restart_and_old_txn_numbers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
     let lsid = Uuid::new();
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}]},
+    )
+    .await;
     let cmd = with(
         doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]},
         session(lsid, 5),
@@ -72,7 +86,10 @@ async fn a_retried_update_survives_restart_and_old_txn_numbers_are_refused() {
     let retry = ok(&s, "db", cmd).await;
     assert_eq!(retry.get_i32("n").unwrap(), 1);
     assert_eq!(retry.get_i32("nModified").unwrap(), 1);
-    assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1, "n": 1}]);
+    assert_eq!(
+        find(&s, "db", "c", doc! {}).await,
+        vec![doc! {"_id": 1, "n": 1}]
+    );
     // An older txnNumber on the same session is too old.
     let old = with(
         doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]},
@@ -87,7 +104,10 @@ async fn a_retried_update_survives_restart_and_old_txn_numbers_are_refused() {
         session(lsid, 6),
     );
     ok(&s, "db", newer).await;
-    assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1, "n": 2}]);
+    assert_eq!(
+        find(&s, "db", "c", doc! {}).await,
+        vec![doc! {"_id": 1, "n": 2}]
+    );
     // Retryable multi-updates are refused.
     let multi = with(
         doc! {"update": "c", "updates": [{"q": {}, "u": {"$inc": {"n": 1}}, "multi": true}]},
@@ -102,7 +122,12 @@ async fn retried_find_and_modify_and_delete_return_the_first_result() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
     let lsid = Uuid::new();
-    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}, {"_id": 2}]}).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "n": 0}, {"_id": 2}]},
+    )
+    .await;
     let fam = with(
         doc! {"findAndModify": "c", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}, "new": true},
         session(lsid, 1),
@@ -111,7 +136,10 @@ async fn retried_find_and_modify_and_delete_return_the_first_result() {
     let b = ok(&s, "db", fam).await;
     assert_eq!(a.get_document("value").unwrap(), &doc! {"_id": 1, "n": 1});
     assert_eq!(b.get_document("value").unwrap(), &doc! {"_id": 1, "n": 1});
-    assert_eq!(find(&s, "db", "c", doc! {"_id": 1}).await, vec![doc! {"_id": 1, "n": 1}]);
+    assert_eq!(
+        find(&s, "db", "c", doc! {"_id": 1}).await,
+        vec![doc! {"_id": 1, "n": 1}]
+    );
     let del = with(
         doc! {"delete": "c", "deletes": [{"q": {"_id": 2}, "limit": 1}]},
         session(lsid, 2),
@@ -127,7 +155,10 @@ async fn retried_find_and_modify_and_delete_return_the_first_result() {
     );
     ok(&s, "db", cmd.clone()).await;
     let r = ok(&s, "db", cmd).await;
-    assert_eq!(r.get_array("retriedStmtIds").unwrap(), &vec![Bson::Int32(42)]);
+    assert_eq!(
+        r.get_array("retriedStmtIds").unwrap(),
+        &vec![Bson::Int32(42)]
+    );
     let e = oplog_for(&s, "db").await.pop().unwrap();
     assert_eq!(e.get_i32("stmtId").unwrap(), 42);
     s.shutdown().await;

@@ -1,5 +1,7 @@
 //! `shard::server` serves `run_command` over the wire protocol.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 mod common;
 
 use bson::doc;

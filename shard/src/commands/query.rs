@@ -266,7 +266,7 @@ fn find_oplog(
         let id = ctx.shard.cursors().insert(Cursor {
             ns: OPLOG_NS.into(),
             source: CursorSource::OplogTail {
-                filter,
+                filter: Box::new(filter),
                 last,
                 await_data,
             },

@@ -49,7 +49,7 @@ pub fn create_collection(
     uuid: Option<Uuid>,
     options: Document,
 ) -> OpResult<Arc<CollectionEntry>> {
-    let uuid = uuid.unwrap_or_else(Uuid::new);
+    let uuid = uuid.unwrap_or_default(); // a fresh random UUID
     let entry = CollectionEntry::new(db, coll, uuid, options.clone());
     let mut o = doc! {"create": coll};
     for (k, v) in &options {

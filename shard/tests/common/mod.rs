@@ -52,13 +52,23 @@ pub fn first_batch(r: &Document) -> Vec<Document> {
 }
 
 pub async fn find(s: &Shard, db: &str, coll: &str, filter: Document) -> Vec<Document> {
-    let r = ok(s, db, doc! {"find": coll, "filter": filter, "batchSize": 100_000}).await;
+    let r = ok(
+        s,
+        db,
+        doc! {"find": coll, "filter": filter, "batchSize": 100_000},
+    )
+    .await;
     first_batch(&r)
 }
 
 /// The whole oplog, oldest first.
 pub async fn oplog(s: &Shard) -> Vec<Document> {
-    let r = ok(s, "local", doc! {"find": "oplog.rs", "filter": {}, "batchSize": 1_000_000}).await;
+    let r = ok(
+        s,
+        "local",
+        doc! {"find": "oplog.rs", "filter": {}, "batchSize": 1_000_000},
+    )
+    .await;
     first_batch(&r)
 }
 
@@ -67,6 +77,9 @@ pub async fn oplog_for(s: &Shard, db: &str) -> Vec<Document> {
     oplog(s)
         .await
         .into_iter()
-        .filter(|e| e.get_str("ns").is_ok_and(|ns| ns.starts_with(&format!("{db}."))))
+        .filter(|e| {
+            e.get_str("ns")
+                .is_ok_and(|ns| ns.starts_with(&format!("{db}.")))
+        })
         .collect()
 }

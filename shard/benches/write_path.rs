@@ -1,0 +1,102 @@
+//! The durable write path: single-document inserts (sequential, and concurrent so the writer
+//! group-commits them) and batches of 100 documents per command, all fsync'd through redb.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{Bson, doc};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use shard::{Shard, ShardOptions, SystemClock};
+
+fn open(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> Arc<Shard> {
+    rt.block_on(Shard::open(ShardOptions {
+        dbpath: dir.to_path_buf(),
+        name: "bench".into(),
+        clock: Arc::new(SystemClock),
+    }))
+    .expect("open")
+}
+
+fn insert_cmd(first_id: i64, n: i64) -> bson::Document {
+    let docs: Vec<Bson> = (first_id..first_id + n)
+        .map(|i| Bson::Document(doc! {"_id": i, "payload": "x".repeat(200)}))
+        .collect();
+    doc! {"insert": "c", "documents": docs, "$db": "bench"}
+}
+
+fn write_path(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shard = open(&rt, dir.path());
+    let mut next_id: i64 = 0;
+    let mut group = c.benchmark_group("write_path");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_millis(500));
+    group.sample_size(10);
+
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("single_insert/concurrency=1", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            rt.block_on(async {
+                for _ in 0..iters {
+                    let r = shard.run_command(insert_cmd(next_id, 1)).await;
+                    next_id += 1;
+                    assert_eq!(r.get_i32("n").ok(), Some(1));
+                }
+            });
+            start.elapsed()
+        })
+    });
+
+    for concurrency in [16_i64, 64] {
+        group.throughput(Throughput::Elements(concurrency as u64));
+        group.bench_function(format!("single_insert/concurrency={concurrency}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                rt.block_on(async {
+                    for _ in 0..iters {
+                        let mut tasks = Vec::new();
+                        for k in 0..concurrency {
+                            let s = shard.clone();
+                            let id = next_id + k;
+                            tasks.push(tokio::spawn(async move {
+                                s.run_command(insert_cmd(id, 1)).await
+                            }));
+                        }
+                        next_id += concurrency;
+                        for t in tasks {
+                            let r = t.await.expect("task");
+                            assert_eq!(r.get_i32("n").ok(), Some(1));
+                        }
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+
+    group.throughput(Throughput::Elements(100));
+    group.bench_function("insert_batch/docs=100", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            rt.block_on(async {
+                for _ in 0..iters {
+                    let r = shard.run_command(insert_cmd(next_id, 100)).await;
+                    next_id += 100;
+                    assert_eq!(r.get_i32("n").ok(), Some(100));
+                }
+            });
+            start.elapsed()
+        })
+    });
+    group.finish();
+    rt.block_on(shard.shutdown());
+}
+
+criterion_group!(benches, write_path);
+criterion_main!(benches);
