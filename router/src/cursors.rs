@@ -146,6 +146,8 @@ pub enum CursorState {
     Merge(Box<Merge>),
     /// Results computed by the router (e.g. a sharded aggregation).
     Buffered(VecDeque<Document>),
+    /// A change stream merged from every shard.
+    ChangeStream(Box<crate::changestream::ChangeStreamCursor>),
 }
 
 impl CursorState {
@@ -170,6 +172,11 @@ impl RouterCursor {
             let next = match &mut self.state {
                 CursorState::Merge(m) => m.next(router).await?,
                 CursorState::Buffered(b) => b.pop_front(),
+                CursorState::ChangeStream(_) => {
+                    return Err(MongoError::internal(
+                        "a change stream is read with its own getMore",
+                    ));
+                }
             };
             let Some(doc) = next else {
                 return Ok((out, true));
@@ -183,13 +190,16 @@ impl RouterCursor {
         let exhausted = match &self.state {
             CursorState::Merge(m) => m.limit == Some(0) || m.sources.iter().all(Source::exhausted),
             CursorState::Buffered(b) => b.is_empty(),
+            CursorState::ChangeStream(c) => c.is_closed(),
         };
         Ok((out, exhausted))
     }
 
     pub async fn kill(&mut self, router: &Router) {
-        if let CursorState::Merge(m) = &mut self.state {
-            m.kill(router).await;
+        match &mut self.state {
+            CursorState::Merge(m) => m.kill(router).await,
+            CursorState::ChangeStream(c) => c.kill(router).await,
+            CursorState::Buffered(_) => {}
         }
     }
 }

@@ -325,7 +325,7 @@ fn with_id(d: &Document) -> Document {
 }
 
 /// Which shards a query on a sharded collection must reach.
-pub(super) fn shards_for_query(
+pub(crate) fn shards_for_query(
     router: &Router,
     sc: &ShardedCollection,
     filter: &Document,

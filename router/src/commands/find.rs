@@ -204,6 +204,26 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
             ),
         ));
     }
+    if let CursorState::ChangeStream(stream) = &mut guard.state {
+        let max_time = match args.opt_i64("maxTimeMS")? {
+            Some(ms) if ms > 0 => std::time::Duration::from_millis(ms as u64),
+            _ => crate::changestream::DEFAULT_AWAIT,
+        };
+        let batch = match stream.next_batch(router, n, max_time).await {
+            Ok(b) => b,
+            Err(e) => {
+                guard.kill(router).await;
+                router.cursors.remove(id);
+                return Err(crate::changestream::label_resumable(e));
+            }
+        };
+        let (reply, keep) = crate::changestream::cursor_reply(&guard.ns, id, batch, false);
+        if !keep {
+            guard.kill(router).await;
+            router.cursors.remove(id);
+        }
+        return Ok(reply);
+    }
     let result = guard.next_batch(router, n).await;
     let (batch, exhausted) = match result {
         Ok(r) => r,
@@ -328,6 +348,9 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
 
 pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     let args = ctx.args();
+    if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
+        return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd).await;
+    }
     let stages = args.documents("pipeline")?;
     let cursor_opts = args.opt_doc("cursor")?;
     if cursor_opts.is_none() && !args.opt_bool("explain")?.unwrap_or(false) {
@@ -336,15 +359,6 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let first = batch_size(ctx, cursor_opts)?;
-    if stages
-        .first()
-        .is_some_and(|s| s.contains_key("$changeStream"))
-    {
-        return Err(MongoError::new(
-            ErrorCode::COMMAND_NOT_SUPPORTED,
-            "$changeStream is not supported by this router yet",
-        ));
-    }
     let coll = match ctx.cmd.get("aggregate") {
         Some(Bson::String(c)) => c.as_str(),
         _ => {

@@ -11,6 +11,8 @@ mod ddl;
 mod find;
 mod handshake;
 
+use std::sync::Arc;
+
 use bson::{Bson, Document};
 use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
@@ -18,10 +20,11 @@ use wire::{ErrorCode, MongoError, Result};
 use crate::router::Router;
 
 pub(crate) use args::Args;
+pub(crate) use crud::shards_for_query;
 
 /// What a command handler gets.
 pub(crate) struct Ctx<'a> {
-    pub router: &'a Router,
+    pub router: &'a Arc<Router>,
     pub conn: &'a ConnectionInfo,
     pub db: &'a str,
     pub cmd: &'a Document,
@@ -36,7 +39,7 @@ impl Ctx<'_> {
 }
 
 /// Runs one request and returns the reply (with `$clusterTime` and `operationTime`).
-pub async fn run(router: &Router, conn: &ConnectionInfo, req: &Request) -> Document {
+pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Document {
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let ctx = Ctx {
