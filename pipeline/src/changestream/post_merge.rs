@@ -66,9 +66,9 @@ impl UserPipeline {
 pub fn check_id(event: &ChangeEvent) -> Result<()> {
     let ok = match event.doc.get("_id") {
         Some(Bson::Document(id)) => {
-            let hex_ok = id.get_str("_data").is_ok_and(|d| {
-                d.len() == event.token.data().len() * 2 && d == event.token.data_hex()
-            });
+            let hex_ok = id
+                .get_str("_data")
+                .is_ok_and(|d| is_upper_hex_of(d, event.token.data()));
             let bits_ok = match (id.get("_typeBits"), event.token.type_bits()) {
                 (None, None) => true,
                 (Some(Bson::Binary(b)), Some(bits)) => b.bytes == bits,
@@ -90,6 +90,17 @@ pub fn check_id(event: &ChangeEvent) -> Result<()> {
         )
         .with_label("NonResumableChangeStreamError"))
     }
+}
+
+/// Whether `s` is the uppercase hex of `bytes` (what MongoDB writes in `_data`), without
+/// allocating.
+fn is_upper_hex_of(s: &str, bytes: &[u8]) -> bool {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    s.len() == bytes.len() * 2
+        && s.as_bytes()
+            .chunks_exact(2)
+            .zip(bytes)
+            .all(|(pair, b)| pair == [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0x0F)]])
 }
 
 /// The router's stages after the merge, for one client cursor.

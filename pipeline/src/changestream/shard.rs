@@ -10,6 +10,10 @@
 //! * the classic-types filter runs after the resume check and lets the client's own resume
 //!   event through, so a token of an expanded event still resumes a stream without
 //!   `showExpandedEvents` (the router swallows it);
+//! * the event equal to the client's token (the resume point, which the router swallows) skips
+//!   the user's stages, so a user `$match` cannot hide it from the router's resume proof; this
+//!   is how `startAfter` an invalidate token works under a filter that hides `invalidate`s
+//!   (MongoDB throws that event past the user's stages for the same reason);
 //! * after an invalidate the stream yields nothing more and [`ShardStream::invalidated`] gives
 //!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
 
@@ -34,6 +38,8 @@ pub struct ShardStream {
     invalidate: CheckInvalidate,
     resumability: CheckResumability,
     user: UserPipeline,
+    /// The token of the resume-point event, which bypasses the user's stages.
+    resume_point: Option<ResumeToken>,
 }
 
 impl ShardStream {
@@ -45,6 +51,7 @@ impl ShardStream {
             invalidate: CheckInvalidate::new(&spec),
             resumability: CheckResumability::new(&spec.start),
             user: UserPipeline::new(user_stages),
+            resume_point: None,
             spec,
         }
     }
@@ -84,8 +91,10 @@ impl ShardStream {
         let (event, invalidate) = self.invalidate.process(event)?;
         for e in std::iter::once(event).chain(invalidate) {
             let status = self.resumability.check(&e);
-            if status == Some(ResumeStatus::CheckNextDoc) {
-                continue;
+            match status {
+                Some(ResumeStatus::CheckNextDoc) => continue,
+                Some(ResumeStatus::FoundToken) => self.resume_point = Some(e.token.clone()),
+                _ => {}
             }
             if !self.spec.options.show_expanded_events
                 && !is_classic_type(e.operation_type())
@@ -100,6 +109,9 @@ impl ShardStream {
 
     /// The user's stages on one event (after images); `None` when they drop it.
     pub fn apply_user_stages(&self, event: ChangeEvent) -> Result<Option<ChangeEvent>> {
+        if self.resume_point.as_ref() == Some(&event.token) {
+            return Ok(Some(event));
+        }
         self.user.apply_event(event)
     }
 

@@ -107,6 +107,22 @@ fn id_check_accepts_type_bits() {
 }
 
 #[test]
+fn id_check_wants_the_exact_uppercase_hex() {
+    let e = ins(5, 2);
+    let mut lower = e.clone();
+    lower
+        .doc
+        .insert("_id", doc! {"_data": e.token.data_hex().to_lowercase()});
+    assert_eq!(check_id(&lower).unwrap_err().code, 280);
+    let mut extra = e.clone();
+    extra
+        .doc
+        .insert("_id", doc! {"_data": e.token.data_hex(), "x": 1});
+    assert_eq!(check_id(&extra).unwrap_err().code, 280);
+    assert!(check_id(&e).is_ok());
+}
+
+#[test]
 fn router_stream_runs_the_resume_proof_before_the_id_check() {
     let mut s = coll_spec("db", "c");
     s.start = StartPoint::ResumeAfter(insert_token(5, 0, 2));

@@ -174,6 +174,42 @@ fn start_after_the_invalidate_continues_past_the_drop() {
 }
 
 #[test]
+fn start_after_an_invalidate_works_under_a_filter_that_hides_invalidates() {
+    let full = run(
+        &mut ShardStream::new(coll_spec("db", "c"), vec![]),
+        &oplog(),
+    );
+    let inv = full.last().unwrap();
+    let ctx = RequestContext {
+        db: "db",
+        coll: Some("c"),
+        through_router: true,
+        standalone: false,
+    };
+    let p = parse_pipeline(
+        &[
+            Bson::Document(doc! {"$changeStream": {"startAfter": inv.token.to_document()}}),
+            Bson::Document(doc! {"$match": {"operationType": "insert"}}),
+        ],
+        &ctx,
+    )
+    .unwrap();
+    let mut shard = ShardStream::new(p.spec.clone(), p.user_stages);
+    let events = run(&mut shard, oplog().get(6..).unwrap());
+    assert_eq!(types(&events), ["invalidate", "insert"]);
+    let mut router = RouterStream::new(&p.spec, vec![]);
+    let out: Vec<Document> = events
+        .into_iter()
+        .filter_map(|e| router.process(e).unwrap())
+        .collect();
+    assert_eq!(
+        out.len(),
+        1,
+        "the router found the token and delivered the insert"
+    );
+}
+
+#[test]
 fn user_stages_run_on_the_shard() {
     let ctx = RequestContext {
         db: "db",
