@@ -43,6 +43,7 @@ use tokio_util::task::TaskTracker;
 pub use clock::{Clock, ManualClock, SystemClock};
 
 use crate::catalog::{Catalog, CollectionEntry};
+use crate::changestream::ChangeStreams;
 use crate::clock::Hlc;
 use crate::cursor::CursorRegistry;
 use crate::oplog::TailWindow;
@@ -79,6 +80,7 @@ pub struct Shard {
     state: Arc<ShardState>,
     writer: Writer,
     cursors: CursorRegistry,
+    change_streams: ChangeStreams,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -142,6 +144,7 @@ impl Shard {
             state,
             writer,
             cursors: CursorRegistry::default(),
+            change_streams: ChangeStreams::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -158,6 +161,7 @@ impl Shard {
                 let Some(shard) = weak.upgrade() else { break };
                 shard.writer.renew();
                 shard.cursors.reap(shard.state.now_millis());
+                shard.change_streams.reap(shard.state.now_millis());
             }
         });
         Ok(shard)
@@ -220,6 +224,10 @@ impl Shard {
 
     pub(crate) fn cursors(&self) -> &CursorRegistry {
         &self.cursors
+    }
+
+    pub(crate) fn change_streams(&self) -> &ChangeStreams {
+        &self.change_streams
     }
 }
 

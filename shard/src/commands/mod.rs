@@ -5,6 +5,7 @@
 //! job for the writer), then build the reply. Errors are [`MongoError`]s; nothing here panics
 //! on input.
 
+mod changestream;
 mod ddl;
 mod find_and_modify;
 mod hello;
@@ -66,10 +67,13 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "delete" => write::delete(&ctx).await,
         "findAndModify" | "findandmodify" => find_and_modify::find_and_modify(&ctx).await,
         "find" => query::find(&ctx).await,
+        "getMore" if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
         "getMore" => query::get_more(&ctx).await,
-        "killCursors" => query::kill_cursors(&ctx),
+        "killCursors" => changestream::kill_cursors(&ctx),
+        "_tributaryNudgeChangeStream" => changestream::nudge(&ctx),
         "count" => query::count(&ctx),
         "distinct" => query::distinct(&ctx),
+        "aggregate" if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
         "aggregate" => query::aggregate(&ctx),
         "create" => ddl::create(&ctx).await,
         "drop" => ddl::drop(&ctx).await,

@@ -412,32 +412,6 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     )))
 }
 
-pub fn kill_cursors(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
-    let ids = ctx
-        .opt_array("cursors")?
-        .ok_or_else(|| ctx.missing("cursors"))?;
-    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
-    for v in ids {
-        let Some(id) = as_i64(&v) else {
-            return Err(MongoError::type_mismatch(
-                "BSON field 'killCursors.cursors' element is the wrong type, expected type 'long'",
-            ));
-        };
-        if ctx.shard.cursors().kill(id) {
-            killed.push(Bson::Int64(id));
-        } else {
-            not_found.push(Bson::Int64(id));
-        }
-    }
-    Ok(Reply::read(doc! {
-        "cursorsKilled": killed,
-        "cursorsNotFound": not_found,
-        "cursorsAlive": [],
-        "cursorsUnknown": [],
-        "ok": 1.0,
-    }))
-}
-
 /// The matching documents of a collection on a fresh snapshot (empty when it does not exist).
 fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Document>, MongoError> {
     let catalog = ctx.shard.state().catalog();
