@@ -91,9 +91,8 @@ impl StreamCursor {
                 let entry = Document::from_reader(&mut bytes.as_ref()).map_err(|e| {
                     MongoError::internal(format!("corrupt oplog entry at {ts}: {e}"))
                 })?;
-                let mut lookup = |optime: pipeline::changestream::unwind::OpTime| {
-                    read_entry(state, optime.ts)
-                };
+                let mut lookup =
+                    |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
                 let events = self.stream.process_entry(&entry, &mut lookup)?;
                 self.pending.extend(events);
                 self.position = ts;
@@ -118,7 +117,9 @@ impl StreamCursor {
             if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
                 break;
             }
-            let Some(e) = self.pending.pop_front() else { break };
+            let Some(e) = self.pending.pop_front() else {
+                break;
+            };
             bytes += size;
             self.raise(e.token.clone());
             if e.operation_type() == "invalidate" {
@@ -175,7 +176,9 @@ fn batch_size(cursor_opts: Option<&Document>) -> Result<usize> {
         Some(Bson::Int32(n)) if *n >= 0 => Ok(*n as usize),
         Some(Bson::Int64(n)) if *n >= 0 => Ok(*n as usize),
         Some(Bson::Double(n)) if *n >= 0.0 => Ok(*n as usize),
-        Some(_) => Err(MongoError::bad_value("batchSize must be a non-negative number")),
+        Some(_) => Err(MongoError::bad_value(
+            "batchSize must be a non-negative number",
+        )),
     }
 }
 
@@ -227,7 +230,12 @@ impl ChangeStreams {
         self.register(state, cursor, Vec::new())
     }
 
-    fn register(&self, state: &ShardState, cursor: StreamCursor, batch: Vec<Bson>) -> Result<Document> {
+    fn register(
+        &self,
+        state: &ShardState,
+        cursor: StreamCursor,
+        batch: Vec<Bson>,
+    ) -> Result<Document> {
         if cursor.closed {
             return Ok(cursor.reply(0, batch, true));
         }
@@ -261,7 +269,10 @@ impl ChangeStreams {
 
     fn get(&self, id: i64) -> Result<Arc<Entry>> {
         lock(&self.cursors).get(&id).cloned().ok_or_else(|| {
-            MongoError::new(ErrorCode::CURSOR_NOT_FOUND, format!("cursor id {id} not found"))
+            MongoError::new(
+                ErrorCode::CURSOR_NOT_FOUND,
+                format!("cursor id {id} not found"),
+            )
         })
     }
 
@@ -285,7 +296,9 @@ impl ChangeStreams {
                 format!("cursor id {id} is already in use"),
             ));
         };
-        entry.last_used_ms.store(state.now_millis(), Ordering::Relaxed);
+        entry
+            .last_used_ms
+            .store(state.now_millis(), Ordering::Relaxed);
         let n = batch_size.unwrap_or(usize::MAX);
         let deadline = tokio::time::Instant::now() + max_time;
         let mut visible = state.tail.subscribe();
@@ -331,7 +344,10 @@ impl ChangeStreams {
     pub fn nudge(&self, state: &ShardState, id: i64, floor: ClusterTime) -> Result<()> {
         let entry = self.get(id)?;
         state.observe(floor);
-        entry.nudge.floor.fetch_max(floor.as_u64(), Ordering::AcqRel);
+        entry
+            .nudge
+            .floor
+            .fetch_max(floor.as_u64(), Ordering::AcqRel);
         entry.nudge.notify.notify_one();
         Ok(())
     }
