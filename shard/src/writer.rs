@@ -77,6 +77,8 @@ pub struct WriteCtx<'a> {
     catalog: &'a mut Arc<Catalog>,
     state: &'a ShardState,
     pending: &'a mut Vec<(ClusterTime, Bytes)>,
+    /// The `ts` of the last entry the current job wrote.
+    last_logged: Option<ClusterTime>,
     pub wall_ms: u64,
 }
 
@@ -93,6 +95,11 @@ impl<'a> WriteCtx<'a> {
         &mut *self.txn
     }
 
+    /// The `ts` of the last oplog entry the running job wrote (its `operationTime`).
+    pub fn last_logged(&self) -> Option<ClusterTime> {
+        self.last_logged
+    }
+
     pub fn catalog(&self) -> &Catalog {
         self.catalog
     }
@@ -107,6 +114,7 @@ impl<'a> WriteCtx<'a> {
             .map_err(|e| StorageError::Engine(format!("serializing oplog entry: {e}")))?;
         self.txn.put(Table::Oplog, &oplog_key(ts), &buf)?;
         self.pending.push((ts, Bytes::from(buf)));
+        self.last_logged = Some(ts);
         Ok(ts)
     }
 
@@ -312,6 +320,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             catalog: &mut catalog,
             state,
             pending: &mut pending,
+            last_logged: None,
             wall_ms,
         };
         for (f, tx) in writes {
@@ -319,6 +328,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
                 acks.push((tx, None));
                 continue;
             }
+            ctx.last_logged = None;
             match f(&mut ctx) {
                 Ok(out) => acks.push((tx, Some(out))),
                 Err(e) => {

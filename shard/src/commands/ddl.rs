@@ -58,6 +58,7 @@ where
         match f(w) {
             Ok((mut reply, op_time)) => {
                 reply.insert("ok", 1.0);
+                let op_time = op_time.or(w.last_logged());
                 Ok(WriteOutput { reply, op_time })
             }
             Err(OpError::Storage(e)) => Err(e),
@@ -142,14 +143,9 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             return Ok((Document::new(), Some(ts)));
         }
         create_collection(w, &db, &coll, uuid, options)?;
-        Ok((Document::new(), w_last(w)))
+        Ok((Document::new(), None))
     })
     .await
-}
-
-/// The last `ts` this batch wrote (for `operationTime`).
-fn w_last(w: &WriteCtx<'_>) -> Option<ClusterTime> {
-    Some(w.state().cluster_time())
 }
 
 fn is_view(c: &CollectionEntry) -> bool {
@@ -166,7 +162,7 @@ fn drop_one(w: &mut WriteCtx<'_>, c: &CollectionEntry) -> OpResult<ClusterTime> 
                 return super::write_ops::delete_one(w, &views, &d, None, 0);
             }
         }
-        return Ok(w.state().cluster_time());
+        return Ok(w.last_logged().unwrap_or_else(|| w.state().cluster_time()));
     }
     let n = w.clear_collection(c)?;
     w.remove_collection(&c.ns())?;
@@ -587,10 +583,7 @@ pub async fn create_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         if n == 0 {
             reply.insert("note", "all indexes already exist");
         }
-        Ok((
-            reply,
-            ts.or_else(|| created.then(|| w.state().cluster_time())),
-        ))
+        Ok((reply, ts))
     })
     .await
 }
