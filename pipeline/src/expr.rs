@@ -96,6 +96,18 @@ enum Node {
         field: String,
         input: Box<Node>,
     },
+    DateToString {
+        format: Option<Box<Node>>,
+        date: Box<Node>,
+        timezone: Option<Box<Node>>,
+        on_null: Option<Box<Node>>,
+    },
+    Regex {
+        kind: RegexOp,
+        input: Box<Node>,
+        regex: Box<Node>,
+        options: Option<Box<Node>>,
+    },
     SetField {
         field: String,
         input: Box<Node>,
@@ -114,6 +126,13 @@ enum Var {
     Prune,
     Keep,
     User(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RegexOp {
+    Match,
+    Find,
+    FindAll,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +213,18 @@ enum Op {
     SetIsSubset,
     AnyElementTrue,
     AllElementsTrue,
+    ToDate,
+    ToObjectId,
+    Year,
+    Month,
+    DayOfMonth,
+    Hour,
+    Minute,
+    Second,
+    Millisecond,
+    DayOfWeek,
+    DayOfYear,
+    Week,
 }
 
 /// (name, op, min args, max args); `usize::MAX` = variadic.
@@ -266,6 +297,18 @@ const OPS: &[(&str, Op, usize, usize)] = &[
     ("setIsSubset", Op::SetIsSubset, 2, 2),
     ("anyElementTrue", Op::AnyElementTrue, 1, 1),
     ("allElementsTrue", Op::AllElementsTrue, 1, 1),
+    ("toDate", Op::ToDate, 1, 1),
+    ("toObjectId", Op::ToObjectId, 1, 1),
+    ("year", Op::Year, 1, 1),
+    ("month", Op::Month, 1, 1),
+    ("dayOfMonth", Op::DayOfMonth, 1, 1),
+    ("hour", Op::Hour, 1, 1),
+    ("minute", Op::Minute, 1, 1),
+    ("second", Op::Second, 1, 1),
+    ("millisecond", Op::Millisecond, 1, 1),
+    ("dayOfWeek", Op::DayOfWeek, 1, 1),
+    ("dayOfYear", Op::DayOfYear, 1, 1),
+    ("week", Op::Week, 1, 1),
 ];
 
 fn err(code: i32, msg: impl Into<String>) -> MongoError {
@@ -422,6 +465,23 @@ fn refs(node: &Node, out: &mut BTreeSet<String>) -> bool {
             refs(input, out) & chars.as_ref().is_none_or(|n| refs(n, out))
         }
         Node::GetField { input, .. } => refs(input, out),
+        Node::DateToString {
+            format,
+            date,
+            timezone,
+            on_null,
+        } => {
+            refs(date, out)
+                & format.as_ref().is_none_or(|n| refs(n, out))
+                & timezone.as_ref().is_none_or(|n| refs(n, out))
+                & on_null.as_ref().is_none_or(|n| refs(n, out))
+        }
+        Node::Regex {
+            input,
+            regex,
+            options,
+            ..
+        } => refs(input, out) & refs(regex, out) & options.as_ref().is_none_or(|n| refs(n, out)),
         Node::SetField { input, value, .. } => {
             refs(input, out) & value.as_ref().is_none_or(|n| refs(n, out))
         }
@@ -892,6 +952,65 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
                     .map(Box::new),
             });
         }
+        "dateToString" => {
+            let a = named_args(
+                name,
+                arg,
+                &["format", "date", "timezone", "onNull"],
+                (
+                    18629,
+                    "$dateToString only supports an object as its argument",
+                ),
+                18534,
+            )?;
+            let date = get(&a, "date")
+                .ok_or_else(|| err(18628, "Missing 'date' parameter to $dateToString"))?;
+            let opt = |k: &str, scope: &mut Scope| -> Result<Option<Box<Node>>> {
+                Ok(get(&a, k)
+                    .map(|n| parse_node(n, scope))
+                    .transpose()?
+                    .map(Box::new))
+            };
+            return Ok(Node::DateToString {
+                format: opt("format", scope)?,
+                date: Box::new(parse_node(date, scope)?),
+                timezone: opt("timezone", scope)?,
+                on_null: opt("onNull", scope)?,
+            });
+        }
+        "regexMatch" | "regexFind" | "regexFindAll" => {
+            let kind = match op {
+                "regexMatch" => RegexOp::Match,
+                "regexFind" => RegexOp::Find,
+                _ => RegexOp::FindAll,
+            };
+            let a = named_args(
+                name,
+                arg,
+                &["input", "regex", "options"],
+                (
+                    51103,
+                    &format!(
+                        "{name} expects an object of named arguments but found: {}",
+                        type_name(arg)
+                    ),
+                ),
+                31024,
+            )?;
+            let input = get(&a, "input")
+                .ok_or_else(|| err(31022, format!("{name} requires 'input' parameter")))?;
+            let regex = get(&a, "regex")
+                .ok_or_else(|| err(31023, format!("{name} requires 'regex' parameter")))?;
+            return Ok(Node::Regex {
+                kind,
+                input: Box::new(parse_node(input, scope)?),
+                regex: Box::new(parse_node(regex, scope)?),
+                options: get(&a, "options")
+                    .map(|n| parse_node(n, scope))
+                    .transpose()?
+                    .map(Box::new),
+            });
+        }
         "getField" => {
             let (field, input) = match arg {
                 Bson::Document(_) => {
@@ -986,6 +1105,14 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
         });
     }
     Ok(Node::Call(*op, args))
+}
+
+/// `"$name"` of an operator, for messages.
+fn op_name(op: Op) -> String {
+    OPS.iter()
+        .find(|(_, o, ..)| *o == op)
+        .map(|(n, ..)| format!("${n}"))
+        .unwrap_or_default()
 }
 
 fn arity_error(name: &str, n: usize, got: usize) -> MongoError {
@@ -1378,6 +1505,121 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 TrimKind::Right => s.trim_end_matches(set.as_slice()),
             };
             Some(Bson::String(r.to_string()))
+        }
+        Node::DateToString {
+            format,
+            date,
+            timezone,
+            on_null,
+        } => {
+            let d = eval(date, cx)?;
+            if is_nullish(&d) {
+                return match on_null {
+                    Some(n) => eval(n, cx),
+                    None => Ok(Some(Bson::Null)),
+                };
+            }
+            if let Some(tz) = timezone {
+                check_utc("$dateToString", &eval(tz, cx)?)?;
+            }
+            let fmt = match format {
+                None => "%Y-%m-%dT%H:%M:%S.%LZ".to_string(),
+                Some(f) => match eval(f, cx)? {
+                    None | Some(Bson::Null) => return Ok(Some(Bson::Null)),
+                    Some(Bson::String(s)) => s,
+                    Some(other) => {
+                        return Err(err(
+                            18533,
+                            format!(
+                                "$dateToString requires that 'format' be a string, found: {} with value {other}",
+                                type_name(&other)
+                            ),
+                        ));
+                    }
+                },
+            };
+            let ms = date_millis("$dateToString", &d)?.unwrap_or(0);
+            Some(Bson::String(format_date(ms, &fmt)?))
+        }
+        Node::Regex {
+            kind,
+            input,
+            regex,
+            options,
+        } => {
+            let name = match kind {
+                RegexOp::Match => "$regexMatch",
+                RegexOp::Find => "$regexFind",
+                RegexOp::FindAll => "$regexFindAll",
+            };
+            let input = eval(input, cx)?;
+            let regex = eval(regex, cx)?;
+            let options = match options {
+                Some(o) => eval(o, cx)?,
+                None => None,
+            };
+            let (pattern, mut flags) = match regex {
+                None | Some(Bson::Null) | Some(Bson::Undefined) => (None, String::new()),
+                Some(Bson::String(p)) => (Some(p), String::new()),
+                Some(Bson::RegularExpression(r)) => (
+                    Some(r.pattern.as_str().to_string()),
+                    r.options.as_str().to_string(),
+                ),
+                Some(other) => {
+                    return Err(err(
+                        51105,
+                        format!(
+                            "{name} needs 'regex' to be of type string or regex, found: {}",
+                            type_name(&other)
+                        ),
+                    ));
+                }
+            };
+            match options {
+                None | Some(Bson::Null) | Some(Bson::Undefined) => {}
+                Some(Bson::String(o)) => {
+                    if !flags.is_empty() && !o.is_empty() {
+                        return Err(err(
+                            51107,
+                            format!(
+                                "{name} found regex option(s) specified in both 'regex' and 'option' fields"
+                            ),
+                        ));
+                    }
+                    flags.push_str(&o);
+                }
+                Some(other) => {
+                    return Err(err(
+                        51106,
+                        format!(
+                            "{name} needs 'options' to be of type string, found: {}",
+                            type_name(&other)
+                        ),
+                    ));
+                }
+            }
+            let text = match input {
+                None | Some(Bson::Null) | Some(Bson::Undefined) => None,
+                Some(Bson::String(t)) => Some(t),
+                Some(other) => {
+                    return Err(err(
+                        51104,
+                        format!(
+                            "{name} needs 'input' to be of type string, found: {}",
+                            type_name(&other)
+                        ),
+                    ));
+                }
+            };
+            let (Some(pattern), Some(text)) = (pattern, text) else {
+                return Ok(Some(match kind {
+                    RegexOp::Match => Bson::Boolean(false),
+                    RegexOp::Find => Bson::Null,
+                    RegexOp::FindAll => Bson::Array(Vec::new()),
+                }));
+            };
+            let re = crate::matcher::Re::new(&pattern, &flags)?;
+            regex_eval(*kind, &re, &text)?
         }
         Node::GetField { field, input } => match eval(input, cx)? {
             None | Some(Bson::Null) | Some(Bson::Undefined) => None,
@@ -2778,6 +3020,50 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             };
             Some(Bson::Boolean(r))
         }
+        Op::ToDate | Op::ToObjectId => {
+            let v = arg(&a, 0);
+            if is_nullish(&v) {
+                return Ok(Some(Bson::Null));
+            }
+            let target = if op == Op::ToDate { 9 } else { 7 };
+            Some(convert(&v.unwrap_or(Bson::Null), target)?)
+        }
+        Op::Year
+        | Op::Month
+        | Op::DayOfMonth
+        | Op::Hour
+        | Op::Minute
+        | Op::Second
+        | Op::Millisecond
+        | Op::DayOfWeek
+        | Op::DayOfYear
+        | Op::Week => {
+            let name = op_name(op);
+            let mut v = arg(&a, 0);
+            if let Some(Bson::Document(d)) = &v
+                && d.contains_key("date")
+            {
+                check_utc(&name, &d.get("timezone").cloned())?;
+                v = d.get("date").cloned();
+            }
+            if is_nullish(&v) {
+                return Ok(Some(Bson::Null));
+            }
+            let ms = date_millis(&name, &v)?.unwrap_or(0);
+            let p = DateParts::of(ms);
+            Some(Bson::Int32(match op {
+                Op::Year => i32::try_from(p.year).unwrap_or(i32::MAX),
+                Op::Month => p.month,
+                Op::DayOfMonth => p.day,
+                Op::Hour => p.hour,
+                Op::Minute => p.minute,
+                Op::Second => p.second,
+                Op::Millisecond => p.millis,
+                Op::DayOfWeek => p.weekday + 1,
+                Op::DayOfYear => p.yday + 1,
+                _ => p.week(),
+            }))
+        }
         Op::AnyElementTrue | Op::AllElementsTrue => {
             let name = if op == Op::AnyElementTrue {
                 "$anyElementTrue"
@@ -2801,6 +3087,173 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             }))
         }
     })
+}
+
+/// The calendar fields of a UTC instant.
+struct DateParts {
+    year: i64,
+    month: i32,
+    day: i32,
+    hour: i32,
+    minute: i32,
+    second: i32,
+    millis: i32,
+    /// 0 = Sunday.
+    weekday: i32,
+    /// 0-based day of the year.
+    yday: i32,
+}
+
+impl DateParts {
+    fn of(ms: i64) -> DateParts {
+        let days = ms.div_euclid(86_400_000);
+        let in_day = ms.rem_euclid(86_400_000);
+        let (year, month, day) = civil_from_days(days);
+        let small = |x: i64| i32::try_from(x).unwrap_or(0);
+        DateParts {
+            year,
+            month: small(month),
+            day: small(day),
+            hour: small(in_day / 3_600_000),
+            minute: small(in_day / 60_000 % 60),
+            second: small(in_day / 1000 % 60),
+            millis: small(in_day % 1000),
+            weekday: small((days + 4).rem_euclid(7)),
+            yday: small(days - days_from_civil(year, 1, 1)),
+        }
+    }
+
+    /// `%U`: weeks start on Sunday; days before the year's first Sunday are week 0.
+    fn week(&self) -> i32 {
+        (self.yday + 7 - self.weekday) / 7
+    }
+}
+
+/// Days since 1970-01-01 → (year, month 1-12, day 1-31), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// (year, month, day) → days since 1970-01-01.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Milliseconds since the epoch of a date-like value; `Ok(None)` for null/missing.
+fn date_millis(op: &str, v: &Option<Bson>) -> Result<Option<i64>> {
+    Ok(match v {
+        None | Some(Bson::Null) | Some(Bson::Undefined) => None,
+        Some(Bson::DateTime(d)) => Some(d.timestamp_millis()),
+        Some(Bson::Timestamp(t)) => Some(i64::from(t.time) * 1000),
+        Some(Bson::ObjectId(o)) => Some(o.timestamp().timestamp_millis()),
+        Some(other) => {
+            return Err(err(
+                16006,
+                format!(
+                    "{op}: can't convert from BSON type {} to Date",
+                    type_name(other)
+                ),
+            ));
+        }
+    })
+}
+
+/// Only UTC is supported as a timezone (there is no timezone database here).
+fn check_utc(op: &str, tz: &Option<Bson>) -> Result<()> {
+    match tz {
+        None | Some(Bson::Null) => Ok(()),
+        Some(Bson::String(s))
+            if matches!(
+                s.as_str(),
+                "UTC" | "GMT" | "Z" | "+00:00" | "+0000" | "Etc/UTC"
+            ) =>
+        {
+            Ok(())
+        }
+        Some(other) => Err(err(
+            40485,
+            format!("{op}: unrecognized time zone identifier: {other} (only UTC is supported)"),
+        )),
+    }
+}
+
+fn format_date(ms: i64, fmt: &str) -> Result<String> {
+    let p = DateParts::of(ms);
+    let mut out = String::with_capacity(fmt.len() + 8);
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&format!("{:04}", p.year)),
+            Some('m') => out.push_str(&format!("{:02}", p.month)),
+            Some('d') => out.push_str(&format!("{:02}", p.day)),
+            Some('H') => out.push_str(&format!("{:02}", p.hour)),
+            Some('M') => out.push_str(&format!("{:02}", p.minute)),
+            Some('S') => out.push_str(&format!("{:02}", p.second)),
+            Some('L') => out.push_str(&format!("{:03}", p.millis)),
+            Some('j') => out.push_str(&format!("{:03}", p.yday + 1)),
+            Some('w') => out.push_str(&(p.weekday + 1).to_string()),
+            Some('u') => out.push_str(&(if p.weekday == 0 { 7 } else { p.weekday }).to_string()),
+            Some('U') => out.push_str(&format!("{:02}", p.week())),
+            Some('z') => out.push_str("+0000"),
+            Some('Z') => out.push('0'),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                return Err(err(
+                    18536,
+                    format!("Invalid format character '%{other}' in format string"),
+                ));
+            }
+            None => {
+                return Err(err(18535, "Unmatched '%' at end of format string"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn regex_eval(kind: RegexOp, re: &crate::matcher::Re, text: &str) -> Result<Option<Bson>> {
+    let to_doc = |caps: regex::Captures<'_>| -> Bson {
+        let whole = caps.get(0);
+        let start = whole.map(|m| m.start()).unwrap_or(0);
+        let idx = text.get(..start).map(|p| p.chars().count()).unwrap_or(0);
+        let captures: Vec<Bson> = caps
+            .iter()
+            .skip(1)
+            .map(|c| match c {
+                Some(m) => Bson::String(m.as_str().to_string()),
+                None => Bson::Null,
+            })
+            .collect();
+        Bson::Document(bson::doc! {
+            "match": whole.map(|m| m.as_str()).unwrap_or(""),
+            "idx": i32::try_from(idx).unwrap_or(i32::MAX),
+            "captures": captures,
+        })
+    };
+    Ok(Some(match kind {
+        RegexOp::Match => Bson::Boolean(re.is_match(text)),
+        RegexOp::Find => re.regex().captures(text).map(to_doc).unwrap_or(Bson::Null),
+        RegexOp::FindAll => Bson::Array(re.regex().captures_iter(text).map(to_doc).collect()),
+    }))
 }
 
 /// The most elements `$range` may produce (MongoDB bounds it by a 64MB memory limit).

@@ -75,6 +75,16 @@ enum Pred {
     Size(i64),
     ElemMatchObject(Box<Node>),
     ElemMatchValue(Vec<Node>),
+    Bits { test: BitTest, positions: Vec<u32> },
+}
+
+/// Which `$bits*` operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BitTest {
+    AllSet,
+    AnySet,
+    AllClear,
+    AnyClear,
 }
 
 /// A compiled regular expression and its BSON source.
@@ -126,6 +136,11 @@ impl Re {
     /// Whether the string matches anywhere (PCRE `match` semantics, not anchored).
     pub fn is_match(&self, s: &str) -> bool {
         self.re.is_match(s)
+    }
+
+    /// The compiled expression.
+    pub fn regex(&self) -> &regex::Regex {
+        &self.re
     }
 
     /// Strings and symbols are searched; a stored regex matches when it is the same regex.
@@ -557,9 +572,86 @@ fn parse_op(op: &str, arg: &Bson, mk: &dyn Fn(Pred) -> Node) -> Result<Node> {
                 mk(Pred::ElemMatchObject(Box::new(parse_filter(d, &[])?)))
             }
         }
+        "bitsAllSet" | "bitsAnySet" | "bitsAllClear" | "bitsAnyClear" => {
+            let test = match op {
+                "bitsAllSet" => BitTest::AllSet,
+                "bitsAnySet" => BitTest::AnySet,
+                "bitsAllClear" => BitTest::AllClear,
+                _ => BitTest::AnyClear,
+            };
+            mk(Pred::Bits {
+                test,
+                positions: bit_positions(op, arg)?,
+            })
+        }
         "comment" => Node::True,
         _ => return Err(MongoError::bad_value(format!("unknown operator: ${op}"))),
     })
+}
+
+/// The bit positions a `$bits*` argument names: a non-negative integral bitmask, an array of
+/// non-negative positions, or BinData (little-endian bit order).
+fn bit_positions(op: &str, arg: &Bson) -> Result<Vec<u32>> {
+    let bad = |what: String| MongoError::bad_value(format!("${op}{what}"));
+    match arg {
+        Bson::Binary(b) => Ok(binary_positions(&b.bytes)),
+        Bson::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for i in items {
+                let n = value::as_i64_exact(i).ok_or_else(|| {
+                    bad(format!(" bit positions must be an integer but got: {i}"))
+                })?;
+                if n < 0 {
+                    return Err(bad(format!(" bit positions must be >= 0 but got: {n}")));
+                }
+                out.push(u32::try_from(n).unwrap_or(u32::MAX));
+            }
+            Ok(out)
+        }
+        n if value::is_number(n) => {
+            let mask = value::as_i64_exact(n)
+                .ok_or_else(|| bad(format!(" cannot represent as a 64-bit integer: {n}")))?;
+            if mask < 0 {
+                return Err(bad(format!(" cannot take a negative number: {mask}")));
+            }
+            Ok((0..63).filter(|b| mask & (1i64 << b) != 0).collect())
+        }
+        other => Err(bad(format!(
+            " takes an Array, a number, or a BinData but received: {other}"
+        ))),
+    }
+}
+
+fn binary_positions(bytes: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (i, byte) in bytes.iter().enumerate() {
+        for bit in 0..8u32 {
+            if byte & (1 << bit) != 0 {
+                out.push(u32::try_from(i).unwrap_or(u32::MAX / 8).saturating_mul(8) + bit);
+            }
+        }
+    }
+    out
+}
+
+/// Whether bit `p` of a value is set: integral numbers in two's complement (sign-extended
+/// beyond bit 63), BinData little-endian (zero beyond its length); `None` for other values.
+fn bit_of(v: &Bson, p: u32) -> Option<bool> {
+    match v {
+        Bson::Binary(b) => {
+            let byte = b
+                .bytes
+                .get(usize::try_from(p / 8).ok()?)
+                .copied()
+                .unwrap_or(0);
+            Some(byte & (1 << (p % 8)) != 0)
+        }
+        n if value::is_number(n) => {
+            let x = value::as_i64_exact(n)?;
+            Some(if p >= 64 { x < 0 } else { x & (1i64 << p) != 0 })
+        }
+        _ => None,
+    }
 }
 
 fn mod_arg(v: &Bson, what: &str) -> Result<i64> {
@@ -817,6 +909,18 @@ fn pred_single(pred: &Pred, v: &Bson, env: &Env) -> Result<bool> {
             }
             _ => false,
         },
+        Pred::Bits { test, positions } => {
+            if bit_of(v, 0).is_none() {
+                return Ok(false);
+            }
+            let set = |p: &u32| bit_of(v, *p).unwrap_or(false);
+            match test {
+                BitTest::AllSet => positions.iter().all(set),
+                BitTest::AnySet => positions.iter().any(set),
+                BitTest::AllClear => !positions.iter().any(set),
+                BitTest::AnyClear => !positions.iter().all(set),
+            }
+        }
         Pred::ElemMatchValue(nodes) => match v {
             Bson::Array(a) => {
                 for e in a {
@@ -1117,6 +1221,38 @@ mod tests {
             (doc! {"a": {"$mod": [4, -1]}}, doc! {"a": -5}, true),
             (doc! {"a": {"$mod": [4, 0]}}, doc! {"a": "8"}, false),
         ]);
+    }
+
+    #[test]
+    fn bitwise_operators() {
+        check(&[
+            (doc! {"a": {"$bitsAllSet": 5}}, doc! {"a": 7}, true),
+            (doc! {"a": {"$bitsAllSet": 5}}, doc! {"a": 6}, false),
+            (doc! {"a": {"$bitsAllSet": [0, 2]}}, doc! {"a": 5.0}, true),
+            (doc! {"a": {"$bitsAnySet": [1, 3]}}, doc! {"a": 2}, true),
+            (doc! {"a": {"$bitsAllClear": [1, 3]}}, doc! {"a": 5}, true),
+            (doc! {"a": {"$bitsAnyClear": [0, 2]}}, doc! {"a": 5}, false),
+            (doc! {"a": {"$bitsAllSet": [70]}}, doc! {"a": -1}, true),
+            (doc! {"a": {"$bitsAllSet": 1}}, doc! {"a": 1.5}, false),
+            (doc! {"a": {"$bitsAllSet": 1}}, doc! {"a": "1"}, false),
+            (
+                doc! {"a": {"$bitsAllSet": [9]}},
+                doc! {"a": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0, 2] }},
+                true,
+            ),
+        ]);
+        assert_eq!(
+            Matcher::parse(&doc! {"a": {"$bitsAllSet": -1}})
+                .unwrap_err()
+                .code,
+            2
+        );
+        assert_eq!(
+            Matcher::parse(&doc! {"a": {"$bitsAllSet": "x"}})
+                .unwrap_err()
+                .code,
+            2
+        );
     }
 
     trait RegexForTests {

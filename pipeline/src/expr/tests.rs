@@ -335,3 +335,105 @@ fn now_comes_from_the_environment() {
     };
     assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), Some(Bson::Int32(3)));
 }
+
+#[test]
+fn dates_in_utc() {
+    // 2024-02-29T13:45:30.123Z, a Thursday, day 60 of a leap year.
+    let t = bson::DateTime::from_millis(1_709_214_330_123);
+    let d = doc! {"t": t};
+    let cases: Vec<(Bson, Bson)> = vec![
+        (bson::bson!({"$year": "$t"}), Bson::Int32(2024)),
+        (bson::bson!({"$month": "$t"}), Bson::Int32(2)),
+        (bson::bson!({"$dayOfMonth": "$t"}), Bson::Int32(29)),
+        (bson::bson!({"$hour": "$t"}), Bson::Int32(13)),
+        (bson::bson!({"$minute": "$t"}), Bson::Int32(45)),
+        (bson::bson!({"$second": "$t"}), Bson::Int32(30)),
+        (bson::bson!({"$millisecond": "$t"}), Bson::Int32(123)),
+        (bson::bson!({"$dayOfWeek": "$t"}), Bson::Int32(5)),
+        (bson::bson!({"$dayOfYear": "$t"}), Bson::Int32(60)),
+        (bson::bson!({"$week": "$t"}), Bson::Int32(8)),
+        (
+            bson::bson!({"$year": {"date": "$t", "timezone": "UTC"}}),
+            Bson::Int32(2024),
+        ),
+        (
+            bson::bson!({"$dateToString": {"date": "$t"}}),
+            Bson::String("2024-02-29T13:45:30.123Z".into()),
+        ),
+        (
+            bson::bson!({"$dateToString": {"date": "$t", "format": "%Y/%j %% %w %u"}}),
+            Bson::String("2024/060 % 5 4".into()),
+        ),
+        (
+            bson::bson!({"$dateToString": {"date": "$nope", "onNull": "x"}}),
+            Bson::String("x".into()),
+        ),
+        (
+            bson::bson!({"$toDate": 0i64}),
+            Bson::DateTime(bson::DateTime::from_millis(0)),
+        ),
+        (bson::bson!({"$year": 0i64}), Bson::Int32(0)),
+    ];
+    for (e, want) in cases {
+        match eval_on(e.clone(), &d) {
+            Ok(got)
+                if e.as_document().is_some_and(|x| x.contains_key("$year"))
+                    && want == Bson::Int32(0) =>
+            {
+                panic!("{e}: expected an error for a non-date, got {got:?}")
+            }
+            Ok(got) => assert_eq!(got, Some(want), "{e}"),
+            Err(err) => {
+                assert_eq!(want, Bson::Int32(0), "{e}: {err}");
+                assert_eq!(err.code, 16006, "{e}: {err}");
+            }
+        }
+    }
+    let before_epoch = doc! {"t": bson::DateTime::from_millis(-1)};
+    assert_eq!(
+        eval_on(
+            bson::bson!({"$dateToString": {"date": "$t"}}),
+            &before_epoch
+        )
+        .unwrap(),
+        Some(Bson::String("1969-12-31T23:59:59.999Z".into()))
+    );
+    assert_eq!(
+        eval_on(
+            bson::bson!({"$year": {"date": "$t", "timezone": "Europe/Paris"}}),
+            &before_epoch
+        )
+        .unwrap_err()
+        .code,
+        40485
+    );
+}
+
+#[test]
+fn regex_expressions() {
+    check(&[
+        (
+            bson::bson!({"$regexMatch": {"input": "$s", "regex": "^h", "options": "i"}}),
+            b(true),
+        ),
+        (
+            bson::bson!({"$regexMatch": {"input": "$nope", "regex": "x"}}),
+            b(false),
+        ),
+        (
+            bson::bson!({"$regexFind": {"input": "héllo", "regex": "l(l)"}}),
+            b(doc! {"match": "ll", "idx": 2, "captures": ["l"]}),
+        ),
+        (
+            bson::bson!({"$regexFind": {"input": "abc", "regex": "z"}}),
+            b(Bson::Null),
+        ),
+        (
+            bson::bson!({"$regexFindAll": {"input": "a1b2", "regex": "[0-9]"}}),
+            b(vec![
+                doc! {"match": "1", "idx": 1, "captures": []},
+                doc! {"match": "2", "idx": 3, "captures": []},
+            ]),
+        ),
+    ]);
+}
