@@ -985,6 +985,99 @@ pub fn decode_value(
     })
 }
 
+/// A scalar decoded without building a [`Bson`] (the common top-level token fields).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Scalar {
+    /// Not a fast-path scalar: decode it with [`decode_value`].
+    #[default]
+    Other,
+    Timestamp(u32, u32),
+    Int32(i32),
+    Int64(i64),
+    Bool(bool),
+    Null,
+}
+
+impl Scalar {
+    pub fn to_bson(self) -> Option<Bson> {
+        Some(match self {
+            Scalar::Other => return None,
+            Scalar::Timestamp(time, increment) => Bson::Timestamp(Timestamp { time, increment }),
+            Scalar::Int32(i) => Bson::Int32(i),
+            Scalar::Int64(i) => Bson::Int64(i),
+            Scalar::Bool(b) => Bson::Boolean(b),
+            Scalar::Null => Bson::Null,
+        })
+    }
+}
+
+/// Decodes timestamps, bools, null and integral int32/int64 values quickly; returns
+/// `Scalar::Other` (consuming nothing) for anything else, which [`decode_value`] then handles.
+/// Agrees exactly with [`decode_value`] where it answers.
+pub fn fast_scalar(ct: u8, r: &mut Reader<'_>, bits: &mut TypeBitsReader<'_>) -> Scalar {
+    match ct {
+        ctype::TIMESTAMP => match r.u64(false) {
+            Ok(v) => Scalar::Timestamp((v >> 32) as u32, v as u32),
+            Err(_) => Scalar::Other,
+        },
+        ctype::BOOL_TRUE => Scalar::Bool(true),
+        ctype::BOOL_FALSE => Scalar::Bool(false),
+        ctype::NULLISH => Scalar::Null,
+        ctype::NUMERIC_ZERO => {
+            let mut b = bits.clone();
+            match b.numeric() {
+                Ok(tb::INT) => {
+                    *bits = b;
+                    Scalar::Int32(0)
+                }
+                Ok(tb::LONG) => {
+                    *bits = b;
+                    Scalar::Int64(0)
+                }
+                _ => Scalar::Other,
+            }
+        }
+        ctype::NUMERIC_NEGATIVE_8_BYTE_INT..=ctype::NUMERIC_NEGATIVE_1_BYTE_INT
+        | ctype::NUMERIC_POSITIVE_1_BYTE_INT..=ctype::NUMERIC_POSITIVE_8_BYTE_INT => {
+            let negative = ct <= ctype::NUMERIC_NEGATIVE_1_BYTE_INT;
+            let n = if negative {
+                usize::from(ctype::NUMERIC_NEGATIVE_1_BYTE_INT - ct) + 1
+            } else {
+                usize::from(ct - ctype::NUMERIC_POSITIVE_1_BYTE_INT) + 1
+            };
+            let mut b = bits.clone();
+            let t = match b.numeric() {
+                Ok(t @ (tb::INT | tb::LONG)) => t,
+                _ => return Scalar::Other,
+            };
+            let Some(bytes) = r.buf.get(r.pos..r.pos + n) else {
+                return Scalar::Other;
+            };
+            let mut enc = 0u64;
+            for &x in bytes {
+                enc = (enc << 8) | u64::from(if negative { !x } else { x });
+            }
+            if enc & 1 == 1 {
+                return Scalar::Other; // fractional: not an integer encoding
+            }
+            let mag = (enc >> 1) as i64;
+            let v = if negative { -mag } else { mag };
+            let out = if t == tb::INT {
+                match i32::try_from(v) {
+                    Ok(i) => Scalar::Int32(i),
+                    Err(_) => return Scalar::Other,
+                }
+            } else {
+                Scalar::Int64(v)
+            };
+            r.pos += n;
+            *bits = b;
+            out
+        }
+        _ => Scalar::Other,
+    }
+}
+
 /// Validates one value whose CType byte has been read, consuming its bytes and type bits,
 /// without building it. Accepts exactly what [`decode_value`] accepts.
 pub fn skip_value(
@@ -1061,7 +1154,9 @@ pub fn skip_value(
             skip_value(ct, r, bits, depth + 1)?;
         },
         ctype::NUMERIC_NAN..=ctype::NUMERIC_POSITIVE_LARGE_MAGNITUDE => {
-            decode_number(ct, r, bits)?;
+            if fast_scalar(ct, r, bits) == Scalar::Other {
+                decode_number(ct, r, bits)?;
+            }
         }
         other => return err(format!("Unknown type: {other}")),
     }

@@ -20,7 +20,8 @@ use wire::MongoError;
 
 use crate::ClusterTime;
 use crate::keystring::{
-    self, Builder, Reader, TypeBits, TypeBitsReader, ctype, decode_value, skip_value,
+    self, Builder, Reader, Scalar, TypeBits, TypeBitsReader, ctype, decode_value, fast_scalar,
+    skip_value,
 };
 
 /// Resume token format version. V2 is the default of current MongoDB releases.
@@ -425,9 +426,13 @@ impl ResumeTokenData {
                 break;
             }
             let (start, bit_start) = (r.position(), bits.position());
-            skip_value(ct, &mut r, &mut bits, 1).map_err(malformed)?;
+            let value = fast_scalar(ct, &mut r, &mut bits);
+            if value == Scalar::Other {
+                skip_value(ct, &mut r, &mut bits, 1).map_err(malformed)?;
+            }
             let slot = Slot {
                 ct,
+                value,
                 start,
                 end: r.position(),
                 bit_start,
@@ -442,13 +447,15 @@ impl ResumeTokenData {
             }
         }
         let scalar = |s: &Slot| -> Result<Bson, TokenError> {
+            if let Some(v) = s.value.to_bson() {
+                return Ok(v);
+            }
             let mut r = Reader::new(data.get(s.start..s.end).unwrap_or(&[]));
             decode_value(s.ct, &mut r, &mut bits.at(s.bit_start), 1).map_err(malformed)
         };
         let mut it = slots.iter().take(n);
-        let mut next = move || -> Result<Option<Bson>, TokenError> {
-            it.next().map(&scalar).transpose()
-        };
+        let mut next =
+            move || -> Result<Option<Bson>, TokenError> { it.next().map(&scalar).transpose() };
         let cluster_time = match next()? {
             None => return Err(TokenError::Empty),
             Some(Bson::Timestamp(ts)) => ClusterTime::from(ts),
@@ -788,6 +795,8 @@ pub fn compare_tokens(a: &ResumeToken, b: &ResumeToken) -> Ordering {
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     ct: u8,
+    /// Already decoded, for the common scalars.
+    value: Scalar,
     start: usize,
     end: usize,
     bit_start: usize,

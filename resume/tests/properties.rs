@@ -352,6 +352,13 @@ proptest! {
             let decoded = keystring::decode_value(ct, &mut ra, &mut ba, 1);
             let skipped = keystring::skip_value(ct, &mut rb, &mut bb, 1);
             prop_assert_eq!(decoded.is_ok(), skipped.is_ok());
+            // The fast scalar path agrees with the decoder wherever it answers.
+            let (mut rc, mut bc) = (keystring::Reader::new(rest), TypeBitsReader::new(&bits).unwrap());
+            if let Some(fast) = keystring::fast_scalar(ct, &mut rc, &mut bc).to_bson() {
+                prop_assert_eq!(Some(exact(&[fast])), decoded.as_ref().ok().map(|d| exact(std::slice::from_ref(d))));
+                prop_assert_eq!(rc.position(), ra.position());
+                prop_assert_eq!(bc.position(), ba.position());
+            }
             if decoded.is_ok() {
                 prop_assert_eq!(ra.position(), rb.position());
                 prop_assert_eq!(ba.position(), bb.position());
