@@ -11,7 +11,7 @@ use super::write::{begin_retry, build_update_stmt};
 use super::write_ops::{delete_one, lookup, run_update, targets};
 use super::{Ctx, Reply};
 use crate::catalog::check_coll_name;
-use crate::query::{Filter, Projection, Sort};
+use crate::query::{Filter, Sort};
 use crate::retryable::RetryInfo;
 use crate::storage::StorageResult;
 use crate::writer::{OpError, WriteCtx, WriteOutput};
@@ -27,7 +27,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let fields = ctx
         .opt_doc("fields")?
         .filter(|f| !f.is_empty())
-        .map(|f| Projection::parse(&f))
+        .map(|f| crate::query::find_projection(&f, &query))
         .transpose()?;
     let update = ctx.cmd.get("update").cloned().filter(|u| *u != Bson::Null);
     let array_filters = ctx.opt_array("arrayFilters")?;

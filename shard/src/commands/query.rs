@@ -70,7 +70,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let projection = ctx
         .opt_doc("projection")?
         .filter(|p| !p.is_empty())
-        .map(|p| Projection::parse(&p))
+        .map(|p| crate::query::find_projection(&p, &filter_doc))
         .transpose()?;
     let sort_doc = ctx.opt_doc("sort")?.filter(|s| !s.is_empty());
     let skip = non_negative(ctx, "skip")?.unwrap_or(0) as usize;
