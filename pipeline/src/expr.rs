@@ -31,6 +31,9 @@ pub struct Expr {
     node: Node,
 }
 
+/// Expressions nested deeper than this are rejected before parsing (evaluation recurses).
+pub const MAX_EXPRESSION_DEPTH: usize = 200;
+
 /// Values bound outside the expression: `$$NOW` and user variables (the command's `let`).
 #[derive(Debug, Clone, Default)]
 pub struct Env {
@@ -343,6 +346,11 @@ impl Expr {
 
     /// Parses an expression where the given user variables (e.g. a command's `let`) are defined.
     pub fn parse_with_vars(v: &Bson, vars: &[String]) -> Result<Expr> {
+        if value::value_nesting_exceeds(v, MAX_EXPRESSION_DEPTH) {
+            return Err(MongoError::bad_value(format!(
+                "expression exceeds the maximum nesting depth of {MAX_EXPRESSION_DEPTH}"
+            )));
+        }
         let mut scope = Scope {
             names: vars.to_vec(),
         };

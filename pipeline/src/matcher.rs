@@ -155,6 +155,9 @@ impl Re {
     }
 }
 
+/// Filters nested deeper than this are rejected before parsing (parsing and matching recurse).
+pub const MAX_FILTER_DEPTH: usize = 200;
+
 const UNKNOWN_TOP_LEVEL_HINT: &str = ". If you have a field name that starts with a '$' symbol, \
                                        consider using $getField or $setField.";
 
@@ -162,13 +165,16 @@ impl Matcher {
     /// Parses a filter; unknown operators are `BadValue` (2), malformed ones `BadValue` or the
     /// specific code MongoDB uses.
     pub fn parse(filter: &Document) -> Result<Matcher> {
-        Ok(Matcher {
-            root: parse_filter(filter, &[])?,
-        })
+        Matcher::parse_with_vars(filter, &[])
     }
 
     /// Parses a filter whose `$expr` may use the given user variables (a command's `let`).
     pub fn parse_with_vars(filter: &Document, vars: &[String]) -> Result<Matcher> {
+        if value::nesting_exceeds(filter, MAX_FILTER_DEPTH) {
+            return Err(MongoError::bad_value(format!(
+                "exceeded maximum query tree depth of {MAX_FILTER_DEPTH}"
+            )));
+        }
         Ok(Matcher {
             root: parse_filter(filter, vars)?,
         })

@@ -443,6 +443,21 @@ pub fn remove_path(doc: &mut Document, path: &str) -> Option<Bson> {
     }
 }
 
+/// The deepest nesting of documents and arrays in `doc` exceeds `limit` (top level = 1).
+/// Recursion stops at `limit`, so this is safe on arbitrarily deep input.
+pub fn nesting_exceeds(doc: &Document, limit: usize) -> bool {
+    limit == 0 || doc.values().any(|v| value_nesting_exceeds(v, limit - 1))
+}
+
+/// [`nesting_exceeds`] for a value: a scalar has depth 0, `[]` and `{}` depth 1.
+pub fn value_nesting_exceeds(v: &Bson, limit: usize) -> bool {
+    match v {
+        Bson::Document(d) => nesting_exceeds(d, limit),
+        Bson::Array(a) => limit == 0 || a.iter().any(|e| value_nesting_exceeds(e, limit - 1)),
+        _ => false,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Arithmetic
 // ---------------------------------------------------------------------------------------------
@@ -637,6 +652,20 @@ mod tests {
         let dec = add_numbers(&Bson::Decimal128("1.5".parse().unwrap()), &Bson::Int32(1));
         assert!(matches!(dec, Some(Bson::Decimal128(_))));
         assert!(equal(&dec.unwrap(), &Bson::Double(2.5)));
+    }
+
+    #[test]
+    fn nesting_depth_is_measured_without_deep_recursion() {
+        let mut d = doc! {"x": 1};
+        for _ in 0..9 {
+            d = doc! {"a": d};
+        }
+        // ten documents deep
+        assert!(!nesting_exceeds(&d, 10));
+        assert!(nesting_exceeds(&d, 9));
+        let arr = doc! {"a": [[1]]};
+        assert!(!nesting_exceeds(&arr, 3));
+        assert!(nesting_exceeds(&arr, 2));
     }
 
     #[test]

@@ -437,3 +437,22 @@ fn regex_expressions() {
         ),
     ]);
 }
+
+#[test]
+fn too_deep_expressions_and_filters_are_rejected_before_recursing() {
+    let mut e = Bson::Int32(1);
+    for _ in 0..1_000 {
+        e = bson::bson!({ "$abs": [e] });
+    }
+    assert_eq!(Expr::parse(&e).unwrap_err().code, 2);
+    let mut f = doc! {"a": 1};
+    for _ in 0..1_000 {
+        f = doc! {"$and": [f]};
+    }
+    assert_eq!(crate::Matcher::parse(&f).unwrap_err().code, 2);
+    let mut ok = doc! {"a": 1};
+    for _ in 0..40 {
+        ok = doc! {"$and": [ok]};
+    }
+    assert!(crate::Matcher::parse(&ok).unwrap().matches(&doc! {"a": 1}));
+}
