@@ -6,6 +6,7 @@
 //! ```text
 //! shard:  oplog entry ─ oplog_match ─ unwind ─ transform ─ invalidate ─ resumability
 //!         ─ classic-types filter ─ [images: the shard's job] ─ user stages (post_merge::UserPipeline)
+//!         ─ split large events (split)
 //! router: merge (k-way by token) ─ resumability::EnsureResumeTokenPresent ─ post_merge (`_id` check)
 //! ```
 //!
@@ -27,6 +28,7 @@ pub mod post_merge;
 pub mod resumability;
 pub mod shard;
 pub mod spec;
+pub mod split;
 pub mod transform;
 pub mod unwind;
 

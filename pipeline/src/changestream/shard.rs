@@ -1,6 +1,7 @@
 //! The shard half of a change stream, composed in MongoDB's order (reference §4.1): oplog match
 //! → unwind transaction → transform → check invalidate → check resumability → classic-types
-//! filter, then (after the shard adds images) the user's stages.
+//! filter, then (after the shard adds images) the user's stages and the size limit or the split
+//! of large events.
 //!
 //! Owns: the per-cursor state of those stages and their order; nothing here reads the oplog.
 //!
@@ -26,7 +27,8 @@ use super::invalidate::CheckInvalidate;
 use super::oplog_match;
 use super::post_merge::UserPipeline;
 use super::resumability::CheckResumability;
-use super::spec::{ChangeStreamSpec, UserStage};
+use super::spec::{ChangeStreamPipeline, ChangeStreamSpec, UserStage};
+use super::split::{check_size, split_event};
 use super::transform::{Transformer, is_classic_type};
 use super::unwind::{OpTime, is_transaction_entry, unwind};
 
@@ -40,6 +42,8 @@ pub struct ShardStream {
     user: UserPipeline,
     /// The token of the resume-point event, which bypasses the user's stages.
     resume_point: Option<ResumeToken>,
+    /// `$changeStreamSplitLargeEvent` ends the pipeline.
+    split_large_events: bool,
 }
 
 impl ShardStream {
@@ -52,8 +56,16 @@ impl ShardStream {
             resumability: CheckResumability::new(&spec.start),
             user: UserPipeline::new(user_stages),
             resume_point: None,
+            split_large_events: false,
             spec,
         }
+    }
+
+    /// The shard stages of a parsed pipeline (all user stages pushed down, and the split).
+    pub fn from_pipeline(p: ChangeStreamPipeline) -> ShardStream {
+        let mut s = ShardStream::new(p.spec, p.user_stages);
+        s.split_large_events = p.split_large_event;
+        s
     }
 
     pub fn spec(&self) -> &ChangeStreamSpec {
@@ -115,8 +127,22 @@ impl ShardStream {
         self.user.apply_event(event)
     }
 
-    /// [`ShardStream::events_for_entry`] then [`ShardStream::apply_user_stages`], for streams
-    /// without images.
+    /// The user's stages, then the split of a large event (with `$changeStreamSplitLargeEvent`)
+    /// or the 16 MiB limit (10334, without it): what follows the images.
+    pub fn finish(&self, event: ChangeEvent) -> Result<Vec<ChangeEvent>> {
+        let Some(event) = self.apply_user_stages(event)? else {
+            return Ok(Vec::new());
+        };
+        if self.split_large_events {
+            split_event(event)
+        } else {
+            check_size(&event)?;
+            Ok(vec![event])
+        }
+    }
+
+    /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`], for streams without
+    /// images.
     pub fn process_entry(
         &mut self,
         entry: &Document,
@@ -124,9 +150,7 @@ impl ShardStream {
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
         for e in self.events_for_entry(entry, lookup)? {
-            if let Some(e) = self.apply_user_stages(e)? {
-                out.push(e);
-            }
+            out.extend(self.finish(e)?);
         }
         Ok(out)
     }
