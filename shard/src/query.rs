@@ -4,7 +4,6 @@
 //! Invariant: a query over a [`ReadTxn`] sees exactly one consistent state (a snapshot, or the
 //! writer's transaction including its own earlier writes).
 
-
 use bson::{Bson, Document};
 use pipeline::Matcher;
 use wire::MongoError;
@@ -114,7 +113,10 @@ pub fn find_projection(spec: &Document, filter: &Document) -> Result<Projection,
 }
 
 /// Runs an aggregation pipeline over `input` (the stages a shard can run alone).
-pub fn run_pipeline(stages: &[Document], input: Vec<Document>) -> Result<Vec<Document>, MongoError> {
+pub fn run_pipeline(
+    stages: &[Document],
+    input: Vec<Document>,
+) -> Result<Vec<Document>, MongoError> {
     pipeline::agg::Pipeline::parse(stages)?.run(input)
 }
 

@@ -439,3 +439,64 @@ async fn high_water_mark_is_below_later_entries() {
     }
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn create_with_collection_uuid_and_views() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let uuid = bson::Uuid::new();
+    ok(&s, "db", doc! {"create": "c", "collectionUUID": uuid}).await;
+    let create = oplog_for(&s, "db").await.pop().unwrap();
+    assert_eq!(create.get("ui"), Some(&Bson::from(uuid)));
+    // The internal field is not a collection option.
+    assert!(
+        !create
+            .get_document("o")
+            .unwrap()
+            .contains_key("collectionUUID")
+    );
+    // Same name, other UUID: NamespaceExists.
+    assert_eq!(
+        err_code(
+            &s,
+            "db",
+            doc! {"create": "c", "collectionUUID": bson::Uuid::new()}
+        )
+        .await,
+        48
+    );
+    // A view is a document in system.views, listed with type "view"; writes to it are refused.
+    ok(
+        &s,
+        "db",
+        doc! {"create": "v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]},
+    )
+    .await;
+    let e = oplog_for(&s, "db").await.pop().unwrap();
+    assert_eq!(e.get_str("op").unwrap(), "i");
+    assert_eq!(e.get_str("ns").unwrap(), "db.system.views");
+    assert_eq!(
+        e.get_document("o").unwrap(),
+        &doc! {"_id": "db.v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    );
+    let r = ok(
+        &s,
+        "db",
+        doc! {"listCollections": 1, "filter": {"name": "v"}},
+    )
+    .await;
+    assert_eq!(first_batch(&r)[0].get_str("type").unwrap(), "view");
+    let r = ok(&s, "db", doc! {"insert": "v", "documents": [{}]}).await;
+    let code = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .get_i32("code")
+        .unwrap();
+    assert_eq!(code, 166);
+    // Dropping the view removes its definition.
+    ok(&s, "db", doc! {"drop": "v"}).await;
+    let e = oplog_for(&s, "db").await.pop().unwrap();
+    assert_eq!(e.get_str("op").unwrap(), "d");
+    assert_eq!(e.get_document("o").unwrap(), &doc! {"_id": "db.v"});
+    s.shutdown().await;
+}

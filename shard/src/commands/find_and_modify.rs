@@ -8,7 +8,7 @@ use bson::{Bson, Document, doc};
 use wire::MongoError;
 
 use super::write::{begin_retry, build_update_stmt};
-use super::write_ops::{delete_one, lookup, run_update, targets};
+use super::write_ops::{delete_one, lookup_writable, run_update, targets};
 use super::{Ctx, Reply};
 use crate::catalog::check_coll_name;
 use crate::query::{Filter, Sort};
@@ -96,7 +96,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 }
                 Ok((doc! {"lastErrorObject": leo, "value": value}, o.last_ts))
             } else {
-                let Some(c) = lookup(w, &db, &coll) else {
+                let Some(c) = lookup_writable(w, &db, &coll)? else {
                     return Ok((
                         doc! {"lastErrorObject": {"n": 0}, "value": Bson::Null},
                         None,

@@ -10,8 +10,8 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use super::write_ops::{
-    UpdateStmt, delete_one, ensure_collection, insert_one, lookup, prepare_insert, run_update,
-    targets,
+    UpdateStmt, delete_one, ensure_collection, insert_one, lookup_writable, prepare_insert,
+    run_update, targets,
 };
 use super::{Ctx, Reply, as_bool, as_i64};
 use crate::catalog::check_coll_name;
@@ -414,7 +414,7 @@ fn delete_stmt(
     mut retry: Option<&mut RetryState>,
     sid: i32,
 ) -> OpResult<(i64, Option<ClusterTime>)> {
-    let Some(c) = lookup(w, db, coll) else {
+    let Some(c) = lookup_writable(w, db, coll)? else {
         return Ok((0, None));
     };
     let docs = targets(w, &c, &stmt.filter, stmt.multi, None)?;

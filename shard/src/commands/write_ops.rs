@@ -28,6 +28,22 @@ pub fn lookup(ctx: &WriteCtx<'_>, db: &str, coll: &str) -> Option<Arc<Collection
     ctx.catalog().lookup(db, coll).cloned()
 }
 
+/// A collection for a CRUD write: views are refused (`CommandNotSupportedOnView`).
+pub fn lookup_writable(
+    ctx: &WriteCtx<'_>,
+    db: &str,
+    coll: &str,
+) -> OpResult<Option<Arc<CollectionEntry>>> {
+    match lookup(ctx, db, coll) {
+        Some(c) if c.options.contains_key("viewOn") => Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED_ON_VIEW,
+            format!("Namespace {db}.{coll} is a view, not a collection"),
+        )
+        .into()),
+        other => Ok(other),
+    }
+}
+
 /// The collection, created (with its `create` oplog entry) if it does not exist.
 pub fn ensure_collection(
     ctx: &mut WriteCtx<'_>,
@@ -35,6 +51,13 @@ pub fn ensure_collection(
     coll: &str,
 ) -> OpResult<Arc<CollectionEntry>> {
     if let Some(c) = lookup(ctx, db, coll) {
+        if c.options.contains_key("viewOn") {
+            return Err(MongoError::new(
+                ErrorCode::COMMAND_NOT_SUPPORTED_ON_VIEW,
+                format!("Namespace {db}.{coll} is a view, not a collection"),
+            )
+            .into());
+        }
         return Ok(c);
     }
     check_coll_name(db, coll)?;
@@ -415,7 +438,7 @@ pub fn run_update(
     stmt_id: i32,
 ) -> OpResult<UpdateOutcome> {
     let mut out = UpdateOutcome::default();
-    let coll = lookup(ctx, db, coll_name);
+    let coll = lookup_writable(ctx, db, coll_name)?;
     let docs = match &coll {
         Some(c) => targets(ctx, c, &stmt.filter, stmt.multi, stmt.sort.as_ref())?,
         None => Vec::new(),
