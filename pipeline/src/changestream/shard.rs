@@ -19,7 +19,8 @@
 //!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
 
 use bson::Document;
-use resume::token::{ResumeStatus, ResumeToken};
+use resume::ClusterTime;
+use resume::token::{ResumeStatus, ResumeToken, ResumeTokenData, TokenVersion};
 use wire::Result;
 
 use super::ChangeEvent;
@@ -153,6 +154,25 @@ impl ShardStream {
             out.extend(self.finish(e)?);
         }
         Ok(out)
+    }
+
+    /// The reply's post-batch resume token (§5.9) once this cursor has consumed every oplog
+    /// entry with `ts <= processed_through`: the invalidate token once invalidated, else the
+    /// larger of `initial` (the spec's initial token) and a high-water mark just after
+    /// `processed_through`, which every event already produced sorts before and every later one
+    /// after. Never smaller than any token this stream has produced.
+    pub fn post_batch_resume_token(
+        &self,
+        initial: &ResumeToken,
+        processed_through: ClusterTime,
+    ) -> ResumeToken {
+        if let Some(t) = self.invalidated() {
+            return t.clone();
+        }
+        let hwm =
+            ResumeTokenData::high_water_mark(processed_through.next(), TokenVersion::default())
+                .encode();
+        if hwm > *initial { hwm } else { initial.clone() }
     }
 
     /// The invalidate token, once this stream has been invalidated.

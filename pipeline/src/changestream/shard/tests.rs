@@ -210,6 +210,36 @@ fn start_after_an_invalidate_works_under_a_filter_that_hides_invalidates() {
 }
 
 #[test]
+fn post_batch_resume_token_covers_what_was_processed() {
+    let entries = oplog();
+    let mut spec = coll_spec("db", "c");
+    let client = insert_token(4, 0, 1);
+    spec.start = StartPoint::ResumeAfter(client.clone());
+    let mut s = ShardStream::new(spec.clone(), vec![]);
+    let initial = spec.initial_post_batch_resume_token(ct(1, 0));
+    // Behind the resume point: the client's token.
+    assert_eq!(
+        s.post_batch_resume_token(&initial, ct(3, 1)),
+        client.encode()
+    );
+    let mut produced = Vec::new();
+    for e in entries.get(..6).unwrap() {
+        produced.extend(s.process_entry(e, &mut no_chain).unwrap());
+    }
+    let pbrt = s.post_batch_resume_token(&initial, ct(8, 1));
+    assert!(produced.iter().all(|e| e.token < pbrt));
+    assert!(pbrt < insert_token(9, 0, 0).encode());
+    // After the invalidate: the invalidate token.
+    for e in entries.get(6..).unwrap() {
+        produced.extend(s.process_entry(e, &mut no_chain).unwrap());
+    }
+    assert_eq!(
+        s.post_batch_resume_token(&initial, ct(20, 1)),
+        produced.last().unwrap().token
+    );
+}
+
+#[test]
 fn user_stages_run_on_the_shard() {
     let ctx = RequestContext {
         db: "db",
