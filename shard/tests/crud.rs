@@ -469,3 +469,93 @@ async fn hello_presents_a_standalone_with_sessions() {
     assert_eq!(r.get_str("version").unwrap(), "7.0.0");
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn misc_commands_answer_like_mongod() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "admin",
+        doc! {"endSessions": [{"id": bson::Uuid::new()}]},
+    )
+    .await;
+    let r = ok(&s, "admin", doc! {"getParameter": "*"}).await;
+    assert!(r.get_bool("enableTestCommands").unwrap());
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "a": 1}, {"_id": 2, "a": 1}]},
+    )
+    .await;
+    // A unique index cannot be built over duplicates.
+    let r = run(
+        &s,
+        "db",
+        doc! {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1", "unique": true}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("code").unwrap(), 11000);
+    // Unique secondary indexes are enforced on insert and update.
+    ok(&s, "db", doc! {"createIndexes": "c", "indexes": [{"key": {"b": 1}, "name": "b_1", "unique": true, "sparse": true}, {"key": {"z": 1}, "name": "z_1"}]}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"b": 5}}}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("nModified").unwrap(), 1);
+    let r = ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 2}, "u": {"$set": {"b": 5}}}]},
+    )
+    .await;
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(e.get_i32("code").unwrap(), 11000);
+    assert_eq!(e.get_document("keyValue").unwrap(), &doc! {"b": 5});
+    let r = ok(&s, "db", doc! {"dropIndexes": "c", "index": "*"}).await;
+    assert_eq!(r.get_i32("nIndexesWas").unwrap(), 3);
+    let r = ok(&s, "db", doc! {"listIndexes": "c"}).await;
+    assert_eq!(first_batch(&r).len(), 1);
+    assert_eq!(err_code(&s, "db", doc! {"listIndexes": "nope"}).await, 26);
+    // collMod stores options; collMod on a missing collection is NamespaceNotFound.
+    ok(
+        &s,
+        "db",
+        doc! {"collMod": "c", "changeStreamPreAndPostImages": {"enabled": true}},
+    )
+    .await;
+    let r = ok(&s, "db", doc! {"listCollections": 1}).await;
+    assert_eq!(
+        first_batch(&r)[0].get_document("options").unwrap(),
+        &doc! {"changeStreamPreAndPostImages": {"enabled": true}}
+    );
+    assert_eq!(err_code(&s, "db", doc! {"collMod": "nope"}).await, 26);
+    assert_eq!(
+        err_code(&s, "db", doc! {"collMod": "c", "bogus": 1}).await,
+        72
+    );
+    // Cross-database rename keeps the documents.
+    ok(
+        &s,
+        "admin",
+        doc! {"renameCollection": "db.c", "to": "other.d"},
+    )
+    .await;
+    assert_eq!(find(&s, "other", "d", doc! {}).await.len(), 2);
+    assert!(find(&s, "db", "c", doc! {}).await.is_empty());
+    assert_eq!(
+        err_code(&s, "db", doc! {"renameCollection": "other.d", "to": "db.c"}).await,
+        13
+    );
+    let r = ok(&s, "admin", doc! {"listDatabases": 1, "nameOnly": true}).await;
+    assert_eq!(
+        r.get_array("databases").unwrap(),
+        &vec![Bson::Document(doc! {"name": "other"})]
+    );
+    s.shutdown().await;
+}

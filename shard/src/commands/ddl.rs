@@ -180,8 +180,9 @@ pub async fn drop(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     check_db_name(&ctx.db)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
+        // MongoDB 7.0 answers `ok: 1` (and writes nothing) for a collection that does not exist.
         let Some(c) = lookup(w, &db, &coll) else {
-            return Err(ns_not_found().into());
+            return Ok((Document::new(), None));
         };
         let n_indexes = c.all_indexes().len() as i32;
         let ts = drop_one(w, &c)?;
@@ -504,7 +505,7 @@ fn add_indexes(
             .into());
         }
         if spec.get("unique").and_then(as_bool).unwrap_or(false) {
-            check_existing_unique(w, coll, &key, &name)?;
+            check_existing_unique(w, coll, &spec, &key, &name)?;
         }
         entry.indexes.push(spec.clone());
         added.push(spec);
@@ -527,12 +528,16 @@ fn add_indexes(
 fn check_existing_unique(
     w: &WriteCtx<'_>,
     coll: &CollectionEntry,
+    spec: &Document,
     key: &Document,
     name: &str,
 ) -> OpResult<()> {
     let mut seen: Vec<Document> = Vec::new();
     let mut dup = None;
     w.scan_docs(coll, &mut |d| {
+        if !super::write_ops::indexes_doc(spec, key, &d) {
+            return Scan::Continue;
+        }
         let mut v = Document::new();
         for (f, _) in key {
             v.insert(f.clone(), get_dotted(&d, f).cloned().unwrap_or(Bson::Null));

@@ -232,6 +232,20 @@ fn index_key_value(pattern: &Document, doc: &Document) -> Document {
     out
 }
 
+/// Whether an index has an entry for `doc`: sparse indexes skip documents missing every key
+/// field, partial indexes those not matching `partialFilterExpression`.
+pub fn indexes_doc(spec: &Document, pattern: &Document, doc: &Document) -> bool {
+    if spec.get("sparse").and_then(super::as_bool).unwrap_or(false)
+        && pattern.keys().all(|f| get_dotted(doc, f).is_none())
+    {
+        return false;
+    }
+    if let Ok(pfe) = spec.get_document("partialFilterExpression") {
+        return pipeline::Matcher::parse(pfe).is_ok_and(|m| m.matches(doc));
+    }
+    true
+}
+
 /// Checks `_id` uniqueness and every unique secondary index for a document about to be
 /// written. `replacing` is the `_id` of the document it replaces (an update).
 pub fn check_unique(
@@ -254,14 +268,14 @@ pub fn check_unique(
         let Ok(pattern) = spec.get_document("key") else {
             continue;
         };
-        if !unique {
+        if !unique || !indexes_doc(spec, pattern, doc) {
             continue;
         }
         let value = index_key_value(pattern, doc);
         let mut clash = false;
         ctx.scan_docs(coll, &mut |other| {
             let other_id = other.get("_id").cloned().unwrap_or(Bson::Null);
-            if pipeline::value::equal(&other_id, &id) {
+            if pipeline::value::equal(&other_id, &id) || !indexes_doc(spec, pattern, &other) {
                 return Scan::Continue;
             }
             if pipeline::value::compare_documents(&index_key_value(pattern, &other), &value)
