@@ -44,6 +44,12 @@ fn bench(c: &mut Criterion) {
     g.bench_function("to_document/insert_oid", |b| {
         b.iter(|| black_box(&data).encode().to_document())
     });
+    g.bench_function("to_raw_document/insert_oid", |b| {
+        b.iter(|| black_box(&data).encode().to_raw_document())
+    });
+    g.bench_function("build_and_encode/insert_oid", |b| {
+        b.iter(|| black_box(insert_token()).encode())
+    });
     g.bench_function("from_document/insert_oid", |b| {
         b.iter(|| ResumeToken::from_document(black_box(&wire)).and_then(|t| t.decode()))
     });

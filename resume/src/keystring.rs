@@ -1089,11 +1089,7 @@ pub fn skip_value(
     if depth > MAX_DEPTH {
         return err("KeyString encoding exceeded maximum allowable BSON nesting depth");
     }
-    fn utf8_ok(b: &[u8]) -> Result<(), KeyStringError> {
-        std::str::from_utf8(b)
-            .map(|_| ())
-            .map_err(|_| KeyStringError("string is not valid UTF-8".into()))
-    }
+
     fn string_ok(r: &mut Reader<'_>) -> Result<(), KeyStringError> {
         utf8_ok(r.cstring()?)?;
         while r.peek() == Some(0xff) {
@@ -1163,6 +1159,15 @@ pub fn skip_value(
     Ok(())
 }
 
+/// UTF-8 validation with a fast path for the common all-ASCII names and strings.
+fn utf8_ok(b: &[u8]) -> Result<(), KeyStringError> {
+    if b.is_ascii() || std::str::from_utf8(b).is_ok() {
+        Ok(())
+    } else {
+        err("string is not valid UTF-8")
+    }
+}
+
 fn skip_object_body(
     r: &mut Reader<'_>,
     bits: &mut TypeBitsReader<'_>,
@@ -1175,8 +1180,7 @@ fn skip_object_body(
         if r.u8()? == 0 {
             return Ok(());
         }
-        std::str::from_utf8(r.cstring()?)
-            .map_err(|_| KeyStringError("string is not valid UTF-8".into()))?;
+        utf8_ok(r.cstring()?)?;
         let ct = r.u8()?;
         skip_value(ct, r, bits, depth)?;
     }

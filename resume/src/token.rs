@@ -15,6 +15,7 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::sync::OnceLock;
 
+use bson::raw::{RawBinaryRef, RawDocument, RawDocumentBuf, cstr};
 use bson::{Binary, Bson, Document, Uuid, spec::BinarySubtype};
 use wire::MongoError;
 
@@ -721,6 +722,49 @@ impl ResumeToken {
             );
         }
         d
+    }
+
+    /// The same document as [`ResumeToken::to_document`], as raw BSON (cheaper to build, for
+    /// replies assembled with `rawdoc!`).
+    pub fn to_raw_document(&self) -> RawDocumentBuf {
+        let mut d = RawDocumentBuf::new();
+        d.append(cstr!("_data"), self.data_hex().as_str());
+        if !self.type_bits.is_empty() {
+            d.append(
+                cstr!("_typeBits"),
+                RawBinaryRef {
+                    subtype: BinarySubtype::Generic,
+                    bytes: &self.type_bits,
+                },
+            );
+        }
+        d
+    }
+
+    /// Parses the wire form from raw BSON (see [`ResumeToken::from_document`]).
+    pub fn from_raw_document(doc: &RawDocument) -> Result<Self, TokenError> {
+        let mut data = None;
+        let mut type_bits = Vec::new();
+        for elem in doc {
+            let (k, v) = elem.map_err(|e| TokenError::Malformed(e.to_string()))?;
+            match k.as_str() {
+                "_data" => match v.as_str() {
+                    Some(s) => data = Some(hex::decode(s).map_err(|_| TokenError::NotHex)),
+                    None => return Err(TokenError::DataMissing),
+                },
+                "_typeBits" => match v.as_binary() {
+                    Some(b) if b.subtype == BinarySubtype::Generic => type_bits = b.bytes.to_vec(),
+                    _ => {
+                        return Err(TokenError::BadTypeBits(
+                            "_typeBits must be BinData subtype 0".into(),
+                        ));
+                    }
+                },
+                other => return Err(TokenError::Malformed(format!("unexpected field '{other}'"))),
+            }
+        }
+        let data = data.ok_or(TokenError::DataMissing)??;
+        Ok(ResumeToken { data, type_bits })
     }
 
     /// Parses the wire form (without decoding the KeyString).

@@ -39,6 +39,19 @@ fn check(data: &ResumeTokenData, expected_hex: &str, expected_type_bits: Option<
     }
     let back = ResumeTokenData::from_document(&doc).unwrap();
     assert_eq!(&back, data);
+    let raw = token.to_raw_document();
+    assert_eq!(
+        Document::try_from(&raw).unwrap(),
+        doc,
+        "raw and owned forms agree"
+    );
+    assert_eq!(
+        ResumeToken::from_raw_document(&raw)
+            .unwrap()
+            .decode()
+            .unwrap(),
+        *data
+    );
 }
 
 #[test]
