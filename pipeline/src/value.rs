@@ -7,15 +7,18 @@
 //!   value, matching `BSONElement::woCompare` without collation: first by [`canonical_type`],
 //!   then by value within the type. NaN equals NaN and sorts below every other number; `-0.0`
 //!   equals `0.0`; `1 == 1.0 == NumberLong(1)`.
-//! * Int64 vs double comparisons are exact (no rounding through `f64`). Decimal128 values are
-//!   compared and computed through their nearest `f64` (a documented approximation: bson 3.1
-//!   has no decimal arithmetic).
+//! * Int64 vs double comparisons are exact (no rounding through `f64`). Decimal128 comparisons
+//!   are exact against integers and decimals, and against doubles rounded to 34 digits
+//!   ([`decimal`]); decimal `+ - *` are exact where the coefficients fit in 128 bits, other
+//!   decimal arithmetic goes through `f64` (bson 3.1 has no decimal arithmetic).
 //! * [`add_numbers`]/[`mul_numbers`]/[`sub_numbers`] never panic: int32 overflow promotes to
 //!   int64, int64 overflow to double; any double makes a double, any decimal a decimal.
 
 use std::cmp::Ordering;
 
 use bson::{Bson, Decimal128, Document};
+
+pub mod decimal;
 
 /// MongoDB's canonical type rank (`canonicalizeBSONType`): values of different ranks compare
 /// by rank; numbers share one rank, as do strings and symbols.
@@ -282,6 +285,12 @@ pub fn compare_arrays(a: &[Bson], b: &[Bson]) -> Ordering {
 /// pass numbers).
 fn compare_numbers(a: &Bson, b: &Bson) -> Ordering {
     match (a, b) {
+        (Bson::Decimal128(_), _) | (_, Bson::Decimal128(_)) => {
+            match (decimal::Dec::of_bson(a), decimal::Dec::of_bson(b)) {
+                (Some(x), Some(y)) => decimal::compare(x, y),
+                _ => Ordering::Equal,
+            }
+        }
         (Bson::Int32(x), Bson::Int32(y)) => x.cmp(y),
         (Bson::Int32(_) | Bson::Int64(_), Bson::Int32(_) | Bson::Int64(_)) => {
             int_of(a).cmp(&int_of(b))
@@ -486,6 +495,7 @@ fn arith(
     b: &Bson,
     int_op: fn(i64, i64) -> Option<i64>,
     f_op: fn(f64, f64) -> f64,
+    dec_op: fn(decimal::Dec, decimal::Dec) -> Option<decimal::Dec>,
 ) -> Option<Bson> {
     let w = width(a)?.max(width(b)?);
     Some(match w {
@@ -501,24 +511,31 @@ fn arith(
             }
         }
         Width::Double => Bson::Double(f_op(as_f64(a)?, as_f64(b)?)),
-        Width::Decimal => Bson::Decimal128(f64_to_decimal(f_op(as_f64(a)?, as_f64(b)?))),
+        Width::Decimal => {
+            let exact = dec_op(decimal::Dec::of_bson(a)?, decimal::Dec::of_bson(b)?)
+                .and_then(decimal::Dec::to_decimal);
+            Bson::Decimal128(match exact {
+                Some(d) => d,
+                None => f64_to_decimal(f_op(as_f64(a)?, as_f64(b)?)),
+            })
+        }
     })
 }
 
 /// `a + b` with MongoDB's promotion (int32 → int64 → double on overflow); `None` unless both
 /// are numbers.
 pub fn add_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
-    arith(a, b, i64::checked_add, |x, y| x + y)
+    arith(a, b, i64::checked_add, |x, y| x + y, decimal::add)
 }
 
 /// `a - b`, promoted like [`add_numbers`].
 pub fn sub_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
-    arith(a, b, i64::checked_sub, |x, y| x - y)
+    arith(a, b, i64::checked_sub, |x, y| x - y, decimal::sub)
 }
 
 /// `a * b`, promoted like [`add_numbers`].
 pub fn mul_numbers(a: &Bson, b: &Bson) -> Option<Bson> {
-    arith(a, b, i64::checked_mul, |x, y| x * y)
+    arith(a, b, i64::checked_mul, |x, y| x * y, decimal::mul)
 }
 
 #[cfg(test)]

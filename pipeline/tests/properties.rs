@@ -26,12 +26,26 @@ fn scalar() -> impl Strategy<Value = Bson> {
             Just(-0.0),
             Just(f64::INFINITY),
             Just(9_223_372_036_854_775_808.0),
+            Just(0.1),
             -3.0f64..3.0,
             (-3i32..3).prop_map(f64::from),
             any::<f64>()
         ]
         .prop_map(Bson::Double),
-        (-3i32..3).prop_map(|i| Bson::Decimal128(pipeline::value::f64_to_decimal(f64::from(i)))),
+        prop_oneof![(-3i32..3).prop_map(f64::from), any::<f64>(), -3.0f64..3.0]
+            .prop_map(|f| Bson::Decimal128(pipeline::value::f64_to_decimal(f))),
+        prop_oneof![
+            Just("0.1"),
+            Just("-0"),
+            Just("1E+400"),
+            Just("-1E-400"),
+            Just("NaN"),
+            Just("-Infinity"),
+            Just("9223372036854775807.5"),
+            Just("9223372036854775808"),
+            Just("1.000000000000000000000000000000001")
+        ]
+        .prop_map(|t| Bson::Decimal128(t.parse().unwrap_or(pipeline::value::f64_to_decimal(0.0)))),
         "[a-c$.]{0,3}".prop_map(Bson::String),
         "[a-c]{0,2}".prop_map(Bson::Symbol),
         any::<i64>().prop_map(|m| Bson::DateTime(bson::DateTime::from_millis(m))),
