@@ -185,6 +185,8 @@ impl RedbStorage {
     /// Opens (or creates) the database file and makes sure every table exists.
     pub fn open(path: &Path) -> StorageResult<RedbStorage> {
         let mut builder = redb::Builder::new();
+        // The page cache is a cap, not an allocation; several shards may share one process.
+        builder.set_cache_size(256 * 1024 * 1024);
         // Repair after a crash is quick because every commit records the allocator state
         // (quick repair, set on each write transaction); the callback only has to let it run.
         builder.set_repair_callback(|_session| {});

@@ -329,7 +329,11 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
                 continue;
             }
             ctx.last_logged = None;
-            match f(&mut ctx) {
+            // A bug in a job must not take the writer thread down: treat a panic like a
+            // storage failure (the whole batch is abandoned, nothing of it persists).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut ctx)))
+                .unwrap_or_else(|_| Err(StorageError::Engine("write job panicked".into())));
+            match result {
                 Ok(out) => acks.push((tx, Some(out))),
                 Err(e) => {
                     failure = Some(e);
@@ -375,6 +379,68 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             for (tx, _) in acks {
                 let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Catalog;
+    use crate::clock::{Hlc, SystemClock};
+    use crate::oplog::TailWindow;
+    use crate::storage::RedbStorage;
+
+    fn state(dir: &std::path::Path) -> Arc<ShardState> {
+        Arc::new(ShardState::new(
+            "t".into(),
+            Arc::new(RedbStorage::open(&dir.join("w.redb")).unwrap()),
+            Arc::new(SystemClock),
+            Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
+            Catalog::default(),
+            TailWindow::new(ClusterTime::ZERO, 1 << 20),
+        ))
+    }
+
+    fn put_job(key: &'static [u8]) -> WriteFn {
+        Box::new(move |w: &mut WriteCtx<'_>| {
+            w.txn_mut().put(Table::Meta, key, b"v")?;
+            Ok(WriteOutput {
+                reply: Document::new(),
+                op_time: None,
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_fails_its_batch_but_not_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state(dir.path());
+        let writer = Writer::start(st.clone());
+        let bad: WriteFn = Box::new(|_w: &mut WriteCtx<'_>| panic!("bug in a job"));
+        assert!(writer.submit(bad).await.is_err());
+        writer.submit(put_job(b"after")).await.unwrap();
+        let r = st.storage.begin_read().unwrap();
+        assert!(r.get(Table::Meta, b"after").unwrap().is_some());
+        if let Some(h) = writer.stop() {
+            h.join().unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn acknowledged_jobs_are_committed_and_renewal_persists_the_reservation() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state(dir.path());
+        let writer = Writer::start(st.clone());
+        writer.submit(put_job(b"k")).await.unwrap();
+        let r = st.storage.begin_read().unwrap();
+        assert!(r.get(Table::Meta, b"k").unwrap().is_some());
+        let reserved = r.get(Table::Meta, RESERVATION_KEY).unwrap().unwrap();
+        let reserved = ClusterTime::from_u64(u64::from_be_bytes(reserved.try_into().unwrap()));
+        assert_eq!(reserved, st.hlc().reserved());
+        assert!(reserved > st.cluster_time());
+        if let Some(h) = writer.stop() {
+            h.join().unwrap();
         }
     }
 }
