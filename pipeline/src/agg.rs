@@ -2,7 +2,9 @@
 //!
 //! Supported stages: `$match $project $addFields $set $unset $replaceRoot $replaceWith $redact`
 //! (single-document transforms, see [`Stage::is_single_document_transform`]) and
-//! `$group $sort $limit $skip $count $unwind $sortByCount` (which need the whole stream).
+//! `$group $sort $limit $skip $count $unwind $sortByCount $bucket $facet` (which need the whole
+//! stream). Stages that need other collections or server state (`$lookup`, `$out`, ...; see
+//! [`UNSUPPORTED_STAGES`]) are CommandNotSupported (115), unknown names 40324.
 //!
 //! Invariants:
 //! * A stage specification is a document with exactly one field (40323) naming a known stage
@@ -50,6 +52,17 @@ pub enum Stage {
     Unwind(Unwind),
     /// `$sortByCount`: group by the expression, count, sort by count descending.
     SortByCount(Group),
+    Bucket(Bucket),
+    /// `$facet`: named sub-pipelines over the same input, one output document.
+    Facet(Vec<(String, Pipeline)>),
+}
+
+/// A `$bucket` specification: `groupBy` (the group's `_id`), sorted boundaries, a default.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    group: Group,
+    boundaries: Vec<Bson>,
+    default: Option<Bson>,
 }
 
 /// A `$unwind` specification.
@@ -334,6 +347,68 @@ impl Stage {
                     )],
                 })
             }
+            "$bucket" => Stage::Bucket(Bucket::parse(arg, vars)?),
+            "$facet" => {
+                let Bson::Document(d) = arg else {
+                    return Err(stage_err(
+                        40169,
+                        "the $facet specification must be a non-empty object",
+                    ));
+                };
+                if d.is_empty() {
+                    return Err(stage_err(
+                        40169,
+                        "the $facet specification must be a non-empty object",
+                    ));
+                }
+                let mut facets = Vec::with_capacity(d.len());
+                for (name, v) in d {
+                    if name.is_empty() || name.starts_with('$') || name.contains('.') {
+                        return Err(stage_err(
+                            40353,
+                            format!(
+                                "FieldPath field names may not start with '$' or contain '.': {name}"
+                            ),
+                        ));
+                    }
+                    let Bson::Array(items) = v else {
+                        return Err(stage_err(
+                            40170,
+                            format!(
+                                "arguments to $facet must be arrays, {name} is type {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    };
+                    let mut stages = Vec::with_capacity(items.len());
+                    for item in items {
+                        let Bson::Document(sd) = item else {
+                            return Err(stage_err(
+                                40171,
+                                format!(
+                                    "subpipeline of $facet must be an array of objects, found {}",
+                                    value::type_name(item)
+                                ),
+                            ));
+                        };
+                        if sd.contains_key("$facet") {
+                            return Err(stage_err(
+                                40600,
+                                "$facet is not allowed to be used within a $facet stage",
+                            ));
+                        }
+                        stages.push(sd.clone());
+                    }
+                    facets.push((name.clone(), Pipeline::parse_with_vars(&stages, vars)?));
+                }
+                Stage::Facet(facets)
+            }
+            name if UNSUPPORTED_STAGES.contains(&name) => {
+                return Err(MongoError::new(
+                    wire::ErrorCode::COMMAND_NOT_SUPPORTED,
+                    format!("{name} is not supported by this server"),
+                ));
+            }
             other => {
                 return Err(stage_err(
                     40324,
@@ -358,6 +433,8 @@ impl Stage {
             Stage::Count(_) => "$count",
             Stage::Unwind(_) => "$unwind",
             Stage::SortByCount(_) => "$sortByCount",
+            Stage::Bucket(_) => "$bucket",
+            Stage::Facet(_) => "$facet",
         }
     }
 
@@ -430,6 +507,18 @@ impl Stage {
                 spec.sort(&mut out);
                 out
             }
+            Stage::Bucket(b) => b.run(docs, env)?,
+            Stage::Facet(facets) => {
+                let mut out = Document::new();
+                for (name, p) in facets {
+                    let results = p.run_in(docs.clone(), env)?;
+                    out.insert(
+                        name.clone(),
+                        results.into_iter().map(Bson::Document).collect::<Vec<_>>(),
+                    );
+                }
+                vec![out]
+            }
             Stage::Sort(spec) => {
                 let mut docs = docs;
                 spec.sort(&mut docs);
@@ -466,6 +555,173 @@ impl Stage {
             }
             _ => docs,
         })
+    }
+}
+
+/// MongoDB stages this crate knows by name but does not run (they need other collections,
+/// randomness or server state); the router may implement some of them itself.
+pub const UNSUPPORTED_STAGES: &[&str] = &[
+    "$lookup",
+    "$graphLookup",
+    "$unionWith",
+    "$out",
+    "$merge",
+    "$sample",
+    "$bucketAuto",
+    "$densify",
+    "$fill",
+    "$setWindowFields",
+    "$geoNear",
+    "$collStats",
+    "$indexStats",
+    "$currentOp",
+    "$listSessions",
+    "$listLocalSessions",
+    "$planCacheStats",
+    "$search",
+    "$searchMeta",
+    "$documents",
+    "$changeStreamSplitLargeEvent",
+];
+
+impl Bucket {
+    fn parse(arg: &Bson, vars: &[String]) -> Result<Bucket> {
+        let Bson::Document(d) = arg else {
+            return Err(stage_err(
+                40201,
+                format!(
+                    "Argument to $bucket stage must be an object, but found type: {}",
+                    value::type_name(arg)
+                ),
+            ));
+        };
+        let (mut group_by, mut boundaries, mut default, mut output) = (None, None, None, None);
+        for (k, v) in d {
+            match k.as_str() {
+                "groupBy" => {
+                    let ok = matches!(v, Bson::String(s) if s.starts_with('$'))
+                        || matches!(v, Bson::Document(_));
+                    if !ok {
+                        return Err(stage_err(
+                            40202,
+                            format!(
+                                "The $bucket 'groupBy' field must be defined as a $-prefixed path or an expression, but found: {v}"
+                            ),
+                        ));
+                    }
+                    group_by = Some(Expr::parse_with_vars(v, vars)?);
+                }
+                "boundaries" => {
+                    let Bson::Array(b) = v else {
+                        return Err(stage_err(
+                            40200,
+                            format!(
+                                "The $bucket 'boundaries' field must be an array, but found type: {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    };
+                    boundaries = Some(b.clone());
+                }
+                "default" => default = Some(v.clone()),
+                "output" => {
+                    let Bson::Document(o) = v else {
+                        return Err(stage_err(
+                            40196,
+                            format!(
+                                "The $bucket 'output' field must be an object, but found type: {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    };
+                    output = Some(parse_accumulators(o, vars)?);
+                }
+                other => {
+                    return Err(stage_err(
+                        40197,
+                        format!("Unrecognized option to $bucket: {other}."),
+                    ));
+                }
+            }
+        }
+        let (Some(group_by), Some(boundaries)) = (group_by, boundaries) else {
+            return Err(stage_err(
+                40198,
+                "$bucket requires 'groupBy' and 'boundaries' to be specified.",
+            ));
+        };
+        if boundaries.len() < 2 {
+            return Err(stage_err(
+                40192,
+                format!(
+                    "The $bucket 'boundaries' field must have at least 2 values, but found {} value(s).",
+                    boundaries.len()
+                ),
+            ));
+        }
+        for w in boundaries.windows(2) {
+            if let [a, b] = w {
+                if value::canonical_type(a) != value::canonical_type(b) {
+                    return Err(stage_err(
+                        40193,
+                        format!(
+                            "All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types {} and {}.",
+                            value::type_name(a),
+                            value::type_name(b)
+                        ),
+                    ));
+                }
+                if compare(a, b) != Ordering::Less {
+                    return Err(stage_err(
+                        40194,
+                        format!(
+                            "The 'boundaries' option to $bucket must be sorted in ascending order, but elements {a} and {b} are not in ascending order."
+                        ),
+                    ));
+                }
+            }
+        }
+        if let (Some(dv), Some(first), Some(last)) =
+            (&default, boundaries.first(), boundaries.last())
+            && value::canonical_type(dv) == value::canonical_type(first)
+            && compare(dv, first) != Ordering::Less
+            && compare(dv, last) == Ordering::Less
+        {
+            return Err(stage_err(
+                40199,
+                "The $bucket 'default' field must be less than the lowest boundary or greater than or equal to the highest boundary.",
+            ));
+        }
+        let accumulators = output
+            .unwrap_or_else(|| vec![("count".into(), AccKind::Sum, Expr::literal(Bson::Int32(1)))]);
+        Ok(Bucket {
+            group: Group {
+                id: group_by,
+                accumulators,
+            },
+            boundaries,
+            default,
+        })
+    }
+
+    /// Groups into buckets `[b[i], b[i+1])` (or the default), sorted by bucket.
+    fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        let mut out = self.group.run_keyed(docs, env, |v| {
+            let slot = self
+                .boundaries
+                .windows(2)
+                .find(|w| matches!(w, [lo, hi] if compare(&v, lo).is_ge() && compare(&v, hi).is_lt()));
+            match (slot, &self.default) {
+                (Some([lo, _]), _) => Ok(lo.clone()),
+                (_, Some(d)) => Ok(d.clone()),
+                _ => Err(stage_err(
+                    40066,
+                    "$switch could not find a matching branch for an input, and no default was specified.",
+                )),
+            }
+        })?;
+        SortSpec::parse(&doc! {"_id": 1})?.sort(&mut out);
+        Ok(out)
     }
 }
 
@@ -714,86 +970,97 @@ impl Group {
             ));
         };
         let mut id = None;
-        let mut accumulators = Vec::new();
+        let mut fields = Document::new();
         for (k, v) in d {
             if k == "_id" {
                 id = Some(Expr::parse_with_vars(v, vars)?);
-                continue;
-            }
-            if k.contains('.') {
-                return Err(stage_err(
-                    40235,
-                    format!("The field name '{k}' cannot contain '.'"),
-                ));
-            }
-            if k.starts_with('$') {
-                return Err(stage_err(
-                    40236,
-                    format!("The field name '{k}' cannot be an operator name"),
-                ));
-            }
-            let Bson::Document(acc) = v else {
-                return Err(stage_err(
-                    40234,
-                    format!("The field '{k}' must be an accumulator object"),
-                ));
-            };
-            if acc.len() != 1 {
-                return Err(stage_err(
-                    40238,
-                    format!("The field '{k}' must specify one accumulator"),
-                ));
-            }
-            let Some((op, operand)) = acc.iter().next() else {
-                return Err(stage_err(
-                    40238,
-                    format!("The field '{k}' must specify one accumulator"),
-                ));
-            };
-            let kind = match op.as_str() {
-                "$sum" => AccKind::Sum,
-                "$avg" => AccKind::Avg,
-                "$min" => AccKind::Min,
-                "$max" => AccKind::Max,
-                "$first" => AccKind::First,
-                "$last" => AccKind::Last,
-                "$push" => AccKind::Push,
-                "$addToSet" => AccKind::AddToSet,
-                "$count" => AccKind::Count,
-                "$mergeObjects" => AccKind::MergeObjects,
-                other => {
-                    return Err(stage_err(
-                        15952,
-                        format!("unknown group operator '{other}'"),
-                    ));
-                }
-            };
-            if matches!(operand, Bson::Array(_)) && kind != AccKind::Count {
-                return Err(stage_err(
-                    40237,
-                    format!("The {op} accumulator is a unary operator"),
-                ));
-            }
-            let e = if kind == AccKind::Count {
-                match operand {
-                    Bson::Document(c) if c.is_empty() => Expr::literal(Bson::Int32(1)),
-                    _ => {
-                        return Err(MongoError::type_mismatch(
-                            "$count takes no arguments, i.e. $count:{}",
-                        ));
-                    }
-                }
             } else {
-                Expr::parse_with_vars(operand, vars)?
-            };
-            accumulators.push((k.clone(), kind, e));
+                fields.insert(k.clone(), v.clone());
+            }
         }
         Ok(Group {
             id: id.ok_or_else(|| stage_err(15955, "a group specification must include an _id"))?,
-            accumulators,
+            accumulators: parse_accumulators(&fields, vars)?,
         })
     }
+}
 
+/// Named accumulators (`{total: {$sum: "$x"}, ...}`) of `$group` and `$bucket`'s `output`.
+fn parse_accumulators(d: &Document, vars: &[String]) -> Result<Vec<(String, AccKind, Expr)>> {
+    let mut accumulators = Vec::new();
+    for (k, v) in d {
+        if k.contains('.') {
+            return Err(stage_err(
+                40235,
+                format!("The field name '{k}' cannot contain '.'"),
+            ));
+        }
+        if k.starts_with('$') {
+            return Err(stage_err(
+                40236,
+                format!("The field name '{k}' cannot be an operator name"),
+            ));
+        }
+        let Bson::Document(acc) = v else {
+            return Err(stage_err(
+                40234,
+                format!("The field '{k}' must be an accumulator object"),
+            ));
+        };
+        if acc.len() != 1 {
+            return Err(stage_err(
+                40238,
+                format!("The field '{k}' must specify one accumulator"),
+            ));
+        }
+        let Some((op, operand)) = acc.iter().next() else {
+            return Err(stage_err(
+                40238,
+                format!("The field '{k}' must specify one accumulator"),
+            ));
+        };
+        let kind = match op.as_str() {
+            "$sum" => AccKind::Sum,
+            "$avg" => AccKind::Avg,
+            "$min" => AccKind::Min,
+            "$max" => AccKind::Max,
+            "$first" => AccKind::First,
+            "$last" => AccKind::Last,
+            "$push" => AccKind::Push,
+            "$addToSet" => AccKind::AddToSet,
+            "$count" => AccKind::Count,
+            "$mergeObjects" => AccKind::MergeObjects,
+            other => {
+                return Err(stage_err(
+                    15952,
+                    format!("unknown group operator '{other}'"),
+                ));
+            }
+        };
+        if matches!(operand, Bson::Array(_)) && kind != AccKind::Count {
+            return Err(stage_err(
+                40237,
+                format!("The {op} accumulator is a unary operator"),
+            ));
+        }
+        let e = if kind == AccKind::Count {
+            match operand {
+                Bson::Document(c) if c.is_empty() => Expr::literal(Bson::Int32(1)),
+                _ => {
+                    return Err(MongoError::type_mismatch(
+                        "$count takes no arguments, i.e. $count:{}",
+                    ));
+                }
+            }
+        } else {
+            Expr::parse_with_vars(operand, vars)?
+        };
+        accumulators.push((k.clone(), kind, e));
+    }
+    Ok(accumulators)
+}
+
+impl Group {
     fn init(&self) -> Vec<AccState> {
         self.accumulators
             .iter()
@@ -812,10 +1079,20 @@ impl Group {
 
     /// Runs the grouping over a batch; groups come out in order of first appearance.
     pub fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        self.run_keyed(docs, env, |id| Ok(id))
+    }
+
+    /// Runs the grouping with the group key derived from the `_id` expression's value.
+    fn run_keyed(
+        &self,
+        docs: Vec<Document>,
+        env: &Env,
+        key_of: impl Fn(Bson) -> Result<Bson>,
+    ) -> Result<Vec<Document>> {
         let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
         let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
         for d in &docs {
-            let key = self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null);
+            let key = key_of(self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null))?;
             let gi = match index.get(&GroupKey(key.clone())) {
                 Some(i) => *i,
                 None => {

@@ -132,7 +132,13 @@ impl Projection {
                 Some((path, Matcher::parse(&sub)?))
             }
         };
-        let kind = p.kind.unwrap_or(if positional.is_some() {
+        // Only `_id` (or `$slice`s) decided nothing: `{_id: 1}` alone includes just `_id`,
+        // `{_id: 0}` alone excludes it.
+        let id_included = matches!(
+            p.root.iter().find(|(k, _)| k == "_id"),
+            Some((_, PNode::Include))
+        );
+        let kind = p.kind.unwrap_or(if positional.is_some() || id_included {
             Kind::Inclusion
         } else {
             Kind::Exclusion
@@ -699,6 +705,12 @@ mod tests {
                 doc! {"a": 1},
             ),
             (doc! {"a": true}, doc! {"_id": 1, "b": 2}, doc! {"_id": 1}),
+            (doc! {"_id": 1}, doc! {"_id": 1, "b": 2}, doc! {"_id": 1}),
+            (
+                doc! {"_id": true, "a": {"$slice": 1}},
+                doc! {"_id": 1, "a": [1, 2], "b": 2},
+                doc! {"_id": 1, "a": [1]},
+            ),
             (
                 doc! {"a.b": 1},
                 doc! {"a": {"b": 1, "c": 2}, "x": 1},

@@ -310,8 +310,98 @@ fn now_and_let_variables_come_from_the_environment() {
         now: Some(now),
         vars: vec![("limit".into(), Bson::Int32(30))],
     };
-    assert_eq!(p.run_in(people(), &env).unwrap(), vec![doc! {"_id": 3, "at": now}]);
+    assert_eq!(
+        p.run_in(people(), &env).unwrap(),
+        vec![doc! {"_id": 3, "at": now}]
+    );
     // Without the declaration the variable is undefined at parse time.
     let e = Pipeline::parse(&[doc! {"$match": {"$expr": "$$limit"}}]).unwrap_err();
     assert_eq!(e.code, 17276);
+}
+
+#[test]
+fn bucket_groups_by_boundaries_and_sorts_by_bucket() {
+    let out = run(
+        vec![doc! {"$bucket": {"groupBy": "$age", "boundaries": [20, 30, 40], "default": "other"}}],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            doc! {"_id": 20, "count": 1},
+            doc! {"_id": 30, "count": 2},
+            doc! {"_id": "other", "count": 1},
+        ]
+    );
+    let out = run(
+        vec![doc! {"$bucket": {
+            "groupBy": "$age", "boundaries": [0, 100],
+            "output": {"names": {"$push": "$name"}}
+        }}],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![doc! {"_id": 0, "names": ["ann", "bob", "cy", "di"]}]
+    );
+    let e = Pipeline::parse(&[doc! {"$bucket": {"groupBy": "$age", "boundaries": [0, 30]}}])
+        .unwrap()
+        .run(people())
+        .unwrap_err();
+    assert_eq!(e.code, 40066);
+}
+
+#[test]
+fn facet_runs_sub_pipelines_over_the_same_input() {
+    let out = run(
+        vec![doc! {"$facet": {
+            "n": [{"$count": "n"}],
+            "eng": [{"$match": {"dept": "eng"}}, {"$project": {"_id": 1}}],
+        }}],
+        people(),
+    );
+    assert_eq!(
+        out,
+        vec![doc! {"n": [{"n": 4}], "eng": [{"_id": 1}, {"_id": 3}, {"_id": 4}]}]
+    );
+}
+
+#[test]
+fn bucket_facet_and_unsupported_stage_errors() {
+    let cases: Vec<(Document, i32)> = vec![
+        (doc! {"$bucket": {"groupBy": "$a"}}, 40198),
+        (
+            doc! {"$bucket": {"groupBy": "$a", "boundaries": [1]}},
+            40192,
+        ),
+        (
+            doc! {"$bucket": {"groupBy": "$a", "boundaries": [2, 1]}},
+            40194,
+        ),
+        (
+            doc! {"$bucket": {"groupBy": "$a", "boundaries": [1, "x"]}},
+            40193,
+        ),
+        (
+            doc! {"$bucket": {"groupBy": "$a", "boundaries": [1, 5], "default": 2}},
+            40199,
+        ),
+        (
+            doc! {"$bucket": {"groupBy": "a", "boundaries": [1, 5]}},
+            40202,
+        ),
+        (
+            doc! {"$bucket": {"groupBy": "$a", "boundaries": [1, 5], "x": 1}},
+            40197,
+        ),
+        (doc! {"$facet": {}}, 40169),
+        (doc! {"$facet": {"a": 1}}, 40170),
+        (doc! {"$facet": {"a": [{"$facet": {"b": []}}]}}, 40600),
+        (doc! {"$lookup": {"from": "x"}}, 115),
+        (doc! {"$out": "x"}, 115),
+    ];
+    for (spec, code) in cases {
+        let e = Stage::parse(&spec).expect_err(&format!("{spec}"));
+        assert_eq!(e.code, code, "{spec}: {e}");
+    }
 }
