@@ -1079,7 +1079,7 @@ impl Group {
 
     /// Runs the grouping over a batch; groups come out in order of first appearance.
     pub fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
-        self.run_keyed(docs, env, |id| Ok(id))
+        self.run_keyed(docs, env, Ok)
     }
 
     /// Runs the grouping with the group key derived from the `_id` expression's value.
