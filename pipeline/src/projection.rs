@@ -3,8 +3,8 @@
 //! A projection is parsed into a tree keyed by path components (`{"a.b": 1}` and `{a: {b: 1}}`
 //! give the same tree) and is one of three kinds:
 //! * **inclusion**: only the included fields, `_id` (unless `_id: 0`), and computed fields are
-//!   output. Included fields keep the input document's order; computed fields that are not in
-//!   the input are appended in specification order.
+//!   output. Included fields keep the input document's order; computed fields follow them in
+//!   specification order (a computed `_id` stays first).
 //! * **exclusion**: everything but the excluded fields.
 //! * **add fields** (`$addFields`/`$set`): every input field is kept; a computed field replaces
 //!   the existing value in place or is appended.
@@ -457,12 +457,13 @@ fn include_doc(
                     out.insert(k.clone(), vec![e.clone()]);
                 }
             }
-            Some(PNode::Compute(e)) => {
+            // Computed fields come after the included ones (below), except a computed `_id`.
+            Some(PNode::Compute(e)) if top && k == "_id" => {
                 if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
-            Some(PNode::Exclude) => {}
+            Some(PNode::Compute(_)) | Some(PNode::Exclude) => {}
             None => {
                 if top && include_id && k == "_id" {
                     out.insert(k.clone(), v.clone());
@@ -470,18 +471,17 @@ fn include_doc(
             }
         }
     }
-    // Computed fields (or subtrees with computed fields) the input lacks, in spec order.
+    // Computed fields in specification order (replacing nothing: an input field of the same
+    // name was not copied above), then subtrees with computed fields the input lacks.
     for (k, n) in nodes {
-        if src.contains_key(k) {
-            continue;
-        }
         match n {
+            PNode::Compute(_) if top && k == "_id" && src.contains_key(k) => {}
             PNode::Compute(e) => {
                 if let Some(x) = e.evaluate_in(root, env)? {
                     out.insert(k.clone(), x);
                 }
             }
-            PNode::Nested(children) if has_computed(children) => {
+            PNode::Nested(children) if has_computed(children) && !src.contains_key(k) => {
                 out.insert(
                     k.clone(),
                     include_doc(&Document::new(), children, root, false, false, env)?,
@@ -771,6 +771,15 @@ mod tests {
         let input = doc! {"_id": 1, "a": [1, 2, 3, 4], "x": 5, "d": [{"k": 1}, {"k": 2}]};
         let cases = [
             (doc! {"y": "$x"}, doc! {"_id": 1, "y": 5}),
+            // Computed fields follow included ones, in specification order.
+            (
+                doc! {"x": "$x", "_id": 0, "d": 1},
+                doc! {"d": [{"k": 1}, {"k": 2}], "x": 5},
+            ),
+            (
+                doc! {"_id": "$x", "a": {"$slice": 1}},
+                doc! {"_id": 5, "a": [1]},
+            ),
             (doc! {"y": {"$add": ["$x", 1]}, "_id": 0}, doc! {"y": 6}),
             (doc! {"y": "lit", "_id": 0}, doc! {"y": "lit"}),
             (doc! {"n.m": "$x", "_id": 0}, doc! {"n": {"m": 5}}),
