@@ -22,6 +22,8 @@ use crate::{MongoError, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub struct SortSpec {
     keys: Vec<SortKeyPart>,
+    /// `{$natural: 1 | -1}`: storage order (`Some(true)`) or its reverse; no key comparisons.
+    natural: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +43,22 @@ impl SortSpec {
                     40352,
                     "FieldPath cannot be constructed with empty string",
                 ));
+            }
+            if k == "$natural" {
+                if spec.len() != 1 {
+                    return Err(MongoError::bad_value(
+                        "$natural sort cannot be set in combination with other sort keys",
+                    ));
+                }
+                let natural = match value::as_f64(v) {
+                    Some(1.0) => true,
+                    Some(-1.0) => false,
+                    _ => return Err(bad_order()),
+                };
+                return Ok(SortSpec {
+                    keys: Vec::new(),
+                    natural: Some(natural),
+                });
             }
             if k.starts_with('$') {
                 return Err(MongoError::with_code(
@@ -67,12 +85,21 @@ impl SortSpec {
                 ascending,
             });
         }
-        Ok(SortSpec { keys })
+        Ok(SortSpec {
+            keys,
+            natural: None,
+        })
     }
 
-    /// Whether there are no keys (no ordering).
+    /// Whether there are no keys (no ordering, or `$natural`).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// `Some(ascending)` for `{$natural: ±1}`: the caller returns documents in storage order
+    /// (or reversed); [`SortSpec::compare`] treats all documents as equal.
+    pub fn natural(&self) -> Option<bool> {
+        self.natural
     }
 
     /// The sorted paths with their direction (`true` = ascending).
@@ -285,5 +312,16 @@ mod tests {
             2
         );
         assert!(SortSpec::parse(&doc! {}).unwrap().is_empty());
+        assert_eq!(
+            SortSpec::parse(&doc! {"$natural": -1}).unwrap().natural(),
+            Some(false)
+        );
+        assert_eq!(
+            SortSpec::parse(&doc! {"$natural": 1, "a": 1})
+                .unwrap_err()
+                .code,
+            2
+        );
+        assert_eq!(SortSpec::parse(&doc! {"$a": 1}).unwrap_err().code, 16410);
     }
 }
