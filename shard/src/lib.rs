@@ -21,6 +21,7 @@ pub mod changestream;
 pub mod clock;
 pub mod commands;
 pub mod cursor;
+pub mod indexes;
 pub mod keys;
 pub mod oplog;
 pub mod query;

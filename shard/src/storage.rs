@@ -35,15 +35,19 @@ pub enum Table {
     Retryable,
     /// key: UTF-8 name; value: bytes (e.g. the clock reservation).
     Meta,
+    /// Unique secondary index entries. key: collection UUID ++ index name ++ 0 ++ KeyString of
+    /// the key values; value: BSON `{_id}` of the document holding it.
+    UniqueIndexes,
 }
 
 impl Table {
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::Catalog,
         Table::Documents,
         Table::Oplog,
         Table::Retryable,
         Table::Meta,
+        Table::UniqueIndexes,
     ];
 
     fn name(self) -> &'static str {
@@ -53,6 +57,7 @@ impl Table {
             Table::Oplog => "oplog",
             Table::Retryable => "retryable",
             Table::Meta => "meta",
+            Table::UniqueIndexes => "unique_indexes",
         }
     }
 

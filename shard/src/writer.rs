@@ -163,6 +163,7 @@ impl<'a> WriteCtx<'a> {
         for k in &keys_to_delete {
             self.txn.delete(Table::Documents, k)?;
         }
+        crate::indexes::drop_all(&mut *self.txn, coll)?;
         Ok(keys_to_delete.len() as u64)
     }
 

@@ -559,3 +559,90 @@ async fn misc_commands_answer_like_mongod() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn unique_index_entries_follow_inserts_updates_deletes_and_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "db",
+        doc! {"createIndexes": "c", "indexes": [{"key": {"u": 1}, "name": "u_1", "unique": true}]},
+    )
+    .await;
+    let dup = |r: &bson::Document| {
+        r.get_array("writeErrors")
+            .map(|e| e[0].as_document().unwrap().get_i32("code").unwrap() == 11000)
+            .unwrap_or(false)
+    };
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "u": "a"}]},
+    )
+    .await;
+    assert!(dup(&ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 2, "u": "a"}]}
+    )
+    .await));
+    // Changing the key frees the old value.
+    ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"u": "b"}}}]},
+    )
+    .await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 2, "u": "a"}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    // A document may keep its own key on update.
+    let r = ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 2}, "u": {"$set": {"u": "a", "x": 1}}}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("nModified").unwrap(), 1);
+    // Deleting frees the key.
+    ok(
+        &s,
+        "db",
+        doc! {"delete": "c", "deletes": [{"q": {"_id": 1}, "limit": 1}]},
+    )
+    .await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 3, "u": "b"}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    // Dropping the index removes its entries; a new non-unique index allows duplicates.
+    ok(&s, "db", doc! {"dropIndexes": "c", "index": "u_1"}).await;
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 4, "u": "b"}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    // Rebuilding over duplicates fails and leaves the collection as it was.
+    let r = run(
+        &s,
+        "db",
+        doc! {"createIndexes": "c", "indexes": [{"key": {"u": 1}, "name": "u_1", "unique": true}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("code").unwrap(), 11000);
+    assert_eq!(
+        first_batch(&ok(&s, "db", doc! {"listIndexes": "c"}).await).len(),
+        1
+    );
+    s.shutdown().await;
+}

@@ -21,6 +21,12 @@ use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
 /// Generic command fields that are not collection options.
 const GENERIC_FIELDS: &[&str] = &[
     "$db",
+    "shardVersion",
+    "databaseVersion",
+    "$configTime",
+    "$topologyTime",
+    "txnRetryCounter",
+    "$queryOptions",
     "$clusterTime",
     "$readPreference",
     "lsid",
@@ -514,6 +520,17 @@ fn add_indexes(
         return Ok((0, None));
     }
     let n = added.len();
+    // Everything is validated: now build the unique indexes' entries.
+    for spec in added
+        .iter()
+        .filter(|s| s.get("unique").and_then(as_bool).unwrap_or(false))
+    {
+        if let Some(dup) = crate::indexes::build(w.txn_mut(), &entry, spec)? {
+            let key = spec.get_document("key").cloned().unwrap_or_default();
+            let name = spec.get_str("name").unwrap_or("");
+            return Err(dup_key_error(coll, name, &key, &dup).into());
+        }
+    }
     w.save_collection(entry)?;
     let mut last = None;
     for spec in added {
@@ -535,7 +552,7 @@ fn check_existing_unique(
     let mut seen: Vec<Document> = Vec::new();
     let mut dup = None;
     w.scan_docs(coll, &mut |d| {
-        if !super::write_ops::indexes_doc(spec, key, &d) {
+        if !crate::indexes::covers(spec, key, &d) {
             return Scan::Continue;
         }
         let mut v = Document::new();
@@ -672,6 +689,9 @@ pub async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
         let mut last = None;
         if !dropped.is_empty() {
+            for spec in &dropped {
+                crate::indexes::drop_index(w.txn_mut(), &c, spec.get_str("name").unwrap_or(""))?;
+            }
             w.save_collection(entry)?;
             for spec in dropped {
                 let name = spec.get_str("name").unwrap_or("").to_string();

@@ -223,29 +223,6 @@ pub fn dup_key_error(
     .with_extra(doc! {"keyPattern": key_pattern.clone(), "keyValue": key_value.clone()})
 }
 
-/// The values of an index's key fields in `doc` (missing → null).
-fn index_key_value(pattern: &Document, doc: &Document) -> Document {
-    let mut out = Document::new();
-    for (f, _) in pattern {
-        out.insert(f.clone(), get_dotted(doc, f).cloned().unwrap_or(Bson::Null));
-    }
-    out
-}
-
-/// Whether an index has an entry for `doc`: sparse indexes skip documents missing every key
-/// field, partial indexes those not matching `partialFilterExpression`.
-pub fn indexes_doc(spec: &Document, pattern: &Document, doc: &Document) -> bool {
-    if spec.get("sparse").and_then(super::as_bool).unwrap_or(false)
-        && pattern.keys().all(|f| get_dotted(doc, f).is_none())
-    {
-        return false;
-    }
-    if let Ok(pfe) = spec.get_document("partialFilterExpression") {
-        return pipeline::Matcher::parse(pfe).is_ok_and(|m| m.matches(doc));
-    }
-    true
-}
-
 /// Checks `_id` uniqueness and every unique secondary index for a document about to be
 /// written. `replacing` is the `_id` of the document it replaces (an update).
 pub fn check_unique(
@@ -263,33 +240,8 @@ pub fn check_unique(
             &doc! {"_id": id},
         )));
     }
-    for spec in &coll.indexes {
-        let unique = spec.get("unique").and_then(super::as_bool).unwrap_or(false);
-        let Ok(pattern) = spec.get_document("key") else {
-            continue;
-        };
-        if !unique || !indexes_doc(spec, pattern, doc) {
-            continue;
-        }
-        let value = index_key_value(pattern, doc);
-        let mut clash = false;
-        ctx.scan_docs(coll, &mut |other| {
-            let other_id = other.get("_id").cloned().unwrap_or(Bson::Null);
-            if pipeline::value::equal(&other_id, &id) || !indexes_doc(spec, pattern, &other) {
-                return Scan::Continue;
-            }
-            if pipeline::value::compare_documents(&index_key_value(pattern, &other), &value)
-                == std::cmp::Ordering::Equal
-            {
-                clash = true;
-                return Scan::Stop;
-            }
-            Scan::Continue
-        })?;
-        if clash {
-            let name = spec.get_str("name").unwrap_or("");
-            return Err(OpError::Mongo(dup_key_error(coll, name, pattern, &value)));
-        }
+    if let Some((name, pattern, value)) = crate::indexes::find_conflict(ctx.txn(), coll, doc)? {
+        return Err(OpError::Mongo(dup_key_error(coll, &name, &pattern, &value)));
     }
     Ok(())
 }
@@ -326,6 +278,7 @@ pub fn insert_one(
 ) -> OpResult<ClusterTime> {
     check_unique(ctx, coll, &doc, None)?;
     ctx.put_doc(coll, &doc)?;
+    crate::indexes::add(ctx.txn_mut(), coll, &doc)?;
     let key = coll.document_key(&doc);
     logged(
         ctx,
@@ -345,6 +298,7 @@ pub fn delete_one(
 ) -> OpResult<ClusterTime> {
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
     ctx.delete_doc(coll, &id)?;
+    crate::indexes::remove(ctx.txn_mut(), coll, doc)?;
     let key = coll.document_key(doc);
     logged(
         ctx,
@@ -472,6 +426,8 @@ pub fn run_update(
             if let Some(o) = o {
                 check_unique(ctx, coll, &new, new.get("_id"))?;
                 ctx.put_doc(coll, &new)?;
+                crate::indexes::remove(ctx.txn_mut(), coll, &old)?;
+                crate::indexes::add(ctx.txn_mut(), coll, &new)?;
                 let key = coll.document_key(&old);
                 let ts = logged(
                     ctx,
