@@ -21,6 +21,22 @@ use crate::storage::StorageResult;
 use crate::update::UpdateSpec;
 use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
 
+/// MongoDB's `maxWriteBatchSize`.
+const MAX_WRITE_BATCH: usize = 100_000;
+
+/// A write command carries between 1 and `maxWriteBatchSize` statements.
+fn check_batch_size(n: usize) -> Result<(), MongoError> {
+    if n == 0 || n > MAX_WRITE_BATCH {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_LENGTH,
+            format!(
+                "Write batch sizes must be between 1 and {MAX_WRITE_BATCH}. Got {n} operations."
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `{index, code, errmsg, ...extra}` for `writeErrors`.
 pub fn write_error(index: usize, e: &MongoError) -> Bson {
     let mut d = doc! {"index": index as i32, "code": e.code, "errmsg": &e.errmsg};
@@ -85,6 +101,7 @@ pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let docs = ctx
         .opt_array("documents")?
         .ok_or_else(|| ctx.missing("documents"))?;
+    check_batch_size(docs.len())?;
     let mut parsed = Vec::with_capacity(docs.len());
     for (i, d) in docs.into_iter().enumerate() {
         match d {
@@ -226,6 +243,7 @@ pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let updates = ctx
         .opt_array("updates")?
         .ok_or_else(|| ctx.missing("updates"))?;
+    check_batch_size(updates.len())?;
     let mut stmts = Vec::with_capacity(updates.len());
     for u in &updates {
         stmts.push(parse_update(ctx, u)?);
@@ -314,6 +332,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let deletes = ctx
         .opt_array("deletes")?
         .ok_or_else(|| ctx.missing("deletes"))?;
+    check_batch_size(deletes.len())?;
     let mut stmts = Vec::with_capacity(deletes.len());
     for d in &deletes {
         let Bson::Document(d) = d else {
