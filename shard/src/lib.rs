@@ -6,7 +6,7 @@
 //!
 //! Layout:
 //! * [`storage`]: the engine seam (trait + redb + fault injection).
-//! * [`catalog`], [`keys`]: collections and document keys.
+//! * [`catalog`], [`keys`], [`indexes`]: collections, document keys, unique index entries.
 //! * [`clock`]: injected wall clock and the hybrid logical clock (high-water mark, reservation).
 //! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread.
 //! * [`retryable`]: retryable-write records; [`cursor`]: cursor registry.
