@@ -4,13 +4,14 @@
 use std::hint::black_box;
 
 use bson::{Binary, Bson, DateTime, Document, Timestamp, doc, spec::BinarySubtype};
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::merge::Merger;
 use pipeline::changestream::shard::ShardStream;
 use pipeline::changestream::spec::{ChangeStreamSpec, StreamLevel};
 use pipeline::changestream::unwind::OpTime;
 use resume::ClusterTime;
-use resume::token::{ResumeTokenData, TokenVersion};
+use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
 
 const N: u32 = 1000;
 
@@ -75,7 +76,7 @@ fn merge(c: &mut Criterion) {
     let mut g = c.benchmark_group("merge");
     for shards in [1usize, 3, 8] {
         // Each shard gets N/shards events at interleaved times, in batches of 50.
-        let per: Vec<Vec<Vec<pipeline::changestream::ChangeEvent>>> = (0..shards)
+        let per: Vec<Vec<Vec<ChangeEvent>>> = (0..shards)
             .map(|s| {
                 let events: Vec<_> = (0..N as usize / shards)
                     .map(|i| {
@@ -90,7 +91,7 @@ fn merge(c: &mut Criterion) {
                         .unwrap_or_else(|_| unreachable!());
                         let token = data.encode();
                         let doc = doc! {"_id": token.to_document(), "operationType": "insert"};
-                        pipeline::changestream::ChangeEvent { token, data, doc }
+                        ChangeEvent { token, data, doc }
                     })
                     .collect();
                 events.chunks(50).map(<[_]>::to_vec).collect()
@@ -98,32 +99,49 @@ fn merge(c: &mut Criterion) {
             .collect();
         let total: usize = per.iter().flatten().map(Vec::len).sum();
         g.throughput(Throughput::Elements(total as u64));
+        // Batches with their promises, built outside the timed loop.
+        let with_promises: Vec<Vec<(Vec<ChangeEvent>, ResumeToken)>> = per
+            .iter()
+            .map(|batches| {
+                batches
+                    .iter()
+                    .map(|b| {
+                        let last = b.last().map_or(0, |e| e.data.cluster_time().secs);
+                        let promise = ResumeTokenData::high_water_mark(
+                            ClusterTime::new(last + 1, 0),
+                            TokenVersion::V2,
+                        )
+                        .encode();
+                        (b.clone(), promise)
+                    })
+                    .collect()
+            })
+            .collect();
         g.bench_with_input(
             BenchmarkId::from_parameter(format!("shards={shards}")),
-            &per,
-            |b, per| {
-                b.iter(|| {
-                    let mut m = Merger::new(shards, None);
-                    let mut out = 0;
-                    let rounds = per.iter().map(Vec::len).max().unwrap_or(0);
-                    for r in 0..rounds {
-                        for (s, batches) in per.iter().enumerate() {
-                            if let Some(batch) = batches.get(r) {
-                                let last = batch.last().map_or(0, |e| e.data.cluster_time().secs);
-                                let promise = ResumeTokenData::high_water_mark(
-                                    ClusterTime::new(last + 1, 0),
-                                    TokenVersion::V2,
-                                )
-                                .encode();
-                                let _ = m.push_batch(s, batch.clone(), promise);
+            &with_promises,
+            |b, input| {
+                b.iter_batched(
+                    || input.clone(),
+                    |input| {
+                        let mut m = Merger::new(shards, None);
+                        let mut out = 0;
+                        let rounds = input.iter().map(Vec::len).max().unwrap_or(0);
+                        let mut its: Vec<_> = input.into_iter().map(Vec::into_iter).collect();
+                        for _ in 0..rounds {
+                            for (s, it) in its.iter_mut().enumerate() {
+                                if let Some((batch, promise)) = it.next() {
+                                    let _ = m.push_batch(s, batch, promise);
+                                }
+                            }
+                            while m.pop_ready().is_some() {
+                                out += 1;
                             }
                         }
-                        while m.pop_ready().is_some() {
-                            out += 1;
-                        }
-                    }
-                    black_box(out)
-                })
+                        black_box(out)
+                    },
+                    BatchSize::LargeInput,
+                )
             },
         );
     }
