@@ -1531,7 +1531,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 check_utc("$dateToString", &eval(tz, cx)?)?;
             }
             let fmt = match format {
-                None => "%Y-%m-%dT%H:%M:%S.%LZ".to_string(),
+                None => ISO_DATE_FORMAT.to_string(),
                 Some(f) => match eval(f, cx)? {
                     None | Some(Bson::Null) => return Ok(Some(Bson::Null)),
                     Some(Bson::String(s)) => s,
@@ -1717,7 +1717,7 @@ fn coerce_string(v: &Option<Bson>) -> Result<String> {
         Some(Bson::Int64(i)) => i.to_string(),
         Some(Bson::Double(d)) => format_double(*d),
         Some(Bson::Decimal128(d)) => d.to_string(),
-        Some(Bson::DateTime(d)) => d.try_to_rfc3339_string().unwrap_or_default(),
+        Some(Bson::DateTime(d)) => format_date(d.timestamp_millis(), ISO_DATE_FORMAT)?,
         Some(other) => {
             return Err(err(
                 16007,
@@ -1875,10 +1875,7 @@ fn convert(v: &Bson, target: i32) -> Result<Bson> {
             Bson::String(s) => Bson::String(s.clone()),
             Bson::Boolean(b) => Bson::String(b.to_string()),
             Bson::ObjectId(o) => Bson::String(o.to_hex()),
-            Bson::DateTime(d) => Bson::String(
-                d.try_to_rfc3339_string()
-                    .map_err(|_| fail("string"))?,
-            ),
+            Bson::DateTime(d) => Bson::String(format_date(d.timestamp_millis(), ISO_DATE_FORMAT)?),
             n if value::is_number(n) => Bson::String(coerce_string(&Some(n.clone()))?),
             _ => return Err(fail("string")),
         },
@@ -3096,6 +3093,9 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
         }
     })
 }
+
+/// MongoDB's default date rendering (`$dateToString`, `$toString`): always milliseconds.
+const ISO_DATE_FORMAT: &str = "%Y-%m-%dT%H:%M:%S.%LZ";
 
 /// The calendar fields of a UTC instant.
 struct DateParts {

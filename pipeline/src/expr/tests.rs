@@ -456,3 +456,12 @@ fn too_deep_expressions_and_filters_are_rejected_before_recursing() {
     }
     assert!(crate::Matcher::parse(&ok).unwrap().matches(&doc! {"a": 1}));
 }
+
+#[test]
+fn dates_render_with_milliseconds_in_to_string() {
+    let d = doc! {"t": bson::DateTime::from_millis(0)};
+    assert_eq!(
+        eval_on(bson::bson!({"$toString": "$t"}), &d).unwrap(),
+        Some(Bson::String("1970-01-01T00:00:00.000Z".into()))
+    );
+}
