@@ -447,19 +447,14 @@ impl ResumeTokenData {
                 None => overflow = true,
             }
         }
-        let scalar = |s: &Slot| -> Result<Bson, TokenError> {
-            if let Some(v) = s.value.to_bson() {
-                return Ok(v);
-            }
-            let mut r = Reader::new(data.get(s.start..s.end).unwrap_or(&[]));
-            decode_value(s.ct, &mut r, &mut bits.at(s.bit_start), 1).map_err(malformed)
-        };
+        // Every well-formed prefix field is a fast-path scalar; anything else (`Other`) is a
+        // value of the wrong type.
         let mut it = slots.iter().take(n);
         let mut next =
-            move || -> Result<Option<Bson>, TokenError> { it.next().map(&scalar).transpose() };
+            move || -> Result<Option<Scalar>, TokenError> { Ok(it.next().map(|s| s.value)) };
         let cluster_time = match next()? {
             None => return Err(TokenError::Empty),
-            Some(Bson::Timestamp(ts)) => ClusterTime::from(ts),
+            Some(Scalar::Timestamp(secs, inc)) => ClusterTime::new(secs, inc),
             Some(_) => {
                 return Err(TokenError::Malformed(
                     "clusterTime must be a Timestamp".into(),
@@ -468,15 +463,15 @@ impl ResumeTokenData {
         };
         let version = match next()? {
             None => return Err(TokenError::VersionMissing),
-            Some(Bson::Int32(v)) => TokenVersion::from_i32(v).ok_or(TokenError::BadVersion(v))?,
+            Some(Scalar::Int32(v)) => TokenVersion::from_i32(v).ok_or(TokenError::BadVersion(v))?,
             Some(_) => return Err(TokenError::VersionNotInt),
         };
         let token_type = if version >= TokenVersion::V1 {
             match next()? {
                 None => return Err(TokenError::TokenTypeMissing),
-                Some(Bson::Int32(0)) => TokenType::HighWaterMark,
-                Some(Bson::Int32(128)) => TokenType::Event,
-                Some(Bson::Int32(t)) => return Err(TokenError::BadTokenType(t)),
+                Some(Scalar::Int32(0)) => TokenType::HighWaterMark,
+                Some(Scalar::Int32(128)) => TokenType::Event,
+                Some(Scalar::Int32(t)) => return Err(TokenError::BadTokenType(t)),
                 Some(_) => return Err(TokenError::TokenTypeNotInt),
             }
         } else {
@@ -484,13 +479,15 @@ impl ResumeTokenData {
         };
         let txn_op_index = match next()? {
             None => return Err(TokenError::TxnOpIndexMissing),
-            Some(Bson::Int32(i)) => u32::try_from(i).map_err(|_| TokenError::NegativeTxnOpIndex)?,
+            Some(Scalar::Int32(i)) => {
+                u32::try_from(i).map_err(|_| TokenError::NegativeTxnOpIndex)?
+            }
             Some(_) => return Err(TokenError::TxnOpIndexNotInt),
         };
         let from_invalidate = if version >= TokenVersion::V1 {
             match next()? {
                 None => return Err(TokenError::FromInvalidateMissing),
-                Some(Bson::Boolean(b)) => b,
+                Some(Scalar::Bool(b)) => b,
                 Some(_) => return Err(TokenError::FromInvalidateNotBool),
             }
         } else {
@@ -530,8 +527,8 @@ impl ResumeTokenData {
                 if version == TokenVersion::V2
                     && let Some(f) = rest.next()
                 {
-                    match scalar(f)? {
-                        Bson::Int32(f) if f >= 0 => out.fragment_num = Some(f as u32),
+                    match f.value {
+                        Scalar::Int32(f) if f >= 0 => out.fragment_num = Some(f as u32),
                         _ => return Err(TokenError::BadFragmentNum),
                     }
                 }
@@ -696,7 +693,13 @@ impl ResumeToken {
 
     /// `_data` as MongoDB sends it: uppercase hex.
     pub fn data_hex(&self) -> String {
-        hex::encode_upper(&self.data)
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+        let mut out = Vec::with_capacity(self.data.len() * 2);
+        for &b in &self.data {
+            out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+        }
+        // Only ASCII hex digits were written.
+        String::from_utf8(out).unwrap_or_default()
     }
 
     /// The serialized `_typeBits`, if any bit is set.
