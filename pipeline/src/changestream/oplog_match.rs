@@ -14,6 +14,8 @@
 //! * partial, prepare and abort transaction entries never match; a terminal `applyOps` matches
 //!   when an inner op would match or when it ends a chain (non-null `prevOpTime`), and every
 //!   `commitTransaction` matches (its ops are only known after the unwind);
+//! * with `showExpandedEvents`, database and cluster streams also match CRUD on
+//!   `<db>.system.views`, which the transform turns into view DDL events;
 //! * expanded-event DDL matches here whatever `showExpandedEvents` says: the classic-types filter
 //!   after the resume check drops it, so a token of such an event still resumes
 //!   ([`crate::changestream::transform::is_classic_type`]).
@@ -80,7 +82,9 @@ pub fn op_matches(spec: &ChangeStreamSpec, op: &Document) -> bool {
         return false;
     }
     match op.get_str("op").unwrap_or("") {
-        "i" | "u" | "d" => op.get_str("ns").is_ok_and(|ns| ns_matches(spec, ns)),
+        "i" | "u" | "d" => op
+            .get_str("ns")
+            .is_ok_and(|ns| ns_matches(spec, ns) || view_definition_matches(spec, ns)),
         "c" => match op.get_document("o") {
             Ok(o) if !o.contains_key("applyOps") && !o.contains_key("commitTransaction") => {
                 command_matches(spec, op, o)
@@ -170,6 +174,22 @@ pub fn marker_of(spec: &ChangeStreamSpec, entry: &Document) -> Option<&'static s
     let (marker, system) = MARKERS.iter().find(|(m, _)| o2.contains_key(m))?;
     let visible = !*system || spec.options.show_system_events;
     (visible && ns_matches(spec, ns)).then_some(*marker)
+}
+
+/// CRUD on `<db>.system.views` of a watched database: view DDL events, for database and
+/// cluster streams with `showExpandedEvents`.
+fn view_definition_matches(spec: &ChangeStreamSpec, ns: &str) -> bool {
+    if !spec.options.show_expanded_events {
+        return false;
+    }
+    match ns.strip_suffix(".system.views") {
+        Some(db) => match spec.level {
+            StreamLevel::Collection => false,
+            StreamLevel::Database => db == spec.db,
+            StreamLevel::Cluster => db_visible_to_cluster(db) && !db.contains('.'),
+        },
+        None => false,
+    }
 }
 
 /// Whether the full namespace `db.coll` is watched.

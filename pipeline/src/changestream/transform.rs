@@ -1,7 +1,8 @@
 //! Building the change event and its resume token from one (pseudo-)oplog entry
 //! (`$_internalChangeStreamTransform`, reference §2 and §5.1).
 //!
-//! Owns: the event types of §2.2, the field layout of §2.1, the event identifier of the token,
+//! Owns: the event types of §2.2 (including the view DDL events that database and cluster
+//! streams build from `system.views` CRUD), the field layout of §2.1, the event identifier of the token,
 //! and the classic-types filter.
 //!
 //! Invariants:
@@ -27,7 +28,7 @@ use super::ChangeEvent;
 use super::diff_parser::parse_diff;
 use super::oplog_match::MARKERS;
 use super::resumability::TokenVersionPolicy;
-use super::spec::ChangeStreamSpec;
+use super::spec::{ChangeStreamSpec, StreamLevel};
 
 /// Event types that pass without `showExpandedEvents`.
 pub const CLASSIC_TYPES: &[&str] = &[
@@ -52,6 +53,8 @@ pub struct Transformer {
     show_expanded_events: bool,
     show_raw_update_description: bool,
     show_commit_timestamp: bool,
+    /// Database and cluster streams turn `system.views` CRUD into view DDL events.
+    view_events: bool,
     versions: TokenVersionPolicy,
 }
 
@@ -69,6 +72,9 @@ struct Parts {
     update_description: Option<(&'static str, Document)>,
     state_before_change: Option<Document>,
     ns_type: Option<&'static str>,
+    /// A view DDL event (from `system.views` CRUD): no `collectionUUID` (the entry's `ui` is
+    /// that of `system.views`).
+    view_definition: bool,
 }
 
 impl Transformer {
@@ -77,6 +83,7 @@ impl Transformer {
             show_expanded_events: spec.options.show_expanded_events,
             show_raw_update_description: spec.options.show_raw_update_description,
             show_commit_timestamp: spec.options.show_commit_timestamp,
+            view_events: spec.level != StreamLevel::Collection,
             versions: TokenVersionPolicy::new(&spec.start),
         }
     }
@@ -141,6 +148,7 @@ impl Transformer {
         d.insert("operationType", p.operation_type);
         d.insert("clusterTime", Bson::Timestamp(ts.timestamp()));
         if self.show_expanded_events
+            && !p.view_definition
             && let Some(ui) = entry.get("ui")
         {
             d.insert("collectionUUID", ui.clone());
@@ -201,6 +209,9 @@ impl Transformer {
                 let Some(o) = o else {
                     return Err(MongoError::internal("CRUD oplog entry without 'o'"));
                 };
+                if self.view_events && coll == "system.views" {
+                    return view_definition(&mut p, op, o).map(|()| Some(p));
+                }
                 p.db = db.to_string();
                 p.coll = Some(coll.to_string());
                 match op {
@@ -284,6 +295,46 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+/// A view DDL event from CRUD on `<db>.system.views`, whose documents are
+/// `{_id: "<db>.<view>", viewOn, pipeline}`: insert → `create`, replacement → `modify`,
+/// delete → `drop`.
+fn view_definition(p: &mut Parts, op: &str, o: &Document) -> Result<()> {
+    let Some((db, view)) = o.get_str("_id").ok().and_then(|id| id.split_once('.')) else {
+        return Err(MongoError::internal(
+            "system.views entry without a namespace _id",
+        ));
+    };
+    p.db = db.to_string();
+    p.coll = Some(view.to_string());
+    p.view_definition = true;
+    match op {
+        "i" => {
+            p.operation_type = "create";
+            p.ns_type = Some(
+                if o.get_str("viewOn")
+                    .is_ok_and(|v| v.starts_with("system.buckets."))
+                {
+                    "timeseries"
+                } else {
+                    "view"
+                },
+            );
+            p.operation_description = Some(without(o, &["_id"]));
+        }
+        "u" => {
+            if o.contains_key("$v") {
+                return Err(MongoError::internal(
+                    "a view definition update must be a replacement",
+                ));
+            }
+            p.operation_type = "modify";
+            p.operation_description = Some(without(o, &["_id"]));
+        }
+        _ => p.operation_type = "drop",
+    }
+    Ok(())
 }
 
 /// The DDL commands of §1.2; false when `o` is none of them.

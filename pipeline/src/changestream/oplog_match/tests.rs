@@ -290,6 +290,27 @@ fn transaction_entries() {
 }
 
 #[test]
+fn view_definitions_match_database_and_cluster_streams_with_expanded_events() {
+    let e = insert(
+        "db.system.views",
+        5,
+        doc! {"_id": "db.v", "viewOn": "c", "pipeline": []},
+    );
+    assert!(matches(&expanded(db_spec("db")), &e));
+    assert!(matches(&expanded(cluster_spec()), &e));
+    assert!(!matches(&db_spec("db"), &e));
+    assert!(!matches(&expanded(db_spec("other")), &e));
+    // A (system-namespace) collection stream on it sees plain CRUD by exact name.
+    assert!(matches(&coll_spec("db", "system.views"), &e));
+    let admin = insert(
+        "admin.system.views",
+        5,
+        doc! {"_id": "admin.v", "viewOn": "c"},
+    );
+    assert!(!matches(&expanded(cluster_spec()), &admin));
+}
+
+#[test]
 fn marker_noops() {
     let noop = |ns: &str, o2: Document| {
         doc! {"ts": ts(5, 1), "t": 1_i64, "op": "n", "ns": ns, "ui": uuid(1), "o": {"msg": "x"}, "o2": o2}

@@ -250,6 +250,61 @@ fn expanded_events_have_mongodbs_layout() {
 }
 
 #[test]
+fn view_definition_crud_becomes_view_ddl() {
+    let s = expanded(db_spec("db"));
+    let view = doc! {"_id": "db.v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]};
+    let desc = doc! {"viewOn": "c", "pipeline": [{"$match": {"a": 1}}]};
+    let cases: Vec<(&str, Document, Document)> = vec![
+        (
+            "create",
+            insert("db.system.views", 5, view.clone()),
+            doc! {
+                "_id": token(5, 0, Some(1), doc! {"operationType": "create", "operationDescription": desc.clone()}),
+                "operationType": "create", "clusterTime": ts(5, 1), "wallTime": wall(5000),
+                "ns": ns("db", "v"), "operationDescription": desc.clone(), "nsType": "view",
+            },
+        ),
+        (
+            "modify",
+            doc! {"ts": ts(6, 1), "op": "u", "ns": "db.system.views", "ui": uuid(1), "o": view.clone(),
+            "o2": {"_id": "db.v"}, "wall": wall(6000)},
+            doc! {
+                "_id": token(6, 0, Some(1), doc! {"operationType": "modify", "operationDescription": desc.clone()}),
+                "operationType": "modify", "clusterTime": ts(6, 1), "wallTime": wall(6000),
+                "ns": ns("db", "v"), "operationDescription": desc.clone(),
+            },
+        ),
+        (
+            "drop",
+            doc! {"ts": ts(7, 1), "op": "d", "ns": "db.system.views", "ui": uuid(1), "o": {"_id": "db.v"},
+            "wall": wall(7000)},
+            doc! {
+                "_id": token(7, 0, Some(1), doc! {"operationType": "drop"}),
+                "operationType": "drop", "clusterTime": ts(7, 1), "wallTime": wall(7000),
+                "ns": ns("db", "v"),
+            },
+        ),
+        (
+            "timeseries",
+            insert(
+                "db.system.views",
+                8,
+                doc! {"_id": "db.m", "viewOn": "system.buckets.m"},
+            ),
+            doc! {
+                "_id": token(8, 0, Some(1), doc! {"operationType": "create", "operationDescription": {"viewOn": "system.buckets.m"}}),
+                "operationType": "create", "clusterTime": ts(8, 1), "wallTime": wall(8000),
+                "ns": ns("db", "m"), "operationDescription": {"viewOn": "system.buckets.m"},
+                "nsType": "timeseries",
+            },
+        ),
+    ];
+    for (name, entry, want) in cases {
+        assert_eq!(run(&s, &entry).as_ref(), Some(&want), "{name}");
+    }
+}
+
+#[test]
 fn operation_description_is_in_the_token_even_when_hidden() {
     let e = cmd("db", 10, doc! {"renameCollection": "db.c", "to": "db.d"});
     let plain = Transformer::new(&coll_spec("db", "c"))
