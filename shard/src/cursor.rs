@@ -11,7 +11,10 @@ use std::sync::Mutex;
 use bson::Document;
 use resume::ClusterTime;
 
-use crate::query::Filter;
+use std::sync::Arc;
+
+use crate::catalog::CollectionEntry;
+use crate::query::{Filter, Projection};
 
 /// Idle cursors time out after 10 minutes, as in MongoDB.
 pub const IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -20,6 +23,16 @@ pub const IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 pub enum CursorSource {
     /// Results computed up front.
     Buffered(VecDeque<Document>),
+    /// An unsorted collection scan that resumes after the last key it examined (each getMore
+    /// reads a fresh snapshot, as MongoDB's yielding cursors do).
+    Scan {
+        coll: Arc<CollectionEntry>,
+        filter: Box<Filter>,
+        projection: Option<Box<Projection>>,
+        after: Vec<u8>,
+        /// Documents still allowed by the query's `limit`.
+        remaining: Option<usize>,
+    },
     /// A tailable cursor on `local.oplog.rs`: entries after `last` matching `filter`.
     OplogTail {
         filter: Box<Filter>,

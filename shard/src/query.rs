@@ -100,6 +100,77 @@ pub fn scan_matching(
     })
 }
 
+/// One page of a collection scan in `_id` order.
+#[derive(Debug, Default)]
+pub struct Page {
+    pub docs: Vec<Document>,
+    /// The storage key of the last document examined (matching or not).
+    pub last_key: Option<Vec<u8>>,
+    /// The scan reached the end of the collection.
+    pub exhausted: bool,
+}
+
+/// Scans `coll` after `after` (a key from an earlier page), skipping the first `*skip`
+/// matches, until `max_docs` matches or `max_bytes` of them are collected.
+pub fn scan_page(
+    txn: &dyn ReadTxn,
+    coll: &CollectionEntry,
+    filter: &Filter,
+    after: Option<&[u8]>,
+    skip: &mut usize,
+    max_docs: usize,
+    max_bytes: usize,
+) -> Result<Page, StorageError> {
+    let prefix = crate::keys::collection_prefix(&coll.uuid);
+    let range = match after {
+        Some(a) => crate::storage::KeyRange::prefix_after(&prefix, a),
+        None => crate::storage::KeyRange::prefix(&prefix),
+    };
+    let mut page = Page {
+        exhausted: true,
+        ..Page::default()
+    };
+    let mut bytes = 0;
+    let mut bad = false;
+    if max_docs == 0 {
+        page.exhausted = false;
+        return Ok(page);
+    }
+    txn.scan(
+        crate::storage::Table::Documents,
+        &range,
+        false,
+        &mut |k, v| {
+            page.last_key = Some(k.to_vec());
+            let Some(d) = crate::writer::decode_doc(v) else {
+                bad = true;
+                return Scan::Stop;
+            };
+            if !filter.matches(&d) {
+                return Scan::Continue;
+            }
+            if *skip > 0 {
+                *skip -= 1;
+                return Scan::Continue;
+            }
+            bytes += v.len();
+            page.docs.push(d);
+            if page.docs.len() >= max_docs || bytes >= max_bytes {
+                page.exhausted = false;
+                Scan::Stop
+            } else {
+                Scan::Continue
+            }
+        },
+    )?;
+    if bad {
+        return Err(StorageError::Engine(
+            "undecodable document in storage".into(),
+        ));
+    }
+    Ok(page)
+}
+
 /// A sort specification (MongoDB's sort-key semantics, from the pipeline crate).
 pub type Sort = pipeline::sort::SortSpec;
 

@@ -121,6 +121,14 @@ impl KeyRange {
         KeyRange { start, end }
     }
 
+    /// The keys with `prefix` that sort after `after` (itself a key with that prefix).
+    pub fn prefix_after(prefix: &[u8], after: &[u8]) -> Self {
+        KeyRange {
+            start: Bound::Excluded(after.to_vec()),
+            end: KeyRange::prefix(prefix).end,
+        }
+    }
+
     pub fn from(start: Bound<Vec<u8>>) -> Self {
         KeyRange {
             start,

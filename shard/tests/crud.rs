@@ -646,3 +646,68 @@ async fn unique_index_entries_follow_inserts_updates_deletes_and_drops() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn unsorted_cursors_stream_pages_and_honour_skip_limit_and_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let docs: Vec<Bson> = (0..50)
+        .map(|i| Bson::Document(doc! {"_id": i, "even": i % 2 == 0}))
+        .collect();
+    ok(&s, "db", doc! {"insert": "c", "documents": docs}).await;
+    let ids = |batch: &[bson::Document]| -> Vec<i32> {
+        batch.iter().map(|d| d.get_i32("_id").unwrap()).collect()
+    };
+    // skip 3 evens, limit 7, batches of 3.
+    let r = ok(&s, "db", doc! {"find": "c", "filter": {"even": true}, "skip": 3, "limit": 7, "batchSize": 3, "projection": {"even": 0}}).await;
+    assert_eq!(ids(&first_batch(&r)), vec![6, 8, 10]);
+    assert_eq!(first_batch(&r)[0], doc! {"_id": 6});
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let next = |r: &bson::Document| -> (Vec<bson::Document>, i64) {
+        let c = r.get_document("cursor").unwrap();
+        (
+            c.get_array("nextBatch")
+                .unwrap()
+                .iter()
+                .map(|d| d.as_document().unwrap().clone())
+                .collect(),
+            c.get_i64("id").unwrap(),
+        )
+    };
+    // A change ahead of the cursor's position is seen (no snapshot across batches).
+    ok(
+        &s,
+        "db",
+        doc! {"update": "c", "updates": [{"q": {"_id": 13}, "u": {"$set": {"even": true}}}]},
+    )
+    .await;
+    let (b, cid) = next(
+        &ok(
+            &s,
+            "db",
+            doc! {"getMore": id, "collection": "c", "batchSize": 3},
+        )
+        .await,
+    );
+    assert_eq!(ids(&b), vec![12, 13, 14]);
+    assert_eq!(cid, id);
+    let (b, cid) = next(
+        &ok(
+            &s,
+            "db",
+            doc! {"getMore": id, "collection": "c", "batchSize": 3},
+        )
+        .await,
+    );
+    assert_eq!(ids(&b), vec![16], "the limit of 7 ends the cursor");
+    assert_eq!(cid, 0);
+    // Dropping the collection kills an open cursor with QueryPlanKilled.
+    let r = ok(&s, "db", doc! {"find": "c", "batchSize": 2}).await;
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    ok(&s, "db", doc! {"drop": "c"}).await;
+    assert_eq!(
+        err_code(&s, "db", doc! {"getMore": id, "collection": "c"}).await,
+        175
+    );
+    s.shutdown().await;
+}

@@ -14,6 +14,7 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use super::{Ctx, Reply, as_i64, cursor_reply};
+use crate::catalog::CollectionEntry;
 use crate::cursor::{Cursor, CursorSource};
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Projection, Sort, scan_matching};
@@ -116,6 +117,40 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .storage
         .begin_read()
         .map_err(storage_err)?;
+    if sort.is_none() && filter.id_eq().is_none() {
+        // Unsorted: stream pages from the collection instead of materializing the result.
+        let first_n = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
+        let max_docs = limit.map_or(first_n, |l| l.min(first_n));
+        let mut to_skip = skip;
+        let page = crate::query::scan_page(
+            &*txn,
+            &entry,
+            &filter,
+            None,
+            &mut to_skip,
+            max_docs,
+            MAX_BATCH_BYTES,
+        )
+        .map_err(storage_err)?;
+        let remaining = limit.map(|l| l - page.docs.len());
+        let first = project_all(page.docs, projection.as_ref())?;
+        let done = page.exhausted || remaining == Some(0) || single_batch;
+        let id = match (done, page.last_key) {
+            (false, Some(after)) => ctx.shard.cursors().insert(Cursor {
+                ns: ns.clone(),
+                source: CursorSource::Scan {
+                    coll: entry.clone(),
+                    filter: Box::new(filter),
+                    projection: projection.map(Box::new),
+                    after,
+                    remaining,
+                },
+                last_used_ms: now,
+            }),
+            _ => 0,
+        };
+        return Ok(Reply::read(cursor_reply(id, &ns, first, true)));
+    }
     let mut docs = Vec::new();
     let stop_at = match (&sort, limit) {
         (None, Some(l)) => Some(skip + l),
@@ -155,6 +190,72 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     Ok(Reply::read(cursor_reply(id, &ns, first, true)))
 }
+
+fn project_all(
+    docs: Vec<Document>,
+    projection: Option<&Projection>,
+) -> Result<Vec<Document>, MongoError> {
+    match projection {
+        Some(p) => docs.iter().map(|d| p.apply(d)).collect(),
+        None => Ok(docs),
+    }
+}
+
+/// The next page of a streaming collection cursor; `None` for the cursor means it is done.
+fn next_scan_page(
+    ctx: &Ctx<'_>,
+    coll: &CollectionEntry,
+    filter: &Filter,
+    projection: Option<&Projection>,
+    after: &mut Vec<u8>,
+    remaining: &mut Option<usize>,
+    batch_size: Option<usize>,
+) -> Result<(Vec<Document>, bool), MongoError> {
+    let state = ctx.shard.state();
+    // The collection must still be the one the cursor started on.
+    let same = state
+        .catalog()
+        .lookup(&coll.db, &coll.name)
+        .is_some_and(|c| c.uuid == coll.uuid);
+    if !same {
+        return Err(MongoError::new(
+            QUERY_PLAN_KILLED,
+            format!("collection dropped. UUID {}", coll.uuid),
+        ));
+    }
+    let txn = state.storage.begin_read().map_err(storage_err)?;
+    let max_docs = match (batch_size, *remaining) {
+        (Some(b), Some(r)) => b.min(r),
+        (Some(b), None) => b,
+        (None, Some(r)) => r,
+        (None, None) => usize::MAX,
+    };
+    let mut no_skip = 0;
+    let page = crate::query::scan_page(
+        &*txn,
+        coll,
+        filter,
+        Some(after),
+        &mut no_skip,
+        max_docs,
+        MAX_BATCH_BYTES,
+    )
+    .map_err(storage_err)?;
+    if let Some(r) = remaining.as_mut() {
+        *r -= page.docs.len().min(*r);
+    }
+    if let Some(k) = page.last_key {
+        *after = k;
+    }
+    let alive = !page.exhausted && *remaining != Some(0);
+    Ok((project_all(page.docs, projection)?, alive))
+}
+
+/// `QueryPlanKilled`: the collection under a cursor was dropped or renamed.
+const QUERY_PLAN_KILLED: ErrorCode = ErrorCode {
+    code: 175,
+    name: "QueryPlanKilled",
+};
 
 /// The lower bound a filter puts on `ts` (`{ts: {$gte|$gt|$eq: T}}` or `{ts: T}`), as the
 /// position to scan after.
@@ -372,6 +473,21 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let alive = !rest.is_empty();
             (b, alive)
         }
+        CursorSource::Scan {
+            coll,
+            filter,
+            projection,
+            after,
+            remaining,
+        } => next_scan_page(
+            ctx,
+            coll,
+            filter,
+            projection.as_deref(),
+            after,
+            remaining,
+            batch_size,
+        )?,
         CursorSource::OplogTail {
             filter,
             last,
