@@ -297,3 +297,117 @@ fn two_shards_merge_into_one_ordered_stream() {
         "the merge of the parts equals the single-shard stream"
     );
 }
+
+mod no_panics {
+    use bson::{Bson, Document, doc};
+    use proptest::prelude::*;
+
+    use super::super::*;
+    use crate::changestream::test_util::*;
+
+    fn leaf() -> impl Strategy<Value = Bson> {
+        prop_oneof![
+            any::<i32>().prop_map(Bson::Int32),
+            any::<i64>().prop_map(Bson::Int64),
+            any::<bool>().prop_map(Bson::Boolean),
+            Just(Bson::Null),
+            "[a-z.$]{0,6}".prop_map(Bson::String),
+            (0u32..3, 0u32..3).prop_map(|(s, i)| ts(s, i)),
+            Just(uuid(1)),
+        ]
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("u".to_string()),
+            Just("i".to_string()),
+            Just("d".to_string()),
+            Just("b".to_string()),
+            Just("a".to_string()),
+            Just("l".to_string()),
+            Just("$v".to_string()),
+            Just("diff".to_string()),
+            Just("_id".to_string()),
+            Just("applyOps".to_string()),
+            Just("drop".to_string()),
+            Just("renameCollection".to_string()),
+            Just("to".to_string()),
+            Just("create".to_string()),
+            Just("collMod".to_string()),
+            Just("dropIndexes".to_string()),
+            Just("commitTransaction".to_string()),
+            Just("shardCollection".to_string()),
+            Just("op".to_string()),
+            Just("ns".to_string()),
+            Just("o".to_string()),
+            Just("o2".to_string()),
+            "[su][a-z0-9]{0,2}",
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Bson> {
+        leaf().prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+                prop::collection::vec((key(), inner), 0..5)
+                    .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn entry() -> impl Strategy<Value = Document> {
+        (
+            prop_oneof![
+                Just("i"),
+                Just("u"),
+                Just("d"),
+                Just("c"),
+                Just("n"),
+                Just("xi")
+            ],
+            prop_oneof![
+                Just("db.c"),
+                Just("db.$cmd"),
+                Just("admin.$cmd"),
+                Just(""),
+                Just("db.system.views"),
+                Just("nodot")
+            ],
+            value(),
+            value(),
+            prop::option::of(0u32..5),
+            any::<bool>(),
+        )
+            .prop_map(|(op, ns, o, o2, ts_secs, from_migrate)| {
+                let mut e =
+                    doc! {"op": op, "ns": ns, "ui": uuid(1), "o": o, "o2": o2, "wall": wall(1)};
+                if let Some(s) = ts_secs {
+                    e.insert("ts", ts(s + 1, 1));
+                    e.insert("prevOpTime", doc! {"ts": ts(s, 1), "t": 1_i64});
+                }
+                if from_migrate {
+                    e.insert("fromMigrate", true);
+                }
+                e
+            })
+    }
+
+    proptest! {
+        /// Arbitrary (malformed) oplog entries produce events or errors, never a panic.
+        #[test]
+        fn arbitrary_entries_never_panic(entries in prop::collection::vec(entry(), 1..8)) {
+            let specs = [
+                coll_spec("db", "c"),
+                expanded(db_spec("db")),
+                expanded(cluster_spec()),
+            ];
+            for spec in specs {
+                let mut s = ShardStream::new(spec, vec![]);
+                for e in &entries {
+                    let mut lookup = |_: OpTime| entries.first().cloned();
+                    let _ = s.process_entry(e, &mut lookup);
+                }
+            }
+        }
+    }
+}
