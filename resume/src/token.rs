@@ -763,14 +763,17 @@ impl ResumeToken {
                         ));
                     }
                 },
-                other => return Err(TokenError::Malformed(format!("unexpected field '{other}'"))),
+                // Like MongoDB, other fields are ignored.
+                _ => {}
             }
         }
         let data = data.ok_or(TokenError::DataMissing)??;
         Ok(ResumeToken { data, type_bits })
     }
 
-    /// Parses the wire form (without decoding the KeyString).
+    /// Parses the wire form (without decoding the KeyString). As in MongoDB, `_data` must be a
+    /// string (40647), `_typeBits` absent or BinData subtype 0 (40648), and other fields are
+    /// ignored; hex is checked here (9).
     pub fn from_document(doc: &Document) -> Result<Self, TokenError> {
         let hex_str = match doc.get("_data") {
             Some(Bson::String(s)) => s,
@@ -785,11 +788,6 @@ impl ResumeToken {
                 ));
             }
         };
-        for (k, _) in doc {
-            if k != "_data" && k != "_typeBits" {
-                return Err(TokenError::Malformed(format!("unexpected field '{k}'")));
-            }
-        }
         let data = hex::decode(hex_str).map_err(|_| TokenError::NotHex)?;
         Ok(ResumeToken { data, type_bits })
     }

@@ -243,3 +243,10 @@ fn document_form_omits_type_bits_when_all_zero() {
     let d: Document = ResumeTokenData::high_water_mark(TS, TokenVersion::V2).to_document();
     assert_eq!(d.keys().collect::<Vec<_>>(), ["_data"]);
 }
+
+#[test]
+fn unknown_wire_fields_are_ignored_like_mongodb() {
+    let d = doc! {"_data": "826553F100000000012B0429296E1404", "other": 1};
+    let data = ResumeTokenData::from_document(&d).unwrap();
+    assert_eq!(data, ResumeTokenData::high_water_mark(TS, TokenVersion::V2));
+}
