@@ -14,8 +14,8 @@
 //! * promises never go backwards (a smaller promise is ignored), and a batch must be sorted and
 //!   not below the shard's promise, or it is rejected with `InternalError` and nothing changes;
 //! * once every promise has passed an event, it is released exactly once;
-//! * [`Merger::post_batch_resume_token`] never goes backwards: the last released token, or, when
-//!   nothing is ready, the minimum promise;
+//! * [`Merger::post_batch_resume_token`] never goes backwards and never passes an unreleased
+//!   event: the last released token, raised to the minimum promise whenever nothing is ready;
 //! * when nothing is ready and the minimum promise belongs to an invalidated shard, the stream is
 //!   over: [`Merger::invalidated`] returns that shard's invalidate token (§6, "Invalidate on a
 //!   sharded drop"); events from other shards that sort before it were released first.
@@ -155,17 +155,18 @@ impl Merger {
         }
     }
 
-    /// The token to report as the reply's `postBatchResumeToken`: the newest of the last
-    /// released token and, when nothing is ready, the minimum promise.
-    pub fn post_batch_resume_token(&self) -> Option<ResumeToken> {
-        let mut hw = self.high_water.clone();
+    /// The token to report as the reply's `postBatchResumeToken`: the last released token,
+    /// raised to the minimum promise when nothing is ready. Everything up to it has been
+    /// released and everything released later sorts after it, so it never goes backwards (it
+    /// is remembered: a later batch can make events ready that sort before a newer promise).
+    pub fn post_batch_resume_token(&mut self) -> Option<ResumeToken> {
         if !self.has_ready()
             && let Some((_, min)) = self.min_promise()
-            && hw.as_ref().is_none_or(|h| min > h)
+            && self.high_water.as_ref().is_none_or(|h| min > h)
         {
-            hw = Some(min.clone());
+            self.high_water = Some(min.clone());
         }
-        hw
+        self.high_water.clone()
     }
 
     /// Whether [`Merger::pop_ready`] would return an event.

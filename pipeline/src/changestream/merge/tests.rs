@@ -158,6 +158,7 @@ proptest! {
         let mut m = Merger::new(n, None);
         let mut next_batch = vec![0usize; n];
         let mut released: Vec<ResumeToken> = Vec::new();
+        let mut last_pbrt: Option<ResumeToken> = None;
         let mut all: Vec<ResumeToken> = Vec::new();
         let mut push = |m: &mut Merger, s: usize, all: &mut Vec<ResumeToken>| {
             let Some((events, promise)) = shards[s].get(next_batch[s]) else { return };
@@ -185,6 +186,14 @@ proptest! {
             if do_pop {
                 pop(&mut m, &mut released)?;
             }
+            // The reported post-batch resume token never goes backwards, and never passes an
+            // event that is still buffered.
+            let pbrt = m.post_batch_resume_token();
+            prop_assert!(pbrt >= last_pbrt);
+            if let Some(p) = &pbrt {
+                prop_assert!(m.remotes.iter().flat_map(|r| r.buffer.iter()).all(|e| e.token > *p));
+            }
+            last_pbrt = pbrt;
         }
         // Flush: every shard sends its remaining batches, ending with a promise past everything.
         for (s, batches) in shards.iter().enumerate() {
