@@ -15,7 +15,8 @@
 //!
 //! Invariants shared by every module:
 //! * one event is built once ([`ChangeEvent`]), with its resume token computed beside it; later
-//!   stages only read it or drop it;
+//!   stages read it, drop it, or (user stages, the split) reshape its document, never its token
+//!   (fragments get their own tokens);
 //! * an event's sort key is its token's `_data` bytes ([`ChangeEvent::token`]), never the
 //!   document's `_id`, which user stages may have changed (the router then fails with 280);
 //! * every client-visible failure is a [`wire::MongoError`] with MongoDB's code.
