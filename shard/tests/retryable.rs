@@ -163,3 +163,29 @@ async fn retried_find_and_modify_and_delete_return_the_first_result() {
     assert_eq!(e.get_i32("stmtId").unwrap(), 42);
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_session_moves_from_a_retried_insert_to_a_retried_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let lsid = Uuid::new();
+    let insert = with(
+        doc! {"insert": "r", "documents": [{"_id": 1}, {"_id": 2}]},
+        session(lsid, 1),
+    );
+    ok(&s, "db", insert.clone()).await;
+    ok(&s, "db", insert).await;
+    let update = with(
+        doc! {"update": "r", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"x": 1}}}]},
+        session(lsid, 2),
+    );
+    let first = ok(&s, "db", update.clone()).await;
+    assert_eq!(first.get_i32("nModified").unwrap(), 1, "{first:?}");
+    let again = ok(&s, "db", update).await;
+    assert_eq!(again.get_i32("nModified").unwrap(), 1, "{again:?}");
+    assert_eq!(
+        find(&s, "db", "r", doc! {"_id": 1}).await,
+        vec![doc! {"_id": 1, "x": 1}]
+    );
+    s.shutdown().await;
+}
