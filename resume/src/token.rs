@@ -730,6 +730,36 @@ impl ResumeToken {
     /// The same document as [`ResumeToken::to_document`], as raw BSON (cheaper to build, for
     /// replies assembled with `rawdoc!`).
     pub fn to_raw_document(&self) -> RawDocumentBuf {
+        // Written in one allocation of the exact size: this runs for every event returned.
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+        let hex_len = self.data.len() * 2;
+        let tb_len = self.type_bits.len();
+        let mut size = 4 + (1 + 6 + 4 + hex_len + 1) + 1;
+        if tb_len > 0 {
+            size += 1 + 10 + 4 + 1 + tb_len;
+        }
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(&(size as i32).to_le_bytes());
+        out.push(0x02); // string
+        out.extend_from_slice(b"_data\0");
+        out.extend_from_slice(&((hex_len + 1) as i32).to_le_bytes());
+        for &b in &self.data {
+            out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+        }
+        out.push(0);
+        if tb_len > 0 {
+            out.push(0x05); // binary
+            out.extend_from_slice(b"_typeBits\0");
+            out.extend_from_slice(&(tb_len as i32).to_le_bytes());
+            out.push(0x00); // subtype: generic
+            out.extend_from_slice(&self.type_bits);
+        }
+        out.push(0);
+        // `from_bytes` checks the length header and terminator, which were just written.
+        RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| self.to_raw_document_slow())
+    }
+
+    fn to_raw_document_slow(&self) -> RawDocumentBuf {
         let mut d = RawDocumentBuf::new();
         d.append(cstr!("_data"), self.data_hex().as_str());
         if !self.type_bits.is_empty() {

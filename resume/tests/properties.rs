@@ -318,6 +318,9 @@ proptest! {
         let doc = token.to_document();
         let back = ResumeTokenData::from_document(&doc).unwrap();
         prop_assert_eq!(exact(&back.to_values()), exact(&t.to_values()));
+        let raw = token.to_raw_document();
+        prop_assert_eq!(Document::try_from(&raw).unwrap(), doc.clone());
+        prop_assert_eq!(ResumeToken::from_raw_document(&raw).unwrap(), token.clone());
         let again = back.encode();
         prop_assert_eq!(again.type_bits(), token.type_bits());
         prop_assert_eq!(again, token);
