@@ -79,6 +79,9 @@ pub struct WriteCtx<'a> {
     pending: &'a mut Vec<(ClusterTime, Bytes)>,
     /// The `ts` of the last entry the current job wrote.
     last_logged: Option<ClusterTime>,
+    /// Mark the current job's entries `fromMigrate: true`: internal writes change streams
+    /// hide, such as the copies of a sharded collection's DDL on its non-primary shards.
+    pub from_migrate: bool,
     pub wall_ms: u64,
 }
 
@@ -107,7 +110,10 @@ impl<'a> WriteCtx<'a> {
     /// Writes an oplog entry at a fresh `ts`; returns the `ts`.
     pub fn log(&mut self, spec: EntrySpec) -> StorageResult<ClusterTime> {
         let ts = self.state.hlc().tick(self.wall_ms);
-        let entry = spec.build(ts, self.wall_ms);
+        let mut entry = spec.build(ts, self.wall_ms);
+        if self.from_migrate {
+            entry.insert("fromMigrate", true);
+        }
         let mut buf = Vec::new();
         entry
             .to_writer(&mut buf)
@@ -322,6 +328,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             state,
             pending: &mut pending,
             last_logged: None,
+            from_migrate: false,
             wall_ms,
         };
         for (f, tx) in writes {
@@ -330,6 +337,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
                 continue;
             }
             ctx.last_logged = None;
+            ctx.from_migrate = false;
             // A bug in a job must not take the writer thread down: treat a panic like a
             // storage failure (the whole batch is abandoned, nothing of it persists).
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut ctx)))

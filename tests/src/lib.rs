@@ -21,6 +21,7 @@ use router::launch::{self, Running};
 use tempfile::TempDir;
 
 pub mod scenarios;
+pub mod streams;
 
 /// Logs for test runs: `RUST_LOG=debug cargo test` shows the servers' spans.
 pub fn init_tracing() {
@@ -117,20 +118,36 @@ impl EmbeddedCluster {
     }
 }
 
-/// The `tributary` binary built beside the test executable (`target/<profile>/tributary`).
+/// The `tributary` binary: `$TRIBUTARY_BIN`, or the one cargo builds beside the test
+/// executable (`target/<profile>/tributary`), brought up to date once per test process.
 pub fn tributary_binary() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test executable has no target directory")?;
-    let bin = profile_dir.join("tributary");
-    anyhow::ensure!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p router --bin tributary` first",
-        bin.display()
-    );
-    Ok(bin)
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    if let Ok(bin) = std::env::var("TRIBUTARY_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .ok_or("test executable has no target directory")?;
+            let release = profile_dir.file_name().is_some_and(|n| n == "release");
+            let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            build.args(["build", "--quiet", "-p", "router", "--bin", "tributary"]);
+            if release {
+                build.arg("--release");
+            }
+            let status = build
+                .status()
+                .map_err(|e| format!("running cargo build: {e}"))?;
+            if !status.success() {
+                return Err(format!("cargo build of tributary failed: {status}"));
+            }
+            Ok(profile_dir.join("tributary"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// A port that was free a moment ago.
@@ -245,6 +262,17 @@ impl ProcessCluster {
 
     pub async fn client(&self) -> Result<Client> {
         connect(self.router.addr).await
+    }
+
+    /// Another router process over the same shards, on a new port.
+    pub async fn start_extra_router(&self) -> Result<Proc> {
+        let port = free_port()?;
+        let mut args = vec!["router".to_string(), "--port".into(), port.to_string()];
+        for s in &self.shards {
+            args.push("--shard".into());
+            args.push(s.addr.to_string());
+        }
+        Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await
     }
 
     /// A driver connected straight to shard `i`.

@@ -14,7 +14,8 @@ async fn watch_sees_crud_events_in_order() -> anyhow::Result<()> {
     coll.insert_one(doc! {"_id": 0}).await?;
     let mut stream = coll.watch().await?;
     coll.insert_one(doc! {"_id": 1, "a": 1}).await?;
-    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"a": 2}}).await?;
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"a": 2}})
+        .await?;
     coll.replace_one(doc! {"_id": 1}, doc! {"b": 1}).await?;
     coll.delete_one(doc! {"_id": 1}).await?;
     let mut kinds = Vec::new();

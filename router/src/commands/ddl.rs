@@ -22,21 +22,67 @@ use crate::routing::{ChunkTable, ShardKey};
 /// Chunks per shard when a hashed key is pre-split.
 const HASHED_CHUNKS_PER_SHARD: usize = 2;
 
-/// The shards holding `db.coll`: its primary, or every shard for a sharded collection.
-async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<(Vec<usize>, bool)> {
-    match ctx.router.placement(ctx.db, coll, create_db).await? {
-        Placement::Unsharded { primary } if primary.is_empty() => Ok((vec![], false)),
-        Placement::Unsharded { primary } => Ok((vec![ctx.router.shard_index(&primary)?], false)),
-        Placement::Sharded(_) => Ok((ctx.router.all_shards(), true)),
-    }
+/// The shards holding `db.coll`, and which of them is its database's primary.
+struct Holders {
+    shards: Vec<usize>,
+    primary: Option<usize>,
+    sharded: bool,
 }
 
-/// Runs the driver's command on `shards` and returns the first shard's reply (or first error).
-async fn on_shards(ctx: &Ctx<'_>, shards: &[usize]) -> Result<Document> {
-    let replies = ctx
-        .router
-        .broadcast(shards, ctx.db, &forwardable(ctx.cmd))
-        .await;
+/// `db.coll` lives on its primary, or on every shard when it is sharded.
+async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> {
+    let router = ctx.router;
+    Ok(match router.placement(ctx.db, coll, create_db).await? {
+        Placement::Unsharded { primary } if primary.is_empty() => Holders {
+            shards: vec![],
+            primary: None,
+            sharded: false,
+        },
+        Placement::Unsharded { primary } => {
+            let p = router.shard_index(&primary)?;
+            Holders {
+                shards: vec![p],
+                primary: Some(p),
+                sharded: false,
+            }
+        }
+        Placement::Sharded(_) => {
+            let primary = match router.database(ctx.db).await? {
+                Some(d) => Some(router.shard_index(&d.primary)?),
+                None => None,
+            };
+            Holders {
+                shards: router.all_shards(),
+                primary,
+                sharded: true,
+            }
+        }
+    })
+}
+
+/// Sends a DDL command to every holder. The copies for shards other than the primary carry
+/// `fromMigrate: true`, so change streams report the DDL once, from the primary.
+async fn broadcast_ddl(
+    router: &crate::router::Router,
+    db: &str,
+    shards: &[usize],
+    primary: Option<usize>,
+    cmd: &Document,
+) -> Vec<Result<Document>> {
+    let sends = shards.iter().map(|&s| {
+        let mut cmd = cmd.clone();
+        if primary.is_some_and(|p| p != s) {
+            cmd.insert("fromMigrate", true);
+        }
+        router.shard_command(s, db, cmd)
+    });
+    futures::future::join_all(sends).await
+}
+
+/// Runs the driver's command on the holders and returns the first reply (or first error).
+async fn on_shards(ctx: &Ctx<'_>, holders: &Holders) -> Result<Document> {
+    let cmd = forwardable(ctx.cmd);
+    let replies = broadcast_ddl(ctx.router, ctx.db, &holders.shards, holders.primary, &cmd).await;
     let mut first = None;
     for r in replies {
         let r = r?;
@@ -55,19 +101,20 @@ fn ns_not_found(ns: &str) -> MongoError {
 pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
-    let (shards, _) = holders(ctx, coll, true).await?;
-    on_shards(ctx, &shards).await
+    let holders = holders(ctx, coll, true).await?;
+    on_shards(ctx, &holders).await
 }
 
 pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
     let ns = format!("{}.{coll}", ctx.db);
-    let (shards, sharded) = holders(ctx, coll, false).await?;
-    let replies = ctx
-        .router
-        .broadcast(&shards, ctx.db, &forwardable(ctx.cmd))
-        .await;
+    let Holders {
+        shards,
+        primary,
+        sharded,
+    } = holders(ctx, coll, false).await?;
+    let replies = broadcast_ddl(ctx.router, ctx.db, &shards, primary, &forwardable(ctx.cmd)).await;
     let mut n_indexes_was = None;
     for r in replies {
         match r {
@@ -114,13 +161,12 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let router = ctx.router;
-    if router.database(db).await?.is_none() {
+    let Some(entry) = router.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
-    }
-    for r in router
-        .broadcast(&router.all_shards(), db, &doc! {"dropDatabase": 1})
-        .await
-    {
+    };
+    let primary = router.shard_index(&entry.primary)?;
+    let drop = doc! {"dropDatabase": 1};
+    for r in broadcast_ddl(router, db, &router.all_shards(), Some(primary), &drop).await {
         r?;
     }
     // Namespaces `db.*` are exactly the strings in ["db.", "db/"): '/' follows '.'.
@@ -236,8 +282,8 @@ pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
 pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     let ns = format!("{}.{coll}", ctx.db);
-    let (shards, _) = holders(ctx, coll, false).await?;
-    let Some(&shard) = shards.first() else {
+    let holders = holders(ctx, coll, false).await?;
+    let Some(shard) = holders.primary.or(holders.shards.first().copied()) else {
         return Err(ns_not_found(&ns));
     };
     let reply = ctx
@@ -287,26 +333,26 @@ fn pass_cursor(
 pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
-    let (shards, _) = holders(ctx, coll, true).await?;
-    on_shards(ctx, &shards).await
+    let holders = holders(ctx, coll, true).await?;
+    on_shards(ctx, &holders).await
 }
 
 pub(super) async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
-    let (shards, _) = holders(ctx, coll, false).await?;
-    if shards.is_empty() {
+    let holders = holders(ctx, coll, false).await?;
+    if holders.shards.is_empty() {
         return Err(ns_not_found(&format!("{}.{coll}", ctx.db)));
     }
-    on_shards(ctx, &shards).await
+    on_shards(ctx, &holders).await
 }
 
 pub(super) async fn coll_mod(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
-    let (shards, _) = holders(ctx, coll, false).await?;
-    if shards.is_empty() {
+    let holders = holders(ctx, coll, false).await?;
+    if holders.shards.is_empty() {
         return Err(ns_not_found(&format!("{}.{coll}", ctx.db)));
     }
-    on_shards(ctx, &shards).await
+    on_shards(ctx, &holders).await
 }
 
 pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
@@ -418,6 +464,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             "unique": unique,
             "collectionUUID": uuid.clone(),
             "isPrimary": shard == primary,
+            "fromMigrate": shard != primary,
             "numInitialChunks": chunks.chunks().len() as i64,
         };
         router.shard_command(shard, "admin", cmd).await?;

@@ -92,7 +92,9 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
         .map(SortSpec::parse)
         .transpose()?;
     let projection_doc = args.opt_doc("projection")?.filter(|p| !p.is_empty());
-    let projection = projection_doc.map(Projection::parse).transpose()?;
+    let projection = projection_doc
+        .map(|p| Projection::parse_with_query(p, Some(&filter)))
+        .transpose()?;
     let skip = args.opt_i64("skip")?.unwrap_or(0);
     if skip < 0 {
         return Err(MongoError::bad_value("skip value must be non-negative"));

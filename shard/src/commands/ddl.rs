@@ -60,7 +60,11 @@ async fn run_ddl<F>(ctx: &Ctx<'_>, f: F) -> Result<Reply, MongoError>
 where
     F: FnOnce(&mut WriteCtx<'_>) -> OpResult<(Document, Option<ClusterTime>)> + Send + 'static,
 {
+    // The router sends `fromMigrate: true` with the copies of a sharded collection's DDL that
+    // go to its non-primary shards, so change streams see each DDL event once.
+    let from_migrate = ctx.bool_or("fromMigrate", false)?;
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        w.from_migrate = from_migrate;
         match f(w) {
             Ok((mut reply, op_time)) => {
                 reply.insert("ok", 1.0);

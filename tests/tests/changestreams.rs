@@ -1,0 +1,107 @@
+//! Change streams end to end with the `mongodb` driver's `watch()`, on the embedded cluster and
+//! on a multi-process cluster.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use mongodb::bson::{Document, doc};
+use tests::streams;
+use tests::{EmbeddedCluster, ProcessCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_change_streams() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    streams::crud_events(&client, "crud")
+        .await
+        .context("crud_events")?;
+    streams::update_lookup_finds_current_document(&client, "lookup")
+        .await
+        .context("update_lookup_finds_current_document")?;
+    streams::invalidate_and_start_after(&client, "inv")
+        .await
+        .context("invalidate_and_start_after")?;
+    streams::database_and_cluster_streams(&client, "levels")
+        .await
+        .context("database_and_cluster_streams")?;
+    let recorded = streams::merged_in_cluster_time_order(&client, "merged")
+        .await
+        .context("merged_in_cluster_time_order")?;
+    streams::resume_from_every_token(&client, "merged", &recorded)
+        .await
+        .context("resume_from_every_token")?;
+    streams::idle_token_advances(&client, "idle")
+        .await
+        .context("idle_token_advances")?;
+    streams::error_codes(&client, "errors")
+        .await
+        .context("error_codes")?;
+    streams::expanded_events(&client, "expanded")
+        .await
+        .context("expanded_events")?;
+    cluster.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_process_change_streams() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    streams::crud_events(&client, "crud")
+        .await
+        .context("crud_events")?;
+    streams::invalidate_and_start_after(&client, "inv")
+        .await
+        .context("invalidate_and_start_after")?;
+    streams::database_and_cluster_streams(&client, "levels")
+        .await
+        .context("database_and_cluster_streams")?;
+    let recorded = streams::merged_in_cluster_time_order(&client, "merged")
+        .await
+        .context("merged_in_cluster_time_order")?;
+    streams::resume_from_every_token(&client, "merged", &recorded)
+        .await
+        .context("resume_from_every_token")?;
+    streams::error_codes(&client, "errors")
+        .await
+        .context("error_codes")?;
+    Ok(())
+}
+
+/// A token made by one router resumes on another, and the driver resumes by itself across a
+/// router restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_resume_across_routers_and_a_router_restart() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let coll = client.database("rr").collection::<Document>("c");
+    let mut stream = coll.watch().await?.with_type::<Document>();
+    coll.insert_one(doc! {"_id": 1}).await?;
+    let first = streams::next_event(&mut stream)
+        .await
+        .context("next_event")?;
+    // Restart the router process on the same port; the driver's next getMore fails and it
+    // resumes from its cached token on the new process.
+    cluster.router.restart().await?;
+    coll.insert_one(doc! {"_id": 2}).await?;
+    let second = streams::next_event(&mut stream)
+        .await
+        .context("next_event")?;
+    assert_eq!(second.get_document("documentKey")?, &doc! {"_id": 2});
+    // A second router over the same shards resumes the first router's token.
+    let other = cluster.start_extra_router().await?;
+    let other_client = tests::connect(other.addr).await?;
+    let mut resumed = other_client
+        .database("rr")
+        .collection::<Document>("c")
+        .watch()
+        .resume_after(streams::token_of(&first)?)
+        .await?
+        .with_type::<Document>();
+    let again = tokio::time::timeout(Duration::from_secs(15), resumed.next())
+        .await?
+        .expect("event")?;
+    assert_eq!(again, second);
+    Ok(())
+}
