@@ -50,6 +50,21 @@ fn bench(c: &mut Criterion) {
     g.bench_function("build_and_encode/insert_oid", |b| {
         b.iter(|| black_box(insert_token()).encode())
     });
+    let key = doc! {"_id": ObjectId::from_bytes([7; 12])};
+    g.bench_function("event_from_parts_and_encode/insert_oid", |b| {
+        b.iter(|| {
+            ResumeTokenData::event_from_parts(
+                ClusterTime::new(1_700_000_000, 42),
+                TokenVersion::V2,
+                0,
+                Some(Uuid::from_bytes([9; 16])),
+                "insert",
+                Some(("documentKey", black_box(&key))),
+            )
+            .expect("valid token")
+            .encode()
+        })
+    });
     g.bench_function("from_document/insert_oid", |b| {
         b.iter(|| ResumeToken::from_document(black_box(&wire)).and_then(|t| t.decode()))
     });

@@ -431,6 +431,45 @@ impl Builder {
         append_object_body(&mut self.buf, &mut self.type_bits, d);
     }
 
+    /// Starts a top-level object; add fields with `field_*`, close it with
+    /// [`Builder::end_object`]. Produces the same bytes as [`Builder::append_document`].
+    pub fn begin_object(&mut self) {
+        self.buf.push(ctype::OBJECT);
+    }
+
+    fn field_name(&mut self, generic: u8, name: &str) {
+        self.buf.push(generic);
+        let n = name.as_bytes();
+        let end = n.iter().position(|b| *b == 0).unwrap_or(n.len());
+        self.buf.extend_from_slice(&n[..end]);
+        self.buf.push(0);
+    }
+
+    /// Appends a string field to the open object.
+    pub fn field_str(&mut self, name: &str, value: &str) {
+        self.field_name(ctype::STRING_LIKE, name);
+        self.type_bits.bit(tb::STRING != 0);
+        self.buf.push(ctype::STRING_LIKE);
+        append_string_like(&mut self.buf, value.as_bytes());
+    }
+
+    /// Appends a sub-document field to the open object.
+    pub fn field_document(&mut self, name: &str, value: &Document) {
+        self.field_name(ctype::OBJECT, name);
+        self.append_document(value);
+    }
+
+    /// Appends a field of any type to the open object.
+    pub fn field(&mut self, name: &str, value: &Bson) {
+        self.field_name(generic_ctype(value), name);
+        append_value(&mut self.buf, &mut self.type_bits, value);
+    }
+
+    /// Closes the object opened by [`Builder::begin_object`].
+    pub fn end_object(&mut self) {
+        self.buf.push(0);
+    }
+
     /// Appends already-encoded value bytes and their type bits.
     pub fn append_raw(&mut self, bytes: &[u8], bits: &TypeBits) {
         self.buf.extend_from_slice(bytes);

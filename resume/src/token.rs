@@ -227,6 +227,53 @@ impl ResumeTokenData {
         Ok(data)
     }
 
+    /// An event token whose identifier is built from its parts without an intermediate
+    /// document (the per-event fast path): in v2 `{operationType, <name>: <document>}` (the
+    /// second field omitted when absent or empty, as [`event_identifier`] does); before v2 the
+    /// identifier is the document itself (the document key), or none. Same rules as
+    /// [`ResumeTokenData::event`].
+    pub fn event_from_parts(
+        cluster_time: ClusterTime,
+        version: TokenVersion,
+        txn_op_index: u32,
+        uuid: Option<Uuid>,
+        operation_type: &str,
+        second: Option<(&str, &Document)>,
+    ) -> Result<Self, TokenError> {
+        let identifier = if version == TokenVersion::V2 {
+            let mut b = Builder::new();
+            b.begin_object();
+            b.field_str("operationType", operation_type);
+            if let Some((name, d)) = second
+                && !d.is_empty()
+            {
+                b.field_document(name, d);
+            }
+            b.end_object();
+            let (key, bits) = b.finish();
+            Some(Identifier::from_raw(key, bits))
+        } else {
+            second.map(|(_, d)| {
+                let mut b = Builder::new();
+                b.append_document(d);
+                let (key, bits) = b.finish();
+                Identifier::from_raw(key, bits)
+            })
+        };
+        let data = ResumeTokenData {
+            cluster_time,
+            version,
+            token_type: TokenType::Event,
+            txn_op_index,
+            from_invalidate: false,
+            uuid,
+            event_identifier: identifier,
+            fragment_num: None,
+        };
+        data.validate()?;
+        Ok(data)
+    }
+
     /// Marks the token as the invalidate that follows its triggering event. High-water marks
     /// cannot be invalidates; the call is ignored for them, and for v0 (no such field).
     pub fn with_from_invalidate(mut self, from_invalidate: bool) -> Self {

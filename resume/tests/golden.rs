@@ -250,3 +250,49 @@ fn unknown_wire_fields_are_ignored_like_mongodb() {
     let data = ResumeTokenData::from_document(&d).unwrap();
     assert_eq!(data, ResumeTokenData::high_water_mark(TS, TokenVersion::V2));
 }
+
+#[test]
+fn event_from_parts_matches_event_with_a_built_identifier() {
+    let key = doc! {"region": "eu", "_id": 42i64};
+    for (op, second) in [
+        ("insert", Some(("documentKey", key.clone()))),
+        ("drop", None),
+        ("create", Some(("operationDescription", doc! {}))),
+        (
+            "create",
+            Some(("operationDescription", doc! {"idIndex": {"v": 2}})),
+        ),
+    ] {
+        let built = ResumeTokenData::event(
+            TS,
+            TokenVersion::V2,
+            1,
+            Some(uuid()),
+            Some(event_identifier(op, second.clone())),
+        )
+        .unwrap();
+        let parts = ResumeTokenData::event_from_parts(
+            TS,
+            TokenVersion::V2,
+            1,
+            Some(uuid()),
+            op,
+            second.as_ref().map(|(n, d)| (*n, d)),
+        )
+        .unwrap();
+        assert_eq!(parts.encode(), built.encode());
+        assert_eq!(parts.encode().type_bits(), built.encode().type_bits());
+        assert_eq!(parts, built);
+        assert_eq!(parts.event_identifier(), built.event_identifier());
+    }
+    let v1 = ResumeTokenData::event_from_parts(
+        TS,
+        TokenVersion::V1,
+        0,
+        Some(uuid()),
+        "insert",
+        Some(("documentKey", &key)),
+    )
+    .unwrap();
+    assert_eq!(v1.event_identifier(), Some(&key));
+}
