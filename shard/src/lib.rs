@@ -25,6 +25,7 @@ pub mod indexes;
 pub mod keys;
 pub mod oplog;
 pub mod query;
+pub mod retention;
 pub mod retryable;
 pub mod server;
 pub mod state;
@@ -129,6 +130,7 @@ impl Shard {
             None => ClusterTime::ZERO,
         };
         let last = oplog::last_ts_in_storage(&*read)?.unwrap_or(ClusterTime::ZERO);
+        let oplog_stats = retention::OplogStats::load(&*read)?;
         drop(read);
         let hlc = Hlc::recover(reserved, last);
         let state = Arc::new(ShardState::new(
@@ -138,6 +140,7 @@ impl Shard {
             hlc,
             catalog,
             TailWindow::new(last, TAIL_WINDOW_BYTES),
+            oplog_stats,
         ));
         let writer = Writer::start(state.clone());
         writer.renew();
@@ -197,6 +200,11 @@ impl Shard {
     /// A time `H` such that every oplog entry made visible after this call has `ts > H`.
     pub fn high_water_mark(&self) -> ClusterTime {
         self.state.high_water_mark()
+    }
+
+    /// Sets how much oplog the shard keeps (applied by the next commits, lazily).
+    pub fn set_oplog_retention(&self, r: retention::Retention) {
+        self.state.set_retention(r);
     }
 
     /// The `ts` of the last visible oplog entry.

@@ -12,6 +12,7 @@ use resume::ClusterTime;
 use crate::catalog::Catalog;
 use crate::clock::{Clock, Hlc};
 use crate::oplog::TailWindow;
+use crate::retention::{OplogStats, Retention};
 use crate::storage::Storage;
 
 pub struct ShardState {
@@ -22,6 +23,9 @@ pub struct ShardState {
     catalog: RwLock<Arc<Catalog>>,
     pub tail: TailWindow,
     commits: AtomicU64,
+    /// Committed oplog size and truncation point (the writer updates it after each commit).
+    oplog_stats: Mutex<OplogStats>,
+    retention: Mutex<Retention>,
 }
 
 impl ShardState {
@@ -32,6 +36,7 @@ impl ShardState {
         hlc: Hlc,
         catalog: Catalog,
         tail: TailWindow,
+        oplog_stats: OplogStats,
     ) -> Self {
         ShardState {
             name,
@@ -41,6 +46,8 @@ impl ShardState {
             catalog: RwLock::new(Arc::new(catalog)),
             tail,
             commits: AtomicU64::new(0),
+            oplog_stats: Mutex::new(oplog_stats),
+            retention: Mutex::new(Retention::default()),
         }
     }
 
@@ -57,6 +64,29 @@ impl ShardState {
 
     pub(crate) fn count_commit(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The committed oplog size and truncation point.
+    pub fn oplog_stats(&self) -> OplogStats {
+        *self.oplog_stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every oplog entry with `ts <=` this has been truncated; reading after an earlier
+    /// position has lost history.
+    pub fn oplog_truncated_through(&self) -> ClusterTime {
+        self.oplog_stats().truncated_through
+    }
+
+    pub(crate) fn set_oplog_stats(&self, s: OplogStats) {
+        *self.oplog_stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    pub fn retention(&self) -> Retention {
+        *self.retention.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_retention(&self, r: Retention) {
+        *self.retention.lock().unwrap_or_else(|e| e.into_inner()) = r;
     }
 
     pub fn now_millis(&self) -> u64 {

@@ -351,6 +351,23 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             }
         }
     }
+    // Oplog accounting and retention, in this same commit.
+    let mut stats = state.oplog_stats();
+    if failure.is_none() {
+        stats.bytes += pending.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        let keep_from = pending.first().map(|(ts, _)| *ts);
+        let trimmed = crate::retention::trim(
+            &mut *txn,
+            &mut stats,
+            state.retention(),
+            crate::clock::wall_secs(wall_ms),
+            keep_from,
+        )
+        .and_then(|()| txn.put(Table::Meta, crate::retention::STATS_KEY, &stats.encode()));
+        if let Err(e) = trimmed {
+            failure = Some(e);
+        }
+    }
     // Renew the reservation in this same commit, covering every ts the batch handed out.
     let renewal = match failure {
         None => state.hlc().reservation_needed(wall_ms),
@@ -369,6 +386,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     match committed {
         Ok(()) => {
             state.count_commit();
+            state.set_oplog_stats(stats);
             state.publish_catalog(catalog);
             if let Some(r) = renewal {
                 state.hlc().set_reserved(r);
@@ -408,6 +426,7 @@ mod tests {
             Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
             Catalog::default(),
             TailWindow::new(ClusterTime::ZERO, 1 << 20),
+            crate::retention::OplogStats::default(),
         ))
     }
 

@@ -326,3 +326,75 @@ async fn every_acknowledged_write_survives_sigkill() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(2_000_000_000_000));
+    let opts = ShardOptions {
+        dbpath: dir.path().to_path_buf(),
+        name: "shard0".into(),
+        clock: clock.clone(),
+    };
+    let s = Shard::open(opts.clone()).await.unwrap();
+    s.set_oplog_retention(shard::retention::Retention {
+        max_bytes: 4_000,
+        max_age_secs: None,
+    });
+    for i in 0..100 {
+        ok(
+            &s,
+            "db",
+            doc! {"insert": "c", "documents": [{"_id": i, "pad": "x".repeat(50)}]},
+        )
+        .await;
+    }
+    let log = oplog(&s).await;
+    let stats = s.state().oplog_stats();
+    let total: usize = log
+        .iter()
+        .map(|e| {
+            let mut b = Vec::new();
+            e.to_writer(&mut b).unwrap();
+            b.len()
+        })
+        .sum();
+    assert_eq!(
+        stats.bytes as usize, total,
+        "the size counter matches storage"
+    );
+    assert!(total <= 4_000 + 200, "oplog kept {total} bytes");
+    let oldest = ts_of(&log[0]);
+    assert!(stats.truncated_through > ClusterTime::ZERO);
+    assert!(oldest > stats.truncated_through);
+    // The newest entries survive and the documents are untouched.
+    assert_eq!(
+        log.last()
+            .unwrap()
+            .get_document("o")
+            .unwrap()
+            .get_i32("_id")
+            .unwrap(),
+        99
+    );
+    assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 100);
+    // Age: entries older than 10 s go once the clock moves on.
+    s.set_oplog_retention(shard::retention::Retention {
+        max_bytes: u64::MAX,
+        max_age_secs: Some(10),
+    });
+    clock.advance(60_000);
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1000}]}).await;
+    let log = oplog(&s).await;
+    assert_eq!(log.len(), 1, "only the fresh entry is younger than 10 s");
+    let through = s.state().oplog_truncated_through();
+    s.shutdown().await;
+    drop(s);
+    let s = Shard::open(opts).await.unwrap();
+    assert_eq!(
+        s.state().oplog_truncated_through(),
+        through,
+        "the truncation point persists"
+    );
+    s.shutdown().await;
+}

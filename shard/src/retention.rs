@@ -1,0 +1,135 @@
+//! Oplog retention: the oplog is truncated from the front when it grows past a size limit or
+//! its oldest entries pass an age limit.
+//!
+//! Invariants:
+//! * Truncation runs inside the writer's batch transaction, so the size counter, the truncation
+//!   point and the deletions commit together.
+//! * `truncated_through` only grows; every entry with `ts <= truncated_through` is gone and
+//!   every committed entry above it is still in storage. A reader that needs entries after `T`
+//!   with `T < truncated_through` has lost history (`ChangeStreamHistoryLost`).
+//! * Entries written by the running batch are never truncated by it.
+
+use resume::ClusterTime;
+
+use crate::oplog::ts_of_key;
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, WriteTxn};
+
+/// Meta-table key of the persisted [`OplogStats`].
+pub const STATS_KEY: &[u8] = b"oplog.stats";
+
+/// The most entries one batch truncates (bounds the work added to a commit).
+const MAX_TRIM_PER_BATCH: usize = 10_000;
+
+/// How much oplog to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Truncate while the oplog's entries total more bytes than this.
+    pub max_bytes: u64,
+    /// Truncate entries older than this many seconds (by `ts`), if set.
+    pub max_age_secs: Option<u32>,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_bytes: 1024 * 1024 * 1024,
+            max_age_secs: None,
+        }
+    }
+}
+
+/// The oplog's committed size and truncation point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OplogStats {
+    pub bytes: u64,
+    pub truncated_through: ClusterTime,
+}
+
+impl OplogStats {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.bytes.to_be_bytes());
+        out[8..].copy_from_slice(&self.truncated_through.as_u64().to_be_bytes());
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Option<OplogStats> {
+        let bytes = u64::from_be_bytes(b.get(..8)?.try_into().ok()?);
+        let t = u64::from_be_bytes(b.get(8..16)?.try_into().ok()?);
+        Some(OplogStats {
+            bytes,
+            truncated_through: ClusterTime::from_u64(t),
+        })
+    }
+
+    /// Loads the stats, computing the size by a scan when the file predates them.
+    pub fn load(txn: &dyn ReadTxn) -> StorageResult<OplogStats> {
+        if let Some(s) = txn
+            .get(Table::Meta, STATS_KEY)?
+            .and_then(|b| OplogStats::decode(&b))
+        {
+            return Ok(s);
+        }
+        let mut bytes = 0u64;
+        txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |_, v| {
+            bytes += v.len() as u64;
+            Scan::Continue
+        })?;
+        Ok(OplogStats {
+            bytes,
+            truncated_through: ClusterTime::ZERO,
+        })
+    }
+}
+
+/// Truncates the front of the oplog per `retention`, never touching entries at or after
+/// `keep_from`; updates `stats`.
+pub fn trim(
+    txn: &mut dyn WriteTxn,
+    stats: &mut OplogStats,
+    retention: Retention,
+    wall_secs: u32,
+    keep_from: Option<ClusterTime>,
+) -> StorageResult<()> {
+    let mut doomed = Vec::new();
+    let mut bytes = stats.bytes;
+    txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |k, v| {
+        let Some(ts) = ts_of_key(k) else {
+            return Scan::Stop;
+        };
+        if keep_from.is_some_and(|f| ts >= f) || doomed.len() >= MAX_TRIM_PER_BATCH {
+            return Scan::Stop;
+        }
+        let too_big = bytes > retention.max_bytes;
+        let too_old = retention
+            .max_age_secs
+            .is_some_and(|age| u64::from(ts.secs) + u64::from(age) < u64::from(wall_secs));
+        if !(too_big || too_old) {
+            return Scan::Stop;
+        }
+        bytes = bytes.saturating_sub(v.len() as u64);
+        doomed.push((k.to_vec(), ts));
+        Scan::Continue
+    })?;
+    for (k, ts) in doomed {
+        txn.delete(Table::Oplog, &k)?;
+        stats.truncated_through = stats.truncated_through.max(ts);
+    }
+    stats.bytes = bytes;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_round_trip() {
+        let s = OplogStats {
+            bytes: 123,
+            truncated_through: ClusterTime::new(4, 5),
+        };
+        assert_eq!(OplogStats::decode(&s.encode()), Some(s));
+        assert_eq!(OplogStats::decode(&[1, 2]), None);
+    }
+}
