@@ -377,12 +377,14 @@ pub async fn sharded_crud(client: &Client, db_name: &str, key: Document) -> Resu
 /// A retried write (same session and txnNumber) returns the first result and applies once.
 pub async fn retryable_write_dedupe(client: &Client, db_name: &str) -> Result<()> {
     let db = client.database(db_name);
-    // A fresh session of our own, so the txnNumbers below are the only ones it has seen.
+    // The driver may hand out a pooled server session that already ran retryable writes with
+    // small txnNumbers; ours start far above them.
     let mut session = client.start_session().await?;
+    let base = 1_000_000_i64;
     let insert = doc! {
         "insert": "r",
         "documents": [{"_id": 1}, {"_id": 2}],
-        "txnNumber": 1_i64,
+        "txnNumber": base + 1,
     };
     let first = db.run_command(insert.clone()).session(&mut session).await?;
     let second = db.run_command(insert).session(&mut session).await?;
@@ -397,7 +399,7 @@ pub async fn retryable_write_dedupe(client: &Client, db_name: &str) -> Result<()
     let update = doc! {
         "update": "r",
         "updates": [{"q": {"_id": 1}, "u": {"$inc": {"x": 1}}}],
-        "txnNumber": 2_i64,
+        "txnNumber": base + 2,
     };
     db.run_command(update.clone()).session(&mut session).await?;
     let again = db.run_command(update).session(&mut session).await?;
@@ -422,7 +424,7 @@ pub async fn retryable_write_dedupe(client: &Client, db_name: &str) -> Result<()
             == 2
     );
     let stale = db
-        .run_command(doc! {"insert": "r", "documents": [{"_id": 3}], "txnNumber": 1_i64})
+        .run_command(doc! {"insert": "r", "documents": [{"_id": 3}], "txnNumber": base + 1})
         .session(&mut session)
         .await
         .unwrap_err();
