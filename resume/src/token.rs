@@ -740,11 +740,8 @@ impl ResumeToken {
 
     /// `_data` as MongoDB sends it: uppercase hex.
     pub fn data_hex(&self) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-        let mut out = Vec::with_capacity(self.data.len() * 2);
-        for &b in &self.data {
-            out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
-        }
+        let mut out = vec![0u8; self.data.len() * 2];
+        write_hex_upper(&mut out, &self.data);
         // Only ASCII hex digits were written.
         String::from_utf8(out).unwrap_or_default()
     }
@@ -778,7 +775,6 @@ impl ResumeToken {
     /// replies assembled with `rawdoc!`).
     pub fn to_raw_document(&self) -> RawDocumentBuf {
         // Written in one allocation of the exact size: this runs for every event returned.
-        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
         let hex_len = self.data.len() * 2;
         let tb_len = self.type_bits.len();
         let mut size = 4 + (1 + 6 + 4 + hex_len + 1) + 1;
@@ -790,8 +786,10 @@ impl ResumeToken {
         out.push(0x02); // string
         out.extend_from_slice(b"_data\0");
         out.extend_from_slice(&((hex_len + 1) as i32).to_le_bytes());
-        for &b in &self.data {
-            out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+        let start = out.len();
+        out.resize(start + hex_len, 0);
+        if let Some(dst) = out.get_mut(start..) {
+            write_hex_upper(dst, &self.data);
         }
         out.push(0);
         if tb_len > 0 {
@@ -988,5 +986,16 @@ impl PartialEq for Identifier {
 impl fmt::Debug for Identifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.document(), f)
+    }
+}
+
+/// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`).
+fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
+        if let [hi, lo] = pair {
+            *hi = DIGITS[usize::from(b >> 4)];
+            *lo = DIGITS[usize::from(b & 0xf)];
+        }
     }
 }
