@@ -25,20 +25,26 @@ pub enum CursorSource {
     Buffered(VecDeque<Document>),
     /// An unsorted collection scan that resumes after the last key it examined (each getMore
     /// reads a fresh snapshot, as MongoDB's yielding cursors do).
-    Scan {
-        coll: Arc<CollectionEntry>,
-        filter: Box<Filter>,
-        projection: Option<Box<Projection>>,
-        after: Vec<u8>,
-        /// Documents still allowed by the query's `limit`.
-        remaining: Option<usize>,
-    },
+    Scan(Box<ScanCursor>),
     /// A tailable cursor on `local.oplog.rs`: entries after `last` matching `filter`.
     OplogTail {
         filter: Box<Filter>,
         last: ClusterTime,
         await_data: bool,
     },
+}
+
+/// The position and options of a streaming collection scan.
+pub struct ScanCursor {
+    pub coll: Arc<CollectionEntry>,
+    pub filter: Filter,
+    pub projection: Option<Projection>,
+    /// The last key examined; `None` before the first document.
+    pub after: Option<Vec<u8>>,
+    /// Documents still allowed by the query's `limit`.
+    pub remaining: Option<usize>,
+    /// Matches still to skip (only non-zero when the first batch was empty).
+    pub skip: usize,
 }
 
 pub struct Cursor {

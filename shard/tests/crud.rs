@@ -711,3 +711,30 @@ async fn unsorted_cursors_stream_pages_and_honour_skip_limit_and_drops() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn batch_size_zero_opens_a_cursor_with_an_empty_first_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1}, {"_id": 2}, {"_id": 3}]},
+    )
+    .await;
+    let r = ok(&s, "db", doc! {"find": "c", "batchSize": 0, "skip": 1}).await;
+    assert!(first_batch(&r).is_empty());
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0);
+    let r = ok(&s, "db", doc! {"getMore": id, "collection": "c"}).await;
+    let c = r.get_document("cursor").unwrap();
+    assert_eq!(
+        c.get_array("nextBatch").unwrap(),
+        &vec![
+            Bson::Document(doc! {"_id": 2}),
+            Bson::Document(doc! {"_id": 3})
+        ]
+    );
+    assert_eq!(c.get_i64("id").unwrap(), 0);
+    s.shutdown().await;
+}

@@ -502,3 +502,34 @@ async fn create_with_collection_uuid_and_views() {
     assert_eq!(e.get_document("o").unwrap(), &doc! {"_id": "db.v"});
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tail_cursor_overtaken_by_truncation_gets_capped_position_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 0}]}).await;
+    let r = ok(
+        &s,
+        "local",
+        doc! {"find": "oplog.rs", "filter": {"op": "i"}, "tailable": true, "awaitData": true, "batchSize": 0},
+    )
+    .await;
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    s.set_oplog_retention(shard::retention::Retention {
+        max_bytes: 300,
+        max_age_secs: None,
+    });
+    for i in 1..20 {
+        ok(
+            &s,
+            "db",
+            doc! {"insert": "c", "documents": [{"_id": i, "pad": "y".repeat(40)}]},
+        )
+        .await;
+    }
+    assert_eq!(
+        err_code(&s, "local", doc! {"getMore": id, "collection": "oplog.rs"}).await,
+        136
+    );
+    s.shutdown().await;
+}

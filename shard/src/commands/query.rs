@@ -14,8 +14,7 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use super::{Ctx, Reply, as_i64, cursor_reply};
-use crate::catalog::CollectionEntry;
-use crate::cursor::{Cursor, CursorSource};
+use crate::cursor::{Cursor, CursorSource, ScanCursor};
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Projection, Sort, scan_matching};
 use crate::storage::{ReadTxn, Scan, StorageError};
@@ -136,15 +135,16 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         let first = project_all(page.docs, projection.as_ref())?;
         let done = page.exhausted || remaining == Some(0) || single_batch;
         let id = match (done, page.last_key) {
-            (false, Some(after)) => ctx.shard.cursors().insert(Cursor {
+            (false, after) => ctx.shard.cursors().insert(Cursor {
                 ns: ns.clone(),
-                source: CursorSource::Scan {
+                source: CursorSource::Scan(Box::new(ScanCursor {
                     coll: entry.clone(),
-                    filter: Box::new(filter),
-                    projection: projection.map(Box::new),
+                    filter,
+                    projection,
                     after,
                     remaining,
-                },
+                    skip: to_skip,
+                })),
                 last_used_ms: now,
             }),
             _ => 0,
@@ -204,13 +204,18 @@ fn project_all(
 /// The next page of a streaming collection cursor; `None` for the cursor means it is done.
 fn next_scan_page(
     ctx: &Ctx<'_>,
-    coll: &CollectionEntry,
-    filter: &Filter,
-    projection: Option<&Projection>,
-    after: &mut Vec<u8>,
-    remaining: &mut Option<usize>,
+    cur: &mut ScanCursor,
     batch_size: Option<usize>,
 ) -> Result<(Vec<Document>, bool), MongoError> {
+    let ScanCursor {
+        coll,
+        filter,
+        projection,
+        after,
+        remaining,
+        skip,
+    } = cur;
+    let projection = projection.as_ref();
     let state = ctx.shard.state();
     // The collection must still be the one the cursor started on.
     let same = state
@@ -230,13 +235,12 @@ fn next_scan_page(
         (None, Some(r)) => r,
         (None, None) => usize::MAX,
     };
-    let mut no_skip = 0;
     let page = crate::query::scan_page(
         &*txn,
         coll,
         filter,
-        Some(after),
-        &mut no_skip,
+        after.as_deref(),
+        skip,
         max_docs,
         MAX_BATCH_BYTES,
     )
@@ -244,8 +248,8 @@ fn next_scan_page(
     if let Some(r) = remaining.as_mut() {
         *r -= page.docs.len().min(*r);
     }
-    if let Some(k) = page.last_key {
-        *after = k;
+    if page.last_key.is_some() {
+        *after = page.last_key;
     }
     let alive = !page.exhausted && *remaining != Some(0);
     Ok((project_all(page.docs, projection)?, alive))
@@ -315,6 +319,9 @@ fn next_oplog_batch(
 ) -> Result<Vec<Document>, MongoError> {
     let mut out = Vec::new();
     let mut bytes = 0;
+    if max_docs == Some(0) {
+        return Ok(out);
+    }
     loop {
         let chunk = read_oplog(ctx, None, *last, 1000)?;
         if chunk.is_empty() {
@@ -357,7 +364,8 @@ fn find_oplog(
         .and_then(as_i64)
         .is_some_and(|v| v < 0);
     if tailable {
-        let mut last = ts_lower_bound(filter_doc);
+        // Start at the oldest entry still retained (or the filter's lower bound).
+        let mut last = ts_lower_bound(filter_doc).max(ctx.shard.state().oplog_truncated_through());
         let first = next_oplog_batch(
             ctx,
             &filter,
@@ -473,21 +481,7 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let alive = !rest.is_empty();
             (b, alive)
         }
-        CursorSource::Scan {
-            coll,
-            filter,
-            projection,
-            after,
-            remaining,
-        } => next_scan_page(
-            ctx,
-            coll,
-            filter,
-            projection.as_deref(),
-            after,
-            remaining,
-            batch_size,
-        )?,
+        CursorSource::Scan(cur) => next_scan_page(ctx, cur, batch_size)?,
         CursorSource::OplogTail {
             filter,
             last,
@@ -499,6 +493,13 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let deadline = tokio::time::Instant::now() + wait;
             let batch = loop {
                 rx.borrow_and_update();
+                // Entries this cursor has not read yet were truncated under it.
+                if *last < ctx.shard.state().oplog_truncated_through() {
+                    return Err(MongoError::new(
+                        ErrorCode::CAPPED_POSITION_LOST,
+                        "CollectionScan died due to position in capped collection being deleted.",
+                    ));
+                }
                 let b = match next_oplog_batch(ctx, filter, last, batch_size) {
                     Ok(b) => b,
                     Err(e) => {
