@@ -71,6 +71,18 @@ pub async fn embedded(
     presentation: Presentation,
     argv: Vec<String>,
 ) -> anyhow::Result<Running> {
+    embedded_with(bind, n_shards, dbpath, presentation, argv, false).await
+}
+
+/// [`embedded`], with `--enableTestCommands` (fail points) when `enable_test_commands` is set.
+pub async fn embedded_with(
+    bind: SocketAddr,
+    n_shards: usize,
+    dbpath: PathBuf,
+    presentation: Presentation,
+    argv: Vec<String>,
+    enable_test_commands: bool,
+) -> anyhow::Result<Running> {
     anyhow::ensure!(n_shards >= 1, "a cluster needs at least one shard");
     let mut shards = Vec::with_capacity(n_shards);
     let mut clients: Vec<Arc<dyn ShardClient>> = Vec::with_capacity(n_shards);
@@ -79,7 +91,7 @@ pub async fn embedded(
         clients.push(Arc::new(LocalShard::new(s.clone())));
         shards.push(s);
     }
-    let mut running = router_over(bind, clients, presentation, argv).await?;
+    let mut running = router_over(bind, clients, presentation, argv, enable_test_commands).await?;
     running.shards = shards;
     Ok(running)
 }
@@ -91,6 +103,17 @@ pub async fn router(
     presentation: Presentation,
     argv: Vec<String>,
 ) -> anyhow::Result<Running> {
+    router_with(bind, shard_addrs, presentation, argv, false).await
+}
+
+/// [`router`], with `--enableTestCommands` (fail points) when `enable_test_commands` is set.
+pub async fn router_with(
+    bind: SocketAddr,
+    shard_addrs: Vec<String>,
+    presentation: Presentation,
+    argv: Vec<String>,
+    enable_test_commands: bool,
+) -> anyhow::Result<Running> {
     anyhow::ensure!(
         !shard_addrs.is_empty(),
         "a router needs at least one --shard"
@@ -99,7 +122,7 @@ pub async fn router(
         .into_iter()
         .map(|a| Arc::new(RemoteShard::new(a)) as Arc<dyn ShardClient>)
         .collect();
-    router_over(bind, clients, presentation, argv).await
+    router_over(bind, clients, presentation, argv, enable_test_commands).await
 }
 
 async fn router_over(
@@ -107,6 +130,7 @@ async fn router_over(
     clients: Vec<Arc<dyn ShardClient>>,
     presentation: Presentation,
     argv: Vec<String>,
+    enable_test_commands: bool,
 ) -> anyhow::Result<Running> {
     let listener = TcpListener::bind(bind)
         .await
@@ -116,6 +140,7 @@ async fn router_over(
         advertised_host: format!("{}:{}", host_for(addr), addr.port()),
         presentation,
         argv,
+        enable_test_commands,
     };
     let router = Router::new(clients, options);
     let cancel = CancellationToken::new();

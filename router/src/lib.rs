@@ -10,6 +10,7 @@ pub mod changestream;
 pub mod clock;
 mod commands;
 pub mod cursors;
+pub mod failpoint;
 pub mod launch;
 pub mod metadata;
 pub mod router;

@@ -37,6 +37,10 @@ struct EmbeddedArgs {
     /// Present the router to drivers as a single-node replica set instead of a mongos.
     #[arg(long = "replSetMode")]
     repl_set_mode: bool,
+    /// Enable test-only commands (`configureFailPoint`), as MongoDB's
+    /// `--setParameter enableTestCommands=1`.
+    #[arg(long = "enableTestCommands")]
+    enable_test_commands: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -71,6 +75,9 @@ enum Command {
         /// Present the router to drivers as a single-node replica set instead of a mongos.
         #[arg(long = "replSetMode")]
         repl_set_mode: bool,
+        /// Enable test-only commands (`configureFailPoint`).
+        #[arg(long = "enableTestCommands")]
+        enable_test_commands: bool,
     },
 }
 
@@ -95,12 +102,13 @@ async fn main() -> anyhow::Result<()> {
     let running: Running = match cli.command {
         None => {
             let e = cli.embedded;
-            launch::embedded(
+            launch::embedded_with(
                 SocketAddr::new(e.bind_ip, e.port),
                 e.shards,
                 e.dbpath,
                 presentation(e.repl_set_mode),
                 argv,
+                e.enable_test_commands,
             )
             .await?
         }
@@ -115,12 +123,14 @@ async fn main() -> anyhow::Result<()> {
             bind_ip,
             shards,
             repl_set_mode,
+            enable_test_commands,
         }) => {
-            launch::router(
+            launch::router_with(
                 SocketAddr::new(bind_ip, port),
                 shards,
                 presentation(repl_set_mode),
                 argv,
+                enable_test_commands,
             )
             .await?
         }

@@ -35,6 +35,8 @@ pub struct RouterOptions {
     pub advertised_host: String,
     pub presentation: Presentation,
     pub argv: Vec<String>,
+    /// `--enableTestCommands`: `configureFailPoint` and the fail points are available.
+    pub enable_test_commands: bool,
 }
 
 pub struct Shard {
@@ -51,6 +53,7 @@ pub struct Router {
     pub(crate) options: RouterOptions,
     pub(crate) started: Instant,
     pub(crate) open_connections: AtomicU64,
+    pub(crate) failpoints: crate::failpoint::FailPoints,
 }
 
 impl Router {
@@ -72,6 +75,7 @@ impl Router {
             options,
             started: Instant::now(),
             open_connections: AtomicU64::new(0),
+            failpoints: Default::default(),
         })
     }
 

@@ -23,7 +23,9 @@ struct RouterHandler {
 #[async_trait]
 impl Handler for RouterHandler {
     async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply {
-        let reply = crate::commands::run(&self.router, conn, &req).await;
+        let Some(reply) = crate::commands::run(&self.router, conn, &req).await else {
+            return Reply::CloseConnection;
+        };
         if req.more_to_come {
             Reply::NoReply
         } else {

@@ -8,7 +8,10 @@ use super::{Ctx, ok};
 
 pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     let all = [
-        ("enableTestCommands", Bson::Boolean(false)),
+        (
+            "enableTestCommands",
+            Bson::Boolean(ctx.router.options.enable_test_commands),
+        ),
         (
             "featureCompatibilityVersion",
             Bson::Document(doc! {"version": "7.0"}),
@@ -193,4 +196,15 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     }
     reply.insert("ok", 1.0);
     Ok(reply)
+}
+
+/// `configureFailPoint` (only with `--enableTestCommands`; only on `admin`, as in MongoDB).
+pub(super) fn configure_fail_point(ctx: &Ctx<'_>) -> Result<Document> {
+    if ctx.db != "admin" {
+        return Err(wire::MongoError::new(
+            wire::ErrorCode::UNAUTHORIZED,
+            "configureFailPoint may only be run against the admin database.",
+        ));
+    }
+    ctx.router.failpoints.configure(ctx.cmd)
 }

@@ -206,6 +206,18 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
             ),
         ));
     }
+    if router.options.enable_test_commands
+        && let Some(e) = router.failpoints.check_get_more()
+    {
+        let stream = matches!(guard.state, CursorState::ChangeStream(_));
+        guard.kill(router).await;
+        router.cursors.remove(id);
+        return Err(if stream {
+            crate::changestream::label_resumable(e)
+        } else {
+            e
+        });
+    }
     if let CursorState::ChangeStream(stream) = &mut guard.state {
         let max_time = match args.opt_i64("maxTimeMS")? {
             Some(ms) if ms > 0 => std::time::Duration::from_millis(ms as u64),

@@ -17,6 +17,7 @@ use bson::{Bson, Document};
 use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
+use crate::failpoint::{self, Action};
 use crate::router::Router;
 
 pub(crate) use args::Args;
@@ -38,10 +39,33 @@ impl Ctx<'_> {
     }
 }
 
-/// Runs one request and returns the reply (with `$clusterTime` and `operationTime`).
-pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Document {
+/// Runs one request and returns the reply (with `$clusterTime` and `operationTime`), or `None`
+/// when a test fail point closes the connection instead.
+pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Document> {
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
+    let mut injected = None;
+    if router.options.enable_test_commands
+        && let Some(triggered) = router.failpoints.check_command(name)
+    {
+        if let Some(d) = triggered.block {
+            tokio::time::sleep(d).await;
+        }
+        match triggered.action {
+            Some(Action::CloseConnection) => return None,
+            Some(Action::Fail {
+                error,
+                explicit_labels,
+            }) => {
+                injected = Some(if explicit_labels {
+                    error
+                } else {
+                    failpoint::with_server_labels(error, name, &req.body)
+                });
+            }
+            None => {}
+        }
+    }
     let ctx = Ctx {
         router,
         conn,
@@ -49,7 +73,9 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         cmd: &req.body,
         name,
     };
-    let result = if name.is_empty() {
+    let result = if let Some(e) = injected {
+        Err(e)
+    } else if name.is_empty() {
         Err(MongoError::new(
             ErrorCode::FAILED_TO_PARSE,
             "empty command document",
@@ -62,7 +88,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Err(e) => e.to_document(),
     };
     finish_reply(router, &mut reply);
-    reply
+    Some(reply)
 }
 
 /// Replaces whatever time fields a shard put in the reply with the router's.
@@ -115,6 +141,9 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
         "enableSharding" | "enablesharding" => ddl::enable_sharding(ctx).await,
         "shardCollection" | "shardcollection" => ddl::shard_collection(ctx).await,
         "listShards" => admin::list_shards(ctx),
+        "configureFailPoint" if ctx.router.options.enable_test_commands => {
+            admin::configure_fail_point(ctx)
+        }
         other => Err(MongoError::new(
             ErrorCode::COMMAND_NOT_FOUND,
             format!("no such command: '{other}'"),

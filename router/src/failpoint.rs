@@ -1,0 +1,449 @@
+//! Test fail points (`configureFailPoint`), as in MongoDB with `--enableTestCommands`:
+//! `failCommand` (fail or close the connection on the named commands, before they run) and
+//! `failGetMoreAfterCursorCheckout` (fail a getMore once its cursor has been found).
+//!
+//! This module is the pure state machine: it parses `configureFailPoint`, counts activations
+//! and decides what a command should do; the command layer acts on the decision.
+//!
+//! Invariants: a fail point in mode `{times: n}` triggers at most `n` times, then turns itself
+//! off; `{skip: n}` lets the first `n` matching commands through, then stays on; `off` never
+//! triggers; a `failCommand` error carries exactly the configured `errorLabels` when they are
+//! given (the caller adds the server's own labels only when they are not); fail points never
+//! touch `configureFailPoint` itself or the handshake unless the handshake is named.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use wire::{ErrorCode, MongoError, Result};
+
+/// The fail points this server knows.
+pub const FAIL_COMMAND: &str = "failCommand";
+pub const FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT: &str = "failGetMoreAfterCursorCheckout";
+
+/// When a fail point triggers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Off,
+    AlwaysOn,
+    /// Triggers this many more times, then turns off.
+    Times(u64),
+    /// Lets this many matching evaluations through, then triggers every time.
+    Skip(u64),
+}
+
+impl Mode {
+    fn parse(v: Option<&Bson>) -> Result<Mode> {
+        let bad =
+            || MongoError::bad_value("'mode' must be 'alwaysOn', 'off', {times: n} or {skip: n}");
+        match v {
+            Some(Bson::String(s)) if s == "off" => Ok(Mode::Off),
+            Some(Bson::String(s)) if s == "alwaysOn" => Ok(Mode::AlwaysOn),
+            Some(Bson::Document(d)) if d.len() == 1 => {
+                let (key, value) = d.iter().next().ok_or_else(bad)?;
+                let n = match value {
+                    Bson::Int32(n) => i64::from(*n),
+                    Bson::Int64(n) => *n,
+                    Bson::Double(n) if n.fract() == 0.0 => *n as i64,
+                    _ => return Err(bad()),
+                };
+                if n < 0 {
+                    return Err(MongoError::bad_value(format!(
+                        "'{key}' must be a non-negative number"
+                    )));
+                }
+                match key.as_str() {
+                    "times" if n == 0 => Ok(Mode::Off),
+                    "times" => Ok(Mode::Times(n as u64)),
+                    "skip" => Ok(Mode::Skip(n as u64)),
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    /// One evaluation of a matching command: whether it triggers, advancing the counters.
+    fn evaluate(&mut self) -> bool {
+        match self {
+            Mode::Off => false,
+            Mode::AlwaysOn => true,
+            Mode::Times(n) => {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    *self = Mode::Off;
+                }
+                true
+            }
+            Mode::Skip(0) => true,
+            Mode::Skip(n) => {
+                *n -= 1;
+                false
+            }
+        }
+    }
+}
+
+/// What `failCommand` tells a command to do.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Triggered {
+    /// Wait this long first (`blockConnection` with `blockTimeMS`).
+    pub block: Option<Duration>,
+    /// Then do this instead of running the command; `None`: run it.
+    pub action: Option<Action>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Answer with this error. `explicit_labels`: its labels were configured (`errorLabels`),
+    /// so the server must not add its own.
+    Fail {
+        error: MongoError,
+        explicit_labels: bool,
+    },
+    /// Close the connection without answering.
+    CloseConnection,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Configured {
+    mode: Mode,
+    data: Document,
+    /// How many times the fail point triggered since it was configured.
+    entered: i64,
+}
+
+/// The fail points of one router.
+#[derive(Debug, Default)]
+pub struct FailPoints {
+    fail_command: Mutex<Configured>,
+    fail_get_more: Mutex<Configured>,
+}
+
+impl FailPoints {
+    /// `configureFailPoint`: replaces the named fail point's mode and data; replies with the
+    /// number of times it had triggered (`count`), like MongoDB.
+    pub fn configure(&self, cmd: &Document) -> Result<Document> {
+        let name = match cmd.get("configureFailPoint") {
+            Some(Bson::String(s)) => s.as_str(),
+            _ => {
+                return Err(MongoError::type_mismatch(
+                    "'configureFailPoint' must be the name of a fail point",
+                ));
+            }
+        };
+        let slot = self
+            .slot(name)
+            .ok_or_else(|| MongoError::bad_value(format!("Failpoint {name} not found")))?;
+        let mode = Mode::parse(cmd.get("mode"))?;
+        let data = match cmd.get("data") {
+            None => Document::new(),
+            Some(Bson::Document(d)) => d.clone(),
+            Some(_) => return Err(MongoError::type_mismatch("'data' must be a document")),
+        };
+        if name == FAIL_COMMAND && mode != Mode::Off {
+            validate_fail_command(&data)?;
+        }
+        if name == FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT && mode != Mode::Off {
+            error_code(&data)?;
+        }
+        let mut state = lock(slot);
+        let count = state.entered;
+        *state = Configured {
+            mode,
+            data,
+            entered: 0,
+        };
+        Ok(doc! {"count": count, "ok": 1.0})
+    }
+
+    /// Turns every fail point off.
+    pub fn clear(&self) {
+        *lock(&self.fail_command) = Configured::default();
+        *lock(&self.fail_get_more) = Configured::default();
+    }
+
+    /// `failCommand`, checked before the command `name` runs.
+    pub fn check_command(&self, name: &str) -> Option<Triggered> {
+        if name == "configureFailPoint" {
+            return None;
+        }
+        let mut state = lock(&self.fail_command);
+        if state.mode == Mode::Off || !names_command(&state.data, name) {
+            return None;
+        }
+        if !state.mode.evaluate() {
+            return None;
+        }
+        state.entered += 1;
+        let data = &state.data;
+        if data.get_bool("closeConnection").unwrap_or(false) {
+            return Some(Triggered {
+                block: block_time(data),
+                action: Some(Action::CloseConnection),
+            });
+        }
+        let block = block_time(data);
+        let action = error_code(data).ok().flatten().map(|code| {
+            let mut error =
+                MongoError::with_code(code, "Failing command via 'failCommand' failpoint");
+            let labels = data.get_array("errorLabels").ok();
+            for label in labels.into_iter().flatten().filter_map(Bson::as_str) {
+                error = error.with_label(label);
+            }
+            Action::Fail {
+                error,
+                explicit_labels: labels.is_some(),
+            }
+        });
+        Some(Triggered { block, action })
+    }
+
+    /// `failGetMoreAfterCursorCheckout`, checked once a getMore found its cursor.
+    pub fn check_get_more(&self) -> Option<MongoError> {
+        let mut state = lock(&self.fail_get_more);
+        if state.mode == Mode::Off || !state.mode.evaluate() {
+            return None;
+        }
+        state.entered += 1;
+        let code = error_code(&state.data)
+            .ok()
+            .flatten()
+            .unwrap_or(ErrorCode::INTERNAL_ERROR.code);
+        Some(MongoError::with_code(
+            code,
+            "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint",
+        ))
+    }
+
+    fn slot(&self, name: &str) -> Option<&Mutex<Configured>> {
+        match name {
+            FAIL_COMMAND => Some(&self.fail_command),
+            FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT => Some(&self.fail_get_more),
+            _ => None,
+        }
+    }
+}
+
+/// Codes on which a retryable write may be retried (the server labels them
+/// `RetryableWriteError`).
+const RETRYABLE_WRITE_CODES: &[i32] = &[
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+];
+
+/// The labels the server itself would put on an injected error when none were configured: a
+/// retryable write (a write command with `txnNumber`, outside a transaction) failing with a
+/// retryable code gets `RetryableWriteError`. Never `ResumableChangeStreamError`: `failCommand`
+/// fails before any cursor is checked out.
+pub fn with_server_labels(error: MongoError, name: &str, cmd: &Document) -> MongoError {
+    let write = matches!(
+        name,
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+    );
+    let in_txn = cmd.get_bool("autocommit").is_ok();
+    if write
+        && !in_txn
+        && cmd.contains_key("txnNumber")
+        && RETRYABLE_WRITE_CODES.contains(&error.code)
+    {
+        error.with_label("RetryableWriteError")
+    } else {
+        error
+    }
+}
+
+fn lock(m: &Mutex<Configured>) -> std::sync::MutexGuard<'_, Configured> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn names_command(data: &Document, name: &str) -> bool {
+    data.get_array("failCommands")
+        .map(|a| a.iter().any(|c| c.as_str() == Some(name)))
+        .unwrap_or(false)
+}
+
+fn error_code(data: &Document) -> Result<Option<i32>> {
+    match data.get("errorCode") {
+        None => Ok(None),
+        Some(Bson::Int32(n)) => Ok(Some(*n)),
+        Some(Bson::Int64(n)) => i32::try_from(*n)
+            .map(Some)
+            .map_err(|_| MongoError::bad_value("'errorCode' is out of range")),
+        Some(Bson::Double(n)) if n.fract() == 0.0 && n.abs() <= f64::from(i32::MAX) => {
+            Ok(Some(*n as i32))
+        }
+        Some(_) => Err(MongoError::type_mismatch("'errorCode' must be a number")),
+    }
+}
+
+fn block_time(data: &Document) -> Option<Duration> {
+    if !data.get_bool("blockConnection").unwrap_or(false) {
+        return None;
+    }
+    let ms = match data.get("blockTimeMS") {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(n)) => *n as i64,
+        _ => 0,
+    };
+    Some(Duration::from_millis(ms.max(0) as u64))
+}
+
+fn validate_fail_command(data: &Document) -> Result<()> {
+    match data.get("failCommands") {
+        Some(Bson::Array(a)) if a.iter().all(|c| matches!(c, Bson::String(_))) => {}
+        _ => {
+            return Err(MongoError::bad_value(
+                "'failCommands' must be an array of command names",
+            ));
+        }
+    }
+    error_code(data)?;
+    if let Some(labels) = data.get("errorLabels") {
+        match labels {
+            Bson::Array(a) if a.iter().all(|l| matches!(l, Bson::String(_))) => {}
+            _ => {
+                return Err(MongoError::type_mismatch(
+                    "'errorLabels' must be an array of strings",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn fail_command(mode: Bson, data: Document) -> FailPoints {
+        let fp = FailPoints::default();
+        fp.configure(&doc! {"configureFailPoint": FAIL_COMMAND, "mode": mode, "data": data})
+            .unwrap();
+        fp
+    }
+
+    fn error_of(t: Option<Triggered>) -> (MongoError, bool) {
+        match t.and_then(|t| t.action) {
+            Some(Action::Fail {
+                error,
+                explicit_labels,
+            }) => (error, explicit_labels),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn times_mode_triggers_exactly_n_times_on_named_commands_only() {
+        let fp = fail_command(
+            Bson::Document(doc! {"times": 2}),
+            doc! {"failCommands": ["getMore"], "errorCode": 6},
+        );
+        assert!(fp.check_command("find").is_none());
+        assert!(fp.check_command("configureFailPoint").is_none());
+        assert_eq!(error_of(fp.check_command("getMore")).0.code, 6);
+        assert_eq!(error_of(fp.check_command("getMore")).0.code, 6);
+        assert!(fp.check_command("getMore").is_none());
+    }
+
+    #[test]
+    fn off_and_always_on() {
+        let fp = fail_command(
+            Bson::String("alwaysOn".into()),
+            doc! {"failCommands": ["insert"], "closeConnection": true},
+        );
+        for _ in 0..5 {
+            assert_eq!(
+                fp.check_command("insert").unwrap().action,
+                Some(Action::CloseConnection)
+            );
+        }
+        let reply = fp
+            .configure(&doc! {"configureFailPoint": FAIL_COMMAND, "mode": "off"})
+            .unwrap();
+        assert_eq!(reply.get_i64("count").unwrap(), 5);
+        assert!(fp.check_command("insert").is_none());
+    }
+
+    #[test]
+    fn skip_mode_lets_the_first_n_through() {
+        let fp = fail_command(
+            Bson::Document(doc! {"skip": 1}),
+            doc! {"failCommands": ["find"], "errorCode": 2},
+        );
+        assert!(fp.check_command("find").is_none());
+        assert!(fp.check_command("find").is_some());
+        assert!(fp.check_command("find").is_some());
+    }
+
+    #[test]
+    fn configured_labels_are_exact_and_marked_explicit() {
+        let fp = fail_command(
+            Bson::Document(doc! {"times": 1}),
+            doc! {"failCommands": ["getMore"], "errorCode": 50, "errorLabels": ["ResumableChangeStreamError"]},
+        );
+        let (e, explicit) = error_of(fp.check_command("getMore"));
+        assert!(explicit);
+        assert_eq!(e.labels, vec!["ResumableChangeStreamError".to_string()]);
+        let fp = fail_command(
+            Bson::Document(doc! {"times": 1}),
+            doc! {"failCommands": ["getMore"], "errorCode": 6},
+        );
+        let (e, explicit) = error_of(fp.check_command("getMore"));
+        assert!(!explicit);
+        assert!(e.labels.is_empty());
+        assert_eq!(e.code_name, "HostUnreachable");
+    }
+
+    #[test]
+    fn get_more_after_checkout_counts_down() {
+        let fp = FailPoints::default();
+        fp.configure(&doc! {
+            "configureFailPoint": FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT,
+            "mode": {"times": 1},
+            "data": {"errorCode": 10107},
+        })
+        .unwrap();
+        assert!(fp.check_command("getMore").is_none());
+        assert_eq!(fp.check_get_more().unwrap().code, 10107);
+        assert!(fp.check_get_more().is_none());
+    }
+
+    #[test]
+    fn bad_configurations_are_rejected() {
+        let fp = FailPoints::default();
+        for cmd in [
+            doc! {"configureFailPoint": "noSuchFailPoint", "mode": "alwaysOn"},
+            doc! {"configureFailPoint": FAIL_COMMAND, "mode": "sometimes"},
+            doc! {"configureFailPoint": FAIL_COMMAND, "mode": {"times": -1}},
+            doc! {"configureFailPoint": FAIL_COMMAND, "mode": "alwaysOn", "data": {"errorCode": 1}},
+            doc! {"configureFailPoint": 1, "mode": "off"},
+        ] {
+            assert!(fp.configure(&cmd).is_err(), "{cmd}");
+        }
+        assert!(fp.check_command("insert").is_none());
+    }
+
+    #[test]
+    fn server_labels_only_for_retryable_writes() {
+        let e = || MongoError::with_code(91, "x");
+        let w = with_server_labels(e(), "insert", &doc! {"insert": "c", "txnNumber": 1_i64});
+        assert!(w.has_label("RetryableWriteError"));
+        let g = with_server_labels(e(), "getMore", &doc! {"getMore": 1_i64});
+        assert!(g.labels.is_empty());
+        let no_txn = with_server_labels(e(), "insert", &doc! {"insert": "c"});
+        assert!(no_txn.labels.is_empty());
+    }
+
+    #[test]
+    fn clear_turns_everything_off() {
+        let fp = fail_command(
+            Bson::String("alwaysOn".into()),
+            doc! {"failCommands": ["ping"], "errorCode": 2},
+        );
+        fp.clear();
+        assert!(fp.check_command("ping").is_none());
+    }
+}
