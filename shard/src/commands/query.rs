@@ -153,7 +153,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     }
     let mut docs = Vec::new();
     let stop_at = match (&sort, limit) {
-        (None, Some(l)) => Some(skip + l),
+        (None, Some(l)) => Some(skip.saturating_add(l)),
         _ => None,
     };
     scan_matching(&*txn, &entry, &filter, &mut |d| {
@@ -490,7 +490,11 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let mut rx = ctx.shard.state().tail.subscribe();
             let wait =
                 Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
-            let deadline = tokio::time::Instant::now() + wait;
+            // A huge maxTimeMS must not overflow the clock: cap the wait at a day.
+            let now = tokio::time::Instant::now();
+            let deadline = now
+                .checked_add(wait.min(Duration::from_secs(86_400)))
+                .unwrap_or(now);
             let batch = loop {
                 rx.borrow_and_update();
                 // Entries this cursor has not read yet were truncated under it.
