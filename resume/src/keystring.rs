@@ -7,6 +7,10 @@
 //! string erases (int32 vs int64 vs double vs decimal and its exponent, string vs symbol, -0.0)
 //! goes into the separate [`TypeBits`] stream, so `decode(encode(v), type_bits) == v` exactly.
 //!
+//! Three readers share one format: [`decode_value`] builds the value, [`skip_value`] validates
+//! and steps over it without allocating, and [`fast_scalar`] reads the common scalars
+//! (timestamps, bools, null, int32/int64) directly. Property tests check that they agree.
+//!
 //! Invariants:
 //! * encoding never fails and never panics; decoding returns [`KeyStringError`] on any
 //!   malformed input and never panics (all reads are bounds-checked, nesting is limited);
