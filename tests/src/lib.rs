@@ -20,6 +20,7 @@ use router::Presentation;
 use router::launch::{self, Running};
 use tempfile::TempDir;
 
+pub mod fsm;
 pub mod scenarios;
 pub mod streams;
 

@@ -1,0 +1,647 @@
+//! Suites: YAML files in `tests/suites/` in resmoke's shape (`selector`, `executor` with its
+//! `config`, `fixture` and `hooks`), and the runner that executes one: start the fixture and
+//! the background hooks, then for each selected workload (again and again while a duration
+//! lasts): setup, watchers, threads, checks (documents, oplogs), teardown (`dropDatabase`, the
+//! streams' end marker), then verify every watcher against the model and run prefix reads.
+//!
+//! Invariant: a run is reported failed when any thread, hook, check or stream verification
+//! failed; the report names the seed, and `--seed` replays the same choices.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::TryStreamExt;
+use mongodb::Client;
+use mongodb::bson::{Bson, Document, doc};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+use super::fixture::{self, Background, Fixture, FixtureSpec, HookSpec};
+use super::framework::{self, DocModel, Env, Workload, key_string};
+use super::model::{self, Expected, Op, Outcome};
+use super::watch::{self, Mode, Watcher};
+use super::workloads::{self, Any};
+
+/// A suite file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Suite {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub test_kind: Option<String>,
+    pub selector: Selector,
+    pub executor: Executor,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selector {
+    /// Workload names (see `workloads::NAMES`); `all` selects every one.
+    pub roots: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Executor {
+    #[serde(default)]
+    pub config: ExecConfig,
+    pub fixture: FixtureSpec,
+    #[serde(default)]
+    pub hooks: Vec<HookSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecConfig {
+    /// Overrides each workload's thread count.
+    pub threads: Option<usize>,
+    /// Overrides each workload's iterations per thread.
+    pub iterations: Option<usize>,
+    /// The run's seed; random when absent (and printed).
+    pub seed: Option<u64>,
+    /// Run the selected workloads once each (0) or again and again for this many seconds.
+    #[serde(default)]
+    pub duration_secs: u64,
+    /// Watcher modes: `continuous`, `resume_each`, `prefix`.
+    #[serde(default = "all_modes")]
+    pub watch_modes: Vec<String>,
+    /// Start points per prefix-read kind.
+    #[serde(default = "four")]
+    pub prefix_points: usize,
+    /// A watcher that gets nothing for this long gives up (the verifier then reports what is
+    /// missing).
+    #[serde(default = "sixty")]
+    pub watcher_idle_secs: u64,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            threads: None,
+            iterations: None,
+            seed: None,
+            duration_secs: 0,
+            watch_modes: all_modes(),
+            prefix_points: four(),
+            watcher_idle_secs: sixty(),
+        }
+    }
+}
+
+fn all_modes() -> Vec<String> {
+    vec!["continuous".into(), "resume_each".into(), "prefix".into()]
+}
+fn four() -> usize {
+    4
+}
+fn sixty() -> u64 {
+    60
+}
+
+/// Test-side fault injection, to show the verifier catches a broken stream: tamper with one
+/// observed stream before it is verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inject {
+    DropEvent,
+    DupEvent,
+    SwapEvents,
+}
+
+impl Inject {
+    pub fn parse(s: &str) -> Result<Inject> {
+        Ok(match s {
+            "drop-event" => Inject::DropEvent,
+            "dup-event" => Inject::DupEvent,
+            "swap-events" => Inject::SwapEvents,
+            other => bail!("unknown injection {other} (drop-event, dup-event, swap-events)"),
+        })
+    }
+}
+
+/// Command-line overrides.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub seed: Option<u64>,
+    pub duration_secs: Option<u64>,
+    pub workload: Option<String>,
+    pub inject: Option<Inject>,
+}
+
+pub fn suites_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("suites")
+}
+
+/// Loads `name` (a path, or a suite name in `tests/suites/`).
+pub fn load(name: &str) -> Result<Suite> {
+    let p = Path::new(name);
+    let path = if p.exists() {
+        p.to_path_buf()
+    } else {
+        suites_dir().join(format!("{name}.yml"))
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let suite: Suite =
+        serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    suite.validate()?;
+    Ok(suite)
+}
+
+impl Suite {
+    pub fn validate(&self) -> Result<()> {
+        for r in self.selector.roots.iter().chain(&self.selector.exclude) {
+            if r != "all" && workloads::by_name(r).is_none() {
+                bail!(
+                    "unknown workload {r} (known: {})",
+                    workloads::NAMES.join(", ")
+                );
+            }
+        }
+        for m in &self.executor.config.watch_modes {
+            if !matches!(m.as_str(), "continuous" | "resume_each" | "prefix") {
+                bail!("unknown watch mode {m}");
+            }
+        }
+        let needs_processes = self.executor.hooks.iter().any(|h| {
+            matches!(h, HookSpec::KillShard { .. } | HookSpec::KillRouter { .. })
+        });
+        if needs_processes && self.executor.fixture.class != "ProcessCluster" {
+            bail!("kill hooks need fixture class ProcessCluster");
+        }
+        Ok(())
+    }
+
+    pub fn workloads(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in &self.selector.roots {
+            if r == "all" {
+                out.extend(workloads::NAMES.iter().map(|s| s.to_string()));
+            } else {
+                out.push(r.clone());
+            }
+        }
+        out.retain(|w| !self.selector.exclude.contains(w));
+        out.dedup();
+        out
+    }
+}
+
+/// The result of one workload run.
+#[derive(Debug, Default)]
+pub struct WorkloadReport {
+    pub name: String,
+    pub db: String,
+    pub failures: Vec<String>,
+    pub lines: Vec<String>,
+}
+
+/// Runs a suite; returns the reports of every workload run (failed ones have failures).
+pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadReport>)> {
+    let cfg = &suite.executor.config;
+    let seed = ov
+        .seed
+        .or(cfg.seed)
+        .unwrap_or_else(|| rand::random::<u64>() >> 12);
+    let duration = ov.duration_secs.unwrap_or(cfg.duration_secs);
+    let mut names = suite.workloads();
+    if let Some(w) = &ov.workload {
+        names.retain(|n| n == w);
+        if names.is_empty() {
+            bail!("workload {w} is not selected by this suite");
+        }
+    }
+    println!(
+        "[resmoke] seed {seed}; workloads {names:?}; fixture {:?}; hooks {:?}",
+        suite.executor.fixture, suite.executor.hooks
+    );
+    let fixture = Fixture::start(&suite.executor.fixture).await?;
+    let addrs = fixture.router_addrs();
+    let fixture = Arc::new(Mutex::new(fixture));
+    let faults = suite.executor.hooks.iter().any(HookSpec::is_fault);
+    let background = Background::start(fixture.clone(), &suite.executor.hooks, seed);
+    let clients = fixture::clients(&addrs).await?;
+    let started = tokio::time::Instant::now();
+    let deadline = (duration > 0).then(|| started + Duration::from_secs(duration));
+    let mut reports = Vec::new();
+    let mut round = 0_u64;
+    'outer: loop {
+        for name in &names {
+            let run_seed = seed.wrapping_add(round.wrapping_mul(1_000_003));
+            let db = format!("fsm_{name}_{round}");
+            let report = match workloads::by_name(name) {
+                Some(Any::Crud(w)) => {
+                    run_workload(Arc::new(w), suite, &fixture, &clients, &db, run_seed, faults, deadline, ov.inject)
+                        .await
+                }
+                Some(Any::Ddl(w)) => {
+                    run_workload(Arc::new(w), suite, &fixture, &clients, &db, run_seed, faults, deadline, ov.inject)
+                        .await
+                }
+                None => bail!("unknown workload {name}"),
+            };
+            let report = report.unwrap_or_else(|e| WorkloadReport {
+                name: name.clone(),
+                db: db.clone(),
+                failures: vec![format!("the workload could not run: {e:#}")],
+                lines: Vec::new(),
+            });
+            print_report(&report);
+            let failed = !report.failures.is_empty();
+            reports.push(report);
+            if failed {
+                break 'outer;
+            }
+            // Between workloads: a whole-cluster restart, if asked for.
+            if suite.executor.hooks.iter().any(|h| {
+                matches!(
+                    h,
+                    HookSpec::RestartCluster {
+                        interval_secs: None
+                    }
+                )
+            }) {
+                fixture.lock().await.restart_all().await?;
+                println!("[resmoke] hook RestartCluster: restarted the cluster");
+            }
+        }
+        round += 1;
+        match deadline {
+            Some(d) if tokio::time::Instant::now() < d => {}
+            _ => break,
+        }
+    }
+    match background.stop().await {
+        Ok(counts) => {
+            for (h, n) in counts {
+                println!("[resmoke] hook {h}: {n} faults injected");
+            }
+        }
+        Err(e) => reports.push(WorkloadReport {
+            name: "hooks".into(),
+            failures: vec![format!("a background hook failed: {e:#}")],
+            ..WorkloadReport::default()
+        }),
+    }
+    if let Ok(f) = Arc::try_unwrap(fixture) {
+        f.into_inner().stop().await;
+    }
+    Ok((seed, reports))
+}
+
+fn print_report(r: &WorkloadReport) {
+    let status = if r.failures.is_empty() { "ok" } else { "FAILED" };
+    println!("[resmoke] workload {} ({}): {status}", r.name, r.db);
+    for l in &r.lines {
+        println!("[resmoke]   {l}");
+    }
+    for f in &r.failures {
+        println!("[resmoke]   FAILURE: {f}");
+    }
+}
+
+/// Retries a check while the cluster recovers from a fault.
+async fn retrying<T, F, Fut>(what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries < 40 => {
+                tries += 1;
+                tracing::info!("{what}: {e:#}, retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.context(format!("{what} after {tries} tries"))),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_workload<W: Workload>(
+    w: Arc<W>,
+    suite: &Suite,
+    fixture: &Arc<Mutex<Fixture>>,
+    clients: &[Client],
+    db: &str,
+    seed: u64,
+    faults: bool,
+    deadline: Option<tokio::time::Instant>,
+    inject: Option<Inject>,
+) -> Result<WorkloadReport> {
+    let ec = &suite.executor.config;
+    let mut cfg = w.config();
+    if let Some(t) = ec.threads {
+        cfg.thread_count = t;
+    }
+    if let Some(i) = ec.iterations {
+        cfg.iterations = i;
+    }
+    let mut report = WorkloadReport {
+        name: w.name().to_string(),
+        db: db.to_string(),
+        ..WorkloadReport::default()
+    };
+    let env = Env {
+        client: clients[0].clone(),
+        db: db.to_string(),
+        thread_count: cfg.thread_count,
+        faults,
+    };
+    let initial = {
+        // Setup runs without faults (resmoke's setup is not under test either).
+        let _quiet = fixture.lock().await;
+        retrying("setup", || w.setup(&env)).await?
+    };
+
+    // Watchers, opened before the threads start so they see every write.
+    let modes: Vec<Mode> = ec
+        .watch_modes
+        .iter()
+        .filter_map(|m| match m.as_str() {
+            "continuous" => Some(Mode::Continuous),
+            "resume_each" => Some(Mode::ResumeEach),
+            _ => None,
+        })
+        .collect();
+    let prefix = ec.watch_modes.iter().any(|m| m == "prefix");
+    let mut watchers = Vec::new();
+    for (n, spec) in w.watch_specs(db).into_iter().enumerate() {
+        for (m, mode) in modes.iter().enumerate() {
+            let client = clients[(n + m) % clients.len()].clone();
+            let spec = spec.clone();
+            let mode = *mode;
+            let watcher = retrying("opening a watcher", || {
+                Watcher::open(client.clone(), spec.clone(), mode, db)
+            })
+            .await?;
+            watchers.push(watcher);
+        }
+    }
+    let idle = Duration::from_secs(ec.watcher_idle_secs);
+    let watch_deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+    let handles: Vec<_> = watchers
+        .into_iter()
+        .map(|wt| {
+            let spec = wt.spec.clone();
+            let mode = wt.mode;
+            (spec, mode, tokio::spawn(wt.run(idle, watch_deadline)))
+        })
+        .collect();
+
+    // The threads.
+    let started = tokio::time::Instant::now();
+    let out = framework::run_threads(w.clone(), &cfg, clients, &env, seed, deadline).await?;
+    report.lines.push(format!(
+        "{} threads × {} iterations in {:.1}s; states visited {:?}; {} expected events, {} writes with unknown outcome",
+        cfg.thread_count,
+        cfg.iterations,
+        started.elapsed().as_secs_f64(),
+        out.transitions,
+        out.expected.len(),
+        out.unknown
+    ));
+    for e in &out.errors {
+        report.failures.push(format!(
+            "thread {} (iteration {}, state {}): {}",
+            e.tid, e.iteration, e.state, e.error
+        ));
+    }
+    let mut expected = out.expected;
+    let mut docs = out.docs;
+    for c in &initial {
+        docs.existing.insert(format!("{db}.{c}"));
+    }
+
+    // Checks and teardown run with the faults held off.
+    let oplog_times;
+    {
+        let f = fixture.lock().await;
+        if suite
+            .executor
+            .hooks
+            .iter()
+            .any(|h| matches!(h, HookSpec::ValidateDocuments))
+        {
+            let errs = retrying("validating documents", || {
+                validate_documents(&env.client, db, &docs)
+            })
+            .await?;
+            report.failures.extend(errs);
+        }
+        let validate_oplogs = suite
+            .executor
+            .hooks
+            .iter()
+            .any(|h| matches!(h, HookSpec::ValidateOplogs));
+        if validate_oplogs || prefix {
+            let oplogs = retrying("reading the oplogs", || f.oplog_times()).await?;
+            if validate_oplogs {
+                if let Err(errs) = fixture::check_oplogs(&oplogs) {
+                    report.failures.extend(errs);
+                }
+                report.lines.push(format!(
+                    "oplogs strictly increase on {} shards ({} entries)",
+                    oplogs.len(),
+                    oplogs.iter().map(|(_, t)| t.len()).sum::<usize>()
+                ));
+            }
+            let mut all: Vec<(u32, u32)> = oplogs.into_iter().flat_map(|(_, t)| t).collect();
+            all.sort();
+            oplog_times = all;
+        } else {
+            oplog_times = Vec::new();
+        }
+        // Teardown: drop the database. Its drops and dropDatabase end the streams.
+        expected.extend(teardown_events(db, &docs, cfg.thread_count));
+        retrying("dropDatabase", || async {
+            env.client.database(db).drop().await?;
+            Ok(())
+        })
+        .await?;
+    }
+
+    // Verify every watcher.
+    let mut recordings = Vec::new();
+    for (spec, mode, h) in handles {
+        let mut obs = h.await.context("watcher panicked")?;
+        if let Some(inj) = inject
+            && recordings.is_empty()
+            && obs.events.len() > 3
+        {
+            let i = obs.events.len() / 2;
+            match inj {
+                Inject::DropEvent => {
+                    obs.events.remove(i);
+                }
+                Inject::DupEvent => {
+                    let e = obs.events[i].clone();
+                    obs.events.insert(i + 1, e);
+                }
+                Inject::SwapEvents => obs.events.swap(i, i + 1),
+            }
+            report
+                .lines
+                .push(format!("injected {inj:?} at event {i} of {} {mode:?}", spec.scope));
+        }
+        let label = format!("{} ({mode:?}{})", spec.scope, if spec.expanded { ", expanded" } else { "" });
+        if !obs.complete {
+            report.failures.push(format!(
+                "watcher {label} did not reach the end of its stream ({} events read)",
+                obs.events.len()
+            ));
+        }
+        match model::verify(&expected, &spec, &obs.events, obs.complete) {
+            Ok(s) => report.lines.push(format!(
+                "watcher {label}: {} events, {} acknowledged, {} unknown-outcome seen, {} unknown-outcome absent, {} resumes after errors",
+                s.observed, s.acked_seen, s.unknown_seen, s.unknown_absent, obs.resumed_errors.len()
+            )),
+            Err(errs) => {
+                for e in errs {
+                    report.failures.push(format!("watcher {label}: {e}"));
+                }
+            }
+        }
+        if mode == Mode::Continuous && obs.complete {
+            recordings.push((spec, obs.events));
+        }
+    }
+
+    // Prefix reads from recorded tokens and times, against verified recordings.
+    if prefix && report.failures.is_empty() {
+        let mut reads = 0;
+        for (n, (spec, events)) in recordings.iter().enumerate() {
+            let client = &clients[n % clients.len()];
+            let (k, fails) = watch::prefix_reads(
+                client,
+                spec,
+                events,
+                ec.prefix_points,
+                &oplog_times,
+                Duration::from_secs(ec.watcher_idle_secs.min(20)),
+            )
+            .await?;
+            reads += k;
+            report.failures.extend(fails);
+        }
+        report
+            .lines
+            .push(format!("{reads} prefix reads compared with the recorded suffixes"));
+    }
+    Ok(report)
+}
+
+/// The events `dropDatabase` must make: a `drop` per collection (unknown for namespaces whose
+/// existence is unknown), then `dropDatabase`; recorded as thread `thread_count`.
+pub fn teardown_events(db: &str, docs: &DocModel, thread_count: usize) -> Vec<Expected> {
+    let mut out = Vec::new();
+    let prefix = format!("{db}.");
+    let mut namespaces: BTreeMap<&String, Outcome> = BTreeMap::new();
+    for ns in &docs.existing {
+        namespaces.insert(ns, Outcome::Acked);
+    }
+    for ns in &docs.tainted {
+        namespaces.entry(ns).or_insert(Outcome::Unknown);
+    }
+    for (ns, outcome) in namespaces {
+        let Some(coll) = ns.strip_prefix(&prefix) else {
+            continue;
+        };
+        out.push(Expected {
+            tid: thread_count,
+            step: 1,
+            db: db.to_string(),
+            coll: Some(coll.to_string()),
+            op: Op::Drop,
+            key: None,
+            tag: None,
+            outcome,
+        });
+    }
+    out.push(Expected {
+        tid: thread_count,
+        step: 2,
+        db: db.to_string(),
+        coll: None,
+        op: Op::DropDatabase,
+        key: None,
+        tag: None,
+        outcome: Outcome::Acked,
+    });
+    out
+}
+
+fn sorted_doc(d: &Document) -> Document {
+    let mut keys: Vec<&String> = d.keys().collect();
+    keys.sort();
+    keys.into_iter()
+        .filter_map(|k| d.get(k).map(|v| (k.clone(), v.clone())))
+        .collect()
+}
+
+/// The documents of every collection in `db` match the model (documents of namespaces with an
+/// unknown fate are not checked; every other collection must be one the model knows).
+pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> Result<Vec<String>> {
+    let mut errs = Vec::new();
+    let database = client.database(db);
+    let names = database.list_collection_names().await?;
+    for name in &names {
+        let ns = format!("{db}.{name}");
+        if model.tainted.contains(&ns) {
+            continue;
+        }
+        if !model.existing.contains(&ns) {
+            errs.push(format!("collection {ns} exists but the model has no such collection"));
+            continue;
+        }
+        let actual: Vec<Document> = database
+            .collection::<Document>(name)
+            .find(doc! {})
+            .await?
+            .try_collect()
+            .await?;
+        let mut actual: BTreeMap<String, Document> = actual
+            .into_iter()
+            .map(|d| (key_string(d.get("_id").unwrap_or(&Bson::Null)), sorted_doc(&d)))
+            .collect();
+        let empty = BTreeMap::new();
+        let expected = model.docs.get(&ns).unwrap_or(&empty);
+        for (key, states) in expected {
+            let got = actual.remove(key);
+            if !states.contains(&got) {
+                errs.push(format!(
+                    "document {ns} _id={key}: expected {} found {}",
+                    states
+                        .iter()
+                        .map(|s| s.as_ref().map(|d| d.to_string()).unwrap_or("(absent)".into()))
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    got.map(|d| d.to_string()).unwrap_or("(absent)".into())
+                ));
+            }
+        }
+        for (key, d) in actual {
+            errs.push(format!("document {ns} _id={key} is not in the model: {d}"));
+        }
+        if errs.len() > 20 {
+            break;
+        }
+    }
+    for ns in &model.existing {
+        let Some(coll) = ns.strip_prefix(&format!("{db}.")) else {
+            continue;
+        };
+        if !names.iter().any(|n| n == coll) {
+            errs.push(format!("collection {ns} is missing"));
+        }
+    }
+    Ok(errs)
+}

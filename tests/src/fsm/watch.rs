@@ -1,0 +1,332 @@
+//! Change-stream watchers for the FSM suites, in three modes: continuous reading, resuming
+//! after every event from its token, and prefix reads (a new stream started at a recorded time
+//! or token must replay exactly the recorded stream's suffix from there).
+//!
+//! Invariants: a watcher never skips what it was given: on any error it reopens the stream from
+//! the last token it returned (any token must resume, on any router, after any restart); it
+//! stops at its stream's end (`invalidate`) or at the end marker of a cluster stream.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use mongodb::bson::{Bson, Document, Timestamp};
+use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::{Client, Collection};
+
+use super::model::{Scope, WatchSpec, compare_suffix, suffix_from_time};
+
+/// How a watcher reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One stream, read to its end.
+    Continuous,
+    /// A new stream for every event, resumed from the previous event's token.
+    ResumeEach,
+}
+
+/// Where a stream starts.
+#[derive(Debug, Clone)]
+pub enum Start {
+    Now,
+    ResumeAfter(ResumeToken),
+    StartAfter(ResumeToken),
+    AtTime(Timestamp),
+}
+
+/// When a cluster stream is done: after this event identity (the workload's `dropDatabase`).
+pub fn cluster_end_marker(db: &str) -> String {
+    format!("dropDatabase {db}")
+}
+
+/// Opens a stream for `spec`.
+pub async fn open(
+    client: &Client,
+    spec: &WatchSpec,
+    start: &Start,
+) -> mongodb::error::Result<ChangeStream<Document>> {
+    macro_rules! build {
+        ($w:expr) => {{
+            let mut w = $w.show_expanded_events(spec.expanded);
+            match start {
+                Start::Now => {}
+                Start::ResumeAfter(t) => w = w.resume_after(t.clone()),
+                Start::StartAfter(t) => w = w.start_after(t.clone()),
+                Start::AtTime(t) => w = w.start_at_operation_time(*t),
+            }
+            Ok(w.max_await_time(Duration::from_millis(500))
+                .await?
+                .with_type::<Document>())
+        }};
+    }
+    match &spec.scope {
+        Scope::Collection { db, coll } => {
+            let c: Collection<Document> = client.database(db).collection(coll);
+            build!(c.watch())
+        }
+        Scope::Database(db) => {
+            let d = client.database(db);
+            build!(d.watch())
+        }
+        Scope::Cluster => build!(client.watch()),
+    }
+}
+
+fn is_end(spec: &WatchSpec, ev: &Document, end_marker: &str) -> bool {
+    match spec.scope {
+        Scope::Cluster => super::model::ident_of_event(ev).is_ok_and(|i| i == end_marker),
+        _ => ev.get_str("operationType").is_ok_and(|op| op == "invalidate"),
+    }
+}
+
+pub fn token_of(ev: &Document) -> Result<ResumeToken> {
+    let id = ev.get("_id").cloned().context("event without _id")?;
+    Ok(mongodb::bson::deserialize_from_bson(id)?)
+}
+
+/// What a watcher read.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    pub events: Vec<Document>,
+    /// Read to the stream's end.
+    pub complete: bool,
+    /// Errors it resumed from (kills in flight), for the report.
+    pub resumed_errors: Vec<String>,
+}
+
+/// An opened watcher, ready before the workload's threads start.
+pub struct Watcher {
+    pub spec: WatchSpec,
+    pub mode: Mode,
+    client: Client,
+    stream: Option<ChangeStream<Document>>,
+    /// Where to resume: the token of the last event returned, or of the stream's start.
+    resume: Start,
+    end_marker: String,
+}
+
+impl Watcher {
+    /// Opens the stream now (so it sees everything after this point).
+    pub async fn open(client: Client, spec: WatchSpec, mode: Mode, db: &str) -> Result<Watcher> {
+        let mut stream = open(&client, &spec, &Start::Now).await?;
+        // The post-batch resume token is "now": resuming from it sees everything after here.
+        let _ = stream.next_if_any().await?;
+        let token = stream
+            .resume_token()
+            .context("no resume token after opening")?;
+        Ok(Watcher {
+            spec,
+            mode,
+            client,
+            stream: Some(stream),
+            resume: Start::ResumeAfter(token),
+            end_marker: cluster_end_marker(db),
+        })
+    }
+
+    /// Reads until the stream's end, or until no event came for `idle` (then incomplete).
+    pub async fn run(mut self, idle: Duration, deadline: tokio::time::Instant) -> Observed {
+        let mut out = Observed::default();
+        let mut last_progress = tokio::time::Instant::now();
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline || now.duration_since(last_progress) > idle {
+                return out;
+            }
+            if self.stream.is_none() {
+                match open(&self.client, &self.spec, &self.resume).await {
+                    Ok(s) => self.stream = Some(s),
+                    Err(e) => {
+                        out.resumed_errors.push(format!("reopen: {e}"));
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                continue;
+            };
+            match tokio::time::timeout(Duration::from_secs(2), stream.next()).await {
+                Err(_) => {} // nothing yet
+                Ok(None) => {
+                    // The stream ended without our end marker (a closed cursor): reopen.
+                    self.stream = None;
+                }
+                Ok(Some(Err(e))) => {
+                    out.resumed_errors.push(e.to_string());
+                    self.stream = None;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Some(Ok(ev))) => {
+                    last_progress = tokio::time::Instant::now();
+                    let end = is_end(&self.spec, &ev, &self.end_marker);
+                    if let Ok(t) = token_of(&ev) {
+                        self.resume = Start::ResumeAfter(t);
+                    }
+                    out.events.push(ev);
+                    if end {
+                        out.complete = true;
+                        return out;
+                    }
+                    if self.mode == Mode::ResumeEach {
+                        self.stream = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A stream from `start`, read until it has given `n` events (or ended, or stalled).
+async fn read_n(
+    client: &Client,
+    spec: &WatchSpec,
+    start: &Start,
+    n: usize,
+    idle: Duration,
+) -> Result<Vec<Document>> {
+    let mut out = Vec::new();
+    let mut resume = start.clone();
+    let mut stream = None;
+    let mut last_progress = tokio::time::Instant::now();
+    let mut errors = 0;
+    while out.len() < n {
+        if last_progress.elapsed() > idle {
+            break;
+        }
+        if stream.is_none() {
+            match open(client, spec, &resume).await {
+                Ok(s) => stream = Some(s),
+                Err(e) => {
+                    errors += 1;
+                    if errors > 50 {
+                        bail!("opening a prefix read from {start:?}: {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let Some(s) = stream.as_mut() else { continue };
+        match tokio::time::timeout(Duration::from_secs(2), s.next()).await {
+            Err(_) => {}
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                errors += 1;
+                if errors > 50 {
+                    bail!("a prefix read from {start:?} keeps failing: {e}");
+                }
+                stream = None;
+            }
+            Ok(Some(Ok(ev))) => {
+                last_progress = tokio::time::Instant::now();
+                if let Ok(t) = token_of(&ev) {
+                    resume = Start::ResumeAfter(t);
+                }
+                out.push(ev);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn cluster_time(ev: &Document) -> Option<Timestamp> {
+    match ev.get("clusterTime") {
+        Some(Bson::Timestamp(t)) => Some(*t),
+        _ => None,
+    }
+}
+
+/// Prefix reads against a verified recording: from `points` positions, start new streams with
+/// `resumeAfter`/`startAfter` the event's token (→ the events after it), `startAtOperationTime`
+/// its clusterTime and one tick later (→ the events at or after that time), and from each of
+/// `times` (recorded times, e.g. oplog entries). Returns the failures.
+pub async fn prefix_reads(
+    client: &Client,
+    spec: &WatchSpec,
+    recorded: &[Document],
+    points: usize,
+    times: &[(u32, u32)],
+    idle: Duration,
+) -> Result<(usize, Vec<String>)> {
+    // Start points before the stream's end (the terminating event and its invalidate).
+    let usable = recorded
+        .iter()
+        .position(|e| {
+            let op = e.get_str("operationType").unwrap_or("");
+            match spec.scope {
+                Scope::Cluster => false,
+                Scope::Database(_) => matches!(op, "invalidate" | "dropDatabase"),
+                Scope::Collection { .. } => {
+                    matches!(op, "invalidate" | "dropDatabase" | "drop" | "rename")
+                }
+            }
+        })
+        .unwrap_or(recorded.len());
+    let mut failures = Vec::new();
+    let mut reads = 0;
+    if usable == 0 {
+        return Ok((0, failures));
+    }
+    let step = (usable / points.max(1)).max(1);
+    let mut starts: Vec<(Start, &[Document], String)> = Vec::new();
+    for i in (0..usable).step_by(step).take(points) {
+        let ev = &recorded[i];
+        let token = token_of(ev)?;
+        starts.push((
+            Start::ResumeAfter(token.clone()),
+            &recorded[i + 1..],
+            format!("resumeAfter the token of event {i}"),
+        ));
+        starts.push((
+            Start::StartAfter(token),
+            &recorded[i + 1..],
+            format!("startAfter the token of event {i}"),
+        ));
+        if let Some(t) = cluster_time(ev) {
+            starts.push((
+                Start::AtTime(t),
+                suffix_from_time(recorded, (t.time, t.increment)),
+                format!("startAtOperationTime {t:?} (event {i})"),
+            ));
+            let later = Timestamp {
+                time: t.time,
+                increment: t.increment + 1,
+            };
+            starts.push((
+                Start::AtTime(later),
+                suffix_from_time(recorded, (later.time, later.increment)),
+                format!("startAtOperationTime {later:?} (after event {i})"),
+            ));
+        }
+    }
+    // Recorded times within the stream's span.
+    let first = recorded.first().and_then(cluster_time);
+    let last_usable = recorded.get(usable.saturating_sub(1)).and_then(cluster_time);
+    if let (Some(a), Some(b)) = (first, last_usable) {
+        let inside: Vec<&(u32, u32)> = times
+            .iter()
+            .filter(|t| **t >= (a.time, a.increment) && **t <= (b.time, b.increment))
+            .collect();
+        let step = (inside.len() / points.max(1)).max(1);
+        for t in inside.into_iter().step_by(step).take(points) {
+            starts.push((
+                Start::AtTime(Timestamp {
+                    time: t.0,
+                    increment: t.1,
+                }),
+                suffix_from_time(recorded, *t),
+                format!("startAtOperationTime {t:?} (an oplog time)"),
+            ));
+        }
+    }
+    for (start, expected, what) in starts {
+        let got = read_n(client, spec, &start, expected.len(), idle).await?;
+        reads += 1;
+        if let Some(diff) = compare_suffix(expected, &got) {
+            failures.push(format!("{} prefix read {what}: {diff}", spec.scope));
+        }
+    }
+    Ok((reads, failures))
+}
