@@ -415,6 +415,11 @@ impl ChangeStreamCursor {
                     events.push(doc);
                 }
             }
+            // As MongoDB: the batch that ends with the invalidate closes the cursor (id 0).
+            if self.merger.invalidated().is_some() && n > 0 {
+                invalidated = true;
+                break;
+            }
             if !events.is_empty() || n == 0 {
                 break;
             }

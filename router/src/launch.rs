@@ -137,7 +137,7 @@ async fn router_over(
         .with_context(|| format!("binding the router to {bind}"))?;
     let addr = listener.local_addr()?;
     let options = RouterOptions {
-        advertised_host: format!("{}:{}", host_for(addr), addr.port()),
+        advertised_host: advertised(addr),
         presentation,
         argv,
         enable_test_commands,
@@ -178,11 +178,13 @@ pub async fn shard(bind: SocketAddr, dbpath: PathBuf, name: String) -> anyhow::R
     })
 }
 
-/// The host name drivers should dial: `localhost` for loopback, else the IP.
-fn host_for(addr: SocketAddr) -> String {
-    if addr.ip().is_loopback() {
-        "localhost".to_string()
-    } else {
-        addr.ip().to_string()
+/// The `host:port` drivers should dial, as the replica-set presentation lists it in `hosts`:
+/// the bound IP itself (so a client dialing `127.0.0.1:port` finds exactly that address in
+/// `hosts` and keeps its connection), `localhost` when bound to every interface.
+fn advertised(addr: SocketAddr) -> String {
+    match addr.ip() {
+        ip if ip.is_unspecified() => format!("localhost:{}", addr.port()),
+        std::net::IpAddr::V4(ip) => format!("{ip}:{}", addr.port()),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]:{}", addr.port()),
     }
 }

@@ -23,6 +23,7 @@ use tempfile::TempDir;
 pub mod fsm;
 pub mod scenarios;
 pub mod streams;
+pub mod unified;
 
 /// Logs for test runs: `RUST_LOG=debug cargo test` shows the servers' spans.
 pub fn init_tracing() {

@@ -1,0 +1,308 @@
+//! The drivers' unified change-stream spec tests (`../shared/spec-tests/change-streams/`, read
+//! unchanged) against an embedded cluster started with `--enableTestCommands`, once presented
+//! as a mongos and once as a single-node replica set; and the runner's own checks, hand-made
+//! tests that must fail.
+//!
+//! Invariant: every test that applies to the reported server version passes, except those in
+//! `tests/spec-known-failures.txt`, which must fail (so the list stays true).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use mongodb::bson::{Bson, Document, doc};
+use router::Presentation;
+use router::launch::{self, Running};
+use tests::unified::{self, KnownFailure, Outcome, ServerInfo};
+
+const SHARDS: usize = 2;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    running: Running,
+    uri: String,
+}
+
+async fn start(presentation: Presentation, shards: usize) -> anyhow::Result<Cluster> {
+    tests::init_tracing();
+    let dir = tempfile::tempdir()?;
+    let running = launch::embedded_with(
+        "127.0.0.1:0".parse()?,
+        shards,
+        dir.path().to_path_buf(),
+        presentation,
+        vec!["tributary".into(), "--enableTestCommands".into()],
+        true,
+    )
+    .await?;
+    // No directConnection: the driver discovers the topology (mongos, or replica set through
+    // `hosts`) as it would against MongoDB.
+    let uri = format!("mongodb://{}/", running.addr);
+    Ok(Cluster {
+        _dir: dir,
+        running,
+        uri,
+    })
+}
+
+fn spec_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/spec-tests/change-streams")
+}
+
+fn known_failures() -> Vec<KnownFailure> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("spec-known-failures.txt");
+    let text = std::fs::read_to_string(&path).expect("reading tests/spec-known-failures.txt");
+    KnownFailure::parse_list(&text).expect("parsing tests/spec-known-failures.txt")
+}
+
+/// Prints past the test harness's capture and into `target/spec-results/`, so CI logs show it.
+fn report(topology: &str, lines: &[String]) {
+    let text = lines.join("\n") + "\n";
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    if let Some(target) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+    {
+        let dir = target.join("spec-results");
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(dir.join(format!("change-streams-{topology}.txt")), text);
+    }
+}
+
+async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
+    let cluster = start(presentation, SHARDS).await?;
+    let server = unified::probe(&cluster.uri).await?;
+    let expected_topology = match presentation {
+        Presentation::Mongos => "sharded",
+        Presentation::ReplicaSet => "replicaset",
+    };
+    assert_eq!(server.topology, expected_topology, "driver-visible topology");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(spec_dir())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 9, "spec files not found in {}", spec_dir().display());
+    let known = known_failures();
+    let mut all = Vec::new();
+    let mut lines = Vec::new();
+    for file in &files {
+        let results = unified::run_file(&cluster.uri, &server, file).await?;
+        let s = unified::summarize(&server.topology, &results, &known);
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        lines.push(format!("[{}] {name}: {s}", server.topology));
+        for r in &results {
+            if let Outcome::Failed(why) = &r.outcome {
+                let listed = known
+                    .iter()
+                    .any(|k| k.applies(&server.topology, &r.file, &r.description));
+                let tag = if listed { "known failure" } else { "FAILED" };
+                lines.push(format!("    {tag}: {:?}: {why}", r.description));
+            }
+        }
+        all.extend(results);
+    }
+    let total = unified::summarize(&server.topology, &all, &known);
+    lines.push(format!(
+        "spec change-streams [{}] (known failures: {}): {total}",
+        server.topology, total.known
+    ));
+    lines.push(format!("[{}] {total}", server.topology));
+    report(&server.topology, &lines);
+    cluster.running.shutdown().await;
+    assert!(
+        total.problems.is_empty(),
+        "spec tests as {}:\n{}",
+        server.topology,
+        total.problems.join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_change_streams_pass_as_a_router() -> anyhow::Result<()> {
+    run_all(Presentation::Mongos).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_change_streams_pass_as_a_replica_set() -> anyhow::Result<()> {
+    run_all(Presentation::ReplicaSet).await
+}
+
+// ----- the runner's own checks ---------------------------------------------------------------
+
+/// A one-test file in the shape of the spec files, with `test` as its only test.
+fn file_with(test: Document) -> Document {
+    doc! {
+        "description": "runner self-test",
+        "schemaVersion": "1.7",
+        "createEntities": [
+            {"client": {"id": "client0", "observeEvents": ["commandStartedEvent"], "ignoreCommandMonitoringEvents": ["killCursors"]}},
+            {"client": {"id": "globalClient"}},
+            {"database": {"id": "database0", "client": "client0", "databaseName": "selftest"}},
+            {"collection": {"id": "collection0", "database": "database0", "collectionName": "c"}},
+            {"database": {"id": "globalDatabase0", "client": "globalClient", "databaseName": "selftest"}},
+            {"collection": {"id": "globalCollection0", "database": "globalDatabase0", "collectionName": "c"}},
+        ],
+        "initialData": [{"collectionName": "c", "databaseName": "selftest", "documents": []}],
+        "tests": [test],
+    }
+}
+
+fn stream_then(iterate: Document, extra_ops: Vec<Document>, events: Option<Document>) -> Document {
+    let mut ops: Vec<Bson> = vec![Bson::Document(doc! {
+        "name": "createChangeStream", "object": "collection0",
+        "arguments": {"pipeline": []}, "saveResultAsEntity": "changeStream0",
+    })];
+    ops.extend(extra_ops.into_iter().map(Bson::Document));
+    ops.push(Bson::Document(iterate));
+    let mut test = doc! {"description": "case", "operations": ops};
+    if let Some(e) = events {
+        test.insert("expectEvents", vec![Bson::Document(e)]);
+    }
+    test
+}
+
+fn insert_x(x: i32) -> Document {
+    doc! {"name": "insertOne", "object": "globalCollection0", "arguments": {"document": {"x": x}}}
+}
+
+async fn outcome_of(uri: &str, server: &ServerInfo, test: Document) -> Outcome {
+    let results = unified::run_document(uri, server, "selftest.json", &file_with(test))
+        .await
+        .expect("the runner runs the file");
+    assert_eq!(results.len(), 1);
+    results.into_iter().next().map(|r| r.outcome).expect("one result")
+}
+
+fn iterate_expecting(result: Document) -> Document {
+    doc! {"name": "iterateUntilDocumentOrError", "object": "changeStream0", "expectResult": result}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
+    let cluster = start(Presentation::Mongos, 1).await?;
+    let uri = cluster.uri.clone();
+    let server = unified::probe(&uri).await?;
+
+    // The control: a correct test passes.
+    let good = stream_then(
+        iterate_expecting(doc! {"operationType": "insert", "ns": {"db": "selftest", "coll": "c"}, "fullDocument": {"x": 1, "_id": {"$$exists": true}}}),
+        vec![insert_x(1)],
+        Some(doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
+            {"commandStartedEvent": {"commandName": "aggregate", "databaseName": "selftest",
+             "command": {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}}},
+        ]}),
+    );
+    assert_eq!(outcome_of(&uri, &server, good).await, Outcome::Passed);
+
+    let must_fail: Vec<(&str, Document)> = vec![
+        (
+            "wrong value in the event",
+            stream_then(iterate_expecting(doc! {"fullDocument": {"x": 2, "_id": {"$$exists": true}}}), vec![insert_x(1)], None),
+        ),
+        (
+            "extra key in a nested document",
+            stream_then(iterate_expecting(doc! {"ns": {"db": "selftest"}}), vec![insert_x(1)], None),
+        ),
+        (
+            "$$exists false on a present field",
+            stream_then(iterate_expecting(doc! {"clusterTime": {"$$exists": false}}), vec![insert_x(1)], None),
+        ),
+        (
+            "$$type mismatch",
+            stream_then(iterate_expecting(doc! {"clusterTime": {"$$type": "long"}}), vec![insert_x(1)], None),
+        ),
+        (
+            "expectError when the operation succeeds",
+            stream_then(
+                doc! {"name": "iterateUntilDocumentOrError", "object": "changeStream0", "expectError": {"errorCode": 6}},
+                vec![insert_x(1)],
+                None,
+            ),
+        ),
+        (
+            "wrong error code",
+            doc! {"description": "case", "operations": [
+                {"name": "failPoint", "object": "testRunner", "arguments": {"client": "globalClient", "failPoint": {
+                    "configureFailPoint": "failCommand", "mode": {"times": 1},
+                    "data": {"failCommands": ["insert"], "errorCode": 216}}}},
+                {"name": "insertOne", "object": "collection0", "arguments": {"document": {"x": 1}},
+                 "expectError": {"errorCode": 217}},
+            ]},
+        ),
+        (
+            "isClientError on a server error",
+            doc! {"description": "case", "operations": [
+                {"name": "failPoint", "object": "testRunner", "arguments": {"client": "globalClient", "failPoint": {
+                    "configureFailPoint": "failCommand", "mode": {"times": 1},
+                    "data": {"failCommands": ["insert"], "errorCode": 216}}}},
+                {"name": "insertOne", "object": "collection0", "arguments": {"document": {"x": 1}},
+                 "expectError": {"isClientError": true}},
+            ]},
+        ),
+        (
+            "an exact event list with an event missing",
+            stream_then(
+                doc! {"name": "iterateUntilDocumentOrError", "object": "changeStream0"},
+                vec![insert_x(1)],
+                Some(doc! {"client": "client0", "events": []}),
+            ),
+        ),
+        (
+            "an expected event that never happened",
+            stream_then(
+                doc! {"name": "iterateUntilDocumentOrError", "object": "changeStream0"},
+                vec![insert_x(1)],
+                Some(doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
+                    {"commandStartedEvent": {"commandName": "aggregate"}},
+                    {"commandStartedEvent": {"commandName": "find"}},
+                ]}),
+            ),
+        ),
+        (
+            "an unsupported operation",
+            doc! {"description": "case", "operations": [
+                {"name": "findOneAndFrobnicate", "object": "collection0", "arguments": {}},
+            ]},
+        ),
+    ];
+    for (what, test) in must_fail {
+        let outcome = outcome_of(&uri, &server, test).await;
+        assert!(
+            matches!(outcome, Outcome::Failed(_)),
+            "{what}: expected a failure, got {outcome:?}"
+        );
+    }
+
+    // Requirements: a test for a newer server is skipped, not run.
+    let newer = doc! {"description": "case", "runOnRequirements": [{"minServerVersion": "99.0"}],
+        "operations": [{"name": "findOneAndFrobnicate", "object": "collection0"}]};
+    assert!(matches!(outcome_of(&uri, &server, newer).await, Outcome::Skipped(_)));
+
+    // Fail points are turned off after each test: this insert succeeds.
+    let after = doc! {"description": "case", "operations": [insert_x(5)]};
+    assert_eq!(outcome_of(&uri, &server, after).await, Outcome::Passed);
+
+    cluster.running.shutdown().await;
+    Ok(())
+}
+
+#[test]
+fn known_failures_list_must_stay_true() {
+    let known = KnownFailure::parse_list("sharded | f.json | t | needs X\n").unwrap();
+    let result = |outcome| unified::TestResult {
+        file: "f.json".into(),
+        description: "t".into(),
+        outcome,
+    };
+    let failed = unified::summarize("sharded", &[result(Outcome::Failed("x".into()))], &known);
+    assert!(failed.problems.is_empty());
+    assert_eq!(failed.to_string(), "0 passed, 1 failed, 0 skipped");
+    let passed = unified::summarize("sharded", &[result(Outcome::Passed)], &known);
+    assert_eq!(passed.problems.len(), 1, "a listed test that passes is a problem");
+    let other = unified::summarize("replicaset", &[result(Outcome::Failed("x".into()))], &known);
+    assert_eq!(other.problems.len(), 1, "the entry is for another topology");
+    assert!(KnownFailure::parse_list("sharded | f.json | t |\n").is_err(), "reason required");
+    // The real list parses.
+    known_failures();
+}
