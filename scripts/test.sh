@@ -32,6 +32,11 @@ else
   cargo test --workspace --no-fail-fast
 fi
 
+step "resmoke FSM suites: change streams under concurrent CRUD/DDL, then under kill -9"
+cargo build --bin resmoke --bin tributary
+TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm
+TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill
+
 step "benches compile and run once (test mode)"
 cargo test --workspace --benches -- --test >/dev/null
 
@@ -53,6 +58,11 @@ done
 if [ "$status" -ne 0 ]; then
   echo "server log:"; tail -50 "$data/tributary.log"
   exit 1
+fi
+
+if [ "${TRIBUTARY_SOAK:-0}" = "1" ]; then
+  step "soak: change_stream_soak (30 minutes, kill -9 hooks)"
+  TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_soak
 fi
 
 echo

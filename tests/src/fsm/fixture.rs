@@ -252,7 +252,7 @@ impl Fixture {
                     let mut times = Vec::new();
                     let mut reply = s
                         .run_command(doc! {"find": "oplog.rs", "$db": "local",
-                            "sort": {"$natural": 1}, "projection": {"ts": 1}, "batchSize": 100_000})
+                        "sort": {"$natural": 1}, "projection": {"ts": 1}, "batchSize": 100_000})
                         .await;
                     loop {
                         ensure!(
@@ -278,7 +278,7 @@ impl Fixture {
                         }
                         reply = s
                             .run_command(doc! {"getMore": id, "collection": "oplog.rs",
-                                "$db": "local", "batchSize": 100_000})
+                            "$db": "local", "batchSize": 100_000})
                             .await;
                     }
                     out.push((s.name().to_string(), times));
@@ -287,9 +287,7 @@ impl Fixture {
             Fixture::Process { shards, .. } => {
                 for (i, s) in shards.iter().enumerate() {
                     let client = connect(s.addr).await?;
-                    let coll = client
-                        .database("local")
-                        .collection::<Document>("oplog.rs");
+                    let coll = client.database("local").collection::<Document>("oplog.rs");
                     let docs: Vec<Document> = coll
                         .find(doc! {})
                         .sort(doc! {"$natural": 1})

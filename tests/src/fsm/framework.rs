@@ -53,7 +53,10 @@ impl Config {
             ensure!(known.contains(from), "transition from unknown state {from}");
             ensure!(!tos.is_empty(), "state {from} has no transitions");
             for (to, w) in tos {
-                ensure!(known.contains(to), "transition {from} -> unknown state {to}");
+                ensure!(
+                    known.contains(to),
+                    "transition {from} -> unknown state {to}"
+                );
                 ensure!(
                     w.is_finite() && *w >= 0.0,
                     "weight {w} of {from} -> {to} is not a non-negative number"

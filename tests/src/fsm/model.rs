@@ -324,7 +324,8 @@ impl Failures {
         if *n <= MAX_PER_KIND {
             self.msgs.push(msg);
         } else if *n == MAX_PER_KIND + 1 {
-            self.msgs.push(format!("... more '{kind}' failures left out"));
+            self.msgs
+                .push(format!("... more '{kind}' failures left out"));
         }
     }
 }
@@ -548,7 +549,9 @@ pub fn verify(
         match (end_pos, invalidate_at) {
             (Some(e), Some(inv)) if inv != e + 1 => f.push(
                 "invalidate",
-                format!("the invalidate at position {inv} does not follow the terminating event at {e}"),
+                format!(
+                    "the invalidate at position {inv} does not follow the terminating event at {e}"
+                ),
             ),
             (Some(e), None) => f.push(
                 "invalidate",
@@ -748,9 +751,7 @@ mod tests {
         let mut again = twice[2].clone();
         again.insert("_id", doc! {"_data": "00000099"});
         twice.push(again);
-        let msg = verify(&m, &cluster(), &twice, true)
-            .unwrap_err()
-            .join("\n");
+        let msg = verify(&m, &cluster(), &twice, true).unwrap_err().join("\n");
         assert!(msg.contains("duplicate event"), "{msg}");
     }
 
@@ -790,8 +791,10 @@ mod tests {
             .collect();
         let no_invalidate = verify(&m, &spec, &s, true).unwrap_err().join("\n");
         assert!(no_invalidate.contains("no invalidate"), "{no_invalidate}");
-        s.push(doc! {"_id": {"_data": "00000007"}, "operationType": "invalidate",
-                     "clusterTime": Timestamp { time: 100, increment: 6 }});
+        s.push(
+            doc! {"_id": {"_data": "00000007"}, "operationType": "invalidate",
+            "clusterTime": Timestamp { time: 100, increment: 6 }},
+        );
         verify(&m, &spec, &s, true).unwrap();
         // A write after the drop is reported.
         let late = event(&w(0, 3, Op::Insert, 7, 70), 8);

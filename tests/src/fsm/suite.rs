@@ -168,9 +168,11 @@ impl Suite {
                 bail!("unknown watch mode {m}");
             }
         }
-        let needs_processes = self.executor.hooks.iter().any(|h| {
-            matches!(h, HookSpec::KillShard { .. } | HookSpec::KillRouter { .. })
-        });
+        let needs_processes = self
+            .executor
+            .hooks
+            .iter()
+            .any(|h| matches!(h, HookSpec::KillShard { .. } | HookSpec::KillRouter { .. }));
         if needs_processes && self.executor.fixture.class != "ProcessCluster" {
             bail!("kill hooks need fixture class ProcessCluster");
         }
@@ -236,12 +238,32 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
             let db = format!("fsm_{name}_{round}");
             let report = match workloads::by_name(name) {
                 Some(Any::Crud(w)) => {
-                    run_workload(Arc::new(w), suite, &fixture, &clients, &db, run_seed, faults, deadline, ov.inject)
-                        .await
+                    run_workload(
+                        Arc::new(w),
+                        suite,
+                        &fixture,
+                        &clients,
+                        &db,
+                        run_seed,
+                        faults,
+                        deadline,
+                        ov.inject,
+                    )
+                    .await
                 }
                 Some(Any::Ddl(w)) => {
-                    run_workload(Arc::new(w), suite, &fixture, &clients, &db, run_seed, faults, deadline, ov.inject)
-                        .await
+                    run_workload(
+                        Arc::new(w),
+                        suite,
+                        &fixture,
+                        &clients,
+                        &db,
+                        run_seed,
+                        faults,
+                        deadline,
+                        ov.inject,
+                    )
+                    .await
                 }
                 None => bail!("unknown workload {name}"),
             };
@@ -295,7 +317,11 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
 }
 
 fn print_report(r: &WorkloadReport) {
-    let status = if r.failures.is_empty() { "ok" } else { "FAILED" };
+    let status = if r.failures.is_empty() {
+        "ok"
+    } else {
+        "FAILED"
+    };
     println!("[resmoke] workload {} ({}): {status}", r.name, r.db);
     for l in &r.lines {
         println!("[resmoke]   {l}");
@@ -470,6 +496,7 @@ async fn run_workload<W: Workload>(
     }
 
     // Verify every watcher.
+    let watch_started = tokio::time::Instant::now();
     let mut recordings = Vec::new();
     for (spec, mode, h) in handles {
         let mut obs = h.await.context("watcher panicked")?;
@@ -488,11 +515,16 @@ async fn run_workload<W: Workload>(
                 }
                 Inject::SwapEvents => obs.events.swap(i, i + 1),
             }
-            report
-                .lines
-                .push(format!("injected {inj:?} at event {i} of {} {mode:?}", spec.scope));
+            report.lines.push(format!(
+                "injected {inj:?} at event {i} of {} {mode:?}",
+                spec.scope
+            ));
         }
-        let label = format!("{} ({mode:?}{})", spec.scope, if spec.expanded { ", expanded" } else { "" });
+        let label = format!(
+            "{} ({mode:?}{})",
+            spec.scope,
+            if spec.expanded { ", expanded" } else { "" }
+        );
         if !obs.complete {
             report.failures.push(format!(
                 "watcher {label} did not reach the end of its stream ({} events read)",
@@ -500,10 +532,20 @@ async fn run_workload<W: Workload>(
             ));
         }
         match model::verify(&expected, &spec, &obs.events, obs.complete) {
-            Ok(s) => report.lines.push(format!(
-                "watcher {label}: {} events, {} acknowledged, {} unknown-outcome seen, {} unknown-outcome absent, {} resumes after errors",
-                s.observed, s.acked_seen, s.unknown_seen, s.unknown_absent, obs.resumed_errors.len()
-            )),
+            Ok(s) => {
+                let mut kinds: Vec<String> = obs
+                    .resumed_errors
+                    .iter()
+                    .map(|e| e.chars().take(90).collect())
+                    .collect();
+                kinds.sort();
+                kinds.dedup();
+                kinds.truncate(3);
+                report.lines.push(format!(
+                    "watcher {label}: {} events, {} acknowledged, {} unknown-outcome seen, {} unknown-outcome absent, {} resumes after errors {kinds:?}",
+                    s.observed, s.acked_seen, s.unknown_seen, s.unknown_absent, obs.resumed_errors.len()
+                ))
+            }
             Err(errs) => {
                 for e in errs {
                     report.failures.push(format!("watcher {label}: {e}"));
@@ -515,7 +557,12 @@ async fn run_workload<W: Workload>(
         }
     }
 
+    report.lines.push(format!(
+        "watchers finished {:.1}s after the teardown",
+        watch_started.elapsed().as_secs_f64()
+    ));
     // Prefix reads from recorded tokens and times, against verified recordings.
+    let prefix_started = tokio::time::Instant::now();
     if prefix && report.failures.is_empty() {
         let mut reads = 0;
         for (n, (spec, events)) in recordings.iter().enumerate() {
@@ -532,9 +579,10 @@ async fn run_workload<W: Workload>(
             reads += k;
             report.failures.extend(fails);
         }
-        report
-            .lines
-            .push(format!("{reads} prefix reads compared with the recorded suffixes"));
+        report.lines.push(format!(
+            "{reads} prefix reads compared with the recorded suffixes in {:.1}s",
+            prefix_started.elapsed().as_secs_f64()
+        ));
     }
     Ok(report)
 }
@@ -589,7 +637,11 @@ fn sorted_doc(d: &Document) -> Document {
 
 /// The documents of every collection in `db` match the model (documents of namespaces with an
 /// unknown fate are not checked; every other collection must be one the model knows).
-pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> Result<Vec<String>> {
+pub async fn validate_documents(
+    client: &Client,
+    db: &str,
+    model: &DocModel,
+) -> Result<Vec<String>> {
     let mut errs = Vec::new();
     let database = client.database(db);
     let names = database.list_collection_names().await?;
@@ -599,7 +651,9 @@ pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> 
             continue;
         }
         if !model.existing.contains(&ns) {
-            errs.push(format!("collection {ns} exists but the model has no such collection"));
+            errs.push(format!(
+                "collection {ns} exists but the model has no such collection"
+            ));
             continue;
         }
         let actual: Vec<Document> = database
@@ -610,7 +664,12 @@ pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> 
             .await?;
         let mut actual: BTreeMap<String, Document> = actual
             .into_iter()
-            .map(|d| (key_string(d.get("_id").unwrap_or(&Bson::Null)), sorted_doc(&d)))
+            .map(|d| {
+                (
+                    key_string(d.get("_id").unwrap_or(&Bson::Null)),
+                    sorted_doc(&d),
+                )
+            })
             .collect();
         let empty = BTreeMap::new();
         let expected = model.docs.get(&ns).unwrap_or(&empty);
@@ -621,7 +680,10 @@ pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> 
                     "document {ns} _id={key}: expected {} found {}",
                     states
                         .iter()
-                        .map(|s| s.as_ref().map(|d| d.to_string()).unwrap_or("(absent)".into()))
+                        .map(|s| s
+                            .as_ref()
+                            .map(|d| d.to_string())
+                            .unwrap_or("(absent)".into()))
                         .collect::<Vec<_>>()
                         .join(" or "),
                     got.map(|d| d.to_string()).unwrap_or("(absent)".into())
@@ -644,4 +706,62 @@ pub async fn validate_documents(client: &Client, db: &str, model: &DocModel) -> 
         }
     }
     Ok(errs)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_suite_file_parses_and_selects_known_workloads() {
+        let mut n = 0;
+        for entry in std::fs::read_dir(suites_dir()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yml") {
+                let suite = load(path.to_str().unwrap()).unwrap();
+                assert!(!suite.workloads().is_empty(), "{}", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "only {n} suites found");
+    }
+
+    #[test]
+    fn a_suite_with_a_kill_hook_needs_processes() {
+        let yaml = "selector: {roots: [crud]}\nexecutor:\n  fixture: {class: EmbeddedCluster}\n  hooks:\n    - {class: KillShard, interval_secs: 1}\n";
+        let suite: Suite = serde_norway::from_str(yaml).unwrap();
+        let err = suite.validate().unwrap_err().to_string();
+        assert!(err.contains("ProcessCluster"), "{err}");
+        let bad = "selector: {roots: [nope]}\nexecutor:\n  fixture: {class: EmbeddedCluster}\n";
+        let suite: Suite = serde_norway::from_str(bad).unwrap();
+        assert!(
+            suite
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown workload nope")
+        );
+    }
+
+    #[test]
+    fn teardown_expects_a_drop_per_collection_then_drop_database() {
+        let mut docs = DocModel::default();
+        docs.existing.insert("d.a".into());
+        docs.tainted.insert("d.b".into());
+        let ev = teardown_events("d", &docs, 4);
+        let kinds: Vec<(Op, Option<String>, Outcome)> = ev
+            .iter()
+            .map(|e| (e.op, e.coll.clone(), e.outcome))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (Op::Drop, Some("a".into()), Outcome::Acked),
+                (Op::Drop, Some("b".into()), Outcome::Unknown),
+                (Op::DropDatabase, None, Outcome::Acked),
+            ]
+        );
+        assert!(ev.iter().all(|e| e.tid == 4));
+    }
 }

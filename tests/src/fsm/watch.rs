@@ -76,7 +76,9 @@ pub async fn open(
 fn is_end(spec: &WatchSpec, ev: &Document, end_marker: &str) -> bool {
     match spec.scope {
         Scope::Cluster => super::model::ident_of_event(ev).is_ok_and(|i| i == end_marker),
-        _ => ev.get_str("operationType").is_ok_and(|op| op == "invalidate"),
+        _ => ev
+            .get_str("operationType")
+            .is_ok_and(|op| op == "invalidate"),
     }
 }
 
@@ -303,7 +305,9 @@ pub async fn prefix_reads(
     }
     // Recorded times within the stream's span.
     let first = recorded.first().and_then(cluster_time);
-    let last_usable = recorded.get(usable.saturating_sub(1)).and_then(cluster_time);
+    let last_usable = recorded
+        .get(usable.saturating_sub(1))
+        .and_then(cluster_time);
     if let (Some(a), Some(b)) = (first, last_usable) {
         let inside: Vec<&(u32, u32)> = times
             .iter()

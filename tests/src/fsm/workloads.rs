@@ -201,7 +201,13 @@ impl Crud {
         };
         let o = d.owned.swap_remove(i);
         let c = Self::coll(t, o.coll);
-        let effects = vec![Effect::crud(o.coll, Op::Delete, Bson::Int64(o.id), None, None)];
+        let effects = vec![Effect::crud(
+            o.coll,
+            Op::Delete,
+            Bson::Int64(o.id),
+            None,
+            None,
+        )];
         let res = t
             .write(effects, async {
                 Ok(c.delete_one(doc! {"_id": o.id}).await?.deleted_count)
@@ -346,11 +352,11 @@ impl Workload for Crud {
                 .await?;
             admin
                 .run_command(doc! {"shardCollection": format!("{}.hashed", env.db),
-                    "key": {"_id": "hashed"}})
+                "key": {"_id": "hashed"}})
                 .await?;
             admin
                 .run_command(doc! {"shardCollection": format!("{}.range", env.db),
-                    "key": {"_id": 1}})
+                "key": {"_id": 1}})
                 .await?;
             env.client
                 .database(&env.db)
