@@ -15,6 +15,8 @@ python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requireme
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
   npm --prefix resume/tests/interop install --no-audit --no-fund --silent
 fi
+# The Node.js driver and mongosh for tests/js/*.js (node_modules stays untracked).
+npm --prefix tests/js install --no-audit --no-fund --silent
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -26,11 +28,14 @@ step "building the tributary binary (multi-process tests spawn it)"
 cargo build --bin tributary
 
 step "cargo test"
+rm -rf "${CARGO_TARGET_DIR:-target}/spec-results"
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
 else
   cargo test --workspace --no-fail-fast
 fi
+# The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs).
+cat "${CARGO_TARGET_DIR:-target}"/spec-results/change-streams-*.txt
 
 step "resmoke FSM suites: change streams under concurrent CRUD/DDL, then under kill -9"
 cargo build --bin resmoke --bin tributary
@@ -40,10 +45,11 @@ TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite chang
 step "benches compile and run once (test mode)"
 cargo test --workspace --benches -- --test >/dev/null
 
-step "pymongo interop scripts"
+step "driver interop scripts: pymongo (tests/py), Node.js driver and mongosh (tests/js)"
 data=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-./target/debug/tributary --port "$port" --dbpath "$data" >"$data/tributary.log" 2>&1 &
+# Test commands on: the Node script resumes through a closeConnection fail point.
+./target/debug/tributary --port "$port" --dbpath "$data" --enableTestCommands >"$data/tributary.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$data"' EXIT
 for _ in $(seq 1 100); do
@@ -54,6 +60,10 @@ status=0
 for script in tests/py/*.py; do
   echo "--- $script"
   python3 "$script" "mongodb://127.0.0.1:$port/" || status=1
+done
+for script in tests/js/*.js; do
+  echo "--- $script"
+  node "$script" "mongodb://127.0.0.1:$port/" || status=1
 done
 if [ "$status" -ne 0 ]; then
   echo "server log:"; tail -50 "$data/tributary.log"
