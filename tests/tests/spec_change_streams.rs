@@ -75,20 +75,30 @@ async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
         Presentation::Mongos => "sharded",
         Presentation::ReplicaSet => "replicaset",
     };
-    assert_eq!(server.topology, expected_topology, "driver-visible topology");
+    assert_eq!(
+        server.topology, expected_topology,
+        "driver-visible topology"
+    );
     let mut files: Vec<PathBuf> = std::fs::read_dir(spec_dir())?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    assert!(files.len() >= 9, "spec files not found in {}", spec_dir().display());
+    assert!(
+        files.len() >= 9,
+        "spec files not found in {}",
+        spec_dir().display()
+    );
     let known = known_failures();
     let mut all = Vec::new();
     let mut lines = Vec::new();
     for file in &files {
         let results = unified::run_file(&cluster.uri, &server, file).await?;
         let s = unified::summarize(&server.topology, &results, &known);
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         lines.push(format!("[{}] {name}: {s}", server.topology));
         for r in &results {
             if let Outcome::Failed(why) = &r.outcome {
@@ -171,7 +181,11 @@ async fn outcome_of(uri: &str, server: &ServerInfo, test: Document) -> Outcome {
         .await
         .expect("the runner runs the file");
     assert_eq!(results.len(), 1);
-    results.into_iter().next().map(|r| r.outcome).expect("one result")
+    results
+        .into_iter()
+        .next()
+        .map(|r| r.outcome)
+        .expect("one result")
 }
 
 fn iterate_expecting(result: Document) -> Document {
@@ -186,31 +200,51 @@ async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
 
     // The control: a correct test passes.
     let good = stream_then(
-        iterate_expecting(doc! {"operationType": "insert", "ns": {"db": "selftest", "coll": "c"}, "fullDocument": {"x": 1, "_id": {"$$exists": true}}}),
+        iterate_expecting(
+            doc! {"operationType": "insert", "ns": {"db": "selftest", "coll": "c"}, "fullDocument": {"x": 1, "_id": {"$$exists": true}}},
+        ),
         vec![insert_x(1)],
-        Some(doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
-            {"commandStartedEvent": {"commandName": "aggregate", "databaseName": "selftest",
-             "command": {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}}},
-        ]}),
+        Some(
+            doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
+                {"commandStartedEvent": {"commandName": "aggregate", "databaseName": "selftest",
+                 "command": {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}}},
+            ]},
+        ),
     );
     assert_eq!(outcome_of(&uri, &server, good).await, Outcome::Passed);
 
     let must_fail: Vec<(&str, Document)> = vec![
         (
             "wrong value in the event",
-            stream_then(iterate_expecting(doc! {"fullDocument": {"x": 2, "_id": {"$$exists": true}}}), vec![insert_x(1)], None),
+            stream_then(
+                iterate_expecting(doc! {"fullDocument": {"x": 2, "_id": {"$$exists": true}}}),
+                vec![insert_x(1)],
+                None,
+            ),
         ),
         (
             "extra key in a nested document",
-            stream_then(iterate_expecting(doc! {"ns": {"db": "selftest"}}), vec![insert_x(1)], None),
+            stream_then(
+                iterate_expecting(doc! {"ns": {"db": "selftest"}}),
+                vec![insert_x(1)],
+                None,
+            ),
         ),
         (
             "$$exists false on a present field",
-            stream_then(iterate_expecting(doc! {"clusterTime": {"$$exists": false}}), vec![insert_x(1)], None),
+            stream_then(
+                iterate_expecting(doc! {"clusterTime": {"$$exists": false}}),
+                vec![insert_x(1)],
+                None,
+            ),
         ),
         (
             "$$type mismatch",
-            stream_then(iterate_expecting(doc! {"clusterTime": {"$$type": "long"}}), vec![insert_x(1)], None),
+            stream_then(
+                iterate_expecting(doc! {"clusterTime": {"$$type": "long"}}),
+                vec![insert_x(1)],
+                None,
+            ),
         ),
         (
             "expectError when the operation succeeds",
@@ -253,10 +287,12 @@ async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
             stream_then(
                 doc! {"name": "iterateUntilDocumentOrError", "object": "changeStream0"},
                 vec![insert_x(1)],
-                Some(doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
-                    {"commandStartedEvent": {"commandName": "aggregate"}},
-                    {"commandStartedEvent": {"commandName": "find"}},
-                ]}),
+                Some(
+                    doc! {"client": "client0", "ignoreExtraEvents": true, "events": [
+                        {"commandStartedEvent": {"commandName": "aggregate"}},
+                        {"commandStartedEvent": {"commandName": "find"}},
+                    ]},
+                ),
             ),
         ),
         (
@@ -276,8 +312,11 @@ async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
 
     // Requirements: a test for a newer server is skipped, not run.
     let newer = doc! {"description": "case", "runOnRequirements": [{"minServerVersion": "99.0"}],
-        "operations": [{"name": "findOneAndFrobnicate", "object": "collection0"}]};
-    assert!(matches!(outcome_of(&uri, &server, newer).await, Outcome::Skipped(_)));
+    "operations": [{"name": "findOneAndFrobnicate", "object": "collection0"}]};
+    assert!(matches!(
+        outcome_of(&uri, &server, newer).await,
+        Outcome::Skipped(_)
+    ));
 
     // Fail points are turned off after each test: this insert succeeds.
     let after = doc! {"description": "case", "operations": [insert_x(5)]};
@@ -299,10 +338,17 @@ fn known_failures_list_must_stay_true() {
     assert!(failed.problems.is_empty());
     assert_eq!(failed.to_string(), "0 passed, 1 failed, 0 skipped");
     let passed = unified::summarize("sharded", &[result(Outcome::Passed)], &known);
-    assert_eq!(passed.problems.len(), 1, "a listed test that passes is a problem");
+    assert_eq!(
+        passed.problems.len(),
+        1,
+        "a listed test that passes is a problem"
+    );
     let other = unified::summarize("replicaset", &[result(Outcome::Failed("x".into()))], &known);
     assert_eq!(other.problems.len(), 1, "the entry is for another topology");
-    assert!(KnownFailure::parse_list("sharded | f.json | t |\n").is_err(), "reason required");
+    assert!(
+        KnownFailure::parse_list("sharded | f.json | t |\n").is_err(),
+        "reason required"
+    );
     // The real list parses.
     known_failures();
 }

@@ -41,7 +41,10 @@ fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<
         return special(op, arg, actual, root, path);
     }
     let Some(actual) = actual else {
-        return Err(format!("{}: expected {expected}, found nothing", show(path)));
+        return Err(format!(
+            "{}: expected {expected}, found nothing",
+            show(path)
+        ));
     };
     match (expected, actual) {
         (Bson::Document(e), Bson::Document(a)) => {
@@ -76,13 +79,19 @@ fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<
                 return if x == y {
                     Ok(())
                 } else {
-                    Err(format!("{}: expected {expected}, found {actual}", show(path)))
+                    Err(format!(
+                        "{}: expected {expected}, found {actual}",
+                        show(path)
+                    ))
                 };
             }
             if expected == actual {
                 Ok(())
             } else {
-                Err(format!("{}: expected {expected}, found {actual}", show(path)))
+                Err(format!(
+                    "{}: expected {expected}, found {actual}",
+                    show(path)
+                ))
             }
         }
     }
@@ -125,7 +134,10 @@ fn special(
                 other => return Err(format!("$$type takes a string or an array, got {other}")),
             };
             let have = type_name(actual);
-            if names.iter().any(|n| *n == have || (*n == "number" && number(actual).is_some())) {
+            if names
+                .iter()
+                .any(|n| *n == have || (*n == "number" && number(actual).is_some()))
+            {
                 Ok(())
             } else {
                 Err(format!(
@@ -147,10 +159,16 @@ fn special(
                     .map_err(|e| format!("{}: not JSON: {e}", show(path)))?;
                 at(arg, Some(&doc), false, path)
             }
-            other => Err(format!("{}: expected a JSON string, found {other:?}", show(path))),
+            other => Err(format!(
+                "{}: expected a JSON string, found {other:?}",
+                show(path)
+            )),
         },
         "$$matchAsRoot" => at(arg, actual, true, path),
-        other => Err(format!("{}: unsupported special operator {other}", show(path))),
+        other => Err(format!(
+            "{}: unsupported special operator {other}",
+            show(path)
+        )),
     }
 }
 
@@ -207,7 +225,13 @@ mod tests {
     #[test]
     fn extra_keys_are_allowed_only_at_the_root() {
         assert!(root(doc! {"a": 1}, doc! {"a": 1, "b": 2}).is_ok());
-        assert!(root(doc! {"ns": {"db": "d"}}, doc! {"ns": {"db": "d", "coll": "c"}}).is_err());
+        assert!(
+            root(
+                doc! {"ns": {"db": "d"}},
+                doc! {"ns": {"db": "d", "coll": "c"}}
+            )
+            .is_err()
+        );
         assert!(root(doc! {"x": [{"a": 1}]}, doc! {"x": [{"a": 1, "b": 1}]}).is_err());
     }
 

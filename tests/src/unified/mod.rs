@@ -106,7 +106,10 @@ impl KnownFailure {
             }
             let parts: Vec<&str> = line.splitn(4, '|').map(str::trim).collect();
             let [topology, file, description, reason] = parts[..] else {
-                bail!("known failures line {}: expected 4 fields separated by '|'", i + 1);
+                bail!(
+                    "known failures line {}: expected 4 fields separated by '|'",
+                    i + 1
+                );
             };
             anyhow::ensure!(
                 !reason.is_empty(),
@@ -223,7 +226,9 @@ pub async fn run_document(
         let description = test.get_str("description").unwrap_or("?").to_string();
         let outcome = if let Some(why) = &file_skip {
             Outcome::Skipped(why.clone())
-        } else if let Some(why) = requirements_unmet(test.get_array("runOnRequirements").ok(), server)? {
+        } else if let Some(why) =
+            requirements_unmet(test.get_array("runOnRequirements").ok(), server)?
+        {
             Outcome::Skipped(why)
         } else if let Ok(reason) = test.get_str("skipReason") {
             Outcome::Skipped(reason.to_string())
@@ -244,7 +249,10 @@ pub async fn run_document(
 }
 
 fn check_schema(v: &str) -> Result<()> {
-    let parts: Vec<u64> = v.split('.').map(|p| p.parse().unwrap_or(u64::MAX)).collect();
+    let parts: Vec<u64> = v
+        .split('.')
+        .map(|p| p.parse().unwrap_or(u64::MAX))
+        .collect();
     let major = parts.first().copied().unwrap_or(u64::MAX);
     let minor = parts.get(1).copied().unwrap_or(0);
     if major != SCHEMA.0 || minor > SCHEMA.1 {
@@ -265,7 +273,9 @@ fn requirements_unmet(reqs: Option<&Vec<Bson>>, server: &ServerInfo) -> Result<O
     }
     let mut reasons = Vec::new();
     for r in reqs {
-        let r = r.as_document().context("a runOnRequirement is not a document")?;
+        let r = r
+            .as_document()
+            .context("a runOnRequirement is not a document")?;
         match requirement_unmet(r, server) {
             None => return Ok(None),
             Some(why) => reasons.push(why),
@@ -287,7 +297,8 @@ fn requirement_unmet(r: &Document, server: &ServerInfo) -> Option<String> {
             }
             "topologies" => {
                 let ok = v.as_array().is_some_and(|a| {
-                    a.iter().any(|t| t.as_str() == Some(server.topology.as_str()))
+                    a.iter()
+                        .any(|t| t.as_str() == Some(server.topology.as_str()))
                 });
                 (!ok).then(|| format!("topology {} not in {v}", server.topology))
             }
@@ -295,7 +306,9 @@ fn requirement_unmet(r: &Document, server: &ServerInfo) -> Option<String> {
                 (v.as_str() == Some("require")).then(|| "requires serverless".to_string())
             }
             "auth" => (v.as_bool() == Some(true)).then(|| "requires auth".to_string()),
-            other => Some(format!("requirement {other} is not supported by this runner")),
+            other => Some(format!(
+                "requirement {other} is not supported by this runner"
+            )),
         };
         if why.is_some() {
             return why;
@@ -417,7 +430,9 @@ async fn create_entities(uri: &str, list: &[Bson], entities: &mut Entities) -> R
     for item in list {
         let item = item.as_document().context("an entity is not a document")?;
         let (kind, spec) = item.iter().next().context("empty entity")?;
-        let spec = spec.as_document().context("entity spec is not a document")?;
+        let spec = spec
+            .as_document()
+            .context("entity spec is not a document")?;
         let id = spec.get_str("id").context("entity without id")?;
         let entity = match kind.as_str() {
             "client" => {
@@ -434,14 +449,22 @@ async fn create_entities(uri: &str, list: &[Bson], entities: &mut Entities) -> R
                 }
                 let observe: Vec<String> = spec
                     .get_array("observeEvents")
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if let Some(other) = observe.iter().find(|e| *e != "commandStartedEvent") {
                     bail!("observing {other} is not supported by this runner");
                 }
                 let ignore = spec
                     .get_array("ignoreCommandMonitoringEvents")
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let mut client_uri = uri.to_string();
                 if let Ok(opts) = spec.get_document("uriOptions") {
@@ -502,7 +525,9 @@ async fn initial_data(uri: &str, data: &[Bson]) -> Result<()> {
                 .write_concern(majority.clone())
                 .await?;
         } else {
-            coll.insert_many(docs).write_concern(majority.clone()).await?;
+            coll.insert_many(docs)
+                .write_concern(majority.clone())
+                .await?;
         }
     }
     client.shutdown().await;
@@ -564,7 +589,11 @@ async fn run_test_in(
     for key in test.keys() {
         if !matches!(
             key.as_str(),
-            "description" | "operations" | "expectEvents" | "runOnRequirements" | "skipReason"
+            "description"
+                | "operations"
+                | "expectEvents"
+                | "runOnRequirements"
+                | "skipReason"
                 | "outcome"
         ) {
             bail!("test field {key} is not supported by this runner");
@@ -610,7 +639,9 @@ fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
         );
     }
     for (i, (w, h)) in want.iter().zip(&have).enumerate() {
-        let w = w.as_document().context("an expected event is not a document")?;
+        let w = w
+            .as_document()
+            .context("an expected event is not a document")?;
         let (kind, spec) = w.iter().next().context("empty expected event")?;
         if kind != "commandStartedEvent" {
             bail!("expected event kind {kind} is not supported by this runner");

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
+use mongodb::IndexModel;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ChangeStreamEvent;
@@ -12,7 +13,6 @@ use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::{
     ChangeStreamOptions, FullDocumentBeforeChangeType, FullDocumentType, IndexOptions,
 };
-use mongodb::IndexModel;
 
 use super::matcher;
 use super::{Entities, Entity};
@@ -83,7 +83,8 @@ pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entit
             Value::None => None,
             Value::Stream(_) => bail!("expectResult on a change stream is not supported"),
         };
-        matcher::matches(expected, actual, true).map_err(|why| anyhow!("result mismatch: {why}"))?;
+        matcher::matches(expected, actual, true)
+            .map_err(|why| anyhow!("result mismatch: {why}"))?;
     }
     if let Ok(id) = op.get_str("saveResultAsEntity") {
         match value {
