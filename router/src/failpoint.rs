@@ -119,6 +119,8 @@ struct Configured {
 pub struct FailPoints {
     fail_command: Mutex<Configured>,
     fail_get_more: Mutex<Configured>,
+    /// `client.application.name` of each connection's handshake, for `appName`.
+    app_names: Mutex<std::collections::HashMap<u64, String>>,
 }
 
 impl FailPoints {
@@ -165,12 +167,20 @@ impl FailPoints {
     }
 
     /// `failCommand`, checked before the command `name` runs.
-    pub fn check_command(&self, name: &str) -> Option<Triggered> {
+    ///
+    /// `app_name` is the connection's `client.application.name` from its handshake: a fail point
+    /// with `appName` only fails that application's commands.
+    pub fn check_command(&self, name: &str, app_name: Option<&str>) -> Option<Triggered> {
         if name == "configureFailPoint" {
             return None;
         }
         let mut state = lock(&self.fail_command);
         if state.mode == Mode::Off || !names_command(&state.data, name) {
+            return None;
+        }
+        if let Ok(wanted) = state.data.get_str("appName")
+            && app_name != Some(wanted)
+        {
             return None;
         }
         if !state.mode.evaluate() {
@@ -215,6 +225,32 @@ impl FailPoints {
             code,
             "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint",
         ))
+    }
+
+    /// Remembers the application name a connection gave in its handshake (`hello` with
+    /// `client.application.name`).
+    pub fn note_handshake(&self, connection: u64, hello: &Document) {
+        let name = hello
+            .get_document("client")
+            .and_then(|c| c.get_document("application"))
+            .and_then(|a| a.get_str("name"));
+        if let Ok(name) = name
+            && let Ok(mut names) = self.app_names.lock()
+        {
+            // Test servers only; a bound keeps a long run of short connections from growing it.
+            if names.len() >= 100_000 {
+                names.clear();
+            }
+            names.insert(connection, name.to_string());
+        }
+    }
+
+    /// The application name of `connection`, if its handshake gave one.
+    pub fn app_name(&self, connection: u64) -> Option<String> {
+        self.app_names
+            .lock()
+            .ok()
+            .and_then(|names| names.get(&connection).cloned())
     }
 
     fn slot(&self, name: &str) -> Option<&Mutex<Configured>> {
@@ -290,7 +326,33 @@ fn block_time(data: &Document) -> Option<Duration> {
     Some(Duration::from_millis(ms.max(0) as u64))
 }
 
+/// `failCommand` options this server implements; anything else is refused rather than silently
+/// ignored.
+const FAIL_COMMAND_OPTIONS: &[&str] = &[
+    "failCommands",
+    "errorCode",
+    "errorLabels",
+    "closeConnection",
+    "blockConnection",
+    "blockTimeMS",
+    "appName",
+    "failInternalCommands",
+];
+
 fn validate_fail_command(data: &Document) -> Result<()> {
+    if let Some(k) = data
+        .keys()
+        .find(|k| !FAIL_COMMAND_OPTIONS.contains(&k.as_str()))
+    {
+        return Err(MongoError::bad_value(format!(
+            "failCommand option '{k}' is not supported by this server"
+        )));
+    }
+    if let Some(v) = data.get("appName")
+        && !matches!(v, Bson::String(_))
+    {
+        return Err(MongoError::type_mismatch("'appName' must be a string"));
+    }
     match data.get("failCommands") {
         Some(Bson::Array(a)) if a.iter().all(|c| matches!(c, Bson::String(_))) => {}
         _ => {
@@ -318,6 +380,12 @@ fn validate_fail_command(data: &Document) -> Result<()> {
 mod tests {
     use super::*;
 
+    impl FailPoints {
+        fn check_command_any(&self, name: &str) -> Option<Triggered> {
+            self.check_command(name, None)
+        }
+    }
+
     fn fail_command(mode: Bson, data: Document) -> FailPoints {
         let fp = FailPoints::default();
         fp.configure(&doc! {"configureFailPoint": FAIL_COMMAND, "mode": mode, "data": data})
@@ -341,11 +409,11 @@ mod tests {
             Bson::Document(doc! {"times": 2}),
             doc! {"failCommands": ["getMore"], "errorCode": 6},
         );
-        assert!(fp.check_command("find").is_none());
-        assert!(fp.check_command("configureFailPoint").is_none());
-        assert_eq!(error_of(fp.check_command("getMore")).0.code, 6);
-        assert_eq!(error_of(fp.check_command("getMore")).0.code, 6);
-        assert!(fp.check_command("getMore").is_none());
+        assert!(fp.check_command_any("find").is_none());
+        assert!(fp.check_command_any("configureFailPoint").is_none());
+        assert_eq!(error_of(fp.check_command_any("getMore")).0.code, 6);
+        assert_eq!(error_of(fp.check_command_any("getMore")).0.code, 6);
+        assert!(fp.check_command_any("getMore").is_none());
     }
 
     #[test]
@@ -356,7 +424,7 @@ mod tests {
         );
         for _ in 0..5 {
             assert_eq!(
-                fp.check_command("insert").unwrap().action,
+                fp.check_command_any("insert").unwrap().action,
                 Some(Action::CloseConnection)
             );
         }
@@ -364,7 +432,7 @@ mod tests {
             .configure(&doc! {"configureFailPoint": FAIL_COMMAND, "mode": "off"})
             .unwrap();
         assert_eq!(reply.get_i64("count").unwrap(), 5);
-        assert!(fp.check_command("insert").is_none());
+        assert!(fp.check_command_any("insert").is_none());
     }
 
     #[test]
@@ -373,9 +441,9 @@ mod tests {
             Bson::Document(doc! {"skip": 1}),
             doc! {"failCommands": ["find"], "errorCode": 2},
         );
-        assert!(fp.check_command("find").is_none());
-        assert!(fp.check_command("find").is_some());
-        assert!(fp.check_command("find").is_some());
+        assert!(fp.check_command_any("find").is_none());
+        assert!(fp.check_command_any("find").is_some());
+        assert!(fp.check_command_any("find").is_some());
     }
 
     #[test]
@@ -384,14 +452,14 @@ mod tests {
             Bson::Document(doc! {"times": 1}),
             doc! {"failCommands": ["getMore"], "errorCode": 50, "errorLabels": ["ResumableChangeStreamError"]},
         );
-        let (e, explicit) = error_of(fp.check_command("getMore"));
+        let (e, explicit) = error_of(fp.check_command_any("getMore"));
         assert!(explicit);
         assert_eq!(e.labels, vec!["ResumableChangeStreamError".to_string()]);
         let fp = fail_command(
             Bson::Document(doc! {"times": 1}),
             doc! {"failCommands": ["getMore"], "errorCode": 6},
         );
-        let (e, explicit) = error_of(fp.check_command("getMore"));
+        let (e, explicit) = error_of(fp.check_command_any("getMore"));
         assert!(!explicit);
         assert!(e.labels.is_empty());
         assert_eq!(e.code_name, "HostUnreachable");
@@ -406,7 +474,7 @@ mod tests {
             "data": {"errorCode": 10107},
         })
         .unwrap();
-        assert!(fp.check_command("getMore").is_none());
+        assert!(fp.check_command_any("getMore").is_none());
         assert_eq!(fp.check_get_more().unwrap().code, 10107);
         assert!(fp.check_get_more().is_none());
     }
@@ -423,7 +491,7 @@ mod tests {
         ] {
             assert!(fp.configure(&cmd).is_err(), "{cmd}");
         }
-        assert!(fp.check_command("insert").is_none());
+        assert!(fp.check_command_any("insert").is_none());
     }
 
     #[test]
@@ -438,12 +506,31 @@ mod tests {
     }
 
     #[test]
+    fn app_name_limits_the_fail_point_to_one_application() {
+        let fp = fail_command(
+            Bson::String("alwaysOn".into()),
+            doc! {"failCommands": ["find"], "errorCode": 2, "appName": "app1"},
+        );
+        assert!(fp.check_command("find", None).is_none());
+        assert!(fp.check_command("find", Some("app2")).is_none());
+        assert!(fp.check_command("find", Some("app1")).is_some());
+    }
+
+    #[test]
+    fn unsupported_options_are_refused() {
+        let fp = FailPoints::default();
+        let cmd = doc! {"configureFailPoint": FAIL_COMMAND, "mode": "alwaysOn",
+        "data": {"failCommands": ["insert"], "writeConcernError": {"code": 91}}};
+        assert!(fp.configure(&cmd).is_err());
+    }
+
+    #[test]
     fn clear_turns_everything_off() {
         let fp = fail_command(
             Bson::String("alwaysOn".into()),
             doc! {"failCommands": ["ping"], "errorCode": 2},
         );
         fp.clear();
-        assert!(fp.check_command("ping").is_none());
+        assert!(fp.check_command_any("ping").is_none());
     }
 }

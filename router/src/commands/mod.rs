@@ -45,8 +45,13 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let mut injected = None;
+    if router.options.enable_test_commands && matches!(name, "hello" | "isMaster" | "ismaster") {
+        router.failpoints.note_handshake(conn.id, &req.body);
+    }
     if router.options.enable_test_commands
-        && let Some(triggered) = router.failpoints.check_command(name)
+        && let Some(triggered) = router
+            .failpoints
+            .check_command(name, router.failpoints.app_name(conn.id).as_deref())
     {
         if let Some(d) = triggered.block {
             tokio::time::sleep(d).await;
