@@ -352,3 +352,52 @@ fn known_failures_list_must_stay_true() {
     // The real list parses.
     known_failures();
 }
+
+/// As in MongoDB: without `--enableTestCommands` there is no `configureFailPoint` and
+/// `getParameter` says so; with it, the parameter is true and fail points work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_points_exist_only_with_enable_test_commands() -> anyhow::Result<()> {
+    let plain = tests::EmbeddedCluster::start(1).await?;
+    let client = plain.client().await?;
+    let admin = client.database("admin");
+    let params = admin.run_command(doc! {"getParameter": "*"}).await?;
+    assert!(!params.get_bool("enableTestCommands")?);
+    let err = admin
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"})
+        .await
+        .expect_err("configureFailPoint without --enableTestCommands");
+    match *err.kind {
+        mongodb::error::ErrorKind::Command(ref c) => assert_eq!(c.code, 59, "{c:?}"),
+        ref other => panic!("expected CommandNotFound, got {other:?}"),
+    }
+    plain.stop().await;
+
+    let cluster = start(Presentation::Mongos, 1).await?;
+    let client = tests::connect_uri(&cluster.uri).await?;
+    let admin = client.database("admin");
+    let params = admin.run_command(doc! {"getParameter": "*"}).await?;
+    assert!(params.get_bool("enableTestCommands")?);
+    // Only on admin.
+    let err = client
+        .database("other")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"})
+        .await
+        .expect_err("configureFailPoint outside admin");
+    assert!(matches!(*err.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 13));
+    admin
+        .run_command(
+            doc! {"configureFailPoint": "failCommand", "mode": {"times": 1},
+            "data": {"failCommands": ["ping"], "errorCode": 91}},
+        )
+        .await?;
+    let err = admin
+        .run_command(doc! {"ping": 1})
+        .await
+        .expect_err("injected");
+    assert!(
+        matches!(*err.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 91 && c.code_name == "ShutdownInProgress")
+    );
+    admin.run_command(doc! {"ping": 1}).await?;
+    cluster.running.shutdown().await;
+    Ok(())
+}
