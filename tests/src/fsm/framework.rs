@@ -529,6 +529,66 @@ mod tests {
         assert_eq!(weighted_choice(&[("a", 0.0), ("b", 1.0)], 0.0), "b");
     }
 
+    /// A workload whose thread 1 fails in its third iteration; the others count visits.
+    struct Failing;
+
+    impl Workload for Failing {
+        type Data = usize;
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+        fn config(&self) -> Config {
+            cfg()
+        }
+        fn data(&self, _tid: usize) -> usize {
+            0
+        }
+        fn setup<'a>(&'a self, _env: &'a Env) -> BoxFuture<'a, Result<Vec<String>>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn state<'a>(
+            &'a self,
+            state: &'static str,
+            data: &'a mut usize,
+            t: &'a mut ThreadCtx,
+        ) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move {
+                *data += 1;
+                if t.tid == 1 && *data == 3 {
+                    bail!("boom in {state}");
+                }
+                Ok(())
+            })
+        }
+        fn watch_specs(&self, _db: &str) -> Vec<super::super::model::WatchSpec> {
+            Vec::new()
+        }
+    }
+
+    #[tokio::test]
+    async fn errors_of_every_thread_are_reported_with_thread_ids() {
+        // The client never connects: the states do not use it.
+        let client = Client::with_uri_str("mongodb://127.0.0.1:9/")
+            .await
+            .unwrap();
+        let env = Env {
+            client: client.clone(),
+            db: "x".into(),
+            thread_count: 2,
+            faults: false,
+        };
+        let w = std::sync::Arc::new(Failing);
+        let out = run_threads(w, &cfg(), &[client], &env, 1, None)
+            .await
+            .unwrap();
+        assert_eq!(out.errors.len(), 1);
+        let e = &out.errors[0];
+        assert_eq!((e.tid, e.iteration), (1, 2));
+        assert!(e.error.contains("boom"), "{}", e.error);
+        // Thread 0 ran all 10 iterations, thread 1 stopped at its failing third.
+        assert_eq!(out.transitions.values().sum::<usize>(), 13);
+    }
+
     #[test]
     fn the_same_seed_walks_the_same_path() {
         let walk = |seed| {

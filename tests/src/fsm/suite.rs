@@ -234,6 +234,9 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let mut round = 0_u64;
     'outer: loop {
         for name in &names {
+            if round > 0 && deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                break 'outer;
+            }
             let run_seed = seed.wrapping_add(round.wrapping_mul(1_000_003));
             let db = format!("fsm_{name}_{round}");
             let report = match workloads::by_name(name) {
@@ -246,7 +249,6 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                         &db,
                         run_seed,
                         faults,
-                        deadline,
                         ov.inject,
                     )
                     .await
@@ -260,7 +262,6 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                         &db,
                         run_seed,
                         faults,
-                        deadline,
                         ov.inject,
                     )
                     .await
@@ -360,7 +361,6 @@ async fn run_workload<W: Workload>(
     db: &str,
     seed: u64,
     faults: bool,
-    deadline: Option<tokio::time::Instant>,
     inject: Option<Inject>,
 ) -> Result<WorkloadReport> {
     let ec = &suite.executor.config;
@@ -425,7 +425,7 @@ async fn run_workload<W: Workload>(
 
     // The threads.
     let started = tokio::time::Instant::now();
-    let out = framework::run_threads(w.clone(), &cfg, clients, &env, seed, deadline).await?;
+    let out = framework::run_threads(w.clone(), &cfg, clients, &env, seed, None).await?;
     report.lines.push(format!(
         "{} threads × {} iterations in {:.1}s; states visited {:?}; {} expected events, {} writes with unknown outcome",
         cfg.thread_count,
@@ -486,7 +486,16 @@ async fn run_workload<W: Workload>(
         } else {
             oplog_times = Vec::new();
         }
-        // Teardown: drop the database. Its drops and dropDatabase end the streams.
+        // Teardown: create an end-marker collection (so the database is never empty), then
+        // drop the database. Its drops and dropDatabase end the streams.
+        retrying("creating the end marker", || async {
+            match env.client.database(db).create_collection(END_MARKER).await {
+                Err(e) if crate::scenarios::code_of(&e) == Some(48) => Ok(()),
+                r => Ok(r?),
+            }
+        })
+        .await?;
+        docs.existing.insert(format!("{db}.{END_MARKER}"));
         expected.extend(teardown_events(db, &docs, cfg.thread_count));
         retrying("dropDatabase", || async {
             env.client.database(db).drop().await?;
@@ -587,10 +596,26 @@ async fn run_workload<W: Workload>(
     Ok(report)
 }
 
-/// The events `dropDatabase` must make: a `drop` per collection (unknown for namespaces whose
-/// existence is unknown), then `dropDatabase`; recorded as thread `thread_count`.
+/// The collection the teardown creates before `dropDatabase`, so the database is never empty.
+pub const END_MARKER: &str = "fsm_end";
+
+/// The events the teardown must make: `create` of the end marker (when it was made), a `drop`
+/// per collection (unknown for namespaces whose existence is unknown), then `dropDatabase`;
+/// recorded as thread `thread_count`.
 pub fn teardown_events(db: &str, docs: &DocModel, thread_count: usize) -> Vec<Expected> {
     let mut out = Vec::new();
+    if docs.existing.contains(&format!("{db}.{END_MARKER}")) {
+        out.push(Expected {
+            tid: thread_count,
+            step: 0,
+            db: db.to_string(),
+            coll: Some(END_MARKER.to_string()),
+            op: Op::Create,
+            key: None,
+            tag: None,
+            outcome: Outcome::Acked,
+        });
+    }
     let prefix = format!("{db}.");
     let mut namespaces: BTreeMap<&String, Outcome> = BTreeMap::new();
     for ns in &docs.existing {
