@@ -75,7 +75,7 @@ pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entit
     let value = match outcome {
         Ok(v) => v,
         Err(_) if ignore => return Ok(()),
-        Err(e) => bail!("unexpected error: {e}"),
+        Err(e) => bail!("unexpected error: {}", describe(&e)),
     };
     if let Some(expected) = op.get("expectResult") {
         let actual = match &value {
@@ -369,6 +369,19 @@ fn code_of(e: &DriverError) -> Option<(i32, String)> {
     }
 }
 
+/// A driver error in one line: code, name, message and labels for server errors.
+fn describe(e: &DriverError) -> String {
+    let mut labels: Vec<&String> = e.labels().iter().collect();
+    labels.sort();
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => format!(
+            "server error {} ({}): {}; labels {labels:?}",
+            c.code, c.code_name, c.message
+        ),
+        other => format!("{other:?}; labels {labels:?}"),
+    }
+}
+
 /// Whether the error came from the driver rather than the server (network errors count).
 fn is_client_error(e: &DriverError) -> bool {
     !matches!(
@@ -388,7 +401,7 @@ fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
             "isClientError" => {
                 let want = v.as_bool().context("isClientError")?;
                 if is_client_error(e) != want {
-                    bail!("expected isClientError {want}, got {e}");
+                    bail!("expected isClientError {want}, got {}", describe(e));
                 }
             }
             "errorCode" => {
@@ -398,20 +411,20 @@ fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
                     other => bail!("errorCode {other}"),
                 };
                 if code.as_ref().map(|c| c.0) != Some(want) {
-                    bail!("expected error code {want}, got {e}");
+                    bail!("expected error code {want}, got {}", describe(e));
                 }
             }
             "errorCodeName" => {
                 let want = v.as_str().context("errorCodeName")?;
                 if code.as_ref().map(|c| c.1.as_str()) != Some(want) {
-                    bail!("expected error code name {want}, got {e}");
+                    bail!("expected error code name {want}, got {}", describe(e));
                 }
             }
             "errorLabelsContain" => {
                 for l in v.as_array().context("errorLabelsContain")? {
                     let l = l.as_str().context("label")?;
                     if !e.contains_label(l) {
-                        bail!("expected label {l}, got {:?} on {e}", e.labels());
+                        bail!("expected label {l} on {}", describe(e));
                     }
                 }
             }
@@ -419,14 +432,17 @@ fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
                 for l in v.as_array().context("errorLabelsOmit")? {
                     let l = l.as_str().context("label")?;
                     if e.contains_label(l) {
-                        bail!("expected no label {l} on {e}");
+                        bail!("expected no label {l} on {}", describe(e));
                     }
                 }
             }
             "errorContains" => {
                 let want = v.as_str().context("errorContains")?.to_lowercase();
                 if !e.to_string().to_lowercase().contains(&want) {
-                    bail!("expected the error to contain {want:?}, got {e}");
+                    bail!(
+                        "expected the error to contain {want:?}, got {}",
+                        describe(e)
+                    );
                 }
             }
             other => bail!("expectError.{other} is not supported by this runner"),
