@@ -458,7 +458,9 @@ impl ChangeStreamCursor {
 
     /// Asks every shard whose promise is below the oldest buffered event to promise past it.
     fn nudge_laggards(&mut self, router: &Arc<Router>) {
-        let Some((_, &floor)) = self.unreleased.iter().next() else {
+        // A shard's promise passes an event at `ts` once it is a high-water mark above `ts`
+        // (high-water marks sort before the events of their own time).
+        let Some(floor) = self.unreleased.values().next().map(|ts| ts.next()) else {
             return;
         };
         let needed = ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode();

@@ -69,6 +69,9 @@ pub struct StreamCursor {
     position: ClusterTime,
     pending: VecDeque<ChangeEvent>,
     pbrt: ResumeToken,
+    /// The post-batch resume token of the last reply: a nudge is answered once, by the first
+    /// reply whose promise reaches its floor.
+    reported: ResumeToken,
     /// Set once the invalidate event has been handed out: the cursor then closes.
     closed: bool,
 }
@@ -214,6 +217,7 @@ impl ChangeStreams {
             ns,
             position,
             pending: VecDeque::new(),
+            reported: pbrt.clone(),
             pbrt,
             closed: false,
         };
@@ -315,11 +319,12 @@ impl ChangeStreams {
                 break;
             }
             let floor = ClusterTime::from_u64(entry.nudge.floor.load(Ordering::Acquire));
-            if floor > ClusterTime::ZERO
-                && cursor.pbrt
-                    >= ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode()
-            {
-                break;
+            if floor > ClusterTime::ZERO {
+                let wanted =
+                    ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode();
+                if cursor.pbrt >= wanted && cursor.reported < wanted {
+                    break;
+                }
             }
             tokio::select! {
                 _ = visible.changed() => {}
@@ -332,6 +337,7 @@ impl ChangeStreams {
             cursor.promise(h);
         }
         let reply = cursor.reply(id, batch, false);
+        cursor.reported = cursor.pbrt.clone();
         if cursor.closed {
             drop(cursor);
             lock(&self.cursors).remove(&id);

@@ -105,3 +105,34 @@ async fn streams_resume_across_routers_and_a_router_restart() -> anyhow::Result<
     assert_eq!(again, second);
     Ok(())
 }
+
+/// An idle shard does not hold the merged stream back until its awaitData wait ends: the first
+/// getMore after a write returns the event, even though it waits less than the shards' 1 s
+/// awaitData period (regression: nudges for an event at the promise's own time were skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_do_not_delay_events() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let db = client.database("idle_shards");
+    db.collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+    for i in 1..=5 {
+        let opened = db
+            .run_command(doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+            .await?;
+        let id = opened.get_document("cursor")?.get_i64("id")?;
+        db.collection::<Document>("c")
+            .insert_one(doc! {"_id": i})
+            .await?;
+        let more = db
+            .run_command(doc! {"getMore": id, "collection": "c", "maxTimeMS": 900_i64})
+            .await?;
+        let batch = more.get_document("cursor")?.get_array("nextBatch")?;
+        assert_eq!(batch.len(), 1, "round {i}: the event was held back: {more}");
+        db.run_command(doc! {"killCursors": "c", "cursors": [id]})
+            .await?;
+    }
+    cluster.stop().await;
+    Ok(())
+}
