@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use bson::{Bson, Document, doc};
 use pipeline::changestream::ChangeEvent;
+use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
 use pipeline::changestream::spec::{RequestContext, parse_pipeline};
 use resume::ClusterTime;
@@ -84,6 +85,8 @@ impl StreamCursor {
             let entries = match state.tail.read_after(self.position, READ_BATCH) {
                 WindowRead::Entries(e) => e,
                 WindowRead::Behind => {
+                    // The entries after `position` must still be in the oplog.
+                    check_history(self.position.next(), state.oplog_truncated_through().next())?;
                     let read = state.storage.begin_read().map_err(storage_error)?;
                     oplog::read_from_storage(&*read, self.position, READ_BATCH)
                         .map_err(storage_error)?
@@ -210,8 +213,10 @@ impl ChangeStreams {
             Some(c) => format!("{db}.{c}"),
             None => format!("{db}.$cmd.aggregate"),
         };
-        // Entries at `start` are included: the scan is `ts > position`.
+        // Entries at `start` are included: the scan is `ts > position`. Entries up to the
+        // truncation point are gone: a start at or before it has lost history (286).
         let position = start.prev();
+        check_history(start, state.oplog_truncated_through().next())?;
         let mut cursor = StreamCursor {
             stream: ShardStream::new(parsed.spec, parsed.user_stages),
             ns,

@@ -361,7 +361,7 @@ pub async fn resume_from_every_token(
     recorded: &[Document],
 ) -> Result<()> {
     let coll: Collection<Document> = client.database(db).collection("h");
-    for (i, event) in recorded.iter().enumerate().step_by(7) {
+    for (i, event) in recorded.iter().enumerate() {
         let token = token_of(event)?;
         let mut resumed = coll
             .watch()

@@ -136,3 +136,51 @@ async fn idle_shards_do_not_delay_events() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// Resuming from a point the oplog no longer holds fails with ChangeStreamHistoryLost (286),
+/// labelled non-resumable; a token still in the oplog resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_past_truncated_history_is_history_lost() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let coll = client.database("lost").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": 0}).await?;
+    let mut stream = coll.watch().await?.with_type::<Document>();
+    coll.insert_one(doc! {"_id": 1}).await?;
+    let old = streams::token_of(&streams::next_event(&mut stream).await?)?;
+    for s in cluster.shards() {
+        s.set_oplog_retention(shard::retention::Retention {
+            max_bytes: 4096,
+            max_age_secs: None,
+        });
+    }
+    for i in 2..200 {
+        coll.insert_one(doc! {"_id": i, "pad": "x".repeat(200)})
+            .await?;
+    }
+    let recent = streams::next_events(&mut stream, 198).await?;
+    let err = match coll.watch().resume_after(old).await {
+        Err(e) => e,
+        Ok(s) => {
+            let mut s = s.with_type::<Document>();
+            tokio::time::timeout(Duration::from_secs(15), s.next())
+                .await?
+                .expect("the stream ended")
+                .expect_err("a stream resumed from truncated history")
+        }
+    };
+    assert_eq!(tests::scenarios::code_of(&err), Some(286), "{err}");
+    assert!(err.contains_label("NonResumableChangeStreamError"), "{err}");
+    // The last events are still in the oplog: resuming from one of them works.
+    let mut fresh = coll
+        .watch()
+        .resume_after(streams::token_of(&recent[recent.len() - 2])?)
+        .await?
+        .with_type::<Document>();
+    assert_eq!(
+        streams::next_event(&mut fresh).await?,
+        recent[recent.len() - 1]
+    );
+    cluster.stop().await;
+    Ok(())
+}
