@@ -535,3 +535,80 @@ pub async fn expanded_events(client: &Client, db: &str) -> Result<()> {
     );
     Ok(())
 }
+
+/// Causality across shards: a write acknowledged on one shard before a write is sent to another
+/// has the smaller cluster time, so a cluster stream shows sequential writes to databases on
+/// different shards in the order they were made.
+pub async fn sequential_writes_across_shards_keep_their_order(client: &Client) -> Result<()> {
+    let dbs = ["causal_a", "causal_b", "causal_c"];
+    for db in dbs {
+        client
+            .database(db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": -1})
+            .await?;
+    }
+    let primaries: Vec<String> = {
+        let mut out = Vec::new();
+        for db in dbs {
+            let entry = client
+                .database("config")
+                .collection::<Document>("databases")
+                .find_one(doc! {"_id": db})
+                .await?
+                .context("database entry")?;
+            out.push(entry.get_str("primary")?.to_string());
+        }
+        out
+    };
+    let mut distinct = primaries.clone();
+    distinct.sort();
+    distinct.dedup();
+    ensure!(
+        distinct.len() > 1,
+        "the databases share one primary: {primaries:?}"
+    );
+    let mut stream = client.watch().await?.with_type::<Document>();
+    let mut written = Vec::new();
+    for i in 0..30 {
+        let db = dbs[i % dbs.len()];
+        client
+            .database(db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": i as i32})
+            .await?;
+        written.push((db.to_string(), i as i32));
+    }
+    let events = next_events(&mut stream, written.len()).await?;
+    let seen: Vec<(String, i32)> = events
+        .iter()
+        .map(|e| {
+            let db = e
+                .get_document("ns")
+                .and_then(|n| n.get_str("db"))
+                .unwrap_or("")
+                .to_string();
+            let id = e
+                .get_document("documentKey")
+                .and_then(|k| k.get_i32("_id"))
+                .unwrap_or(-2);
+            (db, id)
+        })
+        .collect();
+    ensure!(
+        seen == written,
+        "cluster stream order differs from write order: {seen:?}"
+    );
+    let times: Vec<(u32, u32)> = events
+        .iter()
+        .filter_map(|e| match e.get("clusterTime") {
+            Some(Bson::Timestamp(t)) => Some((t.time, t.increment)),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "cluster times not increasing: {times:?}"
+    );
+    Ok(())
+}

@@ -37,6 +37,9 @@ async fn embedded_change_streams() -> anyhow::Result<()> {
     streams::error_codes(&client, "errors")
         .await
         .context("error_codes")?;
+    streams::sequential_writes_across_shards_keep_their_order(&client)
+        .await
+        .context("causality")?;
     streams::expanded_events(&client, "expanded")
         .await
         .context("expanded_events")?;
