@@ -154,10 +154,14 @@ async fn run(args: Vec<String>) -> ExitCode {
             } else {
                 let mut replay =
                     format!("cargo run -p tests --bin resmoke -- --suite {name} --seed {seed}");
-                if let Some(w) = failed.first().map(|r| &r.name)
-                    && w != "hooks"
+                if let Some(r) = failed.first()
+                    && r.name != "hooks"
                 {
-                    replay.push_str(&format!(" --workload {w}"));
+                    // The failing run's own seed, alone (its round of a longer run).
+                    replay = format!(
+                        "cargo run -p tests --bin resmoke -- --suite {name} --seed {} --duration 0 --workload {}",
+                        r.seed, r.name
+                    );
                 }
                 println!("[resmoke] FAILED (seed {seed}); replay with:\n    {replay}");
                 println!("{passed} passed, {} failed", failed.len());

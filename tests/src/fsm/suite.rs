@@ -199,6 +199,8 @@ impl Suite {
 pub struct WorkloadReport {
     pub name: String,
     pub db: String,
+    /// The seed of this workload run: `--seed <it> --duration 0 --workload <name>` replays it.
+    pub seed: u64,
     pub failures: Vec<String>,
     pub lines: Vec<String>,
 }
@@ -271,6 +273,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
             let report = report.unwrap_or_else(|e| WorkloadReport {
                 name: name.clone(),
                 db: db.clone(),
+                seed: run_seed,
                 failures: vec![format!("the workload could not run: {e:#}")],
                 lines: Vec::new(),
             });
@@ -323,7 +326,10 @@ fn print_report(r: &WorkloadReport) {
     } else {
         "FAILED"
     };
-    println!("[resmoke] workload {} ({}): {status}", r.name, r.db);
+    println!(
+        "[resmoke] workload {} ({}, seed {}): {status}",
+        r.name, r.db, r.seed
+    );
     for l in &r.lines {
         println!("[resmoke]   {l}");
     }
@@ -374,6 +380,7 @@ async fn run_workload<W: Workload>(
     let mut report = WorkloadReport {
         name: w.name().to_string(),
         db: db.to_string(),
+        seed,
         ..WorkloadReport::default()
     };
     let env = Env {
