@@ -11,7 +11,10 @@ use router::launch::{self, Running};
 ///
 /// With no subcommand it runs the embedded cluster: a router with in-process shards.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about = "Tributary: a sharded document store that serves MongoDB-compatible change streams.\n\nWith no subcommand it runs the embedded cluster: a router with in-process shards."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
