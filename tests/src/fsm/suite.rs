@@ -74,6 +74,10 @@ pub struct ExecConfig {
     /// Start points per prefix-read kind.
     #[serde(default = "four")]
     pub prefix_points: usize,
+    /// `per_router` (thread i uses router i mod n, a client per router) or `all_routers` (one
+    /// client over every router: the driver picks a router per operation).
+    #[serde(default = "per_router")]
+    pub thread_client: String,
     /// A watcher that gets nothing for this long gives up (the verifier then reports what is
     /// missing).
     #[serde(default = "sixty")]
@@ -90,12 +94,16 @@ impl Default for ExecConfig {
             watch_modes: all_modes(),
             prefix_points: four(),
             watcher_idle_secs: sixty(),
+            thread_client: per_router(),
         }
     }
 }
 
 fn all_modes() -> Vec<String> {
     vec!["continuous".into(), "resume_each".into(), "prefix".into()]
+}
+fn per_router() -> String {
+    "per_router".into()
 }
 fn four() -> usize {
     4
@@ -230,6 +238,16 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let faults = suite.executor.hooks.iter().any(HookSpec::is_fault);
     let background = Background::start(fixture.clone(), &suite.executor.hooks, seed);
     let clients = fixture::clients(&addrs).await?;
+    // `all_routers`: every thread uses one client over all routers (the driver picks a router
+    // per operation and carries the cluster time across them).
+    let thread_client = match cfg.thread_client.as_str() {
+        "per_router" => None,
+        "all_routers" => {
+            let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+            Some(crate::connect_uri(&format!("mongodb://{}/", hosts.join(","))).await?)
+        }
+        other => bail!("unknown thread_client {other} (per_router or all_routers)"),
+    };
     let started = tokio::time::Instant::now();
     let deadline = (duration > 0).then(|| started + Duration::from_secs(duration));
     let mut reports = Vec::new();
@@ -248,6 +266,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                         suite,
                         &fixture,
                         &clients,
+                        thread_client.as_ref(),
                         &db,
                         run_seed,
                         faults,
@@ -261,6 +280,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                         suite,
                         &fixture,
                         &clients,
+                        thread_client.as_ref(),
                         &db,
                         run_seed,
                         faults,
@@ -364,6 +384,7 @@ async fn run_workload<W: Workload>(
     suite: &Suite,
     fixture: &Arc<Mutex<Fixture>>,
     clients: &[Client],
+    thread_client: Option<&Client>,
     db: &str,
     seed: u64,
     faults: bool,
@@ -409,11 +430,10 @@ async fn run_workload<W: Workload>(
     let mut watchers = Vec::new();
     for (n, spec) in w.watch_specs(db).into_iter().enumerate() {
         for (m, mode) in modes.iter().enumerate() {
-            let client = clients[(n + m) % clients.len()].clone();
             let spec = spec.clone();
             let mode = *mode;
             let watcher = retrying("opening a watcher", || {
-                Watcher::open(client.clone(), spec.clone(), mode, db)
+                Watcher::open(clients.to_vec(), n + m, spec.clone(), mode, db)
             })
             .await?;
             watchers.push(watcher);
@@ -432,7 +452,11 @@ async fn run_workload<W: Workload>(
 
     // The threads.
     let started = tokio::time::Instant::now();
-    let out = framework::run_threads(w.clone(), &cfg, clients, &env, seed, None).await?;
+    let thread_clients = match thread_client {
+        Some(c) => vec![c.clone()],
+        None => clients.to_vec(),
+    };
+    let out = framework::run_threads(w.clone(), &cfg, &thread_clients, &env, seed, None).await?;
     report.lines.push(format!(
         "{} threads × {} iterations in {:.1}s; states visited {:?}; {} expected events, {} writes with unknown outcome",
         cfg.thread_count,

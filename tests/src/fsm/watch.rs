@@ -101,7 +101,10 @@ pub struct Observed {
 pub struct Watcher {
     pub spec: WatchSpec,
     pub mode: Mode,
-    client: Client,
+    /// Clients of every router: each reopen moves to the next one (any token must resume on
+    /// any router).
+    clients: Vec<Client>,
+    next_client: usize,
     stream: Option<ChangeStream<Document>>,
     /// Where to resume: the token of the last event returned, or of the stream's start.
     resume: Start,
@@ -110,8 +113,17 @@ pub struct Watcher {
 
 impl Watcher {
     /// Opens the stream now (so it sees everything after this point).
-    pub async fn open(client: Client, spec: WatchSpec, mode: Mode, db: &str) -> Result<Watcher> {
-        let mut stream = open(&client, &spec, &Start::Now).await?;
+    pub async fn open(
+        clients: Vec<Client>,
+        first: usize,
+        spec: WatchSpec,
+        mode: Mode,
+        db: &str,
+    ) -> Result<Watcher> {
+        let client = clients
+            .get(first % clients.len().max(1))
+            .context("no clients")?;
+        let mut stream = open(client, &spec, &Start::Now).await?;
         // The post-batch resume token is "now": resuming from it sees everything after here.
         let _ = stream.next_if_any().await?;
         let token = stream
@@ -120,7 +132,8 @@ impl Watcher {
         Ok(Watcher {
             spec,
             mode,
-            client,
+            next_client: first + 1,
+            clients,
             stream: Some(stream),
             resume: Start::ResumeAfter(token),
             end_marker: cluster_end_marker(db),
@@ -137,7 +150,11 @@ impl Watcher {
                 return out;
             }
             if self.stream.is_none() {
-                match open(&self.client, &self.spec, &self.resume).await {
+                let Some(client) = self.clients.get(self.next_client % self.clients.len()) else {
+                    return out;
+                };
+                self.next_client += 1;
+                match open(client, &self.spec, &self.resume).await {
                     Ok(s) => self.stream = Some(s),
                     Err(e) => {
                         out.resumed_errors.push(format!("reopen: {e}"));
