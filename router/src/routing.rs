@@ -154,25 +154,8 @@ pub fn hash_value(v: &Bson) -> i64 {
 }
 
 fn hash_into(h: &mut Md5, v: &Bson) {
-    let canonical_type: i32 = match v {
-        Bson::MinKey => -1,
-        Bson::Null | Bson::Undefined => 5,
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => 10,
-        Bson::String(_) | Bson::Symbol(_) => 15,
-        Bson::Document(_) => 20,
-        Bson::Array(_) => 25,
-        Bson::Binary(_) => 30,
-        Bson::ObjectId(_) => 35,
-        Bson::Boolean(_) => 40,
-        Bson::DateTime(_) => 45,
-        Bson::Timestamp(_) => 47,
-        Bson::RegularExpression(_) => 50,
-        Bson::DbPointer(_) => 55,
-        Bson::JavaScriptCode(_) => 60,
-        Bson::JavaScriptCodeWithScope(_) => 65,
-        Bson::MaxKey => 100,
-    };
-    h.update(canonical_type.to_le_bytes());
+    // Values that compare equal across types (1, 1.0, NumberLong(1)) share a canonical type.
+    h.update([value::canonical_type(v)]);
     match v {
         Bson::Int32(i) => h.update(i64::from(*i).to_le_bytes()),
         Bson::Int64(i) => h.update(i.to_le_bytes()),
