@@ -9,40 +9,45 @@ use mongodb::bson::{Document, doc};
 use tests::streams;
 use tests::{EmbeddedCluster, ProcessCluster};
 
+/// Every change-stream scenario of `tests::streams`, against one deployment.
+async fn all_scenarios(client: &mongodb::Client) -> anyhow::Result<()> {
+    streams::crud_events(client, "crud")
+        .await
+        .context("crud_events")?;
+    streams::update_lookup_finds_current_document(client, "lookup")
+        .await
+        .context("update_lookup")?;
+    streams::invalidate_and_start_after(client, "inv")
+        .await
+        .context("invalidate_and_start_after")?;
+    streams::database_and_cluster_streams(client, "levels")
+        .await
+        .context("database_and_cluster_streams")?;
+    let recorded = streams::merged_in_cluster_time_order(client, "merged")
+        .await
+        .context("merged_in_cluster_time_order")?;
+    streams::resume_from_every_token(client, "merged", &recorded)
+        .await
+        .context("resume_from_every_token")?;
+    streams::idle_token_advances(client, "idle")
+        .await
+        .context("idle_token_advances")?;
+    streams::error_codes(client, "errors")
+        .await
+        .context("error_codes")?;
+    streams::sequential_writes_across_shards_keep_their_order(client)
+        .await
+        .context("causality")?;
+    streams::expanded_events(client, "expanded")
+        .await
+        .context("expanded_events")?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_change_streams() -> anyhow::Result<()> {
     let cluster = EmbeddedCluster::start(3).await?;
-    let client = cluster.client().await?;
-    streams::crud_events(&client, "crud")
-        .await
-        .context("crud_events")?;
-    streams::update_lookup_finds_current_document(&client, "lookup")
-        .await
-        .context("update_lookup_finds_current_document")?;
-    streams::invalidate_and_start_after(&client, "inv")
-        .await
-        .context("invalidate_and_start_after")?;
-    streams::database_and_cluster_streams(&client, "levels")
-        .await
-        .context("database_and_cluster_streams")?;
-    let recorded = streams::merged_in_cluster_time_order(&client, "merged")
-        .await
-        .context("merged_in_cluster_time_order")?;
-    streams::resume_from_every_token(&client, "merged", &recorded)
-        .await
-        .context("resume_from_every_token")?;
-    streams::idle_token_advances(&client, "idle")
-        .await
-        .context("idle_token_advances")?;
-    streams::error_codes(&client, "errors")
-        .await
-        .context("error_codes")?;
-    streams::sequential_writes_across_shards_keep_their_order(&client)
-        .await
-        .context("causality")?;
-    streams::expanded_events(&client, "expanded")
-        .await
-        .context("expanded_events")?;
+    all_scenarios(&cluster.client().await?).await?;
     cluster.stop().await;
     Ok(())
 }
@@ -50,26 +55,7 @@ async fn embedded_change_streams() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_process_change_streams() -> anyhow::Result<()> {
     let cluster = ProcessCluster::start(3).await?;
-    let client = cluster.client().await?;
-    streams::crud_events(&client, "crud")
-        .await
-        .context("crud_events")?;
-    streams::invalidate_and_start_after(&client, "inv")
-        .await
-        .context("invalidate_and_start_after")?;
-    streams::database_and_cluster_streams(&client, "levels")
-        .await
-        .context("database_and_cluster_streams")?;
-    let recorded = streams::merged_in_cluster_time_order(&client, "merged")
-        .await
-        .context("merged_in_cluster_time_order")?;
-    streams::resume_from_every_token(&client, "merged", &recorded)
-        .await
-        .context("resume_from_every_token")?;
-    streams::error_codes(&client, "errors")
-        .await
-        .context("error_codes")?;
-    Ok(())
+    all_scenarios(&cluster.client().await?).await
 }
 
 /// A token made by one router resumes on another, and the driver resumes by itself across a
