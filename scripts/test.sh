@@ -37,9 +37,10 @@ fi
 # The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs).
 cat "${CARGO_TARGET_DIR:-target}"/spec-results/change-streams-*.txt
 
-step "resmoke FSM suites: change streams under concurrent CRUD/DDL, then under kill -9"
+step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9"
 cargo build --bin resmoke --bin tributary
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm
+TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_parallel
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill
 
 step "benches compile and run once (test mode)"

@@ -572,6 +572,24 @@ pub fn verify(
     }
 }
 
+/// The token-order failures of a whole stream (resume tokens strictly increase).
+pub fn token_order_failures(observed: &[Document]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, w) in observed.windows(2).enumerate() {
+        let (a, b) = (token_data(&w[0]), token_data(&w[1]));
+        if a >= b {
+            out.push(format!(
+                "resume tokens do not strictly increase at position {}: {a} then {b}",
+                i + 1
+            ));
+            if out.len() >= MAX_PER_KIND {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// The part of a recorded (verified) stream a new stream must replay when started at
 /// `startAtOperationTime: t`: the events with `clusterTime >= t`.
 pub fn suffix_from_time(recorded: &[Document], t: (u32, u32)) -> &[Document] {

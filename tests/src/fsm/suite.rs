@@ -21,7 +21,7 @@ use tokio::sync::Mutex;
 
 use super::fixture::{self, Background, Fixture, FixtureSpec, HookSpec};
 use super::framework::{self, DocModel, Env, Workload, key_string};
-use super::model::{self, Expected, Op, Outcome};
+use super::model::{self, Expected, Op, Outcome, Scope};
 use super::watch::{self, Mode, Watcher};
 use super::workloads::{self, Any};
 
@@ -74,6 +74,10 @@ pub struct ExecConfig {
     /// Start points per prefix-read kind.
     #[serde(default = "four")]
     pub prefix_points: usize,
+    /// Run the selected workloads at the same time, each in its own database (MongoDB's
+    /// `parallel` mode), instead of one after the other.
+    #[serde(default)]
+    pub parallel: bool,
     /// `per_router` (thread i uses router i mod n, a client per router) or `all_routers` (one
     /// client over every router: the driver picks a router per operation).
     #[serde(default = "per_router")]
@@ -95,6 +99,7 @@ impl Default for ExecConfig {
             prefix_points: four(),
             watcher_idle_secs: sixty(),
             thread_client: per_router(),
+            parallel: false,
         }
     }
 }
@@ -252,54 +257,53 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let deadline = (duration > 0).then(|| started + Duration::from_secs(duration));
     let mut reports = Vec::new();
     let mut round = 0_u64;
+    let groups: Vec<Vec<String>> = if cfg.parallel {
+        vec![names.clone()]
+    } else {
+        names.iter().map(|n| vec![n.clone()]).collect()
+    };
     'outer: loop {
-        for name in &names {
+        for group in &groups {
             if round > 0 && deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 break 'outer;
             }
             let run_seed = seed.wrapping_add(round.wrapping_mul(1_000_003));
-            let db = format!("fsm_{name}_{round}");
-            let report = match workloads::by_name(name) {
-                Some(Any::Crud(w)) => {
-                    run_workload(
-                        Arc::new(w),
-                        suite,
-                        &fixture,
-                        &clients,
-                        thread_client.as_ref(),
-                        &db,
-                        run_seed,
-                        faults,
-                        ov.inject,
-                    )
-                    .await
+            let dbs: Vec<String> = group.iter().map(|n| format!("fsm_{n}_{round}")).collect();
+            let runs = group.iter().zip(&dbs).map(|(name, db)| {
+                let others: Vec<String> = dbs.iter().filter(|d| *d != db).cloned().collect();
+                let ctx = RunCtx {
+                    suite,
+                    fixture: &fixture,
+                    clients: &clients,
+                    thread_client: thread_client.as_ref(),
+                    db: db.clone(),
+                    others,
+                    seed: run_seed,
+                    faults,
+                    inject: ov.inject,
+                };
+                async move {
+                    let report = match workloads::by_name(name) {
+                        Some(Any::Crud(w)) => run_workload(Arc::new(w), &ctx).await,
+                        Some(Any::Ddl(w)) => run_workload(Arc::new(w), &ctx).await,
+                        None => Err(anyhow::anyhow!("unknown workload {name}")),
+                    };
+                    report.unwrap_or_else(|e| WorkloadReport {
+                        name: name.clone(),
+                        db: ctx.db.clone(),
+                        seed: run_seed,
+                        failures: vec![format!("the workload could not run: {e:#}")],
+                        lines: Vec::new(),
+                    })
                 }
-                Some(Any::Ddl(w)) => {
-                    run_workload(
-                        Arc::new(w),
-                        suite,
-                        &fixture,
-                        &clients,
-                        thread_client.as_ref(),
-                        &db,
-                        run_seed,
-                        faults,
-                        ov.inject,
-                    )
-                    .await
-                }
-                None => bail!("unknown workload {name}"),
-            };
-            let report = report.unwrap_or_else(|e| WorkloadReport {
-                name: name.clone(),
-                db: db.clone(),
-                seed: run_seed,
-                failures: vec![format!("the workload could not run: {e:#}")],
-                lines: Vec::new(),
             });
-            print_report(&report);
-            let failed = !report.failures.is_empty();
-            reports.push(report);
+            let done = futures::future::join_all(runs).await;
+            let mut failed = false;
+            for report in done {
+                print_report(&report);
+                failed |= !report.failures.is_empty();
+                reports.push(report);
+            }
             if failed {
                 break 'outer;
             }
@@ -378,18 +382,25 @@ where
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_workload<W: Workload>(
-    w: Arc<W>,
-    suite: &Suite,
-    fixture: &Arc<Mutex<Fixture>>,
-    clients: &[Client],
-    thread_client: Option<&Client>,
-    db: &str,
+/// What one workload run gets from the suite runner.
+struct RunCtx<'a> {
+    suite: &'a Suite,
+    fixture: &'a Arc<Mutex<Fixture>>,
+    clients: &'a [Client],
+    thread_client: Option<&'a Client>,
+    db: String,
+    /// The databases of workloads running at the same time (parallel mode): their events on
+    /// cluster streams are left out of this workload's model check.
+    others: Vec<String>,
     seed: u64,
     faults: bool,
     inject: Option<Inject>,
-) -> Result<WorkloadReport> {
+}
+
+async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<WorkloadReport> {
+    let (suite, fixture, clients, thread_client) =
+        (rc.suite, rc.fixture, rc.clients, rc.thread_client);
+    let (db, seed, faults, inject) = (rc.db.as_str(), rc.seed, rc.faults, rc.inject);
     let ec = &suite.executor.config;
     let mut cfg = w.config();
     if let Some(t) = ec.threads {
@@ -571,6 +582,22 @@ async fn run_workload<W: Workload>(
                 obs.events.len()
             ));
         }
+        // Prefix reads replay the whole recording, other workloads' events included.
+        let full = obs.events.clone();
+        if !rc.others.is_empty() && spec.scope == Scope::Cluster {
+            // Other workloads' events interleave: the whole stream must still be in token
+            // order; the model check takes this workload's database only.
+            for f in model::token_order_failures(&obs.events) {
+                report.failures.push(format!("watcher {label}: {f}"));
+            }
+            obs.events.retain(|e| {
+                let db = e
+                    .get_document("ns")
+                    .and_then(|n| n.get_str("db"))
+                    .unwrap_or("");
+                !rc.others.iter().any(|o| o == db)
+            });
+        }
         match model::verify(&expected, &spec, &obs.events, obs.complete) {
             Ok(s) => {
                 let mut kinds: Vec<String> = obs
@@ -593,7 +620,7 @@ async fn run_workload<W: Workload>(
             }
         }
         if mode == Mode::Continuous && obs.complete {
-            recordings.push((spec, obs.events));
+            recordings.push((spec, full));
         }
     }
 
