@@ -84,6 +84,17 @@ pub enum Placement {
     Sharded(Arc<ShardedCollection>),
 }
 
+impl Placement {
+    /// The `shardVersion` sent with a command routed by this placement, so a shard whose
+    /// catalog disagrees answers `StaleConfig` instead of running it.
+    pub fn version(&self) -> Document {
+        match self {
+            Placement::Unsharded { .. } => doc! {"sharded": false},
+            Placement::Sharded(sc) => doc! {"sharded": true, "uuid": sc.uuid.clone()},
+        }
+    }
+}
+
 struct Cached<T> {
     loaded: Instant,
     value: T,

@@ -130,3 +130,31 @@ async fn data_survives_a_restart() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// A router whose cached routing is stale (another router just sharded the collection) has its
+/// writes refused with StaleConfig by the shard, reloads, and routes them right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_router_reloads_its_routing() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(3).await?;
+    let a = cluster.client().await?;
+    let other = cluster.start_extra_router().await?;
+    let b = tests::connect(other.addr).await?;
+    let via_a = a.database("stale").collection::<Document>("c");
+    let via_b = b.database("stale").collection::<Document>("c");
+    via_a.insert_one(doc! {"_id": "seed"}).await?;
+    via_a.delete_one(doc! {"_id": "seed"}).await?;
+    // Router B learns that the collection is unsharded.
+    assert_eq!(via_b.count_documents(doc! {}).await?, 0);
+    a.database("admin")
+        .run_command(doc! {"shardCollection": "stale.c", "key": {"_id": "hashed"}})
+        .await?;
+    via_b.insert_many((0..300).map(|i| doc! {"_id": i})).await?;
+    // Router A routes each lookup by the hash; a document on the wrong shard would be missed.
+    for i in 0..300 {
+        assert!(
+            via_a.find_one(doc! {"_id": i}).await?.is_some(),
+            "document {i} is misrouted"
+        );
+    }
+    Ok(())
+}

@@ -73,6 +73,7 @@ codes! {
     COMMAND_NOT_FOUND = 59, "CommandNotFound";
     SHARD_KEY_NOT_FOUND = 61, "ShardKeyNotFound";
     STALE_SHARD_VERSION = 63, "StaleShardVersion";
+    STALE_CONFIG = 13388, "StaleConfig";
     WRITE_CONCERN_FAILED = 64, "WriteConcernFailed";
     MULTIPLE_ERRORS_OCCURRED = 65, "MultipleErrorsOccurred";
     IMMUTABLE_FIELD = 66, "ImmutableField";

@@ -147,12 +147,14 @@ fn int(v: Option<&Bson>) -> i64 {
 /// statement list under `list_field`, and the original statement ids.
 fn sub_command(
     ctx: &Ctx<'_>,
+    version: &Document,
     list_field: &str,
     statements: Vec<Bson>,
     indexes: &[usize],
 ) -> Document {
     let mut cmd = forwardable(ctx.cmd);
     cmd.insert(list_field, statements);
+    cmd.insert("shardVersion", version.clone());
     if ctx.cmd.contains_key("txnNumber") {
         let ids: Vec<Bson> = match ctx.cmd.get_array("stmtIds") {
             Ok(given) => indexes
@@ -203,6 +205,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         .placement(ctx.db, coll, true)
         .await
         .map_err(|e| retryable(e, ctx))?;
+    let version = placement.version();
     let router = ctx.router;
     // Group statements by shard. Ordered writes run consecutive same-shard runs one after the
     // other and stop at the first error; unordered ones run one batch per shard, concurrently.
@@ -249,7 +252,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     let batches = group(routed, ordered, stop_at);
     if ordered {
         for (shard, indexes, docs) in batches {
-            let cmd = sub_command(ctx, "documents", docs, &indexes);
+            let cmd = sub_command(ctx, &version, "documents", docs, &indexes);
             let reply = router
                 .shard_command(shard, ctx.db, cmd)
                 .await
@@ -268,7 +271,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
             router.shard_command(
                 *shard,
                 ctx.db,
-                sub_command(ctx, "documents", docs.clone(), indexes),
+                sub_command(ctx, &version, "documents", docs.clone(), indexes),
             )
         });
         let replies = futures::future::join_all(sends).await;
@@ -361,6 +364,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         .placement(ctx.db, coll, is_update)
         .await
         .map_err(|e| retryable(e, ctx))?;
+    let version = placement.version();
     let sc = match placement {
         Placement::Unsharded { primary } if primary.is_empty() => {
             // The database does not exist: nothing to update or delete.
@@ -373,8 +377,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         }
         Placement::Unsharded { primary } => {
             let shard = router.shard_index(&primary)?;
+            let mut cmd = forwardable(ctx.cmd);
+            cmd.insert("shardVersion", version);
             let reply = router
-                .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+                .shard_command(shard, ctx.db, cmd)
                 .await
                 .map_err(|e| retryable(e, ctx))?;
             return Ok(reply);
@@ -405,7 +411,13 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         };
         let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
         let shards = shards_for_query(router, &sc, &filter)?;
-        let cmd = sub_command(ctx, list_field, vec![Bson::Document((*stmt).clone())], &[i]);
+        let cmd = sub_command(
+            ctx,
+            &version,
+            list_field,
+            vec![Bson::Document((*stmt).clone())],
+            &[i],
+        );
         if shards.len() == 1 || multi {
             let replies = router.broadcast(&shards, ctx.db, &cmd).await;
             for reply in replies {
@@ -450,11 +462,12 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
     let upsert = args.opt_bool("upsert")?.unwrap_or(false);
     let router = ctx.router;
-    let cmd = forwardable(ctx.cmd);
     let placement = router
         .placement(ctx.db, coll, true)
         .await
         .map_err(|e| retryable(e, ctx))?;
+    let mut cmd = forwardable(ctx.cmd);
+    cmd.insert("shardVersion", placement.version());
     let shards = match placement {
         Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
         Placement::Sharded(sc) => shards_for_query(router, &sc, &query)?,

@@ -24,11 +24,33 @@ const DEFAULT_BATCH: usize = 101;
 
 /// The shards a read of `db.coll` with `filter` must reach; empty when the database does not
 /// exist.
-async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Vec<usize>> {
-    match ctx.router.placement(ctx.db, coll, false).await? {
-        Placement::Unsharded { primary } if primary.is_empty() => Ok(vec![]),
-        Placement::Unsharded { primary } => Ok(vec![ctx.router.shard_index(&primary)?]),
-        Placement::Sharded(sc) => shards_for_query(ctx.router, &sc, filter),
+async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
+    let placement = ctx.router.placement(ctx.db, coll, false).await?;
+    let shards = match &placement {
+        Placement::Unsharded { primary } if primary.is_empty() => vec![],
+        Placement::Unsharded { primary } => vec![ctx.router.shard_index(primary)?],
+        Placement::Sharded(sc) => shards_for_query(ctx.router, sc, filter)?,
+    };
+    Ok(Targets {
+        shards,
+        version: placement.version(),
+        sharded: matches!(placement, Placement::Sharded(_)),
+    })
+}
+
+/// The shards a read goes to, and the routing it was based on.
+struct Targets {
+    shards: Vec<usize>,
+    version: Document,
+    sharded: bool,
+}
+
+impl Targets {
+    /// The driver's command for the shards, with the routing it was based on.
+    fn command(&self, cmd: &Document) -> Document {
+        let mut cmd = forwardable(cmd);
+        cmd.insert("shardVersion", self.version.clone());
+        cmd
     }
 }
 
@@ -107,15 +129,16 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
         first = limit.map(|l| l as usize).unwrap_or(first);
     }
 
-    let targets = read_targets(ctx, coll, &filter).await?;
+    let routed = read_targets(ctx, coll, &filter).await?;
+    let targets = &routed.shards;
     if targets.is_empty() {
         return Ok(cursor_reply(ctx.router, ns, vec![], None));
     }
     let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) =
         if targets.len() == 1 {
-            (forwardable(ctx.cmd), None, 0, None, None)
+            (routed.command(ctx.cmd), None, 0, None, None)
         } else {
-            let mut cmd = forwardable(ctx.cmd);
+            let mut cmd = routed.command(ctx.cmd);
             cmd.remove("skip");
             cmd.remove("singleBatch");
             if let Some(l) = limit {
@@ -129,7 +152,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
             };
             (cmd, sort, skip as u64, limit, router_projection)
         };
-    let replies = ctx.router.broadcast(&targets, ctx.db, &shard_cmd).await;
+    let replies = ctx.router.broadcast(targets, ctx.db, &shard_cmd).await;
     let mut sources = Vec::with_capacity(targets.len());
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);
@@ -301,18 +324,19 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     pipeline::Matcher::parse(&query)?;
     let skip = args.opt_i64("skip")?.unwrap_or(0).max(0) as u64;
     let limit = args.opt_i64("limit")?.unwrap_or(0).unsigned_abs();
-    let targets = read_targets(ctx, coll, &query).await?;
+    let routed = read_targets(ctx, coll, &query).await?;
+    let targets = &routed.shards;
     if targets.len() == 1 {
         return ctx
             .router
-            .shard_command(targets[0], ctx.db, forwardable(ctx.cmd))
+            .shard_command(targets[0], ctx.db, routed.command(ctx.cmd))
             .await;
     }
-    let mut cmd = forwardable(ctx.cmd);
+    let mut cmd = routed.command(ctx.cmd);
     cmd.remove("skip");
     cmd.remove("limit");
     let mut total: u64 = 0;
-    for reply in ctx.router.broadcast(&targets, ctx.db, &cmd).await {
+    for reply in ctx.router.broadcast(targets, ctx.db, &cmd).await {
         let reply = reply?;
         total += match reply.get("n") {
             Some(Bson::Int32(n)) => *n as u64,
@@ -340,11 +364,11 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     })?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
     pipeline::Matcher::parse(&query)?;
-    let targets = read_targets(ctx, coll, &query).await?;
+    let routed = read_targets(ctx, coll, &query).await?;
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
         .router
-        .broadcast(&targets, ctx.db, &forwardable(ctx.cmd))
+        .broadcast(&routed.shards, ctx.db, &routed.command(ctx.cmd))
         .await
     {
         let reply = reply?;
@@ -400,7 +424,8 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     } else if !leading.is_empty() {
         filter.insert("$and", leading);
     }
-    let targets = read_targets(ctx, coll, &filter).await?;
+    let routed = read_targets(ctx, coll, &filter).await?;
+    let targets = &routed.shards;
     if targets.is_empty() {
         let out = parsed.run(Vec::<Document>::new())?;
         let cursor = RouterCursor {
@@ -409,20 +434,20 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
         };
         return first_reply(ctx, ns, cursor, first).await;
     }
-    if targets.len() == 1
-        && matches!(
-            ctx.router.placement(ctx.db, coll, false).await?,
-            Placement::Unsharded { .. }
-        )
-    {
+    if targets.len() == 1 && !routed.sharded {
         let reply = ctx
             .router
-            .shard_command(targets[0], ctx.db, forwardable(ctx.cmd))
+            .shard_command(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
-    let find = doc! {"find": coll, "filter": filter, "batchSize": i32::MAX};
-    let replies = ctx.router.broadcast(&targets, ctx.db, &find).await;
+    let find = doc! {
+        "find": coll,
+        "filter": filter,
+        "batchSize": i32::MAX,
+        "shardVersion": routed.version.clone(),
+    };
+    let replies = ctx.router.broadcast(targets, ctx.db, &find).await;
     let mut sources = Vec::new();
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);

@@ -86,7 +86,15 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             "empty command document",
         ))
     } else {
-        dispatch(&ctx).await
+        match dispatch(&ctx).await {
+            // Another router changed the collection's routing (sharded it, or dropped and
+            // recreated it): the shard refused before running anything. Reload and retry once.
+            Err(e) if e.code == ErrorCode::STALE_CONFIG.code => {
+                router.forget_database(&req.db);
+                dispatch(&ctx).await
+            }
+            other => other,
+        }
     };
     let mut reply = match result {
         Ok(reply) => reply,

@@ -10,6 +10,7 @@ mod ddl;
 mod find_and_modify;
 mod hello;
 mod query;
+pub mod routing;
 mod write;
 pub(crate) mod write_ops;
 
@@ -54,6 +55,19 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         }
     };
     let ctx = Ctx { shard, db, cmd };
+    if matches!(
+        name.as_str(),
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "find"
+            | "count"
+            | "distinct"
+            | "aggregate"
+    ) {
+        routing::check_shard_version(&ctx)?;
+    }
     match name.as_str() {
         "hello" | "isMaster" | "ismaster" => hello::hello(&ctx, &name),
         "ping" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
