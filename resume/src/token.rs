@@ -10,6 +10,9 @@
 //! * `decode(encode(x)) == x`, and `encode(x).data()` byte order equals
 //!   [`ResumeTokenData::logical_cmp`] order.
 //! * decoding never panics; every failure is a [`TokenError`] with MongoDB's code.
+//! * decoding has one meaning: the common v2 layout takes a single-pass fast path (`fast`),
+//!   which answers only where it yields exactly what the general decoder would, and defers
+//!   to it for everything else, errors included.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -18,6 +21,8 @@ use std::sync::OnceLock;
 use bson::raw::{RawBinaryRef, RawDocument, RawDocumentBuf, cstr};
 use bson::{Binary, Bson, Document, Uuid, spec::BinarySubtype};
 use wire::MongoError;
+
+mod fast;
 
 use crate::ClusterTime;
 use crate::keystring::{
@@ -449,6 +454,16 @@ impl ResumeTokenData {
 
     /// Decodes the raw KeyString bytes and serialized type bits of a token.
     pub fn decode(data: &[u8], type_bits: &[u8]) -> Result<Self, TokenError> {
+        // The common v2 layout is read in one pass; anything else (and every error) goes
+        // through the general decoder, which the fast path agrees with where it answers.
+        match fast::decode_common(data, type_bits) {
+            Some(out) => Ok(out),
+            None => Self::decode_general(data, type_bits),
+        }
+    }
+
+    /// The general decoder: every version, type bits and value type, and all the errors.
+    fn decode_general(data: &[u8], type_bits: &[u8]) -> Result<Self, TokenError> {
         if data.is_empty() {
             return Err(TokenError::Empty);
         }
