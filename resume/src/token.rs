@@ -842,7 +842,7 @@ impl ResumeToken {
             let (k, v) = elem.map_err(|e| TokenError::Malformed(e.to_string()))?;
             match k.as_str() {
                 "_data" => match v.as_str() {
-                    Some(s) => data = Some(hex::decode(s).map_err(|_| TokenError::NotHex)),
+                    Some(s) => data = Some(decode_hex(s).ok_or(TokenError::NotHex)),
                     None => return Err(TokenError::DataMissing),
                 },
                 "_typeBits" => match v.as_binary() {
@@ -878,7 +878,7 @@ impl ResumeToken {
                 ));
             }
         };
-        let data = hex::decode(hex_str).map_err(|_| TokenError::NotHex)?;
+        let data = decode_hex(hex_str).ok_or(TokenError::NotHex)?;
         Ok(ResumeToken { data, type_bits })
     }
 
@@ -1004,6 +1004,43 @@ impl fmt::Debug for Identifier {
     }
 }
 
+/// The value of each ASCII hex digit (either case); [`NOT_HEX`] for every other byte.
+static HEX_VALUES: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+const NOT_HEX: u8 = 0xff;
+
+/// Decodes hex (either case, as `hex::decode` does) into bytes with one exact allocation;
+/// `None` for an odd length or a non-hex character.
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    let s = s.as_bytes();
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() / 2);
+    for pair in s.chunks_exact(2) {
+        let [hi, lo] = pair else { return None };
+        let (hi, lo) = (HEX_VALUES[usize::from(*hi)], HEX_VALUES[usize::from(*lo)]);
+        if (hi | lo) & 0xf0 != 0 {
+            return None;
+        }
+        out.push((hi << 4) | lo);
+    }
+    Some(out)
+}
+
 /// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`).
 fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
@@ -1011,6 +1048,31 @@ fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
         if let [hi, lo] = pair {
             *hi = DIGITS[usize::from(b >> 4)];
             *lo = DIGITS[usize::from(b & 0xf)];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may unwrap
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The table-driven `_data` decoder accepts and yields exactly what `hex::decode`
+        /// does, so the error (code 9) and the bytes are unchanged.
+        #[test]
+        fn decode_hex_agrees_with_the_hex_crate(s in "[0-9A-Fa-fgxz\u{e9} ]{0,24}") {
+            prop_assert_eq!(decode_hex(&s), hex::decode(&s).ok());
+        }
+
+        #[test]
+        fn decode_hex_inverts_uppercase_encoding(bytes in prop::collection::vec(any::<u8>(), 0..48)) {
+            let token = ResumeToken::from_parts(bytes.clone(), Vec::new());
+            prop_assert_eq!(decode_hex(&token.data_hex()), Some(bytes.clone()));
+            prop_assert_eq!(decode_hex(&token.data_hex().to_lowercase()), Some(bytes));
         }
     }
 }
