@@ -466,13 +466,120 @@ impl Background {
     }
 }
 
-/// Connects one client per router (threads and watchers spread over them).
-pub async fn clients(addrs: &[SocketAddr]) -> Result<Vec<Client>> {
+/// Connects one client per router (threads and watchers spread over them). With
+/// `TRIBUTARY_FSM_TRACE=<file>`, every change-stream `aggregate` and `getMore` (command, reply's
+/// batch size and post-batch resume token) is appended to that file, for placing a failure.
+///
+/// Watchers use clients with `retry_reads: false`: the driver (mongodb 3.9) takes its cached
+/// resume token when it builds a resume `aggregate`, so a retried resume falls back to the
+/// stream's original `resumeAfter`/`startAfter`/start time and re-delivers (or skips) events.
+/// Without read retries a failed resume surfaces and the watcher reopens from its own token.
+pub async fn clients(addrs: &[SocketAddr], retry_reads: bool) -> Result<Vec<Client>> {
     let mut out = Vec::new();
-    for a in addrs {
-        out.push(connect(*a).await?);
+    let trace = std::env::var("TRIBUTARY_FSM_TRACE").ok();
+    for (n, a) in addrs.iter().enumerate() {
+        let uri = format!("mongodb://{a}/?directConnection=true");
+        let mut opts = mongodb::options::ClientOptions::parse(&uri).await?;
+        opts.server_selection_timeout = Some(Duration::from_secs(10));
+        opts.connect_timeout = Some(Duration::from_secs(5));
+        opts.retry_reads = Some(retry_reads);
+        if let Some(path) = &trace {
+            let file = std::sync::Arc::new(std::sync::Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            ));
+            opts.command_event_handler = Some(mongodb::event::EventHandler::callback(
+                move |ev: mongodb::event::command::CommandEvent| trace_command(&file, n, ev),
+            ));
+        }
+        out.push(Client::with_options(opts)?);
     }
     Ok(out)
+}
+
+fn trace_command(
+    file: &std::sync::Mutex<std::fs::File>,
+    router: usize,
+    ev: mongodb::event::command::CommandEvent,
+) {
+    use mongodb::event::command::CommandEvent;
+    use std::io::Write;
+    let token = |d: &Document| -> String {
+        d.get_document("cursor")
+            .and_then(|c| c.get_document("postBatchResumeToken"))
+            .and_then(|t| t.get_str("_data"))
+            .unwrap_or("-")
+            .to_string()
+    };
+    let line = match ev {
+        CommandEvent::Started(e) if e.command_name == "aggregate" => {
+            let spec = e
+                .command
+                .get_array("pipeline")
+                .ok()
+                .and_then(|p| p.first())
+                .and_then(|s| s.as_document())
+                .and_then(|s| s.get_document("$changeStream").ok())
+                .cloned();
+            match spec {
+                Some(spec) => format!("r{router} #{} aggregate {spec}", e.request_id),
+                None => return,
+            }
+        }
+        CommandEvent::Started(e) if e.command_name == "getMore" => format!(
+            "r{router} #{} getMore {}",
+            e.request_id,
+            e.command
+                .get("getMore")
+                .map(|b| b.to_string())
+                .unwrap_or_default()
+        ),
+        CommandEvent::Succeeded(e)
+            if matches!(e.command_name.as_str(), "aggregate" | "getMore") =>
+        {
+            let batch = e
+                .reply
+                .get_document("cursor")
+                .ok()
+                .and_then(|c| {
+                    c.get_array("firstBatch")
+                        .or_else(|_| c.get_array("nextBatch"))
+                        .ok()
+                })
+                .map(|b| {
+                    b.iter()
+                        .filter_map(|d| {
+                            d.as_document()?
+                                .get_document("_id")
+                                .ok()?
+                                .get_str("_data")
+                                .ok()
+                                .map(|s| s.chars().skip(2).take(16).collect::<String>())
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            format!(
+                "r{router} #{} ok {} events [{batch}] pbrt {}",
+                e.request_id,
+                e.command_name,
+                token(&e.reply)
+            )
+        }
+        CommandEvent::Failed(e) if matches!(e.command_name.as_str(), "aggregate" | "getMore") => {
+            format!(
+                "r{router} #{} FAILED {}: {}",
+                e.request_id, e.command_name, e.failure
+            )
+        }
+        _ => return,
+    };
+    if let Ok(mut f) = file.lock() {
+        let _ = writeln!(f, "{line}");
+    }
 }
 
 /// Every shard's oplog strictly increases by `ts`; returns the times seen (for prefix reads).

@@ -242,7 +242,8 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let fixture = Arc::new(Mutex::new(fixture));
     let faults = suite.executor.hooks.iter().any(HookSpec::is_fault);
     let background = Background::start(fixture.clone(), &suite.executor.hooks, seed);
-    let clients = fixture::clients(&addrs).await?;
+    let clients = fixture::clients(&addrs, true).await?;
+    let watch_clients = fixture::clients(&addrs, false).await?;
     // `all_routers`: every thread uses one client over all routers (the driver picks a router
     // per operation and carries the cluster time across them).
     let thread_client = match cfg.thread_client.as_str() {
@@ -275,6 +276,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                     suite,
                     fixture: &fixture,
                     clients: &clients,
+                    watch_clients: &watch_clients,
                     thread_client: thread_client.as_ref(),
                     db: db.clone(),
                     others,
@@ -387,6 +389,8 @@ struct RunCtx<'a> {
     suite: &'a Suite,
     fixture: &'a Arc<Mutex<Fixture>>,
     clients: &'a [Client],
+    /// Clients for watchers (no read retries, see `fixture::clients`).
+    watch_clients: &'a [Client],
     thread_client: Option<&'a Client>,
     db: String,
     /// The databases of workloads running at the same time (parallel mode): their events on
@@ -444,7 +448,7 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
             let spec = spec.clone();
             let mode = *mode;
             let watcher = retrying("opening a watcher", || {
-                Watcher::open(clients.to_vec(), n + m, spec.clone(), mode, db)
+                Watcher::open(rc.watch_clients.to_vec(), n + m, spec.clone(), mode, db)
             })
             .await?;
             watchers.push(watcher);
@@ -617,6 +621,12 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
                 for e in errs {
                     report.failures.push(format!("watcher {label}: {e}"));
                 }
+                // Where the stream was reopened after an error, to place the failure.
+                for (at, err, router) in &obs.reopens {
+                    report.failures.push(format!(
+                        "watcher {label}: (context) after {at} events: {err}; reopened on router {router} from the last event's token"
+                    ));
+                }
             }
         }
         if mode == Mode::Continuous && obs.complete {
@@ -633,7 +643,7 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
     if prefix && report.failures.is_empty() {
         let mut reads = 0;
         for (n, (spec, events)) in recordings.iter().enumerate() {
-            let client = &clients[n % clients.len()];
+            let client = &rc.watch_clients[n % rc.watch_clients.len()];
             let (k, fails) = watch::prefix_reads(
                 client,
                 spec,

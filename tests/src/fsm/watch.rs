@@ -95,6 +95,8 @@ pub struct Observed {
     pub complete: bool,
     /// Errors it resumed from (kills in flight), for the report.
     pub resumed_errors: Vec<String>,
+    /// Where it reopened its stream: (events read so far, the error, the router it moved to).
+    pub reopens: Vec<(usize, String, usize)>,
 }
 
 /// An opened watcher, ready before the workload's threads start.
@@ -174,6 +176,11 @@ impl Watcher {
                 }
                 Ok(Some(Err(e))) => {
                     out.resumed_errors.push(e.to_string());
+                    out.reopens.push((
+                        out.events.len(),
+                        e.to_string().chars().take(120).collect(),
+                        self.next_client % self.clients.len().max(1),
+                    ));
                     self.stream = None;
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
