@@ -950,12 +950,13 @@ fn uuid_from_slot(ct: u8, bytes: &[u8]) -> Option<Uuid> {
 
 /// An event identifier: its KeyString encoding (an object, with its own type bits) and the
 /// document, built on first use when the token was decoded. Encoding and comparing tokens use
-/// the bytes and never re-encode; equality is exact (types included).
+/// the bytes and never re-encode; equality is exact (types included). The document is boxed
+/// so that a decoded token, which rarely needs it, stays small to move.
 #[derive(Clone)]
 struct Identifier {
     key: Vec<u8>,
     bits: TypeBits,
-    doc: OnceLock<Document>,
+    doc: OnceLock<Box<Document>>,
 }
 
 impl Identifier {
@@ -966,7 +967,7 @@ impl Identifier {
         Identifier {
             key,
             bits,
-            doc: OnceLock::from(doc),
+            doc: OnceLock::from(Box::new(doc)),
         }
     }
 
@@ -983,11 +984,13 @@ impl Identifier {
         self.doc.get_or_init(|| {
             let mut r = Reader::new(&self.key);
             let mut bits = self.bits.reader();
-            match r.u8().and_then(|ct| decode_value(ct, &mut r, &mut bits, 1)) {
-                Ok(Bson::Document(d)) => d,
-                // Unreachable: the bytes passed the same checks when the token was decoded.
-                _ => Document::new(),
-            }
+            Box::new(
+                match r.u8().and_then(|ct| decode_value(ct, &mut r, &mut bits, 1)) {
+                    Ok(Bson::Document(d)) => d,
+                    // Unreachable: the bytes passed the same checks when the token was decoded.
+                    _ => Document::new(),
+                },
+            )
         })
     }
 }
