@@ -1032,16 +1032,18 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }
-    let mut out = Vec::with_capacity(s.len() / 2);
-    for pair in s.chunks_exact(2) {
-        let [hi, lo] = pair else { return None };
-        let (hi, lo) = (HEX_VALUES[usize::from(*hi)], HEX_VALUES[usize::from(*lo)]);
-        if (hi | lo) & 0xf0 != 0 {
-            return None;
+    let mut out = vec![0u8; s.len() / 2];
+    // Digit values are below 16, so a high bit in the union of all lookups means some
+    // character was not a digit; checking once at the end keeps the loop branch-free.
+    let mut union = 0u8;
+    for (dst, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
+        if let [hi, lo] = pair {
+            let (hi, lo) = (HEX_VALUES[usize::from(*hi)], HEX_VALUES[usize::from(*lo)]);
+            union |= hi | lo;
+            *dst = (hi << 4) | lo;
         }
-        out.push((hi << 4) | lo);
     }
-    Some(out)
+    (union & 0xf0 == 0).then_some(out)
 }
 
 /// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`).
