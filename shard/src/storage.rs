@@ -267,41 +267,32 @@ fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     Ok(())
 }
 
-impl ReadTxn for RedbRead {
-    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        let t = self.0.open_table(table.def()).map_err(engine)?;
-        Ok(t.get(key).map_err(engine)?.map(|v| v.value().to_vec()))
-    }
+/// Reads through a redb read or write transaction: the same code over both table types
+/// (`open_table` returns a read-only table on one and a writable table on the other).
+macro_rules! redb_read_txn {
+    ($txn:ty) => {
+        impl ReadTxn for $txn {
+            fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+                let t = self.0.open_table(table.def()).map_err(engine)?;
+                Ok(t.get(key).map_err(engine)?.map(|v| v.value().to_vec()))
+            }
 
-    fn scan(
-        &self,
-        table: Table,
-        range: &KeyRange,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
-    ) -> StorageResult<()> {
-        let t = self.0.open_table(table.def()).map_err(engine)?;
-        scan_table(&t, range, reverse, visit)
-    }
+            fn scan(
+                &self,
+                table: Table,
+                range: &KeyRange,
+                reverse: bool,
+                visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+            ) -> StorageResult<()> {
+                let t = self.0.open_table(table.def()).map_err(engine)?;
+                scan_table(&t, range, reverse, visit)
+            }
+        }
+    };
 }
 
-impl ReadTxn for RedbWrite {
-    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        let t = self.0.open_table(table.def()).map_err(engine)?;
-        Ok(t.get(key).map_err(engine)?.map(|v| v.value().to_vec()))
-    }
-
-    fn scan(
-        &self,
-        table: Table,
-        range: &KeyRange,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
-    ) -> StorageResult<()> {
-        let t = self.0.open_table(table.def()).map_err(engine)?;
-        scan_table(&t, range, reverse, visit)
-    }
-}
+redb_read_txn!(RedbRead);
+redb_read_txn!(RedbWrite);
 
 impl WriteTxn for RedbWrite {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
