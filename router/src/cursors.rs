@@ -198,7 +198,7 @@ impl RouterCursor {
     pub async fn kill(&mut self, router: &Router) {
         match &mut self.state {
             CursorState::Merge(m) => m.kill(router).await,
-            CursorState::ChangeStream(c) => c.kill(router).await,
+            CursorState::ChangeStream(c) => c.kill().await,
             CursorState::Buffered(_) => {}
         }
     }

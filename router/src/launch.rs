@@ -71,17 +71,20 @@ pub async fn embedded(
     presentation: Presentation,
     argv: Vec<String>,
 ) -> anyhow::Result<Running> {
-    embedded_with(bind, n_shards, dbpath, presentation, argv, false).await
+    let options = RouterOptions {
+        presentation,
+        argv,
+        ..RouterOptions::default()
+    };
+    embedded_with(bind, n_shards, dbpath, options).await
 }
 
-/// [`embedded`], with `--enableTestCommands` (fail points) when `enable_test_commands` is set.
+/// [`embedded`] with every router option (`advertised_host` is set from the bound address).
 pub async fn embedded_with(
     bind: SocketAddr,
     n_shards: usize,
     dbpath: PathBuf,
-    presentation: Presentation,
-    argv: Vec<String>,
-    enable_test_commands: bool,
+    options: RouterOptions,
 ) -> anyhow::Result<Running> {
     anyhow::ensure!(n_shards >= 1, "a cluster needs at least one shard");
     let mut shards = Vec::with_capacity(n_shards);
@@ -91,7 +94,7 @@ pub async fn embedded_with(
         clients.push(Arc::new(LocalShard::new(s.clone())));
         shards.push(s);
     }
-    let mut running = router_over(bind, clients, presentation, argv, enable_test_commands).await?;
+    let mut running = router_over(bind, clients, options).await?;
     running.shards = shards;
     Ok(running)
 }
@@ -103,16 +106,19 @@ pub async fn router(
     presentation: Presentation,
     argv: Vec<String>,
 ) -> anyhow::Result<Running> {
-    router_with(bind, shard_addrs, presentation, argv, false).await
+    let options = RouterOptions {
+        presentation,
+        argv,
+        ..RouterOptions::default()
+    };
+    router_with(bind, shard_addrs, options).await
 }
 
-/// [`router`], with `--enableTestCommands` (fail points) when `enable_test_commands` is set.
+/// [`router`] with every router option (`advertised_host` is set from the bound address).
 pub async fn router_with(
     bind: SocketAddr,
     shard_addrs: Vec<String>,
-    presentation: Presentation,
-    argv: Vec<String>,
-    enable_test_commands: bool,
+    options: RouterOptions,
 ) -> anyhow::Result<Running> {
     anyhow::ensure!(
         !shard_addrs.is_empty(),
@@ -122,26 +128,19 @@ pub async fn router_with(
         .into_iter()
         .map(|a| Arc::new(RemoteShard::new(a)) as Arc<dyn ShardClient>)
         .collect();
-    router_over(bind, clients, presentation, argv, enable_test_commands).await
+    router_over(bind, clients, options).await
 }
 
 async fn router_over(
     bind: SocketAddr,
     clients: Vec<Arc<dyn ShardClient>>,
-    presentation: Presentation,
-    argv: Vec<String>,
-    enable_test_commands: bool,
+    mut options: RouterOptions,
 ) -> anyhow::Result<Running> {
     let listener = TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding the router to {bind}"))?;
     let addr = listener.local_addr()?;
-    let options = RouterOptions {
-        advertised_host: advertised(addr),
-        presentation,
-        argv,
-        enable_test_commands,
-    };
+    options.advertised_host = advertised(addr);
     let router = Router::new(clients, options);
     let cancel = CancellationToken::new();
     let task = tokio::spawn(crate::server::serve(

@@ -18,5 +18,5 @@ pub mod routing;
 pub mod server;
 pub mod shard_client;
 
-pub use router::{Presentation, Router, RouterOptions};
-pub use shard_client::{LocalShard, RemoteShard, ShardClient};
+pub use router::{Presentation, Router, RouterOptions, ShardPatience};
+pub use shard_client::{LocalShard, RemoteShard, ShardClient, TransportError};

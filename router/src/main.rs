@@ -2,10 +2,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use router::Presentation;
 use router::launch::{self, Running};
+use router::{Presentation, RouterOptions, ShardPatience};
 
 /// Tributary: a sharded document store that serves MongoDB-compatible change streams.
 ///
@@ -81,6 +82,14 @@ enum Command {
         /// Enable test-only commands (`configureFailPoint`).
         #[arg(long = "enableTestCommands")]
         enable_test_commands: bool,
+        /// How long a command waits for a shard it cannot connect to (a restarting shard)
+        /// before it fails with HostUnreachable, as mongos's host targeting waits.
+        #[arg(long = "shardConnectTimeoutMS", default_value_t = 15_000)]
+        shard_connect_timeout_ms: u64,
+        /// How long an open change stream waits for a lost shard to come back, answering
+        /// empty batches meanwhile, before its getMore fails with a resumable error.
+        #[arg(long = "shardOutageTimeoutSecs", default_value_t = 60)]
+        shard_outage_timeout_secs: u64,
     },
 }
 
@@ -105,13 +114,17 @@ async fn main() -> anyhow::Result<()> {
     let running: Running = match cli.command {
         None => {
             let e = cli.embedded;
+            let options = RouterOptions {
+                presentation: presentation(e.repl_set_mode),
+                argv,
+                enable_test_commands: e.enable_test_commands,
+                ..RouterOptions::default()
+            };
             launch::embedded_with(
                 SocketAddr::new(e.bind_ip, e.port),
                 e.shards,
                 e.dbpath,
-                presentation(e.repl_set_mode),
-                argv,
-                e.enable_test_commands,
+                options,
             )
             .await?
         }
@@ -127,15 +140,20 @@ async fn main() -> anyhow::Result<()> {
             shards,
             repl_set_mode,
             enable_test_commands,
+            shard_connect_timeout_ms,
+            shard_outage_timeout_secs,
         }) => {
-            launch::router_with(
-                SocketAddr::new(bind_ip, port),
-                shards,
-                presentation(repl_set_mode),
+            let options = RouterOptions {
+                presentation: presentation(repl_set_mode),
                 argv,
                 enable_test_commands,
-            )
-            .await?
+                patience: ShardPatience {
+                    connect: Duration::from_millis(shard_connect_timeout_ms),
+                    stream_outage: Duration::from_secs(shard_outage_timeout_secs),
+                },
+                ..RouterOptions::default()
+            };
+            launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?
         }
     };
     let cancel = running.cancel.clone();

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
 use futures::future::join_all;
@@ -17,7 +17,7 @@ use wire::{ErrorCode, MongoError, Result};
 use crate::clock::ClusterClock;
 use crate::cursors::CursorTable;
 use crate::metadata::{CONFIG_DB, DatabaseEntry, MetadataCache, Placement, ShardedCollection};
-use crate::shard_client::ShardClient;
+use crate::shard_client::{ShardClient, TransportError};
 
 /// How the router presents itself to drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +37,42 @@ pub struct RouterOptions {
     pub argv: Vec<String>,
     /// `--enableTestCommands`: `configureFailPoint` and the fail points are available.
     pub enable_test_commands: bool,
+    pub patience: ShardPatience,
+}
+
+/// How long the router waits for a shard it cannot reach (a shard restarting, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardPatience {
+    /// A command waits this long for a connection to its shard, as mongos's host targeting
+    /// waits (`defaultFindReplicaSetHostTimeoutMS`, 15 s), then fails with `HostUnreachable`.
+    pub connect: Duration,
+    /// An open change stream waits this long for a lost shard to come back, answering empty
+    /// batches meanwhile, before its getMore fails with a resumable error.
+    pub stream_outage: Duration,
+}
+
+impl Default for ShardPatience {
+    fn default() -> ShardPatience {
+        ShardPatience {
+            connect: Duration::from_secs(15),
+            stream_outage: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Pauses between attempts to reach a shard: short at first (a restart takes well under a
+/// second), then at most [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// The next pause after `pause`.
+pub(crate) fn backoff(pause: Duration) -> Duration {
+    (pause * 2).min(RETRY_MAX)
+}
+
+/// Sleeps for `pause`, but not past `deadline`.
+pub(crate) async fn sleep_before(pause: Duration, deadline: tokio::time::Instant) {
+    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
 }
 
 pub struct Shard {
@@ -109,21 +145,81 @@ impl Router {
         }
     }
 
-    /// Like [`Router::shard_command`], but an `ok: 0` reply is returned as a document.
+    /// Like [`Router::shard_command`], but an `ok: 0` reply is returned as a document. A shard
+    /// that cannot be reached is waited for (see [`ShardPatience::connect`]); `Err` is a
+    /// transport failure.
     pub async fn shard_command_raw(
         &self,
         shard: usize,
         db: &str,
-        mut cmd: Document,
+        cmd: Document,
     ) -> Result<Document> {
-        let target = self
-            .shards
-            .get(shard)
-            .ok_or_else(|| MongoError::internal(format!("no shard with index {shard}")))?;
-        cmd.insert("$clusterTime", self.clock.gossip());
-        let reply = target.client.command(db, cmd).await?;
-        self.clock.observe_document(&reply);
-        Ok(reply)
+        self.send(shard, db, cmd, self.options.patience.connect)
+            .await
+            .map_err(TransportError::into_error)
+    }
+
+    /// Sends `cmd` to a shard, waiting up to `patience` for a connection when none can be
+    /// opened. A command that was sent and then lost is not sent again: it may have run.
+    pub(crate) async fn send(
+        &self,
+        shard: usize,
+        db: &str,
+        mut cmd: Document,
+        patience: Duration,
+    ) -> std::result::Result<Document, TransportError> {
+        let target = self.shards.get(shard).ok_or_else(|| {
+            TransportError::Lost(MongoError::internal(format!("no shard with index {shard}")))
+        })?;
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut pause = RETRY_FIRST;
+        loop {
+            cmd.insert("$clusterTime", self.clock.gossip());
+            match target.client.command(db, cmd).await {
+                Ok(reply) => {
+                    self.clock.observe_document(&reply);
+                    return Ok(reply);
+                }
+                Err(TransportError::Unreachable { error, cmd: unsent })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(shard = %target.name, %error, "waiting for the shard");
+                    sleep_before(pause, deadline).await;
+                    pause = backoff(pause);
+                    cmd = unsent;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A read that may run twice: sent again (within [`ShardPatience::connect`]) also when the
+    /// connection failed after sending, as when the shard restarts in the middle of it.
+    pub(crate) async fn shard_read(
+        &self,
+        shard: usize,
+        db: &str,
+        cmd: &Document,
+    ) -> Result<Document> {
+        let deadline = tokio::time::Instant::now() + self.options.patience.connect;
+        let mut pause = RETRY_FIRST;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.send(shard, db, cmd.clone(), left).await {
+                Ok(reply) => {
+                    return match MongoError::from_reply(&reply) {
+                        None => Ok(reply),
+                        Some(e) => Err(e),
+                    };
+                }
+                Err(TransportError::Lost(e)) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(shard, error = %e, "retrying a read the shard lost");
+                    sleep_before(pause, deadline).await;
+                    pause = backoff(pause);
+                }
+                Err(e) => return Err(e.into_error()),
+            }
+        }
     }
 
     /// Sends one command to several shards at once; results in the order of `shards`.
@@ -139,6 +235,17 @@ impl Router {
                 .map(|&s| self.shard_command(s, db, cmd.clone())),
         )
         .await
+    }
+
+    /// [`Router::broadcast`] for reads: each is sent again if its shard restarts under it
+    /// ([`Router::shard_read`]).
+    pub(crate) async fn broadcast_read(
+        &self,
+        shards: &[usize],
+        db: &str,
+        cmd: &Document,
+    ) -> Vec<Result<Document>> {
+        join_all(shards.iter().map(|&s| self.shard_read(s, db, cmd))).await
     }
 
     pub fn all_shards(&self) -> Vec<usize> {
@@ -255,10 +362,10 @@ impl Router {
     /// All documents of a `config` collection matching `filter`, from the config shard.
     pub async fn config_find(&self, coll: &str, filter: Document) -> Result<Vec<Document>> {
         let reply = self
-            .shard_command(
+            .shard_read(
                 0,
                 CONFIG_DB,
-                doc! {"find": coll, "filter": filter, "batchSize": i32::MAX},
+                &doc! {"find": coll, "filter": filter, "batchSize": i32::MAX},
             )
             .await?;
         let mut docs = first_batch(&reply)?;

@@ -1,8 +1,10 @@
 //! `ShardClient`: how the router talks to a shard. Router→shard traffic is MongoDB command
 //! documents, so the same router code runs over in-process shards and over TCP.
 //!
-//! Invariant: a client never invents a reply. A transport failure becomes a `MongoError`
-//! (`HostUnreachable`, labelled retryable for writes by the caller), never an `ok: 1` document.
+//! Invariants: a client never invents a reply. A transport failure is a [`TransportError`],
+//! never an `ok: 1` document, and it says whether the command may have run: a command that was
+//! never sent ([`TransportError::Unreachable`]) comes back whole, so the router can send it
+//! again when the shard is back without any risk of running it twice.
 
 use std::sync::Arc;
 
@@ -10,12 +12,29 @@ use async_trait::async_trait;
 use bson::Document;
 use wire::{ErrorCode, MongoError};
 
+/// Why a shard command produced no reply.
+#[derive(Debug)]
+pub enum TransportError {
+    /// No connection could be opened: nothing was sent. The command is handed back.
+    Unreachable { error: MongoError, cmd: Document },
+    /// The connection failed after the command was sent: it may or may not have run.
+    Lost(MongoError),
+}
+
+impl TransportError {
+    pub fn into_error(self) -> MongoError {
+        match self {
+            TransportError::Unreachable { error, .. } | TransportError::Lost(error) => error,
+        }
+    }
+}
+
 /// A connection to one shard. `command` returns the shard's reply document as is: an `ok: 0`
 /// reply is a `Document`, not an `Err`; `Err` means the shard could not be reached.
 #[async_trait]
 pub trait ShardClient: Send + Sync + 'static {
     /// Runs `cmd` against database `db` on the shard.
-    async fn command(&self, db: &str, cmd: Document) -> Result<Document, MongoError>;
+    async fn command(&self, db: &str, cmd: Document) -> Result<Document, TransportError>;
 
     /// The address or name shown in diagnostics.
     fn describe(&self) -> String;
@@ -34,7 +53,7 @@ impl LocalShard {
 
 #[async_trait]
 impl ShardClient for LocalShard {
-    async fn command(&self, db: &str, mut cmd: Document) -> Result<Document, MongoError> {
+    async fn command(&self, db: &str, mut cmd: Document) -> Result<Document, TransportError> {
         cmd.insert("$db", db);
         Ok(self.shard.run_command(cmd).await)
     }
@@ -62,13 +81,21 @@ impl RemoteShard {
 
 #[async_trait]
 impl ShardClient for RemoteShard {
-    async fn command(&self, db: &str, cmd: Document) -> Result<Document, MongoError> {
-        self.client.command(db, cmd).await.map_err(|e| {
-            MongoError::new(
-                ErrorCode::HOST_UNREACHABLE,
-                format!("error talking to shard {}: {e}", self.addr),
-            )
-        })
+    async fn command(&self, db: &str, cmd: Document) -> Result<Document, TransportError> {
+        match self.client.command(db, &cmd).await {
+            Ok(reply) => Ok(reply),
+            Err(e) => {
+                let error = MongoError::new(
+                    ErrorCode::HOST_UNREACHABLE,
+                    format!("error talking to shard {}: {e}", self.addr),
+                );
+                Err(if e.is_unsent() {
+                    TransportError::Unreachable { error, cmd }
+                } else {
+                    TransportError::Lost(error)
+                })
+            }
+        }
     }
 
     fn describe(&self) -> String {

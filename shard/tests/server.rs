@@ -17,17 +17,17 @@ async fn commands_round_trip_over_tcp() {
     let cancel = CancellationToken::new();
     let server = tokio::spawn(shard::server::serve(s.clone(), listener, cancel.clone()));
     let client = wire::Client::new(addr.to_string());
-    let r = client.command("admin", doc! {"hello": 1}).await.unwrap();
+    let r = client.command("admin", &doc! {"hello": 1}).await.unwrap();
     assert!(is_ok(&r));
     assert!(r.contains_key("connectionId"));
     let r = client
-        .command("db", doc! {"insert": "c", "documents": [{"_id": 1}]})
+        .command("db", &doc! {"insert": "c", "documents": [{"_id": 1}]})
         .await
         .unwrap();
     assert_eq!(r.get_i32("n").unwrap(), 1);
     assert!(r.contains_key("$clusterTime"));
     let r = client
-        .command("local", doc! {"find": "oplog.rs", "filter": {"op": "i"}})
+        .command("local", &doc! {"find": "oplog.rs", "filter": {"op": "i"}})
         .await
         .unwrap();
     assert_eq!(first_batch(&r).len(), 1);

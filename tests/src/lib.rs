@@ -21,6 +21,7 @@ use router::launch::{self, Running};
 use tempfile::TempDir;
 
 pub mod fsm;
+pub mod restarts;
 pub mod scenarios;
 pub mod streams;
 pub mod unified;
@@ -228,6 +229,18 @@ impl ProcessCluster {
     }
 
     pub async fn start_with(n_shards: usize, presentation: Presentation) -> Result<ProcessCluster> {
+        let args: &[&str] = match presentation {
+            Presentation::ReplicaSet => &["--replSetMode"],
+            Presentation::Mongos => &[],
+        };
+        Self::start_with_router_args(n_shards, args).await
+    }
+
+    /// A cluster whose router gets `router_args` after its shard list.
+    pub async fn start_with_router_args(
+        n_shards: usize,
+        router_args: &[&str],
+    ) -> Result<ProcessCluster> {
         init_tracing();
         let dir = tempfile::tempdir()?;
         let mut shards = Vec::new();
@@ -251,9 +264,7 @@ impl ProcessCluster {
             args.push("--shard".into());
             args.push(s.addr.to_string());
         }
-        if presentation == Presentation::ReplicaSet {
-            args.push("--replSetMode".into());
-        }
+        args.extend(router_args.iter().map(|a| a.to_string()));
         let router = Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?;
         Ok(ProcessCluster {
             dir,

@@ -25,13 +25,17 @@ struct Cluster {
 async fn start(presentation: Presentation, shards: usize) -> anyhow::Result<Cluster> {
     tests::init_tracing();
     let dir = tempfile::tempdir()?;
+    let options = router::RouterOptions {
+        presentation,
+        argv: vec!["tributary".into(), "--enableTestCommands".into()],
+        enable_test_commands: true,
+        ..router::RouterOptions::default()
+    };
     let running = launch::embedded_with(
         "127.0.0.1:0".parse()?,
         shards,
         dir.path().to_path_buf(),
-        presentation,
-        vec!["tributary".into(), "--enableTestCommands".into()],
-        true,
+        options,
     )
     .await?;
     // No directConnection: the driver discovers the topology (mongos, or replica set through

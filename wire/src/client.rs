@@ -51,6 +51,15 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the command was never sent (no connection could be opened): sending it again
+    /// cannot run it twice.
+    pub fn is_unsent(&self) -> bool {
+        matches!(
+            self,
+            ClientError::ConnectTimeout { .. } | ClientError::Connect { .. }
+        )
+    }
+
     /// The error a client of the router should see: a network error, as a driver would report
     /// one from a shard (`HostUnreachable`, `NetworkTimeout` or `SocketException`).
     pub fn to_mongo_error(&self) -> MongoError {
@@ -87,9 +96,20 @@ impl Client {
     }
 
     /// Runs `body` against database `db` (sets `$db`) and returns the reply document as is.
-    pub async fn command(&self, db: &str, mut body: Document) -> Result<Document, ClientError> {
-        body.insert("$db", db);
-        let raw = RawDocumentBuf::try_from(&body).map_err(|e| self.protocol(e.to_string()))?;
+    /// The body is borrowed, so a caller can send it again when no connection could be opened
+    /// ([`ClientError::is_unsent`]).
+    pub async fn command(&self, db: &str, body: &Document) -> Result<Document, ClientError> {
+        let raw = if body.contains_key("$db") {
+            let mut body = body.clone();
+            body.insert("$db", db);
+            RawDocumentBuf::try_from(&body)
+        } else {
+            RawDocumentBuf::try_from(body).map(|mut raw| {
+                raw.append(bson::raw::cstr!("$db"), db);
+                raw
+            })
+        }
+        .map_err(|e| self.protocol(e.to_string()))?;
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX;
         let request = Message::msg(request_id, raw);
 

@@ -134,14 +134,14 @@ async fn assert_closed(conn: &mut Connection) {
 async fn client_gets_replies_and_reuses_its_connection() {
     let server = start().await;
     let client = Client::new(server.addr.to_string());
-    let r1 = client.command("test", doc! { "ping": 1 }).await.unwrap();
+    let r1 = client.command("test", &doc! { "ping": 1 }).await.unwrap();
     assert_eq!(r1.get_f64("ok").unwrap(), 1.0);
     assert_eq!(r1.get_str("db").unwrap(), "test");
     assert_eq!(
         r1.get_document("echo").unwrap().get_str("$db").unwrap(),
         "test"
     );
-    let r2 = client.command("other", doc! { "ping": 2 }).await.unwrap();
+    let r2 = client.command("other", &doc! { "ping": 2 }).await.unwrap();
     assert_eq!(
         r1.get_i64("conn").unwrap(),
         r2.get_i64("conn").unwrap(),
@@ -150,9 +150,10 @@ async fn client_gets_replies_and_reuses_its_connection() {
     assert_eq!(client.idle_connections(), 1);
 
     // Concurrent commands open more connections on demand.
+    let (three, four) = (doc! { "ping": 3 }, doc! { "ping": 4 });
     let (a, b) = tokio::join!(
-        client.command("test", doc! { "ping": 3 }),
-        client.command("test", doc! { "ping": 4 })
+        client.command("test", &three),
+        client.command("test", &four)
     );
     assert_ne!(
         a.unwrap().get_i64("conn").unwrap(),
@@ -165,7 +166,7 @@ async fn client_gets_replies_and_reuses_its_connection() {
 async fn ok_zero_replies_are_documents_not_errors() {
     let server = start().await;
     let client = Client::new(server.addr.to_string());
-    let reply = client.command("test", doc! { "fail": 1 }).await.unwrap();
+    let reply = client.command("test", &doc! { "fail": 1 }).await.unwrap();
     assert_eq!(reply.get_i32("code").unwrap(), 2);
     assert_eq!(client.idle_connections(), 1);
 }
@@ -175,7 +176,7 @@ async fn close_connection_reply_closes_without_answer_and_is_not_pooled() {
     let server = start().await;
     let client = Client::new(server.addr.to_string());
     let err = client
-        .command("test", doc! { "closeMe": 1 })
+        .command("test", &doc! { "closeMe": 1 })
         .await
         .unwrap_err();
     assert!(
@@ -185,7 +186,7 @@ async fn close_connection_reply_closes_without_answer_and_is_not_pooled() {
     assert_eq!(err.to_mongo_error().code, 9001);
     assert_eq!(client.idle_connections(), 0);
     // The client recovers on a new connection.
-    assert!(client.command("test", doc! { "ping": 1 }).await.is_ok());
+    assert!(client.command("test", &doc! { "ping": 1 }).await.is_ok());
 }
 
 #[tokio::test]
@@ -194,7 +195,7 @@ async fn client_reports_connect_failures() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let err = Client::new(addr.to_string())
-        .command("test", doc! { "ping": 1 })
+        .command("test", &doc! { "ping": 1 })
         .await
         .unwrap_err();
     assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
@@ -495,7 +496,7 @@ async fn garbage_then_close_never_panics() {
     }
     // The server is still up.
     let client = Client::new(server.addr.to_string());
-    assert!(client.command("a", doc! { "ping": 1 }).await.is_ok());
+    assert!(client.command("a", &doc! { "ping": 1 }).await.is_ok());
 }
 
 #[tokio::test]
@@ -538,7 +539,7 @@ async fn client_skips_pooled_connections_the_server_has_closed() {
     let client = Client::new(addr.to_string());
     assert_eq!(
         client
-            .command("a", doc! { "ping": 1 })
+            .command("a", &doc! { "ping": 1 })
             .await
             .unwrap()
             .get_i32("served")
@@ -550,7 +551,7 @@ async fn client_skips_pooled_connections_the_server_has_closed() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         client
-            .command("a", doc! { "ping": 1 })
+            .command("a", &doc! { "ping": 1 })
             .await
             .unwrap()
             .get_i32("served")

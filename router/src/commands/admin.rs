@@ -147,7 +147,7 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let router = ctx.router;
     let replies = router
-        .broadcast(&router.all_shards(), "admin", &doc! {"listDatabases": 1})
+        .broadcast_read(&router.all_shards(), "admin", &doc! {"listDatabases": 1})
         .await;
     let mut sizes: std::collections::BTreeMap<String, i64> = Default::default();
     for reply in replies {

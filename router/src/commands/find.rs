@@ -152,7 +152,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
             };
             (cmd, sort, skip as u64, limit, router_projection)
         };
-    let replies = ctx.router.broadcast(targets, ctx.db, &shard_cmd).await;
+    let replies = ctx.router.broadcast_read(targets, ctx.db, &shard_cmd).await;
     let mut sources = Vec::with_capacity(targets.len());
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);
@@ -329,14 +329,14 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.len() == 1 {
         return ctx
             .router
-            .shard_command(targets[0], ctx.db, routed.command(ctx.cmd))
+            .shard_read(targets[0], ctx.db, &routed.command(ctx.cmd))
             .await;
     }
     let mut cmd = routed.command(ctx.cmd);
     cmd.remove("skip");
     cmd.remove("limit");
     let mut total: u64 = 0;
-    for reply in ctx.router.broadcast(targets, ctx.db, &cmd).await {
+    for reply in ctx.router.broadcast_read(targets, ctx.db, &cmd).await {
         let reply = reply?;
         total += match reply.get("n") {
             Some(Bson::Int32(n)) => *n as u64,
@@ -368,7 +368,7 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
         .router
-        .broadcast(&routed.shards, ctx.db, &routed.command(ctx.cmd))
+        .broadcast_read(&routed.shards, ctx.db, &routed.command(ctx.cmd))
         .await
     {
         let reply = reply?;
@@ -437,7 +437,7 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.len() == 1 && !routed.sharded {
         let reply = ctx
             .router
-            .shard_command(targets[0], ctx.db, routed.command(ctx.cmd))
+            .shard_read(targets[0], ctx.db, &routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
@@ -447,7 +447,7 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
         "batchSize": i32::MAX,
         "shardVersion": routed.version.clone(),
     };
-    let replies = ctx.router.broadcast(targets, ctx.db, &find).await;
+    let replies = ctx.router.broadcast_read(targets, ctx.db, &find).await;
     let mut sources = Vec::new();
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);

@@ -2,9 +2,12 @@
 //!
 //! Opening a stream validates the pipeline, fixes the start point (a stream without one starts
 //! one tick after the cluster's current time, the same on every shard), and opens a shard
-//! cursor on every shard with the `$changeStream` stage and the user's pushed-down `$match`.
-//! Then a pump task per shard keeps one awaitData getMore outstanding and hands the replies to
-//! the cursor through a bounded channel, so a client that stops reading stops the pumps too.
+//! cursor on every shard with the `$changeStream` stage and the user's pushed-down `$match`,
+//! waiting (within the router's patience) for shards that cannot be reached. Then a feed task
+//! per shard ([`feed`]) keeps one awaitData getMore outstanding and hands the replies to the
+//! cursor through a bounded channel, so a client that stops reading stops the feeds too. A
+//! feed that loses its shard re-opens the shard's stream from the shard's last promise: the
+//! stream pauses, it does not fail.
 //!
 //! The merge (`pipeline::changestream::Merger`) releases an event only when its token is at or
 //! below every shard's promise (post-batch resume token), so released tokens strictly
@@ -13,15 +16,20 @@
 //! shard's clock jumps there and it answers at once. After the merge: updateLookup, then
 //! ensure-resume-token-present, the user's stages and the `_id` check (`RouterStream`).
 //!
-//! Invariants: every reply carries a post-batch resume token that never goes backwards; an
-//! event is returned at most once; a stream whose history a shard reports lost, or whose
-//! token is not found, fails with the shard's (or the merge's) non-resumable error.
+//! Invariants: every reply carries a post-batch resume token that never goes backwards and
+//! never passes what a lost shard may still return; an event is returned at most once; a
+//! stream whose history a shard reports lost, or whose token is not found, fails with the
+//! shard's (or the merge's) non-resumable error; a shard lost for longer than the router's
+//! patience fails the getMore with a resumable error.
+
+mod feed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
+use futures::future::join_all;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
     ChangeStreamPipeline, FullDocument, RequestContext, StartPoint, UserStage, parse_pipeline,
@@ -33,20 +41,19 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
+use self::feed::FeedReply;
 use crate::metadata::Placement;
 use crate::router::{Router, cursor_id, first_batch, next_batch};
 
-/// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
-const SHARD_AWAIT: Duration = Duration::from_millis(1000);
-/// Replies buffered per shard before its pump waits for the client.
-const PUMP_DEPTH: usize = 2;
+/// Replies buffered per shard before its feed waits for the client.
+const FEED_DEPTH: usize = 2;
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 
 /// Codes on which a driver resumes a change stream (driver contract §4.4); the router labels
 /// them so drivers at wire version ≥ 9 do.
 const RESUMABLE_CODES: &[i32] = &[
-    6, 7, 63, 89, 91, 133, 150, 189, 234, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436,
+    6, 7, 63, 89, 91, 133, 150, 189, 202, 234, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436,
 ];
 
 pub(crate) fn label_resumable(e: MongoError) -> MongoError {
@@ -57,12 +64,6 @@ pub(crate) fn label_resumable(e: MongoError) -> MongoError {
     }
 }
 
-/// One shard's reply, as a pump hands it over.
-struct PumpReply {
-    shard: usize,
-    reply: Result<Document>,
-}
-
 /// A shard cursor feeding the merge.
 struct ShardCursor {
     shard: usize,
@@ -71,6 +72,10 @@ struct ShardCursor {
     promise: Option<ResumeToken>,
     /// The highest time this shard was nudged to promise.
     nudged: ClusterTime,
+    /// After the feed re-opened the shard's stream from an event token: that token. The shard
+    /// delivers its event again (resumability passes the resume point's own event); it was
+    /// merged already, so events up to it are dropped.
+    resumed_after: Option<ResumeToken>,
 }
 
 /// A router change-stream cursor.
@@ -83,8 +88,9 @@ pub struct ChangeStreamCursor {
     stream: RouterStream,
     /// Tokens of events pushed but not yet released, with their times (for nudges).
     unreleased: BTreeMap<ResumeToken, ClusterTime>,
-    rx: mpsc::Receiver<PumpReply>,
+    rx: mpsc::Receiver<FeedReply>,
     cancel: CancellationToken,
+    feeds: Vec<tokio::task::JoinHandle<()>>,
     update_lookup: bool,
     /// Namespace scope for updateLookup.
     closed: bool,
@@ -165,7 +171,7 @@ pub(crate) async fn aggregate(router: &Arc<Router>, db: &str, cmd: &Document) ->
         }
         return Ok(reply);
     }
-    cursor.kill(router).await;
+    cursor.kill().await;
     Ok(reply)
 }
 
@@ -248,7 +254,7 @@ async fn open(
     };
     let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
     let shards = router.all_shards();
-    let replies = router.broadcast(&shards, db, &shard_cmd).await;
+    let replies = join_all(shards.iter().map(|&s| router.shard_read(s, db, &shard_cmd))).await;
     let initial = match &parsed.spec.start {
         StartPoint::None => None,
         _ => Some(
@@ -257,8 +263,7 @@ async fn open(
                 .initial_post_batch_resume_token(ClusterTime::ZERO),
         ),
     };
-    let cancel = CancellationToken::new();
-    let (tx, rx) = mpsc::channel(PUMP_DEPTH * shards.len().max(1));
+    let (tx, rx) = mpsc::channel(FEED_DEPTH * shards.len().max(1));
     let update_lookup = parsed.spec.options.full_document == FullDocument::UpdateLookup;
     let stream = RouterStream::new(&parsed.spec, parsed.user_stages);
     let mut cursor = ChangeStreamCursor {
@@ -271,86 +276,59 @@ async fn open(
         stream,
         unreleased: BTreeMap::new(),
         rx,
-        cancel,
+        cancel: CancellationToken::new(),
+        feeds: Vec::with_capacity(shards.len()),
         update_lookup,
         closed: false,
     };
     let mut failure = None;
     for (&shard, reply) in shards.iter().zip(replies) {
-        match reply {
-            Ok(reply) => {
-                let id = cursor_id(&reply);
-                cursor.shards.push(ShardCursor {
-                    shard,
-                    cursor_id: id,
-                    promise: None,
-                    nudged: ClusterTime::ZERO,
-                });
-                let idx = cursor.shards.len() - 1;
-                if let Err(e) = cursor.absorb(idx, reply, first_batch) {
-                    failure.get_or_insert(e);
-                }
-            }
+        let reply = match reply {
+            Ok(reply) => reply,
             Err(e) => {
                 failure.get_or_insert(e);
+                continue;
             }
+        };
+        let id = cursor_id(&reply);
+        let position = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_document("postBatchResumeToken"))
+            .cloned()
+            .unwrap_or_default();
+        cursor.shards.push(ShardCursor {
+            shard,
+            cursor_id: id,
+            promise: None,
+            nudged: ClusterTime::ZERO,
+            resumed_after: None,
+        });
+        let idx = cursor.shards.len() - 1;
+        // The feed owns the shard cursor from here on (and kills it with the stream).
+        if id != 0 {
+            let feed = feed::Feed {
+                router: router.clone(),
+                idx,
+                shard,
+                db: cursor.db.clone(),
+                collection: cursor.shard_collection.clone(),
+                open: shard_cmd.clone(),
+                cursor_id: id,
+                position,
+                tx: tx.clone(),
+                cancel: cursor.cancel.clone(),
+            };
+            cursor.feeds.push(tokio::spawn(feed.run()));
+        }
+        if let Err(e) = cursor.absorb(idx, reply, first_batch) {
+            failure.get_or_insert(e);
         }
     }
     if let Some(e) = failure {
-        cursor.kill(router).await;
+        cursor.kill().await;
         return Err(e);
     }
-    for (idx, s) in cursor.shards.iter().enumerate() {
-        if s.cursor_id != 0 {
-            tokio::spawn(pump(
-                router.clone(),
-                idx,
-                s.shard,
-                cursor.db.clone(),
-                cursor.shard_collection.clone(),
-                s.cursor_id,
-                tx.clone(),
-                cursor.cancel.clone(),
-            ));
-        }
-    }
     Ok(cursor)
-}
-
-/// Keeps one awaitData getMore outstanding on a shard cursor and forwards the replies.
-#[allow(clippy::too_many_arguments)]
-async fn pump(
-    router: Arc<Router>,
-    idx: usize,
-    shard: usize,
-    db: String,
-    collection: String,
-    cursor_id: i64,
-    tx: mpsc::Sender<PumpReply>,
-    cancel: CancellationToken,
-) {
-    loop {
-        let cmd = doc! {
-            "getMore": cursor_id,
-            "collection": &collection,
-            "maxTimeMS": SHARD_AWAIT.as_millis() as i64,
-        };
-        let reply = tokio::select! {
-            r = router.shard_command(shard, &db, cmd) => r,
-            _ = cancel.cancelled() => return,
-        };
-        let done = match &reply {
-            Ok(r) => crate::router::cursor_id(r) == 0,
-            Err(_) => true,
-        };
-        let sent = tokio::select! {
-            s = tx.send(PumpReply { shard: idx, reply }) => s.is_ok(),
-            _ = cancel.cancelled() => false,
-        };
-        if !sent || done {
-            return;
-        }
-    }
 }
 
 impl ChangeStreamCursor {
@@ -371,6 +349,13 @@ impl ChangeStreamCursor {
         let mut events = Vec::with_capacity(docs.len());
         for d in docs {
             let e = ChangeEvent::from_document(d)?;
+            let resumed_after = &mut self.shards[idx].resumed_after;
+            if let Some(after) = resumed_after {
+                if e.token <= *after {
+                    continue;
+                }
+                *resumed_after = None;
+            }
             self.unreleased
                 .insert(e.token.clone(), e.data.cluster_time());
             events.push(e);
@@ -451,9 +436,16 @@ impl ChangeStreamCursor {
         })
     }
 
-    fn take(&mut self, msg: PumpReply) -> Result<()> {
+    fn take(&mut self, msg: FeedReply) -> Result<()> {
         let reply = msg.reply.map_err(label_resumable)?;
-        self.absorb(msg.shard, reply, next_batch)
+        if !msg.reopened {
+            return self.absorb(msg.shard, reply, next_batch);
+        }
+        let shard = &mut self.shards[msg.shard];
+        shard.cursor_id = cursor_id(&reply);
+        shard.nudged = ClusterTime::ZERO;
+        shard.resumed_after = shard.promise.clone();
+        self.absorb(msg.shard, reply, first_batch)
     }
 
     /// Asks every shard whose promise is below the oldest buffered event to promise past it.
@@ -474,8 +466,9 @@ impl ChangeStreamCursor {
             let (shard, id) = (s.shard, s.cursor_id);
             tokio::spawn(async move {
                 let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
-                // A failed nudge only costs latency: the shard's getMore ends on its own.
-                let _ = router.shard_command(shard, "admin", cmd).await;
+                // A failed nudge only costs latency: the shard's getMore ends on its own (and a
+                // lost shard is its feed's business, so no waiting for a connection).
+                let _ = router.send(shard, "admin", cmd, Duration::ZERO).await;
             });
         }
     }
@@ -506,15 +499,14 @@ impl ChangeStreamCursor {
         Ok(event)
     }
 
-    /// Stops the pumps and closes the shard cursors.
-    pub async fn kill(&mut self, router: &Router) {
+    /// Stops the feeds, which close their shard cursors.
+    pub async fn kill(&mut self) {
         self.cancel.cancel();
+        for feed in self.feeds.drain(..) {
+            let _ = feed.await;
+        }
         for s in &mut self.shards {
-            if s.cursor_id != 0 {
-                let kill = doc! {"killCursors": &self.shard_collection, "cursors": [s.cursor_id]};
-                let _ = router.shard_command(s.shard, &self.db, kill).await;
-                s.cursor_id = 0;
-            }
+            s.cursor_id = 0;
         }
     }
 
@@ -536,7 +528,9 @@ async fn lookup_one(
         Placement::Sharded(sc) => crate::commands::shards_for_query(router, &sc, key)?,
     };
     let find = doc! {"find": coll, "filter": key.clone(), "limit": 1, "singleBatch": true};
-    for r in router.broadcast(&shards, db, &find).await {
+    // A read: sent again if a shard restarts under it.
+    let replies = join_all(shards.iter().map(|&s| router.shard_read(s, db, &find))).await;
+    for r in replies {
         if let Some(d) = first_batch(&r?)?.into_iter().next() {
             return Ok(Some(d));
         }

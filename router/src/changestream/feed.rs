@@ -1,0 +1,242 @@
+//! One shard's feed into a router change stream: a task that keeps one awaitData getMore
+//! outstanding on the shard's change-stream cursor and hands the replies to the stream through
+//! a bounded channel, so a client that stops reading stops its feeds too.
+//!
+//! A lost shard does not end the stream. When the shard cannot be reached, or answers that
+//! the cursor is gone (it restarted) or that it is shutting down, the feed re-opens the
+//! shard's stream from the last post-batch resume token it handed over, the shard's own
+//! position, and carries on. Meanwhile the merge holds at that promise, so the client's
+//! getMores answer empty batches whose post-batch resume token does not pass anything the
+//! lost shard may still return: the stream pauses, and never skips or repeats an event.
+//! Past [`ShardPatience::stream_outage`](crate::ShardPatience) the feed hands over the error
+//! (resumable: the driver resumes) and stops.
+//!
+//! Invariants:
+//! * the feed re-opens from the latest post-batch resume token it forwarded, which is the
+//!   merge's promise for this shard, so the new cursor starts exactly where the merge stands
+//!   (the shard re-delivers the event of an event token; the stream drops it, see
+//!   `ShardCursor::resumed_after`);
+//! * the feed owns its shard cursor: it kills the cursor it holds when cancelled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use wire::{MongoError, Result};
+
+use crate::router::{Router, backoff, cursor_id, sleep_before};
+use crate::shard_client::TransportError;
+
+/// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
+const SHARD_AWAIT: Duration = Duration::from_millis(1000);
+/// The first pause before re-opening a lost shard's stream.
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+
+/// Codes with which a shard says that its cursor, or the shard itself, is gone for now: the
+/// stream is re-opened from its position. CursorNotFound: the shard restarted (or dropped the
+/// cursor); the rest: shutting down, or not (or no longer) the primary.
+const LOST_CODES: &[i32] = &[43, 91, 189, 10107, 11600, 11602, 13435, 13436];
+
+/// One shard's reply, as a feed hands it over.
+pub(super) struct FeedReply {
+    /// The shard's index in the stream.
+    pub shard: usize,
+    pub reply: Result<Document>,
+    /// The reply opens a new shard cursor (the stream was re-opened after a loss): its batch
+    /// is `firstBatch`, its `cursor.id` the new cursor.
+    pub reopened: bool,
+}
+
+/// What a feed needs to read one shard.
+pub(super) struct Feed {
+    pub router: Arc<Router>,
+    /// The shard's index in the stream, and in the router.
+    pub idx: usize,
+    pub shard: usize,
+    pub db: String,
+    /// The `collection` of getMores: the collection, or `$cmd.aggregate`.
+    pub collection: String,
+    /// The shard `aggregate` that opened the stream; re-opening changes only its start.
+    pub open: Document,
+    pub cursor_id: i64,
+    /// The latest post-batch resume token handed over: where a re-opened cursor starts.
+    pub position: Document,
+    pub tx: mpsc::Sender<FeedReply>,
+    pub cancel: CancellationToken,
+}
+
+impl Feed {
+    /// Runs until the shard cursor closes, the stream is cancelled, or the shard stays lost
+    /// for longer than the router's patience.
+    pub async fn run(mut self) {
+        let cancel = self.cancel.clone();
+        tokio::select! {
+            _ = self.feed() => {}
+            _ = cancel.cancelled() => {}
+        }
+        if self.cursor_id != 0 {
+            let kill = doc! {"killCursors": &self.collection, "cursors": [self.cursor_id]};
+            // Best effort: a shard that is down has dropped the cursor already.
+            let _ = self
+                .router
+                .send(self.shard, &self.db, kill, Duration::ZERO)
+                .await;
+        }
+    }
+
+    async fn feed(&mut self) {
+        loop {
+            let get_more = doc! {
+                "getMore": self.cursor_id,
+                "collection": &self.collection,
+                "maxTimeMS": SHARD_AWAIT.as_millis() as i64,
+            };
+            // No waiting for a connection here: a lost shard is the re-open's business.
+            let lost = match self
+                .router
+                .send(self.shard, &self.db, get_more, Duration::ZERO)
+                .await
+            {
+                Ok(reply) => match MongoError::from_reply(&reply) {
+                    Some(e) if LOST_CODES.contains(&e.code) => e,
+                    Some(e) => {
+                        self.hand_over(Err(e), false).await;
+                        return;
+                    }
+                    None => {
+                        let done = cursor_id(&reply) == 0;
+                        if done {
+                            self.cursor_id = 0;
+                        }
+                        if !self.hand_over(Ok(reply), false).await || done {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+                Err(e) => e.into_error(),
+            };
+            tracing::info!(shard = self.shard, error = %lost, "change stream lost its shard; re-opening");
+            if !self.reopen(lost).await {
+                return;
+            }
+        }
+    }
+
+    /// Re-opens the shard's stream at `position`, waiting for the shard within the router's
+    /// patience. Returns whether the feed goes on.
+    async fn reopen(&mut self, mut error: MongoError) -> bool {
+        self.cursor_id = 0;
+        let cmd = resume_command(&self.open, &self.position);
+        let patience = self.router.options.patience;
+        let deadline = tokio::time::Instant::now() + patience.stream_outage;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                error.errmsg = format!(
+                    "shard{} has been unreachable for {}s: {}",
+                    self.shard,
+                    patience.stream_outage.as_secs(),
+                    error.errmsg
+                );
+                self.hand_over(Err(error), false).await;
+                return false;
+            }
+            let attempt = self
+                .router
+                .send(
+                    self.shard,
+                    &self.db,
+                    cmd.clone(),
+                    left.min(patience.connect),
+                )
+                .await;
+            match attempt {
+                Ok(reply) => match MongoError::from_reply(&reply) {
+                    None => {
+                        self.cursor_id = cursor_id(&reply);
+                        let done = self.cursor_id == 0;
+                        tracing::info!(shard = self.shard, "change stream re-opened on its shard");
+                        return self.hand_over(Ok(reply), true).await && !done;
+                    }
+                    Some(e) if LOST_CODES.contains(&e.code) => error = e,
+                    Some(e) => {
+                        self.hand_over(Err(e), false).await;
+                        return false;
+                    }
+                },
+                Err(TransportError::Unreachable { error: e, .. } | TransportError::Lost(e)) => {
+                    error = e;
+                }
+            }
+            sleep_before(pause, deadline).await;
+            pause = backoff(pause);
+        }
+    }
+
+    /// Hands a reply to the stream, remembering its promise. False when the stream is gone.
+    async fn hand_over(&mut self, reply: Result<Document>, reopened: bool) -> bool {
+        if let Ok(r) = &reply
+            && let Ok(t) = r
+                .get_document("cursor")
+                .and_then(|c| c.get_document("postBatchResumeToken"))
+        {
+            self.position = t.clone();
+        }
+        let msg = FeedReply {
+            shard: self.idx,
+            reply,
+            reopened,
+        };
+        self.tx.send(msg).await.is_ok()
+    }
+}
+
+/// The shard aggregate `open` with its start replaced by `resumeAfter: position`.
+pub(super) fn resume_command(open: &Document, position: &Document) -> Document {
+    let mut cmd = open.clone();
+    if let Ok(stages) = cmd.get_array_mut("pipeline")
+        && let Some(Bson::Document(first)) = stages.first_mut()
+        && let Ok(spec) = first.get_document_mut("$changeStream")
+    {
+        for start in ["resumeAfter", "startAfter", "startAtOperationTime"] {
+            spec.remove(start);
+        }
+        spec.insert("resumeAfter", position.clone());
+    }
+    cmd.insert("cursor", Document::new());
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_command_changes_only_the_start() {
+        let open = doc! {
+            "aggregate": 1,
+            "pipeline": [
+                {"$changeStream": {"startAtOperationTime": Bson::Timestamp(bson::Timestamp {time: 5, increment: 1}), "showExpandedEvents": true}},
+                {"$match": {"operationType": "insert"}},
+            ],
+            "cursor": {"batchSize": 0},
+        };
+        let at = doc! {"_data": "8200000005"};
+        let cmd = resume_command(&open, &at);
+        assert_eq!(
+            cmd,
+            doc! {
+                "aggregate": 1,
+                "pipeline": [
+                    {"$changeStream": {"showExpandedEvents": true, "resumeAfter": {"_data": "8200000005"}}},
+                    {"$match": {"operationType": "insert"}},
+                ],
+                "cursor": {},
+            }
+        );
+    }
+}
