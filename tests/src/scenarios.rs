@@ -484,3 +484,38 @@ pub async fn bad_input(client: &Client, db_name: &str) -> Result<()> {
     db.run_command(doc! {"ping": 1}).await?;
     Ok(())
 }
+
+/// Until transactions exist, a transaction is refused before anything is written: the first
+/// command of one fails (IllegalOperation) and leaves nothing behind, a commit or abort answers
+/// NoSuchTransaction, and a command continuing one (`autocommit: false`) is refused too.
+pub async fn transactions_are_refused(client: &Client, db_name: &str) -> Result<()> {
+    let db = client.database(db_name);
+    let c = db.collection::<Document>("txn");
+    c.insert_one(doc! {"_id": "outside"}).await?;
+    let mut session = client.start_session().await?;
+    session.start_transaction().await?;
+    let err = c
+        .insert_one(doc! {"_id": "inside"})
+        .session(&mut session)
+        .await
+        .expect_err("a transaction's first write must be refused");
+    ensure!(code_of(&err) == Some(20), "startTransaction: {err}");
+    let _ = session.abort_transaction().await;
+    let ids: Vec<Bson> = c.distinct("_id", doc! {}).await?;
+    ensure!(
+        ids == vec![Bson::String("outside".into())],
+        "stored: {ids:?}"
+    );
+    let err = db
+        .run_command(doc! {"find": "txn", "lsid": {"id": mongodb::bson::Uuid::new()}, "txnNumber": 1_i64, "autocommit": false})
+        .await
+        .expect_err("a command inside a transaction must be refused");
+    ensure!(code_of(&err) == Some(251), "autocommit false: {err}");
+    let err = client
+        .database("admin")
+        .run_command(doc! {"commitTransaction": 1, "lsid": {"id": mongodb::bson::Uuid::new()}, "txnNumber": 1_i64, "autocommit": false})
+        .await
+        .expect_err("commitTransaction must be refused");
+    ensure!(code_of(&err) == Some(251), "commitTransaction: {err}");
+    Ok(())
+}

@@ -85,6 +85,8 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             ErrorCode::FAILED_TO_PARSE,
             "empty command document",
         ))
+    } else if let Err(e) = refuse_transactions(&ctx) {
+        Err(e)
     } else {
         match dispatch(&ctx).await {
             // Another router changed the collection's routing (sharded it, or dropped and
@@ -162,6 +164,32 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
             format!("no such command: '{other}'"),
         )),
     }
+}
+
+/// Multi-document transactions do not exist yet: a command that would start or continue one
+/// is refused before anything runs, so no part of a transaction is ever stored (writes sent
+/// inside a would-be transaction used to be applied at once and to outlive its abort).
+fn refuse_transactions(ctx: &Ctx<'_>) -> Result<()> {
+    const NOT_YET: &str = "Tributary does not support multi-document transactions yet";
+    if matches!(ctx.name, "commitTransaction" | "abortTransaction") {
+        return Err(MongoError::new(
+            ErrorCode::NO_SUCH_TRANSACTION,
+            format!("no transaction is in progress: {NOT_YET}"),
+        ));
+    }
+    if ctx.cmd.contains_key("startTransaction") {
+        return Err(MongoError::new(
+            ErrorCode::ILLEGAL_OPERATION,
+            format!("{NOT_YET}; the command was not run"),
+        ));
+    }
+    if matches!(ctx.cmd.get("autocommit"), Some(Bson::Boolean(false))) {
+        return Err(MongoError::new(
+            ErrorCode::NO_SUCH_TRANSACTION,
+            format!("no transaction is in progress: {NOT_YET}; the command was not run"),
+        ));
+    }
+    Ok(())
 }
 
 /// `{ok: 1}`.
