@@ -466,6 +466,13 @@ impl Background {
     }
 }
 
+/// One client over every router with the driver's default options (retryable reads and writes
+/// on, automatic resume), as an application connects to a sharded cluster.
+pub async fn application_client(addrs: &[SocketAddr]) -> Result<Client> {
+    let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    crate::connect_uri(&format!("mongodb://{}/", hosts.join(","))).await
+}
+
 /// Connects one client per router (threads and watchers spread over them). With
 /// `TRIBUTARY_FSM_TRACE=<file>`, every change-stream `aggregate` and `getMore` (command, reply's
 /// batch size and post-batch resume token) is appended to that file, for placing a failure.

@@ -177,7 +177,10 @@ impl Suite {
             }
         }
         for m in &self.executor.config.watch_modes {
-            if !matches!(m.as_str(), "continuous" | "resume_each" | "prefix") {
+            if !matches!(
+                m.as_str(),
+                "continuous" | "resume_each" | "driver_resume" | "prefix"
+            ) {
                 bail!("unknown watch mode {m}");
             }
         }
@@ -244,14 +247,13 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let background = Background::start(fixture.clone(), &suite.executor.hooks, seed);
     let clients = fixture::clients(&addrs, true).await?;
     let watch_clients = fixture::clients(&addrs, false).await?;
+    // Driver-resume watchers: one client as an application makes it, over every router.
+    let application_client = fixture::application_client(&addrs).await?;
     // `all_routers`: every thread uses one client over all routers (the driver picks a router
     // per operation and carries the cluster time across them).
     let thread_client = match cfg.thread_client.as_str() {
         "per_router" => None,
-        "all_routers" => {
-            let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-            Some(crate::connect_uri(&format!("mongodb://{}/", hosts.join(","))).await?)
-        }
+        "all_routers" => Some(fixture::application_client(&addrs).await?),
         other => bail!("unknown thread_client {other} (per_router or all_routers)"),
     };
     let started = tokio::time::Instant::now();
@@ -277,6 +279,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                     fixture: &fixture,
                     clients: &clients,
                     watch_clients: &watch_clients,
+                    application_client: &application_client,
                     thread_client: thread_client.as_ref(),
                     db: db.clone(),
                     others,
@@ -391,6 +394,8 @@ struct RunCtx<'a> {
     clients: &'a [Client],
     /// Clients for watchers (no read retries, see `fixture::clients`).
     watch_clients: &'a [Client],
+    /// A client with default options over every router, for driver-resume watchers.
+    application_client: &'a Client,
     thread_client: Option<&'a Client>,
     db: String,
     /// The databases of workloads running at the same time (parallel mode): their events on
@@ -438,6 +443,7 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
         .filter_map(|m| match m.as_str() {
             "continuous" => Some(Mode::Continuous),
             "resume_each" => Some(Mode::ResumeEach),
+            "driver_resume" => Some(Mode::DriverResume),
             _ => None,
         })
         .collect();
@@ -447,8 +453,12 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
         for (m, mode) in modes.iter().enumerate() {
             let spec = spec.clone();
             let mode = *mode;
+            let clients = match mode {
+                Mode::DriverResume => vec![rc.application_client.clone()],
+                _ => rc.watch_clients.to_vec(),
+            };
             let watcher = retrying("opening a watcher", || {
-                Watcher::open(rc.watch_clients.to_vec(), n + m, spec.clone(), mode, db)
+                Watcher::open(clients.clone(), n + m, spec.clone(), mode, db)
             })
             .await?;
             watchers.push(watcher);
@@ -580,6 +590,11 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
             spec.scope,
             if spec.expanded { ", expanded" } else { "" }
         );
+        for e in &obs.application_errors {
+            report.failures.push(format!(
+                "watcher {label}: an error reached the application: {e}"
+            ));
+        }
         if !obs.complete {
             report.failures.push(format!(
                 "watcher {label} did not reach the end of its stream ({} events read)",

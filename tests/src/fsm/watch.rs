@@ -1,10 +1,14 @@
-//! Change-stream watchers for the FSM suites, in three modes: continuous reading, resuming
-//! after every event from its token, and prefix reads (a new stream started at a recorded time
-//! or token must replay exactly the recorded stream's suffix from there).
+//! Change-stream watchers for the FSM suites, in four modes: continuous reading, resuming
+//! after every event from its token, reading as an application does (one stream, the driver's
+//! own automatic resume), and prefix reads (a new stream started at a recorded time or token
+//! must replay exactly the recorded stream's suffix from there).
 //!
 //! Invariants: a watcher never skips what it was given: on any error it reopens the stream from
 //! the last token it returned (any token must resume, on any router, after any restart); it
-//! stops at its stream's end (`invalidate`) or at the end marker of a cluster stream.
+//! stops at its stream's end (`invalidate`) or at the end marker of a cluster stream. A
+//! driver-resume watcher records every error that reaches it as an application error (the
+//! driver resumes from resumable errors by itself; whatever it lets through, an application
+//! sees), then reopens so the rest of its stream is still checked.
 
 use std::time::Duration;
 
@@ -24,6 +28,9 @@ pub enum Mode {
     Continuous,
     /// A new stream for every event, resumed from the previous event's token.
     ResumeEach,
+    /// One stream on a client with default options over every router (retryable reads on):
+    /// the driver resumes by itself, and any error it lets through is a failure.
+    DriverResume,
 }
 
 /// Where a stream starts.
@@ -95,6 +102,9 @@ pub struct Observed {
     pub complete: bool,
     /// Errors it resumed from (kills in flight), for the report.
     pub resumed_errors: Vec<String>,
+    /// Errors that reached it although the driver resumes by itself ([`Mode::DriverResume`]):
+    /// each one is a failure.
+    pub application_errors: Vec<String>,
     /// Where it reopened its stream: (events read so far, the error, the router it moved to).
     pub reopens: Vec<(usize, String, usize)>,
 }
@@ -159,6 +169,10 @@ impl Watcher {
                 match open(client, &self.spec, &self.resume).await {
                     Ok(s) => self.stream = Some(s),
                     Err(e) => {
+                        if self.mode == Mode::DriverResume {
+                            out.application_errors
+                                .push(format!("reopening after an error: {e}"));
+                        }
                         out.resumed_errors.push(format!("reopen: {e}"));
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         continue;
@@ -172,9 +186,19 @@ impl Watcher {
                 Err(_) => {} // nothing yet
                 Ok(None) => {
                     // The stream ended without our end marker (a closed cursor): reopen.
+                    if self.mode == Mode::DriverResume {
+                        out.application_errors.push(format!(
+                            "after {} events: the stream ended before its end",
+                            out.events.len()
+                        ));
+                    }
                     self.stream = None;
                 }
                 Ok(Some(Err(e))) => {
+                    if self.mode == Mode::DriverResume {
+                        out.application_errors
+                            .push(format!("after {} events: {e}", out.events.len()));
+                    }
                     out.resumed_errors.push(e.to_string());
                     out.reopens.push((
                         out.events.len(),
