@@ -30,15 +30,16 @@ impl Running {
     /// Stops serving and closes the in-process shards.
     pub async fn shutdown(self) {
         self.cancel.cancel();
-        let _ = self.task.await;
-        for s in self.shards {
-            s.shutdown().await;
-        }
+        self.wait().await;
     }
 
-    /// Waits until the server stops (after the cancellation token fires).
+    /// Waits until the server stops (after the cancellation token fires), then for the
+    /// router's background tasks, then closes the in-process shards.
     pub async fn wait(self) {
         let _ = self.task.await;
+        if let Some(router) = &self.router {
+            router.wait_for_tasks().await;
+        }
         for s in self.shards {
             s.shutdown().await;
         }
@@ -142,7 +143,7 @@ async fn router_over(
     let addr = listener.local_addr()?;
     options.advertised_host = advertised(addr);
     let router = Router::new(clients, options);
-    let cancel = CancellationToken::new();
+    let cancel = router.shutdown_token().clone();
     let task = tokio::spawn(crate::server::serve(
         router.clone(),
         listener,

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc};
 use futures::future::join_all;
 use resume::ClusterTime;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::clock::ClusterClock;
@@ -90,6 +92,11 @@ pub struct Router {
     pub(crate) started: Instant,
     pub(crate) open_connections: AtomicU64,
     pub(crate) failpoints: crate::failpoint::FailPoints,
+    /// Fires when the router shuts down; stops the background tasks (change-stream feeds).
+    pub(crate) shutdown: CancellationToken,
+    /// The router's background tasks, so shutting down can wait for them (they hold the
+    /// router, and through it in-process shards).
+    pub(crate) tasks: TaskTracker,
 }
 
 impl Router {
@@ -112,7 +119,20 @@ impl Router {
             started: Instant::now(),
             open_connections: AtomicU64::new(0),
             failpoints: Default::default(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         })
+    }
+
+    /// The token whose cancellation shuts the router down.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// After [`Router::shutdown_token`] fired: waits until the background tasks are done.
+    pub async fn wait_for_tasks(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     pub fn shard_names(&self) -> Vec<String> {

@@ -276,7 +276,7 @@ async fn open(
         stream,
         unreleased: BTreeMap::new(),
         rx,
-        cancel: CancellationToken::new(),
+        cancel: router.shutdown.child_token(),
         feeds: Vec::with_capacity(shards.len()),
         update_lookup,
         closed: false,
@@ -318,7 +318,7 @@ async fn open(
                 tx: tx.clone(),
                 cancel: cursor.cancel.clone(),
             };
-            cursor.feeds.push(tokio::spawn(feed.run()));
+            cursor.feeds.push(router.tasks.spawn(feed.run()));
         }
         if let Err(e) = cursor.absorb(idx, reply, first_batch) {
             failure.get_or_insert(e);
@@ -464,7 +464,7 @@ impl ChangeStreamCursor {
             s.nudged = floor;
             let router = router.clone();
             let (shard, id) = (s.shard, s.cursor_id);
-            tokio::spawn(async move {
+            router.tasks.clone().spawn(async move {
                 let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
                 // A failed nudge only costs latency: the shard's getMore ends on its own (and a
                 // lost shard is its feed's business, so no waiting for a connection).
