@@ -67,6 +67,15 @@ impl Default for ShardPatience {
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// Which failed sends [`Router::send`] tries again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only commands that were never sent (no connection could be opened).
+    Unsent,
+    /// Also commands lost after sending: for commands that may run twice.
+    Lost,
+}
+
 /// The next pause after `pause`.
 pub(crate) fn backoff(pause: Duration) -> Duration {
     (pause * 2).min(RETRY_MAX)
@@ -174,71 +183,95 @@ impl Router {
         db: &str,
         cmd: Document,
     ) -> Result<Document> {
-        self.send(shard, db, cmd, self.options.patience.connect)
-            .await
-            .map_err(TransportError::into_error)
+        self.send(
+            shard,
+            db,
+            cmd,
+            self.options.patience.connect,
+            Resend::Unsent,
+        )
+        .await
+        .map_err(TransportError::into_error)
     }
 
-    /// Sends `cmd` to a shard, waiting up to `patience` for a connection when none can be
-    /// opened. A command that was sent and then lost is not sent again: it may have run.
+    /// A command that may run twice: sent again (within [`ShardPatience::connect`]) also when
+    /// the connection failed after sending, as when the shard restarts in the middle of it.
+    /// For reads, and for retryable writes (the shard answers a repeated statement with its
+    /// recorded result, see `shard::retryable`).
+    pub(crate) async fn shard_idempotent(
+        &self,
+        shard: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Document> {
+        let reply = self
+            .send(shard, db, cmd, self.options.patience.connect, Resend::Lost)
+            .await
+            .map_err(TransportError::into_error)?;
+        match MongoError::from_reply(&reply) {
+            None => Ok(reply),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// [`Router::shard_idempotent`] for a read.
+    pub(crate) async fn shard_read(
+        &self,
+        shard: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Document> {
+        self.shard_idempotent(shard, db, cmd).await
+    }
+
+    /// A write: sent again after a loss only when it is a retryable write (`txnNumber`).
+    pub(crate) async fn shard_write(
+        &self,
+        shard: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Document> {
+        if cmd.contains_key("txnNumber") {
+            self.shard_idempotent(shard, db, cmd).await
+        } else {
+            self.shard_command(shard, db, cmd).await
+        }
+    }
+
+    /// Sends `cmd` to a shard, trying again until `patience` runs out when no connection could
+    /// be opened, and (with [`Resend::Lost`]) when the connection failed after sending.
     pub(crate) async fn send(
         &self,
         shard: usize,
         db: &str,
         mut cmd: Document,
         patience: Duration,
+        resend: Resend,
     ) -> std::result::Result<Document, TransportError> {
-        let target = self.shards.get(shard).ok_or_else(|| {
-            TransportError::Lost(MongoError::internal(format!("no shard with index {shard}")))
-        })?;
+        let Some(target) = self.shards.get(shard) else {
+            let error = MongoError::internal(format!("no shard with index {shard}"));
+            return Err(TransportError::Unreachable { error, cmd });
+        };
         let deadline = tokio::time::Instant::now() + patience;
         let mut pause = RETRY_FIRST;
         loop {
             cmd.insert("$clusterTime", self.clock.gossip());
-            match target.client.command(db, cmd).await {
+            let (error, back) = match target.client.command(db, cmd).await {
                 Ok(reply) => {
                     self.clock.observe_document(&reply);
                     return Ok(reply);
                 }
-                Err(TransportError::Unreachable { error, cmd: unsent })
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::debug!(shard = %target.name, %error, "waiting for the shard");
-                    sleep_before(pause, deadline).await;
-                    pause = backoff(pause);
-                    cmd = unsent;
-                }
+                Err(TransportError::Unreachable { error, cmd }) => (error, cmd),
+                Err(TransportError::Lost { error, cmd }) if resend == Resend::Lost => (error, cmd),
                 Err(e) => return Err(e),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(TransportError::Unreachable { error, cmd: back });
             }
-        }
-    }
-
-    /// A read that may run twice: sent again (within [`ShardPatience::connect`]) also when the
-    /// connection failed after sending, as when the shard restarts in the middle of it.
-    pub(crate) async fn shard_read(
-        &self,
-        shard: usize,
-        db: &str,
-        cmd: &Document,
-    ) -> Result<Document> {
-        let deadline = tokio::time::Instant::now() + self.options.patience.connect;
-        let mut pause = RETRY_FIRST;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.send(shard, db, cmd.clone(), left).await {
-                Ok(reply) => {
-                    return match MongoError::from_reply(&reply) {
-                        None => Ok(reply),
-                        Some(e) => Err(e),
-                    };
-                }
-                Err(TransportError::Lost(e)) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(shard, error = %e, "retrying a read the shard lost");
-                    sleep_before(pause, deadline).await;
-                    pause = backoff(pause);
-                }
-                Err(e) => return Err(e.into_error()),
-            }
+            tracing::debug!(shard = %target.name, %error, "waiting for the shard");
+            sleep_before(pause, deadline).await;
+            pause = backoff(pause);
+            cmd = back;
         }
     }
 
@@ -265,7 +298,7 @@ impl Router {
         db: &str,
         cmd: &Document,
     ) -> Vec<Result<Document>> {
-        join_all(shards.iter().map(|&s| self.shard_read(s, db, cmd))).await
+        join_all(shards.iter().map(|&s| self.shard_read(s, db, cmd.clone()))).await
     }
 
     pub fn all_shards(&self) -> Vec<usize> {
@@ -385,7 +418,7 @@ impl Router {
             .shard_read(
                 0,
                 CONFIG_DB,
-                &doc! {"find": coll, "filter": filter, "batchSize": i32::MAX},
+                doc! {"find": coll, "filter": filter, "batchSize": i32::MAX},
             )
             .await?;
         let mut docs = first_batch(&reply)?;

@@ -2,9 +2,10 @@
 //! documents, so the same router code runs over in-process shards and over TCP.
 //!
 //! Invariants: a client never invents a reply. A transport failure is a [`TransportError`],
-//! never an `ok: 1` document, and it says whether the command may have run: a command that was
-//! never sent ([`TransportError::Unreachable`]) comes back whole, so the router can send it
-//! again when the shard is back without any risk of running it twice.
+//! never an `ok: 1` document, and it says whether the command may have run. The command comes
+//! back whole either way, so the router can send it again without copying it first: always
+//! when it was never sent ([`TransportError::Unreachable`]), and when it is safe to run twice
+//! (reads, retryable writes) when it was lost on the way.
 
 use std::sync::Arc;
 
@@ -12,19 +13,19 @@ use async_trait::async_trait;
 use bson::Document;
 use wire::{ErrorCode, MongoError};
 
-/// Why a shard command produced no reply.
+/// Why a shard command produced no reply; the command is handed back.
 #[derive(Debug)]
 pub enum TransportError {
-    /// No connection could be opened: nothing was sent. The command is handed back.
+    /// No connection could be opened: nothing was sent.
     Unreachable { error: MongoError, cmd: Document },
     /// The connection failed after the command was sent: it may or may not have run.
-    Lost(MongoError),
+    Lost { error: MongoError, cmd: Document },
 }
 
 impl TransportError {
     pub fn into_error(self) -> MongoError {
         match self {
-            TransportError::Unreachable { error, .. } | TransportError::Lost(error) => error,
+            TransportError::Unreachable { error, .. } | TransportError::Lost { error, .. } => error,
         }
     }
 }
@@ -92,7 +93,7 @@ impl ShardClient for RemoteShard {
                 Err(if e.is_unsent() {
                     TransportError::Unreachable { error, cmd }
                 } else {
-                    TransportError::Lost(error)
+                    TransportError::Lost { error, cmd }
                 })
             }
         }

@@ -66,13 +66,16 @@ impl Connection {
     }
 
     /// Best-effort check, without waiting, that an idle connection is still usable: the peer has
-    /// not closed it and sent nothing unasked (either would make the next reply ambiguous).
+    /// not closed or reset it and sent nothing unasked (either would make the next reply
+    /// ambiguous). It asks the socket itself (a non-blocking peek), not tokio's cached
+    /// readiness, which can lag behind a peer that was just killed.
     pub fn is_stale(&self) -> bool {
         if !self.read_buf.is_empty() {
             return true;
         }
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        // The socket is non-blocking (tokio's), so the peek returns at once.
+        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
             Ok(_) => true,
         }

@@ -26,8 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{MongoError, Result};
 
-use crate::router::{Router, backoff, cursor_id, sleep_before};
-use crate::shard_client::TransportError;
+use crate::router::{Resend, Router, backoff, cursor_id, sleep_before};
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
@@ -81,7 +80,7 @@ impl Feed {
             // Best effort: a shard that is down has dropped the cursor already.
             let _ = self
                 .router
-                .send(self.shard, &self.db, kill, Duration::ZERO)
+                .send(self.shard, &self.db, kill, Duration::ZERO, Resend::Unsent)
                 .await;
         }
     }
@@ -96,7 +95,13 @@ impl Feed {
             // No waiting for a connection here: a lost shard is the re-open's business.
             let lost = match self
                 .router
-                .send(self.shard, &self.db, get_more, Duration::ZERO)
+                .send(
+                    self.shard,
+                    &self.db,
+                    get_more,
+                    Duration::ZERO,
+                    Resend::Unsent,
+                )
                 .await
             {
                 Ok(reply) => match MongoError::from_reply(&reply) {
@@ -152,6 +157,7 @@ impl Feed {
                     &self.db,
                     cmd.clone(),
                     left.min(patience.connect),
+                    Resend::Lost,
                 )
                 .await;
             match attempt {
@@ -168,9 +174,7 @@ impl Feed {
                         return false;
                     }
                 },
-                Err(TransportError::Unreachable { error: e, .. } | TransportError::Lost(e)) => {
-                    error = e;
-                }
+                Err(e) => error = e.into_error(),
             }
             sleep_before(pause, deadline).await;
             pause = backoff(pause);

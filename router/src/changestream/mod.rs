@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
-use futures::future::join_all;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
     ChangeStreamPipeline, FullDocument, RequestContext, StartPoint, UserStage, parse_pipeline,
@@ -43,7 +42,7 @@ use wire::{ErrorCode, MongoError, Result};
 
 use self::feed::FeedReply;
 use crate::metadata::Placement;
-use crate::router::{Router, cursor_id, first_batch, next_batch};
+use crate::router::{Resend, Router, cursor_id, first_batch, next_batch};
 
 /// Replies buffered per shard before its feed waits for the client.
 const FEED_DEPTH: usize = 2;
@@ -254,7 +253,7 @@ async fn open(
     };
     let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
     let shards = router.all_shards();
-    let replies = join_all(shards.iter().map(|&s| router.shard_read(s, db, &shard_cmd))).await;
+    let replies = router.broadcast_read(&shards, db, &shard_cmd).await;
     let initial = match &parsed.spec.start {
         StartPoint::None => None,
         _ => Some(
@@ -468,7 +467,7 @@ impl ChangeStreamCursor {
                 let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
                 // A failed nudge only costs latency: the shard's getMore ends on its own (and a
                 // lost shard is its feed's business, so no waiting for a connection).
-                let _ = router.send(shard, "admin", cmd, Duration::ZERO).await;
+                let _ = router.send(shard, "admin", cmd, Duration::ZERO, Resend::Unsent).await;
             });
         }
     }
@@ -529,7 +528,7 @@ async fn lookup_one(
     };
     let find = doc! {"find": coll, "filter": key.clone(), "limit": 1, "singleBatch": true};
     // A read: sent again if a shard restarts under it.
-    let replies = join_all(shards.iter().map(|&s| router.shard_read(s, db, &find))).await;
+    let replies = router.broadcast_read(&shards, db, &find).await;
     for r in replies {
         if let Some(d) = first_batch(&r?)?.into_iter().next() {
             return Ok(Some(d));

@@ -254,7 +254,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         for (shard, indexes, docs) in batches {
             let cmd = sub_command(ctx, &version, "documents", docs, &indexes);
             let reply = router
-                .shard_command(shard, ctx.db, cmd)
+                .shard_write(shard, ctx.db, cmd)
                 .await
                 .map_err(|e| retryable(e, ctx))?;
             outcome.absorb(&reply, &indexes);
@@ -268,7 +268,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     } else {
         let sends = batches.iter().map(|(shard, indexes, docs)| {
-            router.shard_command(
+            router.shard_write(
                 *shard,
                 ctx.db,
                 sub_command(ctx, &version, "documents", docs.clone(), indexes),
@@ -380,7 +380,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             let mut cmd = forwardable(ctx.cmd);
             cmd.insert("shardVersion", version);
             let reply = router
-                .shard_command(shard, ctx.db, cmd)
+                .shard_write(shard, ctx.db, cmd)
                 .await
                 .map_err(|e| retryable(e, ctx))?;
             return Ok(reply);
@@ -419,7 +419,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             &[i],
         );
         if shards.len() == 1 || multi {
-            let replies = router.broadcast(&shards, ctx.db, &cmd).await;
+            let sends = shards
+                .iter()
+                .map(|&s| router.shard_write(s, ctx.db, cmd.clone()));
+            let replies = futures::future::join_all(sends).await;
             for reply in replies {
                 match reply {
                     Ok(r) => outcome.absorb(&r, &[i]),
@@ -438,7 +441,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             // A single-document write without the shard key: the first shard that matches wins.
             for shard in shards {
                 let reply = router
-                    .shard_command(shard, ctx.db, cmd.clone())
+                    .shard_write(shard, ctx.db, cmd.clone())
                     .await
                     .map_err(|e| retryable(e, ctx))?;
                 let matched = int(reply.get("n")) > 0 || reply.contains_key("writeErrors");
@@ -483,7 +486,7 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let mut last = None;
     for shard in shards {
         let reply = router
-            .shard_command(shard, ctx.db, cmd.clone())
+            .shard_write(shard, ctx.db, cmd.clone())
             .await
             .map_err(|e| retryable(e, ctx))?;
         let n = reply

@@ -329,7 +329,7 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.len() == 1 {
         return ctx
             .router
-            .shard_read(targets[0], ctx.db, &routed.command(ctx.cmd))
+            .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await;
     }
     let mut cmd = routed.command(ctx.cmd);
@@ -437,7 +437,7 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.len() == 1 && !routed.sharded {
         let reply = ctx
             .router
-            .shard_read(targets[0], ctx.db, &routed.command(ctx.cmd))
+            .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }

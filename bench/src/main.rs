@@ -1,0 +1,481 @@
+//! `tributary-bench`: drives a Tributary cluster through the Rust driver and reports what it
+//! measured: acknowledged writes/s, events/s, acknowledgement → event latency (HDR histogram),
+//! watcher lag second by second, and the server's CPU per write and memory. A user-facing
+//! tool, not a test: it asserts nothing.
+//!
+//!   tributary-bench --writers 4 --watchers 1 --seconds 10            # live: write and watch
+//!   tributary-bench --writers 1 --batch 100 --docs 100000 --drain    # write, then drain
+//!   tributary-bench --uri mongodb://host:27017/ --server-pid 1234 ...
+//!
+//! Without `--uri` it starts the embedded cluster (`tributary`, from `$TRIBUTARY_BIN` or beside
+//! this binary) in a temporary directory and reads that process's CPU and memory.
+//!
+//! Phases: set-up (collection, shard key, the documents updates work on) → watchers open (live
+//! mode) → writers run for `--seconds` or `--docs` → watchers read up to every acknowledged
+//! write (or, in drain mode, open now at the time the writes began and read them all).
+
+mod procstat;
+mod report;
+mod workload;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bson::{Document, doc};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use mongodb::Client;
+use mongodb::options::{ClientOptions, FullDocumentType};
+
+use report::{Latency, Server, Summary, Tick, rate};
+use workload::{Level, Op, Shared, WatchSpec, Watched, WriteSpec};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tributary-bench",
+    version,
+    about = "Drives a Tributary cluster through the Rust driver and reports writes/s, events/s, ack→event latency, watcher lag, server CPU and memory."
+)]
+struct Cli {
+    /// The cluster to drive. Without it an embedded cluster is started for the run.
+    #[arg(long)]
+    uri: Option<String>,
+    /// Shards of the embedded cluster (without --uri).
+    #[arg(long, default_value_t = 3)]
+    shards: usize,
+    /// The server's process id, to read its CPU and memory (known when the bench starts it).
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 1)]
+    writers: usize,
+    /// What the writers do.
+    #[arg(long, value_enum, default_value_t = Op::Insert)]
+    op: Op,
+    /// Shard the collection on `{_id: "hashed"}` (over every shard).
+    #[arg(long)]
+    sharded: bool,
+    /// Documents per insert (`insert_many` when above 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    batch: u64,
+    /// Unordered batches (`ordered: false`).
+    #[arg(long)]
+    unordered: bool,
+    /// Writes per second per writer; 0 writes as fast as acknowledgements come.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// How long the writers run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Stop the writers after this many writes in all (instead of --seconds).
+    #[arg(long)]
+    docs: Option<u64>,
+    /// Bytes of filler per inserted document.
+    #[arg(long, default_value_t = 100)]
+    payload: usize,
+    /// Watchers that read every event.
+    #[arg(long, default_value_t = 1)]
+    watchers: usize,
+    /// Watchers that open a stream and never read it (a stalled consumer).
+    #[arg(long, default_value_t = 0)]
+    stalled: usize,
+    /// What the watchers watch.
+    #[arg(long, value_enum, default_value_t = Level::Collection)]
+    level: Level,
+    /// A `$match` stage for the watchers, as JSON (e.g. '{"operationType": "insert"}').
+    #[arg(long = "match")]
+    filter: Option<String>,
+    /// `fullDocument` for the watchers: updateLookup, whenAvailable or required.
+    #[arg(long)]
+    full_document: Option<String>,
+    /// Write first, then open the watchers at the time the writes began and drain them.
+    #[arg(long)]
+    drain: bool,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The database to use (dropped first).
+    #[arg(long, default_value = "bench")]
+    db: String,
+}
+
+const COLL: &str = "load";
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        eprintln!("tributary-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let full_document = match cli.full_document.as_deref() {
+        None => None,
+        Some("updateLookup") => Some(FullDocumentType::UpdateLookup),
+        Some("whenAvailable") => Some(FullDocumentType::WhenAvailable),
+        Some("required") => Some(FullDocumentType::Required),
+        Some(other) => anyhow::bail!(
+            "--full-document {other}: expected updateLookup, whenAvailable or required"
+        ),
+    };
+    let pipeline = match &cli.filter {
+        None => Vec::new(),
+        Some(json) => {
+            let value: serde_json::Value =
+                serde_json::from_str(json).context("--match is not valid JSON")?;
+            anyhow::ensure!(value.is_object(), "--match must be a JSON object");
+            let m = bson::serialize_to_document(&value).context("--match is not a document")?;
+            vec![doc! {"$match": m}]
+        }
+    };
+    let mut server = None;
+    let (uri, pid) = match &cli.uri {
+        Some(u) => (u.clone(), cli.server_pid),
+        None => {
+            let s = EmbeddedServer::start(cli.shards).await?;
+            let uri = s.uri.clone();
+            let pid = s.child.id();
+            server = Some(s);
+            (uri, Some(pid))
+        }
+    };
+    let mut opts = ClientOptions::parse(&uri).await?;
+    opts.max_pool_size = Some((cli.writers + cli.watchers + cli.stalled + 8) as u32);
+    let client = Client::with_options(opts)?;
+    let result = bench(&cli, &client, pid, pipeline, full_document).await;
+    drop(server);
+    let summary = result?;
+    for line in summary.lines() {
+        println!("{line}");
+    }
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn bench(
+    cli: &Cli,
+    client: &Client,
+    pid: Option<u32>,
+    pipeline: Vec<Document>,
+    full_document: Option<FullDocumentType>,
+) -> Result<Summary> {
+    let db = client.database(&cli.db);
+    db.drop().await.context("dropping the bench database")?;
+    db.create_collection(COLL).await?;
+    if cli.sharded {
+        client
+            .database("admin")
+            .run_command(
+                doc! {"shardCollection": format!("{}.{COLL}", cli.db), "key": {"_id": "hashed"}},
+            )
+            .await?;
+    }
+    let coll = db.collection::<Document>(COLL);
+    let write_spec = WriteSpec {
+        writers: cli.writers,
+        op: cli.op,
+        batch: cli.batch as usize,
+        rate: cli.rate,
+        payload: cli.payload,
+        limit: cli.docs,
+        ordered: !cli.unordered,
+    };
+    workload::seed_update_pool(&coll, &write_spec).await?;
+    let start_time = operation_time(client).await?;
+    let mut watch_spec = WatchSpec {
+        level: cli.level,
+        pipeline,
+        full_document,
+        start_at: None,
+    };
+    let counted = watch_spec.pipeline.is_empty();
+    let shared = Shared::new();
+    let ticks_per_second = procstat::ticks_per_second();
+    let sample = move || pid.and_then(|p| procstat::sample(p, ticks_per_second));
+
+    // Live mode: the watchers open before the first write.
+    let counts: Vec<Arc<AtomicU64>> = (0..cli.watchers).map(|_| Arc::default()).collect();
+    let mut stalled = Vec::new();
+    let mut streams = Vec::new();
+    if !cli.drain {
+        for _ in 0..cli.watchers {
+            streams.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+        }
+        for _ in 0..cli.stalled {
+            stalled.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+        }
+    }
+    let before = sample();
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_every_second(
+        shared.clone(),
+        counts.clone(),
+        pid,
+        ticks_per_second,
+        stop_sampling.clone(),
+    ));
+    let started = Instant::now();
+    let watchers = spawn_watchers(streams, &counts, &shared, counted);
+    let writers: Vec<_> = (0..cli.writers)
+        .map(|w| {
+            tokio::spawn(workload::write(
+                coll.clone(),
+                w,
+                write_spec.clone(),
+                shared.clone(),
+            ))
+        })
+        .collect();
+    if cli.docs.is_none() {
+        tokio::time::sleep(Duration::from_secs(cli.seconds)).await;
+        shared.stop_writing.store(true, Ordering::Relaxed);
+    }
+    for w in writers {
+        w.await?;
+    }
+    let write_time = started.elapsed();
+    let acked = shared.acked.load(Ordering::Relaxed);
+    shared.stop_writing.store(true, Ordering::Relaxed);
+
+    // Drain mode: the watchers open now, at the time the writes began.
+    let (watchers, drain_started) = if cli.drain {
+        watch_spec.start_at = Some(start_time);
+        let mut streams = Vec::new();
+        for _ in 0..cli.watchers {
+            streams.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+        }
+        (
+            spawn_watchers(streams, &counts, &shared, counted),
+            Some(Instant::now()),
+        )
+    } else {
+        (watchers, None)
+    };
+    let mut watched: Vec<Watched> = Vec::new();
+    for w in watchers {
+        watched.push(w.await?);
+    }
+    let elapsed = drain_started
+        .map(|d| d.elapsed())
+        .unwrap_or_else(|| started.elapsed());
+    let after = sample();
+    stop_sampling.store(true, Ordering::Relaxed);
+    let ticks = sampler.await?;
+    drop(stalled);
+
+    let mut latency = Histogram::<u64>::new(3)?;
+    for w in &watched {
+        latency.add(&w.latency)?;
+    }
+    let events: u64 = watched.iter().map(|w| w.events).sum();
+    let slowest = watched.iter().map(|w| w.events).min();
+    let rss_max = ticks
+        .iter()
+        .filter_map(|t| t.server_rss_mb)
+        .fold(0.0_f64, f64::max);
+    Ok(Summary {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        seconds: elapsed.as_secs_f64(),
+        writers: cli.writers,
+        watchers: cli.watchers,
+        acked_writes: acked,
+        writes_per_sec: rate(acked, write_time),
+        events,
+        events_per_sec: rate(events, elapsed),
+        delivered_ratio: match (slowest, counted && acked > 0) {
+            (Some(s), true) => Some(s as f64 / acked as f64),
+            _ => None,
+        },
+        ack_to_event: if cli.drain {
+            None
+        } else {
+            Latency::from_histogram(&latency)
+        },
+        time_to_first_event_ms: if cli.drain {
+            watched
+                .iter()
+                .filter_map(|w| w.first_event)
+                .min()
+                .map(|d| d.as_secs_f64() * 1000.0)
+        } else {
+            None
+        },
+        write_errors: shared.write_errors.load(Ordering::Relaxed),
+        watcher_errors: watched.iter().filter_map(|w| w.error.clone()).collect(),
+        server: match (before, after) {
+            (Some(b), Some(a)) => Some(Server::between(
+                b,
+                a,
+                (rss_max * 1024.0 * 1024.0) as u64,
+                acked,
+                events,
+            )),
+            _ => None,
+        },
+        ticks,
+    })
+}
+
+/// Watchers read until they have every acknowledged write once the writers are done (or, with
+/// a `$match`, until their stream has been idle for a second after that).
+fn spawn_watchers(
+    streams: Vec<mongodb::change_stream::ChangeStream<Document>>,
+    counts: &[Arc<AtomicU64>],
+    shared: &Arc<Shared>,
+    counted: bool,
+) -> Vec<tokio::task::JoinHandle<Watched>> {
+    streams
+        .into_iter()
+        .zip(counts)
+        .map(|(stream, count)| {
+            let done_shared = shared.clone();
+            let done = move |n: u64, idle: bool| {
+                let writing = !done_shared.stop_writing.load(Ordering::Relaxed);
+                !writing
+                    && (if counted {
+                        n >= done_shared.acked.load(Ordering::Relaxed)
+                    } else {
+                        idle
+                    })
+            };
+            tokio::spawn(workload::watch(
+                stream,
+                COLL.to_string(),
+                count.clone(),
+                shared.clone(),
+                done,
+            ))
+        })
+        .collect()
+}
+
+/// One progress line a second on stderr, and the ticks for the report.
+async fn sample_every_second(
+    shared: Arc<Shared>,
+    counts: Vec<Arc<AtomicU64>>,
+    pid: Option<u32>,
+    ticks_per_second: u64,
+    stop: Arc<AtomicBool>,
+) -> Vec<Tick> {
+    let mut ticks = Vec::new();
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.tick().await;
+    let mut last = (0_u64, 0_u64);
+    let mut last_cpu = pid.and_then(|p| procstat::sample(p, ticks_per_second));
+    loop {
+        every.tick().await;
+        let acked = shared.acked.load(Ordering::Relaxed);
+        let slowest = counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        let now = pid.and_then(|p| procstat::sample(p, ticks_per_second));
+        let cpu = match (last_cpu, now) {
+            (Some(a), Some(b)) => format!(
+                " server CPU {:.0}%",
+                b.cpu.saturating_sub(a.cpu).as_secs_f64() * 100.0
+            ),
+            _ => String::new(),
+        };
+        let tick = Tick {
+            t_secs: shared.start.elapsed().as_secs_f64(),
+            acked,
+            slowest_watcher: slowest,
+            lag: acked.saturating_sub(slowest),
+            server_rss_mb: now.map(|s| report::mb(s.rss)),
+        };
+        eprintln!(
+            "t={:.0}s writes {}/s events {}/s (slowest watcher) lag {}{cpu}{}",
+            tick.t_secs,
+            acked - last.0,
+            slowest.saturating_sub(last.1),
+            tick.lag,
+            tick.server_rss_mb
+                .map(|m| format!(" RSS {m:.0} MB"))
+                .unwrap_or_default(),
+        );
+        last = (acked, slowest);
+        last_cpu = now;
+        ticks.push(tick);
+        if stop.load(Ordering::Relaxed) {
+            return ticks;
+        }
+    }
+}
+
+/// The cluster's current time (a `ping`'s `operationTime`): drain mode starts there.
+async fn operation_time(client: &Client) -> Result<bson::Timestamp> {
+    let reply = client
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await?;
+    reply
+        .get_timestamp("operationTime")
+        .context("the ping reply has no operationTime")
+}
+
+/// The embedded cluster, as a child process (so its CPU and memory are its own).
+struct EmbeddedServer {
+    child: Child,
+    uri: String,
+    _dir: tempfile::TempDir,
+}
+
+impl EmbeddedServer {
+    async fn start(shards: usize) -> Result<EmbeddedServer> {
+        let binary = match std::env::var_os("TRIBUTARY_BIN") {
+            Some(b) => PathBuf::from(b),
+            None => std::env::current_exe()?
+                .parent()
+                .context("the bench binary has no directory")?
+                .join("tributary"),
+        };
+        let dir = tempfile::tempdir()?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(&binary)
+            .args(["--port", &port.to_string(), "--shards", &shards.to_string()])
+            .arg("--dbpath")
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (build it: cargo build --release --bin tributary)",
+                    binary.display()
+                )
+            })?;
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&addr).await.is_err() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the embedded cluster did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(EmbeddedServer {
+            child,
+            uri: format!("mongodb://{addr}/?directConnection=true"),
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for EmbeddedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,337 @@
+//! The load: writers and watchers through the Rust driver, and the per-second sampler.
+//!
+//! Every write carries a sequence number (`seq`: in the document for inserts, in the `$set`
+//! for updates); a writer records, per `seq`, when the server acknowledged it, and a watcher
+//! that receives the event measures acknowledgement → arrival. An event that arrives before
+//! its writer has recorded the acknowledgement counts as 0 µs (it beat the acknowledgement).
+//!
+//! Invariants: counts only grow; a watcher counts only the events of the bench's collection;
+//! acknowledgement times live in a fixed ring (`ACK_RING` slots), so memory does not grow with
+//! the run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bson::{Bson, Document, doc};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use mongodb::change_stream::ChangeStream;
+use mongodb::options::FullDocumentType;
+use mongodb::{Client, Collection};
+
+/// Slots of the acknowledgement-time ring (a seq's slot is `seq % ACK_RING`).
+const ACK_RING: usize = 1 << 21;
+
+/// What the writers do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Op {
+    Insert,
+    Update,
+    /// Inserts and updates, alternating.
+    Mixed,
+}
+
+/// Where the watchers watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Level {
+    Collection,
+    Database,
+    Cluster,
+}
+
+/// The writers' settings.
+#[derive(Debug, Clone)]
+pub struct WriteSpec {
+    pub writers: usize,
+    pub op: Op,
+    pub batch: usize,
+    /// Writes per second per writer; 0 is flat out.
+    pub rate: u64,
+    pub payload: usize,
+    /// Stop after this many writes in all.
+    pub limit: Option<u64>,
+    pub ordered: bool,
+}
+
+/// The watchers' settings.
+#[derive(Debug, Clone)]
+pub struct WatchSpec {
+    pub level: Level,
+    pub pipeline: Vec<Document>,
+    pub full_document: Option<FullDocumentType>,
+    pub start_at: Option<bson::Timestamp>,
+}
+
+/// State shared by the writers, the watchers and the sampler.
+pub struct Shared {
+    pub start: Instant,
+    pub next_seq: AtomicU64,
+    pub acked: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub stop_writing: AtomicBool,
+    /// Acknowledgement time of a seq, in µs since `start`, plus one (0: not yet).
+    acks: Vec<AtomicU64>,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            start: Instant::now(),
+            next_seq: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            stop_writing: AtomicBool::new(false),
+            acks: (0..ACK_RING).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    fn record_ack(&self, seq: u64) {
+        self.acks[seq as usize % ACK_RING].store(self.now_us() + 1, Ordering::Release);
+    }
+
+    /// µs from `seq`'s acknowledgement to now (0 if the event came first).
+    fn since_ack(&self, seq: u64) -> u64 {
+        match self.acks[seq as usize % ACK_RING].load(Ordering::Acquire) {
+            0 => 0,
+            at => self.now_us().saturating_sub(at - 1),
+        }
+    }
+}
+
+/// Inserts the documents updates work on: 100 per writer, `_id: "p<w>-<k>"`.
+pub async fn seed_update_pool(coll: &Collection<Document>, spec: &WriteSpec) -> Result<()> {
+    if spec.op == Op::Insert {
+        return Ok(());
+    }
+    let docs: Vec<Document> = (0..spec.writers)
+        .flat_map(|w| (0..100).map(move |k| doc! {"_id": format!("p{w}-{k}"), "n": 0_i64}))
+        .collect();
+    coll.insert_many(docs)
+        .await
+        .context("seeding the documents to update")?;
+    Ok(())
+}
+
+/// One writer, until `shared.stop_writing` or the write limit.
+pub async fn write(coll: Collection<Document>, w: usize, spec: WriteSpec, shared: Arc<Shared>) {
+    let payload = "x".repeat(spec.payload);
+    let per_round = match spec.op {
+        Op::Insert => spec.batch,
+        Op::Update => 1,
+        Op::Mixed => spec.batch + 1,
+    };
+    let interval =
+        (spec.rate > 0).then(|| Duration::from_secs_f64(per_round as f64 / spec.rate as f64));
+    let mut next = tokio::time::Instant::now();
+    let mut round = 0_u64;
+    while !shared.stop_writing.load(Ordering::Relaxed) {
+        if let Some(limit) = spec.limit
+            && shared.next_seq.load(Ordering::Relaxed) >= limit
+        {
+            break;
+        }
+        if let Some(i) = interval {
+            tokio::time::sleep_until(next).await;
+            next += i;
+        }
+        if spec.op != Op::Update {
+            insert_batch(&coll, w, &spec, &payload, &shared).await;
+        }
+        if spec.op != Op::Insert {
+            let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            let id = format!("p{w}-{}", round % 100);
+            let update = doc! {"$set": {"seq": seq as i64}, "$inc": {"n": 1_i64}};
+            match coll.update_one(doc! {"_id": id}, update).await {
+                Ok(_) => {
+                    shared.record_ack(seq);
+                    shared.acked.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    shared.write_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        round += 1;
+    }
+}
+
+async fn insert_batch(
+    coll: &Collection<Document>,
+    w: usize,
+    spec: &WriteSpec,
+    payload: &str,
+    shared: &Shared,
+) {
+    let first = shared
+        .next_seq
+        .fetch_add(spec.batch as u64, Ordering::Relaxed);
+    let seqs = first..first + spec.batch as u64;
+    let docs: Vec<Document> = seqs
+        .clone()
+        .map(|s| doc! {"_id": format!("w{w}-{s}"), "seq": s as i64, "payload": payload})
+        .collect();
+    let result = if docs.len() == 1 {
+        coll.insert_one(&docs[0]).await.map(|_| ())
+    } else {
+        coll.insert_many(&docs)
+            .ordered(spec.ordered)
+            .await
+            .map(|_| ())
+    };
+    match result {
+        Ok(()) => {
+            for s in seqs {
+                shared.record_ack(s);
+            }
+            shared.acked.fetch_add(spec.batch as u64, Ordering::Relaxed);
+        }
+        Err(_) => {
+            shared
+                .write_errors
+                .fetch_add(spec.batch as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Opens one watcher's stream.
+pub async fn open(
+    client: &Client,
+    db: &str,
+    coll: &str,
+    spec: &WatchSpec,
+) -> Result<ChangeStream<Document>> {
+    macro_rules! build {
+        ($w:expr) => {{
+            let mut w = $w;
+            if let Some(f) = &spec.full_document {
+                w = w.full_document(f.clone());
+            }
+            if let Some(t) = spec.start_at {
+                w = w.start_at_operation_time(t);
+            }
+            w.max_await_time(Duration::from_millis(500))
+                .await?
+                .with_type::<Document>()
+        }};
+    }
+    let pipeline = spec.pipeline.clone();
+    let database = client.database(db);
+    let collection = database.collection::<Document>(coll);
+    Ok(match spec.level {
+        Level::Collection => build!(collection.watch().pipeline(pipeline)),
+        Level::Database => build!(database.watch().pipeline(pipeline)),
+        Level::Cluster => build!(client.watch().pipeline(pipeline)),
+    })
+}
+
+/// What one watcher measured.
+pub struct Watched {
+    pub events: u64,
+    pub latency: Histogram<u64>,
+    /// From the call to [`watch`] to the first event.
+    pub first_event: Option<Duration>,
+    /// From the call to [`watch`] to the last event.
+    pub last_event: Option<Duration>,
+    pub error: Option<String>,
+}
+
+/// Reads `stream` until `done` says so: it gets the count so far and whether the stream has
+/// been idle for a second.
+pub async fn watch(
+    mut stream: ChangeStream<Document>,
+    coll: String,
+    count: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    done: impl Fn(u64, bool) -> bool,
+) -> Watched {
+    let opened = Instant::now();
+    let mut out = Watched {
+        events: 0,
+        latency: Histogram::new(3).expect("3 significant figures is a valid histogram"),
+        first_event: None,
+        last_event: None,
+        error: None,
+    };
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+        let ev = match next {
+            Err(_) => {
+                if done(out.events, true) {
+                    return out;
+                }
+                continue;
+            }
+            Ok(None) => {
+                out.error = Some("the stream ended".into());
+                return out;
+            }
+            Ok(Some(Err(e))) => {
+                out.error = Some(e.to_string());
+                return out;
+            }
+            Ok(Some(Ok(ev))) => ev,
+        };
+        if ev.get_document("ns").and_then(|n| n.get_str("coll")).ok() != Some(coll.as_str()) {
+            continue;
+        }
+        out.events += 1;
+        count.store(out.events, Ordering::Relaxed);
+        out.first_event.get_or_insert_with(|| opened.elapsed());
+        out.last_event = Some(opened.elapsed());
+        if let Some(seq) = seq_of(&ev) {
+            let _ = out.latency.record(shared.since_ack(seq));
+        }
+        if done(out.events, false) {
+            return out;
+        }
+    }
+}
+
+/// The write's sequence number carried by an event.
+fn seq_of(ev: &Document) -> Option<u64> {
+    let from = |d: &Document| match d.get("seq") {
+        Some(Bson::Int64(s)) => Some(*s as u64),
+        Some(Bson::Int32(s)) => Some(*s as u64),
+        _ => None,
+    };
+    ev.get_document("fullDocument")
+        .ok()
+        .and_then(from)
+        .or_else(|| {
+            ev.get_document("updateDescription")
+                .and_then(|u| u.get_document("updatedFields"))
+                .ok()
+                .and_then(from)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sequence_number_comes_from_the_document_or_the_update() {
+        assert_eq!(seq_of(&doc! {"fullDocument": {"seq": 7_i64}}), Some(7));
+        assert_eq!(
+            seq_of(&doc! {"updateDescription": {"updatedFields": {"seq": 9_i64, "n": 2}}}),
+            Some(9)
+        );
+        assert_eq!(seq_of(&doc! {"operationType": "drop"}), None);
+    }
+
+    #[test]
+    fn latency_is_measured_from_the_recorded_acknowledgement() {
+        let shared = Shared::new();
+        assert_eq!(shared.since_ack(5), 0, "not acknowledged yet");
+        shared.record_ack(5);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(shared.since_ack(5) >= 2000);
+        assert_eq!(shared.since_ack(6), 0, "another seq");
+    }
+}
