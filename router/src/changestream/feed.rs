@@ -24,12 +24,14 @@ use std::time::Duration;
 use bson::{Bson, Document, doc};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use wire::{MongoError, Result};
+use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::{Resend, Router, backoff, cursor_id, sleep_before};
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
+/// How long past its awaitData wait a shard getMore may take before the shard counts as lost.
+const SILENT_SHARD: Duration = Duration::from_secs(10);
 /// The first pause before re-opening a lost shard's stream.
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 
@@ -92,19 +94,31 @@ impl Feed {
                 "collection": &self.collection,
                 "maxTimeMS": SHARD_AWAIT.as_millis() as i64,
             };
-            // No waiting for a connection here: a lost shard is the re-open's business.
-            let lost = match self
-                .router
-                .send(
+            // No waiting for a connection here: a lost shard is the re-open's business. A shard
+            // that does not answer well past the awaitData wait is lost too (a partition sends
+            // no reset); dropping the request drops its connection.
+            let sent = tokio::time::timeout(
+                SHARD_AWAIT + SILENT_SHARD,
+                self.router.send(
                     self.shard,
                     &self.db,
                     get_more,
                     Duration::ZERO,
                     Resend::Unsent,
-                )
-                .await
-            {
-                Ok(reply) => match MongoError::from_reply(&reply) {
+                ),
+            )
+            .await;
+            let lost = match sent {
+                Err(_) => MongoError::new(
+                    ErrorCode::NETWORK_TIMEOUT,
+                    format!(
+                        "shard{} did not answer a getMore within {:?}",
+                        self.shard,
+                        SHARD_AWAIT + SILENT_SHARD
+                    ),
+                ),
+                Ok(Err(e)) => e.into_error(),
+                Ok(Ok(reply)) => match MongoError::from_reply(&reply) {
                     Some(e) if LOST_CODES.contains(&e.code) => e,
                     Some(e) => {
                         self.hand_over(Err(e), false).await;
@@ -121,7 +135,6 @@ impl Feed {
                         continue;
                     }
                 },
-                Err(e) => e.into_error(),
             };
             tracing::info!(shard = self.shard, error = %lost, "change stream lost its shard; re-opening");
             if !self.reopen(lost).await {
