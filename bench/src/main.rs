@@ -246,6 +246,7 @@ async fn bench(
     let write_time = started.elapsed();
     let acked = shared.acked.load(Ordering::Relaxed);
     shared.stop_writing.store(true, Ordering::Relaxed);
+    shared.writers_done.store(true, Ordering::Release);
 
     // Drain mode: the watchers open now, at the time the writes began.
     let (watchers, drain_started) = if cli.drain {
@@ -274,8 +275,10 @@ async fn bench(
     drop(stalled);
 
     let mut latency = Histogram::<u64>::new(3)?;
+    let mut send_latency = Histogram::<u64>::new(3)?;
     for w in &watched {
         latency.add(&w.latency)?;
+        send_latency.add(&w.send_latency)?;
     }
     let events: u64 = watched.iter().map(|w| w.events).sum();
     let slowest = watched.iter().map(|w| w.events).min();
@@ -300,6 +303,11 @@ async fn bench(
             None
         } else {
             Latency::from_histogram(&latency)
+        },
+        send_to_event: if cli.drain {
+            None
+        } else {
+            Latency::from_histogram(&send_latency)
         },
         time_to_first_event_ms: if cli.drain {
             watched
@@ -340,8 +348,7 @@ fn spawn_watchers(
         .map(|(stream, count)| {
             let done_shared = shared.clone();
             let done = move |n: u64, idle: bool| {
-                let writing = !done_shared.stop_writing.load(Ordering::Relaxed);
-                !writing
+                done_shared.writers_done.load(Ordering::Acquire)
                     && (if counted {
                         n >= done_shared.acked.load(Ordering::Relaxed)
                     } else {

@@ -97,8 +97,10 @@ pub struct Summary {
     pub events_per_sec: f64,
     /// Events the slowest watcher received ÷ acknowledged writes in its scope.
     pub delivered_ratio: Option<f64>,
-    /// Acknowledgement → event at the driver.
+    /// Acknowledgement → event at the driver (0 when the event beat the acknowledgement).
     pub ack_to_event: Option<Latency>,
+    /// Send → event at the driver (the write's durable commit included).
+    pub send_to_event: Option<Latency>,
     /// Drain mode: time from opening a watcher to its first event.
     pub time_to_first_event_ms: Option<f64>,
     pub write_errors: u64,
@@ -123,11 +125,16 @@ impl Summary {
                 .map(|r| format!(", slowest watcher got {:.4} of its writes", r))
                 .unwrap_or_default()
         )];
-        if let Some(l) = &self.ack_to_event {
-            out.push(format!(
-                "ack→event latency (n={}): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
-                l.samples, l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms
-            ));
+        for (name, l) in [
+            ("ack→event", &self.ack_to_event),
+            ("send→event", &self.send_to_event),
+        ] {
+            if let Some(l) = l {
+                out.push(format!(
+                    "{name} latency (n={}): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+                    l.samples, l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms
+                ));
+            }
         }
         if let Some(t) = self.time_to_first_event_ms {
             out.push(format!("time to first event: {t:.2} ms"));

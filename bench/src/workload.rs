@@ -1,9 +1,10 @@
 //! The load: writers and watchers through the Rust driver, and the per-second sampler.
 //!
 //! Every write carries a sequence number (`seq`: in the document for inserts, in the `$set`
-//! for updates); a writer records, per `seq`, when the server acknowledged it, and a watcher
-//! that receives the event measures acknowledgement → arrival. An event that arrives before
-//! its writer has recorded the acknowledgement counts as 0 µs (it beat the acknowledgement).
+//! for updates); a writer records, per `seq`, when it sent the write and when the server
+//! acknowledged it, and a watcher that receives the event measures send → arrival (the write's
+//! durable commit included) and acknowledgement → arrival. An event that arrives before its
+//! writer has recorded the acknowledgement counts as 0 µs (it beat the acknowledgement).
 //!
 //! Invariants: counts only grow; a watcher counts only the events of the bench's collection;
 //! acknowledgement times live in a fixed ring (`ACK_RING` slots), so memory does not grow with
@@ -71,8 +72,12 @@ pub struct Shared {
     pub acked: AtomicU64,
     pub write_errors: AtomicU64,
     pub stop_writing: AtomicBool,
+    /// Set once every writer has returned: `acked` is final.
+    pub writers_done: AtomicBool,
     /// Acknowledgement time of a seq, in µs since `start`, plus one (0: not yet).
     acks: Vec<AtomicU64>,
+    /// Send time of a seq, likewise.
+    sends: Vec<AtomicU64>,
 }
 
 impl Shared {
@@ -83,7 +88,9 @@ impl Shared {
             acked: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             stop_writing: AtomicBool::new(false),
+            writers_done: AtomicBool::new(false),
             acks: (0..ACK_RING).map(|_| AtomicU64::new(0)).collect(),
+            sends: (0..ACK_RING).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -95,11 +102,25 @@ impl Shared {
         self.acks[seq as usize % ACK_RING].store(self.now_us() + 1, Ordering::Release);
     }
 
+    fn record_send(&self, seq: u64) {
+        let slot = seq as usize % ACK_RING;
+        self.acks[slot].store(0, Ordering::Relaxed);
+        self.sends[slot].store(self.now_us() + 1, Ordering::Release);
+    }
+
     /// µs from `seq`'s acknowledgement to now (0 if the event came first).
     fn since_ack(&self, seq: u64) -> u64 {
         match self.acks[seq as usize % ACK_RING].load(Ordering::Acquire) {
             0 => 0,
             at => self.now_us().saturating_sub(at - 1),
+        }
+    }
+
+    /// µs from `seq`'s send to now (`None` if it was never recorded).
+    fn since_send(&self, seq: u64) -> Option<u64> {
+        match self.sends[seq as usize % ACK_RING].load(Ordering::Acquire) {
+            0 => None,
+            at => Some(self.now_us().saturating_sub(at - 1)),
         }
     }
 }
@@ -145,6 +166,7 @@ pub async fn write(coll: Collection<Document>, w: usize, spec: WriteSpec, shared
         }
         if spec.op != Op::Insert {
             let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            shared.record_send(seq);
             let id = format!("p{w}-{}", round % 100);
             let update = doc! {"$set": {"seq": seq as i64}, "$inc": {"n": 1_i64}};
             match coll.update_one(doc! {"_id": id}, update).await {
@@ -172,6 +194,9 @@ async fn insert_batch(
         .next_seq
         .fetch_add(spec.batch as u64, Ordering::Relaxed);
     let seqs = first..first + spec.batch as u64;
+    for s in seqs.clone() {
+        shared.record_send(s);
+    }
     let docs: Vec<Document> = seqs
         .clone()
         .map(|s| doc! {"_id": format!("w{w}-{s}"), "seq": s as i64, "payload": payload})
@@ -233,7 +258,10 @@ pub async fn open(
 /// What one watcher measured.
 pub struct Watched {
     pub events: u64,
+    /// Acknowledgement → arrival, µs.
     pub latency: Histogram<u64>,
+    /// Send → arrival, µs.
+    pub send_latency: Histogram<u64>,
     /// From the call to [`watch`] to the first event.
     pub first_event: Option<Duration>,
     /// From the call to [`watch`] to the last event.
@@ -254,6 +282,7 @@ pub async fn watch(
     let mut out = Watched {
         events: 0,
         latency: Histogram::new(3).expect("3 significant figures is a valid histogram"),
+        send_latency: Histogram::new(3).expect("3 significant figures is a valid histogram"),
         first_event: None,
         last_event: None,
         error: None,
@@ -286,6 +315,9 @@ pub async fn watch(
         out.last_event = Some(opened.elapsed());
         if let Some(seq) = seq_of(&ev) {
             let _ = out.latency.record(shared.since_ack(seq));
+            if let Some(us) = shared.since_send(seq) {
+                let _ = out.send_latency.record(us);
+            }
         }
         if done(out.events, false) {
             return out;
