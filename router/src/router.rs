@@ -31,7 +31,7 @@ pub enum Presentation {
     ReplicaSet,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RouterOptions {
     /// `host:port` drivers dial, as shown in `hello`.
     pub advertised_host: String,
@@ -40,6 +40,22 @@ pub struct RouterOptions {
     /// `--enableTestCommands`: `configureFailPoint` and the fail points are available.
     pub enable_test_commands: bool,
     pub patience: ShardPatience,
+    /// Bytes of released events a shared change-stream merge keeps for its slower clients; a
+    /// client further behind goes on by itself (see `changestream::hub`).
+    pub stream_buffer_bytes: usize,
+}
+
+impl Default for RouterOptions {
+    fn default() -> RouterOptions {
+        RouterOptions {
+            advertised_host: String::new(),
+            presentation: Presentation::default(),
+            argv: Vec::new(),
+            enable_test_commands: false,
+            patience: ShardPatience::default(),
+            stream_buffer_bytes: 32 << 20,
+        }
+    }
 }
 
 /// How long the router waits for a shard it cannot reach (a shard restarting, say).
@@ -106,6 +122,8 @@ pub struct Router {
     /// The router's background tasks, so shutting down can wait for them (they hold the
     /// router, and through it in-process shards).
     pub(crate) tasks: TaskTracker,
+    /// Shared change-stream merges, by shard-side spec.
+    pub(crate) hubs: crate::changestream::Hubs,
 }
 
 impl Router {
@@ -130,6 +148,7 @@ impl Router {
             failpoints: Default::default(),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            hubs: Default::default(),
         })
     }
 

@@ -67,14 +67,27 @@ impl EmbeddedCluster {
         n_shards: usize,
         presentation: Presentation,
     ) -> Result<EmbeddedCluster> {
+        let options = router::RouterOptions {
+            presentation,
+            argv: vec!["tributary".into()],
+            ..router::RouterOptions::default()
+        };
+        Self::start_with_options(n_shards, options).await
+    }
+
+    /// A cluster whose router has `options`.
+    pub async fn start_with_options(
+        n_shards: usize,
+        options: router::RouterOptions,
+    ) -> Result<EmbeddedCluster> {
         init_tracing();
+        let presentation = options.presentation;
         let dir = tempfile::tempdir()?;
-        let running = launch::embedded(
+        let running = launch::embedded_with(
             "127.0.0.1:0".parse()?,
             n_shards,
             dir.path().to_path_buf(),
-            presentation,
-            vec!["tributary".into()],
+            options,
         )
         .await?;
         let addr = running.addr;

@@ -23,29 +23,26 @@
 //! patience fails the getMore with a resumable error.
 
 mod feed;
+mod hub;
+mod merged;
 
-use std::collections::BTreeMap;
+pub(crate) use hub::Hubs;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
+use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
-    ChangeStreamPipeline, FullDocument, RequestContext, StartPoint, UserStage, parse_pipeline,
+    ChangeStreamPipeline, FullDocument, RequestContext, UserStage, parse_pipeline,
 };
-use pipeline::changestream::{ChangeEvent, Merger};
-use resume::ClusterTime;
-use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use wire::{ErrorCode, MongoError, Result};
+use resume::token::ResumeToken;
+use wire::{MongoError, Result};
 
-use self::feed::FeedReply;
 use crate::metadata::Placement;
-use crate::router::{Resend, Router, cursor_id, first_batch, next_batch};
+use crate::router::{Router, first_batch};
 
-/// Replies buffered per shard before its feed waits for the client.
-const FEED_DEPTH: usize = 2;
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 
@@ -60,48 +57,6 @@ pub(crate) fn label_resumable(e: MongoError) -> MongoError {
         e.with_label("ResumableChangeStreamError")
     } else {
         e
-    }
-}
-
-/// A shard cursor feeding the merge.
-struct ShardCursor {
-    shard: usize,
-    cursor_id: i64,
-    /// The latest promise (post-batch resume token).
-    promise: Option<ResumeToken>,
-    /// The highest time this shard was nudged to promise.
-    nudged: ClusterTime,
-    /// After the feed re-opened the shard's stream from an event token: that token. The shard
-    /// delivers its event again (resumability passes the resume point's own event); it was
-    /// merged already, so events up to it are dropped.
-    resumed_after: Option<ResumeToken>,
-}
-
-/// A router change-stream cursor.
-pub struct ChangeStreamCursor {
-    db: String,
-    /// The `collection` of shard getMores: the collection, or `$cmd.aggregate`.
-    shard_collection: String,
-    shards: Vec<ShardCursor>,
-    merger: Merger,
-    stream: RouterStream,
-    /// Tokens of events pushed but not yet released, with their times (for nudges).
-    unreleased: BTreeMap<ResumeToken, ClusterTime>,
-    rx: mpsc::Receiver<FeedReply>,
-    cancel: CancellationToken,
-    feeds: Vec<tokio::task::JoinHandle<()>>,
-    update_lookup: bool,
-    /// Namespace scope for updateLookup.
-    closed: bool,
-}
-
-impl std::fmt::Debug for ChangeStreamCursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChangeStreamCursor")
-            .field("db", &self.db)
-            .field("shards", &self.shards.len())
-            .field("buffered", &self.merger.buffered())
-            .finish()
     }
 }
 
@@ -150,7 +105,7 @@ pub(crate) async fn aggregate(router: &Arc<Router>, db: &str, cmd: &Document) ->
             ));
         }
     };
-    let mut cursor = open(router, db, coll, stages, parsed).await?;
+    let mut cursor = ChangeStreamCursor::open(router, db, coll, stages, parsed).await?;
     let batch = cursor
         .next_batch(router, batch_size, Duration::ZERO)
         .await?;
@@ -217,165 +172,81 @@ fn pushed_down_matches(stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<Bs
     out
 }
 
-async fn open(
-    router: &Arc<Router>,
-    db: &str,
-    coll: Option<&str>,
-    stages: &[Bson],
-    parsed: ChangeStreamPipeline,
-) -> Result<ChangeStreamCursor> {
-    let Some(Bson::Document(first)) = stages.first() else {
-        return Err(MongoError::internal(
-            "change stream pipeline without its first stage",
-        ));
-    };
-    let mut spec_doc = first
-        .get_document("$changeStream")
-        .cloned()
-        .unwrap_or_default();
-    // A stream without a start point starts one tick after the cluster's current time, the
-    // same time on every shard. Ask the shards for their time first so "now" is theirs too.
-    if parsed.spec.start == StartPoint::None {
-        for r in router
-            .broadcast(&router.all_shards(), "admin", &doc! {"ping": 1})
-            .await
-        {
-            r?;
+/// A router change-stream cursor: a stream of its own, or a client of a hub that shares one
+/// merge among every stream with the same shard-side spec.
+pub struct ChangeStreamCursor {
+    inner: Inner,
+}
+
+enum Inner {
+    Private {
+        merged: merged::MergedStream,
+        post: PostMerge,
+        closed: bool,
+    },
+    Shared(hub::HubClient),
+}
+
+impl std::fmt::Debug for ChangeStreamCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Private { merged, .. } => merged.fmt(f),
+            Inner::Shared(_) => f.write_str("ChangeStreamCursor(shared)"),
         }
-        let start = router.cluster_time().next();
-        spec_doc.insert("startAtOperationTime", Bson::Timestamp(start.timestamp()));
     }
-    let mut pipeline = vec![Bson::Document(doc! {"$changeStream": spec_doc})];
-    pipeline.extend(pushed_down_matches(stages, &parsed));
-    let target = match coll {
-        Some(c) => Bson::String(c.to_string()),
-        None => Bson::Int32(1),
-    };
-    let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
-    let shards = router.all_shards();
-    let replies = router.broadcast_read(&shards, db, &shard_cmd).await;
-    let initial = match &parsed.spec.start {
-        StartPoint::None => None,
-        _ => Some(
-            parsed
-                .spec
-                .initial_post_batch_resume_token(ClusterTime::ZERO),
-        ),
-    };
-    let (tx, rx) = mpsc::channel(FEED_DEPTH * shards.len().max(1));
-    let update_lookup = parsed.spec.options.full_document == FullDocument::UpdateLookup;
-    let stream = RouterStream::new(&parsed.spec, parsed.user_stages);
-    let mut cursor = ChangeStreamCursor {
-        db: db.to_string(),
-        shard_collection: coll
-            .map(str::to_string)
-            .unwrap_or_else(|| "$cmd.aggregate".into()),
-        shards: Vec::with_capacity(shards.len()),
-        merger: Merger::new(shards.len(), initial),
-        stream,
-        unreleased: BTreeMap::new(),
-        rx,
-        cancel: router.shutdown.child_token(),
-        feeds: Vec::with_capacity(shards.len()),
-        update_lookup,
-        closed: false,
-    };
-    let mut failure = None;
-    for (&shard, reply) in shards.iter().zip(replies) {
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(e) => {
-                failure.get_or_insert(e);
-                continue;
-            }
+}
+
+/// What happens to a released event before a client sees it: updateLookup, then
+/// ensure-resume-token-present, the user's stages and the `_id` check (`RouterStream`).
+pub(super) struct PostMerge {
+    stream: RouterStream,
+    update_lookup: bool,
+}
+
+impl PostMerge {
+    fn new(parsed: &ChangeStreamPipeline) -> PostMerge {
+        PostMerge {
+            stream: RouterStream::new(&parsed.spec, parsed.user_stages.clone()),
+            update_lookup: parsed.spec.options.full_document == FullDocument::UpdateLookup,
+        }
+    }
+
+    /// The event as the client gets it; `None` when a stage drops it.
+    async fn process(
+        &mut self,
+        router: &Arc<Router>,
+        event: ChangeEvent,
+    ) -> Result<Option<Document>> {
+        let event = if self.update_lookup {
+            lookup_full_document(router, event).await?
+        } else {
+            event
         };
-        let id = cursor_id(&reply);
-        let position = reply
-            .get_document("cursor")
-            .and_then(|c| c.get_document("postBatchResumeToken"))
-            .cloned()
-            .unwrap_or_default();
-        cursor.shards.push(ShardCursor {
-            shard,
-            cursor_id: id,
-            promise: None,
-            nudged: ClusterTime::ZERO,
-            resumed_after: None,
-        });
-        let idx = cursor.shards.len() - 1;
-        // The feed owns the shard cursor from here on (and kills it with the stream).
-        if id != 0 {
-            let feed = feed::Feed {
-                router: router.clone(),
-                idx,
-                shard,
-                db: cursor.db.clone(),
-                collection: cursor.shard_collection.clone(),
-                open: shard_cmd.clone(),
-                cursor_id: id,
-                position,
-                tx: tx.clone(),
-                cancel: cursor.cancel.clone(),
-            };
-            cursor.feeds.push(router.tasks.spawn(feed.run()));
-        }
-        if let Err(e) = cursor.absorb(idx, reply, first_batch) {
-            failure.get_or_insert(e);
-        }
+        self.stream.process(event)
     }
-    if let Some(e) = failure {
-        cursor.kill().await;
-        return Err(e);
-    }
-    Ok(cursor)
 }
 
 impl ChangeStreamCursor {
-    /// Takes one shard reply into the merge.
-    fn absorb(
-        &mut self,
-        idx: usize,
-        reply: Document,
-        batch_of: fn(&Document) -> Result<Vec<Document>>,
-    ) -> Result<()> {
-        let docs = batch_of(&reply)?;
-        let pbrt = reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_document("postBatchResumeToken").ok())
-            .ok_or_else(|| MongoError::internal("shard reply without a postBatchResumeToken"))
-            .and_then(|t| ResumeToken::from_document(t).map_err(MongoError::from))?;
-        let mut events = Vec::with_capacity(docs.len());
-        for d in docs {
-            let e = ChangeEvent::from_document(d)?;
-            let resumed_after = &mut self.shards[idx].resumed_after;
-            if let Some(after) = resumed_after {
-                if e.token <= *after {
-                    continue;
-                }
-                *resumed_after = None;
-            }
-            self.unreleased
-                .insert(e.token.clone(), e.data.cluster_time());
-            events.push(e);
+    async fn open(
+        router: &Arc<Router>,
+        db: &str,
+        coll: Option<&str>,
+        stages: &[Bson],
+        parsed: ChangeStreamPipeline,
+    ) -> Result<ChangeStreamCursor> {
+        if let Some(client) = hub::HubClient::open(router, db, coll, stages, &parsed).await? {
+            return Ok(ChangeStreamCursor {
+                inner: Inner::Shared(client),
+            });
         }
-        self.merger.push_batch(idx, events, pbrt.clone())?;
-        let shard = &mut self.shards[idx];
-        if shard.promise.as_ref().is_none_or(|p| pbrt > *p) {
-            shard.promise = Some(pbrt);
-        }
-        if cursor_id(&reply) == 0 {
-            shard.cursor_id = 0;
-            if reply.get_bool("invalidated").unwrap_or(false) {
-                self.merger.mark_invalidated(idx);
-            } else {
-                return Err(MongoError::new(
-                    ErrorCode::CURSOR_KILLED,
-                    format!("shard{} closed its change stream cursor", shard.shard),
-                ));
-            }
-        }
-        Ok(())
+        let merged = merged::open(router, db, coll, stages, &parsed, None).await?;
+        Ok(ChangeStreamCursor {
+            inner: Inner::Private {
+                merged,
+                post: PostMerge::new(&parsed),
+                closed: false,
+            },
+        })
     }
 
     /// The next client batch: up to `n` events, waiting up to `max_time` for the first one.
@@ -385,133 +256,115 @@ impl ChangeStreamCursor {
         n: usize,
         max_time: Duration,
     ) -> Result<Batch> {
+        if let Inner::Shared(client) = &mut self.inner {
+            if let Some(batch) = client.next_batch(router, n, max_time).await? {
+                return Ok(batch);
+            }
+            // It fell behind its hub: it goes on by itself from where it was.
+            let (db, coll, stages) = client.resume_stages();
+            tracing::info!(%db, "a change stream fell behind its hub's log; it goes on by itself");
+            let ctx = RequestContext {
+                db: &db,
+                coll: coll.as_deref(),
+                through_router: true,
+                standalone: false,
+            };
+            let parsed = parse_pipeline(&stages, &ctx)?;
+            let merged = merged::open(router, &db, coll.as_deref(), &stages, &parsed, None).await?;
+            self.inner = Inner::Private {
+                merged,
+                post: PostMerge::new(&parsed),
+                closed: false,
+            };
+        }
+        let Inner::Private {
+            merged,
+            post,
+            closed,
+        } = &mut self.inner
+        else {
+            return Err(MongoError::internal(
+                "a shared change stream without its hub",
+            ));
+        };
         let deadline = tokio::time::Instant::now() + max_time;
         let mut events = Vec::new();
         let mut invalidated = false;
         loop {
             while events.len() < n {
-                let Some(event) = self.merger.pop_ready() else {
+                let Some(event) = merged.pop_ready() else {
                     break;
                 };
-                self.unreleased.remove(&event.token);
-                let event = self.lookup_full_document(router, event).await?;
-                if let Some(doc) = self.stream.process(event)? {
+                if let Some(doc) = post.process(router, event).await? {
                     events.push(doc);
                 }
             }
             // As MongoDB: the batch that ends with the invalidate closes the cursor (id 0).
-            if self.merger.invalidated().is_some() && n > 0 {
+            if merged.invalidated().is_some() && n > 0 {
                 invalidated = true;
                 break;
             }
             if !events.is_empty() || n == 0 {
                 break;
             }
-            if self.merger.invalidated().is_some() {
+            if merged.invalidated().is_some() {
                 invalidated = true;
                 break;
             }
-            self.nudge_laggards(router);
-            let msg = tokio::select! {
-                m = self.rx.recv() => m,
-                _ = tokio::time::sleep_until(deadline) => None,
-            };
-            let Some(msg) = msg else { break };
-            self.take(msg)?;
-            while let Ok(msg) = self.rx.try_recv() {
-                self.take(msg)?;
+            if tokio::time::Instant::now() >= deadline {
+                break;
             }
+            merged.wait(router, deadline).await?;
         }
         if invalidated {
-            self.closed = true;
+            *closed = true;
         }
         Ok(Batch {
             events,
-            post_batch_resume_token: match self.merger.invalidated() {
+            post_batch_resume_token: match merged.invalidated() {
                 Some(t) if invalidated => Some(t.clone()),
-                _ => self.merger.post_batch_resume_token(),
+                _ => merged.post_batch_resume_token(),
             },
             invalidated,
         })
     }
 
-    fn take(&mut self, msg: FeedReply) -> Result<()> {
-        let reply = msg.reply.map_err(label_resumable)?;
-        if !msg.reopened {
-            return self.absorb(msg.shard, reply, next_batch);
-        }
-        let shard = &mut self.shards[msg.shard];
-        shard.cursor_id = cursor_id(&reply);
-        shard.nudged = ClusterTime::ZERO;
-        shard.resumed_after = shard.promise.clone();
-        self.absorb(msg.shard, reply, first_batch)
-    }
-
-    /// Asks every shard whose promise is below the oldest buffered event to promise past it.
-    fn nudge_laggards(&mut self, router: &Arc<Router>) {
-        // A shard's promise passes an event at `ts` once it is a high-water mark above `ts`
-        // (high-water marks sort before the events of their own time).
-        let Some(floor) = self.unreleased.values().next().map(|ts| ts.next()) else {
-            return;
-        };
-        let needed = ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode();
-        for s in &mut self.shards {
-            let behind = s.promise.as_ref().is_none_or(|p| *p < needed);
-            if s.cursor_id == 0 || !behind || s.nudged >= floor {
-                continue;
-            }
-            s.nudged = floor;
-            let router = router.clone();
-            let (shard, id) = (s.shard, s.cursor_id);
-            router.tasks.clone().spawn(async move {
-                let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
-                // A failed nudge only costs latency: the shard's getMore ends on its own (and a
-                // lost shard is its feed's business, so no waiting for a connection).
-                let _ = router.send(shard, "admin", cmd, Duration::ZERO, Resend::Unsent).await;
-            });
-        }
-    }
-
-    /// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).
-    async fn lookup_full_document(
-        &self,
-        router: &Arc<Router>,
-        mut event: ChangeEvent,
-    ) -> Result<ChangeEvent> {
-        if !self.update_lookup || event.operation_type() != "update" {
-            return Ok(event);
-        }
-        let (Ok(ns), Ok(key)) = (
-            event.doc.get_document("ns"),
-            event.doc.get_document("documentKey"),
-        ) else {
-            return Ok(event);
-        };
-        let (Ok(db), Ok(coll)) = (ns.get_str("db"), ns.get_str("coll")) else {
-            return Ok(event);
-        };
-        let found = lookup_one(router, db, coll, key).await?;
-        event.doc.insert(
-            "fullDocument",
-            found.map(Bson::Document).unwrap_or(Bson::Null),
-        );
-        Ok(event)
-    }
-
-    /// Stops the feeds, which close their shard cursors.
+    /// Stops the stream (a hub's client leaves it; the last one stops it).
     pub async fn kill(&mut self) {
-        self.cancel.cancel();
-        for feed in self.feeds.drain(..) {
-            let _ = feed.await;
-        }
-        for s in &mut self.shards {
-            s.cursor_id = 0;
+        match &mut self.inner {
+            Inner::Private { merged, .. } => merged.kill().await,
+            Inner::Shared(client) => client.kill().await,
         }
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed
+        match &self.inner {
+            Inner::Private { closed, .. } => *closed,
+            Inner::Shared(client) => client.is_closed(),
+        }
     }
+}
+
+/// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).
+async fn lookup_full_document(router: &Arc<Router>, mut event: ChangeEvent) -> Result<ChangeEvent> {
+    if event.operation_type() != "update" {
+        return Ok(event);
+    }
+    let (Ok(ns), Ok(key)) = (
+        event.doc.get_document("ns"),
+        event.doc.get_document("documentKey"),
+    ) else {
+        return Ok(event);
+    };
+    let (Ok(db), Ok(coll)) = (ns.get_str("db"), ns.get_str("coll")) else {
+        return Ok(event);
+    };
+    let found = lookup_one(router, db, coll, key).await?;
+    event.doc.insert(
+        "fullDocument",
+        found.map(Bson::Document).unwrap_or(Bson::Null),
+    );
+    Ok(event)
 }
 
 /// One document of `db.coll` by its document key, routed by shard key.

@@ -48,6 +48,7 @@ pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     let current = router
         .open_connections
         .load(std::sync::atomic::Ordering::Relaxed) as i64;
+    let (merges, buffered) = router.hubs.stats();
     Ok(doc! {
         "host": &router.options.advertised_host,
         "version": super::handshake::VERSION,
@@ -58,7 +59,11 @@ pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         "localTime": DateTime::now(),
         "connections": {"current": current, "available": 100_000_i64 - current},
         "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
-        "metrics": {"cursor": {"open": {"total": router.cursors.len() as i64}}},
+        "metrics": {
+            "cursor": {"open": {"total": router.cursors.len() as i64}},
+            // Merges shared by change streams with the same shard-side spec.
+            "changeStreams": {"sharedMerges": merges as i64, "sharedBufferBytes": buffered as i64},
+        },
         "ok": 1.0,
     })
 }

@@ -1,0 +1,405 @@
+//! Shared merges: client streams with the same shard-side spec share one set of shard cursors
+//! and one merge, a hub. The hub's task reads the merged stream and appends every released
+//! event to a bounded log; each client keeps its own position in the log, its own post-merge
+//! stages (updateLookup, the user's stages) and its own batches. A thousand watchers of one
+//! collection cost one shard cursor per shard and one merge, not a thousand.
+//!
+//! Who shares: streams that start now (no `resumeAfter`, `startAfter` or
+//! `startAtOperationTime`), keyed by everything the shards see except the start time (the
+//! database, the target, the `$changeStream` options, the pushed-down `$match`). A stream that
+//! starts now at `T` joins a hub that has every event from `T` on in its log; otherwise it
+//! starts a new hub (its shard cursors start at `T`).
+//!
+//! A client that stops reading never slows the hub or the others: the log is bounded by bytes,
+//! and a client whose position falls off its front leaves the hub and continues on a stream of
+//! its own, resumed after the last event it was given (re-reading from the shards).
+//!
+//! Invariants:
+//! * the log holds released events in token order, each once; `base` is the sequence number
+//!   of its first event and only grows;
+//! * a client is given the log's events from its position on, skipping those before its start,
+//!   so it sees exactly what a stream of its own would; its post-batch resume token never goes
+//!   backwards, never passes an event it has not been given, and never passes the hub's;
+//! * the hub's task ends (and closes the shard cursors) when its last client is gone.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use pipeline::changestream::ChangeEvent;
+use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
+use resume::ClusterTime;
+use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use wire::{MongoError, Result};
+
+use super::merged::{self, MergedStream};
+use super::{Batch, PostMerge};
+use crate::router::Router;
+
+/// The hubs of a router, by shard-side spec.
+#[derive(Default)]
+pub(crate) struct Hubs {
+    map: Mutex<HashMap<Vec<u8>, Weak<Hub>>>,
+}
+
+impl Hubs {
+    /// The running hub for `key` that can serve a stream starting at `start`.
+    fn join(&self, key: &[u8], start: ClusterTime) -> Option<(Arc<Hub>, u64)> {
+        let mut map = lock(&self.map);
+        map.retain(|_, h| h.strong_count() > 0);
+        let hub = map.get(key)?.upgrade()?;
+        let next = hub.shared.join_at(start)?;
+        Some((hub, next))
+    }
+
+    fn insert(&self, key: Vec<u8>, hub: &Arc<Hub>) {
+        lock(&self.map).insert(key, Arc::downgrade(hub));
+    }
+
+    /// The hubs running now and the bytes their logs hold (for `serverStatus`).
+    pub fn stats(&self) -> (usize, usize) {
+        let map = lock(&self.map);
+        let hubs: Vec<Arc<Hub>> = map.values().filter_map(Weak::upgrade).collect();
+        drop(map);
+        let bytes = hubs.iter().map(|h| lock(&h.shared.log).bytes).sum();
+        (hubs.len(), bytes)
+    }
+}
+
+/// A hub, as its clients hold it; dropping the last one stops the hub's task.
+pub(crate) struct Hub {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// What the hub's task and its clients share.
+struct Shared {
+    log: Mutex<Log>,
+    /// Bumped whenever the log changes (new events, a new promise, the end).
+    changed: watch::Sender<u64>,
+    /// The log's bound, in bytes of event documents.
+    max_bytes: usize,
+}
+
+struct Log {
+    /// Sequence number of `events[0]`.
+    base: u64,
+    events: VecDeque<Arc<Logged>>,
+    bytes: usize,
+    /// The time of the newest event dropped off the front.
+    trimmed_through: ClusterTime,
+    /// The time the hub's shard cursors started at: it has every event from there on.
+    start: ClusterTime,
+    /// The merge's post-batch resume token: every event up to it is in the log (or trimmed).
+    released_through: Option<ResumeToken>,
+    end: Option<End>,
+}
+
+struct Logged {
+    event: ChangeEvent,
+    time: ClusterTime,
+    bytes: usize,
+}
+
+#[derive(Clone)]
+enum End {
+    Invalidated(ResumeToken),
+    Failed(MongoError),
+}
+
+impl Shared {
+    /// Where a stream starting at `start` begins in the log, if the log has every event from
+    /// `start` on.
+    fn join_at(&self, start: ClusterTime) -> Option<u64> {
+        let log = lock(&self.log);
+        if log.end.is_some() || log.start > start || log.trimmed_through >= start {
+            return None;
+        }
+        let skip = log.events.partition_point(|e| e.time < start);
+        Some(log.base + skip as u64)
+    }
+
+    fn push(&self, event: ChangeEvent) {
+        let mut log = lock(&self.log);
+        let bytes = event.doc.to_vec().map(|v| v.len()).unwrap_or(0);
+        let time = event.data.cluster_time();
+        log.bytes += bytes;
+        log.events
+            .push_back(Arc::new(Logged { event, time, bytes }));
+        while log.bytes > self.max_bytes && log.events.len() > 1 {
+            let Some(old) = log.events.pop_front() else {
+                break;
+            };
+            log.bytes -= old.bytes;
+            log.base += 1;
+            log.trimmed_through = old.time;
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Log)) {
+        f(&mut lock(&self.log));
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+/// The hub's task: reads the merged stream into the log until cancelled or the stream ends.
+async fn run(
+    router: Arc<Router>,
+    mut merged: MergedStream,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    loop {
+        while let Some(e) = merged.pop_ready() {
+            shared.push(e);
+        }
+        let pbrt = merged.post_batch_resume_token();
+        let end = merged.invalidated().cloned().map(End::Invalidated);
+        let over = end.is_some();
+        shared.update(|log| {
+            if pbrt.is_some() {
+                log.released_through = pbrt;
+            }
+            if end.is_some() {
+                log.end = end;
+            }
+        });
+        if over {
+            break;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let waited = tokio::select! {
+            r = merged.wait(&router, deadline) => r,
+            _ = cancel.cancelled() => break,
+        };
+        if let Err(e) = waited {
+            shared.update(|log| log.end = Some(End::Failed(e)));
+            break;
+        }
+    }
+    merged.kill().await;
+}
+
+/// A client stream of a hub.
+pub(crate) struct HubClient {
+    hub: Arc<Hub>,
+    /// Sequence number of the next log event to look at.
+    next: u64,
+    /// Events before this time are not this stream's.
+    start: ClusterTime,
+    /// The token of the last log event looked at (given to the client or dropped by its
+    /// stages): the client's position.
+    position: Option<ResumeToken>,
+    /// The last post-batch resume token reported.
+    reported: Option<ResumeToken>,
+    post: PostMerge,
+    closed: bool,
+    /// What the stream needs to go on by itself if it falls behind the log.
+    db: String,
+    coll: Option<String>,
+    stages: Vec<Bson>,
+}
+
+/// The hub key: the shard-side command without its start time.
+fn key(db: &str, coll: Option<&str>, stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<u8> {
+    let spec = match stages.first() {
+        Some(Bson::Document(first)) => first
+            .get_document("$changeStream")
+            .cloned()
+            .unwrap_or_default(),
+        _ => Document::new(),
+    };
+    let key = doc! {
+        "db": db,
+        "coll": coll.map(Bson::from).unwrap_or(Bson::Null),
+        "spec": spec,
+        "pushedDown": super::pushed_down_matches(stages, parsed),
+    };
+    key.to_vec().unwrap_or_default()
+}
+
+impl HubClient {
+    /// A shared stream for a client stream that starts now; `None` for one that cannot share
+    /// (it has a start point of its own).
+    pub async fn open(
+        router: &Arc<Router>,
+        db: &str,
+        coll: Option<&str>,
+        stages: &[Bson],
+        parsed: &ChangeStreamPipeline,
+    ) -> Result<Option<HubClient>> {
+        if parsed.spec.start != StartPoint::None {
+            return Ok(None);
+        }
+        let key = key(db, coll, stages, parsed);
+        let start = merged::cluster_now(router).await?;
+        let (hub, next) = match router.hubs.join(&key, start) {
+            Some(joined) => joined,
+            None => {
+                let merged = merged::open(router, db, coll, stages, parsed, Some(start)).await?;
+                let (changed, _) = watch::channel(0);
+                let shared = Arc::new(Shared {
+                    log: Mutex::new(Log {
+                        base: 0,
+                        events: VecDeque::new(),
+                        bytes: 0,
+                        trimmed_through: ClusterTime::ZERO,
+                        start,
+                        released_through: None,
+                        end: None,
+                    }),
+                    changed,
+                    max_bytes: router.options.stream_buffer_bytes,
+                });
+                let cancel = router.shutdown.child_token();
+                router
+                    .tasks
+                    .spawn(run(router.clone(), merged, shared.clone(), cancel.clone()));
+                let hub = Arc::new(Hub { shared, cancel });
+                router.hubs.insert(key, &hub);
+                (hub, 0)
+            }
+        };
+        let start = lock(&hub.shared.log).start.max(start);
+        Ok(Some(HubClient {
+            hub,
+            next,
+            start,
+            position: None,
+            reported: None,
+            post: PostMerge::new(parsed),
+            closed: false,
+            db: db.to_string(),
+            coll: coll.map(str::to_string),
+            stages: stages.to_vec(),
+        }))
+    }
+
+    /// The next client batch: up to `n` events, waiting up to `max_time` for the first one;
+    /// `None` when the client has fallen off the log's front (see [`HubClient::resume_stages`]).
+    pub async fn next_batch(
+        &mut self,
+        router: &Arc<Router>,
+        n: usize,
+        max_time: Duration,
+    ) -> Result<Option<Batch>> {
+        let deadline = tokio::time::Instant::now() + max_time;
+        let mut changed = self.hub.shared.changed.subscribe();
+        let mut events = Vec::new();
+        loop {
+            changed.borrow_and_update();
+            let (taken, caught_up, released, end) = {
+                let log = lock(&self.hub.shared.log);
+                if self.next < log.base {
+                    return Ok(None);
+                }
+                let from = (self.next - log.base) as usize;
+                let want = n.saturating_sub(events.len());
+                let taken: Vec<Arc<Logged>> =
+                    log.events.iter().skip(from).take(want).cloned().collect();
+                let caught_up = from + taken.len() == log.events.len();
+                (
+                    taken,
+                    caught_up,
+                    log.released_through.clone(),
+                    log.end.clone(),
+                )
+            };
+            self.next += taken.len() as u64;
+            for logged in taken {
+                self.position = Some(logged.event.token.clone());
+                if logged.time < self.start {
+                    continue;
+                }
+                if let Some(doc) = self.post.process(router, logged.event.clone()).await? {
+                    events.push(doc);
+                }
+            }
+            if caught_up && let Some(end) = end {
+                match end {
+                    End::Failed(e) => return Err(super::label_resumable(e)),
+                    End::Invalidated(token) if n > 0 => {
+                        self.closed = true;
+                        return Ok(Some(Batch {
+                            events,
+                            post_batch_resume_token: Some(token),
+                            invalidated: true,
+                        }));
+                    }
+                    End::Invalidated(_) => {}
+                }
+            }
+            if !events.is_empty() || n == 0 || tokio::time::Instant::now() >= deadline || !caught_up
+            {
+                let token = self.post_batch_resume_token(caught_up, released);
+                return Ok(Some(Batch {
+                    events,
+                    post_batch_resume_token: token,
+                    invalidated: false,
+                }));
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Where the client stands: its last event while it has not caught up with the log; once
+    /// it has, the hub's released-through token (or the high-water mark at its start).
+    fn post_batch_resume_token(
+        &mut self,
+        caught_up: bool,
+        released: Option<ResumeToken>,
+    ) -> Option<ResumeToken> {
+        let start = ResumeTokenData::high_water_mark(self.start, TokenVersion::default()).encode();
+        let mut best = self.position.clone().into_iter().chain(Some(start)).max();
+        if caught_up && let Some(r) = released {
+            best = best.max(Some(r));
+        }
+        if best > self.reported {
+            self.reported = best;
+        }
+        self.reported.clone()
+    }
+
+    /// For a client that fell off the log's front: its pipeline, resumed after the last event
+    /// it was given (or at its start), to go on by itself on a stream of its own.
+    pub fn resume_stages(&self) -> (String, Option<String>, Vec<Bson>) {
+        let mut stages = self.stages.clone();
+        if let Some(Bson::Document(first)) = stages.first_mut()
+            && let Ok(spec) = first.get_document_mut("$changeStream")
+        {
+            match &self.position {
+                Some(t) => spec.insert("resumeAfter", t.to_document()),
+                None => spec.insert(
+                    "startAtOperationTime",
+                    Bson::Timestamp(self.start.timestamp()),
+                ),
+            };
+        }
+        (self.db.clone(), self.coll.clone(), stages)
+    }
+
+    pub async fn kill(&mut self) {
+        self.closed = true;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// Never held across `.await`; a poisoned log is still consistent (every update is whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,324 @@
+//! A merged stream: the shard cursors of one change stream (one feed per shard, see [`feed`])
+//! and their k-way merge by resume token, up to the released events. What happens to an event
+//! after the merge (updateLookup, the post-merge stages) is the business of whoever reads the
+//! stream: one client ([`super::ChangeStreamCursor`]), or a hub that shares it among many
+//! ([`super::hub`]).
+//!
+//! Invariants: an event is released only when every shard's promise has passed it, so
+//! released tokens strictly increase; the post-batch resume token never goes backwards and
+//! never passes what a shard (a lost one included) may still return. An idle shard does not
+//! hold the stream back: when an event is buffered behind a shard's promise, that shard is
+//! nudged to promise past the event's time.
+//!
+//! [`feed`]: super::feed
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
+use pipeline::changestream::{ChangeEvent, Merger};
+use resume::ClusterTime;
+use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use wire::{ErrorCode, MongoError, Result};
+
+use super::feed::{self, FeedReply};
+use super::label_resumable;
+use crate::router::{Resend, Router, cursor_id, first_batch, next_batch};
+
+/// Replies buffered per shard before its feed waits for the reader.
+const FEED_DEPTH: usize = 2;
+
+/// A shard cursor feeding the merge.
+struct ShardCursor {
+    shard: usize,
+    cursor_id: i64,
+    /// The latest promise (post-batch resume token).
+    promise: Option<ResumeToken>,
+    /// The highest time this shard was nudged to promise.
+    nudged: ClusterTime,
+    /// After the feed re-opened the shard's stream from an event token: that token. The shard
+    /// delivers its event again (resumability passes the resume point's own event); it was
+    /// merged already, so events up to it are dropped.
+    resumed_after: Option<ResumeToken>,
+}
+
+/// The shard cursors of a stream and their merge.
+pub(super) struct MergedStream {
+    db: String,
+    /// The `collection` of shard getMores: the collection, or `$cmd.aggregate`.
+    shard_collection: String,
+    shards: Vec<ShardCursor>,
+    merger: Merger,
+    /// Tokens of events pushed but not yet released, with their times (for nudges).
+    unreleased: BTreeMap<ResumeToken, ClusterTime>,
+    rx: mpsc::Receiver<FeedReply>,
+    cancel: CancellationToken,
+    feeds: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MergedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MergedStream")
+            .field("db", &self.db)
+            .field("shards", &self.shards.len())
+            .field("buffered", &self.merger.buffered())
+            .finish()
+    }
+}
+
+/// Opens the shard cursors of a stream: `stages` as the client sent them, parsed as `parsed`.
+/// A stream without a start point starts at `now`, the same time on every shard: when not
+/// given, one tick after the cluster's current time, asked of the shards first so "now" is
+/// theirs too.
+pub(super) async fn open(
+    router: &Arc<Router>,
+    db: &str,
+    coll: Option<&str>,
+    stages: &[Bson],
+    parsed: &ChangeStreamPipeline,
+    now: Option<ClusterTime>,
+) -> Result<MergedStream> {
+    let Some(Bson::Document(first)) = stages.first() else {
+        return Err(MongoError::internal(
+            "change stream pipeline without its first stage",
+        ));
+    };
+    let mut spec_doc = first
+        .get_document("$changeStream")
+        .cloned()
+        .unwrap_or_default();
+    if parsed.spec.start == StartPoint::None {
+        let start = match now {
+            Some(t) => t,
+            None => cluster_now(router).await?,
+        };
+        spec_doc.insert("startAtOperationTime", Bson::Timestamp(start.timestamp()));
+    }
+    let mut pipeline = vec![Bson::Document(doc! {"$changeStream": spec_doc})];
+    pipeline.extend(super::pushed_down_matches(stages, parsed));
+    let target = match coll {
+        Some(c) => Bson::String(c.to_string()),
+        None => Bson::Int32(1),
+    };
+    let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
+    let shards = router.all_shards();
+    let replies = router.broadcast_read(&shards, db, &shard_cmd).await;
+    let initial = match &parsed.spec.start {
+        StartPoint::None => None,
+        _ => Some(
+            parsed
+                .spec
+                .initial_post_batch_resume_token(ClusterTime::ZERO),
+        ),
+    };
+    let (tx, rx) = mpsc::channel(FEED_DEPTH * shards.len().max(1));
+    let mut cursor = MergedStream {
+        db: db.to_string(),
+        shard_collection: coll
+            .map(str::to_string)
+            .unwrap_or_else(|| "$cmd.aggregate".into()),
+        shards: Vec::with_capacity(shards.len()),
+        merger: Merger::new(shards.len(), initial),
+        unreleased: BTreeMap::new(),
+        rx,
+        cancel: router.shutdown.child_token(),
+        feeds: Vec::with_capacity(shards.len()),
+    };
+    let mut failure = None;
+    for (&shard, reply) in shards.iter().zip(replies) {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                failure.get_or_insert(e);
+                continue;
+            }
+        };
+        let id = cursor_id(&reply);
+        let position = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_document("postBatchResumeToken"))
+            .cloned()
+            .unwrap_or_default();
+        cursor.shards.push(ShardCursor {
+            shard,
+            cursor_id: id,
+            promise: None,
+            nudged: ClusterTime::ZERO,
+            resumed_after: None,
+        });
+        let idx = cursor.shards.len() - 1;
+        // The feed owns the shard cursor from here on (and kills it with the stream).
+        if id != 0 {
+            let feed = feed::Feed {
+                router: router.clone(),
+                idx,
+                shard,
+                db: cursor.db.clone(),
+                collection: cursor.shard_collection.clone(),
+                open: shard_cmd.clone(),
+                cursor_id: id,
+                position,
+                tx: tx.clone(),
+                cancel: cursor.cancel.clone(),
+            };
+            cursor.feeds.push(router.tasks.spawn(feed.run()));
+        }
+        if let Err(e) = cursor.absorb(idx, reply, first_batch) {
+            failure.get_or_insert(e);
+        }
+    }
+    if let Some(e) = failure {
+        cursor.kill().await;
+        return Err(e);
+    }
+    Ok(cursor)
+}
+
+/// The cluster's time, asked of the shards first so "now" is theirs too, plus one tick.
+pub(super) async fn cluster_now(router: &Arc<Router>) -> Result<ClusterTime> {
+    for r in router
+        .broadcast(&router.all_shards(), "admin", &doc! {"ping": 1})
+        .await
+    {
+        r?;
+    }
+    Ok(router.cluster_time().next())
+}
+
+impl MergedStream {
+    /// Takes one shard reply into the merge.
+    fn absorb(
+        &mut self,
+        idx: usize,
+        reply: Document,
+        batch_of: fn(&Document) -> Result<Vec<Document>>,
+    ) -> Result<()> {
+        let docs = batch_of(&reply)?;
+        let pbrt = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_document("postBatchResumeToken").ok())
+            .ok_or_else(|| MongoError::internal("shard reply without a postBatchResumeToken"))
+            .and_then(|t| ResumeToken::from_document(t).map_err(MongoError::from))?;
+        let mut events = Vec::with_capacity(docs.len());
+        for d in docs {
+            let e = ChangeEvent::from_document(d)?;
+            let resumed_after = &mut self.shards[idx].resumed_after;
+            if let Some(after) = resumed_after {
+                if e.token <= *after {
+                    continue;
+                }
+                *resumed_after = None;
+            }
+            self.unreleased
+                .insert(e.token.clone(), e.data.cluster_time());
+            events.push(e);
+        }
+        self.merger.push_batch(idx, events, pbrt.clone())?;
+        let shard = &mut self.shards[idx];
+        if shard.promise.as_ref().is_none_or(|p| pbrt > *p) {
+            shard.promise = Some(pbrt);
+        }
+        if cursor_id(&reply) == 0 {
+            shard.cursor_id = 0;
+            if reply.get_bool("invalidated").unwrap_or(false) {
+                self.merger.mark_invalidated(idx);
+            } else {
+                return Err(MongoError::new(
+                    ErrorCode::CURSOR_KILLED,
+                    format!("shard{} closed its change stream cursor", shard.shard),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next released event, if every promise has passed one.
+    pub fn pop_ready(&mut self) -> Option<ChangeEvent> {
+        let event = self.merger.pop_ready()?;
+        self.unreleased.remove(&event.token);
+        Some(event)
+    }
+
+    /// The invalidate token, once the stream is over (nothing before it is left to release).
+    pub fn invalidated(&self) -> Option<&ResumeToken> {
+        self.merger.invalidated()
+    }
+
+    /// The merge's post-batch resume token (see `Merger::post_batch_resume_token`).
+    pub fn post_batch_resume_token(&mut self) -> Option<ResumeToken> {
+        self.merger.post_batch_resume_token()
+    }
+
+    /// Waits until a shard reply arrives (or `deadline`), nudging idle shards when events wait
+    /// behind their promises, and takes every reply that is there into the merge.
+    pub async fn wait(
+        &mut self,
+        router: &Arc<Router>,
+        deadline: tokio::time::Instant,
+    ) -> Result<()> {
+        self.nudge_laggards(router);
+        let msg = tokio::select! {
+            m = self.rx.recv() => m,
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        let Some(msg) = msg else { return Ok(()) };
+        self.take(msg)?;
+        while let Ok(msg) = self.rx.try_recv() {
+            self.take(msg)?;
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, msg: FeedReply) -> Result<()> {
+        let reply = msg.reply.map_err(label_resumable)?;
+        if !msg.reopened {
+            return self.absorb(msg.shard, reply, next_batch);
+        }
+        let shard = &mut self.shards[msg.shard];
+        shard.cursor_id = cursor_id(&reply);
+        shard.nudged = ClusterTime::ZERO;
+        shard.resumed_after = shard.promise.clone();
+        self.absorb(msg.shard, reply, first_batch)
+    }
+
+    /// Asks every shard whose promise is below the oldest buffered event to promise past it.
+    fn nudge_laggards(&mut self, router: &Arc<Router>) {
+        // A shard's promise passes an event at `ts` once it is a high-water mark above `ts`
+        // (high-water marks sort before the events of their own time).
+        let Some(floor) = self.unreleased.values().next().map(|ts| ts.next()) else {
+            return;
+        };
+        let needed = ResumeTokenData::high_water_mark(floor, TokenVersion::default()).encode();
+        for s in &mut self.shards {
+            let behind = s.promise.as_ref().is_none_or(|p| *p < needed);
+            if s.cursor_id == 0 || !behind || s.nudged >= floor {
+                continue;
+            }
+            s.nudged = floor;
+            let router = router.clone();
+            let (shard, id) = (s.shard, s.cursor_id);
+            router.tasks.clone().spawn(async move {
+                let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
+                // A failed nudge only costs latency: the shard's getMore ends on its own (and a
+                // lost shard is its feed's business, so no waiting for a connection).
+                let _ = router.send(shard, "admin", cmd, Duration::ZERO, Resend::Unsent).await;
+            });
+        }
+    }
+
+    /// Stops the feeds, which close their shard cursors.
+    pub async fn kill(&mut self) {
+        self.cancel.cancel();
+        for feed in self.feeds.drain(..) {
+            let _ = feed.await;
+        }
+        for s in &mut self.shards {
+            s.cursor_id = 0;
+        }
+    }
+}

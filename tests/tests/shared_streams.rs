@@ -1,0 +1,134 @@
+//! Shared change-stream merges: streams with the same shard-side spec share one set of shard
+//! cursors and one merge on the router, each keeping its own position; a stream that does not
+//! read slows nobody, and one that falls off the shared buffer goes on by itself.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::change_stream::ChangeStream;
+use mongodb::options::ClientOptions;
+use tests::EmbeddedCluster;
+
+async fn client_for(cluster: &EmbeddedCluster, pool: u32) -> anyhow::Result<mongodb::Client> {
+    let mut opts =
+        ClientOptions::parse(format!("mongodb://{}/?directConnection=true", cluster.addr)).await?;
+    opts.max_pool_size = Some(pool);
+    Ok(mongodb::Client::with_options(opts)?)
+}
+
+async fn change_stream_metrics(client: &mongodb::Client) -> anyhow::Result<(i64, i64)> {
+    let status = client
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    let cs = status
+        .get_document("metrics")?
+        .get_document("changeStreams")?;
+    Ok((
+        cs.get_i64("sharedMerges")?,
+        cs.get_i64("sharedBufferBytes")?,
+    ))
+}
+
+/// Reads `n` events and returns their `documentKey._id`s.
+async fn read_ids(stream: &mut ChangeStream<Document>, n: usize) -> anyhow::Result<Vec<i64>> {
+    let mut ids = Vec::with_capacity(n);
+    while ids.len() < n {
+        let ev = tokio::time::timeout(Duration::from_secs(60), stream.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the stream ended"))??;
+        match ev.get_document("documentKey")?.get("_id") {
+            Some(Bson::Int64(i)) => ids.push(*i),
+            Some(Bson::Int32(i)) => ids.push(i64::from(*i)),
+            other => anyhow::bail!("unexpected _id {other:?}"),
+        }
+    }
+    Ok(ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_watchers_share_one_merge_and_a_stalled_one_slows_nobody() -> anyhow::Result<()>
+{
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = client_for(&cluster, 256).await?;
+    let coll = client.database("fan").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": -1_i64}).await?;
+    let open = || async {
+        anyhow::Ok(
+            coll.watch()
+                .max_await_time(Duration::from_millis(200))
+                .await?
+                .with_type::<Document>(),
+        )
+    };
+    let mut stalled = open().await?;
+    let mut watchers = Vec::new();
+    for _ in 0..200 {
+        watchers.push(open().await?);
+    }
+    assert_eq!(
+        change_stream_metrics(&client).await?.0,
+        1,
+        "every stream shares one merge"
+    );
+    const N: usize = 300;
+    let readers: Vec<_> = watchers
+        .into_iter()
+        .map(|mut s| tokio::spawn(async move { read_ids(&mut s, N).await }))
+        .collect();
+    for i in 0..N as i64 {
+        coll.insert_one(doc! {"_id": i}).await?;
+    }
+    let expected: Vec<i64> = (0..N as i64).collect();
+    for r in readers {
+        assert_eq!(r.await??, expected, "a watcher missed or reordered events");
+    }
+    // The stalled stream read nothing all along; it still has everything, in order.
+    assert_eq!(read_ids(&mut stalled, N).await?, expected);
+    drop(stalled);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_buffer_stays_bounded_and_a_stream_that_falls_off_it_goes_on_by_itself()
+-> anyhow::Result<()> {
+    let bound = 64 * 1024;
+    let options = router::RouterOptions {
+        stream_buffer_bytes: bound,
+        ..router::RouterOptions::default()
+    };
+    let cluster = EmbeddedCluster::start_with_options(3, options).await?;
+    let client = client_for(&cluster, 16).await?;
+    let coll = client.database("bound").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": -1_i64}).await?;
+    let open = || async {
+        anyhow::Ok(
+            coll.watch()
+                .max_await_time(Duration::from_millis(200))
+                .await?
+                .with_type::<Document>(),
+        )
+    };
+    let mut lagging = open().await?;
+    let mut reader = open().await?;
+    const N: usize = 400;
+    let payload = "x".repeat(1000);
+    let expected: Vec<i64> = (0..N as i64).collect();
+    let reading = tokio::spawn(async move { read_ids(&mut reader, N).await });
+    for i in 0..N as i64 {
+        coll.insert_one(doc! {"_id": i, "payload": &payload})
+            .await?;
+    }
+    assert_eq!(reading.await??, expected);
+    let (merges, buffered) = change_stream_metrics(&client).await?;
+    assert_eq!(merges, 1);
+    // ~400 KB of events went through; the buffer keeps at most its bound (plus one event).
+    assert!(
+        buffered as usize <= bound + 2048,
+        "{buffered} bytes buffered, bound {bound}"
+    );
+    // The lagging stream fell off the buffer's front: it re-reads from the shards, in order.
+    assert_eq!(read_ids(&mut lagging, N).await?, expected);
+    Ok(())
+}
