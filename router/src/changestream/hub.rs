@@ -116,33 +116,55 @@ enum End {
     Failed(MongoError),
 }
 
-impl Shared {
+impl Log {
+    fn new(start: ClusterTime) -> Log {
+        Log {
+            base: 0,
+            events: VecDeque::new(),
+            bytes: 0,
+            trimmed_through: ClusterTime::ZERO,
+            start,
+            released_through: None,
+            end: None,
+        }
+    }
+
     /// Where a stream starting at `start` begins in the log, if the log has every event from
     /// `start` on.
     fn join_at(&self, start: ClusterTime) -> Option<u64> {
-        let log = lock(&self.log);
-        if log.end.is_some() || log.start > start || log.trimmed_through >= start {
+        if self.end.is_some() || self.start > start || self.trimmed_through >= start {
             return None;
         }
-        let skip = log.events.partition_point(|e| e.time < start);
-        Some(log.base + skip as u64)
+        let skip = self.events.partition_point(|e| e.time < start);
+        Some(self.base + skip as u64)
+    }
+
+    /// Appends a released event, dropping the oldest while the log holds more than
+    /// `max_bytes` (it always keeps the newest).
+    fn push(&mut self, event: ChangeEvent, max_bytes: usize) {
+        let bytes = event.doc.to_vec().map(|v| v.len()).unwrap_or(0);
+        let time = event.data.cluster_time();
+        self.bytes += bytes;
+        self.events
+            .push_back(Arc::new(Logged { event, time, bytes }));
+        while self.bytes > max_bytes && self.events.len() > 1 {
+            let Some(old) = self.events.pop_front() else {
+                break;
+            };
+            self.bytes -= old.bytes;
+            self.base += 1;
+            self.trimmed_through = old.time;
+        }
+    }
+}
+
+impl Shared {
+    fn join_at(&self, start: ClusterTime) -> Option<u64> {
+        lock(&self.log).join_at(start)
     }
 
     fn push(&self, event: ChangeEvent) {
-        let mut log = lock(&self.log);
-        let bytes = event.doc.to_vec().map(|v| v.len()).unwrap_or(0);
-        let time = event.data.cluster_time();
-        log.bytes += bytes;
-        log.events
-            .push_back(Arc::new(Logged { event, time, bytes }));
-        while log.bytes > self.max_bytes && log.events.len() > 1 {
-            let Some(old) = log.events.pop_front() else {
-                break;
-            };
-            log.bytes -= old.bytes;
-            log.base += 1;
-            log.trimmed_through = old.time;
-        }
+        lock(&self.log).push(event, self.max_bytes);
     }
 
     fn update(&self, f: impl FnOnce(&mut Log)) {
@@ -248,15 +270,7 @@ impl HubClient {
                 let merged = merged::open(router, db, coll, stages, parsed, Some(start)).await?;
                 let (changed, _) = watch::channel(0);
                 let shared = Arc::new(Shared {
-                    log: Mutex::new(Log {
-                        base: 0,
-                        events: VecDeque::new(),
-                        bytes: 0,
-                        trimmed_through: ClusterTime::ZERO,
-                        start,
-                        released_through: None,
-                        end: None,
-                    }),
+                    log: Mutex::new(Log::new(start)),
                     changed,
                     max_bytes: router.options.stream_buffer_bytes,
                 });
@@ -361,13 +375,9 @@ impl HubClient {
         caught_up: bool,
         released: Option<ResumeToken>,
     ) -> Option<ResumeToken> {
-        let start = ResumeTokenData::high_water_mark(self.start, TokenVersion::default()).encode();
-        let mut best = self.position.clone().into_iter().chain(Some(start)).max();
-        if caught_up && let Some(r) = released {
-            best = best.max(Some(r));
-        }
-        if best > self.reported {
-            self.reported = best;
+        let best = client_token(self.start, self.position.as_ref(), caught_up, released);
+        if self.reported.as_ref().is_none_or(|r| best > *r) {
+            self.reported = Some(best);
         }
         self.reported.clone()
     }
@@ -399,7 +409,109 @@ impl HubClient {
     }
 }
 
+/// A client's post-batch resume token: the larger of the high-water mark at its start and
+/// the last log event it looked at, and, once it has looked at every event in the log, the
+/// hub's released-through token.
+fn client_token(
+    start: ClusterTime,
+    position: Option<&ResumeToken>,
+    caught_up: bool,
+    released: Option<ResumeToken>,
+) -> ResumeToken {
+    let mut best = ResumeTokenData::high_water_mark(start, TokenVersion::default()).encode();
+    for t in position
+        .cloned()
+        .into_iter()
+        .chain(released.filter(|_| caught_up))
+    {
+        if t > best {
+            best = t;
+        }
+    }
+    best
+}
+
 /// Never held across `.await`; a poisoned log is still consistent (every update is whole).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(t: u32, i: u32) -> ClusterTime {
+        ClusterTime::from_u64((u64::from(t) << 32) | u64::from(i))
+    }
+
+    fn event(ts: ClusterTime, n: i32) -> ChangeEvent {
+        let id = resume::token::event_identifier("insert", Some(("documentKey", doc! {"_id": n})));
+        let data = ResumeTokenData::event(
+            ts,
+            TokenVersion::default(),
+            0,
+            Some(bson::Uuid::from_bytes([7; 16])),
+            Some(id),
+        )
+        .expect("a valid token");
+        let doc = doc! {"_id": data.encode().to_document(), "operationType": "insert", "n": n};
+        ChangeEvent::from_document(doc).expect("an event")
+    }
+
+    #[test]
+    fn a_stream_joins_at_its_start_only_while_the_log_has_everything_from_there() {
+        let mut log = Log::new(at(10, 1));
+        for i in 1..=4 {
+            log.push(event(at(10, i * 2), i as i32), usize::MAX);
+        }
+        // Events at (10,2) (10,4) (10,6) (10,8): a start at (10,5) begins at the third.
+        assert_eq!(log.join_at(at(10, 5)), Some(2));
+        assert_eq!(
+            log.join_at(at(10, 9)),
+            Some(4),
+            "after every event: at the end"
+        );
+        assert_eq!(log.join_at(at(9, 0)), None, "before the hub's own start");
+        log.end = Some(End::Invalidated(event(at(10, 9), 0).token));
+        assert_eq!(log.join_at(at(10, 9)), None, "an ended hub takes nobody");
+    }
+
+    #[test]
+    fn the_log_keeps_to_its_bound_and_remembers_what_it_dropped() {
+        let one = event(at(5, 1), 1).doc.to_vec().expect("bytes").len();
+        let mut log = Log::new(at(5, 0));
+        for i in 1..=10 {
+            log.push(event(at(5, i), i as i32), 3 * one);
+        }
+        assert_eq!(log.events.len(), 3);
+        assert_eq!(log.base, 7, "sequence numbers go on across the trim");
+        assert!(log.bytes <= 3 * one);
+        assert_eq!(log.trimmed_through, at(5, 7));
+        assert_eq!(log.join_at(at(5, 7)), None, "an event at (5,7) is gone");
+        assert_eq!(log.join_at(at(5, 8)), Some(7));
+    }
+
+    #[test]
+    fn a_client_token_never_passes_what_it_has_not_looked_at() {
+        let start = at(20, 1);
+        let hwm = |t| ResumeTokenData::high_water_mark(t, TokenVersion::default()).encode();
+        let e1 = event(at(20, 3), 1).token;
+        let released = hwm(at(20, 9));
+        assert_eq!(client_token(start, None, true, None), hwm(start));
+        // Behind the log's end: its own position, not the hub's.
+        assert_eq!(
+            client_token(start, Some(&e1), false, Some(released.clone())),
+            e1
+        );
+        // Caught up: the hub's released-through token.
+        assert_eq!(
+            client_token(start, Some(&e1), true, Some(released.clone())),
+            released
+        );
+        // A hub behind the client's start never pulls the client's token back.
+        assert_eq!(
+            client_token(start, None, true, Some(hwm(at(19, 0)))),
+            hwm(start)
+        );
+    }
 }
