@@ -104,10 +104,26 @@ struct Log {
     end: Option<End>,
 }
 
+/// A released event as the log keeps it: encoded once (what it costs in memory is what the
+/// bound counts), with its sort key.
 struct Logged {
-    event: ChangeEvent,
+    token: ResumeToken,
+    data: ResumeTokenData,
     time: ClusterTime,
-    bytes: usize,
+    bson: Vec<u8>,
+}
+
+impl Logged {
+    /// The event, decoded for one client's post-merge stages.
+    fn event(&self) -> Result<ChangeEvent> {
+        let doc = Document::from_reader(&mut self.bson.as_slice())
+            .map_err(|e| MongoError::internal(format!("a logged change event: {e}")))?;
+        Ok(ChangeEvent {
+            token: self.token.clone(),
+            data: self.data.clone(),
+            doc,
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -141,20 +157,27 @@ impl Log {
 
     /// Appends a released event, dropping the oldest while the log holds more than
     /// `max_bytes` (it always keeps the newest).
-    fn push(&mut self, event: ChangeEvent, max_bytes: usize) {
-        let bytes = event.doc.to_vec().map(|v| v.len()).unwrap_or(0);
-        let time = event.data.cluster_time();
-        self.bytes += bytes;
-        self.events
-            .push_back(Arc::new(Logged { event, time, bytes }));
+    fn push(&mut self, event: ChangeEvent, max_bytes: usize) -> Result<()> {
+        let bson = event
+            .doc
+            .to_vec()
+            .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
+        self.bytes += bson.len();
+        self.events.push_back(Arc::new(Logged {
+            time: event.data.cluster_time(),
+            token: event.token,
+            data: event.data,
+            bson,
+        }));
         while self.bytes > max_bytes && self.events.len() > 1 {
             let Some(old) = self.events.pop_front() else {
                 break;
             };
-            self.bytes -= old.bytes;
+            self.bytes -= old.bson.len();
             self.base += 1;
             self.trimmed_through = old.time;
         }
+        Ok(())
     }
 }
 
@@ -163,8 +186,8 @@ impl Shared {
         lock(&self.log).join_at(start)
     }
 
-    fn push(&self, event: ChangeEvent) {
-        lock(&self.log).push(event, self.max_bytes);
+    fn push(&self, event: ChangeEvent) -> Result<()> {
+        lock(&self.log).push(event, self.max_bytes)
     }
 
     fn update(&self, f: impl FnOnce(&mut Log)) {
@@ -181,8 +204,16 @@ async fn run(
     cancel: CancellationToken,
 ) {
     loop {
+        let mut failed = None;
         while let Some(e) = merged.pop_ready() {
-            shared.push(e);
+            if let Err(e) = shared.push(e) {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            shared.update(|log| log.end = Some(End::Failed(e)));
+            break;
         }
         let pbrt = merged.post_batch_resume_token();
         let end = merged.invalidated().cloned().map(End::Invalidated);
@@ -330,11 +361,11 @@ impl HubClient {
             };
             self.next += taken.len() as u64;
             for logged in taken {
-                self.position = Some(logged.event.token.clone());
+                self.position = Some(logged.token.clone());
                 if logged.time < self.start {
                     continue;
                 }
-                if let Some(doc) = self.post.process(router, logged.event.clone()).await? {
+                if let Some(doc) = self.post.process(router, logged.event()?).await? {
                     events.push(doc);
                 }
             }
@@ -462,7 +493,8 @@ mod tests {
     fn a_stream_joins_at_its_start_only_while_the_log_has_everything_from_there() {
         let mut log = Log::new(at(10, 1));
         for i in 1..=4 {
-            log.push(event(at(10, i * 2), i as i32), usize::MAX);
+            log.push(event(at(10, i * 2), i as i32), usize::MAX)
+                .expect("push");
         }
         // Events at (10,2) (10,4) (10,6) (10,8): a start at (10,5) begins at the third.
         assert_eq!(log.join_at(at(10, 5)), Some(2));
@@ -481,7 +513,7 @@ mod tests {
         let one = event(at(5, 1), 1).doc.to_vec().expect("bytes").len();
         let mut log = Log::new(at(5, 0));
         for i in 1..=10 {
-            log.push(event(at(5, i), i as i32), 3 * one);
+            log.push(event(at(5, i), i as i32), 3 * one).expect("push");
         }
         assert_eq!(log.events.len(), 3);
         assert_eq!(log.base, 7, "sequence numbers go on across the trim");
