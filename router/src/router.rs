@@ -40,8 +40,8 @@ pub struct RouterOptions {
     /// `--enableTestCommands`: `configureFailPoint` and the fail points are available.
     pub enable_test_commands: bool,
     pub patience: ShardPatience,
-    /// Bytes of released events a shared change-stream merge keeps for its slower clients; a
-    /// client further behind goes on by itself (see `changestream::hub`).
+    /// Memory, in bytes, of released events a shared change-stream merge keeps for its slower
+    /// clients; a client further behind goes on by itself (see `changestream::hub`).
     pub stream_buffer_bytes: usize,
 }
 
@@ -53,7 +53,7 @@ impl Default for RouterOptions {
             argv: Vec::new(),
             enable_test_commands: false,
             patience: ShardPatience::default(),
-            stream_buffer_bytes: 32 << 20,
+            stream_buffer_bytes: 16 << 20,
         }
     }
 }

@@ -132,3 +132,51 @@ async fn the_shared_buffer_stays_bounded_and_a_stream_that_falls_off_it_goes_on_
     assert_eq!(read_ids(&mut lagging, N).await?, expected);
     Ok(())
 }
+
+/// A getMore never answers more than 16 MiB of events, however many are ready (a batch over
+/// the limit failed with BSONObjectTooLarge): a shared stream that read nothing while ~19 MB of
+/// events went by, and a stream of its own started at the time the writes began, both read
+/// every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
+    let options = router::RouterOptions {
+        stream_buffer_bytes: 128 << 20,
+        ..router::RouterOptions::default()
+    };
+    let cluster = EmbeddedCluster::start_with_options(3, options).await?;
+    let client = client_for(&cluster, 16).await?;
+    let db = client.database("big");
+    client
+        .database("admin")
+        .run_command(doc! {"shardCollection": "big.c", "key": {"_id": "hashed"}})
+        .await?;
+    let coll = db.collection::<Document>("c");
+    let started = db
+        .run_command(doc! {"ping": 1})
+        .await?
+        .get_timestamp("operationTime")?;
+    let mut shared = coll.watch().await?.with_type::<Document>();
+    const N: usize = 12_000;
+    let payload = "y".repeat(1500);
+    for chunk in (0..N as i64).collect::<Vec<_>>().chunks(1000) {
+        let docs: Vec<Document> = chunk
+            .iter()
+            .map(|i| doc! {"_id": *i, "p": &payload})
+            .collect();
+        // Unordered: one batch per shard (an ordered one is split into runs of one document).
+        coll.insert_many(docs).ordered(false).await?;
+    }
+    let mut own = coll
+        .watch()
+        .start_at_operation_time(started)
+        .await?
+        .with_type::<Document>();
+    for (name, stream) in [("shared", &mut shared), ("own", &mut own)] {
+        let mut ids = read_ids(stream, N)
+            .await
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        ids.sort_unstable();
+        assert_eq!(ids, (0..N as i64).collect::<Vec<_>>(), "{name}");
+    }
+    Ok(())
+}

@@ -132,6 +132,11 @@ impl RouterStream {
         Ok(Some(event.doc))
     }
 
+    /// Whether every event passes unchanged: no user stages, and no resume point to find.
+    pub fn passes_through(&self) -> bool {
+        self.stages.is_empty() && self.ensure.done()
+    }
+
     /// Whether the resume point has been passed; until then the reply's post-batch resume token
     /// stays the client's token.
     pub fn resume_point_passed(&self) -> bool {

@@ -86,7 +86,7 @@ struct Shared {
     log: Mutex<Log>,
     /// Bumped whenever the log changes (new events, a new promise, the end).
     changed: watch::Sender<u64>,
-    /// The log's bound, in bytes of event documents.
+    /// The log's bound, in bytes of memory its events take (see `Logged::cost`).
     max_bytes: usize,
 }
 
@@ -104,25 +104,24 @@ struct Log {
     end: Option<End>,
 }
 
-/// A released event as the log keeps it: encoded once (what it costs in memory is what the
-/// bound counts), with its sort key.
+/// A released event as the log keeps it: encoded once, with its sort key and time.
 struct Logged {
     token: ResumeToken,
-    data: ResumeTokenData,
     time: ClusterTime,
     bson: Vec<u8>,
 }
 
 impl Logged {
+    /// What the event costs the log in memory, as its bound counts it.
+    fn cost(&self) -> usize {
+        std::mem::size_of::<Logged>() + self.bson.len() + self.token.data().len() + 32
+    }
+
     /// The event, decoded for one client's post-merge stages.
     fn event(&self) -> Result<ChangeEvent> {
         let doc = Document::from_reader(&mut self.bson.as_slice())
             .map_err(|e| MongoError::internal(format!("a logged change event: {e}")))?;
-        Ok(ChangeEvent {
-            token: self.token.clone(),
-            data: self.data.clone(),
-            doc,
-        })
+        ChangeEvent::from_document(doc)
     }
 }
 
@@ -162,18 +161,18 @@ impl Log {
             .doc
             .to_vec()
             .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
-        self.bytes += bson.len();
-        self.events.push_back(Arc::new(Logged {
+        let logged = Logged {
             time: event.data.cluster_time(),
             token: event.token,
-            data: event.data,
             bson,
-        }));
+        };
+        self.bytes += logged.cost();
+        self.events.push_back(Arc::new(logged));
         while self.bytes > max_bytes && self.events.len() > 1 {
             let Some(old) = self.events.pop_front() else {
                 break;
             };
-            self.bytes -= old.bson.len();
+            self.bytes -= old.cost();
             self.base += 1;
             self.trimmed_through = old.time;
         }
@@ -340,6 +339,7 @@ impl HubClient {
         let deadline = tokio::time::Instant::now() + max_time;
         let mut changed = self.hub.shared.changed.subscribe();
         let mut events = Vec::new();
+        let mut bytes = 0;
         loop {
             changed.borrow_and_update();
             let (taken, caught_up, released, end) = {
@@ -359,16 +359,28 @@ impl HubClient {
                     log.end.clone(),
                 )
             };
-            self.next += taken.len() as u64;
+            let mut full = false;
             for logged in taken {
-                self.position = Some(logged.token.clone());
-                if logged.time < self.start {
-                    continue;
-                }
-                if let Some(doc) = self.post.process(router, logged.event()?).await? {
+                if logged.time >= self.start
+                    && let Some(doc) = self.post.process(router, logged.event()?).await?
+                {
+                    let size = if self.post.passes_through() {
+                        logged.bson.len()
+                    } else {
+                        super::doc_size(&doc)
+                    };
+                    if !events.is_empty() && bytes + size > super::BATCH_BYTES {
+                        // The batch is full: this event starts the next one.
+                        full = true;
+                        break;
+                    }
+                    bytes += size;
                     events.push(doc);
                 }
+                self.next += 1;
+                self.position = Some(logged.token.clone());
             }
+            let caught_up = caught_up && !full;
             if caught_up && let Some(end) = end {
                 match end {
                     End::Failed(e) => return Err(super::label_resumable(e)),
@@ -510,7 +522,9 @@ mod tests {
 
     #[test]
     fn the_log_keeps_to_its_bound_and_remembers_what_it_dropped() {
-        let one = event(at(5, 1), 1).doc.to_vec().expect("bytes").len();
+        let mut probe = Log::new(at(5, 0));
+        probe.push(event(at(5, 1), 1), usize::MAX).expect("push");
+        let one = probe.bytes;
         let mut log = Log::new(at(5, 0));
         for i in 1..=10 {
             log.push(event(at(5, i), i as i32), 3 * one).expect("push");

@@ -43,6 +43,10 @@ use wire::{MongoError, Result};
 use crate::metadata::Placement;
 use crate::router::{Router, first_batch};
 
+/// A client batch stops before an event that would take it past this many bytes (as MongoDB's
+/// 16 MiB user-document limit; a reply must also fit the 48 MB message limit).
+pub(super) const BATCH_BYTES: usize = 16 * 1024 * 1024;
+
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 
@@ -179,18 +183,38 @@ pub struct ChangeStreamCursor {
 }
 
 enum Inner {
-    Private {
-        merged: merged::MergedStream,
-        post: PostMerge,
-        closed: bool,
-    },
-    Shared(hub::HubClient),
+    Private(Box<PrivateStream>),
+    Shared(Box<hub::HubClient>),
+}
+
+/// A stream with a merge of its own.
+struct PrivateStream {
+    merged: merged::MergedStream,
+    post: PostMerge,
+    /// An event released and processed that did not fit the last batch: the next one starts
+    /// with it.
+    held: Option<(ResumeToken, Document)>,
+    /// The token of the last released event given to the client or dropped by its stages.
+    looked: Option<ResumeToken>,
+    closed: bool,
+}
+
+impl PrivateStream {
+    fn inner(merged: merged::MergedStream, parsed: &ChangeStreamPipeline) -> Inner {
+        Inner::Private(Box::new(PrivateStream {
+            merged,
+            post: PostMerge::new(parsed),
+            held: None,
+            looked: None,
+            closed: false,
+        }))
+    }
 }
 
 impl std::fmt::Debug for ChangeStreamCursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner {
-            Inner::Private { merged, .. } => merged.fmt(f),
+            Inner::Private(p) => p.merged.fmt(f),
             Inner::Shared(_) => f.write_str("ChangeStreamCursor(shared)"),
         }
     }
@@ -209,6 +233,11 @@ impl PostMerge {
             stream: RouterStream::new(&parsed.spec, parsed.user_stages.clone()),
             update_lookup: parsed.spec.options.full_document == FullDocument::UpdateLookup,
         }
+    }
+
+    /// Whether events reach the client exactly as merged (no updateLookup, no stages).
+    pub(super) fn passes_through(&self) -> bool {
+        !self.update_lookup && self.stream.passes_through()
     }
 
     /// The event as the client gets it; `None` when a stage drops it.
@@ -236,16 +265,12 @@ impl ChangeStreamCursor {
     ) -> Result<ChangeStreamCursor> {
         if let Some(client) = hub::HubClient::open(router, db, coll, stages, &parsed).await? {
             return Ok(ChangeStreamCursor {
-                inner: Inner::Shared(client),
+                inner: Inner::Shared(Box::new(client)),
             });
         }
         let merged = merged::open(router, db, coll, stages, &parsed, None).await?;
         Ok(ChangeStreamCursor {
-            inner: Inner::Private {
-                merged,
-                post: PostMerge::new(&parsed),
-                closed: false,
-            },
+            inner: PrivateStream::inner(merged, &parsed),
         })
     }
 
@@ -271,33 +296,53 @@ impl ChangeStreamCursor {
             };
             let parsed = parse_pipeline(&stages, &ctx)?;
             let merged = merged::open(router, &db, coll.as_deref(), &stages, &parsed, None).await?;
-            self.inner = Inner::Private {
-                merged,
-                post: PostMerge::new(&parsed),
-                closed: false,
-            };
+            self.inner = PrivateStream::inner(merged, &parsed);
         }
-        let Inner::Private {
-            merged,
-            post,
-            closed,
-        } = &mut self.inner
-        else {
+        let Inner::Private(private) = &mut self.inner else {
             return Err(MongoError::internal(
                 "a shared change stream without its hub",
             ));
         };
+        let PrivateStream {
+            merged,
+            post,
+            held,
+            looked,
+            closed,
+        } = &mut **private;
         let deadline = tokio::time::Instant::now() + max_time;
         let mut events = Vec::new();
+        let mut bytes = 0;
         let mut invalidated = false;
         loop {
             while events.len() < n {
-                let Some(event) = merged.pop_ready() else {
-                    break;
+                let (token, doc) = match held.take() {
+                    Some(h) => h,
+                    None => {
+                        let Some(event) = merged.pop_ready() else {
+                            break;
+                        };
+                        let token = event.token.clone();
+                        match post.process(router, event).await? {
+                            Some(doc) => (token, doc),
+                            None => {
+                                *looked = Some(token);
+                                continue;
+                            }
+                        }
+                    }
                 };
-                if let Some(doc) = post.process(router, event).await? {
-                    events.push(doc);
+                let size = doc_size(&doc);
+                if !events.is_empty() && bytes + size > BATCH_BYTES {
+                    *held = Some((token, doc));
+                    break;
                 }
+                bytes += size;
+                *looked = Some(token);
+                events.push(doc);
+            }
+            if held.is_some() {
+                break;
             }
             // As MongoDB: the batch that ends with the invalidate closes the cursor (id 0).
             if merged.invalidated().is_some() && n > 0 {
@@ -319,12 +364,16 @@ impl ChangeStreamCursor {
         if invalidated {
             *closed = true;
         }
+        // With an event held back, the merge has released past what the client was given: the
+        // token stays at the last event it was given (or dropped).
+        let post_batch_resume_token = match merged.invalidated() {
+            Some(t) if invalidated => Some(t.clone()),
+            _ if held.is_some() => looked.clone(),
+            _ => merged.post_batch_resume_token(),
+        };
         Ok(Batch {
             events,
-            post_batch_resume_token: match merged.invalidated() {
-                Some(t) if invalidated => Some(t.clone()),
-                _ => merged.post_batch_resume_token(),
-            },
+            post_batch_resume_token,
             invalidated,
         })
     }
@@ -332,17 +381,22 @@ impl ChangeStreamCursor {
     /// Stops the stream (a hub's client leaves it; the last one stops it).
     pub async fn kill(&mut self) {
         match &mut self.inner {
-            Inner::Private { merged, .. } => merged.kill().await,
+            Inner::Private(p) => p.merged.kill().await,
             Inner::Shared(client) => client.kill().await,
         }
     }
 
     pub fn is_closed(&self) -> bool {
         match &self.inner {
-            Inner::Private { closed, .. } => *closed,
+            Inner::Private(p) => p.closed,
             Inner::Shared(client) => client.is_closed(),
         }
     }
+}
+
+/// The encoded size of a document.
+pub(super) fn doc_size(doc: &Document) -> usize {
+    doc.to_vec().map(|v| v.len()).unwrap_or(BATCH_BYTES)
 }
 
 /// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).
