@@ -133,10 +133,44 @@ async fn the_shared_buffer_stays_bounded_and_a_stream_that_falls_off_it_goes_on_
     Ok(())
 }
 
-/// A getMore never answers more than 16 MiB of events, however many are ready (a batch over
-/// the limit failed with BSONObjectTooLarge): a shared stream that read nothing while ~19 MB of
-/// events went by, and a stream of its own started at the time the writes began, both read
-/// every event.
+/// Reads `n` events through raw getMores on cursor `id`, checking every reply's size; returns
+/// their `documentKey._id`s.
+async fn read_raw(
+    db: &mongodb::Database,
+    coll: &str,
+    mut id: i64,
+    mut ids: Vec<i64>,
+    n: usize,
+) -> anyhow::Result<Vec<i64>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ids.len() < n {
+        anyhow::ensure!(id != 0, "the cursor closed after {} events", ids.len());
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "only {} of {n} events after 60 s",
+            ids.len()
+        );
+        let reply = db
+            .run_command(doc! {"getMore": id, "collection": coll, "maxTimeMS": 1000_i64})
+            .await?;
+        let size = mongodb::bson::serialize_to_vec(&reply)?.len();
+        anyhow::ensure!(size <= 16 << 20, "a getMore reply of {size} bytes");
+        let cursor = reply.get_document("cursor")?;
+        id = cursor.get_i64("id")?;
+        for ev in cursor.get_array("nextBatch")? {
+            let Bson::Document(ev) = ev else {
+                anyhow::bail!("not an event: {ev}")
+            };
+            ids.push(ev.get_document("documentKey")?.get_i64("_id")?);
+        }
+    }
+    Ok(ids)
+}
+
+/// A getMore never answers more than 16 MiB of events, however many are ready (a drain of
+/// 100k events answered one 52 MB getMore, which failed with BSONObjectTooLarge): a shared
+/// stream that read nothing while ~19 MB of events went by, and a stream of its own started
+/// at the time the writes began, both read every event in replies of at most 16 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
     let options = router::RouterOptions {
@@ -155,7 +189,26 @@ async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
         .run_command(doc! {"ping": 1})
         .await?
         .get_timestamp("operationTime")?;
-    let mut shared = coll.watch().await?.with_type::<Document>();
+    let open = |spec: Document| {
+        let db = db.clone();
+        async move {
+            let reply = db
+                .run_command(
+                    doc! {"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}},
+                )
+                .await?;
+            let cursor = reply.get_document("cursor")?;
+            let mut first = Vec::new();
+            for ev in cursor.get_array("firstBatch")? {
+                let Bson::Document(ev) = ev else {
+                    anyhow::bail!("not an event: {ev}")
+                };
+                first.push(ev.get_document("documentKey")?.get_i64("_id")?);
+            }
+            anyhow::Ok((cursor.get_i64("id")?, first))
+        }
+    };
+    let shared = open(doc! {}).await?;
     const N: usize = 12_000;
     let payload = "y".repeat(1500);
     for chunk in (0..N as i64).collect::<Vec<_>>().chunks(1000) {
@@ -166,13 +219,9 @@ async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
         // Unordered: one batch per shard (an ordered one is split into runs of one document).
         coll.insert_many(docs).ordered(false).await?;
     }
-    let mut own = coll
-        .watch()
-        .start_at_operation_time(started)
-        .await?
-        .with_type::<Document>();
-    for (name, stream) in [("shared", &mut shared), ("own", &mut own)] {
-        let mut ids = read_ids(stream, N)
+    let own = open(doc! {"startAtOperationTime": started}).await?;
+    for (name, (id, first)) in [("shared", shared), ("own", own)] {
+        let mut ids = read_raw(&db, "c", id, first, N)
             .await
             .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
         ids.sort_unstable();

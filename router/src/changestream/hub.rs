@@ -365,9 +365,9 @@ impl HubClient {
                     && let Some(doc) = self.post.process(router, logged.event()?).await?
                 {
                     let size = if self.post.passes_through() {
-                        logged.bson.len()
+                        logged.bson.len() + 8
                     } else {
-                        super::doc_size(&doc)
+                        super::entry_size(&doc)
                     };
                     if !events.is_empty() && bytes + size > super::BATCH_BYTES {
                         // The batch is full: this event starts the next one.

@@ -43,9 +43,11 @@ use wire::{MongoError, Result};
 use crate::metadata::Placement;
 use crate::router::{Router, first_batch};
 
-/// A client batch stops before an event that would take it past this many bytes (as MongoDB's
-/// 16 MiB user-document limit; a reply must also fit the 48 MB message limit).
-pub(super) const BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// A client batch stops before an event that would take it past this many bytes, so the
+/// whole reply stays within MongoDB's 16 MiB document limit (drivers read replies as one
+/// document; a message must also fit 48 MB). Each event counts its array entry too
+/// ([`entry_size`]); 4 KiB are left for the rest of the reply.
+pub(super) const BATCH_BYTES: usize = 16 * 1024 * 1024 - 4096;
 
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
@@ -332,7 +334,7 @@ impl ChangeStreamCursor {
                         }
                     }
                 };
-                let size = doc_size(&doc);
+                let size = entry_size(&doc);
                 if !events.is_empty() && bytes + size > BATCH_BYTES {
                     *held = Some((token, doc));
                     break;
@@ -394,9 +396,9 @@ impl ChangeStreamCursor {
     }
 }
 
-/// The encoded size of a document.
-pub(super) fn doc_size(doc: &Document) -> usize {
-    doc.to_vec().map(|v| v.len()).unwrap_or(BATCH_BYTES)
+/// What a document adds to a batch array: its encoded size, its type byte and its index key.
+pub(super) fn entry_size(doc: &Document) -> usize {
+    doc.to_vec().map(|v| v.len()).unwrap_or(BATCH_BYTES) + 8
 }
 
 /// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).
