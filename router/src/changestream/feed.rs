@@ -30,6 +30,9 @@ use crate::router::{Resend, Router, backoff, cursor_id, sleep_before};
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
+/// Events per shard getMore: with the replies a feed may queue, this bounds what one stream
+/// holds in memory on the router (a shard batch may otherwise be 16 MiB).
+const SHARD_BATCH: i64 = 1000;
 /// How long past its awaitData wait a shard getMore may take before the shard counts as lost.
 const SILENT_SHARD: Duration = Duration::from_secs(10);
 /// The first pause before re-opening a lost shard's stream.
@@ -93,6 +96,7 @@ impl Feed {
                 "getMore": self.cursor_id,
                 "collection": &self.collection,
                 "maxTimeMS": SHARD_AWAIT.as_millis() as i64,
+                "batchSize": SHARD_BATCH,
             };
             // No waiting for a connection here: a lost shard is the re-open's business. A shard
             // that does not answer well past the awaitData wait is lost too (a partition sends
