@@ -31,6 +31,15 @@ async fn change_stream_metrics(client: &mongodb::Client) -> anyhow::Result<(i64,
     ))
 }
 
+/// A stream on `coll` from now on (it can share a merge).
+async fn watch_now(coll: &mongodb::Collection<Document>) -> anyhow::Result<ChangeStream<Document>> {
+    Ok(coll
+        .watch()
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>())
+}
+
 /// Reads `n` events and returns their `documentKey._id`s.
 async fn read_ids(stream: &mut ChangeStream<Document>, n: usize) -> anyhow::Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(n);
@@ -54,14 +63,7 @@ async fn two_hundred_watchers_share_one_merge_and_a_stalled_one_slows_nobody() -
     let client = client_for(&cluster, 256).await?;
     let coll = client.database("fan").collection::<Document>("c");
     coll.insert_one(doc! {"_id": -1_i64}).await?;
-    let open = || async {
-        anyhow::Ok(
-            coll.watch()
-                .max_await_time(Duration::from_millis(200))
-                .await?
-                .with_type::<Document>(),
-        )
-    };
+    let open = || watch_now(&coll);
     let mut stalled = open().await?;
     let mut watchers = Vec::new();
     for _ in 0..200 {
@@ -102,14 +104,7 @@ async fn the_shared_buffer_stays_bounded_and_a_stream_that_falls_off_it_goes_on_
     let client = client_for(&cluster, 16).await?;
     let coll = client.database("bound").collection::<Document>("c");
     coll.insert_one(doc! {"_id": -1_i64}).await?;
-    let open = || async {
-        anyhow::Ok(
-            coll.watch()
-                .max_await_time(Duration::from_millis(200))
-                .await?
-                .with_type::<Document>(),
-        )
-    };
+    let open = || watch_now(&coll);
     let mut lagging = open().await?;
     let mut reader = open().await?;
     const N: usize = 400;
