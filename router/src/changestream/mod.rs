@@ -1,26 +1,21 @@
 //! Change streams on the router: one shard cursor per shard, merged by resume token.
 //!
-//! Opening a stream validates the pipeline, fixes the start point (a stream without one starts
-//! one tick after the cluster's current time, the same on every shard), and opens a shard
-//! cursor on every shard with the `$changeStream` stage and the user's pushed-down `$match`,
-//! waiting (within the router's patience) for shards that cannot be reached. Then a feed task
-//! per shard ([`feed`]) keeps one awaitData getMore outstanding and hands the replies to the
-//! cursor through a bounded channel, so a client that stops reading stops the feeds too. A
-//! feed that loses its shard re-opens the shard's stream from the shard's last promise: the
-//! stream pauses, it does not fail.
+//! Opening a stream validates the pipeline and fixes the start point (a stream without one
+//! starts one tick after the cluster's current time, the same on every shard). A stream that
+//! starts now joins a hub ([`hub`]) that shares one merge among every stream with the same
+//! shard-side spec; any other stream gets a merge of its own ([`merged`]): a shard cursor on
+//! every shard with the `$changeStream` stage and the user's pushed-down `$match`, each read
+//! by a feed task ([`feed`]) that re-opens it from the shard's last promise if the shard is
+//! lost, so the stream pauses instead of failing.
 //!
-//! The merge (`pipeline::changestream::Merger`) releases an event only when its token is at or
-//! below every shard's promise (post-batch resume token), so released tokens strictly
-//! increase. An idle shard does not hold the stream back: when an event is buffered behind a
-//! shard's promise, the router nudges that shard to promise past the event's time; an idle
-//! shard's clock jumps there and it answers at once. After the merge: updateLookup, then
-//! ensure-resume-token-present, the user's stages and the `_id` check (`RouterStream`).
+//! After the merge, per client: updateLookup, then ensure-resume-token-present, the user's
+//! stages and the `_id` check (`RouterStream`), in batches of at most 16 MiB.
 //!
-//! Invariants: every reply carries a post-batch resume token that never goes backwards and
-//! never passes what a lost shard may still return; an event is returned at most once; a
-//! stream whose history a shard reports lost, or whose token is not found, fails with the
-//! shard's (or the merge's) non-resumable error; a shard lost for longer than the router's
-//! patience fails the getMore with a resumable error.
+//! Invariants: every reply carries a post-batch resume token that never goes backwards, never
+//! passes an event the client has not been given, and never passes what a lost shard may still
+//! return; an event is returned at most once; a stream whose history a shard reports lost, or
+//! whose token is not found, fails with the shard's (or the merge's) non-resumable error; a
+//! shard lost for longer than the router's patience fails the getMore with a resumable error.
 
 mod feed;
 mod hub;
