@@ -295,7 +295,19 @@ impl HubClient {
         let key = key(db, coll, stages, parsed);
         let start = merged::cluster_now(router).await?;
         let (hub, next) = match router.hubs.join(&key, start) {
-            Some(joined) => joined,
+            Some(joined) => {
+                // The stream's events are those at or after `start`. A stream of its own tells
+                // every shard its start (the aggregate carries the router's clock), so a write
+                // made after it opened can never be older; a joining stream sends the clock
+                // around itself, or a shard whose clock lagged could still write below it.
+                for r in router
+                    .broadcast(&router.all_shards(), "admin", &doc! {"ping": 1})
+                    .await
+                {
+                    r?;
+                }
+                joined
+            }
             None => {
                 let merged = merged::open(router, db, coll, stages, parsed, Some(start)).await?;
                 let (changed, _) = watch::channel(0);

@@ -470,7 +470,23 @@ impl Background {
 /// on, automatic resume), as an application connects to a sharded cluster.
 pub async fn application_client(addrs: &[SocketAddr]) -> Result<Client> {
     let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    crate::connect_uri(&format!("mongodb://{}/", hosts.join(","))).await
+    let mut opts =
+        mongodb::options::ClientOptions::parse(format!("mongodb://{}/", hosts.join(","))).await?;
+    opts.server_selection_timeout = Some(Duration::from_secs(10));
+    opts.connect_timeout = Some(Duration::from_secs(5));
+    if let Ok(path) = std::env::var("TRIBUTARY_FSM_TRACE") {
+        let file = std::sync::Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ));
+        // Traced as router 9: this client picks its router itself.
+        opts.command_event_handler = Some(mongodb::event::EventHandler::callback(
+            move |ev: mongodb::event::command::CommandEvent| trace_command(&file, 9, ev),
+        ));
+    }
+    Ok(Client::with_options(opts)?)
 }
 
 /// Connects one client per router (threads and watchers spread over them). With
