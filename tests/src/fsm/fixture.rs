@@ -474,18 +474,8 @@ pub async fn application_client(addrs: &[SocketAddr]) -> Result<Client> {
         mongodb::options::ClientOptions::parse(format!("mongodb://{}/", hosts.join(","))).await?;
     opts.server_selection_timeout = Some(Duration::from_secs(10));
     opts.connect_timeout = Some(Duration::from_secs(5));
-    if let Ok(path) = std::env::var("TRIBUTARY_FSM_TRACE") {
-        let file = std::sync::Arc::new(std::sync::Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?,
-        ));
-        // Traced as router 9: this client picks its router itself.
-        opts.command_event_handler = Some(mongodb::event::EventHandler::callback(
-            move |ev: mongodb::event::command::CommandEvent| trace_command(&file, 9, ev),
-        ));
-    }
+    // Traced as router 9: this client picks its router itself.
+    opts.command_event_handler = tracer(9)?;
     Ok(Client::with_options(opts)?)
 }
 
@@ -499,27 +489,35 @@ pub async fn application_client(addrs: &[SocketAddr]) -> Result<Client> {
 /// Without read retries a failed resume surfaces and the watcher reopens from its own token.
 pub async fn clients(addrs: &[SocketAddr], retry_reads: bool) -> Result<Vec<Client>> {
     let mut out = Vec::new();
-    let trace = std::env::var("TRIBUTARY_FSM_TRACE").ok();
     for (n, a) in addrs.iter().enumerate() {
         let uri = format!("mongodb://{a}/?directConnection=true");
         let mut opts = mongodb::options::ClientOptions::parse(&uri).await?;
         opts.server_selection_timeout = Some(Duration::from_secs(10));
         opts.connect_timeout = Some(Duration::from_secs(5));
         opts.retry_reads = Some(retry_reads);
-        if let Some(path) = &trace {
-            let file = std::sync::Arc::new(std::sync::Mutex::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            ));
-            opts.command_event_handler = Some(mongodb::event::EventHandler::callback(
-                move |ev: mongodb::event::command::CommandEvent| trace_command(&file, n, ev),
-            ));
-        }
+        opts.command_event_handler = tracer(n)?;
         out.push(Client::with_options(opts)?);
     }
     Ok(out)
+}
+
+/// With `TRIBUTARY_FSM_TRACE=<file>`: a command handler that appends the change-stream commands
+/// of the client of `router` to that file.
+fn tracer(
+    router: usize,
+) -> Result<Option<mongodb::event::EventHandler<mongodb::event::command::CommandEvent>>> {
+    let Ok(path) = std::env::var("TRIBUTARY_FSM_TRACE") else {
+        return Ok(None);
+    };
+    let file = std::sync::Arc::new(std::sync::Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?,
+    ));
+    Ok(Some(mongodb::event::EventHandler::callback(
+        move |ev: mongodb::event::command::CommandEvent| trace_command(&file, router, ev),
+    )))
 }
 
 fn trace_command(
