@@ -25,7 +25,7 @@ use bson::{Bson, Document, doc};
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
-use pipeline::changestream::spec::{RequestContext, parse_pipeline};
+use pipeline::changestream::spec::{ChangeStreamCommand, parse_command};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
 use tokio::sync::Notify;
@@ -176,36 +176,16 @@ fn read_entry(state: &ShardState, ts: ClusterTime) -> Option<Document> {
     Document::from_reader(&mut bytes.as_slice()).ok()
 }
 
-fn batch_size(cursor_opts: Option<&Document>) -> Result<usize> {
-    match cursor_opts.and_then(|c| c.get("batchSize")) {
-        None => Ok(101),
-        Some(Bson::Int32(n)) if *n >= 0 => Ok(*n as usize),
-        Some(Bson::Int64(n)) if *n >= 0 => Ok(*n as usize),
-        Some(Bson::Double(n)) if *n >= 0.0 => Ok(*n as usize),
-        Some(_) => Err(MongoError::bad_value(
-            "batchSize must be a non-negative number",
-        )),
-    }
-}
-
 impl ChangeStreams {
     /// `aggregate` with `$changeStream` first: opens a cursor and returns its first batch
     /// (without waiting). A stream without a start option starts at the shard's next tick.
     pub fn open(&self, state: &ShardState, db: &str, cmd: &Document) -> Result<Document> {
-        let coll = match cmd.get("aggregate") {
-            Some(Bson::String(c)) => Some(c.as_str()),
-            _ => None,
-        };
-        let stages = cmd.get_array("pipeline").map_err(|_| {
-            MongoError::type_mismatch("'pipeline' option must be specified as an array")
-        })?;
-        let ctx = RequestContext {
-            db,
+        let ChangeStreamCommand {
             coll,
-            through_router: false,
-            standalone: false,
-        };
-        let parsed = parse_pipeline(stages, &ctx)?;
+            pipeline: parsed,
+            batch_size: n,
+            ..
+        } = parse_command(db, cmd, false)?;
         let now = state.high_water_mark().next();
         let start = parsed.spec.scan_start(now);
         let pbrt = parsed.spec.initial_post_batch_resume_token(now);
@@ -226,7 +206,6 @@ impl ChangeStreams {
             pbrt,
             closed: false,
         };
-        let n = batch_size(cmd.get_document("cursor").ok())?;
         if n > 0 {
             let hwm = state.high_water_mark();
             let read_through = cursor.advance(state, n)?;

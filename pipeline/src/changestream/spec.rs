@@ -238,6 +238,68 @@ const KNOWN: &[&str] = &[
     "$vectorSearch",
 ];
 
+/// An `aggregate` command whose pipeline starts with `$changeStream`, parsed.
+#[derive(Debug)]
+pub struct ChangeStreamCommand<'a> {
+    /// `Some(coll)` for `aggregate: "<coll>"`, `None` for `aggregate: 1`.
+    pub coll: Option<&'a str>,
+    /// The pipeline as sent.
+    pub stages: &'a [Bson],
+    pub pipeline: ChangeStreamPipeline,
+    /// `cursor.batchSize` (101 when absent).
+    pub batch_size: usize,
+}
+
+/// Parses a change-stream `aggregate` on database `db`, as the router (`through_router`) or a
+/// shard receives it.
+pub fn parse_command<'a>(
+    db: &str,
+    cmd: &'a Document,
+    through_router: bool,
+) -> Result<ChangeStreamCommand<'a>> {
+    let coll = match cmd.get("aggregate") {
+        Some(Bson::String(c)) => Some(c.as_str()),
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => None,
+        Some(Bson::Double(d)) if *d == 1.0 => None,
+        _ => {
+            return Err(MongoError::failed_to_parse(
+                "aggregate requires a collection name or 1",
+            ));
+        }
+    };
+    let stages = cmd.get_array("pipeline").map_err(|_| {
+        MongoError::type_mismatch("'pipeline' option must be specified as an array")
+    })?;
+    let ctx = RequestContext {
+        db,
+        coll,
+        through_router,
+        standalone: false,
+    };
+    let pipeline = parse_pipeline(stages, &ctx)?;
+    let batch_size = match cmd
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get("batchSize"))
+    {
+        None => 101,
+        Some(Bson::Int32(n)) if *n >= 0 => *n as usize,
+        Some(Bson::Int64(n)) if *n >= 0 => *n as usize,
+        Some(Bson::Double(n)) if *n >= 0.0 => *n as usize,
+        Some(_) => {
+            return Err(MongoError::bad_value(
+                "batchSize must be a non-negative integer",
+            ));
+        }
+    };
+    Ok(ChangeStreamCommand {
+        coll,
+        stages,
+        pipeline,
+        batch_size,
+    })
+}
+
 /// Parses `pipeline` (the `aggregate` command's array) whose first stage is `$changeStream`.
 pub fn parse_pipeline(pipeline: &[Bson], ctx: &RequestContext<'_>) -> Result<ChangeStreamPipeline> {
     // Shape and names of every stage first, as the lite parse does.

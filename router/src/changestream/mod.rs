@@ -30,7 +30,8 @@ use bson::{Bson, Document, doc};
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
-    ChangeStreamPipeline, FullDocument, RequestContext, UserStage, parse_pipeline,
+    ChangeStreamCommand, ChangeStreamPipeline, FullDocument, RequestContext, UserStage,
+    parse_command, parse_pipeline,
 };
 use resume::token::ResumeToken;
 use wire::{MongoError, Result};
@@ -71,41 +72,12 @@ pub struct Batch {
 
 /// `aggregate` with `$changeStream` first: opens the stream and returns the reply.
 pub(crate) async fn aggregate(router: &Arc<Router>, db: &str, cmd: &Document) -> Result<Document> {
-    let coll = match cmd.get("aggregate") {
-        Some(Bson::String(c)) => Some(c.as_str()),
-        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) => None,
-        Some(Bson::Double(d)) if *d == 1.0 => None,
-        _ => {
-            return Err(MongoError::failed_to_parse(
-                "aggregate requires a collection name or 1",
-            ));
-        }
-    };
-    let stages = cmd.get_array("pipeline").map_err(|_| {
-        MongoError::type_mismatch("'pipeline' option must be specified as an array")
-    })?;
-    let ctx = RequestContext {
-        db,
+    let ChangeStreamCommand {
         coll,
-        through_router: true,
-        standalone: false,
-    };
-    let parsed = parse_pipeline(stages, &ctx)?;
-    let batch_size = match cmd
-        .get_document("cursor")
-        .ok()
-        .and_then(|c| c.get("batchSize"))
-    {
-        None => 101,
-        Some(Bson::Int32(n)) if *n >= 0 => *n as usize,
-        Some(Bson::Int64(n)) if *n >= 0 => *n as usize,
-        Some(Bson::Double(n)) if *n >= 0.0 => *n as usize,
-        Some(_) => {
-            return Err(MongoError::bad_value(
-                "batchSize must be a non-negative integer",
-            ));
-        }
-    };
+        stages,
+        pipeline: parsed,
+        batch_size,
+    } = parse_command(db, cmd, true)?;
     let mut cursor = ChangeStreamCursor::open(router, db, coll, stages, parsed).await?;
     let batch = cursor
         .next_batch(router, batch_size, Duration::ZERO)
