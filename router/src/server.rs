@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wire::server::{ConnectionInfo, Handler, Reply, Request};
 
+use crate::commands::Answer;
 use crate::router::Router;
 
 /// Serves drivers on `listener` until `cancel` fires.
@@ -26,10 +27,10 @@ impl Handler for RouterHandler {
         let Some(reply) = crate::commands::run(&self.router, conn, &req).await else {
             return Reply::CloseConnection;
         };
-        if req.more_to_come {
-            Reply::NoReply
-        } else {
-            Reply::Document(reply)
+        match reply {
+            _ if req.more_to_come => Reply::NoReply,
+            Answer::Document(reply) => Reply::Document(reply),
+            Answer::Raw(reply) => Reply::Raw(reply),
         }
     }
 }

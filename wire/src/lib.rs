@@ -16,6 +16,7 @@ pub mod compression;
 pub mod error;
 pub mod frame;
 pub mod message;
+pub mod raw;
 
 #[cfg(feature = "codec")]
 pub mod client;

@@ -62,6 +62,8 @@ impl Request {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     Document(Document),
+    /// A reply already encoded (change-stream batches copy their events' bytes into it).
+    Raw(RawDocumentBuf),
     /// Send nothing (the request needs no answer).
     NoReply,
     /// Close the socket without answering (fail points use this to simulate a network error).
@@ -279,6 +281,15 @@ pub fn reply_message(to: &ReplyTo, mut reply: Document) -> Option<Message> {
             "reply could not be serialised: {e}"
         )))
     });
+    raw_reply_message(to, raw)
+}
+
+/// The frame that answers a request with an encoded reply (pure); `None` when nothing is to be
+/// sent. Compression negotiation is a hello's business, so it is never added here.
+pub fn raw_reply_message(to: &ReplyTo, raw: RawDocumentBuf) -> Option<Message> {
+    if to.more_to_come {
+        return None;
+    }
     Some(Message {
         request_id: next_reply_id(),
         response_to: to.request_id,
@@ -355,18 +366,19 @@ async fn run_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, conn: Co
                 break;
             }
         };
-        let (reply, to) = match prepare(message) {
+        let (frame, to) = match prepare(message) {
             Prepared::Request(req, to) => match handler.handle(&conn, req).await {
-                Reply::Document(doc) => (doc, to),
+                Reply::Document(doc) => (reply_message(&to, doc), to),
+                Reply::Raw(raw) => (raw_reply_message(&to, raw), to),
                 Reply::NoReply => continue,
                 Reply::CloseConnection => break,
             },
             Prepared::Error(e, to) => {
                 tracing::debug!(error = %e, "request rejected");
-                (e.to_document(), to)
+                (reply_message(&to, e.to_document()), to)
             }
         };
-        let Some(frame) = reply_message(&to, reply) else {
+        let Some(frame) = frame else {
             continue;
         };
         let sent = match io.write_message(&frame).await {

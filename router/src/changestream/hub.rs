@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
+use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
 use resume::ClusterTime;
@@ -104,11 +105,12 @@ struct Log {
     end: Option<End>,
 }
 
-/// A released event as the log keeps it: encoded once, with its sort key and time.
+/// A released event as the log keeps it: encoded once, with its sort key and time. Clients
+/// whose post-merge stages leave events unchanged share these bytes into their replies.
 struct Logged {
     token: ResumeToken,
     time: ClusterTime,
-    bson: Vec<u8>,
+    bson: Bytes,
 }
 
 impl Logged {
@@ -119,7 +121,7 @@ impl Logged {
 
     /// The event, decoded for one client's post-merge stages.
     fn event(&self) -> Result<ChangeEvent> {
-        let doc = Document::from_reader(&mut self.bson.as_slice())
+        let doc = Document::from_reader(&mut &self.bson[..])
             .map_err(|e| MongoError::internal(format!("a logged change event: {e}")))?;
         ChangeEvent::from_document(doc)
     }
@@ -157,10 +159,7 @@ impl Log {
     /// Appends a released event, dropping the oldest while the log holds more than
     /// `max_bytes` (it always keeps the newest).
     fn push(&mut self, event: ChangeEvent, max_bytes: usize) -> Result<()> {
-        let bson = event
-            .doc
-            .to_vec()
-            .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
+        let bson = super::encode(&event.doc)?;
         let logged = Logged {
             time: event.data.cluster_time(),
             token: event.token,
@@ -374,20 +373,16 @@ impl HubClient {
             let mut full = false;
             for logged in taken {
                 if logged.time >= self.start
-                    && let Some(doc) = self.post.process(router, logged.event()?).await?
+                    && let Some(event) = self.given(router, &logged).await?
                 {
-                    let size = if self.post.passes_through() {
-                        logged.bson.len() + 8
-                    } else {
-                        super::entry_size(&doc)
-                    };
+                    let size = super::entry_size(&event);
                     if !events.is_empty() && bytes + size > super::BATCH_BYTES {
                         // The batch is full: this event starts the next one.
                         full = true;
                         break;
                     }
                     bytes += size;
-                    events.push(doc);
+                    events.push(event);
                 }
                 self.next += 1;
                 self.position = Some(logged.token.clone());
@@ -420,6 +415,18 @@ impl HubClient {
                 _ = changed.changed() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
+        }
+    }
+
+    /// A logged event as this client gets it (`None` when its stages drop it): the logged
+    /// bytes themselves when its stages change nothing.
+    async fn given(&mut self, router: &Arc<Router>, logged: &Logged) -> Result<Option<Bytes>> {
+        if self.post.passes_through() {
+            return Ok(Some(logged.bson.clone()));
+        }
+        match self.post.process(router, logged.event()?).await? {
+            Some(doc) => super::encode(&doc).map(Some),
+            None => Ok(None),
         }
     }
 

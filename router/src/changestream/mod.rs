@@ -21,12 +21,14 @@ mod feed;
 mod hub;
 mod merged;
 
+
 pub(crate) use hub::Hubs;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocumentBuf, doc};
+use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
@@ -64,14 +66,19 @@ pub(crate) fn label_resumable(e: MongoError) -> MongoError {
 
 /// What one client batch holds.
 pub struct Batch {
-    pub events: Vec<Document>,
+    /// The events as the client gets them, encoded.
+    pub events: Vec<Bytes>,
     pub post_batch_resume_token: Option<ResumeToken>,
     /// The stream ended with an invalidate: close the cursor (`invalidated: true`).
     pub invalidated: bool,
 }
 
 /// `aggregate` with `$changeStream` first: opens the stream and returns the reply.
-pub(crate) async fn aggregate(router: &Arc<Router>, db: &str, cmd: &Document) -> Result<Document> {
+pub(crate) async fn aggregate(
+    router: &Arc<Router>,
+    db: &str,
+    cmd: &Document,
+) -> Result<RawDocumentBuf> {
     let ChangeStreamCommand {
         coll,
         stages,
@@ -86,38 +93,41 @@ pub(crate) async fn aggregate(router: &Arc<Router>, db: &str, cmd: &Document) ->
         Some(c) => format!("{db}.{c}"),
         None => format!("{db}.$cmd.aggregate"),
     };
-    let (reply, keep) = cursor_reply(&ns, 0, batch, true);
-    if keep {
-        let id = router.cursors.insert(crate::cursors::RouterCursor {
-            ns,
-            state: crate::cursors::CursorState::ChangeStream(Box::new(cursor)),
-        });
-        let mut reply = reply;
-        if let Ok(c) = reply.get_document_mut("cursor") {
-            c.insert("id", id);
-        }
-        return Ok(reply);
+    if batch.invalidated {
+        cursor.kill().await;
+        return Ok(cursor_reply(&ns, 0, batch, true));
     }
-    cursor.kill().await;
-    Ok(reply)
+    let id = router.cursors.insert(crate::cursors::RouterCursor {
+        ns: ns.clone(),
+        state: crate::cursors::CursorState::ChangeStream(Box::new(cursor)),
+    });
+    Ok(cursor_reply(&ns, id, batch, true))
 }
 
-/// The reply for a batch; `keep` is false when the stream closed (invalidate).
-pub(crate) fn cursor_reply(ns: &str, id: i64, batch: Batch, first: bool) -> (Document, bool) {
-    let events: Vec<Bson> = batch.events.into_iter().map(Bson::Document).collect();
-    let mut cursor = Document::new();
-    cursor.insert(if first { "firstBatch" } else { "nextBatch" }, events);
+/// The reply for a batch, written once with each event's bytes copied in: `{cursor:
+/// {firstBatch | nextBatch, postBatchResumeToken, id, ns}, invalidated?, ok: 1}`. A batch that
+/// ends with an invalidate closes the cursor (`id: 0`).
+pub(crate) fn cursor_reply(ns: &str, id: i64, batch: Batch, first: bool) -> RawDocumentBuf {
+    let mut w = wire::raw::Writer::default();
+    w.begin_document(None);
+    w.begin_document(Some("cursor"));
+    w.begin_array(if first { "firstBatch" } else { "nextBatch" });
+    for (i, event) in batch.events.iter().enumerate() {
+        w.document_bytes(&i.to_string(), event);
+    }
+    w.end();
     if let Some(t) = &batch.post_batch_resume_token {
-        cursor.insert("postBatchResumeToken", t.to_document());
+        w.document("postBatchResumeToken", &t.to_document());
     }
-    cursor.insert("id", if batch.invalidated { 0 } else { id });
-    cursor.insert("ns", ns);
-    let mut reply = doc! {"cursor": cursor};
+    w.int64("id", if batch.invalidated { 0 } else { id });
+    w.string("ns", ns);
+    w.end();
     if batch.invalidated {
-        reply.insert("invalidated", true);
+        w.boolean("invalidated", true);
     }
-    reply.insert("ok", 1.0);
-    (reply, !batch.invalidated)
+    w.double("ok", 1.0);
+    w.end();
+    w.finish()
 }
 
 /// The leading `$match` stages that can run on the shards: those that do not read
@@ -162,7 +172,7 @@ struct PrivateStream {
     post: PostMerge,
     /// An event released and processed that did not fit the last batch: the next one starts
     /// with it.
-    held: Option<(ResumeToken, Document)>,
+    held: Option<(ResumeToken, Bytes)>,
     /// The token of the last released event given to the client or dropped by its stages.
     looked: Option<ResumeToken>,
     closed: bool,
@@ -293,7 +303,7 @@ impl ChangeStreamCursor {
                         };
                         let token = event.token.clone();
                         match post.process(router, event).await? {
-                            Some(doc) => (token, doc),
+                            Some(doc) => (token, encode(&doc)?),
                             None => {
                                 *looked = Some(token);
                                 continue;
@@ -363,9 +373,17 @@ impl ChangeStreamCursor {
     }
 }
 
-/// What a document adds to a batch array: its encoded size, its type byte and its index key.
-pub(super) fn entry_size(doc: &Document) -> usize {
-    doc.to_vec().map(|v| v.len()).unwrap_or(BATCH_BYTES) + 8
+/// What an encoded event adds to a batch array: its size, its type byte and its index key.
+pub(super) fn entry_size(event: &Bytes) -> usize {
+    event.len() + 8
+}
+
+/// An event as a client batch holds it.
+pub(super) fn encode(event: &Document) -> Result<Bytes> {
+    event
+        .to_vec()
+        .map(Bytes::from)
+        .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))
 }
 
 /// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).

@@ -13,7 +13,7 @@ use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
 
-use super::Ctx;
+use super::{Answer, Ctx};
 use super::crud::{forwardable, shards_for_query, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::metadata::Placement;
@@ -189,7 +189,7 @@ async fn close_cursor_in_reply(router: &Router, reply: &mut Document) {
     }
 }
 
-pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
+pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Answer> {
     let id = match ctx.cmd.get("getMore") {
         Some(Bson::Int64(i)) => *i,
         Some(other) => {
@@ -254,12 +254,13 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
                 return Err(crate::changestream::label_resumable(e));
             }
         };
-        let (reply, keep) = crate::changestream::cursor_reply(&guard.ns, id, batch, false);
+        let keep = !batch.invalidated;
+        let reply = crate::changestream::cursor_reply(&guard.ns, id, batch, false);
         if !keep {
             guard.kill(router).await;
             router.cursors.remove(id);
         }
-        return Ok(reply);
+        return Ok(Answer::Raw(reply));
     }
     let result = guard.next_batch(router, n).await;
     let (batch, exhausted) = match result {
@@ -279,7 +280,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Document> {
         id
     };
     let batch: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
-    Ok(doc! {"cursor": {"nextBatch": batch, "id": id, "ns": ns}, "ok": 1.0})
+    Ok(doc! {"cursor": {"nextBatch": batch, "id": id, "ns": ns}, "ok": 1.0}.into())
 }
 
 pub(super) async fn kill_cursors(ctx: &Ctx<'_>) -> Result<Document> {
@@ -384,11 +385,19 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(doc! {"values": values, "ok": 1.0})
 }
 
-pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
+pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Answer> {
     let args = ctx.args();
     if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
-        return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd).await;
+        return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd)
+            .await
+            .map(Answer::Raw);
     }
+    aggregate_documents(ctx).await.map(Answer::Document)
+}
+
+/// `aggregate` over a collection's documents.
+async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
+    let args = ctx.args();
     let stages = args.documents("pipeline")?;
     let cursor_opts = args.opt_doc("cursor")?;
     if cursor_opts.is_none() && !args.opt_bool("explain")?.unwrap_or(false) {

@@ -13,7 +13,8 @@ mod handshake;
 
 use std::sync::Arc;
 
-use bson::{Bson, Document};
+use bson::raw::cstr;
+use bson::{Bson, Document, RawDocumentBuf};
 use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
@@ -39,9 +40,22 @@ impl Ctx<'_> {
     }
 }
 
+/// A command's reply: a document, or one already encoded (a change-stream batch, whose events
+/// are copied in as the stream holds them, never decoded and encoded again).
+pub enum Answer {
+    Document(Document),
+    Raw(RawDocumentBuf),
+}
+
+impl From<Document> for Answer {
+    fn from(d: Document) -> Answer {
+        Answer::Document(d)
+    }
+}
+
 /// Runs one request and returns the reply (with `$clusterTime` and `operationTime`), or `None`
 /// when a test fail point closes the connection instead.
-pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Document> {
+pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Answer> {
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let mut injected = None;
@@ -98,27 +112,48 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             other => other,
         }
     };
-    let mut reply = match result {
+    let reply = match result {
         Ok(reply) => reply,
-        Err(e) => e.to_document(),
+        Err(e) => Answer::Document(e.to_document()),
     };
-    finish_reply(router, &mut reply);
-    Some(reply)
+    Some(finish_reply(router, reply))
 }
 
-/// Replaces whatever time fields a shard put in the reply with the router's.
-fn finish_reply(router: &Router, reply: &mut Document) {
-    reply.remove("$clusterTime");
-    reply.remove("operationTime");
-    if !reply.contains_key("ok") {
-        reply.insert("ok", 1.0);
-    }
+/// Replaces whatever time fields a shard put in the reply with the router's. An encoded reply
+/// is the router's own (it has `ok` and no time fields): they are appended.
+fn finish_reply(router: &Router, reply: Answer) -> Answer {
     let now = router.clock.now();
-    reply.insert("$clusterTime", router.clock.gossip());
-    reply.insert("operationTime", Bson::Timestamp(now.timestamp()));
+    match reply {
+        Answer::Document(mut reply) => {
+            reply.remove("$clusterTime");
+            reply.remove("operationTime");
+            if !reply.contains_key("ok") {
+                reply.insert("ok", 1.0);
+            }
+            reply.insert("$clusterTime", router.clock.gossip());
+            reply.insert("operationTime", Bson::Timestamp(now.timestamp()));
+            Answer::Document(reply)
+        }
+        Answer::Raw(mut reply) => {
+            match RawDocumentBuf::try_from(&router.clock.gossip()) {
+                Ok(gossip) => reply.append(cstr!("$clusterTime"), gossip),
+                Err(e) => tracing::error!(error = %e, "the cluster time is not serialisable"),
+            }
+            reply.append(cstr!("operationTime"), now.timestamp());
+            Answer::Raw(reply)
+        }
+    }
 }
 
-async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
+async fn dispatch(ctx: &Ctx<'_>) -> Result<Answer> {
+    match ctx.name {
+        "getMore" => find::get_more(ctx).await,
+        "aggregate" => find::aggregate(ctx).await,
+        _ => dispatch_document(ctx).await.map(Answer::Document),
+    }
+}
+
+async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
     match ctx.name {
         "hello" | "isMaster" | "ismaster" => handshake::hello(ctx),
         "ping" => Ok(ok()),
@@ -139,11 +174,9 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Document> {
         "delete" => crud::delete(ctx).await,
         "findAndModify" | "findandmodify" => crud::find_and_modify(ctx).await,
         "find" => find::find(ctx).await,
-        "getMore" => find::get_more(ctx).await,
         "killCursors" => find::kill_cursors(ctx).await,
         "count" => find::count(ctx).await,
         "distinct" => find::distinct(ctx).await,
-        "aggregate" => find::aggregate(ctx).await,
         "create" => ddl::create(ctx).await,
         "drop" => ddl::drop(ctx).await,
         "dropDatabase" => ddl::drop_database(ctx).await,

@@ -1,0 +1,167 @@
+//! A BSON writer for replies assembled from bytes that are already encoded: a change-stream
+//! batch copies each event into its reply as it was encoded once, instead of decoding it into a
+//! `Document` and encoding it again.
+//!
+//! Invariants: elements are written in call order; every `begin_*` is closed by one `end`, which
+//! writes the terminator and patches the length prefix; [`Writer::finish`] returns a document
+//! whose bytes equal encoding the same fields as a `Document` (tested below). Keys must not
+//! contain NUL (callers pass literals and array indexes).
+
+use bson::spec::ElementType;
+use bson::{Document, RawDocumentBuf, Timestamp};
+
+/// Writes one BSON document front to back.
+#[derive(Debug, Default)]
+pub struct Writer {
+    buf: Vec<u8>,
+    /// Where each open document's length prefix is.
+    open: Vec<usize>,
+}
+
+impl Writer {
+    /// A writer whose buffer starts with room for `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> Writer {
+        Writer {
+            buf: Vec::with_capacity(capacity),
+            open: Vec::new(),
+        }
+    }
+
+    fn key(&mut self, kind: ElementType, key: &str) {
+        self.buf.push(kind as u8);
+        self.buf.extend_from_slice(key.as_bytes());
+        self.buf.push(0);
+    }
+
+    fn begin(&mut self) {
+        self.open.push(self.buf.len());
+        self.buf.extend_from_slice(&[0; 4]);
+    }
+
+    /// Opens the top-level document (`None`) or a sub-document under `key`.
+    pub fn begin_document(&mut self, key: Option<&str>) {
+        if let Some(key) = key {
+            self.key(ElementType::EmbeddedDocument, key);
+        }
+        self.begin();
+    }
+
+    /// Opens an array under `key`; its elements are keyed "0", "1", ….
+    pub fn begin_array(&mut self, key: &str) {
+        self.key(ElementType::Array, key);
+        self.begin();
+    }
+
+    /// Closes the innermost open document or array.
+    pub fn end(&mut self) {
+        self.buf.push(0);
+        if let Some(at) = self.open.pop() {
+            let len = (self.buf.len() - at) as i32;
+            self.buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+    }
+
+    /// A sub-document given as its encoded bytes, copied as they are.
+    pub fn document_bytes(&mut self, key: &str, bytes: &[u8]) {
+        self.key(ElementType::EmbeddedDocument, key);
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// A sub-document, encoded here.
+    pub fn document(&mut self, key: &str, doc: &Document) {
+        self.key(ElementType::EmbeddedDocument, key);
+        if doc.to_writer(&mut self.buf).is_err() {
+            // Only a document with an invalid key fails to encode; write it empty instead.
+            self.buf.extend_from_slice(&[5, 0, 0, 0, 0]);
+        }
+    }
+
+    pub fn string(&mut self, key: &str, s: &str) {
+        self.key(ElementType::String, key);
+        self.buf
+            .extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
+        self.buf.extend_from_slice(s.as_bytes());
+        self.buf.push(0);
+    }
+
+    pub fn int64(&mut self, key: &str, v: i64) {
+        self.key(ElementType::Int64, key);
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn double(&mut self, key: &str, v: f64) {
+        self.key(ElementType::Double, key);
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn boolean(&mut self, key: &str, v: bool) {
+        self.key(ElementType::Boolean, key);
+        self.buf.push(u8::from(v));
+    }
+
+    pub fn timestamp(&mut self, key: &str, t: Timestamp) {
+        self.key(ElementType::Timestamp, key);
+        self.buf.extend_from_slice(&t.increment.to_le_bytes());
+        self.buf.extend_from_slice(&t.time.to_le_bytes());
+    }
+
+    /// The document written, once every `begin_*` has been ended.
+    pub fn finish(mut self) -> RawDocumentBuf {
+        while !self.open.is_empty() {
+            self.end();
+        }
+        RawDocumentBuf::from_bytes(self.buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{Bson, doc};
+
+    use super::*;
+
+    #[test]
+    fn writes_the_bytes_a_document_encodes_to() {
+        let event = doc! {"_id": {"_data": "82AB"}, "operationType": "insert", "n": 1};
+        let token = doc! {"_data": "82CD"};
+        let mut w = Writer::default();
+        w.begin_document(None);
+        w.begin_document(Some("cursor"));
+        w.begin_array("nextBatch");
+        for i in 0..2 {
+            w.document_bytes(&i.to_string(), &event.to_vec().expect("encodes"));
+        }
+        w.end();
+        w.document("postBatchResumeToken", &token);
+        w.int64("id", 42);
+        w.string("ns", "db.c");
+        w.end();
+        w.boolean("invalidated", false);
+        w.timestamp("operationTime", Timestamp { time: 7, increment: 3 });
+        w.double("ok", 1.0);
+        let raw = w.finish();
+        let expected = doc! {
+            "cursor": {
+                "nextBatch": [Bson::Document(event.clone()), Bson::Document(event)],
+                "postBatchResumeToken": token,
+                "id": 42_i64,
+                "ns": "db.c",
+            },
+            "invalidated": false,
+            "operationTime": Timestamp { time: 7, increment: 3 },
+            "ok": 1.0,
+        };
+        assert_eq!(raw.as_bytes(), expected.to_vec().expect("encodes").as_slice());
+    }
+
+    #[test]
+    fn an_empty_array_and_document_are_well_formed() {
+        let mut w = Writer::with_capacity(64);
+        w.begin_document(None);
+        w.begin_array("a");
+        w.end();
+        let raw = w.finish();
+        let expected = doc! {"a": []};
+        assert_eq!(raw.as_bytes(), expected.to_vec().expect("encodes").as_slice());
+    }
+}
