@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bson::{Binary, Bson, Document, Timestamp, doc, spec::BinarySubtype};
+use bson::{Binary, Bson, Document, RawDocument, Timestamp, doc, spec::BinarySubtype};
 use resume::ClusterTime;
 
 #[derive(Debug, Default)]
@@ -33,6 +33,18 @@ impl ClusterClock {
             self.observe(t);
         }
         if let Ok(t) = d.get_timestamp("operationTime") {
+            self.observe(t.into());
+        }
+    }
+
+    /// [`ClusterClock::observe_document`] for an encoded reply.
+    pub fn observe_raw(&self, d: &RawDocument) {
+        let cluster_time = d
+            .get_document("$clusterTime")
+            .ok()
+            .and_then(|c| c.get_timestamp("clusterTime").ok());
+        let op_time = d.get_timestamp("operationTime").ok();
+        for t in cluster_time.into_iter().chain(op_time) {
             self.observe(t.into());
         }
     }

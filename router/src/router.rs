@@ -20,6 +20,7 @@ use crate::clock::ClusterClock;
 use crate::cursors::CursorTable;
 use crate::metadata::{CONFIG_DB, DatabaseEntry, MetadataCache, Placement, ShardedCollection};
 use crate::shard_client::{ShardClient, TransportError};
+use wire::raw::Body;
 
 /// How the router presents itself to drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -233,6 +234,19 @@ impl Router {
         }
     }
 
+    /// A read whose reply is kept as the shard gave it (an `ok: 0` reply included): sent again
+    /// if its shard restarts under it, as [`Router::shard_read`].
+    pub(crate) async fn shard_read_body(
+        &self,
+        shard: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Body> {
+        self.send_body(shard, db, cmd, self.options.patience.connect, Resend::Lost)
+            .await
+            .map_err(TransportError::into_error)
+    }
+
     /// [`Router::shard_idempotent`] for a read.
     pub(crate) async fn shard_read(
         &self,
@@ -263,10 +277,24 @@ impl Router {
         &self,
         shard: usize,
         db: &str,
-        mut cmd: Document,
+        cmd: Document,
         patience: Duration,
         resend: Resend,
     ) -> std::result::Result<Document, TransportError> {
+        let reply = self.send_body(shard, db, cmd, patience, resend).await?;
+        Ok(reply.into_document().unwrap_or_else(|e| e.to_document()))
+    }
+
+    /// [`Router::send`], with the reply as the shard gave it (change-stream batches come
+    /// encoded and stay so).
+    pub(crate) async fn send_body(
+        &self,
+        shard: usize,
+        db: &str,
+        mut cmd: Document,
+        patience: Duration,
+        resend: Resend,
+    ) -> std::result::Result<Body, TransportError> {
         let Some(target) = self.shards.get(shard) else {
             let error = MongoError::internal(format!("no shard with index {shard}"));
             return Err(TransportError::Unreachable { error, cmd });
@@ -277,7 +305,10 @@ impl Router {
             cmd.insert("$clusterTime", self.clock.gossip());
             let (error, back) = match target.client.command(db, cmd).await {
                 Ok(reply) => {
-                    self.clock.observe_document(&reply);
+                    match &reply {
+                        Body::Document(d) => self.clock.observe_document(d),
+                        Body::Raw(raw) => self.clock.observe_raw(raw),
+                    }
                     return Ok(reply);
                 }
                 Err(TransportError::Unreachable { error, cmd }) => (error, cmd),

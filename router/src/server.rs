@@ -7,8 +7,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wire::server::{ConnectionInfo, Handler, Reply, Request};
 
-use crate::commands::Answer;
 use crate::router::Router;
+use wire::raw::Body;
 
 /// Serves drivers on `listener` until `cancel` fires.
 pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
@@ -29,8 +29,8 @@ impl Handler for RouterHandler {
         };
         match reply {
             _ if req.more_to_come => Reply::NoReply,
-            Answer::Document(reply) => Reply::Document(reply),
-            Answer::Raw(reply) => Reply::Raw(reply),
+            Body::Document(reply) => Reply::Document(reply),
+            Body::Raw(reply) => Reply::Raw(reply),
         }
     }
 }

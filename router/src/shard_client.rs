@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bson::Document;
+use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
 /// Why a shard command produced no reply; the command is handed back.
@@ -30,12 +31,14 @@ impl TransportError {
     }
 }
 
-/// A connection to one shard. `command` returns the shard's reply document as is: an `ok: 0`
-/// reply is a `Document`, not an `Err`; `Err` means the shard could not be reached.
+/// A connection to one shard. `command` returns the shard's reply as is: an `ok: 0` reply is a
+/// reply, not an `Err`; `Err` means the shard could not be reached. A reply may come encoded
+/// ([`Body::Raw`]: always over TCP, and change-stream batches in process), so a change stream
+/// carries its events' bytes through without decoding them.
 #[async_trait]
 pub trait ShardClient: Send + Sync + 'static {
     /// Runs `cmd` against database `db` on the shard.
-    async fn command(&self, db: &str, cmd: Document) -> Result<Document, TransportError>;
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError>;
 
     /// The address or name shown in diagnostics.
     fn describe(&self) -> String;
@@ -54,9 +57,9 @@ impl LocalShard {
 
 #[async_trait]
 impl ShardClient for LocalShard {
-    async fn command(&self, db: &str, mut cmd: Document) -> Result<Document, TransportError> {
+    async fn command(&self, db: &str, mut cmd: Document) -> Result<Body, TransportError> {
         cmd.insert("$db", db);
-        Ok(self.shard.run_command(cmd).await)
+        Ok(self.shard.run_command_body(cmd).await)
     }
 
     fn describe(&self) -> String {
@@ -82,9 +85,9 @@ impl RemoteShard {
 
 #[async_trait]
 impl ShardClient for RemoteShard {
-    async fn command(&self, db: &str, cmd: Document) -> Result<Document, TransportError> {
-        match self.client.command(db, &cmd).await {
-            Ok(reply) => Ok(reply),
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        match self.client.command_raw(db, &cmd).await {
+            Ok(reply) => Ok(Body::Raw(reply)),
             Err(e) => {
                 let error = MongoError::new(
                     ErrorCode::HOST_UNREACHABLE,

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Document, RawDocumentBuf};
+use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
@@ -63,12 +64,33 @@ pub struct ChangeStreams {
     cursors: Mutex<HashMap<i64, Arc<Entry>>>,
 }
 
+/// An event waiting for a reply, encoded once: the reply copies its bytes as they are.
+struct Pending {
+    token: ResumeToken,
+    bytes: Bytes,
+    invalidate: bool,
+}
+
+impl Pending {
+    fn new(event: ChangeEvent) -> Result<Pending> {
+        let bytes = event
+            .doc
+            .to_vec()
+            .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
+        Ok(Pending {
+            invalidate: event.operation_type() == "invalidate",
+            token: event.token,
+            bytes: Bytes::from(bytes),
+        })
+    }
+}
+
 /// One cursor's reading state. See the module invariants.
 pub struct StreamCursor {
     stream: ShardStream,
     ns: String,
     position: ClusterTime,
-    pending: VecDeque<ChangeEvent>,
+    pending: VecDeque<Pending>,
     pbrt: ResumeToken,
     /// The post-batch resume token of the last reply: a nudge is answered once, by the first
     /// reply whose promise reaches its floor.
@@ -99,8 +121,9 @@ impl StreamCursor {
                 })?;
                 let mut lookup =
                     |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
-                let events = self.stream.process_entry(&entry, &mut lookup)?;
-                self.pending.extend(events);
+                for event in self.stream.process_entry(&entry, &mut lookup)? {
+                    self.pending.push_back(Pending::new(event)?);
+                }
                 self.position = ts;
                 if self.stream.invalidated().is_some() {
                     break;
@@ -114,12 +137,12 @@ impl StreamCursor {
     }
 
     /// Moves up to `n` pending events (and at most the reply budget) into a batch.
-    fn take_batch(&mut self, n: usize) -> Vec<Bson> {
+    fn take_batch(&mut self, n: usize) -> Vec<Bytes> {
         let mut out = Vec::new();
         let mut bytes = 0;
         while out.len() < n {
             let Some(e) = self.pending.front() else { break };
-            let size = e.doc.to_vec().map(|v| v.len()).unwrap_or(0);
+            let size = e.bytes.len();
             if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
                 break;
             }
@@ -127,11 +150,11 @@ impl StreamCursor {
                 break;
             };
             bytes += size;
-            self.raise(e.token.clone());
-            if e.operation_type() == "invalidate" {
+            self.raise(e.token);
+            if e.invalidate {
                 self.closed = true;
             }
-            out.push(Bson::Document(e.doc));
+            out.push(e.bytes);
         }
         out
     }
@@ -150,18 +173,27 @@ impl StreamCursor {
         }
     }
 
-    fn reply(&self, id: i64, batch: Vec<Bson>, first: bool) -> Document {
-        let mut cursor = Document::new();
-        cursor.insert(if first { "firstBatch" } else { "nextBatch" }, batch);
-        cursor.insert("postBatchResumeToken", self.pbrt.to_document());
-        cursor.insert("id", if self.closed { 0 } else { id });
-        cursor.insert("ns", &self.ns);
-        let mut reply = doc! {"cursor": cursor};
-        if self.closed {
-            reply.insert("invalidated", true);
+    /// `{cursor: {firstBatch | nextBatch, postBatchResumeToken, id, ns}, invalidated?, ok}`,
+    /// with the events' bytes copied in.
+    fn reply(&self, id: i64, batch: Vec<Bytes>, first: bool) -> RawDocumentBuf {
+        let size: usize = batch.iter().map(|e| e.len() + 8).sum();
+        let mut w = wire::raw::Writer::with_capacity(size + 256);
+        w.begin_document(None);
+        w.begin_document(Some("cursor"));
+        w.begin_array(if first { "firstBatch" } else { "nextBatch" });
+        for (i, event) in batch.iter().enumerate() {
+            w.document_bytes(&i.to_string(), event);
         }
-        reply.insert("ok", 1.0);
-        reply
+        w.end();
+        w.document("postBatchResumeToken", &self.pbrt.to_document());
+        w.int64("id", if self.closed { 0 } else { id });
+        w.string("ns", &self.ns);
+        w.end();
+        if self.closed {
+            w.boolean("invalidated", true);
+        }
+        w.double("ok", 1.0);
+        w.finish()
     }
 }
 
@@ -179,7 +211,7 @@ fn read_entry(state: &ShardState, ts: ClusterTime) -> Option<Document> {
 impl ChangeStreams {
     /// `aggregate` with `$changeStream` first: opens a cursor and returns its first batch
     /// (without waiting). A stream without a start option starts at the shard's next tick.
-    pub fn open(&self, state: &ShardState, db: &str, cmd: &Document) -> Result<Document> {
+    pub fn open(&self, state: &ShardState, db: &str, cmd: &Document) -> Result<RawDocumentBuf> {
         let ChangeStreamCommand {
             coll,
             pipeline: parsed,
@@ -222,8 +254,8 @@ impl ChangeStreams {
         &self,
         state: &ShardState,
         cursor: StreamCursor,
-        batch: Vec<Bson>,
-    ) -> Result<Document> {
+        batch: Vec<Bytes>,
+    ) -> Result<RawDocumentBuf> {
         if cursor.closed {
             return Ok(cursor.reply(0, batch, true));
         }
@@ -276,7 +308,7 @@ impl ChangeStreams {
         id: i64,
         batch_size: Option<usize>,
         max_time: Duration,
-    ) -> Result<Document> {
+    ) -> Result<RawDocumentBuf> {
         let entry = self.get(id)?;
         let Ok(mut cursor) = entry.cursor.try_lock() else {
             return Err(MongoError::new(

@@ -37,10 +37,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocumentBuf, doc};
 use resume::ClusterTime;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use wire::raw::Body;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 
@@ -178,18 +179,39 @@ impl Shard {
     /// Runs one command document and returns the reply (always with `$clusterTime` and
     /// `operationTime`).
     pub async fn run_command(&self, cmd: Document) -> Document {
+        match self.run_command_body(cmd).await.into_document() {
+            Ok(reply) => reply,
+            Err(e) => e.to_document(),
+        }
+    }
+
+    /// [`Shard::run_command`], with the reply as the command made it: change-stream batches
+    /// come encoded (their events are written into the reply as bytes, once), the rest as
+    /// documents.
+    pub async fn run_command_body(&self, cmd: Document) -> Body {
         if let Some(t) = incoming_cluster_time(&cmd) {
             self.state.observe(t);
         }
-        let (mut reply, op_time) = match commands::dispatch(self, cmd).await {
-            Ok(r) => (r.doc, r.op_time),
-            Err(e) => (e.to_document(), None),
+        let (body, op_time) = match commands::dispatch(self, cmd).await {
+            Ok(r) => (r.body, r.op_time),
+            Err(e) => (Body::Document(e.to_document()), None),
         };
         let ct = self.state.cluster_time();
         let op_time = op_time.unwrap_or(ct);
-        reply.insert("$clusterTime", cluster_time_doc(ct));
-        reply.insert("operationTime", op_time.timestamp());
-        reply
+        match body {
+            Body::Document(mut reply) => {
+                reply.insert("$clusterTime", cluster_time_doc(ct));
+                reply.insert("operationTime", op_time.timestamp());
+                Body::Document(reply)
+            }
+            Body::Raw(mut reply) => {
+                if let Ok(t) = RawDocumentBuf::try_from(&cluster_time_doc(ct)) {
+                    reply.append(bson::raw::cstr!("$clusterTime"), t);
+                }
+                reply.append(bson::raw::cstr!("operationTime"), op_time.timestamp());
+                Body::Raw(reply)
+            }
+        }
     }
 
     /// The shard's current cluster time.

@@ -1,7 +1,7 @@
 //! Serves a shard's `run_command` over the MongoDB wire protocol (multi-process mode, and
 //! direct connections that tail `local.oplog.rs`).
 //!
-//! A thin shell: the request body (with `$db`) goes to [`Shard::run_command`] unchanged; the
+//! A thin shell: the request body (with `$db`) goes to [`Shard::run_command_body`] unchanged; the
 //! connection id is filled into handshake replies; unacknowledged writes (`moreToCome`) get no
 //! reply.
 
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bson::Bson;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use wire::raw::Body;
 use wire::{ConnectionInfo, Handler, Reply, Request};
 
 use crate::Shard;
@@ -29,17 +30,18 @@ impl Handler for ShardHandler {
             body.keys().next().map(String::as_str),
             Some("hello" | "isMaster" | "ismaster")
         );
-        let mut reply = self.shard.run_command(body).await;
-        if is_hello && reply.contains_key("connectionId") {
-            reply.insert(
-                "connectionId",
-                Bson::Int64(i64::try_from(conn.id).unwrap_or(i64::MAX)),
-            );
-        }
-        if req.more_to_come {
-            Reply::NoReply
-        } else {
-            Reply::Document(reply)
+        match self.shard.run_command_body(body).await {
+            _ if req.more_to_come => Reply::NoReply,
+            Body::Document(mut reply) => {
+                if is_hello && reply.contains_key("connectionId") {
+                    reply.insert(
+                        "connectionId",
+                        Bson::Int64(i64::try_from(conn.id).unwrap_or(i64::MAX)),
+                    );
+                }
+                Reply::Document(reply)
+            }
+            Body::Raw(reply) => Reply::Raw(reply),
         }
     }
 }

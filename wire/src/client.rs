@@ -99,6 +99,16 @@ impl Client {
     /// The body is borrowed, so a caller can send it again when no connection could be opened
     /// ([`ClientError::is_unsent`]).
     pub async fn command(&self, db: &str, body: &Document) -> Result<Document, ClientError> {
+        let raw = self.command_raw(db, body).await?;
+        to_document(&raw).map_err(|e| self.protocol(e.to_string()))
+    }
+
+    /// [`Client::command`], with the reply as it arrived (framing checked, the BSON not yet).
+    pub async fn command_raw(
+        &self,
+        db: &str,
+        body: &Document,
+    ) -> Result<RawDocumentBuf, ClientError> {
         let raw = if body.contains_key("$db") {
             let mut body = body.clone();
             body.insert("$db", db);
@@ -134,22 +144,21 @@ impl Client {
                 reply.response_to
             )));
         }
-        let doc = match &reply.op {
+        let body = match reply.op {
             Op::Msg(msg) => {
                 if msg.flags.more_to_come() {
                     return Err(self.protocol("unexpected moreToCome reply".to_string()));
                 }
-                to_document(&msg.body)
+                msg.body
             }
-            Op::Reply(r) => match r.documents.first() {
-                Some(d) => to_document(d),
+            Op::Reply(r) => match r.documents.into_iter().next() {
+                Some(d) => d,
                 None => return Err(self.protocol("OP_REPLY without a document".to_string())),
             },
             Op::Query(_) => return Err(self.protocol("server sent an OP_QUERY".to_string())),
-        }
-        .map_err(|e| self.protocol(e.to_string()))?;
+        };
         self.put_idle(conn);
-        Ok(doc)
+        Ok(body)
     }
 
     /// The most recently used idle connection that still looks alive; stale ones are dropped.

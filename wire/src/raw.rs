@@ -10,6 +10,48 @@
 use bson::spec::ElementType;
 use bson::{Document, RawDocumentBuf, Timestamp};
 
+use crate::error::MongoError;
+
+/// A command reply's body: a document, or one already encoded (change-stream batches, whose
+/// events are written into it as bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    Document(Document),
+    Raw(RawDocumentBuf),
+}
+
+impl Body {
+    /// The body as a document (an encoded one is decoded).
+    pub fn into_document(self) -> Result<Document, MongoError> {
+        match self {
+            Body::Document(d) => Ok(d),
+            Body::Raw(raw) => Document::try_from(raw.as_ref())
+                .map_err(|e| MongoError::internal(format!("an encoded reply: {e}"))),
+        }
+    }
+
+    /// The body encoded (a document is encoded here).
+    pub fn into_raw(self) -> Result<RawDocumentBuf, MongoError> {
+        match self {
+            Body::Raw(raw) => Ok(raw),
+            Body::Document(d) => RawDocumentBuf::try_from(&d)
+                .map_err(|e| MongoError::internal(format!("encoding a reply: {e}"))),
+        }
+    }
+}
+
+impl From<Document> for Body {
+    fn from(d: Document) -> Body {
+        Body::Document(d)
+    }
+}
+
+impl From<RawDocumentBuf> for Body {
+    fn from(raw: RawDocumentBuf) -> Body {
+        Body::Raw(raw)
+    }
+}
+
 /// Writes one BSON document front to back.
 #[derive(Debug, Default)]
 pub struct Writer {
@@ -137,7 +179,13 @@ mod tests {
         w.string("ns", "db.c");
         w.end();
         w.boolean("invalidated", false);
-        w.timestamp("operationTime", Timestamp { time: 7, increment: 3 });
+        w.timestamp(
+            "operationTime",
+            Timestamp {
+                time: 7,
+                increment: 3,
+            },
+        );
         w.double("ok", 1.0);
         let raw = w.finish();
         let expected = doc! {
@@ -151,7 +199,10 @@ mod tests {
             "operationTime": Timestamp { time: 7, increment: 3 },
             "ok": 1.0,
         };
-        assert_eq!(raw.as_bytes(), expected.to_vec().expect("encodes").as_slice());
+        assert_eq!(
+            raw.as_bytes(),
+            expected.to_vec().expect("encodes").as_slice()
+        );
     }
 
     #[test]
@@ -162,6 +213,9 @@ mod tests {
         w.end();
         let raw = w.finish();
         let expected = doc! {"a": []};
-        assert_eq!(raw.as_bytes(), expected.to_vec().expect("encodes").as_slice());
+        assert_eq!(
+            raw.as_bytes(),
+            expected.to_vec().expect("encodes").as_slice()
+        );
     }
 }

@@ -30,25 +30,57 @@ use super::ChangeEvent;
 /// Index of a shard cursor in the merge.
 pub type ShardId = usize;
 
-#[derive(Debug, Default)]
-struct Remote {
-    buffer: VecDeque<ChangeEvent>,
+/// What the merge sorts: anything with a resume token (a decoded event, or one the router
+/// keeps as the bytes a shard sent).
+pub trait Keyed {
+    fn token(&self) -> &ResumeToken;
+}
+
+impl Keyed for ChangeEvent {
+    fn token(&self) -> &ResumeToken {
+        &self.token
+    }
+}
+
+#[derive(Debug)]
+struct Remote<E> {
+    buffer: VecDeque<E>,
     promise: Option<ResumeToken>,
     invalidated: bool,
 }
 
+impl<E> Default for Remote<E> {
+    fn default() -> Self {
+        Remote {
+            buffer: VecDeque::new(),
+            promise: None,
+            invalidated: false,
+        }
+    }
+}
+
 /// The merge state machine; feed it batches, pop released events.
-#[derive(Debug, Default)]
-pub struct Merger {
-    remotes: Vec<Remote>,
+#[derive(Debug)]
+pub struct Merger<E = ChangeEvent> {
+    remotes: Vec<Remote<E>>,
     last_released: Option<ResumeToken>,
     high_water: Option<ResumeToken>,
 }
 
-impl Merger {
+impl<E> Default for Merger<E> {
+    fn default() -> Self {
+        Merger {
+            remotes: Vec::new(),
+            last_released: None,
+            high_water: None,
+        }
+    }
+}
+
+impl<E: Keyed> Merger<E> {
     /// A merge over `shards` remotes, reporting `initial_post_batch_resume_token` (the client's
     /// token or a high-water mark at the start time) until something better is known.
-    pub fn new(shards: usize, initial_post_batch_resume_token: Option<ResumeToken>) -> Merger {
+    pub fn new(shards: usize, initial_post_batch_resume_token: Option<ResumeToken>) -> Self {
         Merger {
             remotes: (0..shards).map(|_| Remote::default()).collect(),
             last_released: None,
@@ -70,7 +102,7 @@ impl Merger {
     pub fn push_batch(
         &mut self,
         shard: ShardId,
-        events: Vec<ChangeEvent>,
+        events: Vec<E>,
         post_batch_resume_token: ResumeToken,
     ) -> Result<()> {
         let remote = self
@@ -85,21 +117,21 @@ impl Merger {
         let mut floor = remote
             .buffer
             .back()
-            .map(|e| &e.token)
+            .map(|e| e.token())
             .or(remote.promise.as_ref());
         let mut strict = remote.buffer.back().is_some();
         for e in &events {
             if let Some(f) = floor
-                && (e.token < *f || (strict && e.token == *f))
+                && (e.token() < f || (strict && e.token() == f))
             {
                 return Err(MongoError::internal(format!(
                     "shard {shard} sent events out of token order"
                 )));
             }
-            floor = Some(&e.token);
+            floor = Some(e.token());
             strict = true;
         }
-        let newest = events.last().map(|e| e.token.clone());
+        let newest = events.last().map(|e| e.token().clone());
         remote.buffer.extend(events);
         for t in [Some(post_batch_resume_token), newest]
             .into_iter()
@@ -133,24 +165,24 @@ impl Merger {
     }
 
     /// The next event in token order, if every promise has passed it.
-    pub fn pop_ready(&mut self) -> Option<ChangeEvent> {
+    pub fn pop_ready(&mut self) -> Option<E> {
         loop {
             let shard = {
                 let (_, min) = self.min_promise()?;
                 self.remotes
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, r)| r.buffer.front().map(|e| (i, &e.token)))
+                    .filter_map(|(i, r)| r.buffer.front().map(|e| (i, e.token())))
                     .min_by(|a, b| a.1.cmp(b.1))
                     .filter(|(_, t)| *t <= min)?
                     .0
             };
             let event = self.remotes.get_mut(shard)?.buffer.pop_front()?;
-            if self.last_released.as_ref() == Some(&event.token) {
+            if self.last_released.as_ref() == Some(event.token()) {
                 continue;
             }
-            self.last_released = Some(event.token.clone());
-            self.high_water = Some(event.token.clone());
+            self.last_released = Some(event.token().clone());
+            self.high_water = Some(event.token().clone());
             return Some(event);
         }
     }
@@ -177,7 +209,7 @@ impl Merger {
         self.remotes
             .iter()
             .filter_map(|r| r.buffer.front())
-            .any(|e| e.token <= *min)
+            .any(|e| e.token() <= min)
     }
 
     /// The invalidate token that ends the stream, once nothing is ready and the minimum

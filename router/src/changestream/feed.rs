@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
-use crate::router::{Resend, Router, backoff, cursor_id, sleep_before};
+use super::batch::ShardBatch;
+use crate::router::{Resend, Router, backoff, sleep_before};
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
@@ -47,7 +48,7 @@ const LOST_CODES: &[i32] = &[43, 91, 189, 10107, 11600, 11602, 13435, 13436];
 pub(super) struct FeedReply {
     /// The shard's index in the stream.
     pub shard: usize,
-    pub reply: Result<Document>,
+    pub reply: Result<ShardBatch>,
     /// The reply opens a new shard cursor (the stream was re-opened after a loss): its batch
     /// is `firstBatch`, its `cursor.id` the new cursor.
     pub reopened: bool,
@@ -103,7 +104,7 @@ impl Feed {
             // no reset); dropping the request drops its connection.
             let sent = tokio::time::timeout(
                 SHARD_AWAIT + SILENT_SHARD,
-                self.router.send(
+                self.router.send_body(
                     self.shard,
                     &self.db,
                     get_more,
@@ -122,18 +123,18 @@ impl Feed {
                     ),
                 ),
                 Ok(Err(e)) => e.into_error(),
-                Ok(Ok(reply)) => match MongoError::from_reply(&reply) {
-                    Some(e) if LOST_CODES.contains(&e.code) => e,
-                    Some(e) => {
+                Ok(Ok(reply)) => match ShardBatch::parse(reply) {
+                    Err(e) if LOST_CODES.contains(&e.code) => e,
+                    Err(e) => {
                         self.hand_over(Err(e), false).await;
                         return;
                     }
-                    None => {
-                        let done = cursor_id(&reply) == 0;
+                    Ok(batch) => {
+                        let done = batch.cursor_id == 0;
                         if done {
                             self.cursor_id = 0;
                         }
-                        if !self.hand_over(Ok(reply), false).await || done {
+                        if !self.hand_over(Ok(batch), false).await || done {
                             return;
                         }
                         continue;
@@ -169,7 +170,7 @@ impl Feed {
             }
             let attempt = self
                 .router
-                .send(
+                .send_body(
                     self.shard,
                     &self.db,
                     cmd.clone(),
@@ -178,15 +179,15 @@ impl Feed {
                 )
                 .await;
             match attempt {
-                Ok(reply) => match MongoError::from_reply(&reply) {
-                    None => {
-                        self.cursor_id = cursor_id(&reply);
+                Ok(reply) => match ShardBatch::parse(reply) {
+                    Ok(batch) => {
+                        self.cursor_id = batch.cursor_id;
                         let done = self.cursor_id == 0;
                         tracing::info!(shard = self.shard, "change stream re-opened on its shard");
-                        return self.hand_over(Ok(reply), true).await && !done;
+                        return self.hand_over(Ok(batch), true).await && !done;
                     }
-                    Some(e) if LOST_CODES.contains(&e.code) => error = e,
-                    Some(e) => {
+                    Err(e) if LOST_CODES.contains(&e.code) => error = e,
+                    Err(e) => {
                         self.hand_over(Err(e), false).await;
                         return false;
                     }
@@ -199,13 +200,9 @@ impl Feed {
     }
 
     /// Hands a reply to the stream, remembering its promise. False when the stream is gone.
-    async fn hand_over(&mut self, reply: Result<Document>, reopened: bool) -> bool {
-        if let Ok(r) = &reply
-            && let Ok(t) = r
-                .get_document("cursor")
-                .and_then(|c| c.get_document("postBatchResumeToken"))
-        {
-            self.position = t.clone();
+    async fn hand_over(&mut self, reply: Result<ShardBatch>, reopened: bool) -> bool {
+        if let Ok(batch) = &reply {
+            self.position = batch.post_batch_resume_token.to_document();
         }
         let msg = FeedReply {
             shard: self.idx,

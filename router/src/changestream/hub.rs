@@ -27,8 +27,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
-use bytes::Bytes;
-use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
@@ -36,6 +34,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wire::{MongoError, Result};
 
+use super::batch::RawEvent;
 use super::merged::{self, MergedStream};
 use super::{Batch, PostMerge};
 use crate::router::Router;
@@ -94,7 +93,7 @@ struct Shared {
 struct Log {
     /// Sequence number of `events[0]`.
     base: u64,
-    events: VecDeque<Arc<Logged>>,
+    events: VecDeque<Arc<RawEvent>>,
     bytes: usize,
     /// The time of the newest event dropped off the front.
     trimmed_through: ClusterTime,
@@ -105,26 +104,9 @@ struct Log {
     end: Option<End>,
 }
 
-/// A released event as the log keeps it: encoded once, with its sort key and time. Clients
-/// whose post-merge stages leave events unchanged share these bytes into their replies.
-struct Logged {
-    token: ResumeToken,
-    time: ClusterTime,
-    bson: Bytes,
-}
-
-impl Logged {
-    /// What the event costs the log in memory, as its bound counts it.
-    fn cost(&self) -> usize {
-        std::mem::size_of::<Logged>() + self.bson.len() + self.token.data().len() + 32
-    }
-
-    /// The event, decoded for one client's post-merge stages.
-    fn event(&self) -> Result<ChangeEvent> {
-        let doc = Document::from_reader(&mut &self.bson[..])
-            .map_err(|e| MongoError::internal(format!("a logged change event: {e}")))?;
-        ChangeEvent::from_document(doc)
-    }
+/// What a logged event costs the log in memory, as its bound counts it.
+fn cost(event: &RawEvent) -> usize {
+    std::mem::size_of::<RawEvent>() + event.bytes.len() + event.token.data().len() + 32
 }
 
 #[derive(Clone)]
@@ -158,24 +140,17 @@ impl Log {
 
     /// Appends a released event, dropping the oldest while the log holds more than
     /// `max_bytes` (it always keeps the newest).
-    fn push(&mut self, event: ChangeEvent, max_bytes: usize) -> Result<()> {
-        let bson = super::encode(&event.doc)?;
-        let logged = Logged {
-            time: event.data.cluster_time(),
-            token: event.token,
-            bson,
-        };
-        self.bytes += logged.cost();
-        self.events.push_back(Arc::new(logged));
+    fn push(&mut self, event: RawEvent, max_bytes: usize) {
+        self.bytes += cost(&event);
+        self.events.push_back(Arc::new(event));
         while self.bytes > max_bytes && self.events.len() > 1 {
             let Some(old) = self.events.pop_front() else {
                 break;
             };
-            self.bytes -= old.cost();
+            self.bytes -= cost(&old);
             self.base += 1;
             self.trimmed_through = old.time;
         }
-        Ok(())
     }
 }
 
@@ -184,8 +159,8 @@ impl Shared {
         lock(&self.log).join_at(start)
     }
 
-    fn push(&self, event: ChangeEvent) -> Result<()> {
-        lock(&self.log).push(event, self.max_bytes)
+    fn push(&self, event: RawEvent) {
+        lock(&self.log).push(event, self.max_bytes);
     }
 
     fn update(&self, f: impl FnOnce(&mut Log)) {
@@ -202,16 +177,8 @@ async fn run(
     cancel: CancellationToken,
 ) {
     loop {
-        let mut failed = None;
         while let Some(e) = merged.pop_ready() {
-            if let Err(e) = shared.push(e) {
-                failed = Some(e);
-                break;
-            }
-        }
-        if let Some(e) = failed {
-            shared.update(|log| log.end = Some(End::Failed(e)));
-            break;
+            shared.push(e);
         }
         let pbrt = merged.post_batch_resume_token();
         let end = merged.invalidated().cloned().map(End::Invalidated);
@@ -360,7 +327,7 @@ impl HubClient {
                 }
                 let from = (self.next - log.base) as usize;
                 let want = n.saturating_sub(events.len());
-                let taken: Vec<Arc<Logged>> =
+                let taken: Vec<Arc<RawEvent>> =
                     log.events.iter().skip(from).take(want).cloned().collect();
                 let caught_up = from + taken.len() == log.events.len();
                 (
@@ -373,7 +340,7 @@ impl HubClient {
             let mut full = false;
             for logged in taken {
                 if logged.time >= self.start
-                    && let Some(event) = self.given(router, &logged).await?
+                    && let Some(event) = self.post.given(router, &logged).await?
                 {
                     let size = super::entry_size(&event);
                     if !events.is_empty() && bytes + size > super::BATCH_BYTES {
@@ -415,18 +382,6 @@ impl HubClient {
                 _ = changed.changed() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
-        }
-    }
-
-    /// A logged event as this client gets it (`None` when its stages drop it): the logged
-    /// bytes themselves when its stages change nothing.
-    async fn given(&mut self, router: &Arc<Router>, logged: &Logged) -> Result<Option<Bytes>> {
-        if self.post.passes_through() {
-            return Ok(Some(logged.bson.clone()));
-        }
-        match self.post.process(router, logged.event()?).await? {
-            Some(doc) => super::encode(&doc).map(Some),
-            None => Ok(None),
         }
     }
 
@@ -506,7 +461,7 @@ mod tests {
         ClusterTime::from_u64((u64::from(t) << 32) | u64::from(i))
     }
 
-    fn event(ts: ClusterTime, n: i32) -> ChangeEvent {
+    fn event(ts: ClusterTime, n: i32) -> RawEvent {
         let id = resume::token::event_identifier("insert", Some(("documentKey", doc! {"_id": n})));
         let data = ResumeTokenData::event(
             ts,
@@ -517,15 +472,15 @@ mod tests {
         )
         .expect("a valid token");
         let doc = doc! {"_id": data.encode().to_document(), "operationType": "insert", "n": n};
-        ChangeEvent::from_document(doc).expect("an event")
+        let raw = bson::RawDocumentBuf::try_from(&doc).expect("encodes");
+        RawEvent::parse(&raw).expect("an event")
     }
 
     #[test]
     fn a_stream_joins_at_its_start_only_while_the_log_has_everything_from_there() {
         let mut log = Log::new(at(10, 1));
         for i in 1..=4 {
-            log.push(event(at(10, i * 2), i as i32), usize::MAX)
-                .expect("push");
+            log.push(event(at(10, i * 2), i as i32), usize::MAX);
         }
         // Events at (10,2) (10,4) (10,6) (10,8): a start at (10,5) begins at the third.
         assert_eq!(log.join_at(at(10, 5)), Some(2));
@@ -542,11 +497,11 @@ mod tests {
     #[test]
     fn the_log_keeps_to_its_bound_and_remembers_what_it_dropped() {
         let mut probe = Log::new(at(5, 0));
-        probe.push(event(at(5, 1), 1), usize::MAX).expect("push");
+        probe.push(event(at(5, 1), 1), usize::MAX);
         let one = probe.bytes;
         let mut log = Log::new(at(5, 0));
         for i in 1..=10 {
-            log.push(event(at(5, i), i as i32), 3 * one).expect("push");
+            log.push(event(at(5, i), i as i32), 3 * one);
         }
         assert_eq!(log.events.len(), 3);
         assert_eq!(log.base, 7, "sequence numbers go on across the trim");

@@ -16,18 +16,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, doc};
+use pipeline::changestream::Merger;
 use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
-use pipeline::changestream::{ChangeEvent, Merger};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
+use super::batch::{RawEvent, ShardBatch};
 use super::feed::{self, FeedReply};
 use super::label_resumable;
-use crate::router::{Resend, Router, cursor_id, first_batch, next_batch};
+use crate::router::{Resend, Router};
 
 /// Replies buffered per shard before its feed waits for the reader.
 const FEED_DEPTH: usize = 2;
@@ -52,7 +53,7 @@ pub(super) struct MergedStream {
     /// The `collection` of shard getMores: the collection, or `$cmd.aggregate`.
     shard_collection: String,
     shards: Vec<ShardCursor>,
-    merger: Merger,
+    merger: Merger<RawEvent>,
     /// Tokens of events pushed but not yet released, with their times (for nudges).
     unreleased: BTreeMap<ResumeToken, ClusterTime>,
     rx: mpsc::Receiver<FeedReply>,
@@ -106,7 +107,12 @@ pub(super) async fn open(
     };
     let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
     let shards = router.all_shards();
-    let replies = router.broadcast_read(&shards, db, &shard_cmd).await;
+    let replies = futures::future::join_all(
+        shards
+            .iter()
+            .map(|&s| router.shard_read_body(s, db, shard_cmd.clone())),
+    )
+    .await;
     let initial = match &parsed.spec.start {
         StartPoint::None => None,
         _ => Some(
@@ -130,19 +136,15 @@ pub(super) async fn open(
     };
     let mut failure = None;
     for (&shard, reply) in shards.iter().zip(replies) {
-        let reply = match reply {
-            Ok(reply) => reply,
+        let batch = match reply.and_then(ShardBatch::parse) {
+            Ok(batch) => batch,
             Err(e) => {
                 failure.get_or_insert(e);
                 continue;
             }
         };
-        let id = cursor_id(&reply);
-        let position = reply
-            .get_document("cursor")
-            .and_then(|c| c.get_document("postBatchResumeToken"))
-            .cloned()
-            .unwrap_or_default();
+        let id = batch.cursor_id;
+        let position = batch.post_batch_resume_token.to_document();
         cursor.shards.push(ShardCursor {
             shard,
             cursor_id: id,
@@ -167,7 +169,7 @@ pub(super) async fn open(
             };
             cursor.feeds.push(router.tasks.spawn(feed.run()));
         }
-        if let Err(e) = cursor.absorb(idx, reply, first_batch) {
+        if let Err(e) = cursor.absorb(idx, batch) {
             failure.get_or_insert(e);
         }
     }
@@ -191,22 +193,15 @@ pub(super) async fn cluster_now(router: &Arc<Router>) -> Result<ClusterTime> {
 
 impl MergedStream {
     /// Takes one shard reply into the merge.
-    fn absorb(
-        &mut self,
-        idx: usize,
-        reply: Document,
-        batch_of: fn(&Document) -> Result<Vec<Document>>,
-    ) -> Result<()> {
-        let docs = batch_of(&reply)?;
-        let pbrt = reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_document("postBatchResumeToken").ok())
-            .ok_or_else(|| MongoError::internal("shard reply without a postBatchResumeToken"))
-            .and_then(|t| ResumeToken::from_document(t).map_err(MongoError::from))?;
-        let mut events = Vec::with_capacity(docs.len());
-        for d in docs {
-            let e = ChangeEvent::from_document(d)?;
+    fn absorb(&mut self, idx: usize, batch: ShardBatch) -> Result<()> {
+        let ShardBatch {
+            events: received,
+            post_batch_resume_token: pbrt,
+            cursor_id,
+            invalidated,
+        } = batch;
+        let mut events = Vec::with_capacity(received.len());
+        for e in received {
             let resumed_after = &mut self.shards[idx].resumed_after;
             if let Some(after) = resumed_after {
                 if e.token <= *after {
@@ -214,8 +209,7 @@ impl MergedStream {
                 }
                 *resumed_after = None;
             }
-            self.unreleased
-                .insert(e.token.clone(), e.data.cluster_time());
+            self.unreleased.insert(e.token.clone(), e.time);
             events.push(e);
         }
         self.merger.push_batch(idx, events, pbrt.clone())?;
@@ -223,9 +217,9 @@ impl MergedStream {
         if shard.promise.as_ref().is_none_or(|p| pbrt > *p) {
             shard.promise = Some(pbrt);
         }
-        if cursor_id(&reply) == 0 {
+        if cursor_id == 0 {
             shard.cursor_id = 0;
-            if reply.get_bool("invalidated").unwrap_or(false) {
+            if invalidated {
                 self.merger.mark_invalidated(idx);
             } else {
                 return Err(MongoError::new(
@@ -238,7 +232,7 @@ impl MergedStream {
     }
 
     /// The next released event, if every promise has passed one.
-    pub fn pop_ready(&mut self) -> Option<ChangeEvent> {
+    pub fn pop_ready(&mut self) -> Option<RawEvent> {
         let event = self.merger.pop_ready()?;
         self.unreleased.remove(&event.token);
         Some(event)
@@ -275,15 +269,14 @@ impl MergedStream {
     }
 
     fn take(&mut self, msg: FeedReply) -> Result<()> {
-        let reply = msg.reply.map_err(label_resumable)?;
-        if !msg.reopened {
-            return self.absorb(msg.shard, reply, next_batch);
+        let batch = msg.reply.map_err(label_resumable)?;
+        if msg.reopened {
+            let shard = &mut self.shards[msg.shard];
+            shard.cursor_id = batch.cursor_id;
+            shard.nudged = ClusterTime::ZERO;
+            shard.resumed_after = shard.promise.clone();
         }
-        let shard = &mut self.shards[msg.shard];
-        shard.cursor_id = cursor_id(&reply);
-        shard.nudged = ClusterTime::ZERO;
-        shard.resumed_after = shard.promise.clone();
-        self.absorb(msg.shard, reply, first_batch)
+        self.absorb(msg.shard, batch)
     }
 
     /// Asks every shard whose promise is below the oldest buffered event to promise past it.

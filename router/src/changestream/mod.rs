@@ -17,10 +17,10 @@
 //! whose token is not found, fails with the shard's (or the merge's) non-resumable error; a
 //! shard lost for longer than the router's patience fails the getMore with a resumable error.
 
+mod batch;
 mod feed;
 mod hub;
 mod merged;
-
 
 pub(crate) use hub::Hubs;
 
@@ -215,8 +215,24 @@ impl PostMerge {
     }
 
     /// Whether events reach the client exactly as merged (no updateLookup, no stages).
-    pub(super) fn passes_through(&self) -> bool {
+    fn passes_through(&self) -> bool {
         !self.update_lookup && self.stream.passes_through()
+    }
+
+    /// A merged event as the client gets it (`None` when a stage drops it): the bytes the
+    /// shard encoded when nothing changes it, decoded, processed and encoded otherwise.
+    pub(super) async fn given(
+        &mut self,
+        router: &Arc<Router>,
+        event: &batch::RawEvent,
+    ) -> Result<Option<Bytes>> {
+        if self.passes_through() {
+            return Ok(Some(event.bytes.clone()));
+        }
+        match self.process(router, event.decode()?).await? {
+            Some(doc) => encode(&doc).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The event as the client gets it; `None` when a stage drops it.
@@ -301,11 +317,10 @@ impl ChangeStreamCursor {
                         let Some(event) = merged.pop_ready() else {
                             break;
                         };
-                        let token = event.token.clone();
-                        match post.process(router, event).await? {
-                            Some(doc) => (token, encode(&doc)?),
+                        match post.given(router, &event).await? {
+                            Some(bytes) => (event.token, bytes),
                             None => {
-                                *looked = Some(token);
+                                *looked = Some(event.token);
                                 continue;
                             }
                         }
@@ -379,7 +394,7 @@ pub(super) fn entry_size(event: &Bytes) -> usize {
 }
 
 /// An event as a client batch holds it.
-pub(super) fn encode(event: &Document) -> Result<Bytes> {
+fn encode(event: &Document) -> Result<Bytes> {
     event
         .to_vec()
         .map(Bytes::from)

@@ -13,11 +13,12 @@ use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
 
-use super::{Answer, Ctx};
+use super::Ctx;
 use super::crud::{forwardable, shards_for_query, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::metadata::Placement;
 use crate::router::Router;
+use wire::raw::Body;
 
 /// MongoDB's default first batch.
 const DEFAULT_BATCH: usize = 101;
@@ -189,7 +190,7 @@ async fn close_cursor_in_reply(router: &Router, reply: &mut Document) {
     }
 }
 
-pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Answer> {
+pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
     let id = match ctx.cmd.get("getMore") {
         Some(Bson::Int64(i)) => *i,
         Some(other) => {
@@ -260,7 +261,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Answer> {
             guard.kill(router).await;
             router.cursors.remove(id);
         }
-        return Ok(Answer::Raw(reply));
+        return Ok(Body::Raw(reply));
     }
     let result = guard.next_batch(router, n).await;
     let (batch, exhausted) = match result {
@@ -385,14 +386,14 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(doc! {"values": values, "ok": 1.0})
 }
 
-pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Answer> {
+pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
     let args = ctx.args();
     if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
         return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd)
             .await
-            .map(Answer::Raw);
+            .map(Body::Raw);
     }
-    aggregate_documents(ctx).await.map(Answer::Document)
+    aggregate_documents(ctx).await.map(Body::Document)
 }
 
 /// `aggregate` over a collection's documents.

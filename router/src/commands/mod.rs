@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use bson::raw::cstr;
 use bson::{Bson, Document, RawDocumentBuf};
+use wire::raw::Body;
 use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
@@ -40,22 +41,9 @@ impl Ctx<'_> {
     }
 }
 
-/// A command's reply: a document, or one already encoded (a change-stream batch, whose events
-/// are copied in as the stream holds them, never decoded and encoded again).
-pub enum Answer {
-    Document(Document),
-    Raw(RawDocumentBuf),
-}
-
-impl From<Document> for Answer {
-    fn from(d: Document) -> Answer {
-        Answer::Document(d)
-    }
-}
-
 /// Runs one request and returns the reply (with `$clusterTime` and `operationTime`), or `None`
 /// when a test fail point closes the connection instead.
-pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Answer> {
+pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Body> {
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let mut injected = None;
@@ -114,17 +102,17 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     };
     let reply = match result {
         Ok(reply) => reply,
-        Err(e) => Answer::Document(e.to_document()),
+        Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
 }
 
 /// Replaces whatever time fields a shard put in the reply with the router's. An encoded reply
 /// is the router's own (it has `ok` and no time fields): they are appended.
-fn finish_reply(router: &Router, reply: Answer) -> Answer {
+fn finish_reply(router: &Router, reply: Body) -> Body {
     let now = router.clock.now();
     match reply {
-        Answer::Document(mut reply) => {
+        Body::Document(mut reply) => {
             reply.remove("$clusterTime");
             reply.remove("operationTime");
             if !reply.contains_key("ok") {
@@ -132,24 +120,24 @@ fn finish_reply(router: &Router, reply: Answer) -> Answer {
             }
             reply.insert("$clusterTime", router.clock.gossip());
             reply.insert("operationTime", Bson::Timestamp(now.timestamp()));
-            Answer::Document(reply)
+            Body::Document(reply)
         }
-        Answer::Raw(mut reply) => {
+        Body::Raw(mut reply) => {
             match RawDocumentBuf::try_from(&router.clock.gossip()) {
                 Ok(gossip) => reply.append(cstr!("$clusterTime"), gossip),
                 Err(e) => tracing::error!(error = %e, "the cluster time is not serialisable"),
             }
             reply.append(cstr!("operationTime"), now.timestamp());
-            Answer::Raw(reply)
+            Body::Raw(reply)
         }
     }
 }
 
-async fn dispatch(ctx: &Ctx<'_>) -> Result<Answer> {
+async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
     match ctx.name {
         "getMore" => find::get_more(ctx).await,
         "aggregate" => find::aggregate(ctx).await,
-        _ => dispatch_document(ctx).await.map(Answer::Document),
+        _ => dispatch_document(ctx).await.map(Body::Document),
     }
 }
 

@@ -80,7 +80,7 @@ where
     };
     let out = ctx.shard.writer().submit(Box::new(job)).await?;
     Ok(Reply {
-        doc: out.reply,
+        body: out.reply.into(),
         op_time: out.op_time,
     })
 }

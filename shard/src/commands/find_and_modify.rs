@@ -134,7 +134,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     let out = ctx.shard.writer().submit(Box::new(job)).await?;
     Ok(Reply {
-        doc: out.reply,
+        body: out.reply.into(),
         op_time: out.op_time,
     })
 }

@@ -19,16 +19,20 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
+use wire::raw::Body;
 
 /// A command's reply body and the optime of its last write (if it wrote).
 pub struct Reply {
-    pub doc: Document,
+    pub body: Body,
     pub op_time: Option<ClusterTime>,
 }
 
 impl Reply {
-    pub fn read(doc: Document) -> Self {
-        Reply { doc, op_time: None }
+    pub fn read(body: impl Into<Body>) -> Self {
+        Reply {
+            body: body.into(),
+            op_time: None,
+        }
     }
 }
 

@@ -151,7 +151,7 @@ pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     let out = ctx.shard.writer().submit(Box::new(job)).await?;
     Ok(Reply {
-        doc: out.reply,
+        body: out.reply.into(),
         op_time: out.op_time,
     })
 }
@@ -316,7 +316,7 @@ pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     let out = ctx.shard.writer().submit(Box::new(job)).await?;
     Ok(Reply {
-        doc: out.reply,
+        body: out.reply.into(),
         op_time: out.op_time,
     })
 }
@@ -420,7 +420,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     let out = ctx.shard.writer().submit(Box::new(job)).await?;
     Ok(Reply {
-        doc: out.reply,
+        body: out.reply.into(),
         op_time: out.op_time,
     })
 }
