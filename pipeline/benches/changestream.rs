@@ -1,9 +1,11 @@
-//! Change-stream hot paths: the shard's match + transform of CRUD entries (events/s), and the
-//! router's merge over N shards (`merge/shards=N`).
+//! Change-stream hot paths: the shard's match + transform of CRUD entries (events/s), from
+//! decoded entries (`shard/insert`, `shard/update`) and from their stored bytes to the event's
+//! bytes (`shard/*_encoded`, what a shard cursor runs), and the router's merge over N shards
+//! (`merge/shards=N`).
 
 use std::hint::black_box;
 
-use bson::{Binary, Bson, DateTime, Document, Timestamp, doc, spec::BinarySubtype};
+use bson::{Binary, Bson, DateTime, Document, RawDocumentBuf, Timestamp, doc, spec::BinarySubtype};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::merge::Merger;
@@ -64,6 +66,23 @@ fn shard_side(c: &mut Criterion) {
                         .process_entry(e, &mut lookup)
                         .map(|v| v.len())
                         .unwrap_or(0);
+                }
+                black_box(n)
+            })
+        });
+    }
+    // What a shard does with each entry it reads: from its stored bytes to the event's bytes.
+    for (name, entries) in [("insert_encoded", inserts()), ("update_encoded", updates())] {
+        let stored: Vec<RawDocumentBuf> = entries
+            .iter()
+            .map(|e| RawDocumentBuf::try_from(e).unwrap_or_default())
+            .collect();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut s = ShardStream::new(spec.clone(), vec![]);
+                let mut n = 0;
+                for e in &stored {
+                    n += s.process_encoded(e).ok().flatten().map_or(0, |v| v.len());
                 }
                 black_box(n)
             })

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{Document, RawDocumentBuf};
+use bson::{Document, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::resumability::check_history;
@@ -116,13 +116,25 @@ impl StreamCursor {
             };
             let exhausted = entries.len() < READ_BATCH;
             for (ts, bytes) in entries {
-                let entry = Document::from_reader(&mut bytes.as_ref()).map_err(|e| {
+                let corrupt = |e: bson::error::Error| {
                     MongoError::internal(format!("corrupt oplog entry at {ts}: {e}"))
-                })?;
-                let mut lookup =
-                    |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
-                for event in self.stream.process_entry(&entry, &mut lookup)? {
-                    self.pending.push_back(Pending::new(event)?);
+                };
+                let raw = RawDocument::from_bytes(&bytes).map_err(corrupt)?;
+                // The common case (CRUD) goes from the entry's bytes to the event's.
+                if let Some(events) = self.stream.process_encoded(raw)? {
+                    self.pending.extend(events.into_iter().map(|e| Pending {
+                        token: e.token,
+                        bytes: Bytes::from(e.bytes),
+                        invalidate: false,
+                    }));
+                } else {
+                    let entry = Document::try_from(raw).map_err(corrupt)?;
+                    let mut lookup = |optime: pipeline::changestream::unwind::OpTime| {
+                        read_entry(state, optime.ts)
+                    };
+                    for event in self.stream.process_entry(&entry, &mut lookup)? {
+                        self.pending.push_back(Pending::new(event)?);
+                    }
                 }
                 self.position = ts;
                 if self.stream.invalidated().is_some() {

@@ -178,7 +178,7 @@ pub fn marker_of(spec: &ChangeStreamSpec, entry: &Document) -> Option<&'static s
 
 /// CRUD on `<db>.system.views` of a watched database: view DDL events, for database and
 /// cluster streams with `showExpandedEvents`.
-fn view_definition_matches(spec: &ChangeStreamSpec, ns: &str) -> bool {
+pub(crate) fn view_definition_matches(spec: &ChangeStreamSpec, ns: &str) -> bool {
     if !spec.options.show_expanded_events {
         return false;
     }

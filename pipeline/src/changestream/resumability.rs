@@ -70,6 +70,11 @@ impl CheckResumability {
 
     /// Where `event` lies relative to the client token; `None` once past it (or without one).
     /// The caller keeps the event unless the status is `CheckNextDoc`.
+    /// Whether the stream has passed its resume point (or never had one).
+    pub fn passed(&self) -> bool {
+        self.client.is_none()
+    }
+
     pub fn check(&mut self, event: &ChangeEvent) -> Option<ResumeStatus> {
         let client = self.client.as_ref()?;
         let status = event.data.compare_against_client_token(client);

@@ -18,7 +18,7 @@
 //! * after an invalidate the stream yields nothing more and [`ShardStream::invalidated`] gives
 //!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
 
-use bson::Document;
+use bson::{Document, RawDocument};
 use resume::ClusterTime;
 use resume::token::{ResumeStatus, ResumeToken, ResumeTokenData, TokenVersion};
 use wire::Result;
@@ -29,8 +29,8 @@ use super::oplog_match;
 use super::post_merge::UserPipeline;
 use super::resumability::CheckResumability;
 use super::spec::{ChangeStreamPipeline, ChangeStreamSpec, UserStage};
-use super::split::{check_size, split_event};
-use super::transform::{Transformer, is_classic_type};
+use super::split::{check_encoded_size, check_size, split_event};
+use super::transform::{EncodedEvent, EntryFields, Transformer, is_classic_type};
 use super::unwind::{OpTime, is_transaction_entry, unwind};
 
 /// One shard cursor's change-stream stages.
@@ -140,6 +140,40 @@ impl ShardStream {
             check_size(&event)?;
             Ok(vec![event])
         }
+    }
+
+    /// [`ShardStream::process_entry`] straight from the entry's bytes, for the common case: a
+    /// top-level CRUD entry, on a stream without shard-side stages that has passed its resume
+    /// point (`transform::encoded`). `None` when the entry needs the general path: decode it
+    /// and call [`ShardStream::process_entry`].
+    pub fn process_encoded(&mut self, entry: &RawDocument) -> Result<Option<Vec<EncodedEvent>>> {
+        if self.invalidate.invalidated().is_some() {
+            return Ok(Some(Vec::new()));
+        }
+        if !self.user.is_empty() || self.split_large_events || !self.resumability.passed() {
+            return Ok(None);
+        }
+        // The oplog match of a top-level CRUD entry: its namespace (migrations, and view
+        // definitions on `system.views`, take the general path).
+        let fields = EntryFields::read(entry)?;
+        if !matches!(fields.op, "i" | "u" | "d") || fields.from_migrate {
+            return Ok(None);
+        }
+        if !oplog_match::ns_matches(&self.spec, fields.ns) {
+            return Ok(
+                if oplog_match::view_definition_matches(&self.spec, fields.ns) {
+                    None
+                } else {
+                    Some(Vec::new())
+                },
+            );
+        }
+        // CRUD events never invalidate, and they are classic types.
+        let Some(event) = self.transformer.transform_encoded(&fields)? else {
+            return Ok(None);
+        };
+        check_encoded_size(event.bytes.len())?;
+        Ok(Some(vec![event]))
     }
 
     /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`], for streams without

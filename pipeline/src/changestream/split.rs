@@ -27,7 +27,11 @@ pub const SPLIT_THRESHOLD: usize = BSON_OBJ_MAX_INTERNAL_SIZE - 8 * 1024;
 
 /// Fails with 10334 when the event is over 16 MiB (streams without the split stage).
 pub fn check_size(event: &ChangeEvent) -> Result<()> {
-    let size = document_size(&event.doc);
+    check_encoded_size(document_size(&event.doc))
+}
+
+/// [`check_size`] for an event of `size` encoded bytes.
+pub fn check_encoded_size(size: usize) -> Result<()> {
     if size > BSON_OBJ_MAX_USER_SIZE {
         return Err(MongoError::new(
             ErrorCode::BSON_OBJECT_TOO_LARGE,

@@ -24,6 +24,10 @@ use resume::ClusterTime;
 use resume::token::{ResumeTokenData, TokenVersion};
 use wire::{MongoError, Result};
 
+mod encoded;
+
+pub use encoded::{EncodedEvent, EntryFields};
+
 use super::ChangeEvent;
 use super::diff_parser::parse_diff;
 use super::oplog_match::MARKERS;
@@ -105,29 +109,14 @@ impl Transformer {
         };
 
         let crud = matches!(p.operation_type, "insert" | "update" | "replace" | "delete");
-        let data = self.versions.make(|version| {
-            let identifier = if version == TokenVersion::V2 {
-                let second = if crud {
-                    p.document_key.clone().map(|k| ("documentKey", k))
-                } else {
-                    p.operation_description
-                        .clone()
-                        .map(|d| ("operationDescription", d))
-                };
-                Some(resume::token::event_identifier(p.operation_type, second))
-            } else if crud || is_classic_type(p.operation_type) {
-                p.document_key.clone().filter(|_| uuid.is_some())
-            } else {
-                Some(resume::token::event_identifier(
-                    p.operation_type,
-                    p.operation_description
-                        .clone()
-                        .map(|d| ("operationDescription", d)),
-                ))
-                .filter(|_| uuid.is_some())
-            };
-            ResumeTokenData::event(ts, version, txn_op_index.unwrap_or(0), uuid, identifier)
-        })?;
+        let data = self.token_data(
+            ts,
+            uuid,
+            txn_op_index,
+            p.operation_type,
+            p.document_key.as_ref(),
+            p.operation_description.as_ref(),
+        )?;
         let token = data.encode();
 
         let mut d = Document::new();
@@ -193,6 +182,42 @@ impl Transformer {
             data,
             doc: d,
         }))
+    }
+
+    /// The token of an event (see the module invariants on its identifier).
+    fn token_data(
+        &mut self,
+        ts: ClusterTime,
+        uuid: Option<Uuid>,
+        txn_op_index: Option<u32>,
+        operation_type: &str,
+        document_key: Option<&Document>,
+        operation_description: Option<&Document>,
+    ) -> Result<ResumeTokenData> {
+        let crud = matches!(operation_type, "insert" | "update" | "replace" | "delete");
+        self.versions.make(|version| {
+            let identifier = if version == TokenVersion::V2 {
+                let second = if crud {
+                    document_key.cloned().map(|k| ("documentKey", k))
+                } else {
+                    operation_description
+                        .cloned()
+                        .map(|d| ("operationDescription", d))
+                };
+                Some(resume::token::event_identifier(operation_type, second))
+            } else if crud || is_classic_type(operation_type) {
+                document_key.cloned().filter(|_| uuid.is_some())
+            } else {
+                Some(resume::token::event_identifier(
+                    operation_type,
+                    operation_description
+                        .cloned()
+                        .map(|d| ("operationDescription", d)),
+                ))
+                .filter(|_| uuid.is_some())
+            };
+            ResumeTokenData::event(ts, version, txn_op_index.unwrap_or(0), uuid, identifier)
+        })
     }
 
     fn parts(&self, entry: &Document) -> Result<Option<Parts>> {

@@ -411,3 +411,75 @@ mod no_panics {
         }
     }
 }
+
+/// A stream read through the encoded path where it applies, and the general one elsewhere;
+/// also how many events came through the encoded path.
+fn run_encoded(
+    stream: &mut ShardStream,
+    oplog: &[Document],
+) -> (Vec<(ResumeToken, Document)>, usize) {
+    let mut out = Vec::new();
+    let mut encoded = 0;
+    for e in oplog {
+        let raw = bson::RawDocumentBuf::try_from(e).unwrap();
+        if let Some(events) = stream.process_encoded(&raw).unwrap() {
+            encoded += events.len();
+            for ev in events {
+                let doc = Document::try_from(bson::RawDocument::from_bytes(&ev.bytes).unwrap());
+                out.push((ev.token, doc.unwrap()));
+            }
+        } else {
+            let events = stream.process_entry(e, &mut no_chain).unwrap();
+            out.extend(events.into_iter().map(|ev| (ev.token, ev.doc)));
+        }
+    }
+    (out, encoded)
+}
+
+#[test]
+fn the_encoded_path_yields_what_the_general_path_does() {
+    let mut specs = vec![coll_spec("db", "c"), coll_spec("db", "other")];
+    let mut expanded = coll_spec("db", "c");
+    expanded.options.show_expanded_events = true;
+    specs.push(expanded);
+    specs.push(db_spec("db"));
+    specs.push(cluster_spec());
+    for spec in specs {
+        let general: Vec<(ResumeToken, Document)> =
+            run(&mut ShardStream::new(spec.clone(), vec![]), &oplog())
+                .into_iter()
+                .map(|e| (e.token, e.doc))
+                .collect();
+        let (events, encoded) = run_encoded(&mut ShardStream::new(spec.clone(), vec![]), &oplog());
+        assert_eq!(events, general, "{spec:?}");
+        assert!(encoded > 0, "{spec:?}: some events take the encoded path");
+    }
+}
+
+#[test]
+fn the_encoded_path_steps_aside_for_stages_and_resume_points() {
+    let insert = bson::RawDocumentBuf::try_from(&insert("db.c", 4, doc! {"_id": 1})).unwrap();
+    let staged = parse_pipeline(
+        &[
+            Bson::Document(doc! {"$changeStream": {}}),
+            Bson::Document(doc! {"$match": {"operationType": "insert"}}),
+        ],
+        &RequestContext {
+            db: "db",
+            coll: Some("c"),
+            through_router: false,
+            standalone: false,
+        },
+    )
+    .unwrap();
+    let mut s = ShardStream::from_pipeline(staged);
+    assert!(s.process_encoded(&insert).unwrap().is_none(), "user stages");
+    let mut spec = coll_spec("db", "c");
+    let token = ResumeTokenData::high_water_mark(ClusterTime::new(1, 0), TokenVersion::V2);
+    spec.start = StartPoint::ResumeAfter(token);
+    let mut s = ShardStream::new(spec, vec![]);
+    assert!(
+        s.process_encoded(&insert).unwrap().is_none(),
+        "before its resume point"
+    );
+}
