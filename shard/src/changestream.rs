@@ -3,7 +3,9 @@
 //! Every cursor reads the shared tail window (one copy of each entry in memory for all cursors,
 //! published once by the writer); a cursor that has fallen behind the window reads the oplog
 //! from storage in batches and rejoins. The pure stages (`pipeline::changestream::ShardStream`)
-//! turn entries into events. A cursor holds at most one batch of pending events, so a slow or
+//! turn entries into events: the common case (a CRUD entry, no shard-side stages) straight from
+//! the entry's stored bytes to the event's, the rest through decoded documents. Each event is
+//! encoded once, when it is made; replies are written from those bytes (`wire::raw::Writer`). A cursor holds at most one batch of pending events, so a slow or
 //! idle reader costs its position and nothing more: writers never wait for readers.
 //!
 //! Invariants:

@@ -1,6 +1,6 @@
 //! Shared merges: client streams with the same shard-side spec share one set of shard cursors
 //! and one merge, a hub. The hub's task reads the merged stream and appends every released
-//! event to a bounded log; each client keeps its own position in the log, its own post-merge
+//! event (as the bytes the shard encoded) to a bounded log; each client keeps its own position in the log, its own post-merge
 //! stages (updateLookup, the user's stages) and its own batches. A thousand watchers of one
 //! collection cost one shard cursor per shard and one merge, not a thousand.
 //!

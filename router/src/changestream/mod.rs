@@ -11,6 +11,11 @@
 //! After the merge, per client: updateLookup, then ensure-resume-token-present, the user's
 //! stages and the `_id` check (`RouterStream`), in batches of at most 16 MiB.
 //!
+//! Events travel as the bytes the shard encoded ([`batch`]): the merge reads only their resume
+//! tokens, and a client whose post-merge stages change nothing gets those bytes copied into its
+//! reply, which is written raw; only a client with stages decodes an event (and encodes the
+//! result).
+//!
 //! Invariants: every reply carries a post-batch resume token that never goes backwards, never
 //! passes an event the client has not been given, and never passes what a lost shard may still
 //! return; an event is returned at most once; a stream whose history a shard reports lost, or
