@@ -72,6 +72,9 @@ impl<'a> EntryFields<'a> {
 struct Crud<'a> {
     operation_type: &'static str,
     document_key: Document,
+    /// The document key as the entry holds it, when it holds it whole (`o2`, or a delete's
+    /// `o`): copied into the event instead of encoded again.
+    document_key_bytes: Option<&'a RawDocument>,
     full_document: Option<&'a RawDocument>,
     update_description: Option<(&'static str, Description<'a>)>,
 }
@@ -131,7 +134,10 @@ impl Transformer {
         namespace.append(cstr!("db"), db);
         namespace.append(cstr!("coll"), coll);
         d.append(cstr!("ns"), namespace);
-        d.append(cstr!("documentKey"), encode(&crud.document_key)?);
+        match crud.document_key_bytes {
+            Some(key) => d.append(cstr!("documentKey"), key),
+            None => d.append(cstr!("documentKey"), encode(&crud.document_key)?),
+        }
         match crud.update_description {
             Some(("rawUpdateDescription", Description::Raw(o))) => {
                 d.append(cstr!("rawUpdateDescription"), o)
@@ -163,12 +169,14 @@ impl Transformer {
             "i" => Crud {
                 operation_type: "insert",
                 document_key: key_or_id(o2, o)?,
+                document_key_bytes: o2,
                 full_document: Some(o),
                 update_description: None,
             },
             "d" => Crud {
                 operation_type: "delete",
                 document_key: decode(o)?,
+                document_key_bytes: Some(o),
                 full_document: None,
                 update_description: None,
             },
@@ -189,6 +197,7 @@ impl Transformer {
                     Crud {
                         operation_type: "update",
                         document_key: decode(key)?,
+                        document_key_bytes: Some(key),
                         full_document: None,
                         update_description: Some(description),
                     }
@@ -196,6 +205,7 @@ impl Transformer {
                 None if has(o, "_id") => Crud {
                     operation_type: "replace",
                     document_key: key_or_id(o2, o)?,
+                    document_key_bytes: o2,
                     full_document: Some(o),
                     update_description: None,
                 },
