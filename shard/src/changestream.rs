@@ -32,6 +32,7 @@ use pipeline::changestream::spec::{ChangeStreamCommand, parse_command};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
 use tokio::sync::Notify;
+use wire::raw::CursorReply;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::oplog::{self, WindowRead};
@@ -187,27 +188,16 @@ impl StreamCursor {
         }
     }
 
-    /// `{cursor: {firstBatch | nextBatch, postBatchResumeToken, id, ns}, invalidated?, ok}`,
-    /// with the events' bytes copied in.
     fn reply(&self, id: i64, batch: Vec<Bytes>, first: bool) -> RawDocumentBuf {
-        let size: usize = batch.iter().map(|e| e.len() + 8).sum();
-        let mut w = wire::raw::Writer::with_capacity(size + 256);
-        w.begin_document(None);
-        w.begin_document(Some("cursor"));
-        w.begin_array(if first { "firstBatch" } else { "nextBatch" });
-        for (i, event) in batch.iter().enumerate() {
-            w.document_bytes(&i.to_string(), event);
+        CursorReply {
+            ns: &self.ns,
+            id: if self.closed { 0 } else { id },
+            first,
+            batch: &batch,
+            post_batch_resume_token: Some(&self.pbrt.to_document()),
+            invalidated: self.closed,
         }
-        w.end();
-        w.document("postBatchResumeToken", &self.pbrt.to_document());
-        w.int64("id", if self.closed { 0 } else { id });
-        w.string("ns", &self.ns);
-        w.end();
-        if self.closed {
-            w.boolean("invalidated", true);
-        }
-        w.double("ok", 1.0);
-        w.finish()
+        .write()
     }
 }
 

@@ -52,6 +52,49 @@ impl From<RawDocumentBuf> for Body {
     }
 }
 
+/// A cursor's batch reply, `{cursor: {firstBatch | nextBatch, postBatchResumeToken?, id, ns},
+/// invalidated?, ok: 1}`, with each document of the batch given as its encoded bytes.
+pub struct CursorReply<'a, B> {
+    pub ns: &'a str,
+    /// 0 when the cursor is closed.
+    pub id: i64,
+    /// `firstBatch` (the reply that opens the cursor) rather than `nextBatch`.
+    pub first: bool,
+    pub batch: &'a [B],
+    pub post_batch_resume_token: Option<&'a Document>,
+    /// A change stream that ended with an invalidate (`invalidated: true`).
+    pub invalidated: bool,
+}
+
+impl<B: AsRef<[u8]>> CursorReply<'_, B> {
+    pub fn write(&self) -> RawDocumentBuf {
+        let size: usize = self.batch.iter().map(|d| d.as_ref().len() + 8).sum();
+        let mut w = Writer::with_capacity(size + 256);
+        w.begin_document(None);
+        w.begin_document(Some("cursor"));
+        w.begin_array(if self.first {
+            "firstBatch"
+        } else {
+            "nextBatch"
+        });
+        for (i, doc) in self.batch.iter().enumerate() {
+            w.document_bytes(&i.to_string(), doc.as_ref());
+        }
+        w.end();
+        if let Some(t) = self.post_batch_resume_token {
+            w.document("postBatchResumeToken", t);
+        }
+        w.int64("id", self.id);
+        w.string("ns", self.ns);
+        w.end();
+        if self.invalidated {
+            w.boolean("invalidated", true);
+        }
+        w.double("ok", 1.0);
+        w.finish()
+    }
+}
+
 /// Writes one BSON document front to back.
 #[derive(Debug, Default)]
 pub struct Writer {
@@ -202,6 +245,31 @@ mod tests {
         assert_eq!(
             raw.as_bytes(),
             expected.to_vec().expect("encodes").as_slice()
+        );
+    }
+
+    #[test]
+    fn a_cursor_reply_is_the_document_a_driver_expects() {
+        let event = doc! {"_id": {"_data": "82AB"}, "n": 1};
+        let bytes = vec![event.to_vec().expect("encodes")];
+        let token = doc! {"_data": "82CD"};
+        let reply = CursorReply {
+            ns: "db.c",
+            id: 0,
+            first: false,
+            batch: &bytes,
+            post_batch_resume_token: Some(&token),
+            invalidated: true,
+        }
+        .write();
+        let expected = doc! {
+            "cursor": {"nextBatch": [event], "postBatchResumeToken": token, "id": 0_i64, "ns": "db.c"},
+            "invalidated": true,
+            "ok": 1.0,
+        };
+        assert_eq!(
+            Document::try_from(reply.as_ref()).expect("decodes"),
+            expected
         );
     }
 

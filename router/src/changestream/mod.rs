@@ -41,6 +41,7 @@ use pipeline::changestream::spec::{
     parse_command, parse_pipeline,
 };
 use resume::token::ResumeToken;
+use wire::raw::CursorReply;
 use wire::{MongoError, Result};
 
 use crate::metadata::Placement;
@@ -109,30 +110,22 @@ pub(crate) async fn aggregate(
     Ok(cursor_reply(&ns, id, batch, true))
 }
 
-/// The reply for a batch, written once with each event's bytes copied in: `{cursor:
-/// {firstBatch | nextBatch, postBatchResumeToken, id, ns}, invalidated?, ok: 1}`. A batch that
-/// ends with an invalidate closes the cursor (`id: 0`).
+/// The reply for a batch, written once with each event's bytes copied in. A batch that ends
+/// with an invalidate closes the cursor (`id: 0`, `invalidated: true`).
 pub(crate) fn cursor_reply(ns: &str, id: i64, batch: Batch, first: bool) -> RawDocumentBuf {
-    let mut w = wire::raw::Writer::default();
-    w.begin_document(None);
-    w.begin_document(Some("cursor"));
-    w.begin_array(if first { "firstBatch" } else { "nextBatch" });
-    for (i, event) in batch.events.iter().enumerate() {
-        w.document_bytes(&i.to_string(), event);
+    CursorReply {
+        ns,
+        id: if batch.invalidated { 0 } else { id },
+        first,
+        batch: &batch.events,
+        post_batch_resume_token: batch
+            .post_batch_resume_token
+            .as_ref()
+            .map(ResumeToken::to_document)
+            .as_ref(),
+        invalidated: batch.invalidated,
     }
-    w.end();
-    if let Some(t) = &batch.post_batch_resume_token {
-        w.document("postBatchResumeToken", &t.to_document());
-    }
-    w.int64("id", if batch.invalidated { 0 } else { id });
-    w.string("ns", ns);
-    w.end();
-    if batch.invalidated {
-        w.boolean("invalidated", true);
-    }
-    w.double("ok", 1.0);
-    w.end();
-    w.finish()
+    .write()
 }
 
 /// The leading `$match` stages that can run on the shards: those that do not read
