@@ -160,3 +160,31 @@ async fn a_stale_router_reloads_its_routing() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An unordered `insert_many` into a hashed collection is split once per shard and committed as
+/// one batch per shard: 10,000 documents cost each shard one durable commit (the shards' own
+/// commit counters), not one per run of documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unordered_hashed_insert_many_is_one_commit_per_shard() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    client
+        .database("admin")
+        .run_command(doc! {"shardCollection": "batched.h", "key": {"_id": "hashed"}})
+        .await?;
+    let h = client.database("batched").collection::<Document>("h");
+    let shards = cluster.shards();
+    let before: Vec<u64> = shards.iter().map(|s| s.state().commit_count()).collect();
+    let inserted = h
+        .insert_many((0..10_000).map(|i| doc! {"_id": i, "pad": "x".repeat(16)}))
+        .ordered(false)
+        .await?;
+    assert_eq!(inserted.inserted_ids.len(), 10_000);
+    for (i, s) in shards.iter().enumerate() {
+        let commits = s.state().commit_count() - before[i];
+        assert_eq!(commits, 1, "shard{i} committed the batch {commits} times");
+    }
+    assert_eq!(h.count_documents(doc! {}).await?, 10_000);
+    cluster.stop().await;
+    Ok(())
+}
