@@ -28,12 +28,14 @@ use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
-use pipeline::changestream::spec::{ChangeStreamCommand, parse_command};
+use pipeline::changestream::spec::{ChangeStreamCommand, StartPoint, parse_command};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
 use tokio::sync::Notify;
 use wire::raw::CursorReply;
 use wire::{ErrorCode, MongoError, Result};
+
+mod shared;
 
 use crate::oplog::{self, WindowRead};
 use crate::state::ShardState;
@@ -61,26 +63,31 @@ struct Entry {
     last_used_ms: AtomicU64,
 }
 
-/// The shard's open change-stream cursors.
+/// The shard's open change-stream cursors, and the readers they share.
 #[derive(Default)]
 pub struct ChangeStreams {
     cursors: Mutex<HashMap<i64, Arc<Entry>>>,
+    readers: shared::Readers,
 }
 
-/// An event waiting for a reply, encoded once: the reply copies its bytes as they are.
+/// An event waiting for a reply, encoded once: the reply copies its bytes as they are. Shared
+/// readers hand the same event to every cursor that reads from them.
 struct Pending {
+    /// The `ts` of the oplog entry it was made from.
+    ts: ClusterTime,
     token: ResumeToken,
     bytes: Bytes,
     invalidate: bool,
 }
 
 impl Pending {
-    fn new(event: ChangeEvent) -> Result<Pending> {
+    fn new(ts: ClusterTime, event: ChangeEvent) -> Result<Pending> {
         let bytes = event
             .doc
             .to_vec()
             .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
         Ok(Pending {
+            ts,
             invalidate: event.operation_type() == "invalidate",
             token: event.token,
             bytes: Bytes::from(bytes),
@@ -88,12 +95,75 @@ impl Pending {
     }
 }
 
+/// A stream's stages and how far they have read: a cursor's own, or a shared reader's.
+#[derive(Clone)]
+struct Reading {
+    stream: ShardStream,
+    /// Every oplog entry with `ts <= position` has been run through the stages.
+    position: ClusterTime,
+}
+
+impl Reading {
+    /// Runs the stages over up to one read batch of entries after `position`, appending the
+    /// events to `out`. Returns whether it read every entry visible when it looked.
+    fn step(&mut self, state: &ShardState, out: &mut VecDeque<Arc<Pending>>) -> Result<bool> {
+        if self.stream.invalidated().is_some() {
+            return Ok(true);
+        }
+        let entries = match state.tail.read_after(self.position, READ_BATCH) {
+            WindowRead::Entries(e) => e,
+            WindowRead::Behind => {
+                // The entries after `position` must still be in the oplog.
+                check_history(self.position.next(), state.oplog_truncated_through().next())?;
+                let read = state.storage.begin_read().map_err(storage_error)?;
+                oplog::read_from_storage(&*read, self.position, READ_BATCH)
+                    .map_err(storage_error)?
+            }
+        };
+        let exhausted = entries.len() < READ_BATCH;
+        for (ts, bytes) in entries {
+            let corrupt = |e: bson::error::Error| {
+                MongoError::internal(format!("corrupt oplog entry at {ts}: {e}"))
+            };
+            let raw = RawDocument::from_bytes(&bytes).map_err(corrupt)?;
+            // The common case (CRUD) goes from the entry's bytes to the event's.
+            if let Some(events) = self.stream.process_encoded(raw)? {
+                out.extend(events.into_iter().map(|e| {
+                    Arc::new(Pending {
+                        ts,
+                        token: e.token,
+                        bytes: Bytes::from(e.bytes),
+                        invalidate: false,
+                    })
+                }));
+            } else {
+                let entry = Document::try_from(raw).map_err(corrupt)?;
+                let mut lookup =
+                    |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
+                for event in self.stream.process_entry(&entry, &mut lookup)? {
+                    out.push_back(Arc::new(Pending::new(ts, event)?));
+                }
+            }
+            self.position = ts;
+            if self.stream.invalidated().is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(exhausted)
+    }
+}
+
 /// One cursor's reading state. See the module invariants.
 pub struct StreamCursor {
-    stream: ShardStream,
+    /// Its own stages and position; while it reads from a shared reader, the position only.
+    reading: Reading,
+    /// The shared reader it reads from, once it has joined one.
+    shared: Option<Arc<shared::Reader>>,
+    /// How it may join one: the readers' key for its shard-side spec and a fresh copy of its
+    /// stages (they hold no state once its resume point is behind it).
+    share: Option<(Vec<u8>, ShardStream)>,
     ns: String,
-    position: ClusterTime,
-    pending: VecDeque<Pending>,
+    pending: VecDeque<Arc<Pending>>,
     pbrt: ResumeToken,
     /// The post-batch resume token of the last reply: a nudge is answered once, by the first
     /// reply whose promise reaches its floor.
@@ -103,52 +173,51 @@ pub struct StreamCursor {
 }
 
 impl StreamCursor {
-    /// Runs the stages over entries after `position` until `want` events are pending or every
-    /// visible entry is read. Returns whether it read everything visible.
-    fn advance(&mut self, state: &ShardState, want: usize) -> Result<bool> {
-        while self.pending.len() < want.max(1) && self.stream.invalidated().is_none() {
-            let entries = match state.tail.read_after(self.position, READ_BATCH) {
-                WindowRead::Entries(e) => e,
-                WindowRead::Behind => {
-                    // The entries after `position` must still be in the oplog.
-                    check_history(self.position.next(), state.oplog_truncated_through().next())?;
-                    let read = state.storage.begin_read().map_err(storage_error)?;
-                    oplog::read_from_storage(&*read, self.position, READ_BATCH)
-                        .map_err(storage_error)?
+    /// Runs the stages over entries after its position until `want` events are pending or every
+    /// visible entry is read, through a shared reader once it can join one. Returns whether it
+    /// read everything visible.
+    fn advance(
+        &mut self,
+        state: &ShardState,
+        readers: &shared::Readers,
+        want: usize,
+    ) -> Result<bool> {
+        self.try_to_share(readers);
+        if let Some(reader) = &self.shared {
+            match reader.read(state, self.reading.position, want)? {
+                Some(taken) => {
+                    self.pending.extend(taken.events);
+                    self.reading.position = taken.position;
+                    return Ok(taken.read_through);
                 }
-            };
-            let exhausted = entries.len() < READ_BATCH;
-            for (ts, bytes) in entries {
-                let corrupt = |e: bson::error::Error| {
-                    MongoError::internal(format!("corrupt oplog entry at {ts}: {e}"))
-                };
-                let raw = RawDocument::from_bytes(&bytes).map_err(corrupt)?;
-                // The common case (CRUD) goes from the entry's bytes to the event's.
-                if let Some(events) = self.stream.process_encoded(raw)? {
-                    self.pending.extend(events.into_iter().map(|e| Pending {
-                        token: e.token,
-                        bytes: Bytes::from(e.bytes),
-                        invalidate: false,
-                    }));
-                } else {
-                    let entry = Document::try_from(raw).map_err(corrupt)?;
-                    let mut lookup = |optime: pipeline::changestream::unwind::OpTime| {
-                        read_entry(state, optime.ts)
-                    };
-                    for event in self.stream.process_entry(&entry, &mut lookup)? {
-                        self.pending.push_back(Pending::new(event)?);
-                    }
-                }
-                self.position = ts;
-                if self.stream.invalidated().is_some() {
-                    break;
-                }
+                // It fell behind what the reader keeps: it goes on by itself, from where it
+                // is, and joins again once it has caught up.
+                None => self.shared = None,
             }
-            if exhausted {
+        }
+        while self.pending.len() < want.max(1) && self.reading.stream.invalidated().is_none() {
+            if self.reading.step(state, &mut self.pending)? {
                 return Ok(true);
             }
         }
-        Ok(self.pending.is_empty() && self.stream.invalidated().is_none())
+        Ok(self.pending.is_empty() && self.reading.stream.invalidated().is_none())
+    }
+
+    /// Joins the shared reader of its spec once its own stages hold nothing a fresh copy would
+    /// not: past its resume point, not invalidated.
+    fn try_to_share(&mut self, readers: &shared::Readers) {
+        if self.shared.is_some()
+            || !self.reading.stream.resume_point_passed()
+            || self.reading.stream.invalidated().is_some()
+        {
+            return;
+        }
+        if let Some((key, fresh)) = &self.share {
+            self.shared = readers.join(key, self.reading.position, || Reading {
+                stream: fresh.clone(),
+                position: self.reading.position,
+            });
+        }
     }
 
     /// Moves up to `n` pending events (and at most the reply budget) into a batch.
@@ -165,26 +234,26 @@ impl StreamCursor {
                 break;
             };
             bytes += size;
-            self.raise(e.token);
+            self.raise(&e.token);
             if e.invalidate {
                 self.closed = true;
             }
-            out.push(e.bytes);
+            out.push(e.bytes.clone());
         }
         out
     }
 
-    fn raise(&mut self, token: ResumeToken) {
-        if token > self.pbrt {
-            self.pbrt = token;
+    fn raise(&mut self, token: &ResumeToken) {
+        if *token > self.pbrt {
+            self.pbrt = token.clone();
         }
     }
 
     /// After reading everything visible at or below `hwm`: promise `hwm + 1`.
     fn promise(&mut self, hwm: ClusterTime) {
-        if self.pending.is_empty() && self.stream.invalidated().is_none() {
+        if self.pending.is_empty() && self.reading.stream.invalidated().is_none() && !self.closed {
             let t = ResumeTokenData::high_water_mark(hwm.next(), TokenVersion::default()).encode();
-            self.raise(t);
+            self.raise(&t);
         }
     }
 
@@ -233,10 +302,22 @@ impl ChangeStreams {
         // truncation point are gone: a start at or before it has lost history (286).
         let position = start.prev();
         check_history(start, state.oplog_truncated_through().next())?;
+        let mut fresh_spec = parsed.spec.clone();
+        fresh_spec.start = StartPoint::None;
+        let share = shared::key(db, cmd).map(|key| {
+            (
+                key,
+                ShardStream::new(fresh_spec, parsed.user_stages.clone()),
+            )
+        });
         let mut cursor = StreamCursor {
-            stream: ShardStream::new(parsed.spec, parsed.user_stages),
+            reading: Reading {
+                stream: ShardStream::new(parsed.spec, parsed.user_stages),
+                position,
+            },
+            shared: None,
+            share,
             ns,
-            position,
             pending: VecDeque::new(),
             reported: pbrt.clone(),
             pbrt,
@@ -244,7 +325,7 @@ impl ChangeStreams {
         };
         if n > 0 {
             let hwm = state.high_water_mark();
-            let read_through = cursor.advance(state, n)?;
+            let read_through = cursor.advance(state, &self.readers, n)?;
             let batch = cursor.take_batch(n);
             if read_through {
                 cursor.promise(hwm);
@@ -331,11 +412,11 @@ impl ChangeStreams {
         loop {
             visible.borrow_and_update();
             let hwm = state.high_water_mark();
-            read_through = cursor.advance(state, n)?.then_some(hwm);
+            read_through = cursor.advance(state, &self.readers, n)?.then_some(hwm);
             if let Some(h) = read_through {
                 cursor.promise(h);
             }
-            if !cursor.pending.is_empty() || cursor.stream.invalidated().is_some() {
+            if !cursor.pending.is_empty() || cursor.reading.stream.invalidated().is_some() {
                 break;
             }
             let floor = ClusterTime::from_u64(entry.nudge.floor.load(Ordering::Acquire));
@@ -395,6 +476,11 @@ impl ChangeStreams {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The shared readers alive now (cursors of one shard-side spec share one).
+    pub fn shared_readers(&self) -> usize {
+        self.readers.len()
     }
 }
 

@@ -260,6 +260,11 @@ impl Shard {
     pub(crate) fn change_streams(&self) -> &ChangeStreams {
         &self.change_streams
     }
+
+    /// The change-stream readers alive now: cursors with the same shard-side spec share one.
+    pub fn change_stream_readers(&self) -> usize {
+        self.change_streams.shared_readers()
+    }
 }
 
 /// `{clusterTime, signature: {hash: 20 zero bytes, keyId: 0}}`.

@@ -73,6 +73,12 @@ impl ShardStream {
         &self.spec
     }
 
+    /// Whether the stream has passed its resume point (or never had one): from here on it
+    /// holds no state a fresh stream of the same spec would not, so it may share a reader.
+    pub fn resume_point_passed(&self) -> bool {
+        self.resumability.passed()
+    }
+
     /// The events one oplog entry yields, before images and user stages. `lookup` finds earlier
     /// entries of a transaction chain by optime.
     pub fn events_for_entry(
