@@ -16,7 +16,8 @@
 //!   `base < ts <= position`, each once; `base` and `position` only grow;
 //! * a cursor at position `p` (`base <= p <= position`) is given exactly the events of entries
 //!   after `p`, so it sees what its own stages would have made;
-//! * a reader lives while a cursor holds it; the registry keeps only weak references.
+//! * a reader lives while a cursor holds it; the registry keeps only weak references. Its
+//!   log is bounded by [`LOG_BYTES`] whatever its cursors do.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -94,7 +95,7 @@ impl Reader {
     /// until there are `want` of them or every visible entry is read. `None` when `position`
     /// is behind what the log keeps.
     pub fn read(
-        self: &Arc<Self>,
+        &self,
         state: &ShardState,
         position: ClusterTime,
         want: usize,
@@ -114,10 +115,6 @@ impl Reader {
         }
         let events = log.events_after(position);
         let now = log.reading.position;
-        // The only cursor reading from it keeps nothing back.
-        if Arc::strong_count(self) == 1 {
-            log.trim_through(now);
-        }
         Ok(Some(Taken {
             events,
             position: now,
@@ -162,16 +159,6 @@ impl Log {
             self.bytes -= Log::cost(&old);
             self.base = self.base.max(old.ts);
         }
-    }
-
-    /// Drops the events of entries up to `ts`.
-    fn trim_through(&mut self, ts: ClusterTime) {
-        while self.events.front().is_some_and(|e| e.ts <= ts) {
-            if let Some(old) = self.events.pop_front() {
-                self.bytes -= Log::cost(&old);
-            }
-        }
-        self.base = self.base.max(ts);
     }
 
     fn first_after(&self, position: ClusterTime) -> usize {
@@ -279,9 +266,11 @@ mod tests {
         );
         assert_eq!(log.after(at(1)), 3);
         assert_eq!(log.after(at(2)), 0);
-        log.trim_through(at(1));
-        assert_eq!(log.events.len(), 3);
-        assert_eq!(log.base, at(1));
+        // Dropping one of them leaves the entry's other events to cursors past it only.
+        let one = Log::cost(&event(at(1), 10));
+        log.push(VecDeque::new(), 2 * one);
+        assert_eq!(log.events.len(), 2);
+        assert_eq!(log.base, at(2));
     }
 
     #[test]
