@@ -96,6 +96,10 @@ struct Cli {
     /// Write first, then open the watchers at the time the writes began and drain them.
     #[arg(long)]
     drain: bool,
+    /// With --drain: also time a stream that resumes after the first event written (a token
+    /// as far back as --docs), from the `watch` call to its first event.
+    #[arg(long, requires = "drain")]
+    resume: bool,
     /// Write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -248,16 +252,22 @@ async fn bench(
     shared.stop_writing.store(true, Ordering::Relaxed);
     shared.writers_done.store(true, Ordering::Release);
 
+    let resume_to_first_event = if cli.resume {
+        Some(workload::resume_to_first_event(client, &cli.db, COLL, &watch_spec, start_time).await?)
+    } else {
+        None
+    };
     // Drain mode: the watchers open now, at the time the writes began.
     let (watchers, drain_started) = if cli.drain {
         watch_spec.start_at = Some(start_time);
+        let drain_started = Instant::now();
         let mut streams = Vec::new();
         for _ in 0..cli.watchers {
             streams.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
         }
         (
             spawn_watchers(streams, &counts, &shared, counted),
-            Some(Instant::now()),
+            Some(drain_started),
         )
     } else {
         (watchers, None)
@@ -309,15 +319,15 @@ async fn bench(
         } else {
             Latency::from_histogram(&send_latency)
         },
-        time_to_first_event_ms: if cli.drain {
-            watched
+        time_to_first_event_ms: match drain_started {
+            Some(d) => watched
                 .iter()
-                .filter_map(|w| w.first_event)
+                .filter_map(|w| w.first_event_at)
                 .min()
-                .map(|d| d.as_secs_f64() * 1000.0)
-        } else {
-            None
+                .map(|at| at.duration_since(d).as_secs_f64() * 1000.0),
+            None => None,
         },
+        resume_to_first_event_ms: resume_to_first_event.map(|d| d.as_secs_f64() * 1000.0),
         write_errors: shared.write_errors.load(Ordering::Relaxed),
         watcher_errors: watched.iter().filter_map(|w| w.error.clone()).collect(),
         server: match (before, after) {

@@ -101,8 +101,11 @@ pub struct Summary {
     pub ack_to_event: Option<Latency>,
     /// Send → event at the driver (the write's durable commit included).
     pub send_to_event: Option<Latency>,
-    /// Drain mode: time from opening a watcher to its first event.
+    /// Drain mode: time from opening the watchers (before their `aggregate`) to the first event.
     pub time_to_first_event_ms: Option<f64>,
+    /// `--resume`: a stream resumed after the first event written, from the `watch` call to
+    /// its first event.
+    pub resume_to_first_event_ms: Option<f64>,
     pub write_errors: u64,
     pub watcher_errors: Vec<String>,
     pub server: Option<Server>,
@@ -138,6 +141,11 @@ impl Summary {
         }
         if let Some(t) = self.time_to_first_event_ms {
             out.push(format!("time to first event: {t:.2} ms"));
+        }
+        if let Some(t) = self.resume_to_first_event_ms {
+            out.push(format!(
+                "resume after the first write's token → first event: {t:.2} ms"
+            ));
         }
         if let Some(max) = self.ticks.iter().map(|t| t.lag).max() {
             let end = self.ticks.last().map(|t| t.lag).unwrap_or(0);

@@ -19,6 +19,7 @@ use bson::{Bson, Document, doc};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::ResumeToken;
 use mongodb::options::FullDocumentType;
 use mongodb::{Client, Collection};
 
@@ -255,6 +256,67 @@ pub async fn open(
     })
 }
 
+/// Resumes a stream after the first event at or after `start` (its token read by a stream
+/// opened there first) and times it from the `watch` call to its first event.
+pub async fn resume_to_first_event(
+    client: &Client,
+    db: &str,
+    coll: &str,
+    spec: &WatchSpec,
+    start: bson::Timestamp,
+) -> Result<Duration> {
+    let mut at_start = WatchSpec {
+        level: spec.level,
+        pipeline: spec.pipeline.clone(),
+        full_document: spec.full_document.clone(),
+        start_at: Some(start),
+    };
+    let mut first = open(client, db, coll, &at_start).await?;
+    let token = match first.next().await {
+        Some(event) => event?
+            .get_document("_id")
+            .map_err(|e| anyhow::anyhow!("an event without a resume token: {e}"))?
+            .clone(),
+        None => anyhow::bail!("no event to resume after"),
+    };
+    drop(first);
+    at_start.start_at = None;
+    let token: ResumeToken = bson::deserialize_from_document(token)?;
+    let opened = Instant::now();
+    let database = client.database(db);
+    let collection = database.collection::<Document>(coll);
+    let mut resumed = match spec.level {
+        Level::Collection => {
+            collection
+                .watch()
+                .pipeline(at_start.pipeline)
+                .resume_after(token)
+                .await?
+        }
+        Level::Database => {
+            database
+                .watch()
+                .pipeline(at_start.pipeline)
+                .resume_after(token)
+                .await?
+        }
+        Level::Cluster => {
+            client
+                .watch()
+                .pipeline(at_start.pipeline)
+                .resume_after(token)
+                .await?
+        }
+    };
+    match resumed.next().await {
+        Some(event) => {
+            event?;
+            Ok(opened.elapsed())
+        }
+        None => anyhow::bail!("the resumed stream ended"),
+    }
+}
+
 /// What one watcher measured.
 pub struct Watched {
     pub events: u64,
@@ -264,6 +326,8 @@ pub struct Watched {
     pub send_latency: Histogram<u64>,
     /// From the call to [`watch`] to the first event.
     pub first_event: Option<Duration>,
+    /// When the first event arrived.
+    pub first_event_at: Option<Instant>,
     /// From the call to [`watch`] to the last event.
     pub last_event: Option<Duration>,
     pub error: Option<String>,
@@ -284,6 +348,7 @@ pub async fn watch(
         latency: Histogram::new(3).expect("3 significant figures is a valid histogram"),
         send_latency: Histogram::new(3).expect("3 significant figures is a valid histogram"),
         first_event: None,
+        first_event_at: None,
         last_event: None,
         error: None,
     };
@@ -312,6 +377,7 @@ pub async fn watch(
         out.events += 1;
         count.store(out.events, Ordering::Relaxed);
         out.first_event.get_or_insert_with(|| opened.elapsed());
+        out.first_event_at.get_or_insert_with(Instant::now);
         out.last_event = Some(opened.elapsed());
         if let Some(seq) = seq_of(&ev) {
             let _ = out.latency.record(shared.since_ack(seq));
