@@ -161,7 +161,9 @@ impl ShardStream {
         }
         // The oplog match of a top-level CRUD entry: its namespace (migrations, and view
         // definitions on `system.views`, take the general path).
-        let fields = EntryFields::read(entry)?;
+        let Some(fields) = EntryFields::read(entry) else {
+            return Ok(None);
+        };
         if !matches!(fields.op, "i" | "u" | "d") || fields.from_migrate {
             return Ok(None);
         }

@@ -46,25 +46,106 @@ pub struct EntryFields<'a> {
 }
 
 impl<'a> EntryFields<'a> {
-    pub fn read(entry: &'a RawDocument) -> Result<EntryFields<'a>> {
+    /// Reads the top level of an entry with a scan that skips the values it does not need
+    /// (the general raw iterator checks every value of every field). `None` when a field it
+    /// reads has an unexpected type or the entry is malformed: the general path reports it.
+    pub fn read(entry: &'a RawDocument) -> Option<EntryFields<'a>> {
         let mut f = EntryFields::default();
-        for element in entry {
-            let (key, value) = element.map_err(corrupt)?;
-            match (key.as_str(), value) {
-                ("op", RawBsonRef::String(s)) => f.op = s,
-                ("ns", RawBsonRef::String(s)) => f.ns = s,
-                ("o", RawBsonRef::Document(d)) => f.o = Some(d),
-                ("o2", RawBsonRef::Document(d)) => f.o2 = Some(d),
-                ("ts", RawBsonRef::Timestamp(t)) => f.ts = Some(t),
-                ("ui", v) => f.ui = Some(v),
-                ("wall", v) => f.wall = Some(v),
-                ("commitTimestamp", v) => f.commit_timestamp = Some(v),
-                ("fromMigrate", _) => f.from_migrate = true,
-                ("txnOpIndex", _) => f.txn_op_index = true,
+        let bytes = entry.as_bytes();
+        // The length prefix, then elements up to the terminating NUL.
+        let mut at = 4;
+        let end = bytes.len().checked_sub(1)?;
+        while at < end {
+            let kind = bytes[at];
+            let key_start = at + 1;
+            let key_len = bytes.get(key_start..)?.iter().position(|&b| b == 0)?;
+            let key = &bytes[key_start..key_start + key_len];
+            let value_start = key_start + key_len + 1;
+            let value_len = value_len(kind, bytes.get(value_start..end)?)?;
+            let value = bytes.get(value_start..value_start + value_len)?;
+            at = value_start + value_len;
+            match key {
+                b"op" => f.op = string(kind, value)?,
+                b"ns" => f.ns = string(kind, value)?,
+                b"o" => f.o = Some(document(kind, value)?),
+                b"o2" => f.o2 = Some(document(kind, value)?),
+                b"ts" if kind == 0x11 => {
+                    let increment = u32::from_le_bytes(value.get(0..4)?.try_into().ok()?);
+                    let time = u32::from_le_bytes(value.get(4..8)?.try_into().ok()?);
+                    f.ts = Some(bson::Timestamp { time, increment });
+                }
+                b"ui" => f.ui = Some(scalar(kind, value)?),
+                b"wall" => f.wall = Some(scalar(kind, value)?),
+                b"commitTimestamp" => f.commit_timestamp = Some(scalar(kind, value)?),
+                b"fromMigrate" => f.from_migrate = true,
+                b"txnOpIndex" => f.txn_op_index = true,
                 _ => {}
             }
         }
-        Ok(f)
+        (at == end).then_some(f)
+    }
+}
+
+/// The length of a value of BSON type `kind` at the start of `rest`.
+fn value_len(kind: u8, rest: &[u8]) -> Option<usize> {
+    let prefix = || -> Option<usize> {
+        usize::try_from(i32::from_le_bytes(rest.get(0..4)?.try_into().ok()?)).ok()
+    };
+    let cstring = |from: usize| -> Option<usize> {
+        Some(rest.get(from..)?.iter().position(|&b| b == 0)? + 1)
+    };
+    match kind {
+        0x06 | 0x0A | 0x7F | 0xFF => Some(0),
+        0x08 => Some(1),
+        0x10 => Some(4),
+        0x01 | 0x09 | 0x11 | 0x12 => Some(8),
+        0x07 => Some(12),
+        0x13 => Some(16),
+        0x02 | 0x0D | 0x0E => Some(4 + prefix()?),
+        0x03 | 0x04 | 0x0F => prefix(),
+        0x05 => Some(5 + prefix()?),
+        0x0C => Some(4 + prefix()? + 12),
+        0x0B => {
+            let pattern = cstring(0)?;
+            Some(pattern + cstring(pattern)?)
+        }
+        _ => None,
+    }
+}
+
+fn string(kind: u8, value: &[u8]) -> Option<&str> {
+    if kind != 0x02 {
+        return None;
+    }
+    std::str::from_utf8(value.get(4..value.len().checked_sub(1)?)?).ok()
+}
+
+fn document(kind: u8, value: &[u8]) -> Option<&RawDocument> {
+    if kind != 0x03 {
+        return None;
+    }
+    RawDocument::from_bytes(value).ok()
+}
+
+/// `ui`, `wall` and `commitTimestamp` as values to copy: BinData, a date or a timestamp.
+fn scalar(kind: u8, value: &[u8]) -> Option<RawBsonRef<'_>> {
+    let eight = || -> Option<[u8; 8]> { value.get(0..8)?.try_into().ok() };
+    match kind {
+        0x05 => Some(RawBsonRef::Binary(bson::RawBinaryRef {
+            subtype: BinarySubtype::from(*value.get(4)?),
+            bytes: value.get(5..)?,
+        })),
+        0x09 => Some(RawBsonRef::DateTime(bson::DateTime::from_millis(
+            i64::from_le_bytes(eight()?),
+        ))),
+        0x11 => {
+            let v = eight()?;
+            Some(RawBsonRef::Timestamp(bson::Timestamp {
+                increment: u32::from_le_bytes(v[0..4].try_into().ok()?),
+                time: u32::from_le_bytes(v[4..8].try_into().ok()?),
+            }))
+        }
+        _ => None,
     }
 }
 
@@ -366,6 +447,66 @@ mod tests {
                     expected.doc.to_vec().expect("encodes"),
                     "byte for byte: {e:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_top_level_scan_skips_every_bson_type() {
+        let filler = doc! {
+            "d": 1.5, "s": "str", "doc": {"a": 1}, "arr": [1, "x"],
+            "bin": Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2, 3] },
+            "undef": Bson::Undefined, "oid": bson::oid::ObjectId::new(), "b": true,
+            "dt": DateTime::from_millis(9), "null": Bson::Null,
+            "re": Bson::RegularExpression(bson::Regex { pattern: bson::raw::CString::try_from("a.c").expect("no NUL"), options: bson::raw::CString::try_from("i").expect("no NUL") }),
+            "code": Bson::JavaScriptCode("f()".into()),
+            "sym": Bson::Symbol("sym".into()),
+            "cws": Bson::JavaScriptCodeWithScope(bson::JavaScriptCodeWithScope { code: "g()".into(), scope: doc! {"x": 1} }),
+            "i": 7, "ts0": Timestamp { time: 1, increment: 2 }, "l": 8_i64,
+            "dec": Bson::Decimal128(bson::Decimal128::from_bytes([3; 16])),
+            "min": Bson::MinKey, "max": Bson::MaxKey,
+        };
+        let mut e = filler.clone();
+        e.extend(entry("i", doc! {"_id": 1}, Some(doc! {"_id": 1})));
+        e.insert(
+            "commitTimestamp",
+            Timestamp {
+                time: 4,
+                increment: 5,
+            },
+        );
+        let raw = RawDocumentBuf::try_from(&e).expect("encodes");
+        let f = EntryFields::read(&raw).expect("reads");
+        assert_eq!((f.op, f.ns), ("i", "db.c"));
+        assert_eq!(
+            f.ts,
+            Some(Timestamp {
+                time: 10,
+                increment: 2
+            })
+        );
+        assert_eq!(
+            f.o.map(|o| o.as_bytes().to_vec()),
+            Some(doc! {"_id": 1}.to_vec().expect("encodes"))
+        );
+        assert!(matches!(f.ui, Some(RawBsonRef::Binary(b)) if b.bytes == [7; 16]));
+        assert!(matches!(f.wall, Some(RawBsonRef::DateTime(d)) if d.timestamp_millis() == 5));
+        assert!(matches!(f.commit_timestamp, Some(RawBsonRef::Timestamp(t)) if t.time == 4));
+        assert!(!f.from_migrate && !f.txn_op_index);
+    }
+
+    #[test]
+    fn a_damaged_entry_never_panics_the_scan() {
+        let raw = RawDocumentBuf::try_from(&entry("i", doc! {"_id": 1, "a": "b"}, None))
+            .expect("encodes");
+        let bytes = raw.as_bytes().to_vec();
+        for at in 4..bytes.len() - 1 {
+            for value in [0x00, 0x02, 0x03, 0x7F, 0xFF] {
+                let mut damaged = bytes.clone();
+                damaged[at] = value;
+                if let Ok(doc) = RawDocument::from_bytes(&damaged) {
+                    let _ = EntryFields::read(doc);
+                }
             }
         }
     }
