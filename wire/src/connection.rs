@@ -4,7 +4,9 @@
 //! Invariants: reads go through [`MessageCodec`], so a frame is handed out only once it is
 //! complete and its length was checked before the buffer grew for it; a recoverable frame error
 //! has already been skipped when it is returned, so the next read starts at the next frame. Each
-//! write is one `write_all` of one encoded frame.
+//! write is one `write_all` of one encoded frame. A buffer that grew past [`RETAINED_BUFFER`]
+//! for one large message is let go once it is empty, so an idle connection holds kilobytes, not
+//! the size of the largest batch it ever carried.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,6 +17,15 @@ use crate::codec::{CodecError, MessageCodec};
 use crate::message::Message;
 
 const INITIAL_BUFFER: usize = 8 * 1024;
+/// The most an empty buffer keeps between messages.
+const RETAINED_BUFFER: usize = 64 * 1024;
+
+/// Lets go of a buffer that grew for one large message, once it is empty.
+fn shrink(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > RETAINED_BUFFER {
+        *buf = BytesMut::with_capacity(INITIAL_BUFFER);
+    }
+}
 
 #[derive(Debug)]
 pub struct Connection {
@@ -38,6 +49,7 @@ impl Connection {
     pub async fn read_message(&mut self) -> Result<Option<Message>, CodecError> {
         loop {
             if let Some(message) = self.codec.decode(&mut self.read_buf)? {
+                shrink(&mut self.read_buf);
                 return Ok(Some(message));
             }
             if self.stream.read_buf(&mut self.read_buf).await? == 0 {
@@ -56,8 +68,10 @@ impl Connection {
     pub async fn write_message(&mut self, message: &Message) -> Result<(), CodecError> {
         self.write_buf.clear();
         self.codec.encode(message, &mut self.write_buf)?;
-        self.stream.write_all(&self.write_buf).await?;
-        Ok(())
+        let written = self.stream.write_all(&self.write_buf).await;
+        self.write_buf.clear();
+        shrink(&mut self.write_buf);
+        Ok(written?)
     }
 
     /// Sends bytes as they are (tests use this to send hand-built or malformed frames).
@@ -84,5 +98,31 @@ impl Connection {
     /// Flushes and shuts down the write half.
     pub async fn shutdown(&mut self) -> std::io::Result<()> {
         self.stream.shutdown().await
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_grown_for_one_large_message_is_let_go_once_empty() {
+        let mut grown = BytesMut::with_capacity(4 * 1024 * 1024);
+        grown.extend_from_slice(b"pending");
+        shrink(&mut grown);
+        assert!(
+            grown.capacity() >= 4 * 1024 * 1024,
+            "kept while it holds bytes"
+        );
+        grown.clear();
+        shrink(&mut grown);
+        assert!(grown.capacity() <= RETAINED_BUFFER);
+        let mut small = BytesMut::with_capacity(RETAINED_BUFFER);
+        shrink(&mut small);
+        assert_eq!(
+            small.capacity(),
+            RETAINED_BUFFER,
+            "small buffers are kept as they are"
+        );
     }
 }
