@@ -15,13 +15,15 @@
 //! * `disambiguatedPaths` is present (possibly `{}`) exactly when asked for (showExpandedEvents);
 //! * malformed diffs are errors, never panics.
 
-use bson::{Bson, Document, doc};
+use bson::raw::{CString, cstr};
+use bson::{Bson, Document, RawBson, RawBsonRef, RawDocument, RawDocumentBuf, doc};
 use wire::{MongoError, Result};
 
-/// The parts of an `updateDescription`.
+/// The parts of an `updateDescription`; `updated_fields` is a document, or the encoded fields
+/// when the diff was read from an entry's bytes ([`parse_raw_diff`]).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct UpdateDescription {
-    pub updated_fields: Document,
+pub struct UpdateDescription<F = Document> {
+    pub updated_fields: F,
     pub removed_fields: Vec<Bson>,
     pub truncated_arrays: Vec<Bson>,
     pub disambiguated_paths: Document,
@@ -42,9 +44,44 @@ impl UpdateDescription {
     }
 }
 
+impl UpdateDescription<RawDocumentBuf> {
+    /// [`UpdateDescription::into_document`], encoded, with the updated values as the entry
+    /// held them.
+    pub fn into_raw(self, with_disambiguated_paths: bool) -> Result<RawDocumentBuf> {
+        let mut d = RawDocumentBuf::new();
+        d.append(cstr!("updatedFields"), self.updated_fields);
+        d.append(
+            cstr!("removedFields"),
+            raw(Bson::Array(self.removed_fields))?,
+        );
+        d.append(
+            cstr!("truncatedArrays"),
+            raw(Bson::Array(self.truncated_arrays))?,
+        );
+        if with_disambiguated_paths {
+            d.append(
+                cstr!("disambiguatedPaths"),
+                raw(Bson::Document(self.disambiguated_paths))?,
+            );
+        }
+        Ok(d)
+    }
+}
+
+fn raw(v: Bson) -> Result<RawBson> {
+    RawBson::try_from(v).map_err(|e| MongoError::internal(format!("encoding a diff: {e}")))
+}
+
 /// Parses the `diff` of an `{$v: 2, diff}` update entry.
 pub fn parse_diff(diff: &Document) -> Result<UpdateDescription> {
-    let mut b = Builder::default();
+    let mut b = Builder::<Document>::default();
+    b.document(diff, 0)?;
+    Ok(b.out)
+}
+
+/// [`parse_diff`] from the entry's bytes: the updated values are copied, not decoded.
+pub fn parse_raw_diff(diff: &RawDocument) -> Result<UpdateDescription<RawDocumentBuf>> {
+    let mut b = Builder::<RawDocumentBuf>::default();
     b.document(diff, 0)?;
     Ok(b.out)
 }
@@ -52,14 +89,88 @@ pub fn parse_diff(diff: &Document) -> Result<UpdateDescription> {
 /// Deepest diff nesting accepted (BSON's own depth limit).
 const MAX_DEPTH: usize = 200;
 
-#[derive(Default)]
-struct Builder {
-    /// The current path: (component, is an array index, path ambiguous as of here).
-    path: Vec<(String, bool, bool)>,
-    out: UpdateDescription,
+/// A diff as the walker reads it: a decoded document, or bytes.
+trait Diff<'a>: Copy {
+    type Value: Copy;
+    /// The diff's fields, in order.
+    fn fields(self) -> Result<Vec<(&'a str, Self::Value)>>;
+    fn as_diff(v: Self::Value) -> Option<Self>;
+    fn is_true(v: Self::Value) -> bool;
+    /// A non-negative int32 or int64 that fits in an int32.
+    fn as_size(v: Self::Value) -> Option<i32>;
 }
 
-impl Builder {
+impl<'a> Diff<'a> for &'a Document {
+    type Value = &'a Bson;
+    fn fields(self) -> Result<Vec<(&'a str, &'a Bson)>> {
+        Ok(self.iter().map(|(k, v)| (k.as_str(), v)).collect())
+    }
+    fn as_diff(v: &'a Bson) -> Option<Self> {
+        v.as_document()
+    }
+    fn is_true(v: &'a Bson) -> bool {
+        matches!(v, Bson::Boolean(true))
+    }
+    fn as_size(v: &'a Bson) -> Option<i32> {
+        match v {
+            Bson::Int32(n) if *n >= 0 => Some(*n),
+            Bson::Int64(n) if *n >= 0 && *n <= i64::from(i32::MAX) => Some(*n as i32),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Diff<'a> for &'a RawDocument {
+    type Value = RawBsonRef<'a>;
+    fn fields(self) -> Result<Vec<(&'a str, RawBsonRef<'a>)>> {
+        self.iter()
+            .map(|e| e.map(|(k, v)| (k.as_str(), v)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| malformed(&e.to_string()))
+    }
+    fn as_diff(v: RawBsonRef<'a>) -> Option<Self> {
+        v.as_document()
+    }
+    fn is_true(v: RawBsonRef<'a>) -> bool {
+        matches!(v, RawBsonRef::Boolean(true))
+    }
+    fn as_size(v: RawBsonRef<'a>) -> Option<i32> {
+        match v {
+            RawBsonRef::Int32(n) if n >= 0 => Some(n),
+            RawBsonRef::Int64(n) if n >= 0 && n <= i64::from(i32::MAX) => Some(n as i32),
+            _ => None,
+        }
+    }
+}
+
+/// Where updated fields go: a document of decoded values, or encoded ones.
+trait Updated<V> {
+    fn put(&mut self, path: String, v: V) -> Result<()>;
+}
+
+impl Updated<&Bson> for Document {
+    fn put(&mut self, path: String, v: &Bson) -> Result<()> {
+        self.insert(path, v.clone());
+        Ok(())
+    }
+}
+
+impl<'a> Updated<RawBsonRef<'a>> for RawDocumentBuf {
+    fn put(&mut self, path: String, v: RawBsonRef<'a>) -> Result<()> {
+        let key = CString::try_from(path).map_err(|e| malformed(&e.to_string()))?;
+        self.append(key, v);
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Builder<F> {
+    /// The current path: (component, is an array index, path ambiguous as of here).
+    path: Vec<(String, bool, bool)>,
+    out: UpdateDescription<F>,
+}
+
+impl<F> Builder<F> {
     fn push(&mut self, field: &str, is_index: bool) {
         let already = self.path.last().is_some_and(|p| p.2);
         let ambiguous = already
@@ -100,12 +211,16 @@ impl Builder {
             .insert(dotted.to_string(), parts);
     }
 
-    fn updated(&mut self, field: &str, is_index: bool, v: &Bson) {
+    fn updated<V>(&mut self, field: &str, is_index: bool, v: V) -> Result<()>
+    where
+        F: Updated<V>,
+    {
         self.push(field, is_index);
         let dotted = self.dotted();
-        self.out.updated_fields.insert(dotted.clone(), v.clone());
+        self.out.updated_fields.put(dotted.clone(), v)?;
         self.note_ambiguity(&dotted);
         self.pop();
+        Ok(())
     }
 
     fn removed(&mut self, field: &str) {
@@ -116,48 +231,66 @@ impl Builder {
         self.pop();
     }
 
-    fn document(&mut self, diff: &Document, depth: usize) -> Result<()> {
+    fn document<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    where
+        F: Updated<D::Value>,
+    {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        for section in ["u", "i", "b"] {
-            if let Some(v) = diff.get(section) {
-                let Bson::Document(fields) = v else {
-                    return Err(malformed(&format!("section '{section}' is not an object")));
+        let fields = diff.fields()?;
+        let section = |name: &str| fields.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+        for name in ["u", "i", "b"] {
+            if let Some(v) = section(name) {
+                let Some(updated) = D::as_diff(v) else {
+                    return Err(malformed(&format!("section '{name}' is not an object")));
                 };
-                for (f, v) in fields {
-                    self.updated(f, false, v);
+                for (f, v) in updated.fields()? {
+                    self.updated(f, false, v)?;
                 }
             }
         }
-        if let Some(v) = diff.get("d") {
-            let Bson::Document(fields) = v else {
+        if let Some(v) = section("d") {
+            let Some(removed) = D::as_diff(v) else {
                 return Err(malformed("section 'd' is not an object"));
             };
-            for (f, _) in fields {
+            for (f, _) in removed.fields()? {
                 self.removed(f);
             }
         }
-        for (k, v) in diff {
-            match k.as_str() {
+        for &(k, v) in &fields {
+            match k {
                 "u" | "i" | "b" | "d" => {}
                 _ => {
                     let Some(field) = k.strip_prefix('s') else {
                         return Err(malformed(&format!("unknown key '{k}'")));
                     };
-                    self.sub_diff(field, false, v, depth)?;
+                    self.sub_diff::<D>(field, false, v, depth)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn sub_diff(&mut self, field: &str, is_index: bool, v: &Bson, depth: usize) -> Result<()> {
-        let Bson::Document(sub) = v else {
+    fn sub_diff<'a, D: Diff<'a>>(
+        &mut self,
+        field: &str,
+        is_index: bool,
+        v: D::Value,
+        depth: usize,
+    ) -> Result<()>
+    where
+        F: Updated<D::Value>,
+    {
+        let Some(sub) = D::as_diff(v) else {
             return Err(malformed(&format!("sub-diff '{field}' is not an object")));
         };
         self.push(field, is_index);
-        let r = if matches!(sub.get("a"), Some(Bson::Boolean(true))) {
+        let is_array = sub
+            .fields()?
+            .iter()
+            .any(|(k, v)| *k == "a" && D::is_true(*v));
+        let r = if is_array {
             self.array(sub, depth + 1)
         } else {
             self.document(sub, depth + 1)
@@ -166,15 +299,17 @@ impl Builder {
         r
     }
 
-    fn array(&mut self, diff: &Document, depth: usize) -> Result<()> {
+    fn array<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    where
+        F: Updated<D::Value>,
+    {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        if let Some(l) = diff.get("l") {
-            let size = match l {
-                Bson::Int32(n) if *n >= 0 => *n,
-                Bson::Int64(n) if *n >= 0 && *n <= i64::from(i32::MAX) => *n as i32,
-                _ => return Err(malformed("array 'l' is not a non-negative int")),
+        let fields = diff.fields()?;
+        if let Some(&(_, l)) = fields.iter().find(|(k, _)| *k == "l") {
+            let Some(size) = D::as_size(l) else {
+                return Err(malformed("array 'l' is not a non-negative int"));
             };
             let field = self.dotted();
             self.out.truncated_arrays.push(Bson::Document(
@@ -182,7 +317,7 @@ impl Builder {
             ));
             self.note_ambiguity(&field);
         }
-        for (k, v) in diff {
+        for &(k, v) in &fields {
             if k == "a" || k == "l" {
                 continue;
             }
@@ -191,8 +326,8 @@ impl Builder {
                 return Err(malformed(&format!("bad array diff key '{k}'")));
             }
             match kind {
-                "u" => self.updated(index, true, v),
-                "s" => self.sub_diff(index, true, v, depth)?,
+                "u" => self.updated(index, true, v)?,
+                "s" => self.sub_diff::<D>(index, true, v, depth)?,
                 _ => return Err(malformed(&format!("bad array diff key '{k}'"))),
             }
         }

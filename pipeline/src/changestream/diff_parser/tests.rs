@@ -2,8 +2,21 @@ use bson::{Document, doc};
 
 use super::*;
 
+/// Parses `diff` both ways, decoded and from its bytes, and checks they agree byte for byte.
 fn parse(diff: Document, expanded: bool) -> Document {
-    parse_diff(&diff).unwrap().into_document(expanded)
+    let decoded = parse_diff(&diff).unwrap().into_document(expanded);
+    let bytes = RawDocumentBuf::try_from(&diff).unwrap();
+    let raw = parse_raw_diff(&bytes).unwrap().into_raw(expanded).unwrap();
+    assert_eq!(
+        raw.as_bytes(),
+        decoded.to_vec().unwrap().as_slice(),
+        "{diff}"
+    );
+    decoded
+}
+
+fn raw_diff_fails(diff: &Document) -> bool {
+    parse_raw_diff(&RawDocumentBuf::try_from(diff).unwrap()).is_err()
 }
 
 #[test]
@@ -124,6 +137,7 @@ fn malformed_diffs_are_errors() {
         doc! {"sa": {"a": true, "l": "2"}},
     ] {
         assert!(parse_diff(&diff).is_err(), "{diff}");
+        assert!(raw_diff_fails(&diff), "{diff} from its bytes");
     }
 }
 
@@ -134,4 +148,5 @@ fn deep_diffs_do_not_overflow() {
         d = doc! {"sa": d};
     }
     assert!(parse_diff(&d).is_err());
+    assert!(raw_diff_fails(&d));
 }

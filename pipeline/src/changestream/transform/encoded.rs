@@ -1,8 +1,8 @@
 //! The common case of the transform, straight from an oplog entry's bytes: a top-level insert,
 //! update, replace or delete becomes its event's bytes, with the entry's values (the document,
 //! `wall`, `ui`) copied as they are instead of being decoded into a document and encoded
-//! again. Only the small parts the token and `updateDescription` are made of (the document
-//! key, a `$v:2` diff) are decoded.
+//! again. Only the document key (for the token) is decoded; a `$v:2` diff is walked on its
+//! bytes, its updated values copied.
 //!
 //! Invariant: where [`Transformer::transform_encoded`] answers, its bytes equal
 //! [`Transformer::transform`]'s event encoded, and its token is the same (tested against it
@@ -18,7 +18,7 @@ use resume::token::{ResumeToken, ResumeTokenData};
 use wire::{MongoError, Result};
 
 use super::Transformer;
-use crate::changestream::diff_parser::parse_diff;
+use crate::changestream::diff_parser::parse_raw_diff;
 
 /// An event made from an entry's bytes.
 #[derive(Debug, Clone)]
@@ -161,7 +161,7 @@ struct Crud<'a> {
 }
 
 enum Description<'a> {
-    Parsed(Document),
+    Parsed(RawDocumentBuf),
     Raw(&'a RawDocument),
 }
 
@@ -223,7 +223,7 @@ impl Transformer {
             Some(("rawUpdateDescription", Description::Raw(o))) => {
                 d.append(cstr!("rawUpdateDescription"), o)
             }
-            Some((_, Description::Parsed(u))) => d.append(cstr!("updateDescription"), encode(&u)?),
+            Some((_, Description::Parsed(u))) => d.append(cstr!("updateDescription"), u),
             _ => {}
         }
         if self.show_commit_timestamp
@@ -269,10 +269,10 @@ impl Transformer {
                     let description = if self.show_raw_update_description {
                         ("rawUpdateDescription", Description::Raw(o))
                     } else {
-                        let parsed = parse_diff(&decode(diff)?)?;
+                        let parsed = parse_raw_diff(diff)?;
                         (
                             "updateDescription",
-                            Description::Parsed(parsed.into_document(self.show_expanded_events)),
+                            Description::Parsed(parsed.into_raw(self.show_expanded_events)?),
                         )
                     };
                     Crud {
