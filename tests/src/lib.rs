@@ -134,6 +134,19 @@ impl EmbeddedCluster {
     }
 }
 
+/// `shardCollection` through a router: `ns` sharded on `key` (e.g. `{_id: "hashed"}`).
+pub async fn shard_collection(
+    client: &Client,
+    ns: &str,
+    key: mongodb::bson::Document,
+) -> Result<()> {
+    client
+        .database("admin")
+        .run_command(mongodb::bson::doc! {"shardCollection": ns, "key": key})
+        .await?;
+    Ok(())
+}
+
 /// The `tributary` binary: `$TRIBUTARY_BIN`, or the one cargo builds beside the test
 /// executable (`target/<profile>/tributary`), brought up to date once per test process.
 pub fn tributary_binary() -> Result<PathBuf> {

@@ -94,10 +94,7 @@ pub async fn kill_shards(
 pub async fn setup(client: &Client) -> Result<()> {
     let db = client.database(DB);
     db.create_collection("plain").await?;
-    client
-        .database("admin")
-        .run_command(doc! {"shardCollection": format!("{DB}.hashed"), "key": {"_id": "hashed"}})
-        .await?;
+    crate::shard_collection(client, &format!("{DB}.hashed"), doc! {"_id": "hashed"}).await?;
     Ok(())
 }
 

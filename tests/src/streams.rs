@@ -300,10 +300,7 @@ pub async fn database_and_cluster_streams(client: &Client, db: &str) -> Result<(
 /// Writes to a hashed collection land on every shard; the merged stream has them all, once,
 /// in token order (and so in cluster-time order).
 pub async fn merged_in_cluster_time_order(client: &Client, db: &str) -> Result<Vec<Document>> {
-    let admin = client.database("admin");
-    admin
-        .run_command(doc! {"shardCollection": format!("{db}.h"), "key": {"_id": "hashed"}})
-        .await?;
+    crate::shard_collection(client, &format!("{db}.h"), doc! {"_id": "hashed"}).await?;
     let coll: Collection<Document> = client.database(db).collection("h");
     let mut stream = coll.watch().await?.with_type::<Document>();
     let n = 60;

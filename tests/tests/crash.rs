@@ -11,10 +11,7 @@ use tests::ProcessCluster;
 async fn acknowledged_writes_survive_kill_9_of_a_shard() -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::start(3).await?;
     let client = cluster.client().await?;
-    client
-        .database("admin")
-        .run_command(doc! {"shardCollection": "durable.c", "key": {"_id": "hashed"}})
-        .await?;
+    tests::shard_collection(&client, "durable.c", doc! {"_id": "hashed"}).await?;
     let coll = client.database("durable").collection::<Document>("c");
     let acked: Arc<Mutex<Vec<i64>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

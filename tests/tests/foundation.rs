@@ -42,10 +42,7 @@ async fn multi_process_cluster_serves_the_driver_scenarios() -> anyhow::Result<(
 async fn documents_are_routed_to_the_right_shard() -> anyhow::Result<()> {
     let cluster = ProcessCluster::start(3).await?;
     let client = cluster.client().await?;
-    let admin = client.database("admin");
-    admin
-        .run_command(doc! {"shardCollection": "routed.h", "key": {"_id": "hashed"}})
-        .await?;
+    tests::shard_collection(&client, "routed.h", doc! {"_id": "hashed"}).await?;
     let h = client.database("routed").collection::<Document>("h");
     h.insert_many((0..600).map(|i| doc! {"_id": i})).await?;
     let u = client.database("routed").collection::<Document>("u");
@@ -107,10 +104,7 @@ async fn data_survives_a_restart() -> anyhow::Result<()> {
     let mut cluster = EmbeddedCluster::start(3).await?;
     {
         let client = cluster.client().await?;
-        client
-            .database("admin")
-            .run_command(doc! {"shardCollection": "keep.h", "key": {"k": "hashed"}})
-            .await?;
+        tests::shard_collection(&client, "keep.h", doc! {"k": "hashed"}).await?;
         let h = client.database("keep").collection::<Document>("h");
         h.insert_many((0..100).map(|i| doc! {"_id": i, "k": i}))
             .await?;
@@ -147,9 +141,7 @@ async fn a_stale_router_reloads_its_routing() -> anyhow::Result<()> {
     via_a.delete_one(doc! {"_id": "seed"}).await?;
     // Router B learns that the collection is unsharded.
     assert_eq!(via_b.count_documents(doc! {}).await?, 0);
-    a.database("admin")
-        .run_command(doc! {"shardCollection": "stale.c", "key": {"_id": "hashed"}})
-        .await?;
+    tests::shard_collection(&a, "stale.c", doc! {"_id": "hashed"}).await?;
     via_b.insert_many((0..300).map(|i| doc! {"_id": i})).await?;
     // Router A routes each lookup by the hash; a document on the wrong shard would be missed.
     for i in 0..300 {
@@ -168,10 +160,7 @@ async fn a_stale_router_reloads_its_routing() -> anyhow::Result<()> {
 async fn an_unordered_hashed_insert_many_is_one_commit_per_shard() -> anyhow::Result<()> {
     let cluster = EmbeddedCluster::start(3).await?;
     let client = cluster.client().await?;
-    client
-        .database("admin")
-        .run_command(doc! {"shardCollection": "batched.h", "key": {"_id": "hashed"}})
-        .await?;
+    tests::shard_collection(&client, "batched.h", doc! {"_id": "hashed"}).await?;
     let h = client.database("batched").collection::<Document>("h");
     let shards = cluster.shards();
     let before: Vec<u64> = shards.iter().map(|s| s.state().commit_count()).collect();

@@ -175,10 +175,7 @@ async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
     let cluster = EmbeddedCluster::start_with_options(3, options).await?;
     let client = client_for(&cluster, 16).await?;
     let db = client.database("big");
-    client
-        .database("admin")
-        .run_command(doc! {"shardCollection": "big.c", "key": {"_id": "hashed"}})
-        .await?;
+    tests::shard_collection(&client, "big.c", doc! {"_id": "hashed"}).await?;
     let coll = db.collection::<Document>("c");
     let started = db
         .run_command(doc! {"ping": 1})
