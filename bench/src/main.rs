@@ -347,7 +347,7 @@ async fn bench(
 /// Watchers read until they have every acknowledged write once the writers are done (or, with
 /// a `$match`, until their stream has been idle for a second after that).
 fn spawn_watchers(
-    streams: Vec<mongodb::change_stream::ChangeStream<Document>>,
+    streams: Vec<mongodb::change_stream::ChangeStream<bson::RawDocumentBuf>>,
     counts: &[Arc<AtomicU64>],
     shared: &Arc<Shared>,
     counted: bool,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bson::{Bson, Document, doc};
+use bson::{Document, RawBsonRef, RawDocument, RawDocumentBuf, doc};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use mongodb::change_stream::ChangeStream;
@@ -231,7 +231,7 @@ pub async fn open(
     db: &str,
     coll: &str,
     spec: &WatchSpec,
-) -> Result<ChangeStream<Document>> {
+) -> Result<ChangeStream<RawDocumentBuf>> {
     macro_rules! build {
         ($w:expr) => {{
             let mut w = $w;
@@ -243,7 +243,7 @@ pub async fn open(
             }
             w.max_await_time(Duration::from_millis(500))
                 .await?
-                .with_type::<Document>()
+                .with_type::<RawDocumentBuf>()
         }};
     }
     let pipeline = spec.pipeline.clone();
@@ -276,12 +276,12 @@ pub async fn resume_to_first_event(
         Some(event) => event?
             .get_document("_id")
             .map_err(|e| anyhow::anyhow!("an event without a resume token: {e}"))?
-            .clone(),
+            .to_owned(),
         None => anyhow::bail!("no event to resume after"),
     };
     drop(first);
     at_start.start_at = None;
-    let token: ResumeToken = bson::deserialize_from_document(token)?;
+    let token: ResumeToken = bson::deserialize_from_slice(token.as_bytes())?;
     let opened = Instant::now();
     let database = client.database(db);
     let collection = database.collection::<Document>(coll);
@@ -336,7 +336,7 @@ pub struct Watched {
 /// Reads `stream` until `done` says so: it gets the count so far and whether the stream has
 /// been idle for a second.
 pub async fn watch(
-    mut stream: ChangeStream<Document>,
+    mut stream: ChangeStream<RawDocumentBuf>,
     coll: String,
     count: Arc<AtomicU64>,
     shared: Arc<Shared>,
@@ -391,11 +391,12 @@ pub async fn watch(
     }
 }
 
-/// The write's sequence number carried by an event.
-fn seq_of(ev: &Document) -> Option<u64> {
-    let from = |d: &Document| match d.get("seq") {
-        Some(Bson::Int64(s)) => Some(*s as u64),
-        Some(Bson::Int32(s)) => Some(*s as u64),
+/// The write's sequence number carried by an event (read in place: a watcher decodes only
+/// what it measures).
+fn seq_of(ev: &RawDocument) -> Option<u64> {
+    let from = |d: &RawDocument| match d.get("seq").ok().flatten() {
+        Some(RawBsonRef::Int64(s)) => Some(s as u64),
+        Some(RawBsonRef::Int32(s)) => Some(s as u64),
         _ => None,
     };
     ev.get_document("fullDocument")
@@ -413,14 +414,21 @@ fn seq_of(ev: &Document) -> Option<u64> {
 mod tests {
     use super::*;
 
+    fn raw(d: Document) -> RawDocumentBuf {
+        RawDocumentBuf::try_from(&d).expect("encodes")
+    }
+
     #[test]
     fn the_sequence_number_comes_from_the_document_or_the_update() {
-        assert_eq!(seq_of(&doc! {"fullDocument": {"seq": 7_i64}}), Some(7));
+        assert_eq!(seq_of(&raw(doc! {"fullDocument": {"seq": 7_i64}})), Some(7));
         assert_eq!(
-            seq_of(&doc! {"updateDescription": {"updatedFields": {"seq": 9_i64, "n": 2}}}),
+            seq_of(&raw(
+                doc! {"updateDescription": {"updatedFields": {"seq": 9_i64, "n": 2}}}
+            )),
             Some(9)
         );
-        assert_eq!(seq_of(&doc! {"operationType": "drop"}), None);
+        assert_eq!(seq_of(&raw(doc! {"operationType": "drop"})), None);
+        assert_eq!(seq_of(&raw(doc! {"fullDocument": {"seq": 3_i32}})), Some(3));
     }
 
     #[test]

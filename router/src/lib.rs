@@ -18,5 +18,6 @@ pub mod routing;
 pub mod server;
 pub mod shard_client;
 
+pub use changestream::REPLIES_PER_SECOND;
 pub use router::{Presentation, Router, RouterOptions, ShardPatience};
 pub use shard_client::{LocalShard, RemoteShard, ShardClient, TransportError};

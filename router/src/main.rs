@@ -45,6 +45,19 @@ struct EmbeddedArgs {
     /// `--setParameter enableTestCommands=1`.
     #[arg(long = "enableTestCommands")]
     enable_test_commands: bool,
+    #[command(flatten)]
+    streams: StreamArgs,
+}
+
+/// How the router delivers change streams (the embedded cluster and a router alike).
+#[derive(Args, Debug)]
+struct StreamArgs {
+    /// About how many batches with events a shared change-stream merge sends per second over
+    /// all its clients: with many caught-up watchers each one's replies are spaced
+    /// (watchers ÷ this) apart, at most 100 ms, so events go out in larger batches; a lone
+    /// watcher is never held back. 0 sends every event at once.
+    #[arg(long = "streamRepliesPerSecond", default_value_t = router::REPLIES_PER_SECOND)]
+    stream_replies_per_second: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -90,6 +103,8 @@ enum Command {
         /// empty batches meanwhile, before its getMore fails with a resumable error.
         #[arg(long = "shardOutageTimeoutSecs", default_value_t = 60)]
         shard_outage_timeout_secs: u64,
+        #[command(flatten)]
+        streams: StreamArgs,
     },
 }
 
@@ -118,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
                 presentation: presentation(e.repl_set_mode),
                 argv,
                 enable_test_commands: e.enable_test_commands,
+                stream_replies_per_second: e.streams.stream_replies_per_second,
                 ..RouterOptions::default()
             };
             launch::embedded_with(
@@ -142,6 +158,7 @@ async fn main() -> anyhow::Result<()> {
             enable_test_commands,
             shard_connect_timeout_ms,
             shard_outage_timeout_secs,
+            streams,
         }) => {
             let options = RouterOptions {
                 presentation: presentation(repl_set_mode),
@@ -151,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
                     connect: Duration::from_millis(shard_connect_timeout_ms),
                     stream_outage: Duration::from_secs(shard_outage_timeout_secs),
                 },
+                stream_replies_per_second: streams.stream_replies_per_second,
                 ..RouterOptions::default()
             };
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?

@@ -44,6 +44,11 @@ pub struct RouterOptions {
     /// Memory, in bytes, of released events a shared change-stream merge keeps for its slower
     /// clients; a client further behind goes on by itself (see `changestream::hub`).
     pub stream_buffer_bytes: usize,
+    /// About how many batches with events a shared merge sends per second over all its
+    /// clients: each client's replies are spaced `clients ÷ this` apart (at most 100 ms), so
+    /// many caught-up watchers get events in larger batches instead of one round trip per
+    /// event each; a lone client is never held back; 0 turns pacing off.
+    pub stream_replies_per_second: u32,
 }
 
 impl Default for RouterOptions {
@@ -55,6 +60,7 @@ impl Default for RouterOptions {
             enable_test_commands: false,
             patience: ShardPatience::default(),
             stream_buffer_bytes: 16 << 20,
+            stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
         }
     }
 }

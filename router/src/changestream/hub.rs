@@ -14,6 +14,14 @@
 //! and a client whose position falls off its front leaves the hub and continues on a stream of
 //! its own, resumed after the last event it was given (re-reading from the shards).
 //!
+//! Replies are paced: a client is sent at most one batch with events every `linger`, where
+//! `linger` grows with the hub's clients ([`linger`]), so a hub answers at most about
+//! `--streamRepliesPerSecond` getMores with events whatever its number of clients. Between two
+//! replies the events gather in the log and go out together: a thousand caught-up watchers
+//! cost a few large replies each, not one round trip per event each. A client that has not
+//! been sent anything for `linger` gets the next event at once, so a quiet stream (or a hub
+//! with few clients) sees no added latency.
+//!
 //! Invariants:
 //! * the log holds released events in token order, each once; `base` is the sequence number
 //!   of its first event and only grows;
@@ -38,6 +46,26 @@ use super::batch::RawEvent;
 use super::merged::{self, MergedStream};
 use super::{Batch, PostMerge};
 use crate::router::Router;
+
+/// The default of [`RouterOptions::stream_replies_per_second`](crate::RouterOptions): about
+/// how many batches with events a hub sends per second, over all its clients.
+pub const REPLIES_PER_SECOND: u32 = 10_000;
+
+/// The longest a client's reply waits for more events to join it.
+const MAX_LINGER: Duration = Duration::from_millis(100);
+
+/// The least time between two batches with events to one client of a hub with `clients`
+/// clients that sends about `budget` batches per second: none with one client or a budget of
+/// 0; with the default, 10 ms with 100 clients; at most [`MAX_LINGER`].
+fn linger(clients: usize, budget: u32) -> Duration {
+    let clients = u32::try_from(clients).unwrap_or(u32::MAX);
+    if clients <= 1 || budget == 0 {
+        return Duration::ZERO;
+    }
+    (Duration::from_secs(1) / budget)
+        .saturating_mul(clients)
+        .min(MAX_LINGER)
+}
 
 /// The hubs of a router, by shard-side spec.
 #[derive(Default)]
@@ -219,6 +247,8 @@ pub(crate) struct HubClient {
     position: Option<ResumeToken>,
     /// The last post-batch resume token reported.
     reported: Option<ResumeToken>,
+    /// When the client was last sent a batch with events (replies are paced: see [`linger`]).
+    last_sent: Option<tokio::time::Instant>,
     post: PostMerge,
     closed: bool,
     /// What the stream needs to go on by itself if it falls behind the log.
@@ -298,6 +328,7 @@ impl HubClient {
             start,
             position: None,
             reported: None,
+            last_sent: None,
             post: PostMerge::new(parsed),
             closed: false,
             db: db.to_string(),
@@ -369,8 +400,24 @@ impl HubClient {
                     End::Invalidated(_) => {}
                 }
             }
-            if !events.is_empty() || n == 0 || tokio::time::Instant::now() >= deadline || !caught_up
-            {
+            let now = tokio::time::Instant::now();
+            // A batch that is neither full nor past its client's pace waits for more events.
+            let wait_until = match self.last_sent {
+                Some(last) if !events.is_empty() && caught_up && events.len() < n => {
+                    let budget = router.options.stream_replies_per_second;
+                    let pace = last + linger(Arc::strong_count(&self.hub), budget);
+                    (pace > now).then(|| pace.min(deadline))
+                }
+                _ => None,
+            };
+            let send = match wait_until {
+                Some(_) => false,
+                None => !events.is_empty() || n == 0 || now >= deadline || !caught_up,
+            };
+            if send {
+                if !events.is_empty() {
+                    self.last_sent = Some(now);
+                }
                 let token = self.post_batch_resume_token(caught_up, released);
                 return Ok(Some(Batch {
                     events,
@@ -380,7 +427,12 @@ impl HubClient {
             }
             tokio::select! {
                 _ = changed.changed() => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(wait_until.unwrap_or(deadline)) => {
+                    if wait_until.is_some() {
+                        // Paced long enough: what has gathered goes out (after one more look).
+                        self.last_sent = None;
+                    }
+                }
             }
         }
     }
@@ -509,6 +561,34 @@ mod tests {
         assert_eq!(log.trimmed_through, at(5, 7));
         assert_eq!(log.join_at(at(5, 7)), None, "an event at (5,7) is gone");
         assert_eq!(log.join_at(at(5, 8)), Some(7));
+    }
+
+    #[test]
+    fn the_pace_bounds_a_hubs_replies_whatever_its_clients() {
+        let budget = 20_000;
+        assert_eq!(linger(0, budget), Duration::ZERO);
+        assert_eq!(
+            linger(1, budget),
+            Duration::ZERO,
+            "a lone client is never held back"
+        );
+        assert_eq!(
+            linger(100, 0),
+            Duration::ZERO,
+            "a budget of 0 paces nothing"
+        );
+        assert_eq!(linger(100, budget), Duration::from_millis(5));
+        assert_eq!(linger(1000, budget), Duration::from_millis(50));
+        assert_eq!(linger(1_000_000, budget), MAX_LINGER);
+        // Clients × replies each per second stays at the budget below the cap.
+        for clients in [2usize, 10, 100, 1000] {
+            let each = 1.0 / linger(clients, budget).as_secs_f64();
+            let total = each * clients as f64;
+            assert!(
+                (total - f64::from(budget)).abs() < 1.0,
+                "{clients}: {total}"
+            );
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ mod hub;
 mod merged;
 
 pub(crate) use hub::Hubs;
+pub use hub::REPLIES_PER_SECOND;
 
 use std::sync::Arc;
 use std::time::Duration;
