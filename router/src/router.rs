@@ -121,6 +121,8 @@ pub struct Router {
     pub(crate) metadata: MetadataCache,
     pub(crate) cursors: CursorTable,
     pub(crate) options: RouterOptions,
+    /// The sessions' multi-document transactions.
+    pub(crate) sessions: crate::txn::Sessions,
     pub(crate) started: Instant,
     pub(crate) open_connections: AtomicU64,
     pub(crate) failpoints: crate::failpoint::FailPoints,
@@ -150,6 +152,7 @@ impl Router {
             metadata: MetadataCache::default(),
             cursors: CursorTable::default(),
             options,
+            sessions: Default::default(),
             started: Instant::now(),
             open_connections: AtomicU64::new(0),
             failpoints: Default::default(),
@@ -270,7 +273,7 @@ impl Router {
         db: &str,
         cmd: Document,
     ) -> Result<Document> {
-        if cmd.contains_key("txnNumber") {
+        if crate::txn::is_retryable_write(&cmd) {
             self.shard_idempotent(shard, db, cmd).await
         } else {
             self.shard_command(shard, db, cmd).await
@@ -305,6 +308,19 @@ impl Router {
             let error = MongoError::internal(format!("no shard with index {shard}"));
             return Err(TransportError::Unreachable { error, cmd });
         };
+        let mut resend = resend;
+        let finishing = matches!(
+            cmd.keys().next().map(String::as_str),
+            Some("commitTransaction" | "abortTransaction")
+        );
+        if crate::txn::in_transaction(&cmd) && !finishing {
+            // A statement of a transaction: the shard becomes a participant, and the statement
+            // is never sent twice (the shard would run it twice).
+            if let Err(error) = self.sessions.enlist(shard, &mut cmd) {
+                return Err(TransportError::Unreachable { error, cmd });
+            }
+            resend = Resend::Unsent;
+        }
         let deadline = tokio::time::Instant::now() + patience;
         let mut pause = RETRY_FIRST;
         loop {

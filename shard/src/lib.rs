@@ -30,6 +30,7 @@ pub mod retryable;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod txn;
 pub mod update;
 pub mod writer;
 
@@ -84,6 +85,7 @@ pub struct Shard {
     writer: Writer,
     cursors: CursorRegistry,
     change_streams: ChangeStreams,
+    transactions: txn::Transactions,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -150,6 +152,7 @@ impl Shard {
             writer,
             cursors: CursorRegistry::default(),
             change_streams: ChangeStreams::default(),
+            transactions: txn::Transactions::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -167,6 +170,9 @@ impl Shard {
                 shard.writer.renew();
                 shard.cursors.reap(shard.state.now_millis());
                 shard.change_streams.reap(shard.state.now_millis());
+                shard
+                    .transactions
+                    .reap(shard.state.now_millis(), txn::LIFETIME);
             }
         });
         Ok(shard)
@@ -255,6 +261,10 @@ impl Shard {
 
     pub(crate) fn cursors(&self) -> &CursorRegistry {
         &self.cursors
+    }
+
+    pub fn transactions(&self) -> &txn::Transactions {
+        &self.transactions
     }
 
     pub(crate) fn change_streams(&self) -> &ChangeStreams {

@@ -37,7 +37,8 @@ pub fn ts_of_key(key: &[u8]) -> Option<ClusterTime> {
 pub struct SessionFields {
     pub lsid: Document,
     pub txn_number: i64,
-    pub stmt_id: i32,
+    /// The statement of a retryable write; `None` on a transaction's entries.
+    pub stmt_id: Option<i32>,
     /// The previous entry of the same `(lsid, txnNumber)`, or `None` for the first.
     pub prev_op_time: Option<ClusterTime>,
 }
@@ -119,6 +120,22 @@ impl EntrySpec {
         }
     }
 
+    /// The entry as one operation of a transaction's `applyOps` (no time or session fields:
+    /// those are the `applyOps` entry's).
+    pub fn apply_ops_entry(self) -> Document {
+        let mut d = Document::new();
+        d.insert("op", self.op);
+        d.insert("ns", self.ns);
+        if let Some(ui) = self.ui {
+            d.insert("ui", ui);
+        }
+        d.insert("o", self.o);
+        if let Some(o2) = self.o2 {
+            d.insert("o2", o2);
+        }
+        d
+    }
+
     /// The full entry, in MongoDB's field order.
     pub fn build(self, ts: ClusterTime, wall_millis: u64) -> Document {
         let mut d = Document::new();
@@ -135,8 +152,8 @@ impl EntrySpec {
         if let Some(o2) = self.o2 {
             d.insert("o2", o2);
         }
-        if let Some(s) = &self.session {
-            d.insert("stmtId", s.stmt_id);
+        if let Some(id) = self.session.as_ref().and_then(|s| s.stmt_id) {
+            d.insert("stmtId", id);
         }
         d.insert("ts", ts.timestamp());
         d.insert("t", 1_i64);

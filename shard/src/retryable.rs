@@ -35,8 +35,17 @@ pub struct RetryInfo {
 }
 
 impl RetryInfo {
-    /// `Some` when the command carries `lsid` and `txnNumber` (a retryable write).
+    /// `Some` when the command carries `lsid` and `txnNumber` outside a multi-document
+    /// transaction (a retryable write).
     pub fn from_command(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
+        if cmd.contains_key("autocommit") {
+            return Ok(None);
+        }
+        RetryInfo::session_of(cmd)
+    }
+
+    /// The session fields (`lsid`, `txnNumber`, `stmtIds`) of any command that has them.
+    pub fn session_of(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
         let (Some(lsid), Some(txn)) = (cmd.get("lsid"), cmd.get("txnNumber")) else {
             return Ok(None);
         };
@@ -106,9 +115,21 @@ pub struct Record {
     pub txn_number: i64,
     pub stmts: BTreeMap<i32, Document>,
     pub last_op: Option<ClusterTime>,
+    /// `txn_number` is a multi-document transaction that committed.
+    pub committed_txn: bool,
 }
 
 impl Record {
+    /// The session's record (the default when it has none).
+    pub fn load(txn: &dyn ReadTxn, key: &[u8]) -> StorageResult<Record> {
+        Ok(match txn.get(Table::Retryable, key)? {
+            Some(bytes) => bson::Document::from_reader(bytes.as_slice())
+                .map(|d| Record::from_document(&d))
+                .unwrap_or_default(),
+            None => Record::default(),
+        })
+    }
+
     fn to_document(&self) -> Document {
         let stmts: Vec<Bson> = self
             .stmts
@@ -118,6 +139,9 @@ impl Record {
         let mut d = doc! {"txnNumber": self.txn_number, "stmts": stmts};
         if let Some(t) = self.last_op {
             d.insert("lastOp", t.timestamp());
+        }
+        if self.committed_txn {
+            d.insert("txnState", "committed");
         }
         d
     }
@@ -140,6 +164,7 @@ impl Record {
                 Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
                 _ => None,
             },
+            committed_txn: d.get_str("txnState").is_ok_and(|s| s == "committed"),
         }
     }
 }
@@ -158,12 +183,7 @@ impl RetryState {
         txn: &dyn ReadTxn,
         info: RetryInfo,
     ) -> StorageResult<Result<RetryState, MongoError>> {
-        let record = match txn.get(Table::Retryable, &info.key)? {
-            Some(bytes) => bson::Document::from_reader(bytes.as_slice())
-                .map(|d| Record::from_document(&d))
-                .unwrap_or_default(),
-            None => Record::default(),
-        };
+        let record = Record::load(txn, &info.key)?;
         if record.txn_number > info.txn_number {
             return Ok(Err(MongoError::new(
                 TRANSACTION_TOO_OLD,
@@ -179,8 +199,7 @@ impl RetryState {
         let record = if record.txn_number < info.txn_number || record.stmts.is_empty() {
             Record {
                 txn_number: info.txn_number,
-                stmts: BTreeMap::new(),
-                last_op: None,
+                ..Record::default()
             }
         } else {
             record
@@ -202,7 +221,7 @@ impl RetryState {
         SessionFields {
             lsid: self.info.lsid.clone(),
             txn_number: self.info.txn_number,
-            stmt_id: stmt,
+            stmt_id: Some(stmt),
             prev_op_time: self.record.last_op,
         }
     }
@@ -230,6 +249,28 @@ impl RetryState {
         }
         Ok(())
     }
+}
+
+/// Records in the session's record that its transaction `txn_number` committed at `ts` (in
+/// the commit's own storage transaction).
+pub fn save_committed_transaction(
+    txn: &mut dyn WriteTxn,
+    key: &[u8],
+    txn_number: i64,
+    ts: ClusterTime,
+) -> StorageResult<()> {
+    let record = Record {
+        txn_number,
+        stmts: BTreeMap::new(),
+        last_op: Some(ts),
+        committed_txn: true,
+    };
+    let mut buf = Vec::new();
+    record
+        .to_document()
+        .to_writer(&mut buf)
+        .map_err(|e| crate::storage::StorageError::Engine(format!("a session record: {e}")))?;
+    txn.put(Table::Retryable, key, &buf)
 }
 
 fn session_display(lsid: &Document) -> String {
@@ -265,6 +306,9 @@ mod tests {
         r.stmts.insert(1, doc! {"n": 1});
         r.last_op = Some(ClusterTime::new(3, 4));
         let back = Record::from_document(&r.to_document());
+        assert!(!back.committed_txn);
+        r.committed_txn = true;
+        assert!(Record::from_document(&r.to_document()).committed_txn);
         assert_eq!(back.txn_number, 4);
         assert_eq!(back.stmts.get(&1), Some(&doc! {"n": 1}));
         assert_eq!(back.last_op, Some(ClusterTime::new(3, 4)));

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 /// The tables a shard keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
     /// key: namespace `db.coll` (UTF-8); value: BSON collection entry.
     Catalog,

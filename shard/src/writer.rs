@@ -71,12 +71,25 @@ enum Job {
     Shutdown,
 }
 
-/// The view a write job has of the shard: the batch's transaction and catalog copy.
+/// Where a job's oplog entries go.
+enum LogTo<'a> {
+    /// The batch's entries: each stamped with a fresh `ts` and written to the oplog.
+    Oplog(&'a mut Vec<(ClusterTime, Bytes)>),
+    /// A multi-document transaction's operations, written at its commit as one `applyOps`
+    /// entry; until then a statement's time is the transaction's read time.
+    Transaction {
+        ops: &'a mut Vec<Document>,
+        read_time: ClusterTime,
+    },
+}
+
+/// The view a write job has of the shard: the batch's transaction and catalog copy (or, for a
+/// statement of a multi-document transaction, that transaction's store and catalog copy).
 pub struct WriteCtx<'a> {
     txn: &'a mut dyn WriteTxn,
     catalog: &'a mut Arc<Catalog>,
     state: &'a ShardState,
-    pending: &'a mut Vec<(ClusterTime, Bytes)>,
+    log: LogTo<'a>,
     /// The `ts` of the last entry the current job wrote.
     last_logged: Option<ClusterTime>,
     /// Mark the current job's entries `fromMigrate: true`: internal writes change streams
@@ -86,6 +99,32 @@ pub struct WriteCtx<'a> {
 }
 
 impl<'a> WriteCtx<'a> {
+    /// The context of one statement of a multi-document transaction: it reads and writes the
+    /// transaction's store and catalog copy, and its oplog entries become `ops` of the
+    /// transaction's `applyOps`.
+    pub(crate) fn in_transaction(
+        txn: &'a mut dyn WriteTxn,
+        catalog: &'a mut Arc<Catalog>,
+        state: &'a ShardState,
+        ops: &'a mut Vec<Document>,
+        read_time: ClusterTime,
+    ) -> WriteCtx<'a> {
+        WriteCtx {
+            txn,
+            catalog,
+            state,
+            log: LogTo::Transaction { ops, read_time },
+            last_logged: None,
+            from_migrate: false,
+            wall_ms: state.now_millis(),
+        }
+    }
+
+    /// Whether the job runs inside a multi-document transaction.
+    pub fn in_multi_document_transaction(&self) -> bool {
+        matches!(self.log, LogTo::Transaction { .. })
+    }
+
     pub fn state(&self) -> &ShardState {
         self.state
     }
@@ -107,8 +146,17 @@ impl<'a> WriteCtx<'a> {
         self.catalog
     }
 
-    /// Writes an oplog entry at a fresh `ts`; returns the `ts`.
+    /// Writes an oplog entry at a fresh `ts`; returns the `ts`. Inside a transaction the
+    /// entry becomes one of its operations instead, and the time is its read time.
     pub fn log(&mut self, spec: EntrySpec) -> StorageResult<ClusterTime> {
+        let pending = match &mut self.log {
+            LogTo::Oplog(pending) => pending,
+            LogTo::Transaction { ops, read_time } => {
+                ops.push(spec.apply_ops_entry());
+                self.last_logged = Some(*read_time);
+                return Ok(*read_time);
+            }
+        };
         let ts = self.state.hlc().tick(self.wall_ms);
         let mut entry = spec.build(ts, self.wall_ms);
         if self.from_migrate {
@@ -119,7 +167,7 @@ impl<'a> WriteCtx<'a> {
             .to_writer(&mut buf)
             .map_err(|e| StorageError::Engine(format!("serializing oplog entry: {e}")))?;
         self.txn.put(Table::Oplog, &oplog_key(ts), &buf)?;
-        self.pending.push((ts, Bytes::from(buf)));
+        pending.push((ts, Bytes::from(buf)));
         self.last_logged = Some(ts);
         Ok(ts)
     }
@@ -326,7 +374,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             txn: &mut *txn,
             catalog: &mut catalog,
             state,
-            pending: &mut pending,
+            log: LogTo::Oplog(&mut pending),
             last_logged: None,
             from_migrate: false,
             wall_ms,

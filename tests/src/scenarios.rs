@@ -485,37 +485,148 @@ pub async fn bad_input(client: &Client, db_name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Until transactions exist, a transaction is refused before anything is written: the first
-/// command of one fails (IllegalOperation) and leaves nothing behind, a commit or abort answers
-/// NoSuchTransaction, and a command continuing one (`autocommit: false`) is refused too.
-pub async fn transactions_are_refused(client: &Client, db_name: &str) -> Result<()> {
+/// The labels of a failed driver call.
+fn has_label(e: &mongodb::error::Error, label: &str) -> bool {
+    e.contains_label(label)
+}
+
+/// The `_id`s stored in `c`, sorted.
+async fn stored_ids(c: &mongodb::Collection<Document>) -> Result<Vec<Bson>> {
+    let mut ids: Vec<Bson> = c.distinct("_id", doc! {}).await?;
+    ids.sort_by_key(|b| b.to_string());
+    Ok(ids)
+}
+
+/// Multi-document transactions on one shard: a commit makes every write visible at once, an
+/// abort leaves nothing, a transaction reads its own writes on a stable snapshot, and writes
+/// that conflict fail with WriteConflict labelled TransientTransactionError.
+pub async fn transactions(client: &Client, db_name: &str) -> Result<()> {
     let db = client.database(db_name);
     let c = db.collection::<Document>("txn");
-    c.insert_one(doc! {"_id": "outside"}).await?;
-    let mut session = client.start_session().await?;
-    session.start_transaction().await?;
-    let err = c
-        .insert_one(doc! {"_id": "inside"})
-        .session(&mut session)
-        .await
-        .expect_err("a transaction's first write must be refused");
-    ensure!(code_of(&err) == Some(20), "startTransaction: {err}");
-    let _ = session.abort_transaction().await;
-    let ids: Vec<Bson> = c.distinct("_id", doc! {}).await?;
+    c.insert_one(doc! {"_id": "outside", "n": 0}).await?;
+
+    // Commit: the writes are invisible outside until the commit, then all there.
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": "a", "n": 1})
+        .session(&mut s)
+        .await?;
+    c.insert_one(doc! {"_id": "b", "n": 2})
+        .session(&mut s)
+        .await?;
+    c.update_one(doc! {"_id": "outside"}, doc! {"$inc": {"n": 10}})
+        .session(&mut s)
+        .await?;
+    let inside: Vec<Document> = c
+        .find(doc! {})
+        .session(&mut s)
+        .await?
+        .stream(&mut s)
+        .try_collect()
+        .await?;
     ensure!(
-        ids == vec![Bson::String("outside".into())],
-        "stored: {ids:?}"
+        inside.len() == 3,
+        "the transaction reads its own writes: {inside:?}"
     );
+    ensure!(
+        stored_ids(&c).await? == vec![Bson::String("outside".into())],
+        "nothing is visible outside before the commit"
+    );
+    s.commit_transaction().await?;
+    s.commit_transaction().await?; // a retried commit answers the same
+    ensure!(stored_ids(&c).await?.len() == 3, "committed");
+    let outside = c
+        .find_one(doc! {"_id": "outside"})
+        .await?
+        .unwrap_or_default();
+    ensure!(outside.get_i32("n")? == 10, "{outside}");
+
+    // Abort: nothing stays.
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": "aborted"})
+        .session(&mut s)
+        .await?;
+    c.delete_one(doc! {"_id": "a"}).session(&mut s).await?;
+    s.abort_transaction().await?;
+    ensure!(
+        stored_ids(&c).await?.len() == 3,
+        "an aborted transaction leaves nothing"
+    );
+
+    // A stable snapshot: a write committed outside after the transaction's first read is not
+    // seen by the transaction.
+    s.start_transaction().await?;
+    let before = c
+        .find_one(doc! {"_id": "b"})
+        .session(&mut s)
+        .await?
+        .unwrap_or_default();
+    c.update_one(doc! {"_id": "b"}, doc! {"$set": {"n": 99}})
+        .await?;
+    let again = c
+        .find_one(doc! {"_id": "b"})
+        .session(&mut s)
+        .await?
+        .unwrap_or_default();
+    ensure!(before == again, "snapshot moved: {before} then {again}");
+    // ... and writing that document now conflicts.
+    let err = c
+        .update_one(doc! {"_id": "b"}, doc! {"$set": {"n": 3}})
+        .session(&mut s)
+        .await
+        .expect_err("a write to a document changed since the snapshot must conflict");
+    ensure!(code_of(&err) == Some(112), "write conflict: {err}");
+    ensure!(has_label(&err, "TransientTransactionError"), "{err}");
+    let err = s
+        .commit_transaction()
+        .await
+        .expect_err("the conflict aborted the transaction");
+    ensure!(code_of(&err) == Some(251), "commit after a conflict: {err}");
+
+    // Two transactions writing one document: the second writer conflicts at once.
+    let mut s2 = client.start_session().await?;
+    s.start_transaction().await?;
+    s2.start_transaction().await?;
+    c.update_one(doc! {"_id": "a"}, doc! {"$set": {"by": 1}})
+        .session(&mut s)
+        .await?;
+    let err = c
+        .update_one(doc! {"_id": "a"}, doc! {"$set": {"by": 2}})
+        .session(&mut s2)
+        .await
+        .expect_err("the second transaction's write must conflict");
+    ensure!(code_of(&err) == Some(112), "{err}");
+    ensure!(has_label(&err, "TransientTransactionError"), "{err}");
+    let _ = s2.abort_transaction().await;
+    s.commit_transaction().await?;
+
+    // A write outside any transaction never waits: the transaction fails its commit instead.
+    s.start_transaction().await?;
+    c.update_one(doc! {"_id": "a"}, doc! {"$set": {"by": 3}})
+        .session(&mut s)
+        .await?;
+    c.update_one(doc! {"_id": "a"}, doc! {"$set": {"by": 4}})
+        .await?;
+    let err = s
+        .commit_transaction()
+        .await
+        .expect_err("the commit must conflict");
+    ensure!(code_of(&err) == Some(112), "{err}");
+    ensure!(has_label(&err, "TransientTransactionError"), "{err}");
+    let a = c.find_one(doc! {"_id": "a"}).await?.unwrap_or_default();
+    ensure!(a.get_i32("by")? == 4, "{a}");
+
+    // A command continuing a transaction nobody started, and a commit of one, are refused.
     let err = db
         .run_command(doc! {"find": "txn", "lsid": {"id": mongodb::bson::Uuid::new()}, "txnNumber": 1_i64, "autocommit": false})
         .await
-        .expect_err("a command inside a transaction must be refused");
+        .expect_err("a statement of a transaction nobody started");
     ensure!(code_of(&err) == Some(251), "autocommit false: {err}");
     let err = client
         .database("admin")
         .run_command(doc! {"commitTransaction": 1, "lsid": {"id": mongodb::bson::Uuid::new()}, "txnNumber": 1_i64, "autocommit": false})
         .await
-        .expect_err("commitTransaction must be refused");
+        .expect_err("a commit of a transaction nobody started");
     ensure!(code_of(&err) == Some(251), "commitTransaction: {err}");
     Ok(())
 }

@@ -16,7 +16,7 @@ async fn embedded_cluster_serves_the_driver_scenarios() -> anyhow::Result<()> {
     scenarios::sharded_crud(&client, "ranged", doc! {"sk": 1}).await?;
     scenarios::retryable_write_dedupe(&client, "retry").await?;
     scenarios::bad_input(&client, "bad").await?;
-    scenarios::transactions_are_refused(&client, "txn").await?;
+    scenarios::transactions(&client, "txn").await?;
     cluster.stop().await;
     Ok(())
 }
@@ -32,7 +32,7 @@ async fn multi_process_cluster_serves_the_driver_scenarios() -> anyhow::Result<(
     scenarios::sharded_crud(&client, "ranged", doc! {"sk": 1}).await?;
     scenarios::retryable_write_dedupe(&client, "retry").await?;
     scenarios::bad_input(&client, "bad").await?;
-    scenarios::transactions_are_refused(&client, "txn").await?;
+    scenarios::transactions(&client, "txn").await?;
     Ok(())
 }
 

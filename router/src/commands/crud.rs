@@ -155,7 +155,7 @@ fn sub_command(
     let mut cmd = forwardable(ctx.cmd);
     cmd.insert(list_field, statements);
     cmd.insert("shardVersion", version.clone());
-    if ctx.cmd.contains_key("txnNumber") {
+    if crate::txn::is_retryable_write(ctx.cmd) {
         let ids: Vec<Bson> = match ctx.cmd.get_array("stmtIds") {
             Ok(given) => indexes
                 .iter()
@@ -173,7 +173,7 @@ fn retryable(e: MongoError, ctx: &Ctx<'_>) -> MongoError {
     let retry_codes = [
         6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
     ];
-    if ctx.cmd.contains_key("txnNumber") && retry_codes.contains(&e.code) {
+    if crate::txn::is_retryable_write(ctx.cmd) && retry_codes.contains(&e.code) {
         e.with_label("RetryableWriteError")
     } else {
         e

@@ -87,7 +87,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             ErrorCode::FAILED_TO_PARSE,
             "empty command document",
         ))
-    } else if let Err(e) = refuse_transactions(&ctx) {
+    } else if let Err(e) = router.sessions.admit(name, &req.body) {
         Err(e)
     } else {
         match dispatch(&ctx).await {
@@ -100,11 +100,45 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             other => other,
         }
     };
+    let in_txn = crate::txn::in_transaction(&req.body);
+    if in_txn
+        && let Err(e) = &result
+        && e.code == crate::txn::OPERATION_NOT_SUPPORTED_IN_TRANSACTION.code
+    {
+        crate::txn::abort_after_refusal(router, &req.body).await;
+    }
     let reply = match result {
+        Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,
+        Err(e) if in_txn => Body::Document(crate::txn::label(name, e).to_document()),
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
+}
+
+/// An `ok` reply inside a transaction names the shard that can finish it (`recoveryToken`).
+fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
+    let Some(token) = crate::txn::recovery_token(router, cmd) else {
+        return reply;
+    };
+    match reply {
+        Body::Document(mut d) => {
+            if d.get("ok")
+                .and_then(Bson::as_f64)
+                .is_some_and(|ok| ok == 1.0)
+                || d.get("ok").and_then(Bson::as_i32) == Some(1)
+            {
+                d.insert("recoveryToken", token);
+            }
+            Body::Document(d)
+        }
+        Body::Raw(mut raw) => {
+            if let Ok(t) = RawDocumentBuf::try_from(&token) {
+                raw.append(cstr!("recoveryToken"), t);
+            }
+            Body::Raw(raw)
+        }
+    }
 }
 
 /// Replaces whatever time fields a shard put in the reply with the router's. An encoded reply
@@ -177,6 +211,8 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "enableSharding" | "enablesharding" => ddl::enable_sharding(ctx).await,
         "shardCollection" | "shardcollection" => ddl::shard_collection(ctx).await,
         "listShards" => admin::list_shards(ctx),
+        "commitTransaction" => crate::txn::commit(ctx.router, ctx.cmd).await,
+        "abortTransaction" => crate::txn::abort(ctx.router, ctx.cmd).await,
         "configureFailPoint" if ctx.router.options.enable_test_commands => {
             admin::configure_fail_point(ctx)
         }
@@ -185,32 +221,6 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
             format!("no such command: '{other}'"),
         )),
     }
-}
-
-/// Multi-document transactions do not exist yet: a command that would start or continue one
-/// is refused before anything runs, so no part of a transaction is ever stored (writes sent
-/// inside a would-be transaction used to be applied at once and to outlive its abort).
-fn refuse_transactions(ctx: &Ctx<'_>) -> Result<()> {
-    const NOT_YET: &str = "Tributary does not support multi-document transactions yet";
-    if matches!(ctx.name, "commitTransaction" | "abortTransaction") {
-        return Err(MongoError::new(
-            ErrorCode::NO_SUCH_TRANSACTION,
-            format!("no transaction is in progress: {NOT_YET}"),
-        ));
-    }
-    if ctx.cmd.contains_key("startTransaction") {
-        return Err(MongoError::new(
-            ErrorCode::ILLEGAL_OPERATION,
-            format!("{NOT_YET}; the command was not run"),
-        ));
-    }
-    if matches!(ctx.cmd.get("autocommit"), Some(Bson::Boolean(false))) {
-        return Err(MongoError::new(
-            ErrorCode::NO_SUCH_TRANSACTION,
-            format!("no transaction is in progress: {NOT_YET}; the command was not run"),
-        ));
-    }
-    Ok(())
 }
 
 /// `{ok: 1}`.

@@ -19,6 +19,10 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
+use crate::catalog::Catalog;
+use crate::storage::ReadTxn;
+use crate::txn::TxnArgs;
+use crate::writer::{WriteFn, WriteOutput};
 use wire::raw::Body;
 
 /// A command's reply body and the optime of its last write (if it wrote).
@@ -58,7 +62,13 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             ));
         }
     };
-    let ctx = Ctx { shard, db, cmd };
+    let txn = crate::txn::TxnArgs::from_command(&name, &cmd)?;
+    let ctx = Ctx {
+        shard,
+        db,
+        cmd,
+        txn,
+    };
     if matches!(
         name.as_str(),
         "insert"
@@ -80,6 +90,8 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         "getParameter" => hello::get_parameter(&ctx),
+        "commitTransaction" => commit_transaction(&ctx).await,
+        "abortTransaction" => abort_transaction(&ctx),
         "insert" => write::insert(&ctx).await,
         "update" => write::update(&ctx).await,
         "delete" => write::delete(&ctx).await,
@@ -116,9 +128,68 @@ pub struct Ctx<'a> {
     pub shard: &'a Shard,
     pub db: String,
     pub cmd: Document,
+    /// The multi-document transaction the command is part of.
+    pub txn: Option<TxnArgs>,
+}
+
+fn transaction<'c>(ctx: &'c Ctx<'_>) -> Result<&'c TxnArgs, MongoError> {
+    ctx.txn.as_ref().ok_or_else(|| {
+        MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            format!("{} must be run within a transaction", ctx.name()),
+        )
+    })
+}
+
+async fn commit_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let out = ctx
+        .shard
+        .transactions()
+        .commit(ctx.shard, transaction(ctx)?)
+        .await?;
+    Ok(Reply {
+        body: out.reply.into(),
+        op_time: out.op_time,
+    })
+}
+
+fn abort_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    ctx.shard
+        .transactions()
+        .abort(ctx.shard, transaction(ctx)?)?;
+    Ok(Reply::read(bson::doc! {"ok": 1.0}))
 }
 
 impl Ctx<'_> {
+    /// Runs a write job: in the command's transaction when it has one, else as a job of the
+    /// writer (committed, durably, before this returns).
+    pub async fn submit(&self, job: WriteFn) -> Result<WriteOutput, MongoError> {
+        match &self.txn {
+            Some(t) => self.shard.transactions().write(self.shard, t, job),
+            None => self.shard.writer().submit(job).await,
+        }
+    }
+
+    /// Runs `f` on what the command reads: its transaction's snapshot with the transaction's
+    /// own writes, or a fresh snapshot of the shard.
+    pub fn read<R>(
+        &self,
+        f: impl FnOnce(&dyn ReadTxn, &Catalog) -> Result<R, MongoError>,
+    ) -> Result<R, MongoError> {
+        match &self.txn {
+            Some(t) => self.shard.transactions().read(self.shard, t, f),
+            None => {
+                let state = self.shard.state();
+                let catalog = state.catalog();
+                let snapshot = state
+                    .storage
+                    .begin_read()
+                    .map_err(|e| MongoError::internal(format!("storage: {e}")))?;
+                f(&*snapshot, &catalog)
+            }
+        }
+    }
+
     pub fn name(&self) -> &str {
         self.cmd.keys().next().map(String::as_str).unwrap_or("")
     }

@@ -14,6 +14,7 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use super::{Ctx, Reply, as_i64, cursor_reply};
+use crate::catalog::CollectionEntry;
 use crate::cursor::{Cursor, CursorSource, ScanCursor};
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Projection, Sort, scan_matching};
@@ -106,6 +107,26 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         )));
     }
     let sort = sort_doc.map(|s| Sort::parse(&s)).transpose()?;
+    let stop_at = match (&sort, limit) {
+        (None, Some(l)) => Some(skip.saturating_add(l)),
+        _ => None,
+    };
+    if ctx.txn.is_some() {
+        // Inside a transaction the whole result comes from its snapshot now: a later getMore
+        // must not read a newer one.
+        let Some(docs) = matching(ctx, &coll, &filter, stop_at)? else {
+            return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
+        };
+        let shape = Shape {
+            sort: sort.as_ref(),
+            skip,
+            limit,
+            projection: projection.as_ref(),
+            batch_size,
+            single_batch,
+        };
+        return buffered_reply(ctx, &ns, docs, &shape);
+    }
     let catalog = ctx.shard.state().catalog();
     let Some(entry) = catalog.lookup(&ctx.db, &coll).cloned() else {
         return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
@@ -151,12 +172,74 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         };
         return Ok(Reply::read(cursor_reply(id, &ns, first, true)));
     }
-    let mut docs = Vec::new();
-    let stop_at = match (&sort, limit) {
-        (None, Some(l)) => Some(skip.saturating_add(l)),
-        _ => None,
+    let docs = collect_matching(&*txn, &entry, &filter, stop_at)?;
+    let shape = Shape {
+        sort: sort.as_ref(),
+        skip,
+        limit,
+        projection: projection.as_ref(),
+        batch_size,
+        single_batch,
     };
-    scan_matching(&*txn, &entry, &filter, &mut |d| {
+    buffered_reply(ctx, &ns, docs, &shape)
+}
+
+/// What a materialized `find` does to its matching documents.
+struct Shape<'a> {
+    sort: Option<&'a Sort>,
+    skip: usize,
+    limit: Option<usize>,
+    projection: Option<&'a Projection>,
+    batch_size: Option<usize>,
+    single_batch: bool,
+}
+
+/// The reply to a `find` whose matching documents are all in hand: sorted, skipped, limited
+/// and projected, the rest kept in a cursor.
+fn buffered_reply(
+    ctx: &Ctx<'_>,
+    ns: &str,
+    mut docs: Vec<Document>,
+    shape: &Shape<'_>,
+) -> Result<Reply, MongoError> {
+    if let Some(s) = shape.sort {
+        s.sort(&mut docs);
+    }
+    let mut rest: VecDeque<Document> = docs.into_iter().skip(shape.skip).collect();
+    if let Some(l) = shape.limit {
+        rest.truncate(l);
+    }
+    if let Some(p) = shape.projection {
+        rest = rest
+            .into_iter()
+            .map(|d| p.apply(&d))
+            .collect::<Result<_, _>>()?;
+    }
+    let first = take_batch(
+        &mut rest,
+        Some(shape.batch_size.unwrap_or(DEFAULT_FIRST_BATCH)),
+    );
+    let id = if rest.is_empty() || shape.single_batch {
+        0
+    } else {
+        ctx.shard.cursors().insert(Cursor {
+            ns: ns.to_string(),
+            source: CursorSource::Buffered(rest),
+            last_used_ms: ctx.shard.state().now_millis(),
+        })
+    };
+    Ok(Reply::read(cursor_reply(id, ns, first, true)))
+}
+
+/// The documents of `entry` matching `filter`, at most `stop_at`.
+fn collect_matching(
+    txn: &dyn ReadTxn,
+    entry: &CollectionEntry,
+    filter: &Filter,
+    stop_at: Option<usize>,
+) -> Result<Vec<Document>, MongoError> {
+    let mut docs = Vec::new();
+    scan_matching(txn, entry, filter, &mut |d| {
         docs.push(d);
         if stop_at.is_some_and(|s| docs.len() >= s) {
             Scan::Stop
@@ -165,30 +248,21 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
     })
     .map_err(storage_err)?;
-    if let Some(s) = &sort {
-        s.sort(&mut docs);
-    }
-    let mut rest: VecDeque<Document> = docs.into_iter().skip(skip).collect();
-    if let Some(l) = limit {
-        rest.truncate(l);
-    }
-    if let Some(p) = &projection {
-        rest = rest
-            .into_iter()
-            .map(|d| p.apply(&d))
-            .collect::<Result<_, _>>()?;
-    }
-    let first = take_batch(&mut rest, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)));
-    let id = if rest.is_empty() || single_batch {
-        0
-    } else {
-        ctx.shard.cursors().insert(Cursor {
-            ns: ns.clone(),
-            source: CursorSource::Buffered(rest),
-            last_used_ms: now,
-        })
-    };
-    Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+    Ok(docs)
+}
+
+/// The matching documents of `db.coll` on what the command reads (its transaction's snapshot
+/// or a fresh one); `None` when the collection does not exist there.
+fn matching(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    filter: &Filter,
+    stop_at: Option<usize>,
+) -> Result<Option<Vec<Document>>, MongoError> {
+    ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, coll) {
+        Some(entry) => collect_matching(txn, entry, filter, stop_at).map(Some),
+        None => Ok(None),
+    })
 }
 
 fn project_all(
@@ -533,25 +607,9 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     )))
 }
 
-/// The matching documents of a collection on a fresh snapshot (empty when it does not exist).
+/// The matching documents of a collection (none when it does not exist).
 fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Document>, MongoError> {
-    let catalog = ctx.shard.state().catalog();
-    let Some(entry) = catalog.lookup(&ctx.db, coll).cloned() else {
-        return Ok(Vec::new());
-    };
-    let txn = ctx
-        .shard
-        .state()
-        .storage
-        .begin_read()
-        .map_err(storage_err)?;
-    let mut docs = Vec::new();
-    scan_matching(&*txn, &entry, filter, &mut |d| {
-        docs.push(d);
-        Scan::Continue
-    })
-    .map_err(storage_err)?;
-    Ok(docs)
+    Ok(matching(ctx, coll, filter, None)?.unwrap_or_default())
 }
 
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {

@@ -149,7 +149,7 @@ pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
         finish(w, &retry, doc! {"n": n}, errors, retried, last_ts)
     };
-    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    let out = ctx.submit(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,
@@ -314,7 +314,7 @@ pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         reply.insert("nModified", n_modified as i32);
         finish(w, &retry, reply, errors, retried, last_ts)
     };
-    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    let out = ctx.submit(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,
@@ -418,7 +418,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
         finish(w, &retry, doc! {"n": n as i32}, errors, retried, last_ts)
     };
-    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    let out = ctx.submit(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,

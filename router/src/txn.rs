@@ -1,0 +1,381 @@
+//! Multi-document transactions through the router: which transaction each session runs, and
+//! on which shards.
+//!
+//! A driver's transaction is a `txnNumber` on a session (`lsid`) whose commands carry
+//! `autocommit: false`, the first also `startTransaction: true`. The router keeps, per session,
+//! the transaction's number, its `readConcern` and its participants (the shards its statements
+//! were sent to, the first one first). The first statement sent to a shard starts the
+//! transaction there (it carries `startTransaction` and the `readConcern`); later ones carry
+//! neither. `commitTransaction` and `abortTransaction` go to the participants. Every `ok` reply
+//! inside a transaction carries a `recoveryToken` naming the first participant, so a router
+//! that never saw the transaction (another one, or this one restarted) can still finish the
+//! commit from the token alone.
+//!
+//! One shard per transaction for now: a statement that would reach a second shard is refused
+//! before it is sent (`OperationNotSupportedInTransaction`) and the transaction is aborted on
+//! its shard; two-phase commit across shards comes next.
+//!
+//! Invariants: a transaction statement is never sent to a shard twice (no resend after a lost
+//! connection: the shard would run it twice); a session has one transaction here, its newest.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bson::{Bson, Document, doc};
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::router::Router;
+
+pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode = ErrorCode {
+    code: 263,
+    name: "OperationNotSupportedInTransaction",
+};
+
+/// Codes whose failure inside a transaction leaves it safe to retry whole: conflicts, lock
+/// and snapshot errors, a transaction the shard no longer has (aborted, or lost with a
+/// restart), and a shard that could not be reached.
+const TRANSIENT: &[i32] = &[
+    6, 7, 24, 89, 91, 112, 189, 239, 246, 251, 262, 267, 9001, 10107, 11600, 11602, 13435, 13436,
+];
+
+/// Codes after which a commit's outcome is unknown.
+const COMMIT_UNKNOWN: &[i32] = &[
+    6, 7, 50, 64, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+];
+
+/// A session's transaction, as the router knows it.
+#[derive(Debug, Clone)]
+struct RouterTxn {
+    txn_number: i64,
+    read_concern: Option<Document>,
+    /// Shard indexes, in the order the transaction first reached them.
+    participants: Vec<usize>,
+}
+
+/// The transactions of a router's sessions.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<Vec<u8>, RouterTxn>>,
+}
+
+/// The session key and `txnNumber` of a command (`None` without them).
+fn session(cmd: &Document) -> Result<Option<(Vec<u8>, i64)>> {
+    let (Some(lsid), Some(n)) = (cmd.get("lsid"), cmd.get("txnNumber")) else {
+        return Ok(None);
+    };
+    let Bson::Document(lsid) = lsid else {
+        return Err(MongoError::type_mismatch(
+            "BSON field 'lsid' is the wrong type, expected type 'object'",
+        ));
+    };
+    let n = match n {
+        Bson::Int64(n) => *n,
+        Bson::Int32(n) => i64::from(*n),
+        _ => {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'txnNumber' is the wrong type, expected type 'long'",
+            ));
+        }
+    };
+    let mut key = Vec::new();
+    if let Some(Bson::Binary(b)) = lsid.get("id") {
+        key.extend_from_slice(&b.bytes);
+    }
+    if let Some(Bson::Binary(b)) = lsid.get("uid") {
+        key.extend_from_slice(&b.bytes);
+    }
+    Ok(Some((key, n)))
+}
+
+/// Whether a command is a statement of a multi-document transaction.
+pub(crate) fn in_transaction(cmd: &Document) -> bool {
+    matches!(cmd.get("autocommit"), Some(Bson::Boolean(false)))
+}
+
+/// Whether a command is a retryable write: `txnNumber` outside a transaction.
+pub(crate) fn is_retryable_write(cmd: &Document) -> bool {
+    cmd.contains_key("txnNumber") && !cmd.contains_key("autocommit")
+}
+
+impl Sessions {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, RouterTxn>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a command into its session's transaction before it runs: `startTransaction`
+    /// starts a new one; any other statement must belong to the session's current one.
+    pub fn admit(&self, name: &str, cmd: &Document) -> Result<()> {
+        if !cmd.contains_key("autocommit") {
+            return Ok(());
+        }
+        if !in_transaction(cmd) {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "autocommit must be false when it is given",
+            ));
+        }
+        let Some((key, n)) = session(cmd)? else {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "a transaction needs an lsid and a txnNumber",
+            ));
+        };
+        let mut map = self.lock();
+        let current = map.get(&key).map(|t| t.txn_number);
+        if matches!(cmd.get("startTransaction"), Some(Bson::Boolean(true))) {
+            if current.is_some_and(|c| c >= n) {
+                return Err(MongoError::new(
+                    ErrorCode::CONFLICTING_OPERATION_IN_PROGRESS,
+                    format!("transaction {n} on this session has already started"),
+                ));
+            }
+            let read_concern = cmd.get_document("readConcern").ok().cloned();
+            map.insert(
+                key,
+                RouterTxn {
+                    txn_number: n,
+                    read_concern,
+                    participants: Vec::new(),
+                },
+            );
+            return Ok(());
+        }
+        if matches!(name, "commitTransaction" | "abortTransaction") || current == Some(n) {
+            return Ok(());
+        }
+        Err(MongoError::new(
+            ErrorCode::NO_SUCH_TRANSACTION,
+            format!("Transaction with {{ txnNumber: {n} }} is not in progress on this session"),
+        ))
+    }
+
+    /// Makes `shard` a participant of the statement's transaction and fixes the statement's
+    /// transaction fields for it: the first one sent to a shard starts the transaction there.
+    pub fn enlist(&self, shard: usize, cmd: &mut Document) -> Result<()> {
+        let Some((key, n)) = session(cmd)? else {
+            return Ok(());
+        };
+        let mut map = self.lock();
+        let Some(txn) = map.get_mut(&key).filter(|t| t.txn_number == n) else {
+            return Err(MongoError::new(
+                ErrorCode::NO_SUCH_TRANSACTION,
+                format!("Transaction with {{ txnNumber: {n} }} is not in progress on this session"),
+            ));
+        };
+        if txn.participants.contains(&shard) {
+            cmd.remove("startTransaction");
+            cmd.remove("readConcern");
+            return Ok(());
+        }
+        if !txn.participants.is_empty() {
+            return Err(MongoError::new(
+                OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+                "a transaction that spans more than one shard is not supported yet: its \
+                 statements must all reach the shard its first statement reached",
+            ));
+        }
+        txn.participants.push(shard);
+        cmd.insert("startTransaction", true);
+        match &txn.read_concern {
+            Some(rc) => cmd.insert("readConcern", rc.clone()),
+            None => cmd.remove("readConcern"),
+        };
+        Ok(())
+    }
+
+    /// The participants of the session's transaction `n` (`None`: this router does not know
+    /// it).
+    fn participants(&self, key: &[u8], n: i64) -> Option<Vec<usize>> {
+        self.lock()
+            .get(key)
+            .filter(|t| t.txn_number == n)
+            .map(|t| t.participants.clone())
+    }
+
+    /// The first participant, for the reply's `recoveryToken`.
+    fn recovery_shard(&self, cmd: &Document) -> Option<usize> {
+        let (key, n) = session(cmd).ok()??;
+        self.participants(&key, n)?.first().copied()
+    }
+}
+
+/// The participants a `commitTransaction` or `abortTransaction` goes to: the router's own
+/// record of the transaction, else the shard its `recoveryToken` names.
+fn targets(router: &Router, cmd: &Document) -> Result<(Vec<u8>, i64, Vec<usize>)> {
+    let Some((key, n)) = session(cmd)? else {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "a transaction needs an lsid and a txnNumber",
+        ));
+    };
+    if let Some(p) = router.sessions.participants(&key, n) {
+        return Ok((key, n, p));
+    }
+    let recovery = cmd
+        .get_document("recoveryToken")
+        .ok()
+        .and_then(|t| t.get_str("recoveryShardId").ok());
+    match recovery {
+        Some(name) => Ok((key, n, vec![router.shard_index(name)?])),
+        None => Err(MongoError::new(
+            ErrorCode::NO_SUCH_TRANSACTION,
+            format!("Transaction with {{ txnNumber: {n} }} is not known to this router"),
+        )),
+    }
+}
+
+/// The command sent to a participant to finish the transaction.
+fn finishing(name: &str, cmd: &Document) -> Document {
+    let mut out = doc! {name: 1};
+    for field in [
+        "lsid",
+        "txnNumber",
+        "autocommit",
+        "writeConcern",
+        "maxTimeMS",
+    ] {
+        if let Some(v) = cmd.get(field) {
+            out.insert(field, v.clone());
+        }
+    }
+    out
+}
+
+/// `commitTransaction`.
+pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
+    let (_, _, participants) = targets(router, cmd)?;
+    match participants.as_slice() {
+        [] => Ok(doc! {"ok": 1.0}),
+        [shard] => {
+            router
+                .shard_idempotent(*shard, "admin", finishing("commitTransaction", cmd))
+                .await
+        }
+        _ => Err(MongoError::new(
+            OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+            "a transaction that spans more than one shard cannot be committed yet",
+        )),
+    }
+}
+
+/// `abortTransaction`: aborts it on every participant.
+pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
+    let (_, _, participants) = targets(router, cmd)?;
+    if participants.is_empty() {
+        return Err(MongoError::new(
+            ErrorCode::NO_SUCH_TRANSACTION,
+            "the transaction has not run a statement on any shard",
+        ));
+    }
+    let abort = finishing("abortTransaction", cmd);
+    let mut first_error = None;
+    for r in router.broadcast(&participants, "admin", &abort).await {
+        if let Err(e) = r {
+            first_error.get_or_insert(e);
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(doc! {"ok": 1.0}),
+    }
+}
+
+/// A refused statement aborts its transaction on the shards it reached, as a failed statement
+/// does on a shard.
+pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
+    if let Ok((_, _, participants)) = targets(router, cmd) {
+        let abort = finishing("abortTransaction", cmd);
+        let _ = router.broadcast(&participants, "admin", &abort).await;
+    }
+}
+
+/// The labels MongoDB puts on an error inside a transaction: `TransientTransactionError` when
+/// the whole transaction may be retried, `UnknownTransactionCommitResult` when a commit may or
+/// may not have happened.
+pub(crate) fn label(name: &str, e: MongoError) -> MongoError {
+    let commit = name == "commitTransaction";
+    if commit && COMMIT_UNKNOWN.contains(&e.code) {
+        return e.with_label("UnknownTransactionCommitResult");
+    }
+    if TRANSIENT.contains(&e.code) {
+        return e.with_label("TransientTransactionError");
+    }
+    e
+}
+
+/// The `recoveryToken` of a reply to a command in a transaction.
+pub(crate) fn recovery_token(router: &Router, cmd: &Document) -> Option<Document> {
+    let shard = router.sessions.recovery_shard(cmd)?;
+    let name = router.shard_names().get(shard)?.clone();
+    Some(doc! {"recoveryShardId": name})
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn stmt(n: i64, start: bool) -> Document {
+        let mut d = doc! {
+            "insert": "c",
+            "lsid": {"id": bson::Binary {subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16]}},
+            "txnNumber": n,
+            "autocommit": false,
+        };
+        if start {
+            d.insert("startTransaction", true);
+            d.insert("readConcern", doc! {"level": "snapshot"});
+        }
+        d
+    }
+
+    #[test]
+    fn the_first_statement_to_a_shard_starts_the_transaction_there() {
+        let s = Sessions::default();
+        s.admit("insert", &stmt(1, true)).unwrap();
+        let mut first = stmt(1, false);
+        s.enlist(2, &mut first).unwrap();
+        assert!(first.get_bool("startTransaction").unwrap());
+        assert_eq!(
+            first.get_document("readConcern").unwrap(),
+            &doc! {"level": "snapshot"}
+        );
+        let mut again = stmt(1, true);
+        s.enlist(2, &mut again).unwrap();
+        assert!(!again.contains_key("startTransaction"));
+        assert!(!again.contains_key("readConcern"));
+        let mut other = stmt(1, false);
+        let e = s.enlist(0, &mut other).unwrap_err();
+        assert_eq!(e.code, 263, "a second shard is refused for now");
+    }
+
+    #[test]
+    fn statements_must_belong_to_the_sessions_current_transaction() {
+        let s = Sessions::default();
+        assert_eq!(s.admit("insert", &stmt(1, false)).unwrap_err().code, 251);
+        s.admit("insert", &stmt(1, true)).unwrap();
+        s.admit("find", &stmt(1, false)).unwrap();
+        assert_eq!(s.admit("insert", &stmt(1, true)).unwrap_err().code, 117);
+        s.admit("insert", &stmt(2, true)).unwrap();
+        assert_eq!(s.admit("insert", &stmt(1, false)).unwrap_err().code, 251);
+        s.admit("commitTransaction", &stmt(1, false)).unwrap();
+        assert!(is_retryable_write(
+            &doc! {"insert": "c", "txnNumber": 1_i64}
+        ));
+        assert!(!is_retryable_write(&stmt(1, false)));
+    }
+
+    #[test]
+    fn errors_get_the_labels_drivers_retry_on() {
+        let wc = label("insert", MongoError::new(ErrorCode::WRITE_CONFLICT, "x"));
+        assert!(wc.has_label("TransientTransactionError"));
+        let lost = label(
+            "commitTransaction",
+            MongoError::new(ErrorCode::HOST_UNREACHABLE, "x"),
+        );
+        assert!(lost.has_label("UnknownTransactionCommitResult"));
+        assert!(!lost.has_label("TransientTransactionError"));
+        let dup = label("insert", MongoError::new(ErrorCode::DUPLICATE_KEY, "x"));
+        assert!(dup.labels.is_empty());
+    }
+}

@@ -1,0 +1,577 @@
+//! Multi-document transactions on a shard: the participant side.
+//!
+//! A session's transaction starts here with its first statement (`autocommit: false` and a
+//! `txnNumber` newer than the session's), on a snapshot of the shard's storage. Every statement
+//! reads and writes that snapshot with the transaction's own writes laid over it
+//! ([`store::TxnStore`]); nothing reaches storage, the oplog or another reader before the
+//! commit. The commit is one job of the writer: it checks that no key the transaction wrote
+//! changed since its snapshot, applies the write set and writes one `applyOps` oplog entry
+//! carrying the session's `lsid` and `txnNumber`, all in one storage commit, so reads and
+//! change streams see the transaction whole or not at all.
+//!
+//! Conflicts: a key written by one running transaction cannot be written by another (that
+//! statement fails with `WriteConflict` and its transaction aborts), nor by a transaction
+//! after someone else committed a change to it since its snapshot. A write outside any
+//! transaction never waits on one: it goes ahead, and a transaction that wrote the same key
+//! fails its commit with `WriteConflict`. The router labels these `TransientTransactionError`.
+//!
+//! A failed statement aborts its transaction, as in MongoDB; a transaction older than
+//! [`LIFETIME`] (`transactionLifetimeLimitSeconds`) is aborted by the shard's reaper.
+//!
+//! Invariants:
+//! * a session has at most one transaction here, its newest `txnNumber`; a statement for an
+//!   older one is refused with `TransactionTooOld`;
+//! * the lock table holds exactly the keys written by running transactions, each owned by one;
+//! * a commit's outcome is durable in the session's record, written in the same storage commit
+//!   as the transaction's writes, so a retried `commitTransaction` answers the same after a
+//!   restart.
+
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use crate::Shard;
+use crate::catalog::{Catalog, CollectionEntry};
+use crate::oplog::{EntrySpec, SessionFields};
+use crate::retryable::{self, RetryInfo};
+use crate::storage::{ReadTxn, StorageError, Table};
+use crate::writer::{WriteCtx, WriteFn, WriteOutput};
+use store::TxnStore;
+
+/// `transactionLifetimeLimitSeconds`: a transaction running longer is aborted.
+pub const LIFETIME: Duration = Duration::from_secs(60);
+
+/// The commands a transaction may run, as in MongoDB 7.0 (less what Tributary lacks inside one).
+const ALLOWED: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "find",
+    "getMore",
+    "count",
+    "distinct",
+    "aggregate",
+    "killCursors",
+    "commitTransaction",
+    "abortTransaction",
+];
+
+/// A key of one table.
+type Key = (Table, Vec<u8>);
+
+/// The tables whose keys a transaction locks and the commit checks.
+const CHECKED: [Table; 3] = [Table::Documents, Table::UniqueIndexes, Table::Catalog];
+
+/// The transaction fields of a command inside a multi-document transaction.
+#[derive(Debug, Clone)]
+pub struct TxnArgs {
+    /// The session's storage key (as a retryable write's).
+    pub key: Vec<u8>,
+    pub lsid: Document,
+    pub txn_number: i64,
+    pub start: bool,
+}
+
+impl TxnArgs {
+    /// `Some` for a command with `autocommit: false`; other commands are not in a transaction.
+    pub fn from_command(name: &str, cmd: &Document) -> Result<Option<TxnArgs>, MongoError> {
+        match cmd.get("autocommit") {
+            None => {
+                if matches!(name, "commitTransaction" | "abortTransaction") {
+                    return Err(MongoError::new(
+                        ErrorCode::INVALID_OPTIONS,
+                        format!("{name} must be run within a transaction"),
+                    ));
+                }
+                return Ok(None);
+            }
+            Some(Bson::Boolean(false)) => {}
+            Some(Bson::Boolean(true)) => {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    "autocommit must be false inside a transaction",
+                ));
+            }
+            Some(_) => {
+                return Err(MongoError::type_mismatch(
+                    "BSON field 'autocommit' is the wrong type, expected type 'bool'",
+                ));
+            }
+        }
+        let Some(info) = RetryInfo::session_of(cmd)? else {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "a transaction needs an lsid and a txnNumber",
+            ));
+        };
+        if !ALLOWED.contains(&name) {
+            return Err(MongoError::new(
+                OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+                format!("Cannot run '{name}' in a multi-document transaction."),
+            ));
+        }
+        Ok(Some(TxnArgs {
+            key: info.key,
+            lsid: info.lsid,
+            txn_number: info.txn_number,
+            start: matches!(cmd.get("startTransaction"), Some(Bson::Boolean(true))),
+        }))
+    }
+}
+
+pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode = ErrorCode {
+    code: 263,
+    name: "OperationNotSupportedInTransaction",
+};
+
+enum State {
+    Active(Box<Active>),
+    /// Handed to the writer; the commit's outcome is not known yet.
+    Committing,
+    Committed,
+    Aborted,
+}
+
+/// A running transaction.
+struct Active {
+    store: TxnStore,
+    catalog: Arc<Catalog>,
+    ops: Vec<Document>,
+    /// The shard's time when the snapshot was taken.
+    read_time: ClusterTime,
+    started_ms: u64,
+}
+
+/// A session's transaction on this shard.
+struct Participant {
+    txn_number: i64,
+    state: State,
+}
+
+/// The transactions of a shard, by session.
+#[derive(Default)]
+pub struct Transactions {
+    sessions: Mutex<HashMap<Vec<u8>, Arc<Mutex<Participant>>>>,
+    /// Keys written by running transactions, and the session that wrote each.
+    locks: Mutex<HashMap<Key, Vec<u8>>>,
+}
+
+impl Transactions {
+    /// The session's participant for `args`, started on a fresh snapshot when `args` names a
+    /// newer transaction than the session's.
+    fn participant(
+        &self,
+        shard: &Shard,
+        args: &TxnArgs,
+    ) -> Result<Arc<Mutex<Participant>>, MongoError> {
+        let existing = lock(&self.sessions).get(&args.key).cloned();
+        if let Some(p) = existing {
+            let mut g = lock(&p);
+            if g.txn_number > args.txn_number {
+                return Err(too_old(args, g.txn_number));
+            }
+            if g.txn_number == args.txn_number {
+                drop(g);
+                return Ok(p);
+            }
+            // A newer transaction replaces the session's last one (aborting it if it runs).
+            if matches!(g.state, State::Active(_)) {
+                g.state = State::Aborted;
+                self.release(&args.key);
+            }
+        }
+        let durable = durable_record(shard, &args.key)?;
+        if durable.txn_number > args.txn_number {
+            return Err(too_old(args, durable.txn_number));
+        }
+        if durable.txn_number == args.txn_number && durable.committed_txn {
+            let p = Arc::new(Mutex::new(Participant {
+                txn_number: args.txn_number,
+                state: State::Committed,
+            }));
+            lock(&self.sessions).insert(args.key.clone(), p.clone());
+            return Ok(p);
+        }
+        let state = shard.state();
+        let active = Active {
+            store: TxnStore::new(state.storage.begin_read().map_err(storage_error)?),
+            catalog: state.catalog(),
+            ops: Vec::new(),
+            read_time: state.high_water_mark(),
+            started_ms: state.now_millis(),
+        };
+        let p = Arc::new(Mutex::new(Participant {
+            txn_number: args.txn_number,
+            state: State::Active(Box::new(active)),
+        }));
+        lock(&self.sessions).insert(args.key.clone(), p.clone());
+        Ok(p)
+    }
+
+    /// Runs a write statement of the transaction on its store; a statement that fails (or
+    /// conflicts) aborts the transaction.
+    pub fn write(
+        &self,
+        shard: &Shard,
+        args: &TxnArgs,
+        job: WriteFn,
+    ) -> Result<WriteOutput, MongoError> {
+        let p = self.participant(shard, args)?;
+        let mut g = lock(&p);
+        let active = running(&mut g, args)?;
+        let Active {
+            store,
+            catalog,
+            ops,
+            read_time,
+            ..
+        } = &mut **active;
+        let mut ctx = WriteCtx::in_transaction(store, catalog, shard.state(), ops, *read_time);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ctx)))
+            .unwrap_or_else(|_| Err(StorageError::Engine("write job panicked".into())));
+        let outcome = match ran {
+            Ok(out) => {
+                let fresh = store.take_fresh();
+                self.claim(shard, &args.key, store, fresh).map(|()| out)
+            }
+            Err(e) => Err(storage_error(e)),
+        };
+        let failed = match &outcome {
+            Ok(out) => {
+                out.reply
+                    .get_array("writeErrors")
+                    .is_ok_and(|e| !e.is_empty())
+                    || MongoError::from_reply(&out.reply).is_some()
+            }
+            Err(_) => true,
+        };
+        if failed {
+            g.state = State::Aborted;
+            self.release(&args.key);
+        }
+        outcome
+    }
+
+    /// Runs a read of the transaction on its store and catalog; a failed read aborts it.
+    pub fn read<R>(
+        &self,
+        shard: &Shard,
+        args: &TxnArgs,
+        f: impl FnOnce(&dyn ReadTxn, &Catalog) -> Result<R, MongoError>,
+    ) -> Result<R, MongoError> {
+        let p = self.participant(shard, args)?;
+        let mut g = lock(&p);
+        let active = running(&mut g, args)?;
+        let result = f(&active.store, &active.catalog);
+        if result.is_err() {
+            g.state = State::Aborted;
+            self.release(&args.key);
+        }
+        result
+    }
+
+    /// Takes the locks of the keys a statement wrote for the first time, checking that no
+    /// other transaction holds them and that nobody committed a change to them since the
+    /// snapshot.
+    fn claim(
+        &self,
+        shard: &Shard,
+        session: &[u8],
+        store: &TxnStore,
+        fresh: Vec<Key>,
+    ) -> Result<(), MongoError> {
+        let fresh: Vec<Key> = fresh
+            .into_iter()
+            .filter(|(t, _)| CHECKED.contains(t))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut locks = lock(&self.locks);
+            if fresh
+                .iter()
+                .any(|k| locks.get(k).is_some_and(|owner| owner != session))
+            {
+                return Err(write_conflict());
+            }
+            for k in &fresh {
+                locks.insert(k.clone(), session.to_vec());
+            }
+        }
+        let now = shard.state().storage.begin_read().map_err(storage_error)?;
+        for (t, k) in &fresh {
+            let seen = store
+                .writes()
+                .get(&(*t, k.clone()))
+                .and_then(|w| w.seen.as_deref());
+            if now.get(*t, k).map_err(storage_error)?.as_deref() != seen {
+                return Err(write_conflict());
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every lock `session` holds.
+    fn release(&self, session: &[u8]) {
+        lock(&self.locks).retain(|_, owner| owner != session);
+    }
+
+    /// `commitTransaction`: commits the transaction in one writer job; retried, it answers as
+    /// the first time did.
+    pub async fn commit(&self, shard: &Shard, args: &TxnArgs) -> Result<WriteOutput, MongoError> {
+        let p = self.existing(shard, args)?;
+        let active = {
+            let mut g = lock(&p);
+            match std::mem::replace(&mut g.state, State::Committing) {
+                State::Active(a) => a,
+                State::Committed => {
+                    g.state = State::Committed;
+                    return Ok(ok_output(None));
+                }
+                State::Committing => {
+                    return Err(MongoError::new(
+                        ErrorCode::CONFLICTING_OPERATION_IN_PROGRESS,
+                        "the transaction is being committed",
+                    ));
+                }
+                State::Aborted => {
+                    g.state = State::Aborted;
+                    return Err(no_such_transaction(args));
+                }
+            }
+        };
+        let outcome = if active.store.writes().is_empty() && active.ops.is_empty() {
+            Ok(ok_output(None))
+        } else {
+            shard
+                .writer()
+                .submit(commit_job(*active, args.clone()))
+                .await
+                .and_then(|out| match MongoError::from_reply(&out.reply) {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                })
+        };
+        let mut g = lock(&p);
+        g.state = if outcome.is_ok() {
+            State::Committed
+        } else {
+            State::Aborted
+        };
+        self.release(&args.key);
+        outcome
+    }
+
+    /// `abortTransaction`.
+    pub fn abort(&self, shard: &Shard, args: &TxnArgs) -> Result<(), MongoError> {
+        let p = self.existing(shard, args)?;
+        let mut g = lock(&p);
+        match g.state {
+            State::Active(_) => {
+                g.state = State::Aborted;
+                self.release(&args.key);
+                Ok(())
+            }
+            State::Committed | State::Committing => Err(MongoError::new(
+                ErrorCode::TRANSACTION_COMMITTED,
+                format!(
+                    "Transaction with {{ txnNumber: {} }} has been committed.",
+                    args.txn_number
+                ),
+            )),
+            State::Aborted => Err(no_such_transaction(args)),
+        }
+    }
+
+    /// The session's participant for exactly `args`' transaction (commit and abort never
+    /// start one).
+    fn existing(
+        &self,
+        shard: &Shard,
+        args: &TxnArgs,
+    ) -> Result<Arc<Mutex<Participant>>, MongoError> {
+        let found = lock(&self.sessions).get(&args.key).cloned();
+        match found {
+            Some(p) => {
+                let n = lock(&p).txn_number;
+                if n == args.txn_number {
+                    Ok(p)
+                } else if n > args.txn_number {
+                    Err(too_old(args, n))
+                } else {
+                    Err(no_such_transaction(args))
+                }
+            }
+            None => {
+                // Not in memory (the shard restarted): the session's record says whether it
+                // committed.
+                let durable = durable_record(shard, &args.key)?;
+                if durable.txn_number == args.txn_number && durable.committed_txn {
+                    Ok(Arc::new(Mutex::new(Participant {
+                        txn_number: args.txn_number,
+                        state: State::Committed,
+                    })))
+                } else if durable.txn_number > args.txn_number {
+                    Err(too_old(args, durable.txn_number))
+                } else {
+                    Err(no_such_transaction(args))
+                }
+            }
+        }
+    }
+
+    /// Aborts the running transactions older than `lifetime`; forgets finished ones.
+    pub fn reap(&self, now_ms: u64, lifetime: Duration) {
+        let limit = u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX);
+        let sessions: Vec<(Vec<u8>, Arc<Mutex<Participant>>)> = lock(&self.sessions)
+            .iter()
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
+        for (key, p) in sessions {
+            let mut g = lock(&p);
+            if let State::Active(a) = &g.state
+                && now_ms.saturating_sub(a.started_ms) > limit
+            {
+                tracing::info!(
+                    txn_number = g.txn_number,
+                    "aborting a transaction past its lifetime"
+                );
+                g.state = State::Aborted;
+                self.release(&key);
+            }
+        }
+    }
+
+    /// How many transactions are running (for `serverStatus` and tests).
+    pub fn running(&self) -> usize {
+        lock(&self.sessions)
+            .values()
+            .filter(|p| matches!(lock(p).state, State::Active(_)))
+            .count()
+    }
+}
+
+/// The writer job that commits `active`: checks, applies, logs the `applyOps`, records the
+/// outcome in the session's record.
+fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
+    Box::new(move |w: &mut WriteCtx<'_>| {
+        let Active { store, ops, .. } = active;
+        for ((t, k), written) in store.writes() {
+            if CHECKED.contains(t) && w.txn().get(*t, k)? != written.seen {
+                return Ok(WriteOutput {
+                    reply: write_conflict().to_document(),
+                    op_time: None,
+                });
+            }
+        }
+        for ((t, k), written) in store.into_writes() {
+            match (t, written.value) {
+                (Table::Catalog, Some(v)) => {
+                    let entry = Document::from_reader(v.as_slice())
+                        .ok()
+                        .and_then(|d| CollectionEntry::from_document(&d))
+                        .ok_or_else(|| StorageError::Engine("a bad catalog entry".into()))?;
+                    w.save_collection(entry)?;
+                }
+                (Table::Catalog, None) => {
+                    w.remove_collection(&String::from_utf8_lossy(&k))?;
+                }
+                (t, Some(v)) => w.txn_mut().put(t, &k, &v)?,
+                (t, None) => {
+                    w.txn_mut().delete(t, &k)?;
+                }
+            }
+        }
+        let ts = w.log(EntrySpec {
+            op: "c",
+            ns: "admin.$cmd".into(),
+            ui: None,
+            o: doc! {"applyOps": ops},
+            o2: None,
+            session: Some(SessionFields {
+                lsid: args.lsid.clone(),
+                txn_number: args.txn_number,
+                stmt_id: None,
+                prev_op_time: None,
+            }),
+        })?;
+        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
+        Ok(ok_output(Some(ts)))
+    })
+}
+
+fn ok_output(op_time: Option<ClusterTime>) -> WriteOutput {
+    WriteOutput {
+        reply: doc! {"ok": 1.0},
+        op_time,
+    }
+}
+
+fn running<'a>(
+    g: &'a mut MutexGuard<'_, Participant>,
+    args: &TxnArgs,
+) -> Result<&'a mut Box<Active>, MongoError> {
+    match &mut g.state {
+        State::Active(a) => Ok(a),
+        State::Committed | State::Committing => Err(MongoError::new(
+            ErrorCode::TRANSACTION_COMMITTED,
+            format!(
+                "Transaction with {{ txnNumber: {} }} has been committed.",
+                args.txn_number
+            ),
+        )),
+        State::Aborted => Err(no_such_transaction(args)),
+    }
+}
+
+fn durable_record(shard: &Shard, key: &[u8]) -> Result<retryable::Record, MongoError> {
+    let read = shard.state().storage.begin_read().map_err(storage_error)?;
+    retryable::Record::load(&*read, key).map_err(storage_error)
+}
+
+pub fn write_conflict() -> MongoError {
+    MongoError::new(
+        ErrorCode::WRITE_CONFLICT,
+        "Write conflict during plan execution and yielding is disabled. :: Please retry your \
+         operation or multi-document transaction.",
+    )
+}
+
+fn no_such_transaction(args: &TxnArgs) -> MongoError {
+    MongoError::new(
+        ErrorCode::NO_SUCH_TRANSACTION,
+        format!(
+            "Transaction with {{ txnNumber: {} }} has been aborted.",
+            args.txn_number
+        ),
+    )
+}
+
+fn too_old(args: &TxnArgs, newest: i64) -> MongoError {
+    MongoError::new(
+        ErrorCode::TRANSACTION_TOO_OLD,
+        format!(
+            "Cannot start transaction {} on session because a newer transaction {newest} has \
+             already started.",
+            args.txn_number
+        ),
+    )
+}
+
+fn storage_error(e: StorageError) -> MongoError {
+    MongoError::internal(format!("storage: {e}"))
+}
+
+/// Never held across `.await`; a poisoned participant is still consistent (updates are whole).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,145 @@
+//! Multi-document transactions through the router with the Rust driver: the change events a
+//! committed transaction produces (and an aborted one does not), resuming inside one, and the
+//! driver's convenient API.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::ResumeToken;
+use tests::EmbeddedCluster;
+
+async fn next(stream: &mut ChangeStream<Document>) -> anyhow::Result<Document> {
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
+        .map_err(Into::into)
+}
+
+fn id_of(event: &Document) -> anyhow::Result<Bson> {
+    Ok(event
+        .get_document("documentKey")?
+        .get("_id")
+        .cloned()
+        .unwrap_or(Bson::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_transaction_is_one_event_per_operation_and_an_aborted_one_none()
+-> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let c = client.database("events").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 0}).await?;
+    let mut stream = c
+        .watch()
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+
+    let mut aborted = client.start_session().await?;
+    aborted.start_transaction().await?;
+    c.insert_one(doc! {"_id": "never"})
+        .session(&mut aborted)
+        .await?;
+    aborted.abort_transaction().await?;
+
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    for i in 1..=5 {
+        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+    }
+    c.update_one(doc! {"_id": 0}, doc! {"$set": {"x": 1}})
+        .session(&mut s)
+        .await?;
+    c.delete_one(doc! {"_id": 5}).session(&mut s).await?;
+    s.commit_transaction().await?;
+    c.insert_one(doc! {"_id": "after"}).await?;
+
+    let mut events = Vec::new();
+    for _ in 0..8 {
+        events.push(next(&mut stream).await?);
+    }
+    let ops: Vec<(&str, Bson)> = events
+        .iter()
+        .map(|e| Ok((e.get_str("operationType")?, id_of(e)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let expected: Vec<(&str, Bson)> = vec![
+        ("insert", Bson::Int32(1)),
+        ("insert", Bson::Int32(2)),
+        ("insert", Bson::Int32(3)),
+        ("insert", Bson::Int32(4)),
+        ("insert", Bson::Int32(5)),
+        ("update", Bson::Int32(0)),
+        ("delete", Bson::Int32(5)),
+        ("insert", Bson::String("after".into())),
+    ];
+    assert_eq!(ops, expected, "the aborted insert never shows");
+    let txn = &events[..7];
+    let time = txn[0].get("clusterTime").cloned();
+    for e in txn {
+        assert_eq!(e.get("clusterTime").cloned(), time, "one commit time: {e}");
+        assert!(e.get_i64("txnNumber").is_ok(), "txnNumber: {e}");
+        assert!(e.get_document("lsid").is_ok(), "lsid: {e}");
+    }
+    assert!(!events[7].contains_key("txnNumber"), "{}", events[7]);
+
+    // Resuming after the 2nd operation goes on with the 3rd.
+    let token: ResumeToken =
+        mongodb::bson::deserialize_from_document(txn[1].get_document("_id")?.clone())?;
+    let mut resumed = c
+        .watch()
+        .resume_after(token)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let third = next(&mut resumed).await?;
+    assert_eq!(id_of(&third)?, Bson::Int32(3), "{third}");
+    assert_eq!(third.get("clusterTime").cloned(), time);
+    cluster.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drivers_convenient_api_commits_and_a_statement_error_aborts() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let c = client.database("convenient").collection::<Document>("c");
+    c.insert_one(doc! {"_id": "taken"}).await?;
+    let mut s = client.start_session().await?;
+    s.start_transaction()
+        .and_run(c.clone(), |session, c| {
+            Box::pin(async move {
+                c.insert_one(doc! {"_id": "x"})
+                    .session(&mut *session)
+                    .await?;
+                c.insert_one(doc! {"_id": "y"})
+                    .session(&mut *session)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await?;
+    assert_eq!(c.count_documents(doc! {}).await?, 3);
+
+    // A duplicate key inside a transaction aborts it: the commit answers NoSuchTransaction and
+    // the earlier insert is gone.
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": "z"}).session(&mut s).await?;
+    let dup = c
+        .insert_one(doc! {"_id": "taken"})
+        .session(&mut s)
+        .await
+        .expect_err("a duplicate key");
+    assert_eq!(tests::scenarios::code_of(&dup), Some(11000), "{dup}");
+    let err = s
+        .commit_transaction()
+        .await
+        .expect_err("the transaction was aborted");
+    assert_eq!(tests::scenarios::code_of(&err), Some(251), "{err}");
+    assert!(err.contains_label("TransientTransactionError"), "{err}");
+    assert_eq!(c.count_documents(doc! {"_id": "z"}).await?, 0);
+    cluster.stop().await;
+    Ok(())
+}
