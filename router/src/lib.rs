@@ -17,6 +17,7 @@ pub mod router;
 pub mod routing;
 pub mod server;
 pub mod shard_client;
+mod snapshot;
 mod txn;
 
 pub use changestream::REPLIES_PER_SECOND;

@@ -21,6 +21,7 @@ pub mod changestream;
 pub mod clock;
 pub mod commands;
 pub mod cursor;
+pub mod history;
 pub mod indexes;
 pub mod keys;
 pub mod oplog;
@@ -173,6 +174,12 @@ impl Shard {
                 shard
                     .transactions
                     .reap(shard.state.now_millis(), txn::LIFETIME);
+                let now_secs = shard.state.now_millis() / 1000;
+                let oldest = now_secs.saturating_sub(history::WINDOW.as_secs());
+                shard.state.history.trim_before(ClusterTime::new(
+                    u32::try_from(oldest).unwrap_or(u32::MAX),
+                    0,
+                ));
             }
         });
         Ok(shard)

@@ -11,6 +11,7 @@ use resume::ClusterTime;
 
 use crate::catalog::Catalog;
 use crate::clock::{Clock, Hlc};
+use crate::history::{self, History};
 use crate::oplog::TailWindow;
 use crate::retention::{OplogStats, Retention};
 use crate::storage::Storage;
@@ -26,6 +27,8 @@ pub struct ShardState {
     /// Committed oplog size and truncation point (the writer updates it after each commit).
     oplog_stats: Mutex<OplogStats>,
     retention: Mutex<Retention>,
+    /// What the documents held before recent writes: reads as of a cluster time.
+    pub history: Arc<History>,
 }
 
 impl ShardState {
@@ -38,6 +41,7 @@ impl ShardState {
         tail: TailWindow,
         oplog_stats: OplogStats,
     ) -> Self {
+        let history = Arc::new(History::new(tail.visible(), history::DEFAULT_MAX_BYTES));
         ShardState {
             name,
             storage,
@@ -48,6 +52,7 @@ impl ShardState {
             commits: AtomicU64::new(0),
             oplog_stats: Mutex::new(oplog_stats),
             retention: Mutex::new(Retention::default()),
+            history,
         }
     }
 

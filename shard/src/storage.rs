@@ -176,6 +176,22 @@ pub trait WriteTxn: ReadTxn {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()>;
     /// Removes a key; returns whether it existed.
     fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool>;
+    /// Writes `value` at `key` (removes it for `None`) and returns what was there.
+    fn replace(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        let before = self.get(table, key)?;
+        match value {
+            Some(v) => self.put(table, key, v)?,
+            None => {
+                self.delete(table, key)?;
+            }
+        }
+        Ok(before)
+    }
     /// Makes every write of this transaction durable and visible, atomically.
     fn commit(self: Box<Self>) -> StorageResult<()>;
 }
@@ -304,6 +320,20 @@ impl WriteTxn for RedbWrite {
     fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
         let mut t = self.0.open_table(table.def()).map_err(engine)?;
         Ok(t.remove(key).map_err(engine)?.is_some())
+    }
+
+    fn replace(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        let mut t = self.0.open_table(table.def()).map_err(engine)?;
+        let before = match value {
+            Some(v) => t.insert(key, v).map_err(engine)?,
+            None => t.remove(key).map_err(engine)?,
+        };
+        Ok(before.map(|b| b.value().to_vec()))
     }
 
     fn commit(self: Box<Self>) -> StorageResult<()> {

@@ -71,10 +71,99 @@ enum Job {
     Shutdown,
 }
 
+/// What the tracked keys of a batch held before the batch overwrote them ([`History`]): each
+/// write is stamped with the `ts` of the next entry its job logs (the entry that describes it).
+///
+/// [`History`]: crate::history::History
+#[derive(Default)]
+struct Recorder {
+    /// (table, key, value before) of the writes no entry has described yet.
+    unstamped: std::sync::Mutex<Vec<Unstamped>>,
+    stamped: std::sync::Mutex<Vec<crate::history::Version>>,
+}
+
+impl Recorder {
+    fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, table: Table, key: &[u8], before: Option<Vec<u8>>) {
+        Self::lock(&self.unstamped).push((table, key.to_vec(), before));
+    }
+
+    /// The writes so far belong to the entry at `ts`.
+    fn stamp(&self, ts: ClusterTime) {
+        let pending = std::mem::take(&mut *Self::lock(&self.unstamped));
+        Self::lock(&self.stamped).extend(pending.into_iter().map(|(t, k, v)| (t, k, ts, v)));
+    }
+
+    /// Every version of the batch; writes no entry followed take the batch's last `ts`.
+    fn finish(&self, last: Option<ClusterTime>) -> Vec<crate::history::Version> {
+        if let Some(ts) = last {
+            self.stamp(ts);
+        }
+        std::mem::take(&mut *Self::lock(&self.stamped))
+    }
+}
+
+type Unstamped = (Table, Vec<u8>, Option<Vec<u8>>);
+
+/// The batch's storage transaction, handing what each tracked key held to the [`Recorder`].
+struct Recording<'r> {
+    inner: Box<dyn WriteTxn>,
+    recorder: &'r Recorder,
+}
+
+impl ReadTxn for Recording<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.inner.get(table, key)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()> {
+        self.inner.scan(table, range, reverse, visit)
+    }
+}
+
+impl WriteTxn for Recording<'_> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        if crate::history::TRACKED.contains(&table) {
+            let before = self.inner.replace(table, key, Some(value))?;
+            self.recorder.push(table, key, before);
+            Ok(())
+        } else {
+            self.inner.put(table, key, value)
+        }
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
+        if crate::history::TRACKED.contains(&table) {
+            let before = self.inner.replace(table, key, None)?;
+            let existed = before.is_some();
+            if existed {
+                self.recorder.push(table, key, before);
+            }
+            Ok(existed)
+        } else {
+            self.inner.delete(table, key)
+        }
+    }
+
+    fn commit(self: Box<Self>) -> StorageResult<()> {
+        self.inner.commit()
+    }
+}
+
 /// Where a job's oplog entries go.
 enum LogTo<'a> {
-    /// The batch's entries: each stamped with a fresh `ts` and written to the oplog.
-    Oplog(&'a mut Vec<(ClusterTime, Bytes)>),
+    /// The batch's entries: each stamped with a fresh `ts` and written to the oplog, the
+    /// recorder told which writes it describes.
+    Oplog(&'a mut Vec<(ClusterTime, Bytes)>, &'a Recorder),
     /// A multi-document transaction's operations, written at its commit as one `applyOps`
     /// entry; until then a statement's time is the transaction's read time.
     Transaction {
@@ -149,8 +238,8 @@ impl<'a> WriteCtx<'a> {
     /// Writes an oplog entry at a fresh `ts`; returns the `ts`. Inside a transaction the
     /// entry becomes one of its operations instead, and the time is its read time.
     pub fn log(&mut self, spec: EntrySpec) -> StorageResult<ClusterTime> {
-        let pending = match &mut self.log {
-            LogTo::Oplog(pending) => pending,
+        let (pending, recorder) = match &mut self.log {
+            LogTo::Oplog(pending, recorder) => (pending, *recorder),
             LogTo::Transaction { ops, read_time } => {
                 ops.push(spec.apply_ops_entry());
                 self.last_logged = Some(*read_time);
@@ -167,6 +256,7 @@ impl<'a> WriteCtx<'a> {
             .to_writer(&mut buf)
             .map_err(|e| StorageError::Engine(format!("serializing oplog entry: {e}")))?;
         self.txn.put(Table::Oplog, &oplog_key(ts), &buf)?;
+        recorder.stamp(ts);
         pending.push((ts, Bytes::from(buf)));
         self.last_logged = Some(ts);
         Ok(ts)
@@ -361,8 +451,12 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
         }
     };
+    let recorder = Recorder::default();
     let mut txn = match state.storage.begin_write() {
-        Ok(t) => t,
+        Ok(inner) => Box::new(Recording {
+            inner,
+            recorder: &recorder,
+        }),
         Err(e) => return fail_all(writes, &e),
     };
     let mut catalog = state.catalog();
@@ -374,7 +468,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             txn: &mut *txn,
             catalog: &mut catalog,
             state,
-            log: LogTo::Oplog(&mut pending),
+            log: LogTo::Oplog(&mut pending, &recorder),
             last_logged: None,
             from_migrate: false,
             wall_ms,
@@ -427,9 +521,23 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     {
         failure = Some(e);
     }
+    // The batch's history goes in before it commits: a reader whose snapshot has the batch
+    // finds it (and one whose snapshot does not never looks at it).
+    let first_ts = pending.first().map(|(ts, _)| *ts);
     let committed = match failure {
         Some(e) => Err(e),
-        None => txn.commit(),
+        None => {
+            state
+                .history
+                .record(recorder.finish(pending.last().map(|(ts, _)| *ts)));
+            let done = txn.commit();
+            if done.is_err()
+                && let Some(first) = first_ts
+            {
+                state.history.forget_from(first);
+            }
+            done
+        }
     };
     match committed {
         Ok(()) => {

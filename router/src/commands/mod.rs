@@ -73,11 +73,18 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             None => {}
         }
     }
+    let pinned = match crate::snapshot::pin(router, name, &req.body) {
+        Ok(p) => p,
+        Err(e) => {
+            injected.get_or_insert(e);
+            None
+        }
+    };
     let ctx = Ctx {
         router,
         conn,
         db: &req.db,
-        cmd: &req.body,
+        cmd: pinned.as_ref().map_or(&req.body, |(cmd, _)| cmd),
         name,
     };
     let result = if let Some(e) = injected {
@@ -107,6 +114,10 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     {
         crate::txn::abort_after_refusal(router, &req.body).await;
     }
+    let result = match pinned {
+        Some((_, at)) => result.map(|r| crate::snapshot::stamp(r, at)),
+        None => result,
+    };
     let reply = match result {
         Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,

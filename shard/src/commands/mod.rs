@@ -20,6 +20,7 @@ use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
 use crate::catalog::Catalog;
+use crate::history::AsOf;
 use crate::storage::ReadTxn;
 use crate::txn::TxnArgs;
 use crate::writer::{WriteFn, WriteOutput};
@@ -63,11 +64,20 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         }
     };
     let txn = crate::txn::TxnArgs::from_command(&name, &cmd)?;
+    let snapshot_at = read_concern_snapshot(&cmd)?;
+    if let Some(t) = txn
+        .as_ref()
+        .and_then(|t| t.at_cluster_time)
+        .or(snapshot_at.flatten())
+    {
+        wait_for_time(shard, t).await?;
+    }
     let ctx = Ctx {
         shard,
         db,
         cmd,
         txn,
+        snapshot_at,
     };
     if matches!(
         name.as_str(),
@@ -130,6 +140,53 @@ pub struct Ctx<'a> {
     pub cmd: Document,
     /// The multi-document transaction the command is part of.
     pub txn: Option<TxnArgs>,
+    /// A read with `readConcern: {level: "snapshot"}` outside a transaction: `Some(None)`
+    /// reads as of now, `Some(Some(t))` as of `atClusterTime` `t`.
+    pub snapshot_at: Option<Option<ClusterTime>>,
+}
+
+/// The `readConcern: snapshot` of a command outside a transaction.
+fn read_concern_snapshot(cmd: &Document) -> Result<Option<Option<ClusterTime>>, MongoError> {
+    if cmd.contains_key("autocommit") {
+        return Ok(None);
+    }
+    let Ok(rc) = cmd.get_document("readConcern") else {
+        return Ok(None);
+    };
+    if !rc.get_str("level").is_ok_and(|l| l == "snapshot") {
+        if rc.contains_key("atClusterTime") {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "atClusterTime is only allowed with readConcern level snapshot",
+            ));
+        }
+        return Ok(None);
+    }
+    match rc.get("atClusterTime") {
+        None => Ok(Some(None)),
+        Some(Bson::Timestamp(t)) => Ok(Some(Some(ClusterTime::from(*t)))),
+        Some(_) => Err(MongoError::type_mismatch(
+            "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'",
+        )),
+    }
+}
+
+/// Waits until everything at or before `t` is committed here (a read as of `t` must see all
+/// of it); the shard's clock moves to `t` first, so nothing new is written at or below it.
+async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> {
+    let state = shard.state();
+    state.observe(t);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state.high_water_mark() < t {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_TIME_LIMIT,
+                "timed out waiting for the writes before the read's cluster time",
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 fn transaction<'c>(ctx: &'c Ctx<'_>) -> Result<&'c TxnArgs, MongoError> {
@@ -185,7 +242,14 @@ impl Ctx<'_> {
                     .storage
                     .begin_read()
                     .map_err(|e| MongoError::internal(format!("storage: {e}")))?;
-                f(&*snapshot, &catalog)
+                match self.snapshot_at {
+                    Some(at) => {
+                        let at = at.unwrap_or_else(|| state.high_water_mark());
+                        let as_of = AsOf::new(snapshot, state.history.clone(), at)?;
+                        f(&as_of, &catalog)
+                    }
+                    None => f(&*snapshot, &catalog),
+                }
             }
         }
     }

@@ -111,9 +111,9 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         (None, Some(l)) => Some(skip.saturating_add(l)),
         _ => None,
     };
-    if ctx.txn.is_some() {
-        // Inside a transaction the whole result comes from its snapshot now: a later getMore
-        // must not read a newer one.
+    if ctx.txn.is_some() || ctx.snapshot_at.is_some() {
+        // A transaction's or a snapshot read's whole result comes from its snapshot now: a
+        // later getMore must not read a newer one.
         let Some(docs) = matching(ctx, &coll, &filter, stop_at)? else {
             return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
         };

@@ -38,6 +38,7 @@ use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
 use crate::catalog::{Catalog, CollectionEntry};
+use crate::history::AsOf;
 use crate::oplog::{EntrySpec, SessionFields};
 use crate::retryable::{self, RetryInfo};
 use crate::storage::{ReadTxn, StorageError, Table};
@@ -78,6 +79,8 @@ pub struct TxnArgs {
     pub lsid: Document,
     pub txn_number: i64,
     pub start: bool,
+    /// `readConcern.atClusterTime` of the first statement: the time the transaction reads at.
+    pub at_cluster_time: Option<ClusterTime>,
 }
 
 impl TxnArgs {
@@ -123,6 +126,11 @@ impl TxnArgs {
             lsid: info.lsid,
             txn_number: info.txn_number,
             start: matches!(cmd.get("startTransaction"), Some(Bson::Boolean(true))),
+            at_cluster_time: cmd
+                .get_document("readConcern")
+                .ok()
+                .and_then(|rc| rc.get_timestamp("atClusterTime").ok())
+                .map(ClusterTime::from),
         }))
     }
 }
@@ -201,11 +209,18 @@ impl Transactions {
             return Ok(p);
         }
         let state = shard.state();
+        // The transaction reads as of one cluster time: the one it was given (every shard it
+        // touches reads at the same), else everything committed here so far.
+        let read_time = args
+            .at_cluster_time
+            .unwrap_or_else(|| state.high_water_mark());
+        let snapshot = state.storage.begin_read().map_err(storage_error)?;
+        let snapshot = AsOf::new(snapshot, state.history.clone(), read_time)?;
         let active = Active {
-            store: TxnStore::new(state.storage.begin_read().map_err(storage_error)?),
+            store: TxnStore::new(Box::new(snapshot)),
             catalog: state.catalog(),
             ops: Vec::new(),
-            read_time: state.high_water_mark(),
+            read_time,
             started_ms: state.now_millis(),
         };
         let p = Arc::new(Mutex::new(Participant {

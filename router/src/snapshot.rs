@@ -1,0 +1,68 @@
+//! Snapshot reads outside transactions (`readConcern: {level: "snapshot"}` on `find`,
+//! `aggregate` and `distinct`): the router fixes the cluster time every shard reads at, so a
+//! read that spans shards sees one consistent cut of the cluster, and tells the client which
+//! time it was (`atClusterTime` in the cursor, as mongos does), so it can, for example, watch
+//! the changes after exactly that point (`startAtOperationTime`).
+//!
+//! Invariant: every shard a snapshot read reaches reads as of the same `atClusterTime`, given
+//! by the client or chosen here as the router's current cluster time (everything the client can
+//! have seen is at or before it).
+
+use bson::{Bson, Document, Timestamp};
+use wire::raw::Body;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::router::Router;
+
+/// The commands that take `readConcern: snapshot` outside a transaction.
+const SNAPSHOT_READS: &[&str] = &["find", "aggregate", "distinct"];
+
+/// For a snapshot read: the command with its `atClusterTime` fixed, and that time.
+pub(crate) fn pin(
+    router: &Router,
+    name: &str,
+    cmd: &Document,
+) -> Result<Option<(Document, Timestamp)>> {
+    if crate::txn::in_transaction(cmd) {
+        return Ok(None);
+    }
+    let Ok(rc) = cmd.get_document("readConcern") else {
+        return Ok(None);
+    };
+    if !rc.get_str("level").is_ok_and(|l| l == "snapshot") {
+        return Ok(None);
+    }
+    if !SNAPSHOT_READS.contains(&name) {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            format!("readConcern level snapshot is not supported for {name} outside a transaction"),
+        ));
+    }
+    let at = match rc.get("atClusterTime") {
+        Some(Bson::Timestamp(t)) => *t,
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'",
+            ));
+        }
+        None => router.cluster_time().timestamp(),
+    };
+    let mut pinned = cmd.clone();
+    let mut rc = rc.clone();
+    rc.insert("atClusterTime", at);
+    pinned.insert("readConcern", rc);
+    Ok(Some((pinned, at)))
+}
+
+/// The reply with the read's `atClusterTime` in its cursor.
+pub(crate) fn stamp(reply: Body, at: Timestamp) -> Body {
+    match reply {
+        Body::Document(mut d) => {
+            if let Ok(c) = d.get_document_mut("cursor") {
+                c.insert("atClusterTime", at);
+            }
+            Body::Document(d)
+        }
+        raw => raw,
+    }
+}
