@@ -31,7 +31,7 @@ use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table};
 pub const TRACKED: [Table; 2] = [Table::Documents, Table::UniqueIndexes];
 
 /// The default bound of a shard's history, in bytes of the values it keeps.
-pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+pub const DEFAULT_MAX_BYTES: usize = 32 << 20;
 
 /// How far back reads as of a cluster time may go (MongoDB's
 /// `minSnapshotHistoryWindowInSeconds`), history permitting.
