@@ -95,6 +95,12 @@ pub async fn embedded_with(
         clients.push(Arc::new(LocalShard::new(s.clone())));
         shards.push(s);
     }
+    // Shards in one process reach each other directly (a two-phase commit's coordinator).
+    for s in &shards {
+        for (j, peer) in shards.iter().enumerate() {
+            s.peers().register(&format!("shard{j}"), peer);
+        }
+    }
     let mut running = router_over(bind, clients, options).await?;
     running.shards = shards;
     Ok(running)

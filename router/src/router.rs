@@ -181,6 +181,12 @@ impl Router {
         self.clock.now()
     }
 
+    /// The `host:port` of a shard in another process (`None` for one in this process).
+    pub(crate) fn shard_host(&self, shard: usize) -> Option<String> {
+        let d = self.shards.get(shard)?.client.describe();
+        d.contains(':').then_some(d)
+    }
+
     pub(crate) fn shard_index(&self, name: &str) -> Result<usize> {
         self.shards
             .iter()

@@ -11,9 +11,10 @@
 //! that never saw the transaction (another one, or this one restarted) can still finish the
 //! commit from the token alone.
 //!
-//! One shard per transaction for now: a statement that would reach a second shard is refused
-//! before it is sent (`OperationNotSupportedInTransaction`) and the transaction is aborted on
-//! its shard; two-phase commit across shards comes next.
+//! Every participant reads as of the cluster time the transaction started at (the router's
+//! time at `startTransaction`, sent as `readConcern.atClusterTime`). A commit with one
+//! participant goes to it; with more, the first participant coordinates a two-phase commit
+//! (`coordinateCommitTransaction`, see `shard::txn::coordinator`).
 //!
 //! Invariants: a transaction statement is never sent to a shard twice (no resend after a lost
 //! connection: the shard would run it twice); a session has one transaction here, its newest.
@@ -22,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bson::{Bson, Document, doc};
+use resume::ClusterTime;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::Router;
@@ -104,7 +106,7 @@ impl Sessions {
 
     /// Admits a command into its session's transaction before it runs: `startTransaction`
     /// starts a new one; any other statement must belong to the session's current one.
-    pub fn admit(&self, name: &str, cmd: &Document) -> Result<()> {
+    pub fn admit(&self, name: &str, cmd: &Document, now: ClusterTime) -> Result<()> {
         if !cmd.contains_key("autocommit") {
             return Ok(());
         }
@@ -129,7 +131,16 @@ impl Sessions {
                     format!("transaction {n} on this session has already started"),
                 ));
             }
-            let read_concern = cmd.get_document("readConcern").ok().cloned();
+            // Every shard the transaction reaches reads as of the same cluster time: now.
+            let mut read_concern = cmd
+                .get_document("readConcern")
+                .ok()
+                .cloned()
+                .unwrap_or_default();
+            if !read_concern.contains_key("atClusterTime") {
+                read_concern.insert("atClusterTime", now.timestamp());
+            }
+            let read_concern = Some(read_concern);
             map.insert(
                 key,
                 RouterTxn {
@@ -166,13 +177,6 @@ impl Sessions {
             cmd.remove("startTransaction");
             cmd.remove("readConcern");
             return Ok(());
-        }
-        if !txn.participants.is_empty() {
-            return Err(MongoError::new(
-                OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
-                "a transaction that spans more than one shard is not supported yet: its \
-                 statements must all reach the shard its first statement reached",
-            ));
         }
         txn.participants.push(shard);
         cmd.insert("startTransaction", true);
@@ -251,10 +255,25 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
                 .shard_idempotent(*shard, "admin", finishing("commitTransaction", cmd))
                 .await
         }
-        _ => Err(MongoError::new(
-            OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
-            "a transaction that spans more than one shard cannot be committed yet",
-        )),
+        [coordinator, ..] => {
+            // Two-phase commit, coordinated by the first participant.
+            let names = router.shard_names();
+            let participants: Vec<Bson> = participants
+                .iter()
+                .map(|&s| {
+                    let mut p = doc! {"shardId": names.get(s).cloned().unwrap_or_default()};
+                    if let Some(host) = router.shard_host(s) {
+                        p.insert("host", host);
+                    }
+                    Bson::Document(p)
+                })
+                .collect();
+            let mut coordinate = finishing("coordinateCommitTransaction", cmd);
+            coordinate.insert("participants", participants);
+            router
+                .shard_idempotent(*coordinator, "admin", coordinate)
+                .await
+        }
     }
 }
 
@@ -332,33 +351,41 @@ mod tests {
     #[test]
     fn the_first_statement_to_a_shard_starts_the_transaction_there() {
         let s = Sessions::default();
-        s.admit("insert", &stmt(1, true)).unwrap();
+        s.admit("insert", &stmt(1, true), ClusterTime::new(9, 1))
+            .unwrap();
         let mut first = stmt(1, false);
         s.enlist(2, &mut first).unwrap();
         assert!(first.get_bool("startTransaction").unwrap());
         assert_eq!(
             first.get_document("readConcern").unwrap(),
-            &doc! {"level": "snapshot"}
+            &doc! {"level": "snapshot", "atClusterTime": ClusterTime::new(9, 1).timestamp()},
+            "every participant reads as of the transaction's start"
         );
         let mut again = stmt(1, true);
         s.enlist(2, &mut again).unwrap();
         assert!(!again.contains_key("startTransaction"));
         assert!(!again.contains_key("readConcern"));
         let mut other = stmt(1, false);
-        let e = s.enlist(0, &mut other).unwrap_err();
-        assert_eq!(e.code, 263, "a second shard is refused for now");
+        s.enlist(0, &mut other).unwrap();
+        assert!(
+            other.get_bool("startTransaction").unwrap(),
+            "a second shard starts too"
+        );
+        let key = session(&other).unwrap().unwrap().0;
+        assert_eq!(s.participants(&key, 1), Some(vec![2, 0]));
     }
 
     #[test]
     fn statements_must_belong_to_the_sessions_current_transaction() {
         let s = Sessions::default();
-        assert_eq!(s.admit("insert", &stmt(1, false)).unwrap_err().code, 251);
-        s.admit("insert", &stmt(1, true)).unwrap();
-        s.admit("find", &stmt(1, false)).unwrap();
-        assert_eq!(s.admit("insert", &stmt(1, true)).unwrap_err().code, 117);
-        s.admit("insert", &stmt(2, true)).unwrap();
-        assert_eq!(s.admit("insert", &stmt(1, false)).unwrap_err().code, 251);
-        s.admit("commitTransaction", &stmt(1, false)).unwrap();
+        let t = ClusterTime::new(9, 1);
+        assert_eq!(s.admit("insert", &stmt(1, false), t).unwrap_err().code, 251);
+        s.admit("insert", &stmt(1, true), t).unwrap();
+        s.admit("find", &stmt(1, false), t).unwrap();
+        assert_eq!(s.admit("insert", &stmt(1, true), t).unwrap_err().code, 117);
+        s.admit("insert", &stmt(2, true), t).unwrap();
+        assert_eq!(s.admit("insert", &stmt(1, false), t).unwrap_err().code, 251);
+        s.admit("commitTransaction", &stmt(1, false), t).unwrap();
         assert!(is_retryable_write(
             &doc! {"insert": "c", "txnNumber": 1_i64}
         ));

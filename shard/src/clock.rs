@@ -78,6 +78,11 @@ pub struct Hlc {
     reserved: ClusterTime,
     /// The first timestamp ticked since the writer last published, if a batch is in flight.
     inflight: Option<ClusterTime>,
+    /// Prepare timestamps of prepared, undecided transactions (with how many at each): the
+    /// high-water mark stays below the lowest until its transaction is decided.
+    holds: std::collections::BTreeMap<ClusterTime, usize>,
+    /// Holds taken by the batch in flight: dropped if it fails.
+    tentative: Vec<ClusterTime>,
 }
 
 impl Hlc {
@@ -87,6 +92,8 @@ impl Hlc {
             last: reserved.max(last_oplog),
             reserved,
             inflight: None,
+            holds: std::collections::BTreeMap::new(),
+            tentative: Vec::new(),
         }
     }
 
@@ -121,18 +128,58 @@ impl Hlc {
         ts
     }
 
-    /// Everything ticked so far is visible (or was abandoned): release the hold on `H`.
+    /// Everything ticked so far is visible (or was abandoned): release the hold on `H`. The
+    /// batch's holds ([`Hlc::hold_in_batch`]) stay.
     pub fn clear_inflight(&mut self) {
         self.inflight = None;
+        self.tentative.clear();
     }
 
-    /// `H`: every entry made visible from now on has `ts > H`.
+    /// The batch in flight failed: the holds it took go (its prepares never happened).
+    pub fn abandon_batch_holds(&mut self) {
+        for p in std::mem::take(&mut self.tentative) {
+            self.release(p);
+        }
+    }
+
+    /// [`Hlc::hold`] from inside a writer batch, taken back if the batch fails.
+    pub fn hold_in_batch(&mut self, p: ClusterTime) {
+        self.hold(p);
+        self.tentative.push(p);
+    }
+
+    /// `H`: every entry made visible from now on has `ts > H`, and no prepared transaction
+    /// is undecided at or below it.
     pub fn high_water_mark(&mut self, wall_millis: u64) -> ClusterTime {
         let base = match self.inflight {
             Some(first) => first.prev(),
             None => self.now(wall_millis),
         };
-        base.min(self.reserved)
+        let held = match self.holds.keys().next() {
+            Some(p) => p.prev(),
+            None => ClusterTime::MAX,
+        };
+        base.min(self.reserved).min(held)
+    }
+
+    /// A transaction prepared at `p`: hold the high-water mark below it until [`Hlc::release`].
+    pub fn hold(&mut self, p: ClusterTime) {
+        *self.holds.entry(p).or_default() += 1;
+    }
+
+    /// The transaction prepared at `p` is decided.
+    pub fn release(&mut self, p: ClusterTime) {
+        if let Some(n) = self.holds.get_mut(&p) {
+            *n -= 1;
+            if *n == 0 {
+                self.holds.remove(&p);
+            }
+        }
+    }
+
+    /// Whether a prepared transaction is undecided.
+    pub fn has_holds(&self) -> bool {
+        !self.holds.is_empty()
     }
 
     pub fn reserved(&self) -> ClusterTime {
@@ -176,6 +223,25 @@ mod tests {
         assert!(c.tick(1_000) > ClusterTime::new(100, 7));
         c.observe(ClusterTime::new(50, 0));
         assert!(c.now(1_000) >= ClusterTime::new(100, 8));
+    }
+
+    #[test]
+    fn a_prepared_transaction_holds_the_high_water_mark_below_its_prepare_time() {
+        let mut c = Hlc::recover(ClusterTime::new(100, 0), ClusterTime::new(10, 0));
+        c.set_reserved(ClusterTime::new(300, 0));
+        let p = c.tick(10_000);
+        c.clear_inflight();
+        c.hold(p);
+        c.hold(p);
+        let later = c.tick(10_000);
+        c.clear_inflight();
+        assert!(later > p);
+        assert_eq!(c.high_water_mark(10_000), p.prev());
+        c.release(p);
+        assert_eq!(c.high_water_mark(10_000), p.prev(), "two transactions at p");
+        c.release(p);
+        assert!(!c.has_holds());
+        assert_eq!(c.high_water_mark(10_000), later);
     }
 
     #[test]

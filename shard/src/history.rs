@@ -91,10 +91,12 @@ impl History {
         self.lock().floor
     }
 
-    /// Adds a batch's versions (before its commit), then trims to the bound.
-    pub fn record(&self, versions: Vec<Version>) {
-        if versions.is_empty() {
-            return;
+    /// Adds a batch's versions (before its commit), then trims to the bound; returns how many
+    /// it added (for [`History::forget_last`]).
+    pub fn record(&self, versions: Vec<Version>) -> usize {
+        let n = versions.len();
+        if n == 0 {
+            return 0;
         }
         let mut inner = self.lock();
         for (table, key, ts, before) in versions {
@@ -109,12 +111,14 @@ impl History {
                 break;
             }
         }
+        n
     }
 
-    /// Forgets the versions written at `from` or later (a batch whose commit failed).
-    pub fn forget_from(&self, from: ClusterTime) {
+    /// Forgets the last `n` versions recorded (a batch whose commit failed; trimming may have
+    /// dropped some of them already).
+    pub fn forget_last(&self, n: usize) {
         let mut inner = self.lock();
-        while inner.order.back().is_some_and(|(ts, _)| *ts >= from) {
+        for _ in 0..n {
             let Some((_, k)) = inner.order.pop_back() else {
                 break;
             };
@@ -468,7 +472,7 @@ mod tests {
             (Table::Documents, b"a".to_vec(), t(2), Some(b"x".to_vec())),
             (Table::Documents, b"b".to_vec(), t(2), None),
         ]);
-        h.forget_from(t(2));
+        h.forget_last(2);
         let all = KeyRange::all();
         assert_eq!(
             h.changed(Table::Documents, &all, t(0), t(9)),

@@ -66,6 +66,15 @@ fn entry_key(coll: &CollectionEntry, name: &str, value: &Document) -> Vec<u8> {
     k
 }
 
+/// The storage keys of `doc`'s entries in its collection's unique indexes.
+pub fn entry_keys(coll: &CollectionEntry, doc: &Document) -> Vec<Vec<u8>> {
+    unique_indexes(coll)
+        .into_iter()
+        .filter(|(spec, pattern, _)| covers(spec, pattern, doc))
+        .map(|(_, pattern, name)| entry_key(coll, name, &key_value(pattern, doc)))
+        .collect()
+}
+
 fn id_of(doc: &Document) -> Bson {
     doc.get("_id").cloned().unwrap_or(Bson::Null)
 }

@@ -87,6 +87,7 @@ pub struct Shard {
     cursors: CursorRegistry,
     change_streams: ChangeStreams,
     transactions: txn::Transactions,
+    peers: txn::coordinator::Peers,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -154,10 +155,22 @@ impl Shard {
             cursors: CursorRegistry::default(),
             change_streams: ChangeStreams::default(),
             transactions: txn::Transactions::default(),
+            peers: Default::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
         // Housekeeping: keep the clock reservation ahead of the clock, reap idle cursors.
+        // Transactions prepared before a restart wait for their decision again; decisions this
+        // shard coordinated are delivered again.
+        let prepared = shard
+            .transactions
+            .recover(&shard)
+            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
+        let coordinated = txn::coordinator::recover(&shard)
+            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
+        if prepared + coordinated > 0 {
+            tracing::info!(prepared, coordinated, "recovered distributed transactions");
+        }
         let weak = Arc::downgrade(&shard);
         let cancel = shard.cancel.clone();
         shard.tasks.spawn(async move {
@@ -272,6 +285,22 @@ impl Shard {
 
     pub fn transactions(&self) -> &txn::Transactions {
         &self.transactions
+    }
+
+    /// How this shard reaches the other participants of a transaction it coordinates.
+    pub fn peers(&self) -> &txn::coordinator::Peers {
+        &self.peers
+    }
+
+    /// Runs a background task of the shard (stopped at shutdown).
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = task => {}
+            }
+        });
     }
 
     pub(crate) fn change_streams(&self) -> &ChangeStreams {

@@ -29,6 +29,8 @@ pub struct ShardState {
     retention: Mutex<Retention>,
     /// What the documents held before recent writes: reads as of a cluster time.
     pub history: Arc<History>,
+    /// The keys prepared transactions hold: no other write may touch them until decided.
+    pub prepared: crate::txn::PreparedKeys,
 }
 
 impl ShardState {
@@ -53,6 +55,7 @@ impl ShardState {
             oplog_stats: Mutex::new(oplog_stats),
             retention: Mutex::new(Retention::default()),
             history,
+            prepared: Default::default(),
         }
     }
 

@@ -38,19 +38,29 @@ pub enum Table {
     /// Unique secondary index entries. key: collection UUID ++ index name ++ 0 ++ KeyString of
     /// the key values; value: BSON `{_id}` of the document holding it.
     UniqueIndexes,
+    /// Distributed transactions in flight. key: `p` ++ session id (a prepared participant) or
+    /// `c` ++ session id (a coordinator); value: BSON state (see `txn`).
+    Transactions,
 }
 
 impl Table {
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::Catalog,
         Table::Documents,
         Table::Oplog,
         Table::Retryable,
         Table::Meta,
         Table::UniqueIndexes,
+        Table::Transactions,
     ];
 
-    fn name(self) -> &'static str {
+    /// The table with this [`Table::name`].
+    pub fn from_name(name: &str) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The table's name in storage.
+    pub fn name(self) -> &'static str {
         match self {
             Table::Catalog => "catalog",
             Table::Documents => "documents",
@@ -58,6 +68,7 @@ impl Table {
             Table::Retryable => "retryable",
             Table::Meta => "meta",
             Table::UniqueIndexes => "unique_indexes",
+            Table::Transactions => "transactions",
         }
     }
 

@@ -209,6 +209,14 @@ impl<'a> WriteCtx<'a> {
         }
     }
 
+    /// The writes made so far by the job belong to cluster time `ts` (a prepared
+    /// transaction's commit timestamp), not to the next entry it logs.
+    pub(crate) fn writes_belong_to(&mut self, ts: ClusterTime) {
+        if let LogTo::Oplog(_, recorder) = &self.log {
+            recorder.stamp(ts);
+        }
+    }
+
     /// Whether the job runs inside a multi-document transaction.
     pub fn in_multi_document_transaction(&self) -> bool {
         matches!(self.log, LogTo::Transaction { .. })
@@ -260,6 +268,24 @@ impl<'a> WriteCtx<'a> {
         pending.push((ts, Bytes::from(buf)));
         self.last_logged = Some(ts);
         Ok(ts)
+    }
+
+    /// Refuses to write `doc` (its document or a unique-index entry of it) while a prepared
+    /// transaction holds it: that transaction can no longer fail, so the write conflicts.
+    pub fn check_not_prepared(&self, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {
+        let prepared = &self.state.prepared;
+        if !prepared.any() || self.in_multi_document_transaction() {
+            return Ok(());
+        }
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let held = prepared.contains(Table::Documents, &keys::doc_key(&coll.uuid, &id))
+            || crate::indexes::entry_keys(coll, doc)
+                .iter()
+                .any(|k| prepared.contains(Table::UniqueIndexes, k));
+        if held {
+            return Err(OpError::Mongo(crate::txn::write_conflict()));
+        }
+        Ok(())
     }
 
     pub fn get_doc(&self, coll: &CollectionEntry, id: &Bson) -> StorageResult<Option<Document>> {
@@ -523,18 +549,15 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     }
     // The batch's history goes in before it commits: a reader whose snapshot has the batch
     // finds it (and one whose snapshot does not never looks at it).
-    let first_ts = pending.first().map(|(ts, _)| *ts);
     let committed = match failure {
         Some(e) => Err(e),
         None => {
-            state
+            let recorded = state
                 .history
                 .record(recorder.finish(pending.last().map(|(ts, _)| *ts)));
             let done = txn.commit();
-            if done.is_err()
-                && let Some(first) = first_ts
-            {
-                state.history.forget_from(first);
+            if done.is_err() {
+                state.history.forget_last(recorded);
             }
             done
         }
@@ -557,6 +580,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
         }
         Err(e) => {
             // Nothing of the batch persisted; the ts values it ticked are simply skipped.
+            state.hlc().abandon_batch_holds();
             state.hlc().clear_inflight();
             tracing::error!(error = %e, "write batch failed");
             for (tx, _) in acks {

@@ -630,3 +630,35 @@ pub async fn transactions(client: &Client, db_name: &str) -> Result<()> {
     ensure!(code_of(&err) == Some(251), "commitTransaction: {err}");
     Ok(())
 }
+
+/// A transaction over a hashed collection spread on every shard: its two-phase commit makes
+/// every write visible at once; its abort leaves nothing.
+pub async fn cross_shard_transaction(client: &Client, db_name: &str) -> Result<()> {
+    let ns = format!("{db_name}.spread");
+    crate::shard_collection(client, &ns, doc! {"_id": "hashed"}).await?;
+    let c = client.database(db_name).collection::<Document>("spread");
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    for i in 0..20 {
+        c.insert_one(doc! {"_id": i, "n": i})
+            .session(&mut s)
+            .await?;
+    }
+    ensure!(
+        c.count_documents(doc! {}).await? == 0,
+        "visible before the commit"
+    );
+    s.commit_transaction().await?;
+    ensure!(
+        c.count_documents(doc! {}).await? == 20,
+        "committed on every shard"
+    );
+    s.start_transaction().await?;
+    c.delete_many(doc! {}).session(&mut s).await?;
+    s.abort_transaction().await?;
+    ensure!(
+        c.count_documents(doc! {}).await? == 20,
+        "an abort leaves everything"
+    );
+    Ok(())
+}

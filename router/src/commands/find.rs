@@ -451,12 +451,24 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
-    let find = doc! {
+    let mut find = doc! {
         "find": coll,
         "filter": filter,
         "batchSize": i32::MAX,
         "shardVersion": routed.version.clone(),
     };
+    // The documents are read as the aggregate would be: in its transaction, or at its snapshot.
+    for field in [
+        "lsid",
+        "txnNumber",
+        "autocommit",
+        "startTransaction",
+        "readConcern",
+    ] {
+        if let Some(v) = ctx.cmd.get(field) {
+            find.insert(field, v.clone());
+        }
+    }
     let replies = ctx.router.broadcast_read(targets, ctx.db, &find).await;
     let mut sources = Vec::new();
     for (shard, reply) in targets.iter().zip(replies) {

@@ -94,7 +94,10 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             ErrorCode::FAILED_TO_PARSE,
             "empty command document",
         ))
-    } else if let Err(e) = router.sessions.admit(name, &req.body) {
+    } else if let Err(e) = router
+        .sessions
+        .admit(name, &req.body, router.cluster_time())
+    {
         Err(e)
     } else {
         match dispatch(&ctx).await {

@@ -72,6 +72,11 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
     {
         wait_for_time(shard, t).await?;
     }
+    let latest_read = matches!(name.as_str(), "find" | "count" | "distinct")
+        || name == "aggregate" && !changestream::is_change_stream(&cmd);
+    if latest_read && txn.is_none() && snapshot_at.is_none() {
+        wait_while_prepared(shard).await?;
+    }
     let ctx = Ctx {
         shard,
         db,
@@ -101,7 +106,9 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         }
         "getParameter" => hello::get_parameter(&ctx),
         "commitTransaction" => commit_transaction(&ctx).await,
-        "abortTransaction" => abort_transaction(&ctx),
+        "abortTransaction" => abort_transaction(&ctx).await,
+        "prepareTransaction" => prepare_transaction(&ctx).await,
+        "coordinateCommitTransaction" => coordinate_commit(&ctx).await,
         "insert" => write::insert(&ctx).await,
         "update" => write::update(&ctx).await,
         "delete" => write::delete(&ctx).await,
@@ -171,6 +178,22 @@ fn read_concern_snapshot(cmd: &Document) -> Result<Option<Option<ClusterTime>>, 
     }
 }
 
+/// A read of the latest state waits while a prepared transaction is undecided here: it could
+/// commit at a time the read should see, and the read must not see it half applied.
+async fn wait_while_prepared(shard: &Shard) -> Result<(), MongoError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while shard.transactions().any_prepared(shard) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(MongoError::new(
+                ErrorCode::MAX_TIME_MS_EXPIRED,
+                "timed out waiting for a prepared transaction to be decided",
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
 /// Waits until everything at or before `t` is committed here (a read as of `t` must see all
 /// of it); the shard's clock moves to `t` first, so nothing new is written at or below it.
 async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> {
@@ -210,10 +233,28 @@ async fn commit_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     })
 }
 
-fn abort_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+async fn prepare_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let ts = ctx
+        .shard
+        .transactions()
+        .prepare(ctx.shard, transaction(ctx)?)
+        .await?;
+    Ok(Reply {
+        body: bson::doc! {"prepareTimestamp": ts.timestamp(), "ok": 1.0}.into(),
+        op_time: Some(ts),
+    })
+}
+
+async fn coordinate_commit(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let reply = crate::txn::coordinator::coordinate(ctx.shard, transaction(ctx)?, &ctx.cmd).await?;
+    Ok(Reply::read(reply))
+}
+
+async fn abort_transaction(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     ctx.shard
         .transactions()
-        .abort(ctx.shard, transaction(ctx)?)?;
+        .abort(ctx.shard, transaction(ctx)?)
+        .await?;
     Ok(Reply::read(bson::doc! {"ok": 1.0}))
 }
 

@@ -26,6 +26,7 @@
 //!   as the transaction's writes, so a retried `commitTransaction` answers the same after a
 //!   restart.
 
+pub mod coordinator;
 pub mod store;
 
 use std::collections::HashMap;
@@ -63,6 +64,8 @@ const ALLOWED: &[&str] = &[
     "killCursors",
     "commitTransaction",
     "abortTransaction",
+    "prepareTransaction",
+    "coordinateCommitTransaction",
 ];
 
 /// A key of one table.
@@ -81,6 +84,8 @@ pub struct TxnArgs {
     pub start: bool,
     /// `readConcern.atClusterTime` of the first statement: the time the transaction reads at.
     pub at_cluster_time: Option<ClusterTime>,
+    /// `commitTimestamp` of a `commitTransaction` that decides a prepared transaction.
+    pub commit_timestamp: Option<ClusterTime>,
 }
 
 impl TxnArgs {
@@ -131,6 +136,10 @@ impl TxnArgs {
                 .ok()
                 .and_then(|rc| rc.get_timestamp("atClusterTime").ok())
                 .map(ClusterTime::from),
+            commit_timestamp: cmd
+                .get_timestamp("commitTimestamp")
+                .ok()
+                .map(ClusterTime::from),
         }))
     }
 }
@@ -144,8 +153,63 @@ enum State {
     Active(Box<Active>),
     /// Handed to the writer; the commit's outcome is not known yet.
     Committing,
+    /// Prepared for a two-phase commit: it can no longer fail, and waits for the decision.
+    Prepared(Box<PreparedTxn>),
     Committed,
     Aborted,
+}
+
+/// What a prepared transaction will write when it commits, and when it was prepared.
+#[derive(Clone)]
+struct PreparedTxn {
+    writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+    prepare_ts: ClusterTime,
+}
+
+pub const PREPARED_TRANSACTION_IN_PROGRESS: ErrorCode = ErrorCode {
+    code: 267,
+    name: "PreparedTransactionInProgress",
+};
+
+/// The keys prepared transactions hold: no other write may touch them until they are decided.
+#[derive(Default)]
+pub struct PreparedKeys {
+    keys: Mutex<HashMap<Key, usize>>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl PreparedKeys {
+    /// Whether any transaction is prepared (cheap: writes check it first).
+    pub fn any(&self) -> bool {
+        self.count.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    pub fn contains(&self, table: Table, key: &[u8]) -> bool {
+        self.any() && lock(&self.keys).contains_key(&(table, key.to_vec()))
+    }
+
+    fn add(&self, keys: impl Iterator<Item = Key>) {
+        let mut map = lock(&self.keys);
+        for k in keys {
+            *map.entry(k).or_default() += 1;
+        }
+        self.count
+            .store(map.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    fn remove(&self, keys: impl Iterator<Item = Key>) {
+        let mut map = lock(&self.keys);
+        for k in keys {
+            if let Some(n) = map.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&k);
+                }
+            }
+        }
+        self.count
+            .store(map.len(), std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// A running transaction.
@@ -190,7 +254,14 @@ impl Transactions {
                 drop(g);
                 return Ok(p);
             }
-            // A newer transaction replaces the session's last one (aborting it if it runs).
+            // A newer transaction replaces the session's last one (aborting it if it runs),
+            // unless that one is prepared: only its coordinator decides it.
+            if matches!(g.state, State::Prepared(_)) {
+                return Err(MongoError::new(
+                    PREPARED_TRANSACTION_IN_PROGRESS,
+                    "the session's previous transaction is prepared and not yet decided",
+                ));
+            }
             if matches!(g.state, State::Active(_)) {
                 g.state = State::Aborted;
                 self.release(&args.key);
@@ -344,10 +415,24 @@ impl Transactions {
     /// the first time did.
     pub async fn commit(&self, shard: &Shard, args: &TxnArgs) -> Result<WriteOutput, MongoError> {
         let p = self.existing(shard, args)?;
+        let prepared = match &lock(&p).state {
+            State::Prepared(prepared) => Some((**prepared).clone()),
+            _ => None,
+        };
+        if let Some(prepared) = prepared {
+            return self.commit_prepared(shard, &p, args, prepared).await;
+        }
         let active = {
             let mut g = lock(&p);
             match std::mem::replace(&mut g.state, State::Committing) {
                 State::Active(a) => a,
+                State::Prepared(prepared) => {
+                    g.state = State::Prepared(prepared);
+                    return Err(MongoError::new(
+                        ErrorCode::CONFLICTING_OPERATION_IN_PROGRESS,
+                        "the transaction was prepared meanwhile",
+                    ));
+                }
                 State::Committed => {
                     g.state = State::Committed;
                     return Ok(ok_output(None));
@@ -387,15 +472,31 @@ impl Transactions {
     }
 
     /// `abortTransaction`.
-    pub fn abort(&self, shard: &Shard, args: &TxnArgs) -> Result<(), MongoError> {
+    pub async fn abort(&self, shard: &Shard, args: &TxnArgs) -> Result<(), MongoError> {
         let p = self.existing(shard, args)?;
+        let prepared = match &lock(&p).state {
+            State::Prepared(prepared) => Some((**prepared).clone()),
+            _ => None,
+        };
+        if let Some(prepared) = prepared {
+            shard
+                .writer()
+                .submit(abort_prepared_job(args.clone(), prepared.prepare_ts))
+                .await?;
+            self.decided(shard, &p, args, &prepared, State::Aborted);
+            return Ok(());
+        }
         let mut g = lock(&p);
-        match g.state {
+        match &g.state {
             State::Active(_) => {
                 g.state = State::Aborted;
                 self.release(&args.key);
                 Ok(())
             }
+            State::Prepared(_) => Err(MongoError::new(
+                ErrorCode::CONFLICTING_OPERATION_IN_PROGRESS,
+                "the transaction was prepared meanwhile",
+            )),
             State::Committed | State::Committing => Err(MongoError::new(
                 ErrorCode::TRANSACTION_COMMITTED,
                 format!(
@@ -405,6 +506,168 @@ impl Transactions {
             )),
             State::Aborted => Err(no_such_transaction(args)),
         }
+    }
+
+    /// `prepareTransaction` (from the coordinator): checks the transaction's writes and makes
+    /// them durable with a `prepare` oplog entry; from then on it can only be decided. Returns
+    /// the prepare timestamp. Prepared again, it answers the same.
+    pub async fn prepare(&self, shard: &Shard, args: &TxnArgs) -> Result<ClusterTime, MongoError> {
+        let p = self.existing(shard, args)?;
+        let active = {
+            let mut g = lock(&p);
+            match std::mem::replace(&mut g.state, State::Committing) {
+                State::Active(a) => a,
+                State::Prepared(prepared) => {
+                    let ts = prepared.prepare_ts;
+                    g.state = State::Prepared(prepared);
+                    return Ok(ts);
+                }
+                other => {
+                    let committed = matches!(other, State::Committed);
+                    g.state = other;
+                    return Err(if committed {
+                        MongoError::new(
+                            ErrorCode::TRANSACTION_COMMITTED,
+                            "the transaction has been committed",
+                        )
+                    } else {
+                        no_such_transaction(args)
+                    });
+                }
+            }
+        };
+        let writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)> = active
+            .store
+            .writes()
+            .iter()
+            .map(|((t, k), w)| (*t, k.clone(), w.value.clone()))
+            .collect();
+        let outcome = shard
+            .writer()
+            .submit(prepare_job(*active, args.clone(), writes.clone()))
+            .await
+            .and_then(|out| match MongoError::from_reply(&out.reply) {
+                Some(e) => Err(e),
+                None => out
+                    .op_time
+                    .ok_or_else(|| MongoError::internal("a prepare without its timestamp")),
+            });
+        let mut g = lock(&p);
+        match outcome {
+            Ok(prepare_ts) => {
+                shard
+                    .state()
+                    .prepared
+                    .add(writes.iter().map(|(t, k, _)| (*t, k.clone())));
+                g.state = State::Prepared(Box::new(PreparedTxn { writes, prepare_ts }));
+                Ok(prepare_ts)
+            }
+            Err(e) => {
+                g.state = State::Aborted;
+                self.release(&args.key);
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits a prepared transaction at the coordinator's `commitTimestamp`.
+    async fn commit_prepared(
+        &self,
+        shard: &Shard,
+        p: &Arc<Mutex<Participant>>,
+        args: &TxnArgs,
+        prepared: PreparedTxn,
+    ) -> Result<WriteOutput, MongoError> {
+        let Some(commit_ts) = args.commit_timestamp else {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "commitTransaction of a prepared transaction needs a commitTimestamp",
+            ));
+        };
+        if commit_ts < prepared.prepare_ts {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "commitTimestamp is before the transaction's prepare timestamp",
+            ));
+        }
+        let out = shard
+            .writer()
+            .submit(commit_prepared_job(
+                args.clone(),
+                prepared.clone(),
+                commit_ts,
+            ))
+            .await?;
+        self.decided(shard, p, args, &prepared, State::Committed);
+        Ok(out)
+    }
+
+    /// A prepared transaction is decided (and its outcome durable): its keys, locks and hold on
+    /// the high-water mark go.
+    fn decided(
+        &self,
+        shard: &Shard,
+        p: &Arc<Mutex<Participant>>,
+        args: &TxnArgs,
+        prepared: &PreparedTxn,
+        outcome: State,
+    ) {
+        lock(p).state = outcome;
+        let state = shard.state();
+        state
+            .prepared
+            .remove(prepared.writes.iter().map(|(t, k, _)| (*t, k.clone())));
+        state.hlc().release(prepared.prepare_ts);
+        self.release(&args.key);
+    }
+
+    /// After a restart: the prepared transactions recorded in storage wait for their
+    /// decision again, holding their keys and the high-water mark as before.
+    pub fn recover(&self, shard: &Shard) -> Result<usize, MongoError> {
+        let state = shard.state();
+        let read = state.storage.begin_read().map_err(storage_error)?;
+        let mut found = Vec::new();
+        read.scan(
+            Table::Transactions,
+            &crate::storage::KeyRange::prefix(PARTICIPANT_PREFIX),
+            false,
+            &mut |k, v| {
+                found.push((k[PARTICIPANT_PREFIX.len()..].to_vec(), v.to_vec()));
+                crate::storage::Scan::Continue
+            },
+        )
+        .map_err(storage_error)?;
+        let n = found.len();
+        for (session, bytes) in found {
+            let Some((txn_number, prepared)) = decode_prepared(&bytes) else {
+                return Err(MongoError::internal(
+                    "a corrupt prepared transaction record",
+                ));
+            };
+            state.hlc().hold(prepared.prepare_ts);
+            state
+                .prepared
+                .add(prepared.writes.iter().map(|(t, k, _)| (*t, k.clone())));
+            {
+                let mut locks = lock(&self.locks);
+                for (t, k, _) in &prepared.writes {
+                    locks.insert((*t, k.clone()), session.clone());
+                }
+            }
+            lock(&self.sessions).insert(
+                session,
+                Arc::new(Mutex::new(Participant {
+                    txn_number,
+                    state: State::Prepared(Box::new(prepared)),
+                })),
+            );
+        }
+        Ok(n)
+    }
+
+    /// Whether a prepared transaction is undecided here (reads of the latest state wait).
+    pub fn any_prepared(&self, shard: &Shard) -> bool {
+        shard.state().prepared.any() || shard.state().hlc().has_holds()
     }
 
     /// The session's participant for exactly `args`' transaction (commit and abort never
@@ -488,24 +751,13 @@ fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
                 });
             }
         }
-        for ((t, k), written) in store.into_writes() {
-            match (t, written.value) {
-                (Table::Catalog, Some(v)) => {
-                    let entry = Document::from_reader(v.as_slice())
-                        .ok()
-                        .and_then(|d| CollectionEntry::from_document(&d))
-                        .ok_or_else(|| StorageError::Engine("a bad catalog entry".into()))?;
-                    w.save_collection(entry)?;
-                }
-                (Table::Catalog, None) => {
-                    w.remove_collection(&String::from_utf8_lossy(&k))?;
-                }
-                (t, Some(v)) => w.txn_mut().put(t, &k, &v)?,
-                (t, None) => {
-                    w.txn_mut().delete(t, &k)?;
-                }
-            }
-        }
+        apply_writes(
+            w,
+            store
+                .into_writes()
+                .into_iter()
+                .map(|((t, k), written)| (t, k, written.value)),
+        )?;
         let ts = w.log(EntrySpec {
             op: "c",
             ns: "admin.$cmd".into(),
@@ -524,6 +776,191 @@ fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
     })
 }
 
+/// Storage key prefix of a prepared participant's record in [`Table::Transactions`].
+const PARTICIPANT_PREFIX: &[u8] = b"p";
+
+fn participant_key(session: &[u8]) -> Vec<u8> {
+    let mut k = PARTICIPANT_PREFIX.to_vec();
+    k.extend_from_slice(session);
+    k
+}
+
+fn encode_prepared(txn_number: i64, p: &PreparedTxn) -> Result<Vec<u8>, StorageError> {
+    let writes: Vec<Bson> = p
+        .writes
+        .iter()
+        .map(|(t, k, v)| {
+            let bin = |b: &[u8]| {
+                Bson::Binary(bson::Binary {
+                    subtype: bson::spec::BinarySubtype::Generic,
+                    bytes: b.to_vec(),
+                })
+            };
+            Bson::Document(doc! {
+                "t": t.name(),
+                "k": bin(k),
+                "v": v.as_deref().map(bin).unwrap_or(Bson::Null),
+            })
+        })
+        .collect();
+    let d = doc! {
+        "txnNumber": txn_number,
+        "prepareTs": p.prepare_ts.timestamp(),
+        "writes": writes,
+    };
+    let mut buf = Vec::new();
+    d.to_writer(&mut buf)
+        .map_err(|e| StorageError::Engine(format!("a prepared transaction record: {e}")))?;
+    Ok(buf)
+}
+
+fn decode_prepared(bytes: &[u8]) -> Option<(i64, PreparedTxn)> {
+    let d = Document::from_reader(bytes).ok()?;
+    let mut writes = Vec::new();
+    for w in d.get_array("writes").ok()? {
+        let w = w.as_document()?;
+        let t = Table::from_name(w.get_str("t").ok()?)?;
+        let k = w.get_binary_generic("k").ok()?.clone();
+        let v = match w.get("v") {
+            Some(Bson::Binary(b)) => Some(b.bytes.clone()),
+            _ => None,
+        };
+        writes.push((t, k, v));
+    }
+    Some((
+        d.get_i64("txnNumber").ok()?,
+        PreparedTxn {
+            writes,
+            prepare_ts: ClusterTime::from(d.get_timestamp("prepareTs").ok()?),
+        },
+    ))
+}
+
+/// The writer job that prepares `active`: checks its writes as a commit would, writes the
+/// `prepare` entry and the durable record, and holds the high-water mark below the entry.
+fn prepare_job(
+    active: Active,
+    args: TxnArgs,
+    writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+) -> WriteFn {
+    Box::new(move |w: &mut WriteCtx<'_>| {
+        let Active { store, ops, .. } = active;
+        for ((t, k), written) in store.writes() {
+            if CHECKED.contains(t) && w.txn().get(*t, k)? != written.seen {
+                return Ok(WriteOutput {
+                    reply: write_conflict().to_document(),
+                    op_time: None,
+                });
+            }
+        }
+        drop(store);
+        let ts = w.log(EntrySpec {
+            op: "c",
+            ns: "admin.$cmd".into(),
+            ui: None,
+            o: doc! {"applyOps": ops, "prepare": true},
+            o2: None,
+            session: Some(SessionFields {
+                lsid: args.lsid.clone(),
+                txn_number: args.txn_number,
+                stmt_id: None,
+                prev_op_time: None,
+            }),
+        })?;
+        let record = encode_prepared(
+            args.txn_number,
+            &PreparedTxn {
+                writes,
+                prepare_ts: ts,
+            },
+        )?;
+        w.txn_mut()
+            .put(Table::Transactions, &participant_key(&args.key), &record)?;
+        w.state().hlc().hold_in_batch(ts);
+        Ok(WriteOutput {
+            reply: doc! {"prepareTimestamp": ts.timestamp(), "ok": 1.0},
+            op_time: Some(ts),
+        })
+    })
+}
+
+/// Applies a transaction's writes in the writer's storage transaction (catalog entries
+/// through the catalog).
+fn apply_writes(
+    w: &mut WriteCtx<'_>,
+    writes: impl IntoIterator<Item = (Table, Vec<u8>, Option<Vec<u8>>)>,
+) -> Result<(), StorageError> {
+    for (t, k, value) in writes {
+        match (t, value) {
+            (Table::Catalog, Some(v)) => {
+                let entry = Document::from_reader(v.as_slice())
+                    .ok()
+                    .and_then(|d| CollectionEntry::from_document(&d))
+                    .ok_or_else(|| StorageError::Engine("a bad catalog entry".into()))?;
+                w.save_collection(entry)?;
+            }
+            (Table::Catalog, None) => {
+                w.remove_collection(&String::from_utf8_lossy(&k))?;
+            }
+            (t, Some(v)) => w.txn_mut().put(t, &k, &v)?,
+            (t, None) => {
+                w.txn_mut().delete(t, &k)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The writer job that commits a prepared transaction at `commit_ts`: its writes (as of
+/// `commit_ts` for reads at a cluster time), the `commitTransaction` entry pointing at the
+/// prepare entry, the session's record.
+fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterTime) -> WriteFn {
+    Box::new(move |w: &mut WriteCtx<'_>| {
+        apply_writes(w, prepared.writes)?;
+        w.writes_belong_to(commit_ts);
+        let ts = w.log(EntrySpec {
+            op: "c",
+            ns: "admin.$cmd".into(),
+            ui: None,
+            o: doc! {"commitTransaction": 1, "commitTimestamp": commit_ts.timestamp()},
+            o2: None,
+            session: Some(SessionFields {
+                lsid: args.lsid.clone(),
+                txn_number: args.txn_number,
+                stmt_id: None,
+                prev_op_time: Some(prepared.prepare_ts),
+            }),
+        })?;
+        w.txn_mut()
+            .delete(Table::Transactions, &participant_key(&args.key))?;
+        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
+        Ok(ok_output(Some(ts)))
+    })
+}
+
+/// The writer job that aborts a prepared transaction: the `abortTransaction` entry, and the
+/// record gone.
+fn abort_prepared_job(args: TxnArgs, prepare_ts: ClusterTime) -> WriteFn {
+    Box::new(move |w: &mut WriteCtx<'_>| {
+        let ts = w.log(EntrySpec {
+            op: "c",
+            ns: "admin.$cmd".into(),
+            ui: None,
+            o: doc! {"abortTransaction": 1},
+            o2: None,
+            session: Some(SessionFields {
+                lsid: args.lsid.clone(),
+                txn_number: args.txn_number,
+                stmt_id: None,
+                prev_op_time: Some(prepare_ts),
+            }),
+        })?;
+        w.txn_mut()
+            .delete(Table::Transactions, &participant_key(&args.key))?;
+        Ok(ok_output(Some(ts)))
+    })
+}
+
 fn ok_output(op_time: Option<ClusterTime>) -> WriteOutput {
     WriteOutput {
         reply: doc! {"ok": 1.0},
@@ -537,6 +974,10 @@ fn running<'a>(
 ) -> Result<&'a mut Box<Active>, MongoError> {
     match &mut g.state {
         State::Active(a) => Ok(a),
+        State::Prepared(_) => Err(MongoError::new(
+            PREPARED_TRANSACTION_IN_PROGRESS,
+            "the transaction is prepared: it takes no more statements",
+        )),
         State::Committed | State::Committing => Err(MongoError::new(
             ErrorCode::TRANSACTION_COMMITTED,
             format!(

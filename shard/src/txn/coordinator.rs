@@ -1,0 +1,432 @@
+//! The two-phase commit coordinator of a transaction that spans shards. It runs on a
+//! participant shard, as MongoDB's does, not on the router: the router hands it the
+//! participants (`coordinateCommitTransaction`), and from then on the outcome is the shard's.
+//!
+//! 1. The participant list is made durable (a record in `Table::Transactions`, key `c` ++
+//!    session), so a coordinator that restarts knows whom to tell.
+//! 2. Every participant prepares (`prepareTransaction`) and answers its prepare timestamp.
+//! 3. The decision, commit at the highest prepare timestamp or abort if any participant could
+//!    not prepare, is made durable in the record. This is the commit point.
+//! 4. Every participant is told (`commitTransaction` with `commitTimestamp`, or
+//!    `abortTransaction`), again until each has answered; then the record goes.
+//!
+//! Recovery: at startup a record without a decision is decided abort (no participant can have
+//! committed), and every recorded decision is delivered again, in the background, until each
+//! participant has it. Participants keep a prepared transaction (and its locks and hold on the
+//! high-water mark) across their own restarts until told, so a `kill -9` of the coordinator or
+//! of any participant between prepare and commit resolves the same way everywhere.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use resume::ClusterTime;
+use wire::{ErrorCode, MongoError};
+
+use super::{TxnArgs, lock, no_such_transaction, storage_error};
+use crate::Shard;
+use crate::storage::{KeyRange, Scan, Table};
+use crate::writer::{WriteCtx, WriteFn, WriteOutput};
+
+/// Storage key prefix of a coordinator's record in [`Table::Transactions`].
+const COORDINATOR_PREFIX: &[u8] = b"c";
+
+/// How long a coordinator keeps delivering its decision before it answers the router anyway
+/// (the decision is durable; recovery delivers the rest).
+const DELIVERY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A participant: its name, and its address when it runs in another process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    pub name: String,
+    pub host: Option<String>,
+}
+
+impl Peer {
+    fn to_document(&self) -> Document {
+        let mut d = doc! {"shardId": &self.name};
+        if let Some(h) = &self.host {
+            d.insert("host", h);
+        }
+        d
+    }
+
+    fn from_document(d: &Document) -> Option<Peer> {
+        Some(Peer {
+            name: d.get_str("shardId").ok()?.to_string(),
+            host: d.get_str("host").ok().map(str::to_string),
+        })
+    }
+}
+
+type Reply<'a> = Pin<Box<dyn Future<Output = Result<Document, MongoError>> + Send + 'a>>;
+
+/// How a shard reaches the other participants: shards in this process by name, others over
+/// TCP at their host.
+#[derive(Default)]
+pub struct Peers {
+    local: Mutex<HashMap<String, Weak<Shard>>>,
+    remote: Mutex<HashMap<String, Arc<wire::Client>>>,
+}
+
+impl Peers {
+    /// Makes `shard` reachable by `name` from this process.
+    pub fn register(&self, name: &str, shard: &Arc<Shard>) {
+        lock(&self.local).insert(name.to_string(), Arc::downgrade(shard));
+    }
+
+    /// Runs `cmd` on `admin` at `peer`; an `ok: 0` reply is an `Err`.
+    pub fn command<'a>(&'a self, peer: &'a Peer, mut cmd: Document) -> Reply<'a> {
+        Box::pin(async move {
+            let local = lock(&self.local).get(&peer.name).and_then(Weak::upgrade);
+            let reply = match local {
+                Some(shard) => {
+                    cmd.insert("$db", "admin");
+                    shard.run_command(cmd).await
+                }
+                None => {
+                    let Some(host) = &peer.host else {
+                        return Err(MongoError::new(
+                            ErrorCode::SHARD_NOT_FOUND,
+                            format!("no address for participant {}", peer.name),
+                        ));
+                    };
+                    let client = lock(&self.remote)
+                        .entry(host.clone())
+                        .or_insert_with(|| Arc::new(wire::Client::new(host.clone())))
+                        .clone();
+                    client
+                        .command("admin", &cmd)
+                        .await
+                        .map_err(|e| e.to_mongo_error())?
+                }
+            };
+            match MongoError::from_reply(&reply) {
+                Some(e) => Err(e),
+                None => Ok(reply),
+            }
+        })
+    }
+}
+
+/// A coordinator's decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Decision {
+    Commit(ClusterTime),
+    Abort,
+}
+
+/// The durable state of one coordinated transaction.
+#[derive(Debug, Clone)]
+struct Record {
+    lsid: Document,
+    txn_number: i64,
+    participants: Vec<Peer>,
+    decision: Option<Decision>,
+}
+
+impl Record {
+    fn encode(&self) -> Result<Vec<u8>, crate::storage::StorageError> {
+        let participants: Vec<Bson> = self
+            .participants
+            .iter()
+            .map(|p| Bson::Document(p.to_document()))
+            .collect();
+        let mut d = doc! {
+            "lsid": self.lsid.clone(),
+            "txnNumber": self.txn_number,
+            "participants": participants,
+        };
+        match self.decision {
+            Some(Decision::Commit(ts)) => d.insert("decision", doc! {"commit": ts.timestamp()}),
+            Some(Decision::Abort) => d.insert("decision", "abort"),
+            None => None,
+        };
+        let mut buf = Vec::new();
+        d.to_writer(&mut buf).map_err(|e| {
+            crate::storage::StorageError::Engine(format!("a coordinator record: {e}"))
+        })?;
+        Ok(buf)
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Record> {
+        let d = Document::from_reader(bytes).ok()?;
+        let participants = d
+            .get_array("participants")
+            .ok()?
+            .iter()
+            .filter_map(|p| p.as_document().and_then(Peer::from_document))
+            .collect();
+        let decision = match d.get("decision") {
+            Some(Bson::String(s)) if s == "abort" => Some(Decision::Abort),
+            Some(Bson::Document(c)) => Some(Decision::Commit(ClusterTime::from(
+                c.get_timestamp("commit").ok()?,
+            ))),
+            _ => None,
+        };
+        Some(Record {
+            lsid: d.get_document("lsid").ok()?.clone(),
+            txn_number: d.get_i64("txnNumber").ok()?,
+            participants,
+            decision,
+        })
+    }
+}
+
+fn record_key(session: &[u8]) -> Vec<u8> {
+    let mut k = COORDINATOR_PREFIX.to_vec();
+    k.extend_from_slice(session);
+    k
+}
+
+/// A writer job that stores (or, for `None`, removes) the coordinator's record.
+fn save_job(session: Vec<u8>, record: Option<Record>) -> WriteFn {
+    Box::new(move |w: &mut WriteCtx<'_>| {
+        let key = record_key(&session);
+        match record {
+            Some(r) => w.txn_mut().put(Table::Transactions, &key, &r.encode()?)?,
+            None => {
+                w.txn_mut().delete(Table::Transactions, &key)?;
+            }
+        }
+        Ok(WriteOutput {
+            reply: doc! {"ok": 1.0},
+            op_time: None,
+        })
+    })
+}
+
+/// The session fields every message to a participant carries.
+fn session_command(name: &str, r: &Record) -> Document {
+    doc! {
+        name: 1,
+        "lsid": r.lsid.clone(),
+        "txnNumber": r.txn_number,
+        "autocommit": false,
+    }
+}
+
+/// `coordinateCommitTransaction {participants: [{shardId, host}]}`: runs the two-phase
+/// commit and answers its outcome (`NoSuchTransaction` when it aborted).
+pub async fn coordinate(
+    shard: &Shard,
+    args: &TxnArgs,
+    cmd: &Document,
+) -> Result<Document, MongoError> {
+    let participants: Vec<Peer> = cmd
+        .get_array("participants")
+        .map_err(|_| MongoError::failed_to_parse("coordinateCommitTransaction needs participants"))?
+        .iter()
+        .map(|p| {
+            p.as_document()
+                .and_then(Peer::from_document)
+                .ok_or_else(|| MongoError::failed_to_parse("a participant is {shardId, host}"))
+        })
+        .collect::<Result<_, _>>()?;
+    // A retried coordinate after a decision: deliver and answer that decision again.
+    if let Some(existing) = load(shard, &args.key)?
+        && existing.txn_number == args.txn_number
+        && let Some(decision) = existing.decision
+    {
+        deliver(shard, &args.key, existing, decision).await;
+        return answer(args, decision);
+    }
+    let mut record = Record {
+        lsid: args.lsid.clone(),
+        txn_number: args.txn_number,
+        participants,
+        decision: None,
+    };
+    shard
+        .writer()
+        .submit(save_job(args.key.clone(), Some(record.clone())))
+        .await?;
+    let prepare = session_command("prepareTransaction", &record);
+    let votes = futures::future::join_all(
+        record
+            .participants
+            .iter()
+            .map(|p| shard.peers().command(p, prepare.clone())),
+    )
+    .await;
+    let mut decision = Decision::Commit(ClusterTime::ZERO);
+    for vote in votes {
+        match vote.and_then(|reply| {
+            reply
+                .get_timestamp("prepareTimestamp")
+                .map(ClusterTime::from)
+                .map_err(|_| MongoError::internal("a prepare reply without prepareTimestamp"))
+        }) {
+            Ok(ts) => {
+                if let Decision::Commit(max) = decision {
+                    decision = Decision::Commit(max.max(ts));
+                }
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "a participant could not prepare: aborting");
+                decision = Decision::Abort;
+            }
+        }
+    }
+    record.decision = Some(decision);
+    shard
+        .writer()
+        .submit(save_job(args.key.clone(), Some(record.clone())))
+        .await?;
+    deliver(shard, &args.key, record, decision).await;
+    answer(args, decision)
+}
+
+fn answer(args: &TxnArgs, decision: Decision) -> Result<Document, MongoError> {
+    match decision {
+        Decision::Commit(_) => Ok(doc! {"ok": 1.0}),
+        Decision::Abort => Err(no_such_transaction(args)),
+    }
+}
+
+/// Tells every participant the decision, each until it answers (for up to
+/// [`DELIVERY_PATIENCE`]); forgets the record once all have.
+async fn deliver(shard: &Shard, session: &[u8], record: Record, decision: Decision) {
+    let message = match decision {
+        Decision::Commit(ts) => {
+            let mut m = session_command("commitTransaction", &record);
+            m.insert("commitTimestamp", ts.timestamp());
+            m
+        }
+        Decision::Abort => session_command("abortTransaction", &record),
+    };
+    let deadline = tokio::time::Instant::now() + DELIVERY_PATIENCE;
+    let mut pending: Vec<&Peer> = record.participants.iter().collect();
+    while !pending.is_empty() {
+        let replies = futures::future::join_all(
+            pending
+                .iter()
+                .map(|p| shard.peers().command(p, message.clone())),
+        )
+        .await;
+        let mut left = Vec::new();
+        for (p, r) in pending.into_iter().zip(replies) {
+            match r {
+                Ok(_) => {}
+                // A participant that has already forgotten an aborted transaction agrees.
+                Err(e)
+                    if decision == Decision::Abort
+                        && e.code == ErrorCode::NO_SUCH_TRANSACTION.code => {}
+                Err(e) => {
+                    tracing::debug!(participant = %p.name, error = %e, "delivering a decision again");
+                    left.push(p);
+                }
+            }
+        }
+        pending = left;
+        if pending.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if pending.is_empty() {
+        let _ = shard
+            .writer()
+            .submit(save_job(session.to_vec(), None))
+            .await;
+    }
+}
+
+fn load(shard: &Shard, session: &[u8]) -> Result<Option<Record>, MongoError> {
+    let read = shard.state().storage.begin_read().map_err(storage_error)?;
+    let bytes = read
+        .get(Table::Transactions, &record_key(session))
+        .map_err(storage_error)?;
+    Ok(bytes.as_deref().and_then(Record::decode))
+}
+
+/// After a restart: decides abort for every coordinated transaction without a decision, then
+/// delivers every decision again, in the background, until the participants have it.
+pub fn recover(shard: &Arc<Shard>) -> Result<usize, MongoError> {
+    let read = shard.state().storage.begin_read().map_err(storage_error)?;
+    let mut found = Vec::new();
+    read.scan(
+        Table::Transactions,
+        &KeyRange::prefix(COORDINATOR_PREFIX),
+        false,
+        &mut |k, v| {
+            if let Some(r) = Record::decode(v) {
+                found.push((k[COORDINATOR_PREFIX.len()..].to_vec(), r));
+            }
+            Scan::Continue
+        },
+    )
+    .map_err(storage_error)?;
+    let n = found.len();
+    for (session, record) in found {
+        let weak = Arc::downgrade(shard);
+        shard.spawn(async move {
+            loop {
+                let Some(shard) = weak.upgrade() else { return };
+                let mut record = record.clone();
+                let decision = match record.decision {
+                    Some(d) => d,
+                    None => {
+                        record.decision = Some(Decision::Abort);
+                        if shard
+                            .writer()
+                            .submit(save_job(session.clone(), Some(record.clone())))
+                            .await
+                            .is_err()
+                        {
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                        Decision::Abort
+                    }
+                };
+                deliver(&shard, &session, record, decision).await;
+                if load(&shard, &session).ok().flatten().is_none() {
+                    return;
+                }
+                drop(shard);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_with_each_decision() {
+        let mut r = Record {
+            lsid: doc! {"id": 1},
+            txn_number: 7,
+            participants: vec![
+                Peer {
+                    name: "shard0".into(),
+                    host: None,
+                },
+                Peer {
+                    name: "shard1".into(),
+                    host: Some("127.0.0.1:27019".into()),
+                },
+            ],
+            decision: None,
+        };
+        for d in [
+            None,
+            Some(Decision::Abort),
+            Some(Decision::Commit(ClusterTime::new(5, 2))),
+        ] {
+            r.decision = d;
+            let back = Record::decode(&r.encode().unwrap()).unwrap();
+            assert_eq!(back.decision, d);
+            assert_eq!(back.participants, r.participants);
+            assert_eq!(back.txn_number, 7);
+        }
+    }
+}
