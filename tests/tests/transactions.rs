@@ -302,3 +302,87 @@ async fn cross_shard_transfers_keep_the_total_in_every_snapshot() -> anyhow::Res
     cluster.stop().await;
     Ok(())
 }
+
+/// A prepared transaction survives its shards' restart: it still holds each shard's
+/// high-water mark below its prepare time, and the coordinator's decision, delivered after the
+/// restart, commits it everywhere at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_transaction_survives_a_restart_and_commits_after_it() -> anyhow::Result<()> {
+    let mut cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "prep.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("prep").collection::<Document>("c");
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    for i in 0..12 {
+        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+    }
+    // Play the coordinator's first phase by hand, on every shard the transaction reached.
+    let lsid = s.id().clone();
+    // A fresh client's first transaction on its first session is number 1.
+    let txn_number = 1_i64;
+    let session_fields =
+        doc! {"lsid": lsid.clone(), "txnNumber": txn_number, "autocommit": false, "$db": "admin"};
+    let mut prepare_times = Vec::new();
+    for shard in cluster.shards() {
+        let mut cmd = doc! {"prepareTransaction": 1};
+        cmd.extend(session_fields.clone());
+        let reply = shard.run_command(cmd).await;
+        prepare_times.push((
+            shard.name().to_string(),
+            reply.get_timestamp("prepareTimestamp")?,
+        ));
+    }
+    drop(s);
+    drop(client);
+    cluster.restart().await?;
+    for shard in cluster.shards() {
+        let p = prepare_times
+            .iter()
+            .find(|(n, _)| n == shard.name())
+            .map(|(_, t)| *t)
+            .ok_or_else(|| anyhow::anyhow!("no prepare time for {}", shard.name()))?;
+        assert!(
+            shard.high_water_mark().timestamp() < p,
+            "{}: the hold survives the restart",
+            shard.name()
+        );
+    }
+    let commit_ts =
+        prepare_times
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(mongodb::bson::Timestamp {
+                time: 0,
+                increment: 0,
+            });
+    for shard in cluster.shards() {
+        let mut cmd = doc! {"commitTransaction": 1, "commitTimestamp": commit_ts};
+        cmd.extend(session_fields.clone());
+        let reply = shard.run_command(cmd).await;
+        assert_eq!(
+            reply.get_f64("ok").ok(),
+            Some(1.0),
+            "{}: {reply}",
+            shard.name()
+        );
+    }
+    let client = cluster.client().await?;
+    let c = client.database("prep").collection::<Document>("c");
+    assert_eq!(c.count_documents(doc! {}).await?, 12);
+    // A retried commit answers the same.
+    for shard in cluster.shards() {
+        let mut cmd = doc! {"commitTransaction": 1, "commitTimestamp": commit_ts};
+        cmd.extend(session_fields.clone());
+        let reply = shard.run_command(cmd).await;
+        assert_eq!(
+            reply.get_f64("ok").ok(),
+            Some(1.0),
+            "{}: {reply}",
+            shard.name()
+        );
+    }
+    cluster.stop().await;
+    Ok(())
+}
