@@ -66,6 +66,10 @@ struct Cli {
     /// Unordered batches (`ordered: false`).
     #[arg(long)]
     unordered: bool,
+    /// Each batch is one multi-document transaction of `--batch` inserts, one statement each
+    /// (committed with the driver's commit; `--sharded` spreads it over every shard).
+    #[arg(long)]
+    txn: bool,
     /// Writes per second per writer; 0 writes as fast as acknowledgements come.
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -193,6 +197,7 @@ async fn bench(
         payload: cli.payload,
         limit: cli.docs,
         ordered: !cli.unordered,
+        txn: cli.txn,
     };
     workload::seed_update_pool(&coll, &write_spec).await?;
     let start_time = operation_time(client).await?;

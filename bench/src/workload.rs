@@ -55,6 +55,8 @@ pub struct WriteSpec {
     /// Stop after this many writes in all.
     pub limit: Option<u64>,
     pub ordered: bool,
+    /// Each insert batch is one transaction of single-document inserts.
+    pub txn: bool,
 }
 
 /// The watchers' settings.
@@ -150,6 +152,16 @@ pub async fn write(coll: Collection<Document>, w: usize, spec: WriteSpec, shared
     };
     let interval =
         (spec.rate > 0).then(|| Duration::from_secs_f64(per_round as f64 / spec.rate as f64));
+    let mut session = None;
+    if spec.txn {
+        match coll.client().start_session().await {
+            Ok(s) => session = Some(s),
+            Err(_) => {
+                shared.write_errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
     let mut next = tokio::time::Instant::now();
     let mut round = 0_u64;
     while !shared.stop_writing.load(Ordering::Relaxed) {
@@ -163,7 +175,7 @@ pub async fn write(coll: Collection<Document>, w: usize, spec: WriteSpec, shared
             next += i;
         }
         if spec.op != Op::Update {
-            insert_batch(&coll, w, &spec, &payload, &shared).await;
+            insert_batch(&coll, w, &spec, &payload, &shared, session.as_mut()).await;
         }
         if spec.op != Op::Insert {
             let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -190,6 +202,7 @@ async fn insert_batch(
     spec: &WriteSpec,
     payload: &str,
     shared: &Shared,
+    session: Option<&mut mongodb::ClientSession>,
 ) {
     let first = shared
         .next_seq
@@ -202,7 +215,9 @@ async fn insert_batch(
         .clone()
         .map(|s| doc! {"_id": format!("w{w}-{s}"), "seq": s as i64, "payload": payload})
         .collect();
-    let result = if docs.len() == 1 {
+    let result = if let Some(session) = session {
+        in_transaction(coll, &docs, session).await
+    } else if docs.len() == 1 {
         coll.insert_one(&docs[0]).await.map(|_| ())
     } else {
         coll.insert_many(&docs)
@@ -221,6 +236,40 @@ async fn insert_batch(
             shared
                 .write_errors
                 .fetch_add(spec.batch as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Inserts `docs` one statement each in one transaction, retrying it whole on a transient
+/// error and its commit on an unknown result, as drivers' convenient APIs do.
+async fn in_transaction(
+    coll: &Collection<Document>,
+    docs: &[Document],
+    session: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<()> {
+    loop {
+        session.start_transaction().await?;
+        let mut failed = None;
+        for d in docs {
+            if let Err(e) = coll.insert_one(d).session(&mut *session).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            let _ = session.abort_transaction().await;
+            if e.contains_label("TransientTransactionError") {
+                continue;
+            }
+            return Err(e);
+        }
+        loop {
+            match session.commit_transaction().await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.contains_label("UnknownTransactionCommitResult") => continue,
+                Err(e) if e.contains_label("TransientTransactionError") => break,
+                Err(e) => return Err(e),
+            }
         }
     }
 }
