@@ -291,6 +291,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                     let report = match workloads::by_name(name) {
                         Some(Any::Crud(w)) => run_workload(Arc::new(w), &ctx).await,
                         Some(Any::Ddl(w)) => run_workload(Arc::new(w), &ctx).await,
+                        Some(Any::Transfers(w)) => run_workload(Arc::new(w), &ctx).await,
                         None => Err(anyhow::anyhow!("unknown workload {name}")),
                     };
                     report.unwrap_or_else(|e| WorkloadReport {

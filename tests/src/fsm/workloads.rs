@@ -7,11 +7,14 @@
 //!   collection, database and cluster level.
 //! * [`Ddl`]: per-thread collections created, filled, indexed, renamed, sharded and dropped,
 //!   watched at database and cluster level with `showExpandedEvents`.
+//! * [`Transfers`]: multi-document transactions moving amounts between a thread's accounts in
+//!   a hashed collection (so most transfers span shards), some aborted on purpose. A
+//!   transaction records its effects with one `step`, so the verifier accepts its events in
+//!   any order among themselves, exactly once if committed and never if aborted; every
+//!   snapshot read must find the total of all balances unchanged.
 //!
-//! Seams for later: transactions (a state that wraps several writes in one session transaction
-//! records its effects with one `step`, so the verifier accepts them in any order among
-//! themselves, and the model would add `lsid`/`txnNumber` checks), and pre/post images (the
-//! model's documents are the post-images; the pre-image is the previous state).
+//! Seam for later: pre/post images (the model's documents are the post-images; the pre-image
+//! is the previous state).
 
 use anyhow::{Result, bail};
 use futures::FutureExt;
@@ -24,18 +27,20 @@ use super::framework::{Config, Effect, Env, ThreadCtx, Workload, Written};
 use super::model::{Op, Scope, WatchSpec};
 
 /// The names [`by_name`] knows.
-pub const NAMES: &[&str] = &["crud", "ddl"];
+pub const NAMES: &[&str] = &["crud", "ddl", "transfers"];
 
 /// A workload by name, type-erased for the suite runner.
 pub enum Any {
     Crud(Crud),
     Ddl(Ddl),
+    Transfers(Transfers),
 }
 
 pub fn by_name(name: &str) -> Option<Any> {
     match name {
         "crud" => Some(Any::Crud(Crud)),
         "ddl" => Some(Any::Ddl(Ddl)),
+        "transfers" => Some(Any::Transfers(Transfers)),
         _ => None,
     }
 }
@@ -728,6 +733,233 @@ impl Workload for Ddl {
             WatchSpec {
                 scope: Scope::Cluster,
                 expanded: true,
+            },
+            WatchSpec {
+                scope: Scope::Database(db.to_string()),
+                expanded: false,
+            },
+        ]
+    }
+}
+
+/// Transfers between a thread's accounts, in transactions, on a hashed collection.
+pub struct Transfers;
+
+/// Every account starts with this balance; transfers keep the total.
+const OPENING_BALANCE: i64 = 100;
+
+#[derive(Default)]
+pub struct TransfersData {
+    /// The thread's accounts it still knows the state of.
+    accounts: Vec<Document>,
+}
+
+impl Transfers {
+    fn coll(t: &ThreadCtx) -> Collection<Document> {
+        t.client.database(&t.db).collection("accounts")
+    }
+
+    async fn open_accounts(&self, d: &mut TransfersData, t: &mut ThreadCtx) -> Result<()> {
+        let mut docs = Vec::new();
+        let mut effects = Vec::new();
+        for _ in 0..4 {
+            let id = t.unique();
+            let w = t.unique();
+            let doc = sorted(&doc! {"_id": id, "balance": OPENING_BALANCE, "w": w});
+            effects.push(Effect::crud(
+                "accounts",
+                Op::Insert,
+                Bson::Int64(id),
+                Some(Bson::Int64(w)),
+                Some(doc.clone()),
+            ));
+            docs.push(doc);
+        }
+        let c = Self::coll(t);
+        let many = docs.clone();
+        if let Written::Acked(()) = t
+            .write(effects, async { c.insert_many(many).await.map(|_| ()) })
+            .await?
+        {
+            d.accounts.extend(docs);
+        }
+        Ok(())
+    }
+
+    /// Moves an amount between two of the thread's accounts in one transaction; `commit`
+    /// false aborts it instead (and it must leave no trace).
+    async fn transfer(&self, d: &mut TransfersData, t: &mut ThreadCtx, commit: bool) -> Result<()> {
+        if d.accounts.len() < 2 {
+            return self.open_accounts(d, t).await;
+        }
+        let i = t.rng.random_range(0..d.accounts.len());
+        let from = d.accounts.swap_remove(i);
+        let j = t.rng.random_range(0..d.accounts.len());
+        let to = d.accounts.swap_remove(j);
+        let amount = t.rng.random_range(1..=10_i64);
+        let (wf, wt) = (t.unique(), t.unique());
+        let moved = |doc: &Document, delta: i64, w: i64| {
+            let mut after = doc.clone();
+            after.insert("balance", doc.get_i64("balance").unwrap_or(0) + delta);
+            after.insert("w", w);
+            sorted(&after)
+        };
+        let (from_after, to_after) = (moved(&from, -amount, wf), moved(&to, amount, wt));
+        let id = |doc: &Document| doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let effects = if commit {
+            vec![
+                Effect::crud(
+                    "accounts",
+                    Op::Update,
+                    id(&from),
+                    Some(Bson::Int64(wf)),
+                    Some(from_after.clone()),
+                ),
+                Effect::crud(
+                    "accounts",
+                    Op::Update,
+                    id(&to),
+                    Some(Bson::Int64(wt)),
+                    Some(to_after.clone()),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        let c = Self::coll(t);
+        let client = t.client.clone();
+        let (fid, tid) = (id(&from), id(&to));
+        let res = t
+            .write(effects, async move {
+                let mut s = client.start_session().await?;
+                s.start_transaction().await?;
+                c.update_one(
+                    doc! {"_id": fid},
+                    doc! {"$inc": {"balance": -amount}, "$set": {"w": wf}},
+                )
+                .session(&mut s)
+                .await?;
+                c.update_one(
+                    doc! {"_id": tid},
+                    doc! {"$inc": {"balance": amount}, "$set": {"w": wt}},
+                )
+                .session(&mut s)
+                .await?;
+                if commit {
+                    s.commit_transaction().await
+                } else {
+                    s.abort_transaction().await
+                }
+            })
+            .await?;
+        match res {
+            Written::Acked(()) if commit => d.accounts.extend([from_after, to_after]),
+            Written::Acked(()) => d.accounts.extend([from, to]),
+            // An aborted transaction's outcome is known (nothing) even when the abort failed:
+            // it was never committed.
+            Written::Unknown(_) if !commit => d.accounts.extend([from, to]),
+            Written::Unknown(_) => {}
+        }
+        Ok(())
+    }
+
+    /// A snapshot read of every account: the total is the opening balance times the accounts.
+    async fn check_total(&self, t: &mut ThreadCtx) -> Result<()> {
+        let db = t.client.database(&t.db);
+        let reply = match db
+            .run_command(doc! {"find": "accounts", "batchSize": 100_000, "readConcern": {"level": "snapshot"}})
+            .await
+        {
+            Ok(r) => r,
+            Err(e) if t.faults && super::framework::unknown_outcome(&e) => return Ok(()),
+            Err(e) => bail!("a snapshot read of the accounts failed: {e}"),
+        };
+        let cursor = reply.get_document("cursor")?;
+        if cursor.get_i64("id").unwrap_or(0) != 0 {
+            bail!("the snapshot read did not fit one batch");
+        }
+        let docs = cursor.get_array("firstBatch")?;
+        let total: i64 = docs
+            .iter()
+            .filter_map(|d| d.as_document()?.get_i64("balance").ok())
+            .sum();
+        let expected = OPENING_BALANCE * docs.len() as i64;
+        if total != expected {
+            bail!(
+                "a snapshot saw {total} in {} accounts, not {expected}: a transaction showed in part",
+                docs.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Workload for Transfers {
+    type Data = TransfersData;
+
+    fn name(&self) -> &'static str {
+        "transfers"
+    }
+
+    fn config(&self) -> Config {
+        let all = vec![("transfer", 6.0), ("abort", 1.0), ("checkTotal", 2.0)];
+        Config {
+            thread_count: 4,
+            iterations: 40,
+            start_state: "init",
+            states: vec!["init", "transfer", "abort", "checkTotal"],
+            transitions: ["init", "transfer", "abort", "checkTotal"]
+                .into_iter()
+                .map(|s| (s, all.clone()))
+                .collect(),
+        }
+    }
+
+    fn data(&self, _tid: usize) -> TransfersData {
+        TransfersData::default()
+    }
+
+    fn setup<'a>(&'a self, env: &'a Env) -> BoxFuture<'a, Result<Vec<String>>> {
+        async move {
+            let admin = env.client.database("admin");
+            admin
+                .run_command(doc! {"enableSharding": env.db.clone()})
+                .await?;
+            admin
+                .run_command(doc! {"shardCollection": format!("{}.accounts", env.db),
+                "key": {"_id": "hashed"}})
+                .await?;
+            Ok(vec!["accounts".to_string()])
+        }
+        .boxed()
+    }
+
+    fn state<'a>(
+        &'a self,
+        state: &'static str,
+        d: &'a mut TransfersData,
+        t: &'a mut ThreadCtx,
+    ) -> BoxFuture<'a, Result<()>> {
+        async move {
+            match state {
+                "init" => self.open_accounts(d, t).await,
+                "transfer" => self.transfer(d, t, true).await,
+                "abort" => self.transfer(d, t, false).await,
+                "checkTotal" => self.check_total(t).await,
+                other => bail!("unknown state {other}"),
+            }
+        }
+        .boxed()
+    }
+
+    fn watch_specs(&self, db: &str) -> Vec<WatchSpec> {
+        vec![
+            WatchSpec {
+                scope: Scope::Collection {
+                    db: db.to_string(),
+                    coll: "accounts".to_string(),
+                },
+                expanded: false,
             },
             WatchSpec {
                 scope: Scope::Database(db.to_string()),
