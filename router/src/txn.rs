@@ -28,10 +28,8 @@ use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::Router;
 
-pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode = ErrorCode {
-    code: 263,
-    name: "OperationNotSupportedInTransaction",
-};
+pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode =
+    ErrorCode::OPERATION_NOT_SUPPORTED_IN_TRANSACTION;
 
 /// Codes whose failure inside a transaction leaves it safe to retry whole: conflicts, lock
 /// and snapshot errors, a transaction the shard no longer has (aborted, or lost with a

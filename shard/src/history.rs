@@ -37,10 +37,7 @@ pub const DEFAULT_MAX_BYTES: usize = 32 << 20;
 /// `minSnapshotHistoryWindowInSeconds`), history permitting.
 pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
 
-pub const SNAPSHOT_TOO_OLD: ErrorCode = ErrorCode {
-    code: 239,
-    name: "SnapshotTooOld",
-};
+pub const SNAPSHOT_TOO_OLD: ErrorCode = ErrorCode::SNAPSHOT_TOO_OLD;
 
 /// One overwritten value: the key, the `ts` of the write that replaced it, the value before.
 pub type Version = (Table, Vec<u8>, ClusterTime, Option<Vec<u8>>);

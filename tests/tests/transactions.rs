@@ -333,6 +333,12 @@ async fn a_prepared_transaction_survives_a_restart_and_commits_after_it() -> any
             reply.get_timestamp("prepareTimestamp")?,
         ));
     }
+    // An abort from anyone but its coordinator cannot undo a prepared transaction (the driver,
+    // dropping the session, sends one and ignores its error, as drivers do).
+    let mut abort = doc! {"abortTransaction": 1};
+    abort.extend(session_fields.clone());
+    let refused = cluster.shards()[0].run_command(abort).await;
+    assert_eq!(refused.get_i32("code").ok(), Some(267), "{refused}");
     drop(s);
     drop(client);
     cluster.restart().await?;
@@ -344,8 +350,9 @@ async fn a_prepared_transaction_survives_a_restart_and_commits_after_it() -> any
             .ok_or_else(|| anyhow::anyhow!("no prepare time for {}", shard.name()))?;
         assert!(
             shard.high_water_mark().timestamp() < p,
-            "{}: the hold survives the restart",
-            shard.name()
+            "{}: the hold survives the restart (high-water mark {:?}, prepared at {p:?})",
+            shard.name(),
+            shard.high_water_mark()
         );
     }
     let commit_ts =

@@ -117,6 +117,11 @@ codes! {
     RETRY_CHANGE_STREAM = 234, "RetryChangeStream";
     CURSOR_KILLED = 237, "CursorKilled";
     NO_SUCH_TRANSACTION = 251, "NoSuchTransaction";
+    SNAPSHOT_TOO_OLD = 239, "SnapshotTooOld";
+    SNAPSHOT_UNAVAILABLE = 246, "SnapshotUnavailable";
+    OPERATION_NOT_SUPPORTED_IN_TRANSACTION = 263, "OperationNotSupportedInTransaction";
+    PREPARED_TRANSACTION_IN_PROGRESS = 267, "PreparedTransactionInProgress";
+    INTERRUPTED = 11601, "Interrupted";
     TRANSACTION_COMMITTED = 256, "TransactionCommitted";
     TRANSACTION_TOO_LARGE = 257, "TransactionTooLarge";
     INVALID_RESUME_TOKEN = 260, "InvalidResumeToken";

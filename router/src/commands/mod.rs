@@ -47,6 +47,8 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let mut injected = None;
+    // An injected error whose fail point gave its labels gets no others.
+    let mut labelled = false;
     if router.options.enable_test_commands && matches!(name, "hello" | "isMaster" | "ismaster") {
         router.failpoints.note_handshake(conn.id, &req.body);
     }
@@ -64,6 +66,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
                 error,
                 explicit_labels,
             }) => {
+                labelled = explicit_labels;
                 injected = Some(if explicit_labels {
                     error
                 } else {
@@ -124,7 +127,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     let reply = match result {
         Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,
-        Err(e) if in_txn => Body::Document(crate::txn::label(name, e).to_document()),
+        Err(e) if in_txn && !labelled => Body::Document(crate::txn::label(name, e).to_document()),
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))

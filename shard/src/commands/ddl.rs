@@ -78,7 +78,7 @@ where
             }),
         }
     };
-    let out = ctx.shard.writer().submit(Box::new(job)).await?;
+    let out = ctx.submit(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,
@@ -592,6 +592,16 @@ pub async fn create_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .map(normalize_spec)
         .collect::<Result<Vec<_>, _>>()?;
     let db = ctx.db.clone();
+    // As in MongoDB 7.0, a transaction may index only a collection it created itself.
+    if ctx.txn.is_some() && ctx.shard.state().catalog().lookup(&db, &coll).is_some() {
+        return Err(MongoError::new(
+            crate::txn::OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+            format!(
+                "Cannot create new indexes on existing collection {db}.{coll} in a \
+                 multi-document transaction."
+            ),
+        ));
+    }
     run_ddl(ctx, move |w| {
         let existed = lookup(w, &db, &coll);
         let created = existed.is_none();

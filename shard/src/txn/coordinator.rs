@@ -296,7 +296,11 @@ async fn deliver(shard: &Shard, session: &[u8], record: Record, decision: Decisi
             m.insert("commitTimestamp", ts.timestamp());
             m
         }
-        Decision::Abort => session_command("abortTransaction", &record),
+        Decision::Abort => {
+            let mut m = session_command("abortTransaction", &record);
+            m.insert("fromCoordinator", true);
+            m
+        }
     };
     let deadline = tokio::time::Instant::now() + DELIVERY_PATIENCE;
     let mut pending: Vec<&Peer> = record.participants.iter().collect();

@@ -66,6 +66,8 @@ const ALLOWED: &[&str] = &[
     "abortTransaction",
     "prepareTransaction",
     "coordinateCommitTransaction",
+    "create",
+    "createIndexes",
 ];
 
 /// A key of one table.
@@ -86,6 +88,8 @@ pub struct TxnArgs {
     pub at_cluster_time: Option<ClusterTime>,
     /// `commitTimestamp` of a `commitTransaction` that decides a prepared transaction.
     pub commit_timestamp: Option<ClusterTime>,
+    /// Sent by a two-phase commit's coordinator: only it may abort a prepared transaction.
+    pub from_coordinator: bool,
 }
 
 impl TxnArgs {
@@ -140,14 +144,13 @@ impl TxnArgs {
                 .get_timestamp("commitTimestamp")
                 .ok()
                 .map(ClusterTime::from),
+            from_coordinator: cmd.get_bool("fromCoordinator").unwrap_or(false),
         }))
     }
 }
 
-pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode = ErrorCode {
-    code: 263,
-    name: "OperationNotSupportedInTransaction",
-};
+pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode =
+    ErrorCode::OPERATION_NOT_SUPPORTED_IN_TRANSACTION;
 
 enum State {
     Active(Box<Active>),
@@ -166,10 +169,7 @@ struct PreparedTxn {
     prepare_ts: ClusterTime,
 }
 
-pub const PREPARED_TRANSACTION_IN_PROGRESS: ErrorCode = ErrorCode {
-    code: 267,
-    name: "PreparedTransactionInProgress",
-};
+pub const PREPARED_TRANSACTION_IN_PROGRESS: ErrorCode = ErrorCode::PREPARED_TRANSACTION_IN_PROGRESS;
 
 /// The keys prepared transactions hold: no other write may touch them until they are decided.
 #[derive(Default)]
@@ -479,6 +479,12 @@ impl Transactions {
             _ => None,
         };
         if let Some(prepared) = prepared {
+            if !args.from_coordinator {
+                return Err(MongoError::new(
+                    PREPARED_TRANSACTION_IN_PROGRESS,
+                    "the transaction is prepared: only its coordinator decides it",
+                ));
+            }
             shard
                 .writer()
                 .submit(abort_prepared_job(args.clone(), prepared.prepare_ts))
