@@ -393,3 +393,72 @@ async fn a_prepared_transaction_survives_a_restart_and_commits_after_it() -> any
     cluster.stop().await;
     Ok(())
 }
+
+/// As in MongoDB 7.0: a transaction may create a collection and index it, all visible at the
+/// commit (and gone with an abort); it may not index a collection that existed before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collections_and_their_indexes_are_created_inside_a_transaction() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let db = client.database("ddl_txn");
+    db.collection::<Document>("old")
+        .insert_one(doc! {"_id": 1})
+        .await?;
+    let names = |db: mongodb::Database| async move { db.list_collection_names().await };
+
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    db.create_collection("made").session(&mut s).await?;
+    let made = db.collection::<Document>("made");
+    made.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! {"k": 1})
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .unique(true)
+                    .name("k_1".to_string())
+                    .build(),
+            )
+            .build(),
+    )
+    .session(&mut s)
+    .await?;
+    made.insert_one(doc! {"_id": 1, "k": 1})
+        .session(&mut s)
+        .await?;
+    let dup = made
+        .insert_one(doc! {"_id": 2, "k": 1})
+        .session(&mut s)
+        .await
+        .expect_err("the transaction's own unique index holds");
+    assert_eq!(tests::scenarios::code_of(&dup), Some(11000), "{dup}");
+    let _ = s.abort_transaction().await;
+    assert!(
+        !names(db.clone()).await?.contains(&"made".to_string()),
+        "aborted: no collection"
+    );
+
+    s.start_transaction().await?;
+    db.create_collection("made").session(&mut s).await?;
+    made.insert_one(doc! {"_id": 1, "k": 1})
+        .session(&mut s)
+        .await?;
+    assert!(
+        !names(db.clone()).await?.contains(&"made".to_string()),
+        "not before the commit"
+    );
+    s.commit_transaction().await?;
+    assert!(names(db.clone()).await?.contains(&"made".to_string()));
+    assert_eq!(made.count_documents(doc! {}).await?, 1);
+
+    s.start_transaction().await?;
+    let err = db
+        .collection::<Document>("old")
+        .create_index(mongodb::IndexModel::builder().keys(doc! {"x": 1}).build())
+        .session(&mut s)
+        .await
+        .expect_err("an existing collection is not indexed inside a transaction");
+    assert_eq!(tests::scenarios::code_of(&err), Some(263), "{err}");
+    cluster.stop().await;
+    Ok(())
+}
