@@ -462,3 +462,46 @@ async fn collections_and_their_indexes_are_created_inside_a_transaction() -> any
     cluster.stop().await;
     Ok(())
 }
+
+/// A transaction over 16 MB is written as a chain of `applyOps` entries (`partialTxn`, linked
+/// by `prevOpTime`) in one commit, and a change stream shows all of its operations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twenty_megabyte_transaction_is_a_partial_txn_chain() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let c = client.database("big").collection::<Document>("c");
+    c.insert_one(doc! {"_id": "first"}).await?;
+    let mut stream = c
+        .watch()
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let pad = "x".repeat(1 << 20);
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    for i in 0..20 {
+        c.insert_one(doc! {"_id": i, "pad": &pad})
+            .session(&mut s)
+            .await?;
+    }
+    s.commit_transaction().await?;
+    for i in 0..20 {
+        let e = next(&mut stream).await?;
+        assert_eq!(id_of(&e)?, Bson::Int32(i));
+    }
+    let mut partial = 0;
+    for shard in cluster.shards() {
+        let reply = shard
+            .run_command(
+                doc! {"find": "oplog.rs", "filter": {"o.partialTxn": true}, "$db": "local"},
+            )
+            .await;
+        partial += reply.get_document("cursor")?.get_array("firstBatch")?.len();
+    }
+    assert!(
+        partial >= 1,
+        "the transaction's oplog is a chain: {partial} partial entries"
+    );
+    cluster.stop().await;
+    Ok(())
+}

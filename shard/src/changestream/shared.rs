@@ -13,7 +13,8 @@
 //!
 //! Invariants:
 //! * the log holds, in token order, every event the reader's stages made from the entries with
-//!   `base < ts <= position`, each once; `base` and `position` only grow;
+//!   `base < ts <= position`, each once, and no event of an entry at or before `base` (an
+//!   entry's events are kept all or none); `base` and `position` only grow;
 //! * a cursor at position `p` (`base <= p <= position`) is given exactly the events of entries
 //!   after `p`, so it sees what its own stages would have made;
 //! * a reader lives while a cursor holds it; the registry keeps only weak references. Its
@@ -113,6 +114,10 @@ impl Reader {
                 break;
             }
         }
+        if position < log.base {
+            // What this cursor needs was dropped while reading: it goes on by itself.
+            return Ok(None);
+        }
         let events = log.events_after(position);
         let now = log.reading.position;
         Ok(Some(Taken {
@@ -158,6 +163,13 @@ impl Log {
             };
             self.bytes -= Log::cost(&old);
             self.base = self.base.max(old.ts);
+        }
+        // The log keeps all of an entry's events or none: one entry (a large transaction) can
+        // make more than the bound, and a cursor must not be given only its last ones.
+        while self.events.front().is_some_and(|e| e.ts <= self.base) {
+            if let Some(old) = self.events.pop_front() {
+                self.bytes -= Log::cost(&old);
+            }
         }
     }
 
@@ -266,11 +278,29 @@ mod tests {
         );
         assert_eq!(log.after(at(1)), 3);
         assert_eq!(log.after(at(2)), 0);
-        // Dropping one of them leaves the entry's other events to cursors past it only.
+        // Dropping one of them drops the entry's others too: a cursor before the entry reads
+        // it by itself, one past it needs none of them.
         let one = Log::cost(&event(at(1), 10));
         log.push(VecDeque::new(), 2 * one);
-        assert_eq!(log.events.len(), 2);
+        assert_eq!(log.events.len(), 0);
         assert_eq!(log.base, at(2));
+    }
+
+    #[test]
+    fn an_entry_whose_events_outgrow_the_bound_leaves_none_of_them() {
+        let mut l = log();
+        let one = Log::cost(&event(at(1), 100));
+        l.push((0..5).map(|_| event(at(2), 100)).collect(), 3 * one);
+        assert!(
+            l.events.is_empty(),
+            "none of the entry's events, not its last three"
+        );
+        assert_eq!(
+            l.base,
+            at(2),
+            "a cursor before the entry reads it by itself"
+        );
+        assert_eq!(l.bytes, 0);
     }
 
     #[test]

@@ -764,22 +764,79 @@ fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
                 .into_iter()
                 .map(|((t, k), written)| (t, k, written.value)),
         )?;
-        let ts = w.log(EntrySpec {
+        let ts = log_apply_ops(w, &args, ops, Document::new())?;
+        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
+        Ok(ok_output(Some(ts)))
+    })
+}
+
+/// The most bytes of operations one `applyOps` entry carries; a larger transaction is a chain
+/// of entries (MongoDB's limit is the 16 MB document size; this leaves room for the rest).
+pub const APPLY_OPS_BYTES: usize = 15 * 1024 * 1024;
+
+/// How a transaction's operations are split into `applyOps` entries of at most `limit` bytes
+/// each (an operation larger than `limit` gets an entry of its own).
+fn chunks(ops: Vec<Document>, limit: usize) -> Vec<Vec<Document>> {
+    let mut out: Vec<Vec<Document>> = Vec::new();
+    let mut size = 0;
+    for op in ops {
+        let n = crate::commands::write_ops::bson_size(&op);
+        match out.last_mut() {
+            Some(last) if size + n <= limit => last.push(op),
+            _ => {
+                out.push(vec![op]);
+                size = 0;
+            }
+        }
+        size += n;
+    }
+    if out.is_empty() {
+        out.push(Vec::new());
+    }
+    out
+}
+
+/// Writes a transaction's operations as its `applyOps` entries, all in the writer's storage
+/// transaction: one entry when they fit, else a chain, each entry but the last marked
+/// `partialTxn` and each pointing at the one before (`prevOpTime`); `last` adds fields to the
+/// final entry (`prepare: true`). Returns the final entry's `ts`.
+fn log_apply_ops(
+    w: &mut WriteCtx<'_>,
+    args: &TxnArgs,
+    ops: Vec<Document>,
+    last: Document,
+) -> Result<ClusterTime, StorageError> {
+    let count = ops.len();
+    let parts = chunks(ops, APPLY_OPS_BYTES);
+    let n = parts.len();
+    let mut prev = None;
+    let mut ts = ClusterTime::ZERO;
+    for (i, part) in parts.into_iter().enumerate() {
+        let mut o = doc! {"applyOps": part};
+        if i + 1 < n {
+            o.insert("partialTxn", true);
+        } else {
+            if n > 1 {
+                o.insert("count", count as i64);
+            }
+            o.extend(last.clone());
+        }
+        ts = w.log(EntrySpec {
             op: "c",
             ns: "admin.$cmd".into(),
             ui: None,
-            o: doc! {"applyOps": ops},
+            o,
             o2: None,
             session: Some(SessionFields {
                 lsid: args.lsid.clone(),
                 txn_number: args.txn_number,
                 stmt_id: None,
-                prev_op_time: None,
+                prev_op_time: prev,
             }),
         })?;
-        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
-        Ok(ok_output(Some(ts)))
-    })
+        prev = Some(ts);
+    }
+    Ok(ts)
 }
 
 /// Storage key prefix of a prepared participant's record in [`Table::Transactions`].
@@ -860,19 +917,7 @@ fn prepare_job(
             }
         }
         drop(store);
-        let ts = w.log(EntrySpec {
-            op: "c",
-            ns: "admin.$cmd".into(),
-            ui: None,
-            o: doc! {"applyOps": ops, "prepare": true},
-            o2: None,
-            session: Some(SessionFields {
-                lsid: args.lsid.clone(),
-                txn_number: args.txn_number,
-                stmt_id: None,
-                prev_op_time: None,
-            }),
-        })?;
+        let ts = log_apply_ops(w, &args, ops, doc! {"prepare": true})?;
         let record = encode_prepared(
             args.txn_number,
             &PreparedTxn {
@@ -1036,4 +1081,31 @@ fn storage_error(e: StorageError) -> MongoError {
 /// Never held across `.await`; a poisoned participant is still consistent (updates are whole).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_transaction_is_split_into_entries_of_at_most_the_limit() {
+        let op = |n: usize| doc! {"op": "i", "o": {"pad": "x".repeat(n)}};
+        let size = crate::commands::write_ops::bson_size(&op(100));
+        let parts = chunks((0..10).map(|_| op(100)).collect(), size * 3);
+        assert_eq!(
+            parts.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![3, 3, 3, 1]
+        );
+        let one = chunks(vec![op(1000)], size);
+        assert_eq!(
+            one.len(),
+            1,
+            "an operation over the limit gets an entry of its own"
+        );
+        assert_eq!(
+            chunks(Vec::new(), size).len(),
+            1,
+            "no operations: one empty entry"
+        );
+    }
 }
