@@ -97,6 +97,9 @@ pub async fn embedded_with(
     }
     // Shards in one process reach each other directly (a two-phase commit's coordinator).
     for s in &shards {
+        if options.enable_test_commands {
+            s.enable_test_commands();
+        }
         for (j, peer) in shards.iter().enumerate() {
             s.peers().register(&format!("shard{j}"), peer);
         }
@@ -167,7 +170,20 @@ async fn router_over(
 
 /// One shard serving on `bind`, storing under `dbpath`.
 pub async fn shard(bind: SocketAddr, dbpath: PathBuf, name: String) -> anyhow::Result<Running> {
+    shard_with(bind, dbpath, name, false).await
+}
+
+/// [`shard`], with `configureFailPoint` accepted when `test_commands`.
+pub async fn shard_with(
+    bind: SocketAddr,
+    dbpath: PathBuf,
+    name: String,
+    test_commands: bool,
+) -> anyhow::Result<Running> {
     let s = open_shard(dbpath, name).await?;
+    if test_commands {
+        s.enable_test_commands();
+    }
     let listener = TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding the shard to {bind}"))?;

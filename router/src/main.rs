@@ -76,6 +76,9 @@ enum Command {
         /// The shard's name in logs.
         #[arg(long, default_value = "shard")]
         name: String,
+        /// Enable test-only commands (the shard's `configureFailPoint`).
+        #[arg(long = "enableTestCommands")]
+        enable_test_commands: bool,
     },
     /// Run a router over shards running in other processes.
     Router {
@@ -149,7 +152,16 @@ async fn main() -> anyhow::Result<()> {
             bind_ip,
             dbpath,
             name,
-        }) => launch::shard(SocketAddr::new(bind_ip, port), dbpath, name).await?,
+            enable_test_commands,
+        }) => {
+            launch::shard_with(
+                SocketAddr::new(bind_ip, port),
+                dbpath,
+                name,
+                enable_test_commands,
+            )
+            .await?
+        }
         Some(Command::Router {
             port,
             bind_ip,

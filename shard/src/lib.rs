@@ -59,6 +59,10 @@ use crate::writer::{RESERVATION_KEY, Writer};
 /// Bytes of recent oplog entries kept in memory for tailing readers.
 pub const TAIL_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 
+/// The shard's fail points: `hangAfterCommitDecision` holds a two-phase commit's coordinator
+/// after its decision is durable and before it tells the participants (to kill it there).
+pub const FAIL_POINTS: &[&str] = &["hangAfterCommitDecision"];
+
 /// How to open a shard.
 #[derive(Clone)]
 pub struct ShardOptions {
@@ -88,6 +92,10 @@ pub struct Shard {
     change_streams: ChangeStreams,
     transactions: txn::Transactions,
     peers: txn::coordinator::Peers,
+    /// `configureFailPoint` is accepted (tests only: see [`Shard::enable_test_commands`]).
+    test_commands: std::sync::atomic::AtomicBool,
+    /// The fail points switched on.
+    fail_points: std::sync::Mutex<std::collections::HashSet<String>>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -156,6 +164,8 @@ impl Shard {
             change_streams: ChangeStreams::default(),
             transactions: txn::Transactions::default(),
             peers: Default::default(),
+            test_commands: Default::default(),
+            fail_points: Default::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -285,6 +295,58 @@ impl Shard {
 
     pub fn transactions(&self) -> &txn::Transactions {
         &self.transactions
+    }
+
+    /// Accepts `configureFailPoint` from now on (MongoDB's `enableTestCommands`).
+    pub fn enable_test_commands(&self) {
+        self.test_commands
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `configureFailPoint {configureFailPoint: name, mode: "alwaysOn" | "off"}` for the shard's
+    /// fail points ([`FAIL_POINTS`]), with test commands enabled.
+    pub(crate) fn configure_fail_point(&self, cmd: &Document) -> Result<(), wire::MongoError> {
+        if !self
+            .test_commands
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::COMMAND_NOT_FOUND,
+                "no such command: 'configureFailPoint' (test commands are not enabled)",
+            ));
+        }
+        let name = cmd.get_str("configureFailPoint").map_err(|_| {
+            wire::MongoError::failed_to_parse("configureFailPoint needs a fail point name")
+        })?;
+        if !FAIL_POINTS.contains(&name) {
+            return Err(wire::MongoError::bad_value(format!(
+                "unknown fail point {name}"
+            )));
+        }
+        let on = match cmd.get("mode") {
+            Some(Bson::String(m)) if m == "alwaysOn" => true,
+            Some(Bson::String(m)) if m == "off" => false,
+            _ => {
+                return Err(wire::MongoError::bad_value(
+                    "mode must be \"alwaysOn\" or \"off\"",
+                ));
+            }
+        };
+        let mut fps = self.fail_points.lock().unwrap_or_else(|e| e.into_inner());
+        if on {
+            fps.insert(name.to_string());
+        } else {
+            fps.remove(name);
+        }
+        Ok(())
+    }
+
+    /// Whether a fail point is on.
+    pub(crate) fn fail_point(&self, name: &str) -> bool {
+        self.fail_points
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
     }
 
     /// How this shard reaches the other participants of a transaction it coordinates.

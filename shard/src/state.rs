@@ -65,7 +65,8 @@ impl ShardState {
         self.hlc.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many write transactions the writer has committed (for tests and benches).
+    /// How many batches of write jobs the writer has committed (for tests and benches; a commit
+    /// that only renews the clock reservation does not count).
     pub fn commit_count(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
     }

@@ -564,7 +564,9 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     };
     match committed {
         Ok(()) => {
-            state.count_commit();
+            if !acks.is_empty() {
+                state.count_commit();
+            }
             state.set_oplog_stats(stats);
             state.publish_catalog(catalog);
             if let Some(r) = renewal {

@@ -281,6 +281,7 @@ impl ProcessCluster {
                 dbpath.display().to_string(),
                 "--name".into(),
                 format!("shard{i}"),
+                "--enableTestCommands".into(),
             ];
             shards.push(Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?);
         }

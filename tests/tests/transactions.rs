@@ -505,3 +505,109 @@ async fn a_twenty_megabyte_transaction_is_a_partial_txn_chain() -> anyhow::Resul
     cluster.stop().await;
     Ok(())
 }
+
+/// The shard holding `_id` (an unsharded probe through each shard's own driver).
+async fn shard_of(cluster: &tests::ProcessCluster, db: &str, id: i32) -> anyhow::Result<usize> {
+    for i in 0..cluster.shards.len() {
+        let c = cluster.shard_client(i).await?;
+        if c.database(db)
+            .collection::<Document>("c")
+            .count_documents(doc! {"_id": id})
+            .await?
+            == 1
+        {
+            return Ok(i);
+        }
+    }
+    anyhow::bail!("no shard holds {id}")
+}
+
+async fn fail_point(cluster: &tests::ProcessCluster, on: bool) -> anyhow::Result<()> {
+    for i in 0..cluster.shards.len() {
+        cluster
+            .shard_client(i)
+            .await?
+            .database("admin")
+            .run_command(doc! {"configureFailPoint": "hangAfterCommitDecision", "mode": if on { "alwaysOn" } else { "off" }})
+            .await?;
+    }
+    Ok(())
+}
+
+/// `kill -9` between a two-phase commit's decision and its delivery, of the coordinator or of
+/// another participant (multi-process cluster): after the restart the transaction is committed
+/// on every shard, and a watcher sees every one of its operations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere()
+-> anyhow::Result<()> {
+    for kill_coordinator in [true, false] {
+        let mut cluster = tests::ProcessCluster::start(3).await?;
+        let client = cluster.client().await?;
+        tests::shard_collection(&client, "kill2pc.c", doc! {"_id": "hashed"}).await?;
+        let c = client.database("kill2pc").collection::<Document>("c");
+        c.insert_one(doc! {"_id": 0, "n": 0}).await?;
+        let coordinator = shard_of(&cluster, "kill2pc", 0).await?;
+        let mut stream = c
+            .watch()
+            .max_await_time(Duration::from_millis(200))
+            .await?
+            .with_type::<Document>();
+        fail_point(&cluster, true).await?;
+        let mut s = client.start_session().await?;
+        s.start_transaction().await?;
+        // The first statement reaches the coordinator's shard.
+        c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
+            .session(&mut s)
+            .await?;
+        for i in 1..=12 {
+            c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+        }
+        let commit = tokio::spawn(async move {
+            let mut last = None;
+            for _ in 0..20 {
+                match s.commit_transaction().await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.contains_label("UnknownTransactionCommitResult") => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| unreachable_error()))
+        });
+        // The coordinator now holds its durable decision and waits at the fail point.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let victim = if kill_coordinator {
+            coordinator
+        } else {
+            (coordinator + 1) % 3
+        };
+        cluster.shards[victim].kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.shards[victim].restart().await?;
+        if !kill_coordinator {
+            fail_point(&cluster, false).await?;
+        }
+        tokio::time::timeout(Duration::from_secs(60), commit).await???;
+        assert_eq!(
+            c.count_documents(doc! {}).await?,
+            13,
+            "committed on every shard (killed {})",
+            if kill_coordinator {
+                "the coordinator"
+            } else {
+                "a participant"
+            }
+        );
+        assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1);
+        let mut seen = 0;
+        while seen < 13 {
+            let e = next(&mut stream).await?;
+            assert!(e.get_i64("txnNumber").is_ok(), "{e}");
+            seen += 1;
+        }
+    }
+    Ok(())
+}
+
+fn unreachable_error() -> mongodb::error::Error {
+    mongodb::error::Error::custom("the commit was never tried")
+}

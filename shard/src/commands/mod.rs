@@ -108,6 +108,10 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "commitTransaction" => commit_transaction(&ctx).await,
         "abortTransaction" => abort_transaction(&ctx).await,
         "prepareTransaction" => prepare_transaction(&ctx).await,
+        "configureFailPoint" => {
+            shard.configure_fail_point(&ctx.cmd)?;
+            Ok(Reply::read(bson::doc! {"ok": 1.0}))
+        }
         "coordinateCommitTransaction" => coordinate_commit(&ctx).await,
         "insert" => write::insert(&ctx).await,
         "update" => write::update(&ctx).await,

@@ -234,6 +234,18 @@ pub async fn coordinate(
         deliver(shard, &args.key, existing, decision).await;
         return answer(args, decision);
     }
+    // A retried coordinate after the decision was delivered everywhere (the record is gone):
+    // this shard, a participant too, knows the outcome.
+    if let Some(committed) = shard.transactions().outcome(shard, args) {
+        return answer(
+            args,
+            if committed {
+                Decision::Commit(ClusterTime::ZERO)
+            } else {
+                Decision::Abort
+            },
+        );
+    }
     let mut record = Record {
         lsid: args.lsid.clone(),
         txn_number: args.txn_number,
@@ -276,6 +288,9 @@ pub async fn coordinate(
         .writer()
         .submit(save_job(args.key.clone(), Some(record.clone())))
         .await?;
+    while shard.fail_point("hangAfterCommitDecision") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     deliver(shard, &args.key, record, decision).await;
     answer(args, decision)
 }

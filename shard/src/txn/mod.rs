@@ -671,6 +671,18 @@ impl Transactions {
         Ok(n)
     }
 
+    /// How the session's transaction `args` ended here: `Some(true)` committed, `Some(false)`
+    /// aborted, `None` when it is still running or this shard does not know it.
+    pub fn outcome(&self, shard: &Shard, args: &TxnArgs) -> Option<bool> {
+        let p = self.existing(shard, args).ok()?;
+        let g = lock(&p);
+        match g.state {
+            State::Committed => Some(true),
+            State::Aborted => Some(false),
+            _ => None,
+        }
+    }
+
     /// Whether a prepared transaction is undecided here (reads of the latest state wait).
     pub fn any_prepared(&self, shard: &Shard) -> bool {
         shard.state().prepared.any() || shard.state().hlc().has_holds()
