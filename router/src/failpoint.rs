@@ -1,5 +1,6 @@
 //! Test fail points (`configureFailPoint`), as in MongoDB with `--enableTestCommands`:
-//! `failCommand` (fail or close the connection on the named commands, before they run) and
+//! `failCommand` (fail or close the connection on the named commands, before they run, or
+//! run them and answer a `writeConcernError`) and
 //! `failGetMoreAfterCursorCheckout` (fail a getMore once its cursor has been found).
 //!
 //! This module is the pure state machine: it parses `configureFailPoint`, counts activations
@@ -92,6 +93,8 @@ pub struct Triggered {
     pub block: Option<Duration>,
     /// Then do this instead of running the command; `None`: run it.
     pub action: Option<Action>,
+    /// Run it, then answer with this `writeConcernError` (and these labels) in the reply.
+    pub write_concern_error: Option<(Document, Vec<String>)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -192,6 +195,7 @@ impl FailPoints {
             return Some(Triggered {
                 block: block_time(data),
                 action: Some(Action::CloseConnection),
+                write_concern_error: None,
             });
         }
         let block = block_time(data);
@@ -207,7 +211,29 @@ impl FailPoints {
                 explicit_labels: labels.is_some(),
             }
         });
-        Some(Triggered { block, action })
+        let write_concern_error = data.get_document("writeConcernError").ok().map(|w| {
+            let mut w = w.clone();
+            if !w.contains_key("codeName")
+                && let Some(code) = w.get("code").and_then(Bson::as_i32)
+            {
+                w.insert("codeName", ErrorCode::named(code).name);
+            }
+            let labels = data
+                .get_array("errorLabels")
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Bson::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default();
+            (w, labels)
+        });
+        Some(Triggered {
+            block,
+            action,
+            write_concern_error,
+        })
     }
 
     /// `failGetMoreAfterCursorCheckout`, checked once a getMore found its cursor.
@@ -337,6 +363,7 @@ const FAIL_COMMAND_OPTIONS: &[&str] = &[
     "blockTimeMS",
     "appName",
     "failInternalCommands",
+    "writeConcernError",
 ];
 
 fn validate_fail_command(data: &Document) -> Result<()> {
@@ -401,6 +428,19 @@ mod tests {
             }) => (error, explicit_labels),
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_write_concern_error_lets_the_command_run_and_names_its_code() {
+        let fp = fail_command(
+            Bson::Document(doc! {"times": 1}),
+            doc! {"failCommands": ["commitTransaction"], "writeConcernError": {"code": 64, "errmsg": "x"}},
+        );
+        let t = fp.check_command_any("commitTransaction").unwrap();
+        assert!(t.action.is_none(), "the command runs");
+        let (wce, labels) = t.write_concern_error.unwrap();
+        assert_eq!(wce.get_str("codeName").unwrap(), "WriteConcernFailed");
+        assert!(labels.is_empty());
     }
 
     #[test]

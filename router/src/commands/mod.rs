@@ -47,6 +47,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let mut injected = None;
+    let mut write_concern_error = None;
     // An injected error whose fail point gave its labels gets no others.
     let mut labelled = false;
     if router.options.enable_test_commands && matches!(name, "hello" | "isMaster" | "ismaster") {
@@ -60,6 +61,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         if let Some(d) = triggered.block {
             tokio::time::sleep(d).await;
         }
+        write_concern_error = triggered.write_concern_error;
         match triggered.action {
             Some(Action::CloseConnection) => return None,
             Some(Action::Fail {
@@ -124,6 +126,12 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Some((_, at)) => result.map(|r| crate::snapshot::stamp(r, at)),
         None => result,
     };
+    let result = match write_concern_error {
+        Some((wce, labels)) => {
+            result.map(|r| with_write_concern_error(r, wce, labels, name, &req.body))
+        }
+        None => result,
+    };
     let reply = match result {
         Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,
@@ -131,6 +139,31 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
+}
+
+/// A reply with an injected `writeConcernError` (the command ran): the fail point's labels,
+/// else the server's own (a retryable write's retryable code is `RetryableWriteError`).
+fn with_write_concern_error(
+    reply: Body,
+    wce: Document,
+    labels: Vec<String>,
+    name: &str,
+    cmd: &Document,
+) -> Body {
+    let Body::Document(mut d) = reply else {
+        return reply;
+    };
+    let mut labels = labels;
+    if labels.is_empty() {
+        let code = wce.get("code").and_then(Bson::as_i32).unwrap_or(0);
+        let probe = failpoint::with_server_labels(MongoError::with_code(code, ""), name, cmd);
+        labels = probe.labels;
+    }
+    d.insert("writeConcernError", wce);
+    if !labels.is_empty() {
+        d.insert("errorLabels", labels);
+    }
+    Body::Document(d)
 }
 
 /// An `ok` reply inside a transaction names the shard that can finish it (`recoveryToken`).
