@@ -560,7 +560,7 @@ mod tests {
     fn unsupported_options_are_refused() {
         let fp = FailPoints::default();
         let cmd = doc! {"configureFailPoint": FAIL_COMMAND, "mode": "alwaysOn",
-        "data": {"failCommands": ["insert"], "writeConcernError": {"code": 91}}};
+        "data": {"failCommands": ["insert"], "errorExtraInfo": {"x": 1}}};
         assert!(fp.configure(&cmd).is_err());
     }
 
