@@ -571,7 +571,7 @@ async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere
                     Err(e) => return Err(e),
                 }
             }
-            Err(last.unwrap_or_else(|| unreachable_error()))
+            Err(last.unwrap_or_else(unreachable_error))
         });
         // The coordinator now holds its durable decision and waits at the fail point.
         tokio::time::sleep(Duration::from_millis(800)).await;
