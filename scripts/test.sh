@@ -34,8 +34,9 @@ if command -v cargo-nextest >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
-# The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs).
-cat "${CARGO_TARGET_DIR:-target}"/spec-results/change-streams-*.txt
+# The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs,
+# tests/tests/spec_transactions.rs).
+cat "${CARGO_TARGET_DIR:-target}"/spec-results/*.txt
 
 step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9"
 cargo build --bin resmoke --bin tributary

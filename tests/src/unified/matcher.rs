@@ -4,21 +4,41 @@
 //! Rules: extra keys in the actual document are allowed only at the root (an operation's
 //! result, a command of a command-started event); nested documents and arrays must match
 //! exactly; numbers (int32, int64, double) compare by value; the special operators
-//! `$$exists`, `$$type`, `$$unsetOrMatches`, `$$lte`, `$$matchAsDocument` and
-//! `$$matchAsRoot` apply where the spec puts them. An unknown `$$` operator is an error, never
-//! a silent match.
+//! `$$exists`, `$$type`, `$$unsetOrMatches`, `$$lte`, `$$matchAsDocument`, `$$matchAsRoot`
+//! and `$$sessionLsid` apply where the spec puts them. An unknown `$$` operator is an error,
+//! never a silent match; so is `$$sessionLsid` naming a session the test never created.
+
+use std::collections::HashMap;
 
 use mongodb::bson::{Bson, Document};
+
+/// What the matcher needs from the test's entities: the lsid of each session entity, by id
+/// (kept after `endSession`, as the spec requires for `$$sessionLsid`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cx<'a> {
+    pub lsids: Option<&'a HashMap<String, Document>>,
+}
 
 /// Checks `actual` against `expected`; `root` allows extra keys at this level. The error says
 /// where and why they differ.
 pub fn matches(expected: &Bson, actual: Option<&Bson>, root: bool) -> Result<(), String> {
-    at(expected, actual, root, "")
+    matches_in(Cx::default(), expected, actual, root)
+}
+
+/// [`matches`] with the test's entities, for `$$sessionLsid`.
+pub fn matches_in(
+    cx: Cx<'_>,
+    expected: &Bson,
+    actual: Option<&Bson>,
+    root: bool,
+) -> Result<(), String> {
+    at(cx, expected, actual, root, "")
 }
 
 /// [`matches`] for two documents at the root.
 pub fn matches_root(expected: &Document, actual: &Document) -> Result<(), String> {
     at(
+        Cx::default(),
         &Bson::Document(expected.clone()),
         Some(&Bson::Document(actual.clone())),
         true,
@@ -34,11 +54,17 @@ fn operator(doc: &Document) -> Option<(&str, &Bson)> {
     k.starts_with("$$").then_some((k.as_str(), v))
 }
 
-fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<(), String> {
+fn at(
+    cx: Cx<'_>,
+    expected: &Bson,
+    actual: Option<&Bson>,
+    root: bool,
+    path: &str,
+) -> Result<(), String> {
     if let Bson::Document(e) = expected
         && let Some((op, arg)) = operator(e)
     {
-        return special(op, arg, actual, root, path);
+        return special(cx, op, arg, actual, root, path);
     }
     let Some(actual) = actual else {
         return Err(format!(
@@ -50,7 +76,7 @@ fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<
         (Bson::Document(e), Bson::Document(a)) => {
             for (k, ev) in e {
                 let sub = format!("{path}.{k}");
-                at(ev, a.get(k), false, &sub)?;
+                at(cx, ev, a.get(k), false, &sub)?;
             }
             if !root && let Some(extra) = a.keys().find(|k| !e.contains_key(k.as_str())) {
                 return Err(format!(
@@ -70,7 +96,7 @@ fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<
                 ));
             }
             for (i, (ev, av)) in e.iter().zip(a).enumerate() {
-                at(ev, Some(av), false, &format!("{path}.{i}"))?;
+                at(cx, ev, Some(av), false, &format!("{path}.{i}"))?;
             }
             Ok(())
         }
@@ -98,6 +124,7 @@ fn at(expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> Result<
 }
 
 fn special(
+    cx: Cx<'_>,
     op: &str,
     arg: &Bson,
     actual: Option<&Bson>,
@@ -122,7 +149,7 @@ fn special(
         }
         "$$unsetOrMatches" => match actual {
             None => Ok(()),
-            Some(_) => at(arg, actual, root, path),
+            Some(_) => at(cx, arg, actual, root, path),
         },
         "$$type" => {
             let Some(actual) = actual else {
@@ -157,14 +184,26 @@ fn special(
             Some(Bson::String(s)) => {
                 let doc: Bson = serde_json::from_str(s)
                     .map_err(|e| format!("{}: not JSON: {e}", show(path)))?;
-                at(arg, Some(&doc), false, path)
+                at(cx, arg, Some(&doc), false, path)
             }
             other => Err(format!(
                 "{}: expected a JSON string, found {other:?}",
                 show(path)
             )),
         },
-        "$$matchAsRoot" => at(arg, actual, true, path),
+        "$$matchAsRoot" => at(cx, arg, actual, true, path),
+        "$$sessionLsid" => {
+            let Bson::String(id) = arg else {
+                return Err(format!("$$sessionLsid takes a session id, got {arg}"));
+            };
+            let Some(lsid) = cx.lsids.and_then(|l| l.get(id)) else {
+                return Err(format!(
+                    "{}: $$sessionLsid names no session entity {id:?}",
+                    show(path)
+                ));
+            };
+            at(cx, &Bson::Document(lsid.clone()), actual, false, path)
+        }
         other => Err(format!(
             "{}: unsupported special operator {other}",
             show(path)
@@ -277,6 +316,29 @@ mod tests {
         assert!(root(doc! {"a": [1, 2]}, doc! {"a": [1, 2, 3]}).is_err());
         assert!(root(doc! {"a": [1, 2]}, doc! {"a": [1]}).is_err());
         assert!(root(doc! {"a": [1, 2]}, doc! {"a": [1, 2]}).is_ok());
+    }
+
+    #[test]
+    fn session_lsid_matches_only_that_sessions_lsid() {
+        let lsid = |b: u8| {
+            doc! {"id": mongodb::bson::Binary {
+            subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![b; 16]}}
+        };
+        let lsids = HashMap::from([("s0".to_string(), lsid(1)), ("s1".to_string(), lsid(2))]);
+        let cx = Cx {
+            lsids: Some(&lsids),
+        };
+        let cmd = Bson::Document(doc! {"insert": "c", "lsid": lsid(1)});
+        let want = |id: &str| Bson::Document(doc! {"lsid": {"$$sessionLsid": id}});
+        assert!(matches_in(cx, &want("s0"), Some(&cmd), true).is_ok());
+        assert!(matches_in(cx, &want("s1"), Some(&cmd), true).is_err());
+        assert!(matches_in(cx, &want("s9"), Some(&cmd), true).is_err());
+        assert!(
+            matches(&want("s0"), Some(&cmd), true).is_err(),
+            "no sessions known"
+        );
+        let missing = Bson::Document(doc! {"insert": "c"});
+        assert!(matches_in(cx, &want("s0"), Some(&missing), true).is_err());
     }
 
     #[test]

@@ -1,14 +1,17 @@
-//! A runner for the drivers' unified test format (schema 1.x up to 1.7), on the Rust
-//! `mongodb` driver, covering what the change-stream spec files use: client / database /
-//! collection entities with command-started event observation, `runOnRequirements`,
-//! `initialData`, the operations of those files, the special matchers, `expectError` and
-//! `expectEvents` (with `ignoreExtraEvents`).
+//! A runner for the drivers' unified test format (schema 1.x up to 1.9), on the Rust
+//! `mongodb` driver, covering what the change-stream and transaction spec files use: client /
+//! database / collection / session entities with command-started event observation,
+//! `runOnRequirements`, `initialData`, the operations of those files (CRUD with and without a
+//! session, transactions, the convenient `withTransaction`), the special matchers,
+//! `expectError`, `expectEvents` (with `ignoreExtraEvents`) and the final `outcome`.
 //!
 //! Invariants: the JSON files are read unchanged; anything the runner does not implement (an
-//! operation, an argument, a matcher, a requirement) fails or skips the test loudly, never
-//! passes it; every fail point a test sets is turned off afterwards; a test that is listed as a
-//! known failure must fail (a listed test that passes or is skipped fails the run), so the list
-//! stays true.
+//! operation, an argument, a matcher, a requirement) fails the test loudly, never passes it;
+//! what the driver cannot do or does not let the runner see (a [`DriverLimitation`], an
+//! assertion on driver state it keeps private) skips the test with the reason, never passes
+//! it; every fail point a test sets is turned off afterwards; a test that is listed as a known
+//! failure must fail (a listed test that passes or is skipped fails the run), so the list stays
+//! true.
 
 pub mod matcher;
 mod ops;
@@ -20,16 +23,33 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use mongodb::Client;
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::event::EventHandler;
 use mongodb::event::command::{CommandEvent, CommandStartedEvent};
-use mongodb::options::ClientOptions;
+use mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions, SessionOptions};
+use mongodb::{Client, ClientSession};
 
 /// The newest schema version this runner understands.
-pub const SCHEMA: (u64, u64) = (1, 7);
+pub const SCHEMA: (u64, u64) = (1, 9);
 /// The longest one test may take.
 const TEST_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long `expectEvents` waits for events that are still missing: an ended session's
+/// implicit `abortTransaction` is sent by a task the driver spawns.
+const LATE_EVENTS: Duration = Duration::from_secs(2);
+
+/// Something the test needs that the driver cannot do: the test is skipped with this reason
+/// (it is not the server's to fix).
+#[derive(Debug)]
+pub struct DriverLimitation(pub String);
+
+impl fmt::Display for DriverLimitation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "driver limitation: {}", self.0)
+    }
+}
+
+impl std::error::Error for DriverLimitation {}
 
 /// What the runner learnt about the server before running anything.
 #[derive(Debug, Clone)]
@@ -233,10 +253,21 @@ pub async fn run_document(
         } else if let Ok(reason) = test.get_str("skipReason") {
             Outcome::Skipped(reason.to_string())
         } else {
-            match tokio::time::timeout(TEST_TIMEOUT, run_test(uri, file, test)).await {
-                Ok(Ok(())) => Outcome::Passed,
+            let step = Step::default();
+            match tokio::time::timeout(TEST_TIMEOUT, run_test(uri, file, test, &step)).await {
+                Ok(Ok(unverified)) if unverified.is_empty() => Outcome::Passed,
+                Ok(Ok(unverified)) => Outcome::Skipped(format!(
+                    "everything else held, but the runner cannot check: {}",
+                    unverified.join("; ")
+                )),
+                Ok(Err(e)) if e.downcast_ref::<DriverLimitation>().is_some() => {
+                    Outcome::Skipped(format!("{e:#}"))
+                }
                 Ok(Err(e)) => Outcome::Failed(format!("{e:#}")),
-                Err(_) => Outcome::Failed(format!("timed out after {TEST_TIMEOUT:?}")),
+                Err(_) => Outcome::Failed(format!(
+                    "timed out after {TEST_TIMEOUT:?} in {}",
+                    step.get()
+                )),
             }
         };
         out.push(TestResult {
@@ -319,6 +350,9 @@ fn requirement_unmet(r: &Document, server: &ServerInfo) -> Option<String> {
 
 // ----- entities ------------------------------------------------------------------------------
 
+/// URI options the Rust driver refuses (`ClientOptions::parse` fails on them).
+const DRIVER_UNSUPPORTED_URI_OPTIONS: &[&str] = &["socketTimeoutMS"];
+
 /// Commands never recorded: fail-point configuration and the security-sensitive ones.
 const NEVER_OBSERVED: &[&str] = &[
     "configureFailPoint",
@@ -360,11 +394,20 @@ impl ClientEntity {
     }
 }
 
+/// A `session` entity. `session` is `None` while an operation has it (taken out, put back
+/// after) and once the session ended.
+pub(crate) struct SessionEntity {
+    session: Option<Box<ClientSession>>,
+    client: String,
+    ended: bool,
+}
+
 pub(crate) enum Entity {
     Client(ClientEntity),
     Database(mongodb::Database),
     Collection(mongodb::Collection<Document>),
     ChangeStream(Box<mongodb::change_stream::ChangeStream<Document>>),
+    Session(SessionEntity),
 }
 
 impl Entity {
@@ -374,14 +417,20 @@ impl Entity {
             Entity::Database(_) => "database",
             Entity::Collection(_) => "collection",
             Entity::ChangeStream(_) => "changeStream",
+            Entity::Session(_) => "session",
         }
     }
 }
 
+#[derive(Default)]
 pub(crate) struct Entities {
     pub map: HashMap<String, Entity>,
     /// Fail points set by `failPoint` operations: (client entity id, fail point name).
     pub fail_points: Vec<(String, String)>,
+    /// The lsid of every session entity created, by id, for `$$sessionLsid`.
+    lsids: HashMap<String, Document>,
+    /// Assertions the runner had to leave unchecked: the test cannot pass.
+    unverified: Vec<String>,
 }
 
 impl Entities {
@@ -395,6 +444,56 @@ impl Entities {
         match self.get(id)? {
             Entity::Client(c) => Ok(c),
             other => bail!("entity {id:?} is a {}, not a client", other.kind()),
+        }
+    }
+
+    /// Takes session `id` out of its entity, for one operation; [`Entities::put_session`] puts it
+    /// back.
+    pub fn take_session(&mut self, id: &str) -> Result<Box<ClientSession>> {
+        match self.map.get_mut(id) {
+            Some(Entity::Session(s)) => match s.session.take() {
+                Some(session) => Ok(session),
+                None if s.ended => bail!("session {id:?} has ended"),
+                None => bail!("session {id:?} is in use by another operation"),
+            },
+            Some(other) => bail!("entity {id:?} is a {}, not a session", other.kind()),
+            None => bail!("no entity named {id:?}"),
+        }
+    }
+
+    pub fn put_session(&mut self, id: &str, session: Box<ClientSession>) {
+        if let Some(Entity::Session(s)) = self.map.get_mut(id) {
+            s.session = Some(session);
+        }
+    }
+
+    /// Marks session `id` ended (its lsid stays known).
+    pub fn end_session(&mut self, id: &str) {
+        if let Some(Entity::Session(s)) = self.map.get_mut(id) {
+            s.session = None;
+            s.ended = true;
+        }
+    }
+
+    /// The id of the client entity session `id` belongs to.
+    pub fn session_client(&self, id: &str) -> Result<&str> {
+        match self.get(id)? {
+            Entity::Session(s) => Ok(&s.client),
+            other => bail!("entity {id:?} is a {}, not a session", other.kind()),
+        }
+    }
+
+    /// Records an assertion the runner could not check.
+    pub fn unverified(&mut self, why: String) {
+        if !self.unverified.contains(&why) {
+            self.unverified.push(why);
+        }
+    }
+
+    /// What the matcher needs from the entities.
+    pub fn cx(&self) -> matcher::Cx<'_> {
+        matcher::Cx {
+            lsids: Some(&self.lsids),
         }
     }
 
@@ -426,7 +525,32 @@ async fn new_client(
     Ok(Client::with_options(opts)?)
 }
 
-async fn create_entities(uri: &str, list: &[Bson], entities: &mut Entities) -> Result<()> {
+/// `readConcern` / `writeConcern` / `readPreference` of `databaseOptions` or
+/// `collectionOptions`.
+fn concerns(
+    d: &Document,
+) -> Result<(
+    Option<mongodb::options::ReadConcern>,
+    Option<mongodb::options::WriteConcern>,
+    Option<mongodb::options::SelectionCriteria>,
+)> {
+    let (mut rc, mut wc, mut rp) = (None, None, None);
+    for (k, v) in d {
+        match k.as_str() {
+            "readConcern" => rc = Some(ops::read_concern(v)?),
+            "writeConcern" => wc = Some(ops::write_concern(v)?),
+            "readPreference" => rp = Some(ops::read_preference(v)?),
+            other => bail!("collection/database option {other} is not supported by this runner"),
+        }
+    }
+    Ok((rc, wc, rp))
+}
+
+pub(crate) async fn create_entities(
+    uri: &str,
+    list: &[Bson],
+    entities: &mut Entities,
+) -> Result<()> {
     for item in list {
         let item = item.as_document().context("an entity is not a document")?;
         let (kind, spec) = item.iter().next().context("empty entity")?;
@@ -469,6 +593,11 @@ async fn create_entities(uri: &str, list: &[Bson], entities: &mut Entities) -> R
                 let mut client_uri = uri.to_string();
                 if let Ok(opts) = spec.get_document("uriOptions") {
                     for (k, v) in opts {
+                        if DRIVER_UNSUPPORTED_URI_OPTIONS.contains(&k.as_str()) {
+                            return Err(anyhow::Error::new(DriverLimitation(format!(
+                                "the mongodb 3.9 driver does not support the URI option {k}"
+                            ))));
+                        }
                         let sep = if client_uri.contains('?') { '&' } else { '?' };
                         let v = match v {
                             Bson::String(s) => s.clone(),
@@ -487,17 +616,89 @@ async fn create_entities(uri: &str, list: &[Bson], entities: &mut Entities) -> R
                 })
             }
             "database" => {
+                for key in spec.keys() {
+                    if !matches!(
+                        key.as_str(),
+                        "id" | "client" | "databaseName" | "databaseOptions"
+                    ) {
+                        bail!("database option {key} is not supported by this runner");
+                    }
+                }
                 let client = entities.client(spec.get_str("client").context("database.client")?)?;
                 let name = spec.get_str("databaseName").context("databaseName")?;
-                Entity::Database(client.client.database(name))
+                let mut opts = DatabaseOptions::default();
+                if let Ok(o) = spec.get_document("databaseOptions") {
+                    (
+                        opts.read_concern,
+                        opts.write_concern,
+                        opts.selection_criteria,
+                    ) = concerns(o)?;
+                }
+                Entity::Database(client.client.database_with_options(name, opts))
             }
             "collection" => {
+                for key in spec.keys() {
+                    if !matches!(
+                        key.as_str(),
+                        "id" | "database" | "collectionName" | "collectionOptions"
+                    ) {
+                        bail!("collection option {key} is not supported by this runner");
+                    }
+                }
                 let db_id = spec.get_str("database").context("collection.database")?;
                 let Entity::Database(db) = entities.get(db_id)? else {
                     bail!("entity {db_id:?} is not a database");
                 };
                 let name = spec.get_str("collectionName").context("collectionName")?;
-                Entity::Collection(db.collection(name))
+                let mut opts = CollectionOptions::default();
+                if let Ok(o) = spec.get_document("collectionOptions") {
+                    (
+                        opts.read_concern,
+                        opts.write_concern,
+                        opts.selection_criteria,
+                    ) = concerns(o)?;
+                }
+                Entity::Collection(db.collection_with_options(name, opts))
+            }
+            "session" => {
+                for key in spec.keys() {
+                    if !matches!(key.as_str(), "id" | "client" | "sessionOptions") {
+                        bail!("session option {key} is not supported by this runner");
+                    }
+                }
+                let client_id = spec.get_str("client").context("session.client")?;
+                let client = entities.client(client_id)?.client.clone();
+                let mut opts = SessionOptions::default();
+                if let Ok(o) = spec.get_document("sessionOptions") {
+                    for (k, v) in o {
+                        match k.as_str() {
+                            "causalConsistency" => {
+                                opts.causal_consistency =
+                                    Some(v.as_bool().context("causalConsistency")?);
+                            }
+                            "snapshot" => opts.snapshot = Some(v.as_bool().context("snapshot")?),
+                            "defaultTransactionOptions" => {
+                                let d = v.as_document().context("defaultTransactionOptions")?;
+                                opts.default_transaction_options =
+                                    Some(ops::transaction_options(d, &[])?);
+                            }
+                            other => {
+                                bail!("session option {other} is not supported by this runner")
+                            }
+                        }
+                    }
+                }
+                let session = client
+                    .start_session()
+                    .with_options(opts)
+                    .await
+                    .context("starting a session")?;
+                entities.lsids.insert(id.to_string(), session.id().clone());
+                Entity::Session(SessionEntity {
+                    session: Some(Box::new(session)),
+                    client: client_id.to_string(),
+                    ended: false,
+                })
             }
             other => bail!("entity type {other} is not supported by this runner"),
         };
@@ -534,14 +735,62 @@ async fn initial_data(uri: &str, data: &[Bson]) -> Result<()> {
     Ok(())
 }
 
-async fn run_test(uri: &str, file: &Document, test: &Document) -> Result<()> {
-    let mut entities = Entities {
-        map: HashMap::new(),
-        fail_points: Vec::new(),
-    };
-    let result = run_test_in(uri, file, test, &mut entities).await;
-    // Teardown: fail points off (through a fresh client: the test's may be broken), streams
-    // and clients closed.
+/// Whether the file's tests use sessions (created up front or by a `createEntities` operation).
+fn uses_sessions(file: &Document) -> bool {
+    let up_front = file.get_array("createEntities").is_ok_and(|list| {
+        list.iter()
+            .any(|e| e.as_document().is_some_and(|d| d.contains_key("session")))
+    });
+    let later = file.get_array("tests").is_ok_and(|tests| {
+        tests.iter().any(|t| {
+            t.as_document()
+                .and_then(|t| t.get_array("operations").ok())
+                .is_some_and(|ops| {
+                    ops.iter().any(|op| {
+                        op.as_document()
+                            .is_some_and(|op| op.get_str("name").ok() == Some("createEntities"))
+                    })
+                })
+        })
+    });
+    up_front || later
+}
+
+/// As the spec asks of transaction tests: end every session's transactions left on the
+/// server by an earlier test, so its locks cannot fail this one.
+async fn kill_all_sessions(uri: &str) -> Result<()> {
+    let client = new_client(uri, None).await?;
+    let r = client
+        .database("admin")
+        .run_command(doc! {"killAllSessions": []})
+        .await;
+    client.shutdown().await;
+    r.map(|_| ()).context("killAllSessions")
+}
+
+/// What a test is doing, so a timeout can say where it hung.
+#[derive(Default)]
+struct Step(Mutex<String>);
+
+impl Step {
+    fn set(&self, what: impl Into<String>) {
+        if let Ok(mut s) = self.0.lock() {
+            *s = what.into();
+        }
+    }
+
+    fn get(&self) -> String {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Runs one test; the result lists the assertions the runner could not check.
+async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> Result<Vec<String>> {
+    let mut entities = Entities::default();
+    let result = run_test_in(uri, file, test, &mut entities, step).await;
+    step.set("teardown");
+    // Teardown: fail points off (through a fresh client: the test's may be broken), sessions
+    // ended (which aborts their open transactions), streams and clients closed.
     let mut teardown = Ok(());
     if !entities.fail_points.is_empty() {
         match new_client(uri, None).await {
@@ -569,7 +818,7 @@ async fn run_test(uri: &str, file: &Document, test: &Document) -> Result<()> {
     for c in clients {
         let _ = tokio::time::timeout(Duration::from_secs(5), c.shutdown()).await;
     }
-    result.and(teardown)
+    result.and(teardown).map(|()| entities.unverified)
 }
 
 async fn run_test_in(
@@ -577,15 +826,8 @@ async fn run_test_in(
     file: &Document,
     test: &Document,
     entities: &mut Entities,
+    step: &Step,
 ) -> Result<()> {
-    if let Ok(list) = file.get_array("createEntities") {
-        create_entities(uri, list, entities)
-            .await
-            .context("createEntities")?;
-    }
-    if let Ok(data) = file.get_array("initialData") {
-        initial_data(uri, data).await.context("initialData")?;
-    }
     for key in test.keys() {
         if !matches!(
             key.as_str(),
@@ -599,27 +841,85 @@ async fn run_test_in(
             bail!("test field {key} is not supported by this runner");
         }
     }
-    if test.contains_key("outcome") {
-        bail!("test outcome assertions are not supported by this runner");
+    if uses_sessions(file) {
+        step.set("killAllSessions");
+        kill_all_sessions(uri).await?;
+    }
+    if let Ok(list) = file.get_array("createEntities") {
+        step.set("createEntities");
+        create_entities(uri, list, entities)
+            .await
+            .context("createEntities")?;
+    }
+    if let Ok(data) = file.get_array("initialData") {
+        step.set("initialData");
+        initial_data(uri, data).await.context("initialData")?;
     }
     for (i, op) in test.get_array("operations")?.iter().enumerate() {
         let op = op.as_document().context("an operation is not a document")?;
         let name = op.get_str("name").unwrap_or("?");
-        ops::run_operation(uri, op, entities)
+        step.set(format!("operation {i} ({name})"));
+        ops::run_operation(uri, op, entities, None)
             .await
             .with_context(|| format!("operation {i} ({name})"))?;
     }
     if let Ok(expected) = test.get_array("expectEvents") {
         for e in expected {
             let e = e.as_document().context("expectEvents entry")?;
-            check_events(e, entities).context("expectEvents")?;
+            step.set("expectEvents");
+            check_events(e, entities).await.context("expectEvents")?;
         }
+    }
+    if let Ok(outcome) = test.get_array("outcome") {
+        step.set("outcome");
+        check_outcome(uri, outcome).await.context("outcome")?;
     }
     Ok(())
 }
 
+/// The test's `outcome`: each collection holds exactly these documents, read through a fresh
+/// client (primary, read concern local) in `_id` order.
+async fn check_outcome(uri: &str, outcome: &[Bson]) -> Result<()> {
+    let client = new_client(uri, None).await?;
+    let result = async {
+        for item in outcome {
+            let item = item.as_document().context("an outcome entry")?;
+            let db = item.get_str("databaseName")?;
+            let coll = item.get_str("collectionName")?;
+            let want = item.get_array("documents")?;
+            let have: Vec<Document> = client
+                .database(db)
+                .collection::<Document>(coll)
+                .find(doc! {})
+                .sort(doc! {"_id": 1})
+                .read_concern(mongodb::options::ReadConcern::local())
+                .selection_criteria(mongodb::options::SelectionCriteria::ReadPreference(
+                    mongodb::options::ReadPreference::Primary,
+                ))
+                .await?
+                .try_collect()
+                .await?;
+            if have.len() != want.len() {
+                bail!(
+                    "{db}.{coll}: expected {} documents {want:?}, found {} {have:?}",
+                    want.len(),
+                    have.len()
+                );
+            }
+            for (i, (w, h)) in want.iter().zip(&have).enumerate() {
+                matcher::matches(w, Some(&Bson::Document(h.clone())), false)
+                    .map_err(|why| anyhow!("{db}.{coll} document {i}: {why}; found {have:?}"))?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    client.shutdown().await;
+    result
+}
+
 /// One `expectEvents` entry against what the client observed.
-fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
+async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     let client_id = expected.get_str("client")?;
     if let Ok(kind) = expected.get_str("eventType")
         && kind != "command"
@@ -628,7 +928,13 @@ fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     }
     let ignore_extra = expected.get_bool("ignoreExtraEvents").unwrap_or(false);
     let want = expected.get_array("events")?;
-    let have = entities.client(client_id)?.started();
+    let client = entities.client(client_id)?;
+    let mut have = client.started();
+    let deadline = tokio::time::Instant::now() + LATE_EVENTS;
+    while have.len() < want.len() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        have = client.started();
+    }
     let names: Vec<&str> = have.iter().map(|e| e.command_name.as_str()).collect();
     if have.len() < want.len() || (!ignore_extra && have.len() != want.len()) {
         bail!(
@@ -649,7 +955,12 @@ fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
         let spec = spec.as_document().context("commandStartedEvent")?;
         for (k, v) in spec {
             let r = match k.as_str() {
-                "command" => matcher::matches(v, Some(&Bson::Document(h.command.clone())), true),
+                "command" => matcher::matches_in(
+                    entities.cx(),
+                    v,
+                    Some(&Bson::Document(h.command.clone())),
+                    true,
+                ),
                 "commandName" => {
                     matcher::matches(v, Some(&Bson::String(h.command_name.clone())), false)
                 }

@@ -1,21 +1,31 @@
-//! The operations of the change-stream spec files, run on the driver, and their
-//! `expectResult` / `expectError` / `saveResultAsEntity` handling.
+//! The operations of the change-stream and transaction spec files, run on the driver, and
+//! their `expectResult` / `expectError` / `saveResultAsEntity` handling.
+//!
+//! Sessions: a `mongodb::ClientSession` is not `Clone`, so an operation that uses one takes it
+//! out of its entity and puts it back afterwards, whatever the outcome. Inside a
+//! `withTransaction` callback the driver owns the session; the callback's operations get it as
+//! the *active* session, which stands in for the entity of that id.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use futures::StreamExt;
-use mongodb::IndexModel;
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ChangeStreamEvent;
 use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::{
-    ChangeStreamOptions, FullDocumentBeforeChangeType, FullDocumentType, IndexOptions,
+    AggregateOptions, ChangeStreamOptions, CountOptions, DeleteManyModel, DeleteOneModel,
+    DistinctOptions, FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions,
+    FindOptions, FullDocumentBeforeChangeType, FullDocumentType, IndexOptions, InsertOneModel,
+    ReadConcern, ReadPreference, ReplaceOneModel, ReplaceOptions, ReturnDocument,
+    SelectionCriteria, TransactionOptions, UpdateManyModel, UpdateModifications, UpdateOneModel,
+    UpdateOptions, WriteConcern, WriteModel,
 };
+use mongodb::results::{DeleteResult, UpdateResult};
+use mongodb::{BoxFuture, Client, ClientSession, Collection, Database, IndexModel, Namespace};
 
-use super::matcher;
-use super::{Entities, Entity};
+use super::{DriverLimitation, Entities, Entity, matcher};
 
 /// How long `iterateUntilDocumentOrError` waits for an event.
 const ITERATE_WAIT: Duration = Duration::from_secs(20);
@@ -35,11 +45,29 @@ impl Value {
             Value::Stream(_) => "a change stream".into(),
         }
     }
+
+    fn doc(d: Document) -> Value {
+        Value::Bson(Bson::Document(d))
+    }
 }
 
 type Outcome = std::result::Result<Value, DriverError>;
 
-pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entities) -> Result<()> {
+/// The session a `withTransaction` callback runs with: the entity id it stands for and the
+/// driver's session.
+pub(super) type Active<'a> = Option<(&'a str, &'a mut ClientSession)>;
+
+/// Runs one operation and checks its expectations.
+///
+/// `Ok(Some(e))`: the operation failed as expected (`expectError`) or its error was to be
+/// ignored (`ignoreResultAndError`); a `withTransaction` callback hands `e` on to the driver,
+/// as the spec requires, so the driver's retry logic sees it.
+pub(super) async fn run_operation(
+    uri: &str,
+    op: &Document,
+    entities: &mut Entities,
+    active: Active<'_>,
+) -> Result<Option<DriverError>> {
     for key in op.keys() {
         if !matches!(
             key.as_str(),
@@ -58,23 +86,25 @@ pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entit
     let object = op.get_str("object")?;
     let empty = Document::new();
     let args = op.get_document("arguments").unwrap_or(&empty);
-    let _ = uri;
     let outcome = if object == "testRunner" {
-        test_runner(name, args, entities).await?;
+        test_runner(uri, name, args, entities).await?;
         Ok(Value::None)
     } else {
-        execute(name, object, args, entities).await?
+        execute(uri, name, object, args, entities, active).await?
     };
     let ignore = op.get_bool("ignoreResultAndError").unwrap_or(false);
     if let Ok(expected) = op.get_document("expectError") {
         return match outcome {
             Ok(v) => bail!("expected an error, got {}", v.describe()),
-            Err(e) => check_error(expected, &e),
+            Err(e) => {
+                check_error(expected, &e, entities)?;
+                Ok(Some(e))
+            }
         };
     }
     let value = match outcome {
         Ok(v) => v,
-        Err(_) if ignore => return Ok(()),
+        Err(e) if ignore => return Ok(Some(e)),
         Err(e) => bail!("unexpected error: {}", describe(&e)),
     };
     if let Some(expected) = op.get("expectResult") {
@@ -83,7 +113,7 @@ pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entit
             Value::None => None,
             Value::Stream(_) => bail!("expectResult on a change stream is not supported"),
         };
-        matcher::matches(expected, actual, true)
+        matcher::matches_in(entities.cx(), expected, actual, true)
             .map_err(|why| anyhow!("result mismatch: {why}"))?;
     }
     if let Ok(id) = op.get_str("saveResultAsEntity") {
@@ -95,7 +125,18 @@ pub(super) async fn run_operation(uri: &str, op: &Document, entities: &mut Entit
             ),
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// [`run_operation`] behind a box: a `withTransaction` callback runs operations, and an
+/// operation may be a `withTransaction`.
+fn run_operation_boxed<'a>(
+    uri: &'a str,
+    op: &'a Document,
+    entities: &'a mut Entities,
+    active: Active<'a>,
+) -> BoxFuture<'a, Result<Option<DriverError>>> {
+    Box::pin(run_operation(uri, op, entities, active))
 }
 
 fn check_arguments(args: &Document, allowed: &[&str]) -> Result<()> {
@@ -107,25 +148,352 @@ fn check_arguments(args: &Document, allowed: &[&str]) -> Result<()> {
     Ok(())
 }
 
-async fn test_runner(name: &str, args: &Document, entities: &mut Entities) -> Result<()> {
+// ----- sessions ------------------------------------------------------------------------------
+
+/// A session an operation uses: the callback's active one, or one taken out of its entity.
+enum Lent<'a> {
+    None,
+    Active(&'a mut ClientSession),
+    Taken(String, Box<ClientSession>),
+}
+
+impl Lent<'_> {
+    fn get(&mut self) -> Option<&mut ClientSession> {
+        match self {
+            Lent::None => None,
+            Lent::Active(s) => Some(&mut **s),
+            Lent::Taken(_, s) => Some(s),
+        }
+    }
+
+    /// Puts a taken session back into its entity.
+    fn restore(self, entities: &mut Entities) {
+        if let Lent::Taken(id, s) = self {
+            entities.put_session(&id, s);
+        }
+    }
+}
+
+/// The session entity `id`: the active one if it stands for `id`, else taken from the map.
+fn lend<'a>(id: &str, entities: &mut Entities, active: Active<'a>) -> Result<Lent<'a>> {
+    if let Some((active_id, s)) = active
+        && active_id == id
+    {
+        return Ok(Lent::Active(s));
+    }
+    Ok(Lent::Taken(id.to_string(), entities.take_session(id)?))
+}
+
+/// The session named by an operation's `session` argument, if any.
+fn lend_argument<'a>(
+    args: &Document,
+    entities: &mut Entities,
+    active: Active<'a>,
+) -> Result<Lent<'a>> {
+    match args.get("session") {
+        None => Ok(Lent::None),
+        Some(Bson::String(id)) => lend(id, entities, active),
+        Some(other) => bail!("session argument {other} is not an entity id"),
+    }
+}
+
+fn int(v: &Bson, what: &str) -> Result<i64> {
+    match v {
+        Bson::Int32(n) => Ok(i64::from(*n)),
+        Bson::Int64(n) => Ok(*n),
+        Bson::Double(n) if n.fract() == 0.0 => Ok(*n as i64),
+        other => bail!("{what}: expected an integer, got {other}"),
+    }
+}
+
+fn millis(v: &Bson, what: &str) -> Result<Duration> {
+    Ok(Duration::from_millis(
+        u64::try_from(int(v, what)?).context(what.to_string())?,
+    ))
+}
+
+fn from_bson<T: serde::de::DeserializeOwned>(v: &Bson, what: &str) -> Result<T> {
+    mongodb::bson::deserialize_from_bson(v.clone()).with_context(|| format!("parsing {what} {v}"))
+}
+
+pub(super) fn read_concern(v: &Bson) -> Result<ReadConcern> {
+    if let Bson::Document(d) = v {
+        check_arguments(d, &["level"])?;
+    }
+    from_bson(v, "readConcern")
+}
+
+pub(super) fn write_concern(v: &Bson) -> Result<WriteConcern> {
+    if let Bson::Document(d) = v {
+        check_arguments(d, &["w", "wtimeoutMS", "journal", "j"])?;
+    }
+    from_bson(v, "writeConcern")
+}
+
+pub(super) fn read_preference(v: &Bson) -> Result<SelectionCriteria> {
+    if let Bson::Document(d) = v {
+        check_arguments(d, &["mode", "tagSets", "maxStalenessSeconds", "hedge"])?;
+    }
+    Ok(SelectionCriteria::ReadPreference(from_bson::<
+        ReadPreference,
+    >(
+        v, "readPreference"
+    )?))
+}
+
+/// `startTransaction` / `withTransaction` options and `defaultTransactionOptions`; `skip` names
+/// keys the caller handles itself.
+pub(super) fn transaction_options(d: &Document, skip: &[&str]) -> Result<TransactionOptions> {
+    let mut o = TransactionOptions::default();
+    for (k, v) in d {
+        match k.as_str() {
+            "readConcern" => o.read_concern = Some(read_concern(v)?),
+            "writeConcern" => o.write_concern = Some(write_concern(v)?),
+            "readPreference" => o.selection_criteria = Some(read_preference(v)?),
+            "maxCommitTimeMS" => o.max_commit_time = Some(millis(v, "maxCommitTimeMS")?),
+            other if skip.contains(&other) => {}
+            other => bail!("transaction option {other} is not supported by this runner"),
+        }
+    }
+    Ok(o)
+}
+
+/// The state a `withTransaction` callback works with.
+struct Callback<'e> {
+    uri: &'e str,
+    id: &'e str,
+    ops: Vec<Document>,
+    entities: &'e mut Entities,
+    /// Why the runner failed the test inside the callback (the driver only sees a marker).
+    failure: Option<anyhow::Error>,
+}
+
+/// The payload of the driver error a callback returns when the runner failed the test.
+#[derive(Debug)]
+struct RunnerFailure;
+
+async fn session_operation(
+    uri: &str,
+    name: &str,
+    id: &str,
+    args: &Document,
+    entities: &mut Entities,
+    active: Active<'_>,
+) -> Result<Outcome> {
+    if name == "endSession" {
+        check_arguments(args, &[])?;
+        if active.as_ref().is_some_and(|(a, _)| *a == id) {
+            bail!("endSession inside withTransaction on the same session");
+        }
+        // Dropping it ends it: the driver aborts an open transaction and returns the server
+        // session to its pool, as `endSession` does.
+        drop(entities.take_session(id)?);
+        entities.end_session(id);
+        return Ok(Ok(Value::None));
+    }
+    let mut lent = lend(id, entities, active)?;
+    let out = session_operation_with(uri, name, id, args, &mut lent, entities).await;
+    lent.restore(entities);
+    out
+}
+
+async fn session_operation_with(
+    uri: &str,
+    name: &str,
+    id: &str,
+    args: &Document,
+    lent: &mut Lent<'_>,
+    entities: &mut Entities,
+) -> Result<Outcome> {
+    let session = lent.get().context("no session")?;
+    Ok(match name {
+        "startTransaction" => {
+            let opts = transaction_options(args, &[])?;
+            session
+                .start_transaction()
+                .with_options(opts)
+                .await
+                .map(|()| Value::None)
+        }
+        "commitTransaction" => {
+            check_arguments(args, &[])?;
+            session.commit_transaction().await.map(|()| Value::None)
+        }
+        "abortTransaction" => {
+            check_arguments(args, &[])?;
+            session.abort_transaction().await.map(|()| Value::None)
+        }
+        "withTransaction" => {
+            let opts = transaction_options(args, &["callback"])?;
+            let ops = args
+                .get_array("callback")
+                .context("withTransaction.callback")?
+                .iter()
+                .map(|o| o.as_document().cloned().context("a callback operation"))
+                .collect::<Result<Vec<_>>>()?;
+            let mut cb = Callback {
+                uri,
+                id,
+                ops,
+                entities,
+                failure: None,
+            };
+            let result = session
+                .start_transaction()
+                .with_options(opts)
+                .and_run(&mut cb, |session, cb| {
+                    async move {
+                        let Callback {
+                            uri,
+                            id,
+                            ops,
+                            entities,
+                            failure,
+                        } = &mut **cb;
+                        for (i, op) in ops.iter().enumerate() {
+                            let name = op.get_str("name").unwrap_or("?");
+                            match run_operation_boxed(uri, op, entities, Some((id, &mut *session)))
+                                .await
+                            {
+                                Ok(None) => {}
+                                Ok(Some(e)) => return Err(e),
+                                Err(e) => {
+                                    *failure =
+                                        Some(e.context(format!("callback operation {i} ({name})")));
+                                    return Err(DriverError::custom(RunnerFailure));
+                                }
+                            }
+                        }
+                        Ok(())
+                    }
+                    .boxed()
+                })
+                .await;
+            if let Some(failure) = cb.failure.take() {
+                // The runner failed the test inside the callback; the driver only returned the
+                // marker error (it has no label, so the driver did not retry).
+                return Err(failure);
+            }
+            result.map(|()| Value::None)
+        }
+        other => bail!("session operation {other} is not supported by this runner"),
+    })
+}
+
+// ----- testRunner ----------------------------------------------------------------------------
+
+async fn test_runner(
+    uri: &str,
+    name: &str,
+    args: &Document,
+    entities: &mut Entities,
+) -> Result<()> {
     match name {
         "failPoint" => {
             check_arguments(args, &["client", "failPoint"])?;
             let client_id = args.get_str("client")?;
-            let fp = args.get_document("failPoint")?.clone();
-            let fp_name = fp.get_str("configureFailPoint")?.to_string();
-            let client = &entities.client(client_id)?.client;
-            client
-                .database("admin")
-                .run_command(fp)
-                .await
-                .context("configureFailPoint")?;
-            entities.fail_points.push((client_id.to_string(), fp_name));
+            let client = entities.client(client_id)?.client.clone();
+            set_fail_point(&client, client_id, args, entities).await
+        }
+        "targetedFailPoint" => {
+            // The spec sets it on the mongos the session is pinned to. There is one router, so
+            // that is the server of the session's own client.
+            check_arguments(args, &["session", "failPoint"])?;
+            let session_id = args.get_str("session")?;
+            let client_id = entities.session_client(session_id)?.to_string();
+            let client = entities.client(&client_id)?.client.clone();
+            set_fail_point(&client, &client_id, args, entities).await
+        }
+        "createEntities" => {
+            check_arguments(args, &["entities"])?;
+            let list = args.get_array("entities")?;
+            super::create_entities(uri, list, entities).await
+        }
+        "assertSessionTransactionState" => {
+            check_arguments(args, &["session", "state"])?;
+            entities.session_client(args.get_str("session")?)?;
+            entities.unverified(format!(
+                "assertSessionTransactionState {}: the mongodb 3.9 driver keeps a session's \
+                 transaction state private (no public accessor)",
+                args.get_str("state").unwrap_or("?")
+            ));
+            Ok(())
+        }
+        "assertSessionPinned" | "assertSessionUnpinned" => {
+            check_arguments(args, &["session"])?;
+            entities.session_client(args.get_str("session")?)?;
+            entities.unverified(format!(
+                "{name}: the mongodb 3.9 driver does not expose whether a session is pinned to \
+                 a mongos"
+            ));
+            Ok(())
+        }
+        "assertCollectionExists" | "assertCollectionNotExists" => {
+            check_arguments(args, &["databaseName", "collectionName"])?;
+            let db = args.get_str("databaseName")?;
+            let coll = args.get_str("collectionName")?;
+            let client = super::new_client(uri, None).await?;
+            let names = client.database(db).list_collection_names().await;
+            client.shutdown().await;
+            let exists = names?.iter().any(|n| n == coll);
+            let want = name == "assertCollectionExists";
+            if exists != want {
+                bail!(
+                    "collection {db}.{coll} {}",
+                    if want { "does not exist" } else { "exists" }
+                );
+            }
+            Ok(())
+        }
+        "assertIndexExists" | "assertIndexNotExists" => {
+            check_arguments(args, &["databaseName", "collectionName", "indexName"])?;
+            let db = args.get_str("databaseName")?;
+            let coll = args.get_str("collectionName")?;
+            let index = args.get_str("indexName")?;
+            let client = super::new_client(uri, None).await?;
+            let names = client
+                .database(db)
+                .collection::<Document>(coll)
+                .list_index_names()
+                .await;
+            client.shutdown().await;
+            let exists = match names {
+                Ok(names) => names.iter().any(|n| n == index),
+                // No collection, no index.
+                Err(e) if code_of(&e).is_some_and(|c| c.0 == 26) => false,
+                Err(e) => return Err(e.into()),
+            };
+            let want = name == "assertIndexExists";
+            if exists != want {
+                bail!(
+                    "index {index} on {db}.{coll} {}",
+                    if want { "does not exist" } else { "exists" }
+                );
+            }
             Ok(())
         }
         other => bail!("testRunner operation {other} is not supported by this runner"),
     }
 }
+
+async fn set_fail_point(
+    client: &Client,
+    client_id: &str,
+    args: &Document,
+    entities: &mut Entities,
+) -> Result<()> {
+    let fp = args.get_document("failPoint")?.clone();
+    let fp_name = fp.get_str("configureFailPoint")?.to_string();
+    client
+        .database("admin")
+        .run_command(fp)
+        .await
+        .map_err(|e| anyhow!("configureFailPoint: {}", describe(&e)))?;
+    entities.fail_points.push((client_id.to_string(), fp_name));
+    Ok(())
+}
+
+// ----- entity operations ---------------------------------------------------------------------
 
 fn docs(v: &Bson) -> Result<Vec<Document>> {
     v.as_array()
@@ -155,13 +523,7 @@ fn stream_options(args: &Document) -> Result<(Vec<Document>, ChangeStreamOptions
     };
     let mut opts = ChangeStreamOptions::default();
     if let Some(n) = args.get("batchSize") {
-        let n = match n {
-            Bson::Int32(n) => i64::from(*n),
-            Bson::Int64(n) => *n,
-            Bson::Double(n) => *n as i64,
-            other => bail!("batchSize {other}"),
-        };
-        opts.batch_size = Some(u32::try_from(n).context("batchSize")?);
+        opts.batch_size = Some(u32::try_from(int(n, "batchSize")?).context("batchSize")?);
     }
     if let Some(c) = args.get("comment") {
         opts.comment = Some(c.clone());
@@ -186,12 +548,7 @@ fn stream_options(args: &Document) -> Result<(Vec<Document>, ChangeStreamOptions
         opts.show_expanded_events = Some(b);
     }
     if let Some(ms) = args.get("maxAwaitTimeMS") {
-        let ms = match ms {
-            Bson::Int32(n) => u64::try_from(*n)?,
-            Bson::Int64(n) => u64::try_from(*n)?,
-            other => bail!("maxAwaitTimeMS {other}"),
-        };
-        opts.max_await_time = Some(Duration::from_millis(ms));
+        opts.max_await_time = Some(millis(ms, "maxAwaitTimeMS")?);
     }
     if let Ok(ts) = args.get_timestamp("startAtOperationTime") {
         opts.start_at_operation_time = Some(ts);
@@ -199,21 +556,21 @@ fn stream_options(args: &Document) -> Result<(Vec<Document>, ChangeStreamOptions
     Ok((pipeline, opts))
 }
 
-/// A driver result struct as the BSON document the spec compares against.
-macro_rules! to_value {
-    ($v:expr) => {
-        match mongodb::bson::serialize_to_bson($v) {
-            Ok(b) => Value::Bson(b),
-            Err(_) => Value::None,
-        }
-    };
+/// The target of an entity operation, cloned out of the map (the driver's handles are cheap
+/// clones) so the map stays free for the session.
+enum Target {
+    Client(Client),
+    Database(Database),
+    Collection(Collection<Document>),
 }
 
 async fn execute(
+    uri: &str,
     name: &str,
     object: &str,
     args: &Document,
     entities: &mut Entities,
+    active: Active<'_>,
 ) -> Result<Outcome> {
     if name == "iterateUntilDocumentOrError" {
         check_arguments(args, &[])?;
@@ -223,22 +580,55 @@ async fn execute(
         return match tokio::time::timeout(ITERATE_WAIT, stream.next()).await {
             Err(_) => bail!("no document or error within {ITERATE_WAIT:?}"),
             Ok(None) => bail!("the change stream ended"),
-            Ok(Some(Ok(d))) => Ok(Ok(Value::Bson(Bson::Document(d)))),
+            Ok(Some(Ok(d))) => Ok(Ok(Value::doc(d))),
             Ok(Some(Err(e))) => Ok(Err(e)),
         };
     }
-    let entity = entities.get(object)?;
-    let out = match (entity, name) {
-        (Entity::Client(c), "createChangeStream") => {
+    let target = match entities.get(object)? {
+        Entity::Session(_) => None,
+        Entity::Client(c) => Some(Target::Client(c.client.clone())),
+        Entity::Database(db) => Some(Target::Database(db.clone())),
+        Entity::Collection(coll) => Some(Target::Collection(coll.clone())),
+        other => bail!(
+            "operation {name} on a {} is not supported by this runner",
+            other.kind()
+        ),
+    };
+    let Some(target) = target else {
+        return session_operation(uri, name, object, args, entities, active).await;
+    };
+    let mut lent = lend_argument(args, entities, active)?;
+    let out = execute_on(&target, name, args, lent.get()).await;
+    lent.restore(entities);
+    out
+}
+
+/// Runs `$action`, with `.session(s)` when the operation has a session.
+macro_rules! with_session {
+    ($session:expr, $action:expr) => {
+        match $session {
+            Some(s) => $action.session(s).await,
+            None => $action.await,
+        }
+    };
+}
+
+async fn execute_on(
+    target: &Target,
+    name: &str,
+    args: &Document,
+    session: Option<&mut ClientSession>,
+) -> Result<Outcome> {
+    let out = match (target, name) {
+        (Target::Client(c), "createChangeStream") => {
             let (pipeline, opts) = stream_options(args)?;
-            c.client
-                .watch()
+            c.watch()
                 .pipeline(pipeline)
                 .with_options(opts)
                 .await
                 .map(stream_value)
         }
-        (Entity::Database(db), "createChangeStream") => {
+        (Target::Database(db), "createChangeStream") => {
             let (pipeline, opts) = stream_options(args)?;
             db.watch()
                 .pipeline(pipeline)
@@ -246,7 +636,7 @@ async fn execute(
                 .await
                 .map(stream_value)
         }
-        (Entity::Collection(coll), "createChangeStream") => {
+        (Target::Collection(coll), "createChangeStream") => {
             let (pipeline, opts) = stream_options(args)?;
             coll.watch()
                 .pipeline(pipeline)
@@ -254,22 +644,26 @@ async fn execute(
                 .await
                 .map(stream_value)
         }
-        (Entity::Database(db), "runCommand") => {
-            check_arguments(args, &["command", "commandName"])?;
+        (Target::Client(c), "clientBulkWrite") => return client_bulk_write(c, args, session).await,
+        (Target::Database(db), "runCommand") => {
+            check_arguments(
+                args,
+                &["command", "commandName", "readPreference", "session"],
+            )?;
             let cmd = args.get_document("command")?.clone();
-            db.run_command(cmd)
-                .await
-                .map(|d| Value::Bson(Bson::Document(d)))
+            let mut action = db.run_command(cmd);
+            if let Some(rp) = args.get("readPreference") {
+                action = action.selection_criteria(read_preference(rp)?);
+            }
+            with_session!(session, action).map(Value::doc)
         }
-        (Entity::Database(db), "dropCollection") => {
-            check_arguments(args, &["collection"])?;
-            db.collection::<Document>(args.get_str("collection")?)
-                .drop()
-                .await
-                .map(|_| Value::None)
+        (Target::Database(db), "dropCollection") => {
+            check_arguments(args, &["collection", "session"])?;
+            let coll = db.collection::<Document>(args.get_str("collection")?);
+            with_session!(session, coll.drop()).map(|_| Value::None)
         }
-        (Entity::Database(db), "createCollection") => {
-            check_arguments(args, &["collection", "viewOn", "pipeline"])?;
+        (Target::Database(db), "createCollection") => {
+            check_arguments(args, &["collection", "viewOn", "pipeline", "session"])?;
             let mut create = db.create_collection(args.get_str("collection")?);
             if let Ok(on) = args.get_str("viewOn") {
                 create = create.view_on(on.to_string());
@@ -277,41 +671,226 @@ async fn execute(
             if let Some(p) = args.get("pipeline") {
                 create = create.pipeline(docs(p)?);
             }
-            create.await.map(|_| Value::None)
+            with_session!(session, create).map(|_| Value::None)
         }
-        (Entity::Collection(coll), "insertOne") => {
-            check_arguments(args, &["document"])?;
-            coll.insert_one(args.get_document("document")?.clone())
-                .await
-                .map(|r| Value::Bson(Bson::Document(doc! {"insertedId": r.inserted_id})))
+        (Target::Database(db), "aggregate") => {
+            check_arguments(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
+            let pipeline = docs(args.get("pipeline").context("pipeline")?)?;
+            let opts = aggregate_options(args)?;
+            match session {
+                Some(s) => {
+                    let cursor = db
+                        .aggregate(pipeline)
+                        .with_options(opts)
+                        .session(&mut *s)
+                        .await;
+                    drain_session_cursor(cursor, s).await
+                }
+                None => drain_cursor(db.aggregate(pipeline).with_options(opts).await).await,
+            }
         }
-        (Entity::Collection(coll), "updateOne") => {
-            check_arguments(args, &["filter", "update"])?;
+        (Target::Collection(coll), "insertOne") => {
+            check_arguments(args, &["document", "session"])?;
+            let d = args.get_document("document")?.clone();
+            with_session!(session, coll.insert_one(d))
+                .map(|r| Value::doc(doc! {"insertedId": r.inserted_id}))
+        }
+        (Target::Collection(coll), "insertMany") => {
+            check_arguments(args, &["documents", "ordered", "session"])?;
+            let d = docs(args.get("documents").context("documents")?)?;
+            let mut action = coll.insert_many(d);
+            if let Ok(o) = args.get_bool("ordered") {
+                action = action.ordered(o);
+            }
+            with_session!(session, action).map(|r| {
+                let mut ids: Vec<(usize, Bson)> = r.inserted_ids.into_iter().collect();
+                ids.sort_by_key(|(i, _)| *i);
+                let ids: Document = ids.into_iter().map(|(i, id)| (i.to_string(), id)).collect();
+                Value::doc(doc! {"insertedIds": ids})
+            })
+        }
+        (Target::Collection(coll), "updateOne" | "updateMany") => {
+            check_arguments(args, &["filter", "update", "upsert", "session"])?;
             let filter = args.get_document("filter")?.clone();
-            let result = match args.get("update") {
-                Some(Bson::Document(u)) => coll.update_one(filter, u.clone()).await,
-                Some(p @ Bson::Array(_)) => coll.update_one(filter, docs(p)?).await,
-                _ => bail!("updateOne without an update"),
+            let update = update_modifications(args.get("update"))?;
+            let mut opts = UpdateOptions::default();
+            opts.upsert = args.get_bool("upsert").ok();
+            let result = if name == "updateOne" {
+                with_session!(session, coll.update_one(filter, update).with_options(opts))
+            } else {
+                with_session!(session, coll.update_many(filter, update).with_options(opts))
             };
-            result.map(|r| to_value!(&r))
+            result.map(|r| Value::doc(update_result(&r)))
         }
-        (Entity::Collection(coll), "replaceOne") => {
-            check_arguments(args, &["filter", "replacement"])?;
-            coll.replace_one(
-                args.get_document("filter")?.clone(),
-                args.get_document("replacement")?.clone(),
+        (Target::Collection(coll), "replaceOne") => {
+            check_arguments(args, &["filter", "replacement", "upsert", "session"])?;
+            let mut opts = ReplaceOptions::default();
+            opts.upsert = args.get_bool("upsert").ok();
+            let action = coll
+                .replace_one(
+                    args.get_document("filter")?.clone(),
+                    args.get_document("replacement")?.clone(),
+                )
+                .with_options(opts);
+            with_session!(session, action).map(|r| Value::doc(update_result(&r)))
+        }
+        (Target::Collection(coll), "deleteOne" | "deleteMany") => {
+            check_arguments(args, &["filter", "session"])?;
+            let filter = args.get_document("filter")?.clone();
+            let result = if name == "deleteOne" {
+                with_session!(session, coll.delete_one(filter))
+            } else {
+                with_session!(session, coll.delete_many(filter))
+            };
+            result.map(|r| Value::doc(delete_result(&r)))
+        }
+        (Target::Collection(coll), "find") => {
+            check_arguments(
+                args,
+                &[
+                    "filter",
+                    "batchSize",
+                    "sort",
+                    "limit",
+                    "skip",
+                    "projection",
+                    "session",
+                ],
+            )?;
+            let filter = args.get_document("filter").cloned().unwrap_or_default();
+            let mut opts = FindOptions::default();
+            if let Some(n) = args.get("batchSize") {
+                opts.batch_size = Some(u32::try_from(int(n, "batchSize")?)?);
+            }
+            if let Some(n) = args.get("limit") {
+                opts.limit = Some(int(n, "limit")?);
+            }
+            if let Some(n) = args.get("skip") {
+                opts.skip = Some(u64::try_from(int(n, "skip")?)?);
+            }
+            opts.sort = args.get_document("sort").ok().cloned();
+            opts.projection = args.get_document("projection").ok().cloned();
+            match session {
+                Some(s) => {
+                    let cursor = coll.find(filter).with_options(opts).session(&mut *s).await;
+                    drain_session_cursor(cursor, s).await
+                }
+                None => drain_cursor(coll.find(filter).with_options(opts).await).await,
+            }
+        }
+        (Target::Collection(coll), "aggregate") => {
+            check_arguments(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
+            let pipeline = docs(args.get("pipeline").context("pipeline")?)?;
+            let opts = aggregate_options(args)?;
+            match session {
+                Some(s) => {
+                    let cursor = coll
+                        .aggregate(pipeline)
+                        .with_options(opts)
+                        .session(&mut *s)
+                        .await;
+                    drain_session_cursor(cursor, s).await
+                }
+                None => drain_cursor(coll.aggregate(pipeline).with_options(opts).await).await,
+            }
+        }
+        (Target::Collection(coll), "countDocuments") => {
+            check_arguments(args, &["filter", "session"])?;
+            let filter = args.get_document("filter")?.clone();
+            let opts = CountOptions::default();
+            with_session!(session, coll.count_documents(filter).with_options(opts))
+                .map(|n| Value::Bson(Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX))))
+        }
+        (Target::Collection(coll), "count") => {
+            // The deprecated count helper, which the 3.9 driver no longer has: it is the `count`
+            // command with the filter as `query`, which is what drivers that keep it send.
+            check_arguments(args, &["filter", "session"])?;
+            let mut cmd = doc! {"count": coll.name()};
+            if let Ok(f) = args.get_document("filter") {
+                cmd.insert("query", f.clone());
+            }
+            let db = coll.client().database(&coll.namespace().db);
+            with_session!(session, db.run_command(cmd))
+                .map(|r| Value::Bson(r.get("n").cloned().unwrap_or(Bson::Null)))
+        }
+        (Target::Collection(coll), "distinct") => {
+            check_arguments(args, &["fieldName", "filter", "session"])?;
+            let field = args.get_str("fieldName")?;
+            let filter = args.get_document("filter").cloned().unwrap_or_default();
+            let opts = DistinctOptions::default();
+            with_session!(session, coll.distinct(field, filter).with_options(opts))
+                .map(|v| Value::Bson(Bson::Array(v)))
+        }
+        (Target::Collection(coll), "findOneAndDelete") => {
+            check_arguments(args, &["filter", "sort", "projection", "session"])?;
+            let mut opts = FindOneAndDeleteOptions::default();
+            opts.sort = args.get_document("sort").ok().cloned();
+            opts.projection = args.get_document("projection").ok().cloned();
+            let filter = args.get_document("filter")?.clone();
+            with_session!(session, coll.find_one_and_delete(filter).with_options(opts)).map(found)
+        }
+        (Target::Collection(coll), "findOneAndUpdate") => {
+            check_arguments(
+                args,
+                &[
+                    "filter",
+                    "update",
+                    "returnDocument",
+                    "upsert",
+                    "sort",
+                    "projection",
+                    "session",
+                ],
+            )?;
+            let mut opts = FindOneAndUpdateOptions::default();
+            opts.sort = args.get_document("sort").ok().cloned();
+            opts.projection = args.get_document("projection").ok().cloned();
+            opts.upsert = args.get_bool("upsert").ok();
+            opts.return_document = return_document(args)?;
+            let filter = args.get_document("filter")?.clone();
+            let update = update_modifications(args.get("update"))?;
+            with_session!(
+                session,
+                coll.find_one_and_update(filter, update).with_options(opts)
             )
-            .await
-            .map(|r| to_value!(&r))
+            .map(found)
         }
-        (Entity::Collection(coll), "deleteOne") => {
-            check_arguments(args, &["filter"])?;
-            coll.delete_one(args.get_document("filter")?.clone())
-                .await
-                .map(|r| to_value!(&r))
+        (Target::Collection(coll), "findOneAndReplace") => {
+            check_arguments(
+                args,
+                &[
+                    "filter",
+                    "replacement",
+                    "returnDocument",
+                    "upsert",
+                    "sort",
+                    "projection",
+                    "session",
+                ],
+            )?;
+            let mut opts = FindOneAndReplaceOptions::default();
+            opts.sort = args.get_document("sort").ok().cloned();
+            opts.projection = args.get_document("projection").ok().cloned();
+            opts.upsert = args.get_bool("upsert").ok();
+            opts.return_document = return_document(args)?;
+            let filter = args.get_document("filter")?.clone();
+            let replacement = args.get_document("replacement")?.clone();
+            with_session!(
+                session,
+                coll.find_one_and_replace(filter, replacement)
+                    .with_options(opts)
+            )
+            .map(found)
         }
-        (Entity::Collection(coll), "createIndex") => {
-            check_arguments(args, &["keys", "name"])?;
+        (Target::Collection(_), "bulkWrite") => {
+            return Err(anyhow::Error::new(DriverLimitation(
+                "the mongodb 3.9 driver has no collection-level bulkWrite (only \
+                 Client::bulk_write, the 8.0 bulkWrite command)"
+                    .into(),
+            )));
+        }
+        (Target::Collection(coll), "createIndex") => {
+            check_arguments(args, &["keys", "name", "session"])?;
             let mut model = IndexModel::default();
             model.keys = args.get_document("keys")?.clone();
             if let Ok(n) = args.get_str("name") {
@@ -319,17 +898,14 @@ async fn execute(
                 o.name = Some(n.to_string());
                 model.options = Some(o);
             }
-            coll.create_index(model)
-                .await
+            with_session!(session, coll.create_index(model))
                 .map(|r| Value::Bson(Bson::String(r.index_name)))
         }
-        (Entity::Collection(coll), "dropIndex") => {
-            check_arguments(args, &["name"])?;
-            coll.drop_index(args.get_str("name")?)
-                .await
-                .map(|_| Value::None)
+        (Target::Collection(coll), "dropIndex") => {
+            check_arguments(args, &["name", "session"])?;
+            with_session!(session, coll.drop_index(args.get_str("name")?)).map(|_| Value::None)
         }
-        (Entity::Collection(coll), "rename") => {
+        (Target::Collection(coll), "rename") => {
             check_arguments(args, &["to", "dropTarget"])?;
             let db = coll.namespace().db;
             let mut cmd = doc! {
@@ -345,17 +921,245 @@ async fn execute(
                 .await
                 .map(|_| Value::None)
         }
-        (e, op) => bail!(
+        (t, op) => bail!(
             "operation {op} on a {} is not supported by this runner",
-            e.kind()
+            match t {
+                Target::Client(_) => "client",
+                Target::Database(_) => "database",
+                Target::Collection(_) => "collection",
+            }
         ),
     };
     Ok(out)
 }
 
+fn aggregate_options(args: &Document) -> Result<AggregateOptions> {
+    let mut opts = AggregateOptions::default();
+    if let Some(n) = args.get("batchSize") {
+        opts.batch_size = Some(u32::try_from(int(n, "batchSize")?)?);
+    }
+    if let Some(ms) = args.get("maxTimeMS") {
+        opts.max_time = Some(millis(ms, "maxTimeMS")?);
+    }
+    Ok(opts)
+}
+
+fn return_document(args: &Document) -> Result<Option<ReturnDocument>> {
+    Ok(match args.get_str("returnDocument") {
+        Err(_) => None,
+        Ok("Before") => Some(ReturnDocument::Before),
+        Ok("After") => Some(ReturnDocument::After),
+        Ok(other) => bail!("returnDocument {other}"),
+    })
+}
+
+fn update_modifications(v: Option<&Bson>) -> Result<UpdateModifications> {
+    match v {
+        Some(Bson::Document(u)) => Ok(UpdateModifications::Document(u.clone())),
+        Some(p @ Bson::Array(_)) => Ok(UpdateModifications::Pipeline(docs(p)?)),
+        _ => bail!("an update must be a document or a pipeline"),
+    }
+}
+
+/// An `UpdateResult` as the spec's document.
+fn update_result(r: &UpdateResult) -> Document {
+    let mut d = doc! {
+        "matchedCount": i64::try_from(r.matched_count).unwrap_or(i64::MAX),
+        "modifiedCount": i64::try_from(r.modified_count).unwrap_or(i64::MAX),
+        "upsertedCount": i64::from(r.upserted_id.is_some()),
+    };
+    if let Some(id) = &r.upserted_id {
+        d.insert("upsertedId", id.clone());
+    }
+    d
+}
+
+fn delete_result(r: &DeleteResult) -> Document {
+    doc! {"deletedCount": i64::try_from(r.deleted_count).unwrap_or(i64::MAX)}
+}
+
+/// A findOneAnd* result: the document, or null.
+fn found(d: Option<Document>) -> Value {
+    Value::Bson(d.map_or(Bson::Null, Bson::Document))
+}
+
+async fn drain_cursor(
+    cursor: mongodb::error::Result<mongodb::Cursor<Document>>,
+) -> std::result::Result<Value, DriverError> {
+    let docs: Vec<Document> = cursor?.try_collect().await?;
+    Ok(Value::Bson(Bson::Array(
+        docs.into_iter().map(Bson::Document).collect(),
+    )))
+}
+
+async fn drain_session_cursor(
+    cursor: mongodb::error::Result<mongodb::SessionCursor<Document>>,
+    session: &mut ClientSession,
+) -> std::result::Result<Value, DriverError> {
+    let mut cursor = cursor?;
+    let mut out = Vec::new();
+    while let Some(d) = cursor.next(session).await {
+        out.push(Bson::Document(d?));
+    }
+    Ok(Value::Bson(Bson::Array(out)))
+}
+
+async fn client_bulk_write(
+    client: &Client,
+    args: &Document,
+    session: Option<&mut ClientSession>,
+) -> Result<Outcome> {
+    check_arguments(
+        args,
+        &[
+            "models",
+            "verboseResults",
+            "ordered",
+            "writeConcern",
+            "session",
+        ],
+    )?;
+    let mut models = Vec::new();
+    for m in args.get_array("models").context("models")? {
+        let m = m.as_document().context("a write model")?;
+        let (kind, spec) = m.iter().next().context("an empty write model")?;
+        let spec = spec.as_document().context("a write model")?;
+        let ns: Namespace = spec
+            .get_str("namespace")
+            .context("namespace")?
+            .parse()
+            .map_err(|e| anyhow!("namespace: {e:?}"))?;
+        let filter = || spec.get_document("filter").cloned().context("filter");
+        let model: WriteModel = match kind.as_str() {
+            "insertOne" => {
+                check_arguments(spec, &["namespace", "document"])?;
+                InsertOneModel::builder()
+                    .namespace(ns)
+                    .document(spec.get_document("document")?.clone())
+                    .build()
+                    .into()
+            }
+            "updateOne" => {
+                check_arguments(spec, &["namespace", "filter", "update", "upsert"])?;
+                UpdateOneModel::builder()
+                    .namespace(ns)
+                    .filter(filter()?)
+                    .update(update_modifications(spec.get("update"))?)
+                    .upsert(spec.get_bool("upsert").ok())
+                    .build()
+                    .into()
+            }
+            "updateMany" => {
+                check_arguments(spec, &["namespace", "filter", "update", "upsert"])?;
+                UpdateManyModel::builder()
+                    .namespace(ns)
+                    .filter(filter()?)
+                    .update(update_modifications(spec.get("update"))?)
+                    .upsert(spec.get_bool("upsert").ok())
+                    .build()
+                    .into()
+            }
+            "replaceOne" => {
+                check_arguments(spec, &["namespace", "filter", "replacement", "upsert"])?;
+                ReplaceOneModel::builder()
+                    .namespace(ns)
+                    .filter(filter()?)
+                    .replacement(spec.get_document("replacement")?.clone())
+                    .upsert(spec.get_bool("upsert").ok())
+                    .build()
+                    .into()
+            }
+            "deleteOne" => {
+                check_arguments(spec, &["namespace", "filter"])?;
+                DeleteOneModel::builder()
+                    .namespace(ns)
+                    .filter(filter()?)
+                    .build()
+                    .into()
+            }
+            "deleteMany" => {
+                check_arguments(spec, &["namespace", "filter"])?;
+                DeleteManyModel::builder()
+                    .namespace(ns)
+                    .filter(filter()?)
+                    .build()
+                    .into()
+            }
+            other => bail!("write model {other} is not supported by this runner"),
+        };
+        models.push(model);
+    }
+    let mut action = client.bulk_write(models);
+    if let Ok(o) = args.get_bool("ordered") {
+        action = action.ordered(o);
+    }
+    if let Some(wc) = args.get("writeConcern") {
+        action = action.write_concern(write_concern(wc)?);
+    }
+    Ok(if args.get_bool("verboseResults").unwrap_or(false) {
+        let action = action.verbose_results();
+        with_session!(session, action).map(|r| {
+            let mut d = summary(&r.summary);
+            let by_index = |m: Vec<(usize, Document)>| -> Document {
+                let mut m = m;
+                m.sort_by_key(|(i, _)| *i);
+                m.into_iter()
+                    .map(|(i, d)| (i.to_string(), Bson::Document(d)))
+                    .collect()
+            };
+            d.insert(
+                "insertResults",
+                by_index(
+                    r.insert_results
+                        .into_iter()
+                        .map(|(i, r)| (i, doc! {"insertedId": r.inserted_id}))
+                        .collect(),
+                ),
+            );
+            d.insert(
+                "updateResults",
+                by_index(
+                    r.update_results
+                        .iter()
+                        .map(|(i, r)| {
+                            let mut u = update_result(r);
+                            u.remove("upsertedCount");
+                            (*i, u)
+                        })
+                        .collect(),
+                ),
+            );
+            d.insert(
+                "deleteResults",
+                by_index(
+                    r.delete_results
+                        .iter()
+                        .map(|(i, r)| (*i, delete_result(r)))
+                        .collect(),
+                ),
+            );
+            Value::doc(d)
+        })
+    } else {
+        with_session!(session, action).map(|r| Value::doc(summary(&r)))
+    })
+}
+
+fn summary(r: &mongodb::results::SummaryBulkWriteResult) -> Document {
+    doc! {
+        "insertedCount": r.inserted_count,
+        "matchedCount": r.matched_count,
+        "modifiedCount": r.modified_count,
+        "upsertedCount": r.upserted_count,
+        "deletedCount": r.deleted_count,
+    }
+}
+
 fn stream_value(s: ChangeStream<ChangeStreamEvent<Document>>) -> Value {
     Value::Stream(Box::new(s.with_type::<Document>()))
 }
+
+// ----- errors --------------------------------------------------------------------------------
 
 /// The server error code of a driver error, if it carries one.
 fn code_of(e: &DriverError) -> Option<(i32, String)> {
@@ -393,7 +1197,10 @@ fn is_client_error(e: &DriverError) -> bool {
     )
 }
 
-fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
+fn check_error(expected: &Document, e: &DriverError, entities: &Entities) -> Result<()> {
+    if e.get_custom::<RunnerFailure>().is_some() {
+        bail!("the runner failed inside the callback");
+    }
     let code = code_of(e);
     for (k, v) in expected {
         match k.as_str() {
@@ -405,11 +1212,7 @@ fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
                 }
             }
             "errorCode" => {
-                let want = match v {
-                    Bson::Int32(n) => *n,
-                    Bson::Int64(n) => i32::try_from(*n)?,
-                    other => bail!("errorCode {other}"),
-                };
+                let want = i32::try_from(int(v, "errorCode")?)?;
                 if code.as_ref().map(|c| c.0) != Some(want) {
                     bail!("expected error code {want}, got {}", describe(e));
                 }
@@ -444,6 +1247,26 @@ fn check_error(expected: &Document, e: &DriverError) -> Result<()> {
                         describe(e)
                     );
                 }
+            }
+            "expectResult" => {
+                // The partial result a failed write carries.
+                let actual = match e.kind.as_ref() {
+                    ErrorKind::BulkWrite(b) => match &b.partial_result {
+                        Some(mongodb::error::PartialBulkWriteResult::Summary(s)) => {
+                            Some(Bson::Document(summary(s)))
+                        }
+                        Some(mongodb::error::PartialBulkWriteResult::Verbose(v)) => {
+                            Some(Bson::Document(summary(&v.summary)))
+                        }
+                        None => None,
+                    },
+                    other => bail!(
+                        "expectError.expectResult on a {other:?} error is not supported by this \
+                         runner"
+                    ),
+                };
+                matcher::matches_in(entities.cx(), v, actual.as_ref(), true)
+                    .map_err(|why| anyhow!("partial result mismatch: {why}"))?;
             }
             other => bail!("expectError.{other} is not supported by this runner"),
         }

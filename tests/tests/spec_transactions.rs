@@ -1,0 +1,441 @@
+//! The drivers' unified transaction spec tests (`../shared/spec-tests/transactions/` and
+//! `../shared/spec-tests/transactions-convenient-api/`, read unchanged) against an embedded
+//! cluster started with `--enableTestCommands`, once presented as a mongos and once as a
+//! single-node replica set; and the runner's own checks of what these files added to it
+//! (sessions, transactions, `withTransaction`, `outcome`), hand-made tests that must fail.
+//!
+//! Invariant: every test that applies to the reported server version passes, except those in
+//! `tests/spec-known-failures-transactions.txt`, which must fail (so the list stays true).
+//! Tests are named `<folder>/<file>` here, since both folders have a `commit.json` and a
+//! `transaction-options.json`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use mongodb::bson::{Bson, Document, doc};
+use router::Presentation;
+use router::launch::{self, Running};
+use tests::unified::{self, KnownFailure, Outcome, ServerInfo};
+
+const SHARDS: usize = 2;
+const FOLDERS: &[&str] = &["transactions", "transactions-convenient-api"];
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    running: Running,
+    uri: String,
+}
+
+async fn start(presentation: Presentation, shards: usize) -> anyhow::Result<Cluster> {
+    tests::init_tracing();
+    let dir = tempfile::tempdir()?;
+    let options = router::RouterOptions {
+        presentation,
+        argv: vec!["tributary".into(), "--enableTestCommands".into()],
+        enable_test_commands: true,
+        ..router::RouterOptions::default()
+    };
+    let running = launch::embedded_with(
+        "127.0.0.1:0".parse()?,
+        shards,
+        dir.path().to_path_buf(),
+        options,
+    )
+    .await?;
+    // No directConnection: the driver discovers the topology (mongos, or replica set through
+    // `hosts`) as it would against MongoDB.
+    let uri = format!("mongodb://{}/", running.addr);
+    Ok(Cluster {
+        _dir: dir,
+        running,
+        uri,
+    })
+}
+
+fn spec_dir(folder: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/spec-tests")
+        .join(folder)
+}
+
+fn known_failures() -> Vec<KnownFailure> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("spec-known-failures-transactions.txt");
+    let text =
+        std::fs::read_to_string(&path).expect("reading tests/spec-known-failures-transactions.txt");
+    KnownFailure::parse_list(&text).expect("parsing tests/spec-known-failures-transactions.txt")
+}
+
+/// Prints past the test harness's capture and into `target/spec-results/`, so CI logs show it.
+fn report(topology: &str, lines: &[String]) {
+    let text = lines.join("\n") + "\n";
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    if let Some(target) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+    {
+        let dir = target.join("spec-results");
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(dir.join(format!("transactions-{topology}.txt")), text);
+    }
+}
+
+async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
+    let cluster = start(presentation, SHARDS).await?;
+    let server = unified::probe(&cluster.uri).await?;
+    let expected_topology = match presentation {
+        Presentation::Mongos => "sharded",
+        Presentation::ReplicaSet => "replicaset",
+    };
+    assert_eq!(
+        server.topology, expected_topology,
+        "driver-visible topology"
+    );
+    let known = known_failures();
+    let mut all = Vec::new();
+    let mut lines = Vec::new();
+    for folder in FOLDERS {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(spec_dir(folder))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        assert!(
+            files.len() >= 10,
+            "spec files not found in {}",
+            spec_dir(folder).display()
+        );
+        for file in &files {
+            let name = file
+                .file_name()
+                .map(|n| format!("{folder}/{}", n.to_string_lossy()))
+                .unwrap_or_default();
+            let mut results = unified::run_file(&cluster.uri, &server, file).await?;
+            for r in &mut results {
+                r.file = name.clone();
+            }
+            let s = unified::summarize(&server.topology, &results, &known);
+            lines.push(format!("[{}] {name}: {s}", server.topology));
+            for r in &results {
+                match &r.outcome {
+                    Outcome::Failed(why) => {
+                        let listed = known
+                            .iter()
+                            .any(|k| k.applies(&server.topology, &r.file, &r.description));
+                        let tag = if listed { "known failure" } else { "FAILED" };
+                        lines.push(format!("    {tag}: {:?}: {why}", r.description));
+                    }
+                    // Skips say why, so a skip is never silent: version and topology gates,
+                    // and what the driver cannot do or show.
+                    Outcome::Skipped(why) => {
+                        lines.push(format!("    skipped: {:?}: {why}", r.description));
+                    }
+                    Outcome::Passed => {}
+                }
+            }
+            all.extend(results);
+        }
+    }
+    let total = unified::summarize(&server.topology, &all, &known);
+    lines.push(format!(
+        "spec transactions [{}] (known failures: {}): {total}",
+        server.topology, total.known
+    ));
+    lines.push(format!("[{}] {total}", server.topology));
+    report(&server.topology, &lines);
+    cluster.running.shutdown().await;
+    assert!(
+        total.problems.is_empty(),
+        "spec tests as {}:\n{}",
+        server.topology,
+        total.problems.join("\n")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_transactions_pass_as_a_router() -> anyhow::Result<()> {
+    run_all(Presentation::Mongos).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_transactions_pass_as_a_replica_set() -> anyhow::Result<()> {
+    run_all(Presentation::ReplicaSet).await
+}
+
+// ----- the runner's own checks ---------------------------------------------------------------
+
+/// A one-test file in the shape of the transaction spec files, with `test` as its only test.
+fn file_with(test: Document) -> Document {
+    doc! {
+        "description": "runner self-test",
+        "schemaVersion": "1.9",
+        "createEntities": [
+            {"client": {"id": "client0", "useMultipleMongoses": false, "observeEvents": ["commandStartedEvent"]}},
+            {"database": {"id": "database0", "client": "client0", "databaseName": "selftest"}},
+            {"collection": {"id": "collection0", "database": "database0", "collectionName": "c"}},
+            {"session": {"id": "session0", "client": "client0"}},
+            {"session": {"id": "session1", "client": "client0"}},
+        ],
+        "initialData": [{"collectionName": "c", "databaseName": "selftest", "documents": [{"_id": 1}]}],
+        "tests": [test],
+    }
+}
+
+async fn outcome_of(uri: &str, server: &ServerInfo, test: Document) -> Outcome {
+    let results = unified::run_document(uri, server, "selftest.json", &file_with(test))
+        .await
+        .expect("the runner runs the file");
+    assert_eq!(results.len(), 1);
+    results
+        .into_iter()
+        .next()
+        .map(|r| r.outcome)
+        .expect("one result")
+}
+
+fn op(object: &str, name: &str, arguments: Document) -> Bson {
+    Bson::Document(doc! {"object": object, "name": name, "arguments": arguments})
+}
+
+fn insert_in(session: &str, id: i32) -> Bson {
+    op(
+        "collection0",
+        "insertOne",
+        doc! {"session": session, "document": {"_id": id}},
+    )
+}
+
+fn test(ops: Vec<Bson>, extra: Document) -> Document {
+    let mut t = doc! {"description": "case", "operations": ops};
+    t.extend(extra);
+    t
+}
+
+/// What the control test's insert must look like, with `lsid` from `session`.
+fn insert_event(session: &str) -> Document {
+    doc! {"commandStartedEvent": {"commandName": "insert", "databaseName": "selftest", "command": {
+        "insert": "c", "documents": [{"_id": 2}], "lsid": {"$$sessionLsid": session},
+        "txnNumber": 1_i64, "startTransaction": true, "autocommit": false,
+    }}}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runner_fails_hand_made_transaction_tests_that_must_fail() -> anyhow::Result<()> {
+    let cluster = start(Presentation::Mongos, 1).await?;
+    let uri = cluster.uri.clone();
+    let server = unified::probe(&uri).await?;
+    let transaction = || {
+        vec![
+            op("session0", "startTransaction", doc! {}),
+            insert_in("session0", 2),
+            op("session0", "commitTransaction", doc! {}),
+        ]
+    };
+    let committed = doc! {"outcome": [{"collectionName": "c", "databaseName": "selftest",
+    "documents": [{"_id": 1}, {"_id": 2}]}]};
+
+    // The controls: correct tests pass.
+    let mut good = committed.clone();
+    good.insert(
+        "expectEvents",
+        vec![Bson::Document(
+            doc! {"client": "client0", "ignoreExtraEvents": true,
+            "events": [insert_event("session0")]},
+        )],
+    );
+    assert_eq!(
+        outcome_of(&uri, &server, test(transaction(), good)).await,
+        Outcome::Passed
+    );
+    let convenient = vec![Bson::Document(doc! {
+        "object": "session0", "name": "withTransaction",
+        "arguments": {"callback": [insert_in("session0", 2)]},
+    })];
+    assert_eq!(
+        outcome_of(&uri, &server, test(convenient, committed.clone())).await,
+        Outcome::Passed
+    );
+    let aborted = vec![
+        op("session0", "startTransaction", doc! {}),
+        insert_in("session0", 2),
+        op("session0", "abortTransaction", doc! {}),
+    ];
+    let unchanged = doc! {"outcome": [{"collectionName": "c", "databaseName": "selftest",
+    "documents": [{"_id": 1}]}]};
+    assert_eq!(
+        outcome_of(&uri, &server, test(aborted, unchanged.clone())).await,
+        Outcome::Passed
+    );
+
+    let must_fail: Vec<(&str, Document)> = vec![
+        (
+            "an outcome with a document the transaction did not write",
+            test(
+                transaction(),
+                doc! {"outcome": [{"collectionName": "c", "databaseName": "selftest",
+                "documents": [{"_id": 1}, {"_id": 2}, {"_id": 3}]}]},
+            ),
+        ),
+        (
+            "an outcome missing the committed document",
+            test(transaction(), unchanged.clone()),
+        ),
+        (
+            "$$sessionLsid naming the other session",
+            test(
+                transaction(),
+                doc! {"expectEvents": [{"client": "client0", "ignoreExtraEvents": true,
+                "events": [insert_event("session1")]}]},
+            ),
+        ),
+        (
+            "$$sessionLsid naming no session",
+            test(
+                transaction(),
+                doc! {"expectEvents": [{"client": "client0", "ignoreExtraEvents": true,
+                "events": [insert_event("nosuchsession")]}]},
+            ),
+        ),
+        (
+            "a wrong expectResult inside a withTransaction callback",
+            test(
+                vec![Bson::Document(doc! {
+                    "object": "session0", "name": "withTransaction",
+                    "arguments": {"callback": [{
+                        "object": "collection0", "name": "insertOne",
+                        "arguments": {"session": "session0", "document": {"_id": 2}},
+                        "expectResult": {"insertedId": 3},
+                    }]},
+                })],
+                doc! {},
+            ),
+        ),
+        (
+            "an expected error that a callback operation does not raise",
+            test(
+                vec![Bson::Document(doc! {
+                    "object": "session0", "name": "withTransaction",
+                    "arguments": {"callback": [{
+                        "object": "collection0", "name": "insertOne",
+                        "arguments": {"session": "session0", "document": {"_id": 2}},
+                        "expectError": {"isError": true},
+                    }]},
+                })],
+                doc! {},
+            ),
+        ),
+        (
+            "a duplicate key inside a callback expected to succeed",
+            test(
+                vec![Bson::Document(doc! {
+                    "object": "session0", "name": "withTransaction",
+                    "arguments": {"callback": [insert_in("session0", 1)]},
+                })],
+                doc! {},
+            ),
+        ),
+        (
+            "commit after abort is a client error, not success",
+            test(
+                vec![
+                    op("session0", "startTransaction", doc! {}),
+                    insert_in("session0", 2),
+                    op("session0", "abortTransaction", doc! {}),
+                    op("session0", "commitTransaction", doc! {}),
+                ],
+                doc! {},
+            ),
+        ),
+        (
+            "a wrong errorLabelsContain",
+            test(
+                vec![
+                    op("session0", "startTransaction", doc! {}),
+                    Bson::Document(doc! {
+                        "object": "collection0", "name": "insertOne",
+                        "arguments": {"session": "session0", "document": {"_id": 1}},
+                        "expectError": {"errorLabelsContain": ["TransientTransactionError"]},
+                    }),
+                ],
+                doc! {},
+            ),
+        ),
+        (
+            "an operation on an ended session",
+            test(
+                vec![
+                    op("session0", "endSession", doc! {}),
+                    insert_in("session0", 2),
+                ],
+                doc! {},
+            ),
+        ),
+        (
+            "an unknown session option",
+            test(
+                vec![Bson::Document(
+                    doc! {"object": "testRunner", "name": "createEntities",
+                    "arguments": {"entities": [{"session": {"id": "s", "client": "client0",
+                    "sessionOptions": {"frobnicate": true}}}]}},
+                )],
+                doc! {},
+            ),
+        ),
+    ];
+    for (what, t) in must_fail {
+        let outcome = outcome_of(&uri, &server, t).await;
+        assert!(
+            matches!(outcome, Outcome::Failed(_)),
+            "{what}: expected a failure, got {outcome:?}"
+        );
+    }
+
+    // What the driver cannot show or do skips, after everything else held; it never passes.
+    let pinned = test(
+        vec![
+            op("session0", "startTransaction", doc! {}),
+            insert_in("session0", 2),
+            Bson::Document(doc! {"object": "testRunner", "name": "assertSessionPinned",
+            "arguments": {"session": "session0"}}),
+            op("session0", "commitTransaction", doc! {}),
+        ],
+        committed.clone(),
+    );
+    assert!(matches!(
+        outcome_of(&uri, &server, pinned).await,
+        Outcome::Skipped(_)
+    ));
+    let pinned_but_wrong = test(
+        vec![
+            op("session0", "startTransaction", doc! {}),
+            Bson::Document(doc! {"object": "testRunner", "name": "assertSessionPinned",
+            "arguments": {"session": "session0"}}),
+            insert_in("session0", 1),
+        ],
+        doc! {},
+    );
+    assert!(matches!(
+        outcome_of(&uri, &server, pinned_but_wrong).await,
+        Outcome::Failed(_)
+    ));
+    let bulk = test(
+        vec![op(
+            "collection0",
+            "bulkWrite",
+            doc! {"requests": [{"insertOne": {"document": {"_id": 2}}}]},
+        )],
+        doc! {},
+    );
+    assert!(matches!(
+        outcome_of(&uri, &server, bulk).await,
+        Outcome::Skipped(_)
+    ));
+
+    cluster.running.shutdown().await;
+    Ok(())
+}
+
+#[test]
+fn known_failures_list_parses() {
+    known_failures();
+}
