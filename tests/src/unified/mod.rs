@@ -707,7 +707,7 @@ pub(crate) async fn create_entities(
     Ok(())
 }
 
-async fn initial_data(uri: &str, data: &[Bson]) -> Result<()> {
+async fn initial_data(uri: &str, data: &[Bson], step: &Step) -> Result<()> {
     let client = new_client(uri, None).await?;
     let majority = mongodb::options::WriteConcern::majority();
     for item in data {
@@ -715,6 +715,7 @@ async fn initial_data(uri: &str, data: &[Bson]) -> Result<()> {
         let db = client.database(item.get_str("databaseName")?);
         let coll_name = item.get_str("collectionName")?;
         let coll = db.collection::<Document>(coll_name);
+        step.set(format!("initialData: drop {}", coll.namespace()));
         coll.drop().write_concern(majority.clone()).await?;
         let docs: Vec<Document> = item
             .get_array("documents")?
@@ -722,15 +723,18 @@ async fn initial_data(uri: &str, data: &[Bson]) -> Result<()> {
             .filter_map(|d| d.as_document().cloned())
             .collect();
         if docs.is_empty() {
+            step.set(format!("initialData: create {}", coll.namespace()));
             db.create_collection(coll_name)
                 .write_concern(majority.clone())
                 .await?;
         } else {
+            step.set(format!("initialData: insert into {}", coll.namespace()));
             coll.insert_many(docs)
                 .write_concern(majority.clone())
                 .await?;
         }
     }
+    step.set("initialData: client shutdown");
     client.shutdown().await;
     Ok(())
 }
@@ -853,7 +857,7 @@ async fn run_test_in(
     }
     if let Ok(data) = file.get_array("initialData") {
         step.set("initialData");
-        initial_data(uri, data).await.context("initialData")?;
+        initial_data(uri, data, step).await.context("initialData")?;
     }
     for (i, op) in test.get_array("operations")?.iter().enumerate() {
         let op = op.as_document().context("an operation is not a document")?;
