@@ -25,7 +25,7 @@ use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
 use crate::oplog;
-use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table};
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, scan_with_overlay};
 
 /// The tables whose history is kept: what reads of documents look at.
 pub const TRACKED: [Table; 2] = [Table::Documents, Table::UniqueIndexes];
@@ -285,51 +285,14 @@ impl ReadTxn for AsOf {
             return self.snapshot.scan(table, range, reverse, visit);
         }
         let mut changed = self.history.changed(table, range, self.at, self.through);
-        if changed.is_empty() {
-            return self.snapshot.scan(table, range, reverse, visit);
-        }
         if reverse {
             changed.reverse();
         }
-        let before = |a: &[u8], b: &[u8]| if reverse { a > b } else { a < b };
-        let mut next = 0;
-        let mut stopped = false;
-        self.snapshot.scan(table, range, reverse, &mut |k, v| {
-            // Keys that existed as of `at` and are gone from the snapshot come in their place.
-            while let Some((ck, old)) = changed.get(next)
-                && before(ck, k)
-            {
-                next += 1;
-                if let Some(old) = old
-                    && visit(ck, old) == Scan::Stop
-                {
-                    stopped = true;
-                    return Scan::Stop;
-                }
-            }
-            let step = match changed.get(next) {
-                Some((ck, old)) if ck.as_slice() == k => {
-                    next += 1;
-                    match old {
-                        Some(old) => visit(k, old),
-                        None => Scan::Continue,
-                    }
-                }
-                _ => visit(k, v),
-            };
-            stopped = step == Scan::Stop;
-            step
-        })?;
-        if !stopped {
-            for (k, old) in &changed[next..] {
-                if let Some(old) = old
-                    && visit(k, old) == Scan::Stop
-                {
-                    break;
-                }
-            }
-        }
-        Ok(())
+        let overlay: Vec<(&[u8], Option<&[u8]>)> = changed
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+            .collect();
+        scan_with_overlay(&*self.snapshot, table, range, reverse, &overlay, visit)
     }
 }
 

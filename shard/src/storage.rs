@@ -167,6 +167,88 @@ pub enum Scan {
     Stop,
 }
 
+/// Scans `table` in `snapshot` with `overlay` laid over it: `overlay` holds keys of `range`
+/// in scan order, each with the value that replaces the snapshot's (`None`: the key is not
+/// there). Each key is visited once, the overlay's value winning; the visitor can stop it.
+/// (A transaction's own writes over its snapshot; a snapshot's values as of an earlier time.)
+pub fn scan_with_overlay(
+    snapshot: &dyn ReadTxn,
+    table: Table,
+    range: &KeyRange,
+    reverse: bool,
+    overlay: &[(&[u8], Option<&[u8]>)],
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+) -> StorageResult<()> {
+    if overlay.is_empty() {
+        return snapshot.scan(table, range, reverse, visit);
+    }
+    let before = |a: &[u8], b: &[u8]| if reverse { a > b } else { a < b };
+    let mut next = 0;
+    let mut stopped = false;
+    snapshot.scan(table, range, reverse, &mut |k, v| {
+        // The overlay's keys that sort before this one come first.
+        while let Some((ok, value)) = overlay.get(next).copied()
+            && before(ok, k)
+        {
+            next += 1;
+            if let Some(value) = value
+                && visit(ok, value) == Scan::Stop
+            {
+                stopped = true;
+                return Scan::Stop;
+            }
+        }
+        let step = match overlay.get(next).copied() {
+            Some((ok, value)) if ok == k => {
+                next += 1;
+                match value {
+                    Some(value) => visit(k, value),
+                    None => Scan::Continue,
+                }
+            }
+            _ => visit(k, v),
+        };
+        stopped = step == Scan::Stop;
+        step
+    })?;
+    if !stopped {
+        for (k, value) in &overlay[next..] {
+            if let Some(value) = value
+                && visit(k, value) == Scan::Stop
+            {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ReadTxn` for a write-transaction wrapper whose reads are its `inner` transaction's.
+macro_rules! reads_through_inner {
+    ($ty:ty) => {
+        impl $crate::storage::ReadTxn for $ty {
+            fn get(
+                &self,
+                table: $crate::storage::Table,
+                key: &[u8],
+            ) -> $crate::storage::StorageResult<Option<Vec<u8>>> {
+                self.inner.get(table, key)
+            }
+
+            fn scan(
+                &self,
+                table: $crate::storage::Table,
+                range: &$crate::storage::KeyRange,
+                reverse: bool,
+                visit: &mut dyn FnMut(&[u8], &[u8]) -> $crate::storage::Scan,
+            ) -> $crate::storage::StorageResult<()> {
+                self.inner.scan(table, range, reverse, visit)
+            }
+        }
+    };
+}
+pub(crate) use reads_through_inner;
+
 /// Reads, in a snapshot (read transaction) or through a write transaction (own writes visible).
 pub trait ReadTxn: Send {
     fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>>;
@@ -403,21 +485,7 @@ struct FaultyWrite {
     faults: Arc<Faults>,
 }
 
-impl ReadTxn for FaultyWrite {
-    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.inner.get(table, key)
-    }
-
-    fn scan(
-        &self,
-        table: Table,
-        range: &KeyRange,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
-    ) -> StorageResult<()> {
-        self.inner.scan(table, range, reverse, visit)
-    }
-}
+reads_through_inner!(FaultyWrite);
 
 impl WriteTxn for FaultyWrite {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {

@@ -114,21 +114,7 @@ struct Recording<'r> {
     recorder: &'r Recorder,
 }
 
-impl ReadTxn for Recording<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.inner.get(table, key)
-    }
-
-    fn scan(
-        &self,
-        table: Table,
-        range: &KeyRange,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
-    ) -> StorageResult<()> {
-        self.inner.scan(table, range, reverse, visit)
-    }
-}
+crate::storage::reads_through_inner!(Recording<'_>);
 
 impl WriteTxn for Recording<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {

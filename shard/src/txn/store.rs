@@ -16,7 +16,9 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn};
+use crate::storage::{
+    KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn, scan_with_overlay,
+};
 
 /// One key the transaction wrote.
 #[derive(Debug, Clone)]
@@ -111,46 +113,12 @@ impl ReadTxn for TxnStore {
         reverse: bool,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
     ) -> StorageResult<()> {
-        let overlay = self.overlay(table, range, reverse);
-        let before = |a: &[u8], b: &[u8]| if reverse { a > b } else { a < b };
-        let mut next = 0;
-        let mut stopped = false;
-        self.snapshot.scan(table, range, reverse, &mut |k, v| {
-            // The transaction's own keys that sort before this one come first.
-            while let Some((ok, w)) = overlay.get(next).copied()
-                && before(ok, k)
-            {
-                next += 1;
-                if let Some(value) = &w.value
-                    && visit(ok, value) == Scan::Stop
-                {
-                    stopped = true;
-                    return Scan::Stop;
-                }
-            }
-            let step = match overlay.get(next).copied() {
-                Some((ok, w)) if ok == k => {
-                    next += 1;
-                    match &w.value {
-                        Some(value) => visit(k, value),
-                        None => Scan::Continue,
-                    }
-                }
-                _ => visit(k, v),
-            };
-            stopped = step == Scan::Stop;
-            step
-        })?;
-        if !stopped {
-            for (k, w) in &overlay[next..] {
-                if let Some(value) = &w.value
-                    && visit(k, value) == Scan::Stop
-                {
-                    break;
-                }
-            }
-        }
-        Ok(())
+        let overlay: Vec<(&[u8], Option<&[u8]>)> = self
+            .overlay(table, range, reverse)
+            .into_iter()
+            .map(|(k, w)| (k, w.value.as_deref()))
+            .collect();
+        scan_with_overlay(&*self.snapshot, table, range, reverse, &overlay, visit)
     }
 }
 
