@@ -6,130 +6,26 @@
 //! Invariant: every test that applies to the reported server version passes, except those in
 //! `tests/spec-known-failures.txt`, which must fail (so the list stays true).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
 use mongodb::bson::{Bson, Document, doc};
 use router::Presentation;
-use router::launch::{self, Running};
-use tests::unified::{self, KnownFailure, Outcome, ServerInfo};
+use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
 
 const SHARDS: usize = 2;
 
-struct Cluster {
-    _dir: tempfile::TempDir,
-    running: Running,
-    uri: String,
-}
-
-async fn start(presentation: Presentation, shards: usize) -> anyhow::Result<Cluster> {
-    tests::init_tracing();
-    let dir = tempfile::tempdir()?;
-    let options = router::RouterOptions {
-        presentation,
-        argv: vec!["tributary".into(), "--enableTestCommands".into()],
-        enable_test_commands: true,
-        ..router::RouterOptions::default()
-    };
-    let running = launch::embedded_with(
-        "127.0.0.1:0".parse()?,
-        shards,
-        dir.path().to_path_buf(),
-        options,
-    )
-    .await?;
-    // No directConnection: the driver discovers the topology (mongos, or replica set through
-    // `hosts`) as it would against MongoDB.
-    let uri = format!("mongodb://{}/", running.addr);
-    Ok(Cluster {
-        _dir: dir,
-        running,
-        uri,
-    })
-}
-
-fn spec_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/spec-tests/change-streams")
-}
-
-fn known_failures() -> Vec<KnownFailure> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("spec-known-failures.txt");
-    let text = std::fs::read_to_string(&path).expect("reading tests/spec-known-failures.txt");
-    KnownFailure::parse_list(&text).expect("parsing tests/spec-known-failures.txt")
-}
-
-/// Prints past the test harness's capture and into `target/spec-results/`, so CI logs show it.
-fn report(topology: &str, lines: &[String]) {
-    let text = lines.join("\n") + "\n";
-    let _ = std::io::stdout().write_all(text.as_bytes());
-    if let Some(target) = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-    {
-        let dir = target.join("spec-results");
-        let _ = std::fs::create_dir_all(&dir);
-        let _ = std::fs::write(dir.join(format!("change-streams-{topology}.txt")), text);
-    }
-}
-
 async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
-    let cluster = start(presentation, SHARDS).await?;
-    let server = unified::probe(&cluster.uri).await?;
-    let expected_topology = match presentation {
-        Presentation::Mongos => "sharded",
-        Presentation::ReplicaSet => "replicaset",
-    };
-    assert_eq!(
-        server.topology, expected_topology,
-        "driver-visible topology"
-    );
-    let mut files: Vec<PathBuf> = std::fs::read_dir(spec_dir())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 9,
-        "spec files not found in {}",
-        spec_dir().display()
-    );
-    let known = known_failures();
-    let mut all = Vec::new();
-    let mut lines = Vec::new();
-    for file in &files {
-        let results = unified::run_file(&cluster.uri, &server, file).await?;
-        let s = unified::summarize(&server.topology, &results, &known);
-        let name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        lines.push(format!("[{}] {name}: {s}", server.topology));
-        for r in &results {
-            if let Outcome::Failed(why) = &r.outcome {
-                let listed = known
-                    .iter()
-                    .any(|k| k.applies(&server.topology, &r.file, &r.description));
-                let tag = if listed { "known failure" } else { "FAILED" };
-                lines.push(format!("    {tag}: {:?}: {why}", r.description));
-            }
-        }
-        all.extend(results);
-    }
-    let total = unified::summarize(&server.topology, &all, &known);
-    lines.push(format!(
-        "spec change-streams [{}] (known failures: {}): {total}",
-        server.topology, total.known
-    ));
-    lines.push(format!("[{}] {total}", server.topology));
-    report(&server.topology, &lines);
-    cluster.running.shutdown().await;
-    assert!(
-        total.problems.is_empty(),
-        "spec tests as {}:\n{}",
-        server.topology,
-        total.problems.join("\n")
-    );
-    Ok(())
+    harness::run_folders(
+        "change-streams",
+        &[("change-streams", 9)],
+        "spec-known-failures.txt",
+        presentation,
+        SHARDS,
+    )
+    .await
+}
+
+/// The known-failures list of these files.
+fn known_failures() -> Vec<KnownFailure> {
+    harness::known_failures("spec-known-failures.txt").expect("the known-failures list parses")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -198,7 +94,7 @@ fn iterate_expecting(result: Document) -> Document {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
-    let cluster = start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1).await?;
     let uri = cluster.uri.clone();
     let server = unified::probe(&uri).await?;
 
@@ -376,7 +272,7 @@ async fn fail_points_exist_only_with_enable_test_commands() -> anyhow::Result<()
     }
     plain.stop().await;
 
-    let cluster = start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1).await?;
     let client = tests::connect_uri(&cluster.uri).await?;
     let admin = client.database("admin");
     let params = admin.run_command(doc! {"getParameter": "*"}).await?;

@@ -9,147 +9,27 @@
 //! Tests are named `<folder>/<file>` here, since both folders have a `commit.json` and a
 //! `transaction-options.json`.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
 use mongodb::bson::{Bson, Document, doc};
 use router::Presentation;
-use router::launch::{self, Running};
-use tests::unified::{self, KnownFailure, Outcome, ServerInfo};
+use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
 
 const SHARDS: usize = 2;
-const FOLDERS: &[&str] = &["transactions", "transactions-convenient-api"];
-
-struct Cluster {
-    _dir: tempfile::TempDir,
-    running: Running,
-    uri: String,
-}
-
-async fn start(presentation: Presentation, shards: usize) -> anyhow::Result<Cluster> {
-    tests::init_tracing();
-    let dir = tempfile::tempdir()?;
-    let options = router::RouterOptions {
-        presentation,
-        argv: vec!["tributary".into(), "--enableTestCommands".into()],
-        enable_test_commands: true,
-        ..router::RouterOptions::default()
-    };
-    let running = launch::embedded_with(
-        "127.0.0.1:0".parse()?,
-        shards,
-        dir.path().to_path_buf(),
-        options,
-    )
-    .await?;
-    // No directConnection: the driver discovers the topology (mongos, or replica set through
-    // `hosts`) as it would against MongoDB.
-    let uri = format!("mongodb://{}/", running.addr);
-    Ok(Cluster {
-        _dir: dir,
-        running,
-        uri,
-    })
-}
-
-fn spec_dir(folder: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/spec-tests")
-        .join(folder)
-}
-
-fn known_failures() -> Vec<KnownFailure> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("spec-known-failures-transactions.txt");
-    let text =
-        std::fs::read_to_string(&path).expect("reading tests/spec-known-failures-transactions.txt");
-    KnownFailure::parse_list(&text).expect("parsing tests/spec-known-failures-transactions.txt")
-}
-
-/// Prints past the test harness's capture and into `target/spec-results/`, so CI logs show it.
-fn report(topology: &str, lines: &[String]) {
-    let text = lines.join("\n") + "\n";
-    let _ = std::io::stdout().write_all(text.as_bytes());
-    if let Some(target) = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-    {
-        let dir = target.join("spec-results");
-        let _ = std::fs::create_dir_all(&dir);
-        let _ = std::fs::write(dir.join(format!("transactions-{topology}.txt")), text);
-    }
-}
 
 async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
-    let cluster = start(presentation, SHARDS).await?;
-    let server = unified::probe(&cluster.uri).await?;
-    let expected_topology = match presentation {
-        Presentation::Mongos => "sharded",
-        Presentation::ReplicaSet => "replicaset",
-    };
-    assert_eq!(
-        server.topology, expected_topology,
-        "driver-visible topology"
-    );
-    let known = known_failures();
-    let mut all = Vec::new();
-    let mut lines = Vec::new();
-    for folder in FOLDERS {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(spec_dir(folder))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        files.sort();
-        assert!(
-            files.len() >= 10,
-            "spec files not found in {}",
-            spec_dir(folder).display()
-        );
-        for file in &files {
-            let name = file
-                .file_name()
-                .map(|n| format!("{folder}/{}", n.to_string_lossy()))
-                .unwrap_or_default();
-            let mut results = unified::run_file(&cluster.uri, &server, file).await?;
-            for r in &mut results {
-                r.file = name.clone();
-            }
-            let s = unified::summarize(&server.topology, &results, &known);
-            lines.push(format!("[{}] {name}: {s}", server.topology));
-            for r in &results {
-                match &r.outcome {
-                    Outcome::Failed(why) => {
-                        let listed = known
-                            .iter()
-                            .any(|k| k.applies(&server.topology, &r.file, &r.description));
-                        let tag = if listed { "known failure" } else { "FAILED" };
-                        lines.push(format!("    {tag}: {:?}: {why}", r.description));
-                    }
-                    // Skips say why, so a skip is never silent: version and topology gates,
-                    // and what the driver cannot do or show.
-                    Outcome::Skipped(why) => {
-                        lines.push(format!("    skipped: {:?}: {why}", r.description));
-                    }
-                    Outcome::Passed => {}
-                }
-            }
-            all.extend(results);
-        }
-    }
-    let total = unified::summarize(&server.topology, &all, &known);
-    lines.push(format!(
-        "spec transactions [{}] (known failures: {}): {total}",
-        server.topology, total.known
-    ));
-    lines.push(format!("[{}] {total}", server.topology));
-    report(&server.topology, &lines);
-    cluster.running.shutdown().await;
-    assert!(
-        total.problems.is_empty(),
-        "spec tests as {}:\n{}",
-        server.topology,
-        total.problems.join("\n")
-    );
-    Ok(())
+    harness::run_folders(
+        "transactions",
+        &[("transactions", 10), ("transactions-convenient-api", 10)],
+        "spec-known-failures-transactions.txt",
+        presentation,
+        SHARDS,
+    )
+    .await
+}
+
+/// The known-failures list of these files.
+fn known_failures() -> Vec<KnownFailure> {
+    harness::known_failures("spec-known-failures-transactions.txt")
+        .expect("the known-failures list parses")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -221,7 +101,7 @@ fn insert_event(session: &str) -> Document {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runner_fails_hand_made_transaction_tests_that_must_fail() -> anyhow::Result<()> {
-    let cluster = start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1).await?;
     let uri = cluster.uri.clone();
     let server = unified::probe(&uri).await?;
     let transaction = || {

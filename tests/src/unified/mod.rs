@@ -13,6 +13,7 @@
 //! failure must fail (a listed test that passes or is skipped fails the run), so the list stays
 //! true.
 
+pub mod harness;
 pub mod matcher;
 mod ops;
 
