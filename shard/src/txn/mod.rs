@@ -977,8 +977,15 @@ fn apply_writes(
 /// The writer job that commits a prepared transaction at `commit_ts`: its writes (as of
 /// `commit_ts` for reads at a cluster time), the `commitTransaction` entry pointing at the
 /// prepare entry, the session's record.
+///
+/// `commit_ts` is the highest prepare time of all participants, so this shard's clock may not
+/// have reached it yet: it is moved past it first, so the commit entry comes after
+/// `commit_ts`. Otherwise the entry (and this shard's high-water mark) could sit below the
+/// time its writes belong to, and a read as of a time between the two would see them here
+/// while the other participants, rightly, do not.
 fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterTime) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
+        w.state().observe(commit_ts);
         apply_writes(w, prepared.writes)?;
         w.writes_belong_to(commit_ts);
         let ts = w.log(EntrySpec {

@@ -1,0 +1,84 @@
+//! A participant of a two-phase commit, driven by hand: what its commit at the coordinator's
+//! `commitTimestamp` makes visible, and as of which cluster time.
+
+mod common;
+
+use bson::{Bson, Document, Timestamp, doc};
+use common::*;
+
+fn session() -> Document {
+    doc! {
+        "lsid": {"id": Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::Uuid,
+            bytes: vec![7; 16],
+        })},
+        "txnNumber": 1_i64,
+        "autocommit": false,
+    }
+}
+
+async fn value_as_of(s: &shard::Shard, at: Timestamp) -> i32 {
+    let r = ok(
+        s,
+        "bank",
+        doc! {"find": "accounts", "filter": {"_id": 1},
+        "readConcern": {"level": "snapshot", "atClusterTime": at}},
+    )
+    .await;
+    first_batch(&r)[0].get_i32("v").expect("v")
+}
+
+/// The coordinator's commit time is the highest prepare time of all participants, which may be
+/// ahead of this shard's clock. The invariant: this shard's commit entry comes after that time,
+/// and a read as of a time before it does not see the transaction here (as it does not on the
+/// participant whose prepare set the time).
+#[tokio::test]
+async fn a_commit_at_a_later_participants_time_is_invisible_before_that_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "bank",
+        doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}]},
+    )
+    .await;
+    let mut update = doc! {
+        "update": "accounts",
+        "updates": [{"q": {"_id": 1}, "u": {"$set": {"v": 1}}}],
+        "startTransaction": true,
+    };
+    update.extend(session());
+    ok(&s, "bank", update).await;
+    let mut prepare = doc! {"prepareTransaction": 1};
+    prepare.extend(session());
+    let prepared = ok(&s, "admin", prepare).await;
+    let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
+    // Another participant prepared five ticks later.
+    let commit_ts = Timestamp {
+        time: p.time,
+        increment: p.increment + 5,
+    };
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": commit_ts};
+    commit.extend(session());
+    ok(&s, "admin", commit).await;
+
+    let entry = oplog(&s)
+        .await
+        .into_iter()
+        .find(|e| {
+            e.get_document("o")
+                .is_ok_and(|o| o.contains_key("commitTransaction"))
+        })
+        .expect("the commitTransaction entry");
+    let entry_ts = entry.get_timestamp("ts").expect("ts");
+    assert!(
+        (entry_ts.time, entry_ts.increment) > (commit_ts.time, commit_ts.increment),
+        "the commit entry {entry_ts:?} comes after the commit time {commit_ts:?}"
+    );
+    let between = Timestamp {
+        time: p.time,
+        increment: p.increment + 3,
+    };
+    assert_eq!(value_as_of(&s, between).await, 0, "as of before the commit");
+    assert_eq!(value_as_of(&s, commit_ts).await, 1, "as of the commit");
+}
