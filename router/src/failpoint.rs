@@ -1,7 +1,10 @@
 //! Test fail points (`configureFailPoint`), as in MongoDB with `--enableTestCommands`:
 //! `failCommand` (fail or close the connection on the named commands, before they run, or
 //! run them and answer a `writeConcernError`) and
-//! `failGetMoreAfterCursorCheckout` (fail a getMore once its cursor has been found).
+//! `failGetMoreAfterCursorCheckout` (fail a getMore once its cursor has been found),
+//! `onPrimaryTransactionalWrite` (a retryable write fails before it commits, or commits and
+//! loses its reply: the connection closes) and `maxTimeAlwaysTimeOut` (every command with a
+//! `maxTimeMS` fails with `MaxTimeMSExpired`).
 //!
 //! This module is the pure state machine: it parses `configureFailPoint`, counts activations
 //! and decides what a command should do; the command layer acts on the decision.
@@ -21,6 +24,8 @@ use wire::{ErrorCode, MongoError, Result};
 /// The fail points this server knows.
 pub const FAIL_COMMAND: &str = "failCommand";
 pub const FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT: &str = "failGetMoreAfterCursorCheckout";
+pub const ON_PRIMARY_TRANSACTIONAL_WRITE: &str = "onPrimaryTransactionalWrite";
+pub const MAX_TIME_ALWAYS_TIME_OUT: &str = "maxTimeAlwaysTimeOut";
 
 /// When a fail point triggers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -109,6 +114,16 @@ pub enum Action {
     CloseConnection,
 }
 
+/// What `onPrimaryTransactionalWrite` does to a retryable write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionalWrite {
+    /// Fail with this before the write commits (`failBeforeCommitExceptionCode`); `None`: the
+    /// write commits.
+    pub fail_before_commit: Option<MongoError>,
+    /// Then close the connection without answering (`closeConnection`, on by default).
+    pub close_connection: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Configured {
     mode: Mode,
@@ -122,6 +137,8 @@ struct Configured {
 pub struct FailPoints {
     fail_command: Mutex<Configured>,
     fail_get_more: Mutex<Configured>,
+    on_primary_transactional_write: Mutex<Configured>,
+    max_time_always_time_out: Mutex<Configured>,
     /// `client.application.name` of each connection's handshake, for `appName`.
     app_names: Mutex<std::collections::HashMap<u64, String>>,
 }
@@ -153,6 +170,9 @@ impl FailPoints {
         if name == FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT && mode != Mode::Off {
             error_code(&data)?;
         }
+        if name == ON_PRIMARY_TRANSACTIONAL_WRITE && mode != Mode::Off {
+            before_commit_code(&data)?;
+        }
         let mut state = lock(slot);
         let count = state.entered;
         *state = Configured {
@@ -167,6 +187,51 @@ impl FailPoints {
     pub fn clear(&self) {
         *lock(&self.fail_command) = Configured::default();
         *lock(&self.fail_get_more) = Configured::default();
+        *lock(&self.on_primary_transactional_write) = Configured::default();
+        *lock(&self.max_time_always_time_out) = Configured::default();
+    }
+
+    /// `onPrimaryTransactionalWrite`, checked before a retryable write (`cmd`) runs.
+    pub fn check_transactional_write(&self, cmd: &Document) -> Option<TransactionalWrite> {
+        let name = cmd.keys().next().map(String::as_str).unwrap_or("");
+        let write = matches!(
+            name,
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify"
+        );
+        if !write || !cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") {
+            return None;
+        }
+        let mut state = lock(&self.on_primary_transactional_write);
+        if state.mode == Mode::Off || !state.mode.evaluate() {
+            return None;
+        }
+        state.entered += 1;
+        let data = &state.data;
+        Some(TransactionalWrite {
+            fail_before_commit: before_commit_code(data)
+                .ok()
+                .flatten()
+                .map(|code| MongoError::with_code(code, "Failing write for test before commit")),
+            close_connection: data
+                .get("closeConnection")
+                .is_none_or(pipeline::value::truthy),
+        })
+    }
+
+    /// `maxTimeAlwaysTimeOut`: a command with a `maxTimeMS` fails at once.
+    pub fn check_max_time(&self, cmd: &Document) -> Option<MongoError> {
+        if !cmd.contains_key("maxTimeMS") {
+            return None;
+        }
+        let mut state = lock(&self.max_time_always_time_out);
+        if state.mode == Mode::Off || !state.mode.evaluate() {
+            return None;
+        }
+        state.entered += 1;
+        Some(MongoError::new(
+            ErrorCode::MAX_TIME_MS_EXPIRED,
+            "operation exceeded time limit",
+        ))
     }
 
     /// `failCommand`, checked before the command `name` runs.
@@ -283,6 +348,8 @@ impl FailPoints {
         match name {
             FAIL_COMMAND => Some(&self.fail_command),
             FAIL_GET_MORE_AFTER_CURSOR_CHECKOUT => Some(&self.fail_get_more),
+            ON_PRIMARY_TRANSACTIONAL_WRITE => Some(&self.on_primary_transactional_write),
+            MAX_TIME_ALWAYS_TIME_OUT => Some(&self.max_time_always_time_out),
             _ => None,
         }
     }
@@ -317,6 +384,21 @@ pub fn with_server_labels(error: MongoError, name: &str, cmd: &Document) -> Mong
 
 fn lock(m: &Mutex<Configured>) -> std::sync::MutexGuard<'_, Configured> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `failBeforeCommitExceptionCode` of `onPrimaryTransactionalWrite`.
+fn before_commit_code(data: &Document) -> Result<Option<i32>> {
+    match data.get("failBeforeCommitExceptionCode") {
+        None => Ok(None),
+        Some(v) => match pipeline::value::as_f64(v) {
+            Some(n) if n.fract() == 0.0 && n >= f64::from(i32::MIN) && n <= f64::from(i32::MAX) => {
+                Ok(Some(n as i32))
+            }
+            _ => Err(MongoError::type_mismatch(
+                "'failBeforeCommitExceptionCode' must be an integer",
+            )),
+        },
+    }
 }
 
 fn names_command(data: &Document, name: &str) -> bool {
@@ -520,6 +602,69 @@ mod tests {
     }
 
     #[test]
+    fn on_primary_transactional_write_fails_or_loses_the_reply_of_retryable_writes_only() {
+        let fp = FailPoints::default();
+        fp.configure(&doc! {
+            "configureFailPoint": ON_PRIMARY_TRANSACTIONAL_WRITE,
+            "mode": {"times": 2},
+            "data": {"failBeforeCommitExceptionCode": 1},
+        })
+        .unwrap();
+        let retryable = doc! {"insert": "c", "txnNumber": 1_i64};
+        // Not a retryable write: untouched, and not counted.
+        assert!(
+            fp.check_transactional_write(&doc! {"insert": "c"})
+                .is_none()
+        );
+        let in_txn = doc! {"insert": "c", "txnNumber": 1_i64, "autocommit": false};
+        assert!(fp.check_transactional_write(&in_txn).is_none());
+        assert!(
+            fp.check_transactional_write(&doc! {"find": "c", "txnNumber": 1_i64})
+                .is_none()
+        );
+        let first = fp.check_transactional_write(&retryable).unwrap();
+        assert_eq!(first.fail_before_commit.map(|e| e.code), Some(1));
+        assert!(first.close_connection, "closeConnection is on by default");
+        assert!(fp.check_transactional_write(&retryable).is_some());
+        assert!(
+            fp.check_transactional_write(&retryable).is_none(),
+            "times: 2"
+        );
+        // Without a code the write commits; the reply is lost unless closeConnection is false.
+        fp.configure(&doc! {
+            "configureFailPoint": ON_PRIMARY_TRANSACTIONAL_WRITE,
+            "mode": "alwaysOn",
+            "data": {"closeConnection": false},
+        })
+        .unwrap();
+        let kept = fp.check_transactional_write(&retryable).unwrap();
+        assert_eq!(
+            kept,
+            TransactionalWrite {
+                fail_before_commit: None,
+                close_connection: false
+            }
+        );
+    }
+
+    #[test]
+    fn max_time_always_time_out_fails_commands_with_a_max_time() {
+        let fp = FailPoints::default();
+        fp.configure(&doc! {"configureFailPoint": MAX_TIME_ALWAYS_TIME_OUT, "mode": "alwaysOn"})
+            .unwrap();
+        assert!(fp.check_max_time(&doc! {"find": "c"}).is_none());
+        let e = fp
+            .check_max_time(&doc! {"find": "c", "maxTimeMS": 1000})
+            .unwrap();
+        assert_eq!((e.code, e.code_name.as_str()), (50, "MaxTimeMSExpired"));
+        fp.clear();
+        assert!(
+            fp.check_max_time(&doc! {"find": "c", "maxTimeMS": 1000})
+                .is_none()
+        );
+    }
+
+    #[test]
     fn bad_configurations_are_rejected() {
         let fp = FailPoints::default();
         for cmd in [
@@ -528,6 +673,8 @@ mod tests {
             doc! {"configureFailPoint": FAIL_COMMAND, "mode": {"times": -1}},
             doc! {"configureFailPoint": FAIL_COMMAND, "mode": "alwaysOn", "data": {"errorCode": 1}},
             doc! {"configureFailPoint": 1, "mode": "off"},
+            doc! {"configureFailPoint": ON_PRIMARY_TRANSACTIONAL_WRITE, "mode": "alwaysOn",
+            "data": {"failBeforeCommitExceptionCode": "one"}},
         ] {
             assert!(fp.configure(&cmd).is_err(), "{cmd}");
         }

@@ -109,6 +109,25 @@ pub async fn embedded_with(
     Ok(running)
 }
 
+/// Another router on `bind` over the in-process shards of an embedded cluster (`running`):
+/// one more mongos of the same cluster. Its shutdown leaves the shards to `running`'s.
+pub async fn router_beside(
+    bind: SocketAddr,
+    running: &Running,
+    options: RouterOptions,
+) -> anyhow::Result<Running> {
+    anyhow::ensure!(
+        !running.shards.is_empty(),
+        "a router beside another needs its in-process shards"
+    );
+    let clients = running
+        .shards
+        .iter()
+        .map(|s| Arc::new(LocalShard::new(s.clone())) as Arc<dyn ShardClient>)
+        .collect();
+    router_over(bind, clients, options).await
+}
+
 /// A router on `bind` over shards at `shard_addrs` (`host:port`).
 pub async fn router(
     bind: SocketAddr,

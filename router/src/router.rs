@@ -317,7 +317,7 @@ impl Router {
         let mut resend = resend;
         let finishing = matches!(
             cmd.keys().next().map(String::as_str),
-            Some("commitTransaction" | "abortTransaction")
+            Some("commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
         );
         if crate::txn::in_transaction(&cmd) && !finishing {
             // A statement of a transaction: the shard becomes a participant, and the statement

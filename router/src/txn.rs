@@ -201,9 +201,17 @@ impl Sessions {
     }
 }
 
+/// Whom a `commitTransaction` or `abortTransaction` goes to.
+enum Targets {
+    /// The participants, as this router recorded them.
+    Known(Vec<usize>),
+    /// This router does not know the transaction: the shard its `recoveryToken` names.
+    Recovery(usize),
+}
+
 /// The participants a `commitTransaction` or `abortTransaction` goes to: the router's own
 /// record of the transaction, else the shard its `recoveryToken` names.
-fn targets(router: &Router, cmd: &Document) -> Result<(Vec<u8>, i64, Vec<usize>)> {
+fn targets(router: &Router, cmd: &Document) -> Result<Targets> {
     let Some((key, n)) = session(cmd)? else {
         return Err(MongoError::new(
             ErrorCode::INVALID_OPTIONS,
@@ -211,14 +219,14 @@ fn targets(router: &Router, cmd: &Document) -> Result<(Vec<u8>, i64, Vec<usize>)
         ));
     };
     if let Some(p) = router.sessions.participants(&key, n) {
-        return Ok((key, n, p));
+        return Ok(Targets::Known(p));
     }
     let recovery = cmd
         .get_document("recoveryToken")
         .ok()
         .and_then(|t| t.get_str("recoveryShardId").ok());
     match recovery {
-        Some(name) => Ok((key, n, vec![router.shard_index(name)?])),
+        Some(name) => Ok(Targets::Recovery(router.shard_index(name)?)),
         None => Err(MongoError::new(
             ErrorCode::NO_SUCH_TRANSACTION,
             format!("Transaction with {{ txnNumber: {n} }} is not known to this router"),
@@ -244,8 +252,20 @@ fn finishing(name: &str, cmd: &Document) -> Document {
 }
 
 /// `commitTransaction`.
+///
+/// A router that does not know the transaction never commits it from the `recoveryToken`
+/// alone (it would commit one shard's part of a transaction that spans more): it asks the
+/// named shard for the outcome (`coordinateCommitTransaction` without participants, as mongos
+/// does), which answers a coordinator's decision or that shard's own part.
 pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
-    let (_, _, participants) = targets(router, cmd)?;
+    let participants = match targets(router, cmd)? {
+        Targets::Known(p) => p,
+        Targets::Recovery(shard) => {
+            let mut recover = finishing("coordinateCommitTransaction", cmd);
+            recover.insert("participants", Vec::<Bson>::new());
+            return router.shard_idempotent(shard, "admin", recover).await;
+        }
+    };
     match participants.as_slice() {
         [] => Ok(doc! {"ok": 1.0}),
         [shard] => {
@@ -277,7 +297,10 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
 
 /// `abortTransaction`: aborts it on every participant.
 pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
-    let (_, _, participants) = targets(router, cmd)?;
+    let participants = match targets(router, cmd)? {
+        Targets::Known(p) => p,
+        Targets::Recovery(shard) => vec![shard],
+    };
     if participants.is_empty() {
         return Err(MongoError::new(
             ErrorCode::NO_SUCH_TRANSACTION,
@@ -300,7 +323,7 @@ pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Docume
 /// A refused statement aborts its transaction on the shards it reached, as a failed statement
 /// does on a shard.
 pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
-    if let Ok((_, _, participants)) = targets(router, cmd) {
+    if let Ok(Targets::Known(participants)) = targets(router, cmd) {
         let abort = finishing("abortTransaction", cmd);
         let _ = router.broadcast(&participants, "admin", &abort).await;
     }

@@ -1,11 +1,13 @@
 //! The drivers' unified change-stream spec tests (`../shared/spec-tests/change-streams/`, read
 //! unchanged) against an embedded cluster started with `--enableTestCommands`, once presented
 //! as a mongos and once as a single-node replica set; and the runner's own checks, hand-made
-//! tests that must fail.
+//! tests that must fail; and the server's test surface the spec files use (fail points, write
+//! concern errors).
 //!
 //! Invariant: every test that applies to the reported server version passes, except those in
 //! `tests/spec-known-failures.txt`, which must fail (so the list stays true).
 
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use router::Presentation;
 use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
@@ -19,6 +21,7 @@ async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
         "spec-known-failures.txt",
         presentation,
         SHARDS,
+        1,
     )
     .await
 }
@@ -94,7 +97,7 @@ fn iterate_expecting(result: Document) -> Document {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
-    let cluster = harness::start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1, 1).await?;
     let uri = cluster.uri.clone();
     let server = unified::probe(&uri).await?;
 
@@ -222,7 +225,7 @@ async fn runner_fails_hand_made_tests_that_must_fail() -> anyhow::Result<()> {
     let after = doc! {"description": "case", "operations": [insert_x(5)]};
     assert_eq!(outcome_of(&uri, &server, after).await, Outcome::Passed);
 
-    cluster.running.shutdown().await;
+    cluster.shutdown().await;
     Ok(())
 }
 
@@ -272,7 +275,7 @@ async fn fail_points_exist_only_with_enable_test_commands() -> anyhow::Result<()
     }
     plain.stop().await;
 
-    let cluster = harness::start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1, 1).await?;
     let client = tests::connect_uri(&cluster.uri).await?;
     let admin = client.database("admin");
     let params = admin.run_command(doc! {"getParameter": "*"}).await?;
@@ -298,6 +301,94 @@ async fn fail_points_exist_only_with_enable_test_commands() -> anyhow::Result<()
         matches!(*err.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 91 && c.code_name == "ShutdownInProgress")
     );
     admin.run_command(doc! {"ping": 1}).await?;
-    cluster.running.shutdown().await;
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// The test surface retryable-write and transaction tests use, through the Rust driver:
+/// `onPrimaryTransactionalWrite` loses a retryable write's reply after it committed (the
+/// driver's retry is answered from the session's record, and the document is stored once) or
+/// fails it before (the retry stores it; failing twice stores nothing);
+/// `maxTimeAlwaysTimeOut` fails commands with a `maxTimeMS`; `w` above one node is a
+/// `writeConcernError` 100 after the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_write_fail_points_and_unsatisfiable_write_concerns() -> anyhow::Result<()> {
+    let cluster = harness::start(Presentation::ReplicaSet, 1, 1).await?;
+    let client = tests::connect_uri(&cluster.uri).await?;
+    let admin = client.database("admin");
+    let c = client.database("rw").collection::<Document>("c");
+    let fail_point = |mode: Bson, data: Document| {
+        doc! {"configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode, "data": data}
+    };
+    // Committed, then the connection closes: retried, answered once.
+    admin
+        .run_command(fail_point(doc! {"times": 1}.into(), doc! {}))
+        .await?;
+    c.insert_one(doc! {"_id": 1}).await?;
+    // Failed before the commit: the retry writes it.
+    admin
+        .run_command(fail_point(
+            doc! {"times": 1}.into(),
+            doc! {"failBeforeCommitExceptionCode": 1},
+        ))
+        .await?;
+    c.insert_one(doc! {"_id": 2}).await?;
+    // Failed on both attempts: an error, nothing written.
+    admin
+        .run_command(fail_point(
+            doc! {"times": 2}.into(),
+            doc! {"failBeforeCommitExceptionCode": 1},
+        ))
+        .await?;
+    c.insert_one(doc! {"_id": 3})
+        .await
+        .expect_err("both attempts fail");
+    let ids: Vec<Document> = c
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(ids, vec![doc! {"_id": 1}, doc! {"_id": 2}]);
+
+    admin
+        .run_command(doc! {"configureFailPoint": "maxTimeAlwaysTimeOut", "mode": "alwaysOn"})
+        .await?;
+    let err = c
+        .find(doc! {})
+        .max_time(std::time::Duration::from_secs(5))
+        .await
+        .expect_err("maxTimeMS always times out");
+    assert!(matches!(*err.kind, mongodb::error::ErrorKind::Command(ref e) if e.code == 50));
+    assert_eq!(
+        c.count_documents(doc! {}).await?,
+        2,
+        "no maxTimeMS, no fail"
+    );
+    admin
+        .run_command(doc! {"configureFailPoint": "maxTimeAlwaysTimeOut", "mode": "off"})
+        .await?;
+
+    let reply = client
+        .database("rw")
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 4}], "writeConcern": {"w": 3}})
+        .await?;
+    let wce = reply.get_document("writeConcernError")?;
+    assert_eq!(wce.get_i32("code")?, 100, "{reply}");
+    assert_eq!(wce.get_str("codeName")?, "UnsatisfiableWriteConcern");
+    assert_eq!(
+        c.count_documents(doc! {"_id": 4}).await?,
+        1,
+        "the write ran"
+    );
+    let reply = client
+        .database("rw")
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 5}], "writeConcern": {"w": "dc2"}})
+        .await?;
+    assert_eq!(
+        reply.get_document("writeConcernError")?.get_i32("code")?,
+        79
+    );
+    cluster.shutdown().await;
     Ok(())
 }

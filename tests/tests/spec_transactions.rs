@@ -14,6 +14,9 @@ use router::Presentation;
 use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
 
 const SHARDS: usize = 2;
+/// As a mongos, two routers: clients with `useMultipleMongoses` get both, so a commit retried
+/// on the other router is one that does not know the transaction.
+const ROUTERS: usize = 2;
 
 async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
     harness::run_folders(
@@ -22,6 +25,7 @@ async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
         "spec-known-failures-transactions.txt",
         presentation,
         SHARDS,
+        ROUTERS,
     )
     .await
 }
@@ -101,7 +105,7 @@ fn insert_event(session: &str) -> Document {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runner_fails_hand_made_transaction_tests_that_must_fail() -> anyhow::Result<()> {
-    let cluster = harness::start(Presentation::Mongos, 1).await?;
+    let cluster = harness::start(Presentation::Mongos, 1, 1).await?;
     let uri = cluster.uri.clone();
     let server = unified::probe(&uri).await?;
     let transaction = || {
@@ -311,7 +315,7 @@ async fn runner_fails_hand_made_transaction_tests_that_must_fail() -> anyhow::Re
         Outcome::Skipped(_)
     ));
 
-    cluster.running.shutdown().await;
+    cluster.shutdown().await;
     Ok(())
 }
 

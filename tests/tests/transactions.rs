@@ -611,3 +611,75 @@ async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere
 fn unreachable_error() -> mongodb::error::Error {
     mongodb::error::Error::custom("the commit was never tried")
 }
+
+/// A router that does not know a transaction (another router's, or its own before a restart)
+/// recovers its commit's outcome from the shard its `recoveryToken` names and never commits it
+/// from the token alone: a transaction that spans shards and never began its commit is aborted
+/// (NoSuchTransaction, so the driver retries it whole), never committed on one shard only; one
+/// that committed answers `ok` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_router_recovers_a_commit_and_never_commits_part_of_a_transaction()
+-> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "recover.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("recover").collection::<Document>("c");
+    let running = cluster
+        .running
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("the cluster runs"))?;
+    let other = router::launch::router_beside(
+        "127.0.0.1:0".parse()?,
+        running,
+        router::RouterOptions::default(),
+    )
+    .await?;
+    let a = wire::Client::new(cluster.addr.to_string());
+    let b = wire::Client::new(other.addr.to_string());
+    let lsid = doc! {"id": Bson::Binary(mongodb::bson::Binary {
+        subtype: mongodb::bson::spec::BinarySubtype::Uuid,
+        bytes: vec![42; 16],
+    })};
+    let insert = |txn: i64| {
+        let docs: Vec<Document> = (0..20).map(|i| doc! {"_id": txn * 100 + i}).collect();
+        doc! {"insert": "c", "documents": docs, "lsid": lsid.clone(), "txnNumber": txn,
+        "autocommit": false, "startTransaction": true}
+    };
+    let commit = |txn: i64, token: &Document| {
+        doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": txn,
+        "autocommit": false, "recoveryToken": token.clone()}
+    };
+
+    // Transaction 1 writes on every shard through router a; its commit reaches only b.
+    let reply = a.command("recover", &insert(1)).await?;
+    let n = reply.get("n").and_then(|n| match n {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        _ => None,
+    });
+    assert_eq!(n, Some(20), "{reply}");
+    let token = reply.get_document("recoveryToken")?.clone();
+    let refused = b.command("admin", &commit(1, &token)).await?;
+    assert_eq!(refused.get_i32("code").ok(), Some(251), "{refused}");
+    let labels = refused.get_array("errorLabels")?;
+    assert!(
+        labels.contains(&Bson::String("TransientTransactionError".into())),
+        "{refused}"
+    );
+    // It is aborted everywhere: router a cannot commit it any more, and nothing is stored.
+    let late = a.command("admin", &commit(1, &token)).await?;
+    assert_eq!(late.get_i32("code").ok(), Some(251), "{late}");
+    assert_eq!(c.count_documents(doc! {}).await?, 0);
+
+    // Transaction 2 commits through a; the commit retried through b answers ok.
+    let reply = a.command("recover", &insert(2)).await?;
+    let token = reply.get_document("recoveryToken")?.clone();
+    let committed = a.command("admin", &commit(2, &token)).await?;
+    assert_eq!(committed.get_f64("ok").ok(), Some(1.0), "{committed}");
+    let again = b.command("admin", &commit(2, &token)).await?;
+    assert_eq!(again.get_f64("ok").ok(), Some(1.0), "{again}");
+    assert_eq!(c.count_documents(doc! {}).await?, 20);
+    other.shutdown().await;
+    cluster.stop().await;
+    Ok(())
+}

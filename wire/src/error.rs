@@ -77,6 +77,8 @@ codes! {
     WRITE_CONCERN_FAILED = 64, "WriteConcernFailed";
     MULTIPLE_ERRORS_OCCURRED = 65, "MultipleErrorsOccurred";
     IMMUTABLE_FIELD = 66, "ImmutableField";
+    UNKNOWN_REPL_WRITE_CONCERN = 79, "UnknownReplWriteConcern";
+    UNSATISFIABLE_WRITE_CONCERN = 100, "UnsatisfiableWriteConcern";
     CANNOT_CREATE_INDEX = 67, "CannotCreateIndex";
     INDEX_ALREADY_EXISTS = 68, "IndexAlreadyExists";
     ALREADY_INITIALIZED = 23, "AlreadyInitialized";

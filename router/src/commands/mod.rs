@@ -78,6 +78,25 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             None => {}
         }
     }
+    // `onPrimaryTransactionalWrite`: fail before the write, or close the connection after it.
+    let mut close_after = false;
+    if router.options.enable_test_commands {
+        if let Some(e) = router.failpoints.check_max_time(&req.body) {
+            injected.get_or_insert(e);
+        }
+        if injected.is_none()
+            && let Some(tw) = router.failpoints.check_transactional_write(&req.body)
+        {
+            match tw.fail_before_commit {
+                Some(_) if tw.close_connection => return None,
+                Some(e) => injected = Some(e),
+                None => close_after = tw.close_connection,
+            }
+        }
+    }
+    if write_concern_error.is_none() {
+        write_concern_error = unsatisfiable_write_concern(&req.body).map(|wce| (wce, Vec::new()));
+    }
     let pinned = match crate::snapshot::pin(router, name, &req.body) {
         Ok(p) => p,
         Err(e) => {
@@ -132,6 +151,9 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         }
         None => result,
     };
+    if close_after {
+        return None;
+    }
     let reply = match result {
         Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,
@@ -164,6 +186,30 @@ fn with_write_concern_error(
         d.insert("errorLabels", labels);
     }
     Body::Document(d)
+}
+
+/// The `writeConcernError` a command's write concern earns on a deployment whose shards are
+/// one data-bearing node each, as a one-node replica set answers it: the command runs, and
+/// `w` above one node is `UnsatisfiableWriteConcern`, a tag other than `majority`
+/// `UnknownReplWriteConcern`.
+fn unsatisfiable_write_concern(cmd: &Document) -> Option<Document> {
+    let w = cmd.get_document("writeConcern").ok()?.get("w")?;
+    let error = match w {
+        Bson::String(tag) if tag != "majority" => MongoError::new(
+            ErrorCode::UNKNOWN_REPL_WRITE_CONCERN,
+            format!("No write concern mode named '{tag}' found in replica set configuration"),
+        ),
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)
+            if pipeline::value::as_f64(w).is_some_and(|n| n > 1.0) =>
+        {
+            MongoError::new(
+                ErrorCode::UNSATISFIABLE_WRITE_CONCERN,
+                "Not enough data-bearing nodes",
+            )
+        }
+        _ => return None,
+    };
+    Some(bson::doc! {"code": error.code, "codeName": error.code_name, "errmsg": error.errmsg})
 }
 
 /// An `ok` reply inside a transaction names the shard that can finish it (`recoveryToken`).

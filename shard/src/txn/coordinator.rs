@@ -226,6 +226,9 @@ pub async fn coordinate(
                 .ok_or_else(|| MongoError::failed_to_parse("a participant is {shardId, host}"))
         })
         .collect::<Result<_, _>>()?;
+    if participants.is_empty() {
+        return recover_outcome(shard, args).await;
+    }
     // A retried coordinate after a decision: deliver and answer that decision again.
     if let Some(existing) = load(shard, &args.key)?
         && existing.txn_number == args.txn_number
@@ -293,6 +296,41 @@ pub async fn coordinate(
     }
     deliver(shard, &args.key, record, decision).await;
     answer(args, decision)
+}
+
+/// `coordinateCommitTransaction` without participants: a router that does not know the
+/// transaction (another router's, or its own before a restart) recovers its outcome from the
+/// shard its `recoveryToken` names, as mongos does. It never starts a commit: a coordinator's
+/// decision is answered (once made); without one, this shard's own part tells, and a part
+/// still running is aborted (its router is gone, so it can no longer commit whole), so the
+/// answer is `NoSuchTransaction` unless it committed.
+async fn recover_outcome(shard: &Shard, args: &TxnArgs) -> Result<Document, MongoError> {
+    let deadline = tokio::time::Instant::now() + DELIVERY_PATIENCE;
+    loop {
+        let settled = match load(shard, &args.key)? {
+            Some(record) if record.txn_number == args.txn_number => record.decision,
+            _ => shard
+                .transactions()
+                .settle_for_recovery(shard, args)?
+                .map(|committed| {
+                    if committed {
+                        Decision::Commit(ClusterTime::ZERO)
+                    } else {
+                        Decision::Abort
+                    }
+                }),
+        };
+        if let Some(decision) = settled {
+            return answer(args, decision);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_TIME_LIMIT,
+                "timed out waiting for the transaction's commit to be decided",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn answer(args: &TxnArgs, decision: Decision) -> Result<Document, MongoError> {

@@ -58,7 +58,6 @@ const ALLOWED: &[&str] = &[
     "findandmodify",
     "find",
     "getMore",
-    "count",
     "distinct",
     "aggregate",
     "killCursors",
@@ -681,6 +680,34 @@ impl Transactions {
             State::Aborted => Some(false),
             _ => None,
         }
+    }
+
+    /// For a router recovering a commit's outcome with only the `recoveryToken` (no
+    /// coordinator here knows the transaction): `Some(true)` when this shard committed it,
+    /// `Some(false)` when it did not and never will (a running transaction is aborted here
+    /// first: its router is gone, so nothing can commit it whole any more), `None` while its
+    /// commit or prepare is still being decided.
+    pub fn settle_for_recovery(
+        &self,
+        shard: &Shard,
+        args: &TxnArgs,
+    ) -> Result<Option<bool>, MongoError> {
+        let p = match self.existing(shard, args) {
+            Ok(p) => p,
+            Err(e) if e.code == ErrorCode::NO_SUCH_TRANSACTION.code => return Ok(Some(false)),
+            Err(e) => return Err(e),
+        };
+        let mut g = lock(&p);
+        Ok(match g.state {
+            State::Committed => Some(true),
+            State::Aborted => Some(false),
+            State::Active(_) => {
+                g.state = State::Aborted;
+                self.release(&args.key);
+                Some(false)
+            }
+            State::Committing | State::Prepared(_) => None,
+        })
     }
 
     /// Whether a prepared transaction is undecided here (reads of the latest state wait).

@@ -18,12 +18,29 @@ use super::{KnownFailure, Outcome};
 pub struct SpecCluster {
     _dir: tempfile::TempDir,
     pub running: Running,
+    /// More routers over the same shards (mongos presentation only).
+    pub more_routers: Vec<Running>,
+    /// Every router's address (`mongodb://r1,r2/`): clients with `useMultipleMongoses` use
+    /// them all, others the first.
     pub uri: String,
 }
 
-/// Starts `shards` in-process shards and a router presented as `presentation`, with
-/// `--enableTestCommands`.
-pub async fn start(presentation: Presentation, shards: usize) -> Result<SpecCluster> {
+impl SpecCluster {
+    pub async fn shutdown(self) {
+        for r in self.more_routers {
+            r.shutdown().await;
+        }
+        self.running.shutdown().await;
+    }
+}
+
+/// Starts `shards` in-process shards and `routers` routers presented as `presentation` (a
+/// replica set has one), with `--enableTestCommands`.
+pub async fn start(
+    presentation: Presentation,
+    shards: usize,
+    routers: usize,
+) -> Result<SpecCluster> {
     crate::init_tracing();
     let dir = tempfile::tempdir()?;
     let options = router::RouterOptions {
@@ -36,15 +53,28 @@ pub async fn start(presentation: Presentation, shards: usize) -> Result<SpecClus
         "127.0.0.1:0".parse()?,
         shards,
         dir.path().to_path_buf(),
-        options,
+        options.clone(),
     )
     .await?;
+    let mut more_routers = Vec::new();
+    if presentation == Presentation::Mongos {
+        for _ in 1..routers {
+            more_routers.push(
+                launch::router_beside("127.0.0.1:0".parse()?, &running, options.clone()).await?,
+            );
+        }
+    }
     // No directConnection: the driver discovers the topology (mongos, or replica set through
     // `hosts`) as it would against MongoDB.
-    let uri = format!("mongodb://{}/", running.addr);
+    let hosts: Vec<String> = std::iter::once(&running)
+        .chain(&more_routers)
+        .map(|r| r.addr.to_string())
+        .collect();
+    let uri = format!("mongodb://{}/", hosts.join(","));
     Ok(SpecCluster {
         _dir: dir,
         running,
+        more_routers,
         uri,
     })
 }
@@ -72,8 +102,9 @@ pub async fn run_folders(
     known_list: &str,
     presentation: Presentation,
     shards: usize,
+    routers: usize,
 ) -> Result<()> {
-    let cluster = start(presentation, shards).await?;
+    let cluster = start(presentation, shards, routers).await?;
     let server = super::probe(&cluster.uri).await?;
     let expected = match presentation {
         Presentation::Mongos => "sharded",
@@ -139,7 +170,7 @@ pub async fn run_folders(
     ));
     lines.push(format!("[{}] {total}", server.topology));
     report(kind, &server.topology, &lines);
-    cluster.running.shutdown().await;
+    cluster.shutdown().await;
     ensure!(
         total.problems.is_empty(),
         "spec tests as {}:\n{}",

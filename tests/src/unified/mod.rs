@@ -379,6 +379,17 @@ pub(crate) struct ClientEntity {
 }
 
 impl ClientEntity {
+    /// The server (`host:port`) the last command of the session `lsid` went to: the mongos a
+    /// session in a transaction is pinned to.
+    fn server_of_session(&self, lsid: &Document) -> Option<String> {
+        let events = self.events.lock().ok()?;
+        events
+            .iter()
+            .rev()
+            .find(|e| e.command.get_document("lsid").is_ok_and(|l| l == lsid))
+            .map(|e| e.connection.address.to_string())
+    }
+
     /// The command-started events this entity observes, in order.
     fn started(&self) -> Vec<CommandStartedEvent> {
         if !self.observe_started {
@@ -476,6 +487,13 @@ impl Entities {
         }
     }
 
+    /// The lsid of session `id`.
+    pub fn lsid(&self, id: &str) -> Result<&Document> {
+        self.lsids
+            .get(id)
+            .ok_or_else(|| anyhow!("no session named {id:?}"))
+    }
+
     /// The id of the client entity session `id` belongs to.
     pub fn session_client(&self, id: &str) -> Result<&str> {
         match self.get(id)? {
@@ -505,6 +523,16 @@ impl Entities {
         self.map.insert(id.to_string(), e);
         Ok(())
     }
+}
+
+/// The `host:port`s of a `mongodb://h1,h2/...` URI.
+pub(crate) fn hosts(uri: &str) -> Vec<String> {
+    let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
+    let list = rest.split(['/', '?']).next().unwrap_or("");
+    list.split(',')
+        .filter(|h| !h.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 async fn new_client(
@@ -591,7 +619,12 @@ pub(crate) async fn create_entities(
                             .collect()
                     })
                     .unwrap_or_default();
-                let mut client_uri = uri.to_string();
+                // Every router for a client that asks for several, else the first only.
+                let mut client_uri = if spec.get_bool("useMultipleMongoses").unwrap_or(false) {
+                    uri.to_string()
+                } else {
+                    first_router(uri)
+                };
                 if let Ok(opts) = spec.get_document("uriOptions") {
                     for (k, v) in opts {
                         if DRIVER_UNSUPPORTED_URI_OPTIONS.contains(&k.as_str()) {
@@ -798,20 +831,23 @@ async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> R
     // ended (which aborts their open transactions), streams and clients closed.
     let mut teardown = Ok(());
     if !entities.fail_points.is_empty() {
-        match new_client(uri, None).await {
-            Ok(c) => {
-                for (_, name) in &entities.fail_points {
-                    if let Err(e) = c
-                        .database("admin")
-                        .run_command(doc! {"configureFailPoint": name, "mode": "off"})
-                        .await
-                    {
-                        teardown = Err(anyhow!("turning fail point {name} off: {e}"));
+        // On every router: a targeted fail point is on the one a session was pinned to.
+        for host in hosts(uri) {
+            match new_client(&format!("mongodb://{host}/?directConnection=true"), None).await {
+                Ok(c) => {
+                    for (_, name) in &entities.fail_points {
+                        if let Err(e) = c
+                            .database("admin")
+                            .run_command(doc! {"configureFailPoint": name, "mode": "off"})
+                            .await
+                        {
+                            teardown = Err(anyhow!("turning fail point {name} off: {e}"));
+                        }
                     }
+                    c.shutdown().await;
                 }
-                c.shutdown().await;
+                Err(e) => teardown = Err(e),
             }
-            Err(e) => teardown = Err(e),
         }
     }
     let mut clients = Vec::new();
@@ -858,7 +894,13 @@ async fn run_test_in(
     }
     if let Ok(data) = file.get_array("initialData") {
         step.set("initialData");
-        initial_data(uri, data, step).await.context("initialData")?;
+        initial_data(&first_router(uri), data, step)
+            .await
+            .context("initialData")?;
+    }
+    if hosts(uri).len() > 1 {
+        step.set("distinct on every router");
+        distinct_on_every_router(uri, entities).await?;
     }
     for (i, op) in test.get_array("operations")?.iter().enumerate() {
         let op = op.as_document().context("an operation is not a document")?;
@@ -877,9 +919,53 @@ async fn run_test_in(
     }
     if let Ok(outcome) = test.get_array("outcome") {
         step.set("outcome");
-        check_outcome(uri, outcome).await.context("outcome")?;
+        check_outcome(&first_router(uri), outcome)
+            .await
+            .context("outcome")?;
     }
     Ok(())
+}
+
+/// As the drivers' runners do on a sharded cluster before each test: a `distinct` on every
+/// collection entity through every router, so each has loaded the collections' routing and
+/// heard the cluster time of the initial data (a transaction started on a router that had not
+/// would read a snapshot from before it).
+async fn distinct_on_every_router(uri: &str, entities: &Entities) -> Result<()> {
+    let namespaces: Vec<(String, String)> = entities
+        .map
+        .values()
+        .filter_map(|e| match e {
+            Entity::Collection(c) => Some((c.namespace().db, c.namespace().coll)),
+            _ => None,
+        })
+        .collect();
+    for host in hosts(uri) {
+        let client = new_client(&format!("mongodb://{host}/?directConnection=true"), None).await?;
+        for (db, coll) in &namespaces {
+            let r = client
+                .database(db)
+                .run_command(doc! {"distinct": coll, "key": "_id"})
+                .await;
+            if let Err(e) = r
+                && ops::code_of(&e).is_none_or(|c| c.0 != 26)
+            {
+                client.shutdown().await;
+                return Err(anyhow!("distinct on {db}.{coll} through {host}: {e}"));
+            }
+        }
+        client.shutdown().await;
+    }
+    Ok(())
+}
+
+/// The URI with only its first router (the initial data and the outcome go through one, as
+/// the unified format asks on a sharded cluster).
+fn first_router(uri: &str) -> String {
+    let all = hosts(uri);
+    match all.first() {
+        Some(first) => uri.replacen(&all.join(","), first, 1),
+        None => uri.to_string(),
+    }
 }
 
 /// The test's `outcome`: each collection holds exactly these documents, read through a fresh

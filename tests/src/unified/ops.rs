@@ -396,13 +396,21 @@ async fn test_runner(
             set_fail_point(&client, client_id, args, entities).await
         }
         "targetedFailPoint" => {
-            // The spec sets it on the mongos the session is pinned to. There is one router, so
-            // that is the server of the session's own client.
+            // On the mongos the session is pinned to: the server its last command went to (the
+            // driver does not say which it pinned; its command events do).
             check_arguments(args, &["session", "failPoint"])?;
             let session_id = args.get_str("session")?;
             let client_id = entities.session_client(session_id)?.to_string();
-            let client = entities.client(&client_id)?.client.clone();
-            set_fail_point(&client, &client_id, args, entities).await
+            let lsid = entities.lsid(session_id)?.clone();
+            let Some(server) = entities.client(&client_id)?.server_of_session(&lsid) else {
+                bail!("targetedFailPoint: session {session_id:?} has not run a command");
+            };
+            let client =
+                super::new_client(&format!("mongodb://{server}/?directConnection=true"), None)
+                    .await?;
+            let set = set_fail_point(&client, &client_id, args, entities).await;
+            client.shutdown().await;
+            set
         }
         "createEntities" => {
             check_arguments(args, &["entities"])?;
@@ -1162,7 +1170,7 @@ fn stream_value(s: ChangeStream<ChangeStreamEvent<Document>>) -> Value {
 // ----- errors --------------------------------------------------------------------------------
 
 /// The server error code of a driver error, if it carries one.
-fn code_of(e: &DriverError) -> Option<(i32, String)> {
+pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
     match e.kind.as_ref() {
         ErrorKind::Command(c) => Some((c.code, c.code_name.clone())),
         ErrorKind::Write(WriteFailure::WriteError(w)) => {
