@@ -683,3 +683,52 @@ async fn another_router_recovers_a_commit_and_never_commits_part_of_a_transactio
     cluster.stop().await;
     Ok(())
 }
+
+/// With `showExpandedEvents`, the DDL a transaction runs shows as its expanded events, in the
+/// transaction's order and with its `lsid` and `txnNumber`, as in MongoDB 7.0; without it,
+/// only the insert shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ddl_inside_a_transaction_shows_as_expanded_events() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let db = client.database("ddl_events");
+    db.collection::<Document>("old")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+    let mut expanded = db
+        .watch()
+        .show_expanded_events(true)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let mut plain = db
+        .watch()
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    db.create_collection("made").session(&mut s).await?;
+    let made = db.collection::<Document>("made");
+    made.create_index(mongodb::IndexModel::builder().keys(doc! {"k": 1}).build())
+        .session(&mut s)
+        .await?;
+    made.insert_one(doc! {"_id": 1, "k": 1})
+        .session(&mut s)
+        .await?;
+    s.commit_transaction().await?;
+
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let e = next(&mut expanded).await?;
+        assert!(e.contains_key("lsid") && e.contains_key("txnNumber"), "{e}");
+        assert_eq!(e.get_document("ns")?.get_str("coll")?, "made", "{e}");
+        kinds.push(e.get_str("operationType")?.to_string());
+    }
+    assert_eq!(kinds, ["create", "createIndexes", "insert"]);
+    let only = next(&mut plain).await?;
+    assert_eq!(only.get_str("operationType")?, "insert", "{only}");
+    cluster.stop().await;
+    Ok(())
+}
