@@ -31,6 +31,14 @@ pub struct CollectionEntry {
 }
 
 impl CollectionEntry {
+    /// Whether its updates, replaces and deletes keep change-stream pre-images
+    /// (`changeStreamPreAndPostImages: {enabled: true}`).
+    pub fn records_pre_images(&self) -> bool {
+        self.options
+            .get_document("changeStreamPreAndPostImages")
+            .is_ok_and(|o| o.get_bool("enabled").unwrap_or(false))
+    }
+
     pub fn new(db: &str, name: &str, uuid: Uuid, options: Document) -> Self {
         CollectionEntry {
             db: db.to_string(),

@@ -26,6 +26,7 @@ use std::time::Duration;
 use bson::{Document, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
+use pipeline::changestream::images::PreImageId;
 use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
 use pipeline::changestream::spec::{ChangeStreamCommand, StartPoint, parse_command};
@@ -140,7 +141,11 @@ impl Reading {
                 let entry = Document::try_from(raw).map_err(corrupt)?;
                 let mut lookup =
                     |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
-                for event in self.stream.process_entry(&entry, &mut lookup)? {
+                let mut pre_image = |id: &PreImageId| read_pre_image(state, id);
+                for event in
+                    self.stream
+                        .process_entry_with_images(&entry, &mut lookup, &mut pre_image)?
+                {
                     out.push_back(Arc::new(Pending::new(ts, event)?));
                 }
             }
@@ -151,6 +156,14 @@ impl Reading {
         }
         Ok(exhausted)
     }
+}
+
+/// The pre-image stored with the write `id` names, if it is still there.
+fn read_pre_image(state: &ShardState, id: &PreImageId) -> Option<Document> {
+    let read = state.storage.begin_read().ok()?;
+    let key = crate::keys::pre_image_key(&id.uuid, id.ts, id.apply_ops_index);
+    let bytes = read.get(Table::PreImages, &key).ok()??;
+    Document::from_reader(bytes.as_slice()).ok()
 }
 
 /// One cursor's reading state. See the module invariants.

@@ -60,6 +60,9 @@ pub struct EntrySpec {
     pub o: Document,
     pub o2: Option<Document>,
     pub session: Option<SessionFields>,
+    /// The document before the write, kept as the entry's change-stream pre-image (for a
+    /// collection with `changeStreamPreAndPostImages`); never part of the entry itself.
+    pub pre_image: Option<Document>,
 }
 
 impl EntrySpec {
@@ -71,6 +74,7 @@ impl EntrySpec {
             o: doc,
             o2: Some(key),
             session: None,
+            pre_image: None,
         }
     }
 
@@ -83,6 +87,7 @@ impl EntrySpec {
             o,
             o2: Some(key),
             session: None,
+            pre_image: None,
         }
     }
 
@@ -94,6 +99,7 @@ impl EntrySpec {
             o: key,
             o2: None,
             session: None,
+            pre_image: None,
         }
     }
 
@@ -106,6 +112,7 @@ impl EntrySpec {
             o,
             o2,
             session: None,
+            pre_image: None,
         }
     }
 
@@ -117,7 +124,16 @@ impl EntrySpec {
             o,
             o2,
             session: None,
+            pre_image: None,
         }
+    }
+
+    /// Keeps `before` as the write's pre-image when `record` (its collection records them).
+    pub fn with_pre_image(mut self, record: bool, before: &Document) -> Self {
+        if record {
+            self.pre_image = Some(before.clone());
+        }
+        self
     }
 
     /// The entry as one operation of a transaction's `applyOps` (no time or session fields:

@@ -41,10 +41,14 @@ pub enum Table {
     /// Distributed transactions in flight. key: `p` ++ session id (a prepared participant) or
     /// `c` ++ session id (a coordinator); value: BSON state (see `txn`).
     Transactions,
+    /// Change-stream pre-images of collections with `changeStreamPreAndPostImages` (MongoDB's
+    /// `config.system.preimages`). key: collection UUID ++ `ts` ++ `applyOpsIndex` (both
+    /// big-endian u64, see `keys::pre_image_key`); value: the BSON document before the write.
+    PreImages,
 }
 
 impl Table {
-    pub const ALL: [Table; 7] = [
+    pub const ALL: [Table; 8] = [
         Table::Catalog,
         Table::Documents,
         Table::Oplog,
@@ -52,6 +56,7 @@ impl Table {
         Table::Meta,
         Table::UniqueIndexes,
         Table::Transactions,
+        Table::PreImages,
     ];
 
     /// The table with this [`Table::name`].
@@ -69,6 +74,7 @@ impl Table {
             Table::Meta => "meta",
             Table::UniqueIndexes => "unique_indexes",
             Table::Transactions => "transactions",
+            Table::PreImages => "pre_images",
         }
     }
 

@@ -153,9 +153,18 @@ enum LogTo<'a> {
     /// A multi-document transaction's operations, written at its commit as one `applyOps`
     /// entry; until then a statement's time is the transaction's read time.
     Transaction {
-        ops: &'a mut Vec<Document>,
+        ops: &'a mut Vec<TxnOp>,
         read_time: ClusterTime,
     },
+}
+
+/// One operation of a multi-document transaction, as its `applyOps` entry will hold it, with
+/// its change-stream pre-image (collection UUID and the document before) when its collection
+/// records them: the pre-image is keyed by the `applyOps` entry's `ts`, known at the commit.
+#[derive(Debug, Clone)]
+pub struct TxnOp {
+    pub entry: Document,
+    pub pre_image: Option<(bson::Uuid, Document)>,
 }
 
 /// The view a write job has of the shard: the batch's transaction and catalog copy (or, for a
@@ -181,7 +190,7 @@ impl<'a> WriteCtx<'a> {
         txn: &'a mut dyn WriteTxn,
         catalog: &'a mut Arc<Catalog>,
         state: &'a ShardState,
-        ops: &'a mut Vec<Document>,
+        ops: &'a mut Vec<TxnOp>,
         read_time: ClusterTime,
     ) -> WriteCtx<'a> {
         WriteCtx {
@@ -231,16 +240,29 @@ impl<'a> WriteCtx<'a> {
 
     /// Writes an oplog entry at a fresh `ts`; returns the `ts`. Inside a transaction the
     /// entry becomes one of its operations instead, and the time is its read time.
-    pub fn log(&mut self, spec: EntrySpec) -> StorageResult<ClusterTime> {
+    pub fn log(&mut self, mut spec: EntrySpec) -> StorageResult<ClusterTime> {
+        let pre_image = spec.pre_image.take().zip(spec.ui);
         let (pending, recorder) = match &mut self.log {
             LogTo::Oplog(pending, recorder) => (pending, *recorder),
             LogTo::Transaction { ops, read_time } => {
-                ops.push(spec.apply_ops_entry());
+                ops.push(TxnOp {
+                    entry: spec.apply_ops_entry(),
+                    pre_image: pre_image.map(|(doc, ui)| (ui, doc)),
+                });
                 self.last_logged = Some(*read_time);
                 return Ok(*read_time);
             }
         };
         let ts = self.state.hlc().tick(self.wall_ms);
+        // The pre-image goes in the entry's own commit, keyed by its `ts`.
+        if let Some((before, ui)) = pre_image {
+            let mut bytes = Vec::new();
+            before
+                .to_writer(&mut bytes)
+                .map_err(|e| StorageError::Engine(format!("serializing a pre-image: {e}")))?;
+            self.txn
+                .put(Table::PreImages, &keys::pre_image_key(&ui, ts, 0), &bytes)?;
+        }
         let mut entry = spec.build(ts, self.wall_ms);
         if self.from_migrate {
             entry.insert("fromMigrate", true);

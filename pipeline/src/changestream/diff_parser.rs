@@ -321,7 +321,8 @@ impl<F> Builder<F> {
             if k == "a" || k == "l" {
                 continue;
             }
-            let (kind, index) = k.split_at(k.len().min(1));
+            // By characters: a damaged key may start with a multi-byte one.
+            let (kind, index) = k.split_at(k.chars().next().map_or(0, char::len_utf8));
             if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(malformed(&format!("bad array diff key '{k}'")));
             }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! shard:  oplog entry ─ oplog_match ─ unwind ─ transform ─ invalidate ─ resumability
-//!         ─ classic-types filter ─ [images: the shard's job] ─ user stages (post_merge::UserPipeline)
+//!         ─ classic-types filter ─ images (pre-images looked up by the shard) ─ user stages
+//!         (post_merge::UserPipeline)
 //!         ─ split large events (split)
 //! router: merge (k-way by token) ─ resumability::EnsureResumeTokenPresent ─ post_merge (`_id` check)
 //! ```
@@ -21,7 +22,9 @@
 //!   document's `_id`, which user stages may have changed (the router then fails with 280);
 //! * every client-visible failure is a [`wire::MongoError`] with MongoDB's code.
 
+pub mod diff_apply;
 pub mod diff_parser;
+pub mod images;
 pub mod invalidate;
 pub mod merge;
 pub mod oplog_match;

@@ -1,7 +1,7 @@
 //! The shard half of a change stream, composed in MongoDB's order (reference §4.1): oplog match
 //! → unwind transaction → transform → check invalidate → check resumability → classic-types
-//! filter, then (after the shard adds images) the user's stages and the size limit or the split
-//! of large events.
+//! filter → pre- and post-images (from pre-images the shard looks up) → the user's stages and the
+//! size limit or the split of large events.
 //!
 //! Owns: the per-cursor state of those stages and their order; nothing here reads the oplog.
 //!
@@ -24,6 +24,7 @@ use resume::token::{ResumeStatus, ResumeToken, ResumeTokenData, TokenVersion};
 use wire::Result;
 
 use super::ChangeEvent;
+use super::images::{self, PreImageId};
 use super::invalidate::CheckInvalidate;
 use super::oplog_match;
 use super::post_merge::UserPipeline;
@@ -79,12 +80,13 @@ impl ShardStream {
         self.resumability.passed()
     }
 
-    /// The events one oplog entry yields, before images and user stages. `lookup` finds earlier
-    /// entries of a transaction chain by optime.
+    /// The events one oplog entry yields, with their images, before the user's stages. `lookup`
+    /// finds earlier entries of a transaction chain by optime, `pre_image` a stored pre-image.
     pub fn events_for_entry(
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
         if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
@@ -92,18 +94,29 @@ impl ShardStream {
         }
         if is_transaction_entry(entry) {
             for op in unwind(&self.spec, entry, lookup)? {
-                self.one(&op, &mut out)?;
+                self.one(&op, &mut out, pre_image)?;
                 if self.invalidate.invalidated().is_some() {
                     break;
                 }
             }
         } else {
-            self.one(entry, &mut out)?;
+            self.one(entry, &mut out, pre_image)?;
         }
         Ok(out)
     }
 
-    fn one(&mut self, op: &Document, out: &mut Vec<ChangeEvent>) -> Result<()> {
+    /// Whether the stream asks for images the shard adds (it then needs pre-images looked up,
+    /// and never takes the encoded path).
+    pub fn wants_images(&self) -> bool {
+        images::wanted(&self.spec)
+    }
+
+    fn one(
+        &mut self,
+        op: &Document,
+        out: &mut Vec<ChangeEvent>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+    ) -> Result<()> {
         let Some(event) = self.transformer.transform(op)? else {
             return Ok(());
         };
@@ -121,6 +134,8 @@ impl ShardStream {
             {
                 continue;
             }
+            let mut e = e;
+            images::add_images(&self.spec, op, &mut e, pre_image)?;
             out.push(e);
         }
         Ok(())
@@ -156,7 +171,11 @@ impl ShardStream {
         if self.invalidate.invalidated().is_some() {
             return Ok(Some(Vec::new()));
         }
-        if !self.user.is_empty() || self.split_large_events || !self.resumability.passed() {
+        if !self.user.is_empty()
+            || self.split_large_events
+            || !self.resumability.passed()
+            || self.wants_images()
+        {
             return Ok(None);
         }
         // The oplog match of a top-level CRUD entry: its namespace (migrations, and view
@@ -184,15 +203,25 @@ impl ShardStream {
         Ok(Some(vec![event]))
     }
 
-    /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`], for streams without
-    /// images.
+    /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`], where no pre-image is
+    /// stored (images the stream asks for are `null`, or fail it when `required`).
     pub fn process_entry(
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
     ) -> Result<Vec<ChangeEvent>> {
+        self.process_entry_with_images(entry, lookup, &mut |_| None)
+    }
+
+    /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`].
+    pub fn process_entry_with_images(
+        &mut self,
+        entry: &Document,
+        lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+    ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
-        for e in self.events_for_entry(entry, lookup)? {
+        for e in self.events_for_entry(entry, lookup, pre_image)? {
             out.extend(self.finish(e)?);
         }
         Ok(out)

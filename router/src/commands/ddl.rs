@@ -457,12 +457,20 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         .filter(|&s| s != primary)
         .collect();
     order.push(primary);
+    // The other shards create it with the primary's options (changeStreamPreAndPostImages,
+    // validators...), so every shard treats its part of the collection alike.
+    let options = existing
+        .as_ref()
+        .and_then(|c| c.get_document("options").ok())
+        .cloned()
+        .unwrap_or_default();
     for shard in order {
         let cmd = doc! {
             "_shardsvrShardCollection": ns,
             "key": key.pattern(),
             "unique": unique,
             "collectionUUID": uuid.clone(),
+            "collectionOptions": options.clone(),
             "isPrimary": shard == primary,
             "fromMigrate": shard != primary,
             "numInitialChunks": chunks.chunks().len() as i64,

@@ -98,6 +98,53 @@ fn uuid_arg(cmd: &Document, field: &str) -> Result<Option<Uuid>, MongoError> {
     }
 }
 
+/// `changeStreamPreAndPostImages` of a `create` or `collMod` on `db`: `{enabled: bool}`,
+/// refused where MongoDB refuses it (the `admin`, `config` and `local` databases, views).
+fn check_pre_and_post_images(db: &str, options: &Document) -> Result<(), MongoError> {
+    let Some(v) = options.get("changeStreamPreAndPostImages") else {
+        return Ok(());
+    };
+    let Bson::Document(d) = v else {
+        return Err(MongoError::type_mismatch(format!(
+            "BSON field 'changeStreamPreAndPostImages' is the wrong type '{}', expected type 'object'",
+            pipeline::value::type_name(v)
+        )));
+    };
+    if let Some(k) = d.keys().find(|k| k.as_str() != "enabled") {
+        return Err(MongoError::with_code(
+            40415,
+            format!("BSON field 'changeStreamPreAndPostImages.{k}' is an unknown field."),
+        ));
+    }
+    match d.get("enabled") {
+        Some(Bson::Boolean(enabled)) => {
+            if *enabled && matches!(db, "admin" | "config" | "local") {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    format!(
+                        "changeStreamPreAndPostImages is not supported for collections in the '{db}' database"
+                    ),
+                ));
+            }
+            if *enabled && options.contains_key("viewOn") {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    "option not supported on a view: changeStreamPreAndPostImages",
+                ));
+            }
+            Ok(())
+        }
+        Some(other) => Err(MongoError::type_mismatch(format!(
+            "BSON field 'changeStreamPreAndPostImages.enabled' is the wrong type '{}', expected type 'bool'",
+            pipeline::value::type_name(other)
+        ))),
+        None => Err(MongoError::with_code(
+            40414,
+            "BSON field 'changeStreamPreAndPostImages.enabled' is missing but a required field",
+        )),
+    }
+}
+
 fn ns_not_found() -> MongoError {
     MongoError::new(ErrorCode::NAMESPACE_NOT_FOUND, "ns not found")
 }
@@ -120,6 +167,7 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             "'pipeline' requires 'viewOn' to also be specified",
         ));
     }
+    check_pre_and_post_images(&ctx.db, &options)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         if let Some(existing) = lookup(w, &db, &coll) {
@@ -761,6 +809,7 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             ));
         }
     }
+    check_pre_and_post_images(&ctx.db, &changes)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         let Some(c) = lookup(w, &db, &coll) else {
@@ -844,6 +893,7 @@ pub async fn shard_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let is_primary = ctx.bool_or("isPrimary", false)?;
     let num_initial_chunks = ctx.opt_i64("numInitialChunks")?.unwrap_or(0);
     let presplit = ctx.bool_or("presplitHashedZones", false)?;
+    let options = ctx.opt_doc("collectionOptions")?.unwrap_or_default();
     run_ddl(ctx, move |w| {
         let c = match lookup(w, &db, &coll) {
             Some(c) => {
@@ -858,7 +908,7 @@ pub async fn shard_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 }
                 c
             }
-            None => create_collection(w, &db, &coll, uuid, Document::new())?,
+            None => create_collection(w, &db, &coll, uuid, options)?,
         };
         if let Some(existing) = &c.shard_key {
             if !keys_equal(existing, &key) {

@@ -304,7 +304,7 @@ pub fn delete_one(
     let key = coll.document_key(doc);
     logged(
         ctx,
-        EntrySpec::delete(coll.ns(), coll.uuid, key),
+        EntrySpec::delete(coll.ns(), coll.uuid, key).with_pre_image(coll.records_pre_images(), doc),
         &mut retry,
         stmt,
     )
@@ -435,7 +435,8 @@ pub fn run_update(
                 let key = coll.document_key(&old);
                 let ts = logged(
                     ctx,
-                    EntrySpec::update(coll.ns(), coll.uuid, o, key),
+                    EntrySpec::update(coll.ns(), coll.uuid, o, key)
+                        .with_pre_image(coll.records_pre_images(), &old),
                     &mut retry,
                     stmt_id,
                 )?;

@@ -43,7 +43,7 @@ use crate::history::AsOf;
 use crate::oplog::{EntrySpec, SessionFields};
 use crate::retryable::{self, RetryInfo};
 use crate::storage::{ReadTxn, StorageError, Table};
-use crate::writer::{WriteCtx, WriteFn, WriteOutput};
+use crate::writer::{TxnOp, WriteCtx, WriteFn, WriteOutput};
 use store::TxnStore;
 
 /// `transactionLifetimeLimitSeconds`: a transaction running longer is aborted.
@@ -71,6 +71,12 @@ const ALLOWED: &[&str] = &[
 
 /// A key of one table.
 type Key = (Table, Vec<u8>);
+
+/// A key and its value.
+type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// A write to one table: the key and its new value (`None`: deleted).
+type TableWrite = (Table, Vec<u8>, Option<Vec<u8>>);
 
 /// The tables whose keys a transaction locks and the commit checks.
 const CHECKED: [Table; 3] = [Table::Documents, Table::UniqueIndexes, Table::Catalog];
@@ -215,7 +221,7 @@ impl PreparedKeys {
 struct Active {
     store: TxnStore,
     catalog: Arc<Catalog>,
-    ops: Vec<Document>,
+    ops: Vec<TxnOp>,
     /// The shard's time when the snapshot was taken.
     read_time: ClusterTime,
     started_ms: u64,
@@ -541,15 +547,21 @@ impl Transactions {
                 }
             }
         };
-        let writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)> = active
+        let mut writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)> = active
             .store
             .writes()
             .iter()
             .map(|((t, k), w)| (*t, k.clone(), w.value.clone()))
             .collect();
+        let pre_images = Arc::new(Mutex::new(Vec::new()));
         let outcome = shard
             .writer()
-            .submit(prepare_job(*active, args.clone(), writes.clone()))
+            .submit(prepare_job(
+                *active,
+                args.clone(),
+                writes.clone(),
+                pre_images.clone(),
+            ))
             .await
             .and_then(|out| match MongoError::from_reply(&out.reply) {
                 Some(e) => Err(e),
@@ -560,6 +572,7 @@ impl Transactions {
         let mut g = lock(&p);
         match outcome {
             Ok(prepare_ts) => {
+                writes.append(&mut lock(&pre_images));
                 shard
                     .state()
                     .prepared
@@ -803,7 +816,10 @@ fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
                 .into_iter()
                 .map(|((t, k), written)| (t, k, written.value)),
         )?;
-        let ts = log_apply_ops(w, &args, ops, Document::new())?;
+        let (ts, pre_images) = log_apply_ops(w, &args, ops, Document::new())?;
+        for (key, before) in pre_images {
+            w.txn_mut().put(Table::PreImages, &key, &before)?;
+        }
         retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
         Ok(ok_output(Some(ts)))
     })
@@ -815,11 +831,11 @@ pub const APPLY_OPS_BYTES: usize = 15 * 1024 * 1024;
 
 /// How a transaction's operations are split into `applyOps` entries of at most `limit` bytes
 /// each (an operation larger than `limit` gets an entry of its own).
-fn chunks(ops: Vec<Document>, limit: usize) -> Vec<Vec<Document>> {
-    let mut out: Vec<Vec<Document>> = Vec::new();
+fn chunks(ops: Vec<TxnOp>, limit: usize) -> Vec<Vec<TxnOp>> {
+    let mut out: Vec<Vec<TxnOp>> = Vec::new();
     let mut size = 0;
     for op in ops {
-        let n = crate::commands::write_ops::bson_size(&op);
+        let n = crate::commands::write_ops::bson_size(&op.entry);
         match out.last_mut() {
             Some(last) if size + n <= limit => last.push(op),
             _ => {
@@ -838,20 +854,25 @@ fn chunks(ops: Vec<Document>, limit: usize) -> Vec<Vec<Document>> {
 /// Writes a transaction's operations as its `applyOps` entries, all in the writer's storage
 /// transaction: one entry when they fit, else a chain, each entry but the last marked
 /// `partialTxn` and each pointing at the one before (`prevOpTime`); `last` adds fields to the
-/// final entry (`prepare: true`). Returns the final entry's `ts`.
+/// final entry (`prepare: true`). Returns the final entry's `ts`, and the operations'
+/// pre-images as `Table::PreImages` writes (keyed by the `ts` of the entry holding each op and
+/// its index there), for the caller to write with the commit.
 fn log_apply_ops(
     w: &mut WriteCtx<'_>,
     args: &TxnArgs,
-    ops: Vec<Document>,
+    ops: Vec<TxnOp>,
     last: Document,
-) -> Result<ClusterTime, StorageError> {
+) -> Result<(ClusterTime, Vec<KeyValue>), StorageError> {
     let count = ops.len();
     let parts = chunks(ops, APPLY_OPS_BYTES);
     let n = parts.len();
     let mut prev = None;
     let mut ts = ClusterTime::ZERO;
+    let mut pre_images = Vec::new();
     for (i, part) in parts.into_iter().enumerate() {
-        let mut o = doc! {"applyOps": part};
+        let (entries, befores): (Vec<Document>, Vec<_>) =
+            part.into_iter().map(|op| (op.entry, op.pre_image)).unzip();
+        let mut o = doc! {"applyOps": entries};
         if i + 1 < n {
             o.insert("partialTxn", true);
         } else {
@@ -866,6 +887,7 @@ fn log_apply_ops(
             ui: None,
             o,
             o2: None,
+            pre_image: None,
             session: Some(SessionFields {
                 lsid: args.lsid.clone(),
                 txn_number: args.txn_number,
@@ -874,8 +896,17 @@ fn log_apply_ops(
             }),
         })?;
         prev = Some(ts);
+        for (index, before) in befores.into_iter().enumerate() {
+            if let Some((ui, before)) = before {
+                let mut bytes = Vec::new();
+                before
+                    .to_writer(&mut bytes)
+                    .map_err(|e| StorageError::Engine(format!("serializing a pre-image: {e}")))?;
+                pre_images.push((crate::keys::pre_image_key(&ui, ts, index as u64), bytes));
+            }
+        }
     }
-    Ok(ts)
+    Ok((ts, pre_images))
 }
 
 /// Storage key prefix of a prepared participant's record in [`Table::Transactions`].
@@ -940,10 +971,13 @@ fn decode_prepared(bytes: &[u8]) -> Option<(i64, PreparedTxn)> {
 
 /// The writer job that prepares `active`: checks its writes as a commit would, writes the
 /// `prepare` entry and the durable record, and holds the high-water mark below the entry.
+/// The operations' pre-images join `writes` (in the record, and in `pre_images` for the
+/// caller): they are written when the transaction commits.
 fn prepare_job(
     active: Active,
     args: TxnArgs,
-    writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+    mut writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+    pre_images: Arc<Mutex<Vec<TableWrite>>>,
 ) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
         let Active { store, ops, .. } = active;
@@ -956,7 +990,13 @@ fn prepare_job(
             }
         }
         drop(store);
-        let ts = log_apply_ops(w, &args, ops, doc! {"prepare": true})?;
+        let (ts, befores) = log_apply_ops(w, &args, ops, doc! {"prepare": true})?;
+        let befores: Vec<_> = befores
+            .into_iter()
+            .map(|(k, v)| (Table::PreImages, k, Some(v)))
+            .collect();
+        writes.extend(befores.iter().cloned());
+        *lock(&pre_images) = befores;
         let record = encode_prepared(
             args.txn_number,
             &PreparedTxn {
@@ -1021,6 +1061,7 @@ fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterT
             ui: None,
             o: doc! {"commitTransaction": 1, "commitTimestamp": commit_ts.timestamp()},
             o2: None,
+            pre_image: None,
             session: Some(SessionFields {
                 lsid: args.lsid.clone(),
                 txn_number: args.txn_number,
@@ -1045,6 +1086,7 @@ fn abort_prepared_job(args: TxnArgs, prepare_ts: ClusterTime) -> WriteFn {
             ui: None,
             o: doc! {"abortTransaction": 1},
             o2: None,
+            pre_image: None,
             session: Some(SessionFields {
                 lsid: args.lsid.clone(),
                 txn_number: args.txn_number,
@@ -1135,8 +1177,11 @@ mod tests {
 
     #[test]
     fn a_large_transaction_is_split_into_entries_of_at_most_the_limit() {
-        let op = |n: usize| doc! {"op": "i", "o": {"pad": "x".repeat(n)}};
-        let size = crate::commands::write_ops::bson_size(&op(100));
+        let op = |n: usize| TxnOp {
+            entry: doc! {"op": "i", "o": {"pad": "x".repeat(n)}},
+            pre_image: None,
+        };
+        let size = crate::commands::write_ops::bson_size(&op(100).entry);
         let parts = chunks((0..10).map(|_| op(100)).collect(), size * 3);
         assert_eq!(
             parts.iter().map(Vec::len).collect::<Vec<_>>(),

@@ -1,5 +1,5 @@
 //! `$v: 2` oplog update diffs: computing them (from two documents, or from the log of an
-//! operator update) and applying them.
+//! operator update). Applying them is `pipeline::changestream::diff_apply` (re-exported here).
 //!
 //! Shape (MongoDB's `document_diff_serialization`): a document diff has the sections
 //! `d: {f: false}`, `u: {f: v}`, `i: {f: v}` in that order (each only when non-empty), then
@@ -7,7 +7,7 @@
 //! `a: true`, then `l: <int32 new length>` when it was truncated, then `u<i>: v` / `s<i>: D`
 //! in ascending index order.
 //!
-//! Application (MongoDB's `document_diff_applier`): fields of the old document are visited in
+//! Application (MongoDB's `document_diff_applier`, in `pipeline`): fields of the old document are visited in
 //! order; `d` fields are dropped, `u` fields replaced in place, `s` fields patched in place (a
 //! sub-diff meeting a value of another type yields null), and `i` fields (plus `u` fields the
 //! old document lacked) are appended at the end in diff order — so an `i` for an existing field
@@ -22,11 +22,10 @@
 //! * A sub-diff that would be larger than the new value of its field is replaced by a `u` of the
 //!   whole value (MongoDB's calculator does the same).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, Document};
 use pipeline::value::array_index;
-use wire::{MongoError, Result};
 
 use super::tree::{LogEntry, LogKind};
 use super::values::{binary_eq, bson_size, doc_binary_eq, doc_size};
@@ -350,172 +349,6 @@ fn descend_into<'a>(sub: &'a mut SubDiff, value: &'a Bson) -> Option<Cursor<'a>>
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Applying a diff (MongoDB's `document_diff_applier`)
-// ---------------------------------------------------------------------------------------------
-
-/// Arrays are never grown past this length by a diff (a 16 MiB document cannot hold more).
-const MAX_ARRAY_LEN: usize = 16 * 1024 * 1024;
-
-fn invalid(msg: impl Into<String>) -> MongoError {
-    MongoError::failed_to_parse(msg)
-}
-
-enum DocMod<'a> {
-    Delete,
-    Update(&'a Bson),
-    Insert,
-    Sub(&'a Document),
-}
-
-/// Applies a `$v: 2` diff to `doc` with oplog-application semantics.
-pub fn apply_diff(doc: &Document, diff: &Document) -> Result<Document> {
-    apply_doc(doc, diff)
-}
-
-fn apply_doc(pre: &Document, diff: &Document) -> Result<Document> {
-    let mut table: HashMap<&str, DocMod<'_>> = HashMap::new();
-    // Updates and inserts are appended (when not applied in place) in this order.
-    let mut updates: Vec<(&str, &Bson)> = Vec::new();
-    let mut inserts: Vec<(&str, &Bson)> = Vec::new();
-    for (key, value) in diff {
-        match key.as_str() {
-            "d" | "u" | "i" => {
-                let Bson::Document(fields) = value else {
-                    return Err(invalid(format!("diff section '{key}' must be an object")));
-                };
-                for (f, v) in fields {
-                    let m = match key.as_str() {
-                        "d" => DocMod::Delete,
-                        "u" => {
-                            updates.push((f, v));
-                            DocMod::Update(v)
-                        }
-                        _ => {
-                            inserts.push((f, v));
-                            DocMod::Insert
-                        }
-                    };
-                    if table.insert(f.as_str(), m).is_some() {
-                        return Err(MongoError::with_code(
-                            4728000,
-                            format!("duplicate field name in diff: {f}"),
-                        ));
-                    }
-                }
-            }
-            "b" => return Err(invalid("binary diffs ('b') are not supported")),
-            k => {
-                let Some(f) = k.strip_prefix('s') else {
-                    return Err(invalid(format!("unexpected field in document diff: {k}")));
-                };
-                let Bson::Document(sub) = value else {
-                    return Err(invalid(format!("sub-diff '{k}' must be an object")));
-                };
-                if table.insert(f, DocMod::Sub(sub)).is_some() {
-                    return Err(MongoError::with_code(
-                        4728000,
-                        format!("duplicate field name in diff: {f}"),
-                    ));
-                }
-            }
-        }
-    }
-    let to_append = updates.into_iter().chain(inserts);
-
-    let mut out = Document::new();
-    let mut applied_in_place: HashSet<&str> = HashSet::new();
-    for (k, v) in pre {
-        match table.get(k.as_str()) {
-            None => {
-                out.insert(k.clone(), v.clone());
-            }
-            Some(DocMod::Delete) | Some(DocMod::Insert) => {}
-            Some(DocMod::Update(nv)) => {
-                out.insert(k.clone(), (*nv).clone());
-                applied_in_place.insert(k.as_str());
-            }
-            Some(DocMod::Sub(sub)) => {
-                out.insert(k.clone(), apply_sub(v, sub)?);
-            }
-        }
-    }
-    for (k, v) in to_append {
-        if !applied_in_place.contains(k) {
-            out.insert(k.to_string(), v.clone());
-        }
-    }
-    Ok(out)
-}
-
-fn is_array_diff(sub: &Document) -> bool {
-    matches!(sub.get("a"), Some(Bson::Boolean(true)))
-}
-
-/// Applies a sub-diff to a value; a type mismatch yields null (a later entry rewrites it).
-fn apply_sub(v: &Bson, sub: &Document) -> Result<Bson> {
-    Ok(match (v, is_array_diff(sub)) {
-        (Bson::Document(d), false) => Bson::Document(apply_doc(d, sub)?),
-        (Bson::Array(a), true) => Bson::Array(apply_array(a, sub)?),
-        _ => Bson::Null,
-    })
-}
-
-enum ArrMod<'a> {
-    Update(&'a Bson),
-    Sub(&'a Document),
-}
-
-fn apply_array(pre: &[Bson], diff: &Document) -> Result<Vec<Bson>> {
-    let mut resize: Option<usize> = None;
-    let mut mods: BTreeMap<usize, ArrMod<'_>> = BTreeMap::new();
-    for (key, value) in diff {
-        if key == "a" {
-            continue;
-        }
-        if key == "l" {
-            let n = pipeline::value::as_i64_exact(value)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| invalid("array diff 'l' must be a non-negative integer"))?;
-            resize = Some(n);
-            continue;
-        }
-        let (kind, index) = key.split_at(key.len().min(1));
-        let index = array_index(index)
-            .ok_or_else(|| invalid(format!("unexpected field in array diff: {key}")))?;
-        let m = match (kind, value) {
-            ("u", v) => ArrMod::Update(v),
-            ("s", Bson::Document(sub)) => ArrMod::Sub(sub),
-            _ => return Err(invalid(format!("unexpected field in array diff: {key}"))),
-        };
-        if mods.insert(index, m).is_some() {
-            return Err(invalid(format!("duplicate index in array diff: {index}")));
-        }
-    }
-    let last_mod = mods.keys().next_back().map(|i| i + 1).unwrap_or(0);
-    let target = match resize {
-        Some(r) => {
-            if last_mod > r {
-                return Err(invalid("array diff modifies an index past its new length"));
-            }
-            r
-        }
-        None => pre.len().max(last_mod),
-    };
-    if target > MAX_ARRAY_LEN {
-        return Err(invalid("array diff grows an array past the maximum size"));
-    }
-    let mut out = Vec::with_capacity(target);
-    for i in 0..target {
-        let old = pre.get(i);
-        let v = match (mods.get(&i), old) {
-            (Some(ArrMod::Update(v)), _) => (*v).clone(),
-            (Some(ArrMod::Sub(sub)), Some(old)) => apply_sub(old, sub)?,
-            (Some(ArrMod::Sub(_)), None) => Bson::Null,
-            (None, Some(old)) => old.clone(),
-            (None, None) => Bson::Null,
-        };
-        out.push(v);
-    }
-    Ok(out)
-}
+/// Applying a diff lives in `pipeline` (change streams compute post-images with it); the
+/// producer here is checked against it.
+pub use pipeline::changestream::diff_apply::apply_diff;

@@ -135,6 +135,8 @@ fn malformed_diffs_are_errors() {
         doc! {"sa": {"a": true, "ux": 1}},
         doc! {"sa": {"a": true, "q1": 1}},
         doc! {"sa": {"a": true, "l": "2"}},
+        doc! {"sa": {"a": true, "é1": 1}},
+        doc! {"sa": {"a": true, "é": 1}},
     ] {
         assert!(parse_diff(&diff).is_err(), "{diff}");
         assert!(raw_diff_fails(&diff), "{diff} from its bytes");

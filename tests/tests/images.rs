@@ -1,0 +1,256 @@
+//! Pre- and post-images through the router with the Rust driver (reference §7): a collection
+//! with `changeStreamPreAndPostImages` keeps each update's, replace's and delete's pre-image in
+//! the write's own commit, and streams with `fullDocumentBeforeChange` / `fullDocument:
+//! whenAvailable | required` get the exact documents before and after each event, on a hashed
+//! collection spread over three shards, in and out of (cross-shard) transactions.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mongodb::bson::{Bson, Document, doc};
+use mongodb::change_stream::ChangeStream;
+use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
+use tests::EmbeddedCluster;
+
+async fn next(stream: &mut ChangeStream<Document>) -> anyhow::Result<Document> {
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
+        .map_err(Into::into)
+}
+
+/// An expected event: its type, and its document before and after.
+type Expected = (&'static str, Option<Document>, Option<Document>);
+
+fn image(event: &Document, field: &str) -> Option<Document> {
+    event.get_document(field).ok().cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_image_mode_gets_the_exact_documents_around_each_event() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    let db = client.database("images");
+    db.create_collection("on")
+        .change_stream_pre_and_post_images(
+            mongodb::options::ChangeStreamPreAndPostImages::builder()
+                .enabled(true)
+                .build(),
+        )
+        .await?;
+    tests::shard_collection(&client, "images.on", doc! {"_id": "hashed"}).await?;
+    let on = db.collection::<Document>("on");
+    let docs: Vec<Document> = (0..6)
+        .map(|i| doc! {"_id": i, "n": i, "tags": [i]})
+        .collect();
+    on.insert_many(docs).await?;
+
+    let watch = |before: Option<FullDocumentBeforeChangeType>, after: Option<FullDocumentType>| {
+        let on = on.clone();
+        async move {
+            let mut w = on.watch().max_await_time(Duration::from_millis(200));
+            if let Some(b) = before {
+                w = w.full_document_before_change(b);
+            }
+            if let Some(a) = after {
+                w = w.full_document(a);
+            }
+            anyhow::Ok(w.await?.with_type::<Document>())
+        }
+    };
+    let mut required = watch(
+        Some(FullDocumentBeforeChangeType::Required),
+        Some(FullDocumentType::Required),
+    )
+    .await?;
+    let mut when_available = watch(
+        Some(FullDocumentBeforeChangeType::WhenAvailable),
+        Some(FullDocumentType::WhenAvailable),
+    )
+    .await?;
+    let mut plain = watch(None, None).await?;
+
+    // Outside transactions: an update on every shard, a replace, a delete.
+    for i in 0..6 {
+        on.update_one(
+            doc! {"_id": i},
+            doc! {"$inc": {"n": 10}, "$push": {"tags": "x"}},
+        )
+        .await?;
+    }
+    on.replace_one(doc! {"_id": 0}, doc! {"_id": 0, "replaced": true})
+        .await?;
+    on.delete_one(doc! {"_id": 1}).await?;
+    // A transaction across shards (a two-phase commit: the pre-images ride with the prepared
+    // transaction until its commit): an update, a delete.
+    let mut holders = 0;
+    for shard in cluster.shards() {
+        let r = shard
+            .run_command(doc! {"find": "on", "filter": {"_id": {"$in": [2, 3]}}, "$db": "images"})
+            .await;
+        let n = r.get_document("cursor")?.get_array("firstBatch")?.len();
+        holders += usize::from(n > 0);
+    }
+    assert_eq!(holders, 2, "the transaction's documents are on two shards");
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    on.update_one(doc! {"_id": 2}, doc! {"$set": {"in_txn": 1}})
+        .session(&mut s)
+        .await?;
+    on.delete_one(doc! {"_id": 3}).session(&mut s).await?;
+    s.commit_transaction().await?;
+
+    let after_update =
+        |i: i32| doc! {"_id": i, "n": i + 10, "tags": [Bson::Int32(i), Bson::String("x".into())]};
+    let mut expected: Vec<Expected> = (0..6)
+        .map(|i| {
+            (
+                "update",
+                Some(doc! {"_id": i, "n": i, "tags": [i]}),
+                Some(after_update(i)),
+            )
+        })
+        .collect();
+    expected.push((
+        "replace",
+        Some(after_update(0)),
+        Some(doc! {"_id": 0, "replaced": true}),
+    ));
+    expected.push(("delete", Some(after_update(1)), None));
+    let mut in_txn = after_update(2);
+    in_txn.insert("in_txn", 1);
+    expected.push(("update", Some(after_update(2)), Some(in_txn)));
+    expected.push(("delete", Some(after_update(3)), None));
+
+    // Events of different shards interleave by cluster time: compare by document key.
+    let mut seen_required = Vec::new();
+    let mut seen_available = Vec::new();
+    for _ in 0..expected.len() {
+        seen_required.push(next(&mut required).await?);
+        seen_available.push(next(&mut when_available).await?);
+        let p = next(&mut plain).await?;
+        assert!(
+            !p.contains_key("fullDocumentBeforeChange"),
+            "no image unless asked: {p}"
+        );
+        if p.get_str("operationType")? == "update" {
+            assert!(!p.contains_key("fullDocument"), "{p}");
+        }
+    }
+    // Each event, matched exactly. Events of different shards interleave by cluster time;
+    // those of one document come in its order.
+    for seen in [&seen_required, &seen_available] {
+        let mut by_id: std::collections::BTreeMap<String, Vec<&Document>> = Default::default();
+        for e in seen {
+            let id = e
+                .get_document("documentKey")?
+                .get("_id")
+                .cloned()
+                .unwrap_or(Bson::Null);
+            by_id.entry(id.to_string()).or_default().push(e);
+        }
+        let mut want: std::collections::BTreeMap<String, Vec<&Expected>> = Default::default();
+        for x in &expected {
+            let id =
+                x.1.as_ref()
+                    .and_then(|b| b.get("_id").cloned())
+                    .unwrap_or(Bson::Null);
+            want.entry(id.to_string()).or_default().push(x);
+        }
+        assert_eq!(by_id.len(), want.len());
+        for (id, events) in &by_id {
+            let wanted = &want[id];
+            assert_eq!(events.len(), wanted.len(), "events of {id}");
+            for (e, (kind, before, after)) in events.iter().zip(wanted.iter().copied()) {
+                assert_eq!(e.get_str("operationType")?, *kind, "{e}");
+                assert_eq!(image(e, "fullDocumentBeforeChange"), *before, "before: {e}");
+                if *kind != "delete" {
+                    assert_eq!(image(e, "fullDocument"), *after, "after: {e}");
+                }
+            }
+        }
+    }
+    cluster.stop().await;
+    Ok(())
+}
+
+/// A collection without the option has no pre-images: `whenAvailable` answers `null`, and
+/// `required` fails the stream with `NoMatchingDocument` (47). The option shows in
+/// `listCollections`, is refused on `admin` and `config`, and can be turned on with `collMod`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pre_images_when_available_is_null_and_required_fails() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("images");
+    let off = db.collection::<Document>("off");
+    off.insert_one(doc! {"_id": 1, "n": 1}).await?;
+    let mut available = off
+        .watch()
+        .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+        .full_document(FullDocumentType::WhenAvailable)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let mut required = off
+        .watch()
+        .full_document_before_change(FullDocumentBeforeChangeType::Required)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    off.update_one(doc! {"_id": 1}, doc! {"$set": {"n": 2}})
+        .await?;
+    let e = next(&mut available).await?;
+    assert_eq!(e.get("fullDocumentBeforeChange"), Some(&Bson::Null), "{e}");
+    assert_eq!(e.get("fullDocument"), Some(&Bson::Null), "{e}");
+    let err = next(&mut required).await.expect_err("no pre-image");
+    let code = err
+        .downcast_ref::<mongodb::error::Error>()
+        .and_then(|e| match *e.kind {
+            mongodb::error::ErrorKind::Command(ref c) => Some(c.code),
+            _ => None,
+        });
+    assert_eq!(code, Some(47), "{err}");
+
+    // collMod turns it on: the next update has its images.
+    db.run_command(doc! {"collMod": "off", "changeStreamPreAndPostImages": {"enabled": true}})
+        .await?;
+    let listed = db
+        .run_command(doc! {"listCollections": 1, "filter": {"name": "off"}})
+        .await?;
+    let options = listed.get_document("cursor")?.get_array("firstBatch")?[0]
+        .as_document()
+        .and_then(|c| c.get_document("options").ok())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        options.get_document("changeStreamPreAndPostImages")?,
+        &doc! {"enabled": true}
+    );
+    off.update_one(doc! {"_id": 1}, doc! {"$set": {"n": 3}})
+        .await?;
+    let e = next(&mut available).await?;
+    assert_eq!(
+        image(&e, "fullDocumentBeforeChange"),
+        Some(doc! {"_id": 1, "n": 2})
+    );
+    assert_eq!(image(&e, "fullDocument"), Some(doc! {"_id": 1, "n": 3}));
+
+    for bad in ["admin", "config"] {
+        let r = client
+            .database(bad)
+            .run_command(doc! {"create": "x", "changeStreamPreAndPostImages": {"enabled": true}})
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(*r.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 72),
+            "{r}"
+        );
+    }
+    let r = db
+        .run_command(doc! {"create": "y", "changeStreamPreAndPostImages": true})
+        .await
+        .expect_err("not a document");
+    assert!(matches!(*r.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 14));
+    cluster.stop().await;
+    Ok(())
+}
