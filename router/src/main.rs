@@ -47,6 +47,27 @@ struct EmbeddedArgs {
     enable_test_commands: bool,
     #[command(flatten)]
     streams: StreamArgs,
+    #[command(flatten)]
+    oplog: OplogArgs,
+}
+
+/// How much oplog each shard keeps (the embedded cluster's shards, and a lone shard).
+#[derive(Args, Debug)]
+struct OplogArgs {
+    /// The oplog's size, per shard: past it, the oldest entries are truncated (a stream
+    /// resuming before them gets ChangeStreamHistoryLost).
+    #[arg(long = "oplogSizeMB", default_value_t = 1024)]
+    oplog_size_mb: u64,
+    /// Entries younger than this are never truncated for size, as MongoDB's
+    /// `--oplogMinRetentionHours` (0: no minimum).
+    #[arg(long = "oplogMinRetentionHours", default_value_t = 0.0)]
+    oplog_min_retention_hours: f64,
+}
+
+impl OplogArgs {
+    fn retention(&self) -> shard::retention::Retention {
+        shard::retention::Retention::from_flags(self.oplog_size_mb, self.oplog_min_retention_hours)
+    }
 }
 
 /// How the router delivers change streams (the embedded cluster and a router alike).
@@ -79,6 +100,8 @@ enum Command {
         /// Enable test-only commands (the shard's `configureFailPoint`).
         #[arg(long = "enableTestCommands")]
         enable_test_commands: bool,
+        #[command(flatten)]
+        oplog: OplogArgs,
     },
     /// Run a router over shards running in other processes.
     Router {
@@ -129,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let argv: Vec<String> = std::env::args().collect();
+    let mut retention = cli.embedded.oplog.retention();
     let running: Running = match cli.command {
         None => {
             let e = cli.embedded;
@@ -153,7 +177,9 @@ async fn main() -> anyhow::Result<()> {
             dbpath,
             name,
             enable_test_commands,
+            oplog,
         }) => {
+            retention = oplog.retention();
             launch::shard_with(
                 SocketAddr::new(bind_ip, port),
                 dbpath,
@@ -186,6 +212,9 @@ async fn main() -> anyhow::Result<()> {
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?
         }
     };
+    for s in running.shards() {
+        s.set_oplog_retention(retention);
+    }
     let cancel = running.cancel.clone();
     tokio::spawn(async move {
         shutdown_signal().await;

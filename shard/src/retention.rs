@@ -1,5 +1,6 @@
-//! Oplog retention: the oplog is truncated from the front when it grows past a size limit or
-//! its oldest entries pass an age limit.
+//! Oplog retention: the oplog is truncated from the front when it grows past a size limit
+//! (`--oplogSizeMB`), except for entries younger than the minimum retention
+//! (`--oplogMinRetentionHours`, as MongoDB's), or when its oldest entries pass an age limit.
 //!
 //! Invariants:
 //! * Truncation runs inside the writer's batch transaction, so the size counter, the truncation
@@ -27,6 +28,21 @@ pub struct Retention {
     pub max_bytes: u64,
     /// Truncate entries older than this many seconds (by `ts`), if set.
     pub max_age_secs: Option<u32>,
+    /// Never truncate for size an entry younger than this many seconds (by `ts`): the oplog
+    /// may then outgrow `max_bytes`.
+    pub min_retention_secs: Option<u32>,
+}
+
+impl Retention {
+    /// `--oplogSizeMB` and `--oplogMinRetentionHours` (0: none), as MongoDB takes them.
+    pub fn from_flags(size_mb: u64, min_retention_hours: f64) -> Retention {
+        let secs = (min_retention_hours * 3600.0).clamp(0.0, f64::from(u32::MAX)) as u32;
+        Retention {
+            max_bytes: size_mb.saturating_mul(1024 * 1024),
+            max_age_secs: None,
+            min_retention_secs: (secs > 0).then_some(secs),
+        }
+    }
 }
 
 impl Default for Retention {
@@ -34,6 +50,7 @@ impl Default for Retention {
         Retention {
             max_bytes: 1024 * 1024 * 1024,
             max_age_secs: None,
+            min_retention_secs: None,
         }
     }
 }
@@ -100,7 +117,10 @@ pub fn trim(
         if keep_from.is_some_and(|f| ts >= f) || doomed.len() >= MAX_TRIM_PER_BATCH {
             return Scan::Stop;
         }
-        let too_big = bytes > retention.max_bytes;
+        let young = retention
+            .min_retention_secs
+            .is_some_and(|min| u64::from(ts.secs) + u64::from(min) >= u64::from(wall_secs));
+        let too_big = bytes > retention.max_bytes && !young;
         let too_old = retention
             .max_age_secs
             .is_some_and(|age| u64::from(ts.secs) + u64::from(age) < u64::from(wall_secs));

@@ -340,6 +340,7 @@ async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
     s.set_oplog_retention(shard::retention::Retention {
         max_bytes: 4_000,
         max_age_secs: None,
+        min_retention_secs: None,
     });
     for i in 0..100 {
         ok(
@@ -382,6 +383,7 @@ async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
     s.set_oplog_retention(shard::retention::Retention {
         max_bytes: u64::MAX,
         max_age_secs: Some(10),
+        min_retention_secs: None,
     });
     clock.advance(60_000);
     ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1000}]}).await;
@@ -396,5 +398,52 @@ async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
         through,
         "the truncation point persists"
     );
+    s.shutdown().await;
+}
+
+/// `--oplogMinRetentionHours`: an entry younger than the minimum retention is never truncated
+/// for size (the oplog outgrows its size meanwhile); once it is older, size truncation takes it.
+#[tokio::test]
+async fn entries_younger_than_the_minimum_retention_outlive_the_size_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(2_000_000_000_000));
+    let s = Shard::open(ShardOptions {
+        dbpath: dir.path().to_path_buf(),
+        name: "shard0".into(),
+        clock: clock.clone(),
+    })
+    .await
+    .unwrap();
+    // 4 KB, kept at least one hour.
+    let mut retention = shard::retention::Retention::from_flags(0, 1.0);
+    retention.max_bytes = 4_000;
+    assert_eq!(retention.min_retention_secs, Some(3_600));
+    s.set_oplog_retention(retention);
+    for i in 0..100 {
+        ok(
+            &s,
+            "db",
+            doc! {"insert": "c", "documents": [{"_id": i, "pad": "x".repeat(50)}]},
+        )
+        .await;
+    }
+    let inserts = |log: Vec<bson::Document>| {
+        log.iter()
+            .filter(|e| e.get_str("op").ok() == Some("i"))
+            .count()
+    };
+    assert_eq!(
+        inserts(oplog_for(&s, "db").await),
+        100,
+        "every entry is younger than an hour: none truncated"
+    );
+    assert!(s.state().oplog_stats().bytes > 4_000);
+    assert_eq!(s.state().oplog_truncated_through(), ClusterTime::ZERO);
+    // Two hours later, the next write truncates for size again.
+    clock.advance(2 * 3_600 * 1_000);
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1000}]}).await;
+    assert!(inserts(oplog_for(&s, "db").await) < 100);
+    assert!(s.state().oplog_stats().bytes <= 4_000 + 200);
+    assert!(s.state().oplog_truncated_through() > ClusterTime::ZERO);
     s.shutdown().await;
 }

@@ -518,6 +518,7 @@ async fn a_tail_cursor_overtaken_by_truncation_gets_capped_position_lost() {
     s.set_oplog_retention(shard::retention::Retention {
         max_bytes: 300,
         max_age_secs: None,
+        min_retention_secs: None,
     });
     for i in 1..20 {
         ok(

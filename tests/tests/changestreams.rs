@@ -141,6 +141,7 @@ async fn resuming_past_truncated_history_is_history_lost() -> anyhow::Result<()>
         s.set_oplog_retention(shard::retention::Retention {
             max_bytes: 4096,
             max_age_secs: None,
+            min_retention_secs: None,
         });
     }
     for i in 2..200 {
