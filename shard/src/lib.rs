@@ -25,6 +25,7 @@ pub mod history;
 pub mod indexes;
 pub mod keys;
 pub mod oplog;
+pub mod preimages;
 pub mod query;
 pub mod retention;
 pub mod retryable;
@@ -185,6 +186,7 @@ impl Shard {
         let cancel = shard.cancel.clone();
         shard.tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut last_purge = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -203,6 +205,12 @@ impl Shard {
                     u32::try_from(oldest).unwrap_or(u32::MAX),
                     0,
                 ));
+                if last_purge.elapsed() >= preimages::PURGE_INTERVAL {
+                    last_purge = tokio::time::Instant::now();
+                    if let Err(e) = preimages::purge(&shard).await {
+                        tracing::warn!(error = %e, "purging expired pre-images");
+                    }
+                }
             }
         });
         Ok(shard)
@@ -347,6 +355,12 @@ impl Shard {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(name)
+    }
+
+    /// Runs one purge of expired change-stream pre-images now (it also runs every
+    /// [`preimages::PURGE_INTERVAL`]); returns how many it removed.
+    pub async fn purge_expired_pre_images(&self) -> Result<usize, wire::MongoError> {
+        preimages::purge(self).await
     }
 
     /// How this shard reaches the other participants of a transaction it coordinates.

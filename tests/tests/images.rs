@@ -254,3 +254,120 @@ async fn without_pre_images_when_available_is_null_and_required_fails() -> anyho
     cluster.stop().await;
     Ok(())
 }
+
+fn command_code(e: &mongodb::error::Error) -> Option<i32> {
+    match *e.kind {
+        mongodb::error::ErrorKind::Command(ref c) => Some(c.code),
+        _ => None,
+    }
+}
+
+/// Expiry (reference §7): `changeStreamOptions.preAndPostImages.expireAfterSeconds` through
+/// `setClusterParameter` / `getClusterParameter`; the purge (run now through the shard's test
+/// hook, as it runs every 10 s) removes pre-images past that age, and those of entries the
+/// oplog no longer has, and a stream reading such an event then gets `null`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_pre_images_are_purged() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    let db = client.database("images");
+    db.run_command(doc! {"create": "exp", "changeStreamPreAndPostImages": {"enabled": true}})
+        .await?;
+    let c = db.collection::<Document>("exp");
+    let expire_after = |reply: Document| -> anyhow::Result<Bson> {
+        let p = reply.get_array("clusterParameters")?[0]
+            .as_document()
+            .cloned()
+            .unwrap_or_default();
+        Ok(p.get_document("preAndPostImages")?
+            .get("expireAfterSeconds")
+            .cloned()
+            .unwrap_or(Bson::Null))
+    };
+    let get = doc! {"getClusterParameter": "changeStreamOptions"};
+    assert_eq!(
+        expire_after(admin.run_command(get.clone()).await?)?,
+        Bson::String("off".into())
+    );
+    let set = |v: Bson| {
+        doc! {"setClusterParameter": {"changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": v}}}}
+    };
+    for (bad, code) in [(Bson::Int32(0), 2), (Bson::String("soon".into()), 2)] {
+        let e = admin.run_command(set(bad)).await.expect_err("refused");
+        assert_eq!(command_code(&e), Some(code), "{e}");
+    }
+    let e = admin
+        .run_command(doc! {"setClusterParameter": {"noSuchParameter": {}}})
+        .await
+        .expect_err("unknown");
+    assert_eq!(command_code(&e), Some(4), "{e}");
+    let e = db
+        .run_command(set(Bson::Int32(1)))
+        .await
+        .expect_err("admin only");
+    assert_eq!(command_code(&e), Some(13), "{e}");
+
+    let shard = cluster.shards()[0].clone();
+    let count = |s: &shard::Shard| shard::preimages::stats(s).map(|(n, _)| n);
+    let mut watcher = c
+        .watch()
+        .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    c.insert_one(doc! {"_id": 1, "n": 0}).await?;
+    let insert = next(&mut watcher).await?;
+    let after_insert = insert.get_document("_id")?.clone();
+    c.update_one(doc! {"_id": 1}, doc! {"$set": {"n": 1}})
+        .await?;
+    let update = next(&mut watcher).await?;
+    assert_eq!(
+        image(&update, "fullDocumentBeforeChange"),
+        Some(doc! {"_id": 1, "n": 0})
+    );
+    assert_eq!(count(&shard)?, 1);
+    assert_eq!(shard.purge_expired_pre_images().await?, 0, "still needed");
+
+    admin.run_command(set(Bson::Int64(1))).await?;
+    assert_eq!(
+        expire_after(admin.run_command(get.clone()).await?)?,
+        Bson::Int64(1)
+    );
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    assert_eq!(shard.purge_expired_pre_images().await?, 1, "older than 1 s");
+    assert_eq!(count(&shard)?, 0);
+    let mut resumed = c
+        .watch()
+        .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+        .resume_after(mongodb::bson::deserialize_from_document::<
+            mongodb::change_stream::event::ResumeToken,
+        >(after_insert)?)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let again = next(&mut resumed).await?;
+    assert_eq!(again.get_str("operationType")?, "update");
+    assert_eq!(again.get("fullDocumentBeforeChange"), Some(&Bson::Null));
+
+    // With expiry off, a pre-image goes once the oplog no longer has its entry.
+    admin.run_command(set(Bson::String("off".into()))).await?;
+    c.update_one(doc! {"_id": 1}, doc! {"$set": {"n": 2}})
+        .await?;
+    assert_eq!(count(&shard)?, 1);
+    assert_eq!(shard.purge_expired_pre_images().await?, 0);
+    shard.set_oplog_retention(shard::retention::Retention {
+        max_bytes: 1,
+        max_age_secs: None,
+        min_retention_secs: None,
+    });
+    c.insert_one(doc! {"_id": 2}).await?;
+    assert_eq!(
+        shard.purge_expired_pre_images().await?,
+        1,
+        "its entry was truncated"
+    );
+    assert_eq!(count(&shard)?, 0);
+    cluster.stop().await;
+    Ok(())
+}

@@ -1,8 +1,11 @@
 //! Administrative and harness commands: `getParameter`, `getCmdLineOpts`, `serverStatus`,
-//! `listDatabases`, session bookkeeping, `listShards`, `listCommands`.
+//! `listDatabases`, session bookkeeping, `listShards`, `listCommands`, and the cluster
+//! parameters (`setClusterParameter` / `getClusterParameter`: `changeStreamOptions`, which every
+//! shard stores, since each purges its own pre-images).
 
 use bson::{Bson, DateTime, Document, doc};
-use wire::Result;
+use shard::preimages::CHANGE_STREAM_OPTIONS;
+use wire::{ErrorCode, MongoError, Result};
 
 use super::{Ctx, ok};
 
@@ -28,6 +31,89 @@ pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     }
     reply.insert("ok", 1.0);
     Ok(reply)
+}
+
+fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
+    if ctx.db != "admin" {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            format!("{} may only be run against the admin database.", ctx.name),
+        ));
+    }
+    Ok(())
+}
+
+fn unknown_parameter(name: &str) -> MongoError {
+    MongoError::new(
+        ErrorCode::NO_SUCH_KEY,
+        format!("Unknown Cluster Parameter {name}"),
+    )
+}
+
+/// `setClusterParameter: {changeStreamOptions: {preAndPostImages: {expireAfterSeconds}}}`:
+/// validated here, then stored by every shard.
+pub(super) async fn set_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
+    admin_only(ctx)?;
+    let Some(Bson::Document(param)) = ctx.cmd.get("setClusterParameter") else {
+        return Err(MongoError::type_mismatch(
+            "setClusterParameter takes an object naming one parameter",
+        ));
+    };
+    let mut fields = param.iter();
+    let (Some((name, value)), None) = (fields.next(), fields.next()) else {
+        return Err(MongoError::bad_value(
+            "setClusterParameter takes exactly one parameter",
+        ));
+    };
+    if name != CHANGE_STREAM_OPTIONS {
+        return Err(unknown_parameter(name));
+    }
+    let Bson::Document(options) = value else {
+        return Err(MongoError::type_mismatch(
+            "changeStreamOptions must be an object",
+        ));
+    };
+    shard::preimages::validate(options)?;
+    let cmd = doc! {"_shardsvrSetClusterParameter": 1, CHANGE_STREAM_OPTIONS: options.clone()};
+    let router = ctx.router;
+    for r in router.broadcast(&router.all_shards(), "admin", &cmd).await {
+        r?;
+    }
+    Ok(ok())
+}
+
+/// `getClusterParameter: "changeStreamOptions" | ["changeStreamOptions"] | "*"`, as the config
+/// shard stores it.
+pub(super) async fn get_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
+    admin_only(ctx)?;
+    let names: Vec<&str> = match ctx.cmd.get("getClusterParameter") {
+        Some(Bson::String(s)) => vec![s.as_str()],
+        Some(Bson::Array(a)) => a.iter().filter_map(Bson::as_str).collect(),
+        _ => {
+            return Err(MongoError::type_mismatch(
+                "getClusterParameter takes a name, a list of names or \"*\"",
+            ));
+        }
+    };
+    if let Some(other) = names
+        .iter()
+        .find(|n| **n != "*" && **n != CHANGE_STREAM_OPTIONS)
+    {
+        return Err(unknown_parameter(other));
+    }
+    let reply = ctx
+        .router
+        .shard_command(
+            0,
+            "admin",
+            doc! {"getClusterParameter": CHANGE_STREAM_OPTIONS},
+        )
+        .await?;
+    let params = reply
+        .get_array("clusterParameters")
+        .cloned()
+        .unwrap_or_default();
+    Ok(doc! {"clusterParameters": params, "ok": 1.0})
 }
 
 pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {

@@ -278,6 +278,8 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => admin::get_parameter(ctx),
         "getCmdLineOpts" => admin::get_cmd_line_opts(ctx),
+        "setClusterParameter" => admin::set_cluster_parameter(ctx).await,
+        "getClusterParameter" => admin::get_cluster_parameter(ctx).await,
         "serverStatus" => admin::server_status(ctx),
         "hostInfo" => admin::host_info(),
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),

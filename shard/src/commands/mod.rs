@@ -105,6 +105,21 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         "getParameter" => hello::get_parameter(&ctx),
+        "getClusterParameter" => {
+            let p = crate::preimages::parameter(shard)?;
+            Ok(Reply::read(
+                bson::doc! {"clusterParameters": [p], "ok": 1.0},
+            ))
+        }
+        "_shardsvrSetClusterParameter" => {
+            let options = ctx
+                .cmd
+                .get_document(crate::preimages::CHANGE_STREAM_OPTIONS)
+                .map_err(|_| MongoError::failed_to_parse("changeStreamOptions must be an object"))?
+                .clone();
+            crate::preimages::set_parameter(shard, options).await?;
+            Ok(Reply::read(bson::doc! {"ok": 1.0}))
+        }
         "commitTransaction" => commit_transaction(&ctx).await,
         "abortTransaction" => abort_transaction(&ctx).await,
         "prepareTransaction" => prepare_transaction(&ctx).await,
