@@ -277,6 +277,7 @@ pub fn parse_command<'a>(
         standalone: false,
     };
     let pipeline = parse_pipeline(stages, &ctx)?;
+    check_read_concern(cmd)?;
     let batch_size = match cmd
         .get_document("cursor")
         .ok()
@@ -298,6 +299,39 @@ pub fn parse_command<'a>(
         pipeline,
         batch_size,
     })
+}
+
+/// A change stream reads majority-committed data: an explicit `readConcern` level other than
+/// `majority` is refused, as MongoDB 7.0 refuses it (InvalidOptions); none is the same as
+/// `majority`.
+fn check_read_concern(cmd: &Document) -> Result<()> {
+    let level = match cmd.get("readConcern") {
+        None => return Ok(()),
+        Some(Bson::Document(rc)) => match rc.get("level") {
+            None => return Ok(()),
+            Some(Bson::String(level)) => level.as_str(),
+            Some(_) => {
+                return Err(MongoError::type_mismatch(
+                    "BSON field 'readConcern.level' is the wrong type, expected type 'string'",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'readConcern' is the wrong type, expected type 'object'",
+            ));
+        }
+    };
+    if level == "majority" {
+        return Ok(());
+    }
+    Err(MongoError::new(
+        ErrorCode::INVALID_OPTIONS,
+        format!(
+            "Aggregation stage $changeStream cannot run with a readConcern other than \
+             'majority'. Current readConcern: {level}"
+        ),
+    ))
 }
 
 /// Parses `pipeline` (the `aggregate` command's array) whose first stage is `$changeStream`.

@@ -452,3 +452,24 @@ fn user_stages_and_split_flag_are_kept() {
     ])));
     assert!(!is_change_stream(&pipeline(vec![doc! {"$match": {}}])));
 }
+
+#[test]
+fn only_majority_read_concern_is_accepted() {
+    let cmd = |rc: Option<Document>| {
+        let mut c = doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}};
+        if let Some(rc) = rc {
+            c.insert("readConcern", rc);
+        }
+        c
+    };
+    for ok in [None, Some(doc! {}), Some(doc! {"level": "majority"})] {
+        assert!(
+            parse_command("db", &cmd(ok.clone()), true).is_ok(),
+            "{ok:?}"
+        );
+    }
+    for level in ["local", "available", "snapshot", "linearizable"] {
+        let e = parse_command("db", &cmd(Some(doc! {"level": level})), true).unwrap_err();
+        assert_eq!(e.code, 72, "{level}");
+    }
+}
