@@ -315,17 +315,12 @@ impl ChangeStreams {
         // truncation point are gone: a start at or before it has lost history (286).
         let position = start.prev();
         check_history(start, state.oplog_truncated_through().next())?;
-        let mut fresh_spec = parsed.spec.clone();
-        fresh_spec.start = StartPoint::None;
-        let share = shared::key(db, cmd).map(|key| {
-            (
-                key,
-                ShardStream::new(fresh_spec, parsed.user_stages.clone()),
-            )
-        });
+        let mut fresh = parsed.clone();
+        fresh.spec.start = StartPoint::None;
+        let share = shared::key(db, cmd).map(|key| (key, ShardStream::from_pipeline(fresh)));
         let mut cursor = StreamCursor {
             reading: Reading {
-                stream: ShardStream::new(parsed.spec, parsed.user_stages),
+                stream: ShardStream::from_pipeline(parsed),
                 position,
             },
             shared: None,

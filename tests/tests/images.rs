@@ -371,3 +371,130 @@ async fn expired_pre_images_are_purged() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// Large events (reference §8): an update of a ~7 MB document with both images is a ~21 MB
+/// event. Without `$changeStreamSplitLargeEvent` the stream fails with 10334; with it, the event
+/// comes as fragments with `splitEvent` and tokens of their own, and a stream resumed after
+/// fragment 1 goes on with fragment 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("large");
+    db.run_command(doc! {"create": "c", "changeStreamPreAndPostImages": {"enabled": true}})
+        .await?;
+    let c = db.collection::<Document>("c");
+    let big = |ch: &str| ch.repeat(7 * 1024 * 1024);
+    let watch = |split: bool| {
+        let c = c.clone();
+        async move {
+            let pipeline = if split {
+                vec![doc! {"$changeStreamSplitLargeEvent": {}}]
+            } else {
+                Vec::new()
+            };
+            anyhow::Ok(
+                c.watch()
+                    .pipeline(pipeline)
+                    .full_document(FullDocumentType::Required)
+                    .full_document_before_change(FullDocumentBeforeChangeType::Required)
+                    .max_await_time(Duration::from_millis(200))
+                    .await?
+                    .with_type::<Document>(),
+            )
+        }
+    };
+    let mut whole = watch(false).await?;
+    let mut split = watch(true).await?;
+    c.insert_one(doc! {"_id": 1, "a": big("x")}).await?;
+    c.update_one(doc! {"_id": 1}, doc! {"$set": {"a": big("y")}})
+        .await?;
+
+    let insert = next(&mut split).await?;
+    assert_eq!(insert.get_str("operationType")?, "insert");
+    let first = next(&mut split).await?;
+    let second = next(&mut split).await?;
+    assert_eq!(
+        first.get_document("splitEvent")?,
+        &doc! {"fragment": 1, "of": 2}
+    );
+    assert_eq!(
+        second.get_document("splitEvent")?,
+        &doc! {"fragment": 2, "of": 2}
+    );
+    // Between them, the fragments carry the whole event: both images and the update.
+    let fields: Vec<&String> = first.keys().chain(second.keys()).collect();
+    for f in [
+        "operationType",
+        "updateDescription",
+        "fullDocument",
+        "fullDocumentBeforeChange",
+    ] {
+        assert!(fields.iter().any(|k| *k == f), "{f} in a fragment");
+    }
+    let image_of = |f: &str| {
+        first
+            .get_document(f)
+            .or_else(|_| second.get_document(f))
+            .ok()
+            .and_then(|d| d.get_str("a").ok().map(|a| a.as_bytes()[0]))
+    };
+    assert_eq!(image_of("fullDocumentBeforeChange"), Some(b'x'));
+    assert_eq!(image_of("fullDocument"), Some(b'y'));
+
+    // The stream without the split fails (in the batch that would hold the update: the insert
+    // before it may go down with it, as in MongoDB, whose getMore fails whole).
+    let err = loop {
+        match next(&mut whole).await {
+            Ok(e) => assert_eq!(e.get_str("operationType")?, "insert"),
+            Err(e) => break e,
+        }
+    };
+    let code = err
+        .downcast_ref::<mongodb::error::Error>()
+        .and_then(command_code);
+    assert_eq!(code, Some(10334), "{err}");
+
+    let token = mongodb::bson::deserialize_from_document::<
+        mongodb::change_stream::event::ResumeToken,
+    >(first.get_document("_id")?.clone())?;
+    let mut resumed = c
+        .watch()
+        .pipeline(vec![doc! {"$changeStreamSplitLargeEvent": {}}])
+        .full_document(FullDocumentType::Required)
+        .full_document_before_change(FullDocumentBeforeChangeType::Required)
+        .resume_after(token)
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>();
+    let after = next(&mut resumed).await?;
+    assert_eq!(
+        after.get_document("splitEvent")?,
+        &doc! {"fragment": 2, "of": 2}
+    );
+    assert_eq!(after.get_document("_id")?, second.get_document("_id")?);
+
+    // A fragment's token needs the split stage to resume from: without it, 280.
+    let token = mongodb::bson::deserialize_from_document::<
+        mongodb::change_stream::event::ResumeToken,
+    >(first.get_document("_id")?.clone())?;
+    let refused = async {
+        let mut s = c
+            .watch()
+            .full_document(FullDocumentType::Required)
+            .full_document_before_change(FullDocumentBeforeChangeType::Required)
+            .resume_after(token)
+            .max_await_time(Duration::from_millis(200))
+            .await?
+            .with_type::<Document>();
+        next(&mut s).await
+    }
+    .await
+    .expect_err("no split stage");
+    let code = refused
+        .downcast_ref::<mongodb::error::Error>()
+        .and_then(command_code);
+    assert_eq!(code, Some(280), "{refused}");
+    cluster.stop().await;
+    Ok(())
+}

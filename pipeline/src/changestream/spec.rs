@@ -410,6 +410,21 @@ pub fn parse_pipeline(pipeline: &[Bson], ctx: &RequestContext<'_>) -> Result<Cha
             user_stages.push(UserStage::Transform(crate::agg::Stage::parse(whole)?));
         }
     }
+    // A fragment's token resumes only a stream that splits: without the split, the event it
+    // belongs to would come whole, and the fragment could never be found.
+    if !split_large_event
+        && spec
+            .start
+            .client_token()
+            .is_some_and(|t| t.fragment_num().is_some())
+    {
+        return Err(MongoError::new(
+            ErrorCode::CHANGE_STREAM_FATAL_ERROR,
+            "To resume from a split event, the $changeStream pipeline must include a \
+             $changeStreamSplitLargeEvent stage",
+        )
+        .with_label("NonResumableChangeStreamError"));
+    }
     Ok(ChangeStreamPipeline {
         spec,
         user_stages,

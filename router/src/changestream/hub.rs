@@ -270,7 +270,7 @@ fn key(db: &str, coll: Option<&str>, stages: &[Bson], parsed: &ChangeStreamPipel
         "db": db,
         "coll": coll.map(Bson::from).unwrap_or(Bson::Null),
         "spec": spec,
-        "pushedDown": super::pushed_down_matches(stages, parsed),
+        "pushedDown": super::shard_stages(stages, parsed),
     };
     key.to_vec().unwrap_or_default()
 }

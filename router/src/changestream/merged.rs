@@ -100,7 +100,7 @@ pub(super) async fn open(
         spec_doc.insert("startAtOperationTime", Bson::Timestamp(start.timestamp()));
     }
     let mut pipeline = vec![Bson::Document(doc! {"$changeStream": spec_doc})];
-    pipeline.extend(super::pushed_down_matches(stages, parsed));
+    pipeline.extend(super::shard_stages(stages, parsed));
     let target = match coll {
         Some(c) => Bson::String(c.to_string()),
         None => Bson::Int32(1),

@@ -129,6 +129,24 @@ pub(crate) fn cursor_reply(ns: &str, id: i64, batch: Batch, first: bool) -> RawD
     .write()
 }
 
+/// Whether the shards run every user stage and `$changeStreamSplitLargeEvent` (and the router
+/// none): a stream that splits large events must split after its stages and before any event
+/// over 16 MiB leaves a shard, as MongoDB runs it. (With updateLookup the router fills
+/// `fullDocument` after the merge, so such a stream keeps its stages on the router and an event
+/// that the lookup takes past 16 MiB fails with 10334 instead of being split.)
+fn split_on_shards(parsed: &ChangeStreamPipeline) -> bool {
+    parsed.split_large_event && parsed.spec.options.full_document != FullDocument::UpdateLookup
+}
+
+/// The user stages the shards run after `$changeStream`: all of them with the split (see
+/// [`split_on_shards`]), else the leading `$match` stages that can run there.
+fn shard_stages(stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<Bson> {
+    if split_on_shards(parsed) {
+        return stages.iter().skip(1).cloned().collect();
+    }
+    pushed_down_matches(stages, parsed)
+}
+
 /// The leading `$match` stages that can run on the shards: those that do not read
 /// `fullDocument` when the router fills it in (updateLookup), since the shards would see it
 /// missing. Their order and semantics are unchanged; the router runs them again, harmlessly.
@@ -208,7 +226,14 @@ pub(super) struct PostMerge {
 impl PostMerge {
     fn new(parsed: &ChangeStreamPipeline) -> PostMerge {
         PostMerge {
-            stream: RouterStream::new(&parsed.spec, parsed.user_stages.clone()),
+            stream: RouterStream::new(
+                &parsed.spec,
+                if split_on_shards(parsed) {
+                    Vec::new()
+                } else {
+                    parsed.user_stages.clone()
+                },
+            ),
             update_lookup: parsed.spec.options.full_document == FullDocument::UpdateLookup,
         }
     }
