@@ -45,6 +45,8 @@ const GENERIC_FIELDS: &[&str] = &[
     "mayBypassWriteBlocking",
     "$audit",
     "$client",
+    // The router's mark on the copies of a sharded collection's DDL (see `run_ddl`).
+    "fromMigrate",
 ];
 
 fn options_of(cmd: &Document) -> Document {

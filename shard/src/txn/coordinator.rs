@@ -229,11 +229,16 @@ pub async fn coordinate(
     if participants.is_empty() {
         return recover_outcome(shard, args).await;
     }
-    // A retried coordinate after a decision: deliver and answer that decision again.
+    // A retried coordinate: deliver and answer the decision made. One not made yet is being
+    // made, by the coordinate still running here or by the recovery of a record left from
+    // before a restart (which decides abort): wait for it. Starting over would let two
+    // coordinators decide differently, and commit the transaction on some shards only.
     if let Some(existing) = load(shard, &args.key)?
         && existing.txn_number == args.txn_number
-        && let Some(decision) = existing.decision
     {
+        let Some(decision) = existing.decision else {
+            return recover_outcome(shard, args).await;
+        };
         deliver(shard, &args.key, existing, decision).await;
         return answer(args, decision);
     }

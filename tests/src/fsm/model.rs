@@ -257,6 +257,9 @@ impl fmt::Display for Scope {
 pub struct WatchSpec {
     pub scope: Scope,
     pub expanded: bool,
+    /// `fullDocumentBeforeChange` and `fullDocument` `required`: every update, replace and
+    /// delete carries its images, checked by [`image_failures`].
+    pub images: bool,
 }
 
 impl WatchSpec {
@@ -573,6 +576,73 @@ pub fn verify(
 }
 
 /// The token-order failures of a whole stream (resume tokens strictly increase).
+/// The images of an image-watcher's stream, checked against the stream itself: per document
+/// (by `documentKey`), a pre-image must equal the document as the earlier events of the stream
+/// left it (once the stream has seen it whole: inserted, replaced or post-imaged), and an
+/// update's post-image must hold its `updatedFields` and lack its `removedFields`.
+pub fn image_failures(observed: &[Document]) -> Vec<String> {
+    let mut current: HashMap<String, Document> = HashMap::new();
+    let mut out = Vec::new();
+    for (pos, ev) in observed.iter().enumerate() {
+        let kind = ev.get_str("operationType").unwrap_or("");
+        let Ok(key) = ev.get_document("documentKey") else {
+            continue;
+        };
+        let key = canonical(&Bson::Document(key.clone()));
+        let before = ev.get_document("fullDocumentBeforeChange").ok();
+        let after = ev.get_document("fullDocument").ok();
+        if matches!(kind, "update" | "replace" | "delete") {
+            match (before, current.get(&key)) {
+                (None, _) => out.push(format!("event {pos} ({kind} {key}) has no pre-image")),
+                (Some(b), Some(c)) if !same_doc(b, c) => out.push(format!(
+                    "event {pos} ({kind} {key}): pre-image {b} but the stream left {c}"
+                )),
+                _ => {}
+            }
+        }
+        match kind {
+            "insert" | "replace" | "update" => {
+                let Some(a) = after else {
+                    out.push(format!("event {pos} ({kind} {key}) has no post-image"));
+                    continue;
+                };
+                if kind == "update"
+                    && let Ok(desc) = ev.get_document("updateDescription")
+                {
+                    for (f, v) in desc.get_document("updatedFields").into_iter().flatten() {
+                        if !f.contains('.') && a.get(f).map(canonical) != Some(canonical(v)) {
+                            out.push(format!(
+                                "event {pos} (update {key}): post-image lacks {f}: {v}"
+                            ));
+                        }
+                    }
+                    for f in desc.get_array("removedFields").into_iter().flatten() {
+                        if let Some(f) = f.as_str()
+                            && !f.contains('.')
+                            && a.contains_key(f)
+                        {
+                            out.push(format!(
+                                "event {pos} (update {key}): post-image still has {f}"
+                            ));
+                        }
+                    }
+                }
+                current.insert(key, a.clone());
+            }
+            "delete" => {
+                current.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Documents equal field by field, whatever their numeric types.
+fn same_doc(a: &Document, b: &Document) -> bool {
+    canonical(&Bson::Document(a.clone())) == canonical(&Bson::Document(b.clone()))
+}
+
 pub fn token_order_failures(observed: &[Document]) -> Vec<String> {
     let mut out = Vec::new();
     for (i, w) in observed.windows(2).enumerate() {
@@ -687,6 +757,7 @@ mod tests {
         WatchSpec {
             scope: Scope::Cluster,
             expanded: false,
+            images: false,
         }
     }
 
@@ -801,6 +872,7 @@ mod tests {
                 coll: "c".into(),
             },
             expanded: false,
+            images: false,
         };
         let mut s: Vec<Document> = [0, 1, 2, 3, 4, 5]
             .iter()
@@ -829,5 +901,55 @@ mod tests {
         assert!(compare_suffix(&s[2..], &s[2..]).is_none());
         let msg = compare_suffix(&s[2..], &s[3..]).unwrap();
         assert!(msg.contains("event 0 of the suffix differs"), "{msg}");
+    }
+
+    #[test]
+    fn images_must_follow_the_stream() {
+        use mongodb::bson::doc;
+        let ev = |kind: &str,
+                  before: Option<Document>,
+                  after: Option<Document>,
+                  desc: Option<Document>| {
+            let mut e = doc! {"operationType": kind, "documentKey": {"_id": 1}};
+            if let Some(b) = before {
+                e.insert("fullDocumentBeforeChange", b);
+            }
+            if let Some(a) = after {
+                e.insert("fullDocument", a);
+            }
+            if let Some(d) = desc {
+                e.insert("updateDescription", d);
+            }
+            e
+        };
+        let v1 = doc! {"_id": 1, "n": 1};
+        let v2 = doc! {"_id": 1, "n": 2};
+        let good = vec![
+            ev("insert", None, Some(v1.clone()), None),
+            ev(
+                "update",
+                Some(v1.clone()),
+                Some(v2.clone()),
+                Some(doc! {"updatedFields": {"n": 2}, "removedFields": []}),
+            ),
+            ev("delete", Some(v2.clone()), None, None),
+        ];
+        assert!(
+            image_failures(&good).is_empty(),
+            "{:?}",
+            image_failures(&good)
+        );
+        let mut stale = good.clone();
+        stale[2] = ev("delete", Some(v1.clone()), None, None);
+        assert_eq!(image_failures(&stale).len(), 1, "a stale pre-image");
+        let mut missing = good.clone();
+        missing[1].remove("fullDocumentBeforeChange");
+        assert_eq!(image_failures(&missing).len(), 1, "no pre-image");
+        let mut wrong_after = good.clone();
+        wrong_after[1].insert("fullDocument", v1.clone());
+        assert!(
+            !image_failures(&wrong_after).is_empty(),
+            "a post-image without the update"
+        );
     }
 }

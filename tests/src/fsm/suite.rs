@@ -587,10 +587,16 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
             ));
         }
         let label = format!(
-            "{} ({mode:?}{})",
+            "{} ({mode:?}{}{})",
             spec.scope,
-            if spec.expanded { ", expanded" } else { "" }
+            if spec.expanded { ", expanded" } else { "" },
+            if spec.images { ", images" } else { "" }
         );
+        if spec.images {
+            for f in model::image_failures(&obs.events) {
+                report.failures.push(format!("watcher {label}: {f}"));
+            }
+        }
         for e in &obs.application_errors {
             report.failures.push(format!(
                 "watcher {label}: an error reached the application: {e}"

@@ -56,6 +56,13 @@ pub async fn open(
     macro_rules! build {
         ($w:expr) => {{
             let mut w = $w.show_expanded_events(spec.expanded);
+            if spec.images {
+                w = w
+                    .full_document(mongodb::options::FullDocumentType::Required)
+                    .full_document_before_change(
+                        mongodb::options::FullDocumentBeforeChangeType::Required,
+                    );
+            }
             match start {
                 Start::Now => {}
                 Start::ResumeAfter(t) => w = w.resume_after(t.clone()),

@@ -363,10 +363,16 @@ impl Workload for Crud {
                 .run_command(doc! {"shardCollection": format!("{}.range", env.db),
                 "key": {"_id": 1}})
                 .await?;
-            env.client
-                .database(&env.db)
-                .create_collection("plain")
-                .await?;
+            let db = env.client.database(&env.db);
+            db.run_command(
+                doc! {"create": "plain", "changeStreamPreAndPostImages": {"enabled": true}},
+            )
+            .await?;
+            // Pre-images on every shard of the sharded one too (image watchers require them).
+            db.run_command(
+                doc! {"collMod": "hashed", "changeStreamPreAndPostImages": {"enabled": true}},
+            )
+            .await?;
             Ok(CRUD_COLLS.iter().map(|c| c.to_string()).collect())
         }
         .boxed()
@@ -406,16 +412,30 @@ impl Workload for Crud {
                     coll: c.to_string(),
                 },
                 expanded: false,
+                images: false,
             })
             .collect();
         specs.push(WatchSpec {
             scope: Scope::Database(db.to_string()),
             expanded: false,
+            images: false,
         });
         specs.push(WatchSpec {
             scope: Scope::Cluster,
             expanded: false,
+            images: false,
         });
+        // Images `required` where every write records them: checked on every event.
+        for coll in ["hashed", "plain"] {
+            specs.push(WatchSpec {
+                scope: Scope::Collection {
+                    db: db.to_string(),
+                    coll: coll.to_string(),
+                },
+                expanded: false,
+                images: true,
+            });
+        }
         specs
     }
 }
@@ -729,14 +749,17 @@ impl Workload for Ddl {
             WatchSpec {
                 scope: Scope::Database(db.to_string()),
                 expanded: true,
+                images: false,
             },
             WatchSpec {
                 scope: Scope::Cluster,
                 expanded: true,
+                images: false,
             },
             WatchSpec {
                 scope: Scope::Database(db.to_string()),
                 expanded: false,
+                images: false,
             },
         ]
     }
@@ -929,6 +952,13 @@ impl Workload for Transfers {
                 .run_command(doc! {"shardCollection": format!("{}.accounts", env.db),
                 "key": {"_id": "hashed"}})
                 .await?;
+            // Pre-images of the transactions' updates (a two-phase commit carries them).
+            env.client
+                .database(&env.db)
+                .run_command(
+                    doc! {"collMod": "accounts", "changeStreamPreAndPostImages": {"enabled": true}},
+                )
+                .await?;
             Ok(vec!["accounts".to_string()])
         }
         .boxed()
@@ -960,10 +990,20 @@ impl Workload for Transfers {
                     coll: "accounts".to_string(),
                 },
                 expanded: false,
+                images: false,
+            },
+            WatchSpec {
+                scope: Scope::Collection {
+                    db: db.to_string(),
+                    coll: "accounts".to_string(),
+                },
+                expanded: false,
+                images: true,
             },
             WatchSpec {
                 scope: Scope::Database(db.to_string()),
                 expanded: false,
+                images: false,
             },
         ]
     }
