@@ -161,6 +161,44 @@ pub struct RouterCursor {
     /// `db.collection` as the driver sees it in `cursor.ns`.
     pub ns: String,
     pub state: CursorState,
+    /// What `currentOp` shows of it (change streams).
+    pub info: Option<Arc<Mutex<StreamInfo>>>,
+}
+
+/// What `currentOp` (`idleCursors: true`) shows of a change-stream cursor: its namespace,
+/// the command that opened it, how far it has got.
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    pub ns: String,
+    pub originating_command: Document,
+    pub created: bson::DateTime,
+    pub last_access: bson::DateTime,
+    pub returned: i64,
+    /// The post-batch resume token of its last reply.
+    pub last_token: Option<Document>,
+}
+
+impl StreamInfo {
+    pub fn new(ns: &str, command: &Document) -> StreamInfo {
+        let now = bson::DateTime::now();
+        StreamInfo {
+            ns: ns.to_string(),
+            originating_command: command.clone(),
+            created: now,
+            last_access: now,
+            returned: 0,
+            last_token: None,
+        }
+    }
+
+    /// A reply went out with `events` events and this post-batch resume token.
+    pub fn replied(&mut self, events: usize, token: Option<Document>) {
+        self.last_access = bson::DateTime::now();
+        self.returned += events as i64;
+        if token.is_some() {
+            self.last_token = token;
+        }
+    }
 }
 
 impl RouterCursor {
@@ -207,6 +245,7 @@ impl RouterCursor {
 struct Entry {
     cursor: Arc<tokio::sync::Mutex<RouterCursor>>,
     last_used: Instant,
+    info: Option<Arc<Mutex<StreamInfo>>>,
 }
 
 /// All open router cursors.
@@ -225,14 +264,27 @@ impl CursorTable {
                 break id;
             }
         };
+        let info = cursor.info.clone();
         map.insert(
             id,
             Entry {
                 cursor: Arc::new(tokio::sync::Mutex::new(cursor)),
                 last_used: Instant::now(),
+                info,
             },
         );
         id
+    }
+
+    /// The open change-stream cursors, by id (read without waiting on a cursor in use).
+    pub fn streams(&self) -> Vec<(i64, StreamInfo)> {
+        let map = lock(&self.cursors);
+        let mut out: Vec<(i64, StreamInfo)> = map
+            .iter()
+            .filter_map(|(id, e)| Some((*id, lock(e.info.as_ref()?).clone())))
+            .collect();
+        out.sort_by_key(|(id, _)| *id);
+        out
     }
 
     /// The cursor with this id, or `CursorNotFound`.

@@ -39,7 +39,7 @@ use wire::{ErrorCode, MongoError, Result};
 mod shared;
 
 use crate::oplog::{self, WindowRead};
-use crate::state::ShardState;
+use crate::state::{ShardState, StreamMetrics};
 use crate::storage::Table;
 
 /// Entries read from the window or storage per step.
@@ -128,7 +128,11 @@ impl Reading {
             };
             let raw = RawDocument::from_bytes(&bytes).map_err(corrupt)?;
             // The common case (CRUD) goes from the entry's bytes to the event's.
-            if let Some(events) = self.stream.process_encoded(raw)? {
+            let encoded = self
+                .stream
+                .process_encoded(raw)
+                .inspect_err(|e| failed(state, e))?;
+            if let Some(events) = encoded {
                 out.extend(events.into_iter().map(|e| {
                     Arc::new(Pending {
                         ts,
@@ -142,10 +146,18 @@ impl Reading {
                 let mut lookup =
                     |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
                 let mut pre_image = |id: &PreImageId| read_pre_image(state, id);
-                for event in
-                    self.stream
-                        .process_entry_with_images(&entry, &mut lookup, &mut pre_image)?
-                {
+                let events = self
+                    .stream
+                    .process_entry_with_images(&entry, &mut lookup, &mut pre_image)
+                    .inspect_err(|e| failed(state, e))?;
+                for event in events {
+                    if event
+                        .doc
+                        .get_document("splitEvent")
+                        .is_ok_and(|s| s.get_i32("fragment").ok() == Some(1))
+                    {
+                        StreamMetrics::count(&state.stream_metrics.large_events_split);
+                    }
                     out.push_back(Arc::new(Pending::new(ts, event)?));
                 }
             }
@@ -155,6 +167,13 @@ impl Reading {
             }
         }
         Ok(exhausted)
+    }
+}
+
+/// Counts a stream failed by an event over 16 MiB.
+fn failed(state: &ShardState, e: &MongoError) {
+    if e.code == ErrorCode::BSON_OBJECT_TOO_LARGE.code {
+        StreamMetrics::count(&state.stream_metrics.large_events_failed);
     }
 }
 
@@ -304,6 +323,9 @@ impl ChangeStreams {
             batch_size: n,
             ..
         } = parse_command(db, cmd, false)?;
+        if parsed.spec.options.show_expanded_events {
+            StreamMetrics::count(&state.stream_metrics.show_expanded_events);
+        }
         let now = state.high_water_mark().next();
         let start = parsed.spec.scan_start(now);
         let pbrt = parsed.spec.initial_post_batch_resume_token(now);

@@ -357,6 +357,32 @@ impl Shard {
             .contains(name)
     }
 
+    /// What `serverStatus` shows of this shard: its oplog (size, entries, oldest and newest
+    /// `ts`), high-water mark, pre-images and change-stream counters.
+    pub fn status(&self) -> Result<bson::Document, wire::MongoError> {
+        let state = &self.state;
+        let stats = state.oplog_stats();
+        let storage = |e: StorageError| wire::MongoError::internal(format!("storage: {e}"));
+        let read = state.storage.begin_read().map_err(storage)?;
+        let ts = |t: Option<ClusterTime>| t.map_or(bson::Bson::Null, |t| t.timestamp().into());
+        let oldest = oplog::first_ts_in_storage(&*read).map_err(storage)?;
+        let newest = oplog::last_ts_in_storage(&*read).map_err(storage)?;
+        drop(read);
+        let (images, image_bytes) = preimages::stats(self)?;
+        Ok(bson::doc! {
+            "shard": &state.name,
+            "oplog": {
+                "sizeBytes": stats.bytes as i64,
+                "entries": stats.entries as i64,
+                "oldest": ts(oldest),
+                "newest": ts(newest),
+            },
+            "highWaterMark": state.high_water_mark().timestamp(),
+            "preImages": {"count": images as i64, "bytes": image_bytes as i64},
+            "metrics": {"changeStreams": state.stream_metrics.to_document()},
+        })
+    }
+
     /// Runs one purge of expired change-stream pre-images now (it also runs every
     /// [`preimages::PURGE_INTERVAL`]); returns how many it removed.
     pub async fn purge_expired_pre_images(&self) -> Result<usize, wire::MongoError> {

@@ -214,6 +214,16 @@ pub fn read_from_storage(
     Ok(out)
 }
 
+/// The first (oldest) entry's `ts` in storage.
+pub fn first_ts_in_storage(txn: &dyn ReadTxn) -> StorageResult<Option<ClusterTime>> {
+    let mut first = None;
+    txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |k, _| {
+        first = ts_of_key(k);
+        Scan::Stop
+    })?;
+    Ok(first)
+}
+
 /// The last entry's `ts` in storage.
 pub fn last_ts_in_storage(txn: &dyn ReadTxn) -> StorageResult<Option<ClusterTime>> {
     let mut last = None;

@@ -60,41 +60,56 @@ impl Default for Retention {
 pub struct OplogStats {
     pub bytes: u64,
     pub truncated_through: ClusterTime,
+    /// How many entries the oplog holds.
+    pub entries: u64,
 }
 
 impl OplogStats {
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
+    pub fn encode(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
         out[..8].copy_from_slice(&self.bytes.to_be_bytes());
-        out[8..].copy_from_slice(&self.truncated_through.as_u64().to_be_bytes());
+        out[8..16].copy_from_slice(&self.truncated_through.as_u64().to_be_bytes());
+        out[16..].copy_from_slice(&self.entries.to_be_bytes());
         out
     }
 
-    pub fn decode(b: &[u8]) -> Option<OplogStats> {
+    /// Decodes the stats; `entries` is `None` in the 16-byte form written before they were
+    /// counted.
+    pub fn decode(b: &[u8]) -> Option<(OplogStats, bool)> {
         let bytes = u64::from_be_bytes(b.get(..8)?.try_into().ok()?);
         let t = u64::from_be_bytes(b.get(8..16)?.try_into().ok()?);
-        Some(OplogStats {
-            bytes,
-            truncated_through: ClusterTime::from_u64(t),
-        })
+        let entries = match b.get(16..24) {
+            Some(e) => Some(u64::from_be_bytes(e.try_into().ok()?)),
+            None => None,
+        };
+        Some((
+            OplogStats {
+                bytes,
+                truncated_through: ClusterTime::from_u64(t),
+                entries: entries.unwrap_or(0),
+            },
+            entries.is_some(),
+        ))
     }
 
-    /// Loads the stats, computing the size by a scan when the file predates them.
+    /// Loads the stats, counting what an older file did not record by a scan.
     pub fn load(txn: &dyn ReadTxn) -> StorageResult<OplogStats> {
-        if let Some(s) = txn
+        let stored = txn
             .get(Table::Meta, STATS_KEY)?
-            .and_then(|b| OplogStats::decode(&b))
-        {
+            .and_then(|b| OplogStats::decode(&b));
+        if let Some((s, true)) = stored {
             return Ok(s);
         }
-        let mut bytes = 0u64;
+        let (mut bytes, mut entries) = (0u64, 0u64);
         txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |_, v| {
             bytes += v.len() as u64;
+            entries += 1;
             Scan::Continue
         })?;
         Ok(OplogStats {
             bytes,
-            truncated_through: ClusterTime::ZERO,
+            truncated_through: stored.map_or(ClusterTime::ZERO, |(s, _)| s.truncated_through),
+            entries,
         })
     }
 }
@@ -134,6 +149,7 @@ pub fn trim(
     for (k, ts) in doomed {
         txn.delete(Table::Oplog, &k)?;
         stats.truncated_through = stats.truncated_through.max(ts);
+        stats.entries = stats.entries.saturating_sub(1);
     }
     stats.bytes = bytes;
     Ok(())
@@ -148,8 +164,15 @@ mod tests {
         let s = OplogStats {
             bytes: 123,
             truncated_through: ClusterTime::new(4, 5),
+            entries: 7,
         };
-        assert_eq!(OplogStats::decode(&s.encode()), Some(s));
+        assert_eq!(OplogStats::decode(&s.encode()), Some((s, true)));
         assert_eq!(OplogStats::decode(&[1, 2]), None);
+        let old = &s.encode()[..16];
+        assert_eq!(
+            OplogStats::decode(old).map(|(d, counted)| (d.bytes, counted)),
+            Some((123, false)),
+            "the form without the count still reads"
+        );
     }
 }

@@ -31,6 +31,34 @@ pub struct ShardState {
     pub history: Arc<History>,
     /// The keys prepared transactions hold: no other write may touch them until decided.
     pub prepared: crate::txn::PreparedKeys,
+    /// Counters `serverStatus` shows under `metrics.changeStreams`.
+    pub stream_metrics: StreamMetrics,
+}
+
+/// Change-stream counters of a shard (`serverStatus.metrics.changeStreams`).
+#[derive(Debug, Default)]
+pub struct StreamMetrics {
+    /// Events split into fragments by `$changeStreamSplitLargeEvent`.
+    pub large_events_split: AtomicU64,
+    /// Events over 16 MiB that failed their stream (10334).
+    pub large_events_failed: AtomicU64,
+    /// Streams opened with `showExpandedEvents`.
+    pub show_expanded_events: AtomicU64,
+}
+
+impl StreamMetrics {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn to_document(&self) -> bson::Document {
+        let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed) as i64;
+        bson::doc! {
+            "largeEventsSplit": get(&self.large_events_split),
+            "largeEventsFailed": get(&self.large_events_failed),
+            "showExpandedEvents": get(&self.show_expanded_events),
+        }
+    }
 }
 
 impl ShardState {
@@ -56,6 +84,7 @@ impl ShardState {
             retention: Mutex::new(Retention::default()),
             history,
             prepared: Default::default(),
+            stream_metrics: StreamMetrics::default(),
         }
     }
 

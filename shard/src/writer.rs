@@ -531,6 +531,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     let mut stats = state.oplog_stats();
     if failure.is_none() {
         stats.bytes += pending.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        stats.entries += pending.len() as u64;
         let keep_from = pending.first().map(|(ts, _)| *ts);
         let trimmed = crate::retention::trim(
             &mut *txn,

@@ -454,6 +454,15 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
         .downcast_ref::<mongodb::error::Error>()
         .and_then(command_code);
     assert_eq!(code, Some(10334), "{err}");
+    let status = client
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    let counters = status
+        .get_document("metrics")?
+        .get_document("changeStreams")?;
+    assert!(counters.get_i64("largeEventsSplit")? >= 1, "{counters}");
+    assert!(counters.get_i64("largeEventsFailed")? >= 1, "{counters}");
 
     let token = mongodb::bson::deserialize_from_document::<
         mongodb::change_stream::event::ResumeToken,

@@ -104,9 +104,18 @@ pub(crate) async fn aggregate(
         cursor.kill().await;
         return Ok(cursor_reply(&ns, 0, batch, true));
     }
+    let mut info = crate::cursors::StreamInfo::new(&ns, cmd);
+    info.replied(
+        batch.events.len(),
+        batch
+            .post_batch_resume_token
+            .as_ref()
+            .map(ResumeToken::to_document),
+    );
     let id = router.cursors.insert(crate::cursors::RouterCursor {
         ns: ns.clone(),
         state: crate::cursors::CursorState::ChangeStream(Box::new(cursor)),
+        info: Some(Arc::new(std::sync::Mutex::new(info))),
     });
     Ok(cursor_reply(&ns, id, batch, true))
 }

@@ -128,8 +128,42 @@ pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(doc! {"argv": argv, "parsed": {}, "ok": 1.0})
 }
 
-pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
+/// `serverStatus`: the router's own figures, and each shard's (`shards.<name>`: oplog size,
+/// entries, oldest and newest `ts`, high-water mark, pre-images, change-stream counters, which
+/// `metrics.changeStreams` also sums). A shard that does not answer within a second shows its
+/// error instead.
+pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
+    let names = router.shard_names();
+    let asks = router.all_shards().into_iter().map(|s| async move {
+        let ask = router.shard_command(s, "admin", doc! {"serverStatus": 1});
+        match tokio::time::timeout(std::time::Duration::from_secs(1), ask).await {
+            Ok(Ok(mut d)) => {
+                for k in ["ok", "$clusterTime", "operationTime", "shard"] {
+                    d.remove(k);
+                }
+                d
+            }
+            Ok(Err(e)) => doc! {"error": e.errmsg},
+            Err(_) => doc! {"error": "no answer within 1 s"},
+        }
+    });
+    let statuses = futures::future::join_all(asks).await;
+    let mut shards = Document::new();
+    let mut split = 0i64;
+    let mut failed = 0i64;
+    let mut expanded = 0i64;
+    for (name, status) in names.iter().zip(statuses) {
+        if let Ok(cs) = status
+            .get_document("metrics")
+            .and_then(|m| m.get_document("changeStreams"))
+        {
+            split += cs.get_i64("largeEventsSplit").unwrap_or(0);
+            failed += cs.get_i64("largeEventsFailed").unwrap_or(0);
+            expanded += cs.get_i64("showExpandedEvents").unwrap_or(0);
+        }
+        shards.insert(name.clone(), status);
+    }
     let uptime = router.started.elapsed();
     let current = router
         .open_connections
@@ -147,9 +181,17 @@ pub(super) fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
         "metrics": {
             "cursor": {"open": {"total": router.cursors.len() as i64}},
-            // Merges shared by change streams with the same shard-side spec.
-            "changeStreams": {"sharedMerges": merges as i64, "sharedBufferBytes": buffered as i64},
+            // Merges shared by change streams with the same shard-side spec; the shards'
+            // counters, summed.
+            "changeStreams": {
+                "sharedMerges": merges as i64,
+                "sharedBufferBytes": buffered as i64,
+                "largeEventsSplit": split,
+                "largeEventsFailed": failed,
+                "showExpandedEvents": expanded,
+            },
         },
+        "shards": shards,
         "ok": 1.0,
     })
 }

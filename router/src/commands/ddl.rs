@@ -322,6 +322,7 @@ fn pass_cursor(
                 limit: None,
                 projection: None,
             }),
+            info: None,
         });
         if let Ok(c) = reply.get_document_mut("cursor") {
             c.insert("id", id);

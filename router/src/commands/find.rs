@@ -71,7 +71,7 @@ fn cursor_reply(
 }
 
 /// Reads the first batch of a fresh router cursor and replies with it.
-async fn first_reply(
+pub(super) async fn first_reply(
     ctx: &Ctx<'_>,
     ns: String,
     mut cursor: RouterCursor,
@@ -87,7 +87,7 @@ async fn first_reply(
     Ok(cursor_reply(ctx.router, ns, batch, open))
 }
 
-fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
+pub(super) fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
     let v = match from {
         Some(d) => super::Args::new(d, ctx.name).opt_i64("batchSize")?,
         None => ctx.args().opt_i64("batchSize")?,
@@ -169,6 +169,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
             limit: router_limit,
             projection: router_projection,
         }),
+        info: None,
     };
     let mut reply = first_reply(ctx, ns, cursor, first).await?;
     if single_batch {
@@ -256,6 +257,15 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
             }
         };
         let keep = !batch.invalidated;
+        if let Some(info) = &guard.info {
+            info.lock().unwrap_or_else(|e| e.into_inner()).replied(
+                batch.events.len(),
+                batch
+                    .post_batch_resume_token
+                    .as_ref()
+                    .map(resume::token::ResumeToken::to_document),
+            );
+        }
         let reply = crate::changestream::cursor_reply(&guard.ns, id, batch, false);
         if !keep {
             guard.kill(router).await;
@@ -409,6 +419,10 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     let first = batch_size(ctx, cursor_opts)?;
     let coll = match ctx.cmd.get("aggregate") {
         Some(Bson::String(c)) => c.as_str(),
+        _ if stages.first().is_some_and(|s| s.contains_key("$currentOp")) => {
+            let stages: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
+            return super::current_op::aggregate(ctx, &stages).await;
+        }
         _ => {
             return Err(MongoError::new(
                 ErrorCode::INVALID_NAMESPACE,
@@ -441,6 +455,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         let cursor = RouterCursor {
             ns: ns.clone(),
             state: CursorState::Buffered(out.into()),
+            info: None,
         };
         return first_reply(ctx, ns, cursor, first).await;
     }
@@ -485,6 +500,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             limit: None,
             projection: None,
         }),
+        info: None,
     };
     let mut docs = Vec::new();
     loop {
@@ -498,6 +514,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     let cursor = RouterCursor {
         ns: ns.clone(),
         state: CursorState::Buffered(out),
+        info: None,
     };
     first_reply(ctx, ns, cursor, first).await
 }
@@ -531,6 +548,7 @@ async fn pass_through(
             limit: None,
             projection: None,
         }),
+        info: None,
     };
     Ok(cursor_reply(ctx.router, ns, batch, Some(cursor)))
 }

@@ -7,6 +7,7 @@
 mod admin;
 mod args;
 mod crud;
+mod current_op;
 mod ddl;
 mod find;
 mod handshake;
@@ -278,9 +279,10 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => admin::get_parameter(ctx),
         "getCmdLineOpts" => admin::get_cmd_line_opts(ctx),
+        "currentOp" => current_op::current_op(ctx),
         "setClusterParameter" => admin::set_cluster_parameter(ctx).await,
         "getClusterParameter" => admin::get_cluster_parameter(ctx).await,
-        "serverStatus" => admin::server_status(ctx),
+        "serverStatus" => admin::server_status(ctx).await,
         "hostInfo" => admin::host_info(),
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
         "listDatabases" => admin::list_databases(ctx).await,

@@ -105,6 +105,11 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         "getParameter" => hello::get_parameter(&ctx),
+        "serverStatus" => {
+            let mut status = shard.status()?;
+            status.insert("ok", 1.0);
+            Ok(Reply::read(status))
+        }
         "getClusterParameter" => {
             let p = crate::preimages::parameter(shard)?;
             Ok(Reply::read(

@@ -1,0 +1,111 @@
+//! `currentOp` and the `$currentOp` stage: what this router is doing. Operations in flight are
+//! not tracked; with `idleCursors: true` the open change-stream cursors are listed, each with
+//! its namespace, the command that opened it, the post-batch resume token of its last reply and
+//! how far that is behind the cluster's time (`lagSecs`), so an operator sees which streams
+//! fall behind.
+//!
+//! Invariant: listing never waits on a cursor in use (each cursor's facts are kept beside it).
+
+use bson::{Bson, Document, doc};
+use resume::token::ResumeTokenData;
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+use crate::cursors::{CursorState, RouterCursor};
+
+/// The `inprog` entries: one `idleCursor` per open change stream when `idle_cursors`.
+fn inprog(ctx: &Ctx<'_>, idle_cursors: bool) -> Vec<Document> {
+    if !idle_cursors {
+        return Vec::new();
+    }
+    let router = ctx.router;
+    let now = router.cluster_time();
+    router
+        .cursors
+        .streams()
+        .into_iter()
+        .map(|(id, info)| {
+            let lag = info
+                .last_token
+                .as_ref()
+                .and_then(|t| ResumeTokenData::from_document(t).ok())
+                .map(|t| i64::from(now.secs.saturating_sub(t.cluster_time().secs)));
+            doc! {
+                "type": "idleCursor",
+                "host": &router.options.advertised_host,
+                "ns": &info.ns,
+                "cursor": {
+                    "cursorId": id,
+                    "createdDate": info.created,
+                    "lastAccessDate": info.last_access,
+                    "nDocsReturned": info.returned,
+                    "tailable": true,
+                    "awaitData": true,
+                    "originatingCommand": info.originating_command.clone(),
+                },
+                "changeStream": {
+                    "lastResumeToken": info.last_token.clone().map_or(Bson::Null, Bson::Document),
+                    "lagSecs": lag.map_or(Bson::Null, Bson::Int64),
+                },
+            }
+        })
+        .collect()
+}
+
+fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
+    if ctx.db != "admin" {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            format!("{} may only be run against the admin database.", ctx.name),
+        ));
+    }
+    Ok(())
+}
+
+/// `currentOp: 1` (fields other than its options filter the entries, as in MongoDB).
+pub(super) fn current_op(ctx: &Ctx<'_>) -> Result<Document> {
+    admin_only(ctx)?;
+    let mut filter = Document::new();
+    let mut idle_cursors = false;
+    for (k, v) in ctx.cmd {
+        match k.as_str() {
+            "currentOp" | "$all" | "$ownOps" | "$db" | "lsid" | "$clusterTime"
+            | "$readPreference" | "apiVersion" | "comment" => {}
+            "idleCursors" => idle_cursors = pipeline::value::truthy(v),
+            other => {
+                filter.insert(other, v.clone());
+            }
+        }
+    }
+    let matcher = pipeline::Matcher::parse(&filter)?;
+    let inprog: Vec<Bson> = inprog(ctx, idle_cursors)
+        .into_iter()
+        .filter(|d| matcher.matches(d))
+        .map(Bson::Document)
+        .collect();
+    Ok(doc! {"inprog": inprog, "ok": 1.0})
+}
+
+/// `aggregate: 1` on `admin` with `$currentOp` first, then any document stages.
+pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Document> {
+    admin_only(ctx)?;
+    let Some(first) = stages
+        .first()
+        .and_then(|s| s.get_document("$currentOp").ok())
+    else {
+        return Err(MongoError::bad_value("$currentOp must be the first stage"));
+    };
+    let idle_cursors = first
+        .get("idleCursors")
+        .is_some_and(pipeline::value::truthy);
+    let rest = pipeline::agg::Pipeline::parse(&stages[1..])?;
+    let out = rest.run(inprog(ctx, idle_cursors))?;
+    let ns = "admin.$cmd.aggregate".to_string();
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Buffered(out.into()),
+        info: None,
+    };
+    let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::find::first_reply(ctx, ns, cursor, batch).await
+}
