@@ -30,7 +30,7 @@ use bson::{Document, doc};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use mongodb::Client;
-use mongodb::options::{ClientOptions, FullDocumentType};
+use mongodb::options::{ClientOptions, FullDocumentBeforeChangeType, FullDocumentType};
 
 use report::{Latency, Server, Summary, Tick, rate};
 use workload::{Level, Op, Shared, WatchSpec, Watched, WriteSpec};
@@ -97,6 +97,13 @@ struct Cli {
     /// `fullDocument` for the watchers: updateLookup, whenAvailable or required.
     #[arg(long)]
     full_document: Option<String>,
+    /// Create the collection with `changeStreamPreAndPostImages` (every update and delete
+    /// keeps its pre-image).
+    #[arg(long)]
+    pre_images: bool,
+    /// `fullDocumentBeforeChange` for the watchers: whenAvailable or required.
+    #[arg(long)]
+    full_document_before_change: Option<String>,
     /// Write first, then open the watchers at the time the writes began and drain them.
     #[arg(long)]
     drain: bool,
@@ -133,6 +140,14 @@ async fn run(cli: Cli) -> Result<()> {
             "--full-document {other}: expected updateLookup, whenAvailable or required"
         ),
     };
+    let before_change = match cli.full_document_before_change.as_deref() {
+        None => None,
+        Some("whenAvailable") => Some(FullDocumentBeforeChangeType::WhenAvailable),
+        Some("required") => Some(FullDocumentBeforeChangeType::Required),
+        Some(other) => anyhow::bail!(
+            "--full-document-before-change {other}: expected whenAvailable or required"
+        ),
+    };
     let pipeline = match &cli.filter {
         None => Vec::new(),
         Some(json) => {
@@ -157,7 +172,7 @@ async fn run(cli: Cli) -> Result<()> {
     let mut opts = ClientOptions::parse(&uri).await?;
     opts.max_pool_size = Some((cli.writers + cli.watchers + cli.stalled + 8) as u32);
     let client = Client::with_options(opts)?;
-    let result = bench(&cli, &client, pid, pipeline, full_document).await;
+    let result = bench(&cli, &client, pid, pipeline, full_document, before_change).await;
     drop(server);
     let summary = result?;
     for line in summary.lines() {
@@ -176,10 +191,15 @@ async fn bench(
     pid: Option<u32>,
     pipeline: Vec<Document>,
     full_document: Option<FullDocumentType>,
+    full_document_before_change: Option<FullDocumentBeforeChangeType>,
 ) -> Result<Summary> {
     let db = client.database(&cli.db);
     db.drop().await.context("dropping the bench database")?;
-    db.create_collection(COLL).await?;
+    let mut create = doc! {"create": COLL};
+    if cli.pre_images {
+        create.insert("changeStreamPreAndPostImages", doc! {"enabled": true});
+    }
+    db.run_command(create).await?;
     if cli.sharded {
         client
             .database("admin")
@@ -205,6 +225,7 @@ async fn bench(
         level: cli.level,
         pipeline,
         full_document,
+        full_document_before_change,
         start_at: None,
     };
     let counted = watch_spec.pipeline.is_empty();

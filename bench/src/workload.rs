@@ -65,6 +65,7 @@ pub struct WatchSpec {
     pub level: Level,
     pub pipeline: Vec<Document>,
     pub full_document: Option<FullDocumentType>,
+    pub full_document_before_change: Option<mongodb::options::FullDocumentBeforeChangeType>,
     pub start_at: Option<bson::Timestamp>,
 }
 
@@ -287,6 +288,9 @@ pub async fn open(
             if let Some(f) = &spec.full_document {
                 w = w.full_document(f.clone());
             }
+            if let Some(f) = &spec.full_document_before_change {
+                w = w.full_document_before_change(f.clone());
+            }
             if let Some(t) = spec.start_at {
                 w = w.start_at_operation_time(t);
             }
@@ -318,6 +322,7 @@ pub async fn resume_to_first_event(
         level: spec.level,
         pipeline: spec.pipeline.clone(),
         full_document: spec.full_document.clone(),
+        full_document_before_change: spec.full_document_before_change.clone(),
         start_at: Some(start),
     };
     let mut first = open(client, db, coll, &at_start).await?;
