@@ -33,7 +33,8 @@ pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(reply)
 }
 
-fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
+/// Refuses a command sent to a database other than `admin` (13, as MongoDB).
+pub(super) fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
     if ctx.db != "admin" {
         return Err(MongoError::new(
             ErrorCode::UNAUTHORIZED,

@@ -8,9 +8,10 @@
 
 use bson::{Bson, Document, doc};
 use resume::token::ResumeTokenData;
-use wire::{ErrorCode, MongoError, Result};
+use wire::{MongoError, Result};
 
 use super::Ctx;
+use super::admin::admin_only;
 use crate::cursors::{CursorState, RouterCursor};
 
 /// The `inprog` entries: one `idleCursor` per open change stream when `idle_cursors`.
@@ -50,16 +51,6 @@ fn inprog(ctx: &Ctx<'_>, idle_cursors: bool) -> Vec<Document> {
             }
         })
         .collect()
-}
-
-fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
-    if ctx.db != "admin" {
-        return Err(MongoError::new(
-            ErrorCode::UNAUTHORIZED,
-            format!("{} may only be run against the admin database.", ctx.name),
-        ));
-    }
-    Ok(())
 }
 
 /// `currentOp: 1` (fields other than its options filter the entries, as in MongoDB).
