@@ -108,9 +108,9 @@ impl WriteOutcome {
     }
 
     fn into_reply(mut self) -> Document {
-        let mut reply = doc! {"n": self.n};
+        let mut reply = doc! {"n": count(self.n)};
         if self.is_update {
-            reply.insert("nModified", self.n_modified);
+            reply.insert("nModified", count(self.n_modified));
             if !self.upserted.is_empty() {
                 self.upserted.sort_by_key(|(i, _)| *i);
                 let ups: Vec<Bson> = self
@@ -132,6 +132,11 @@ impl WriteOutcome {
         reply.insert("ok", 1.0);
         reply
     }
+}
+
+/// A count as MongoDB answers it: an int32 (int64 only past its range).
+fn count(n: i64) -> Bson {
+    i32::try_from(n).map_or(Bson::Int64(n), Bson::Int32)
 }
 
 fn int(v: Option<&Bson>) -> i64 {
@@ -540,7 +545,7 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(e.get_i32("index").unwrap(), 7);
-        assert_eq!(reply.get_i64("n").unwrap(), 1);
+        assert_eq!(reply.get("n"), Some(&Bson::Int32(1)), "an int32, as MongoDB");
     }
 
     #[test]
