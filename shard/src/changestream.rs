@@ -177,12 +177,17 @@ fn failed(state: &ShardState, e: &MongoError) {
     }
 }
 
-/// The pre-image stored with the write `id` names, if it is still there.
-fn read_pre_image(state: &ShardState, id: &PreImageId) -> Option<Document> {
-    let read = state.storage.begin_read().ok()?;
+/// The pre-image stored with the write `id` names, if it is still there (a storage failure is
+/// an error, a damaged pre-image too: neither is a missing image).
+fn read_pre_image(state: &ShardState, id: &PreImageId) -> Result<Option<Document>> {
+    let read = state.storage.begin_read().map_err(storage_error)?;
     let key = crate::keys::pre_image_key(&id.uuid, id.ts, id.apply_ops_index);
-    let bytes = read.get(Table::PreImages, &key).ok()??;
-    Document::from_reader(bytes.as_slice()).ok()
+    match read.get(Table::PreImages, &key).map_err(storage_error)? {
+        None => Ok(None),
+        Some(bytes) => Document::from_reader(bytes.as_slice())
+            .map(Some)
+            .map_err(|e| MongoError::internal(format!("a damaged pre-image at {}: {e}", id.ts))),
+    }
 }
 
 /// One cursor's reading state. See the module invariants.

@@ -68,12 +68,13 @@ pub fn wanted(spec: &ChangeStreamSpec) -> bool {
 }
 
 /// Adds the images `spec` asks for to `event`, made from the operation `op`; `pre_image` finds
-/// a stored pre-image.
+/// a stored pre-image (its failure to read storage fails the stream: it is not a missing
+/// image).
 pub fn add_images(
     spec: &ChangeStreamSpec,
     op: &Document,
     event: &mut ChangeEvent,
-    pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+    pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
 ) -> Result<()> {
     let kind = event.operation_type();
     let before_mode = spec.options.full_document_before_change;
@@ -87,7 +88,10 @@ pub fn add_images(
     if !wants_before && !wants_after {
         return Ok(());
     }
-    let before = PreImageId::of(op).and_then(|id| pre_image(&id));
+    let before = match PreImageId::of(op) {
+        Some(id) => pre_image(&id)?,
+        None => None,
+    };
     if wants_before && before.is_none() && before_mode == FullDocumentBeforeChange::Required {
         return Err(missing("pre-image", event));
     }
@@ -170,9 +174,11 @@ mod tests {
         ChangeEvent::from_document(doc).unwrap()
     }
 
-    fn stored(id: &PreImageId) -> Option<Document> {
-        (id.ts == ClusterTime::new(100, 7) && id.apply_ops_index == 0)
-            .then(|| doc! {"_id": 1, "a": 1, "b": 2})
+    fn stored(id: &PreImageId) -> Result<Option<Document>> {
+        Ok(
+            (id.ts == ClusterTime::new(100, 7) && id.apply_ops_index == 0)
+                .then(|| doc! {"_id": 1, "a": 1, "b": 2}),
+        )
     }
 
     #[test]
@@ -214,7 +220,7 @@ mod tests {
     #[test]
     fn without_a_pre_image_when_available_is_null_and_required_fails() {
         let update = op("u", doc! {"$v": 2, "diff": {"u": {"a": 5}}}, doc! {});
-        let mut none = |_: &PreImageId| None;
+        let mut none = |_: &PreImageId| Ok(None);
         let mut e = event("update");
         add_images(
             &spec(
@@ -257,7 +263,7 @@ mod tests {
         let s = spec(FullDocument::Default, FullDocumentBeforeChange::Off);
         assert!(!wanted(&s));
         let mut e = event("update");
-        let mut never = |_: &PreImageId| -> Option<Document> { panic!("not looked up") };
+        let mut never = |_: &PreImageId| -> Result<Option<Document>> { panic!("not looked up") };
         add_images(
             &s,
             &op("u", doc! {"$v": 2, "diff": {}}, doc! {}),

@@ -86,7 +86,7 @@ impl ShardStream {
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
         if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
@@ -115,7 +115,7 @@ impl ShardStream {
         &mut self,
         op: &Document,
         out: &mut Vec<ChangeEvent>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
     ) -> Result<()> {
         let Some(event) = self.transformer.transform(op)? else {
             return Ok(());
@@ -210,7 +210,7 @@ impl ShardStream {
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
     ) -> Result<Vec<ChangeEvent>> {
-        self.process_entry_with_images(entry, lookup, &mut |_| None)
+        self.process_entry_with_images(entry, lookup, &mut |_| Ok(None))
     }
 
     /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`].
@@ -218,7 +218,7 @@ impl ShardStream {
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Option<Document>,
+        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
         for e in self.events_for_entry(entry, lookup, pre_image)? {

@@ -545,7 +545,11 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(e.get_i32("index").unwrap(), 7);
-        assert_eq!(reply.get("n"), Some(&Bson::Int32(1)), "an int32, as MongoDB");
+        assert_eq!(
+            reply.get("n"),
+            Some(&Bson::Int32(1)),
+            "an int32, as MongoDB"
+        );
     }
 
     #[test]
