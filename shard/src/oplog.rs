@@ -216,22 +216,21 @@ pub fn read_from_storage(
 
 /// The first (oldest) entry's `ts` in storage.
 pub fn first_ts_in_storage(txn: &dyn ReadTxn) -> StorageResult<Option<ClusterTime>> {
-    let mut first = None;
-    txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |k, _| {
-        first = ts_of_key(k);
-        Scan::Stop
-    })?;
-    Ok(first)
+    edge_ts_in_storage(txn, false)
 }
 
 /// The last entry's `ts` in storage.
 pub fn last_ts_in_storage(txn: &dyn ReadTxn) -> StorageResult<Option<ClusterTime>> {
-    let mut last = None;
-    txn.scan(Table::Oplog, &KeyRange::all(), true, &mut |k, _| {
-        last = ts_of_key(k);
+    edge_ts_in_storage(txn, true)
+}
+
+fn edge_ts_in_storage(txn: &dyn ReadTxn, last: bool) -> StorageResult<Option<ClusterTime>> {
+    let mut edge = None;
+    txn.scan(Table::Oplog, &KeyRange::all(), last, &mut |k, _| {
+        edge = ts_of_key(k);
         Scan::Stop
     })?;
-    Ok(last)
+    Ok(edge)
 }
 
 /// The in-memory window of recently committed entries.

@@ -34,6 +34,14 @@ pub struct Retention {
 }
 
 impl Retention {
+    /// Truncation by size alone.
+    pub fn bytes(max_bytes: u64) -> Retention {
+        Retention {
+            max_bytes,
+            ..Retention::default()
+        }
+    }
+
     /// `--oplogSizeMB` and `--oplogMinRetentionHours` (0: none), as MongoDB takes them.
     pub fn from_flags(size_mb: u64, min_retention_hours: f64) -> Retention {
         let secs = (min_retention_hours * 3600.0).clamp(0.0, f64::from(u32::MAX)) as u32;

@@ -190,11 +190,7 @@ async fn a_storage_failure_aborts_the_batch_and_leaves_nothing() {
 async fn the_clock_never_goes_below_a_high_water_mark_given_before_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000_000_000));
-    let opts = ShardOptions {
-        dbpath: dir.path().to_path_buf(),
-        name: "shard0".into(),
-        clock: clock.clone(),
-    };
+    let opts = options(dir.path(), clock.clone());
     let s = Shard::open(opts.clone()).await.unwrap();
     ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1}]}).await;
     // Let the reservation get renewed, then take the highest H we can.
@@ -331,25 +327,10 @@ async fn every_acknowledged_write_survives_sigkill() {
 async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(2_000_000_000_000));
-    let opts = ShardOptions {
-        dbpath: dir.path().to_path_buf(),
-        name: "shard0".into(),
-        clock: clock.clone(),
-    };
+    let opts = options(dir.path(), clock.clone());
     let s = Shard::open(opts.clone()).await.unwrap();
-    s.set_oplog_retention(shard::retention::Retention {
-        max_bytes: 4_000,
-        max_age_secs: None,
-        min_retention_secs: None,
-    });
-    for i in 0..100 {
-        ok(
-            &s,
-            "db",
-            doc! {"insert": "c", "documents": [{"_id": i, "pad": "x".repeat(50)}]},
-        )
-        .await;
-    }
+    s.set_oplog_retention(shard::retention::Retention::bytes(4_000));
+    insert_padded(&s, 0..100, 50).await;
     let log = oplog(&s).await;
     let stats = s.state().oplog_stats();
     let total: usize = log
@@ -407,26 +388,15 @@ async fn the_oplog_is_truncated_from_the_front_by_size_and_age() {
 async fn entries_younger_than_the_minimum_retention_outlive_the_size_limit() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(2_000_000_000_000));
-    let s = Shard::open(ShardOptions {
-        dbpath: dir.path().to_path_buf(),
-        name: "shard0".into(),
-        clock: clock.clone(),
-    })
-    .await
-    .unwrap();
+    let s = Shard::open(options(dir.path(), clock.clone()))
+        .await
+        .unwrap();
     // 4 KB, kept at least one hour.
     let mut retention = shard::retention::Retention::from_flags(0, 1.0);
     retention.max_bytes = 4_000;
     assert_eq!(retention.min_retention_secs, Some(3_600));
     s.set_oplog_retention(retention);
-    for i in 0..100 {
-        ok(
-            &s,
-            "db",
-            doc! {"insert": "c", "documents": [{"_id": i, "pad": "x".repeat(50)}]},
-        )
-        .await;
-    }
+    insert_padded(&s, 0..100, 50).await;
     let inserts = |log: Vec<bson::Document>| {
         log.iter()
             .filter(|e| e.get_str("op").ok() == Some("i"))

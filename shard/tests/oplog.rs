@@ -515,19 +515,8 @@ async fn a_tail_cursor_overtaken_by_truncation_gets_capped_position_lost() {
     )
     .await;
     let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-    s.set_oplog_retention(shard::retention::Retention {
-        max_bytes: 300,
-        max_age_secs: None,
-        min_retention_secs: None,
-    });
-    for i in 1..20 {
-        ok(
-            &s,
-            "db",
-            doc! {"insert": "c", "documents": [{"_id": i, "pad": "y".repeat(40)}]},
-        )
-        .await;
-    }
+    s.set_oplog_retention(shard::retention::Retention::bytes(300));
+    insert_padded(&s, 1..20, 40).await;
     assert_eq!(
         err_code(&s, "local", doc! {"getMore": id, "collection": "oplog.rs"}).await,
         136

@@ -7,6 +7,11 @@ use mongodb::bson::{Bson, Document, doc};
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, IndexModel};
 
+/// The server error code of a failed driver call carried in an `anyhow` error.
+pub fn code_of_any(e: &anyhow::Error) -> Option<i32> {
+    e.downcast_ref::<mongodb::error::Error>().and_then(code_of)
+}
+
 /// The server error code of a failed driver call.
 pub fn code_of(e: &mongodb::error::Error) -> Option<i32> {
     use mongodb::error::{ErrorKind, WriteFailure};

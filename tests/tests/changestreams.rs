@@ -138,11 +138,7 @@ async fn resuming_past_truncated_history_is_history_lost() -> anyhow::Result<()>
     coll.insert_one(doc! {"_id": 1}).await?;
     let old = streams::token_of(&streams::next_event(&mut stream).await?)?;
     for s in cluster.shards() {
-        s.set_oplog_retention(shard::retention::Retention {
-            max_bytes: 4096,
-            max_age_secs: None,
-            min_retention_secs: None,
-        });
+        s.set_oplog_retention(shard::retention::Retention::bytes(4096));
     }
     for i in 2..200 {
         coll.insert_one(doc! {"_id": i, "pad": "x".repeat(200)})

@@ -8,19 +8,12 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use mongodb::bson::{Document, Timestamp, doc};
-use mongodb::change_stream::ChangeStream;
 use resume::ClusterTime;
 use resume::token::ResumeTokenData;
 use tests::EmbeddedCluster;
-
-async fn next(s: &mut ChangeStream<Document>) -> anyhow::Result<Document> {
-    tokio::time::timeout(Duration::from_secs(20), s.next())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
-        .map_err(Into::into)
-}
+use tests::scenarios::code_of_any;
+use tests::streams::next_event as next;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_ahead_of_the_cluster_waits_for_its_time_and_moves_no_clock() -> anyhow::Result<()>
@@ -91,12 +84,7 @@ async fn a_start_ahead_of_the_cluster_waits_for_its_time_and_moves_no_clock() ->
     let err = next(&mut resumed)
         .await
         .expect_err("the token was never an event");
-    let code = err
-        .downcast_ref::<mongodb::error::Error>()
-        .and_then(|e| match *e.kind {
-            mongodb::error::ErrorKind::Command(ref c) => Some(c.code),
-            _ => None,
-        });
+    let code = code_of_any(&err);
     assert_eq!(code, Some(280), "{err}");
     cluster.stop().await;
     Ok(())

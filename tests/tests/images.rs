@@ -6,17 +6,17 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::change_stream::ChangeStream;
 use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
 use tests::EmbeddedCluster;
+use tests::scenarios::{code_of, code_of_any};
+use tests::streams::next_event as next;
 
-async fn next(stream: &mut ChangeStream<Document>) -> anyhow::Result<Document> {
-    tokio::time::timeout(Duration::from_secs(30), stream.next())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
-        .map_err(Into::into)
+/// Creates `db.name` recording pre-images (`changeStreamPreAndPostImages: {enabled: true}`).
+async fn create_recording(db: &mongodb::Database, name: &str) -> anyhow::Result<()> {
+    db.run_command(doc! {"create": name, "changeStreamPreAndPostImages": {"enabled": true}})
+        .await?;
+    Ok(())
 }
 
 /// An expected event: its type, and its document before and after.
@@ -203,12 +203,7 @@ async fn without_pre_images_when_available_is_null_and_required_fails() -> anyho
     assert_eq!(e.get("fullDocumentBeforeChange"), Some(&Bson::Null), "{e}");
     assert_eq!(e.get("fullDocument"), Some(&Bson::Null), "{e}");
     let err = next(&mut required).await.expect_err("no pre-image");
-    let code = err
-        .downcast_ref::<mongodb::error::Error>()
-        .and_then(|e| match *e.kind {
-            mongodb::error::ErrorKind::Command(ref c) => Some(c.code),
-            _ => None,
-        });
+    let code = code_of_any(&err);
     assert_eq!(code, Some(47), "{err}");
 
     // collMod turns it on: the next update has its images.
@@ -241,25 +236,15 @@ async fn without_pre_images_when_available_is_null_and_required_fails() -> anyho
             .run_command(doc! {"create": "x", "changeStreamPreAndPostImages": {"enabled": true}})
             .await
             .expect_err("refused");
-        assert!(
-            matches!(*r.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 72),
-            "{r}"
-        );
+        assert!(code_of(&r) == Some(72), "{r}");
     }
     let r = db
         .run_command(doc! {"create": "y", "changeStreamPreAndPostImages": true})
         .await
         .expect_err("not a document");
-    assert!(matches!(*r.kind, mongodb::error::ErrorKind::Command(ref c) if c.code == 14));
+    assert_eq!(code_of(&r), Some(14));
     cluster.stop().await;
     Ok(())
-}
-
-fn command_code(e: &mongodb::error::Error) -> Option<i32> {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => Some(c.code),
-        _ => None,
-    }
 }
 
 /// Expiry (reference §7): `changeStreamOptions.preAndPostImages.expireAfterSeconds` through
@@ -272,8 +257,7 @@ async fn expired_pre_images_are_purged() -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let admin = client.database("admin");
     let db = client.database("images");
-    db.run_command(doc! {"create": "exp", "changeStreamPreAndPostImages": {"enabled": true}})
-        .await?;
+    create_recording(&db, "exp").await?;
     let c = db.collection::<Document>("exp");
     let expire_after = |reply: Document| -> anyhow::Result<Bson> {
         let p = reply.get_array("clusterParameters")?[0]
@@ -295,18 +279,18 @@ async fn expired_pre_images_are_purged() -> anyhow::Result<()> {
     };
     for (bad, code) in [(Bson::Int32(0), 2), (Bson::String("soon".into()), 2)] {
         let e = admin.run_command(set(bad)).await.expect_err("refused");
-        assert_eq!(command_code(&e), Some(code), "{e}");
+        assert_eq!(code_of(&e), Some(code), "{e}");
     }
     let e = admin
         .run_command(doc! {"setClusterParameter": {"noSuchParameter": {}}})
         .await
         .expect_err("unknown");
-    assert_eq!(command_code(&e), Some(4), "{e}");
+    assert_eq!(code_of(&e), Some(4), "{e}");
     let e = db
         .run_command(set(Bson::Int32(1)))
         .await
         .expect_err("admin only");
-    assert_eq!(command_code(&e), Some(13), "{e}");
+    assert_eq!(code_of(&e), Some(13), "{e}");
 
     let shard = cluster.shards()[0].clone();
     let count = |s: &shard::Shard| shard::preimages::stats(s).map(|(n, _)| n);
@@ -356,11 +340,7 @@ async fn expired_pre_images_are_purged() -> anyhow::Result<()> {
         .await?;
     assert_eq!(count(&shard)?, 1);
     assert_eq!(shard.purge_expired_pre_images().await?, 0);
-    shard.set_oplog_retention(shard::retention::Retention {
-        max_bytes: 1,
-        max_age_secs: None,
-        min_retention_secs: None,
-    });
+    shard.set_oplog_retention(shard::retention::Retention::bytes(1));
     c.insert_one(doc! {"_id": 2}).await?;
     assert_eq!(
         shard.purge_expired_pre_images().await?,
@@ -381,8 +361,7 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
     let cluster = EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
     let db = client.database("large");
-    db.run_command(doc! {"create": "c", "changeStreamPreAndPostImages": {"enabled": true}})
-        .await?;
+    create_recording(&db, "c").await?;
     let c = db.collection::<Document>("c");
     let big = |ch: &str| ch.repeat(7 * 1024 * 1024);
     let watch = |split: bool| {
@@ -450,9 +429,7 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
             Err(e) => break e,
         }
     };
-    let code = err
-        .downcast_ref::<mongodb::error::Error>()
-        .and_then(command_code);
+    let code = code_of_any(&err);
     assert_eq!(code, Some(10334), "{err}");
     let status = client
         .database("admin")
@@ -500,9 +477,7 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
     }
     .await
     .expect_err("no split stage");
-    let code = refused
-        .downcast_ref::<mongodb::error::Error>()
-        .and_then(command_code);
+    let code = code_of_any(&refused);
     assert_eq!(code, Some(280), "{refused}");
     cluster.stop().await;
     Ok(())

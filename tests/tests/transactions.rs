@@ -4,18 +4,11 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ResumeToken;
 use tests::EmbeddedCluster;
-
-async fn next(stream: &mut ChangeStream<Document>) -> anyhow::Result<Document> {
-    tokio::time::timeout(Duration::from_secs(30), stream.next())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
-        .map_err(Into::into)
-}
+use tests::streams::next_event as next;
 
 fn id_of(event: &Document) -> anyhow::Result<Bson> {
     Ok(event

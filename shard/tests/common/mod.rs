@@ -18,6 +18,28 @@ pub async fn open(dir: &Path) -> Arc<Shard> {
     .expect("open shard")
 }
 
+/// The options of a shard named `shard0` under `dir`, timed by `clock`.
+pub fn options(dir: &Path, clock: Arc<dyn shard::Clock>) -> ShardOptions {
+    ShardOptions {
+        dbpath: dir.to_path_buf(),
+        name: "shard0".into(),
+        clock,
+    }
+}
+
+/// Inserts `{_id: i, pad}` into `db.c` for each `i`, one insert each, with `pad_len` bytes of
+/// filler (to grow the oplog).
+pub async fn insert_padded(s: &Shard, ids: std::ops::Range<i32>, pad_len: usize) {
+    for i in ids {
+        ok(
+            s,
+            "db",
+            doc! {"insert": "c", "documents": [{"_id": i, "pad": "x".repeat(pad_len)}]},
+        )
+        .await;
+    }
+}
+
 pub async fn run(s: &Shard, db: &str, mut cmd: Document) -> Document {
     cmd.insert("$db", db);
     s.run_command(cmd).await
