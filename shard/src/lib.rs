@@ -27,6 +27,7 @@ pub mod keys;
 pub mod oplog;
 pub mod preimages;
 pub mod query;
+pub mod reservations;
 pub mod retention;
 pub mod retryable;
 pub mod server;

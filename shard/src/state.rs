@@ -31,6 +31,8 @@ pub struct ShardState {
     pub history: Arc<History>,
     /// The keys prepared transactions hold: no other write may touch them until decided.
     pub prepared: crate::txn::PreparedKeys,
+    /// The keys ordered batches hold between their validation and their commit.
+    pub reservations: crate::reservations::Reservations,
     /// Counters `serverStatus` shows under `metrics.changeStreams`.
     pub stream_metrics: StreamMetrics,
 }
@@ -84,6 +86,7 @@ impl ShardState {
             retention: Mutex::new(Retention::default()),
             history,
             prepared: Default::default(),
+            reservations: Default::default(),
             stream_metrics: StreamMetrics::default(),
         }
     }

@@ -112,12 +112,15 @@ type Unstamped = (Table, Vec<u8>, Option<Vec<u8>>);
 struct Recording<'r> {
     inner: Box<dyn WriteTxn>,
     recorder: &'r Recorder,
+    /// Whether anything was written: a batch of read-only jobs (validations) commits nothing.
+    wrote: bool,
 }
 
 crate::storage::reads_through_inner!(Recording<'_>);
 
 impl WriteTxn for Recording<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        self.wrote = true;
         if crate::history::TRACKED.contains(&table) {
             let before = self.inner.replace(table, key, Some(value))?;
             self.recorder.push(table, key, before);
@@ -128,6 +131,7 @@ impl WriteTxn for Recording<'_> {
     }
 
     fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
+        self.wrote = true;
         if crate::history::TRACKED.contains(&table) {
             let before = self.inner.replace(table, key, None)?;
             let existed = before.is_some();
@@ -179,6 +183,11 @@ pub struct WriteCtx<'a> {
     /// Mark the current job's entries `fromMigrate: true`: internal writes change streams
     /// hide, such as the copies of a sharded collection's DDL on its non-primary shards.
     pub from_migrate: bool,
+    /// The ordered batch whose reservation the current job commits: the keys it holds are
+    /// this job's to write.
+    pub own_reservation: Option<u64>,
+    /// A dry run ([`WriteCtx::dry_run`]): writes go to an overlay, held keys are checked.
+    dry_run: bool,
     pub wall_ms: u64,
 }
 
@@ -200,6 +209,8 @@ impl<'a> WriteCtx<'a> {
             log: LogTo::Transaction { ops, read_time },
             last_logged: None,
             from_migrate: false,
+            own_reservation: None,
+            dry_run: false,
             wall_ms: state.now_millis(),
         }
     }
@@ -278,22 +289,71 @@ impl<'a> WriteCtx<'a> {
         Ok(ts)
     }
 
-    /// Refuses to write `doc` (its document or a unique-index entry of it) while a prepared
-    /// transaction holds it: that transaction can no longer fail, so the write conflicts.
-    pub fn check_not_prepared(&self, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {
-        let prepared = &self.state.prepared;
-        if !prepared.any() || self.in_multi_document_transaction() {
+    /// Refuses to write `doc` (its document or a unique-index entry of it) while another
+    /// holds it: a prepared transaction (which can no longer fail, so the write conflicts) or
+    /// an ordered batch between its validation and its commit (the write waits for it: see
+    /// [`held_error`]).
+    pub fn check_not_held(&self, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {
+        let (prepared, reserved) = (&self.state.prepared, &self.state.reservations);
+        if !prepared.any() && !reserved.any()
+            || self.in_multi_document_transaction() && !self.dry_run
+        {
             return Ok(());
         }
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        let held = prepared.contains(Table::Documents, &keys::doc_key(&coll.uuid, &id))
-            || crate::indexes::entry_keys(coll, doc)
-                .iter()
-                .any(|k| prepared.contains(Table::UniqueIndexes, k));
-        if held {
+        let keys: Vec<(Table, Vec<u8>)> =
+            std::iter::once((Table::Documents, keys::doc_key(&coll.uuid, &id)))
+                .chain(
+                    crate::indexes::entry_keys(coll, doc)
+                        .into_iter()
+                        .map(|k| (Table::UniqueIndexes, k)),
+                )
+                .collect();
+        if keys.iter().any(|(t, k)| prepared.contains(*t, k)) {
             return Err(OpError::Mongo(crate::txn::write_conflict()));
         }
+        let other = |(t, k): &(Table, Vec<u8>)| {
+            reserved
+                .holder(*t, k)
+                .is_some_and(|h| Some(h) != self.own_reservation)
+        };
+        if keys.iter().any(other) {
+            return Err(OpError::Mongo(held_error()));
+        }
         Ok(())
+    }
+
+    /// Runs `f` as a dry run: it reads what this batch has written so far and writes into a
+    /// throwaway overlay (its oplog entries become discarded transaction operations, its
+    /// collection creations a discarded catalog copy), and it meets held keys as a plain write
+    /// would. Returns `f`'s result and the document and unique-index keys it would have
+    /// written.
+    pub fn dry_run<R>(
+        &mut self,
+        f: impl FnOnce(&mut WriteCtx<'_>) -> R,
+    ) -> (R, Vec<(Table, Vec<u8>)>) {
+        let mut store =
+            crate::txn::store::TxnStore::new(Box::new(crate::txn::store::Borrowed(&mut *self.txn)));
+        let mut catalog = self.catalog.clone();
+        let mut ops = Vec::new();
+        let result = {
+            let mut ctx = WriteCtx::in_transaction(
+                &mut store,
+                &mut catalog,
+                self.state,
+                &mut ops,
+                ClusterTime::ZERO,
+            );
+            ctx.wall_ms = self.wall_ms;
+            ctx.dry_run = true;
+            f(&mut ctx)
+        };
+        let keys = store
+            .into_writes()
+            .into_keys()
+            .filter(|(t, _)| matches!(t, Table::Documents | Table::UniqueIndexes))
+            .collect();
+        (result, keys)
     }
 
     pub fn get_doc(&self, coll: &CollectionEntry, id: &Bson) -> StorageResult<Option<Document>> {
@@ -441,6 +501,20 @@ impl Writer {
     }
 }
 
+/// The statement error of a write that met a key an ordered batch holds. It never reaches a
+/// client: the shard's write commands wait for the batch and run such statements again (see
+/// `commands::write`); the marker field tells them apart from other conflicts.
+pub fn held_error() -> MongoError {
+    MongoError::new(
+        wire::ErrorCode::WRITE_CONFLICT,
+        "the document's key is held by an ordered batch being written",
+    )
+    .with_extra(bson::doc! {HELD_MARKER: true})
+}
+
+/// The field [`held_error`] adds to its write error.
+pub const HELD_MARKER: &str = "$heldByOrderedBatch";
+
 fn shutting_down() -> MongoError {
     MongoError::new(
         wire::ErrorCode::SHUTDOWN_IN_PROGRESS,
@@ -490,6 +564,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
         Ok(inner) => Box::new(Recording {
             inner,
             recorder: &recorder,
+            wrote: false,
         }),
         Err(e) => return fail_all(writes, &e),
     };
@@ -505,6 +580,8 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             log: LogTo::Oplog(&mut pending, &recorder),
             last_logged: None,
             from_migrate: false,
+            own_reservation: None,
+            dry_run: false,
             wall_ms,
         };
         for (f, tx) in writes {
@@ -514,6 +591,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             }
             ctx.last_logged = None;
             ctx.from_migrate = false;
+            ctx.own_reservation = None;
             // A bug in a job must not take the writer thread down: treat a panic like a
             // storage failure (the whole batch is abandoned, nothing of it persists).
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut ctx)))
@@ -526,6 +604,17 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
                 }
             }
         }
+    }
+    // Jobs that only read (an ordered batch's validation) need no commit: what they read is
+    // committed by now, or in a batch before this one.
+    if failure.is_none() && !txn.wrote && pending.is_empty() && renewal.is_none() {
+        drop(txn);
+        for (tx, out) in acks {
+            if let Some(out) = out {
+                let _ = tx.send(Ok(out));
+            }
+        }
+        return;
     }
     // Oplog accounting and retention, in this same commit.
     let mut stats = state.oplog_stats();

@@ -256,16 +256,12 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let batches = group(routed, ordered, stop_at);
     if ordered {
-        for (shard, indexes, docs) in batches {
-            let cmd = sub_command(ctx, &version, "documents", docs, &indexes);
-            let reply = router
-                .shard_write(shard, ctx.db, cmd)
-                .await
-                .map_err(|e| retryable(e, ctx))?;
-            outcome.absorb(&reply, &indexes);
-            if reply.contains_key("writeErrors") {
-                break;
-            }
+        let runs = batches;
+        let shards: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.0).collect();
+        if shards.len() > 1 {
+            insert_across_shards(ctx, &version, runs, &mut outcome).await?;
+        } else {
+            insert_runs(ctx, &version, runs, &mut outcome).await?;
         }
         // An ordered write reports only its first error: later statements never ran.
         if let Some(first) = outcome.write_errors.keys().next().copied() {
@@ -288,6 +284,144 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     }
     Ok(outcome.into_reply())
+}
+
+/// Runs an ordered insert's runs (consecutive statements on one shard) one after the other,
+/// stopping at the first that fails.
+async fn insert_runs(
+    ctx: &Ctx<'_>,
+    version: &Document,
+    runs: Vec<(usize, Vec<usize>, Vec<Bson>)>,
+    outcome: &mut WriteOutcome,
+) -> Result<()> {
+    for (shard, indexes, docs) in runs {
+        let cmd = sub_command(ctx, version, "documents", docs, &indexes);
+        let reply = ctx
+            .router
+            .shard_write(shard, ctx.db, cmd)
+            .await
+            .map_err(|e| retryable(e, ctx))?;
+        outcome.absorb(&reply, &indexes);
+        if reply.contains_key("writeErrors") {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// An ordered insert whose documents go to several shards, in two phases instead of one
+/// sub-batch per run (see `shard::reservations`): every shard validates its whole part and
+/// holds its keys (`_shardsvrReserveInsert`); then every shard inserts its documents that
+/// come before the first failure of all shards (`_shardsvrCommitReservation`), in one commit
+/// each, all at once. Nothing after the first failure is applied on any shard. A part that
+/// meets another batch's hold stops there; the rest from that document runs as runs.
+async fn insert_across_shards(
+    ctx: &Ctx<'_>,
+    version: &Document,
+    runs: Vec<(usize, Vec<usize>, Vec<Bson>)>,
+    outcome: &mut WriteOutcome,
+) -> Result<()> {
+    let router = ctx.router;
+    let mut parts: Vec<(usize, Vec<usize>, Vec<Bson>)> = Vec::new();
+    for (shard, indexes, docs) in runs {
+        match parts.iter_mut().find(|p| p.0 == shard) {
+            Some(p) => {
+                p.1.extend(indexes);
+                p.2.extend(docs);
+            }
+            None => parts.push((shard, indexes, docs)),
+        }
+    }
+    let reserves = parts.iter().map(|(shard, indexes, docs)| {
+        let mut cmd = doc! {"_shardsvrReserveInsert": ctx.args().collection().unwrap_or_default()};
+        for (k, v) in sub_command(ctx, version, "documents", docs.clone(), indexes)
+            .into_iter()
+            .skip(1)
+        {
+            cmd.insert(k, v);
+        }
+        router.shard_command(*shard, ctx.db, cmd)
+    });
+    let replies = futures::future::join_all(reserves).await;
+    let reservation = |r: &Document| r.get("reservation").map(|id| int(Some(id)));
+    if let Some(e) = replies.iter().find_map(|r| r.as_ref().err()) {
+        let e = e.clone();
+        let releases = parts.iter().zip(&replies).filter_map(|((shard, ..), r)| {
+            let id = reservation(r.as_ref().ok()?)?;
+            Some(router.shard_command(
+                *shard,
+                ctx.db,
+                doc! {"_shardsvrCommitReservation": id, "upTo": 0},
+            ))
+        });
+        futures::future::join_all(releases).await;
+        return Err(retryable(e, ctx));
+    }
+    let replies: Vec<Document> = replies.into_iter().flatten().collect();
+    // Where each part stops (the driver index of its first failure or hold), and the first
+    // of them all.
+    let mut first: Option<(usize, Option<Document>)> = None;
+    for ((_, indexes, _), reply) in parts.iter().zip(&replies) {
+        let validated = int(reply.get("n")) as usize;
+        let Some(&at) = indexes.get(validated) else {
+            continue;
+        };
+        let error = reply
+            .get_array("writeErrors")
+            .ok()
+            .and_then(|e| e.first())
+            .and_then(Bson::as_document)
+            .cloned();
+        if error.is_none() && !reply.contains_key("heldAt") {
+            continue;
+        }
+        if first.as_ref().is_none_or(|(i, _)| at < *i) {
+            first = Some((at, error));
+        }
+    }
+    let stop = first.as_ref().map_or(usize::MAX, |(i, _)| *i);
+    let commits = parts
+        .iter()
+        .zip(&replies)
+        .map(|((shard, indexes, _), reply)| {
+            let up_to = indexes.iter().take_while(|&&i| i < stop).count();
+            let cmd = doc! {
+                "_shardsvrCommitReservation": reservation(reply).unwrap_or(0),
+                "upTo": up_to as i64,
+            };
+            async move {
+                let reply = router.shard_command(*shard, ctx.db, cmd).await;
+                (reply, &indexes[..up_to])
+            }
+        });
+    for (reply, indexes) in futures::future::join_all(commits).await {
+        let reply = reply.map_err(|e| retryable(e, ctx))?;
+        outcome.absorb(&reply, indexes);
+    }
+    match first {
+        None => Ok(()),
+        Some((at, Some(mut error))) => {
+            error.insert("index", at as i32);
+            outcome.write_errors.entry(at).or_insert(error);
+            Ok(())
+        }
+        Some((at, None)) => {
+            // A hold: the rest runs as runs, whose writes wait for the holding batch.
+            let mut rest: Vec<(usize, usize, Document)> = parts
+                .into_iter()
+                .flat_map(|(shard, indexes, docs)| {
+                    indexes
+                        .into_iter()
+                        .zip(docs)
+                        .map(move |(i, d)| (i, shard, d))
+                })
+                .filter(|(i, _, _)| *i >= at)
+                .filter_map(|(i, shard, d)| Some((i, shard, d.as_document()?.clone())))
+                .collect();
+            rest.sort_by_key(|(i, _, _)| *i);
+            insert_runs(ctx, version, group(rest, true, None), outcome).await
+        }
+    }
 }
 
 /// Groups `(index, shard, doc)` into per-shard batches: runs of consecutive statements for an

@@ -87,6 +87,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
     if matches!(
         name.as_str(),
         "insert"
+            | "_shardsvrReserveInsert"
             | "update"
             | "delete"
             | "findAndModify"
@@ -133,10 +134,20 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         "coordinateCommitTransaction" => coordinate_commit(&ctx).await,
-        "insert" => write::insert(&ctx).await,
-        "update" => write::update(&ctx).await,
-        "delete" => write::delete(&ctx).await,
-        "findAndModify" | "findandmodify" => find_and_modify::find_and_modify(&ctx).await,
+        "insert" => write::write(&ctx, write::Kind::Insert).await,
+        "update" => write::write(&ctx, write::Kind::Update).await,
+        "delete" => write::write(&ctx, write::Kind::Delete).await,
+        "_shardsvrReserveInsert" => write::reserve_insert(&ctx).await,
+        "_shardsvrCommitReservation" => write::commit_reservation(&ctx).await,
+        "findAndModify" | "findandmodify" => loop {
+            // A statement that met a key an ordered batch holds waits for it, then runs again.
+            let reservations = &shard.state().reservations;
+            let seen = reservations.generation();
+            match find_and_modify::find_and_modify(&ctx).await {
+                Err(e) if write::is_held(&e) => reservations.wait(seen).await,
+                done => break done,
+            }
+        },
         "find" => query::find(&ctx).await,
         "getMore" if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
         "getMore" => query::get_more(&ctx).await,

@@ -19,7 +19,7 @@ use crate::query::Filter;
 use crate::retryable::{RetryInfo, RetryState};
 use crate::storage::StorageResult;
 use crate::update::UpdateSpec;
-use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
+use crate::writer::{OpError, OpResult, WriteCtx, WriteFn, WriteOutput};
 
 /// MongoDB's `maxWriteBatchSize`.
 const MAX_WRITE_BATCH: usize = 100_000;
@@ -95,35 +95,64 @@ fn stmt_id(retry: &Option<RetryState>, i: usize) -> i32 {
     }
 }
 
-pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
-    let coll = ctx.collection()?;
-    check_coll_name(&ctx.db, &coll)?;
-    let docs = ctx
-        .opt_array("documents")?
-        .ok_or_else(|| ctx.missing("documents"))?;
-    check_batch_size(docs.len())?;
-    let mut parsed = Vec::with_capacity(docs.len());
-    for (i, d) in docs.into_iter().enumerate() {
-        match d {
-            Bson::Document(d) => parsed.push(d),
-            other => {
-                return Err(MongoError::type_mismatch(format!(
-                    "BSON field 'insert.documents.{i}' is the wrong type '{}', expected type 'object'",
-                    pipeline::value::type_name(&other)
-                )));
+/// An `insert` command's arguments.
+struct InsertArgs {
+    coll: String,
+    docs: Vec<Document>,
+    ordered: bool,
+    retry: Option<RetryInfo>,
+}
+
+impl InsertArgs {
+    fn parse(ctx: &Ctx<'_>) -> Result<InsertArgs, MongoError> {
+        let coll = ctx.collection()?;
+        check_coll_name(&ctx.db, &coll)?;
+        let raw = ctx
+            .opt_array("documents")?
+            .ok_or_else(|| ctx.missing("documents"))?;
+        check_batch_size(raw.len())?;
+        let mut docs = Vec::with_capacity(raw.len());
+        for (i, d) in raw.into_iter().enumerate() {
+            match d {
+                Bson::Document(d) => docs.push(d),
+                other => {
+                    return Err(MongoError::type_mismatch(format!(
+                        "BSON field 'insert.documents.{i}' is the wrong type '{}', expected type 'object'",
+                        pipeline::value::type_name(&other)
+                    )));
+                }
             }
         }
+        Ok(InsertArgs {
+            coll,
+            docs,
+            ordered: ctx.bool_or("ordered", true)?,
+            retry: RetryInfo::from_command(&ctx.cmd)?,
+        })
     }
-    let ordered = ctx.bool_or("ordered", true)?;
-    let retry_info = RetryInfo::from_command(&ctx.cmd)?;
-    let db = ctx.db.clone();
-    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+}
+
+async fn insert(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
+    let args = InsertArgs::parse(ctx)?;
+    ctx.submit(insert_job(ctx.db.clone(), args, None)).await
+}
+
+/// The writer job of an insert; `reservation`: the ordered batch whose held keys it writes.
+fn insert_job(db: String, args: InsertArgs, reservation: Option<u64>) -> WriteFn {
+    let InsertArgs {
+        coll,
+        docs,
+        ordered,
+        retry: retry_info,
+    } = args;
+    Box::new(move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        w.own_reservation = reservation;
         let mut retry = match begin_retry(w, retry_info)? {
             Ok(r) => r,
             Err(out) => return Ok(out),
         };
         let (mut n, mut errors, mut retried, mut last_ts) = (0_i32, Vec::new(), Vec::new(), None);
-        for (i, doc) in parsed.into_iter().enumerate() {
+        for (i, doc) in docs.into_iter().enumerate() {
             let stmt = stmt_id(&retry, i);
             if retry.as_ref().is_some_and(|r| r.executed(stmt).is_some()) {
                 n += 1;
@@ -148,12 +177,300 @@ pub async fn insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             }
         }
         finish(w, &retry, doc! {"n": n}, errors, retried, last_ts)
+    })
+}
+
+/// `_shardsvrReserveInsert`: the first phase of an ordered insert that spans shards (see
+/// [`crate::reservations`]). Runs this shard's part as a dry run up to its first failing
+/// document, holds the keys of the documents before it, and answers
+/// `{n: <documents validated>, reservation, writeErrors: [the failure]}`, or `heldAt: n`
+/// when document `n` meets a key another batch holds (a reservation never waits).
+pub async fn reserve_insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let InsertArgs {
+        coll, docs, retry, ..
+    } = InsertArgs::parse(ctx)?;
+    let db = ctx.db.clone();
+    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        let session = match begin_retry(w, retry.clone())? {
+            Ok(r) => r,
+            Err(out) => return Ok(out),
+        };
+        let mut reply = Document::new();
+        // A collection this shard does not have yet gets its identity at the commit: keys
+        // held now would not be its keys, so nothing is validated.
+        let exists = super::write_ops::lookup(w, &db, &coll).is_some();
+        let (stop, keys) = w.dry_run(|d| -> StorageResult<(usize, Option<MongoError>)> {
+            if !exists {
+                return Ok((0, Some(crate::writer::held_error())));
+            }
+            for (i, doc) in docs.iter().enumerate() {
+                let stmt = stmt_id(&session, i);
+                if session.as_ref().is_some_and(|r| r.executed(stmt).is_some()) {
+                    continue;
+                }
+                match insert_stmt(d, &db, &coll, doc.clone(), None, stmt) {
+                    Ok(_) => {}
+                    Err(OpError::Storage(e)) => return Err(e),
+                    Err(OpError::Mongo(e)) => return Ok((i, Some(e))),
+                }
+            }
+            Ok((docs.len(), None))
+        });
+        let (validated, failure) = stop?;
+        reply.insert("n", validated as i32);
+        match failure {
+            Some(e) if is_held(&e) => {
+                reply.insert("heldAt", validated as i32);
+            }
+            Some(e) => {
+                reply.insert("writeErrors", vec![write_error(validated, &e)]);
+            }
+            None => {}
+        }
+        let mut docs = docs;
+        docs.truncate(validated);
+        let batch = crate::reservations::Batch {
+            db,
+            coll,
+            docs,
+            retry,
+        };
+        let id = w.state().reservations.hold(batch, keys);
+        reply.insert("reservation", id as i64);
+        reply.insert("ok", 1.0);
+        Ok(WriteOutput {
+            reply,
+            op_time: None,
+        })
     };
     let out = ctx.submit(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
+        op_time: None,
+    })
+}
+
+/// `_shardsvrCommitReservation: <id>, upTo: <k>`: the second phase: inserts the first `k`
+/// documents of reservation `id` as one ordered insert (none when `k` is 0), then ends it.
+pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let id = ctx
+        .cmd
+        .get("_shardsvrCommitReservation")
+        .and_then(as_i64)
+        .ok_or_else(|| {
+            MongoError::failed_to_parse("_shardsvrCommitReservation must be a number")
+        })?;
+    let up_to = ctx.cmd.get("upTo").and_then(as_i64).unwrap_or(0).max(0) as usize;
+    let reservations = &ctx.shard.state().reservations;
+    let id = id as u64;
+    let Some(mut batch) = reservations.take(id) else {
+        return Err(MongoError::new(
+            ErrorCode::INTERRUPTED,
+            format!("the ordered batch's reservation {id} expired or is unknown on this shard"),
+        ));
+    };
+    if up_to == 0 {
+        reservations.release(id);
+        return Ok(Reply::read(doc! {"n": 0, "ok": 1.0}));
+    }
+    batch.docs.truncate(up_to);
+    let args = InsertArgs {
+        coll: batch.coll,
+        docs: batch.docs,
+        ordered: true,
+        retry: batch.retry,
+    };
+    let out = ctx.submit(insert_job(batch.db, args, Some(id))).await;
+    reservations.release(id);
+    let out = out?;
+    Ok(Reply {
+        body: out.reply.into(),
         op_time: out.op_time,
     })
+}
+
+/// Whether `e` is a statement's meeting with a key an ordered batch holds.
+pub fn is_held(e: &MongoError) -> bool {
+    e.extra
+        .as_ref()
+        .is_some_and(|x| x.contains_key(crate::writer::HELD_MARKER))
+}
+
+/// The write commands, as [`write`] runs them.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl Kind {
+    fn list(self) -> &'static str {
+        match self {
+            Kind::Insert => "documents",
+            Kind::Update => "updates",
+            Kind::Delete => "deletes",
+        }
+    }
+
+    async fn run(self, ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
+        match self {
+            Kind::Insert => insert(ctx).await,
+            Kind::Update => update(ctx).await,
+            Kind::Delete => delete(ctx).await,
+        }
+    }
+}
+
+/// Runs `insert`, `update` or `delete`. Statements that met a key an ordered batch holds
+/// wait for a batch to end and run again (with their own statement ids: a retryable write
+/// stays exactly-once), until none meets a hold; an ordered command runs again from the
+/// first such statement.
+pub async fn write(ctx: &Ctx<'_>, kind: Kind) -> Result<Reply, MongoError> {
+    let reservations = &ctx.shard.state().reservations;
+    let mut seen = reservations.generation();
+    let mut out = kind.run(ctx).await?;
+    let total = ctx.cmd.get_array(kind.list()).map_or(0, Vec::len);
+    let ordered = ctx.bool_or("ordered", true)?;
+    // `out`'s statements are the command's; a rerun's are `indexes` of them.
+    loop {
+        let held = held_statements(&out.reply);
+        let Some(&first) = held.first() else { break };
+        reservations.wait(seen).await;
+        seen = reservations.generation();
+        let indexes: Vec<usize> = if ordered {
+            (first..total).collect()
+        } else {
+            held
+        };
+        let rerun = Ctx {
+            shard: ctx.shard,
+            db: ctx.db.clone(),
+            cmd: rerun_command(&ctx.cmd, kind.list(), &indexes)?,
+            txn: None,
+            snapshot_at: None,
+        };
+        let again = kind.run(&rerun).await?;
+        let failed = match again.reply.get("ok") {
+            Some(Bson::Double(ok)) => *ok != 1.0,
+            Some(ok) => as_i64(ok) != Some(1),
+            None => true,
+        };
+        if failed {
+            out = again;
+            break;
+        }
+        merge_rerun(&mut out, again, &indexes);
+    }
+    Ok(Reply {
+        body: out.reply.into(),
+        op_time: out.op_time,
+    })
+}
+
+/// The indexes of the statements of a write reply that met a hold.
+fn held_statements(reply: &Document) -> Vec<usize> {
+    let Ok(errors) = reply.get_array("writeErrors") else {
+        return Vec::new();
+    };
+    errors
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter(|e| e.contains_key(crate::writer::HELD_MARKER))
+        .filter_map(|e| e.get("index").and_then(as_i64))
+        .map(|i| i as usize)
+        .collect()
+}
+
+/// The command again, for statements `indexes` of it only, each with its statement id.
+fn rerun_command(cmd: &Document, list: &str, indexes: &[usize]) -> Result<Document, MongoError> {
+    let statements = cmd
+        .get_array(list)
+        .map_err(|_| MongoError::internal("rerun of a write without statements"))?;
+    let mut again = cmd.clone();
+    again.insert(
+        list,
+        indexes
+            .iter()
+            .filter_map(|&i| statements.get(i).cloned())
+            .collect::<Vec<_>>(),
+    );
+    if let Some(info) = RetryInfo::from_command(cmd)? {
+        again.remove("stmtId");
+        again.insert(
+            "stmtIds",
+            indexes.iter().map(|&i| info.stmt_id(i)).collect::<Vec<_>>(),
+        );
+    }
+    Ok(again)
+}
+
+/// Folds the reply of a rerun of statements `indexes` into the command's reply `out`: its
+/// counts add up, its statement indexes become the command's, and its write errors replace
+/// the holds.
+fn merge_rerun(out: &mut WriteOutput, again: WriteOutput, indexes: &[usize]) {
+    let count = |d: &Document, k: &str| d.get(k).and_then(as_i64).unwrap_or(0);
+    let remap = |list: Option<&Vec<Bson>>| -> Vec<Bson> {
+        list.into_iter()
+            .flatten()
+            .filter_map(Bson::as_document)
+            .map(|e| {
+                let mut e = e.clone();
+                let i = e.get("index").and_then(as_i64).unwrap_or(0) as usize;
+                e.insert("index", indexes.get(i).copied().unwrap_or(i) as i32);
+                Bson::Document(e)
+            })
+            .collect()
+    };
+    let reply = &mut out.reply;
+    for k in ["n", "nModified"] {
+        if reply.contains_key(k) {
+            let total = count(reply, k) + count(&again.reply, k);
+            reply.insert(k, total as i32);
+        }
+    }
+    let mut upserted: Vec<Bson> = reply.get_array("upserted").cloned().unwrap_or_default();
+    upserted.extend(remap(again.reply.get_array("upserted").ok()));
+    if !upserted.is_empty() {
+        upserted.sort_by_key(|u| {
+            u.as_document()
+                .and_then(|u| u.get("index"))
+                .and_then(as_i64)
+        });
+        reply.insert("upserted", upserted);
+    }
+    let mut errors: Vec<Bson> = reply
+        .get_array("writeErrors")
+        .map(|e| {
+            e.iter()
+                .filter(|e| {
+                    !e.as_document()
+                        .is_some_and(|e| e.contains_key(crate::writer::HELD_MARKER))
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    errors.extend(remap(again.reply.get_array("writeErrors").ok()));
+    errors.sort_by_key(|e| {
+        e.as_document()
+            .and_then(|e| e.get("index"))
+            .and_then(as_i64)
+    });
+    if errors.is_empty() {
+        reply.remove("writeErrors");
+    } else {
+        reply.insert("writeErrors", errors);
+    }
+    if let Ok(ids) = again.reply.get_array("retriedStmtIds") {
+        let mut all = reply
+            .get_array("retriedStmtIds")
+            .cloned()
+            .unwrap_or_default();
+        all.extend(ids.iter().cloned());
+        reply.insert("retriedStmtIds", all);
+    }
+    out.op_time = out.op_time.max(again.op_time);
 }
 
 fn insert_stmt(
@@ -237,7 +554,7 @@ pub fn build_update_stmt(
     })
 }
 
-pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     let coll = ctx.collection()?;
     check_coll_name(&ctx.db, &coll)?;
     let updates = ctx
@@ -314,11 +631,7 @@ pub async fn update(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         reply.insert("nModified", n_modified as i32);
         finish(w, &retry, reply, errors, retried, last_ts)
     };
-    let out = ctx.submit(Box::new(job)).await?;
-    Ok(Reply {
-        body: out.reply.into(),
-        op_time: out.op_time,
-    })
+    ctx.submit(Box::new(job)).await
 }
 
 struct DeleteStmt {
@@ -326,7 +639,7 @@ struct DeleteStmt {
     multi: bool,
 }
 
-pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     let coll = ctx.collection()?;
     check_coll_name(&ctx.db, &coll)?;
     let deletes = ctx
@@ -418,11 +731,7 @@ pub async fn delete(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
         finish(w, &retry, doc! {"n": n as i32}, errors, retried, last_ts)
     };
-    let out = ctx.submit(Box::new(job)).await?;
-    Ok(Reply {
-        body: out.reply.into(),
-        op_time: out.op_time,
-    })
+    ctx.submit(Box::new(job)).await
 }
 
 fn delete_stmt(

@@ -276,7 +276,7 @@ pub fn insert_one(
     mut retry: Option<&mut RetryState>,
     stmt: i32,
 ) -> OpResult<ClusterTime> {
-    ctx.check_not_prepared(coll, &doc)?;
+    ctx.check_not_held(coll, &doc)?;
     check_unique(ctx, coll, &doc, None)?;
     ctx.put_doc(coll, &doc)?;
     crate::indexes::add(ctx.txn_mut(), coll, &doc)?;
@@ -297,7 +297,7 @@ pub fn delete_one(
     mut retry: Option<&mut RetryState>,
     stmt: i32,
 ) -> OpResult<ClusterTime> {
-    ctx.check_not_prepared(coll, doc)?;
+    ctx.check_not_held(coll, doc)?;
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
     ctx.delete_doc(coll, &id)?;
     crate::indexes::remove(ctx.txn_mut(), coll, doc)?;
@@ -426,8 +426,8 @@ pub fn run_update(
                 DiffOutcome::Replacement => Some(new.clone()),
             };
             if let Some(o) = o {
-                ctx.check_not_prepared(coll, &old)?;
-                ctx.check_not_prepared(coll, &new)?;
+                ctx.check_not_held(coll, &old)?;
+                ctx.check_not_held(coll, &new)?;
                 check_unique(ctx, coll, &new, new.get("_id"))?;
                 ctx.put_doc(coll, &new)?;
                 crate::indexes::remove(ctx.txn_mut(), coll, &old)?;

@@ -219,7 +219,7 @@ impl PreparedKeys {
 
 /// A running transaction.
 struct Active {
-    store: TxnStore,
+    store: TxnStore<'static>,
     catalog: Arc<Catalog>,
     ops: Vec<TxnOp>,
     /// The shard's time when the snapshot was taken.
@@ -376,7 +376,7 @@ impl Transactions {
         &self,
         shard: &Shard,
         session: &[u8],
-        store: &TxnStore,
+        store: &TxnStore<'_>,
         fresh: Vec<Key>,
     ) -> Result<(), MongoError> {
         let fresh: Vec<Key> = fresh
@@ -801,13 +801,11 @@ impl Transactions {
 fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
         let Active { store, ops, .. } = active;
-        for ((t, k), written) in store.writes() {
-            if CHECKED.contains(t) && w.txn().get(*t, k)? != written.seen {
-                return Ok(WriteOutput {
-                    reply: write_conflict().to_document(),
-                    op_time: None,
-                });
-            }
+        if conflicts(w, &store)? {
+            return Ok(WriteOutput {
+                reply: write_conflict().to_document(),
+                op_time: None,
+            });
         }
         apply_writes(
             w,
@@ -981,13 +979,11 @@ fn prepare_job(
 ) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
         let Active { store, ops, .. } = active;
-        for ((t, k), written) in store.writes() {
-            if CHECKED.contains(t) && w.txn().get(*t, k)? != written.seen {
-                return Ok(WriteOutput {
-                    reply: write_conflict().to_document(),
-                    op_time: None,
-                });
-            }
+        if conflicts(w, &store)? {
+            return Ok(WriteOutput {
+                reply: write_conflict().to_document(),
+                op_time: None,
+            });
         }
         drop(store);
         let (ts, befores) = log_apply_ops(w, &args, ops, doc! {"prepare": true})?;
@@ -1012,6 +1008,21 @@ fn prepare_job(
             op_time: Some(ts),
         })
     })
+}
+
+/// Whether a transaction can no longer commit its write set: a key it wrote changed since its
+/// snapshot, or an ordered batch holds a key it would create.
+fn conflicts(w: &WriteCtx<'_>, store: &TxnStore<'_>) -> Result<bool, StorageError> {
+    let reservations = &w.state().reservations;
+    for ((t, k), written) in store.writes() {
+        if CHECKED.contains(t) && w.txn().get(*t, k)? != written.seen {
+            return Ok(true);
+        }
+        if written.value.is_some() && reservations.holder(*t, k).is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Applies a transaction's writes in the writer's storage transaction (catalog entries

@@ -29,16 +29,18 @@ pub struct Written {
     pub seen: Option<Vec<u8>>,
 }
 
-/// A snapshot and a write set over it.
-pub struct TxnStore {
-    snapshot: Box<dyn ReadTxn>,
+/// A snapshot and a write set over it. The snapshot is usually a storage read transaction
+/// (`'static`); a dry run lays the write set over the writer's own transaction instead
+/// ([`Borrowed`]).
+pub struct TxnStore<'a> {
+    snapshot: Box<dyn ReadTxn + 'a>,
     writes: BTreeMap<(Table, Vec<u8>), Written>,
     /// Keys first written since the last [`TxnStore::take_fresh`].
     fresh: Vec<(Table, Vec<u8>)>,
 }
 
-impl TxnStore {
-    pub fn new(snapshot: Box<dyn ReadTxn>) -> TxnStore {
+impl<'a> TxnStore<'a> {
+    pub fn new(snapshot: Box<dyn ReadTxn + 'a>) -> TxnStore<'a> {
         TxnStore {
             snapshot,
             writes: BTreeMap::new(),
@@ -98,7 +100,7 @@ impl TxnStore {
     }
 }
 
-impl ReadTxn for TxnStore {
+impl ReadTxn for TxnStore<'_> {
     fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
         match self.writes.get(&(table, key.to_vec())) {
             Some(w) => Ok(w.value.clone()),
@@ -122,7 +124,7 @@ impl ReadTxn for TxnStore {
     }
 }
 
-impl WriteTxn for TxnStore {
+impl WriteTxn for TxnStore<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
         self.write(table, key, Some(value.to_vec()))
     }
@@ -138,6 +140,26 @@ impl WriteTxn for TxnStore {
         Err(StorageError::Engine(
             "a transaction's store is committed through the writer".into(),
         ))
+    }
+}
+
+/// Reads through a borrowed write transaction (never writes it): the base of a dry run's
+/// store.
+pub struct Borrowed<'a>(pub &'a mut dyn WriteTxn);
+
+impl ReadTxn for Borrowed<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
+        self.0.get(table, key)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        range: &KeyRange,
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
+    ) -> StorageResult<()> {
+        self.0.scan(table, range, reverse, visit)
     }
 }
 

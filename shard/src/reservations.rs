@@ -1,0 +1,228 @@
+//! Keys held by ordered batches between their validation and their commit.
+//!
+//! An ordered `insert` that spans shards must apply nothing after its first failing document,
+//! on any shard. The router therefore validates before it writes: every shard runs its part
+//! of the batch as a dry run (`_shardsvrReserveInsert`), stops at its own first failure, and
+//! holds the keys its validated documents will write (their `_id` and unique-index entries).
+//! The router then commits on every shard only the documents that come before the first
+//! failure of all shards (`_shardsvrCommitReservation`), one durable commit per shard.
+//! Holding the keys is what keeps the validation true until the commit.
+//!
+//! Invariants:
+//! * a key is held by at most one reservation, and only its own commit may create it;
+//! * a plain write that would create a held key waits until the reservation ends, then runs
+//!   (and finds the document there, or not); a transaction that wrote one fails its commit or
+//!   prepare with `WriteConflict`; a reservation that meets one stops there without waiting,
+//!   so two batches can never wait on each other;
+//! * a reservation ends when it commits, is released, or expires after [`LIFETIME`] (its
+//!   router went away); every end wakes the writes waiting on holds.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bson::Document;
+
+use crate::retryable::RetryInfo;
+use crate::storage::Table;
+
+/// How long a reservation lives without its commit or release.
+pub const LIFETIME: Duration = Duration::from_secs(30);
+
+/// A key of one table.
+pub type Key = (Table, Vec<u8>);
+
+/// What a reservation will insert when it commits: the validated documents, in order.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub db: String,
+    pub coll: String,
+    pub docs: Vec<Document>,
+    pub retry: Option<RetryInfo>,
+}
+
+struct Reservation {
+    batch: Option<Batch>,
+    keys: Vec<Key>,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    holders: HashMap<Key, u64>,
+    by_id: HashMap<u64, Reservation>,
+}
+
+/// The reservations of a shard.
+#[derive(Default)]
+pub struct Reservations {
+    inner: Mutex<Inner>,
+    /// Keys held (a cheap check for the common case of none).
+    held: AtomicUsize,
+    next_id: AtomicU64,
+    /// How many reservations have ended: a write that met a hold waits for it to move.
+    generation: AtomicU64,
+    ended: tokio::sync::Notify,
+}
+
+impl Reservations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether any key is held.
+    pub fn any(&self) -> bool {
+        self.held.load(Ordering::Acquire) > 0
+    }
+
+    /// The reservation holding `key`, if any.
+    pub fn holder(&self, table: Table, key: &[u8]) -> Option<u64> {
+        if !self.any() {
+            return None;
+        }
+        self.lock().holders.get(&(table, key.to_vec())).copied()
+    }
+
+    /// Holds `keys` for `batch`; returns the reservation's id. The caller has checked that no
+    /// other reservation holds them (the writer thread does both, with no write in between).
+    pub fn hold(&self, batch: Batch, keys: Vec<Key>) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut inner = self.lock();
+        for k in &keys {
+            inner.holders.insert(k.clone(), id);
+        }
+        inner.by_id.insert(
+            id,
+            Reservation {
+                batch: Some(batch),
+                keys,
+                expires: Instant::now() + LIFETIME,
+            },
+        );
+        self.held.store(inner.holders.len(), Ordering::Release);
+        id
+    }
+
+    /// Takes the batch of reservation `id` to commit it; its keys stay held until
+    /// [`Reservations::release`]. `None` when it expired, was taken or never existed.
+    pub fn take(&self, id: u64) -> Option<Batch> {
+        let mut inner = self.lock();
+        let r = inner.by_id.get_mut(&id)?;
+        if r.expires <= Instant::now() {
+            return None;
+        }
+        r.batch.take()
+    }
+
+    /// Ends reservation `id` (idempotent) and wakes the writes waiting on holds.
+    pub fn release(&self, id: u64) {
+        let mut inner = self.lock();
+        if let Some(r) = inner.by_id.remove(&id) {
+            for k in r.keys {
+                inner.holders.remove(&k);
+            }
+        }
+        self.held.store(inner.holders.len(), Ordering::Release);
+        drop(inner);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.ended.notify_waiters();
+    }
+
+    /// Ends the reservations past their lifetime; returns when the next one expires.
+    fn expire(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let expired: Vec<u64> = {
+            let inner = self.lock();
+            inner
+                .by_id
+                .iter()
+                .filter(|(_, r)| r.expires <= now)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in expired {
+            tracing::warn!(reservation = id, "an ordered batch's reservation expired");
+            self.release(id);
+        }
+        self.lock().by_id.values().map(|r| r.expires).min()
+    }
+
+    /// The count of ended reservations: read it before a write, and [`Reservations::wait`]
+    /// for it to move when the write met a hold.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Waits until a reservation has ended (or expired) since [`Reservations::generation`]
+    /// read `seen`.
+    pub async fn wait(&self, seen: u64) {
+        let ended = self.ended.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if self.generation() != seen {
+            return;
+        }
+        let Some(next) = self.expire() else { return };
+        let _ = tokio::time::timeout_at(next.into(), ended).await;
+        self.expire();
+    }
+
+    /// How many reservations are open (for tests and `serverStatus`).
+    pub fn open(&self) -> usize {
+        self.lock().by_id.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> Batch {
+        Batch {
+            db: "d".into(),
+            coll: "c".into(),
+            docs: vec![],
+            retry: None,
+        }
+    }
+
+    #[test]
+    fn a_key_is_held_until_its_reservation_is_released() {
+        let r = Reservations::default();
+        assert!(!r.any());
+        let id = r.hold(batch(), vec![(Table::Documents, b"k".to_vec())]);
+        assert_eq!(r.holder(Table::Documents, b"k"), Some(id));
+        assert_eq!(r.holder(Table::Documents, b"other"), None);
+        assert!(r.take(id).is_some());
+        assert!(r.take(id).is_none(), "a batch is taken once");
+        assert_eq!(
+            r.holder(Table::Documents, b"k"),
+            Some(id),
+            "taken, still held"
+        );
+        r.release(id);
+        assert_eq!(r.holder(Table::Documents, b"k"), None);
+        assert!(!r.any());
+        r.release(id);
+        assert_eq!(r.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_wakes_when_a_reservation_ends() {
+        let r = std::sync::Arc::new(Reservations::default());
+        let id = r.hold(batch(), vec![(Table::Documents, b"k".to_vec())]);
+        let waiter = {
+            let r = r.clone();
+            let seen = r.generation();
+            tokio::spawn(async move { r.wait(seen).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "nothing ended yet");
+        r.release(id);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter woke")
+            .expect("the waiter ran");
+    }
+}
