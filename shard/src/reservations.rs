@@ -11,7 +11,8 @@
 //! Invariants:
 //! * a key is held by at most one reservation, and only its own commit may create it;
 //! * a plain write that would create a held key waits until the reservation ends, then runs
-//!   (and finds the document there, or not); a transaction that wrote one fails its commit or
+//!   (and finds the document there, or not), as it waits for a prepared transaction's
+//!   decision on a key that one holds; a transaction that wrote one fails its commit or
 //!   prepare with `WriteConflict`; a reservation that meets one stops there without waiting,
 //!   so two batches can never wait on each other;
 //! * a reservation ends when it commits, is released, or expires after [`LIFETIME`] (its
@@ -29,6 +30,10 @@ use crate::storage::Table;
 
 /// How long a reservation lives without its commit or release.
 pub const LIFETIME: Duration = Duration::from_secs(30);
+
+/// The longest a waiting write sleeps before it looks again (it is woken sooner when holds
+/// move).
+pub const RECHECK: Duration = Duration::from_millis(200);
 
 /// A key of one table.
 pub type Key = (Table, Vec<u8>);
@@ -125,6 +130,12 @@ impl Reservations {
         }
         self.held.store(inner.holders.len(), Ordering::Release);
         drop(inner);
+        self.holds_moved();
+    }
+
+    /// Wakes the writes waiting on holds: a reservation ended, or a prepared transaction was
+    /// decided (its keys are held the same way).
+    pub fn holds_moved(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.ended.notify_waiters();
     }
@@ -154,8 +165,9 @@ impl Reservations {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Waits until a reservation has ended (or expired) since [`Reservations::generation`]
-    /// read `seen`.
+    /// Waits until holds have moved since [`Reservations::generation`] read `seen` (a
+    /// reservation ended or expired, a prepared transaction was decided), or for
+    /// [`RECHECK`] at most.
     pub async fn wait(&self, seen: u64) {
         let ended = self.ended.notified();
         tokio::pin!(ended);
@@ -163,8 +175,9 @@ impl Reservations {
         if self.generation() != seen {
             return;
         }
-        let Some(next) = self.expire() else { return };
-        let _ = tokio::time::timeout_at(next.into(), ended).await;
+        let recheck = Instant::now() + RECHECK;
+        let until = self.expire().map_or(recheck, |next| next.min(recheck));
+        let _ = tokio::time::timeout_at(until.into(), ended).await;
         self.expire();
     }
 

@@ -290,9 +290,9 @@ impl<'a> WriteCtx<'a> {
     }
 
     /// Refuses to write `doc` (its document or a unique-index entry of it) while another
-    /// holds it: a prepared transaction (which can no longer fail, so the write conflicts) or
-    /// an ordered batch between its validation and its commit (the write waits for it: see
-    /// [`held_error`]).
+    /// holds it: a prepared transaction (which can no longer fail) until its decision, or an
+    /// ordered batch between its validation and its commit. The statement fails with
+    /// [`held_error`], and the command waits and runs it again.
     pub fn check_not_held(&self, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {
         let (prepared, reserved) = (&self.state.prepared, &self.state.reservations);
         if !prepared.any() && !reserved.any()
@@ -309,13 +309,11 @@ impl<'a> WriteCtx<'a> {
                         .map(|k| (Table::UniqueIndexes, k)),
                 )
                 .collect();
-        if keys.iter().any(|(t, k)| prepared.contains(*t, k)) {
-            return Err(OpError::Mongo(crate::txn::write_conflict()));
-        }
         let other = |(t, k): &(Table, Vec<u8>)| {
-            reserved
-                .holder(*t, k)
-                .is_some_and(|h| Some(h) != self.own_reservation)
+            prepared.contains(*t, k)
+                || reserved
+                    .holder(*t, k)
+                    .is_some_and(|h| Some(h) != self.own_reservation)
         };
         if keys.iter().any(other) {
             return Err(OpError::Mongo(held_error()));
@@ -501,19 +499,20 @@ impl Writer {
     }
 }
 
-/// The statement error of a write that met a key an ordered batch holds. It never reaches a
+/// The statement error of a write that met a held key (an ordered batch's or a prepared
+/// transaction's). It never reaches a
 /// client: the shard's write commands wait for the batch and run such statements again (see
 /// `commands::write`); the marker field tells them apart from other conflicts.
 pub fn held_error() -> MongoError {
     MongoError::new(
         wire::ErrorCode::WRITE_CONFLICT,
-        "the document's key is held by an ordered batch being written",
+        "the document's key is held by an ordered batch or a prepared transaction",
     )
     .with_extra(bson::doc! {HELD_MARKER: true})
 }
 
 /// The field [`held_error`] adds to its write error.
-pub const HELD_MARKER: &str = "$heldByOrderedBatch";
+pub const HELD_MARKER: &str = "$heldKey";
 
 fn shutting_down() -> MongoError {
     MongoError::new(

@@ -82,3 +82,55 @@ async fn a_commit_at_a_later_participants_time_is_invisible_before_that_time() {
     assert_eq!(value_as_of(&s, between).await, 0, "as of before the commit");
     assert_eq!(value_as_of(&s, commit_ts).await, 1, "as of the commit");
 }
+
+/// A write outside any transaction to a document a prepared transaction holds waits for the
+/// decision (as in MongoDB), then applies over the transaction's outcome.
+#[tokio::test]
+async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "bank",
+        doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}, {"_id": 2, "v": 0}]},
+    )
+    .await;
+    let mut update = doc! {
+        "update": "accounts",
+        "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 10}}}],
+        "startTransaction": true,
+    };
+    update.extend(session());
+    ok(&s, "bank", update).await;
+    let mut prepare = doc! {"prepareTransaction": 1};
+    prepare.extend(session());
+    let prepared = ok(&s, "admin", prepare).await;
+    let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
+    let plain = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            run(
+                &s,
+                "bank",
+                doc! {"update": "accounts", "updates": [{"q": {}, "u": {"$inc": {"v": 1}}, "multi": true}]},
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!plain.is_finished(), "the write waits for the decision");
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
+    commit.extend(session());
+    ok(&s, "admin", commit).await;
+    let reply = plain.await.expect("the plain write");
+    assert!(is_ok(&reply), "{reply}");
+    assert_eq!(reply.get_i32("nModified").ok(), Some(2), "{reply}");
+    assert!(!reply.contains_key("writeErrors"), "{reply}");
+    let docs = find(&s, "bank", "accounts", doc! {}).await;
+    let values: Vec<i32> = docs.iter().map(|d| d.get_i32("v").expect("v")).collect();
+    assert_eq!(
+        values,
+        vec![11, 1],
+        "applied once each, over the transaction's write"
+    );
+}

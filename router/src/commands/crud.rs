@@ -258,7 +258,8 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     if ordered {
         let runs = batches;
         let shards: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.0).collect();
-        if shards.len() > 1 {
+        // Inside a transaction nothing is visible before the commit anyway: runs it is.
+        if shards.len() > 1 && !crate::txn::in_transaction(ctx.cmd) {
             insert_across_shards(ctx, &version, runs, &mut outcome).await?;
         } else {
             insert_runs(ctx, &version, runs, &mut outcome).await?;

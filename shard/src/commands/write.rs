@@ -746,6 +746,10 @@ fn delete_stmt(
         return Ok((0, None));
     };
     let docs = targets(w, &c, &stmt.filter, stmt.multi, None)?;
+    // A held document stops the statement before it deletes anything, so it can run again.
+    for d in &docs {
+        w.check_not_held(&c, d)?;
+    }
     let mut last = None;
     let n = docs.len() as i64;
     for d in &docs {

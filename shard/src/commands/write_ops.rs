@@ -414,6 +414,10 @@ pub fn run_update(
         None => Vec::new(),
     };
     if let Some(coll) = &coll {
+        // A held document stops the statement before it writes anything, so it can run again.
+        for old in &docs {
+            ctx.check_not_held(coll, old)?;
+        }
         for old in docs {
             let uctx = update_context(ctx, Some(coll), false);
             let (new, outcome) = stmt.spec.apply_logged(&old, &uctx, Some(&stmt.query))?;

@@ -635,6 +635,7 @@ impl Transactions {
         state
             .prepared
             .remove(prepared.writes.iter().map(|(t, k, _)| (*t, k.clone())));
+        state.reservations.holds_moved();
         state.hlc().release(prepared.prepare_ts);
         self.release(&args.key);
     }
