@@ -8,6 +8,12 @@ use clap::{Args, Parser, Subcommand};
 use router::launch::{self, Running};
 use router::{Presentation, RouterOptions, ShardPatience};
 
+/// jemalloc, with background threads that return freed memory to the system within its decay
+/// time (10 s): glibc's heap keeps what many streams' buffers once took (BENCHMARKS.md,
+/// "Memory after streams close").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Tributary: a sharded document store that serves MongoDB-compatible change streams.
 ///
 /// With no subcommand it runs the embedded cluster: a router with in-process shards.

@@ -252,6 +252,10 @@ impl<'a> WriteCtx<'a> {
     /// Writes an oplog entry at a fresh `ts`; returns the `ts`. Inside a transaction the
     /// entry becomes one of its operations instead, and the time is its read time.
     pub fn log(&mut self, mut spec: EntrySpec) -> StorageResult<ClusterTime> {
+        if self.dry_run {
+            // Nothing of a dry run is kept: its entries are not even built.
+            return Ok(ClusterTime::ZERO);
+        }
         let pre_image = spec.pre_image.take().zip(spec.ui);
         let (pending, recorder) = match &mut self.log {
             LogTo::Oplog(pending, recorder) => (pending, *recorder),
@@ -373,13 +377,25 @@ impl<'a> WriteCtx<'a> {
         scan_collection(&*self.txn, coll, visit)
     }
 
+    /// Whether the collection has a document with this `_id`.
+    pub fn has_doc(&self, coll: &CollectionEntry, id: &Bson) -> StorageResult<bool> {
+        Ok(self
+            .txn
+            .get(Table::Documents, &keys::doc_key(&coll.uuid, id))?
+            .is_some())
+    }
+
     pub fn put_doc(&mut self, coll: &CollectionEntry, doc: &Document) -> StorageResult<()> {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let key = keys::doc_key(&coll.uuid, &id);
+        if self.dry_run {
+            // A dry run only needs to know the key is taken.
+            return self.txn.put(Table::Documents, &key, &[]);
+        }
         let mut buf = Vec::new();
         doc.to_writer(&mut buf)
             .map_err(|e| StorageError::Engine(format!("serializing document: {e}")))?;
-        self.txn
-            .put(Table::Documents, &keys::doc_key(&coll.uuid, &id), &buf)
+        self.txn.put(Table::Documents, &key, &buf)
     }
 
     pub fn delete_doc(&mut self, coll: &CollectionEntry, id: &Bson) -> StorageResult<bool> {

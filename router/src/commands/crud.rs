@@ -217,7 +217,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     let mut routed: Vec<(usize, usize, Document)> = Vec::with_capacity(docs.len());
     for (i, d) in docs.iter_mut().enumerate() {
         let Some(d) = d.take() else { continue };
-        let size = d.to_vec().map(|v| v.len()).unwrap_or(usize::MAX);
+        let size = pipeline::changestream::split::document_size(&d);
         if size > wire::MAX_BSON_OBJECT_SIZE {
             outcome.fail(
                 i,

@@ -155,11 +155,7 @@ pub fn check_size(doc: &Document) -> Result<(), MongoError> {
 }
 
 pub fn bson_size(doc: &Document) -> usize {
-    let mut buf = Vec::new();
-    match doc.to_writer(&mut buf) {
-        Ok(()) => buf.len(),
-        Err(_) => usize::MAX,
-    }
+    pipeline::changestream::split::document_size(doc)
 }
 
 /// MongoDB's rendering of a value inside error messages (`{ _id: 1 }`, `"x"`, `ObjectId('…')`).
@@ -232,7 +228,7 @@ pub fn check_unique(
     replacing: Option<&Bson>,
 ) -> OpResult<()> {
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-    if replacing.is_none() && ctx.get_doc(coll, &id)?.is_some() {
+    if replacing.is_none() && ctx.has_doc(coll, &id)? {
         return Err(OpError::Mongo(dup_key_error(
             coll,
             "_id_",
