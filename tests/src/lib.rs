@@ -179,8 +179,17 @@ pub fn tributary_binary() -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!(e))
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago, below the kernel's ephemeral range (32768 and up on
+/// Linux), which the local ends of outgoing connections take: a process restarted on the port
+/// later does not find it taken by some test's connection in the meantime (a port from
+/// `bind(0)` is an ephemeral one).
 pub fn free_port() -> Result<u16> {
+    for _ in 0..1000 {
+        let port = rand::random_range(10_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
