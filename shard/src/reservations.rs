@@ -59,6 +59,18 @@ struct Inner {
     by_id: HashMap<u64, Reservation>,
 }
 
+/// A reservation being committed: it ends when this is dropped, however its commit ends.
+pub struct Taken<'a> {
+    reservations: &'a Reservations,
+    id: u64,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.reservations.release(self.id);
+    }
+}
+
 /// The reservations of a shard.
 #[derive(Default)]
 pub struct Reservations {
@@ -92,6 +104,9 @@ impl Reservations {
     /// Holds `keys` for `batch`; returns the reservation's id. The caller has checked that no
     /// other reservation holds them (the writer thread does both, with no write in between).
     pub fn hold(&self, batch: Batch, keys: Vec<Key>) -> u64 {
+        // Reservations left behind by a router that went away end here at the latest (or
+        // when a write meets one of their keys).
+        self.expire();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let mut inner = self.lock();
         for k in &keys {
@@ -109,15 +124,23 @@ impl Reservations {
         id
     }
 
-    /// Takes the batch of reservation `id` to commit it; its keys stay held until
-    /// [`Reservations::release`]. `None` when it expired, was taken or never existed.
-    pub fn take(&self, id: u64) -> Option<Batch> {
+    /// Takes the batch of reservation `id` to commit it; its keys stay held (it no longer
+    /// expires) until the returned guard is dropped. `None` when it expired, was taken or
+    /// never existed.
+    pub fn take(&self, id: u64) -> Option<(Batch, Taken<'_>)> {
         let mut inner = self.lock();
         let r = inner.by_id.get_mut(&id)?;
         if r.expires <= Instant::now() {
             return None;
         }
-        r.batch.take()
+        let batch = r.batch.take()?;
+        Some((
+            batch,
+            Taken {
+                reservations: self,
+                id,
+            },
+        ))
     }
 
     /// Ends reservation `id` (idempotent) and wakes the writes waiting on holds.
@@ -148,7 +171,7 @@ impl Reservations {
             inner
                 .by_id
                 .iter()
-                .filter(|(_, r)| r.expires <= now)
+                .filter(|(_, r)| r.batch.is_some() && r.expires <= now)
                 .map(|(id, _)| *id)
                 .collect()
         };
@@ -156,7 +179,12 @@ impl Reservations {
             tracing::warn!(reservation = id, "an ordered batch's reservation expired");
             self.release(id);
         }
-        self.lock().by_id.values().map(|r| r.expires).min()
+        self.lock()
+            .by_id
+            .values()
+            .filter(|r| r.batch.is_some())
+            .map(|r| r.expires)
+            .min()
     }
 
     /// The count of ended reservations: read it before a write, and [`Reservations::wait`]
@@ -207,14 +235,14 @@ mod tests {
         let id = r.hold(batch(), vec![(Table::Documents, b"k".to_vec())]);
         assert_eq!(r.holder(Table::Documents, b"k"), Some(id));
         assert_eq!(r.holder(Table::Documents, b"other"), None);
-        assert!(r.take(id).is_some());
+        let taken = r.take(id).expect("the batch");
         assert!(r.take(id).is_none(), "a batch is taken once");
         assert_eq!(
             r.holder(Table::Documents, b"k"),
             Some(id),
             "taken, still held"
         );
-        r.release(id);
+        drop(taken);
         assert_eq!(r.holder(Table::Documents, b"k"), None);
         assert!(!r.any());
         r.release(id);

@@ -251,7 +251,8 @@ pub async fn reserve_insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 }
 
 /// `_shardsvrCommitReservation: <id>, upTo: <k>`: the second phase: inserts the first `k`
-/// documents of reservation `id` as one ordered insert (none when `k` is 0), then ends it.
+/// documents of reservation `id` as one ordered insert (none when `k` is 0), then ends it
+/// (when the insert is acknowledged or failed, or this command is abandoned).
 pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let id = ctx
         .cmd
@@ -263,14 +264,13 @@ pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let up_to = ctx.cmd.get("upTo").and_then(as_i64).unwrap_or(0).max(0) as usize;
     let reservations = &ctx.shard.state().reservations;
     let id = id as u64;
-    let Some(mut batch) = reservations.take(id) else {
+    let Some((mut batch, _taken)) = reservations.take(id) else {
         return Err(MongoError::new(
             ErrorCode::INTERRUPTED,
             format!("the ordered batch's reservation {id} expired or is unknown on this shard"),
         ));
     };
     if up_to == 0 {
-        reservations.release(id);
         return Ok(Reply::read(doc! {"n": 0, "ok": 1.0}));
     }
     batch.docs.truncate(up_to);
@@ -280,9 +280,7 @@ pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         ordered: true,
         retry: batch.retry,
     };
-    let out = ctx.submit(insert_job(batch.db, args, Some(id))).await;
-    reservations.release(id);
-    let out = out?;
+    let out = ctx.submit(insert_job(batch.db, args, Some(id))).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,
