@@ -49,6 +49,26 @@ impl Running {
     pub fn shards(&self) -> &[Arc<shard::Shard>] {
         &self.shards
     }
+
+    /// Serves the router's Prometheus metrics on `bind` (`GET /metrics`) until shutdown;
+    /// returns the address it listens on.
+    pub async fn serve_metrics(&self, bind: SocketAddr) -> anyhow::Result<SocketAddr> {
+        let router = self
+            .router
+            .clone()
+            .context("only a router has metrics to serve")?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding the metrics endpoint to {bind}"))?;
+        let addr = listener.local_addr()?;
+        let cancel = self.cancel.clone();
+        router
+            .tasks
+            .clone()
+            .spawn(crate::metrics::serve(router, listener, cancel));
+        tracing::info!(%addr, "metrics endpoint listening");
+        Ok(addr)
+    }
 }
 
 async fn open_shard(dbpath: PathBuf, name: String) -> anyhow::Result<Arc<shard::Shard>> {

@@ -13,6 +13,7 @@ pub mod cursors;
 pub mod failpoint;
 pub mod launch;
 pub mod metadata;
+pub mod metrics;
 pub mod router;
 pub mod routing;
 pub mod server;

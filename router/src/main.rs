@@ -26,8 +26,19 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 
+    /// How log lines are written: `text` for people, `json` (one object per line) for log
+    /// collectors.
+    #[arg(long = "logFormat", global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     #[command(flatten)]
     embedded: EmbeddedArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -55,6 +66,20 @@ struct EmbeddedArgs {
     streams: StreamArgs,
     #[command(flatten)]
     oplog: OplogArgs,
+    #[command(flatten)]
+    ops: OpsArgs,
+}
+
+/// Operations: metrics, logs (the embedded cluster and a router).
+#[derive(Args, Debug, Clone)]
+struct OpsArgs {
+    /// Serve Prometheus metrics on this port (`GET /metrics`, on the same address as the
+    /// router); off when not given.
+    #[arg(long = "metricsPort")]
+    metrics_port: Option<u16>,
+    /// Log commands slower than this many milliseconds, as mongod's `slowOpThresholdMs`.
+    #[arg(long = "slowms", default_value_t = 100)]
+    slow_ms: u64,
 }
 
 /// How much oplog each shard keeps (the embedded cluster's shards, and a lone shard).
@@ -137,6 +162,8 @@ enum Command {
         shard_outage_timeout_secs: u64,
         #[command(flatten)]
         streams: StreamArgs,
+        #[command(flatten)]
+        ops: OpsArgs,
     },
 }
 
@@ -150,23 +177,27 @@ fn presentation(repl_set_mode: bool) -> Presentation {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let argv: Vec<String> = std::env::args().collect();
     let mut retention = cli.embedded.oplog.retention();
+    let mut metrics = None;
     let running: Running = match cli.command {
         None => {
             let e = cli.embedded;
+            metrics = e.ops.metrics_port.map(|p| SocketAddr::new(e.bind_ip, p));
             let options = RouterOptions {
                 presentation: presentation(e.repl_set_mode),
                 argv,
                 enable_test_commands: e.enable_test_commands,
                 stream_replies_per_second: e.streams.stream_replies_per_second,
+                slow_ms: e.ops.slow_ms,
                 ..RouterOptions::default()
             };
             launch::embedded_with(
@@ -203,7 +234,9 @@ async fn main() -> anyhow::Result<()> {
             shard_connect_timeout_ms,
             shard_outage_timeout_secs,
             streams,
+            ops,
         }) => {
+            metrics = ops.metrics_port.map(|p| SocketAddr::new(bind_ip, p));
             let options = RouterOptions {
                 presentation: presentation(repl_set_mode),
                 argv,
@@ -213,6 +246,7 @@ async fn main() -> anyhow::Result<()> {
                     stream_outage: Duration::from_secs(shard_outage_timeout_secs),
                 },
                 stream_replies_per_second: streams.stream_replies_per_second,
+                slow_ms: ops.slow_ms,
                 ..RouterOptions::default()
             };
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?
@@ -220,6 +254,9 @@ async fn main() -> anyhow::Result<()> {
     };
     for s in running.shards() {
         s.set_oplog_retention(retention);
+    }
+    if let Some(addr) = metrics {
+        running.serve_metrics(addr).await?;
     }
     let cancel = running.cancel.clone();
     tokio::spawn(async move {

@@ -49,6 +49,9 @@ pub struct RouterOptions {
     /// many caught-up watchers get events in larger batches instead of one round trip per
     /// event each; a lone client is never held back; 0 turns pacing off.
     pub stream_replies_per_second: u32,
+    /// `--slowms`: commands that take longer are logged (`Slow query`), as mongod's
+    /// `slowOpThresholdMs` (100 by default).
+    pub slow_ms: u64,
 }
 
 impl Default for RouterOptions {
@@ -61,6 +64,7 @@ impl Default for RouterOptions {
             patience: ShardPatience::default(),
             stream_buffer_bytes: 16 << 20,
             stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
+            slow_ms: 100,
         }
     }
 }
@@ -133,6 +137,8 @@ pub struct Router {
     pub(crate) tasks: TaskTracker,
     /// Shared change-stream merges, by shard-side spec.
     pub(crate) hubs: crate::changestream::Hubs,
+    /// What `--metricsPort` shows.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Router {
@@ -159,6 +165,7 @@ impl Router {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             hubs: Default::default(),
+            metrics: Default::default(),
         })
     }
 

@@ -1,6 +1,8 @@
 //! The router's wire server: each request becomes a command run by [`crate::commands`].
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::net::TcpListener;
@@ -24,14 +26,114 @@ struct RouterHandler {
 #[async_trait]
 impl Handler for RouterHandler {
     async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply {
+        let started = Instant::now();
         let Some(reply) = crate::commands::run(&self.router, conn, &req).await else {
             return Reply::CloseConnection;
         };
+        self.account(&req, &reply, started.elapsed());
         match reply {
             _ if req.more_to_come => Reply::NoReply,
             Body::Document(reply) => Reply::Document(reply),
             Body::Raw(reply) => Reply::Raw(reply),
         }
+    }
+
+    fn opened(&self, _conn: &ConnectionInfo) {
+        self.router.open_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self, _conn: &ConnectionInfo) {
+        self.router.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl RouterHandler {
+    /// Counts a command in the metrics, and logs it when it took longer than `--slowms`, as
+    /// mongod logs slow operations.
+    fn account(&self, req: &Request, reply: &Body, took: Duration) {
+        let name = req.body.keys().next().map_or("", String::as_str);
+        let reply = reply_fields(reply);
+        let metrics = &self.router.metrics;
+        metrics.command(name, reply.code_name.as_deref(), took);
+        if reply.code_name.is_none() {
+            let op = match name {
+                "insert" => Some("insert"),
+                "update" => Some("update"),
+                "delete" => Some("delete"),
+                _ => None,
+            };
+            if let Some(op) = op {
+                metrics.documents_written(op, reply.n);
+            }
+        }
+        let slow = self.router.options.slow_ms;
+        if took >= Duration::from_millis(slow) && !is_awaiting(name, &req.body) {
+            let ns = match req.body.values().next() {
+                Some(bson::Bson::String(coll)) => {
+                    format!("{}.{coll}", req.body.get_str("$db").unwrap_or(""))
+                }
+                _ => req.body.get_str("$db").unwrap_or("").to_string(),
+            };
+            tracing::info!(
+                command = name,
+                ns = %ns,
+                duration_ms = took.as_millis() as u64,
+                outcome = reply.code_name.as_deref().unwrap_or("ok"),
+                "Slow query"
+            );
+        }
+    }
+}
+
+/// A getMore of a tailable-await cursor (change streams) or a blocked `hello` waits on purpose:
+/// its time is not slowness.
+fn is_awaiting(name: &str, body: &bson::Document) -> bool {
+    name == "getMore"
+        || matches!(name, "hello" | "isMaster" | "ismaster") && body.contains_key("maxAwaitTimeMS")
+}
+
+/// What the metrics read from a reply: its error's `codeName`, and `n`.
+struct ReplyFields {
+    code_name: Option<String>,
+    n: u64,
+}
+
+fn reply_fields(reply: &Body) -> ReplyFields {
+    let (ok, code_name, n) = match reply {
+        Body::Document(d) => (
+            d.get("ok").and_then(number),
+            d.get_str("codeName").ok().map(str::to_string),
+            d.get("n").and_then(number),
+        ),
+        Body::Raw(r) => (
+            r.get("ok")
+                .ok()
+                .flatten()
+                .and_then(|v| bson::Bson::try_from(v).ok())
+                .as_ref()
+                .and_then(number),
+            r.get_str("codeName").ok().map(str::to_string),
+            r.get("n")
+                .ok()
+                .flatten()
+                .and_then(|v| bson::Bson::try_from(v).ok())
+                .as_ref()
+                .and_then(number),
+        ),
+    };
+    let failed = ok.is_some_and(|ok| ok != 1.0);
+    ReplyFields {
+        code_name: failed.then(|| code_name.unwrap_or_else(|| "UnknownError".to_string())),
+        n: n.map_or(0, |n| n.max(0.0) as u64),
+    }
+}
+
+fn number(v: &bson::Bson) -> Option<f64> {
+    match v {
+        bson::Bson::Double(d) => Some(*d),
+        bson::Bson::Int32(i) => Some(f64::from(*i)),
+        bson::Bson::Int64(i) => Some(*i as f64),
+        _ => None,
     }
 }
 

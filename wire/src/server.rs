@@ -81,6 +81,24 @@ pub struct ConnectionInfo {
 #[async_trait::async_trait]
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply;
+
+    /// A connection opened, before its first request.
+    fn opened(&self, _conn: &ConnectionInfo) {}
+
+    /// A connection closed (or its task stopped), after its last request.
+    fn closed(&self, _conn: &ConnectionInfo) {}
+}
+
+/// Tells the handler a connection closed when dropped, however its task ends.
+struct Opened<H: Handler> {
+    handler: Arc<H>,
+    conn: ConnectionInfo,
+}
+
+impl<H: Handler> Drop for Opened<H> {
+    fn drop(&mut self) {
+        self.handler.closed(&self.conn);
+    }
 }
 
 /// Commands that open a connection: never compressed, and where compression is negotiated.
@@ -342,6 +360,11 @@ pub async fn serve_connection<H: Handler>(
 }
 
 async fn run_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, conn: ConnectionInfo) {
+    handler.opened(&conn);
+    let _open = Opened {
+        handler: Arc::clone(&handler),
+        conn,
+    };
     let _ = stream.set_nodelay(true);
     let mut io = Connection::new(stream);
     tracing::debug!("connection opened");

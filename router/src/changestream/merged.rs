@@ -293,6 +293,7 @@ impl MergedStream {
                 continue;
             }
             s.nudged = floor;
+            router.metrics.idle_shard_nudge();
             let router = router.clone();
             let (shard, id) = (s.shard, s.cursor_id);
             router.tasks.clone().spawn(async move {

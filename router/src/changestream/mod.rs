@@ -96,6 +96,7 @@ pub(crate) async fn aggregate(
     let batch = cursor
         .next_batch(router, batch_size, Duration::ZERO)
         .await?;
+    router.metrics.events_delivered(batch.events.len() as u64);
     let ns = match coll {
         Some(c) => format!("{db}.{c}"),
         None => format!("{db}.$cmd.aggregate"),

@@ -256,6 +256,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
                 return Err(crate::changestream::label_resumable(e));
             }
         };
+        router.metrics.events_delivered(batch.events.len() as u64);
         let keep = !batch.invalidated;
         if let Some(info) = &guard.info {
             info.lock().unwrap_or_else(|e| e.into_inner()).replied(

@@ -1,0 +1,378 @@
+//! Prometheus metrics: what the router counts as it serves, and the HTTP endpoint
+//! (`--metricsPort`) that shows them with the figures read at scrape time (connections,
+//! cursors, each shard's oplog and high-water mark).
+//!
+//! Owns: the counters and histograms, their names and labels, and the endpoint's tiny HTTP/1.1
+//! server (`GET /metrics`; anything else is 404).
+//!
+//! Invariants:
+//! * label values are bounded: a command's label is its name, or `other` for a name the router
+//!   does not know (answered `CommandNotFound`); an outcome is `ok` or the error's `codeName`;
+//!   so a client cannot grow the label sets without bound;
+//! * counters only grow; gauges are set from the live state at each scrape;
+//! * a scrape never waits on a shard for more than a second (a shard that does not answer is
+//!   left out of that scrape) and never fails the router.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::doc;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::router::Router;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandOutcome {
+    command: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandName {
+    command: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteKind {
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardName {
+    shard: String,
+}
+
+type Seconds = Family<CommandName, Histogram, fn() -> Histogram>;
+
+/// Latency buckets: 100 µs to about 26 s, ×4 apart.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 4.0, 10))
+}
+
+/// The router's metrics.
+pub struct Metrics {
+    registry: Registry,
+    commands: Family<CommandOutcome, Counter>,
+    command_seconds: Seconds,
+    documents_written: Family<WriteKind, Counter>,
+    events_delivered: Counter,
+    idle_shard_nudges: Counter,
+    connections: Gauge,
+    cursors: Gauge,
+    change_stream_cursors: Gauge,
+    shared_merges: Gauge,
+    stream_lag_seconds: Gauge,
+    oplog_bytes: Family<ShardName, Gauge>,
+    oplog_entries: Family<ShardName, Gauge>,
+    high_water_mark: Family<ShardName, Gauge>,
+    shard_up: Family<ShardName, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("tributary"),
+            commands: Family::default(),
+            command_seconds: Family::new_with_constructor(latency_histogram),
+            documents_written: Family::default(),
+            events_delivered: Counter::default(),
+            idle_shard_nudges: Counter::default(),
+            connections: Gauge::default(),
+            cursors: Gauge::default(),
+            change_stream_cursors: Gauge::default(),
+            shared_merges: Gauge::default(),
+            stream_lag_seconds: Gauge::default(),
+            oplog_bytes: Family::default(),
+            oplog_entries: Family::default(),
+            high_water_mark: Family::default(),
+            shard_up: Family::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "commands",
+            "Commands run, by name and outcome (ok or the error's codeName)",
+            m.commands.clone(),
+        );
+        r.register(
+            "command_duration_seconds",
+            "Time to answer a command, by name",
+            m.command_seconds.clone(),
+        );
+        r.register(
+            "documents_written",
+            "Documents inserted, updated (matched) and deleted by acknowledged writes",
+            m.documents_written.clone(),
+        );
+        r.register(
+            "change_stream_events_delivered",
+            "Change-stream events sent to clients",
+            m.events_delivered.clone(),
+        );
+        r.register(
+            "idle_shard_nudges",
+            "Times a change-stream merge asked an idle shard to promise past a buffered event",
+            m.idle_shard_nudges.clone(),
+        );
+        r.register(
+            "connections",
+            "Client connections open",
+            m.connections.clone(),
+        );
+        r.register("cursors_open", "Cursors open", m.cursors.clone());
+        r.register(
+            "change_stream_cursors_open",
+            "Change-stream cursors open",
+            m.change_stream_cursors.clone(),
+        );
+        r.register(
+            "change_stream_shared_merges",
+            "Shard merges shared by change streams with the same shard-side spec",
+            m.shared_merges.clone(),
+        );
+        r.register(
+            "change_stream_max_lag_seconds",
+            "The largest lag of an open change stream: cluster time now minus its last token's",
+            m.stream_lag_seconds.clone(),
+        );
+        r.register(
+            "oplog_bytes",
+            "A shard's oplog size in bytes",
+            m.oplog_bytes.clone(),
+        );
+        r.register(
+            "oplog_entries",
+            "A shard's oplog entries",
+            m.oplog_entries.clone(),
+        );
+        r.register(
+            "high_water_mark_seconds",
+            "A shard's high-water mark (seconds of its cluster time)",
+            m.high_water_mark.clone(),
+        );
+        r.register(
+            "shard_up",
+            "1 when the shard answered this scrape, 0 when not",
+            m.shard_up.clone(),
+        );
+        m
+    }
+
+    /// Counts a command's outcome and time; `outcome` is `None` for success, else the
+    /// error's `codeName`.
+    pub fn command(&self, name: &str, outcome: Option<&str>, took: Duration) {
+        let command = if outcome == Some("CommandNotFound") {
+            "other".to_string()
+        } else {
+            name.to_string()
+        };
+        let outcome = outcome.unwrap_or("ok").to_string();
+        self.command_seconds
+            .get_or_create(&CommandName {
+                command: command.clone(),
+            })
+            .observe(took.as_secs_f64());
+        self.commands
+            .get_or_create(&CommandOutcome { command, outcome })
+            .inc();
+    }
+
+    /// Counts documents an acknowledged write touched (`op`: insert, update or delete).
+    pub fn documents_written(&self, op: &str, n: u64) {
+        if n > 0 {
+            self.documents_written
+                .get_or_create(&WriteKind { op: op.to_string() })
+                .inc_by(n);
+        }
+    }
+
+    pub fn events_delivered(&self, n: u64) {
+        self.events_delivered.inc_by(n);
+    }
+
+    pub fn idle_shard_nudge(&self) {
+        self.idle_shard_nudges.inc();
+    }
+
+    /// The metrics in Prometheus's text format, with the live figures read now.
+    pub async fn render(&self, router: &Router) -> String {
+        use std::sync::atomic::Ordering;
+        self.connections
+            .set(router.open_connections.load(Ordering::Relaxed) as i64);
+        self.cursors.set(router.cursors.len() as i64);
+        let streams = router.cursors.streams();
+        self.change_stream_cursors.set(streams.len() as i64);
+        self.shared_merges.set(router.hubs.stats().0 as i64);
+        let now = router.cluster_time();
+        let lag = streams
+            .iter()
+            .filter_map(|(_, info)| info.last_token.as_ref())
+            .filter_map(|t| resume::token::ResumeTokenData::from_document(t).ok())
+            .map(|t| i64::from(now.secs.saturating_sub(t.cluster_time().secs)))
+            .max()
+            .unwrap_or(0);
+        self.stream_lag_seconds.set(lag);
+        let names = router.shard_names();
+        let asks = router.all_shards().into_iter().map(|s| async move {
+            let ask = router.shard_command(s, "admin", doc! {"serverStatus": 1});
+            tokio::time::timeout(Duration::from_secs(1), ask).await
+        });
+        for (name, status) in names.iter().zip(futures::future::join_all(asks).await) {
+            let shard = ShardName {
+                shard: name.clone(),
+            };
+            let Ok(Ok(status)) = status else {
+                self.shard_up.get_or_create(&shard).set(0);
+                continue;
+            };
+            self.shard_up.get_or_create(&shard).set(1);
+            let oplog = status.get_document("oplog").ok();
+            let get = |k: &str| {
+                oplog
+                    .and_then(|o| o.get(k))
+                    .and_then(|v| match v {
+                        bson::Bson::Int64(n) => Some(*n),
+                        bson::Bson::Int32(n) => Some(i64::from(*n)),
+                        bson::Bson::Double(d) => Some(*d as i64),
+                        _ => None,
+                    })
+                    .unwrap_or(0)
+            };
+            self.oplog_bytes.get_or_create(&shard).set(get("sizeBytes"));
+            self.oplog_entries.get_or_create(&shard).set(get("entries"));
+            if let Ok(hwm) = status.get_timestamp("highWaterMark") {
+                self.high_water_mark
+                    .get_or_create(&shard)
+                    .set(i64::from(hwm.time));
+            }
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `cancel` fires.
+pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
+    loop {
+        let (mut stream, _) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                    continue;
+                }
+            },
+        };
+        let router = router.clone();
+        tokio::spawn(async move {
+            let Ok(Ok(request)) =
+                tokio::time::timeout(Duration::from_secs(5), read_head(&mut stream)).await
+            else {
+                return;
+            };
+            let response = match request_path(&request) {
+                Some("/metrics") => {
+                    let body = router.metrics.render(&router).await;
+                    http_response("200 OK", "text/plain; version=0.0.4; charset=utf-8", &body)
+                }
+                Some(_) => http_response("404 Not Found", "text/plain", "not found\n"),
+                None => http_response("400 Bad Request", "text/plain", "bad request\n"),
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// Reads a request's head (up to the blank line), at most 8 KiB.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> std::io::Result<String> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 512];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The path of a `GET` request, without its query.
+fn request_path(head: &str) -> Option<&str> {
+    let mut parts = head.lines().next()?.split(' ');
+    if parts.next()? != "GET" {
+        return None;
+    }
+    let target = parts.next()?;
+    parts.next()?.starts_with("HTTP/").then_some(())?;
+    Some(target.split('?').next().unwrap_or(target))
+}
+
+fn http_response(status: &str, content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_get_with_a_version_has_a_path() {
+        assert_eq!(
+            request_path("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some("/metrics")
+        );
+        assert_eq!(
+            request_path("GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
+            Some("/metrics")
+        );
+        assert_eq!(request_path("POST /metrics HTTP/1.1\r\n\r\n"), None);
+        assert_eq!(request_path("GET /metrics\r\n\r\n"), None);
+        assert_eq!(request_path(""), None);
+    }
+
+    #[test]
+    fn command_labels_are_bounded() {
+        let m = Metrics::new();
+        m.command("find", None, Duration::from_millis(2));
+        m.command("noSuchCommand-1", Some("CommandNotFound"), Duration::ZERO);
+        m.command("noSuchCommand-2", Some("CommandNotFound"), Duration::ZERO);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &m.registry).expect("encode");
+        assert!(
+            out.contains(r#"tributary_commands_total{command="find",outcome="ok"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"tributary_commands_total{command="other",outcome="CommandNotFound"} 2"#
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("noSuchCommand"), "{out}");
+        assert!(
+            out.contains("tributary_command_duration_seconds_bucket"),
+            "{out}"
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! What operators see: the Prometheus endpoint (`--metricsPort`) moving with the work done, and
+//! the logs (`--logFormat json`, slow operations over `--slowms`), on the real binary.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Document, doc};
+use tests::ProcessCluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` on `addr`: the status line and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(String, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {out:?}"))?;
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// The value of the sample named exactly `series` (name and labels), if present.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> anyhow::Result<()> {
+    let port = tests::free_port()?;
+    let metrics = SocketAddr::from(([127, 0, 0, 1], port));
+    let cluster =
+        ProcessCluster::start_with_router_args(2, &["--metricsPort", &port.to_string()]).await?;
+    tests::wait_for_port(metrics, Duration::from_secs(10)).await?;
+    let client = cluster.client().await?;
+    let c = client.database("ops").collection::<Document>("c");
+    let mut stream = c.watch().await?;
+    c.insert_many((0..5).map(|i| doc! {"_id": i})).await?;
+    c.update_many(doc! {}, doc! {"$set": {"x": 1}}).await?;
+    c.delete_one(doc! {"_id": 0}).await?;
+    let mut seen = 0;
+    while seen < 11 {
+        if stream.try_next().await?.is_some() {
+            seen += 1;
+        }
+    }
+    let _ = client
+        .database("ops")
+        .run_command(doc! {"noSuchCommand": 1})
+        .await
+        .expect_err("an unknown command");
+    let _: Vec<Document> = c.find(doc! {}).await?.try_collect().await?;
+
+    let (status, body) = http_get(metrics, "/metrics").await?;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let at = |series: &str| sample(&body, series).unwrap_or(0.0);
+    assert_eq!(
+        at(r#"tributary_documents_written_total{op="insert"}"#),
+        5.0,
+        "{body}"
+    );
+    assert_eq!(at(r#"tributary_documents_written_total{op="update"}"#), 5.0);
+    assert_eq!(at(r#"tributary_documents_written_total{op="delete"}"#), 1.0);
+    assert!(at(r#"tributary_commands_total{command="insert",outcome="ok"}"#) >= 1.0);
+    assert!(at(r#"tributary_commands_total{command="find",outcome="ok"}"#) >= 1.0);
+    assert_eq!(
+        at(r#"tributary_commands_total{command="other",outcome="CommandNotFound"}"#),
+        1.0,
+        "an unknown command name is not a label"
+    );
+    assert!(!body.contains("noSuchCommand"));
+    assert!(at(r#"tributary_command_duration_seconds_count{command="insert"}"#) >= 1.0);
+    assert!(at("tributary_change_stream_events_delivered_total") >= 11.0);
+    assert_eq!(at("tributary_change_stream_cursors_open"), 1.0);
+    assert!(at("tributary_connections") >= 1.0);
+    for shard in ["shard0", "shard1"] {
+        assert_eq!(
+            at(&format!(r#"tributary_shard_up{{shard="{shard}"}}"#)),
+            1.0
+        );
+        assert!(
+            at(&format!(
+                r#"tributary_high_water_mark_seconds{{shard="{shard}"}}"#
+            )) > 0.0
+        );
+    }
+    let entries: f64 = ["shard0", "shard1"]
+        .iter()
+        .map(|s| at(&format!(r#"tributary_oplog_entries{{shard="{s}"}}"#)))
+        .sum();
+    assert!(entries >= 11.0, "the oplog entries of the writes: {body}");
+
+    // More work, and the counters move.
+    c.insert_one(doc! {"_id": 100}).await?;
+    drop(stream);
+    let (_, again) = http_get(metrics, "/metrics").await?;
+    assert_eq!(
+        sample(&again, r#"tributary_documents_written_total{op="insert"}"#),
+        Some(6.0)
+    );
+    let (status, _) = http_get(metrics, "/other").await?;
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_record_slow_operations() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = tests::free_port()?;
+    let mut child = tokio::process::Command::new(tests::tributary_binary()?)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--dbpath",
+            &dir.path().display().to_string(),
+            "--logFormat",
+            "json",
+            "--slowms",
+            "0",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    tests::wait_for_port(addr, Duration::from_secs(20)).await?;
+    let client = tests::connect(addr).await?;
+    client
+        .database("logs")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1})
+        .await?;
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.start_kill()?;
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout.read_to_string(&mut out).await?;
+    }
+    let _ = child.wait().await;
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("a log line that is not JSON ({e}): {out}"))?;
+    assert!(!lines.is_empty(), "no log lines");
+    let slow = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "Slow query" && l["fields"]["command"] == "insert")
+        .ok_or_else(|| anyhow::anyhow!("no slow-query line for the insert: {out}"))?;
+    assert_eq!(slow["fields"]["ns"], "logs.c");
+    assert_eq!(slow["fields"]["outcome"], "ok");
+    assert!(slow["fields"]["duration_ms"].is_u64());
+    assert_eq!(slow["level"], "INFO");
+    Ok(())
+}
