@@ -37,6 +37,32 @@ impl ClusterClock {
         }
     }
 
+    /// Observes the `$clusterTime` a client sent, unless it is more than `max_drift` ahead of
+    /// this machine's wall clock (`maxAcceptableLogicalClockDriftSecs`): then the command is
+    /// refused with `ClusterTimeFailsRateLimiter` and the clock does not move, so no client
+    /// can push every later write's time far into the future.
+    pub fn observe_client(&self, d: &Document, max_drift: std::time::Duration) -> wire::Result<()> {
+        let Some(t) = cluster_time_of(d) else {
+            return Ok(());
+        };
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let limit = wall.saturating_add(max_drift).as_secs();
+        if u64::from(t.secs) > limit {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::CLUSTER_TIME_FAILS_RATE_LIMITER,
+                format!(
+                    "New cluster time, {}, is too far from this node's wall clock time, {}.",
+                    t.secs,
+                    wall.as_secs()
+                ),
+            ));
+        }
+        self.observe(t);
+        Ok(())
+    }
+
     /// [`ClusterClock::observe_document`] for an encoded reply.
     pub fn observe_raw(&self, d: &RawDocument) {
         let cluster_time = d
@@ -78,6 +104,29 @@ pub fn cluster_time_of(d: &Document) -> Option<ClusterTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_cannot_move_the_clock_past_the_allowed_drift() {
+        let clock = ClusterClock::new();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(0);
+        let drift = std::time::Duration::from_secs(3600);
+        let at = |secs: u32| doc! {"ping": 1, "$clusterTime": cluster_time_document(ClusterTime::new(secs, 1))};
+        assert!(clock.observe_client(&at(now + 60), drift).is_ok());
+        assert_eq!(clock.now().secs, now + 60);
+        let e = clock
+            .observe_client(&at(now + 7200), drift)
+            .expect_err("two hours ahead");
+        assert_eq!(e.code, 205);
+        assert_eq!(
+            clock.now().secs,
+            now + 60,
+            "the refused time is not observed"
+        );
+        assert!(clock.observe_client(&doc! {"ping": 1}, drift).is_ok());
+    }
 
     #[test]
     fn gossip_never_goes_backwards() {

@@ -80,6 +80,12 @@ struct OpsArgs {
     /// Log commands slower than this many milliseconds, as mongod's `slowOpThresholdMs`.
     #[arg(long = "slowms", default_value_t = 100)]
     slow_ms: u64,
+    /// How far ahead of this machine's clock a client's `$clusterTime` may be; a command with
+    /// one further ahead is refused (ClusterTimeFailsRateLimiter), as MongoDB's
+    /// `maxAcceptableLogicalClockDriftSecs`.
+    #[arg(long = "maxAcceptableLogicalClockDriftSecs", default_value_t = 365 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_clock_drift_secs: u64,
 }
 
 /// How much oplog each shard keeps (the embedded cluster's shards, and a lone shard).
@@ -198,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
                 enable_test_commands: e.enable_test_commands,
                 stream_replies_per_second: e.streams.stream_replies_per_second,
                 slow_ms: e.ops.slow_ms,
+                max_clock_drift: Duration::from_secs(e.ops.max_clock_drift_secs),
                 ..RouterOptions::default()
             };
             launch::embedded_with(
@@ -247,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
                 },
                 stream_replies_per_second: streams.stream_replies_per_second,
                 slow_ms: ops.slow_ms,
+                max_clock_drift: Duration::from_secs(ops.max_clock_drift_secs),
                 ..RouterOptions::default()
             };
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?

@@ -52,6 +52,9 @@ pub struct RouterOptions {
     /// `--slowms`: commands that take longer are logged (`Slow query`), as mongod's
     /// `slowOpThresholdMs` (100 by default).
     pub slow_ms: u64,
+    /// `maxAcceptableLogicalClockDriftSecs`: how far ahead of the wall clock a client's
+    /// `$clusterTime` may be (one year by default, as MongoDB).
+    pub max_clock_drift: Duration,
 }
 
 impl Default for RouterOptions {
@@ -65,6 +68,7 @@ impl Default for RouterOptions {
             stream_buffer_bytes: 16 << 20,
             stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
             slow_ms: 100,
+            max_clock_drift: Duration::from_secs(365 * 24 * 3600),
         }
     }
 }

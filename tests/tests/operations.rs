@@ -171,3 +171,44 @@ async fn json_logs_record_slow_operations() -> anyhow::Result<()> {
     assert_eq!(slow["level"], "INFO");
     Ok(())
 }
+
+/// A client cannot move the cluster clock further ahead of the router's wall clock than
+/// `--maxAcceptableLogicalClockDriftSecs` allows (205), without auth too; within it, it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_cluster_time_is_refused() -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(1).await?;
+    let raw = wire::client::Client::new(cluster.addr.to_string());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as u32;
+    let with_time = |secs: u32| {
+        doc! {
+            "ping": 1,
+            "$clusterTime": {
+                "clusterTime": mongodb::bson::Timestamp { time: secs, increment: 1 },
+                "signature": {"hash": mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64},
+            },
+        }
+    };
+    let far = raw
+        .command("admin", &with_time(now + 2 * 365 * 24 * 3600))
+        .await?;
+    assert_eq!(far.get_f64("ok").ok(), Some(0.0), "{far}");
+    assert_eq!(far.get_i32("code").ok(), Some(205), "{far}");
+    assert_eq!(
+        far.get_str("codeName").ok(),
+        Some("ClusterTimeFailsRateLimiter")
+    );
+    let later = raw.command("admin", &doc! {"ping": 1}).await?;
+    let gossip = later
+        .get_document("$clusterTime")?
+        .get_timestamp("clusterTime")?;
+    assert!(
+        gossip.time < now + 3600,
+        "the refused time was not adopted: {later}"
+    );
+    let near = raw.command("admin", &with_time(now + 60)).await?;
+    assert_eq!(near.get_f64("ok").ok(), Some(1.0), "{near}");
+    cluster.stop().await;
+    Ok(())
+}

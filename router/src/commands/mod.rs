@@ -45,9 +45,11 @@ impl Ctx<'_> {
 /// Runs one request and returns the reply (with `$clusterTime` and `operationTime`), or `None`
 /// when a test fail point closes the connection instead.
 pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Body> {
-    router.clock.observe_document(&req.body);
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
-    let mut injected = None;
+    let mut injected = router
+        .clock
+        .observe_client(&req.body, router.options.max_clock_drift)
+        .err();
     let mut write_concern_error = None;
     // An injected error whose fail point gave its labels gets no others.
     let mut labelled = false;
