@@ -1,5 +1,6 @@
-// mongosh interop: `mongosh --eval` against a live Tributary server connects, inserts, finds and
-// reads one change event from db.c.watch().
+// mongosh interop: `mongosh --eval` against a live Tributary server connects, inserts, finds,
+// reads one change event from db.c.watch(), and runs the admin helpers (db.stats(),
+// db.c.stats(), show dbs, db.currentOp()).
 //
 // Usage: node tests/js/mongosh.js mongodb://127.0.0.1:PORT/
 // Runs the mongosh installed in tests/js/node_modules (npm install there). The last line is
@@ -24,6 +25,20 @@ if (ev === null || ev.operationType !== 'insert' || ev.documentKey._id !== 2) {
   throw new Error('unexpected change event ' + tojson(ev));
 }
 cs.close();
+// The admin helpers people call.
+const dbStats = d.stats();
+if (dbStats.ok !== 1 || Number(dbStats.objects) !== 2 || dbStats.db !== 'mongosh_check') {
+  throw new Error('db.stats() ' + tojson(dbStats));
+}
+const collStats = d.c.stats();
+if (Number(collStats.count) !== 2 || collStats.ns !== 'mongosh_check.c' || !(collStats.size > 0)) {
+  throw new Error('db.c.stats() ' + tojson(collStats));
+}
+const dbs = db.getMongo().getDBs().databases.map((x) => x.name);
+if (!dbs.includes('mongosh_check')) throw new Error('getDBs() ' + tojson(dbs));
+show('dbs');
+const ops = db.currentOp();
+if (ops.ok !== 1 || !Array.isArray(ops.inprog)) throw new Error('db.currentOp() ' + tojson(ops));
 d.dropDatabase();
 print('MONGOSH_CHECK_OK ' + ev.operationType + ' ' + ev.documentKey._id);
 `;
@@ -39,7 +54,7 @@ function main(uri) {
     if (!out.includes('MONGOSH_CHECK_OK insert 2')) {
       throw new Error('mongosh did not confirm the event; output:\n' + out);
     }
-    console.log('ok    mongosh --eval: insert, find, watch');
+    console.log('ok    mongosh --eval: insert, find, watch, db.stats, db.c.stats, show dbs, db.currentOp');
     console.log('1 passed, 0 failed: mongosh');
     return 0;
   } catch (e) {

@@ -212,3 +212,80 @@ async fn a_far_future_cluster_time_is_refused() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// `dbStats`, `collStats` and `$collStats` add up every shard's part of a sharded collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_add_up_the_shards() -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "st.h", doc! {"_id": "hashed"}).await?;
+    let db = client.database("st");
+    db.collection::<Document>("h")
+        .insert_many((0..300).map(|i| doc! {"_id": i, "pad": "x".repeat(100)}))
+        .await?;
+    db.collection::<Document>("u")
+        .insert_many((0..10).map(|i| doc! {"_id": i}))
+        .await?;
+
+    let stats = db.run_command(doc! {"dbStats": 1}).await?;
+    assert_eq!(stats.get_i64("objects")?, 310, "{stats}");
+    assert_eq!(stats.get_i64("collections")?, 2);
+    assert_eq!(stats.get_document("raw")?.len(), 3);
+    assert!(stats.get_f64("dataSize")? > 300.0 * 100.0);
+
+    let h = db.run_command(doc! {"collStats": "h"}).await?;
+    assert!(h.get_bool("sharded")?, "{h}");
+    assert_eq!(h.get_i64("count")?, 300);
+    assert_eq!(
+        h.get_document("shards")?.len(),
+        3,
+        "every shard holds a part"
+    );
+    let per_shard: i64 = h
+        .get_document("shards")?
+        .values()
+        .filter_map(|s| s.as_document()?.get_i64("count").ok())
+        .sum();
+    assert_eq!(per_shard, 300);
+    let u = db.run_command(doc! {"collStats": "u"}).await?;
+    assert!(!u.get_bool("sharded")?);
+    assert_eq!(u.get_i64("count")?, 10);
+    let missing = db.run_command(doc! {"collStats": "nothing"}).await?;
+    assert_eq!(missing.get_i64("count")?, 0, "no collection: zeros, as 7.0");
+
+    let per_shard: Vec<Document> = db
+        .collection::<Document>("h")
+        .aggregate([doc! {"$collStats": {"count": {}, "storageStats": {}}}])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(per_shard.len(), 3);
+    let counted: i64 = per_shard
+        .iter()
+        .filter_map(|d| d.get_i64("count").ok())
+        .sum();
+    assert_eq!(counted, 300);
+    assert!(
+        per_shard
+            .iter()
+            .all(|d| d.get_document("storageStats").is_ok())
+    );
+    let total: Vec<Document> = db
+        .collection::<Document>("h")
+        .aggregate([
+            doc! {"$collStats": {"count": {}}},
+            doc! {"$group": {"_id": 1, "n": {"$sum": "$count"}}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(total[0].get_i64("n")?, 300);
+    let err = db
+        .collection::<Document>("nothing")
+        .aggregate([doc! {"$collStats": {"count": {}}}])
+        .await
+        .expect_err("no such collection");
+    assert_eq!(tests::scenarios::code_of(&err), Some(26));
+    cluster.stop().await;
+    Ok(())
+}

@@ -434,6 +434,12 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, coll)?;
     let ns = format!("{}.{coll}", ctx.db);
     let stage_docs: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
+    if stage_docs
+        .first()
+        .is_some_and(|s| s.contains_key("$collStats"))
+    {
+        return super::stats::coll_stats_stage(ctx, coll, &stage_docs).await;
+    }
     let parsed = pipeline::agg::Pipeline::parse(&stage_docs)?;
     // The leading $match stages select what the shards send.
     let mut filter = Document::new();

@@ -11,6 +11,7 @@ mod current_op;
 mod ddl;
 mod find;
 mod handshake;
+mod stats;
 
 use std::sync::Arc;
 
@@ -288,6 +289,13 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "hostInfo" => admin::host_info(),
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
         "listDatabases" => admin::list_databases(ctx).await,
+        "dbStats" | "dbstats" => stats::db_stats(ctx).await,
+        // No authentication yet: nobody is logged in, and every client may do everything.
+        "connectionStatus" => Ok(bson::doc! {
+            "authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []},
+            "ok": 1.0,
+        }),
+        "collStats" | "collstats" => stats::coll_stats(ctx).await,
         "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" | "startSession" => {
             admin::sessions(ctx)
         }

@@ -397,11 +397,7 @@ pub fn list_databases(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     for db in catalog.databases() {
         let mut size: i64 = 0;
         for c in catalog.collections_in(&db) {
-            crate::writer::scan_collection(&*txn, c, &mut |d| {
-                size += super::write_ops::bson_size(&d) as i64;
-                Scan::Continue
-            })
-            .map_err(|e| MongoError::internal(e.to_string()))?;
+            size += super::stats::usage(&*txn, c)?.size;
         }
         let size = size.max(4096);
         let d = if name_only {

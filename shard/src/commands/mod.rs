@@ -11,6 +11,7 @@ mod find_and_modify;
 mod hello;
 mod query;
 pub mod routing;
+mod stats;
 mod write;
 pub(crate) mod write_ops;
 
@@ -163,6 +164,8 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "renameCollection" => ddl::rename_collection(&ctx).await,
         "listCollections" => ddl::list_collections(&ctx),
         "listDatabases" => ddl::list_databases(&ctx),
+        "collStats" => stats::coll_stats(&ctx),
+        "dbStats" => stats::db_stats(&ctx),
         "createIndexes" => ddl::create_indexes(&ctx).await,
         "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx).await,
         "listIndexes" => ddl::list_indexes(&ctx),
