@@ -9,6 +9,7 @@
 pub mod changestream;
 pub mod clock;
 mod commands;
+pub mod config_file;
 pub mod cursors;
 pub mod failpoint;
 pub mod launch;

@@ -20,6 +20,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser, Debug)]
 #[command(
     version,
+    args_override_self = true,
     about = "Tributary: a sharded document store that serves MongoDB-compatible change streams.\n\nWith no subcommand it runs the embedded cluster: a router with in-process shards."
 )]
 struct Cli {
@@ -30,6 +31,12 @@ struct Cli {
     /// collectors.
     #[arg(long = "logFormat", global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+
+    /// Settings from a YAML file in mongod's layout (`net.port`, `net.bindIp`,
+    /// `storage.dbPath`, `operationProfiling.slowOpThresholdMs`, `setParameter.*`, and
+    /// Tributary's own under `tributary:`); flags on the command line win over it.
+    #[arg(long = "config", short = 'f', global = true)]
+    config: Option<PathBuf>,
 
     #[command(flatten)]
     embedded: EmbeddedArgs,
@@ -121,6 +128,7 @@ struct StreamArgs {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run one shard as its own process.
+    #[command(args_override_self = true)]
     Shard {
         /// Port the shard listens on.
         #[arg(long, default_value_t = 27018)]
@@ -141,6 +149,7 @@ enum Command {
         oplog: OplogArgs,
     },
     /// Run a router over shards running in other processes.
+    #[command(args_override_self = true)]
     Router {
         /// Port the router listens on.
         #[arg(long, default_value_t = 27017)]
@@ -181,9 +190,25 @@ fn presentation(repl_set_mode: bool) -> Presentation {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Runs Tributary; a failure to start (a bad config file, a port in use) is one line on
+/// stderr and exit status 1, never a backtrace.
+fn main() -> std::process::ExitCode {
+    let started = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run()));
+    match started {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse_from(with_config_file(std::env::args().collect())?);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt().with_env_filter(filter);
@@ -275,6 +300,40 @@ async fn main() -> anyhow::Result<()> {
     running.wait().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The command line with the flags of its `--config` file (if any) put before its own, so
+/// that the command line's win (see `router::config_file`).
+fn with_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let path = args.iter().enumerate().find_map(|(i, a)| {
+        if a == "--config" || a == "-f" {
+            args.get(i + 1).cloned()
+        } else {
+            a.strip_prefix("--config=").map(str::to_string)
+        }
+    });
+    let Some(path) = path else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("reading the config file {path}: {e}"))?;
+    let sub = args
+        .iter()
+        .skip(1)
+        .position(|a| a == "shard" || a == "router")
+        .map(|i| i + 1);
+    let component = match sub.map(|i| args[i].as_str()) {
+        Some("shard") => router::config_file::Component::Shard,
+        Some("router") => router::config_file::Component::Router,
+        _ => router::config_file::Component::Embedded,
+    };
+    let flags = router::config_file::flags(&text, component)
+        .map_err(|e| anyhow::anyhow!("config file {path}: {e}"))?;
+    let at = sub.map_or(1, |i| i + 1);
+    let mut out = args[..at].to_vec();
+    out.extend(flags);
+    out.extend(args[at..].iter().cloned());
+    Ok(out)
 }
 
 /// Ctrl-C or SIGTERM.

@@ -289,3 +289,54 @@ async fn stats_add_up_the_shards() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// `--config` reads mongod's YAML layout; a flag on the command line wins over the file; a
+/// setting Tributary does not have is refused by name, not ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_configures_the_cluster() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = tests::free_port()?;
+    let data = dir.path().join("data");
+    let config = dir.path().join("tributary.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "net:\n  port: 1\n  bindIp: 127.0.0.1\nstorage:\n  dbPath: {}\ntributary:\n  shards: 2\n",
+            data.display()
+        ),
+    )?;
+    let mut child = tokio::process::Command::new(tests::tributary_binary()?)
+        .args([
+            "--config",
+            &config.display().to_string(),
+            "--port",
+            &port.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    tests::wait_for_port(addr, Duration::from_secs(20)).await?;
+    let client = tests::connect(addr).await?;
+    let shards = client
+        .database("admin")
+        .run_command(doc! {"listShards": 1})
+        .await?;
+    assert_eq!(shards.get_array("shards")?.len(), 2, "{shards}");
+    assert!(data.join("shard1").is_dir(), "the file's dbPath");
+    child.start_kill()?;
+    let _ = child.wait().await;
+
+    std::fs::write(&config, "security:\n  authorization: enabled\n")?;
+    let refused = tokio::process::Command::new(tests::tributary_binary()?)
+        .args(["--config", &config.display().to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("security.authorization"), "{message}");
+    Ok(())
+}
