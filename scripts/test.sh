@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "installing test dependencies"
+# The TLS tests make their certificates with the openssl command.
+if ! command -v openssl >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq openssl) >/dev/null
+fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
   npm --prefix resume/tests/interop install --no-audit --no-fund --silent

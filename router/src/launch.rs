@@ -175,7 +175,9 @@ pub async fn router_with(
     );
     let clients = shard_addrs
         .into_iter()
-        .map(|a| Arc::new(RemoteShard::new(a)) as Arc<dyn ShardClient>)
+        .map(|a| {
+            Arc::new(RemoteShard::with_tls(a, options.shard_tls.clone())) as Arc<dyn ShardClient>
+        })
         .collect();
     router_over(bind, clients, options).await
 }
@@ -219,16 +221,43 @@ pub async fn shard_with(
     name: String,
     test_commands: bool,
 ) -> anyhow::Result<Running> {
+    shard_with_tls(bind, dbpath, name, test_commands, ShardTls::default()).await
+}
+
+/// A shard's TLS: on its port, and to the other shards (a two-phase commit's coordinator
+/// reaching its participants).
+#[derive(Debug, Clone, Default)]
+pub struct ShardTls {
+    pub server: Option<Arc<wire::tls::ServerTls>>,
+    pub peers: Option<wire::tls::ClientTls>,
+}
+
+/// [`shard_with`], with TLS.
+pub async fn shard_with_tls(
+    bind: SocketAddr,
+    dbpath: PathBuf,
+    name: String,
+    test_commands: bool,
+    tls: ShardTls,
+) -> anyhow::Result<Running> {
     let s = open_shard(dbpath, name).await?;
     if test_commands {
         s.enable_test_commands();
+    }
+    if let Some(peers) = tls.peers {
+        s.peers().use_tls(peers);
     }
     let listener = TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding the shard to {bind}"))?;
     let addr = listener.local_addr()?;
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(shard::server::serve(s.clone(), listener, cancel.clone()));
+    let task = tokio::spawn(shard::server::serve_with_tls(
+        s.clone(),
+        listener,
+        cancel.clone(),
+        tls.server,
+    ));
     tracing::info!(%addr, "shard listening");
     Ok(Running {
         addr,

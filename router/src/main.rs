@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -75,6 +76,54 @@ struct EmbeddedArgs {
     oplog: OplogArgs,
     #[command(flatten)]
     ops: OpsArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// TLS on the listening port and, for a router over remote shards or a shard, to the others.
+#[derive(Args, Debug, Clone)]
+struct TlsArgs {
+    /// disabled, allowTLS (plain and TLS clients; plain to the others), preferTLS (both; TLS
+    /// to the others) or requireTLS (TLS only), as mongod's `--tlsMode`.
+    #[arg(long = "tlsMode", default_value = "disabled")]
+    tls_mode: wire::tls::TlsMode,
+    /// PEM file with this server's certificate chain and private key.
+    #[arg(long = "tlsCertificateKeyFile")]
+    tls_certificate_key_file: Option<PathBuf>,
+    /// PEM file with the CA certificates that clients' (and the other servers')
+    /// certificates are verified against; with it, clients must present one.
+    #[arg(long = "tlsCAFile")]
+    tls_ca_file: Option<PathBuf>,
+    /// With --tlsCAFile, still accept clients that present no certificate.
+    #[arg(long = "tlsAllowConnectionsWithoutCertificates")]
+    tls_allow_without_certificates: bool,
+}
+
+impl TlsArgs {
+    fn files(&self) -> wire::tls::TlsFiles {
+        wire::tls::TlsFiles {
+            certificate_key: self.tls_certificate_key_file.clone(),
+            ca: self.tls_ca_file.clone(),
+            allow_without_client_certificate: self.tls_allow_without_certificates,
+        }
+    }
+
+    /// TLS on the listening port.
+    fn server(&self) -> anyhow::Result<Option<Arc<wire::tls::ServerTls>>> {
+        wire::tls::ServerTls::new(self.tls_mode, &self.files()).map_err(anyhow::Error::msg)
+    }
+
+    /// TLS to the other servers: with `preferTLS` and `requireTLS`, as mongod's cluster
+    /// connections.
+    fn outgoing(&self) -> anyhow::Result<Option<wire::tls::ClientTls>> {
+        use wire::tls::TlsMode;
+        match self.tls_mode {
+            TlsMode::Prefer | TlsMode::Require => wire::tls::ClientTls::new(&self.files())
+                .map(Some)
+                .map_err(anyhow::Error::msg),
+            TlsMode::Disabled | TlsMode::Allow => Ok(None),
+        }
+    }
 }
 
 /// Operations: metrics, logs (the embedded cluster and a router).
@@ -147,6 +196,8 @@ enum Command {
         enable_test_commands: bool,
         #[command(flatten)]
         oplog: OplogArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run a router over shards running in other processes.
     #[command(args_override_self = true)]
@@ -179,6 +230,8 @@ enum Command {
         streams: StreamArgs,
         #[command(flatten)]
         ops: OpsArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
 }
 
@@ -230,6 +283,7 @@ async fn run() -> anyhow::Result<()> {
                 stream_replies_per_second: e.streams.stream_replies_per_second,
                 slow_ms: e.ops.slow_ms,
                 max_clock_drift: Duration::from_secs(e.ops.max_clock_drift_secs),
+                tls: e.tls.server()?,
                 ..RouterOptions::default()
             };
             launch::embedded_with(
@@ -247,13 +301,19 @@ async fn run() -> anyhow::Result<()> {
             name,
             enable_test_commands,
             oplog,
+            tls,
         }) => {
             retention = oplog.retention();
-            launch::shard_with(
+            let tls = launch::ShardTls {
+                server: tls.server()?,
+                peers: tls.outgoing()?,
+            };
+            launch::shard_with_tls(
                 SocketAddr::new(bind_ip, port),
                 dbpath,
                 name,
                 enable_test_commands,
+                tls,
             )
             .await?
         }
@@ -267,6 +327,7 @@ async fn run() -> anyhow::Result<()> {
             shard_outage_timeout_secs,
             streams,
             ops,
+            tls,
         }) => {
             metrics = ops.metrics_port.map(|p| SocketAddr::new(bind_ip, p));
             let options = RouterOptions {
@@ -280,6 +341,8 @@ async fn run() -> anyhow::Result<()> {
                 stream_replies_per_second: streams.stream_replies_per_second,
                 slow_ms: ops.slow_ms,
                 max_clock_drift: Duration::from_secs(ops.max_clock_drift_secs),
+                tls: tls.server()?,
+                shard_tls: tls.outgoing()?,
                 ..RouterOptions::default()
             };
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?

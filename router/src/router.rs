@@ -55,6 +55,10 @@ pub struct RouterOptions {
     /// `maxAcceptableLogicalClockDriftSecs`: how far ahead of the wall clock a client's
     /// `$clusterTime` may be (one year by default, as MongoDB).
     pub max_clock_drift: Duration,
+    /// TLS on the router's port (`--tlsMode` and its files); `None`: plain only.
+    pub tls: Option<Arc<wire::tls::ServerTls>>,
+    /// TLS to the shards (a router over remote shards with `preferTLS` or `requireTLS`).
+    pub shard_tls: Option<wire::tls::ClientTls>,
 }
 
 impl Default for RouterOptions {
@@ -69,6 +73,8 @@ impl Default for RouterOptions {
             stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
             slow_ms: 100,
             max_clock_drift: Duration::from_secs(365 * 24 * 3600),
+            tls: None,
+            shard_tls: None,
         }
     }
 }

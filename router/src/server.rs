@@ -15,7 +15,8 @@ use wire::raw::Body;
 /// Serves drivers on `listener` until `cancel` fires.
 pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
     let reaper = tokio::spawn(reap_idle_cursors(router.clone(), cancel.clone()));
-    wire::server::serve(listener, Arc::new(RouterHandler { router }), cancel).await;
+    let tls = router.options.tls.clone();
+    wire::server::serve_with_tls(listener, Arc::new(RouterHandler { router }), cancel, tls).await;
     reaper.abort();
 }
 

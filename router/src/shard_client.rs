@@ -75,9 +75,14 @@ pub struct RemoteShard {
 
 impl RemoteShard {
     pub fn new(addr: impl Into<String>) -> Self {
+        RemoteShard::with_tls(addr, None)
+    }
+
+    /// A shard reached over TLS when `tls` is given.
+    pub fn with_tls(addr: impl Into<String>, tls: Option<wire::tls::ClientTls>) -> Self {
         let addr = addr.into();
         RemoteShard {
-            client: wire::client::Client::new(addr.clone()),
+            client: wire::client::Client::with_tls(addr.clone(), tls),
             addr,
         }
     }

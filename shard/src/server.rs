@@ -48,5 +48,15 @@ impl Handler for ShardHandler {
 
 /// Accepts connections until `cancel` fires.
 pub async fn serve(shard: Arc<Shard>, listener: TcpListener, cancel: CancellationToken) {
-    wire::serve(listener, Arc::new(ShardHandler { shard }), cancel).await;
+    serve_with_tls(shard, listener, cancel, None).await;
+}
+
+/// [`serve`], with TLS as `tls` says (`None`: plain only).
+pub async fn serve_with_tls(
+    shard: Arc<Shard>,
+    listener: TcpListener,
+    cancel: CancellationToken,
+    tls: Option<Arc<wire::tls::ServerTls>>,
+) {
+    wire::server::serve_with_tls(listener, Arc::new(ShardHandler { shard }), cancel, tls).await;
 }

@@ -329,3 +329,88 @@ impl ProcessCluster {
         connect(self.shards[i].addr).await
     }
 }
+
+/// Certificates for TLS tests, made with the `openssl` command in `dir`: a CA, a server
+/// certificate for `localhost` and `127.0.0.1`, and a client certificate, each PEM file with
+/// its key (as `--tlsCertificateKeyFile` and drivers' `tlsCertificateKeyFile` take them).
+pub struct TestCertificates {
+    pub ca: PathBuf,
+    pub server: PathBuf,
+    pub client: PathBuf,
+}
+
+pub fn test_certificates(dir: &std::path::Path) -> Result<TestCertificates> {
+    let run = |args: &[&str]| -> Result<()> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .context("running openssl (the TLS tests need the openssl command)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )?;
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")?;
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tributary-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ])?;
+    for name in ["server", "client"] {
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+        ])?;
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.crt"),
+        ])?;
+        let pem = std::fs::read_to_string(dir.join(format!("{name}.crt")))?
+            + &std::fs::read_to_string(dir.join(format!("{name}.key")))?;
+        std::fs::write(dir.join(format!("{name}.pem")), pem)?;
+    }
+    Ok(TestCertificates {
+        ca: dir.join("ca.pem"),
+        server: dir.join("server.pem"),
+        client: dir.join("client.pem"),
+    })
+}

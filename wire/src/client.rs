@@ -80,14 +80,22 @@ pub struct Client {
     addr: String,
     idle: Mutex<Vec<Connection>>,
     next_request_id: AtomicI32,
+    /// TLS to the server, when it needs it.
+    tls: Option<crate::tls::ClientTls>,
 }
 
 impl Client {
     pub fn new(addr: String) -> Client {
+        Client::with_tls(addr, None)
+    }
+
+    /// A client that speaks TLS to the server when `tls` is given.
+    pub fn with_tls(addr: String, tls: Option<crate::tls::ClientTls>) -> Client {
         Client {
             addr,
             idle: Mutex::new(Vec::new()),
             next_request_id: AtomicI32::new(1),
+            tls,
         }
     }
 
@@ -190,7 +198,26 @@ impl Client {
                 source,
             })?;
         let _ = stream.set_nodelay(true);
-        Ok(Connection::new(stream))
+        let Some(tls) = &self.tls else {
+            return Ok(Connection::new(stream));
+        };
+        // The name or address dialled, without the port (and an IPv6 address's brackets).
+        let host = self
+            .addr
+            .rsplit_once(':')
+            .map_or(self.addr.as_str(), |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let transport = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(host, stream))
+            .await
+            .map_err(|_| ClientError::ConnectTimeout {
+                addr: self.addr.clone(),
+            })?
+            .map_err(|source| ClientError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
+        Ok(Connection::over(transport))
     }
 
     fn protocol(&self, message: String) -> ClientError {

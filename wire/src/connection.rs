@@ -1,5 +1,5 @@
-//! A buffered TCP connection that reads and writes whole [`Message`]s (the mini-redis
-//! `Connection` layer), shared by the server loop and the client.
+//! A buffered connection (TCP, or TLS over TCP: any [`Transport`]) that reads and writes whole
+//! [`Message`]s (the mini-redis `Connection` layer), shared by the server loop and the client.
 //!
 //! Invariants: reads go through [`MessageCodec`], so a frame is handed out only once it is
 //! complete and its length was checked before the buffer grew for it; a recoverable frame error
@@ -9,7 +9,7 @@
 //! the size of the largest batch it ever carried.
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -27,16 +27,39 @@ fn shrink(buf: &mut BytesMut) {
     }
 }
 
-#[derive(Debug)]
+/// What a connection runs over: a TCP stream, or TLS over one.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {
+    /// The TCP socket underneath.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
 pub struct Connection {
-    stream: TcpStream,
+    stream: Box<dyn Transport>,
     read_buf: BytesMut,
     write_buf: BytesMut,
     codec: MessageCodec,
 }
 
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.stream.tcp().peer_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Connection {
-    pub fn new(stream: TcpStream) -> Connection {
+    pub fn new(stream: impl Transport) -> Connection {
+        Connection::over(Box::new(stream))
+    }
+
+    pub fn over(stream: Box<dyn Transport>) -> Connection {
         Connection {
             stream,
             read_buf: BytesMut::with_capacity(INITIAL_BUFFER),
@@ -89,7 +112,7 @@ impl Connection {
         }
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         // The socket is non-blocking (tokio's), so the peek returns at once.
-        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
+        match socket2::SockRef::from(self.stream.tcp()).peek(&mut probe) {
             Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
             Ok(_) => true,
         }

@@ -26,6 +26,8 @@ pub mod codec;
 pub mod connection;
 #[cfg(feature = "codec")]
 pub mod server;
+#[cfg(feature = "codec")]
+pub mod tls;
 
 pub use error::{ErrorCode, MongoError, Result};
 pub use frame::{FrameError, decode, encode};

@@ -34,10 +34,11 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::codec::CodecError;
-use crate::connection::Connection;
+use crate::connection::{Connection, Transport};
 use crate::error::{ErrorCode, MongoError, reply_ok};
 use crate::frame::FrameError;
 use crate::message::{Compressor, Message, MsgFlags, Op, OpMsg, OpReply, opcode, to_document};
+use crate::tls::ServerTls;
 
 /// A command as the handler sees it, whatever opcode carried it.
 #[derive(Debug, Clone, PartialEq)]
@@ -349,24 +350,41 @@ fn next_reply_id() -> i32 {
     NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX
 }
 
-/// Serves one connection until the peer closes it, a fatal frame error, or `CloseConnection`.
+/// Serves one connection until the peer closes it, a fatal frame error, or `CloseConnection`;
+/// with `tls`, after telling whether it speaks TLS (see [`crate::tls`]).
 pub async fn serve_connection<H: Handler>(
     stream: TcpStream,
     handler: Arc<H>,
     conn: ConnectionInfo,
+    tls: Option<Arc<ServerTls>>,
 ) {
     let span = tracing::info_span!("connection", id = conn.id, peer = %conn.peer);
-    run_connection(stream, handler, conn).instrument(span).await;
+    async move {
+        let _ = stream.set_nodelay(true);
+        let transport: Box<dyn Transport> = match &tls {
+            None => Box::new(stream),
+            Some(tls) => match tls.accept(stream).await {
+                Some(t) => t,
+                None => return,
+            },
+        };
+        run_connection(transport, handler, conn).await;
+    }
+    .instrument(span)
+    .await;
 }
 
-async fn run_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, conn: ConnectionInfo) {
+async fn run_connection<H: Handler>(
+    stream: Box<dyn Transport>,
+    handler: Arc<H>,
+    conn: ConnectionInfo,
+) {
     handler.opened(&conn);
     let _open = Opened {
         handler: Arc::clone(&handler),
         conn,
     };
-    let _ = stream.set_nodelay(true);
-    let mut io = Connection::new(stream);
+    let mut io = Connection::over(stream);
     tracing::debug!("connection opened");
     loop {
         let message = match io.read_message().await {
@@ -427,6 +445,16 @@ async fn run_connection<H: Handler>(stream: TcpStream, handler: Arc<H>, conn: Co
 /// Accepts connections until `cancel` fires, one task per connection (ids from 1), then waits
 /// for the connection tasks, which also stop on `cancel`.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, cancel: CancellationToken) {
+    serve_with_tls(listener, handler, cancel, None).await;
+}
+
+/// [`serve`], with TLS as `tls` says (`None`: plain only).
+pub async fn serve_with_tls<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    cancel: CancellationToken,
+    tls: Option<Arc<ServerTls>>,
+) {
     let next_id = AtomicU64::new(1);
     let tracker = TaskTracker::new();
     loop {
@@ -442,10 +470,11 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, cancel: C
                 };
                 let handler = Arc::clone(&handler);
                 let cancel = cancel.clone();
+                let tls = tls.clone();
                 tracker.spawn(async move {
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        _ = serve_connection(stream, handler, conn) => {}
+                        _ = serve_connection(stream, handler, conn, tls) => {}
                     }
                 });
             }

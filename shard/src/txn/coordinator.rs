@@ -70,9 +70,16 @@ type Reply<'a> = Pin<Box<dyn Future<Output = Result<Document, MongoError>> + Sen
 pub struct Peers {
     local: Mutex<HashMap<String, Weak<Shard>>>,
     remote: Mutex<HashMap<String, Arc<wire::Client>>>,
+    /// TLS to remote peers, when the cluster speaks it.
+    tls: Mutex<Option<wire::tls::ClientTls>>,
 }
 
 impl Peers {
+    /// Reaches remote peers over TLS from now on.
+    pub fn use_tls(&self, tls: wire::tls::ClientTls) {
+        *lock(&self.tls) = Some(tls);
+    }
+
     /// Makes `shard` reachable by `name` from this process.
     pub fn register(&self, name: &str, shard: &Arc<Shard>) {
         lock(&self.local).insert(name.to_string(), Arc::downgrade(shard));
@@ -96,7 +103,10 @@ impl Peers {
                     };
                     let client = lock(&self.remote)
                         .entry(host.clone())
-                        .or_insert_with(|| Arc::new(wire::Client::new(host.clone())))
+                        .or_insert_with(|| {
+                            let tls = lock(&self.tls).clone();
+                            Arc::new(wire::Client::with_tls(host.clone(), tls))
+                        })
                         .clone();
                     client
                         .command("admin", &cmd)

@@ -1,0 +1,219 @@
+//! TLS on every listener, with the `mongodb` driver: required (a plain client is refused),
+//! allowed beside plain, client certificates against a CA, and a multi-process cluster whose
+//! router, shards and two-phase commits all speak TLS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Document, doc};
+use mongodb::options::ClientOptions;
+use tests::{Proc, TestCertificates};
+
+fn uri(addr: SocketAddr, tls: Option<(&TestCertificates, bool)>) -> String {
+    let mut uri = format!("mongodb://{addr}/?serverSelectionTimeoutMS=3000&directConnection=true");
+    if let Some((certs, with_client_cert)) = tls {
+        uri.push_str(&format!("&tls=true&tlsCAFile={}", certs.ca.display()));
+        if with_client_cert {
+            uri.push_str(&format!(
+                "&tlsCertificateKeyFile={}",
+                certs.client.display()
+            ));
+        }
+    }
+    uri
+}
+
+async fn client(uri: &str) -> anyhow::Result<mongodb::Client> {
+    Ok(mongodb::Client::with_options(
+        ClientOptions::parse(uri).await?,
+    )?)
+}
+
+/// Writes, reads and watches through `uri`; an error when the server cannot be used.
+async fn works(uri: &str) -> anyhow::Result<()> {
+    let c = client(uri).await?;
+    let coll = c.database("tls").collection::<Document>("c");
+    let mut stream = coll.watch().await?;
+    let id = mongodb::bson::oid::ObjectId::new();
+    coll.insert_one(doc! {"_id": id}).await?;
+    let found: Vec<Document> = coll.find(doc! {"_id": id}).await?.try_collect().await?;
+    anyhow::ensure!(found.len() == 1, "the document was not found");
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await??
+        .ok_or_else(|| anyhow::anyhow!("no event"))?;
+    anyhow::ensure!(event.document_key == Some(doc! {"_id": id}));
+    Ok(())
+}
+
+/// Whether a plain ping gets through.
+async fn answers(uri: &str) -> bool {
+    match client(uri).await {
+        Ok(c) => c
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
+async fn embedded(dir: &Path, tls_args: &[&str]) -> anyhow::Result<Proc> {
+    let port = tests::free_port()?;
+    let mut args = vec![
+        "--port".to_string(),
+        port.to_string(),
+        "--dbpath".into(),
+        dir.join("data").display().to_string(),
+    ];
+    args.extend(tls_args.iter().map(|a| a.to_string()));
+    Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_tls_serves_tls_clients_and_refuses_plain_ones() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let server = certs.server.display().to_string();
+    let p = embedded(
+        dir.path(),
+        &[
+            "--tlsMode",
+            "requireTLS",
+            "--tlsCertificateKeyFile",
+            &server,
+        ],
+    )
+    .await?;
+    works(&uri(p.addr, Some((&certs, false)))).await?;
+    assert!(
+        !answers(&uri(p.addr, None)).await,
+        "a plain client is refused"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_tls_serves_both_on_one_port() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let server = certs.server.display().to_string();
+    let p = embedded(
+        dir.path(),
+        &["--tlsMode", "allowTLS", "--tlsCertificateKeyFile", &server],
+    )
+    .await?;
+    works(&uri(p.addr, Some((&certs, false)))).await?;
+    works(&uri(p.addr, None)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_file_asks_clients_for_certificates() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let (server, ca) = (
+        certs.server.display().to_string(),
+        certs.ca.display().to_string(),
+    );
+    let required = embedded(
+        dir.path(),
+        &[
+            "--tlsMode",
+            "requireTLS",
+            "--tlsCertificateKeyFile",
+            &server,
+            "--tlsCAFile",
+            &ca,
+        ],
+    )
+    .await?;
+    works(&uri(required.addr, Some((&certs, true)))).await?;
+    assert!(
+        !answers(&uri(required.addr, Some((&certs, false)))).await,
+        "a client without a certificate is refused"
+    );
+    drop(required);
+    let optional_dir = tempfile::tempdir()?;
+    let optional = embedded(
+        optional_dir.path(),
+        &[
+            "--tlsMode",
+            "requireTLS",
+            "--tlsCertificateKeyFile",
+            &server,
+            "--tlsCAFile",
+            &ca,
+            "--tlsAllowConnectionsWithoutCertificates",
+        ],
+    )
+    .await?;
+    works(&uri(optional.addr, Some((&certs, false)))).await?;
+    works(&uri(optional.addr, Some((&certs, true)))).await?;
+    Ok(())
+}
+
+/// Router and shards as processes, every connection TLS with certificates: the driver to the
+/// router, the router to the shards, a transaction's coordinator to the other shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_processes_speaks_tls_throughout() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let (server, ca) = (
+        certs.server.display().to_string(),
+        certs.ca.display().to_string(),
+    );
+    let tls = [
+        "--tlsMode",
+        "requireTLS",
+        "--tlsCertificateKeyFile",
+        &server,
+        "--tlsCAFile",
+        &ca,
+    ];
+    let mut shards = Vec::new();
+    for i in 0..2 {
+        let port = tests::free_port()?;
+        let mut args = vec![
+            "shard".to_string(),
+            "--port".into(),
+            port.to_string(),
+            "--dbpath".into(),
+            dir.path().join(format!("shard{i}")).display().to_string(),
+            "--name".into(),
+            format!("shard{i}"),
+        ];
+        args.extend(tls.iter().map(|a| a.to_string()));
+        shards.push(Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?);
+    }
+    let port = tests::free_port()?;
+    let mut args = vec!["router".to_string(), "--port".into(), port.to_string()];
+    for s in &shards {
+        args.push("--shard".into());
+        args.push(s.addr.to_string());
+    }
+    args.extend(tls.iter().map(|a| a.to_string()));
+    let router = Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let through = uri(router.addr, Some((&certs, true)));
+    works(&through).await?;
+    assert!(
+        !answers(&uri(shards[0].addr, None)).await,
+        "a shard refuses a plain connection"
+    );
+
+    // A transaction over both shards: its coordinator reaches the other shard over TLS.
+    let c = client(&through).await?;
+    tests::shard_collection(&c, "tls.bank", doc! {"_id": "hashed"}).await?;
+    let bank = c.database("tls").collection::<Document>("bank");
+    let mut session = c.start_session().await?;
+    session.start_transaction().await?;
+    for i in 0..20 {
+        bank.insert_one(doc! {"_id": i})
+            .session(&mut session)
+            .await?;
+    }
+    session.commit_transaction().await?;
+    assert_eq!(bank.count_documents(doc! {}).await?, 20);
+    Ok(())
+}
