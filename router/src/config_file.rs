@@ -4,7 +4,7 @@
 //!
 //! Invariants: pure (text in, flags out); every key in the file is either understood or
 //! refused with an error that names it, never ignored; settings Tributary does not have yet
-//! (`security.authorization`, `net.tls`) are refused rather than silently run without. The
+//! (`security.authorization`) are refused rather than silently run without. The
 //! binary puts these flags before the command line's own, and a flag given on the command
 //! line wins.
 
@@ -98,6 +98,30 @@ const SETTINGS: &[Setting] = &[
         on: ROUTERS,
     },
     Setting {
+        path: "net.tls.mode",
+        flag: "--tlsMode",
+        kind: Kind::Value,
+        on: ALL,
+    },
+    Setting {
+        path: "net.tls.certificateKeyFile",
+        flag: "--tlsCertificateKeyFile",
+        kind: Kind::Value,
+        on: ALL,
+    },
+    Setting {
+        path: "net.tls.CAFile",
+        flag: "--tlsCAFile",
+        kind: Kind::Value,
+        on: ALL,
+    },
+    Setting {
+        path: "net.tls.allowConnectionsWithoutCertificates",
+        flag: "--tlsAllowConnectionsWithoutCertificates",
+        kind: Kind::Switch,
+        on: ALL,
+    },
+    Setting {
         path: "tributary.shards",
         flag: "--shards",
         kind: Kind::Value,
@@ -153,8 +177,7 @@ const NOT_YET: &[(&str, &str)] = &[
         "security",
         "authentication and authorization are not supported yet",
     ),
-    ("net.tls", "TLS is not supported yet"),
-    ("net.ssl", "TLS is not supported yet"),
+    ("net.ssl", "the ssl options are spelled net.tls"),
 ];
 
 /// The flags a config file stands for, for `component`.
@@ -301,6 +324,23 @@ security:
     }
 
     #[test]
+    fn tls_settings_become_flags() {
+        let text = "net:\n  tls:\n    mode: requireTLS\n    certificateKeyFile: /s.pem\n    CAFile: /ca.pem\n    allowConnectionsWithoutCertificates: true\n";
+        assert_eq!(
+            flags(text, Component::Shard).expect("flags"),
+            [
+                "--tlsMode",
+                "requireTLS",
+                "--tlsCertificateKeyFile",
+                "/s.pem",
+                "--tlsCAFile",
+                "/ca.pem",
+                "--tlsAllowConnectionsWithoutCertificates"
+            ]
+        );
+    }
+
+    #[test]
     fn a_router_lists_its_shards() {
         let text = "tributary:\n  shardHosts: [a:1, b:2]\nnet:\n  port: 1\n";
         assert_eq!(
@@ -316,7 +356,9 @@ security:
             refused("security:\n  authorization: enabled\n", Component::Embedded)
                 .contains("security.authorization")
         );
-        assert!(refused("net:\n  tls:\n    mode: requireTLS\n", Component::Router).contains("TLS"));
+        assert!(
+            refused("net:\n  ssl:\n    mode: requireSSL\n", Component::Router).contains("net.tls")
+        );
         assert!(refused("net:\n  portt: 1\n", Component::Embedded).contains("net.portt"));
         assert!(refused("storage:\n  dbPath: x\n", Component::Router).contains("does not apply"));
         assert!(refused("- a\n- b\n", Component::Embedded).contains("mapping"));
