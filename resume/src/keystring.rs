@@ -110,19 +110,67 @@ fn err<T>(msg: impl Into<String>) -> Result<T, KeyStringError> {
 // ---------------------------------------------------------------------------------------------
 
 /// The type-bits stream built alongside a KeyString: bits packed least-significant first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct TypeBits {
-    data: Vec<u8>,
+    /// The bytes materialized so far (see [`TypeBits::bit`]): the first [`INLINE_BYTES`] of
+    /// them held inline, so that the short streams of common keys and tokens never allocate;
+    /// all of them in `spilled` once there are more.
+    inline: [u8; INLINE_BYTES],
+    spilled: Vec<u8>,
+    /// How many bytes are materialized.
+    materialized: usize,
     cur_bit: usize,
     all_zeros: bool,
 }
 
+/// Type-bit bytes a [`TypeBits`] holds without allocating (128 bits).
+const INLINE_BYTES: usize = 16;
+
+impl PartialEq for TypeBits {
+    fn eq(&self, other: &Self) -> bool {
+        self.data() == other.data()
+            && self.cur_bit == other.cur_bit
+            && self.all_zeros == other.all_zeros
+    }
+}
+
+impl Eq for TypeBits {}
+
 impl TypeBits {
     pub fn new() -> Self {
         TypeBits {
-            data: Vec::new(),
+            inline: [0; INLINE_BYTES],
+            spilled: Vec::new(),
+            materialized: 0,
             cur_bit: 0,
             all_zeros: true,
+        }
+    }
+
+    /// The materialized bytes.
+    fn data(&self) -> &[u8] {
+        if self.materialized <= INLINE_BYTES {
+            self.inline.get(..self.materialized).unwrap_or_default()
+        } else {
+            &self.spilled
+        }
+    }
+
+    /// Materializes the bytes up to `byte` (zeros), and gives that one.
+    fn byte_mut(&mut self, byte: usize) -> Option<&mut u8> {
+        if byte >= self.materialized {
+            if byte >= INLINE_BYTES && self.materialized <= INLINE_BYTES {
+                self.spilled = self.data().to_vec();
+            }
+            self.materialized = byte + 1;
+            if self.materialized > INLINE_BYTES {
+                self.spilled.resize(self.materialized, 0);
+            }
+        }
+        if self.materialized <= INLINE_BYTES {
+            self.inline.get_mut(byte)
+        } else {
+            self.spilled.get_mut(byte)
         }
     }
 
@@ -133,15 +181,12 @@ impl TypeBits {
 
     fn bit(&mut self, one: bool) {
         // Bytes are materialized lazily, up to the last one bit, so that the common all-zero
-        // stream never allocates; `to_bytes` pads to `ceil(cur_bit / 8)` bytes.
+        // stream has none; `to_bytes` pads to `ceil(cur_bit / 8)` bytes.
         if one {
             self.all_zeros = false;
-            let byte = self.cur_bit / 8;
-            if self.data.len() <= byte {
-                self.data.resize(byte + 1, 0);
-            }
-            if let Some(b) = self.data.get_mut(byte) {
-                *b |= 1 << (self.cur_bit % 8);
+            let shift = self.cur_bit % 8;
+            if let Some(b) = self.byte_mut(self.cur_bit / 8) {
+                *b |= 1 << shift;
             }
         }
         self.cur_bit += 1;
@@ -197,7 +242,7 @@ impl TypeBits {
     /// Reads these bits back (unserialized).
     pub fn reader(&self) -> TypeBitsReader<'_> {
         TypeBitsReader {
-            data: &self.data,
+            data: self.data(),
             limit: self.cur_bit.div_ceil(8),
             cur_bit: 0,
         }
@@ -211,10 +256,11 @@ impl TypeBits {
         }
         // Every appended bit that starts a byte allocates that byte, zeros included.
         let n = self.cur_bit.div_ceil(8);
-        let pad = n.saturating_sub(self.data.len());
+        let data = self.data();
+        let pad = n.saturating_sub(data.len());
         let mut out = Vec::with_capacity(n + 5);
-        if n == 1 && self.data.first().is_some_and(|b| *b < 0x80) {
-            out.extend_from_slice(&self.data);
+        if n == 1 && data.first().is_some_and(|b| *b < 0x80) {
+            out.extend_from_slice(data);
             return out;
         }
         if n <= tb::MAX_BYTES_FOR_SHORT_ENCODING {
@@ -223,7 +269,7 @@ impl TypeBits {
             out.push(0x80);
             out.extend_from_slice(&(n as u32).to_le_bytes());
         }
-        out.extend_from_slice(&self.data);
+        out.extend_from_slice(data);
         out.resize(out.len() + pad, 0);
         out
     }
@@ -1532,6 +1578,45 @@ pub fn decode_key(data: &[u8], bits: &mut TypeBitsReader<'_>) -> Result<Bson, Ke
 mod tests {
     use super::*;
     use std::str::FromStr;
+
+    /// Streams held inline and spilled to the heap read back the same, serialize by the same
+    /// rules, and compare by content.
+    #[test]
+    fn type_bits_read_back_across_the_inline_limit() {
+        for n in [0usize, 1, 7, 8, 9, 127, 128, 129, 200, 1100] {
+            for pattern in [0u64, 1, 0x5555, u64::MAX] {
+                let one = |i: usize| (pattern >> (i % 64)) & 1 == 1 || i + 1 == n && pattern != 0;
+                let mut bits = TypeBits::new();
+                for i in 0..n {
+                    bits.bit(one(i));
+                }
+                assert_eq!(bits.len(), n);
+                let mut r = bits.reader();
+                for i in 0..n {
+                    assert_eq!(r.bit().unwrap() == 1, one(i), "bit {i} of {n}");
+                }
+                let ser = bits.to_bytes();
+                if bits.is_all_zeros() {
+                    assert!(ser.is_empty());
+                    continue;
+                }
+                let bytes = n.div_ceil(8);
+                let mut back = TypeBitsReader::new(&ser).unwrap();
+                for i in 0..n {
+                    assert_eq!(
+                        back.bit().unwrap() == 1,
+                        one(i),
+                        "serialized bit {i} of {n}"
+                    );
+                }
+                assert!(ser.len() >= bytes);
+                let mut again = TypeBits::new();
+                again.append_all(&bits);
+                assert_eq!(again, bits.clone());
+                assert_eq!(again.to_bytes(), ser);
+            }
+        }
+    }
 
     fn dec(s: &str) -> Bson {
         Bson::Decimal128(Decimal128::from_str(s).unwrap())

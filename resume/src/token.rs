@@ -1122,14 +1122,23 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
     (union & 0xf0 == 0).then_some(out)
 }
 
-/// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`).
-fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
+/// The two uppercase hex digits of each byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`), one table lookup
+/// per byte (this runs for every event's `_id`).
+fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
     for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
-        if let [hi, lo] = pair {
-            *hi = DIGITS[usize::from(b >> 4)];
-            *lo = DIGITS[usize::from(b & 0xf)];
-        }
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
     }
 }
 

@@ -60,7 +60,7 @@ pub fn parse_diff(diff: &Document) -> Result<UpdateDescription> {
         out: Decoded::default(),
         disambiguated: None,
     };
-    walk.document(diff, 0)?;
+    walk.diff(diff)?;
     Ok(UpdateDescription {
         updated_fields: walk.out.updated,
         removed_fields: walk.out.removed,
@@ -116,7 +116,7 @@ pub fn write_raw_update_description(
         },
         disambiguated: None,
     };
-    walk.document(diff, 0)?;
+    walk.diff(diff)?;
     let disambiguated = walk.disambiguated;
     end(out, updated)?;
     for (name, elements) in [
@@ -349,53 +349,60 @@ impl<O> Walk<'_, O> {
         Ok(())
     }
 
+    /// Walks a whole diff.
+    fn diff<'a, D: Diff<'a>>(&mut self, diff: D) -> Result<()>
+    where
+        O: Output<D::Value>,
+    {
+        let mut fields = Vec::with_capacity(16);
+        read_fields(diff, &mut fields)?;
+        self.document::<D>(&mut fields, 0, 0)
+    }
+
+    // Each level of the diff is read once, in full, onto one stack of fields (`fields[at..]`
+    // are the current level's; a sub-diff's go on top while it is walked). So every field is
+    // read once, and a malformed one fails its level before any of it is used.
+    //
     // The walk recurses through `document`/`array` and `sub_diff` only; everything else is in
     // functions of their own, so that each level of nesting costs the stack little (a diff may
     // nest up to `MAX_DEPTH` levels).
 
-    fn document<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    fn document<'a, D: Diff<'a>>(
+        &mut self,
+        fields: &mut Vec<(&'a str, D::Value)>,
+        at: usize,
+        depth: usize,
+    ) -> Result<()>
     where
         O: Output<D::Value>,
     {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        self.sections(diff)?;
-        for field in diff.fields() {
-            let (k, v) = field?;
+        self.sections::<D>(fields.get(at..).unwrap_or_default())?;
+        for i in at..fields.len() {
+            let Some(&(k, v)) = fields.get(i) else { break };
             match k {
                 "u" | "i" | "b" | "d" => {}
                 _ => {
                     let Some(field) = k.strip_prefix('s') else {
                         return Err(malformed(&format!("unknown key '{k}'")));
                     };
-                    self.sub_diff::<D>(field, false, v, depth)?;
+                    self.sub_diff::<D>(field, false, v, fields, depth)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The `u`, `i`, `b` and `d` sections of a document diff.
-    fn sections<'a, D: Diff<'a>>(&mut self, diff: D) -> Result<()>
+    /// The `u`, `i`, `b` and `d` sections of a document diff (the first of each).
+    fn sections<'a, D: Diff<'a>>(&mut self, level: &[(&'a str, D::Value)]) -> Result<()>
     where
         O: Output<D::Value>,
     {
-        // The first of each, found in a pass that reads every field.
-        let (mut u, mut i, mut b, mut d) = (None, None, None, None);
-        for field in diff.fields() {
-            let (k, v) = field?;
-            let section = match k {
-                "u" => &mut u,
-                "i" => &mut i,
-                "b" => &mut b,
-                "d" => &mut d,
-                _ => continue,
-            };
-            section.get_or_insert(v);
-        }
-        for (name, section) in [("u", u), ("i", i), ("b", b)] {
-            let Some(v) = section else { continue };
+        let section = |name: &str| level.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+        for name in ["u", "i", "b"] {
+            let Some(v) = section(name) else { continue };
             let Some(updated) = D::as_diff(v) else {
                 return Err(malformed(&format!("section '{name}' is not an object")));
             };
@@ -404,7 +411,7 @@ impl<O> Walk<'_, O> {
                 self.updated(f, false, v)?;
             }
         }
-        if let Some(v) = d {
+        if let Some(v) = section("d") {
             let Some(removed) = D::as_diff(v) else {
                 return Err(malformed("section 'd' is not an object"));
             };
@@ -421,6 +428,7 @@ impl<O> Walk<'_, O> {
         field: &str,
         is_index: bool,
         v: D::Value,
+        fields: &mut Vec<(&'a str, D::Value)>,
         depth: usize,
     ) -> Result<()>
     where
@@ -429,27 +437,39 @@ impl<O> Walk<'_, O> {
         let Some(sub) = D::as_diff(v) else {
             return Err(malformed(&format!("sub-diff '{field}' is not an object")));
         };
-        let is_array = is_array_diff(sub)?;
+        let at = fields.len();
+        read_fields(sub, fields)?;
+        let is_array = fields
+            .get(at..)
+            .unwrap_or_default()
+            .iter()
+            .any(|(k, v)| *k == "a" && D::is_true(*v));
         self.push(field, is_index);
         let r = if is_array {
-            self.array(sub, depth + 1)
+            self.array::<D>(fields, at, depth + 1)
         } else {
-            self.document(sub, depth + 1)
+            self.document::<D>(fields, at, depth + 1)
         };
         self.pop();
+        fields.truncate(at);
         r
     }
 
-    fn array<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    fn array<'a, D: Diff<'a>>(
+        &mut self,
+        fields: &mut Vec<(&'a str, D::Value)>,
+        at: usize,
+        depth: usize,
+    ) -> Result<()>
     where
         O: Output<D::Value>,
     {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        self.truncation(diff)?;
-        for field in diff.fields() {
-            let (k, v) = field?;
+        self.truncation::<D>(fields.get(at..).unwrap_or_default())?;
+        for i in at..fields.len() {
+            let Some(&(k, v)) = fields.get(i) else { break };
             if k == "a" || k == "l" {
                 continue;
             }
@@ -460,26 +480,19 @@ impl<O> Walk<'_, O> {
             }
             match kind {
                 "u" => self.updated(index, true, v)?,
-                "s" => self.sub_diff::<D>(index, true, v, depth)?,
+                "s" => self.sub_diff::<D>(index, true, v, fields, depth)?,
                 _ => return Err(malformed(&format!("bad array diff key '{k}'"))),
             }
         }
         Ok(())
     }
 
-    /// The `l` of an array diff (its first, found in a pass that reads every field).
-    fn truncation<'a, D: Diff<'a>>(&mut self, diff: D) -> Result<()>
+    /// The `l` of an array diff (its first).
+    fn truncation<'a, D: Diff<'a>>(&mut self, level: &[(&'a str, D::Value)]) -> Result<()>
     where
         O: Output<D::Value>,
     {
-        let mut l = None;
-        for field in diff.fields() {
-            let (k, v) = field?;
-            if k == "l" {
-                l.get_or_insert(v);
-            }
-        }
-        if let Some(l) = l {
+        if let Some(&(_, l)) = level.iter().find(|(k, _)| *k == "l") {
             let Some(size) = D::as_size(l) else {
                 return Err(malformed("array 'l' is not a non-negative int"));
             };
@@ -490,14 +503,12 @@ impl<O> Walk<'_, O> {
     }
 }
 
-/// Whether a sub-diff is an array diff (`a: true`), from a pass that reads every field.
-fn is_array_diff<'a, D: Diff<'a>>(sub: D) -> Result<bool> {
-    let mut is_array = false;
-    for field in sub.fields() {
-        let (k, v) = field?;
-        is_array |= k == "a" && D::is_true(v);
+/// Reads every field of one level of a diff onto `fields`.
+fn read_fields<'a, D: Diff<'a>>(diff: D, fields: &mut Vec<(&'a str, D::Value)>) -> Result<()> {
+    for field in diff.fields() {
+        fields.push(field?);
     }
-    Ok(is_array)
+    Ok(())
 }
 
 /// `FieldRef::isNumericPathComponentStrict`: digits only, no leading zero (except "0").
