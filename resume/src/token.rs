@@ -887,7 +887,7 @@ impl ResumeToken {
     }
 
     /// The size of [`ResumeToken::to_raw_document`]'s bytes.
-    fn raw_document_len(&self) -> usize {
+    pub fn raw_document_len(&self) -> usize {
         let mut size = 4 + (1 + 6 + 4 + self.data.len() * 2 + 1) + 1;
         if !self.type_bits.is_empty() {
             size += 1 + 10 + 4 + 1 + self.type_bits.len();

@@ -13,8 +13,6 @@
 //! * a document or array is complete once [`end`] has closed what [`begin`] opened; one that
 //!   would exceed `i32::MAX` bytes is an error, never a wrong length.
 
-use std::io::Write;
-
 use bson::raw::{CStr, RawDocument, RawDocumentBuf};
 use bson::spec::{BinarySubtype, ElementType};
 use bson::{RawBsonRef, Timestamp};
@@ -50,11 +48,22 @@ pub(crate) fn element_name(out: &mut Vec<u8>, kind: ElementType, name: &CStr) {
     out.push(0);
 }
 
-/// The type byte and name of the `i`th element of an array.
+/// The type byte and name of the `i`th element of an array: `i` in decimal.
 pub(crate) fn index_name(out: &mut Vec<u8>, kind: ElementType, i: usize) {
     out.push(kind as u8);
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, "{i}");
+    // The digits, last first, into the end of a buffer large enough for any usize.
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(at..).unwrap_or_default());
     out.push(0);
 }
 
@@ -222,7 +231,7 @@ mod tests {
         );
         want.append(cstr!("d"), &nested);
         let mut arr = RawArrayBuf::new();
-        for i in 0..12 {
+        for i in 0..123 {
             arr.push(format!("p{i}").as_str());
         }
         want.append(cstr!("a"), arr);
@@ -242,12 +251,21 @@ mod tests {
         document(&mut out, cstr!("d"), &nested);
         element_name(&mut out, ElementType::Array, cstr!("a"));
         let a = begin(&mut out);
-        for i in 0..12 {
+        for i in 0..123 {
             index_name(&mut out, ElementType::String, i);
             string_value(&mut out, &format!("p{i}"));
         }
         end(&mut out, a).expect("closes");
         end(&mut out, open).expect("closes");
         assert_eq!(out, want.as_bytes());
+    }
+
+    #[test]
+    fn index_names_are_decimal() {
+        for i in [0usize, 9, 10, 99, 100, 12345, usize::MAX] {
+            let mut out = Vec::new();
+            index_name(&mut out, ElementType::Int32, i);
+            assert_eq!(out, [&[0x10][..], i.to_string().as_bytes(), &[0]].concat());
+        }
     }
 }

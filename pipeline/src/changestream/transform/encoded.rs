@@ -221,10 +221,14 @@ impl Transformer {
         };
         let token = data.encode();
 
-        // The event, written in place in the transform's field order (see its module note).
-        let size = o.as_bytes().len()
+        // The event, written in place in the transform's field order (see its module note),
+        // into a buffer large enough for it: its parts, and less than 256 bytes of names,
+        // lengths and scalars.
+        let size = token.raw_document_len()
+            + o.as_bytes().len()
             + entry.o2.map_or(0, |k| k.as_bytes().len())
             + self.buffers.description.len()
+            + entry.ns.len()
             + 256;
         let mut out = Vec::with_capacity(size);
         let event = begin(&mut out);
