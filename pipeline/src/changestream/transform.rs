@@ -199,16 +199,24 @@ impl Transformer {
     ) -> Result<ResumeTokenData> {
         let crud = matches!(operation_type, "insert" | "update" | "replace" | "delete");
         self.versions.make(|version| {
-            let identifier = if version == TokenVersion::V2 {
+            let txn_op_index = txn_op_index.unwrap_or(0);
+            if version == TokenVersion::V2 {
+                // `{operationType, documentKey | operationDescription}`, built in place.
                 let second = if crud {
-                    document_key.cloned().map(|k| ("documentKey", k))
+                    document_key.map(|k| ("documentKey", k))
                 } else {
-                    operation_description
-                        .cloned()
-                        .map(|d| ("operationDescription", d))
+                    operation_description.map(|d| ("operationDescription", d))
                 };
-                Some(resume::token::event_identifier(operation_type, second))
-            } else if crud || is_classic_type(operation_type) {
+                return ResumeTokenData::event_from_parts(
+                    ts,
+                    version,
+                    txn_op_index,
+                    uuid,
+                    operation_type,
+                    second,
+                );
+            }
+            let identifier = if crud || is_classic_type(operation_type) {
                 document_key.cloned().filter(|_| uuid.is_some())
             } else {
                 Some(resume::token::event_identifier(
@@ -219,7 +227,7 @@ impl Transformer {
                 ))
                 .filter(|_| uuid.is_some())
             };
-            ResumeTokenData::event(ts, version, txn_op_index.unwrap_or(0), uuid, identifier)
+            ResumeTokenData::event(ts, version, txn_op_index, uuid, identifier)
         })
     }
 
