@@ -13,6 +13,9 @@
 //! * a document or array is complete once [`end`] has closed what [`begin`] opened; one that
 //!   would exceed `i32::MAX` bytes is an error, never a wrong length.
 
+// The small writers are `#[inline]`: most names are literals, whose copies then compile to
+// plain stores instead of calls to `memcpy`.
+
 use bson::raw::{CStr, RawDocument, RawDocumentBuf};
 use bson::spec::{BinarySubtype, ElementType};
 use bson::{RawBsonRef, Timestamp};
@@ -23,6 +26,7 @@ use wire::{MongoError, Result};
 pub(crate) struct Open(usize);
 
 /// Opens a document (or array) at the end of `out`: its length, written by [`end`].
+#[inline]
 pub(crate) fn begin(out: &mut Vec<u8>) -> Open {
     let at = out.len();
     out.extend_from_slice(&[0; 4]);
@@ -30,6 +34,7 @@ pub(crate) fn begin(out: &mut Vec<u8>) -> Open {
 }
 
 /// Closes `open`: the terminating NUL, and the length in front.
+#[inline]
 pub(crate) fn end(out: &mut Vec<u8>, open: Open) -> Result<()> {
     out.push(0);
     let len = out.len().saturating_sub(open.0);
@@ -42,6 +47,7 @@ pub(crate) fn end(out: &mut Vec<u8>, open: Open) -> Result<()> {
 }
 
 /// The type byte and name of an element; its value follows.
+#[inline]
 pub(crate) fn element_name(out: &mut Vec<u8>, kind: ElementType, name: &CStr) {
     out.push(kind as u8);
     out.extend_from_slice(name.as_str().as_bytes());
@@ -49,6 +55,7 @@ pub(crate) fn element_name(out: &mut Vec<u8>, kind: ElementType, name: &CStr) {
 }
 
 /// The type byte and name of the `i`th element of an array: `i` in decimal.
+#[inline]
 pub(crate) fn index_name(out: &mut Vec<u8>, kind: ElementType, i: usize) {
     out.push(kind as u8);
     // The digits, last first, into the end of a buffer large enough for any usize.
@@ -68,22 +75,26 @@ pub(crate) fn index_name(out: &mut Vec<u8>, kind: ElementType, i: usize) {
 }
 
 /// A string value (after its name): length with the NUL, bytes, NUL.
+#[inline]
 pub(crate) fn string_value(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
     out.push(0);
 }
 
+#[inline]
 pub(crate) fn string(out: &mut Vec<u8>, name: &CStr, s: &str) {
     element_name(out, ElementType::String, name);
     string_value(out, s);
 }
 
+#[inline]
 pub(crate) fn int32(out: &mut Vec<u8>, name: &CStr, i: i32) {
     element_name(out, ElementType::Int32, name);
     out.extend_from_slice(&i.to_le_bytes());
 }
 
+#[inline]
 pub(crate) fn timestamp(out: &mut Vec<u8>, name: &CStr, t: Timestamp) {
     element_name(out, ElementType::Timestamp, name);
     out.extend_from_slice(&t.increment.to_le_bytes());
@@ -91,6 +102,7 @@ pub(crate) fn timestamp(out: &mut Vec<u8>, name: &CStr, t: Timestamp) {
 }
 
 /// An embedded document, copied.
+#[inline]
 pub(crate) fn document(out: &mut Vec<u8>, name: &CStr, d: &RawDocument) {
     element_name(out, ElementType::EmbeddedDocument, name);
     out.extend_from_slice(d.as_bytes());

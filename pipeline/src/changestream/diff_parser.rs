@@ -129,9 +129,23 @@ pub fn write_raw_update_description(
         end(out, array)?;
     }
     if with_disambiguated_paths {
-        let paths = RawDocumentBuf::try_from(&disambiguated.unwrap_or_default())
-            .map_err(|e| MongoError::internal(format!("encoding a diff: {e}")))?;
-        w::document(out, cstr!("disambiguatedPaths"), &paths);
+        match disambiguated {
+            // Rare: encoded from the decoded paths.
+            Some(paths) => {
+                let paths = RawDocumentBuf::try_from(&paths)
+                    .map_err(|e| MongoError::internal(format!("encoding a diff: {e}")))?;
+                w::document(out, cstr!("disambiguatedPaths"), &paths);
+            }
+            None => {
+                w::element_name(
+                    out,
+                    ElementType::EmbeddedDocument,
+                    cstr!("disambiguatedPaths"),
+                );
+                let empty = begin(out);
+                end(out, empty)?;
+            }
+        }
     }
     end(out, description)
 }

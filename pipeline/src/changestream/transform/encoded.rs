@@ -303,9 +303,9 @@ impl Transformer {
                 full_document: None,
                 update_description: None,
             },
-            _ => match o.get("$v").ok().flatten() {
-                Some(v) if is_two(v) => {
-                    let (Ok(diff), Some(key)) = (o.get_document("diff"), o2) else {
+            _ => match version_and_diff(o) {
+                (Some(v), diff) if is_two(v) => {
+                    let (Some(diff), Some(key)) = (diff, o2) else {
                         return Ok(None);
                     };
                     let description = if self.show_raw_update_description {
@@ -331,7 +331,7 @@ impl Transformer {
                         update_description: Some(description),
                     }
                 }
-                None if has(o, "_id") => Crud {
+                (None, _) if has(o, "_id") => Crud {
                     operation_type: "replace",
                     document_key: key_or_id(o2, o)?,
                     full_document: Some(o),
@@ -342,6 +342,29 @@ impl Transformer {
         };
         Ok(Some(crud))
     }
+}
+
+/// An update's `o.$v`, and `o.diff` when `$v` is two, as `o.get("$v")` and
+/// `o.get_document("diff")` read them (a lookup that fails reads as absent), in one scan.
+fn version_and_diff(o: &RawDocument) -> (Option<RawBsonRef<'_>>, Option<&RawDocument>) {
+    // `Some(found)` once the first field of that name was met: what its lookup gives.
+    let (mut v, mut diff) = (None, None);
+    for field in o.iter_elements() {
+        // A lookup still looking fails here (and reads as absent).
+        let Ok(field) = field else { break };
+        match field.key().as_str() {
+            "$v" if v.is_none() => v = Some(field.value().ok()),
+            "diff" if diff.is_none() => {
+                diff = Some(field.value().ok().and_then(|d| d.as_document()))
+            }
+            _ => {}
+        }
+        // Done once `$v` is known not to be two (`diff` is then not read), or both are found.
+        if v.is_some_and(|v| !v.is_some_and(is_two)) || (v.is_some() && diff.is_some()) {
+            break;
+        }
+    }
+    (v.flatten(), diff.flatten())
 }
 
 fn has(d: &RawDocument, key: &str) -> bool {
@@ -578,6 +601,51 @@ mod tests {
                 .expect("handled");
             assert_eq!(got.token, expected.token, "{op}");
             assert_eq!(got.data, expected.data, "{op}");
+        }
+    }
+
+    /// The one scan for `$v` and `diff` reads what the two lookups read, damaged bytes
+    /// included (`diff` matters only when `$v` is two).
+    #[test]
+    fn version_and_diff_read_as_their_lookups() {
+        let shapes = [
+            doc! {"$v": 2, "diff": {"u": {"a": 1}}},
+            doc! {"diff": {"u": {"a": "x"}}, "$v": 2_i64},
+            doc! {"$v": 2.0, "x": "y", "diff": {}, "diff2": 1},
+            doc! {"$v": 1, "$set": {"a": 1}},
+            doc! {"$v": 2, "diff": 5},
+            doc! {"$v": 2},
+            doc! {"_id": 1, "a": "replacement"},
+            doc! {},
+        ];
+        for shape in shapes {
+            let bytes = RawDocumentBuf::try_from(&shape)
+                .expect("encodes")
+                .into_bytes();
+            for at in 4..bytes.len() {
+                for value in [
+                    None,
+                    Some(0x00),
+                    Some(0x02),
+                    Some(0x03),
+                    Some(0x10),
+                    Some(0xFF),
+                ] {
+                    let mut damaged = bytes.clone();
+                    if let Some(value) = value {
+                        damaged[at] = value;
+                    }
+                    let Ok(o) = RawDocument::from_bytes(&damaged) else {
+                        continue;
+                    };
+                    let (v, diff) = version_and_diff(o);
+                    let want_v = o.get("$v").ok().flatten();
+                    assert_eq!(v, want_v, "{damaged:?}");
+                    if want_v.is_some_and(is_two) {
+                        assert_eq!(diff, o.get_document("diff").ok(), "{damaged:?}");
+                    }
+                }
+            }
         }
     }
 
