@@ -222,12 +222,16 @@ impl Transformer {
         let token = data.encode();
 
         // The event, written in place in the transform's field order (see its module note),
-        // into a buffer large enough for it: its parts, and less than 256 bytes of names,
-        // lengths and scalars.
+        // into a buffer that holds it without growing in the common case: its parts, and
+        // fewer than 256 bytes of names, lengths and scalars.
+        let description = match crud.update_description {
+            Some(Description::Written) => self.buffers.description.len(),
+            _ => 0,
+        };
         let size = token.raw_document_len()
             + o.as_bytes().len()
             + entry.o2.map_or(0, |k| k.as_bytes().len())
-            + self.buffers.description.len()
+            + description
             + entry.ns.len()
             + 256;
         let mut out = Vec::with_capacity(size);
