@@ -7,6 +7,9 @@
 //! string erases (int32 vs int64 vs double vs decimal and its exponent, string vs symbol, -0.0)
 //! goes into the separate [`TypeBits`] stream, so `decode(encode(v), type_bits) == v` exactly.
 //!
+//! [`Builder::append_raw_document`] (in `raw`) encodes a document from its BSON bytes, as
+//! [`Builder::append_document`] encodes the decoded document.
+//!
 //! Three readers share one format: [`decode_value`] builds the value, [`skip_value`] validates
 //! and steps over it without allocating, and [`fast_scalar`] reads the common scalars
 //! (timestamps, bools, null, int32/int64) directly. Property tests check that they agree.
@@ -22,6 +25,8 @@ use bson::{
 };
 
 use crate::decimal::{self, Dec};
+
+mod raw;
 
 /// The canonical type bytes ("CTypes"). For types whose value lives partly in the CType byte
 /// (numbers, bools) the generic one is used before field names inside objects.
@@ -105,19 +110,67 @@ fn err<T>(msg: impl Into<String>) -> Result<T, KeyStringError> {
 // ---------------------------------------------------------------------------------------------
 
 /// The type-bits stream built alongside a KeyString: bits packed least-significant first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct TypeBits {
-    data: Vec<u8>,
+    /// The bytes materialized so far (see [`TypeBits::bit`]): the first [`INLINE_BYTES`] of
+    /// them held inline, so that the short streams of common keys and tokens never allocate;
+    /// all of them in `spilled` once there are more.
+    inline: [u8; INLINE_BYTES],
+    spilled: Vec<u8>,
+    /// How many bytes are materialized.
+    materialized: usize,
     cur_bit: usize,
     all_zeros: bool,
 }
 
+/// Type-bit bytes a [`TypeBits`] holds without allocating (128 bits).
+const INLINE_BYTES: usize = 16;
+
+impl PartialEq for TypeBits {
+    fn eq(&self, other: &Self) -> bool {
+        self.data() == other.data()
+            && self.cur_bit == other.cur_bit
+            && self.all_zeros == other.all_zeros
+    }
+}
+
+impl Eq for TypeBits {}
+
 impl TypeBits {
     pub fn new() -> Self {
         TypeBits {
-            data: Vec::new(),
+            inline: [0; INLINE_BYTES],
+            spilled: Vec::new(),
+            materialized: 0,
             cur_bit: 0,
             all_zeros: true,
+        }
+    }
+
+    /// The materialized bytes.
+    fn data(&self) -> &[u8] {
+        if self.materialized <= INLINE_BYTES {
+            self.inline.get(..self.materialized).unwrap_or_default()
+        } else {
+            &self.spilled
+        }
+    }
+
+    /// Materializes the bytes up to `byte` (zeros), and gives that one.
+    fn byte_mut(&mut self, byte: usize) -> Option<&mut u8> {
+        if byte >= self.materialized {
+            if byte >= INLINE_BYTES && self.materialized <= INLINE_BYTES {
+                self.spilled = self.data().to_vec();
+            }
+            self.materialized = byte + 1;
+            if self.materialized > INLINE_BYTES {
+                self.spilled.resize(self.materialized, 0);
+            }
+        }
+        if self.materialized <= INLINE_BYTES {
+            self.inline.get_mut(byte)
+        } else {
+            self.spilled.get_mut(byte)
         }
     }
 
@@ -128,15 +181,12 @@ impl TypeBits {
 
     fn bit(&mut self, one: bool) {
         // Bytes are materialized lazily, up to the last one bit, so that the common all-zero
-        // stream never allocates; `to_bytes` pads to `ceil(cur_bit / 8)` bytes.
+        // stream has none; `to_bytes` pads to `ceil(cur_bit / 8)` bytes.
         if one {
             self.all_zeros = false;
-            let byte = self.cur_bit / 8;
-            if self.data.len() <= byte {
-                self.data.resize(byte + 1, 0);
-            }
-            if let Some(b) = self.data.get_mut(byte) {
-                *b |= 1 << (self.cur_bit % 8);
+            let shift = self.cur_bit % 8;
+            if let Some(b) = self.byte_mut(self.cur_bit / 8) {
+                *b |= 1 << shift;
             }
         }
         self.cur_bit += 1;
@@ -192,7 +242,7 @@ impl TypeBits {
     /// Reads these bits back (unserialized).
     pub fn reader(&self) -> TypeBitsReader<'_> {
         TypeBitsReader {
-            data: &self.data,
+            data: self.data(),
             limit: self.cur_bit.div_ceil(8),
             cur_bit: 0,
         }
@@ -206,10 +256,11 @@ impl TypeBits {
         }
         // Every appended bit that starts a byte allocates that byte, zeros included.
         let n = self.cur_bit.div_ceil(8);
-        let pad = n.saturating_sub(self.data.len());
+        let data = self.data();
+        let pad = n.saturating_sub(data.len());
         let mut out = Vec::with_capacity(n + 5);
-        if n == 1 && self.data.first().is_some_and(|b| *b < 0x80) {
-            out.extend_from_slice(&self.data);
+        if n == 1 && data.first().is_some_and(|b| *b < 0x80) {
+            out.extend_from_slice(data);
             return out;
         }
         if n <= tb::MAX_BYTES_FOR_SHORT_ENCODING {
@@ -218,7 +269,7 @@ impl TypeBits {
             out.push(0x80);
             out.extend_from_slice(&(n as u32).to_le_bytes());
         }
-        out.extend_from_slice(&self.data);
+        out.extend_from_slice(data);
         out.resize(out.len() + pad, 0);
         out
     }
@@ -442,11 +493,7 @@ impl Builder {
     }
 
     fn field_name(&mut self, generic: u8, name: &str) {
-        self.buf.push(generic);
-        let n = name.as_bytes();
-        let end = n.iter().position(|b| *b == 0).unwrap_or(n.len());
-        self.buf.extend_from_slice(&n[..end]);
-        self.buf.push(0);
+        field_name(&mut self.buf, generic, name);
     }
 
     /// Appends a string field to the open object.
@@ -498,6 +545,16 @@ impl Builder {
     }
 }
 
+/// A field's generic CType and name, inside an object.
+fn field_name(buf: &mut Vec<u8>, generic: u8, name: &str) {
+    buf.push(generic);
+    // Field names are C strings: BSON cannot hold a NUL inside one.
+    let n = name.as_bytes();
+    let end = n.iter().position(|b| *b == 0).unwrap_or(n.len());
+    buf.extend_from_slice(&n[..end]);
+    buf.push(0);
+}
+
 /// The KeyString V1 (ascending) encoding of one BSON value, without type bits and without the
 /// end byte. Byte order equals MongoDB's BSON comparison order (no collation), and values that
 /// compare equal (int32 1, int64 1, double 1.0, decimal 1.0) give identical bytes; suitable as an
@@ -545,25 +602,11 @@ fn append_value(buf: &mut Vec<u8>, bits: &mut TypeBits, v: &Bson) {
     match v {
         Bson::MinKey | Bson::MaxKey | Bson::Null | Bson::Undefined => buf.push(generic_ctype(v)),
         Bson::Double(d) => append_double(buf, bits, *d),
-        Bson::Int32(i) => {
-            bits.two(tb::INT);
-            append_integer(buf, i64::from(*i));
-        }
-        Bson::Int64(i) => {
-            bits.two(tb::LONG);
-            append_integer(buf, *i);
-        }
+        Bson::Int32(i) => append_int32(buf, bits, *i),
+        Bson::Int64(i) => append_int64(buf, bits, *i),
         Bson::Decimal128(d) => append_decimal(buf, bits, d),
-        Bson::String(s) => {
-            bits.bit(tb::STRING != 0);
-            buf.push(ctype::STRING_LIKE);
-            append_string_like(buf, s.as_bytes());
-        }
-        Bson::Symbol(s) => {
-            bits.bit(tb::SYMBOL != 0);
-            buf.push(ctype::STRING_LIKE);
-            append_string_like(buf, s.as_bytes());
-        }
+        Bson::String(s) => append_string(buf, bits, s),
+        Bson::Symbol(s) => append_symbol(buf, bits, s),
         Bson::Document(d) => {
             buf.push(ctype::OBJECT);
             append_object_body(buf, bits, d);
@@ -575,44 +618,12 @@ fn append_value(buf: &mut Vec<u8>, bits: &mut TypeBits, v: &Bson) {
             }
             buf.push(0);
         }
-        Bson::Binary(b) => {
-            buf.push(ctype::BIN_DATA);
-            let len = b.bytes.len();
-            if len < 0xff {
-                buf.push(len as u8);
-            } else {
-                buf.push(0xff);
-                buf.extend_from_slice(&(len as u32).to_be_bytes());
-            }
-            buf.push(u8::from(b.subtype));
-            buf.extend_from_slice(&b.bytes);
-        }
-        Bson::ObjectId(o) => {
-            buf.push(ctype::OID);
-            buf.extend_from_slice(&o.bytes());
-        }
-        Bson::Boolean(b) => buf.push(if *b {
-            ctype::BOOL_TRUE
-        } else {
-            ctype::BOOL_FALSE
-        }),
-        Bson::DateTime(d) => {
-            buf.push(ctype::DATE);
-            let enc = (d.timestamp_millis() as u64) ^ (1u64 << 63);
-            buf.extend_from_slice(&enc.to_be_bytes());
-        }
-        Bson::Timestamp(t) => {
-            buf.push(ctype::TIMESTAMP);
-            let v = (u64::from(t.time) << 32) | u64::from(t.increment);
-            buf.extend_from_slice(&v.to_be_bytes());
-        }
-        Bson::RegularExpression(r) => {
-            buf.push(ctype::REGEX);
-            buf.extend_from_slice(r.pattern.as_str().as_bytes());
-            buf.push(0);
-            buf.extend_from_slice(r.options.as_str().as_bytes());
-            buf.push(0);
-        }
+        Bson::Binary(b) => append_binary(buf, b.subtype, &b.bytes),
+        Bson::ObjectId(o) => append_object_id(buf, o),
+        Bson::Boolean(b) => append_bool(buf, *b),
+        Bson::DateTime(d) => append_date(buf, *d),
+        Bson::Timestamp(t) => append_timestamp(buf, *t),
+        Bson::RegularExpression(r) => append_regex(buf, r.pattern.as_str(), r.options.as_str()),
         Bson::DbPointer(p) => {
             buf.push(ctype::DBREF);
             let (ns, oid) = db_pointer_parts(p);
@@ -620,16 +631,94 @@ fn append_value(buf: &mut Vec<u8>, bits: &mut TypeBits, v: &Bson) {
             buf.extend_from_slice(ns.as_bytes());
             buf.extend_from_slice(&oid);
         }
-        Bson::JavaScriptCode(c) => {
-            buf.push(ctype::CODE);
-            append_string_like(buf, c.as_bytes());
-        }
+        Bson::JavaScriptCode(c) => append_code(buf, c),
         Bson::JavaScriptCodeWithScope(c) => {
-            buf.push(ctype::CODE_WITH_SCOPE);
-            append_string_like(buf, c.code.as_bytes());
+            append_code_with_scope_code(buf, &c.code);
             append_object_body(buf, bits, &c.scope);
         }
     }
+}
+
+// One writer per value type, shared by the encoders of decoded values (above) and of BSON
+// bytes (`raw`), so that both write the same bytes.
+
+fn append_int32(buf: &mut Vec<u8>, bits: &mut TypeBits, i: i32) {
+    bits.two(tb::INT);
+    append_integer(buf, i64::from(i));
+}
+
+fn append_int64(buf: &mut Vec<u8>, bits: &mut TypeBits, i: i64) {
+    bits.two(tb::LONG);
+    append_integer(buf, i);
+}
+
+fn append_string(buf: &mut Vec<u8>, bits: &mut TypeBits, s: &str) {
+    bits.bit(tb::STRING != 0);
+    buf.push(ctype::STRING_LIKE);
+    append_string_like(buf, s.as_bytes());
+}
+
+fn append_symbol(buf: &mut Vec<u8>, bits: &mut TypeBits, s: &str) {
+    bits.bit(tb::SYMBOL != 0);
+    buf.push(ctype::STRING_LIKE);
+    append_string_like(buf, s.as_bytes());
+}
+
+fn append_binary(buf: &mut Vec<u8>, subtype: BinarySubtype, bytes: &[u8]) {
+    buf.push(ctype::BIN_DATA);
+    let len = bytes.len();
+    if len < 0xff {
+        buf.push(len as u8);
+    } else {
+        buf.push(0xff);
+        buf.extend_from_slice(&(len as u32).to_be_bytes());
+    }
+    buf.push(u8::from(subtype));
+    buf.extend_from_slice(bytes);
+}
+
+fn append_object_id(buf: &mut Vec<u8>, o: &ObjectId) {
+    buf.push(ctype::OID);
+    buf.extend_from_slice(&o.bytes());
+}
+
+fn append_bool(buf: &mut Vec<u8>, b: bool) {
+    buf.push(if b {
+        ctype::BOOL_TRUE
+    } else {
+        ctype::BOOL_FALSE
+    });
+}
+
+fn append_date(buf: &mut Vec<u8>, d: DateTime) {
+    buf.push(ctype::DATE);
+    let enc = (d.timestamp_millis() as u64) ^ (1u64 << 63);
+    buf.extend_from_slice(&enc.to_be_bytes());
+}
+
+fn append_timestamp(buf: &mut Vec<u8>, t: Timestamp) {
+    buf.push(ctype::TIMESTAMP);
+    let v = (u64::from(t.time) << 32) | u64::from(t.increment);
+    buf.extend_from_slice(&v.to_be_bytes());
+}
+
+fn append_regex(buf: &mut Vec<u8>, pattern: &str, options: &str) {
+    buf.push(ctype::REGEX);
+    buf.extend_from_slice(pattern.as_bytes());
+    buf.push(0);
+    buf.extend_from_slice(options.as_bytes());
+    buf.push(0);
+}
+
+fn append_code(buf: &mut Vec<u8>, code: &str) {
+    buf.push(ctype::CODE);
+    append_string_like(buf, code.as_bytes());
+}
+
+/// The CType and code of a code-with-scope value; its scope's object body follows.
+fn append_code_with_scope_code(buf: &mut Vec<u8>, code: &str) {
+    buf.push(ctype::CODE_WITH_SCOPE);
+    append_string_like(buf, code.as_bytes());
 }
 
 fn append_object_body(buf: &mut Vec<u8>, bits: &mut TypeBits, d: &Document) {
@@ -1489,6 +1578,45 @@ pub fn decode_key(data: &[u8], bits: &mut TypeBitsReader<'_>) -> Result<Bson, Ke
 mod tests {
     use super::*;
     use std::str::FromStr;
+
+    /// Streams held inline and spilled to the heap read back the same, serialize by the same
+    /// rules, and compare by content.
+    #[test]
+    fn type_bits_read_back_across_the_inline_limit() {
+        for n in [0usize, 1, 7, 8, 9, 127, 128, 129, 200, 1100] {
+            for pattern in [0u64, 1, 0x5555, u64::MAX] {
+                let one = |i: usize| (pattern >> (i % 64)) & 1 == 1 || i + 1 == n && pattern != 0;
+                let mut bits = TypeBits::new();
+                for i in 0..n {
+                    bits.bit(one(i));
+                }
+                assert_eq!(bits.len(), n);
+                let mut r = bits.reader();
+                for i in 0..n {
+                    assert_eq!(r.bit().unwrap() == 1, one(i), "bit {i} of {n}");
+                }
+                let ser = bits.to_bytes();
+                if bits.is_all_zeros() {
+                    assert!(ser.is_empty());
+                    continue;
+                }
+                let bytes = n.div_ceil(8);
+                let mut back = TypeBitsReader::new(&ser).unwrap();
+                for i in 0..n {
+                    assert_eq!(
+                        back.bit().unwrap() == 1,
+                        one(i),
+                        "serialized bit {i} of {n}"
+                    );
+                }
+                assert!(ser.len() >= bytes);
+                let mut again = TypeBits::new();
+                again.append_all(&bits);
+                assert_eq!(again, bits.clone());
+                assert_eq!(again.to_bytes(), ser);
+            }
+        }
+    }
 
     fn dec(s: &str) -> Bson {
         Bson::Decimal128(Decimal128::from_str(s).unwrap())

@@ -11,7 +11,10 @@
 //!   Build with [`ResumeTokenData::high_water_mark`] or [`ResumeTokenData::event`] (plus
 //!   [`ResumeTokenData::with_from_invalidate`] / [`ResumeTokenData::with_fragment_num`]); the
 //!   v2 identifier `{operationType, documentKey | operationDescription}` comes from
-//!   [`event_identifier`]. Constructors and the decoder enforce the rules of §5.2.
+//!   [`event_identifier`], or is built in place by [`ResumeTokenData::event_from_parts`]
+//!   (from a decoded document) and [`ResumeTokenData::event_from_raw_parts`] (from its BSON
+//!   bytes, which then need not be decoded). Constructors and the decoder enforce the rules
+//!   of §5.2.
 //! * [`ResumeToken`]: the wire form `{_data: <uppercase hex>, _typeBits?: BinData(0)}`.
 //!   [`ResumeTokenData::encode`] → [`ResumeToken`] → [`ResumeToken::to_document`] /
 //!   [`ResumeToken::to_raw_document`]; back with [`ResumeToken::from_document`] /

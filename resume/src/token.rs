@@ -245,26 +245,63 @@ impl ResumeTokenData {
         operation_type: &str,
         second: Option<(&str, &Document)>,
     ) -> Result<Self, TokenError> {
-        let identifier = if version == TokenVersion::V2 {
-            let mut b = Builder::new();
-            b.begin_object();
-            b.field_str("operationType", operation_type);
-            if let Some((name, d)) = second
-                && !d.is_empty()
-            {
-                b.field_document(name, d);
-            }
-            b.end_object();
-            let (key, bits) = b.finish();
-            Some(Identifier::from_raw(key, bits))
-        } else {
-            second.map(|(_, d)| {
-                let mut b = Builder::new();
-                b.append_document(d);
-                let (key, bits) = b.finish();
-                Identifier::from_raw(key, bits)
-            })
-        };
+        let identifier = identifier_from_parts(
+            version,
+            operation_type,
+            second.map(|(name, d)| (name, d.is_empty())),
+            |b, name| {
+                match name {
+                    Some(name) => b.field_document(name, second.map(|s| s.1)?),
+                    None => b.append_document(second.map(|s| s.1)?),
+                }
+                Some(())
+            },
+        );
+        Self::event_with(cluster_time, version, txn_op_index, uuid, identifier)
+    }
+
+    /// [`ResumeTokenData::event_from_parts`] with the document as BSON bytes, encoded without
+    /// being decoded ([`Builder::append_raw_document`]): the same token as
+    /// `event_from_parts` of the decoded document. `Ok(None)` where that encoder declines
+    /// (malformed bytes among others): decode the document and call `event_from_parts`.
+    pub fn event_from_raw_parts(
+        cluster_time: ClusterTime,
+        version: TokenVersion,
+        txn_op_index: u32,
+        uuid: Option<Uuid>,
+        operation_type: &str,
+        second: Option<(&str, &RawDocument)>,
+    ) -> Result<Option<Self>, TokenError> {
+        // A document's bytes hold no field exactly when they are the 5 bytes of `{}`.
+        let empty = |d: &RawDocument| d.as_bytes().len() == 5;
+        let mut declined = false;
+        let identifier = identifier_from_parts(
+            version,
+            operation_type,
+            second.map(|(name, d)| (name, empty(d))),
+            |b, name| {
+                let d = second.map(|s| s.1)?;
+                let encoded = match name {
+                    Some(name) => b.field_raw_document(name, d),
+                    None => b.append_raw_document(d),
+                };
+                declined = !encoded;
+                encoded.then_some(())
+            },
+        );
+        if declined {
+            return Ok(None);
+        }
+        Self::event_with(cluster_time, version, txn_op_index, uuid, identifier).map(Some)
+    }
+
+    fn event_with(
+        cluster_time: ClusterTime,
+        version: TokenVersion,
+        txn_op_index: u32,
+        uuid: Option<Uuid>,
+        event_identifier: Option<Identifier>,
+    ) -> Result<Self, TokenError> {
         let data = ResumeTokenData {
             cluster_time,
             version,
@@ -272,7 +309,7 @@ impl ResumeTokenData {
             txn_op_index,
             from_invalidate: false,
             uuid,
-            event_identifier: identifier,
+            event_identifier,
             fragment_num: None,
         };
         data.validate()?;
@@ -684,6 +721,34 @@ pub fn event_identifier(operation_type: &str, second: Option<(&str, Document)>) 
     d
 }
 
+/// The event identifier of [`ResumeTokenData::event_from_parts`]: `second` names the second
+/// part and says whether it is empty; `append` writes that document, as a field of the v2
+/// identifier (`Some(name)`) or as the whole identifier before v2 (`None`), and answers `None`
+/// when it cannot (the identifier is then meaningless and the caller discards it).
+fn identifier_from_parts(
+    version: TokenVersion,
+    operation_type: &str,
+    second: Option<(&str, bool)>,
+    append: impl FnOnce(&mut Builder, Option<&str>) -> Option<()>,
+) -> Option<Identifier> {
+    let mut b = Builder::new();
+    if version == TokenVersion::V2 {
+        b.begin_object();
+        b.field_str("operationType", operation_type);
+        if let Some((name, empty)) = second
+            && !empty
+        {
+            append(&mut b, Some(name))?;
+        }
+        b.end_object();
+    } else {
+        second?;
+        append(&mut b, None)?;
+    }
+    let (key, bits) = b.finish();
+    Some(Identifier::from_raw(key, bits))
+}
+
 fn uuid_bson(u: Uuid) -> Bson {
     Bson::Binary(Binary {
         subtype: BinarySubtype::Uuid,
@@ -790,14 +855,18 @@ impl ResumeToken {
     /// replies assembled with `rawdoc!`).
     pub fn to_raw_document(&self) -> RawDocumentBuf {
         // Written in one allocation of the exact size: this runs for every event returned.
+        let mut out = Vec::with_capacity(self.raw_document_len());
+        self.write_raw_document(&mut out);
+        // `from_bytes` checks the length header and terminator, which were just written.
+        RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| self.to_raw_document_slow())
+    }
+
+    /// The bytes of [`ResumeToken::to_raw_document`], appended to `out` (for an event written
+    /// straight into its buffer).
+    pub fn write_raw_document(&self, out: &mut Vec<u8>) {
         let hex_len = self.data.len() * 2;
         let tb_len = self.type_bits.len();
-        let mut size = 4 + (1 + 6 + 4 + hex_len + 1) + 1;
-        if tb_len > 0 {
-            size += 1 + 10 + 4 + 1 + tb_len;
-        }
-        let mut out = Vec::with_capacity(size);
-        out.extend_from_slice(&(size as i32).to_le_bytes());
+        out.extend_from_slice(&(self.raw_document_len() as i32).to_le_bytes());
         out.push(0x02); // string
         out.extend_from_slice(b"_data\0");
         out.extend_from_slice(&((hex_len + 1) as i32).to_le_bytes());
@@ -815,8 +884,15 @@ impl ResumeToken {
             out.extend_from_slice(&self.type_bits);
         }
         out.push(0);
-        // `from_bytes` checks the length header and terminator, which were just written.
-        RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| self.to_raw_document_slow())
+    }
+
+    /// The size of [`ResumeToken::to_raw_document`]'s bytes.
+    pub fn raw_document_len(&self) -> usize {
+        let mut size = 4 + (1 + 6 + 4 + self.data.len() * 2 + 1) + 1;
+        if !self.type_bits.is_empty() {
+            size += 1 + 10 + 4 + 1 + self.type_bits.len();
+        }
+        size
     }
 
     fn to_raw_document_slow(&self) -> RawDocumentBuf {
@@ -1046,14 +1122,23 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
     (union & 0xf0 == 0).then_some(out)
 }
 
-/// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`).
-fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
+/// The two uppercase hex digits of each byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// Writes `src` as uppercase hex into `dst` (`dst.len() == 2 * src.len()`), one table lookup
+/// per byte (this runs for every event's `_id`).
+fn write_hex_upper(dst: &mut [u8], src: &[u8]) {
     for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
-        if let [hi, lo] = pair {
-            *hi = DIGITS[usize::from(b >> 4)];
-            *lo = DIGITS[usize::from(b & 0xf)];
-        }
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
     }
 }
 

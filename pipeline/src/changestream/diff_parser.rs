@@ -1,7 +1,9 @@
 //! The `$v: 2` update diff → `updateDescription` (reference §1.4–§1.5).
 //!
 //! Owns: the depth-first walk of a document/array diff and the ambiguity rules for
-//! `disambiguatedPaths`.
+//! `disambiguatedPaths`. One walk serves two outputs: decoded ([`parse_diff`]) and, from the
+//! diff's bytes, the encoded `updateDescription` written straight into a buffer with the updated
+//! values copied ([`write_raw_update_description`], the encoded path of the transform).
 //!
 //! Invariants:
 //! * at each document level, `u` then `i` then `b` entries go to `updatedFields` (in diff order
@@ -13,17 +15,22 @@
 //!   recorded ambiguous path (updated, removed or truncated) is listed in `disambiguatedPaths`
 //!   with names as strings and array indexes as int32;
 //! * `disambiguatedPaths` is present (possibly `{}`) exactly when asked for (showExpandedEvents);
+//! * the bytes written from a diff's bytes equal the decoded output encoded (tested), with one
+//!   exception no MongoDB diff has: a diff naming one updated path twice gives the decoded
+//!   `updatedFields` one field and the bytes two;
 //! * malformed diffs are errors, never panics.
 
-use bson::raw::{CString, cstr};
-use bson::{Bson, Document, RawBson, RawBsonRef, RawDocument, RawDocumentBuf, doc};
+use bson::raw::{CStr, RawDocumentBuf, cstr};
+use bson::spec::ElementType;
+use bson::{Bson, Document, RawBsonRef, RawDocument, doc};
 use wire::{MongoError, Result};
 
-/// The parts of an `updateDescription`; `updated_fields` is a document, or the encoded fields
-/// when the diff was read from an entry's bytes ([`parse_raw_diff`]).
+use super::bson_writer::{self as w, begin, end};
+
+/// The parts of an `updateDescription`.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct UpdateDescription<F = Document> {
-    pub updated_fields: F,
+pub struct UpdateDescription {
+    pub updated_fields: Document,
     pub removed_fields: Vec<Bson>,
     pub truncated_arrays: Vec<Bson>,
     pub disambiguated_paths: Document,
@@ -44,46 +51,103 @@ impl UpdateDescription {
     }
 }
 
-impl UpdateDescription<RawDocumentBuf> {
-    /// [`UpdateDescription::into_document`], encoded, with the updated values as the entry
-    /// held them.
-    pub fn into_raw(self, with_disambiguated_paths: bool) -> Result<RawDocumentBuf> {
-        let mut d = RawDocumentBuf::new();
-        d.append(cstr!("updatedFields"), self.updated_fields);
-        d.append(
-            cstr!("removedFields"),
-            raw(Bson::Array(self.removed_fields))?,
-        );
-        d.append(
-            cstr!("truncatedArrays"),
-            raw(Bson::Array(self.truncated_arrays))?,
-        );
-        if with_disambiguated_paths {
-            d.append(
-                cstr!("disambiguatedPaths"),
-                raw(Bson::Document(self.disambiguated_paths))?,
-            );
-        }
-        Ok(d)
-    }
-}
-
-fn raw(v: Bson) -> Result<RawBson> {
-    RawBson::try_from(v).map_err(|e| MongoError::internal(format!("encoding a diff: {e}")))
-}
-
 /// Parses the `diff` of an `{$v: 2, diff}` update entry.
 pub fn parse_diff(diff: &Document) -> Result<UpdateDescription> {
-    let mut b = Builder::<Document>::default();
-    b.document(diff, 0)?;
-    Ok(b.out)
+    let (mut path, mut parts) = (String::new(), Vec::new());
+    let mut walk = Walk {
+        path: &mut path,
+        parts: &mut parts,
+        out: Decoded::default(),
+        disambiguated: None,
+    };
+    walk.diff(diff)?;
+    Ok(UpdateDescription {
+        updated_fields: walk.out.updated,
+        removed_fields: walk.out.removed,
+        truncated_arrays: walk.out.truncated,
+        disambiguated_paths: walk.disambiguated.unwrap_or_default(),
+    })
 }
 
-/// [`parse_diff`] from the entry's bytes: the updated values are copied, not decoded.
-pub fn parse_raw_diff(diff: &RawDocument) -> Result<UpdateDescription<RawDocumentBuf>> {
-    let mut b = Builder::<RawDocumentBuf>::default();
-    b.document(diff, 0)?;
-    Ok(b.out)
+/// Buffers [`write_raw_update_description`] reuses from one diff to the next (their content
+/// means nothing between calls).
+#[derive(Debug, Clone, Default)]
+pub struct DiffBuffers {
+    path: String,
+    parts: Vec<Part>,
+    /// The elements of `removedFields` and of `truncatedArrays`, written as the walk meets
+    /// them and copied after `updatedFields`.
+    removed: Vec<u8>,
+    truncated: Vec<u8>,
+}
+
+/// [`parse_diff`] from the diff's bytes, encoded: appends the `updateDescription` document
+/// (`into_document`'s, with the updated values copied as the diff holds them) to `out`. On
+/// error, `out` holds a partial document.
+pub fn write_raw_update_description(
+    diff: &RawDocument,
+    with_disambiguated_paths: bool,
+    buffers: &mut DiffBuffers,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let DiffBuffers {
+        path,
+        parts,
+        removed,
+        truncated,
+    } = buffers;
+    path.clear();
+    parts.clear();
+    removed.clear();
+    truncated.clear();
+
+    let description = begin(out);
+    w::element_name(out, ElementType::EmbeddedDocument, cstr!("updatedFields"));
+    let updated = begin(out);
+    let mut walk = Walk {
+        path,
+        parts,
+        out: Encoded {
+            updated: out,
+            removed,
+            removed_count: 0,
+            truncated,
+            truncated_count: 0,
+        },
+        disambiguated: None,
+    };
+    walk.diff(diff)?;
+    let disambiguated = walk.disambiguated;
+    end(out, updated)?;
+    for (name, elements) in [
+        (cstr!("removedFields"), &buffers.removed),
+        (cstr!("truncatedArrays"), &buffers.truncated),
+    ] {
+        w::element_name(out, ElementType::Array, name);
+        let array = begin(out);
+        out.extend_from_slice(elements);
+        end(out, array)?;
+    }
+    if with_disambiguated_paths {
+        match disambiguated {
+            // Rare: encoded from the decoded paths.
+            Some(paths) => {
+                let paths = RawDocumentBuf::try_from(&paths)
+                    .map_err(|e| MongoError::internal(format!("encoding a diff: {e}")))?;
+                w::document(out, cstr!("disambiguatedPaths"), &paths);
+            }
+            None => {
+                w::element_name(
+                    out,
+                    ElementType::EmbeddedDocument,
+                    cstr!("disambiguatedPaths"),
+                );
+                let empty = begin(out);
+                end(out, empty)?;
+            }
+        }
+    }
+    end(out, description)
 }
 
 /// Deepest diff nesting accepted (BSON's own depth limit).
@@ -92,8 +156,8 @@ const MAX_DEPTH: usize = 200;
 /// A diff as the walker reads it: a decoded document, or bytes.
 trait Diff<'a>: Copy {
     type Value: Copy;
-    /// The diff's fields, in order.
-    fn fields(self) -> Result<Vec<(&'a str, Self::Value)>>;
+    /// The diff's fields, in order; an error for a malformed one (and nothing after it).
+    fn fields(self) -> impl Iterator<Item = Result<(&'a str, Self::Value)>>;
     fn as_diff(v: Self::Value) -> Option<Self>;
     fn is_true(v: Self::Value) -> bool;
     /// A non-negative int32 or int64 that fits in an int32.
@@ -102,8 +166,8 @@ trait Diff<'a>: Copy {
 
 impl<'a> Diff<'a> for &'a Document {
     type Value = &'a Bson;
-    fn fields(self) -> Result<Vec<(&'a str, &'a Bson)>> {
-        Ok(self.iter().map(|(k, v)| (k.as_str(), v)).collect())
+    fn fields(self) -> impl Iterator<Item = Result<(&'a str, &'a Bson)>> {
+        self.iter().map(|(k, v)| Ok((k.as_str(), v)))
     }
     fn as_diff(v: &'a Bson) -> Option<Self> {
         v.as_document()
@@ -122,11 +186,12 @@ impl<'a> Diff<'a> for &'a Document {
 
 impl<'a> Diff<'a> for &'a RawDocument {
     type Value = RawBsonRef<'a>;
-    fn fields(self) -> Result<Vec<(&'a str, RawBsonRef<'a>)>> {
-        self.iter()
-            .map(|e| e.map(|(k, v)| (k.as_str(), v)))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| malformed(&e.to_string()))
+    fn fields(self) -> impl Iterator<Item = Result<(&'a str, RawBsonRef<'a>)>> {
+        self.iter().map(|field| {
+            field
+                .map(|(k, v)| (k.as_str(), v))
+                .map_err(|e| malformed(&e.to_string()))
+        })
     }
     fn as_diff(v: RawBsonRef<'a>) -> Option<Self> {
         v.as_document()
@@ -143,130 +208,230 @@ impl<'a> Diff<'a> for &'a RawDocument {
     }
 }
 
-/// Where updated fields go: a document of decoded values, or encoded ones.
-trait Updated<V> {
-    fn put(&mut self, path: String, v: V) -> Result<()>;
+/// Where the walk's findings go, by dotted path.
+trait Output<V> {
+    fn updated(&mut self, path: &str, v: V) -> Result<()>;
+    fn removed(&mut self, path: &str) -> Result<()>;
+    fn truncated(&mut self, path: &str, new_size: i32) -> Result<()>;
 }
 
-impl Updated<&Bson> for Document {
-    fn put(&mut self, path: String, v: &Bson) -> Result<()> {
-        self.insert(path, v.clone());
-        Ok(())
-    }
-}
-
-impl<'a> Updated<RawBsonRef<'a>> for RawDocumentBuf {
-    fn put(&mut self, path: String, v: RawBsonRef<'a>) -> Result<()> {
-        let key = CString::try_from(path).map_err(|e| malformed(&e.to_string()))?;
-        self.append(key, v);
-        Ok(())
-    }
-}
-
+/// The decoded output of [`parse_diff`].
 #[derive(Default)]
-struct Builder<F> {
-    /// The current path: (component, is an array index, path ambiguous as of here).
-    path: Vec<(String, bool, bool)>,
-    out: UpdateDescription<F>,
+struct Decoded {
+    updated: Document,
+    removed: Vec<Bson>,
+    truncated: Vec<Bson>,
 }
 
-impl<F> Builder<F> {
+impl Output<&Bson> for Decoded {
+    fn updated(&mut self, path: &str, v: &Bson) -> Result<()> {
+        self.updated.insert(path, v.clone());
+        Ok(())
+    }
+    fn removed(&mut self, path: &str) -> Result<()> {
+        self.removed.push(Bson::String(path.to_string()));
+        Ok(())
+    }
+    fn truncated(&mut self, path: &str, new_size: i32) -> Result<()> {
+        self.truncated
+            .push(Bson::Document(doc! {"field": path, "newSize": new_size}));
+        Ok(())
+    }
+}
+
+/// The encoded output of [`write_raw_update_description`]: updated fields written in place
+/// (into the open `updatedFields`), the elements of the two arrays into their buffers.
+struct Encoded<'o> {
+    updated: &'o mut Vec<u8>,
+    removed: &'o mut Vec<u8>,
+    removed_count: usize,
+    truncated: &'o mut Vec<u8>,
+    truncated_count: usize,
+}
+
+impl<'a> Output<RawBsonRef<'a>> for Encoded<'_> {
+    fn updated(&mut self, path: &str, v: RawBsonRef<'a>) -> Result<()> {
+        let name = <&CStr>::try_from(path).map_err(|e| malformed(&e.to_string()))?;
+        w::value(self.updated, name, v);
+        Ok(())
+    }
+    fn removed(&mut self, path: &str) -> Result<()> {
+        w::index_name(self.removed, ElementType::String, self.removed_count);
+        w::string_value(self.removed, path);
+        self.removed_count += 1;
+        Ok(())
+    }
+    fn truncated(&mut self, path: &str, new_size: i32) -> Result<()> {
+        let out = &mut *self.truncated;
+        w::index_name(out, ElementType::EmbeddedDocument, self.truncated_count);
+        let entry = begin(out);
+        w::string(out, cstr!("field"), path);
+        w::int32(out, cstr!("newSize"), new_size);
+        end(out, entry)?;
+        self.truncated_count += 1;
+        Ok(())
+    }
+}
+
+/// One component of the current path: `path[start..end]`.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    start: usize,
+    end: usize,
+    is_index: bool,
+    /// The path is ambiguous as of this component.
+    ambiguous: bool,
+}
+
+/// The walk of one diff: the current dotted path (one buffer that grows and shrinks with the
+/// walk, with its components' bounds beside it) and what it has found.
+struct Walk<'b, O> {
+    path: &'b mut String,
+    parts: &'b mut Vec<Part>,
+    out: O,
+    /// Ambiguous paths seen so far, by dotted path (the second one of a path replaces the first).
+    disambiguated: Option<Document>,
+}
+
+impl<O> Walk<'_, O> {
     fn push(&mut self, field: &str, is_index: bool) {
-        let already = self.path.last().is_some_and(|p| p.2);
-        let ambiguous = already
+        let last = self.parts.last();
+        let ambiguous = last.is_some_and(|p| p.ambiguous)
             || (!is_index
-                && ((!self.path.is_empty() && is_strictly_numeric(field)) || field.contains('.')));
-        self.path.push((field.to_string(), is_index, ambiguous));
+                && ((last.is_some() && is_strictly_numeric(field)) || field.contains('.')));
+        if last.is_some() {
+            self.path.push('.');
+        }
+        let start = self.path.len();
+        self.path.push_str(field);
+        self.parts.push(Part {
+            start,
+            end: self.path.len(),
+            is_index,
+            ambiguous,
+        });
     }
 
     fn pop(&mut self) {
-        self.path.pop();
-    }
-
-    fn dotted(&self) -> String {
-        let mut s = String::new();
-        for (i, (c, _, _)) in self.path.iter().enumerate() {
-            if i > 0 {
-                s.push('.');
-            }
-            s.push_str(c);
+        if let Some(p) = self.parts.pop() {
+            // Drop the component, and the dot before it unless it was the first.
+            let dot = usize::from(!self.parts.is_empty());
+            self.path.truncate(p.start.saturating_sub(dot));
         }
-        s
     }
 
-    fn note_ambiguity(&mut self, dotted: &str) {
-        if !self.path.last().is_some_and(|p| p.2) {
+    /// Lists the current path in `disambiguatedPaths` if it is ambiguous.
+    fn note_ambiguity(&mut self) {
+        if !self.parts.last().is_some_and(|p| p.ambiguous) {
             return;
         }
-        let parts: Vec<Bson> = self
-            .path
+        let components: Vec<Bson> = self
+            .parts
             .iter()
-            .map(|(c, is_index, _)| match (is_index, c.parse::<i32>()) {
-                (true, Ok(i)) => Bson::Int32(i),
-                _ => Bson::String(c.clone()),
+            .map(|p| {
+                let c = self.path.get(p.start..p.end).unwrap_or("");
+                match (p.is_index, c.parse::<i32>()) {
+                    (true, Ok(i)) => Bson::Int32(i),
+                    _ => Bson::String(c.to_string()),
+                }
             })
             .collect();
-        self.out
-            .disambiguated_paths
-            .insert(dotted.to_string(), parts);
+        self.disambiguated
+            .get_or_insert_with(Document::new)
+            .insert(self.path.as_str(), components);
     }
 
     fn updated<V>(&mut self, field: &str, is_index: bool, v: V) -> Result<()>
     where
-        F: Updated<V>,
+        O: Output<V>,
     {
         self.push(field, is_index);
-        let dotted = self.dotted();
-        self.out.updated_fields.put(dotted.clone(), v)?;
-        self.note_ambiguity(&dotted);
+        self.out.updated(self.path, v)?;
+        self.note_ambiguity();
         self.pop();
         Ok(())
     }
 
-    fn removed(&mut self, field: &str) {
+    fn removed<V>(&mut self, field: &str) -> Result<()>
+    where
+        O: Output<V>,
+    {
         self.push(field, false);
-        let dotted = self.dotted();
-        self.out.removed_fields.push(Bson::String(dotted.clone()));
-        self.note_ambiguity(&dotted);
+        self.out.removed(self.path)?;
+        self.note_ambiguity();
         self.pop();
+        Ok(())
     }
 
-    fn document<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    /// Walks a whole diff.
+    fn diff<'a, D: Diff<'a>>(&mut self, diff: D) -> Result<()>
     where
-        F: Updated<D::Value>,
+        O: Output<D::Value>,
+    {
+        let mut fields = Vec::with_capacity(16);
+        read_fields(diff, &mut fields)?;
+        self.document::<D>(&mut fields, 0, 0)
+    }
+
+    // Each level of the diff is read once, in full, onto one stack of fields (`fields[at..]`
+    // are the current level's; a sub-diff's go on top while it is walked). So every field is
+    // read once, and a malformed one fails its level before any of it is used.
+    //
+    // The walk recurses through `document`/`array` and `sub_diff` only; everything else is in
+    // functions of their own, so that each level of nesting costs the stack little (a diff may
+    // nest up to `MAX_DEPTH` levels).
+
+    fn document<'a, D: Diff<'a>>(
+        &mut self,
+        fields: &mut Vec<(&'a str, D::Value)>,
+        at: usize,
+        depth: usize,
+    ) -> Result<()>
+    where
+        O: Output<D::Value>,
     {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        let fields = diff.fields()?;
-        let section = |name: &str| fields.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
-        for name in ["u", "i", "b"] {
-            if let Some(v) = section(name) {
-                let Some(updated) = D::as_diff(v) else {
-                    return Err(malformed(&format!("section '{name}' is not an object")));
-                };
-                for (f, v) in updated.fields()? {
-                    self.updated(f, false, v)?;
-                }
-            }
-        }
-        if let Some(v) = section("d") {
-            let Some(removed) = D::as_diff(v) else {
-                return Err(malformed("section 'd' is not an object"));
-            };
-            for (f, _) in removed.fields()? {
-                self.removed(f);
-            }
-        }
-        for &(k, v) in &fields {
+        self.sections::<D>(fields.get(at..).unwrap_or_default())?;
+        for i in at..fields.len() {
+            let Some(&(k, v)) = fields.get(i) else { break };
             match k {
                 "u" | "i" | "b" | "d" => {}
                 _ => {
                     let Some(field) = k.strip_prefix('s') else {
                         return Err(malformed(&format!("unknown key '{k}'")));
                     };
-                    self.sub_diff::<D>(field, false, v, depth)?;
+                    self.sub_diff::<D>(field, false, v, fields, depth)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `u`, `i`, `b` and `d` sections of a document diff (the first of each).
+    fn sections<'a, D: Diff<'a>>(&mut self, level: &[(&'a str, D::Value)]) -> Result<()>
+    where
+        O: Output<D::Value>,
+    {
+        let section = |name: &str| level.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+        for name in ["u", "i", "b"] {
+            let Some(v) = section(name) else { continue };
+            let Some(updated) = D::as_diff(v) else {
+                return Err(malformed(&format!("section '{name}' is not an object")));
+            };
+            for field in updated.fields() {
+                let (f, v) = field?;
+                self.updated(f, false, v)?;
+            }
+        }
+        if let Some(v) = section("d") {
+            let Some(removed) = D::as_diff(v) else {
+                return Err(malformed("section 'd' is not an object"));
+            };
+            for field in removed.fields() {
+                let (f, _) = field?;
+                self.removed::<D::Value>(f)?;
             }
         }
         Ok(())
@@ -277,47 +442,48 @@ impl<F> Builder<F> {
         field: &str,
         is_index: bool,
         v: D::Value,
+        fields: &mut Vec<(&'a str, D::Value)>,
         depth: usize,
     ) -> Result<()>
     where
-        F: Updated<D::Value>,
+        O: Output<D::Value>,
     {
         let Some(sub) = D::as_diff(v) else {
             return Err(malformed(&format!("sub-diff '{field}' is not an object")));
         };
-        self.push(field, is_index);
-        let is_array = sub
-            .fields()?
+        let at = fields.len();
+        read_fields(sub, fields)?;
+        let is_array = fields
+            .get(at..)
+            .unwrap_or_default()
             .iter()
             .any(|(k, v)| *k == "a" && D::is_true(*v));
+        self.push(field, is_index);
         let r = if is_array {
-            self.array(sub, depth + 1)
+            self.array::<D>(fields, at, depth + 1)
         } else {
-            self.document(sub, depth + 1)
+            self.document::<D>(fields, at, depth + 1)
         };
         self.pop();
+        fields.truncate(at);
         r
     }
 
-    fn array<'a, D: Diff<'a>>(&mut self, diff: D, depth: usize) -> Result<()>
+    fn array<'a, D: Diff<'a>>(
+        &mut self,
+        fields: &mut Vec<(&'a str, D::Value)>,
+        at: usize,
+        depth: usize,
+    ) -> Result<()>
     where
-        F: Updated<D::Value>,
+        O: Output<D::Value>,
     {
         if depth > MAX_DEPTH {
             return Err(malformed("diff nested too deeply"));
         }
-        let fields = diff.fields()?;
-        if let Some(&(_, l)) = fields.iter().find(|(k, _)| *k == "l") {
-            let Some(size) = D::as_size(l) else {
-                return Err(malformed("array 'l' is not a non-negative int"));
-            };
-            let field = self.dotted();
-            self.out.truncated_arrays.push(Bson::Document(
-                doc! {"field": field.clone(), "newSize": size},
-            ));
-            self.note_ambiguity(&field);
-        }
-        for &(k, v) in &fields {
+        self.truncation::<D>(fields.get(at..).unwrap_or_default())?;
+        for i in at..fields.len() {
+            let Some(&(k, v)) = fields.get(i) else { break };
             if k == "a" || k == "l" {
                 continue;
             }
@@ -328,12 +494,35 @@ impl<F> Builder<F> {
             }
             match kind {
                 "u" => self.updated(index, true, v)?,
-                "s" => self.sub_diff::<D>(index, true, v, depth)?,
+                "s" => self.sub_diff::<D>(index, true, v, fields, depth)?,
                 _ => return Err(malformed(&format!("bad array diff key '{k}'"))),
             }
         }
         Ok(())
     }
+
+    /// The `l` of an array diff (its first).
+    fn truncation<'a, D: Diff<'a>>(&mut self, level: &[(&'a str, D::Value)]) -> Result<()>
+    where
+        O: Output<D::Value>,
+    {
+        if let Some(&(_, l)) = level.iter().find(|(k, _)| *k == "l") {
+            let Some(size) = D::as_size(l) else {
+                return Err(malformed("array 'l' is not a non-negative int"));
+            };
+            self.out.truncated(self.path, size)?;
+            self.note_ambiguity();
+        }
+        Ok(())
+    }
+}
+
+/// Reads every field of one level of a diff onto `fields`.
+fn read_fields<'a, D: Diff<'a>>(diff: D, fields: &mut Vec<(&'a str, D::Value)>) -> Result<()> {
+    for field in diff.fields() {
+        fields.push(field?);
+    }
+    Ok(())
 }
 
 /// `FieldRef::isNumericPathComponentStrict`: digits only, no leading zero (except "0").

@@ -22,6 +22,7 @@
 //!   document's `_id`, which user stages may have changed (the router then fails with 280);
 //! * every client-visible failure is a [`wire::MongoError`] with MongoDB's code.
 
+pub(crate) mod bson_writer;
 pub mod diff_apply;
 pub mod diff_parser;
 pub mod images;

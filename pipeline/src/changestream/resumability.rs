@@ -53,6 +53,25 @@ impl TokenVersionPolicy {
         }
         Ok(build(TokenVersion::default())?)
     }
+
+    /// [`TokenVersionPolicy::make`] with a builder that may decline (`Ok(None)`, for a reason
+    /// that does not depend on the version: it declines for every version or for none). A
+    /// decline leaves the policy as it was, for the caller to build the token another way.
+    pub fn make_if(
+        &mut self,
+        build: impl Fn(TokenVersion) -> std::result::Result<Option<ResumeTokenData>, TokenError>,
+    ) -> Result<Option<ResumeTokenData>> {
+        if let Some(client) = &self.sticky {
+            let Some(t) = build(client.version())? else {
+                return Ok(None);
+            };
+            if t.compare_against_client_token(client) != ResumeStatus::SurpassedToken {
+                return Ok(Some(t));
+            }
+            self.sticky = None;
+        }
+        Ok(build(TokenVersion::default())?)
+    }
 }
 
 /// The shard-side swallow of events before the client's token.

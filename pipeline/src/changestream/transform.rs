@@ -19,7 +19,7 @@
 //!   flags); the token version follows [`TokenVersionPolicy`];
 //! * an entry that makes no event yields `Ok(None)`; a malformed update fails with 6741200.
 
-use bson::{Bson, Document, Uuid, doc, spec::BinarySubtype};
+use bson::{Bson, Document, RawDocument, Uuid, doc, spec::BinarySubtype};
 use resume::ClusterTime;
 use resume::token::{ResumeTokenData, TokenVersion};
 use wire::{MongoError, Result};
@@ -60,6 +60,8 @@ pub struct Transformer {
     /// Database and cluster streams turn `system.views` CRUD into view DDL events.
     view_events: bool,
     versions: TokenVersionPolicy,
+    /// Reused by the encoded path from one event to the next.
+    buffers: encoded::Buffers,
 }
 
 /// What an entry says, before the document is laid out.
@@ -89,6 +91,7 @@ impl Transformer {
             show_commit_timestamp: spec.options.show_commit_timestamp,
             view_events: spec.level != StreamLevel::Collection,
             versions: TokenVersionPolicy::new(&spec.start),
+            buffers: encoded::Buffers::default(),
         }
     }
 
@@ -196,16 +199,24 @@ impl Transformer {
     ) -> Result<ResumeTokenData> {
         let crud = matches!(operation_type, "insert" | "update" | "replace" | "delete");
         self.versions.make(|version| {
-            let identifier = if version == TokenVersion::V2 {
+            let txn_op_index = txn_op_index.unwrap_or(0);
+            if version == TokenVersion::V2 {
+                // `{operationType, documentKey | operationDescription}`, built in place.
                 let second = if crud {
-                    document_key.cloned().map(|k| ("documentKey", k))
+                    document_key.map(|k| ("documentKey", k))
                 } else {
-                    operation_description
-                        .cloned()
-                        .map(|d| ("operationDescription", d))
+                    operation_description.map(|d| ("operationDescription", d))
                 };
-                Some(resume::token::event_identifier(operation_type, second))
-            } else if crud || is_classic_type(operation_type) {
+                return ResumeTokenData::event_from_parts(
+                    ts,
+                    version,
+                    txn_op_index,
+                    uuid,
+                    operation_type,
+                    second,
+                );
+            }
+            let identifier = if crud || is_classic_type(operation_type) {
                 document_key.cloned().filter(|_| uuid.is_some())
             } else {
                 Some(resume::token::event_identifier(
@@ -216,7 +227,26 @@ impl Transformer {
                 ))
                 .filter(|_| uuid.is_some())
             };
-            ResumeTokenData::event(ts, version, txn_op_index.unwrap_or(0), uuid, identifier)
+            ResumeTokenData::event(ts, version, txn_op_index, uuid, identifier)
+        })
+    }
+
+    /// [`Transformer::token_data`] of a CRUD event whose document key is BSON bytes, encoded
+    /// without decoding them; `None` where they must be decoded first (see
+    /// [`ResumeTokenData::event_from_raw_parts`]).
+    fn crud_token_data_raw(
+        &mut self,
+        ts: ClusterTime,
+        uuid: Option<Uuid>,
+        operation_type: &str,
+        document_key: &RawDocument,
+    ) -> Result<Option<ResumeTokenData>> {
+        self.versions.make_if(|version| {
+            // As `token_data` for CRUD: `{operationType, documentKey}` from v2, before it the
+            // bare key, and only with a uuid.
+            let second = (version == TokenVersion::V2 || uuid.is_some())
+                .then_some(("documentKey", document_key));
+            ResumeTokenData::event_from_raw_parts(ts, version, 0, uuid, operation_type, second)
         })
     }
 

@@ -1,22 +1,27 @@
 use bson::{Document, doc};
+use wire::Result;
 
 use super::*;
+
+/// The encoded `updateDescription` of a diff's bytes.
+fn from_bytes(diff: &Document, expanded: bool, buffers: &mut DiffBuffers) -> Result<Vec<u8>> {
+    let bytes = RawDocumentBuf::try_from(diff).unwrap();
+    let mut out = vec![7]; // written after what the buffer holds
+    write_raw_update_description(&bytes, expanded, buffers, &mut out)?;
+    assert_eq!(out.remove(0), 7);
+    Ok(out)
+}
 
 /// Parses `diff` both ways, decoded and from its bytes, and checks they agree byte for byte.
 fn parse(diff: Document, expanded: bool) -> Document {
     let decoded = parse_diff(&diff).unwrap().into_document(expanded);
-    let bytes = RawDocumentBuf::try_from(&diff).unwrap();
-    let raw = parse_raw_diff(&bytes).unwrap().into_raw(expanded).unwrap();
-    assert_eq!(
-        raw.as_bytes(),
-        decoded.to_vec().unwrap().as_slice(),
-        "{diff}"
-    );
+    let raw = from_bytes(&diff, expanded, &mut DiffBuffers::default()).unwrap();
+    assert_eq!(raw, decoded.to_vec().unwrap(), "{diff}");
     decoded
 }
 
 fn raw_diff_fails(diff: &Document) -> bool {
-    parse_raw_diff(&RawDocumentBuf::try_from(diff).unwrap()).is_err()
+    from_bytes(diff, true, &mut DiffBuffers::default()).is_err()
 }
 
 #[test]
@@ -151,4 +156,81 @@ fn deep_diffs_do_not_overflow() {
     }
     assert!(parse_diff(&d).is_err());
     assert!(raw_diff_fails(&d));
+}
+
+/// One set of buffers serves diff after diff, failed ones included.
+#[test]
+fn reused_buffers_give_the_same_bytes() {
+    let diffs = [
+        doc! {"u": {"a": 1}, "d": {"x": false}, "sarr": {"a": true, "l": 2, "u0": 1}},
+        doc! {"sa.b": {"sarr": {"a": true, "l": 1, "u0": 5}}, "d": {"1.2": false}},
+        doc! {"sa": {"a": true, "ux": 1}},
+        doc! {"i": {"n": {"deep": [1, 2]}}},
+        doc! {},
+    ];
+    let mut buffers = DiffBuffers::default();
+    for _ in 0..2 {
+        for d in &diffs {
+            for expanded in [false, true] {
+                let fresh = from_bytes(d, expanded, &mut DiffBuffers::default());
+                let reused = from_bytes(d, expanded, &mut buffers);
+                match (fresh, reused) {
+                    (Ok(f), Ok(r)) => assert_eq!(f, r, "{d}"),
+                    (Err(f), Err(r)) => assert_eq!(f.to_string(), r.to_string(), "{d}"),
+                    (f, r) => panic!("{d}: {f:?} vs {r:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// A diff damaged anywhere (into bytes that decode to themselves) fails from its bytes where its
+/// decoded form fails, with the same error, and otherwise gives what its decoded form gives;
+/// never a panic.
+#[test]
+fn damaged_diffs_fail_or_agree_with_their_decoded_form() {
+    let diff = doc! {
+        "u": {"a": 1, "s": "str"}, "d": {"x": false},
+        "sarr": {"a": true, "l": 2, "u0": {"n": 1}, "s1": {"u": {"1": true}}},
+        "sdoc": {"i": {"k": [1, 2]}},
+    };
+    let bytes = RawDocumentBuf::try_from(&diff).unwrap().into_bytes();
+    let mut buffers = DiffBuffers::default();
+    let (mut agreed, mut failed) = (0, 0);
+    for at in 4..bytes.len() - 1 {
+        for value in [0x00, 0x01, 0x02, 0x03, 0x04, 0x08, 0x10, 0x7F, 0xFF] {
+            let mut damaged = bytes.clone();
+            damaged[at] = value;
+            let Ok(raw) = RawDocument::from_bytes(&damaged) else {
+                continue;
+            };
+            let mut out = Vec::new();
+            let got = write_raw_update_description(raw, true, &mut buffers, &mut out);
+            // Updated values are copied as they are, not read: compare only where decoding
+            // keeps the bytes (damage inside a value, or array keys out of order, show only
+            // once decoded).
+            let Ok(decoded) = Document::try_from(raw) else {
+                continue;
+            };
+            if decoded.to_vec().unwrap() != damaged {
+                continue;
+            }
+            match (got, parse_diff(&decoded)) {
+                (Ok(()), Ok(want)) => {
+                    assert_eq!(
+                        out,
+                        want.into_document(true).to_vec().unwrap(),
+                        "{damaged:?}"
+                    );
+                    agreed += 1;
+                }
+                (Err(got), Err(want)) => {
+                    assert_eq!(got.to_string(), want.to_string());
+                    failed += 1;
+                }
+                (got, want) => panic!("{damaged:?}: {got:?} vs {want:?}"),
+            }
+        }
+    }
+    assert!(agreed > 0 && failed > 0, "the damage reaches both outcomes");
 }

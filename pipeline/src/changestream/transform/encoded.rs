@@ -1,8 +1,10 @@
 //! The common case of the transform, straight from an oplog entry's bytes: a top-level insert,
 //! update, replace or delete becomes its event's bytes, with the entry's values (the document,
 //! `wall`, `ui`) copied as they are instead of being decoded into a document and encoded
-//! again. Only the document key (for the token) is decoded; a `$v:2` diff is walked on its
-//! bytes, its updated values copied.
+//! again. The event is written in place into one buffer (`bson_writer`); the document key is
+//! KeyString-encoded into the token from its bytes (decoded only where that encoder declines,
+//! see `resume::keystring`); a `$v:2` diff is walked on its bytes, its updated values copied.
+//! Buffers that outlive one event ([`Buffers`]) are reused by the next.
 //!
 //! Invariant: where [`Transformer::transform_encoded`] answers, its bytes equal
 //! [`Transformer::transform`]'s event encoded, and its token is the same (tested against it
@@ -11,14 +13,15 @@
 //! through [`Transformer::transform`].
 
 use bson::raw::cstr;
-use bson::spec::BinarySubtype;
+use bson::spec::{BinarySubtype, ElementType};
 use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf, Uuid};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData};
 use wire::{MongoError, Result};
 
 use super::Transformer;
-use crate::changestream::diff_parser::parse_raw_diff;
+use crate::changestream::bson_writer::{self as w, begin, end};
+use crate::changestream::diff_parser::{DiffBuffers, write_raw_update_description};
 
 /// An event made from an entry's bytes.
 #[derive(Debug, Clone)]
@@ -152,17 +155,34 @@ fn scalar(kind: u8, value: &[u8]) -> Option<RawBsonRef<'_>> {
 /// What a CRUD entry says, borrowed from its bytes.
 struct Crud<'a> {
     operation_type: &'static str,
-    document_key: Document,
-    /// The document key as the entry holds it, when it holds it whole (`o2`, or a delete's
-    /// `o`): copied into the event instead of encoded again.
-    document_key_bytes: Option<&'a RawDocument>,
+    document_key: Key<'a>,
     full_document: Option<&'a RawDocument>,
-    update_description: Option<(&'static str, Description<'a>)>,
+    update_description: Option<Description<'a>>,
+}
+
+/// An event's document key.
+enum Key<'a> {
+    /// As the entry holds it (`o2`, or a delete's `o`): copied into the event, and encoded
+    /// into the token from its bytes.
+    Raw(&'a RawDocument),
+    /// `{_id: o._id}`, for an insert or replacement without `o2`.
+    Built(Document),
 }
 
 enum Description<'a> {
-    Parsed(RawDocumentBuf),
+    /// `rawUpdateDescription`: the entry's `o`.
     Raw(&'a RawDocument),
+    /// `updateDescription`, written into [`Buffers::description`].
+    Written,
+}
+
+/// What the encoded path reuses from one event to the next (their content means nothing
+/// between events).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Buffers {
+    diff: DiffBuffers,
+    /// The `updateDescription` of the current update.
+    description: Vec<u8>,
 }
 
 impl Transformer {
@@ -186,62 +206,90 @@ impl Transformer {
         };
         let ts = ClusterTime::from(ts);
         let ui = entry.ui;
-        let data = self.token_data(
-            ts,
-            ui.and_then(uuid),
-            None,
-            crud.operation_type,
-            Some(&crud.document_key),
-            None,
-        )?;
+        let op = crud.operation_type;
+        let data = match &crud.document_key {
+            Key::Raw(key) => match self.crud_token_data_raw(ts, ui.and_then(uuid), op, key)? {
+                Some(data) => data,
+                // Bytes the raw encoder declines are decoded, as the general path does (which
+                // also reports the malformed ones).
+                None => {
+                    let key = decode(key)?;
+                    self.token_data(ts, ui.and_then(uuid), None, op, Some(&key), None)?
+                }
+            },
+            Key::Built(key) => self.token_data(ts, ui.and_then(uuid), None, op, Some(key), None)?,
+        };
         let token = data.encode();
 
-        let mut d = RawDocumentBuf::new();
-        d.append(cstr!("_id"), token.to_raw_document());
-        d.append(cstr!("operationType"), crud.operation_type);
-        d.append(cstr!("clusterTime"), ts.timestamp());
+        // The event, written in place in the transform's field order (see its module note),
+        // into a buffer that holds it without growing in the common case: its parts, and
+        // fewer than 256 bytes of names, lengths and scalars.
+        let description = match crud.update_description {
+            Some(Description::Written) => self.buffers.description.len(),
+            _ => 0,
+        };
+        let size = token.raw_document_len()
+            + o.as_bytes().len()
+            + entry.o2.map_or(0, |k| k.as_bytes().len())
+            + description
+            + entry.ns.len()
+            + 256;
+        let mut out = Vec::with_capacity(size);
+        let event = begin(&mut out);
+        w::element_name(&mut out, ElementType::EmbeddedDocument, cstr!("_id"));
+        token.write_raw_document(&mut out);
+        w::string(&mut out, cstr!("operationType"), op);
+        w::timestamp(&mut out, cstr!("clusterTime"), ts.timestamp());
         if self.show_expanded_events
             && let Some(ui) = ui
         {
-            d.append(cstr!("collectionUUID"), ui);
+            w::value(&mut out, cstr!("collectionUUID"), ui);
         }
         if let Some(wall) = entry.wall {
-            d.append(cstr!("wallTime"), wall);
+            w::value(&mut out, cstr!("wallTime"), wall);
         }
         if let Some(full) = crud.full_document {
-            d.append(cstr!("fullDocument"), full);
+            w::document(&mut out, cstr!("fullDocument"), full);
         }
-        let mut namespace = RawDocumentBuf::new();
-        namespace.append(cstr!("db"), db);
-        namespace.append(cstr!("coll"), coll);
-        d.append(cstr!("ns"), namespace);
-        match crud.document_key_bytes {
-            Some(key) => d.append(cstr!("documentKey"), key),
-            None => d.append(cstr!("documentKey"), encode(&crud.document_key)?),
+        w::element_name(&mut out, ElementType::EmbeddedDocument, cstr!("ns"));
+        let ns = begin(&mut out);
+        w::string(&mut out, cstr!("db"), db);
+        w::string(&mut out, cstr!("coll"), coll);
+        end(&mut out, ns)?;
+        match &crud.document_key {
+            Key::Raw(key) => w::document(&mut out, cstr!("documentKey"), key),
+            Key::Built(key) => w::document(&mut out, cstr!("documentKey"), &encode(key)?),
         }
         match crud.update_description {
-            Some(("rawUpdateDescription", Description::Raw(o))) => {
-                d.append(cstr!("rawUpdateDescription"), o)
+            Some(Description::Raw(o)) => w::document(&mut out, cstr!("rawUpdateDescription"), o),
+            Some(Description::Written) => {
+                w::element_name(
+                    &mut out,
+                    ElementType::EmbeddedDocument,
+                    cstr!("updateDescription"),
+                );
+                out.extend_from_slice(&self.buffers.description);
             }
-            Some((_, Description::Parsed(u))) => d.append(cstr!("updateDescription"), u),
-            _ => {}
+            None => {}
         }
         if self.show_commit_timestamp
             && let Some(ct) = entry.commit_timestamp
         {
-            d.append(cstr!("commitTimestamp"), ct);
+            w::value(&mut out, cstr!("commitTimestamp"), ct);
         }
+        end(&mut out, event)?;
         Ok(Some(EncodedEvent {
             token,
             data,
-            bytes: d.into_bytes(),
+            bytes: out,
         }))
     }
 
     /// The parts of a CRUD entry; `None` for a shape left to the general path (which also
-    /// reports the malformed ones).
+    /// reports the malformed ones). An update's `updateDescription` is written into
+    /// [`Buffers::description`].
     fn crud<'a>(
-        &self,
+        &mut self,
         op: &str,
         o: &'a RawDocument,
         o2: Option<&'a RawDocument>,
@@ -250,43 +298,46 @@ impl Transformer {
             "i" => Crud {
                 operation_type: "insert",
                 document_key: key_or_id(o2, o)?,
-                document_key_bytes: o2,
                 full_document: Some(o),
                 update_description: None,
             },
             "d" => Crud {
                 operation_type: "delete",
-                document_key: decode(o)?,
-                document_key_bytes: Some(o),
+                document_key: Key::Raw(o),
                 full_document: None,
                 update_description: None,
             },
-            _ => match o.get("$v").ok().flatten() {
-                Some(v) if is_two(v) => {
-                    let (Ok(diff), Some(key)) = (o.get_document("diff"), o2) else {
+            _ => match version_and_diff(o) {
+                (Some(v), diff) if is_two(v) => {
+                    let (Some(diff), Some(key)) = (diff, o2) else {
                         return Ok(None);
                     };
                     let description = if self.show_raw_update_description {
-                        ("rawUpdateDescription", Description::Raw(o))
+                        Description::Raw(o)
                     } else {
-                        let parsed = parse_raw_diff(diff)?;
-                        (
-                            "updateDescription",
-                            Description::Parsed(parsed.into_raw(self.show_expanded_events)?),
-                        )
+                        let Buffers {
+                            diff: buffers,
+                            description,
+                        } = &mut self.buffers;
+                        description.clear();
+                        write_raw_update_description(
+                            diff,
+                            self.show_expanded_events,
+                            buffers,
+                            description,
+                        )?;
+                        Description::Written
                     };
                     Crud {
                         operation_type: "update",
-                        document_key: decode(key)?,
-                        document_key_bytes: Some(key),
+                        document_key: Key::Raw(key),
                         full_document: None,
                         update_description: Some(description),
                     }
                 }
-                None if has(o, "_id") => Crud {
+                (None, _) if has(o, "_id") => Crud {
                     operation_type: "replace",
                     document_key: key_or_id(o2, o)?,
-                    document_key_bytes: o2,
                     full_document: Some(o),
                     update_description: None,
                 },
@@ -297,21 +348,44 @@ impl Transformer {
     }
 }
 
+/// An update's `o.$v`, and `o.diff` when `$v` is two, as `o.get("$v")` and
+/// `o.get_document("diff")` read them (a lookup that fails reads as absent), in one scan.
+fn version_and_diff(o: &RawDocument) -> (Option<RawBsonRef<'_>>, Option<&RawDocument>) {
+    // `Some(found)` once the first field of that name was met: what its lookup gives.
+    let (mut v, mut diff) = (None, None);
+    for field in o.iter_elements() {
+        // A lookup still looking fails here (and reads as absent).
+        let Ok(field) = field else { break };
+        match field.key().as_str() {
+            "$v" if v.is_none() => v = Some(field.value().ok()),
+            "diff" if diff.is_none() => {
+                diff = Some(field.value().ok().and_then(|d| d.as_document()))
+            }
+            _ => {}
+        }
+        // Done once `$v` is known not to be two (`diff` is then not read), or both are found.
+        if v.is_some_and(|v| !v.is_some_and(is_two)) || (v.is_some() && diff.is_some()) {
+            break;
+        }
+    }
+    (v.flatten(), diff.flatten())
+}
+
 fn has(d: &RawDocument, key: &str) -> bool {
     matches!(d.get(key), Ok(Some(_)))
 }
 
 /// `o2` when the entry has it, else `{_id: o._id}`.
-fn key_or_id(o2: Option<&RawDocument>, o: &RawDocument) -> Result<Document> {
+fn key_or_id<'a>(o2: Option<&'a RawDocument>, o: &RawDocument) -> Result<Key<'a>> {
     if let Some(k) = o2 {
-        return decode(k);
+        return Ok(Key::Raw(k));
     }
     let mut k = Document::new();
     if let Ok(Some(id)) = o.get("_id") {
         let id = Bson::try_from(id).map_err(corrupt)?;
         k.insert("_id", id);
     }
-    Ok(k)
+    Ok(Key::Built(k))
 }
 
 fn is_two(v: RawBsonRef<'_>) -> bool {
@@ -349,7 +423,7 @@ mod tests {
     use bson::{Binary, DateTime, Timestamp, doc};
 
     use super::*;
-    use crate::changestream::spec::{ChangeStreamSpec, StreamLevel};
+    use crate::changestream::spec::{ChangeStreamSpec, StartPoint, StreamLevel};
 
     fn ui() -> Bson {
         Bson::Binary(Binary {
@@ -400,6 +474,31 @@ mod tests {
                 doc! {"$v": 2, "diff": {"i": {"new": [1]}}},
                 Some(doc! {"_id": 6}),
             ),
+            // Document keys of many types, encoded into the token from their bytes.
+            entry(
+                "u",
+                doc! {"$v": 2, "diff": {"u": {"a.b": 1}, "sarr": {"a": true, "l": 1, "s0": {"u": {"2": "x"}}}}},
+                Some(
+                    doc! {"sk": {"n": [1.5, "s", Bson::Null]}, "_id": bson::oid::ObjectId::from_bytes([1; 12])},
+                ),
+            ),
+            entry(
+                "d",
+                doc! {"_id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![3; 16] }, "r": Bson::RegularExpression(bson::Regex { pattern: bson::raw::CString::try_from("a").expect("no NUL"), options: bson::raw::CString::try_from("im").expect("no NUL") })},
+                None,
+            ),
+            entry(
+                "i",
+                doc! {"_id": {"x": -0.0, "y": i64::MAX}},
+                Some(doc! {"_id": {"x": -0.0, "y": i64::MAX}}),
+            ),
+            entry("i", doc! {}, Some(doc! {})),
+            {
+                // No `ui`: a v1 token then has no identifier.
+                let mut e = entry("d", doc! {"_id": "no ui"}, None);
+                e.remove("ui");
+                e
+            },
         ]
     }
 
@@ -416,7 +515,17 @@ mod tests {
                 spec.options.show_expanded_events = flags & 1 != 0;
                 spec.options.show_raw_update_description = flags & 2 != 0;
                 spec.options.show_commit_timestamp = flags & 4 != 0;
-                out.push(spec);
+                out.push(spec.clone());
+                // A client token of v1 that the entries' events do not pass (they keep v1),
+                // and one that they do (they go on with the default version).
+                for secs in [20, 5] {
+                    let mut resumed = spec.clone();
+                    resumed.start = StartPoint::ResumeAfter(ResumeTokenData::high_water_mark(
+                        ClusterTime::new(secs, 0),
+                        resume::TokenVersion::V1,
+                    ));
+                    out.push(resumed);
+                }
             }
         }
         out
@@ -436,6 +545,8 @@ mod tests {
                     .expect("transforms")
                     .expect("handled");
                 assert_eq!(got.token, expected.token, "{e:?} {spec:?}");
+                assert_eq!(got.token.type_bits(), expected.token.type_bits(), "{e:?}");
+                assert_eq!(got.data, expected.data, "{e:?} {spec:?}");
                 assert_eq!(
                     Document::try_from(RawDocument::from_bytes(&got.bytes).expect("bytes"))
                         .expect("decodes"),
@@ -447,6 +558,97 @@ mod tests {
                     expected.doc.to_vec().expect("encodes"),
                     "byte for byte: {e:?}"
                 );
+            }
+        }
+    }
+
+    /// A document key the token's raw encoder declines (a field twice) is decoded, as the
+    /// general path decodes the whole entry: the same token.
+    #[test]
+    fn a_declined_document_key_gives_the_decoded_token() {
+        let spec = ChangeStreamSpec::new(StreamLevel::Collection, "db", Some("c"));
+        let mut key = RawDocumentBuf::new();
+        key.append(cstr!("_id"), 1);
+        key.append(cstr!("_id"), 2);
+        for (op, o) in [
+            ("d", key.clone()),
+            (
+                "u",
+                RawDocumentBuf::try_from(&doc! {"$v": 2, "diff": {"u": {"a": 1}}})
+                    .expect("encodes"),
+            ),
+        ] {
+            let mut raw = RawDocumentBuf::try_from(&entry(op, doc! {}, None)).expect("encodes");
+            // Replace `o` (and give the update its `o2`): a document cannot hold `_id` twice.
+            let fields: Vec<_> = raw
+                .iter()
+                .map(|f| f.expect("valid"))
+                .filter(|(k, _)| k.as_str() != "o")
+                .map(|(k, v)| (k.to_owned(), bson::RawBson::from(v)))
+                .collect();
+            raw = RawDocumentBuf::new();
+            for (k, v) in &fields {
+                raw.append(k, v.as_raw_bson_ref());
+            }
+            raw.append(cstr!("o"), &o);
+            if op == "u" {
+                raw.append(cstr!("o2"), &key);
+            }
+            let decoded = Document::try_from(raw.as_ref()).expect("decodes");
+            let expected = Transformer::new(&spec)
+                .transform(&decoded)
+                .expect("transforms")
+                .expect("an event");
+            let got = Transformer::new(&spec)
+                .transform_encoded(&EntryFields::read(&raw).expect("reads"))
+                .expect("transforms")
+                .expect("handled");
+            assert_eq!(got.token, expected.token, "{op}");
+            assert_eq!(got.data, expected.data, "{op}");
+        }
+    }
+
+    /// The one scan for `$v` and `diff` reads what the two lookups read, damaged bytes
+    /// included (`diff` matters only when `$v` is two).
+    #[test]
+    fn version_and_diff_read_as_their_lookups() {
+        let shapes = [
+            doc! {"$v": 2, "diff": {"u": {"a": 1}}},
+            doc! {"diff": {"u": {"a": "x"}}, "$v": 2_i64},
+            doc! {"$v": 2.0, "x": "y", "diff": {}, "diff2": 1},
+            doc! {"$v": 1, "$set": {"a": 1}},
+            doc! {"$v": 2, "diff": 5},
+            doc! {"$v": 2},
+            doc! {"_id": 1, "a": "replacement"},
+            doc! {},
+        ];
+        for shape in shapes {
+            let bytes = RawDocumentBuf::try_from(&shape)
+                .expect("encodes")
+                .into_bytes();
+            for at in 4..bytes.len() {
+                for value in [
+                    None,
+                    Some(0x00),
+                    Some(0x02),
+                    Some(0x03),
+                    Some(0x10),
+                    Some(0xFF),
+                ] {
+                    let mut damaged = bytes.clone();
+                    if let Some(value) = value {
+                        damaged[at] = value;
+                    }
+                    let Ok(o) = RawDocument::from_bytes(&damaged) else {
+                        continue;
+                    };
+                    let (v, diff) = version_and_diff(o);
+                    let want_v = o.get("$v").ok().flatten();
+                    assert_eq!(v, want_v, "{damaged:?}");
+                    if want_v.is_some_and(is_two) {
+                        assert_eq!(diff, o.get_document("diff").ok(), "{damaged:?}");
+                    }
+                }
             }
         }
     }
