@@ -4,7 +4,8 @@
 //!
 //! Invariants: pure (text in, flags out); every key in the file is either understood or
 //! refused with an error that names it, never ignored; settings Tributary does not have yet
-//! (`security.authorization`) are refused rather than silently run without. The
+//! (`security.keyFile` and the rest of `security` but `authorization`) are refused rather than
+//! silently run without. The
 //! binary puts these flags before the command line's own, and a flag given on the command
 //! line wins.
 
@@ -122,6 +123,12 @@ const SETTINGS: &[Setting] = &[
         on: ALL,
     },
     Setting {
+        path: "security.authorization",
+        flag: "--auth",
+        kind: Kind::Switch,
+        on: ROUTERS,
+    },
+    Setting {
         path: "tributary.shards",
         flag: "--shards",
         kind: Kind::Value,
@@ -175,7 +182,7 @@ const SETTINGS: &[Setting] = &[
 const NOT_YET: &[(&str, &str)] = &[
     (
         "security",
-        "authentication and authorization are not supported yet",
+        "only security.authorization is supported (no key files, LDAP or x.509 yet)",
     ),
     ("net.ssl", "the ssl options are spelled net.tls"),
 ];
@@ -192,16 +199,16 @@ pub fn flags(text: &str, component: Component) -> Result<Vec<String>, String> {
     }
     let mut out = Vec::new();
     for (path, value) in leaves {
-        if let Some((_, why)) = NOT_YET
-            .iter()
-            .find(|(k, _)| path == *k || path.starts_with(&format!("{k}.")))
-        {
-            if is_off(&value) {
-                continue;
-            }
-            return Err(format!("{path}: {why}"));
-        }
         let Some(setting) = SETTINGS.iter().find(|s| s.path == path) else {
+            if let Some((_, why)) = NOT_YET
+                .iter()
+                .find(|(k, _)| path == *k || path.starts_with(&format!("{k}.")))
+            {
+                if is_off(&value) {
+                    continue;
+                }
+                return Err(format!("{path}: {why}"));
+            }
             return Err(format!("{path}: not a setting Tributary knows"));
         };
         if !setting.on.contains(&component) {
@@ -264,8 +271,8 @@ fn truthy(path: &str, v: &Value) -> Result<bool, String> {
     match v {
         Value::Bool(b) => Ok(*b),
         Value::Number(n) => Ok(n.as_f64().is_some_and(|n| n != 0.0)),
-        Value::String(s) if matches!(s.as_str(), "true" | "1") => Ok(true),
-        Value::String(s) if matches!(s.as_str(), "false" | "0") => Ok(false),
+        Value::String(s) if matches!(s.as_str(), "true" | "1" | "enabled") => Ok(true),
+        Value::String(s) if matches!(s.as_str(), "false" | "0" | "disabled") => Ok(false),
         _ => Err(format!("{path}: must be true or false")),
     }
 }
@@ -353,8 +360,7 @@ security:
     fn what_is_not_understood_is_refused_by_name() {
         let refused = |text: &str, c: Component| flags(text, c).expect_err(text);
         assert!(
-            refused("security:\n  authorization: enabled\n", Component::Embedded)
-                .contains("security.authorization")
+            refused("security:\n  keyFile: /k\n", Component::Embedded).contains("security.keyFile")
         );
         assert!(
             refused("net:\n  ssl:\n    mode: requireSSL\n", Component::Router).contains("net.tls")
@@ -365,5 +371,9 @@ security:
         assert!(refused("net: [\n", Component::Embedded).contains("YAML"));
         assert!(refused("tributary:\n  shardHosts: a\n", Component::Router).contains("list"));
         assert_eq!(flags("", Component::Shard), Ok(vec![]));
+        assert_eq!(
+            flags("security:\n  authorization: enabled\n", Component::Router),
+            Ok(vec!["--auth".to_string()])
+        );
     }
 }

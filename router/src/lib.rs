@@ -6,6 +6,7 @@
 //! [`shard_client::ShardClient`] (in-process or TCP). [`routing`] is the pure shard-key and
 //! chunk logic.
 
+pub mod auth;
 pub mod changestream;
 pub mod clock;
 mod commands;

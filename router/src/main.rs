@@ -136,6 +136,10 @@ struct OpsArgs {
     /// Log commands slower than this many milliseconds, as mongod's `slowOpThresholdMs`.
     #[arg(long = "slowms", default_value_t = 100)]
     slow_ms: u64,
+    /// Clients must authenticate (SCRAM-SHA-256 or SCRAM-SHA-1) before any other command; the
+    /// first user can be created over a loopback connection while there is none.
+    #[arg(long = "auth")]
+    auth: bool,
     /// How far ahead of this machine's clock a client's `$clusterTime` may be; a command with
     /// one further ahead is refused (ClusterTimeFailsRateLimiter), as MongoDB's
     /// `maxAcceptableLogicalClockDriftSecs`.
@@ -282,6 +286,7 @@ async fn run() -> anyhow::Result<()> {
                 enable_test_commands: e.enable_test_commands,
                 stream_replies_per_second: e.streams.stream_replies_per_second,
                 slow_ms: e.ops.slow_ms,
+                auth: e.ops.auth,
                 max_clock_drift: Duration::from_secs(e.ops.max_clock_drift_secs),
                 tls: e.tls.server()?,
                 ..RouterOptions::default()
@@ -340,6 +345,7 @@ async fn run() -> anyhow::Result<()> {
                 },
                 stream_replies_per_second: streams.stream_replies_per_second,
                 slow_ms: ops.slow_ms,
+                auth: ops.auth,
                 max_clock_drift: Duration::from_secs(ops.max_clock_drift_secs),
                 tls: tls.server()?,
                 shard_tls: tls.outgoing()?,

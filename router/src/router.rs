@@ -55,6 +55,8 @@ pub struct RouterOptions {
     /// `maxAcceptableLogicalClockDriftSecs`: how far ahead of the wall clock a client's
     /// `$clusterTime` may be (one year by default, as MongoDB).
     pub max_clock_drift: Duration,
+    /// `--auth`: clients must authenticate (see `auth`).
+    pub auth: bool,
     /// TLS on the router's port (`--tlsMode` and its files); `None`: plain only.
     pub tls: Option<Arc<wire::tls::ServerTls>>,
     /// TLS to the shards (a router over remote shards with `preferTLS` or `requireTLS`).
@@ -73,6 +75,7 @@ impl Default for RouterOptions {
             stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
             slow_ms: 100,
             max_clock_drift: Duration::from_secs(365 * 24 * 3600),
+            auth: false,
             tls: None,
             shard_tls: None,
         }
@@ -149,6 +152,8 @@ pub struct Router {
     pub(crate) hubs: crate::changestream::Hubs,
     /// What `--metricsPort` shows.
     pub metrics: crate::metrics::Metrics,
+    /// Who each connection authenticated as.
+    pub(crate) auth: crate::auth::Auth,
 }
 
 impl Router {
@@ -176,6 +181,7 @@ impl Router {
             tasks: TaskTracker::new(),
             hubs: Default::default(),
             metrics: Default::default(),
+            auth: Default::default(),
         })
     }
 

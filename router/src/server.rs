@@ -43,8 +43,9 @@ impl Handler for RouterHandler {
         self.router.open_connections.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn closed(&self, _conn: &ConnectionInfo) {
+    fn closed(&self, conn: &ConnectionInfo) {
         self.router.open_connections.fetch_sub(1, Ordering::Relaxed);
+        self.router.auth.closed(conn.id);
     }
 }
 

@@ -329,7 +329,7 @@ async fn a_config_file_configures_the_cluster() -> anyhow::Result<()> {
     child.start_kill()?;
     let _ = child.wait().await;
 
-    std::fs::write(&config, "security:\n  authorization: enabled\n")?;
+    std::fs::write(&config, "security:\n  keyFile: /etc/tributary.key\n")?;
     let refused = tokio::process::Command::new(tests::tributary_binary()?)
         .args(["--config", &config.display().to_string()])
         .stdin(Stdio::null())
@@ -337,6 +337,6 @@ async fn a_config_file_configures_the_cluster() -> anyhow::Result<()> {
         .await?;
     assert!(!refused.status.success());
     let message = String::from_utf8_lossy(&refused.stderr);
-    assert!(message.contains("security.authorization"), "{message}");
+    assert!(message.contains("security.keyFile"), "{message}");
     Ok(())
 }

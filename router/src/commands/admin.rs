@@ -19,7 +19,10 @@ pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
             "featureCompatibilityVersion",
             Bson::Document(doc! {"version": "7.0"}),
         ),
-        ("authenticationMechanisms", Bson::Array(vec![])),
+        (
+            "authenticationMechanisms",
+            Bson::Array(vec!["SCRAM-SHA-1".into(), "SCRAM-SHA-256".into()]),
+        ),
         ("requireApiVersion", Bson::Boolean(false)),
     ];
     let star = matches!(ctx.cmd.get("getParameter"), Some(Bson::String(s)) if s == "*");

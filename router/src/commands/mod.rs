@@ -117,6 +117,8 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     };
     let result = if let Some(e) = injected {
         Err(e)
+    } else if let Err(e) = crate::auth::check(router, conn, name).await {
+        Err(e)
     } else if name.is_empty() {
         Err(MongoError::new(
             ErrorCode::FAILED_TO_PARSE,
@@ -277,7 +279,22 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
 
 async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
     match ctx.name {
-        "hello" | "isMaster" | "ismaster" => handshake::hello(ctx),
+        "hello" | "isMaster" | "ismaster" => {
+            let mut reply = handshake::hello(ctx)?;
+            crate::auth::augment_hello(ctx.router, ctx.conn, ctx.cmd, &mut reply).await?;
+            Ok(reply)
+        }
+        "saslStart" => crate::auth::sasl_start(ctx.router, ctx.conn, ctx.db, ctx.cmd).await,
+        "saslContinue" => crate::auth::sasl_continue(ctx.router, ctx.conn, ctx.cmd),
+        "logout" => Ok(crate::auth::logout(ctx.router, ctx.conn)),
+        "createUser" => crate::auth::create_user(ctx.router, ctx.db, ctx.cmd).await,
+        "updateUser" => crate::auth::update_user(ctx.router, ctx.db, ctx.cmd).await,
+        "dropUser" => crate::auth::drop_user(ctx.router, ctx.db, ctx.cmd).await,
+        "usersInfo" => crate::auth::users_info(ctx.router, ctx.db, ctx.cmd).await,
+        "grantRolesToUser" => crate::auth::change_roles(ctx.router, ctx.db, ctx.cmd, true).await,
+        "revokeRolesFromUser" => {
+            crate::auth::change_roles(ctx.router, ctx.db, ctx.cmd, false).await
+        }
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => admin::get_parameter(ctx),
@@ -290,11 +307,19 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
         "listDatabases" => admin::list_databases(ctx).await,
         "dbStats" | "dbstats" => stats::db_stats(ctx).await,
-        // No authentication yet: nobody is logged in, and every client may do everything.
-        "connectionStatus" => Ok(bson::doc! {
-            "authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []},
-            "ok": 1.0,
-        }),
+        "connectionStatus" => {
+            let users: Vec<bson::Bson> = ctx
+                .router
+                .auth
+                .users_of(ctx.conn.id)
+                .into_iter()
+                .map(|(user, db)| bson::Bson::Document(bson::doc! {"user": user, "db": db}))
+                .collect();
+            Ok(bson::doc! {
+                "authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": []},
+                "ok": 1.0,
+            })
+        }
         "collStats" | "collstats" => stats::coll_stats(ctx).await,
         "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" | "startSession" => {
             admin::sessions(ctx)

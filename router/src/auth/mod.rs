@@ -1,0 +1,616 @@
+//! Authentication (`--auth`): users, the SCRAM conversations that log a connection in, and who
+//! each connection is.
+//!
+//! Owns: the user documents (`admin.system.users` on the config shard, as MongoDB keeps them:
+//! salted SCRAM-SHA-1 and SCRAM-SHA-256 credentials, never the password), the user commands
+//! (`createUser`, `updateUser`, `dropUser`, `usersInfo`, `grantRolesToUser`,
+//! `revokeRolesFromUser`), `saslStart` / `saslContinue` (and the speculative conversation in
+//! `hello`), `logout`, and the check that a command may run on this connection.
+//!
+//! Invariants:
+//! * with `--auth`, a connection that has not authenticated runs only the commands that
+//!   authenticate it or describe the server ([`allowed_before_auth`]); everything else is
+//!   13 `Unauthorized`, except `createUser` over a loopback connection while no user exists
+//!   (the localhost exception, for the first user);
+//! * a failed conversation answers 18 `AuthenticationFailed` whatever went wrong, and leaves
+//!   the connection as it was;
+//! * roles are checked to be known built-in roles and stored with the user; they are not
+//!   enforced yet (an authenticated user may run every command);
+//! * a connection's state is dropped when it closes.
+
+pub mod scram;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
+use wire::server::ConnectionInfo;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::router::Router;
+use scram::{Conversation, Credential, Mechanism};
+
+/// Where users are kept, on the config shard.
+const USERS_DB: &str = "admin";
+const USERS_COLL: &str = "system.users";
+
+/// MongoDB's built-in roles that Tributary records.
+pub const BUILT_IN_ROLES: &[&str] = &[
+    "read",
+    "readWrite",
+    "dbAdmin",
+    "userAdmin",
+    "dbOwner",
+    "clusterMonitor",
+    "readAnyDatabase",
+    "readWriteAnyDatabase",
+    "userAdminAnyDatabase",
+    "dbAdminAnyDatabase",
+    "clusterAdmin",
+    "root",
+];
+
+/// Roles that exist only on `admin`.
+const ADMIN_ONLY_ROLES: &[&str] = &[
+    "clusterMonitor",
+    "readAnyDatabase",
+    "readWriteAnyDatabase",
+    "userAdminAnyDatabase",
+    "dbAdminAnyDatabase",
+    "clusterAdmin",
+    "root",
+];
+
+/// Commands a connection may run before it authenticates.
+pub fn allowed_before_auth(name: &str) -> bool {
+    matches!(
+        name,
+        "hello"
+            | "isMaster"
+            | "ismaster"
+            | "saslStart"
+            | "saslContinue"
+            | "ping"
+            | "buildInfo"
+            | "buildinfo"
+            | "getnonce"
+            | "endSessions"
+            | "logout"
+    )
+}
+
+/// A conversation in progress on a connection.
+struct Pending {
+    db: String,
+    conversation: Conversation,
+    credential: Credential,
+    /// The proof checked out; the client may still send an empty last step.
+    proven: bool,
+    /// The client asked to skip that empty step (`options.skipEmptyExchange` at the start).
+    skip_empty: bool,
+}
+
+#[derive(Default)]
+struct ConnectionAuth {
+    /// `(user, db)` pairs this connection authenticated as.
+    users: Vec<(String, String)>,
+    pending: HashMap<i32, Pending>,
+    next_conversation: i32,
+}
+
+/// Who each connection is.
+#[derive(Default)]
+pub struct Auth {
+    connections: Mutex<HashMap<u64, ConnectionAuth>>,
+}
+
+fn unauthorized(what: impl Into<String>) -> MongoError {
+    MongoError::new(ErrorCode::UNAUTHORIZED, what)
+}
+
+fn auth_failed() -> MongoError {
+    MongoError::new(ErrorCode::AUTHENTICATION_FAILED, "Authentication failed.")
+}
+
+impl Auth {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, ConnectionAuth>> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_authenticated(&self, conn: u64) -> bool {
+        self.lock().get(&conn).is_some_and(|c| !c.users.is_empty())
+    }
+
+    /// The users a connection authenticated as (`connectionStatus`).
+    pub fn users_of(&self, conn: u64) -> Vec<(String, String)> {
+        self.lock()
+            .get(&conn)
+            .map(|c| c.users.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn closed(&self, conn: u64) {
+        self.lock().remove(&conn);
+    }
+
+    fn logout(&self, conn: u64) {
+        self.lock().remove(&conn);
+    }
+}
+
+/// Whether `name` may run on `conn` now (with `--auth`).
+pub async fn check(router: &Router, conn: &ConnectionInfo, name: &str) -> Result<()> {
+    if !router.options.auth || allowed_before_auth(name) || router.auth.is_authenticated(conn.id) {
+        return Ok(());
+    }
+    if name == "createUser" && conn.peer.ip().is_loopback() && !any_user(router).await? {
+        return Ok(()); // the localhost exception
+    }
+    Err(unauthorized(format!(
+        "Command {name} requires authentication"
+    )))
+}
+
+async fn any_user(router: &Router) -> Result<bool> {
+    let reply = router
+        .shard_command(
+            0,
+            USERS_DB,
+            doc! {"find": USERS_COLL, "filter": {}, "limit": 1, "batchSize": 1},
+        )
+        .await?;
+    Ok(reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .is_ok_and(|b| !b.is_empty()))
+}
+
+async fn find_user(router: &Router, user: &str, db: &str) -> Result<Option<Document>> {
+    let reply = router
+        .shard_command(
+            0,
+            USERS_DB,
+            doc! {"find": USERS_COLL, "filter": {"_id": format!("{db}.{user}")}, "limit": 1},
+        )
+        .await?;
+    Ok(reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .ok()
+        .and_then(|b| b.first())
+        .and_then(Bson::as_document)
+        .cloned())
+}
+
+fn credential_of(user: &Document, mechanism: Mechanism) -> Option<Credential> {
+    let c = user
+        .get_document("credentials")
+        .ok()?
+        .get_document(mechanism.name())
+        .ok()?;
+    let bytes = |k: &str| B64.decode(c.get_str(k).ok()?).ok();
+    Some(Credential {
+        iterations: u32::try_from(c.get_i32("iterationCount").ok()?).ok()?,
+        salt: bytes("salt")?,
+        stored_key: bytes("storedKey")?,
+        server_key: bytes("serverKey")?,
+    })
+}
+
+fn credentials(user: &str, password: &str, mechanisms: &[Mechanism]) -> Result<Document> {
+    let mut out = Document::new();
+    for &m in mechanisms {
+        let salt: Vec<u8> = (0..if m == Mechanism::Sha1 { 16 } else { 28 })
+            .map(|_| rand::random::<u8>())
+            .collect();
+        let c = Credential::derive(m, user, password, salt).map_err(MongoError::bad_value)?;
+        out.insert(
+            m.name(),
+            doc! {
+                "iterationCount": c.iterations as i32,
+                "salt": B64.encode(&c.salt),
+                "storedKey": B64.encode(&c.stored_key),
+                "serverKey": B64.encode(&c.server_key),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn payload_of(cmd: &Document) -> Result<Vec<u8>> {
+    match cmd.get("payload") {
+        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
+        Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
+        _ => Err(MongoError::failed_to_parse(
+            "SASL payload must be binary data",
+        )),
+    }
+}
+
+fn binary(bytes: Vec<u8>) -> Bson {
+    Bson::Binary(Binary {
+        subtype: BinarySubtype::Generic,
+        bytes,
+    })
+}
+
+/// `saslStart` on database `db` (also the speculative one in `hello`).
+pub async fn sasl_start(
+    router: &Router,
+    conn: &ConnectionInfo,
+    db: &str,
+    cmd: &Document,
+) -> Result<Document> {
+    let name = cmd.get_str("mechanism").unwrap_or("");
+    let Some(mechanism) = Mechanism::parse(name) else {
+        return Err(MongoError::with_code(
+            334,
+            format!("Received authentication for mechanism {name} which is not enabled"),
+        ));
+    };
+    let first = scram::parse_client_first(&payload_of(cmd)?).map_err(|_| auth_failed())?;
+    let user = find_user(router, &first.user, db).await?;
+    let Some(credential) = user.as_ref().and_then(|u| credential_of(u, mechanism)) else {
+        tracing::info!(user = %first.user, db, "authentication failed: no such user");
+        return Err(auth_failed());
+    };
+    let nonce: Vec<u8> = (0..24).map(|_| rand::random::<u8>()).collect();
+    let (conversation, server_first) =
+        Conversation::start(mechanism, first, &B64.encode(nonce), &credential);
+    let mut conns = router.auth.lock();
+    let state = conns.entry(conn.id).or_default();
+    state.next_conversation += 1;
+    let id = state.next_conversation;
+    state.pending.insert(
+        id,
+        Pending {
+            db: db.to_string(),
+            conversation,
+            credential,
+            proven: false,
+            skip_empty: cmd
+                .get_document("options")
+                .ok()
+                .and_then(|o| o.get_bool("skipEmptyExchange").ok())
+                .unwrap_or(false),
+        },
+    );
+    Ok(doc! {"conversationId": id, "done": false, "payload": binary(server_first), "ok": 1.0})
+}
+
+/// `saslContinue`.
+pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> Result<Document> {
+    let id = match cmd.get("conversationId") {
+        Some(Bson::Int32(i)) => *i,
+        Some(Bson::Int64(i)) => i32::try_from(*i).unwrap_or(-1),
+        _ => {
+            return Err(MongoError::failed_to_parse(
+                "saslContinue needs a conversationId",
+            ));
+        }
+    };
+    let payload = payload_of(cmd)?;
+    let mut conns = router.auth.lock();
+    let state = conns.entry(conn.id).or_default();
+    let Some(mut pending) = state.pending.remove(&id) else {
+        return Err(MongoError::new(
+            ErrorCode::PROTOCOL_ERROR,
+            "No SASL session state found",
+        ));
+    };
+    if pending.proven {
+        return Ok(
+            doc! {"conversationId": id, "done": true, "payload": binary(Vec::new()), "ok": 1.0},
+        );
+    }
+    let Ok(server_final) = pending.conversation.finish(&payload, &pending.credential) else {
+        tracing::info!(user = %pending.conversation.user, "authentication failed: wrong proof");
+        return Err(auth_failed());
+    };
+    let who = (pending.conversation.user.clone(), pending.db.clone());
+    if !state.users.contains(&who) {
+        state.users.push(who);
+    }
+    if pending.skip_empty {
+        return Ok(
+            doc! {"conversationId": id, "done": true, "payload": binary(server_final), "ok": 1.0},
+        );
+    }
+    pending.proven = true;
+    state.pending.insert(id, pending);
+    Ok(doc! {"conversationId": id, "done": false, "payload": binary(server_final), "ok": 1.0})
+}
+
+/// What `hello` adds with `--auth`: the mechanisms a named user has (`saslSupportedMechs`)
+/// and the first step of a speculative conversation (`speculativeAuthenticate`).
+pub async fn augment_hello(
+    router: &Router,
+    conn: &ConnectionInfo,
+    cmd: &Document,
+    reply: &mut Document,
+) -> Result<()> {
+    if !router.options.auth {
+        return Ok(());
+    }
+    if let Ok(named) = cmd.get_str("saslSupportedMechs")
+        && let Some((db, user)) = named.split_once('.')
+        && let Some(u) = find_user(router, user, db).await?
+    {
+        let mechs: Vec<Bson> = [Mechanism::Sha1, Mechanism::Sha256]
+            .into_iter()
+            .filter(|m| credential_of(&u, *m).is_some())
+            .map(|m| Bson::String(m.name().to_string()))
+            .collect();
+        reply.insert("saslSupportedMechs", mechs);
+    }
+    if let Ok(spec) = cmd.get_document("speculativeAuthenticate")
+        && spec.contains_key("saslStart")
+    {
+        let db = spec.get_str("db").unwrap_or("admin").to_string();
+        // A failed speculative start is not an error: the driver authenticates normally.
+        if let Ok(mut started) = sasl_start(router, conn, &db, spec).await {
+            started.remove("ok");
+            reply.insert("speculativeAuthenticate", started);
+        }
+    }
+    Ok(())
+}
+
+/// `logout`.
+pub fn logout(router: &Router, conn: &ConnectionInfo) -> Document {
+    router.auth.logout(conn.id);
+    doc! {"ok": 1.0}
+}
+
+/// `[{role, db}]` from a command's `roles` (a name alone means a role on `db`).
+fn parse_roles(v: Option<&Bson>, db: &str) -> Result<Vec<Bson>> {
+    let Some(Bson::Array(list)) = v else {
+        return Err(MongoError::failed_to_parse("roles must be an array"));
+    };
+    let mut out = Vec::new();
+    for r in list {
+        let (role, role_db) = match r {
+            Bson::String(s) => (s.clone(), db.to_string()),
+            Bson::Document(d) => match (d.get_str("role"), d.get_str("db")) {
+                (Ok(role), Ok(rdb)) => (role.to_string(), rdb.to_string()),
+                _ => {
+                    return Err(MongoError::failed_to_parse(
+                        "a role must be a name or {role, db}",
+                    ));
+                }
+            },
+            _ => {
+                return Err(MongoError::failed_to_parse(
+                    "a role must be a name or {role, db}",
+                ));
+            }
+        };
+        let known = BUILT_IN_ROLES.contains(&role.as_str())
+            && (role_db == "admin" || !ADMIN_ONLY_ROLES.contains(&role.as_str()));
+        if !known {
+            return Err(MongoError::with_code(
+                31,
+                format!("Could not find role: {role}@{role_db}"),
+            ));
+        }
+        out.push(Bson::Document(doc! {"role": role, "db": role_db}));
+    }
+    Ok(out)
+}
+
+fn mechanisms_of(cmd: &Document) -> Result<Vec<Mechanism>> {
+    match cmd.get_array("mechanisms") {
+        Err(_) => Ok(vec![Mechanism::Sha1, Mechanism::Sha256]),
+        Ok(list) => list
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .and_then(Mechanism::parse)
+                    .ok_or_else(|| MongoError::bad_value(format!("Unknown auth mechanism '{m}'")))
+            })
+            .collect(),
+    }
+}
+
+fn user_name(cmd: &Document, field: &str) -> Result<String> {
+    match cmd.get(field) {
+        Some(Bson::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(MongoError::bad_value(format!(
+            "{field} must be a non-empty string"
+        ))),
+    }
+}
+
+fn password(cmd: &Document) -> Result<String> {
+    match cmd.get("pwd") {
+        Some(Bson::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Bson::String(_)) => Err(MongoError::bad_value("Password cannot be empty")),
+        _ => Err(MongoError::bad_value("pwd must be a string")),
+    }
+}
+
+/// Runs a write on the users collection and fails on its write errors.
+async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
+    let reply = router.shard_command(0, USERS_DB, cmd).await?;
+    if let Some(e) = reply
+        .get_array("writeErrors")
+        .ok()
+        .and_then(|e| e.first())
+        .and_then(Bson::as_document)
+    {
+        return Err(MongoError::with_code(
+            e.get_i32("code").unwrap_or(8),
+            e.get_str("errmsg").unwrap_or("write failed").to_string(),
+        ));
+    }
+    Ok(reply)
+}
+
+fn not_found(user: &str, db: &str) -> MongoError {
+    MongoError::with_code(
+        11,
+        format!("Could not find user \"{user}\" for db \"{db}\""),
+    )
+}
+
+/// `createUser`.
+pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+    let user = user_name(cmd, "createUser")?;
+    let pwd = password(cmd)?;
+    let roles = parse_roles(cmd.get("roles"), db)?;
+    let mechanisms = mechanisms_of(cmd)?;
+    let doc = doc! {
+        "_id": format!("{db}.{user}"),
+        "userId": Bson::Binary(Binary { subtype: BinarySubtype::Uuid, bytes: uuid::Uuid::new_v4().as_bytes().to_vec() }),
+        "user": &user,
+        "db": db,
+        "credentials": credentials(&user, &pwd, &mechanisms)?,
+        "roles": roles,
+    };
+    write_users(router, doc! {"insert": USERS_COLL, "documents": [doc]})
+        .await
+        .map_err(|e| {
+            if e.code == 11000 {
+                MongoError::with_code(51003, format!("User \"{user}@{db}\" already exists"))
+            } else {
+                e
+            }
+        })?;
+    Ok(doc! {"ok": 1.0})
+}
+
+/// `updateUser`: a new password and/or roles.
+pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+    let user = user_name(cmd, "updateUser")?;
+    let mut set = Document::new();
+    if cmd.contains_key("pwd") {
+        let pwd = password(cmd)?;
+        set.insert(
+            "credentials",
+            credentials(&user, &pwd, &mechanisms_of(cmd)?)?,
+        );
+    }
+    if cmd.contains_key("roles") {
+        set.insert("roles", parse_roles(cmd.get("roles"), db)?);
+    }
+    if set.is_empty() {
+        return Err(MongoError::bad_value(
+            "Must specify at least one field to update in updateUser",
+        ));
+    }
+    let reply = write_users(
+        router,
+        doc! {"update": USERS_COLL, "updates": [{"q": {"_id": format!("{db}.{user}")}, "u": {"$set": set}}]},
+    )
+    .await?;
+    if reply.get_i32("n").unwrap_or(0) == 0 {
+        return Err(not_found(&user, db));
+    }
+    Ok(doc! {"ok": 1.0})
+}
+
+/// `grantRolesToUser` and `revokeRolesFromUser`.
+pub async fn change_roles(
+    router: &Router,
+    db: &str,
+    cmd: &Document,
+    grant: bool,
+) -> Result<Document> {
+    let field = if grant {
+        "grantRolesToUser"
+    } else {
+        "revokeRolesFromUser"
+    };
+    let user = user_name(cmd, field)?;
+    let roles = parse_roles(cmd.get("roles"), db)?;
+    let update = if grant {
+        doc! {"$addToSet": {"roles": {"$each": roles}}}
+    } else {
+        doc! {"$pull": {"roles": {"$in": roles}}}
+    };
+    let reply = write_users(
+        router,
+        doc! {"update": USERS_COLL, "updates": [{"q": {"_id": format!("{db}.{user}")}, "u": update}]},
+    )
+    .await?;
+    if reply.get_i32("n").unwrap_or(0) == 0 {
+        return Err(not_found(&user, db));
+    }
+    Ok(doc! {"ok": 1.0})
+}
+
+/// `dropUser`.
+pub async fn drop_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+    let user = user_name(cmd, "dropUser")?;
+    let reply = write_users(
+        router,
+        doc! {"delete": USERS_COLL, "deletes": [{"q": {"_id": format!("{db}.{user}")}, "limit": 1}]},
+    )
+    .await?;
+    if reply.get_i32("n").unwrap_or(0) == 0 {
+        return Err(not_found(&user, db));
+    }
+    Ok(doc! {"ok": 1.0})
+}
+
+/// `usersInfo`: `1` (every user of `db`), a name, `{user, db}`, or a list of those.
+pub async fn users_info(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+    let one = |v: &Bson| -> Result<Document> {
+        match v {
+            Bson::String(u) => Ok(doc! {"_id": format!("{db}.{u}")}),
+            Bson::Document(d) => match (d.get_str("user"), d.get_str("db")) {
+                (Ok(u), Ok(d)) => Ok(doc! {"_id": format!("{d}.{u}")}),
+                _ => Err(MongoError::bad_value("usersInfo needs {user, db}")),
+            },
+            _ => Err(MongoError::bad_value(
+                "usersInfo: a user is a name or {user, db}",
+            )),
+        }
+    };
+    let filter = match cmd.get("usersInfo") {
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(1.0)) => doc! {"db": db},
+        Some(Bson::Array(list)) => {
+            let ids: Result<Vec<Bson>> = list
+                .iter()
+                .map(|v| one(v).map(|d| d.get("_id").cloned().unwrap_or(Bson::Null)))
+                .collect();
+            doc! {"_id": {"$in": ids?}}
+        }
+        Some(v) => one(v)?,
+        None => return Err(MongoError::bad_value("usersInfo needs a value")),
+    };
+    let show = cmd.get_bool("showCredentials").unwrap_or(false);
+    let reply = router
+        .shard_command(
+            0,
+            USERS_DB,
+            doc! {"find": USERS_COLL, "filter": filter, "batchSize": i32::MAX},
+        )
+        .await?;
+    let users: Vec<Bson> = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(|b| {
+            b.iter()
+                .filter_map(Bson::as_document)
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .map(|mut u| {
+            let mechanisms: Vec<Bson> = u
+                .get_document("credentials")
+                .map(|c| c.keys().map(|k| Bson::String(k.clone())).collect())
+                .unwrap_or_default();
+            if !show {
+                u.remove("credentials");
+            }
+            u.insert("mechanisms", mechanisms);
+            Bson::Document(u)
+        })
+        .collect();
+    Ok(doc! {"users": users, "ok": 1.0})
+}

@@ -1,0 +1,246 @@
+//! `--auth` with the `mongodb` driver: the localhost exception for the first user, SCRAM-SHA-256
+//! and SCRAM-SHA-1 logins (speculative and not), a wrong password, the user commands, and
+//! garbage in every SASL step.
+
+use std::net::SocketAddr;
+
+use futures::TryStreamExt;
+use mongodb::bson::{Binary, Document, doc, spec::BinarySubtype};
+use mongodb::options::ClientOptions;
+use tests::Proc;
+
+async fn server(dir: &std::path::Path) -> anyhow::Result<Proc> {
+    let port = tests::free_port()?;
+    let args = vec![
+        "--port".to_string(),
+        port.to_string(),
+        "--dbpath".into(),
+        dir.join("data").display().to_string(),
+        "--auth".into(),
+    ];
+    Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+async fn client(uri: &str) -> anyhow::Result<mongodb::Client> {
+    Ok(mongodb::Client::with_options(
+        ClientOptions::parse(uri).await?,
+    )?)
+}
+
+fn uri(addr: SocketAddr, credentials: &str, options: &str) -> String {
+    format!(
+        "mongodb://{credentials}{addr}/?directConnection=true&serverSelectionTimeoutMS=5000{options}"
+    )
+}
+
+fn code(e: &mongodb::error::Error) -> Option<i32> {
+    tests::scenarios::code_of(e)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_log_in_with_scram_and_nobody_else_gets_in() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let anonymous = client(&uri(p.addr, "", "")).await?;
+    let admin_db = anonymous.database("admin");
+
+    // Before any user: nothing but the first createUser, over loopback.
+    let e = anonymous
+        .database("app")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("unauthenticated");
+    assert_eq!(code(&e), Some(13), "{e}");
+    admin_db
+        .run_command(doc! {"createUser": "boss", "pwd": "s3cret", "roles": ["root"]})
+        .await?;
+    let e = admin_db
+        .run_command(doc! {"createUser": "sneaky", "pwd": "x", "roles": ["root"]})
+        .await
+        .expect_err("the exception is used up");
+    assert_eq!(code(&e), Some(13));
+
+    // SCRAM-SHA-256 (the drivers' default, speculative in the handshake) and SCRAM-SHA-1.
+    for options in [
+        "",
+        "&authMechanism=SCRAM-SHA-256",
+        "&authMechanism=SCRAM-SHA-1",
+    ] {
+        let boss = client(&uri(p.addr, "boss:s3cret@", options)).await?;
+        let c = boss.database("app").collection::<Document>("c");
+        c.insert_one(doc! {"by": options}).await?;
+        let status = boss
+            .database("admin")
+            .run_command(doc! {"connectionStatus": 1})
+            .await?;
+        let users = status
+            .get_document("authInfo")?
+            .get_array("authenticatedUsers")?;
+        assert_eq!(users.len(), 1, "{status}");
+    }
+    let boss = client(&uri(p.addr, "boss:s3cret@", "")).await?;
+    let mut stream = boss
+        .database("app")
+        .collection::<Document>("c")
+        .watch()
+        .await?;
+    boss.database("app")
+        .collection::<Document>("c")
+        .insert_one(doc! {"x": 1})
+        .await?;
+    assert!(
+        stream.try_next().await?.is_some(),
+        "an authenticated watch works"
+    );
+
+    // A wrong password, and an unknown user.
+    for credentials in ["boss:wrong@", "nobody:s3cret@"] {
+        let bad = client(&uri(p.addr, credentials, "")).await?;
+        let e = bad
+            .database("app")
+            .collection::<Document>("c")
+            .find_one(doc! {})
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(*e.kind, mongodb::error::ErrorKind::Authentication { .. })
+                || code(&e) == Some(18),
+            "{credentials}: {e}"
+        );
+    }
+
+    // Users of another database, their roles, and dropping them.
+    let app = boss.database("app");
+    app.run_command(doc! {"createUser": "web", "pwd": "pw", "roles": ["readWrite"]})
+        .await?;
+    let e = app
+        .run_command(doc! {"createUser": "web", "pwd": "pw", "roles": []})
+        .await
+        .expect_err("exists");
+    assert_eq!(code(&e), Some(51003));
+    let e = app
+        .run_command(doc! {"createUser": "x", "pwd": "pw", "roles": ["root"]})
+        .await
+        .expect_err("root is an admin role");
+    assert_eq!(code(&e), Some(31));
+    app.run_command(doc! {"grantRolesToUser": "web", "roles": ["dbAdmin"]})
+        .await?;
+    let info = app.run_command(doc! {"usersInfo": "web"}).await?;
+    let user = info.get_array("users")?[0]
+        .as_document()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(user.get_str("db")?, "app");
+    assert_eq!(user.get_array("roles")?.len(), 2, "{user}");
+    assert!(
+        !user.contains_key("credentials"),
+        "no credentials unless asked"
+    );
+    assert_eq!(user.get_array("mechanisms")?.len(), 2);
+    let web = client(&uri(p.addr, "web:pw@", "&authSource=app")).await?;
+    web.database("app")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await?;
+    app.run_command(doc! {"updateUser": "web", "pwd": "new"})
+        .await?;
+    let fresh = client(&uri(p.addr, "web:new@", "&authSource=app")).await?;
+    fresh.database("app").run_command(doc! {"ping": 1}).await?;
+    app.run_command(doc! {"dropUser": "web"}).await?;
+    let e = app
+        .run_command(doc! {"dropUser": "web"})
+        .await
+        .expect_err("gone");
+    assert_eq!(code(&e), Some(11));
+    let gone = client(&uri(p.addr, "web:new@", "&authSource=app")).await?;
+    assert!(
+        gone.database("app")
+            .run_command(doc! {"ping": 1})
+            .await
+            .is_err()
+    );
+    Ok(())
+}
+
+/// Garbage in every SASL step is a clear error, and the connection stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_sasl_is_refused_cleanly() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let raw = wire::client::Client::new(p.addr.to_string());
+    let bytes = |b: &[u8]| Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: b.to_vec(),
+    };
+    let code_of = |d: &Document| d.get_i32("code").ok();
+    let unknown = raw
+        .command(
+            "admin",
+            &doc! {"saslStart": 1, "mechanism": "PLAIN", "payload": bytes(b"x")},
+        )
+        .await?;
+    assert_eq!(code_of(&unknown), Some(334), "{unknown}");
+    for payload in [&b""[..], b"garbage", b"p=tls,,n=a,r=b", b"\xff\xfe"] {
+        let r = raw
+            .command(
+                "admin",
+                &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(payload)},
+            )
+            .await?;
+        assert_eq!(code_of(&r), Some(18), "{payload:?}: {r}");
+    }
+    let r = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": 42, "payload": bytes(b"c=biws")},
+        )
+        .await?;
+    assert_eq!(code_of(&r), Some(17), "{r}");
+    let r = raw
+        .command("admin", &doc! {"saslContinue": 1, "payload": bytes(b"x")})
+        .await?;
+    assert_eq!(code_of(&r), Some(9), "{r}");
+    // A real start for a user that exists, then a forged proof.
+    raw.command(
+        "admin",
+        &doc! {"createUser": "u", "pwd": "p", "roles": ["root"]},
+    )
+    .await?;
+    let started = raw
+        .command(
+            "admin",
+            &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(b"n,,n=u,r=abcdefgh")},
+        )
+        .await?;
+    let id = started.get_i32("conversationId")?;
+    let server_first = String::from_utf8(started.get_binary_generic("payload")?.clone())?;
+    let nonce = server_first
+        .split(',')
+        .find_map(|p| p.strip_prefix("r="))
+        .unwrap_or("");
+    let forged = format!("c=biws,r={nonce},p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
+    let r = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": id, "payload": bytes(forged.as_bytes())},
+        )
+        .await?;
+    assert_eq!(code_of(&r), Some(18), "{r}");
+    let r = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": id, "payload": bytes(forged.as_bytes())},
+        )
+        .await?;
+    assert_eq!(code_of(&r), Some(17), "a failed conversation is over: {r}");
+    let ping = raw.command("admin", &doc! {"ping": 1}).await?;
+    assert_eq!(
+        ping.get_f64("ok").ok(),
+        Some(1.0),
+        "the connection still works"
+    );
+    let find = raw.command("admin", &doc! {"find": "c"}).await?;
+    assert_eq!(code_of(&find), Some(13), "and is still not logged in");
+    Ok(())
+}
