@@ -244,3 +244,137 @@ async fn garbage_in_sasl_is_refused_cleanly() -> anyhow::Result<()> {
     assert_eq!(code_of(&find), Some(13), "and is still not logged in");
     Ok(())
 }
+
+/// Each role allows what MongoDB's does and refuses the rest, on CRUD and on `watch()` at
+/// collection, database and cluster level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let first = client(&uri(p.addr, "", "")).await?;
+    first
+        .database("admin")
+        .run_command(doc! {"createUser": "boss", "pwd": "pw", "roles": ["root"]})
+        .await?;
+    let boss = client(&uri(p.addr, "boss:pw@", "")).await?;
+    let admin = boss.database("admin");
+    for (user, roles) in [
+        ("reader", vec![doc! {"role": "read", "db": "app"}]),
+        ("writer", vec![doc! {"role": "readWrite", "db": "app"}]),
+        (
+            "monitor",
+            vec![doc! {"role": "clusterMonitor", "db": "admin"}],
+        ),
+        (
+            "everyreader",
+            vec![doc! {"role": "readAnyDatabase", "db": "admin"}],
+        ),
+    ] {
+        admin
+            .run_command(doc! {"createUser": user, "pwd": "pw", "roles": roles})
+            .await?;
+    }
+    boss.database("app")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+    boss.database("other")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+    let login = |user: &str| uri(p.addr, &format!("{user}:pw@"), "");
+    let refused = |r: Result<(), mongodb::error::Error>| match r {
+        Ok(()) => false,
+        Err(e) => code(&e) == Some(13),
+    };
+
+    let reader = client(&login("reader")).await?;
+    let app = reader.database("app").collection::<Document>("c");
+    assert!(app.find_one(doc! {}).await?.is_some());
+    let _ = app.watch().await?;
+    let _ = reader.database("app").watch().await?;
+    assert!(
+        refused(app.insert_one(doc! {}).await.map(|_| ())),
+        "read cannot write"
+    );
+    assert!(refused(
+        reader
+            .database("other")
+            .collection::<Document>("c")
+            .find_one(doc! {})
+            .await
+            .map(|_| ())
+    ));
+    assert!(refused(reader.database("other").watch().await.map(|_| ())));
+    assert!(
+        refused(reader.watch().await.map(|_| ())),
+        "nor watch the cluster"
+    );
+    assert!(refused(
+        reader
+            .database("admin")
+            .run_command(doc! {"serverStatus": 1})
+            .await
+            .map(|_| ())
+    ));
+
+    let writer = client(&login("writer")).await?;
+    let app = writer.database("app").collection::<Document>("c");
+    app.insert_one(doc! {"_id": 1}).await?;
+    app.update_one(doc! {"_id": 1}, doc! {"$set": {"x": 1}})
+        .await?;
+    app.delete_one(doc! {"_id": 1}).await?;
+    assert!(refused(
+        writer
+            .database("app")
+            .run_command(doc! {"createUser": "x", "pwd": "y", "roles": []})
+            .await
+            .map(|_| ())
+    ));
+    assert!(refused(
+        writer
+            .database("app")
+            .run_command(doc! {"collMod": "c"})
+            .await
+            .map(|_| ())
+    ));
+
+    let monitor = client(&login("monitor")).await?;
+    monitor
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    assert!(refused(
+        monitor
+            .database("app")
+            .collection::<Document>("c")
+            .find_one(doc! {})
+            .await
+            .map(|_| ())
+    ));
+
+    let everyreader = client(&login("everyreader")).await?;
+    let mut cluster = everyreader.watch().await?;
+    everyreader
+        .database("other")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await?;
+    assert!(refused(
+        everyreader
+            .database("other")
+            .collection::<Document>("c")
+            .insert_one(doc! {})
+            .await
+            .map(|_| ())
+    ));
+    boss.database("other")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 9})
+        .await?;
+    assert!(
+        cluster.try_next().await?.is_some(),
+        "the cluster-wide watch sees it"
+    );
+    Ok(())
+}

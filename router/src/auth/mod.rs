@@ -14,10 +14,12 @@
 //!   (the localhost exception, for the first user);
 //! * a failed conversation answers 18 `AuthenticationFailed` whatever went wrong, and leaves
 //!   the connection as it was;
-//! * roles are checked to be known built-in roles and stored with the user; they are not
-//!   enforced yet (an authenticated user may run every command);
+//! * an authenticated connection runs a command only when one of its users' roles grants
+//!   what the command needs ([`roles`]), else 13 `Unauthorized`; roles are read when the
+//!   connection authenticates;
 //! * a connection's state is dropped when it closes.
 
+pub mod roles;
 pub mod scram;
 
 use std::collections::HashMap;
@@ -84,6 +86,8 @@ pub fn allowed_before_auth(name: &str) -> bool {
 /// A conversation in progress on a connection.
 struct Pending {
     db: String,
+    /// The user's roles, as `(role, db)`.
+    roles: Vec<(String, String)>,
     conversation: Conversation,
     credential: Credential,
     /// The proof checked out; the client may still send an empty last step.
@@ -96,6 +100,8 @@ struct Pending {
 struct ConnectionAuth {
     /// `(user, db)` pairs this connection authenticated as.
     users: Vec<(String, String)>,
+    /// Their roles, as `(role, db)`.
+    roles: Vec<(String, String)>,
     pending: HashMap<i32, Pending>,
     next_conversation: i32,
 }
@@ -140,17 +146,56 @@ impl Auth {
     }
 }
 
-/// Whether `name` may run on `conn` now (with `--auth`).
-pub async fn check(router: &Router, conn: &ConnectionInfo, name: &str) -> Result<()> {
-    if !router.options.auth || allowed_before_auth(name) || router.auth.is_authenticated(conn.id) {
+/// Whether `name` may run on database `db` over `conn` now (with `--auth`).
+pub async fn check(
+    router: &Router,
+    conn: &ConnectionInfo,
+    name: &str,
+    db: &str,
+    cmd: &Document,
+) -> Result<()> {
+    if !router.options.auth || allowed_before_auth(name) {
         return Ok(());
     }
-    if name == "createUser" && conn.peer.ip().is_loopback() && !any_user(router).await? {
-        return Ok(()); // the localhost exception
+    let granted = {
+        let conns = router.auth.lock();
+        conns
+            .get(&conn.id)
+            .filter(|c| !c.users.is_empty())
+            .map(|c| roles::allows(&c.roles, &roles::need(name, db, cmd)))
+    };
+    match granted {
+        Some(true) => Ok(()),
+        Some(false) => Err(unauthorized(format!(
+            "not authorized on {db} to execute command {{ {name}: ... }}"
+        ))),
+        None if name == "createUser"
+            && conn.peer.ip().is_loopback()
+            && !any_user(router).await? =>
+        {
+            Ok(()) // the localhost exception
+        }
+        None => Err(unauthorized(format!(
+            "Command {name} requires authentication"
+        ))),
     }
-    Err(unauthorized(format!(
-        "Command {name} requires authentication"
-    )))
+}
+
+/// `[(role, db)]` of a user document.
+fn roles_of(user: &Document) -> Vec<(String, String)> {
+    user.get_array("roles")
+        .map(|list| {
+            list.iter()
+                .filter_map(Bson::as_document)
+                .filter_map(|r| {
+                    Some((
+                        r.get_str("role").ok()?.to_string(),
+                        r.get_str("db").ok()?.to_string(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 async fn any_user(router: &Router) -> Result<bool> {
@@ -267,6 +312,7 @@ pub async fn sasl_start(
         id,
         Pending {
             db: db.to_string(),
+            roles: user.as_ref().map(roles_of).unwrap_or_default(),
             conversation,
             credential,
             proven: false,
@@ -312,6 +358,7 @@ pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> 
     let who = (pending.conversation.user.clone(), pending.db.clone());
     if !state.users.contains(&who) {
         state.users.push(who);
+        state.roles.extend(pending.roles.iter().cloned());
     }
     if pending.skip_empty {
         return Ok(

@@ -117,7 +117,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     };
     let result = if let Some(e) = injected {
         Err(e)
-    } else if let Err(e) = crate::auth::check(router, conn, name).await {
+    } else if let Err(e) = crate::auth::check(router, conn, name, &req.db, &req.body).await {
         Err(e)
     } else if name.is_empty() {
         Err(MongoError::new(
