@@ -378,3 +378,63 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A cursor (a change stream's too) belongs to the user who opened it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_cursor_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let first = client(&uri(p.addr, "", "")).await?;
+    first
+        .database("admin")
+        .run_command(doc! {"createUser": "boss", "pwd": "pw", "roles": ["root"]})
+        .await?;
+    let boss = client(&uri(p.addr, "boss:pw@", "")).await?;
+    for user in ["alice", "bob"] {
+        boss.database("app")
+            .run_command(doc! {"createUser": user, "pwd": "pw", "roles": ["readWrite"]})
+            .await?;
+    }
+    boss.database("app")
+        .collection::<Document>("c")
+        .insert_many((0..10).map(|i| doc! {"_id": i}))
+        .await?;
+    let alice = client(&uri(p.addr, "alice:pw@", "&authSource=app")).await?;
+    let bob = client(&uri(p.addr, "bob:pw@", "&authSource=app")).await?;
+    let app_alice = alice.database("app");
+    let app_bob = bob.database("app");
+    let opened = app_alice
+        .run_command(doc! {"find": "c", "batchSize": 2})
+        .await?;
+    let id = opened.get_document("cursor")?.get_i64("id")?;
+    assert_ne!(id, 0);
+    let stream = app_alice
+        .run_command(doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+        .await?;
+    let stream_id = stream.get_document("cursor")?.get_i64("id")?;
+    for cursor in [id, stream_id] {
+        let e = app_bob
+            .run_command(doc! {"getMore": cursor, "collection": "c"})
+            .await
+            .expect_err("not bob's");
+        assert_eq!(code(&e), Some(13), "{e}");
+        let e = app_bob
+            .run_command(doc! {"killCursors": "c", "cursors": [cursor]})
+            .await
+            .expect_err("not bob's");
+        assert_eq!(code(&e), Some(13), "{e}");
+    }
+    let more = app_alice
+        .run_command(doc! {"getMore": id, "collection": "c"})
+        .await?;
+    assert!(
+        !more
+            .get_document("cursor")?
+            .get_array("nextBatch")?
+            .is_empty()
+    );
+    app_alice
+        .run_command(doc! {"killCursors": "c", "cursors": [stream_id]})
+        .await?;
+    Ok(())
+}

@@ -17,6 +17,8 @@
 //! * an authenticated connection runs a command only when one of its users' roles grants
 //!   what the command needs ([`roles`]), else 13 `Unauthorized`; roles are read when the
 //!   connection authenticates;
+//! * a cursor belongs to the users of the connection that opened it: `getMore` or
+//!   `killCursors` on it from a connection with none of them is 13 `Unauthorized`;
 //! * a connection's state is dropped when it closes.
 
 pub mod roles;
@@ -106,11 +108,16 @@ struct ConnectionAuth {
     next_conversation: i32,
 }
 
-/// Who each connection is.
+/// Who each connection is, and whose each cursor is.
 #[derive(Default)]
 pub struct Auth {
     connections: Mutex<HashMap<u64, ConnectionAuth>>,
+    /// The users of the connection that opened each open cursor.
+    cursor_owners: Mutex<HashMap<i64, Vec<(String, String)>>>,
 }
+
+/// Past this many recorded owners, the records of cursors that are gone are dropped.
+const OWNERS_KEPT: usize = 10_000;
 
 fn unauthorized(what: impl Into<String>) -> MongoError {
     MongoError::new(ErrorCode::UNAUTHORIZED, what)
@@ -135,6 +142,34 @@ impl Auth {
             .get(&conn)
             .map(|c| c.users.clone())
             .unwrap_or_default()
+    }
+
+    /// Notes who opened cursor `id` (a reply that returned a live cursor over `conn`).
+    pub fn opened_cursor(&self, conn: u64, id: i64, cursors: &crate::cursors::CursorTable) {
+        let users = self.users_of(conn);
+        let mut owners = self.cursor_owners.lock().unwrap_or_else(|e| e.into_inner());
+        if owners.len() > OWNERS_KEPT {
+            owners.retain(|id, _| cursors.get(*id).is_ok());
+        }
+        owners.insert(id, users);
+    }
+
+    /// Forgets cursor `id` (exhausted or killed).
+    pub fn closed_cursor(&self, id: i64) {
+        self.cursor_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
+    /// Whether `conn` may use cursor `id`: one of its users opened it (or nobody recorded).
+    fn may_use_cursor(&self, conn: u64, id: i64) -> bool {
+        let users = self.users_of(conn);
+        self.cursor_owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .is_none_or(|owners| owners.iter().any(|o| users.contains(o)))
     }
 
     pub fn closed(&self, conn: u64) {
@@ -165,7 +200,7 @@ pub async fn check(
             .map(|c| roles::allows(&c.roles, &roles::need(name, db, cmd)))
     };
     match granted {
-        Some(true) => Ok(()),
+        Some(true) => check_cursors(router, conn, name, db, cmd),
         Some(false) => Err(unauthorized(format!(
             "not authorized on {db} to execute command {{ {name}: ... }}"
         ))),
@@ -177,6 +212,33 @@ pub async fn check(
         }
         None => Err(unauthorized(format!(
             "Command {name} requires authentication"
+        ))),
+    }
+}
+
+/// `getMore` and `killCursors` only on cursors the connection's users opened.
+fn check_cursors(
+    router: &Router,
+    conn: &ConnectionInfo,
+    name: &str,
+    db: &str,
+    cmd: &Document,
+) -> Result<()> {
+    let ids: Vec<i64> = match name {
+        "getMore" => cmd.get_i64("getMore").into_iter().collect(),
+        "killCursors" => cmd
+            .get_array("cursors")
+            .map(|c| c.iter().filter_map(Bson::as_i64).collect())
+            .unwrap_or_default(),
+        _ => return Ok(()),
+    };
+    match ids
+        .iter()
+        .find(|id| !router.auth.may_use_cursor(conn.id, **id))
+    {
+        None => Ok(()),
+        Some(id) => Err(unauthorized(format!(
+            "not authorized on {db} to use cursor {id}: another user opened it"
         ))),
     }
 }

@@ -160,6 +160,11 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     if close_after {
         return None;
     }
+    if router.options.auth
+        && let Ok(reply) = &result
+    {
+        note_cursor(router, conn, name, &req.body, reply);
+    }
     let reply = match result {
         Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
         Ok(reply) => reply,
@@ -266,6 +271,38 @@ fn finish_reply(router: &Router, reply: Body) -> Body {
             reply.append(cstr!("operationTime"), now.timestamp());
             Body::Raw(reply)
         }
+    }
+}
+
+/// Records who opened the cursor a reply returns, and forgets the ones it ends (`--auth`).
+fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Document, reply: &Body) {
+    let id = match reply {
+        Body::Document(d) => d
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_i64("id").ok()),
+        Body::Raw(r) => r
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_i64("id").ok()),
+    };
+    match (name, id) {
+        ("getMore", Some(0)) => {
+            if let Ok(id) = cmd.get_i64("getMore") {
+                router.auth.closed_cursor(id);
+            }
+        }
+        ("killCursors", _) => {
+            for id in cmd
+                .get_array("cursors")
+                .map(|c| c.iter().filter_map(Bson::as_i64).collect::<Vec<_>>())
+                .unwrap_or_default()
+            {
+                router.auth.closed_cursor(id);
+            }
+        }
+        ("getMore", _) | (_, None) | (_, Some(0)) => {}
+        (_, Some(id)) => router.auth.opened_cursor(conn.id, id, &router.cursors),
     }
 }
 
