@@ -16,6 +16,7 @@ pub mod failpoint;
 pub mod launch;
 pub mod metadata;
 pub mod metrics;
+pub mod ops;
 pub mod router;
 pub mod routing;
 pub mod server;

@@ -154,6 +154,8 @@ pub struct Router {
     pub metrics: crate::metrics::Metrics,
     /// Who each connection authenticated as.
     pub(crate) auth: crate::auth::Auth,
+    /// The operations in flight (`currentOp`, `killOp`).
+    pub(crate) ops: crate::ops::Ops,
 }
 
 impl Router {
@@ -182,6 +184,7 @@ impl Router {
             hubs: Default::default(),
             metrics: Default::default(),
             auth: Default::default(),
+            ops: Default::default(),
         })
     }
 

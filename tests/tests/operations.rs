@@ -340,3 +340,73 @@ async fn a_config_file_configures_the_cluster() -> anyhow::Result<()> {
     assert!(message.contains("security.keyFile"), "{message}");
     Ok(())
 }
+
+/// `currentOp` lists the operations in flight, and `killOp` interrupts one: a change-stream
+/// `getMore` waiting for events answers `Interrupted` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_op_interrupts_an_operation_current_op_lists() -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(1).await?;
+    let waiter = wire::client::Client::new(cluster.addr.to_string());
+    let admin = wire::client::Client::new(cluster.addr.to_string());
+    let opened = waiter
+        .command(
+            "ops",
+            &doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}},
+        )
+        .await?;
+    let id = opened.get_document("cursor")?.get_i64("id")?;
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let reply = waiter
+            .command(
+                "ops",
+                &doc! {"getMore": id, "collection": "c", "maxTimeMS": 30_000},
+            )
+            .await;
+        (reply, started.elapsed())
+    });
+    let mut opid = None;
+    for _ in 0..100 {
+        let ops = admin.command("admin", &doc! {"currentOp": 1}).await?;
+        opid = ops.get_array("inprog")?.iter().find_map(|op| {
+            let op = op.as_document()?;
+            (op.get_document("command").ok()?.get_i64("getMore").ok()? == id)
+                .then(|| op.get_i64("opid").ok())
+                .flatten()
+        });
+        if opid.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let opid = opid.ok_or_else(|| anyhow::anyhow!("currentOp never listed the getMore"))?;
+    let killed = admin
+        .command("admin", &doc! {"killOp": 1, "op": opid})
+        .await?;
+    assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
+    let (reply, took) = waiting.await?;
+    let reply = reply?;
+    assert_eq!(reply.get_i32("code").ok(), Some(11601), "{reply}");
+    assert!(
+        took < Duration::from_secs(20),
+        "interrupted, not timed out: {took:?}"
+    );
+    let again = admin
+        .command("ops", &doc! {"getMore": id, "collection": "c"})
+        .await?;
+    assert_eq!(
+        again.get_i32("code").ok(),
+        Some(43),
+        "the cursor ended with it: {again}"
+    );
+    let after = admin.command("admin", &doc! {"currentOp": 1}).await?;
+    assert!(
+        !after
+            .get_array("inprog")?
+            .iter()
+            .any(|op| op.as_document().and_then(|o| o.get_i64("opid").ok()) == Some(opid)),
+        "the killed operation is gone: {after}"
+    );
+    cluster.stop().await;
+    Ok(())
+}

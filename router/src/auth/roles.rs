@@ -71,7 +71,8 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         | "shardcollection"
         | "enableSharding"
         | "enablesharding"
-        | "setClusterParameter" => Need::ClusterAdmin,
+        | "setClusterParameter"
+        | "killOp" => Need::ClusterAdmin,
         _ => Need::Root,
     }
 }

@@ -1,5 +1,6 @@
-//! `currentOp` and the `$currentOp` stage: what this router is doing. Operations in flight are
-//! not tracked; with `idleCursors: true` the open change-stream cursors are listed, each with
+//! `currentOp` and the `$currentOp` stage: what this router is doing, and `killOp`. The
+//! operations in flight are listed (`crate::ops`); with `idleCursors: true` the open
+//! change-stream cursors are too, each with
 //! its namespace, the command that opened it, the post-batch resume token of its last reply and
 //! how far that is behind the cluster's time (`lagSecs`), so an operator sees which streams
 //! fall behind.
@@ -16,9 +17,34 @@ use crate::cursors::{CursorState, RouterCursor};
 
 /// The `inprog` entries: one `idleCursor` per open change stream when `idle_cursors`.
 fn inprog(ctx: &Ctx<'_>, idle_cursors: bool) -> Vec<Document> {
-    if !idle_cursors {
-        return Vec::new();
+    let router = ctx.router;
+    let mut out = router.ops.active(&router.options.advertised_host);
+    if idle_cursors {
+        out.extend(idle_streams(ctx));
     }
+    out
+}
+
+/// `killOp: 1, op: <opid>`: interrupts an operation in flight (`ok` whether or not it still
+/// ran, as MongoDB answers).
+pub(super) fn kill_op(ctx: &Ctx<'_>) -> Result<Document> {
+    admin_only(ctx)?;
+    let id = match ctx.cmd.get("op") {
+        Some(Bson::Int32(i)) => i64::from(*i),
+        Some(Bson::Int64(i)) => *i,
+        Some(Bson::Double(d)) if d.fract() == 0.0 => *d as i64,
+        _ => {
+            return Err(MongoError::failed_to_parse(
+                "killOp needs op: the opid currentOp shows",
+            ));
+        }
+    };
+    ctx.router.ops.kill(u64::try_from(id).unwrap_or(0));
+    Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
+}
+
+/// The open change-stream cursors as `idleCursor` entries.
+fn idle_streams(ctx: &Ctx<'_>) -> Vec<Document> {
     let router = ctx.router;
     let now = router.cluster_time();
     router

@@ -130,14 +130,40 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     {
         Err(e)
     } else {
-        match dispatch(&ctx).await {
-            // Another router changed the collection's routing (sharded it, or dropped and
-            // recreated it): the shard refused before running anything. Reload and retry once.
-            Err(e) if e.code == ErrorCode::STALE_CONFIG.code => {
-                router.forget_database(&req.db);
-                dispatch(&ctx).await
+        let run = async {
+            match dispatch(&ctx).await {
+                // Another router changed the collection's routing (sharded it, or dropped and
+                // recreated it): the shard refused before running anything. Reload and retry
+                // once.
+                Err(e) if e.code == ErrorCode::STALE_CONFIG.code => {
+                    router.forget_database(&req.db);
+                    dispatch(&ctx).await
+                }
+                other => other,
             }
-            other => other,
+        };
+        if matches!(name, "hello" | "isMaster" | "ismaster") {
+            run.await
+        } else {
+            // Listed by currentOp while it runs; killOp ends it.
+            let op = router.ops.start(conn, name, &req.db, &req.body);
+            tokio::select! {
+                result = run => result,
+                () = op.cancel.cancelled() => {
+                    // A getMore stopped halfway may have taken events it never returned: its
+                    // cursor ends with it, as a failed getMore's does.
+                    if name == "getMore"
+                        && let Ok(id) = req.body.get_i64("getMore")
+                        && let Some(cursor) = router.cursors.remove(id)
+                    {
+                        cursor.lock().await.kill(router).await;
+                    }
+                    Err(MongoError::new(
+                        ErrorCode::INTERRUPTED,
+                        format!("operation {} was interrupted by killOp", op.id),
+                    ))
+                }
+            }
         }
     };
     let in_txn = crate::txn::in_transaction(&req.body);
@@ -337,6 +363,7 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "getParameter" => admin::get_parameter(ctx),
         "getCmdLineOpts" => admin::get_cmd_line_opts(ctx),
         "currentOp" => current_op::current_op(ctx),
+        "killOp" => current_op::kill_op(ctx),
         "setClusterParameter" => admin::set_cluster_parameter(ctx).await,
         "getClusterParameter" => admin::get_cluster_parameter(ctx).await,
         "serverStatus" => admin::server_status(ctx).await,
