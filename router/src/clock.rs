@@ -79,6 +79,63 @@ impl ClusterClock {
     pub fn gossip(&self) -> Document {
         cluster_time_document(self.now())
     }
+
+    /// [`ClusterClock::gossip`] signed with the cluster's key (with `--auth`).
+    pub fn gossip_signed(&self, key: &ClusterKey) -> Document {
+        let t = self.now();
+        doc! {
+            "clusterTime": Bson::Timestamp(Timestamp::from(t)),
+            "signature": {
+                "hash": Binary { subtype: BinarySubtype::Generic, bytes: key.sign(t) },
+                "keyId": key.id,
+            },
+        }
+    }
+
+    /// With `--auth`, a client may move the clock only with a time this cluster signed:
+    /// a `$clusterTime` ahead of ours whose signature does not check out is refused with
+    /// `TimeProofMismatch` (204). A time we already have needs no proof.
+    pub fn verify_client(&self, d: &Document, key: &ClusterKey) -> wire::Result<()> {
+        let Some(t) = cluster_time_of(d) else {
+            return Ok(());
+        };
+        if t <= self.now() {
+            return Ok(());
+        }
+        let signature = d
+            .get_document("$clusterTime")
+            .ok()
+            .and_then(|c| c.get_document("signature").ok());
+        let hash = signature.and_then(|s| s.get_binary_generic("hash").ok());
+        let key_id = signature.and_then(|s| s.get_i64("keyId").ok());
+        if key_id == Some(key.id) && hash.is_some_and(|h| *h == key.sign(t)) {
+            return Ok(());
+        }
+        Err(wire::MongoError::new(
+            wire::ErrorCode::TIME_PROOF_MISMATCH,
+            "Cluster time signature is invalid: the time was not signed by this cluster",
+        ))
+    }
+}
+
+/// The key that signs cluster times (with `--auth`), shared by every router through the
+/// config shard.
+#[derive(Debug, Clone)]
+pub struct ClusterKey {
+    pub id: i64,
+    pub key: Vec<u8>,
+}
+
+impl ClusterKey {
+    /// HMAC-SHA1 of the time (as MongoDB's, 20 bytes).
+    pub fn sign(&self, t: ClusterTime) -> Vec<u8> {
+        use hmac::{KeyInit, Mac};
+        let Ok(mut mac) = <hmac::Hmac<sha1::Sha1> as KeyInit>::new_from_slice(&self.key) else {
+            return vec![0; 20];
+        };
+        mac.update(&t.as_u64().to_be_bytes());
+        mac.finalize().into_bytes().to_vec()
+    }
 }
 
 /// `{clusterTime, signature: {hash, keyId}}` with an all-zero signature (no auth).
@@ -104,6 +161,47 @@ pub fn cluster_time_of(d: &Document) -> Option<ClusterTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_auth_only_signed_times_move_the_clock() {
+        let clock = ClusterClock::new();
+        clock.observe(ClusterTime::new(100, 1));
+        let key = ClusterKey {
+            id: 1,
+            key: vec![7; 20],
+        };
+        let signed = doc! {"ping": 1, "$clusterTime": {
+            let other = ClusterClock::new();
+            other.observe(ClusterTime::new(200, 1));
+            other.gossip_signed(&key)
+        }};
+        assert!(clock.verify_client(&signed, &key).is_ok());
+        let mut forged = signed.clone();
+        if let Ok(ct) = forged.get_document_mut("$clusterTime") {
+            ct.insert(
+                "clusterTime",
+                Bson::Timestamp(Timestamp {
+                    time: 300,
+                    increment: 1,
+                }),
+            );
+        }
+        assert_eq!(
+            clock.verify_client(&forged, &key).map_err(|e| e.code),
+            Err(204)
+        );
+        let unsigned =
+            doc! {"ping": 1, "$clusterTime": cluster_time_document(ClusterTime::new(150, 1))};
+        assert_eq!(
+            clock.verify_client(&unsigned, &key).map_err(|e| e.code),
+            Err(204)
+        );
+        let old = doc! {"ping": 1, "$clusterTime": cluster_time_document(ClusterTime::new(50, 1))};
+        assert!(
+            clock.verify_client(&old, &key).is_ok(),
+            "a time we have needs no proof"
+        );
+    }
 
     #[test]
     fn a_client_cannot_move_the_clock_past_the_allowed_drift() {

@@ -156,6 +156,9 @@ pub struct Router {
     pub(crate) auth: crate::auth::Auth,
     /// The operations in flight (`currentOp`, `killOp`).
     pub(crate) ops: crate::ops::Ops,
+    /// The key that signs cluster times (`--auth`), loaded from the config shard when first
+    /// needed.
+    pub(crate) cluster_key: tokio::sync::OnceCell<crate::clock::ClusterKey>,
 }
 
 impl Router {
@@ -185,7 +188,45 @@ impl Router {
             metrics: Default::default(),
             auth: Default::default(),
             ops: Default::default(),
+            cluster_key: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The key that signs cluster times: `admin.system.keys` `_id: 1` on the config shard,
+    /// made by the first router that needs it (another router's racing insert loses and reads
+    /// the winner's).
+    pub(crate) async fn cluster_key(&self) -> Result<&crate::clock::ClusterKey> {
+        self.cluster_key
+            .get_or_try_init(|| async {
+                let find = doc! {"find": "system.keys", "filter": {"_id": 1_i64}, "limit": 1};
+                for attempt in 0..2 {
+                    let reply = self.shard_command(0, "admin", find.clone()).await?;
+                    let found = reply
+                        .get_document("cursor")
+                        .and_then(|c| c.get_array("firstBatch"))
+                        .ok()
+                        .and_then(|b| b.first())
+                        .and_then(Bson::as_document)
+                        .and_then(|d| d.get_binary_generic("key").ok().cloned());
+                    if let Some(key) = found {
+                        return Ok(crate::clock::ClusterKey { id: 1, key });
+                    }
+                    if attempt == 0 {
+                        let key: Vec<u8> = (0..20).map(|_| rand::random::<u8>()).collect();
+                        let doc = doc! {
+                            "_id": 1_i64,
+                            "purpose": "HMAC",
+                            "key": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: key },
+                        };
+                        // A duplicate means another router made it first: read theirs.
+                        let _ = self
+                            .shard_command(0, "admin", doc! {"insert": "system.keys", "documents": [doc]})
+                            .await?;
+                    }
+                }
+                Err(MongoError::internal("the cluster's signing key could not be made"))
+            })
+            .await
     }
 
     /// The token whose cancellation shuts the router down.

@@ -438,3 +438,43 @@ async fn another_users_cursor_is_refused() -> anyhow::Result<()> {
         .await?;
     Ok(())
 }
+
+/// With `--auth` the router signs the cluster times it gives out, and a client can move the
+/// clock only with one it signed: a forged `$clusterTime` is refused (204).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_cluster_time_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let raw = wire::client::Client::new(p.addr.to_string());
+    let first = raw.command("admin", &doc! {"ping": 1}).await?;
+    let signed = first.get_document("$clusterTime")?.clone();
+    let hash = signed
+        .get_document("signature")?
+        .get_binary_generic("hash")?;
+    assert!(hash.iter().any(|b| *b != 0), "signed: {signed}");
+    // The time as given comes back without trouble.
+    let echoed = raw
+        .command("admin", &doc! {"ping": 1, "$clusterTime": signed.clone()})
+        .await?;
+    assert_eq!(echoed.get_f64("ok").ok(), Some(1.0), "{echoed}");
+    // The same signature on a later time does not check out.
+    let mut forged = signed.clone();
+    let t = forged.get_timestamp("clusterTime")?;
+    forged.insert(
+        "clusterTime",
+        mongodb::bson::Timestamp {
+            time: t.time + 100,
+            increment: 1,
+        },
+    );
+    let refused = raw
+        .command("admin", &doc! {"ping": 1, "$clusterTime": forged})
+        .await?;
+    assert_eq!(refused.get_i32("code").ok(), Some(204), "{refused}");
+    let after = raw.command("admin", &doc! {"ping": 1}).await?;
+    let now = after
+        .get_document("$clusterTime")?
+        .get_timestamp("clusterTime")?;
+    assert!(now.time < t.time + 100, "the forged time was not adopted");
+    Ok(())
+}

@@ -92,6 +92,7 @@ codes! {
     NETWORK_TIMEOUT = 89, "NetworkTimeout";
     SHUTDOWN_IN_PROGRESS = 91, "ShutdownInProgress";
     WRITE_CONFLICT = 112, "WriteConflict";
+    TIME_PROOF_MISMATCH = 204, "TimeProofMismatch";
     CLUSTER_TIME_FAILS_RATE_LIMITER = 205, "ClusterTimeFailsRateLimiter";
     COMMAND_NOT_SUPPORTED = 115, "CommandNotSupported";
     CONFLICTING_OPERATION_IN_PROGRESS = 117, "ConflictingOperationInProgress";

@@ -47,10 +47,20 @@ impl Ctx<'_> {
 /// when a test fail point closes the connection instead.
 pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Body> {
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
-    let mut injected = router
-        .clock
-        .observe_client(&req.body, router.options.max_clock_drift)
-        .err();
+    let mut injected = if router.options.auth {
+        match router.cluster_key().await {
+            Ok(key) => router.clock.verify_client(&req.body, key).err(),
+            Err(e) => Some(e),
+        }
+    } else {
+        None
+    };
+    if injected.is_none() {
+        injected = router
+            .clock
+            .observe_client(&req.body, router.options.max_clock_drift)
+            .err();
+    }
     let mut write_concern_error = None;
     // An injected error whose fail point gave its labels gets no others.
     let mut labelled = false;
@@ -278,6 +288,10 @@ fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
 /// is the router's own (it has `ok` and no time fields): they are appended.
 fn finish_reply(router: &Router, reply: Body) -> Body {
     let now = router.clock.now();
+    let gossip = match router.cluster_key.get() {
+        Some(key) if router.options.auth => router.clock.gossip_signed(key),
+        _ => router.clock.gossip(),
+    };
     match reply {
         Body::Document(mut reply) => {
             reply.remove("$clusterTime");
@@ -285,12 +299,12 @@ fn finish_reply(router: &Router, reply: Body) -> Body {
             if !reply.contains_key("ok") {
                 reply.insert("ok", 1.0);
             }
-            reply.insert("$clusterTime", router.clock.gossip());
+            reply.insert("$clusterTime", gossip);
             reply.insert("operationTime", Bson::Timestamp(now.timestamp()));
             Body::Document(reply)
         }
         Body::Raw(mut reply) => {
-            match RawDocumentBuf::try_from(&router.clock.gossip()) {
+            match RawDocumentBuf::try_from(&gossip) {
                 Ok(gossip) => reply.append(cstr!("$clusterTime"), gossip),
                 Err(e) => tracing::error!(error = %e, "the cluster time is not serialisable"),
             }
