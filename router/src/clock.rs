@@ -170,11 +170,9 @@ mod tests {
             id: 1,
             key: vec![7; 20],
         };
-        let signed = doc! {"ping": 1, "$clusterTime": {
-            let other = ClusterClock::new();
-            other.observe(ClusterTime::new(200, 1));
-            other.gossip_signed(&key)
-        }};
+        let other = ClusterClock::new();
+        other.observe(ClusterTime::new(200, 1));
+        let signed = doc! {"ping": 1, "$clusterTime": other.gossip_signed(&key)};
         assert!(clock.verify_client(&signed, &key).is_ok());
         let mut forged = signed.clone();
         if let Ok(ct) = forged.get_document_mut("$clusterTime") {
