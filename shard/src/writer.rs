@@ -334,8 +334,9 @@ impl<'a> WriteCtx<'a> {
         &mut self,
         f: impl FnOnce(&mut WriteCtx<'_>) -> R,
     ) -> (R, Vec<(Table, Vec<u8>)>) {
-        let mut store =
-            crate::txn::store::TxnStore::new(Box::new(crate::txn::store::Borrowed(&mut *self.txn)));
+        let mut store = crate::txn::store::TxnStore::new(Box::new(crate::txn::store::Borrowed {
+            inner: &mut *self.txn,
+        }));
         let mut catalog = self.catalog.clone();
         let mut ops = Vec::new();
         let result = {

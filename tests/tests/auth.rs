@@ -33,6 +33,18 @@ fn uri(addr: SocketAddr, credentials: &str, options: &str) -> String {
     )
 }
 
+/// A server with `--auth` whose first user, `boss`, has `root`; and a client logged in as it.
+async fn with_root_user(dir: &std::path::Path) -> anyhow::Result<(Proc, mongodb::Client)> {
+    let p = server(dir).await?;
+    let first = client(&uri(p.addr, "", "")).await?;
+    first
+        .database("admin")
+        .run_command(doc! {"createUser": "boss", "pwd": "pw", "roles": ["root"]})
+        .await?;
+    let boss = client(&uri(p.addr, "boss:pw@", "")).await?;
+    Ok((p, boss))
+}
+
 fn code(e: &mongodb::error::Error) -> Option<i32> {
     tests::scenarios::code_of(e)
 }
@@ -250,13 +262,7 @@ async fn garbage_in_sasl_is_refused_cleanly() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let p = server(dir.path()).await?;
-    let first = client(&uri(p.addr, "", "")).await?;
-    first
-        .database("admin")
-        .run_command(doc! {"createUser": "boss", "pwd": "pw", "roles": ["root"]})
-        .await?;
-    let boss = client(&uri(p.addr, "boss:pw@", "")).await?;
+    let (p, boss) = with_root_user(dir.path()).await?;
     let admin = boss.database("admin");
     for (user, roles) in [
         ("reader", vec![doc! {"role": "read", "db": "app"}]),
@@ -383,13 +389,7 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_users_cursor_is_refused() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let p = server(dir.path()).await?;
-    let first = client(&uri(p.addr, "", "")).await?;
-    first
-        .database("admin")
-        .run_command(doc! {"createUser": "boss", "pwd": "pw", "roles": ["root"]})
-        .await?;
-    let boss = client(&uri(p.addr, "boss:pw@", "")).await?;
+    let (p, boss) = with_root_user(dir.path()).await?;
     for user in ["alice", "bob"] {
         boss.database("app")
             .run_command(doc! {"createUser": user, "pwd": "pw", "roles": ["readWrite"]})

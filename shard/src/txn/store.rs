@@ -145,23 +145,11 @@ impl WriteTxn for TxnStore<'_> {
 
 /// Reads through a borrowed write transaction (never writes it): the base of a dry run's
 /// store.
-pub struct Borrowed<'a>(pub &'a mut dyn WriteTxn);
-
-impl ReadTxn for Borrowed<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> StorageResult<Option<Vec<u8>>> {
-        self.0.get(table, key)
-    }
-
-    fn scan(
-        &self,
-        table: Table,
-        range: &KeyRange,
-        reverse: bool,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Scan,
-    ) -> StorageResult<()> {
-        self.0.scan(table, range, reverse, visit)
-    }
+pub struct Borrowed<'a> {
+    pub inner: &'a mut dyn WriteTxn,
 }
+
+crate::storage::reads_through_inner!(Borrowed<'_>);
 
 #[cfg(test)]
 mod tests {
