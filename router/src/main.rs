@@ -266,12 +266,25 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse_from(with_config_file(std::env::args().collect())?);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
+    {
+        use tracing_subscriber::Layer;
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // getLog keeps info and above whatever RUST_LOG shows, as mongod's getLog does.
+        let logs = tracing_subscriber::registry().with(
+            router::log_buffer::LogBuffer
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        );
+        match cli.log_format {
+            LogFormat::Text => logs
+                .with(tracing_subscriber::fmt::layer().with_filter(filter))
+                .init(),
+            LogFormat::Json => logs
+                .with(tracing_subscriber::fmt::layer().json().with_filter(filter))
+                .init(),
+        }
     }
     let argv: Vec<String> = std::env::args().collect();
     let mut retention = cli.embedded.oplog.retention();

@@ -410,3 +410,46 @@ async fn kill_op_interrupts_an_operation_current_op_lists() -> anyhow::Result<()
     cluster.stop().await;
     Ok(())
 }
+
+/// `getLog: "global"` shows the process's recent log lines, as mongod's structured lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_log_shows_recent_lines() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = tests::free_port()?;
+    let args = vec![
+        "--port".to_string(),
+        port.to_string(),
+        "--dbpath".into(),
+        dir.path().join("data").display().to_string(),
+        "--slowms".into(),
+        "0".into(),
+    ];
+    let p = tests::Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let raw = wire::client::Client::new(p.addr.to_string());
+    raw.command("logs", &doc! {"insert": "c", "documents": [{"_id": 1}]})
+        .await?;
+    let names = raw.command("admin", &doc! {"getLog": "*"}).await?;
+    assert_eq!(names.get_array("names")?.len(), 2, "{names}");
+    let global = raw.command("admin", &doc! {"getLog": "global"}).await?;
+    let lines = global.get_array("log")?;
+    assert!(global.get_i64("totalLinesWritten")? >= lines.len() as i64);
+    let parsed: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| l.as_str())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert!(
+        parsed
+            .iter()
+            .any(|l| l["msg"] == "Slow query" && l["attr"]["command"] == "insert"),
+        "{global}"
+    );
+    assert!(
+        parsed
+            .iter()
+            .all(|l| l["t"]["$date"].is_string() && l["s"].is_string())
+    );
+    let bad = raw.command("admin", &doc! {"getLog": "nope"}).await?;
+    assert_eq!(bad.get_i32("code").ok(), Some(2), "{bad}");
+    Ok(())
+}

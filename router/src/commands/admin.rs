@@ -200,6 +200,31 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     })
 }
 
+/// `getLog`: `"*"` names the logs; `"global"` has the process's last lines (mongod's
+/// structured lines, from `crate::log_buffer`); `"startupWarnings"` has none.
+pub(super) fn get_log(ctx: &Ctx<'_>) -> Result<Document> {
+    admin_only(ctx)?;
+    match ctx.cmd.get("getLog") {
+        Some(Bson::String(s)) if s == "*" => {
+            Ok(doc! {"names": ["global", "startupWarnings"], "ok": 1.0})
+        }
+        Some(Bson::String(s)) if s == "global" => {
+            let (lines, written) = crate::log_buffer::lines();
+            Ok(doc! {"totalLinesWritten": written as i64, "log": lines, "ok": 1.0})
+        }
+        Some(Bson::String(s)) if s == "startupWarnings" => {
+            Ok(doc! {"totalLinesWritten": 0_i64, "log": [], "ok": 1.0})
+        }
+        Some(Bson::String(s)) => Err(MongoError::with_code(
+            ErrorCode::BAD_VALUE.code,
+            format!("No log named '{s}'"),
+        )),
+        _ => Err(MongoError::type_mismatch(
+            "Argument to getLog must be of type String",
+        )),
+    }
+}
+
 pub(super) fn host_info() -> Result<Document> {
     Ok(doc! {
         "system": {"currentTime": DateTime::now(), "numCores": std::thread::available_parallelism().map(|n| n.get() as i32).unwrap_or(1)},

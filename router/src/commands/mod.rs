@@ -403,7 +403,7 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
             admin::sessions(ctx)
         }
         "listCommands" => admin::list_commands(),
-        "getLog" => Ok(bson::doc! {"totalLinesWritten": 0, "log": [], "ok": 1.0}),
+        "getLog" => admin::get_log(ctx),
         "insert" => crud::insert(ctx).await,
         "update" => crud::update(ctx).await,
         "delete" => crud::delete(ctx).await,
