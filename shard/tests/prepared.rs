@@ -17,6 +17,22 @@ fn session() -> Document {
     }
 }
 
+/// Updates account 1 with `u` in the session's transaction and prepares it; returns the
+/// prepare time.
+async fn update_and_prepare(s: &shard::Shard, u: Document) -> Timestamp {
+    let mut update = doc! {
+        "update": "accounts",
+        "updates": [{"q": {"_id": 1}, "u": u}],
+        "startTransaction": true,
+    };
+    update.extend(session());
+    ok(s, "bank", update).await;
+    let mut prepare = doc! {"prepareTransaction": 1};
+    prepare.extend(session());
+    let prepared = ok(s, "admin", prepare).await;
+    prepared.get_timestamp("prepareTimestamp").expect("ts")
+}
+
 async fn value_as_of(s: &shard::Shard, at: Timestamp) -> i32 {
     let r = ok(
         s,
@@ -42,17 +58,7 @@ async fn a_commit_at_a_later_participants_time_is_invisible_before_that_time() {
         doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}]},
     )
     .await;
-    let mut update = doc! {
-        "update": "accounts",
-        "updates": [{"q": {"_id": 1}, "u": {"$set": {"v": 1}}}],
-        "startTransaction": true,
-    };
-    update.extend(session());
-    ok(&s, "bank", update).await;
-    let mut prepare = doc! {"prepareTransaction": 1};
-    prepare.extend(session());
-    let prepared = ok(&s, "admin", prepare).await;
-    let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
+    let p = update_and_prepare(&s, doc! {"$set": {"v": 1}}).await;
     // Another participant prepared five ticks later.
     let commit_ts = Timestamp {
         time: p.time,
@@ -95,17 +101,7 @@ async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
         doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}, {"_id": 2, "v": 0}]},
     )
     .await;
-    let mut update = doc! {
-        "update": "accounts",
-        "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 10}}}],
-        "startTransaction": true,
-    };
-    update.extend(session());
-    ok(&s, "bank", update).await;
-    let mut prepare = doc! {"prepareTransaction": 1};
-    prepare.extend(session());
-    let prepared = ok(&s, "admin", prepare).await;
-    let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
+    let p = update_and_prepare(&s, doc! {"$inc": {"v": 10}}).await;
     let plain = {
         let s = s.clone();
         tokio::spawn(async move {

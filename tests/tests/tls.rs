@@ -25,6 +25,14 @@ fn uri(addr: SocketAddr, tls: Option<(&TestCertificates, bool)>) -> String {
     uri
 }
 
+/// The server's certificate-key file and the CA file, as arguments.
+fn paths(certs: &TestCertificates) -> (String, String) {
+    (
+        certs.server.display().to_string(),
+        certs.ca.display().to_string(),
+    )
+}
+
 async fn client(uri: &str) -> anyhow::Result<mongodb::Client> {
     Ok(mongodb::Client::with_options(
         ClientOptions::parse(uri).await?,
@@ -113,10 +121,7 @@ async fn allowed_tls_serves_both_on_one_port() -> anyhow::Result<()> {
 async fn a_ca_file_asks_clients_for_certificates() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let certs = tests::test_certificates(dir.path())?;
-    let (server, ca) = (
-        certs.server.display().to_string(),
-        certs.ca.display().to_string(),
-    );
+    let (server, ca) = paths(&certs);
     let required = embedded(
         dir.path(),
         &[
@@ -160,10 +165,7 @@ async fn a_ca_file_asks_clients_for_certificates() -> anyhow::Result<()> {
 async fn a_cluster_of_processes_speaks_tls_throughout() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let certs = tests::test_certificates(dir.path())?;
-    let (server, ca) = (
-        certs.server.display().to_string(),
-        certs.ca.display().to_string(),
-    );
+    let (server, ca) = paths(&certs);
     let tls = [
         "--tlsMode",
         "requireTLS",

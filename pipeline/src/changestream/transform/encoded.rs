@@ -445,6 +445,23 @@ mod tests {
         e
     }
 
+    /// The general transform of `entry` and the encoded one of its bytes `raw`.
+    fn both(
+        spec: &ChangeStreamSpec,
+        entry: &Document,
+        raw: &RawDocumentBuf,
+    ) -> (crate::changestream::ChangeEvent, EncodedEvent) {
+        let expected = Transformer::new(spec)
+            .transform(entry)
+            .expect("transforms")
+            .expect("an event");
+        let got = Transformer::new(spec)
+            .transform_encoded(&EntryFields::read(raw).expect("reads"))
+            .expect("transforms")
+            .expect("handled");
+        (expected, got)
+    }
+
     fn entries() -> Vec<Document> {
         vec![
             entry(
@@ -536,14 +553,7 @@ mod tests {
         for spec in specs() {
             for e in entries() {
                 let raw = RawDocumentBuf::try_from(&e).expect("encodes");
-                let expected = Transformer::new(&spec)
-                    .transform(&e)
-                    .expect("transforms")
-                    .expect("an event");
-                let got = Transformer::new(&spec)
-                    .transform_encoded(&EntryFields::read(&raw).expect("reads"))
-                    .expect("transforms")
-                    .expect("handled");
+                let (expected, got) = both(&spec, &e, &raw);
                 assert_eq!(got.token, expected.token, "{e:?} {spec:?}");
                 assert_eq!(got.token.type_bits(), expected.token.type_bits(), "{e:?}");
                 assert_eq!(got.data, expected.data, "{e:?} {spec:?}");
@@ -595,14 +605,7 @@ mod tests {
                 raw.append(cstr!("o2"), &key);
             }
             let decoded = Document::try_from(raw.as_ref()).expect("decodes");
-            let expected = Transformer::new(&spec)
-                .transform(&decoded)
-                .expect("transforms")
-                .expect("an event");
-            let got = Transformer::new(&spec)
-                .transform_encoded(&EntryFields::read(&raw).expect("reads"))
-                .expect("transforms")
-                .expect("handled");
+            let (expected, got) = both(&spec, &decoded, &raw);
             assert_eq!(got.token, expected.token, "{op}");
             assert_eq!(got.data, expected.data, "{op}");
         }
