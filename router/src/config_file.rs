@@ -4,10 +4,9 @@
 //!
 //! Invariants: pure (text in, flags out); every key in the file is either understood or
 //! refused with an error that names it, never ignored; settings Tributary does not have yet
-//! (`security.keyFile` and the rest of `security` but `authorization`) are refused rather than
-//! silently run without. The
-//! binary puts these flags before the command line's own, and a flag given on the command
-//! line wins.
+//! (the rest of `security` but `authorization` and `keyFile`) are refused rather than silently
+//! run without. The binary puts these flags before the command line's own, and a flag given on
+//! the command line wins.
 
 use serde_norway::Value;
 
@@ -129,6 +128,12 @@ const SETTINGS: &[Setting] = &[
         on: ROUTERS,
     },
     Setting {
+        path: "security.keyFile",
+        flag: "--keyFile",
+        kind: Kind::Value,
+        on: &[Shard, Router],
+    },
+    Setting {
         path: "tributary.shards",
         flag: "--shards",
         kind: Kind::Value,
@@ -182,7 +187,7 @@ const SETTINGS: &[Setting] = &[
 const NOT_YET: &[(&str, &str)] = &[
     (
         "security",
-        "only security.authorization is supported (no key files, LDAP or x.509 yet)",
+        "only security.authorization and security.keyFile are supported (no LDAP or x.509 yet)",
     ),
     ("net.ssl", "the ssl options are spelled net.tls"),
 ];
@@ -374,6 +379,11 @@ security:
         assert_eq!(
             flags("security:\n  authorization: enabled\n", Component::Router),
             Ok(vec!["--auth".to_string()])
+        );
+        assert!(refused("security:\n  clusterAuthMode: x509\n", Component::Shard).contains("LDAP"));
+        assert_eq!(
+            flags("security:\n  keyFile: /k\n", Component::Shard),
+            Ok(vec!["--keyFile".to_string(), "/k".to_string()])
         );
     }
 }

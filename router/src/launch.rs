@@ -176,7 +176,11 @@ pub async fn router_with(
     let clients = shard_addrs
         .into_iter()
         .map(|a| {
-            Arc::new(RemoteShard::with_tls(a, options.shard_tls.clone())) as Arc<dyn ShardClient>
+            Arc::new(RemoteShard::secured(
+                a,
+                options.shard_tls.clone(),
+                options.shard_key.clone(),
+            )) as Arc<dyn ShardClient>
         })
         .collect();
     router_over(bind, clients, options).await
@@ -221,42 +225,48 @@ pub async fn shard_with(
     name: String,
     test_commands: bool,
 ) -> anyhow::Result<Running> {
-    shard_with_tls(bind, dbpath, name, test_commands, ShardTls::default()).await
+    shard_secured(bind, dbpath, name, test_commands, ShardSecurity::default()).await
 }
 
-/// A shard's TLS: on its port, and to the other shards (a two-phase commit's coordinator
-/// reaching its participants).
+/// A shard's TLS (on its port, and to the other shards: a two-phase commit's coordinator
+/// reaching its participants) and the cluster's key file (which its clients and the other
+/// shards must log in with, and which it logs in to the other shards with).
 #[derive(Debug, Clone, Default)]
-pub struct ShardTls {
-    pub server: Option<Arc<wire::tls::ServerTls>>,
-    pub peers: Option<wire::tls::ClientTls>,
+pub struct ShardSecurity {
+    pub server_tls: Option<Arc<wire::tls::ServerTls>>,
+    pub peer_tls: Option<wire::tls::ClientTls>,
+    pub key: Option<Arc<wire::keyfile::KeyFile>>,
 }
 
-/// [`shard_with`], with TLS.
-pub async fn shard_with_tls(
+/// [`shard_with`], with TLS and a key file.
+pub async fn shard_secured(
     bind: SocketAddr,
     dbpath: PathBuf,
     name: String,
     test_commands: bool,
-    tls: ShardTls,
+    security: ShardSecurity,
 ) -> anyhow::Result<Running> {
     let s = open_shard(dbpath, name).await?;
     if test_commands {
         s.enable_test_commands();
     }
-    if let Some(peers) = tls.peers {
+    if let Some(peers) = security.peer_tls {
         s.peers().use_tls(peers);
+    }
+    if let Some(key) = &security.key {
+        s.peers().use_key(key.clone());
     }
     let listener = TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding the shard to {bind}"))?;
     let addr = listener.local_addr()?;
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(shard::server::serve_with_tls(
+    let task = tokio::spawn(shard::server::serve_secured(
         s.clone(),
         listener,
         cancel.clone(),
-        tls.server,
+        security.server_tls,
+        security.key,
     ));
     tracing::info!(%addr, "shard listening");
     Ok(Running {

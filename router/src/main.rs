@@ -126,6 +126,27 @@ impl TlsArgs {
     }
 }
 
+/// The cluster's shared key (a router over remote shards, and a shard).
+#[derive(Args, Debug, Clone)]
+struct KeyFileArgs {
+    /// A file holding the cluster's key (6 to 1,024 base64 characters, readable only by its
+    /// owner): a shard accepts only connections that log in with it, and routers and shards
+    /// log in to shards with it, as MongoDB's internal authentication. On a router it also
+    /// turns on --auth.
+    #[arg(long = "keyFile")]
+    key_file: Option<PathBuf>,
+}
+
+impl KeyFileArgs {
+    fn read(&self) -> anyhow::Result<Option<Arc<wire::keyfile::KeyFile>>> {
+        self.key_file
+            .as_deref()
+            .map(wire::keyfile::KeyFile::read)
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    }
+}
+
 /// Operations: metrics, logs (the embedded cluster and a router).
 #[derive(Args, Debug, Clone)]
 struct OpsArgs {
@@ -202,6 +223,8 @@ enum Command {
         oplog: OplogArgs,
         #[command(flatten)]
         tls: TlsArgs,
+        #[command(flatten)]
+        key_file: KeyFileArgs,
     },
     /// Run a router over shards running in other processes.
     #[command(args_override_self = true)]
@@ -236,6 +259,8 @@ enum Command {
         ops: OpsArgs,
         #[command(flatten)]
         tls: TlsArgs,
+        #[command(flatten)]
+        key_file: KeyFileArgs,
     },
 }
 
@@ -320,18 +345,20 @@ async fn run() -> anyhow::Result<()> {
             enable_test_commands,
             oplog,
             tls,
+            key_file,
         }) => {
             retention = oplog.retention();
-            let tls = launch::ShardTls {
-                server: tls.server()?,
-                peers: tls.outgoing()?,
+            let security = launch::ShardSecurity {
+                server_tls: tls.server()?,
+                peer_tls: tls.outgoing()?,
+                key: key_file.read()?,
             };
-            launch::shard_with_tls(
+            launch::shard_secured(
                 SocketAddr::new(bind_ip, port),
                 dbpath,
                 name,
                 enable_test_commands,
-                tls,
+                security,
             )
             .await?
         }
@@ -346,8 +373,10 @@ async fn run() -> anyhow::Result<()> {
             streams,
             ops,
             tls,
+            key_file,
         }) => {
             metrics = ops.metrics_port.map(|p| SocketAddr::new(bind_ip, p));
+            let shard_key = key_file.read()?;
             let options = RouterOptions {
                 presentation: presentation(repl_set_mode),
                 argv,
@@ -358,10 +387,12 @@ async fn run() -> anyhow::Result<()> {
                 },
                 stream_replies_per_second: streams.stream_replies_per_second,
                 slow_ms: ops.slow_ms,
-                auth: ops.auth,
+                // A key file turns on authorization too, as on mongos.
+                auth: ops.auth || shard_key.is_some(),
                 max_clock_drift: Duration::from_secs(ops.max_clock_drift_secs),
                 tls: tls.server()?,
                 shard_tls: tls.outgoing()?,
+                shard_key,
                 ..RouterOptions::default()
             };
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?

@@ -61,6 +61,8 @@ pub struct RouterOptions {
     pub tls: Option<Arc<wire::tls::ServerTls>>,
     /// TLS to the shards (a router over remote shards with `preferTLS` or `requireTLS`).
     pub shard_tls: Option<wire::tls::ClientTls>,
+    /// The cluster's key file, which the router logs in to remote shards with.
+    pub shard_key: Option<Arc<wire::keyfile::KeyFile>>,
 }
 
 impl Default for RouterOptions {
@@ -78,6 +80,7 @@ impl Default for RouterOptions {
             auth: false,
             tls: None,
             shard_tls: None,
+            shard_key: None,
         }
     }
 }

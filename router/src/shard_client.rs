@@ -21,12 +21,17 @@ pub enum TransportError {
     Unreachable { error: MongoError, cmd: Document },
     /// The connection failed after the command was sent: it may or may not have run.
     Lost { error: MongoError, cmd: Document },
+    /// The shard refused this router's key file login: nothing was sent, and sending again
+    /// will not help.
+    Refused { error: MongoError, cmd: Document },
 }
 
 impl TransportError {
     pub fn into_error(self) -> MongoError {
         match self {
-            TransportError::Unreachable { error, .. } | TransportError::Lost { error, .. } => error,
+            TransportError::Unreachable { error, .. }
+            | TransportError::Lost { error, .. }
+            | TransportError::Refused { error, .. } => error,
         }
     }
 }
@@ -80,9 +85,19 @@ impl RemoteShard {
 
     /// A shard reached over TLS when `tls` is given.
     pub fn with_tls(addr: impl Into<String>, tls: Option<wire::tls::ClientTls>) -> Self {
+        RemoteShard::secured(addr, tls, None)
+    }
+
+    /// A shard reached over TLS when `tls` is given, logged in to with the cluster's `key`
+    /// when given.
+    pub fn secured(
+        addr: impl Into<String>,
+        tls: Option<wire::tls::ClientTls>,
+        key: Option<Arc<wire::keyfile::KeyFile>>,
+    ) -> Self {
         let addr = addr.into();
         RemoteShard {
-            client: wire::client::Client::with_tls(addr.clone(), tls),
+            client: wire::client::Client::with_tls(addr.clone(), tls).with_key(key),
             addr,
         }
     }
@@ -98,7 +113,12 @@ impl ShardClient for RemoteShard {
                     ErrorCode::HOST_UNREACHABLE,
                     format!("error talking to shard {}: {e}", self.addr),
                 );
-                Err(if e.is_unsent() {
+                Err(if matches!(e, wire::ClientError::Refused { .. }) {
+                    TransportError::Refused {
+                        error: e.to_mongo_error(),
+                        cmd,
+                    }
+                } else if e.is_unsent() {
                     TransportError::Unreachable { error, cmd }
                 } else {
                     TransportError::Lost { error, cmd }

@@ -4,19 +4,38 @@
 //! A thin shell: the request body (with `$db`) goes to [`Shard::run_command_body`] unchanged; the
 //! connection id is filled into handshake replies; unacknowledged writes (`moreToCome`) get no
 //! reply.
+//!
+//! With the cluster's key file (`--keyFile`), a connection runs nothing but the handshake and
+//! `ping` until it has logged in as `__system@local` with the key as password (SCRAM-SHA-256
+//! or -1): everything else is 13 `Unauthorized`, a failed login 18 `AuthenticationFailed`.
+//! Routers and the other shards log in so; a shard never takes a client's users.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use bson::Bson;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use wire::keyfile::{KeyFile, SYSTEM_DB, SYSTEM_USER};
 use wire::raw::Body;
-use wire::{ConnectionInfo, Handler, Reply, Request};
+use wire::scram::{self, Conversation, Mechanism};
+use wire::{ConnectionInfo, ErrorCode, Handler, MongoError, Reply, Request};
 
 use crate::Shard;
 
 struct ShardHandler {
     shard: Arc<Shard>,
+    key: Option<Arc<KeyFile>>,
+    logins: Mutex<HashMap<u64, Login>>,
+}
+
+/// Where a connection is in its key-file login.
+enum Login {
+    Started(Conversation),
+    /// The proof checked out (the reply says `done`; an empty last step is still answered).
+    Done,
 }
 
 #[wire::async_trait]
@@ -26,10 +45,33 @@ impl Handler for ShardHandler {
         if !body.contains_key("$db") {
             body.insert("$db", req.db.clone());
         }
-        let is_hello = matches!(
-            body.keys().next().map(String::as_str),
-            Some("hello" | "isMaster" | "ismaster")
-        );
+        let name = body.keys().next().cloned().unwrap_or_default();
+        let is_hello = matches!(name.as_str(), "hello" | "isMaster" | "ismaster");
+        if let Some(key) = &self.key {
+            let answer = match name.as_str() {
+                "saslStart" => Some(self.sasl_start(conn, key, &req.db, &body)),
+                "saslContinue" => Some(self.sasl_continue(conn, key, &body)),
+                _ if is_hello || matches!(name.as_str(), "ping" | "buildInfo" | "buildinfo") => {
+                    None
+                }
+                _ if self.logged_in(conn) => None,
+                _ => Some(Err(MongoError::new(
+                    ErrorCode::UNAUTHORIZED,
+                    format!("Command {name} requires authentication"),
+                ))),
+            };
+            if let Some(answer) = answer {
+                return match answer {
+                    _ if req.more_to_come => Reply::NoReply,
+                    Ok(reply) => Reply::Document(reply),
+                    Err(e) => Reply::Document(e.to_document()),
+                };
+            }
+        }
+        let internal_mechs = self.key.is_some()
+            && body
+                .get_str("saslSupportedMechs")
+                .is_ok_and(|named| named == format!("{SYSTEM_DB}.{SYSTEM_USER}"));
         match self.shard.run_command_body(body).await {
             _ if req.more_to_come => Reply::NoReply,
             Body::Document(mut reply) => {
@@ -39,24 +81,135 @@ impl Handler for ShardHandler {
                         Bson::Int64(i64::try_from(conn.id).unwrap_or(i64::MAX)),
                     );
                 }
+                if is_hello && internal_mechs {
+                    reply.insert("saslSupportedMechs", vec!["SCRAM-SHA-1", "SCRAM-SHA-256"]);
+                }
                 Reply::Document(reply)
             }
             Body::Raw(reply) => Reply::Raw(reply),
+        }
+    }
+
+    fn closed(&self, conn: &ConnectionInfo) {
+        self.lock().remove(&conn.id);
+    }
+}
+
+fn auth_failed() -> MongoError {
+    MongoError::new(ErrorCode::AUTHENTICATION_FAILED, "Authentication failed.")
+}
+
+fn binary(bytes: Vec<u8>) -> Bson {
+    Bson::Binary(Binary {
+        subtype: BinarySubtype::Generic,
+        bytes,
+    })
+}
+
+fn payload_of(cmd: &Document) -> Result<Vec<u8>, MongoError> {
+    match cmd.get("payload") {
+        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
+        Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
+        _ => Err(MongoError::failed_to_parse(
+            "SASL payload must be binary data",
+        )),
+    }
+}
+
+/// The one conversation a connection has at a time.
+const CONVERSATION_ID: i32 = 1;
+
+impl ShardHandler {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Login>> {
+        self.logins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn logged_in(&self, conn: &ConnectionInfo) -> bool {
+        matches!(self.lock().get(&conn.id), Some(Login::Done))
+    }
+
+    fn sasl_start(
+        &self,
+        conn: &ConnectionInfo,
+        key: &KeyFile,
+        db: &str,
+        cmd: &Document,
+    ) -> Result<Document, MongoError> {
+        let name = cmd.get_str("mechanism").unwrap_or("");
+        let Some(mechanism) = Mechanism::parse(name) else {
+            return Err(MongoError::with_code(
+                334,
+                format!("Received authentication for mechanism {name} which is not enabled"),
+            ));
+        };
+        let first = scram::parse_client_first(&payload_of(cmd)?).map_err(|_| auth_failed())?;
+        if first.user != SYSTEM_USER || db != SYSTEM_DB {
+            tracing::info!(user = %first.user, db, "refused a login: a shard takes only the key file's");
+            return Err(auth_failed());
+        }
+        let nonce = B64.encode((0..24).map(|_| rand::random::<u8>()).collect::<Vec<u8>>());
+        let (conversation, server_first) =
+            Conversation::start(mechanism, first, &nonce, key.credential(mechanism));
+        self.lock().insert(conn.id, Login::Started(conversation));
+        Ok(doc! {
+            "conversationId": CONVERSATION_ID,
+            "done": false,
+            "payload": binary(server_first),
+            "ok": 1.0,
+        })
+    }
+
+    fn sasl_continue(
+        &self,
+        conn: &ConnectionInfo,
+        key: &KeyFile,
+        cmd: &Document,
+    ) -> Result<Document, MongoError> {
+        let payload = payload_of(cmd)?;
+        let mut logins = self.lock();
+        let reply = |payload: Vec<u8>| {
+            doc! {"conversationId": CONVERSATION_ID, "done": true, "payload": binary(payload), "ok": 1.0}
+        };
+        match logins.remove(&conn.id) {
+            Some(Login::Started(conversation)) => {
+                let credential = key.credential(conversation.mechanism);
+                let Ok(server_final) = conversation.finish(&payload, credential) else {
+                    tracing::warn!(peer = %conn.peer, "a key file login failed: wrong key");
+                    return Err(auth_failed());
+                };
+                logins.insert(conn.id, Login::Done);
+                Ok(reply(server_final))
+            }
+            Some(Login::Done) => {
+                logins.insert(conn.id, Login::Done);
+                Ok(reply(Vec::new()))
+            }
+            None => Err(MongoError::new(
+                ErrorCode::PROTOCOL_ERROR,
+                "No SASL session state found",
+            )),
         }
     }
 }
 
 /// Accepts connections until `cancel` fires.
 pub async fn serve(shard: Arc<Shard>, listener: TcpListener, cancel: CancellationToken) {
-    serve_with_tls(shard, listener, cancel, None).await;
+    serve_secured(shard, listener, cancel, None, None).await;
 }
 
-/// [`serve`], with TLS as `tls` says (`None`: plain only).
-pub async fn serve_with_tls(
+/// [`serve`], with TLS as `tls` says (`None`: plain only) and, with `key`, only connections
+/// that log in with the cluster's key file.
+pub async fn serve_secured(
     shard: Arc<Shard>,
     listener: TcpListener,
     cancel: CancellationToken,
     tls: Option<Arc<wire::tls::ServerTls>>,
+    key: Option<Arc<KeyFile>>,
 ) {
-    wire::server::serve_with_tls(listener, Arc::new(ShardHandler { shard }), cancel, tls).await;
+    let handler = ShardHandler {
+        shard,
+        key,
+        logins: Mutex::new(HashMap::new()),
+    };
+    wire::server::serve_with_tls(listener, Arc::new(handler), cancel, tls).await;
 }

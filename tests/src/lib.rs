@@ -276,6 +276,15 @@ impl ProcessCluster {
         n_shards: usize,
         router_args: &[&str],
     ) -> Result<ProcessCluster> {
+        Self::start_with_args(n_shards, &[], router_args).await
+    }
+
+    /// A cluster whose shards get `shard_args` and whose router gets `router_args`.
+    pub async fn start_with_args(
+        n_shards: usize,
+        shard_args: &[&str],
+        router_args: &[&str],
+    ) -> Result<ProcessCluster> {
         init_tracing();
         let dir = tempfile::tempdir()?;
         let mut shards = Vec::new();
@@ -292,6 +301,10 @@ impl ProcessCluster {
                 format!("shard{i}"),
                 "--enableTestCommands".into(),
             ];
+            let args = args
+                .into_iter()
+                .chain(shard_args.iter().map(|a| a.to_string()))
+                .collect();
             shards.push(Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await?);
         }
         let port = free_port()?;

@@ -8,11 +8,13 @@
 //! * The pool lock is a std `Mutex` held only to push or pop, never across an `.await`.
 //! * Replies are returned as documents, `ok: 0` included; [`ClientError`] is only for failures
 //!   to connect, I/O and protocol errors.
+//! * With a key file, a new connection logs in as `__system` before its first command, and a
+//!   connection whose login failed is never used ([`ClientError::Refused`]).
 //! * Connecting times out after [`CONNECT_TIMEOUT`]; reads have no timeout (a getMore with
 //!   `awaitData` may wait a long time): wrap [`Client::command`] in `tokio::time::timeout`.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{Document, RawDocumentBuf};
@@ -21,6 +23,7 @@ use tokio::net::TcpStream;
 use crate::codec::CodecError;
 use crate::connection::Connection;
 use crate::error::{ErrorCode, MongoError};
+use crate::keyfile::KeyFile;
 use crate::message::{Message, Op, to_document};
 
 /// How long to wait for a TCP connection to open.
@@ -48,6 +51,8 @@ pub enum ClientError {
     Protocol { addr: String, message: String },
     #[error("{addr} closed the connection before replying")]
     Closed { addr: String },
+    #[error("{addr} refused our key file login: {message}")]
+    Refused { addr: String, message: String },
 }
 
 impl ClientError {
@@ -56,7 +61,9 @@ impl ClientError {
     pub fn is_unsent(&self) -> bool {
         matches!(
             self,
-            ClientError::ConnectTimeout { .. } | ClientError::Connect { .. }
+            ClientError::ConnectTimeout { .. }
+                | ClientError::Connect { .. }
+                | ClientError::Refused { .. }
         )
     }
 
@@ -66,6 +73,7 @@ impl ClientError {
         let code = match self {
             ClientError::ConnectTimeout { .. } => ErrorCode::NETWORK_TIMEOUT,
             ClientError::Connect { .. } => ErrorCode::HOST_UNREACHABLE,
+            ClientError::Refused { .. } => ErrorCode::AUTHENTICATION_FAILED,
             ClientError::Io { .. } | ClientError::Closed { .. } | ClientError::Protocol { .. } => {
                 ErrorCode::SOCKET_EXCEPTION
             }
@@ -82,6 +90,8 @@ pub struct Client {
     next_request_id: AtomicI32,
     /// TLS to the server, when it needs it.
     tls: Option<crate::tls::ClientTls>,
+    /// The cluster's key, when the server wants a key file login.
+    key: Option<Arc<KeyFile>>,
 }
 
 impl Client {
@@ -96,7 +106,14 @@ impl Client {
             idle: Mutex::new(Vec::new()),
             next_request_id: AtomicI32::new(1),
             tls,
+            key: None,
         }
+    }
+
+    /// Logs every new connection in with the cluster's key, when `key` is given.
+    pub fn with_key(mut self, key: Option<Arc<KeyFile>>) -> Client {
+        self.key = key;
+        self
     }
 
     pub fn addr(&self) -> &str {
@@ -128,13 +145,23 @@ impl Client {
             })
         }
         .map_err(|e| self.protocol(e.to_string()))?;
-        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX;
-        let request = Message::msg(request_id, raw);
-
         let mut conn = match self.take_idle() {
             Some(conn) => conn,
             None => self.connect().await?,
         };
+        let body = self.exchange(&mut conn, raw).await?;
+        self.put_idle(conn);
+        Ok(body)
+    }
+
+    /// Sends one command over `conn` and reads its reply.
+    async fn exchange(
+        &self,
+        conn: &mut Connection,
+        raw: RawDocumentBuf,
+    ) -> Result<RawDocumentBuf, ClientError> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX;
+        let request = Message::msg(request_id, raw);
         conn.write_message(&request)
             .await
             .map_err(|e| self.codec_error(e))?;
@@ -152,21 +179,19 @@ impl Client {
                 reply.response_to
             )));
         }
-        let body = match reply.op {
+        match reply.op {
             Op::Msg(msg) => {
                 if msg.flags.more_to_come() {
                     return Err(self.protocol("unexpected moreToCome reply".to_string()));
                 }
-                msg.body
+                Ok(msg.body)
             }
             Op::Reply(r) => match r.documents.into_iter().next() {
-                Some(d) => d,
-                None => return Err(self.protocol("OP_REPLY without a document".to_string())),
+                Some(d) => Ok(d),
+                None => Err(self.protocol("OP_REPLY without a document".to_string())),
             },
-            Op::Query(_) => return Err(self.protocol("server sent an OP_QUERY".to_string())),
-        };
-        self.put_idle(conn);
-        Ok(body)
+            Op::Query(_) => Err(self.protocol("server sent an OP_QUERY".to_string())),
+        }
     }
 
     /// The most recently used idle connection that still looks alive; stale ones are dropped.
@@ -187,7 +212,34 @@ impl Client {
         }
     }
 
+    /// A new connection, logged in when there is a key.
     async fn connect(&self) -> Result<Connection, ClientError> {
+        let mut conn = self.open().await?;
+        if let Some(key) = &self.key {
+            let refused = |message| ClientError::Refused {
+                addr: self.addr.clone(),
+                message,
+            };
+            let (mut login, mut cmd) = key.login().map_err(refused)?;
+            let login = async {
+                loop {
+                    let reply = self.exchange(&mut conn, cmd).await?;
+                    match login.next(&reply).map_err(refused)? {
+                        Some(next) => cmd = next,
+                        None => return Ok::<(), ClientError>(()),
+                    }
+                }
+            };
+            tokio::time::timeout(CONNECT_TIMEOUT, login)
+                .await
+                .map_err(|_| ClientError::ConnectTimeout {
+                    addr: self.addr.clone(),
+                })??;
+        }
+        Ok(conn)
+    }
+
+    async fn open(&self) -> Result<Connection, ClientError> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
             .await
             .map_err(|_| ClientError::ConnectTimeout {

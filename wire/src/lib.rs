@@ -25,6 +25,10 @@ pub mod codec;
 #[cfg(feature = "codec")]
 pub mod connection;
 #[cfg(feature = "codec")]
+pub mod keyfile;
+#[cfg(feature = "scram")]
+pub mod scram;
+#[cfg(feature = "codec")]
 pub mod server;
 #[cfg(feature = "codec")]
 pub mod tls;

@@ -22,7 +22,6 @@
 //! * a connection's state is dropped when it closes.
 
 pub mod roles;
-pub mod scram;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,7 +33,7 @@ use wire::server::ConnectionInfo;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::Router;
-use scram::{Conversation, Credential, Mechanism};
+use wire::scram::{self, Conversation, Credential, Mechanism};
 
 /// Where users are kept, on the config shard.
 const USERS_DB: &str = "admin";

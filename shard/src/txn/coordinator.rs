@@ -72,12 +72,19 @@ pub struct Peers {
     remote: Mutex<HashMap<String, Arc<wire::Client>>>,
     /// TLS to remote peers, when the cluster speaks it.
     tls: Mutex<Option<wire::tls::ClientTls>>,
+    /// The cluster's key, when the peers want a key file login.
+    key: Mutex<Option<Arc<wire::keyfile::KeyFile>>>,
 }
 
 impl Peers {
     /// Reaches remote peers over TLS from now on.
     pub fn use_tls(&self, tls: wire::tls::ClientTls) {
         *lock(&self.tls) = Some(tls);
+    }
+
+    /// Logs in to remote peers with the cluster's key from now on.
+    pub fn use_key(&self, key: Arc<wire::keyfile::KeyFile>) {
+        *lock(&self.key) = Some(key);
     }
 
     /// Makes `shard` reachable by `name` from this process.
@@ -105,7 +112,8 @@ impl Peers {
                         .entry(host.clone())
                         .or_insert_with(|| {
                             let tls = lock(&self.tls).clone();
-                            Arc::new(wire::Client::with_tls(host.clone(), tls))
+                            let key = lock(&self.key).clone();
+                            Arc::new(wire::Client::with_tls(host.clone(), tls).with_key(key))
                         })
                         .clone();
                     client

@@ -1,14 +1,18 @@
-//! SCRAM-SHA-1 and SCRAM-SHA-256 (RFC 5802 / 7677) as MongoDB speaks them, server side: the
-//! stored credentials, and the two-step conversation that checks a client's proof.
+//! SCRAM-SHA-1 and SCRAM-SHA-256 (RFC 5802 / 7677) as MongoDB speaks them: the server side
+//! (the stored credentials, and the two-step conversation that checks a client's proof; the
+//! router's users) and the client side (a router or shard proving it holds the cluster's key
+//! file to a shard).
 //!
 //! Owns: credential derivation (MongoDB's SHA-1 variant hashes `user:mongo:password` with MD5
-//! first; SHA-256 uses the SASLprep'd password), message parsing and the proof check.
+//! first; SHA-256 uses the SASLprep'd password), message parsing, the proof check, and the
+//! client's proof and check of the server's signature.
 //!
-//! Invariants: pure (no I/O; the caller supplies the nonce and looks the user up); the password
+//! Invariants: pure (no I/O; the caller supplies the nonces and looks the user up); the password
 //! is never stored, only salt, iteration count, `StoredKey` and `ServerKey`; a malformed
 //! message, a nonce that does not extend ours, a channel binding we did not offer, or a wrong
 //! proof fails the conversation with an error, never a panic; the server signature is sent
-//! only after the proof checked out.
+//! only after the proof checked out, and a client trusts a server only once its signature
+//! checked out.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -291,73 +295,176 @@ impl Conversation {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The fewest iterations a client accepts from a server (RFC 7677's minimum).
+const MIN_ITERATIONS: u32 = 4096;
 
-    /// A client side, to run whole conversations against the server side.
-    fn client_final(
+/// The client's side of a conversation.
+pub struct ClientConversation {
+    mechanism: Mechanism,
+    prepared: Vec<u8>,
+    client_first_bare: String,
+    nonce: String,
+    /// What the server's final message must carry, once the client's proof is sent.
+    expected_server_final: Option<Vec<u8>>,
+}
+
+/// The salted password for the last salt and iteration count a server sent: PBKDF2 is the
+/// expensive step, and every connection to the same server gets the same salt.
+#[derive(Default)]
+pub struct SaltedCache(std::sync::Mutex<Option<Salted>>);
+
+/// A salt, an iteration count, and the password salted with them.
+type Salted = (Vec<u8>, u32, Vec<u8>);
+
+fn escape_user(user: &str) -> String {
+    user.replace('=', "=3D").replace(',', "=2C")
+}
+
+impl ClientConversation {
+    /// The client's first message (`n,,n=<user>,r=<nonce>`) as `user` with `password`;
+    /// `client_nonce` must be printable ASCII without commas.
+    pub fn start(
         mechanism: Mechanism,
         user: &str,
         password: &str,
-        client_first_bare: &str,
-        server_first: &str,
-    ) -> (String, Vec<u8>) {
-        let mut salt = None;
-        let mut iterations = 0;
-        let mut nonce = "";
-        for part in server_first.split(',') {
-            if let Some(s) = part.strip_prefix("s=") {
-                salt = Some(B64.decode(s).expect("salt"));
+        client_nonce: &str,
+    ) -> Result<(ClientConversation, Vec<u8>), ScramError> {
+        let prepared = prepared_password(mechanism, user, password).map_err(ScramError)?;
+        let client_first_bare = format!("n={},r={client_nonce}", escape_user(user));
+        let message = format!("n,,{client_first_bare}").into_bytes();
+        Ok((
+            ClientConversation {
+                mechanism,
+                prepared,
+                client_first_bare,
+                nonce: client_nonce.to_string(),
+                expected_server_final: None,
+            },
+            message,
+        ))
+    }
+
+    /// The client's final message (`c=biws,r=<nonce>,p=<proof>`) for the server's first.
+    pub fn respond(
+        &mut self,
+        server_first: &[u8],
+        cache: &SaltedCache,
+    ) -> Result<Vec<u8>, ScramError> {
+        let text = std::str::from_utf8(server_first)
+            .map_err(|_| bad("the server's first message is not UTF-8"))?;
+        let (mut nonce, mut salt, mut iterations) = (None, None, None);
+        for part in text.split(',') {
+            if let Some(r) = part.strip_prefix("r=") {
+                nonce = Some(r);
+            } else if let Some(s) = part.strip_prefix("s=") {
+                salt = Some(B64.decode(s).map_err(|_| bad("the salt is not base64"))?);
             } else if let Some(i) = part.strip_prefix("i=") {
-                iterations = i.parse().expect("i");
-            } else if let Some(r) = part.strip_prefix("r=") {
-                nonce = r;
+                iterations = Some(i.parse::<u32>().map_err(|_| bad("a bad iteration count"))?);
+            } else if part.starts_with("m=") {
+                return Err(bad("SCRAM extensions are not supported"));
             }
         }
-        let prepared = prepared_password(mechanism, user, password).expect("password");
-        let salted = mechanism.salted_password(&prepared, &salt.expect("salt"), iterations);
-        let client_key = mechanism.hmac(&salted, b"Client Key");
-        let stored = mechanism.hash(&client_key);
+        let (Some(nonce), Some(salt), Some(iterations)) = (nonce, salt, iterations) else {
+            return Err(bad("the server's first message needs r=, s= and i="));
+        };
+        if !nonce.starts_with(&self.nonce) || nonce.len() == self.nonce.len() {
+            return Err(bad("the server's nonce does not extend ours"));
+        }
+        if iterations < MIN_ITERATIONS {
+            return Err(bad("the server asks for too few iterations"));
+        }
+        let m = self.mechanism;
+        let salted = {
+            let mut cached = cache.0.lock().unwrap_or_else(|e| e.into_inner());
+            match &*cached {
+                Some((s, i, salted)) if *s == salt && *i == iterations => salted.clone(),
+                _ => {
+                    let salted = m.salted_password(&self.prepared, &salt, iterations);
+                    *cached = Some((salt, iterations, salted.clone()));
+                    salted
+                }
+            }
+        };
         let without_proof = format!("c=biws,r={nonce}");
-        let auth = format!("{client_first_bare},{server_first},{without_proof}");
-        let signature = mechanism.hmac(&stored, auth.as_bytes());
+        let auth_message = format!("{},{text},{without_proof}", self.client_first_bare);
+        let client_key = m.hmac(&salted, b"Client Key");
+        let signature = m.hmac(&m.hash(&client_key), auth_message.as_bytes());
         let proof: Vec<u8> = client_key
             .iter()
             .zip(&signature)
-            .map(|(a, b)| a ^ b)
+            .map(|(k, s)| k ^ s)
             .collect();
-        let server_key = mechanism.hmac(&salted, b"Server Key");
-        let expected_server = mechanism.hmac(&server_key, auth.as_bytes());
-        (
-            format!("{without_proof},p={}", B64.encode(proof)),
-            format!("v={}", B64.encode(expected_server)).into_bytes(),
-        )
+        let server_key = m.hmac(&salted, b"Server Key");
+        let server_signature = m.hmac(&server_key, auth_message.as_bytes());
+        self.expected_server_final =
+            Some(format!("v={}", B64.encode(server_signature)).into_bytes());
+        Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
     }
+
+    /// Checks the server's final message: the server knows the credential too.
+    pub fn verify(&self, server_final: &[u8]) -> Result<(), ScramError> {
+        match &self.expected_server_final {
+            Some(expected) if expected.as_slice() == server_final => Ok(()),
+            Some(_) => Err(bad("the server's signature is wrong")),
+            None => Err(bad("the server finished before the client's proof")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn conversation(mechanism: Mechanism, password_used: &str) -> Result<(), ScramError> {
         let credential =
             Credential::derive(mechanism, "ada", "s3cret", b"0123456789abcdef".to_vec())
                 .expect("credential");
-        let first = parse_client_first(b"n,,n=ada,r=clientnonce")?;
+        let (mut client, client_first) =
+            ClientConversation::start(mechanism, "ada", password_used, "clientnonce")?;
+        let first = parse_client_first(&client_first)?;
         assert_eq!(first.user, "ada");
         let (conv, server_first) =
             Conversation::start(mechanism, first, "servernonce", &credential);
-        let server_first = String::from_utf8(server_first).expect("utf-8");
-        assert!(server_first.starts_with("r=clientnonceservernonce,s="));
-        let (final_message, expected) = client_final(
-            mechanism,
-            "ada",
-            password_used,
-            "n=ada,r=clientnonce",
-            &server_first,
-        );
-        let server_final = conv.finish(final_message.as_bytes(), &credential)?;
-        assert_eq!(
-            server_final, expected,
-            "the server proves it knows the key too"
-        );
+        assert!(server_first.starts_with(b"r=clientnonceservernonce,s="));
+        let final_message = client.respond(&server_first, &SaltedCache::default())?;
+        let server_final = conv.finish(&final_message, &credential)?;
+        client.verify(&server_final)?;
         Ok(())
+    }
+
+    #[test]
+    fn a_client_refuses_a_server_that_does_not_know_the_key() {
+        let (mut client, _) =
+            ClientConversation::start(Mechanism::Sha256, "u", "p", "abc").expect("start");
+        for bad_first in [
+            &b"r=abc,s=AAAA,i=4096"[..],
+            b"r=xyzdef,s=AAAA,i=4096",
+            b"r=abcdef,s=AAAA,i=10",
+            b"r=abcdef,s=!!,i=4096",
+            b"r=abcdef,i=4096",
+            b"\xff",
+        ] {
+            assert!(
+                client.respond(bad_first, &SaltedCache::default()).is_err(),
+                "{bad_first:?}"
+            );
+        }
+        assert!(client.verify(b"v=AAAA").is_err(), "no proof sent yet");
+        client
+            .respond(b"r=abcdef,s=AAAA,i=4096", &SaltedCache::default())
+            .expect("a good first message");
+        assert!(client.verify(b"v=AAAA").is_err(), "a wrong signature");
+    }
+
+    #[test]
+    fn user_names_are_escaped_both_ways() {
+        let (_, first) =
+            ClientConversation::start(Mechanism::Sha256, "a,b=", "p", "n").expect("start");
+        assert_eq!(first, b"n,,n=a=2Cb=3D,r=n");
+        assert_eq!(
+            parse_client_first(&first).map(|f| f.user).ok(),
+            Some("a,b=".to_string())
+        );
     }
 
     #[test]
