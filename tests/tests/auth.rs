@@ -385,6 +385,152 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Custom roles: privileges on resources, inheritance, and the checks on changing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (p, boss) = with_root_user(dir.path()).await?;
+    let admin = boss.database("admin");
+    let app_db = boss.database("app");
+    app_db
+        .run_command(doc! {
+            "createRole": "watcher",
+            "privileges": [{"resource": {"db": "app", "collection": "c"},
+                            "actions": ["find", "changeStream"]}],
+            "roles": [],
+        })
+        .await?;
+    admin
+        .run_command(doc! {
+            "createRole": "auditor",
+            "privileges": [{"resource": {"cluster": true}, "actions": ["serverStatus"]}],
+            "roles": [{"role": "watcher", "db": "app"}],
+        })
+        .await?;
+    admin
+        .run_command(
+            doc! {"createUser": "ann", "pwd": "pw", "roles": [{"role": "auditor", "db": "admin"}]},
+        )
+        .await?;
+    app_db
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+
+    let ann = client(&uri(p.addr, "ann:pw@", "")).await?;
+    let c = ann.database("app").collection::<Document>("c");
+    assert!(c.find_one(doc! {}).await?.is_some(), "inherited find");
+    let mut stream = c.watch().await?;
+    ann.database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    let refused = |r: Result<(), mongodb::error::Error>| match r {
+        Ok(()) => false,
+        Err(e) => code(&e) == Some(13),
+    };
+    assert!(
+        refused(c.insert_one(doc! {}).await.map(|_| ())),
+        "no insert action"
+    );
+    assert!(refused(
+        ann.database("app")
+            .collection::<Document>("d")
+            .find_one(doc! {})
+            .await
+            .map(|_| ())
+    ));
+    assert!(
+        refused(ann.database("app").watch().await.map(|_| ())),
+        "only collection c"
+    );
+    assert!(refused(
+        ann.database("admin")
+            .run_command(doc! {"currentOp": 1})
+            .await
+            .map(|_| ())
+    ));
+    app_db
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1})
+        .await?;
+    assert!(stream.try_next().await?.is_some(), "the watch sees it");
+
+    // rolesInfo shows the role, what it inherits, and with showPrivileges its privileges.
+    let info = admin
+        .run_command(doc! {"rolesInfo": "auditor", "showPrivileges": true})
+        .await?;
+    let role = info.get_array("roles")?[0]
+        .as_document()
+        .expect("a role")
+        .clone();
+    assert_eq!(role.get_str("role")?, "auditor");
+    assert!(!role.get_bool("isBuiltin")?);
+    assert_eq!(role.get_array("roles")?.len(), 1);
+    assert_eq!(role.get_array("inheritedPrivileges")?.len(), 2, "{role}");
+    let listed = app_db.run_command(doc! {"rolesInfo": 1}).await?;
+    assert_eq!(listed.get_array("roles")?.len(), 1);
+
+    // What MongoDB refuses.
+    for (cmd, expected) in [
+        (
+            doc! {"createRole": "watcher", "privileges": [], "roles": []},
+            51002,
+        ),
+        (
+            doc! {"createRole": "read", "privileges": [], "roles": []},
+            2,
+        ),
+        (
+            doc! {"createRole": "x", "privileges": [{"resource": {"db": "app", "collection": ""}, "actions": ["fly"]}], "roles": []},
+            2,
+        ),
+        (
+            doc! {"createRole": "x", "privileges": [], "roles": ["nonesuch"]},
+            31,
+        ),
+        (
+            doc! {"createUser": "y", "pwd": "p", "roles": ["nonesuch"]},
+            31,
+        ),
+        (
+            doc! {"grantRolesToRole": "watcher", "roles": [{"role": "auditor", "db": "admin"}]},
+            4,
+        ),
+        (doc! {"dropRole": "nonesuch"}, 31),
+    ] {
+        let e = app_db.run_command(cmd.clone()).await.expect_err("refused");
+        assert_eq!(code(&e), Some(expected), "{cmd}: {e}");
+    }
+
+    // Privileges granted and revoked, then the role dropped: a new login sees each change.
+    app_db
+        .run_command(doc! {
+            "grantPrivilegesToRole": "watcher",
+            "privileges": [{"resource": {"db": "app", "collection": "c"}, "actions": ["insert"]}],
+        })
+        .await?;
+    let ann = client(&uri(p.addr, "ann:pw@", "")).await?;
+    let c = ann.database("app").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 2}).await?;
+    app_db.run_command(doc! {"dropRole": "watcher"}).await?;
+    let ann = client(&uri(p.addr, "ann:pw@", "")).await?;
+    let c = ann.database("app").collection::<Document>("c");
+    assert!(
+        refused(c.find_one(doc! {}).await.map(|_| ())),
+        "the role is gone"
+    );
+    let info = admin.run_command(doc! {"rolesInfo": "auditor"}).await?;
+    let role = info.get_array("roles")?[0]
+        .as_document()
+        .expect("a role")
+        .clone();
+    assert!(
+        role.get_array("roles")?.is_empty(),
+        "dropRole took it from auditor too"
+    );
+    Ok(())
+}
+
 /// A cursor (a change stream's too) belongs to the user who opened it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_users_cursor_is_refused() -> anyhow::Result<()> {

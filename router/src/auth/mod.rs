@@ -5,7 +5,8 @@
 //! salted SCRAM-SHA-1 and SCRAM-SHA-256 credentials, never the password), the user commands
 //! (`createUser`, `updateUser`, `dropUser`, `usersInfo`, `grantRolesToUser`,
 //! `revokeRolesFromUser`), `saslStart` / `saslContinue` (and the speculative conversation in
-//! `hello`), `logout`, and the check that a command may run on this connection.
+//! `hello`), `logout`, and the check that a command may run on this connection. Custom roles
+//! are in [`custom`], what roles and privileges grant in [`roles`].
 //!
 //! Invariants:
 //! * with `--auth`, a connection that has not authenticated runs only the commands that
@@ -14,13 +15,14 @@
 //!   (the localhost exception, for the first user);
 //! * a failed conversation answers 18 `AuthenticationFailed` whatever went wrong, and leaves
 //!   the connection as it was;
-//! * an authenticated connection runs a command only when one of its users' roles grants
-//!   what the command needs ([`roles`]), else 13 `Unauthorized`; roles are read when the
-//!   connection authenticates;
+//! * an authenticated connection runs a command only when one of its users' roles (built-in,
+//!   or custom with what they inherit) grants what the command needs ([`roles`]), else 13
+//!   `Unauthorized`; roles are read when the connection authenticates;
 //! * a cursor belongs to the users of the connection that opened it: `getMore` or
 //!   `killCursors` on it from a connection with none of them is 13 `Unauthorized`;
 //! * a connection's state is dropped when it closes.
 
+pub mod custom;
 pub mod roles;
 
 use std::collections::HashMap;
@@ -87,8 +89,8 @@ pub fn allowed_before_auth(name: &str) -> bool {
 /// A conversation in progress on a connection.
 struct Pending {
     db: String,
-    /// The user's roles, as `(role, db)`.
-    roles: Vec<(String, String)>,
+    /// What the user's roles grant.
+    grants: custom::Grants,
     conversation: Conversation,
     credential: Credential,
     /// The proof checked out; the client may still send an empty last step.
@@ -101,8 +103,8 @@ struct Pending {
 struct ConnectionAuth {
     /// `(user, db)` pairs this connection authenticated as.
     users: Vec<(String, String)>,
-    /// Their roles, as `(role, db)`.
-    roles: Vec<(String, String)>,
+    /// What their roles grant.
+    grants: custom::Grants,
     pending: HashMap<i32, Pending>,
     next_conversation: i32,
 }
@@ -196,7 +198,7 @@ pub async fn check(
         conns
             .get(&conn.id)
             .filter(|c| !c.users.is_empty())
-            .map(|c| roles::allows(&c.roles, &roles::need(name, db, cmd)))
+            .map(|c| c.grants.allow(name, db, cmd))
     };
     match granted {
         Some(true) => check_cursors(router, conn, name, db, cmd),
@@ -240,23 +242,6 @@ fn check_cursors(
             "not authorized on {db} to use cursor {id}: another user opened it"
         ))),
     }
-}
-
-/// `[(role, db)]` of a user document.
-fn roles_of(user: &Document) -> Vec<(String, String)> {
-    user.get_array("roles")
-        .map(|list| {
-            list.iter()
-                .filter_map(Bson::as_document)
-                .filter_map(|r| {
-                    Some((
-                        r.get_str("role").ok()?.to_string(),
-                        r.get_str("db").ok()?.to_string(),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 async fn any_user(router: &Router) -> Result<bool> {
@@ -362,6 +347,10 @@ pub async fn sasl_start(
         tracing::info!(user = %first.user, db, "authentication failed: no such user");
         return Err(auth_failed());
     };
+    let grants = match &user {
+        Some(u) => custom::resolve(router, custom::pairs(u)).await?,
+        None => custom::Grants::default(),
+    };
     let nonce: Vec<u8> = (0..24).map(|_| rand::random::<u8>()).collect();
     let (conversation, server_first) =
         Conversation::start(mechanism, first, &B64.encode(nonce), &credential);
@@ -373,7 +362,7 @@ pub async fn sasl_start(
         id,
         Pending {
             db: db.to_string(),
-            roles: user.as_ref().map(roles_of).unwrap_or_default(),
+            grants,
             conversation,
             credential,
             proven: false,
@@ -419,7 +408,7 @@ pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> 
     let who = (pending.conversation.user.clone(), pending.db.clone());
     if !state.users.contains(&who) {
         state.users.push(who);
-        state.roles.extend(pending.roles.iter().cloned());
+        state.grants.extend(pending.grants.clone());
     }
     if pending.skip_empty {
         return Ok(
@@ -470,42 +459,6 @@ pub async fn augment_hello(
 pub fn logout(router: &Router, conn: &ConnectionInfo) -> Document {
     router.auth.logout(conn.id);
     doc! {"ok": 1.0}
-}
-
-/// `[{role, db}]` from a command's `roles` (a name alone means a role on `db`).
-fn parse_roles(v: Option<&Bson>, db: &str) -> Result<Vec<Bson>> {
-    let Some(Bson::Array(list)) = v else {
-        return Err(MongoError::failed_to_parse("roles must be an array"));
-    };
-    let mut out = Vec::new();
-    for r in list {
-        let (role, role_db) = match r {
-            Bson::String(s) => (s.clone(), db.to_string()),
-            Bson::Document(d) => match (d.get_str("role"), d.get_str("db")) {
-                (Ok(role), Ok(rdb)) => (role.to_string(), rdb.to_string()),
-                _ => {
-                    return Err(MongoError::failed_to_parse(
-                        "a role must be a name or {role, db}",
-                    ));
-                }
-            },
-            _ => {
-                return Err(MongoError::failed_to_parse(
-                    "a role must be a name or {role, db}",
-                ));
-            }
-        };
-        let known = BUILT_IN_ROLES.contains(&role.as_str())
-            && (role_db == "admin" || !ADMIN_ONLY_ROLES.contains(&role.as_str()));
-        if !known {
-            return Err(MongoError::with_code(
-                31,
-                format!("Could not find role: {role}@{role_db}"),
-            ));
-        }
-        out.push(Bson::Document(doc! {"role": role, "db": role_db}));
-    }
-    Ok(out)
 }
 
 fn mechanisms_of(cmd: &Document) -> Result<Vec<Mechanism>> {
@@ -567,7 +520,7 @@ fn not_found(user: &str, db: &str) -> MongoError {
 pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
     let user = user_name(cmd, "createUser")?;
     let pwd = password(cmd)?;
-    let roles = parse_roles(cmd.get("roles"), db)?;
+    let roles = custom::parse_roles(router, cmd.get("roles"), db).await?;
     let mechanisms = mechanisms_of(cmd)?;
     let doc = doc! {
         "_id": format!("{db}.{user}"),
@@ -601,7 +554,10 @@ pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
         );
     }
     if cmd.contains_key("roles") {
-        set.insert("roles", parse_roles(cmd.get("roles"), db)?);
+        set.insert(
+            "roles",
+            custom::parse_roles(router, cmd.get("roles"), db).await?,
+        );
     }
     if set.is_empty() {
         return Err(MongoError::bad_value(
@@ -632,7 +588,7 @@ pub async fn change_roles(
         "revokeRolesFromUser"
     };
     let user = user_name(cmd, field)?;
-    let roles = parse_roles(cmd.get("roles"), db)?;
+    let roles = custom::parse_roles(router, cmd.get("roles"), db).await?;
     let update = if grant {
         doc! {"$addToSet": {"roles": {"$each": roles}}}
     } else {

@@ -1,14 +1,18 @@
-//! Authorization: what each command needs, and which of MongoDB's built-in roles grant it.
+//! Authorization: what each command needs, which of MongoDB's built-in roles grant it, and
+//! which privileges (resource + actions, as custom roles list them) grant it.
 //!
-//! Owns: the command → privilege table and the role → privilege table, in MongoDB's terms
+//! Owns: the command → need table and the built-in role → need table, in MongoDB's terms
 //! (`read`, `readWrite`, `dbAdmin`, `userAdmin`, `dbOwner` on a database; `clusterMonitor`,
 //! `clusterAdmin`, `readAnyDatabase`, `readWriteAnyDatabase`, `dbAdminAnyDatabase`,
-//! `userAdminAnyDatabase`, `root` on `admin`).
+//! `userAdminAnyDatabase`, `root` on `admin`); the command → actions table and the matching of
+//! a privilege's resource (`{db, collection}`, `{cluster: true}`, `{anyResource: true}`).
 //!
-//! Invariants: pure; a command not in the table needs `root` (a command added later is refused
-//! until it is classified, never allowed by accident); watching a collection or a database
-//! needs `read` there (`find` + `changeStream`), watching the whole cluster a role that reads
-//! every database.
+//! Invariants: pure; a command not in the tables needs `root` (a command added later is
+//! refused until it is classified, never allowed by accident; only `anyAction` on
+//! `anyResource` grants it by privilege); watching a collection or a database needs `read`
+//! there (`find` + `changeStream`), watching the whole cluster a role that reads every
+//! database; an empty `db` or `collection` in a resource means any, but never a `system.`
+//! collection, as in MongoDB.
 
 use bson::{Bson, Document};
 
@@ -52,13 +56,28 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
                 .map_or(db, |(d, _)| d);
             Need::Write(source.to_string())
         }
-        "collMod" | "dropDatabase" => on(Need::DbAdmin),
+        "explain" => match cmd.get_document("explain") {
+            Ok(inner) => match inner.keys().next() {
+                Some(inner_name) if inner_name != "explain" => need(inner_name, db, inner),
+                _ => Need::Root,
+            },
+            Err(_) => Need::Root,
+        },
+        "collMod" | "dropDatabase" | "validate" => on(Need::DbAdmin),
         "createUser"
         | "updateUser"
         | "dropUser"
         | "usersInfo"
         | "grantRolesToUser"
-        | "revokeRolesFromUser" => on(Need::UserAdmin),
+        | "revokeRolesFromUser"
+        | "createRole"
+        | "updateRole"
+        | "dropRole"
+        | "rolesInfo"
+        | "grantPrivilegesToRole"
+        | "revokePrivilegesFromRole"
+        | "grantRolesToRole"
+        | "revokeRolesFromRole" => on(Need::UserAdmin),
         "serverStatus"
         | "currentOp"
         | "listShards"
@@ -72,6 +91,7 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
         | "enableSharding"
         | "enablesharding"
         | "setClusterParameter"
+        | "setParameter"
         | "killOp" => Need::ClusterAdmin,
         _ => Need::Root,
     }
@@ -129,6 +149,331 @@ pub fn allows(roles: &[(String, String)], need: &Need) -> bool {
         Need::ClusterAdmin => any("clusterAdmin"),
         Need::Root => false,
     }
+}
+
+/// What a privilege applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resource {
+    /// `{db, collection}`; an empty string means any.
+    Namespace { db: String, collection: String },
+    /// `{cluster: true}`.
+    Cluster,
+    /// `{anyResource: true}`.
+    Any,
+}
+
+/// A custom role's grant: `actions` on `resource`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Privilege {
+    pub resource: Resource,
+    pub actions: Vec<String>,
+}
+
+/// The action names a privilege may list (MongoDB's, those Tributary's commands check).
+pub const ACTIONS: &[&str] = &[
+    "anyAction",
+    "changeStream",
+    "collMod",
+    "collStats",
+    "createCollection",
+    "createIndex",
+    "createRole",
+    "createUser",
+    "dbStats",
+    "dropCollection",
+    "dropDatabase",
+    "dropIndex",
+    "dropRole",
+    "dropUser",
+    "enableSharding",
+    "find",
+    "getCmdLineOpts",
+    "getLog",
+    "getParameter",
+    "grantRole",
+    "hostInfo",
+    "inprog",
+    "insert",
+    "killop",
+    "listCollections",
+    "listDatabases",
+    "listIndexes",
+    "listShards",
+    "remove",
+    "renameCollectionSameDB",
+    "revokeRole",
+    "serverStatus",
+    "setParameter",
+    "update",
+    "validate",
+    "viewRole",
+    "viewUser",
+    "changePassword",
+    "changeCustomData",
+    "getClusterParameter",
+    "setClusterParameter",
+];
+
+/// What a command needs as actions on resources; `None`: only `anyAction` on `anyResource`.
+pub fn actions(name: &str, db: &str, cmd: &Document) -> Option<Vec<(&'static str, Resource)>> {
+    let coll = cmd.get_str(name).unwrap_or("").to_string();
+    let ns = |c: &str| Resource::Namespace {
+        db: db.to_string(),
+        collection: c.to_string(),
+    };
+    let on_ns = |list: &[&'static str]| Some(list.iter().map(|a| (*a, ns(&coll))).collect());
+    let on_db = |list: &[&'static str]| Some(list.iter().map(|a| (*a, ns(""))).collect());
+    let on_cluster = |a: &'static str| Some(vec![(a, Resource::Cluster)]);
+    match need(name, db, cmd) {
+        Need::Nothing => return Some(Vec::new()),
+        Need::Root => return None,
+        _ => {}
+    }
+    match name {
+        "explain" => {
+            let inner = cmd.get_document("explain").ok()?;
+            let inner_name = inner.keys().next()?;
+            actions(inner_name, db, inner)
+        }
+        "find" | "count" | "distinct" => on_ns(&["find"]),
+        "listCollections" => on_db(&["listCollections"]),
+        "listIndexes" => on_ns(&["listIndexes"]),
+        "collStats" | "collstats" => on_ns(&["collStats"]),
+        "dbStats" | "dbstats" => on_db(&["dbStats"]),
+        "validate" => on_ns(&["validate"]),
+        "insert" => on_ns(&["insert"]),
+        "update" => {
+            let upsert = cmd.get_array("updates").is_ok_and(|u| {
+                u.iter()
+                    .filter_map(Bson::as_document)
+                    .any(|u| u.get_bool("upsert").unwrap_or(false))
+            });
+            on_ns(if upsert {
+                &["update", "insert"]
+            } else {
+                &["update"]
+            })
+        }
+        "delete" => on_ns(&["remove"]),
+        "findAndModify" | "findandmodify" => {
+            if cmd.get_bool("remove").unwrap_or(false) {
+                on_ns(&["find", "remove"])
+            } else if cmd.get_bool("upsert").unwrap_or(false) {
+                on_ns(&["find", "update", "insert"])
+            } else {
+                on_ns(&["find", "update"])
+            }
+        }
+        "create" => on_ns(&["createCollection"]),
+        "drop" => on_ns(&["dropCollection"]),
+        "createIndexes" => on_ns(&["createIndex"]),
+        "dropIndexes" | "deleteIndexes" => on_ns(&["dropIndex"]),
+        "collMod" => on_ns(&["collMod"]),
+        "dropDatabase" => on_db(&["dropDatabase"]),
+        "renameCollection" => {
+            let source = cmd.get_str("renameCollection").unwrap_or("");
+            let (sdb, scoll) = source.split_once('.').unwrap_or((db, source));
+            Some(vec![(
+                "renameCollectionSameDB",
+                Resource::Namespace {
+                    db: sdb.to_string(),
+                    collection: scoll.to_string(),
+                },
+            )])
+        }
+        "createUser" => on_db(&["createUser"]),
+        "dropUser" => on_db(&["dropUser"]),
+        "updateUser" => on_db(&[
+            "changePassword",
+            "changeCustomData",
+            "grantRole",
+            "revokeRole",
+        ]),
+        "usersInfo" => on_db(&["viewUser"]),
+        "grantRolesToUser" | "grantRolesToRole" | "grantPrivilegesToRole" => on_db(&["grantRole"]),
+        "revokeRolesFromUser" | "revokeRolesFromRole" | "revokePrivilegesFromRole" => {
+            on_db(&["revokeRole"])
+        }
+        "createRole" => on_db(&["createRole"]),
+        "updateRole" => on_db(&["createRole", "dropRole", "grantRole", "revokeRole"]),
+        "dropRole" => on_db(&["dropRole"]),
+        "rolesInfo" => on_db(&["viewRole"]),
+        "serverStatus" => on_cluster("serverStatus"),
+        "currentOp" => on_cluster("inprog"),
+        "killOp" => on_cluster("killop"),
+        "listShards" => on_cluster("listShards"),
+        "getCmdLineOpts" => on_cluster("getCmdLineOpts"),
+        "getLog" => on_cluster("getLog"),
+        "hostInfo" => on_cluster("hostInfo"),
+        "getParameter" => on_cluster("getParameter"),
+        "setParameter" => on_cluster("setParameter"),
+        "getClusterParameter" => on_cluster("getClusterParameter"),
+        "setClusterParameter" => on_cluster("setClusterParameter"),
+        "enableSharding" | "enablesharding" => on_db(&["enableSharding"]),
+        "shardCollection" | "shardcollection" => {
+            let target = cmd.get_str(name).unwrap_or("");
+            let (tdb, tcoll) = target.split_once('.').unwrap_or((db, target));
+            Some(vec![(
+                "enableSharding",
+                Resource::Namespace {
+                    db: tdb.to_string(),
+                    collection: tcoll.to_string(),
+                },
+            )])
+        }
+        "aggregate" => aggregate_actions(db, cmd),
+        _ => None,
+    }
+}
+
+fn aggregate_actions(db: &str, cmd: &Document) -> Option<Vec<(&'static str, Resource)>> {
+    let coll = cmd.get_str("aggregate").unwrap_or("").to_string();
+    let ns = |db: &str, c: &str| Resource::Namespace {
+        db: db.to_string(),
+        collection: c.to_string(),
+    };
+    let stages: Vec<&Document> = cmd
+        .get_array("pipeline")
+        .map(|p| p.iter().filter_map(Bson::as_document).collect())
+        .unwrap_or_default();
+    let first = stages.first();
+    if let Some(cs) = first.and_then(|s| s.get_document("$changeStream").ok()) {
+        let target = if cs.get_bool("allChangesForCluster").unwrap_or(false) {
+            ns("", "")
+        } else {
+            ns(db, &coll)
+        };
+        return Some(vec![("changeStream", target.clone()), ("find", target)]);
+    }
+    if first.is_some_and(|s| s.contains_key("$currentOp")) {
+        return Some(vec![("inprog", Resource::Cluster)]);
+    }
+    let mut out = vec![("find", ns(db, &coll))];
+    for stage in &stages {
+        let target = match (stage.get("$out"), stage.get("$merge")) {
+            (Some(Bson::String(c)), _) => Some(ns(db, c)),
+            (_, Some(Bson::String(c))) => Some(ns(db, c)),
+            (Some(Bson::Document(d)), _) | (_, Some(Bson::Document(d))) => {
+                let into = d.get("into").unwrap_or(&Bson::Null);
+                let (tdb, tcoll) = match (d.get_str("db"), d.get_str("coll"), into) {
+                    (Ok(tdb), Ok(tcoll), _) => (tdb, tcoll),
+                    (_, _, Bson::String(c)) => (db, c.as_str()),
+                    (_, _, Bson::Document(i)) => (
+                        i.get_str("db").unwrap_or(db),
+                        i.get_str("coll").unwrap_or(""),
+                    ),
+                    _ => (db, ""),
+                };
+                Some(ns(tdb, tcoll))
+            }
+            _ => None,
+        };
+        if let Some(target) = target {
+            out.extend([
+                ("insert", target.clone()),
+                ("remove", target.clone()),
+                ("update", target),
+            ]);
+        }
+    }
+    Some(out)
+}
+
+impl Resource {
+    /// Whether this resource (a privilege's) covers `wanted` (a command's).
+    fn covers(&self, wanted: &Resource) -> bool {
+        match (self, wanted) {
+            (Resource::Any, _) => true,
+            (Resource::Cluster, Resource::Cluster) => true,
+            (
+                Resource::Namespace { db, collection },
+                Resource::Namespace {
+                    db: wdb,
+                    collection: wcoll,
+                },
+            ) => {
+                // An empty db: any database (and what asks for every one); an empty
+                // collection: any non-system collection, and the database itself.
+                let db_ok = db.is_empty() || db == wdb;
+                let coll_ok = if collection.is_empty() {
+                    !wcoll.starts_with("system.")
+                } else {
+                    collection == wcoll
+                };
+                db_ok && coll_ok
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether `privileges` grant every action `required` lists.
+pub fn privileges_allow(privileges: &[Privilege], required: &[(&str, Resource)]) -> bool {
+    required.iter().all(|(action, resource)| {
+        privileges.iter().any(|p| {
+            p.resource.covers(resource) && p.actions.iter().any(|a| a == action || a == "anyAction")
+        })
+    })
+}
+
+/// Whether privileges grant a command that only `root` may run.
+pub fn privileges_allow_anything(privileges: &[Privilege]) -> bool {
+    privileges
+        .iter()
+        .any(|p| p.resource == Resource::Any && p.actions.iter().any(|a| a == "anyAction"))
+}
+
+/// A privilege document (`{resource: {...}, actions: [...]}`), checked as MongoDB checks it.
+pub fn parse_privilege(d: &Document) -> Result<Privilege, String> {
+    let resource = d
+        .get_document("resource")
+        .map_err(|_| "a privilege needs a resource document".to_string())?;
+    let resource = if resource.get_bool("anyResource").unwrap_or(false) {
+        Resource::Any
+    } else if resource.get_bool("cluster").unwrap_or(false) {
+        Resource::Cluster
+    } else {
+        match (resource.get_str("db"), resource.get_str("collection")) {
+            (Ok(db), Ok(collection)) if resource.len() == 2 => Resource::Namespace {
+                db: db.to_string(),
+                collection: collection.to_string(),
+            },
+            _ => {
+                return Err(
+                    "a resource is {db, collection}, {cluster: true} or {anyResource: true}"
+                        .to_string(),
+                );
+            }
+        }
+    };
+    let actions = d
+        .get_array("actions")
+        .map_err(|_| "a privilege needs an array of actions".to_string())?;
+    let mut names = Vec::new();
+    for a in actions {
+        match a.as_str() {
+            Some(name) if ACTIONS.contains(&name) => names.push(name.to_string()),
+            Some(name) => return Err(format!("Unrecognized action privilege string: {name}")),
+            None => return Err("an action is a string".to_string()),
+        }
+    }
+    if names.is_empty() {
+        return Err("a privilege needs at least one action".to_string());
+    }
+    Ok(Privilege {
+        resource,
+        actions: names,
+    })
+}
+
+/// The document form of a privilege (as `rolesInfo` shows it).
+pub fn privilege_document(p: &Privilege) -> Document {
+    let resource = match &p.resource {
+        Resource::Any => bson::doc! {"anyResource": true},
+        Resource::Cluster => bson::doc! {"cluster": true},
+        Resource::Namespace { db, collection } => bson::doc! {"db": db, "collection": collection},
+    };
+    bson::doc! {"resource": resource, "actions": p.actions.clone()}
 }
 
 #[cfg(test)]
@@ -242,5 +587,90 @@ mod tests {
         ));
         assert!(may(&[("root", "admin")], "someNewCommand", "app", doc! {}));
         assert!(may(&[], "connectionStatus", "admin", doc! {}));
+    }
+
+    fn privilege(resource: Document, actions: &[&str]) -> Privilege {
+        parse_privilege(&doc! {"resource": resource, "actions": actions}).expect("privilege")
+    }
+
+    fn granted(privileges: &[Privilege], name: &str, db: &str, cmd: Document) -> bool {
+        match actions(name, db, &cmd) {
+            Some(required) => privileges_allow(privileges, &required),
+            None => privileges_allow_anything(privileges),
+        }
+    }
+
+    #[test]
+    fn privileges_grant_exactly_their_actions_on_their_resources() {
+        let reader = [privilege(doc! {"db": "app", "collection": "c"}, &["find"])];
+        assert!(granted(&reader, "find", "app", doc! {"find": "c"}));
+        assert!(!granted(&reader, "find", "app", doc! {"find": "d"}));
+        assert!(!granted(&reader, "find", "other", doc! {"find": "c"}));
+        assert!(!granted(&reader, "insert", "app", doc! {"insert": "c"}));
+        let watch = doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}]};
+        assert!(
+            !granted(&reader, "aggregate", "app", watch.clone()),
+            "watching needs changeStream too"
+        );
+        let watcher = [privilege(
+            doc! {"db": "app", "collection": ""},
+            &["find", "changeStream"],
+        )];
+        assert!(granted(&watcher, "aggregate", "app", watch.clone()));
+        let db_watch = doc! {"aggregate": 1, "pipeline": [{"$changeStream": {}}]};
+        assert!(granted(&watcher, "aggregate", "app", db_watch));
+        assert!(!granted(
+            &watcher,
+            "find",
+            "app",
+            doc! {"find": "system.users"}
+        ));
+        let cluster_watch =
+            doc! {"aggregate": 1, "pipeline": [{"$changeStream": {"allChangesForCluster": true}}]};
+        assert!(!granted(
+            &watcher,
+            "aggregate",
+            "admin",
+            cluster_watch.clone()
+        ));
+        let everywhere = [privilege(
+            doc! {"db": "", "collection": ""},
+            &["find", "changeStream"],
+        )];
+        assert!(granted(&everywhere, "aggregate", "admin", cluster_watch));
+        let upsert = doc! {"update": "c", "updates": [{"q": {}, "u": {}, "upsert": true}]};
+        let updater = [privilege(
+            doc! {"db": "app", "collection": "c"},
+            &["update"],
+        )];
+        assert!(granted(
+            &updater,
+            "update",
+            "app",
+            doc! {"update": "c", "updates": []}
+        ));
+        assert!(
+            !granted(&updater, "update", "app", upsert),
+            "an upsert inserts"
+        );
+        let monitor = [privilege(doc! {"cluster": true}, &["serverStatus"])];
+        assert!(granted(&monitor, "serverStatus", "admin", doc! {}));
+        assert!(!granted(&monitor, "currentOp", "admin", doc! {}));
+        assert!(!granted(&monitor, "someNewCommand", "admin", doc! {}));
+        let all = [privilege(doc! {"anyResource": true}, &["anyAction"])];
+        assert!(granted(&all, "someNewCommand", "admin", doc! {}));
+    }
+
+    #[test]
+    fn bad_privileges_are_refused() {
+        for bad in [
+            doc! {"resource": {"db": "a"}, "actions": ["find"]},
+            doc! {"resource": {"db": "a", "collection": "c"}, "actions": ["fly"]},
+            doc! {"resource": {"db": "a", "collection": "c"}, "actions": []},
+            doc! {"actions": ["find"]},
+            doc! {"resource": {"db": "a", "collection": "c"}, "actions": [1]},
+        ] {
+            assert!(parse_privilege(&bad).is_err(), "{bad}");
+        }
     }
 }

@@ -372,6 +372,22 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "revokeRolesFromUser" => {
             crate::auth::change_roles(ctx.router, ctx.db, ctx.cmd, false).await
         }
+        "createRole" => crate::auth::custom::create_role(ctx.router, ctx.db, ctx.cmd).await,
+        "updateRole" => crate::auth::custom::update_role(ctx.router, ctx.db, ctx.cmd).await,
+        "dropRole" => crate::auth::custom::drop_role(ctx.router, ctx.db, ctx.cmd).await,
+        "rolesInfo" => crate::auth::custom::roles_info(ctx.router, ctx.db, ctx.cmd).await,
+        "grantPrivilegesToRole" => {
+            crate::auth::custom::change_privileges(ctx.router, ctx.db, ctx.cmd, true).await
+        }
+        "revokePrivilegesFromRole" => {
+            crate::auth::custom::change_privileges(ctx.router, ctx.db, ctx.cmd, false).await
+        }
+        "grantRolesToRole" => {
+            crate::auth::custom::change_inherited(ctx.router, ctx.db, ctx.cmd, true).await
+        }
+        "revokeRolesFromRole" => {
+            crate::auth::custom::change_inherited(ctx.router, ctx.db, ctx.cmd, false).await
+        }
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => admin::get_parameter(ctx),
