@@ -25,7 +25,7 @@ const DEFAULT_BATCH: usize = 101;
 
 /// The shards a read of `db.coll` with `filter` must reach; empty when the database does not
 /// exist.
-async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
+pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
     let placement = ctx.router.placement(ctx.db, coll, false).await?;
     let shards = match &placement {
         Placement::Unsharded { primary } if primary.is_empty() => vec![],
@@ -40,15 +40,15 @@ async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Ta
 }
 
 /// The shards a read goes to, and the routing it was based on.
-struct Targets {
-    shards: Vec<usize>,
-    version: Document,
-    sharded: bool,
+pub(super) struct Targets {
+    pub(super) shards: Vec<usize>,
+    pub(super) version: Document,
+    pub(super) sharded: bool,
 }
 
 impl Targets {
     /// The driver's command for the shards, with the routing it was based on.
-    fn command(&self, cmd: &Document) -> Document {
+    pub(super) fn command(&self, cmd: &Document) -> Document {
         let mut cmd = forwardable(cmd);
         cmd.insert("shardVersion", self.version.clone());
         cmd
@@ -412,7 +412,10 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     let args = ctx.args();
     let stages = args.documents("pipeline")?;
     let cursor_opts = args.opt_doc("cursor")?;
-    if cursor_opts.is_none() && !args.opt_bool("explain")?.unwrap_or(false) {
+    if args.opt_bool("explain")?.unwrap_or(false) {
+        return super::explain::aggregate(ctx).await;
+    }
+    if cursor_opts.is_none() {
         return Err(MongoError::failed_to_parse(
             "The 'cursor' option is required, except for aggregate with the explain argument",
         ));
@@ -442,19 +445,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let parsed = pipeline::agg::Pipeline::parse(&stage_docs)?;
     // The leading $match stages select what the shards send.
-    let mut filter = Document::new();
-    let leading: Vec<Bson> = stage_docs
-        .iter()
-        .take_while(|s| s.len() == 1 && s.contains_key("$match"))
-        .filter_map(|s| s.get("$match").cloned())
-        .collect();
-    if leading.len() == 1 {
-        if let Some(Bson::Document(m)) = leading.first() {
-            filter = m.clone();
-        }
-    } else if !leading.is_empty() {
-        filter.insert("$and", leading);
-    }
+    let filter = super::explain::leading_match(ctx.cmd);
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
     if targets.is_empty() {

@@ -9,6 +9,7 @@ mod args;
 mod crud;
 mod current_op;
 mod ddl;
+mod explain;
 mod find;
 mod handshake;
 mod stats;
@@ -427,6 +428,7 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "find" => find::find(ctx).await,
         "killCursors" => find::kill_cursors(ctx).await,
         "count" => find::count(ctx).await,
+        "explain" => explain::explain(ctx).await,
         "distinct" => find::distinct(ctx).await,
         "create" => ddl::create(ctx).await,
         "drop" => ddl::drop(ctx).await,

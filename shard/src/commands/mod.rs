@@ -7,6 +7,7 @@
 
 mod changestream;
 mod ddl;
+pub mod explain;
 mod find_and_modify;
 mod hello;
 mod query;
@@ -154,6 +155,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "getMore" => query::get_more(&ctx).await,
         "killCursors" => changestream::kill_cursors(&ctx),
         "_tributaryNudgeChangeStream" => changestream::nudge(&ctx),
+        "explain" => explain::explain(&ctx),
         "count" => query::count(&ctx),
         "distinct" => query::distinct(&ctx),
         "aggregate" if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
