@@ -7,6 +7,7 @@
 //! removed from the table, and its shard cursors are killed.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,8 @@ use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::{Router, cursor_id, next_batch};
 
-/// Idle cursors are reaped after this long, as in MongoDB.
+/// Idle cursors are reaped after this long by default, as in MongoDB
+/// (`cursorTimeoutMillis`, which `setParameter` changes).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The reply size budget for one batch (MongoDB's 16 MiB reply cap).
@@ -249,9 +251,19 @@ struct Entry {
 }
 
 /// All open router cursors.
-#[derive(Default)]
 pub struct CursorTable {
     cursors: Mutex<HashMap<i64, Entry>>,
+    /// `cursorTimeoutMillis`.
+    idle_timeout_ms: AtomicU64,
+}
+
+impl Default for CursorTable {
+    fn default() -> CursorTable {
+        CursorTable {
+            cursors: Mutex::default(),
+            idle_timeout_ms: AtomicU64::new(IDLE_TIMEOUT.as_millis() as u64),
+        }
+    }
 }
 
 impl CursorTable {
@@ -306,12 +318,24 @@ impl CursorTable {
         lock(&self.cursors).remove(&id).map(|e| e.cursor)
     }
 
-    /// Removes cursors idle for longer than [`IDLE_TIMEOUT`] and returns them for cleanup.
+    /// How long a cursor may stay unused before it is reaped (`cursorTimeoutMillis`).
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn set_idle_timeout(&self, timeout: Duration) {
+        self.idle_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Removes cursors idle for longer than [`CursorTable::idle_timeout`] and returns them for
+    /// cleanup.
     pub fn take_idle(&self, now: Instant) -> Vec<Arc<tokio::sync::Mutex<RouterCursor>>> {
+        let timeout = self.idle_timeout();
         let mut map = lock(&self.cursors);
         let idle: Vec<i64> = map
             .iter()
-            .filter(|(_, e)| now.duration_since(e.last_used) > IDLE_TIMEOUT)
+            .filter(|(_, e)| now.duration_since(e.last_used) > timeout)
             .map(|(id, _)| *id)
             .collect();
         idle.into_iter()

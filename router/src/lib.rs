@@ -18,6 +18,7 @@ pub mod log_buffer;
 pub mod metadata;
 pub mod metrics;
 pub mod ops;
+pub mod parameters;
 pub mod router;
 pub mod routing;
 pub mod server;

@@ -297,6 +297,13 @@ async fn run() -> anyhow::Result<()> {
         use tracing_subscriber::util::SubscriberInitExt;
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // `setParameter: {logLevel}` replaces the filter while the process runs.
+        let (filter, reload) = tracing_subscriber::reload::Layer::new(filter);
+        router::parameters::install_log_reload(move |directive| {
+            reload
+                .reload(tracing_subscriber::EnvFilter::new(directive))
+                .map_err(|e| e.to_string())
+        });
         // getLog keeps info and above whatever RUST_LOG shows, as mongod's getLog does.
         let logs = tracing_subscriber::registry().with(
             router::log_buffer::LogBuffer

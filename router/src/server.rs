@@ -139,13 +139,16 @@ fn number(v: &bson::Bson) -> Option<f64> {
     }
 }
 
-/// Kills cursors nobody has used for [`crate::cursors::IDLE_TIMEOUT`].
+/// Kills cursors nobody has used for `cursorTimeoutMillis`, looking a few times per timeout
+/// (at least every second, so a new timeout takes effect at once).
 async fn reap_idle_cursors(router: Arc<Router>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+    use std::time::Duration;
     loop {
+        let pause = (router.cursors.idle_timeout() / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(1));
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         for cursor in router.cursors.take_idle(std::time::Instant::now()) {
             cursor.lock().await.kill(&router).await;

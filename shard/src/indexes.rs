@@ -68,11 +68,26 @@ fn entry_key(coll: &CollectionEntry, name: &str, value: &Document) -> Vec<u8> {
 
 /// The storage keys of `doc`'s entries in its collection's unique indexes.
 pub fn entry_keys(coll: &CollectionEntry, doc: &Document) -> Vec<Vec<u8>> {
+    named_entry_keys(coll, doc)
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect()
+}
+
+/// [`entry_keys`], each with its index's name.
+pub fn named_entry_keys<'a>(coll: &'a CollectionEntry, doc: &Document) -> Vec<(&'a str, Vec<u8>)> {
     unique_indexes(coll)
         .into_iter()
         .filter(|(spec, pattern, _)| covers(spec, pattern, doc))
-        .map(|(_, pattern, name)| entry_key(coll, name, &key_value(pattern, doc)))
+        .map(|(_, pattern, name)| (name, entry_key(coll, name, &key_value(pattern, doc))))
         .collect()
+}
+
+/// The index name an entry's storage key belongs to (of a collection's entries).
+pub fn index_of_entry<'k>(coll: &CollectionEntry, key: &'k [u8]) -> Option<&'k str> {
+    let rest = key.strip_prefix(keys::collection_prefix(&coll.uuid).as_slice())?;
+    let end = rest.iter().position(|b| *b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 fn id_of(doc: &Document) -> Bson {

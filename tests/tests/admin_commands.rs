@@ -182,3 +182,158 @@ async fn explain_shows_each_shards_plan_and_writes_nothing() -> anyhow::Result<(
     cluster.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_checks_documents_and_index_entries() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    let c = db.collection::<Document>("c");
+    c.insert_many((0..20).map(|i| doc! {"_id": i, "email": format!("u{i}@x"), "n": i}))
+        .await?;
+    db.run_command(doc! {"createIndexes": "c", "indexes": [
+        {"key": {"email": 1}, "name": "email_1", "unique": true},
+        {"key": {"n": 1}, "name": "n_1"},
+    ]})
+    .await?;
+    let report = db.run_command(doc! {"validate": "c"}).await?;
+    assert!(report.get_bool("valid")?, "{report}");
+    assert_eq!(report.get_i64("nrecords")?, 20);
+    let keys = report.get_document("keysPerIndex")?;
+    assert_eq!(keys.get_i64("_id_")?, 20);
+    assert_eq!(keys.get_i64("email_1")?, 20);
+    assert!(
+        format!("{:?}", report.get_array("warnings")?).contains("n_1"),
+        "the unmaterialized index is named: {report}"
+    );
+    let e = db
+        .run_command(doc! {"validate": "nonesuch"})
+        .await
+        .expect_err("no such collection");
+    assert_eq!(code(&e), Some(26));
+
+    // Take one unique-index entry away behind the store's back: validate finds it.
+    let shard = cluster
+        .shards()
+        .iter()
+        .find(|s| s.state().catalog().lookup("app", "c").is_some())
+        .expect("a shard holds app.c");
+    let entry = shard
+        .state()
+        .catalog()
+        .lookup("app", "c")
+        .cloned()
+        .expect("entry");
+    let doc7 = doc! {"_id": 7, "email": "u7@x", "n": 7};
+    let (_, key) = shard::indexes::named_entry_keys(&entry, &doc7)
+        .into_iter()
+        .next()
+        .expect("an email_1 entry");
+    let mut txn = shard.state().storage.begin_write()?;
+    txn.delete(shard::storage::Table::UniqueIndexes, &key)?;
+    txn.commit()?;
+    let report = db.run_command(doc! {"validate": "c", "full": true}).await?;
+    assert!(!report.get_bool("valid")?, "{report}");
+    let errors = format!("{:?}", report.get_array("errors")?);
+    assert!(
+        errors.contains("email_1") && errors.contains("7"),
+        "{errors}"
+    );
+    cluster.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_are_read_and_set_at_runtime() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    let got = admin
+        .run_command(doc! {"getParameter": 1, "cursorTimeoutMillis": 1, "logLevel": 1})
+        .await?;
+    assert_eq!(got.get_i64("cursorTimeoutMillis")?, 600_000);
+    let details = admin
+        .run_command(doc! {"getParameter": {"showDetails": true}, "enableTestCommands": 1})
+        .await?;
+    assert!(
+        !details
+            .get_document("enableTestCommands")?
+            .get_bool("settableAtRuntime")?
+    );
+    let all = admin.run_command(doc! {"getParameter": "*"}).await?;
+    assert!(all.contains_key("maxAcceptableLogicalClockDriftSecs"));
+
+    // A shorter cursor timeout reaps an idle cursor.
+    let set = admin
+        .run_command(doc! {"setParameter": 1, "cursorTimeoutMillis": 300})
+        .await?;
+    assert_eq!(set.get_i64("was")?, 600_000);
+    let db = client.database("app");
+    db.collection::<Document>("c")
+        .insert_many((0..5).map(|i| doc! {"_id": i}))
+        .await?;
+    let first = db.run_command(doc! {"find": "c", "batchSize": 1}).await?;
+    let id = first.get_document("cursor")?.get_i64("id")?;
+    assert_ne!(id, 0);
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let e = db
+        .run_command(doc! {"getMore": id, "collection": "c"})
+        .await
+        .expect_err("reaped");
+    assert_eq!(code(&e), Some(43), "{e}");
+
+    let was = admin
+        .run_command(doc! {"setParameter": 1, "logLevel": 1})
+        .await?;
+    assert_eq!(was.get_i32("was")?, 0);
+    let got = admin
+        .run_command(doc! {"getParameter": 1, "logLevel": 1})
+        .await?;
+    assert_eq!(got.get_i32("logLevel")?, 1);
+    admin
+        .run_command(doc! {"setParameter": 1, "logLevel": 0})
+        .await?;
+
+    // What mongod refuses.
+    for (cmd, expected) in [
+        (doc! {"setParameter": 1, "logLevel": 9}, 2),
+        (doc! {"setParameter": 1, "enableTestCommands": true}, 2),
+        (doc! {"setParameter": 1, "noSuchParameter": 1}, 2),
+        (doc! {"setParameter": 1}, 72),
+        (doc! {"getParameter": 1, "noSuchParameter": 1}, 72),
+    ] {
+        let e = admin.run_command(cmd.clone()).await.expect_err("refused");
+        assert_eq!(code(&e), Some(expected), "{cmd}: {e}");
+    }
+    let e = db
+        .run_command(doc! {"setParameter": 1, "logLevel": 1})
+        .await
+        .expect_err("admin only");
+    assert_eq!(code(&e), Some(13));
+    cluster.stop().await;
+    Ok(())
+}
+
+/// Every command `listCommands` names is one the router runs (none answers CommandNotFound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_commands_names_only_what_runs() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let listed = client
+        .database("admin")
+        .run_command(doc! {"listCommands": 1})
+        .await?;
+    let names: Vec<String> = listed.get_document("commands")?.keys().cloned().collect();
+    assert!(names.len() > 50, "{names:?}");
+    let db = client.database("probe");
+    for name in names {
+        if matches!(name.as_str(), "endSessions" | "logout") {
+            continue; // harmless, but they would end this test's session or login
+        }
+        if let Err(e) = db.run_command(doc! {name.clone(): 1}).await {
+            assert_ne!(code(&e), Some(59), "{name}: {e}");
+        }
+    }
+    cluster.stop().await;
+    Ok(())
+}

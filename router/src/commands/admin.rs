@@ -1,4 +1,4 @@
-//! Administrative and harness commands: `getParameter`, `getCmdLineOpts`, `serverStatus`,
+//! Administrative and harness commands: `getCmdLineOpts`, `serverStatus`,
 //! `listDatabases`, session bookkeeping, `listShards`, `listCommands`, and the cluster
 //! parameters (`setClusterParameter` / `getClusterParameter`: `changeStreamOptions`, which every
 //! shard stores, since each purges its own pre-images).
@@ -8,33 +8,6 @@ use shard::preimages::CHANGE_STREAM_OPTIONS;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::{Ctx, ok};
-
-pub(super) fn get_parameter(ctx: &Ctx<'_>) -> Result<Document> {
-    let all = [
-        (
-            "enableTestCommands",
-            Bson::Boolean(ctx.router.options.enable_test_commands),
-        ),
-        (
-            "featureCompatibilityVersion",
-            Bson::Document(doc! {"version": "7.0"}),
-        ),
-        (
-            "authenticationMechanisms",
-            Bson::Array(vec!["SCRAM-SHA-1".into(), "SCRAM-SHA-256".into()]),
-        ),
-        ("requireApiVersion", Bson::Boolean(false)),
-    ];
-    let star = matches!(ctx.cmd.get("getParameter"), Some(Bson::String(s)) if s == "*");
-    let mut reply = Document::new();
-    for (name, value) in all {
-        if star || ctx.cmd.contains_key(name) {
-            reply.insert(name, value);
-        }
-    }
-    reply.insert("ok", 1.0);
-    Ok(reply)
-}
 
 /// Refuses a command sent to a database other than `admin` (13, as MongoDB).
 pub(super) fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
@@ -255,48 +228,83 @@ pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(doc! {"shards": shards, "ok": 1.0})
 }
 
+/// The commands the router runs (canonical names; `listCommands`).
+pub(super) const COMMANDS: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "buildInfo",
+    "collMod",
+    "collStats",
+    "commitTransaction",
+    "connectionStatus",
+    "count",
+    "create",
+    "createIndexes",
+    "createRole",
+    "createUser",
+    "currentOp",
+    "dbStats",
+    "delete",
+    "distinct",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "dropRole",
+    "dropUser",
+    "enableSharding",
+    "endSessions",
+    "explain",
+    "find",
+    "findAndModify",
+    "getClusterParameter",
+    "getCmdLineOpts",
+    "getLog",
+    "getMore",
+    "getParameter",
+    "grantPrivilegesToRole",
+    "grantRolesToRole",
+    "grantRolesToUser",
+    "hello",
+    "hostInfo",
+    "insert",
+    "isMaster",
+    "killAllSessions",
+    "killCursors",
+    "killOp",
+    "killSessions",
+    "listCollections",
+    "listCommands",
+    "listDatabases",
+    "listIndexes",
+    "listShards",
+    "logout",
+    "ping",
+    "refreshSessions",
+    "renameCollection",
+    "revokePrivilegesFromRole",
+    "revokeRolesFromRole",
+    "revokeRolesFromUser",
+    "rolesInfo",
+    "saslContinue",
+    "saslStart",
+    "serverStatus",
+    "setClusterParameter",
+    "setParameter",
+    "shardCollection",
+    "startSession",
+    "update",
+    "updateRole",
+    "updateUser",
+    "usersInfo",
+    "validate",
+    "whatsmyuri",
+];
+
 pub(super) fn list_commands() -> Result<Document> {
-    let names = [
-        "aggregate",
-        "buildInfo",
-        "collMod",
-        "collStats",
-        "connectionStatus",
-        "count",
-        "create",
-        "createIndexes",
-        "dbStats",
-        "delete",
-        "distinct",
-        "drop",
-        "dropDatabase",
-        "dropIndexes",
-        "enableSharding",
-        "endSessions",
-        "find",
-        "findAndModify",
-        "getCmdLineOpts",
-        "getMore",
-        "getParameter",
-        "hello",
-        "insert",
-        "isMaster",
-        "killAllSessions",
-        "killCursors",
-        "listCollections",
-        "listCommands",
-        "listDatabases",
-        "listIndexes",
-        "listShards",
-        "ping",
-        "renameCollection",
-        "serverStatus",
-        "shardCollection",
-        "update",
-    ];
+    let names = COMMANDS;
     let mut commands = Document::new();
     for n in names {
-        commands.insert(n, doc! {});
+        commands.insert(*n, doc! {});
     }
     Ok(doc! {"commands": commands, "ok": 1.0})
 }

@@ -391,7 +391,11 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         }
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => handshake::build_info(),
-        "getParameter" => admin::get_parameter(ctx),
+        "getParameter" => crate::parameters::get(ctx.router, ctx.cmd),
+        "setParameter" => {
+            admin::admin_only(ctx)?;
+            crate::parameters::set(ctx.router, ctx.cmd)
+        }
         "getCmdLineOpts" => admin::get_cmd_line_opts(ctx),
         "currentOp" => current_op::current_op(ctx),
         "killOp" => current_op::kill_op(ctx),
@@ -416,6 +420,7 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
             })
         }
         "collStats" | "collstats" => stats::coll_stats(ctx).await,
+        "validate" => stats::validate(ctx).await,
         "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" | "startSession" => {
             admin::sessions(ctx)
         }

@@ -1,6 +1,7 @@
 //! `dbStats`, `collStats` and the `$collStats` stage through the router: every shard measures
 //! its part (`shard::commands::stats`), the router adds the parts up, as mongos does, and keeps
-//! each shard's figures under `raw` (`dbStats`) or `shards` (`collStats`).
+//! each shard's figures under `raw` (`dbStats`) or `shards` (`collStats`). `validate` likewise:
+//! every shard checks its part, and the collection is valid when every part is.
 //!
 //! Invariants: counts and sizes are sums over the shards that answered (a shard that fails
 //! fails the command); `collections` and `views` are the most any shard has (a sharded
@@ -202,4 +203,64 @@ pub(super) async fn coll_stats_stage(
     };
     let batch = find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
     find::first_reply(ctx, ns, cursor, batch).await
+}
+
+/// `validate`: every shard that holds the collection checks its part; the collection is
+/// valid when every part is. Each shard's report is under `raw`, as mongos shows them.
+pub(super) async fn validate(ctx: &Ctx<'_>) -> Result<Document> {
+    let coll = ctx.args().collection()?.to_string();
+    validate_collection_name(ctx.db, &coll)?;
+    let router = ctx.router;
+    let replies = router
+        .broadcast_read(&router.all_shards(), ctx.db, &for_shards(ctx))
+        .await;
+    let (mut raw, mut errors, mut warnings) = (Document::new(), Vec::new(), Vec::new());
+    let (mut valid, mut records, mut invalid) = (true, 0i64, 0i64);
+    let mut keys_per_index = Document::new();
+    for (name, reply) in router.shard_names().into_iter().zip(replies) {
+        let mut reply = match reply {
+            // This shard has no part of the collection.
+            Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => continue,
+            other => other?,
+        };
+        for k in ["ok", "$clusterTime", "operationTime"] {
+            reply.remove(k);
+        }
+        valid &= reply.get_bool("valid").unwrap_or(false);
+        records += number(reply.get("nrecords")) as i64;
+        invalid += number(reply.get("nInvalidDocuments")) as i64;
+        let tagged = |list: Option<&Vec<Bson>>| -> Vec<Bson> {
+            list.into_iter()
+                .flatten()
+                .filter_map(Bson::as_str)
+                .map(|e| Bson::String(format!("{name}: {e}")))
+                .collect()
+        };
+        errors.extend(tagged(reply.get_array("errors").ok()));
+        warnings.extend(tagged(reply.get_array("warnings").ok()));
+        if let Ok(keys) = reply.get_document("keysPerIndex") {
+            for (index, n) in keys {
+                let total = number(keys_per_index.get(index)) as i64 + number(Some(n)) as i64;
+                keys_per_index.insert(index.clone(), total);
+            }
+        }
+        raw.insert(name, reply);
+    }
+    if raw.is_empty() {
+        return Err(MongoError::new(
+            ErrorCode::NAMESPACE_NOT_FOUND,
+            format!("Collection '{}.{coll}' does not exist to validate.", ctx.db),
+        ));
+    }
+    Ok(doc! {
+        "ns": format!("{}.{coll}", ctx.db),
+        "nInvalidDocuments": invalid,
+        "nrecords": records,
+        "keysPerIndex": keys_per_index,
+        "valid": valid,
+        "warnings": warnings,
+        "errors": errors,
+        "raw": raw,
+        "ok": 1.0,
+    })
 }

@@ -13,6 +13,7 @@ mod hello;
 mod query;
 pub mod routing;
 mod stats;
+mod validate;
 mod write;
 pub(crate) mod write_ops;
 
@@ -167,6 +168,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "listCollections" => ddl::list_collections(&ctx),
         "listDatabases" => ddl::list_databases(&ctx),
         "collStats" => stats::coll_stats(&ctx),
+        "validate" => validate::validate(&ctx),
         "dbStats" => stats::db_stats(&ctx),
         "createIndexes" => ddl::create_indexes(&ctx).await,
         "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx).await,
