@@ -10,11 +10,12 @@
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use router::Presentation;
+use tests::unified::harness::Security;
 use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
 
 const SHARDS: usize = 2;
 
-async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
+async fn run_all(presentation: Presentation, security: Security) -> anyhow::Result<()> {
     harness::run_folders(
         "change-streams",
         &[("change-streams", 9)],
@@ -22,6 +23,7 @@ async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
         presentation,
         SHARDS,
         1,
+        security,
     )
     .await
 }
@@ -33,12 +35,19 @@ fn known_failures() -> Vec<KnownFailure> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spec_change_streams_pass_as_a_router() -> anyhow::Result<()> {
-    run_all(Presentation::Mongos).await
+    run_all(Presentation::Mongos, Security::Open).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spec_change_streams_pass_as_a_replica_set() -> anyhow::Result<()> {
-    run_all(Presentation::ReplicaSet).await
+    run_all(Presentation::ReplicaSet, Security::Open).await
+}
+
+/// The same files with `--auth` and `requireTLS`: the runner's clients log in as a `root`
+/// user over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_change_streams_pass_with_auth_and_tls() -> anyhow::Result<()> {
+    run_all(Presentation::Mongos, Security::AuthAndTls).await
 }
 
 // ----- the runner's own checks ---------------------------------------------------------------

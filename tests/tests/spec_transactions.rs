@@ -11,6 +11,7 @@
 
 use mongodb::bson::{Bson, Document, doc};
 use router::Presentation;
+use tests::unified::harness::Security;
 use tests::unified::{self, KnownFailure, Outcome, ServerInfo, harness};
 
 const SHARDS: usize = 2;
@@ -18,7 +19,7 @@ const SHARDS: usize = 2;
 /// on the other router is one that does not know the transaction.
 const ROUTERS: usize = 2;
 
-async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
+async fn run_all(presentation: Presentation, security: Security) -> anyhow::Result<()> {
     harness::run_folders(
         "transactions",
         &[("transactions", 10), ("transactions-convenient-api", 10)],
@@ -26,6 +27,7 @@ async fn run_all(presentation: Presentation) -> anyhow::Result<()> {
         presentation,
         SHARDS,
         ROUTERS,
+        security,
     )
     .await
 }
@@ -38,12 +40,19 @@ fn known_failures() -> Vec<KnownFailure> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spec_transactions_pass_as_a_router() -> anyhow::Result<()> {
-    run_all(Presentation::Mongos).await
+    run_all(Presentation::Mongos, Security::Open).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spec_transactions_pass_as_a_replica_set() -> anyhow::Result<()> {
-    run_all(Presentation::ReplicaSet).await
+    run_all(Presentation::ReplicaSet, Security::Open).await
+}
+
+/// The same files with `--auth` and `requireTLS`: the runner's clients log in as a `root`
+/// user over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spec_transactions_pass_with_auth_and_tls() -> anyhow::Result<()> {
+    run_all(Presentation::Mongos, Security::AuthAndTls).await
 }
 
 // ----- the runner's own checks ---------------------------------------------------------------

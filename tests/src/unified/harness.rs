@@ -34,6 +34,19 @@ impl SpecCluster {
     }
 }
 
+/// How the runner reaches the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// Plain TCP, no authentication.
+    Open,
+    /// `--auth` and `requireTLS`: every client logs in as a `root` user over TLS.
+    AuthAndTls,
+}
+
+/// The user the runner logs in as with [`Security::AuthAndTls`].
+const RUNNER_USER: &str = "runner";
+const RUNNER_PASSWORD: &str = "runner-pw";
+
 /// Starts `shards` in-process shards and `routers` routers presented as `presentation` (a
 /// replica set has one), with `--enableTestCommands`.
 pub async fn start(
@@ -41,14 +54,39 @@ pub async fn start(
     shards: usize,
     routers: usize,
 ) -> Result<SpecCluster> {
+    start_secured(presentation, shards, routers, Security::Open).await
+}
+
+/// [`start`], with `security`.
+pub async fn start_secured(
+    presentation: Presentation,
+    shards: usize,
+    routers: usize,
+    security: Security,
+) -> Result<SpecCluster> {
     crate::init_tracing();
     let dir = tempfile::tempdir()?;
-    let options = router::RouterOptions {
+    let mut options = router::RouterOptions {
         presentation,
         argv: vec!["tributary".into(), "--enableTestCommands".into()],
         enable_test_commands: true,
         ..router::RouterOptions::default()
     };
+    let mut tls_query = String::new();
+    if security == Security::AuthAndTls {
+        let certs = crate::test_certificates(dir.path())?;
+        options.auth = true;
+        options.tls = wire::tls::ServerTls::new(
+            wire::tls::TlsMode::Require,
+            &wire::tls::TlsFiles {
+                certificate_key: Some(certs.server.clone()),
+                ca: None,
+                allow_without_client_certificate: false,
+            },
+        )
+        .map_err(anyhow::Error::msg)?;
+        tls_query = format!("?tls=true&tlsCAFile={}", certs.ca.display());
+    }
     let running = launch::embedded_with(
         "127.0.0.1:0".parse()?,
         shards,
@@ -70,7 +108,25 @@ pub async fn start(
         .chain(&more_routers)
         .map(|r| r.addr.to_string())
         .collect();
-    let uri = format!("mongodb://{}/", hosts.join(","));
+    let uri = match security {
+        Security::Open => format!("mongodb://{}/", hosts.join(",")),
+        Security::AuthAndTls => {
+            // The first user, through the localhost exception, then every client as it.
+            let first = format!("mongodb://{}/{tls_query}&directConnection=true", hosts[0]);
+            let client = mongodb::Client::with_uri_str(&first).await?;
+            client
+                .database("admin")
+                .run_command(mongodb::bson::doc! {
+                    "createUser": RUNNER_USER, "pwd": RUNNER_PASSWORD, "roles": ["root"],
+                })
+                .await?;
+            client.shutdown().await;
+            format!(
+                "mongodb://{RUNNER_USER}:{RUNNER_PASSWORD}@{}/{tls_query}",
+                hosts.join(",")
+            )
+        }
+    };
     Ok(SpecCluster {
         _dir: dir,
         running,
@@ -103,8 +159,14 @@ pub async fn run_folders(
     presentation: Presentation,
     shards: usize,
     routers: usize,
+    security: Security,
 ) -> Result<()> {
-    let cluster = start(presentation, shards, routers).await?;
+    let cluster = start_secured(presentation, shards, routers, security).await?;
+    let kind = match security {
+        Security::Open => kind.to_string(),
+        Security::AuthAndTls => format!("{kind} with auth and TLS"),
+    };
+    let kind = kind.as_str();
     let server = super::probe(&cluster.uri).await?;
     let expected = match presentation {
         Presentation::Mongos => "sharded",
@@ -190,6 +252,7 @@ fn report(kind: &str, topology: &str, lines: &[String]) {
     {
         let dir = target.join("spec-results");
         let _ = std::fs::create_dir_all(&dir);
-        let _ = std::fs::write(dir.join(format!("{kind}-{topology}.txt")), text);
+        let file = format!("{kind}-{topology}.txt").replace(' ', "-");
+        let _ = std::fs::write(dir.join(file), text);
     }
 }

@@ -525,10 +525,11 @@ impl Entities {
     }
 }
 
-/// The `host:port`s of a `mongodb://h1,h2/...` URI.
+/// The `host:port`s of a `mongodb://[user:pw@]h1,h2/...` URI.
 pub(crate) fn hosts(uri: &str) -> Vec<String> {
     let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
     let list = rest.split(['/', '?']).next().unwrap_or("");
+    let list = list.rsplit_once('@').map_or(list, |(_, hosts)| hosts);
     list.split(',')
         .filter(|h| !h.is_empty())
         .map(String::from)
@@ -833,7 +834,7 @@ async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> R
     if !entities.fail_points.is_empty() {
         // On every router: a targeted fail point is on the one a session was pinned to.
         for host in hosts(uri) {
-            match new_client(&format!("mongodb://{host}/?directConnection=true"), None).await {
+            match new_client(&direct(uri, &host), None).await {
                 Ok(c) => {
                     for (_, name) in &entities.fail_points {
                         if let Err(e) = c
@@ -940,7 +941,7 @@ async fn distinct_on_every_router(uri: &str, entities: &Entities) -> Result<()> 
         })
         .collect();
     for host in hosts(uri) {
-        let client = new_client(&format!("mongodb://{host}/?directConnection=true"), None).await?;
+        let client = new_client(&direct(uri, &host), None).await?;
         for (db, coll) in &namespaces {
             let r = client
                 .database(db)
@@ -956,6 +957,17 @@ async fn distinct_on_every_router(uri: &str, entities: &Entities) -> Result<()> 
         client.shutdown().await;
     }
     Ok(())
+}
+
+/// A direct connection to `host`, with `uri`'s credentials and options (TLS).
+pub(crate) fn direct(uri: &str, host: &str) -> String {
+    let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let credentials = authority.rsplit_once('@').map_or("", |(c, _)| c);
+    let at = if credentials.is_empty() { "" } else { "@" };
+    let query = uri.split_once('?').map_or("", |(_, q)| q);
+    let sep = if query.is_empty() { "" } else { "&" };
+    format!("mongodb://{credentials}{at}{host}/?{query}{sep}directConnection=true")
 }
 
 /// The URI with only its first router (the initial data and the outcome go through one, as

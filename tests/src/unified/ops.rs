@@ -405,9 +405,7 @@ async fn test_runner(
             let Some(server) = entities.client(&client_id)?.server_of_session(&lsid) else {
                 bail!("targetedFailPoint: session {session_id:?} has not run a command");
             };
-            let client =
-                super::new_client(&format!("mongodb://{server}/?directConnection=true"), None)
-                    .await?;
+            let client = super::new_client(&super::direct(uri, &server.to_string()), None).await?;
             let set = set_fail_point(&client, &client_id, args, entities).await;
             client.shutdown().await;
             set
