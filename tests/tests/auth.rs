@@ -246,6 +246,45 @@ async fn garbage_in_sasl_is_refused_cleanly() -> anyhow::Result<()> {
         )
         .await?;
     assert_eq!(code_of(&r), Some(17), "a failed conversation is over: {r}");
+    // A replayed final message: a whole good conversation recorded, then its proof sent in
+    // a new conversation with the same client nonce. The server's nonce differs: refused.
+    let mech = wire::scram::Mechanism::Sha256;
+    let cache = wire::scram::SaltedCache::default();
+    let (mut client, first) = wire::scram::ClientConversation::start(mech, "u", "p", "replayme")
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let started = raw
+        .command(
+            "admin",
+            &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(&first)},
+        )
+        .await?;
+    let proof = client
+        .respond(started.get_binary_generic("payload")?, &cache)
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let id = started.get_i32("conversationId")?;
+    let done = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": id, "payload": bytes(&proof)},
+        )
+        .await?;
+    client
+        .verify(done.get_binary_generic("payload")?)
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let again = raw
+        .command(
+            "admin",
+            &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(&first)},
+        )
+        .await?;
+    let r = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": again.get_i32("conversationId")?, "payload": bytes(&proof)},
+        )
+        .await?;
+    assert_eq!(code_of(&r), Some(18), "a replayed proof: {r}");
+    raw.command("admin", &doc! {"logout": 1}).await?;
     let ping = raw.command("admin", &doc! {"ping": 1}).await?;
     assert_eq!(
         ping.get_f64("ok").ok(),

@@ -98,6 +98,45 @@ async fn shards_admit_only_holders_of_the_key() -> anyhow::Result<()> {
         "{e}"
     );
 
+    // Garbage and strangers in the shard's SASL steps: refused, and the connection still
+    // answers.
+    let raw = wire::client::Client::new(cluster.shards[1].addr.to_string());
+    let bytes = |b: &[u8]| mongodb::bson::Binary {
+        subtype: mongodb::bson::spec::BinarySubtype::Generic,
+        bytes: b.to_vec(),
+    };
+    for (db, cmd, expected) in [
+        (
+            "local",
+            doc! {"saslStart": 1, "mechanism": "PLAIN", "payload": bytes(b"x")},
+            334,
+        ),
+        (
+            "local",
+            doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(b"junk")},
+            18,
+        ),
+        (
+            "admin",
+            doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bytes(b"n,,n=root,r=abc")},
+            18,
+        ),
+        (
+            "local",
+            doc! {"saslContinue": 1, "conversationId": 1, "payload": bytes(b"c=biws")},
+            17,
+        ),
+    ] {
+        let r = raw.command(db, &cmd).await?;
+        assert_eq!(r.get_i32("code").ok(), Some(expected), "{cmd}: {r}");
+    }
+    assert_eq!(
+        raw.command("admin", &doc! {"ping": 1})
+            .await?
+            .get_f64("ok")?,
+        1.0
+    );
+
     // The router logs in to the shards, and a key file turns on --auth: the localhost
     // exception, then a user works through it as in any cluster.
     let first = cluster.client().await?;
