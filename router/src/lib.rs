@@ -14,6 +14,7 @@ pub mod config_file;
 pub mod cursors;
 pub mod failpoint;
 pub mod launch;
+pub mod lineages;
 pub mod log_buffer;
 pub mod metadata;
 pub mod metrics;

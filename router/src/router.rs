@@ -159,6 +159,8 @@ pub struct Router {
     pub(crate) auth: crate::auth::Auth,
     /// The operations in flight (`currentOp`, `killOp`).
     pub(crate) ops: crate::ops::Ops,
+    /// The registry of the shards' histories (`lineages`).
+    pub(crate) lineages: crate::lineages::Lineages,
     /// The key that signs cluster times (`--auth`), loaded from the config shard when first
     /// needed.
     pub(crate) cluster_key: tokio::sync::OnceCell<crate::clock::ClusterKey>,
@@ -191,6 +193,7 @@ impl Router {
             metrics: Default::default(),
             auth: Default::default(),
             ops: Default::default(),
+            lineages: Default::default(),
             cluster_key: tokio::sync::OnceCell::new(),
         })
     }

@@ -342,6 +342,17 @@ impl ChangeStreams {
         // truncation point are gone: a start at or before it has lost history (286).
         let position = start.prev();
         check_history(start, state.oplog_truncated_through().next())?;
+        // A start point in a stretch of history this shard no longer has (`lineage`).
+        let asked = match &parsed.spec.start {
+            StartPoint::None => None,
+            StartPoint::StartAtOperationTime(t) => Some((*t, false)),
+            StartPoint::ResumeAfter(t) | StartPoint::StartAfter(t) => {
+                Some((t.cluster_time(), true))
+            }
+        };
+        if let (Some((at, token)), Some(lineage)) = (asked, state.lineage()) {
+            lineage.check_start(&state.name, at, token)?;
+        }
         let mut fresh = parsed.clone();
         fresh.spec.start = StartPoint::None;
         let share = shared::key(db, cmd).map(|key| (key, ShardStream::from_pipeline(fresh)));

@@ -24,6 +24,7 @@ pub mod cursor;
 pub mod history;
 pub mod indexes;
 pub mod keys;
+pub mod lineage;
 pub mod oplog;
 pub mod preimages;
 pub mod query;
@@ -146,8 +147,20 @@ impl Shard {
         };
         let last = oplog::last_ts_in_storage(&*read)?.unwrap_or(ClusterTime::ZERO);
         let oplog_stats = retention::OplogStats::load(&*read)?;
+        let previous = lineage::Lineage::load(&*read)?;
+        let had_data = last > ClusterTime::ZERO || catalog.collections().next().is_some();
         drop(read);
         let hlc = Hlc::recover(reserved, last);
+        // This run's boot: the last run may have handed out anything up to `from`; this one's
+        // clock starts at `to`.
+        let from = reserved.max(last);
+        let wall_secs = u32::try_from(opts.clock.now_millis() / 1000).unwrap_or(u32::MAX);
+        let to = from.max(ClusterTime::new(wall_secs, 0));
+        let mut lineage = lineage::Lineage::started(previous, had_data, from, to);
+        lineage.prune(oplog_stats.truncated_through.next());
+        let mut txn = storage.begin_write()?;
+        lineage.save(&mut *txn)?;
+        txn.commit()?;
         let state = Arc::new(ShardState::new(
             opts.name.clone(),
             storage,
@@ -157,6 +170,7 @@ impl Shard {
             TailWindow::new(last, TAIL_WINDOW_BYTES),
             oplog_stats,
         ));
+        state.set_lineage(lineage);
         let writer = Writer::start(state.clone());
         writer.renew();
         let shard = Arc::new(Shard {
@@ -379,9 +393,35 @@ impl Shard {
                 "newest": ts(newest),
             },
             "highWaterMark": state.high_water_mark().timestamp(),
+            "lineage": state.lineage().map(|l| l.to_document()),
             "preImages": {"count": images as i64, "bytes": image_bytes as i64},
             "metrics": {"changeStreams": state.stream_metrics.to_document()},
         })
+    }
+
+    /// Marks this shard's boot that ended at `to` lost (the cluster's registry shows its
+    /// history had gone past the boot's start: the data came back from an older copy) and
+    /// stores it; whether anything changed.
+    pub async fn mark_lineage_lost(&self, to: ClusterTime) -> Result<bool, wire::MongoError> {
+        let Some(mut lineage) = self.state.lineage() else {
+            return Ok(false);
+        };
+        if !lineage.mark_lost(to) {
+            return Ok(false);
+        }
+        let storage = self.state.storage.clone();
+        let saved = lineage.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut txn = storage.begin_write()?;
+            saved.save(&mut *txn)?;
+            txn.commit()
+        })
+        .await
+        .map_err(|e| wire::MongoError::internal(format!("storing the lineage: {e}")))?
+        .map_err(|e| wire::MongoError::internal(format!("storing the lineage: {e}")))?;
+        tracing::warn!(shard = %self.state.name, %to, "history lost: this shard's data was restored from an older copy");
+        self.state.set_lineage(lineage);
+        Ok(true)
     }
 
     /// Runs one purge of expired change-stream pre-images now (it also runs every

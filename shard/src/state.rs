@@ -35,6 +35,8 @@ pub struct ShardState {
     pub reservations: crate::reservations::Reservations,
     /// Counters `serverStatus` shows under `metrics.changeStreams`.
     pub stream_metrics: StreamMetrics,
+    /// Which history the oplog belongs to (`lineage`); set when the shard opens.
+    lineage: Mutex<Option<crate::lineage::Lineage>>,
 }
 
 /// Change-stream counters of a shard (`serverStatus.metrics.changeStreams`).
@@ -88,7 +90,20 @@ impl ShardState {
             prepared: Default::default(),
             reservations: Default::default(),
             stream_metrics: StreamMetrics::default(),
+            lineage: Mutex::new(None),
         }
+    }
+
+    /// The shard's lineage (`None` only before it has opened).
+    pub fn lineage(&self) -> Option<crate::lineage::Lineage> {
+        self.lineage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_lineage(&self, lineage: crate::lineage::Lineage) {
+        *self.lineage.lock().unwrap_or_else(|e| e.into_inner()) = Some(lineage);
     }
 
     pub fn hlc(&self) -> MutexGuard<'_, Hlc> {

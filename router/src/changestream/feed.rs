@@ -168,6 +168,9 @@ impl Feed {
                 self.hand_over(Err(error), false).await;
                 return false;
             }
+            if let Err(e) = crate::lineages::verify_now(&self.router).await {
+                tracing::debug!(error = %e, "shard lineages not verified before a re-open");
+            }
             let attempt = self
                 .router
                 .send_body(

@@ -92,6 +92,13 @@ pub(crate) async fn aggregate(
         pipeline: parsed,
         batch_size,
     } = parse_command(db, cmd, true)?;
+    if parsed.spec.start != pipeline::changestream::spec::StartPoint::None {
+        // A resume is judged against the shards' histories as they are now (a shard just
+        // restored from an older copy has its lost stretch marked before it is asked).
+        if let Err(e) = crate::lineages::verify_now(router).await {
+            tracing::debug!(error = %e, "shard lineages not verified before a resume");
+        }
+    }
     let mut cursor = ChangeStreamCursor::open(router, db, coll, stages, parsed).await?;
     let batch = cursor
         .next_batch(router, batch_size, Duration::ZERO)

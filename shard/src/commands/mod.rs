@@ -114,6 +114,22 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             status.insert("ok", 1.0);
             Ok(Reply::read(status))
         }
+        "_shardsvrLineage" => {
+            let lineage = shard.state().lineage().map(|l| l.to_document());
+            let reserved = shard.state().hlc().reserved();
+            Ok(Reply::read(bson::doc! {
+                "lineage": lineage,
+                "reserved": Bson::Timestamp(reserved.timestamp()),
+                "ok": 1.0,
+            }))
+        }
+        "_shardsvrMarkLineageLost" => {
+            let Some(Bson::Timestamp(to)) = ctx.cmd.get("to") else {
+                return Err(MongoError::type_mismatch("'to' must be a timestamp"));
+            };
+            let changed = shard.mark_lineage_lost(ClusterTime::from(*to)).await?;
+            Ok(Reply::read(bson::doc! {"changed": changed, "ok": 1.0}))
+        }
         "getClusterParameter" => {
             let p = crate::preimages::parameter(shard)?;
             Ok(Reply::read(
