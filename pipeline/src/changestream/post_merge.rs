@@ -15,6 +15,8 @@
 use bson::{Bson, Document};
 use wire::{ErrorCode, MongoError, Result};
 
+use resume::token::ResumeTokenData;
+
 use super::ChangeEvent;
 use super::resumability::EnsureResumeTokenPresent;
 use super::spec::{ChangeStreamSpec, UserStage};
@@ -135,6 +137,11 @@ impl RouterStream {
     /// Whether every event passes unchanged: no user stages, and no resume point to find.
     pub fn passes_through(&self) -> bool {
         self.stages.is_empty() && self.ensure.done()
+    }
+
+    /// Fails when the merge's promise (`pbrt`) is past the client's event token unseen.
+    pub fn check_promise(&self, pbrt: &ResumeTokenData) -> Result<()> {
+        self.ensure.check_promise(pbrt)
     }
 
     /// Whether the resume point has been passed; until then the reply's post-batch resume token

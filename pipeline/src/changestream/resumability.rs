@@ -9,7 +9,8 @@
 //!   fails on a surpassed token, since on a sharded cluster the token may live on another shard;
 //! * [`EnsureResumeTokenPresent`] (after the merge) swallows events up to and including the
 //!   client token (once per shard after `startAfter`, hence "and equal ones after it"), then
-//!   passes everything; reaching an event past the token without having seen it fails with 280
+//!   passes everything; reaching an event past the token without having seen it, or a merge
+//!   promise past it ([`EnsureResumeTokenPresent::check_promise`]), fails with 280
 //!   `ChangeStreamFatalError` labelled `NonResumableChangeStreamError`;
 //! * [`TokenVersionPolicy`] issues tokens in the client token's version until an event sorts
 //!   strictly after the resume point, then the default version for good, so tokens built before
@@ -146,6 +147,22 @@ impl EnsureResumeTokenPresent {
         self.client.is_none()
     }
 
+    /// The merge promises nothing more will come before `promise` (its post-batch resume
+    /// token with no event ready): a client event token that sorts before it and was not seen
+    /// never will be. Fails then, at once, instead of holding the stream at the token.
+    pub fn check_promise(&self, promise: &ResumeTokenData) -> Result<()> {
+        match &self.client {
+            Some(client)
+                if !self.found
+                    && promise.compare_against_client_token(client)
+                        == ResumeStatus::SurpassedToken =>
+            {
+                Err(not_found(client))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `Ok(Some(event))` to deliver, `Ok(None)` to swallow.
     pub fn process(&mut self, event: ChangeEvent) -> Result<Option<ChangeEvent>> {
         let Some(client) = &self.client else {
@@ -170,7 +187,9 @@ fn not_found(client: &ResumeTokenData) -> MongoError {
     MongoError::new(
         ErrorCode::CHANGE_STREAM_FATAL_ERROR,
         format!(
-            "cannot resume stream; the resume token was not found. {{_data: \"{}\"}}",
+            "cannot resume stream; the resume token was not found. {{_data: \"{}\"}} (its event \
+             is in no shard's history: it comes from another cluster, or from history a shard \
+             lost when its data was restored from an older copy)",
             client.encode().data_hex()
         ),
     )

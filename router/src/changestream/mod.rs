@@ -406,6 +406,13 @@ impl ChangeStreamCursor {
             _ if held.is_some() => looked.clone(),
             _ => merged.post_batch_resume_token(),
         };
+        // Every shard has promised past a client event token that never came: fail now.
+        if events.is_empty()
+            && !post.stream.resume_point_passed()
+            && let Some(promise) = post_batch_resume_token.as_ref().map(ResumeToken::decode)
+        {
+            post.stream.check_promise(&promise?)?;
+        }
         Ok(Batch {
             events,
             post_batch_resume_token,

@@ -61,6 +61,20 @@ fn passing_the_token_unseen_is_a_fatal_280() {
 }
 
 #[test]
+fn a_promise_past_the_token_unseen_is_a_fatal_280_too() {
+    let start = StartPoint::ResumeAfter(insert_token(10, 1, 5));
+    let mut e = EnsureResumeTokenPresent::new(&start);
+    let at = |secs, inc| ResumeTokenData::high_water_mark(ct(secs, inc), TokenVersion::V2);
+    assert!(e.check_promise(&at(10, 1)).is_ok(), "not past it yet");
+    let err = e.check_promise(&at(10, 2)).unwrap_err();
+    assert_eq!(err.code, 280);
+    assert!(err.errmsg.contains("another cluster"), "{}", err.errmsg);
+    // Seen, then passed: fine.
+    assert!(e.process(ins(10, 1, 5)).unwrap().is_none());
+    assert!(e.check_promise(&at(10, 2)).is_ok());
+}
+
+#[test]
 fn high_water_mark_and_time_starts_need_no_proof() {
     let hwm = ResumeTokenData::high_water_mark(ct(10, 1), TokenVersion::V2);
     for start in [
