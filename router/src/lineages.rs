@@ -1,12 +1,13 @@
 //! The cluster's memory of each shard's history: `config.shardLineages` on the config shard,
 //! one document per shard with its history id, the last boot the cluster saw, and how far
-//! that history had reached (the shard's durable clock reservation, the most it could have
-//! handed out). See `shard::lineage` for what a shard keeps itself.
+//! that history had reached (its newest oplog entry: only entries can be lost; a run that
+//! wrote nothing lost nothing a token could have seen). See `shard::lineage` for what a shard
+//! keeps itself.
 //!
 //! Owns: comparing what a shard says of itself with what the cluster remembers ([`judge`]),
 //! marking a boot lost on the shard when the shard came back with less history than the
 //! cluster had seen (its data directory restored from an older copy), and keeping the
-//! registry up to date: every second, and before a stream resumes or re-opens a shard's
+//! registry up to date: every second (`lineage_interval`), and before a stream resumes or re-opens a shard's
 //! stream ([`verify_now`]), so a resume after a restore is judged against the restore.
 //!
 //! Invariants: a boot is marked lost only when the cluster recorded that the same history had
@@ -28,7 +29,7 @@ use crate::router::{Resend, Router};
 
 const DB: &str = "config";
 const COLL: &str = "shardLineages";
-/// How often the registry is brought up to date.
+/// How often the registry is brought up to date by default.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the cluster remembers of one shard's history.
@@ -37,7 +38,7 @@ pub struct Entry {
     pub history_id: bson::Uuid,
     /// The `to` of the latest boot seen (or where the history began).
     pub last_boot: ClusterTime,
-    /// The most the history had reserved while the cluster watched.
+    /// The newest oplog entry of that history the cluster saw.
     pub reached: ClusterTime,
 }
 
@@ -52,12 +53,12 @@ fn latest_boot(l: &Lineage) -> ClusterTime {
     l.boots.last().map_or(l.began, |b| b.to)
 }
 
-/// Compares a shard's lineage (and its current reservation) with the registry's entry.
-pub fn judge(known: Option<&Entry>, lineage: &Lineage, reserved: ClusterTime) -> Judgement {
+/// Compares a shard's lineage (and its newest entry) with the registry's entry.
+pub fn judge(known: Option<&Entry>, lineage: &Lineage, newest: ClusterTime) -> Judgement {
     let fresh = Entry {
         history_id: lineage.history_id,
         last_boot: latest_boot(lineage),
-        reached: reserved,
+        reached: newest,
     };
     let Some(known) = known.filter(|k| k.history_id == lineage.history_id) else {
         // First sight, or a new history at this shard's place (an empty data directory):
@@ -80,7 +81,7 @@ pub fn judge(known: Option<&Entry>, lineage: &Lineage, reserved: ClusterTime) ->
     Judgement {
         lost,
         entry: Entry {
-            reached: known.reached.max(reserved),
+            reached: known.reached.max(newest),
             ..fresh
         },
     }
@@ -157,12 +158,12 @@ async fn verify(router: &Router) -> Result<()> {
         else {
             continue;
         };
-        let reserved = match reply.get("reserved") {
+        let newest = match reply.get("newest") {
             Some(Bson::Timestamp(t)) => ClusterTime::from(*t),
             _ => continue,
         };
         let before = known.iter().find(|(n, _)| n == name).map(|(_, e)| e);
-        let judgement = judge(before, &lineage, reserved);
+        let judgement = judge(before, &lineage, newest);
         for to in &judgement.lost {
             tracing::warn!(shard = %name, boot = %to, "shard came back with less history than the cluster had seen: marking the stretch lost");
             ask(
@@ -215,12 +216,17 @@ pub async fn verify_now(router: &Router) -> Result<()> {
     Ok(())
 }
 
-/// Runs [`verify_now`] every [`INTERVAL`] until `cancel`.
+/// Runs [`verify_now`] every `lineage_interval` (the router's option; zero: only before
+/// resumes) until `cancel`.
 pub async fn keep_up(router: Arc<Router>, cancel: CancellationToken) {
+    let interval = router.options.lineage_interval;
+    if interval.is_zero() {
+        return;
+    }
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(INTERVAL) => {}
+            _ = tokio::time::sleep(interval) => {}
         }
         if let Err(e) = verify_now(&router).await {
             tracing::debug!(error = %e, "shard lineage registry not updated");

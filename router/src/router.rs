@@ -63,6 +63,9 @@ pub struct RouterOptions {
     pub shard_tls: Option<wire::tls::ClientTls>,
     /// The cluster's key file, which the router logs in to remote shards with.
     pub shard_key: Option<Arc<wire::keyfile::KeyFile>>,
+    /// How often the shards' lineages are recorded on the config shard (`lineages`); zero:
+    /// only before resumes (for tests that count a shard's commits).
+    pub lineage_interval: Duration,
 }
 
 impl Default for RouterOptions {
@@ -81,6 +84,7 @@ impl Default for RouterOptions {
             tls: None,
             shard_tls: None,
             shard_key: None,
+            lineage_interval: crate::lineages::INTERVAL,
         }
     }
 }

@@ -116,10 +116,10 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         }
         "_shardsvrLineage" => {
             let lineage = shard.state().lineage().map(|l| l.to_document());
-            let reserved = shard.state().hlc().reserved();
+            let newest = shard.state().tail.visible();
             Ok(Reply::read(bson::doc! {
                 "lineage": lineage,
-                "reserved": Bson::Timestamp(reserved.timestamp()),
+                "newest": Bson::Timestamp(newest.timestamp()),
                 "ok": 1.0,
             }))
         }
