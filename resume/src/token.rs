@@ -484,6 +484,21 @@ impl ResumeTokenData {
         self.encode().to_document()
     }
 
+    /// The wire token with Tributary's cluster stamp: a v2 high-water-mark token carries its
+    /// cluster's id in the uuid slot, which MongoDB leaves null there, so a router can tell a
+    /// token from another cluster. Every other token encodes as [`ResumeTokenData::encode`]
+    /// (an event token's uuid is its collection's). The public decoder reads a stamped token
+    /// as a high-water mark whose uuid is the cluster's; [`ResumeToken::unstamp`] takes the
+    /// stamp off again.
+    pub fn encode_stamped(&self, cluster: Uuid) -> ResumeToken {
+        if !self.is_high_water_mark() || self.version < TokenVersion::V2 {
+            return self.encode();
+        }
+        let mut stamped = self.clone();
+        stamped.uuid = Some(cluster);
+        stamped.encode()
+    }
+
     /// Parses and decodes `{_data, _typeBits?}`.
     pub fn from_document(doc: &Document) -> Result<Self, TokenError> {
         ResumeToken::from_document(doc)?.decode()
@@ -962,6 +977,28 @@ impl ResumeToken {
     pub fn decode(&self) -> Result<ResumeTokenData, TokenError> {
         ResumeTokenData::decode(&self.data, &self.type_bits)
     }
+
+    /// A token with a cluster stamp ([`ResumeTokenData::encode_stamped`]): MongoDB's token
+    /// and the stamp. `None` for every other token.
+    pub fn unstamp(&self) -> Option<(ResumeToken, Uuid)> {
+        // The stamp is the last value: BinData, 16 bytes, subtype 4 (UUID), then the end byte.
+        const STAMP: usize = 3 + 16 + 1;
+        let cut = self.data.len().checked_sub(STAMP)?;
+        let (prefix, stamp) = self.data.split_at(cut);
+        if stamp[..3] != [ctype::BIN_DATA, 16, 4] || stamp[STAMP - 1] != ctype::END {
+            return None;
+        }
+        let cluster = Uuid::from_bytes(stamp[3..19].try_into().ok()?);
+        let mut data = prefix.to_vec();
+        data.extend_from_slice(&[ctype::NULLISH, ctype::END]);
+        let plain = ResumeToken {
+            data,
+            type_bits: self.type_bits.clone(),
+        };
+        let decoded = plain.decode().ok()?;
+        (decoded.is_high_water_mark() && decoded.version() >= TokenVersion::V2)
+            .then_some((plain, cluster))
+    }
 }
 
 impl PartialEq for ResumeToken {
@@ -1149,6 +1186,40 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn only_high_water_marks_are_stamped_and_unstamped() {
+        let cluster = Uuid::from_bytes([3; 16]);
+        let hwm = ResumeTokenData::high_water_mark(ClusterTime::new(100, 2), TokenVersion::V2);
+        let stamped = hwm.encode_stamped(cluster);
+        assert_ne!(stamped, hwm.encode());
+        assert!(
+            stamped.decode().is_err(),
+            "MongoDB's decoder refuses a uuid on a high-water mark"
+        );
+        let (plain, stamp) = stamped.unstamp().unwrap();
+        assert_eq!((plain, stamp), (hwm.encode(), cluster));
+        assert!(hwm.encode().unstamp().is_none(), "an unstamped token");
+        let v1 = ResumeTokenData::high_water_mark(ClusterTime::new(100, 2), TokenVersion::V1);
+        assert_eq!(
+            v1.encode_stamped(cluster),
+            v1.encode(),
+            "v1 has no uuid slot to use"
+        );
+        let event = ResumeTokenData::event(
+            ClusterTime::new(100, 2),
+            TokenVersion::V2,
+            0,
+            Some(Uuid::from_bytes([5; 16])),
+            Some(event_identifier(
+                "insert",
+                Some(("documentKey", bson::doc! {"_id": 1})),
+            )),
+        )
+        .unwrap();
+        assert_eq!(event.encode_stamped(cluster), event.encode());
+        assert!(event.encode().unstamp().is_none());
+    }
 
     proptest! {
         /// The table-driven `_data` decoder accepts and yields exactly what `hex::decode`

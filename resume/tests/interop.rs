@@ -342,3 +342,30 @@ fn npm_decoder_reads_every_field_of_our_tokens() {
         failures.join("\n")
     );
 }
+
+/// Tributary's cluster stamp on a high-water-mark token (`encode_stamped`): the public decoder
+/// still reads it, as a high-water mark whose uuid is the cluster's id.
+#[test]
+fn npm_decoder_reads_a_stamped_high_water_mark() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("!!! SKIPPING resume interop test: {why}");
+        return;
+    }
+    let hwm =
+        ResumeTokenData::high_water_mark(ClusterTime::new(1_700_000_000, 7), TokenVersion::V2);
+    let cluster = bson::Uuid::from_bytes([0xab; 16]);
+    let stamped = hwm.encode_stamped(cluster);
+    let decoded = decode_with_node(&[stamped.data_hex()]);
+    let js = decoded[0]
+        .get("ok")
+        .unwrap_or_else(|| panic!("decoder failed: {}", decoded[0]));
+    assert_eq!(
+        js.get("timestamp"),
+        Some(&json!({"$timestamp": {"t": 1_700_000_000u32, "i": 7}}))
+    );
+    assert_eq!(js.get("tokenType"), Some(&json!(0)));
+    assert_eq!(js.get("uuid"), Some(&json!(hex::encode([0xab; 16]))));
+    let (plain, stamp) = stamped.unstamp().expect("a stamped token");
+    assert_eq!(stamp, cluster);
+    assert_eq!(plain.decode().expect("MongoDB's token"), hwm);
+}

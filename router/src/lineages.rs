@@ -198,10 +198,101 @@ async fn verify(router: &Router) -> Result<()> {
     Ok(())
 }
 
-/// Serialises passes, so a caller waits for one that started after it asked.
+/// Serialises passes, so a caller waits for one that started after it asked; and the
+/// cluster's id.
 #[derive(Default)]
 pub struct Lineages {
     last_done: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    cluster_id: tokio::sync::OnceCell<bson::Uuid>,
+}
+
+/// The cluster's id: `config.version` `{_id: 1, clusterId}` on the config shard, as MongoDB
+/// keeps it, made by the first router that needs it (another router's racing insert loses
+/// and reads the winner's). Stamped on the high-water-mark tokens this cluster gives out.
+pub async fn cluster_id(router: &Router) -> Result<bson::Uuid> {
+    router
+        .lineages
+        .cluster_id
+        .get_or_try_init(|| async {
+            let find = doc! {"find": "version", "filter": {"_id": 1}, "limit": 1};
+            for attempt in 0..2 {
+                let reply = router.shard_command(0, DB, find.clone()).await?;
+                let found = reply
+                    .get_document("cursor")
+                    .and_then(|c| c.get_array("firstBatch"))
+                    .ok()
+                    .and_then(|b| b.first())
+                    .and_then(Bson::as_document)
+                    .and_then(|d| match d.get("clusterId") {
+                        Some(Bson::Binary(b)) => {
+                            Some(bson::Uuid::from_bytes(b.bytes.as_slice().try_into().ok()?))
+                        }
+                        _ => None,
+                    });
+                if let Some(id) = found {
+                    return Ok(id);
+                }
+                if attempt == 0 {
+                    let doc = doc! {"_id": 1, "clusterId": bson::Uuid::new()};
+                    let _ = router
+                        .shard_command(0, DB, doc! {"insert": "version", "documents": [doc]})
+                        .await?;
+                }
+            }
+            Err(wire::MongoError::internal(
+                "the cluster's id could not be made",
+            ))
+        })
+        .await
+        .copied()
+}
+
+/// The cluster's id if this router has learnt it ([`cluster_id`]).
+pub fn known_cluster_id(router: &Router) -> Option<bson::Uuid> {
+    router.lineages.cluster_id.get().copied()
+}
+
+/// `cmd` with a cluster-stamped resume token (`resumeAfter` / `startAfter`) in MongoDB's form
+/// again; `None` when it has none. A token stamped by another cluster is 280, non-resumable.
+pub async fn unstamp_start(router: &Router, cmd: &Document) -> Result<Option<Document>> {
+    let spec = cmd
+        .get_array("pipeline")
+        .ok()
+        .and_then(|p| p.first())
+        .and_then(Bson::as_document)
+        .and_then(|s| s.get_document("$changeStream").ok());
+    let Some(spec) = spec else { return Ok(None) };
+    for field in ["resumeAfter", "startAfter"] {
+        let Some(stamped) = spec
+            .get_document(field)
+            .ok()
+            .and_then(|t| resume::token::ResumeToken::from_document(t).ok())
+            .and_then(|t| t.unstamp())
+        else {
+            continue;
+        };
+        let (plain, stamp) = stamped;
+        let ours = cluster_id(router).await?;
+        if stamp != ours {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::CHANGE_STREAM_FATAL_ERROR,
+                format!(
+                    "cannot resume stream: the resume token comes from another cluster \
+                     (cluster id {stamp}; this cluster is {ours})"
+                ),
+            )
+            .with_label("NonResumableChangeStreamError"));
+        }
+        let mut cmd = cmd.clone();
+        if let Ok(pipeline) = cmd.get_array_mut("pipeline")
+            && let Some(Bson::Document(first)) = pipeline.first_mut()
+            && let Ok(spec) = first.get_document_mut("$changeStream")
+        {
+            spec.insert(field, plain.to_document());
+        }
+        return Ok(Some(cmd));
+    }
+    Ok(None)
 }
 
 /// Brings the registry (and lost marks) up to date now: a pass that starts after this call.
@@ -230,6 +321,9 @@ pub async fn keep_up(router: Arc<Router>, cancel: CancellationToken) {
         }
         if let Err(e) = verify_now(&router).await {
             tracing::debug!(error = %e, "shard lineage registry not updated");
+        }
+        if known_cluster_id(&router).is_none() {
+            let _ = cluster_id(&router).await;
         }
     }
 }

@@ -156,3 +156,60 @@ async fn a_token_from_before_an_empty_replacement_is_refused() -> anyhow::Result
     assert!(e.to_string().contains("before shard"), "{e}");
     Ok(())
 }
+
+/// Tokens carry nothing of their cluster but a high-water mark's stamp (`encode_stamped`):
+/// another cluster's high-water mark is refused by its stamp, its event token because no
+/// shard here has its event; this cluster's own resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_another_cluster_is_refused() -> anyhow::Result<()> {
+    let here = tests::EmbeddedCluster::start(2).await?;
+    let there = tests::EmbeddedCluster::start(2).await?;
+    let (a, b) = (there.client().await?, here.client().await?);
+    let theirs = a.database("app").collection::<Document>("c");
+    let ours = b.database("app").collection::<Document>("c");
+    ours.insert_one(doc! {"_id": 0}).await?;
+
+    let mut stream = theirs.watch().await?.with_type::<Document>();
+    theirs.insert_one(doc! {"_id": 1}).await?;
+    let event_token = token_of(&next_event(&mut stream).await?)?;
+    let mut idle = theirs.watch().await?.with_type::<Document>();
+    assert!(idle.next_if_any().await?.is_none());
+    let high_water_mark = idle.resume_token().expect("a post-batch resume token");
+
+    let e = ours
+        .watch()
+        .resume_after(high_water_mark)
+        .await
+        .expect_err("another cluster's high-water mark");
+    assert_eq!(code(&e), Some(280), "{e}");
+    assert!(e.to_string().contains("another cluster"), "{e}");
+    let e = match ours.watch().resume_after(event_token).await {
+        Err(e) => e,
+        Ok(mut s) => s
+            .next_if_any()
+            .await
+            .expect_err("another cluster's event token"),
+    };
+    assert_eq!(code(&e), Some(280), "{e}");
+
+    // Our own high-water mark resumes.
+    let mut mine = ours.watch().await?.with_type::<Document>();
+    assert!(mine.next_if_any().await?.is_none());
+    let token = mine.resume_token().expect("a post-batch resume token");
+    let mut resumed = ours
+        .watch()
+        .resume_after(token)
+        .await?
+        .with_type::<Document>();
+    ours.insert_one(doc! {"_id": 2}).await?;
+    assert_eq!(
+        next_event(&mut resumed)
+            .await?
+            .get_document("documentKey")?
+            .get("_id"),
+        Some(&2.into())
+    );
+    here.stop().await;
+    there.stop().await;
+    Ok(())
+}

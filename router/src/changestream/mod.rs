@@ -86,18 +86,23 @@ pub(crate) async fn aggregate(
     db: &str,
     cmd: &Document,
 ) -> Result<RawDocumentBuf> {
+    // A token this cluster stamped, back in MongoDB's form (another cluster's is refused).
+    let plain = crate::lineages::unstamp_start(router, cmd).await?;
     let ChangeStreamCommand {
         coll,
         stages,
         pipeline: parsed,
         batch_size,
-    } = parse_command(db, cmd, true)?;
+    } = parse_command(db, plain.as_ref().unwrap_or(cmd), true)?;
     if parsed.spec.start != pipeline::changestream::spec::StartPoint::None {
         // A resume is judged against the shards' histories as they are now (a shard just
         // restored from an older copy has its lost stretch marked before it is asked).
         if let Err(e) = crate::lineages::verify_now(router).await {
             tracing::debug!(error = %e, "shard lineages not verified before a resume");
         }
+    }
+    if let Err(e) = crate::lineages::cluster_id(router).await {
+        tracing::debug!(error = %e, "the cluster's id is not known yet");
     }
     let mut cursor = ChangeStreamCursor::open(router, db, coll, stages, parsed).await?;
     let batch = cursor
@@ -110,7 +115,7 @@ pub(crate) async fn aggregate(
     };
     if batch.invalidated {
         cursor.kill().await;
-        return Ok(cursor_reply(&ns, 0, batch, true));
+        return Ok(cursor_reply(&ns, 0, batch, true, stamp_of(router)));
     }
     let mut info = crate::cursors::StreamInfo::new(&ns, cmd);
     info.replied(
@@ -125,12 +130,32 @@ pub(crate) async fn aggregate(
         state: crate::cursors::CursorState::ChangeStream(Box::new(cursor)),
         info: Some(Arc::new(std::sync::Mutex::new(info))),
     });
-    Ok(cursor_reply(&ns, id, batch, true))
+    Ok(cursor_reply(&ns, id, batch, true, stamp_of(router)))
+}
+
+/// The cluster's id to stamp high-water-mark tokens with (`lineages`), when the router knows
+/// it already: a reply never waits for the config shard (without it the token goes out as
+/// MongoDB's, which is accepted too). Streams learn it when they open.
+pub(crate) fn stamp_of(router: &Router) -> Option<bson::Uuid> {
+    crate::lineages::known_cluster_id(router)
 }
 
 /// The reply for a batch, written once with each event's bytes copied in. A batch that ends
-/// with an invalidate closes the cursor (`id: 0`, `invalidated: true`).
-pub(crate) fn cursor_reply(ns: &str, id: i64, batch: Batch, first: bool) -> RawDocumentBuf {
+/// with an invalidate closes the cursor (`id: 0`, `invalidated: true`). A high-water-mark
+/// post-batch resume token carries the cluster's `stamp`.
+pub(crate) fn cursor_reply(
+    ns: &str,
+    id: i64,
+    mut batch: Batch,
+    first: bool,
+    stamp: Option<bson::Uuid>,
+) -> RawDocumentBuf {
+    if let (Some(cluster), Some(token)) = (stamp, &batch.post_batch_resume_token)
+        && let Ok(data) = token.decode()
+        && data.is_high_water_mark()
+    {
+        batch.post_batch_resume_token = Some(data.encode_stamped(cluster));
+    }
     CursorReply {
         ns,
         id: if batch.invalidated { 0 } else { id },

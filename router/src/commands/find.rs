@@ -267,7 +267,8 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
                     .map(resume::token::ResumeToken::to_document),
             );
         }
-        let reply = crate::changestream::cursor_reply(&guard.ns, id, batch, false);
+        let stamp = crate::changestream::stamp_of(router);
+        let reply = crate::changestream::cursor_reply(&guard.ns, id, batch, false, stamp);
         if !keep {
             guard.kill(router).await;
             router.cursors.remove(id);
