@@ -350,7 +350,8 @@ impl ChangeStreams {
                 Some((t.cluster_time(), true))
             }
         };
-        if let (Some((at, token)), Some(lineage)) = (asked, state.lineage()) {
+        let starts_now = cmd.get_bool(crate::lineage::STARTS_NOW).unwrap_or(false);
+        if let (Some((at, token)), Some(lineage), false) = (asked, state.lineage(), starts_now) {
             lineage.check_start(&state.name, at, token)?;
         }
         let mut fresh = parsed.clone();

@@ -25,12 +25,13 @@
 //! in `to` order and `to` values are unique; the checks are pure.
 //!
 //! Known window: times are whole seconds plus a counter, and a restarted clock starts at
-//! `max(wall clock, reservation)`. When the copy is put back within its own reservation window
-//! (three seconds) of the lost run's last time, the restored run's clock starts inside the
-//! lost run's times and `(from, to)` cannot hold them: the boot is still recognised as a
-//! restore, but a token from there is only refused when it is an event token (its event is in
-//! no shard's history: the router's `EnsureResumeTokenPresent` answers 280). Likewise a new,
-//! empty shard started within the second of the old one's last time.
+//! `max(wall clock, reservation)`. Only when the copy is taken, the lost run writes and the
+//! copy is put back all within the clock's reservation window (three seconds) does the
+//! restored run start inside the lost run's times: `(from, to)` is then empty, and times alone
+//! cannot tell the two runs' tokens apart (nor those of the other shards, which go on in the
+//! same seconds). There only an event token from the lost run is refused: its event is in no
+//! shard's history, which the router's `EnsureResumeTokenPresent` answers with 280. Likewise
+//! a new, empty shard started within the same second as the old one's last time.
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
@@ -40,6 +41,10 @@ use crate::storage::{ReadTxn, StorageResult, Table, WriteTxn};
 
 /// The `Meta` key of the record.
 pub const LINEAGE_KEY: &[u8] = b"lineage";
+
+/// The field of a shard's `$changeStream` aggregate that says its `startAtOperationTime` is
+/// the router's "now" (the client gave no start point): nothing to check against lost history.
+pub const STARTS_NOW: &str = "$_tributaryStartsNow";
 
 /// Boots older than the oldest oplog entry are forgotten past this many.
 const BOOTS_KEPT: usize = 64;

@@ -105,7 +105,11 @@ pub(super) async fn open(
         Some(c) => Bson::String(c.to_string()),
         None => Bson::Int32(1),
     };
-    let shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
+    let mut shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
+    if parsed.spec.start == StartPoint::None {
+        // The start is the router's "now", not a time a client brought from some history.
+        shard_cmd.insert(shard::lineage::STARTS_NOW, true);
+    }
     let shards = router.all_shards();
     let replies = futures::future::join_all(
         shards
