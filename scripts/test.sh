@@ -39,7 +39,7 @@ else
   cargo test --workspace --no-fail-fast
 fi
 # The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs,
-# tests/tests/spec_transactions.rs).
+# tests/tests/spec_transactions.rs, tests/tests/spec_crud.rs).
 cat "${CARGO_TARGET_DIR:-target}"/spec-results/*.txt
 
 step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9"

@@ -238,9 +238,21 @@ pub async fn run_document(
     name: &str,
     file: &Document,
 ) -> Result<Vec<TestResult>> {
-    check_schema(file.get_str("schemaVersion").context("schemaVersion")?)?;
-    let file_skip = requirements_unmet(file.get_array("runOnRequirements").ok(), server)?;
     let tests = file.get_array("tests").context("tests")?;
+    // A file of a schema this runner does not read is not run: each of its tests fails,
+    // saying so (the known-failures list names them until the runner reads it).
+    if let Err(e) = check_schema(file.get_str("schemaVersion").context("schemaVersion")?) {
+        return Ok(tests
+            .iter()
+            .filter_map(Bson::as_document)
+            .map(|t| TestResult {
+                file: name.to_string(),
+                description: t.get_str("description").unwrap_or("?").to_string(),
+                outcome: Outcome::Failed(e.to_string()),
+            })
+            .collect());
+    }
+    let file_skip = requirements_unmet(file.get_array("runOnRequirements").ok(), server)?;
     let mut out = Vec::new();
     for t in tests {
         let test = t.as_document().context("a test is not a document")?;
