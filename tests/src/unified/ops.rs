@@ -15,12 +15,13 @@ use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ChangeStreamEvent;
 use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::{
-    AggregateOptions, ChangeStreamOptions, CountOptions, DeleteManyModel, DeleteOneModel,
-    DistinctOptions, FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions,
-    FindOptions, FullDocumentBeforeChangeType, FullDocumentType, IndexOptions, InsertOneModel,
-    ReadConcern, ReadPreference, ReplaceOneModel, ReplaceOptions, ReturnDocument,
-    SelectionCriteria, TransactionOptions, UpdateManyModel, UpdateModifications, UpdateOneModel,
-    UpdateOptions, WriteConcern, WriteModel,
+    AggregateOptions, ChangeStreamOptions, Collation, CountOptions, DeleteManyModel,
+    DeleteOneModel, DeleteOptions, DistinctOptions, EstimatedDocumentCountOptions,
+    FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions,
+    FindOptions, FullDocumentBeforeChangeType, FullDocumentType, Hint, IndexOptions,
+    InsertManyOptions, InsertOneModel, InsertOneOptions, ReadConcern, ReadPreference,
+    ReplaceOneModel, ReplaceOptions, ReturnDocument, SelectionCriteria, TransactionOptions,
+    UpdateManyModel, UpdateModifications, UpdateOneModel, UpdateOptions, WriteConcern, WriteModel,
 };
 use mongodb::results::{DeleteResult, UpdateResult};
 use mongodb::{BoxFuture, Client, ClientSession, Collection, Database, IndexModel, Namespace};
@@ -680,7 +681,7 @@ async fn execute_on(
             with_session!(session, create).map(|_| Value::None)
         }
         (Target::Database(db), "aggregate") => {
-            check_arguments(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
+            check_with_common(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
             let pipeline = docs(args.get("pipeline").context("pipeline")?)?;
             let opts = aggregate_options(args)?;
             match session {
@@ -696,18 +697,24 @@ async fn execute_on(
             }
         }
         (Target::Collection(coll), "insertOne") => {
-            check_arguments(args, &["document", "session"])?;
+            check_with_common(args, &["document", "session"])?;
+            let c = Common::of(args)?;
+            let mut opts = InsertOneOptions::default();
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.comment = c.comment;
             let d = args.get_document("document")?.clone();
-            with_session!(session, coll.insert_one(d))
+            with_session!(session, coll.insert_one(d).with_options(opts))
                 .map(|r| Value::doc(doc! {"insertedId": r.inserted_id}))
         }
         (Target::Collection(coll), "insertMany") => {
-            check_arguments(args, &["documents", "ordered", "session"])?;
+            check_with_common(args, &["documents", "ordered", "session"])?;
+            let c = Common::of(args)?;
+            let mut opts = InsertManyOptions::default();
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.comment = c.comment;
+            opts.ordered = args.get_bool("ordered").ok();
             let d = docs(args.get("documents").context("documents")?)?;
-            let mut action = coll.insert_many(d);
-            if let Ok(o) = args.get_bool("ordered") {
-                action = action.ordered(o);
-            }
+            let action = coll.insert_many(d).with_options(opts);
             with_session!(session, action).map(|r| {
                 let mut ids: Vec<(usize, Bson)> = r.inserted_ids.into_iter().collect();
                 ids.sort_by_key(|(i, _)| *i);
@@ -716,11 +723,18 @@ async fn execute_on(
             })
         }
         (Target::Collection(coll), "updateOne" | "updateMany") => {
-            check_arguments(args, &["filter", "update", "upsert", "session"])?;
+            check_with_common(args, &["filter", "update", "upsert", "session"])?;
+            let c = Common::of(args)?;
             let filter = args.get_document("filter")?.clone();
             let update = update_modifications(args.get("update"))?;
             let mut opts = UpdateOptions::default();
             opts.upsert = args.get_bool("upsert").ok();
+            opts.array_filters = c.array_filters;
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.collation = c.collation;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
+            opts.comment = c.comment;
             let result = if name == "updateOne" {
                 with_session!(session, coll.update_one(filter, update).with_options(opts))
             } else {
@@ -729,9 +743,15 @@ async fn execute_on(
             result.map(|r| Value::doc(update_result(&r)))
         }
         (Target::Collection(coll), "replaceOne") => {
-            check_arguments(args, &["filter", "replacement", "upsert", "session"])?;
+            check_with_common(args, &["filter", "replacement", "upsert", "session"])?;
+            let c = Common::of(args)?;
             let mut opts = ReplaceOptions::default();
             opts.upsert = args.get_bool("upsert").ok();
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.collation = c.collation;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
+            opts.comment = c.comment;
             let action = coll
                 .replace_one(
                     args.get_document("filter")?.clone(),
@@ -741,17 +761,23 @@ async fn execute_on(
             with_session!(session, action).map(|r| Value::doc(update_result(&r)))
         }
         (Target::Collection(coll), "deleteOne" | "deleteMany") => {
-            check_arguments(args, &["filter", "session"])?;
+            check_with_common(args, &["filter", "session"])?;
+            let c = Common::of(args)?;
+            let mut opts = DeleteOptions::default();
+            opts.collation = c.collation;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
+            opts.comment = c.comment;
             let filter = args.get_document("filter")?.clone();
             let result = if name == "deleteOne" {
-                with_session!(session, coll.delete_one(filter))
+                with_session!(session, coll.delete_one(filter).with_options(opts))
             } else {
-                with_session!(session, coll.delete_many(filter))
+                with_session!(session, coll.delete_many(filter).with_options(opts))
             };
             result.map(|r| Value::doc(delete_result(&r)))
         }
         (Target::Collection(coll), "find") => {
-            check_arguments(
+            check_with_common(
                 args,
                 &[
                     "filter",
@@ -763,8 +789,14 @@ async fn execute_on(
                     "session",
                 ],
             )?;
+            let c = Common::of(args)?;
             let filter = args.get_document("filter").cloned().unwrap_or_default();
             let mut opts = FindOptions::default();
+            opts.allow_disk_use = c.allow_disk_use;
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
             if let Some(n) = args.get("batchSize") {
                 opts.batch_size = Some(u32::try_from(int(n, "batchSize")?)?);
             }
@@ -785,7 +817,7 @@ async fn execute_on(
             }
         }
         (Target::Collection(coll), "aggregate") => {
-            check_arguments(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
+            check_with_common(args, &["pipeline", "batchSize", "maxTimeMS", "session"])?;
             let pipeline = docs(args.get("pipeline").context("pipeline")?)?;
             let opts = aggregate_options(args)?;
             match session {
@@ -801,42 +833,100 @@ async fn execute_on(
             }
         }
         (Target::Collection(coll), "countDocuments") => {
-            check_arguments(args, &["filter", "session"])?;
+            check_with_common(args, &["filter", "skip", "limit", "session"])?;
+            let c = Common::of(args)?;
             let filter = args.get_document("filter")?.clone();
-            let opts = CountOptions::default();
+            let mut opts = CountOptions::default();
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            if let Some(n) = args.get("skip") {
+                opts.skip = Some(u64::try_from(int(n, "skip")?)?);
+            }
+            if let Some(n) = args.get("limit") {
+                opts.limit = Some(u64::try_from(int(n, "limit")?)?);
+            }
             with_session!(session, coll.count_documents(filter).with_options(opts))
                 .map(|n| Value::Bson(Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX))))
         }
         (Target::Collection(coll), "count") => {
             // The deprecated count helper, which the 3.9 driver no longer has: it is the `count`
             // command with the filter as `query`, which is what drivers that keep it send.
-            check_arguments(args, &["filter", "session"])?;
+            check_with_common(args, &["filter", "skip", "limit", "session"])?;
             let mut cmd = doc! {"count": coll.name()};
             if let Ok(f) = args.get_document("filter") {
                 cmd.insert("query", f.clone());
+            }
+            for (from, to) in [
+                ("skip", "skip"),
+                ("limit", "limit"),
+                ("collation", "collation"),
+                ("comment", "comment"),
+                ("hint", "hint"),
+            ] {
+                if let Some(v) = args.get(from) {
+                    cmd.insert(to, v.clone());
+                }
             }
             let db = coll.client().database(&coll.namespace().db);
             with_session!(session, db.run_command(cmd))
                 .map(|r| Value::Bson(r.get("n").cloned().unwrap_or(Bson::Null)))
         }
         (Target::Collection(coll), "distinct") => {
-            check_arguments(args, &["fieldName", "filter", "session"])?;
+            check_with_common(args, &["fieldName", "filter", "session"])?;
+            let c = Common::of(args)?;
             let field = args.get_str("fieldName")?;
             let filter = args.get_document("filter").cloned().unwrap_or_default();
-            let opts = DistinctOptions::default();
+            let mut opts = DistinctOptions::default();
+            opts.collation = c.collation;
+            opts.comment = c.comment;
             with_session!(session, coll.distinct(field, filter).with_options(opts))
                 .map(|v| Value::Bson(Bson::Array(v)))
         }
+        (Target::Collection(coll), "estimatedDocumentCount") => {
+            check_with_common(args, &["maxTimeMS"])?;
+            let c = Common::of(args)?;
+            let mut opts = EstimatedDocumentCountOptions::default();
+            opts.comment = c.comment;
+            if let Some(ms) = args.get("maxTimeMS") {
+                opts.max_time = Some(millis(ms, "maxTimeMS")?);
+            }
+            coll.estimated_document_count()
+                .with_options(opts)
+                .await
+                .map(|n| Value::Bson(Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX))))
+        }
+        (Target::Collection(coll), "findOne") => {
+            check_with_common(args, &["filter", "sort", "skip", "projection", "session"])?;
+            let c = Common::of(args)?;
+            let mut opts = FindOneOptions::default();
+            opts.sort = args.get_document("sort").ok().cloned();
+            opts.projection = args.get_document("projection").ok().cloned();
+            if let Some(n) = args.get("skip") {
+                opts.skip = Some(u64::try_from(int(n, "skip")?)?);
+            }
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
+            let filter = args.get_document("filter").cloned().unwrap_or_default();
+            with_session!(session, coll.find_one(filter).with_options(opts)).map(found)
+        }
         (Target::Collection(coll), "findOneAndDelete") => {
-            check_arguments(args, &["filter", "sort", "projection", "session"])?;
+            check_with_common(args, &["filter", "sort", "projection", "session"])?;
+            let c = Common::of(args)?;
             let mut opts = FindOneAndDeleteOptions::default();
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
             opts.sort = args.get_document("sort").ok().cloned();
             opts.projection = args.get_document("projection").ok().cloned();
             let filter = args.get_document("filter")?.clone();
             with_session!(session, coll.find_one_and_delete(filter).with_options(opts)).map(found)
         }
         (Target::Collection(coll), "findOneAndUpdate") => {
-            check_arguments(
+            check_with_common(
                 args,
                 &[
                     "filter",
@@ -848,7 +938,14 @@ async fn execute_on(
                     "session",
                 ],
             )?;
+            let c = Common::of(args)?;
             let mut opts = FindOneAndUpdateOptions::default();
+            opts.array_filters = c.array_filters;
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
             opts.sort = args.get_document("sort").ok().cloned();
             opts.projection = args.get_document("projection").ok().cloned();
             opts.upsert = args.get_bool("upsert").ok();
@@ -862,7 +959,7 @@ async fn execute_on(
             .map(found)
         }
         (Target::Collection(coll), "findOneAndReplace") => {
-            check_arguments(
+            check_with_common(
                 args,
                 &[
                     "filter",
@@ -874,7 +971,13 @@ async fn execute_on(
                     "session",
                 ],
             )?;
+            let c = Common::of(args)?;
             let mut opts = FindOneAndReplaceOptions::default();
+            opts.bypass_document_validation = c.bypass_document_validation;
+            opts.collation = c.collation;
+            opts.comment = c.comment;
+            opts.hint = c.hint;
+            opts.let_vars = c.let_vars;
             opts.sort = args.get_document("sort").ok().cloned();
             opts.projection = args.get_document("projection").ok().cloned();
             opts.upsert = args.get_bool("upsert").ok();
@@ -940,6 +1043,7 @@ async fn execute_on(
 }
 
 fn aggregate_options(args: &Document) -> Result<AggregateOptions> {
+    let c = Common::of(args)?;
     let mut opts = AggregateOptions::default();
     if let Some(n) = args.get("batchSize") {
         opts.batch_size = Some(u32::try_from(int(n, "batchSize")?)?);
@@ -947,7 +1051,70 @@ fn aggregate_options(args: &Document) -> Result<AggregateOptions> {
     if let Some(ms) = args.get("maxTimeMS") {
         opts.max_time = Some(millis(ms, "maxTimeMS")?);
     }
+    opts.allow_disk_use = c.allow_disk_use;
+    opts.bypass_document_validation = c.bypass_document_validation;
+    opts.collation = c.collation;
+    opts.comment = c.comment;
+    opts.hint = c.hint;
+    opts.let_vars = c.let_vars;
     Ok(opts)
+}
+
+/// The arguments many operations share, as the driver takes them. `rawData` (8.2+) is
+/// accepted and not sent, as drivers do for older servers.
+struct Common {
+    comment: Option<Bson>,
+    hint: Option<Hint>,
+    let_vars: Option<Document>,
+    collation: Option<Collation>,
+    array_filters: Option<Vec<Document>>,
+    bypass_document_validation: Option<bool>,
+    allow_disk_use: Option<bool>,
+}
+
+/// The names [`Common`] reads.
+const COMMON: &[&str] = &[
+    "comment",
+    "hint",
+    "let",
+    "collation",
+    "arrayFilters",
+    "bypassDocumentValidation",
+    "allowDiskUse",
+    "rawData",
+];
+
+impl Common {
+    fn of(args: &Document) -> Result<Common> {
+        let hint = match args.get("hint") {
+            None => None,
+            Some(Bson::String(name)) => Some(Hint::Name(name.clone())),
+            Some(Bson::Document(keys)) => Some(Hint::Keys(keys.clone())),
+            Some(other) => bail!("hint {other}"),
+        };
+        let collation = match args.get_document("collation") {
+            Ok(c) => Some(mongodb::bson::deserialize_from_document(c.clone())?),
+            Err(_) => None,
+        };
+        Ok(Common {
+            comment: args.get("comment").cloned(),
+            hint,
+            let_vars: args.get_document("let").ok().cloned(),
+            collation,
+            array_filters: match args.get("arrayFilters") {
+                Some(a) => Some(docs(a)?),
+                None => None,
+            },
+            bypass_document_validation: args.get_bool("bypassDocumentValidation").ok(),
+            allow_disk_use: args.get_bool("allowDiskUse").ok(),
+        })
+    }
+}
+
+/// `allowed` and the [`COMMON`] arguments.
+fn check_with_common(args: &Document, allowed: &[&str]) -> Result<()> {
+    let all: Vec<&str> = allowed.iter().chain(COMMON).copied().collect();
+    check_arguments(args, &all)
 }
 
 fn return_document(args: &Document) -> Result<Option<ReturnDocument>> {
