@@ -15,12 +15,13 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
+use bson::{Bson, Document, doc};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wire::keyfile::{KeyFile, SYSTEM_DB, SYSTEM_USER};
 use wire::raw::Body;
-use wire::scram::{self, Conversation, Mechanism};
+use wire::sasl::{self, auth_failed, binary, payload_of};
+use wire::scram::Conversation;
 use wire::{ConnectionInfo, ErrorCode, Handler, MongoError, Reply, Request};
 
 use crate::Shard;
@@ -95,27 +96,6 @@ impl Handler for ShardHandler {
     }
 }
 
-fn auth_failed() -> MongoError {
-    MongoError::new(ErrorCode::AUTHENTICATION_FAILED, "Authentication failed.")
-}
-
-fn binary(bytes: Vec<u8>) -> Bson {
-    Bson::Binary(Binary {
-        subtype: BinarySubtype::Generic,
-        bytes,
-    })
-}
-
-fn payload_of(cmd: &Document) -> Result<Vec<u8>, MongoError> {
-    match cmd.get("payload") {
-        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
-        Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
-        _ => Err(MongoError::failed_to_parse(
-            "SASL payload must be binary data",
-        )),
-    }
-}
-
 /// The one conversation a connection has at a time.
 const CONVERSATION_ID: i32 = 1;
 
@@ -135,14 +115,7 @@ impl ShardHandler {
         db: &str,
         cmd: &Document,
     ) -> Result<Document, MongoError> {
-        let name = cmd.get_str("mechanism").unwrap_or("");
-        let Some(mechanism) = Mechanism::parse(name) else {
-            return Err(MongoError::with_code(
-                334,
-                format!("Received authentication for mechanism {name} which is not enabled"),
-            ));
-        };
-        let first = scram::parse_client_first(&payload_of(cmd)?).map_err(|_| auth_failed())?;
+        let (mechanism, first) = sasl::start_of(cmd)?;
         if first.user != SYSTEM_USER || db != SYSTEM_DB {
             tracing::info!(user = %first.user, db, "refused a login: a shard takes only the key file's");
             return Err(auth_failed());

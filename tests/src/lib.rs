@@ -42,10 +42,20 @@ pub async fn connect(addr: SocketAddr) -> Result<Client> {
     connect_uri(&format!("mongodb://{addr}/?directConnection=true")).await
 }
 
+/// `mongodb://<credentials><addr>/?directConnection=true…<options>` (`credentials` is empty or
+/// ends with `@`; `options` is empty or starts with `&`), giving up on server selection after
+/// 5 s.
+pub fn direct_uri(addr: SocketAddr, credentials: &str, options: &str) -> String {
+    format!(
+        "mongodb://{credentials}{addr}/?directConnection=true&serverSelectionTimeoutMS=5000{options}"
+    )
+}
+
 pub async fn connect_uri(uri: &str) -> Result<Client> {
     let mut opts = ClientOptions::parse(uri).await?;
-    opts.server_selection_timeout = Some(Duration::from_secs(10));
-    opts.connect_timeout = Some(Duration::from_secs(5));
+    opts.server_selection_timeout
+        .get_or_insert(Duration::from_secs(10));
+    opts.connect_timeout.get_or_insert(Duration::from_secs(5));
     Ok(Client::with_options(opts)?)
 }
 

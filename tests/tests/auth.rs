@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Binary, Document, doc, spec::BinarySubtype};
-use mongodb::options::ClientOptions;
 use tests::Proc;
 
 async fn server(dir: &std::path::Path) -> anyhow::Result<Proc> {
@@ -21,17 +20,7 @@ async fn server(dir: &std::path::Path) -> anyhow::Result<Proc> {
     Proc::spawn(args, SocketAddr::from(([127, 0, 0, 1], port))).await
 }
 
-async fn client(uri: &str) -> anyhow::Result<mongodb::Client> {
-    Ok(mongodb::Client::with_options(
-        ClientOptions::parse(uri).await?,
-    )?)
-}
-
-fn uri(addr: SocketAddr, credentials: &str, options: &str) -> String {
-    format!(
-        "mongodb://{credentials}{addr}/?directConnection=true&serverSelectionTimeoutMS=5000{options}"
-    )
-}
+use tests::{connect_uri as client, direct_uri as uri};
 
 /// A server with `--auth` whose first user, `boss`, has `root`; and a client logged in as it.
 async fn with_root_user(dir: &std::path::Path) -> anyhow::Result<(Proc, mongodb::Client)> {

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
-use mongodb::options::ClientOptions;
 use tests::{Proc, ProcessCluster};
 
 fn key_file(dir: &Path, name: &str, key: &str, mode: u32) -> anyhow::Result<PathBuf> {
@@ -19,17 +18,7 @@ fn key_file(dir: &Path, name: &str, key: &str, mode: u32) -> anyhow::Result<Path
     Ok(path)
 }
 
-async fn client(uri: &str) -> anyhow::Result<mongodb::Client> {
-    Ok(mongodb::Client::with_options(
-        ClientOptions::parse(uri).await?,
-    )?)
-}
-
-fn uri(addr: SocketAddr, credentials: &str, options: &str) -> String {
-    format!(
-        "mongodb://{credentials}{addr}/?directConnection=true&serverSelectionTimeoutMS=5000{options}"
-    )
-}
+use tests::{connect_uri as client, direct_uri as uri};
 
 fn code(e: &mongodb::error::Error) -> Option<i32> {
     tests::scenarios::code_of(e)

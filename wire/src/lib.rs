@@ -27,6 +27,8 @@ pub mod connection;
 #[cfg(feature = "codec")]
 pub mod keyfile;
 #[cfg(feature = "scram")]
+pub mod sasl;
+#[cfg(feature = "scram")]
 pub mod scram;
 #[cfg(feature = "codec")]
 pub mod server;

@@ -18,7 +18,7 @@ use bson::{Bson, Document, doc};
 use wire::{MongoError, Result};
 
 use super::roles::{self, Privilege};
-use super::{ADMIN_ONLY_ROLES, BUILT_IN_ROLES, USERS_DB, write_users};
+use super::{ADMIN_ONLY_ROLES, BUILT_IN_ROLES, USERS_DB, insert_new, write_users};
 use crate::router::Router;
 
 const ROLES_COLL: &str = "system.roles";
@@ -222,15 +222,13 @@ pub async fn create_role(router: &Router, db: &str, cmd: &Document) -> Result<Do
         "privileges": privileges,
         "roles": inherits,
     };
-    write_users(router, doc! {"insert": ROLES_COLL, "documents": [doc]})
-        .await
-        .map_err(|e| {
-            if e.code == 11000 {
-                MongoError::with_code(51002, format!("Role \"{role}@{db}\" already exists"))
-            } else {
-                e
-            }
-        })?;
+    insert_new(
+        router,
+        ROLES_COLL,
+        doc,
+        MongoError::with_code(51002, format!("Role \"{role}@{db}\" already exists")),
+    )
+    .await?;
     Ok(doc! {"ok": 1.0})
 }
 

@@ -35,7 +35,8 @@ use wire::server::ConnectionInfo;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::router::Router;
-use wire::scram::{self, Conversation, Credential, Mechanism};
+use wire::sasl::{self, auth_failed, binary, payload_of};
+use wire::scram::{Conversation, Credential, Mechanism};
 
 /// Where users are kept, on the config shard.
 const USERS_DB: &str = "admin";
@@ -122,10 +123,6 @@ const OWNERS_KEPT: usize = 10_000;
 
 fn unauthorized(what: impl Into<String>) -> MongoError {
     MongoError::new(ErrorCode::UNAUTHORIZED, what)
-}
-
-fn auth_failed() -> MongoError {
-    MongoError::new(ErrorCode::AUTHENTICATION_FAILED, "Authentication failed.")
 }
 
 impl Auth {
@@ -310,23 +307,6 @@ fn credentials(user: &str, password: &str, mechanisms: &[Mechanism]) -> Result<D
     Ok(out)
 }
 
-fn payload_of(cmd: &Document) -> Result<Vec<u8>> {
-    match cmd.get("payload") {
-        Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
-        Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
-        _ => Err(MongoError::failed_to_parse(
-            "SASL payload must be binary data",
-        )),
-    }
-}
-
-fn binary(bytes: Vec<u8>) -> Bson {
-    Bson::Binary(Binary {
-        subtype: BinarySubtype::Generic,
-        bytes,
-    })
-}
-
 /// `saslStart` on database `db` (also the speculative one in `hello`).
 pub async fn sasl_start(
     router: &Router,
@@ -334,14 +314,7 @@ pub async fn sasl_start(
     db: &str,
     cmd: &Document,
 ) -> Result<Document> {
-    let name = cmd.get_str("mechanism").unwrap_or("");
-    let Some(mechanism) = Mechanism::parse(name) else {
-        return Err(MongoError::with_code(
-            334,
-            format!("Received authentication for mechanism {name} which is not enabled"),
-        ));
-    };
-    let first = scram::parse_client_first(&payload_of(cmd)?).map_err(|_| auth_failed())?;
+    let (mechanism, first) = sasl::start_of(cmd)?;
     let user = find_user(router, &first.user, db).await?;
     let Some(credential) = user.as_ref().and_then(|u| credential_of(u, mechanism)) else {
         tracing::info!(user = %first.user, db, "authentication failed: no such user");
@@ -509,6 +482,14 @@ async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
     Ok(reply)
 }
 
+/// Inserts a new user or role document into `coll`; `exists` when one with its `_id` is there.
+async fn insert_new(router: &Router, coll: &str, doc: Document, exists: MongoError) -> Result<()> {
+    match write_users(router, doc! {"insert": coll, "documents": [doc]}).await {
+        Err(e) if e.code == 11000 => Err(exists),
+        other => other.map(|_| ()),
+    }
+}
+
 fn not_found(user: &str, db: &str) -> MongoError {
     MongoError::with_code(
         11,
@@ -530,15 +511,13 @@ pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
         "credentials": credentials(&user, &pwd, &mechanisms)?,
         "roles": roles,
     };
-    write_users(router, doc! {"insert": USERS_COLL, "documents": [doc]})
-        .await
-        .map_err(|e| {
-            if e.code == 11000 {
-                MongoError::with_code(51003, format!("User \"{user}@{db}\" already exists"))
-            } else {
-                e
-            }
-        })?;
+    insert_new(
+        router,
+        USERS_COLL,
+        doc,
+        MongoError::with_code(51003, format!("User \"{user}@{db}\" already exists")),
+    )
+    .await?;
     Ok(doc! {"ok": 1.0})
 }
 
