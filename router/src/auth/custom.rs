@@ -277,11 +277,7 @@ pub async fn change_privileges(
     };
     let role = role_name(cmd, field)?;
     let privileges = parse_privileges(cmd.get("privileges"))?;
-    let update = if grant {
-        doc! {"$addToSet": {"privileges": {"$each": privileges}}}
-    } else {
-        doc! {"$pull": {"privileges": {"$in": privileges}}}
-    };
+    let update = super::add_or_pull("privileges", privileges, grant);
     update_role_doc(router, &role, db, update).await?;
     Ok(doc! {"ok": 1.0})
 }
@@ -300,12 +296,10 @@ pub async fn change_inherited(
     };
     let role = role_name(cmd, field)?;
     let inherits = parse_roles(router, cmd.get("roles"), db).await?;
-    let update = if grant {
+    if grant {
         refuse_cycle(router, &role, db, &inherits).await?;
-        doc! {"$addToSet": {"roles": {"$each": inherits}}}
-    } else {
-        doc! {"$pull": {"roles": {"$in": inherits}}}
-    };
+    }
+    let update = super::add_or_pull("roles", inherits, grant);
     update_role_doc(router, &role, db, update).await?;
     Ok(doc! {"ok": 1.0})
 }

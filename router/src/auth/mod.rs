@@ -482,6 +482,15 @@ async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
     Ok(reply)
 }
 
+/// The update that grants `values` into the array `field` (once each), or revokes them.
+fn add_or_pull(field: &str, values: Vec<Bson>, grant: bool) -> Document {
+    if grant {
+        doc! {"$addToSet": {field: {"$each": values}}}
+    } else {
+        doc! {"$pull": {field: {"$in": values}}}
+    }
+}
+
 /// Inserts a new user or role document into `coll`; `exists` when one with its `_id` is there.
 async fn insert_new(router: &Router, coll: &str, doc: Document, exists: MongoError) -> Result<()> {
     match write_users(router, doc! {"insert": coll, "documents": [doc]}).await {
@@ -568,11 +577,7 @@ pub async fn change_roles(
     };
     let user = user_name(cmd, field)?;
     let roles = custom::parse_roles(router, cmd.get("roles"), db).await?;
-    let update = if grant {
-        doc! {"$addToSet": {"roles": {"$each": roles}}}
-    } else {
-        doc! {"$pull": {"roles": {"$in": roles}}}
-    };
+    let update = add_or_pull("roles", roles, grant);
     let reply = write_users(
         router,
         doc! {"update": USERS_COLL, "updates": [{"q": {"_id": format!("{db}.{user}")}, "u": update}]},
