@@ -160,17 +160,21 @@ async fn a_stale_router_reloads_its_routing() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An ordered `insert_many` into a hashed collection is validated on every shard, then
-/// committed as one batch per shard: 10,000 documents cost each shard one durable commit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ordered_hashed_insert_many_is_one_commit_per_shard() -> anyhow::Result<()> {
-    // Without the once-a-second lineage record on the config shard, which would add a commit
-    // of its own there.
+/// Three shards whose commits a test counts: without the lineage record the routers write on
+/// the config shard about once a second, which would add commits of its own there.
+async fn counting_cluster() -> anyhow::Result<EmbeddedCluster> {
     let options = router::RouterOptions {
         lineage_interval: std::time::Duration::ZERO,
         ..router::RouterOptions::default()
     };
-    let cluster = EmbeddedCluster::start_with_options(3, options).await?;
+    EmbeddedCluster::start_with_options(3, options).await
+}
+
+/// An ordered `insert_many` into a hashed collection is validated on every shard, then
+/// committed as one batch per shard: 10,000 documents cost each shard one durable commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_hashed_insert_many_is_one_commit_per_shard() -> anyhow::Result<()> {
+    let cluster = counting_cluster().await?;
     let client = cluster.client().await?;
     tests::shard_collection(&client, "batched.o", doc! {"_id": "hashed"}).await?;
     let h = client.database("batched").collection::<Document>("o");
@@ -312,7 +316,7 @@ async fn single_inserts_racing_an_ordered_batch_keep_its_ordered_outcome() -> an
 /// commit counters), not one per run of documents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unordered_hashed_insert_many_is_one_commit_per_shard() -> anyhow::Result<()> {
-    let cluster = EmbeddedCluster::start(3).await?;
+    let cluster = counting_cluster().await?;
     let client = cluster.client().await?;
     tests::shard_collection(&client, "batched.h", doc! {"_id": "hashed"}).await?;
     let h = client.database("batched").collection::<Document>("h");
