@@ -240,15 +240,7 @@ impl Client {
     }
 
     async fn open(&self) -> Result<Connection, ClientError> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
-            .await
-            .map_err(|_| ClientError::ConnectTimeout {
-                addr: self.addr.clone(),
-            })?
-            .map_err(|source| ClientError::Connect {
-                addr: self.addr.clone(),
-                source,
-            })?;
+        let stream = self.connecting(TcpStream::connect(&self.addr)).await?;
         let _ = stream.set_nodelay(true);
         let Some(tls) = &self.tls else {
             return Ok(Connection::new(stream));
@@ -260,7 +252,16 @@ impl Client {
             .map_or(self.addr.as_str(), |(h, _)| h)
             .trim_start_matches('[')
             .trim_end_matches(']');
-        let transport = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(host, stream))
+        let transport = self.connecting(tls.connect(host, stream)).await?;
+        Ok(Connection::over(transport))
+    }
+
+    /// One step of opening a connection, within [`CONNECT_TIMEOUT`].
+    async fn connecting<T>(
+        &self,
+        step: impl std::future::Future<Output = std::io::Result<T>>,
+    ) -> Result<T, ClientError> {
+        tokio::time::timeout(CONNECT_TIMEOUT, step)
             .await
             .map_err(|_| ClientError::ConnectTimeout {
                 addr: self.addr.clone(),
@@ -268,8 +269,7 @@ impl Client {
             .map_err(|source| ClientError::Connect {
                 addr: self.addr.clone(),
                 source,
-            })?;
-        Ok(Connection::over(transport))
+            })
     }
 
     fn protocol(&self, message: String) -> ClientError {

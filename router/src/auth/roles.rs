@@ -97,11 +97,15 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
     }
 }
 
-fn aggregate_need(db: &str, cmd: &Document) -> Need {
-    let stages: Vec<&Document> = cmd
-        .get_array("pipeline")
+/// An aggregate's stages.
+fn stages_of(cmd: &Document) -> Vec<&Document> {
+    cmd.get_array("pipeline")
         .map(|p| p.iter().filter_map(Bson::as_document).collect())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn aggregate_need(db: &str, cmd: &Document) -> Need {
+    let stages = stages_of(cmd);
     let first = stages.first();
     if let Some(cs) = first.and_then(|s| s.get_document("$changeStream").ok()) {
         if cs.get_bool("allChangesForCluster").unwrap_or(false) {
@@ -332,10 +336,7 @@ fn aggregate_actions(db: &str, cmd: &Document) -> Option<Vec<(&'static str, Reso
         db: db.to_string(),
         collection: c.to_string(),
     };
-    let stages: Vec<&Document> = cmd
-        .get_array("pipeline")
-        .map(|p| p.iter().filter_map(Bson::as_document).collect())
-        .unwrap_or_default();
+    let stages = stages_of(cmd);
     let first = stages.first();
     if let Some(cs) = first.and_then(|s| s.get_document("$changeStream").ok()) {
         let target = if cs.get_bool("allChangesForCluster").unwrap_or(false) {
