@@ -15,11 +15,13 @@ use wire::raw::Body;
 /// Serves drivers on `listener` until `cancel` fires.
 pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
     let reaper = tokio::spawn(reap_idle_cursors(router.clone(), cancel.clone()));
-    let lineages = tokio::spawn(crate::lineages::keep_up(router.clone(), cancel.clone()));
+    // Tracked, so shutdown waits for a pass in progress (it holds the shards) to end.
+    router
+        .tasks
+        .spawn(crate::lineages::keep_up(router.clone(), cancel.clone()));
     let tls = router.options.tls.clone();
     wire::server::serve_with_tls(listener, Arc::new(RouterHandler { router }), cancel, tls).await;
     reaper.abort();
-    lineages.abort();
 }
 
 struct RouterHandler {
