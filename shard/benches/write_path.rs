@@ -1,20 +1,29 @@
 //! The durable write path: single-document inserts (sequential, and concurrent so the writer
-//! group-commits them) and batches of 100 documents per command, all fsync'd through redb.
+//! group-commits them) and batches of 100 documents per command, on both engines in the same
+//! run: `wal` (redb behind the write-ahead log, what shards run on: one log append and
+//! `fdatasync` per commit) and `redb` (every commit durable through redb itself).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, doc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use shard::storage::{RedbStorage, Storage, WalStorage};
 use shard::{Shard, ShardOptions, SystemClock};
 
-fn open(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> Arc<Shard> {
-    rt.block_on(Shard::open(ShardOptions {
+fn open(rt: &tokio::runtime::Runtime, dir: &std::path::Path, engine: &str) -> Arc<Shard> {
+    let path = dir.join("bench.redb");
+    let storage: Arc<dyn Storage> = match engine {
+        "wal" => Arc::new(WalStorage::open(&path).expect("open")),
+        _ => Arc::new(RedbStorage::open(&path).expect("open")),
+    };
+    let opts = ShardOptions {
         dbpath: dir.to_path_buf(),
         name: "bench".into(),
         clock: Arc::new(SystemClock),
-    }))
-    .expect("open")
+    };
+    rt.block_on(Shard::open_with_storage(opts, storage))
+        .expect("open")
 }
 
 fn insert_cmd(first_id: i64, n: i64) -> bson::Document {
@@ -30,10 +39,16 @@ fn write_path(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
+    for engine in ["wal", "redb"] {
+        engine_group(c, &rt, engine);
+    }
+}
+
+fn engine_group(c: &mut Criterion, rt: &tokio::runtime::Runtime, engine: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shard = open(&rt, dir.path());
+    let shard = open(rt, dir.path(), engine);
     let mut next_id: i64 = 0;
-    let mut group = c.benchmark_group("write_path");
+    let mut group = c.benchmark_group(format!("write_path/{engine}"));
     group.measurement_time(Duration::from_secs(3));
     group.warm_up_time(Duration::from_millis(500));
     group.sample_size(10);

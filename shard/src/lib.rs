@@ -5,7 +5,7 @@
 //! ([`Shard::run_command`]); [`server`] serves the same documents over the wire protocol.
 //!
 //! Layout:
-//! * [`storage`]: the engine seam (trait + redb + fault injection).
+//! * [`storage`]: the engine seam (trait + redb behind a write-ahead log + fault injection).
 //! * [`catalog`], [`keys`], [`indexes`]: collections, document keys, unique index entries.
 //! * [`clock`]: injected wall clock and the hybrid logical clock (high-water mark, reservation).
 //! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread.
@@ -56,7 +56,7 @@ use crate::clock::Hlc;
 use crate::cursor::CursorRegistry;
 use crate::oplog::TailWindow;
 use crate::state::ShardState;
-use crate::storage::{KeyRange, RedbStorage, Scan, Storage, StorageError, Table};
+use crate::storage::{KeyRange, Scan, Storage, StorageError, Table, WalStorage};
 use crate::writer::{RESERVATION_KEY, Writer};
 
 /// Bytes of recent oplog entries kept in memory for tailing readers.
@@ -104,11 +104,12 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Opens (or creates) the shard's data file `<dbpath>/<name>.redb`.
+    /// Opens (or creates) the shard's data file `<dbpath>/<name>.redb` and its write-ahead log
+    /// `<name>.redb.wal`.
     pub async fn open(opts: ShardOptions) -> Result<Arc<Shard>, ShardError> {
         std::fs::create_dir_all(&opts.dbpath)?;
         let path = opts.dbpath.join(format!("{}.redb", opts.name));
-        let storage = tokio::task::spawn_blocking(move || RedbStorage::open(&path))
+        let storage = tokio::task::spawn_blocking(move || WalStorage::open(&path))
             .await
             .map_err(|e| StorageError::Engine(e.to_string()))??;
         Shard::open_with_storage(opts, Arc::new(storage)).await

@@ -13,7 +13,9 @@
 //! * A write transaction reads its own writes; read transactions see one committed snapshot.
 //! * There is at most one write transaction at a time (the shard's writer thread).
 //!
-//! [`FaultyStorage`] wraps any engine and injects I/O errors, for tests.
+//! [`WalStorage`] (`wal`), redb behind a write-ahead log, is the engine shards run on;
+//! [`RedbStorage`] alone commits durably through redb itself. [`FaultyStorage`] wraps any
+//! engine and injects I/O errors, for tests.
 
 use std::ops::Bound;
 use std::path::Path;
@@ -21,6 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+mod wal;
+pub use wal::{CHECKPOINT_BYTES, WalStorage, log_path};
 
 /// The tables a shard keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -328,6 +333,20 @@ impl RedbStorage {
         txn.commit().map_err(engine)?;
         Ok(storage)
     }
+
+    /// A write transaction: durable (quick repair, `fsync` at commit) or not (visible at
+    /// commit, persisted by the next durable commit).
+    fn begin(&self, durable: bool) -> StorageResult<redb::WriteTransaction> {
+        let mut txn = self.db.begin_write().map_err(engine)?;
+        let durability = if durable {
+            txn.set_quick_repair(true);
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        };
+        txn.set_durability(durability).map_err(engine)?;
+        Ok(txn)
+    }
 }
 
 impl Storage for RedbStorage {
@@ -336,11 +355,7 @@ impl Storage for RedbStorage {
     }
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
-        let mut txn = self.db.begin_write().map_err(engine)?;
-        txn.set_quick_repair(true);
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(engine)?;
-        Ok(Box::new(RedbWrite(txn)))
+        Ok(Box::new(RedbWrite(self.begin(true)?)))
     }
 }
 

@@ -1,0 +1,512 @@
+//! A write-ahead log in front of redb: the engine a shard runs on.
+//!
+//! A commit appends the transaction's writes (table, key, new value or removal) to the log file
+//! as one checksummed record and `fdatasync`s it, then commits the redb transaction without
+//! durability (`Durability::None`: visible to readers at once, persisted by a later durable
+//! commit). A durable commit is then one sequential append and one `fdatasync`, where redb's
+//! own durable commit writes its pages, the allocator state (quick repair) and syncs twice.
+//! A checkpoint (a durable redb commit, then an empty log) runs once the log passes
+//! [`CHECKPOINT_BYTES`], on every open and on close.
+//!
+//! The log file is reused, not truncated: a checkpoint rewrites its header, and appends
+//! overwrite the blocks the file already has (filled with zeros [`GROW_BYTES`] at a time when
+//! it must grow), so an `fdatasync` flushes data, not the file's size and block map (measured
+//! here: 133–161 µs for a 300-byte overwrite against 188–210 µs for an append). Each record's
+//! checksum is salted with the log's epoch, so an older epoch's records past the end fail it.
+//!
+//! Invariants:
+//! * [`WriteTxn::commit`] returns `Ok` only after the transaction's record is on disk, and
+//!   readers see the transaction's writes only after that.
+//! * A record is physical redo: what each key was set to or that it was removed, in the order
+//!   written. Replaying the log, in order, over any state the database reached after the log's
+//!   checkpoint gives the state of the last acknowledged commit.
+//! * A log belongs to one checkpoint: its header carries the epoch that checkpoint stored in
+//!   redb's Meta table, a new one at every checkpoint. A log with another epoch holds nothing
+//!   the database lacks (the crash fell between a checkpoint and the log's reset) or belongs
+//!   to a later life of a database file put back from a copy; either way it is not replayed.
+//! * A record whose length or checksum (salted with the epoch) does not hold ends the log: a
+//!   torn tail was never acknowledged, and what follows it is zeros or an older epoch's.
+//! * After an I/O error on the log the engine refuses further writes until it is reopened: an
+//!   `fdatasync` that failed leaves the file's state unknown (the kernel may have dropped the
+//!   dirty pages), and reopening replays what did reach the disk.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{
+    ReadTxn, RedbStorage, RedbWrite, Storage, StorageError, StorageResult, Table, WriteTxn, engine,
+};
+
+/// The log size past which a commit is followed by a checkpoint.
+pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
+
+/// How much the log file grows by when a record does not fit (written as zeros, so later
+/// appends overwrite blocks the file already has).
+pub const GROW_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Meta-table key of the epoch of the last checkpoint.
+const EPOCH_KEY: &[u8] = b"wal.epoch";
+
+/// The log file's header: magic and epoch.
+const MAGIC: &[u8; 8] = b"TRBWAL01";
+const HEADER_LEN: u64 = 16;
+
+/// A record's frame: payload length and CRC-32C of the payload, both little-endian u32.
+const FRAME_LEN: usize = 8;
+
+const PUT: u8 = 1;
+const REMOVE: u8 = 0;
+
+/// redb behind a write-ahead log (see the module header).
+pub struct WalStorage(Arc<Shared>);
+
+/// What the store and its write transactions share.
+struct Shared {
+    redb: RedbStorage,
+    log: Mutex<Log>,
+}
+
+/// The open log file and where the next record goes.
+struct Log {
+    file: File,
+    /// The epoch of the last checkpoint, which salts every record's checksum.
+    epoch: [u8; 8],
+    /// Where the next record goes.
+    len: u64,
+    /// The file's size: the blocks records can overwrite.
+    allocated: u64,
+    /// Set after an I/O error on the log: every later commit fails.
+    broken: bool,
+}
+
+impl WalStorage {
+    /// Opens (or creates) the database file and its log `<path>.wal`, replays what the log
+    /// holds beyond the database's last checkpoint, and checkpoints.
+    pub fn open(path: &Path) -> StorageResult<WalStorage> {
+        let redb = RedbStorage::open(path)?;
+        let log_path = log_path(path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&log_path)
+            .map_err(engine)?;
+        if let Some(dir) = log_path.parent() {
+            // The log's directory entry must survive a crash like its contents.
+            File::open(dir).and_then(|d| d.sync_all()).map_err(engine)?;
+        }
+        let storage = WalStorage(Arc::new(Shared {
+            redb,
+            log: Mutex::new(Log {
+                file,
+                epoch: [0; 8],
+                len: 0,
+                allocated: 0,
+                broken: false,
+            }),
+        }));
+        storage.replay()?;
+        storage.checkpoint()?;
+        Ok(storage)
+    }
+
+    /// Applies the log's records over the database, if the log belongs to its last checkpoint.
+    fn replay(&self) -> StorageResult<()> {
+        let mut bytes = Vec::new();
+        {
+            let log = self.0.log();
+            let len = log.file.metadata().map_err(engine)?.len();
+            bytes.resize(usize::try_from(len).map_err(engine)?, 0);
+            log.file.read_exact_at(&mut bytes, 0).map_err(engine)?;
+        }
+        let stored = self.0.redb.begin_read()?.get(Table::Meta, EPOCH_KEY)?;
+        let Some(records) = records_of(&bytes, stored.as_deref()) else {
+            return Ok(());
+        };
+        let mut txn = RedbWrite(self.0.redb.begin(false)?);
+        for record in records {
+            apply(&mut txn, record)?;
+        }
+        txn.0.commit().map_err(engine)
+    }
+
+    /// Makes everything committed durable in redb under a new epoch, then empties the log.
+    fn checkpoint(&self) -> StorageResult<()> {
+        let mut log = self.0.log();
+        checkpoint(&self.0.redb, &mut log)
+    }
+}
+
+impl Shared {
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The log of the database file at `path`.
+pub fn log_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".wal");
+    PathBuf::from(name)
+}
+
+fn checkpoint(redb: &RedbStorage, log: &mut Log) -> StorageResult<()> {
+    let epoch: [u8; 8] = rand::random();
+    let mut txn = RedbWrite(redb.begin(true)?);
+    txn.put(Table::Meta, EPOCH_KEY, &epoch)?;
+    txn.0.commit().map_err(engine)?;
+    // Everything is in redb now: the log starts over under the new epoch, in the same file.
+    let mut header = [0u8; HEADER_LEN as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&epoch);
+    let reset = (|| {
+        let mut allocated = log.file.metadata()?.len();
+        if allocated > 2 * CHECKPOINT_BYTES {
+            // One huge transaction grew it: give the space back.
+            log.file.set_len(CHECKPOINT_BYTES)?;
+            allocated = CHECKPOINT_BYTES;
+        }
+        log.file.write_all_at(&header, 0)?;
+        log.file.sync_data()?;
+        Ok::<u64, std::io::Error>(allocated.max(HEADER_LEN))
+    })();
+    match reset {
+        Ok(allocated) => {
+            log.epoch = epoch;
+            log.len = HEADER_LEN;
+            log.allocated = allocated;
+            log.broken = false;
+            Ok(())
+        }
+        Err(e) => {
+            log.broken = true;
+            Err(engine(e))
+        }
+    }
+}
+
+/// A record's checksum: CRC-32C of the epoch, then the payload.
+fn checksum(epoch: &[u8], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(epoch), payload)
+}
+
+impl Log {
+    /// Writes `record` at the end of the log and syncs it, growing the file first if needed.
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+        let end = self.len + record.len() as u64;
+        if end > self.allocated {
+            let grown = end.div_ceil(GROW_BYTES) * GROW_BYTES;
+            let zeros = vec![0u8; usize::try_from(grown - self.allocated).unwrap_or(0)];
+            self.file.write_all_at(&zeros, self.allocated)?;
+            self.allocated = grown;
+        }
+        self.file.write_all_at(record, self.len)?;
+        self.file.sync_data()
+    }
+}
+
+/// The records of a log whose header carries `epoch`; `None` when the log belongs to another
+/// checkpoint (or has no header). Stops at the first record that does not hold.
+fn records_of<'a>(bytes: &'a [u8], epoch: Option<&[u8]>) -> Option<Vec<&'a [u8]>> {
+    let header = bytes.get(..HEADER_LEN as usize)?;
+    let epoch = epoch?;
+    if &header[..8] != MAGIC || &header[8..] != epoch {
+        return None;
+    }
+    let mut records = Vec::new();
+    let mut rest = &bytes[HEADER_LEN as usize..];
+    while let Some((frame, after)) = rest.split_first_chunk::<FRAME_LEN>() {
+        let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+        let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+        let Some(payload) = after.get(..len) else {
+            break;
+        };
+        if len == 0 || checksum(epoch, payload) != crc {
+            break;
+        }
+        records.push(payload);
+        rest = &after[len..];
+    }
+    Some(records)
+}
+
+/// Applies one record's writes. A record that does not parse is damage the checksum missed:
+/// an error, not a guess.
+fn apply(txn: &mut RedbWrite, mut record: &[u8]) -> StorageResult<()> {
+    let bad = || StorageError::Engine("write-ahead log record does not parse".into());
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = bytes.split_at_checked(n)?;
+        *bytes = tail;
+        Some(head)
+    }
+    fn take_len(bytes: &mut &[u8]) -> Option<usize> {
+        let b = take(bytes, 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    while !record.is_empty() {
+        let op = take(&mut record, 2).ok_or_else(bad)?;
+        let table = *Table::ALL.get(usize::from(op[0])).ok_or_else(bad)?;
+        let key_len = take_len(&mut record).ok_or_else(bad)?;
+        let key = take(&mut record, key_len).ok_or_else(bad)?;
+        match op[1] {
+            PUT => {
+                let value_len = take_len(&mut record).ok_or_else(bad)?;
+                let value = take(&mut record, value_len).ok_or_else(bad)?;
+                txn.put(table, key, value)?;
+            }
+            REMOVE => {
+                txn.delete(table, key)?;
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(())
+}
+
+impl Storage for WalStorage {
+    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>> {
+        self.0.redb.begin_read()
+    }
+
+    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        let mut record = Vec::with_capacity(256);
+        record.resize(FRAME_LEN, 0);
+        Ok(Box::new(WalWrite {
+            inner: RedbWrite(self.0.redb.begin(false)?),
+            record,
+            shared: self.0.clone(),
+        }))
+    }
+}
+
+impl Drop for WalStorage {
+    fn drop(&mut self) {
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint at close failed; the next open replays the log");
+        }
+    }
+}
+
+/// A redb transaction that records its writes for the log.
+struct WalWrite {
+    inner: RedbWrite,
+    /// The frame (filled in at commit) followed by the writes.
+    record: Vec<u8>,
+    shared: Arc<Shared>,
+}
+
+impl WalWrite {
+    fn record(&mut self, table: Table, key: &[u8], value: Option<&[u8]>) -> StorageResult<()> {
+        let index = Table::ALL.iter().position(|t| *t == table).unwrap_or(0) as u8;
+        let len = |n: usize| {
+            u32::try_from(n)
+                .map(u32::to_le_bytes)
+                .map_err(|_| StorageError::Engine("key or value over 4 GiB".into()))
+        };
+        self.record
+            .extend_from_slice(&[index, if value.is_some() { PUT } else { REMOVE }]);
+        self.record.extend_from_slice(&len(key.len())?);
+        self.record.extend_from_slice(key);
+        if let Some(value) = value {
+            self.record.extend_from_slice(&len(value.len())?);
+            self.record.extend_from_slice(value);
+        }
+        Ok(())
+    }
+}
+
+super::reads_through_inner!(WalWrite);
+
+impl WriteTxn for WalWrite {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
+        self.inner.put(table, key, value)?;
+        self.record(table, key, Some(value))
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
+        let existed = self.inner.delete(table, key)?;
+        if existed {
+            self.record(table, key, None)?;
+        }
+        Ok(existed)
+    }
+
+    fn replace(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        let before = self.inner.replace(table, key, value)?;
+        if value.is_some() || before.is_some() {
+            self.record(table, key, value)?;
+        }
+        Ok(before)
+    }
+
+    fn commit(self: Box<Self>) -> StorageResult<()> {
+        let WalWrite {
+            inner,
+            mut record,
+            shared,
+        } = *self;
+        if record.len() == FRAME_LEN {
+            // Nothing written: nothing to log.
+            return inner.0.commit().map_err(engine);
+        }
+        let payload_len = u32::try_from(record.len() - FRAME_LEN)
+            .map_err(|_| StorageError::Engine("transaction over 4 GiB".into()))?;
+        let mut log = shared.log();
+        if log.broken {
+            return Err(StorageError::Engine(
+                "the write-ahead log failed earlier; reopen the store".into(),
+            ));
+        }
+        let crc = checksum(&log.epoch, &record[FRAME_LEN..]);
+        record[..4].copy_from_slice(&payload_len.to_le_bytes());
+        record[4..FRAME_LEN].copy_from_slice(&crc.to_le_bytes());
+        let at = log.len;
+        if let Err(e) = log.append(&record) {
+            log.broken = true;
+            return Err(engine(e));
+        }
+        if let Err(e) = inner.0.commit() {
+            // The record must not outlive the transaction it describes: zero its frame.
+            let undone = log
+                .file
+                .write_all_at(&[0; FRAME_LEN], at)
+                .and_then(|()| log.file.sync_data());
+            if undone.is_err() {
+                log.broken = true;
+            }
+            return Err(engine(e));
+        }
+        log.len = at + record.len() as u64;
+        if log.len > CHECKPOINT_BYTES
+            && let Err(e) = checkpoint(&shared.redb, &mut log)
+        {
+            // The commit itself is durable in the log; the next one retries the checkpoint.
+            tracing::warn!(error = %e, "checkpoint failed");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(s: &WalStorage, key: &[u8]) -> Option<Vec<u8>> {
+        s.begin_read().unwrap().get(Table::Documents, key).unwrap()
+    }
+
+    fn commit(s: &WalStorage, writes: &[(&[u8], Option<&[u8]>)]) {
+        let mut w = s.begin_write().unwrap();
+        for (k, v) in writes {
+            match v {
+                Some(v) => w.put(Table::Documents, k, v).unwrap(),
+                None => {
+                    w.delete(Table::Documents, k).unwrap();
+                }
+            }
+        }
+        w.commit().unwrap();
+    }
+
+    /// "Crashes": the store is forgotten without the checkpoint `Drop` makes and without
+    /// redb's close (which would persist its non-durable commits). The tests then open a copy
+    /// of the files as a crash could leave them, under another name (this process still holds
+    /// the forgotten store's lock).
+    fn crash(s: WalStorage) {
+        std::mem::forget(s);
+    }
+
+    /// Puts `db` and `log` where a store opens them as `name` in `dir`.
+    fn restore(dir: &Path, name: &str, db: &Path, log: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::copy(db, &path).unwrap();
+        std::fs::write(log_path(&path), log).unwrap();
+        path
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_ends_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let s = WalStorage::open(&path).unwrap();
+        commit(&s, &[(b"a", Some(b"1")), (b"b", Some(b"2"))]);
+        commit(&s, &[(b"a", None), (b"c", Some(b"3"))]);
+        let bytes = std::fs::read(log_path(&path)).unwrap();
+        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        let records = records_of(&bytes, epoch.as_deref()).unwrap();
+        assert_eq!(records.len(), 2);
+        // Cut the last record short: only the first remains.
+        let end = HEADER_LEN as usize + 2 * FRAME_LEN + records[0].len() + records[1].len();
+        let torn = &bytes[..end - 3];
+        assert_eq!(records_of(torn, epoch.as_deref()).unwrap().len(), 1);
+        // Damage the first record's payload: nothing remains.
+        let mut damaged = bytes.clone();
+        damaged[HEADER_LEN as usize + FRAME_LEN + 1] ^= 0xff;
+        assert!(records_of(&damaged, epoch.as_deref()).unwrap().is_empty());
+        // Another epoch: not this database's log.
+        assert!(records_of(&bytes, Some(&[0u8; 8][..])).is_none());
+        crash(s);
+    }
+
+    #[test]
+    fn a_crash_loses_nothing_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let saved = dir.path().join("saved");
+        let s = WalStorage::open(&path).unwrap();
+        commit(&s, &[(b"gone", Some(b"x"))]);
+        // The database file as of the open's checkpoint... plus the first commit, which the
+        // copy may or may not hold (redb wrote its pages without syncing): replay must give
+        // the same answer either way.
+        std::fs::copy(&path, &saved).unwrap();
+        commit(
+            &s,
+            &[(b"a", Some(b"1")), (b"b", Some(b"2")), (b"gone", None)],
+        );
+        commit(&s, &[(b"a", Some(b"3"))]);
+        let log = std::fs::read(log_path(&path)).unwrap();
+        crash(s);
+        // After the crash: the database file as copied, the log as last synced.
+        let path = restore(dir.path(), "after", &saved, &log);
+        let s = WalStorage::open(&path).unwrap();
+        assert_eq!(get(&s, b"a"), Some(b"3".to_vec()));
+        assert_eq!(get(&s, b"b"), Some(b"2".to_vec()));
+        assert_eq!(get(&s, b"gone"), None);
+        // The open checkpointed: the log (the same file, its old records still in it) holds
+        // no record of the new epoch, and a clean reopen reads the same.
+        let bytes = std::fs::read(log_path(&path)).unwrap();
+        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        assert!(bytes.len() as u64 >= GROW_BYTES);
+        assert_eq!(records_of(&bytes, epoch.as_deref()), Some(vec![]));
+        drop(s);
+        let s = WalStorage::open(&path).unwrap();
+        assert_eq!(get(&s, b"a"), Some(b"3".to_vec()));
+    }
+
+    #[test]
+    fn a_log_from_another_life_of_the_file_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let copy = dir.path().join("copy");
+        let s = WalStorage::open(&path).unwrap();
+        commit(&s, &[(b"a", Some(b"1"))]);
+        drop(s);
+        std::fs::copy(&path, &copy).unwrap();
+        // A later life writes and crashes; then the database file alone is put back.
+        let s = WalStorage::open(&path).unwrap();
+        commit(&s, &[(b"a", Some(b"2"))]);
+        let log = std::fs::read(log_path(&path)).unwrap();
+        crash(s);
+        let path = restore(dir.path(), "restored", &copy, &log);
+        let s = WalStorage::open(&path).unwrap();
+        assert_eq!(get(&s, b"a"), Some(b"1".to_vec()));
+    }
+}
