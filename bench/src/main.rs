@@ -16,6 +16,7 @@
 
 mod procstat;
 mod report;
+mod watchers;
 mod workload;
 
 use std::net::TcpListener;
@@ -33,6 +34,7 @@ use mongodb::Client;
 use mongodb::options::{ClientOptions, FullDocumentBeforeChangeType, FullDocumentType};
 
 use report::{Latency, Server, Summary, Tick, rate};
+use watchers::WatcherSide;
 use workload::{Level, Op, Shared, WatchSpec, Watched, WriteSpec};
 
 #[derive(Parser, Debug)]
@@ -85,6 +87,11 @@ struct Cli {
     /// Watchers that read every event.
     #[arg(long, default_value_t = 1)]
     watchers: usize,
+    /// Run the watchers' clients on their own threads at this niceness (19: they get only the
+    /// CPU the server and the writers leave). On a machine whose cores the server shares with
+    /// the bench, this stands in for watchers on other machines; 0 runs them beside the writers.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
+    watcher_nice: i32,
     /// Watchers that open a stream and never read it (a stalled consumer).
     #[arg(long, default_value_t = 0)]
     stalled: usize,
@@ -171,8 +178,19 @@ async fn run(cli: Cli) -> Result<()> {
     };
     let mut opts = ClientOptions::parse(&uri).await?;
     opts.max_pool_size = Some((cli.writers + cli.watchers + cli.stalled + 8) as u32);
-    let client = Client::with_options(opts)?;
-    let result = bench(&cli, &client, pid, pipeline, full_document, before_change).await;
+    let client = Client::with_options(opts.clone())?;
+    let side = WatcherSide::new(cli.watcher_nice, &client, opts)?;
+    let result = bench(
+        &cli,
+        &client,
+        &side,
+        pid,
+        pipeline,
+        full_document,
+        before_change,
+    )
+    .await;
+    side.shutdown();
     drop(server);
     let summary = result?;
     for line in summary.lines() {
@@ -188,6 +206,7 @@ async fn run(cli: Cli) -> Result<()> {
 async fn bench(
     cli: &Cli,
     client: &Client,
+    side: &WatcherSide,
     pid: Option<u32>,
     pipeline: Vec<Document>,
     full_document: Option<FullDocumentType>,
@@ -239,10 +258,10 @@ async fn bench(
     let mut streams = Vec::new();
     if !cli.drain {
         for _ in 0..cli.watchers {
-            streams.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+            streams.push(side.open(&cli.db, COLL, &watch_spec).await?);
         }
         for _ in 0..cli.stalled {
-            stalled.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+            stalled.push(side.open(&cli.db, COLL, &watch_spec).await?);
         }
     }
     let before = sample();
@@ -255,7 +274,7 @@ async fn bench(
         stop_sampling.clone(),
     ));
     let started = Instant::now();
-    let watchers = spawn_watchers(streams, &counts, &shared, counted);
+    let watchers = spawn_watchers(side, streams, &counts, &shared, counted);
     let writers: Vec<_> = (0..cli.writers)
         .map(|w| {
             tokio::spawn(workload::write(
@@ -289,10 +308,10 @@ async fn bench(
         let drain_started = Instant::now();
         let mut streams = Vec::new();
         for _ in 0..cli.watchers {
-            streams.push(workload::open(client, &cli.db, COLL, &watch_spec).await?);
+            streams.push(side.open(&cli.db, COLL, &watch_spec).await?);
         }
         (
-            spawn_watchers(streams, &counts, &shared, counted),
+            spawn_watchers(side, streams, &counts, &shared, counted),
             Some(drain_started),
         )
     } else {
@@ -373,6 +392,7 @@ async fn bench(
 /// Watchers read until they have every acknowledged write once the writers are done (or, with
 /// a `$match`, until their stream has been idle for a second after that).
 fn spawn_watchers(
+    side: &WatcherSide,
     streams: Vec<mongodb::change_stream::ChangeStream<bson::RawDocumentBuf>>,
     counts: &[Arc<AtomicU64>],
     shared: &Arc<Shared>,
@@ -391,7 +411,7 @@ fn spawn_watchers(
                         idle
                     })
             };
-            tokio::spawn(workload::watch(
+            side.spawn(workload::watch(
                 stream,
                 COLL.to_string(),
                 count.clone(),
