@@ -39,9 +39,35 @@ fn write_path(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
+    fdatasync(c);
     for engine in ["wal", "redb"] {
         engine_group(c, &rt, engine);
     }
+}
+
+/// The floor under any durable commit: a 300-byte write into a file's existing blocks and an
+/// `fdatasync`, as the write-ahead log does, on the same disk as the engines' files.
+fn fdatasync(c: &mut Criterion) {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = std::fs::File::create(dir.path().join("sync")).expect("file");
+    file.set_len(0).expect("len");
+    file.write_all_at(&vec![0u8; 4 << 20], 0).expect("fill");
+    file.sync_all().expect("sync");
+    let record = [b'x'; 300];
+    let mut at = 0u64;
+    let mut group = c.benchmark_group("write_path");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_millis(500));
+    group.sample_size(10);
+    group.bench_function("fdatasync/300B", |b| {
+        b.iter(|| {
+            file.write_all_at(&record, at).expect("write");
+            file.sync_data().expect("fdatasync");
+            at = (at + 300) % (4 << 20);
+        })
+    });
+    group.finish();
 }
 
 fn engine_group(c: &mut Criterion, rt: &tokio::runtime::Runtime, engine: &str) {
