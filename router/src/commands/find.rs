@@ -444,11 +444,25 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     {
         return super::stats::coll_stats_stage(ctx, coll, &stage_docs).await;
     }
+    // A final $out or $merge writes the results instead of returning them.
+    let (stage_docs, sink) = super::out::split(&stage_docs, ctx.db)?;
+    if sink.is_some() {
+        super::out::check_allowed(ctx)?;
+    }
     let parsed = pipeline::agg::Pipeline::parse(&stage_docs)?;
     // The leading $match stages select what the shards send.
     let filter = super::explain::leading_match(ctx.cmd);
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
+    if let Some(sink) = &sink {
+        let docs = if targets.is_empty() {
+            Vec::new()
+        } else {
+            read_all(ctx, coll, &filter, &routed).await?
+        };
+        super::out::write(ctx, sink, parsed.run(docs)?).await?;
+        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
+    }
     if targets.is_empty() {
         let out = parsed.run(Vec::<Document>::new())?;
         let cursor = RouterCursor {
@@ -465,9 +479,28 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
+    let docs = read_all(ctx, coll, &filter, &routed).await?;
+    let out: VecDeque<Document> = parsed.run(docs)?.into();
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Buffered(out),
+        info: None,
+    };
+    first_reply(ctx, ns, cursor, first).await
+}
+
+/// Every document of `coll` that `filter` selects, from the shards `routed` names, for a
+/// pipeline the router runs itself.
+async fn read_all(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    filter: &Document,
+    routed: &Targets,
+) -> Result<Vec<Document>> {
+    let targets = &routed.shards;
     let mut find = doc! {
         "find": coll,
-        "filter": filter,
+        "filter": filter.clone(),
         "batchSize": i32::MAX,
         "shardVersion": routed.version.clone(),
     };
@@ -489,7 +522,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         sources.push(Source::from_reply(*shard, &reply?)?);
     }
     let mut all = RouterCursor {
-        ns: ns.clone(),
+        ns: format!("{}.{coll}", ctx.db),
         state: CursorState::merge(Merge {
             db: ctx.db.to_string(),
             collection: coll.to_string(),
@@ -506,16 +539,9 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX).await?;
         docs.extend(batch);
         if exhausted {
-            break;
+            return Ok(docs);
         }
     }
-    let out: VecDeque<Document> = parsed.run(docs)?.into();
-    let cursor = RouterCursor {
-        ns: ns.clone(),
-        state: CursorState::Buffered(out),
-        info: None,
-    };
-    first_reply(ctx, ns, cursor, first).await
 }
 
 /// Wraps a shard's cursor reply in a router cursor (when it stays open).

@@ -12,6 +12,7 @@ mod ddl;
 mod explain;
 mod find;
 mod handshake;
+mod out;
 mod stats;
 
 use std::sync::Arc;

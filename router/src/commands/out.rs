@@ -1,0 +1,446 @@
+//! `$out` and `$merge`: the stages that write an aggregation's results into a collection.
+//!
+//! The router runs the pipeline before the stage as for any aggregate, then writes the results
+//! through its own command paths, so routing, shard keys and unique indexes apply as to any
+//! write: `$out` fills a temporary collection in the target database (with the target's
+//! indexes) and renames it over the target; `$merge` sends one upsert (or insert) per result.
+//!
+//! Invariants:
+//! * Either stage is the pipeline's last (40601 otherwise), and neither runs in a transaction
+//!   or at a `linearizable` read concern.
+//! * `$out` replaces the target whole or not at all: until the rename, the target is as it
+//!   was, and a failure drops the temporary collection.
+//! * `$merge` stops at the first failing document (earlier ones stay written), as MongoDB's.
+
+use bson::{Bson, Document, doc};
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+
+/// Where and how the results are written.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Sink {
+    Out {
+        db: String,
+        coll: String,
+    },
+    Merge {
+        db: String,
+        coll: String,
+        on: Vec<String>,
+        when_matched: WhenMatched,
+        when_not_matched: WhenNotMatched,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum WhenMatched {
+    Replace,
+    KeepExisting,
+    Merge,
+    Fail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum WhenNotMatched {
+    Insert,
+    Discard,
+    Fail,
+}
+
+fn is_sink(stage: &Document) -> bool {
+    stage.contains_key("$out") || stage.contains_key("$merge")
+}
+
+/// The stages before a final `$out` or `$merge`, and that stage.
+pub(super) fn split(stages: &[Document], db: &str) -> Result<(Vec<Document>, Option<Sink>)> {
+    let Some(position) = stages.iter().position(is_sink) else {
+        return Ok((stages.to_vec(), None));
+    };
+    let stage = &stages[position];
+    let name = if stage.contains_key("$out") {
+        "$out"
+    } else {
+        "$merge"
+    };
+    if position + 1 != stages.len() {
+        return Err(MongoError::with_code(
+            40601,
+            format!("{name} can only be the final stage in the pipeline"),
+        ));
+    }
+    let sink = match stage.get(name) {
+        Some(spec) if name == "$out" => parse_out(spec, db)?,
+        Some(spec) => parse_merge(spec, db)?,
+        None => unreachable_stage()?,
+    };
+    Ok((stages[..position].to_vec(), Some(sink)))
+}
+
+fn unreachable_stage() -> Result<Sink> {
+    Err(MongoError::internal("a sink stage without its name"))
+}
+
+/// `{db, coll}` or a collection name in `db`.
+fn target(spec: &Bson, db: &str, stage: &str, coll_field: &str) -> Result<(String, String)> {
+    let bad = |what: &str| MongoError::failed_to_parse(format!("{stage}: {what}"));
+    let (db, coll) = match spec {
+        Bson::String(coll) => (db.to_string(), coll.clone()),
+        Bson::Document(d) => {
+            let db = match d.get("db") {
+                Some(Bson::String(s)) => s.clone(),
+                None => db.to_string(),
+                Some(_) => return Err(bad("'db' must be a string")),
+            };
+            match d.get(coll_field) {
+                Some(Bson::String(c)) => (db, c.clone()),
+                _ => return Err(bad(&format!("'{coll_field}' must be a string"))),
+            }
+        }
+        _ => return Err(bad("the target must be a collection name or a document")),
+    };
+    super::crud::validate_collection_name(&db, &coll)?;
+    Ok((db, coll))
+}
+
+fn parse_out(spec: &Bson, db: &str) -> Result<Sink> {
+    if let Bson::Document(d) = spec
+        && d.contains_key("timeseries")
+    {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED,
+            "$out to a time-series collection is not supported",
+        ));
+    }
+    let (db, coll) = target(spec, db, "$out", "coll")?;
+    Ok(Sink::Out { db, coll })
+}
+
+fn parse_merge(spec: &Bson, db: &str) -> Result<Sink> {
+    let bad = |what: String| MongoError::failed_to_parse(format!("$merge: {what}"));
+    let (into, options) = match spec {
+        Bson::Document(d) => (
+            d.get("into")
+                .ok_or_else(|| bad("'into' is required".into()))?,
+            d.clone(),
+        ),
+        other => (other, Document::new()),
+    };
+    for key in options.keys() {
+        if !matches!(
+            key.as_str(),
+            "into" | "on" | "let" | "whenMatched" | "whenNotMatched"
+        ) {
+            return Err(bad(format!("unknown option '{key}'")));
+        }
+    }
+    let (db, coll) = target(into, db, "$merge", "coll")?;
+    let on = match options.get("on") {
+        None => vec!["_id".to_string()],
+        Some(Bson::String(f)) => vec![f.clone()],
+        Some(Bson::Array(fields)) if !fields.is_empty() => fields
+            .iter()
+            .map(|f| match f {
+                Bson::String(f) => Ok(f.clone()),
+                _ => Err(bad("'on' fields must be strings".into())),
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(bad("'on' must be a field name or an array of them".into())),
+    };
+    let when_matched = match options.get("whenMatched") {
+        None => WhenMatched::Merge,
+        Some(Bson::String(s)) => match s.as_str() {
+            "replace" => WhenMatched::Replace,
+            "keepExisting" => WhenMatched::KeepExisting,
+            "merge" => WhenMatched::Merge,
+            "fail" => WhenMatched::Fail,
+            other => return Err(bad(format!("unknown whenMatched mode '{other}'"))),
+        },
+        Some(Bson::Array(_)) => {
+            return Err(MongoError::new(
+                ErrorCode::COMMAND_NOT_SUPPORTED,
+                "$merge with a whenMatched pipeline is not supported yet",
+            ));
+        }
+        Some(_) => return Err(bad("'whenMatched' must be a string or a pipeline".into())),
+    };
+    let when_not_matched = match options.get("whenNotMatched") {
+        None => WhenNotMatched::Insert,
+        Some(Bson::String(s)) => match s.as_str() {
+            "insert" => WhenNotMatched::Insert,
+            "discard" => WhenNotMatched::Discard,
+            "fail" => WhenNotMatched::Fail,
+            other => return Err(bad(format!("unknown whenNotMatched mode '{other}'"))),
+        },
+        Some(_) => return Err(bad("'whenNotMatched' must be a string".into())),
+    };
+    Ok(Sink::Merge {
+        db,
+        coll,
+        on,
+        when_matched,
+        when_not_matched,
+    })
+}
+
+/// Refuses a sink the aggregate cannot run where it is.
+pub(super) fn check_allowed(ctx: &Ctx<'_>) -> Result<()> {
+    if ctx.cmd.contains_key("txnNumber") && ctx.cmd.contains_key("autocommit") {
+        return Err(MongoError::new(
+            ErrorCode::OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+            "$out and $merge cannot be used in a transaction",
+        ));
+    }
+    let level = ctx
+        .cmd
+        .get_document("readConcern")
+        .ok()
+        .and_then(|rc| rc.get_str("level").ok());
+    if level == Some("linearizable") {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "$out and $merge cannot be used with a 'linearizable' read concern level",
+        ));
+    }
+    Ok(())
+}
+
+/// Runs another command through the router's own dispatch, as the aggregate's client.
+async fn command(ctx: &Ctx<'_>, db: &str, cmd: Document) -> Result<Document> {
+    let name = cmd.keys().next().cloned().unwrap_or_default();
+    let sub = Ctx {
+        router: ctx.router,
+        conn: ctx.conn,
+        db,
+        cmd: &cmd,
+        name: &name,
+    };
+    let reply = Box::pin(super::dispatch_document(&sub)).await?;
+    // A write's first error is the stage's error.
+    if let Ok(errors) = reply.get_array("writeErrors")
+        && let Some(Bson::Document(first)) = errors.first()
+    {
+        let code = first
+            .get_i32("code")
+            .unwrap_or(ErrorCode::INTERNAL_ERROR.code);
+        let message = first.get_str("errmsg").unwrap_or("write failed");
+        return Err(MongoError::with_code(code, message));
+    }
+    if let Ok(wce) = reply.get_document("writeConcernError") {
+        let code = wce
+            .get_i32("code")
+            .unwrap_or(ErrorCode::INTERNAL_ERROR.code);
+        let message = wce.get_str("errmsg").unwrap_or("write concern failed");
+        return Err(MongoError::with_code(code, message));
+    }
+    Ok(reply)
+}
+
+/// Writes the aggregation's results into the sink.
+pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, docs: Vec<Document>) -> Result<()> {
+    match sink {
+        Sink::Out { db, coll } => out(ctx, db, coll, docs).await,
+        Sink::Merge {
+            db,
+            coll,
+            on,
+            when_matched,
+            when_not_matched,
+        } => merge(ctx, db, coll, on, *when_matched, *when_not_matched, docs).await,
+    }
+}
+
+const WRITE_BATCH: usize = 1_000;
+
+async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, docs: Vec<Document>) -> Result<()> {
+    let ns = format!("{db}.{coll}");
+    if ctx.router.sharded_collection(&ns).await?.is_some() {
+        return Err(MongoError::with_code(
+            28769,
+            format!("{ns} cannot be sharded"),
+        ));
+    }
+    let temp = format!("tmp.agg_out.{}", uuid::Uuid::new_v4().simple());
+    command(ctx, db, doc! {"create": &temp}).await?;
+    let filled = fill(ctx, db, coll, &temp, docs).await;
+    let renamed = match filled {
+        Ok(()) => {
+            command(
+                ctx,
+                "admin",
+                doc! {
+                    "renameCollection": format!("{db}.{temp}"),
+                    "to": &ns,
+                    "dropTarget": true,
+                },
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = renamed {
+        let _ = command(ctx, db, doc! {"drop": &temp}).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The temporary collection gets the target's indexes, then the documents.
+async fn fill(ctx: &Ctx<'_>, db: &str, coll: &str, temp: &str, docs: Vec<Document>) -> Result<()> {
+    let indexes = match command(ctx, db, doc! {"listIndexes": coll, "cursor": {}}).await {
+        Ok(reply) => reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .map(|b| b.to_vec())
+            .unwrap_or_default(),
+        Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let specs: Vec<Bson> = indexes
+        .into_iter()
+        .filter_map(|i| match i {
+            Bson::Document(mut spec) if spec.get_str("name").ok() != Some("_id_") => {
+                spec.remove("v");
+                spec.remove("ns");
+                Some(Bson::Document(spec))
+            }
+            _ => None,
+        })
+        .collect();
+    if !specs.is_empty() {
+        command(ctx, db, doc! {"createIndexes": temp, "indexes": specs}).await?;
+    }
+    let mut docs = docs.into_iter().peekable();
+    while docs.peek().is_some() {
+        let batch: Vec<Bson> = docs
+            .by_ref()
+            .take(WRITE_BATCH)
+            .map(Bson::Document)
+            .collect();
+        command(ctx, db, doc! {"insert": temp, "documents": batch}).await?;
+    }
+    Ok(())
+}
+
+async fn merge(
+    ctx: &Ctx<'_>,
+    db: &str,
+    coll: &str,
+    on: &[String],
+    when_matched: WhenMatched,
+    when_not_matched: WhenNotMatched,
+    docs: Vec<Document>,
+) -> Result<()> {
+    if when_matched == WhenMatched::Fail && when_not_matched == WhenNotMatched::Insert {
+        // Every result is new or an error: plain inserts (a match is a duplicate key).
+        let mut docs = docs.into_iter().peekable();
+        while docs.peek().is_some() {
+            let batch: Vec<Bson> = docs
+                .by_ref()
+                .take(WRITE_BATCH)
+                .map(Bson::Document)
+                .collect();
+            command(ctx, db, doc! {"insert": coll, "documents": batch}).await?;
+        }
+        return Ok(());
+    }
+    for doc in docs {
+        let mut filter = Document::new();
+        for field in on {
+            match pipeline::value::get_path(&doc, field) {
+                Some(v) if !matches!(v, Bson::Null | Bson::Undefined | Bson::Array(_)) => {
+                    filter.insert(field.clone(), v.clone());
+                }
+                _ => {
+                    return Err(MongoError::with_code(
+                        51132,
+                        "$merge write error: 'on' field cannot be missing, null, undefined or an array",
+                    ));
+                }
+            }
+        }
+        let u = match when_matched {
+            WhenMatched::Replace => Bson::Document(doc.clone()),
+            WhenMatched::Merge => Bson::Document(doc! {"$set": doc.clone()}),
+            WhenMatched::KeepExisting => Bson::Document(doc! {"$setOnInsert": doc.clone()}),
+            WhenMatched::Fail => {
+                // Only new documents may be written: any match fails the stage.
+                let found = command(
+                    ctx,
+                    db,
+                    doc! {"find": coll, "filter": filter.clone(), "limit": 1, "singleBatch": true},
+                )
+                .await?;
+                let matched = found
+                    .get_document("cursor")
+                    .and_then(|c| c.get_array("firstBatch"))
+                    .is_ok_and(|b| !b.is_empty());
+                if matched {
+                    return Err(MongoError::with_code(
+                        ErrorCode::DUPLICATE_KEY.code,
+                        "$merge failed: a document matched and whenMatched is 'fail'",
+                    ));
+                }
+                if when_not_matched == WhenNotMatched::Discard {
+                    continue;
+                }
+                Bson::Document(doc.clone())
+            }
+        };
+        let upsert = when_not_matched == WhenNotMatched::Insert;
+        let reply = command(
+            ctx,
+            db,
+            doc! {"update": coll, "updates": [{"q": filter, "u": u, "upsert": upsert}]},
+        )
+        .await?;
+        if when_not_matched == WhenNotMatched::Fail && reply.get_i32("n").unwrap_or(0) == 0 {
+            return Err(MongoError::with_code(
+                13113,
+                "$merge could not find a matching document in the target collection for at least one document in the source collection",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinks_parse_and_must_come_last() {
+        let stages = vec![doc! {"$match": {}}, doc! {"$out": "t"}];
+        let (rest, sink) = split(&stages, "d").unwrap();
+        assert_eq!(rest, vec![doc! {"$match": {}}]);
+        assert_eq!(
+            sink,
+            Some(Sink::Out {
+                db: "d".into(),
+                coll: "t".into()
+            })
+        );
+        let stages = vec![
+            doc! {"$merge": {"into": {"db": "o", "coll": "t"}, "on": ["a", "b"], "whenMatched": "replace", "whenNotMatched": "discard"}},
+        ];
+        assert_eq!(
+            split(&stages, "d").unwrap().1,
+            Some(Sink::Merge {
+                db: "o".into(),
+                coll: "t".into(),
+                on: vec!["a".into(), "b".into()],
+                when_matched: WhenMatched::Replace,
+                when_not_matched: WhenNotMatched::Discard,
+            })
+        );
+        let stages = vec![doc! {"$out": "t"}, doc! {"$match": {}}];
+        assert_eq!(split(&stages, "d").unwrap_err().code, 40601);
+        let stages = vec![doc! {"$merge": {"into": "t", "whenMatched": "sometimes"}}];
+        assert_eq!(
+            split(&stages, "d").unwrap_err().code,
+            ErrorCode::FAILED_TO_PARSE.code
+        );
+        let stages = vec![doc! {"$match": {}}];
+        assert_eq!(split(&stages, "d").unwrap().1, None);
+    }
+}
