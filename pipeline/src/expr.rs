@@ -13,7 +13,9 @@
 //! * Operator arguments: an array operand is the argument list, anything else one argument.
 //!   Fixed-arity operators check the count at parse time (16020).
 //! * Variables are lexically scoped (`$let`, `$map`, `$filter`, `$reduce`); an undefined
-//!   `$$name` is rejected at parse time (17276). `$$NOW` comes from the [`Env`], never a clock.
+//!   `$$name` is rejected at parse time (17276). `$$NOW` comes from the [`Env`], never a clock;
+//!   a command's `let` variables are evaluated once into the [`Env`] ([`Env::from_command`]).
+//!   `$rand` is the one operator whose value is not a function of its inputs.
 //! * Unknown operators are InvalidPipelineOperator (168) "Unrecognized expression '$foo'".
 //!   Runtime type errors carry MongoDB's location codes (e.g. 16554 for `$add` on a string).
 
@@ -41,6 +43,70 @@ pub struct Env {
     pub vars: Vec<(String, Bson)>,
 }
 
+impl Env {
+    /// The environment of a command with `let`: each variable's expression evaluated once (it
+    /// sees `$$NOW`, not documents or the other variables), as MongoDB does before the command
+    /// runs. Names must start with a lowercase letter or a non-ASCII character (16870,
+    /// 16867), and a missing value is `$$REMOVE`-like: the variable is not defined.
+    pub fn with_let(now: Option<bson::DateTime>, spec: Option<&Document>) -> Result<Env> {
+        let mut env = Env {
+            now,
+            vars: Vec::new(),
+        };
+        let Some(spec) = spec else {
+            return Ok(env);
+        };
+        let empty = Document::new();
+        for (name, value) in spec {
+            check_user_variable_name(name)?;
+            let parsed = Expr::parse(value)?;
+            if let Some(v) = parsed.evaluate_in(&empty, &env)? {
+                env.vars.push((name.clone(), v));
+            }
+        }
+        Ok(env)
+    }
+
+    /// The environment of a command's `let` field (a document of variables; absent: none).
+    pub fn from_command(cmd: &Document) -> Result<Env> {
+        match cmd.get("let") {
+            None => Ok(Env::default()),
+            Some(Bson::Document(spec)) => Env::with_let(None, Some(spec)),
+            Some(other) => Err(MongoError::type_mismatch(format!(
+                "BSON field 'let' is the wrong type '{}', expected type 'object'",
+                type_name(other)
+            ))),
+        }
+    }
+
+    /// The user variables' names, to parse expressions that use them.
+    pub fn names(&self) -> Vec<String> {
+        self.vars.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+fn check_user_variable_name(name: &str) -> Result<()> {
+    let Some(first) = name.chars().next() else {
+        return Err(err(16866, "empty variable names are not allowed"));
+    };
+    if first.is_ascii() && !first.is_ascii_lowercase() {
+        return Err(err(
+            16870,
+            format!("'{name}' starts with an invalid character for a user variable name"),
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || !c.is_ascii()))
+    {
+        return Err(err(
+            16871,
+            format!("'{name}' contains an invalid character for a variable name: '{c}'"),
+        ));
+    }
+    Ok(())
+}
+
 /// The value `$$DESCEND`, `$$PRUNE` and `$$KEEP` evaluate to, for `$redact`.
 pub const REDACT_DESCEND: &str = "descend";
 pub const REDACT_PRUNE: &str = "prune";
@@ -49,6 +115,8 @@ pub const REDACT_KEEP: &str = "keep";
 #[derive(Debug, Clone)]
 enum Node {
     Literal(Bson),
+    /// `$rand`: a double in [0, 1), drawn at each evaluation.
+    Rand,
     /// `$a.b`: a path from `$$CURRENT`.
     Field(Vec<String>),
     /// `$$name.a.b`.
@@ -425,7 +493,7 @@ fn refs(node: &Node, out: &mut BTreeSet<String>) -> bool {
         ok
     };
     match node {
-        Node::Literal(_) => true,
+        Node::Literal(_) | Node::Rand => true,
         Node::Field(p) => {
             out.insert(p.join("."));
             true
@@ -692,10 +760,29 @@ fn with_vars<T>(
     r
 }
 
+/// A field name given as a constant: a string, or `{$literal: <string>}` (the way to name a
+/// field with a leading `$` or a dot, for `$getField` / `$setField`).
+fn constant_field_name(v: &Bson) -> Option<&str> {
+    match v {
+        Bson::String(s) => Some(s),
+        Bson::Document(d) if d.len() == 1 => match d.get("$literal") {
+            Some(Bson::String(s)) => Some(s),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
     let op = &name[1..];
     match op {
         "literal" => return Ok(Node::Literal(arg.clone())),
+        "rand" => {
+            return match arg {
+                Bson::Document(d) if d.is_empty() => Ok(Node::Rand),
+                _ => Err(err(10065, "invalid parameter: expected an object ($rand)")),
+            };
+        }
         "and" => return Ok(Node::And(parse_args(arg, scope)?)),
         "or" => return Ok(Node::Or(parse_args(arg, scope)?)),
         "ifNull" => {
@@ -1034,14 +1121,14 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
                 }
                 other => (other, Node::Var(Var::Current, Vec::new())),
             };
-            let Bson::String(field) = field else {
+            let Some(field) = constant_field_name(field) else {
                 return Err(err(
                     5654602,
                     "$getField requires 'field' to evaluate to type String",
                 ));
             };
             return Ok(Node::GetField {
-                field: field.clone(),
+                field: field.to_string(),
                 input: Box::new(input),
             });
         }
@@ -1061,12 +1148,20 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
                 ),
                 4161101,
             )?;
-            let Some(Bson::String(field)) = get(&a, "field") else {
+            let Some(field) = get(&a, "field").and_then(constant_field_name) else {
                 return Err(err(
                     4161106,
                     format!("{name} requires 'field' to evaluate to a constant of type String"),
                 ));
             };
+            if field.starts_with('$') && matches!(get(&a, "field"), Some(Bson::String(_))) {
+                return Err(err(
+                    4161108,
+                    format!(
+                        "A field path reference which is not allowed in this context. Did you mean {{$literal: '{field}'}}?"
+                    ),
+                ));
+            }
             let input = get(&a, "input")
                 .ok_or_else(|| err(4161109, format!("{name} requires 'input' to be specified")))?;
             let value = if op == "setField" {
@@ -1077,7 +1172,7 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
                 None
             };
             return Ok(Node::SetField {
-                field: field.clone(),
+                field: field.to_string(),
                 input: Box::new(parse_node(input, scope)?),
                 value,
             });
@@ -1214,6 +1309,7 @@ fn path_of_value(v: Option<Bson>, path: &[String]) -> Option<Bson> {
 fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
     Ok(match node {
         Node::Literal(v) => Some(v.clone()),
+        Node::Rand => Some(Bson::Double(rand::random::<f64>())),
         Node::Field(p) => field_of_doc(cx.current, p),
         Node::Var(var, path) => {
             let v = match var {

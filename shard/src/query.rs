@@ -6,6 +6,7 @@
 
 use bson::{Bson, Document};
 use pipeline::Matcher;
+use pipeline::expr::Env;
 use wire::MongoError;
 
 use crate::catalog::CollectionEntry;
@@ -16,29 +17,42 @@ use crate::writer::scan_collection;
 #[derive(Debug, Clone)]
 pub struct Filter {
     matcher: Matcher,
+    /// The command's `let` variables, for `$expr`.
+    env: Env,
     /// `Some(v)` when the filter is exactly `{_id: v}` (or `{_id: {$eq: v}}`) for a scalar `v`.
     id_eq: Option<Bson>,
 }
 
 impl Filter {
     pub fn parse(filter: &Document) -> Result<Filter, MongoError> {
-        let matcher = Matcher::parse(filter)?;
+        Filter::parse_in(filter, &Env::default())
+    }
+
+    /// A filter whose `$expr` may use the command's `let` variables.
+    pub fn parse_in(filter: &Document, env: &Env) -> Result<Filter, MongoError> {
+        let matcher = Matcher::parse_with_vars(filter, &env.names())?;
         let id_eq = match (filter.len(), filter.get("_id")) {
             (1, Some(v)) => point_value(v),
             _ => None,
         };
-        Ok(Filter { matcher, id_eq })
+        Ok(Filter {
+            matcher,
+            env: env.clone(),
+            id_eq,
+        })
     }
 
     pub fn all() -> Filter {
         Filter {
             matcher: Matcher::all(),
+            env: Env::default(),
             id_eq: None,
         }
     }
 
+    /// Whether the document matches (a runtime error inside `$expr` is no match).
     pub fn matches(&self, doc: &Document) -> bool {
-        self.matcher.matches(doc)
+        self.matcher.try_matches_in(doc, &self.env).unwrap_or(false)
     }
 
     /// The `_id` of the only document that can match, when the filter pins it.
@@ -183,12 +197,14 @@ pub fn find_projection(spec: &Document, filter: &Document) -> Result<Projection,
     Projection::parse_with_query(spec, Some(filter))
 }
 
-/// Runs an aggregation pipeline over `input` (the stages a shard can run alone).
+/// Runs an aggregation pipeline over `input` (the stages a shard can run alone), with the
+/// command's `let` variables.
 pub fn run_pipeline(
     stages: &[Document],
     input: Vec<Document>,
+    env: &Env,
 ) -> Result<Vec<Document>, MongoError> {
-    pipeline::agg::Pipeline::parse(stages)?.run(input)
+    pipeline::agg::Pipeline::parse_with_vars(stages, &env.names())?.run_in(input, env)
 }
 
 #[cfg(test)]

@@ -70,15 +70,28 @@ async fn duplicate_id_is_a_write_error_like_mongodb_and_ordered_stops() {
 }
 
 #[tokio::test]
-async fn insert_rejects_dollar_fields_oversized_docs_and_bad_types() {
+async fn insert_stores_dollar_fields_outside_id_and_rejects_oversized_docs_and_bad_types() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path()).await;
-    let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"$x": 1}]}).await;
+    // As MongoDB 5.0+: `$`-prefixed and dotted names are stored, but not inside `_id` (53).
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "$x": 1, "a.b": 2}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    let r = ok(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": {"k": {"$x": 1}}}]},
+    )
+    .await;
     let e = r.get_array("writeErrors").unwrap()[0]
         .as_document()
         .unwrap()
         .clone();
-    assert_eq!(e.get_i32("code").unwrap(), 2);
+    assert_eq!(e.get_i32("code").unwrap(), 53);
     let big = "x".repeat(17 * 1024 * 1024);
     let r = ok(&s, "db", doc! {"insert": "c", "documents": [{"big": big}]}).await;
     let e = r.get_array("writeErrors").unwrap()[0]
@@ -96,7 +109,10 @@ async fn insert_rejects_dollar_fields_oversized_docs_and_bad_types() {
         73
     );
     assert_eq!(err_code(&s, "db", doc! {"frobnicate": 1}).await, 59);
-    assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 0);
+    assert_eq!(
+        find(&s, "db", "c", doc! {}).await,
+        vec![doc! {"_id": 1, "$x": 1, "a.b": 2}]
+    );
     s.shutdown().await;
 }
 

@@ -465,3 +465,50 @@ fn dates_render_with_milliseconds_in_to_string() {
         Some(Bson::String("1970-01-01T00:00:00.000Z".into()))
     );
 }
+
+#[test]
+fn a_commands_let_is_evaluated_once_into_the_environment() {
+    let cmd = doc! {"find": "c", "let": {"id": 1, "y": {"$literal": "$bar"}, "sum": {"$add": [1, 2]}, "r": {"$rand": {}}}};
+    let env = Env::from_command(&cmd).unwrap();
+    assert_eq!(env.names(), vec!["id", "y", "sum", "r"]);
+    let e = Expr::parse_with_vars(&Bson::from("$$sum"), &env.names()).unwrap();
+    assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), Some(Bson::Int32(3)));
+    let e = Expr::parse_with_vars(&Bson::from("$$y"), &env.names()).unwrap();
+    assert_eq!(
+        e.evaluate_in(&doc! {}, &env).unwrap(),
+        Some(Bson::from("$bar"))
+    );
+    // `$rand` was drawn once: a double in [0, 1), the same at every use.
+    let e = Expr::parse_with_vars(&Bson::from("$$r"), &env.names()).unwrap();
+    let r = e.evaluate_in(&doc! {}, &env).unwrap();
+    assert!(matches!(r, Some(Bson::Double(x)) if (0.0..1.0).contains(&x)));
+    assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), r);
+    // Bad names and a `let` that is not a document.
+    for (bad, code) in [
+        (doc! {"let": {"Id": 1}}, 16870),
+        (doc! {"let": {"a-b": 1}}, 16871),
+        (doc! {"let": {"x": "$$undefined"}}, 17276),
+    ] {
+        assert_eq!(Env::from_command(&bad).unwrap_err().code, code, "{bad}");
+    }
+    assert_eq!(
+        Env::from_command(&doc! {"let": 1}).unwrap_err().code,
+        ErrorCode::TYPE_MISMATCH.code
+    );
+}
+
+#[test]
+fn set_field_and_get_field_name_dotted_and_dollar_fields_through_literal() {
+    let d = doc! {"a": {"b": 1}};
+    let set =
+        bson::bson!({"$setField": {"field": {"$literal": "$x.y"}, "value": 2, "input": "$$ROOT"}});
+    assert_eq!(
+        eval_on(set, &d).unwrap(),
+        Some(Bson::Document(doc! {"a": {"b": 1}, "$x.y": 2}))
+    );
+    let get = bson::bson!({"$getField": {"field": {"$literal": "$x.y"}, "input": {"$literal": {"$x.y": 5}}}});
+    assert_eq!(eval_on(get, &d).unwrap(), Some(Bson::Int32(5)));
+    // A bare `$`-prefixed name is a field path, not a name: refused with MongoDB's hint.
+    let bare = bson::bson!({"$setField": {"field": "$x", "value": 2, "input": "$$ROOT"}});
+    assert_eq!(eval_on(bare, &d).unwrap_err().code, 4161108);
+}

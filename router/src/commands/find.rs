@@ -108,7 +108,8 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     let ns = format!("{}.{coll}", ctx.db);
     let filter = args.opt_doc("filter")?.cloned().unwrap_or_default();
     // Validate everything before touching a shard, so bad input fails the same everywhere.
-    pipeline::Matcher::parse(&filter)?;
+    let vars = pipeline::expr::Env::from_command(ctx.cmd)?.names();
+    pipeline::Matcher::parse_with_vars(&filter, &vars)?;
     let sort = args
         .opt_doc("sort")?
         .filter(|s| !s.is_empty())
@@ -335,7 +336,8 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = args.collection()?;
     validate_collection_name(ctx.db, coll)?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
-    pipeline::Matcher::parse(&query)?;
+    let vars = pipeline::expr::Env::from_command(ctx.cmd)?.names();
+    pipeline::Matcher::parse_with_vars(&query, &vars)?;
     let skip = args.opt_i64("skip")?.unwrap_or(0).max(0) as u64;
     let limit = args.opt_i64("limit")?.unwrap_or(0).unsigned_abs();
     let routed = read_targets(ctx, coll, &query).await?;
@@ -377,7 +379,8 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
         )
     })?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
-    pipeline::Matcher::parse(&query)?;
+    let vars = pipeline::expr::Env::from_command(ctx.cmd)?.names();
+    pipeline::Matcher::parse_with_vars(&query, &vars)?;
     let routed = read_targets(ctx, coll, &query).await?;
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
@@ -449,7 +452,8 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     if sink.is_some() {
         super::out::check_allowed(ctx)?;
     }
-    let parsed = pipeline::agg::Pipeline::parse(&stage_docs)?;
+    let env = pipeline::expr::Env::from_command(ctx.cmd)?;
+    let parsed = pipeline::agg::Pipeline::parse_with_vars(&stage_docs, &env.names())?;
     // The leading $match stages select what the shards send.
     let filter = super::explain::leading_match(ctx.cmd);
     let routed = read_targets(ctx, coll, &filter).await?;
@@ -460,11 +464,11 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         } else {
             read_all(ctx, coll, &filter, &routed).await?
         };
-        super::out::write(ctx, sink, parsed.run(docs)?).await?;
+        super::out::write(ctx, sink, parsed.run_in(docs, &env)?).await?;
         return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
     }
     if targets.is_empty() {
-        let out = parsed.run(Vec::<Document>::new())?;
+        let out = parsed.run_in(Vec::<Document>::new(), &env)?;
         let cursor = RouterCursor {
             ns: ns.clone(),
             state: CursorState::Buffered(out.into()),
@@ -480,7 +484,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
     let docs = read_all(ctx, coll, &filter, &routed).await?;
-    let out: VecDeque<Document> = parsed.run(docs)?.into();
+    let out: VecDeque<Document> = parsed.run_in(docs, &env)?.into();
     let cursor = RouterCursor {
         ns: ns.clone(),
         state: CursorState::Buffered(out),
@@ -505,12 +509,14 @@ async fn read_all(
         "shardVersion": routed.version.clone(),
     };
     // The documents are read as the aggregate would be: in its transaction, or at its snapshot.
+    // (`let`: the leading $match may use the command's variables.)
     for field in [
         "lsid",
         "txnNumber",
         "autocommit",
         "startTransaction",
         "readConcern",
+        "let",
     ] {
         if let Some(v) = ctx.cmd.get(field) {
             find.insert(field, v.clone());

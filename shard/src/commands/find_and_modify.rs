@@ -20,6 +20,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     check_coll_name(&ctx.db, &coll)?;
     let query = ctx.opt_doc("query")?.unwrap_or_default();
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let sort = ctx.opt_doc("sort")?.map(|s| Sort::parse(&s)).transpose()?;
     let remove = ctx.bool_or("remove", false)?;
     let return_new = ctx.bool_or("new", false)?;
@@ -53,10 +54,11 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             upsert,
             false,
             sort.clone(),
+            &env,
         )?),
         None => None,
     };
-    let filter = Filter::parse(&query)?;
+    let filter = Filter::parse_in(&query, &env)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
     let db = ctx.db.clone();
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {

@@ -67,7 +67,8 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     let ns = ctx.ns(&coll);
     let filter_doc = ctx.opt_doc("filter")?.unwrap_or_default();
-    let filter = Filter::parse(&filter_doc)?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let filter = Filter::parse_in(&filter_doc, &env)?;
     let projection = ctx
         .opt_doc("projection")?
         .filter(|p| !p.is_empty())
@@ -614,7 +615,8 @@ fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Docum
 
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
-    let filter = Filter::parse(&ctx.opt_doc("query")?.unwrap_or_default())?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
     let skip = non_negative(ctx, "skip")?.unwrap_or(0);
     let limit = ctx.opt_i64("limit")?.map(i64::abs).filter(|l| *l > 0);
     let total = matching_docs(ctx, &coll, &filter)?.len() as i64;
@@ -628,7 +630,8 @@ pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     let key = ctx.opt_str("key")?.ok_or_else(|| ctx.missing("key"))?;
-    let filter = Filter::parse(&ctx.opt_doc("query")?.unwrap_or_default())?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
     let mut values: Vec<Bson> = Vec::new();
     for d in matching_docs(ctx, &coll, &filter)? {
         for v in pipeline::value::path_values(&d, &key) {
@@ -688,7 +691,8 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     } else {
         matching_docs(ctx, &ns_coll, &Filter::all())?
     };
-    let out = crate::query::run_pipeline(&parsed, input)?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let out = crate::query::run_pipeline(&parsed, input, &env)?;
     let ns = if ns_coll.is_empty() {
         format!("{}.$cmd.aggregate", ctx.db)
     } else {

@@ -485,7 +485,11 @@ fn insert_stmt(
 }
 
 /// Parses one `updates` element; statement-level problems are kept for its write error.
-fn parse_update(ctx: &Ctx<'_>, v: &Bson) -> Result<Result<UpdateStmt, MongoError>, MongoError> {
+fn parse_update(
+    ctx: &Ctx<'_>,
+    v: &Bson,
+    env: &pipeline::expr::Env,
+) -> Result<Result<UpdateStmt, MongoError>, MongoError> {
     let Bson::Document(d) = v else {
         return Err(MongoError::type_mismatch(format!(
             "BSON field 'update.updates' element is the wrong type '{}', expected type 'object'",
@@ -520,7 +524,15 @@ fn parse_update(ctx: &Ctx<'_>, v: &Bson) -> Result<Result<UpdateStmt, MongoError
         _ => None,
     };
     let _ = ctx;
-    Ok(build_update_stmt(q, u, array_filters, upsert, multi, None))
+    Ok(build_update_stmt(
+        q,
+        u,
+        array_filters,
+        upsert,
+        multi,
+        None,
+        env,
+    ))
 }
 
 /// Builds an update statement (shared with findAndModify).
@@ -531,8 +543,9 @@ pub fn build_update_stmt(
     upsert: bool,
     multi: bool,
     sort: Option<crate::query::Sort>,
+    env: &pipeline::expr::Env,
 ) -> Result<UpdateStmt, MongoError> {
-    let filter = Filter::parse(&q)?;
+    let filter = Filter::parse_in(&q, env)?;
     if multi
         && let Bson::Document(d) = u
         && d.keys().next().is_some_and(|k| !k.starts_with('$'))
@@ -541,7 +554,7 @@ pub fn build_update_stmt(
             "multi update is not supported for replacement-style update",
         ));
     }
-    let spec = UpdateSpec::parse(u, array_filters.as_deref())?;
+    let spec = UpdateSpec::parse_in(u, array_filters.as_deref(), env)?;
     Ok(UpdateStmt {
         filter,
         query: q,
@@ -559,9 +572,10 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
         .opt_array("updates")?
         .ok_or_else(|| ctx.missing("updates"))?;
     check_batch_size(updates.len())?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let mut stmts = Vec::with_capacity(updates.len());
     for u in &updates {
-        stmts.push(parse_update(ctx, u)?);
+        stmts.push(parse_update(ctx, u, &env)?);
     }
     let ordered = ctx.bool_or("ordered", true)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
@@ -644,6 +658,7 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
         .opt_array("deletes")?
         .ok_or_else(|| ctx.missing("deletes"))?;
     check_batch_size(deletes.len())?;
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let mut stmts = Vec::with_capacity(deletes.len());
     for d in &deletes {
         let Bson::Document(d) = d else {
@@ -683,7 +698,7 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
                 "The limit field in delete objects must be 0 or 1. Got {limit}"
             )));
         }
-        stmts.push(Filter::parse(&q).map(|filter| DeleteStmt {
+        stmts.push(Filter::parse_in(&q, &env).map(|filter| DeleteStmt {
             filter,
             multi: limit == 0,
         }));

@@ -100,16 +100,10 @@ pub fn new_object_id(wall_ms: u64) -> ObjectId {
     ObjectId::from_parts(secs, process_id(), [c[1], c[2], c[3]])
 }
 
-/// Prepares a document for insertion as MongoDB does: `_id` generated when missing and moved
-/// first; `$`-prefixed top-level names, bad `_id` types and oversized documents rejected.
+/// Prepares a document for insertion as MongoDB (5.0+) does: `_id` generated when missing and
+/// moved first; bad `_id` values and oversized documents rejected. Field names with dots or a
+/// leading `$` are stored as they are, except inside `_id`.
 pub fn prepare_insert(doc: Document, wall_ms: u64) -> Result<Document, MongoError> {
-    for k in doc.keys() {
-        if k.starts_with('$') {
-            return Err(MongoError::bad_value(format!(
-                "Document can't have $ prefixed field names: {k}"
-            )));
-        }
-    }
     let out = ensure_id_first(doc, wall_ms)?;
     check_size(&out)?;
     Ok(out)
@@ -128,6 +122,14 @@ pub fn ensure_id_first(mut doc: Document, wall_ms: u64) -> Result<Document, Mong
 }
 
 pub fn check_id(id: &Bson) -> Result<(), MongoError> {
+    if let Some(name) = dollar_prefixed_name(id) {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_ID_FIELD,
+            format!(
+                "_id fields may not contain '$'-prefixed fields: {name} is not valid for storage."
+            ),
+        ));
+    }
     let what = match id {
         Bson::Array(_) => "an array",
         Bson::RegularExpression(_) => "a regex",
@@ -138,6 +140,21 @@ pub fn check_id(id: &Bson) -> Result<(), MongoError> {
         ErrorCode::INVALID_ID_FIELD,
         format!("can't use {what} for _id"),
     ))
+}
+
+/// The first `$`-prefixed field name anywhere inside `v` (documents and arrays).
+fn dollar_prefixed_name(v: &Bson) -> Option<&str> {
+    match v {
+        Bson::Document(d) => d.iter().find_map(|(k, v)| {
+            if k.starts_with('$') {
+                Some(k.as_str())
+            } else {
+                dollar_prefixed_name(v)
+            }
+        }),
+        Bson::Array(items) => items.iter().find_map(dollar_prefixed_name),
+        _ => None,
+    }
 }
 
 pub fn check_size(doc: &Document) -> Result<(), MongoError> {

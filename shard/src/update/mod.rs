@@ -118,6 +118,8 @@ pub struct OperatorUpdate {
 #[derive(Debug, Clone)]
 pub struct PipelineUpdate {
     pipeline: pipeline::agg::Pipeline,
+    /// The command's `let` variables.
+    env: pipeline::expr::Env,
 }
 
 /// A parsed update specification (the `u` of an update statement).
@@ -142,6 +144,16 @@ impl UpdateSpec {
     /// Parses `u`: a document of `$`-operators, a replacement document, or an array of stages.
     /// `array_filters` is the statement's `arrayFilters` as sent (each must be a document).
     pub fn parse(u: &Bson, array_filters: Option<&[Bson]>) -> Result<UpdateSpec> {
+        UpdateSpec::parse_in(u, array_filters, &pipeline::expr::Env::default())
+    }
+
+    /// [`UpdateSpec::parse`] for a command with `let` variables (which a pipeline-style
+    /// update can read).
+    pub fn parse_in(
+        u: &Bson,
+        array_filters: Option<&[Bson]>,
+        env: &pipeline::expr::Env,
+    ) -> Result<UpdateSpec> {
         let filters = array_filters
             .unwrap_or_default()
             .iter()
@@ -160,7 +172,7 @@ impl UpdateSpec {
                         "arrayFilters may not be specified for pipeline-style updates",
                     ));
                 }
-                parse_pipeline(stages).map(UpdateSpec::Pipeline)
+                parse_pipeline(stages, env).map(UpdateSpec::Pipeline)
             }
             Bson::Document(d) => {
                 if d.keys().next().is_some_and(|k| k.starts_with('$')) {
@@ -551,7 +563,7 @@ fn altered(field: &str, value: &Bson) -> MongoError {
 // Pipeline updates
 // ---------------------------------------------------------------------------------------------
 
-fn parse_pipeline(stages: &[Bson]) -> Result<PipelineUpdate> {
+fn parse_pipeline(stages: &[Bson], env: &pipeline::expr::Env) -> Result<PipelineUpdate> {
     let mut docs = Vec::with_capacity(stages.len());
     for s in stages {
         let Bson::Document(stage) = s else {
@@ -570,22 +582,25 @@ fn parse_pipeline(stages: &[Bson]) -> Result<PipelineUpdate> {
         }
         docs.push(stage.clone());
     }
-    let pipeline = pipeline::agg::Pipeline::parse(&docs)?;
+    let pipeline = pipeline::agg::Pipeline::parse_with_vars(&docs, &env.names())?;
     if !pipeline.is_single_document_transform() {
         return Err(MongoError::new(
             ErrorCode::INVALID_OPTIONS,
             "only single-document stages are allowed within an update",
         ));
     }
-    Ok(PipelineUpdate { pipeline })
+    Ok(PipelineUpdate {
+        pipeline,
+        env: env.clone(),
+    })
 }
 
 /// Runs the stages over the document; the result replaces it (keeping `_id`, like a
-/// replacement). `$$NOW` is not bound (`pipeline::agg` stages take no environment yet).
+/// replacement). User variables come from the command's `let`; `$$NOW` is not bound.
 fn apply_pipeline(p: &PipelineUpdate, doc: &Document, ctx: &UpdateContext) -> Result<Document> {
     let mut cur = doc.clone();
     for stage in p.pipeline.stages() {
-        cur = stage.apply_one(cur)?.ok_or_else(|| {
+        cur = stage.apply_one_in(cur, &p.env)?.ok_or_else(|| {
             MongoError::internal(format!(
                 "{} dropped the document in an update",
                 stage.name()
