@@ -120,7 +120,7 @@ pub async fn start_secured(
                     "createUser": RUNNER_USER, "pwd": RUNNER_PASSWORD, "roles": ["root"],
                 })
                 .await?;
-            client.shutdown().await;
+            super::close(client).await;
             format!(
                 "mongodb://{RUNNER_USER}:{RUNNER_PASSWORD}@{}/{tls_query}",
                 hosts.join(",")

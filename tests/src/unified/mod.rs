@@ -75,7 +75,7 @@ pub async fn probe(uri: &str) -> Result<ServerInfo> {
     } else {
         "single"
     };
-    client.shutdown().await;
+    close(client).await;
     Ok(ServerInfo {
         version,
         topology: topology.to_string(),
@@ -782,7 +782,7 @@ async fn initial_data(uri: &str, data: &[Bson], step: &Step) -> Result<()> {
         }
     }
     step.set("initialData: client shutdown");
-    client.shutdown().await;
+    close(client).await;
     Ok(())
 }
 
@@ -815,10 +815,15 @@ async fn kill_all_sessions(uri: &str) -> Result<()> {
         .database("admin")
         .run_command(doc! {"killAllSessions": []})
         .await;
-    // As at teardown: the driver's shutdown can wait on its own background work; it is not
-    // what the test checks.
-    let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
+    close(client).await;
     r.map(|_| ()).context("killAllSessions")
+}
+
+/// Shuts a runner's own client down, giving up after 5 s: the `mongodb` 3.9 driver's shutdown
+/// waits on its background work (pool workers, monitors, sessions being ended), which can
+/// hang on a loaded machine; it is not what a test checks.
+pub(crate) async fn close(client: mongodb::Client) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
 }
 
 /// What a test is doing, so a timeout can say where it hung.
@@ -859,7 +864,7 @@ async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> R
                             teardown = Err(anyhow!("turning fail point {name} off: {e}"));
                         }
                     }
-                    c.shutdown().await;
+                    close(c).await;
                 }
                 Err(e) => teardown = Err(e),
             }
@@ -872,7 +877,7 @@ async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> R
         }
     }
     for c in clients {
-        let _ = tokio::time::timeout(Duration::from_secs(5), c.shutdown()).await;
+        close(c).await;
     }
     result.and(teardown).map(|()| entities.unverified)
 }
@@ -964,11 +969,11 @@ async fn distinct_on_every_router(uri: &str, entities: &Entities) -> Result<()> 
             if let Err(e) = r
                 && ops::code_of(&e).is_none_or(|c| c.0 != 26)
             {
-                client.shutdown().await;
+                close(client).await;
                 return Err(anyhow!("distinct on {db}.{coll} through {host}: {e}"));
             }
         }
-        client.shutdown().await;
+        close(client).await;
     }
     Ok(())
 }
@@ -1031,7 +1036,7 @@ async fn check_outcome(uri: &str, outcome: &[Bson]) -> Result<()> {
         Ok(())
     }
     .await;
-    client.shutdown().await;
+    close(client).await;
     result
 }
 

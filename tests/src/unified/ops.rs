@@ -408,7 +408,7 @@ async fn test_runner(
             };
             let client = super::new_client(&super::direct(uri, &server.to_string()), None).await?;
             let set = set_fail_point(&client, &client_id, args, entities).await;
-            client.shutdown().await;
+            super::close(client).await;
             set
         }
         "createEntities" => {
@@ -441,7 +441,7 @@ async fn test_runner(
             let coll = args.get_str("collectionName")?;
             let client = super::new_client(uri, None).await?;
             let names = client.database(db).list_collection_names().await;
-            client.shutdown().await;
+            super::close(client).await;
             let exists = names?.iter().any(|n| n == coll);
             let want = name == "assertCollectionExists";
             if exists != want {
@@ -463,7 +463,7 @@ async fn test_runner(
                 .collection::<Document>(coll)
                 .list_index_names()
                 .await;
-            client.shutdown().await;
+            super::close(client).await;
             let exists = match names {
                 Ok(names) => names.iter().any(|n| n == index),
                 // No collection, no index.
