@@ -46,8 +46,7 @@ pub struct Env {
 impl Env {
     /// The environment of a command with `let`: each variable's expression evaluated once (it
     /// sees `$$NOW`, not documents or the other variables), as MongoDB does before the command
-    /// runs. Names must start with a lowercase letter or a non-ASCII character (16870,
-    /// 16867), and a missing value is `$$REMOVE`-like: the variable is not defined.
+    /// runs. Names follow `$let`'s rules (16866–16868), and a missing value is `$$REMOVE`-like: the variable is not defined.
     pub fn with_let(now: Option<bson::DateTime>, spec: Option<&Document>) -> Result<Env> {
         let mut env = Env {
             now,
@@ -58,7 +57,7 @@ impl Env {
         };
         let empty = Document::new();
         for (name, value) in spec {
-            check_user_variable_name(name)?;
+            check_var_name(name)?;
             let parsed = Expr::parse(value)?;
             if let Some(v) = parsed.evaluate_in(&empty, &env)? {
                 env.vars.push((name.clone(), v));
@@ -83,28 +82,6 @@ impl Env {
     pub fn names(&self) -> Vec<String> {
         self.vars.iter().map(|(n, _)| n.clone()).collect()
     }
-}
-
-fn check_user_variable_name(name: &str) -> Result<()> {
-    let Some(first) = name.chars().next() else {
-        return Err(err(16866, "empty variable names are not allowed"));
-    };
-    if first.is_ascii() && !first.is_ascii_lowercase() {
-        return Err(err(
-            16870,
-            format!("'{name}' starts with an invalid character for a user variable name"),
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || !c.is_ascii()))
-    {
-        return Err(err(
-            16871,
-            format!("'{name}' contains an invalid character for a variable name: '{c}'"),
-        ));
-    }
-    Ok(())
 }
 
 /// The value `$$DESCEND`, `$$PRUNE` and `$$KEEP` evaluate to, for `$redact`.

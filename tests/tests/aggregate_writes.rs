@@ -21,16 +21,28 @@ async fn all(coll: &mongodb::Collection<Document>) -> anyhow::Result<Vec<Documen
     Ok(found)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_replaces_the_target_whole_or_not_at_all() -> anyhow::Result<()> {
+/// Two shards, and `app.<coll>` sharded on a hashed `_id` holding `docs`.
+async fn sharded(
+    coll: &str,
+    docs: impl IntoIterator<Item = Document>,
+) -> anyhow::Result<(
+    EmbeddedCluster,
+    mongodb::Database,
+    mongodb::Collection<Document>,
+)> {
     let cluster = EmbeddedCluster::start(2).await?;
     let client = cluster.client().await?;
+    tests::shard_collection(&client, &format!("app.{coll}"), doc! {"_id": "hashed"}).await?;
     let db = client.database("app");
-    tests::shard_collection(&client, "app.source", doc! {"_id": "hashed"}).await?;
-    let source = db.collection::<Document>("source");
-    source
-        .insert_many((0..20).map(|i| doc! {"_id": i, "x": i % 4}))
-        .await?;
+    let c = db.collection::<Document>(coll);
+    c.insert_many(docs).await?;
+    Ok((cluster, db, c))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_replaces_the_target_whole_or_not_at_all() -> anyhow::Result<()> {
+    let (_cluster, db, source) =
+        sharded("source", (0..20).map(|i| doc! {"_id": i, "x": i % 4})).await?;
     let target = db.collection::<Document>("report");
     target
         .insert_many([doc! {"_id": "old", "k": 1}, doc! {"_id": "older", "k": 2}])
@@ -152,14 +164,8 @@ async fn merge_modes_write_as_mongodb_does() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn let_variables_reach_filters_updates_and_pipelines() -> anyhow::Result<()> {
-    let cluster = EmbeddedCluster::start(2).await?;
-    let client = cluster.client().await?;
-    let db = client.database("app");
-    tests::shard_collection(&client, "app.people", doc! {"_id": "hashed"}).await?;
-    let people = db.collection::<Document>("people");
-    people
-        .insert_many((0..10).map(|i| doc! {"_id": i, "age": 20 + i}))
-        .await?;
+    let (_cluster, db, people) =
+        sharded("people", (0..10).map(|i| doc! {"_id": i, "age": 20 + i})).await?;
     let older = doc! {"$expr": {"$gte": ["$age", "$$min"]}};
 
     let found = db
@@ -210,6 +216,6 @@ async fn let_variables_reach_filters_updates_and_pipelines() -> anyhow::Result<(
         .run_command(doc! {"find": "people", "filter": {}, "let": {"Bad": 1}})
         .await
         .unwrap_err();
-    assert_eq!(code(&err), Some(16870), "{err}");
+    assert_eq!(code(&err), Some(16867), "{err}");
     Ok(())
 }

@@ -485,8 +485,8 @@ fn a_commands_let_is_evaluated_once_into_the_environment() {
     assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), r);
     // Bad names and a `let` that is not a document.
     for (bad, code) in [
-        (doc! {"let": {"Id": 1}}, 16870),
-        (doc! {"let": {"a-b": 1}}, 16871),
+        (doc! {"let": {"Id": 1}}, 16867),
+        (doc! {"let": {"a-b": 1}}, 16868),
         (doc! {"let": {"x": "$$undefined"}}, 17276),
     ] {
         assert_eq!(Env::from_command(&bad).unwrap_err().code, code, "{bad}");

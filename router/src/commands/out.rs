@@ -147,33 +147,33 @@ fn parse_merge(spec: &Bson, db: &str) -> Result<Sink> {
             .collect::<Result<_>>()?,
         Some(_) => return Err(bad("'on' must be a field name or an array of them".into())),
     };
-    let when_matched = match options.get("whenMatched") {
-        None => WhenMatched::Merge,
-        Some(Bson::String(s)) => match s.as_str() {
-            "replace" => WhenMatched::Replace,
-            "keepExisting" => WhenMatched::KeepExisting,
-            "merge" => WhenMatched::Merge,
-            "fail" => WhenMatched::Fail,
-            other => return Err(bad(format!("unknown whenMatched mode '{other}'"))),
-        },
-        Some(Bson::Array(_)) => {
-            return Err(MongoError::new(
-                ErrorCode::COMMAND_NOT_SUPPORTED,
-                "$merge with a whenMatched pipeline is not supported yet",
-            ));
-        }
-        Some(_) => return Err(bad("'whenMatched' must be a string or a pipeline".into())),
-    };
-    let when_not_matched = match options.get("whenNotMatched") {
-        None => WhenNotMatched::Insert,
-        Some(Bson::String(s)) => match s.as_str() {
-            "insert" => WhenNotMatched::Insert,
-            "discard" => WhenNotMatched::Discard,
-            "fail" => WhenNotMatched::Fail,
-            other => return Err(bad(format!("unknown whenNotMatched mode '{other}'"))),
-        },
-        Some(_) => return Err(bad("'whenNotMatched' must be a string".into())),
-    };
+    if let Some(Bson::Array(_)) = options.get("whenMatched") {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_SUPPORTED,
+            "$merge with a whenMatched pipeline is not supported yet",
+        ));
+    }
+    let when_matched = mode(
+        &options,
+        "whenMatched",
+        WhenMatched::Merge,
+        &[
+            ("replace", WhenMatched::Replace),
+            ("keepExisting", WhenMatched::KeepExisting),
+            ("merge", WhenMatched::Merge),
+            ("fail", WhenMatched::Fail),
+        ],
+    )?;
+    let when_not_matched = mode(
+        &options,
+        "whenNotMatched",
+        WhenNotMatched::Insert,
+        &[
+            ("insert", WhenNotMatched::Insert),
+            ("discard", WhenNotMatched::Discard),
+            ("fail", WhenNotMatched::Fail),
+        ],
+    )?;
     Ok(Sink::Merge {
         db,
         coll,
@@ -181,6 +181,23 @@ fn parse_merge(spec: &Bson, db: &str) -> Result<Sink> {
         when_matched,
         when_not_matched,
     })
+}
+
+/// One of `$merge`'s modes: `field` of `options` named as in `modes`, `default` when absent.
+fn mode<T: Copy>(options: &Document, field: &str, default: T, modes: &[(&str, T)]) -> Result<T> {
+    match options.get(field) {
+        None => Ok(default),
+        Some(Bson::String(s)) => modes
+            .iter()
+            .find(|(name, _)| name == s)
+            .map(|(_, m)| *m)
+            .ok_or_else(|| {
+                MongoError::failed_to_parse(format!("$merge: unknown {field} mode '{s}'"))
+            }),
+        Some(_) => Err(MongoError::failed_to_parse(format!(
+            "$merge: '{field}' must be a string"
+        ))),
+    }
 }
 
 /// Refuses a sink the aggregate cannot run where it is.

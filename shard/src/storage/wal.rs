@@ -416,6 +416,21 @@ mod tests {
         w.commit().unwrap();
     }
 
+    /// A new store in a temporary directory, and its file's path.
+    fn fresh() -> (tempfile::TempDir, PathBuf, WalStorage) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let s = WalStorage::open(&path).unwrap();
+        (dir, path, s)
+    }
+
+    /// The log's bytes and the epoch of the store's last checkpoint.
+    fn log_and_epoch(s: &WalStorage, path: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
+        let bytes = std::fs::read(log_path(path)).unwrap();
+        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        (bytes, epoch)
+    }
+
     /// "Crashes": the store is forgotten without the checkpoint `Drop` makes and without
     /// redb's close (which would persist its non-durable commits). The tests then open a copy
     /// of the files as a crash could leave them, under another name (this process still holds
@@ -434,13 +449,10 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_a_torn_tail_ends_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let s = WalStorage::open(&path).unwrap();
+        let (_dir, path, s) = fresh();
         commit(&s, &[(b"a", Some(b"1")), (b"b", Some(b"2"))]);
         commit(&s, &[(b"a", None), (b"c", Some(b"3"))]);
-        let bytes = std::fs::read(log_path(&path)).unwrap();
-        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        let (bytes, epoch) = log_and_epoch(&s, &path);
         let records = records_of(&bytes, epoch.as_deref()).unwrap();
         assert_eq!(records.len(), 2);
         // Cut the last record short: only the first remains.
@@ -458,10 +470,8 @@ mod tests {
 
     #[test]
     fn a_crash_loses_nothing_committed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
+        let (dir, path, s) = fresh();
         let saved = dir.path().join("saved");
-        let s = WalStorage::open(&path).unwrap();
         commit(&s, &[(b"gone", Some(b"x"))]);
         // The database file as of the open's checkpoint... plus the first commit, which the
         // copy may or may not hold (redb wrote its pages without syncing): replay must give
@@ -482,8 +492,7 @@ mod tests {
         assert_eq!(get(&s, b"gone"), None);
         // The open checkpointed: the log (the same file, its old records still in it) holds
         // no record of the new epoch, and a clean reopen reads the same.
-        let bytes = std::fs::read(log_path(&path)).unwrap();
-        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        let (bytes, epoch) = log_and_epoch(&s, &path);
         assert!(bytes.len() as u64 >= GROW_BYTES);
         assert_eq!(records_of(&bytes, epoch.as_deref()), Some(vec![]));
         drop(s);
@@ -493,10 +502,8 @@ mod tests {
 
     #[test]
     fn a_log_from_another_life_of_the_file_is_not_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
+        let (dir, path, s) = fresh();
         let copy = dir.path().join("copy");
-        let s = WalStorage::open(&path).unwrap();
         commit(&s, &[(b"a", Some(b"1"))]);
         drop(s);
         std::fs::copy(&path, &copy).unwrap();
