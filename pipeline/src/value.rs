@@ -19,6 +19,7 @@ use std::cmp::Ordering;
 use bson::{Bson, Decimal128, Document};
 
 pub mod decimal;
+pub mod hash;
 
 /// MongoDB's canonical type rank (`canonicalizeBSONType`): values of different ranks compare
 /// by rank; numbers share one rank, as do strings and symbols.

@@ -34,12 +34,16 @@ pub enum CursorSource {
     },
 }
 
-/// The position and options of a streaming collection scan.
+/// The position and options of a streaming scan (of the collection or an index).
 pub struct ScanCursor {
     pub coll: Arc<CollectionEntry>,
+    /// What the scan reads (the plan chosen when the cursor opened).
+    pub access: crate::indexes::plan::Access,
+    /// The documents a multikey index scan has produced (see `query::run_plan`).
+    pub seen: std::collections::HashSet<Vec<u8>>,
     pub filter: Filter,
     pub projection: Option<Projection>,
-    /// The last key examined; `None` before the first document.
+    /// The last key examined (of the plan's key space); `None` before the first document.
     pub after: Option<Vec<u8>>,
     /// Documents still allowed by the query's `limit`.
     pub remaining: Option<usize>,

@@ -28,7 +28,7 @@ use crate::oplog;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, scan_with_overlay};
 
 /// The tables whose history is kept: what reads of documents look at.
-pub const TRACKED: [Table; 2] = [Table::Documents, Table::UniqueIndexes];
+pub const TRACKED: [Table; 2] = [Table::Documents, Table::Indexes];
 
 /// The default bound of a shard's history, in bytes of the values it keeps.
 pub const DEFAULT_MAX_BYTES: usize = 32 << 20;

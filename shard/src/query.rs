@@ -1,17 +1,24 @@
-//! Query evaluation over a collection snapshot: filters (with an `_id` point-lookup fast path),
+//! Query evaluation over a collection snapshot: filters, the plan the planner
+//! (`indexes::plan`) chooses for them, carried out over the documents table or an index,
 //! sorts, skip/limit and projections. Pure apart from reading the given transaction.
 //!
-//! Invariant: a query over a [`ReadTxn`] sees exactly one consistent state (a snapshot, or the
-//! writer's transaction including its own earlier writes).
+//! Invariants: a query over a [`ReadTxn`] sees exactly one consistent state (a snapshot, or the
+//! writer's transaction including its own earlier writes); whatever the plan, every document
+//! visited matches the whole filter, and each is visited once (a multikey index scan skips the
+//! documents it has already produced, across pages too).
 
 use bson::{Bson, Document};
 use pipeline::Matcher;
 use pipeline::expr::Env;
 use wire::MongoError;
 
+use std::collections::HashSet;
+use std::ops::Bound;
+
 use crate::catalog::CollectionEntry;
-use crate::storage::{ReadTxn, Scan, StorageError};
-use crate::writer::scan_collection;
+use crate::indexes::plan::{Access, Candidate, Hint, Plan};
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, Table};
+use crate::writer::OpError;
 
 /// A parsed filter.
 #[derive(Debug, Clone)]
@@ -21,6 +28,10 @@ pub struct Filter {
     env: Env,
     /// `Some(v)` when the filter is exactly `{_id: v}` (or `{_id: {$eq: v}}`) for a scalar `v`.
     id_eq: Option<Bson>,
+    /// The filter as given, for the planner.
+    doc: Document,
+    /// The command's `hint`.
+    hint: Option<Hint>,
 }
 
 impl Filter {
@@ -39,6 +50,8 @@ impl Filter {
             matcher,
             env: env.clone(),
             id_eq,
+            doc: filter.clone(),
+            hint: None,
         })
     }
 
@@ -47,7 +60,19 @@ impl Filter {
             matcher: Matcher::all(),
             env: Env::default(),
             id_eq: None,
+            doc: Document::new(),
+            hint: None,
         }
+    }
+
+    /// The filter with the command's `hint` (a name, a key pattern or `{$natural: ±1}`).
+    pub fn with_hint(mut self, hint: Option<&Bson>) -> Result<Filter, MongoError> {
+        self.hint = Hint::parse(hint)?;
+        Ok(self)
+    }
+
+    pub fn doc(&self) -> &Document {
+        &self.doc
     }
 
     /// Whether the document matches (a runtime error inside `$expr` is no match).
@@ -88,78 +113,245 @@ fn point_value_scalar(v: &Bson) -> Option<Bson> {
     }
 }
 
-/// Visits the documents of `coll` that match `filter`, in `_id` order, until told to stop.
+/// The plan for `filter` (and `sort`) over `coll` as `txn` sees it.
+pub fn plan(
+    txn: &dyn ReadTxn,
+    coll: &CollectionEntry,
+    filter: &Filter,
+    sort: Option<&Sort>,
+) -> Result<Plan, OpError> {
+    let mut candidates = Vec::new();
+    for index in crate::indexes::all(coll) {
+        let multikey = index.is_multikey(txn, coll)?;
+        candidates.push(Candidate { index, multikey });
+    }
+    let prefix = crate::keys::collection_prefix(&coll.uuid);
+    Ok(crate::indexes::plan::choose(
+        &prefix,
+        &candidates,
+        &filter.doc,
+        sort,
+        filter.hint.as_ref(),
+        &|i| i.prefix(coll),
+    )?)
+}
+
+/// What carrying out a plan examined.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Examined {
+    pub keys: i64,
+    pub docs: i64,
+}
+
+/// `range` without the keys up to `after` (inclusive) in scan order; `None` when nothing is
+/// left of it.
+fn clip(range: &KeyRange, after: Option<&[u8]>, reverse: bool) -> Option<KeyRange> {
+    let Some(a) = after else {
+        return Some(range.clone());
+    };
+    let mut r = range.clone();
+    if reverse {
+        let starts_after = match &r.start {
+            Bound::Included(s) => s.as_slice() >= a,
+            Bound::Excluded(s) => s.as_slice() >= a,
+            Bound::Unbounded => false,
+        };
+        if starts_after {
+            return None;
+        }
+        let cut = match &r.end {
+            Bound::Included(e) | Bound::Excluded(e) => e.as_slice() > a,
+            Bound::Unbounded => true,
+        };
+        if cut {
+            r.end = Bound::Excluded(a.to_vec());
+        }
+    } else {
+        let ends_before = match &r.end {
+            Bound::Included(e) => e.as_slice() <= a,
+            Bound::Excluded(e) => e.as_slice() <= a,
+            Bound::Unbounded => false,
+        };
+        if ends_before {
+            return None;
+        }
+        let cut = match &r.start {
+            Bound::Included(s) | Bound::Excluded(s) => s.as_slice() <= a,
+            Bound::Unbounded => true,
+        };
+        if cut {
+            r.start = Bound::Excluded(a.to_vec());
+        }
+    }
+    Some(r)
+}
+
+fn undecodable() -> StorageError {
+    StorageError::Engine("undecodable document in storage".into())
+}
+
+/// Visits the documents a plan's intervals hold, in the plan's order, after `after` (a key of
+/// the plan's key space from an earlier visit), until told to stop: `visit(key, document)`.
+/// `seen` holds the documents a multikey index scan has produced (by `_id` key bytes).
+pub fn run_plan(
+    txn: &dyn ReadTxn,
+    coll: &CollectionEntry,
+    access: &Access,
+    after: Option<&[u8]>,
+    seen: &mut HashSet<Vec<u8>>,
+    examined: &mut Examined,
+    visit: &mut dyn FnMut(&[u8], Document) -> Scan,
+) -> Result<(), StorageError> {
+    let (table, intervals, reverse, multikey) = match access {
+        Access::IdPoint(id) => {
+            let key = crate::keys::doc_key(&coll.uuid, id);
+            examined.keys += 1;
+            if after.is_none()
+                && let Some(bytes) = txn.get(Table::Documents, &key)?
+            {
+                examined.docs += 1;
+                let doc = crate::writer::decode_doc(&bytes).ok_or_else(undecodable)?;
+                visit(&key, doc);
+            }
+            return Ok(());
+        }
+        Access::Documents {
+            intervals, reverse, ..
+        } => (Table::Documents, intervals, *reverse, false),
+        Access::Index(scan) => (Table::Indexes, &scan.intervals, scan.reverse, scan.multikey),
+    };
+    let mut failure = None;
+    let mut stopped = false;
+    let ordered: Vec<&KeyRange> = if reverse {
+        intervals.iter().rev().collect()
+    } else {
+        intervals.iter().collect()
+    };
+    for interval in ordered {
+        let Some(range) = clip(interval, after, reverse) else {
+            continue;
+        };
+        txn.scan(table, &range, reverse, &mut |k, v| {
+            examined.keys += 1;
+            let doc = if table == Table::Documents {
+                examined.docs += 1;
+                crate::writer::decode_doc(v)
+            } else {
+                let id = Document::from_reader(v)
+                    .ok()
+                    .and_then(|e| e.get("_id").cloned());
+                let Some(id) = id else {
+                    failure = Some(undecodable());
+                    return Scan::Stop;
+                };
+                let key = crate::keys::doc_key(&coll.uuid, &id);
+                if multikey && !seen.insert(key.clone()) {
+                    return Scan::Continue;
+                }
+                examined.docs += 1;
+                match txn.get(Table::Documents, &key) {
+                    Ok(Some(bytes)) => crate::writer::decode_doc(&bytes),
+                    Ok(None) => {
+                        failure = Some(StorageError::Engine(format!(
+                            "index entry without its document (_id {id})"
+                        )));
+                        return Scan::Stop;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        return Scan::Stop;
+                    }
+                }
+            };
+            let Some(doc) = doc else {
+                failure = Some(undecodable());
+                return Scan::Stop;
+            };
+            let step = visit(k, doc);
+            if matches!(step, Scan::Stop) {
+                stopped = true;
+            }
+            step
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if stopped {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Visits the documents of `coll` that match `filter` (in the order of the plan chosen for
+/// it, without a sort), until told to stop.
 pub fn scan_matching(
     txn: &dyn ReadTxn,
     coll: &CollectionEntry,
     filter: &Filter,
     visit: &mut dyn FnMut(Document) -> Scan,
-) -> Result<(), StorageError> {
-    if let Some(id) = filter.id_eq() {
-        let key = crate::keys::doc_key(&coll.uuid, id);
-        if let Some(bytes) = txn.get(crate::storage::Table::Documents, &key)?
-            && let Some(doc) = crate::writer::decode_doc(&bytes)
-            && filter.matches(&doc)
-        {
-            visit(doc);
-        }
-        return Ok(());
-    }
-    scan_collection(txn, coll, &mut |d| {
-        if filter.matches(&d) {
-            visit(d)
-        } else {
-            Scan::Continue
-        }
-    })
+) -> Result<(), OpError> {
+    let plan = plan(txn, coll, filter, None)?;
+    run_plan(
+        txn,
+        coll,
+        &plan.access,
+        None,
+        &mut HashSet::new(),
+        &mut Examined::default(),
+        &mut |_, d| {
+            if filter.matches(&d) {
+                visit(d)
+            } else {
+                Scan::Continue
+            }
+        },
+    )?;
+    Ok(())
 }
 
-/// One page of a collection scan in `_id` order.
+/// One page of a planned scan.
 #[derive(Debug, Default)]
 pub struct Page {
     pub docs: Vec<Document>,
-    /// The storage key of the last document examined (matching or not).
+    /// The key (of the plan's key space) of the last entry examined (matching or not).
     pub last_key: Option<Vec<u8>>,
-    /// The scan reached the end of the collection.
+    /// The scan reached the end of its intervals.
     pub exhausted: bool,
 }
 
-/// Scans `coll` after `after` (a key from an earlier page), skipping the first `*skip`
-/// matches, until `max_docs` matches or `max_bytes` of them are collected.
+/// Carries out `access` after `after` (a key from an earlier page), skipping the first
+/// `*skip` matches, until `max_docs` matches or `max_bytes` of them are collected.
+#[allow(clippy::too_many_arguments)]
 pub fn scan_page(
     txn: &dyn ReadTxn,
     coll: &CollectionEntry,
+    access: &Access,
     filter: &Filter,
     after: Option<&[u8]>,
+    seen: &mut HashSet<Vec<u8>>,
     skip: &mut usize,
     max_docs: usize,
     max_bytes: usize,
 ) -> Result<Page, StorageError> {
-    let prefix = crate::keys::collection_prefix(&coll.uuid);
-    let range = match after {
-        Some(a) => crate::storage::KeyRange::prefix_after(&prefix, a),
-        None => crate::storage::KeyRange::prefix(&prefix),
-    };
     let mut page = Page {
         exhausted: true,
         ..Page::default()
     };
-    let mut bytes = 0;
-    let mut bad = false;
     if max_docs == 0 {
         page.exhausted = false;
         return Ok(page);
     }
-    txn.scan(
-        crate::storage::Table::Documents,
-        &range,
-        false,
-        &mut |k, v| {
+    let mut bytes = 0;
+    run_plan(
+        txn,
+        coll,
+        access,
+        after,
+        seen,
+        &mut Examined::default(),
+        &mut |k, d| {
             page.last_key = Some(k.to_vec());
-            let Some(d) = crate::writer::decode_doc(v) else {
-                bad = true;
-                return Scan::Stop;
-            };
             if !filter.matches(&d) {
                 return Scan::Continue;
             }
@@ -167,7 +359,7 @@ pub fn scan_page(
                 *skip -= 1;
                 return Scan::Continue;
             }
-            bytes += v.len();
+            bytes += crate::commands::write_ops::bson_size(&d);
             page.docs.push(d);
             if page.docs.len() >= max_docs || bytes >= max_bytes {
                 page.exhausted = false;
@@ -177,11 +369,6 @@ pub fn scan_page(
             }
         },
     )?;
-    if bad {
-        return Err(StorageError::Engine(
-            "undecodable document in storage".into(),
-        ));
-    }
     Ok(page)
 }
 

@@ -310,7 +310,7 @@ impl<'a> WriteCtx<'a> {
                 .chain(
                     crate::indexes::entry_keys(coll, doc)
                         .into_iter()
-                        .map(|k| (Table::UniqueIndexes, k)),
+                        .map(|k| (Table::Indexes, k)),
                 )
                 .collect();
         let other = |(t, k): &(Table, Vec<u8>)| {
@@ -354,7 +354,7 @@ impl<'a> WriteCtx<'a> {
         let keys = store
             .into_writes()
             .into_keys()
-            .filter(|(t, _)| matches!(t, Table::Documents | Table::UniqueIndexes))
+            .filter(|(t, _)| matches!(t, Table::Documents | Table::Indexes))
             .collect();
         (result, keys)
     }

@@ -12,10 +12,10 @@ use wire::{ErrorCode, MongoError};
 
 use super::write_ops::{create_collection, dup_key_error, ensure_collection, insert_one, lookup};
 use super::{Ctx, Reply, as_bool, cursor_reply};
-use crate::catalog::{CollectionEntry, check_coll_name, check_db_name, get_dotted};
+use crate::catalog::{CollectionEntry, check_coll_name, check_db_name};
 use crate::oplog::EntrySpec;
 use crate::query::Filter;
-use crate::storage::{Scan, StorageResult};
+use crate::storage::StorageResult;
 use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
 
 /// Generic command fields that are not collection options.
@@ -560,9 +560,6 @@ fn add_indexes(
             )
             .into());
         }
-        if spec.get("unique").and_then(as_bool).unwrap_or(false) {
-            check_existing_unique(w, coll, &spec, &key, &name)?;
-        }
         entry.indexes.push(spec.clone());
         added.push(spec);
     }
@@ -570,15 +567,16 @@ fn add_indexes(
         return Ok((0, None));
     }
     let n = added.len();
-    // Everything is validated: now build the unique indexes' entries.
-    for spec in added
-        .iter()
-        .filter(|s| s.get("unique").and_then(as_bool).unwrap_or(false))
-    {
-        if let Some(dup) = crate::indexes::build(w.txn_mut(), &entry, spec)? {
-            let key = spec.get_document("key").cloned().unwrap_or_default();
-            let name = spec.get_str("name").unwrap_or("");
-            return Err(dup_key_error(coll, name, &key, &dup).into());
+    // Everything is validated: now build the indexes' entries.
+    for spec in &added {
+        match crate::indexes::build(w.txn_mut(), &entry, spec) {
+            Ok(()) => {}
+            Err(crate::indexes::BuildError::Duplicate(dup)) => {
+                let key = spec.get_document("key").cloned().unwrap_or_default();
+                let name = spec.get_str("name").unwrap_or("");
+                return Err(dup_key_error(coll, name, &key, &dup).into());
+            }
+            Err(crate::indexes::BuildError::Op(e)) => return Err(e),
         }
     }
     w.save_collection(entry)?;
@@ -589,37 +587,6 @@ fn add_indexes(
         last = Some(w.log(EntrySpec::command(&coll.db, Some(coll.uuid), o, None))?);
     }
     Ok((n, last))
-}
-
-/// A unique index cannot be built over duplicates.
-fn check_existing_unique(
-    w: &WriteCtx<'_>,
-    coll: &CollectionEntry,
-    spec: &Document,
-    key: &Document,
-    name: &str,
-) -> OpResult<()> {
-    let mut seen: Vec<Document> = Vec::new();
-    let mut dup = None;
-    w.scan_docs(coll, &mut |d| {
-        if !crate::indexes::covers(spec, key, &d) {
-            return Scan::Continue;
-        }
-        let mut v = Document::new();
-        for (f, _) in key {
-            v.insert(f.clone(), get_dotted(&d, f).cloned().unwrap_or(Bson::Null));
-        }
-        if seen.iter().any(|s| keys_equal(s, &v)) {
-            dup = Some(v);
-            return Scan::Stop;
-        }
-        seen.push(v);
-        Scan::Continue
-    })?;
-    match dup {
-        Some(v) => Err(dup_key_error(coll, name, key, &v).into()),
-        None => Ok(()),
-    }
 }
 
 pub async fn create_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {

@@ -2,10 +2,12 @@
 //! `aggregate`, `update`, `delete` and `findAndModify`, in MongoDB's explain layout
 //! (`queryPlanner.winningPlan`, and with `executionStats` verbosity what running it examined).
 //!
-//! Invariants: the plan shown is the one the command's own code takes (an `_id` point lookup
-//! is `IDHACK`, anything else a `COLLSCAN`; an aggregate reads the whole collection before
-//! its stages); running it for statistics reads only: an explained write changes nothing and
-//! reports what it would have matched, modified, upserted or deleted.
+//! Invariants: the plan shown is the one the command's own code takes: the planner's choice
+//! (`indexes::plan`) for the same filter, sort and hint (`IDHACK`, `COLLSCAN`, or `FETCH` over
+//! an `IXSCAN` with its bounds, under a `SORT` unless the scan gives the order; an aggregate
+//! reads what its leading `$match` selects before its stages); running it for statistics
+//! reads only: an explained write changes nothing and reports what it would have matched,
+//! modified, upserted or deleted.
 
 use std::time::Instant;
 
@@ -13,6 +15,7 @@ use bson::{Bson, Document, doc};
 use wire::{ErrorCode, MongoError};
 
 use super::{Ctx, Reply};
+use crate::indexes::plan::{Access, Plan};
 use crate::query::Filter;
 use crate::storage::Scan;
 
@@ -41,6 +44,8 @@ struct Shape {
     skip: usize,
     /// An aggregate's stages after reading the collection.
     pipeline: Option<Vec<Bson>>,
+    sort: Option<Document>,
+    hint: Option<Bson>,
 }
 
 enum Write {
@@ -97,6 +102,8 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
         limit: None,
         skip: 0,
         pipeline: None,
+        sort: None,
+        hint: inner.get("hint").cloned(),
     };
     match name {
         "find" => {
@@ -108,6 +115,7 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
                 .filter(|l| *l > 0)
                 .map(|l| l as usize);
             if !sort.is_empty() {
+                shape.sort = Some(sort.clone());
                 let mut fields =
                     doc! {"sortPattern": sort, "memLimit": 104_857_600, "type": "simple"};
                 if let Some(l) = shape.limit {
@@ -151,11 +159,14 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
             let stages = inner
                 .get_array("pipeline")
                 .map_err(|_| MongoError::failed_to_parse("aggregate needs a pipeline array"))?;
+            shape.filter_doc =
+                super::query::leading_match(stages.iter().map_while(|s| s.as_document()));
             shape.pipeline = Some(stages.clone());
         }
         "update" => {
             let statement = only_statement(inner, "updates")?;
             shape.filter_doc = sub_doc(&statement, "q")?;
+            shape.hint = statement.get("hint").cloned();
             let u = statement
                 .get("u")
                 .ok_or_else(|| MongoError::failed_to_parse("an update needs 'u'"))?;
@@ -170,6 +181,7 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
         "delete" => {
             let statement = only_statement(inner, "deletes")?;
             shape.filter_doc = sub_doc(&statement, "q")?;
+            shape.hint = statement.get("hint").cloned();
             shape.write = Some(Write::Delete {
                 multi: int(&statement, "limit") == Some(0),
             });
@@ -179,6 +191,7 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
             shape.filter_doc = sub_doc(inner, "query")?;
             let sort = sub_doc(inner, "sort")?;
             if !sort.is_empty() {
+                shape.sort = Some(sort.clone());
                 shape.stages.push((
                     "SORT",
                     doc! {"sortPattern": sort, "memLimit": 104_857_600, "limitAmount": 1, "type": "simple"},
@@ -221,20 +234,101 @@ struct Counts {
     millis: i64,
 }
 
-/// The plan tree; with `counts`, each stage carries its statistics.
-fn plan(shape: &Shape, filter: &Filter, counts: Option<&Counts>) -> Document {
-    let mut node = if filter.id_eq().is_some() {
-        doc! {"stage": "IDHACK"}
-    } else {
-        doc! {"stage": "COLLSCAN", "filter": shape.filter_doc.clone(), "direction": "forward"}
+/// The collection access of a plan: `(the node that reads, the FETCH above an IXSCAN)`.
+fn access_node(shape: &Shape, plan: Option<&Plan>) -> (Document, Option<Document>) {
+    let ixscan =
+        |pattern: Document, name: &str, flags: [bool; 3], reverse: bool, bounds: &Document| {
+            let [multikey, unique, sparse] = flags;
+            let partial = false;
+            doc! {
+                "stage": "IXSCAN",
+                "keyPattern": pattern,
+                "indexName": name,
+                "isMultiKey": multikey,
+                "isUnique": unique,
+                "isSparse": sparse,
+                "isPartial": partial,
+                "indexVersion": 2,
+                "direction": if reverse { "backward" } else { "forward" },
+                "indexBounds": bounds.clone(),
+            }
+        };
+    let fetch = || {
+        let mut f = doc! {"stage": "FETCH"};
+        if !shape.filter_doc.is_empty() {
+            f.insert("filter", shape.filter_doc.clone());
+        }
+        f
     };
+    match plan.map(|p| &p.access) {
+        Some(Access::IdPoint(_)) => (doc! {"stage": "IDHACK"}, None),
+        Some(Access::Documents {
+            bounded: true,
+            reverse,
+            bounds,
+            ..
+        }) => (
+            ixscan(
+                doc! {"_id": 1},
+                "_id_",
+                [false, true, false],
+                *reverse,
+                bounds,
+            ),
+            Some(fetch()),
+        ),
+        Some(Access::Index(scan)) => {
+            let mut node = ixscan(
+                scan.pattern.clone(),
+                &scan.name,
+                [scan.multikey, scan.unique, scan.sparse],
+                scan.reverse,
+                &scan.bounds,
+            );
+            node.insert("isPartial", scan.partial);
+            (node, Some(fetch()))
+        }
+        Some(Access::Documents { reverse, .. }) => (
+            doc! {"stage": "COLLSCAN", "filter": shape.filter_doc.clone(), "direction": if *reverse { "backward" } else { "forward" }},
+            None,
+        ),
+        None => (doc! {"stage": "EOF"}, None),
+    }
+}
+
+/// The plan tree; with `counts`, each stage carries its statistics.
+fn plan(shape: &Shape, chosen: Option<&Plan>, counts: Option<&Counts>) -> Document {
+    let (mut node, fetch) = access_node(shape, chosen);
     if let Some(c) = counts {
-        node.insert("nReturned", c.matched);
+        node.insert(
+            "nReturned",
+            if fetch.is_some() {
+                c.keys_examined
+            } else {
+                c.matched
+            },
+        );
         node.insert("executionTimeMillisEstimate", c.millis);
         node.insert("keysExamined", c.keys_examined);
-        node.insert("docsExamined", c.docs_examined);
+        node.insert(
+            "docsExamined",
+            if fetch.is_some() { 0 } else { c.docs_examined },
+        );
     }
+    if let Some(mut f) = fetch {
+        if let Some(c) = counts {
+            f.insert("nReturned", c.matched);
+            f.insert("executionTimeMillisEstimate", c.millis);
+            f.insert("docsExamined", c.docs_examined);
+        }
+        f.insert("inputStage", node);
+        node = f;
+    }
+    let sorted_by_scan = chosen.is_some_and(|p| p.provides_sort);
     for (stage, fields) in &shape.stages {
+        if *stage == "SORT" && sorted_by_scan {
+            continue;
+        }
         let mut outer = doc! {"stage": *stage};
         outer.extend(fields.clone());
         if let Some(c) = counts {
@@ -273,14 +367,25 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let verbosity = verbosity(&ctx.cmd)?;
     let name = inner.keys().next().cloned().unwrap_or_default();
     let shape = shape(&name, &inner)?;
-    let filter = Filter::parse(&shape.filter_doc)?;
+    let filter = Filter::parse(&shape.filter_doc)?.with_hint(shape.hint.as_ref())?;
+    let sort = shape
+        .sort
+        .as_ref()
+        .map(crate::query::Sort::parse)
+        .transpose()?;
+    let chosen = ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, &shape.coll) {
+        Some(entry) => crate::query::plan(txn, entry, &filter, sort.as_ref())
+            .map(Some)
+            .map_err(op_err),
+        None => Ok(None),
+    })?;
     let ns = ctx.ns(&shape.coll);
     let server_info =
         doc! {"host": ctx.shard.name(), "version": "7.0.0", "gitVersion": "tributary"};
     let counts = if verbosity == "queryPlanner" {
         None
     } else {
-        Some(run(ctx, &shape, &filter)?)
+        Some(run(ctx, &shape, &filter, chosen.as_ref())?)
     };
     let planner = |winning: Document| {
         doc! {
@@ -294,17 +399,23 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let mut reply = doc! {"explainVersion": "1"};
     if let Some(stages) = &shape.pipeline {
         // The shard reads the whole collection, then runs every stage over it.
-        let mut cursor = doc! {"queryPlanner": planner(plan(&shape, &filter, None))};
+        let mut cursor = doc! {"queryPlanner": planner(plan(&shape, chosen.as_ref(), None))};
         if let Some(c) = &counts {
-            cursor.insert("executionStats", execution_stats(&shape, &filter, c));
+            cursor.insert(
+                "executionStats",
+                execution_stats(&shape, chosen.as_ref(), c),
+            );
         }
         let mut all = vec![Bson::Document(doc! {"$cursor": cursor})];
         all.extend(stages.iter().cloned());
         reply.insert("stages", all);
     } else {
-        reply.insert("queryPlanner", planner(plan(&shape, &filter, None)));
+        reply.insert("queryPlanner", planner(plan(&shape, chosen.as_ref(), None)));
         if let Some(c) = &counts {
-            reply.insert("executionStats", execution_stats(&shape, &filter, c));
+            reply.insert(
+                "executionStats",
+                execution_stats(&shape, chosen.as_ref(), c),
+            );
         }
     }
     reply.insert("serverInfo", server_info);
@@ -313,19 +424,31 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     Ok(Reply::read(reply))
 }
 
-fn execution_stats(shape: &Shape, filter: &Filter, c: &Counts) -> Document {
+fn op_err(e: crate::writer::OpError) -> MongoError {
+    match e {
+        crate::writer::OpError::Mongo(e) => e,
+        crate::writer::OpError::Storage(e) => MongoError::internal(format!("storage: {e}")),
+    }
+}
+
+fn execution_stats(shape: &Shape, chosen: Option<&Plan>, c: &Counts) -> Document {
     doc! {
         "executionSuccess": true,
         "nReturned": if shape.write.is_some() { 0 } else { c.returned },
         "executionTimeMillis": c.millis,
         "totalKeysExamined": c.keys_examined,
         "totalDocsExamined": c.docs_examined,
-        "executionStages": plan(shape, filter, Some(c)),
+        "executionStages": plan(shape, chosen, Some(c)),
     }
 }
 
 /// Runs the read part of the plan and counts; a write is tried on copies, never applied.
-fn run(ctx: &Ctx<'_>, shape: &Shape, filter: &Filter) -> Result<Counts, MongoError> {
+fn run(
+    ctx: &Ctx<'_>,
+    shape: &Shape,
+    filter: &Filter,
+    chosen: Option<&Plan>,
+) -> Result<Counts, MongoError> {
     let started = Instant::now();
     let mut counts = Counts::default();
     let update_ctx = crate::update::UpdateContext::new(
@@ -344,8 +467,11 @@ fn run(ctx: &Ctx<'_>, shape: &Shape, filter: &Filter) -> Result<Counts, MongoErr
         let Some(entry) = catalog.lookup(&ctx.db, &shape.coll) else {
             return Ok(());
         };
-        let mut visit = |d: Document| {
-            counts.docs_examined += 1;
+        let Some(chosen) = chosen else {
+            return Ok(());
+        };
+        let mut examined = crate::query::Examined::default();
+        let mut visit = |_: &[u8], d: Document| {
             if !filter.matches(&d) {
                 return Scan::Continue;
             }
@@ -362,21 +488,21 @@ fn run(ctx: &Ctx<'_>, shape: &Shape, filter: &Filter) -> Result<Counts, MongoErr
             }
             if one { Scan::Stop } else { Scan::Continue }
         };
-        if let Some(id) = filter.id_eq() {
-            counts.keys_examined = 1;
-            let key = crate::keys::doc_key(&entry.uuid, id);
-            if let Some(bytes) = txn
-                .get(crate::storage::Table::Documents, &key)
-                .map_err(|e| MongoError::internal(format!("storage: {e}")))?
-                && let Some(d) = crate::writer::decode_doc(&bytes)
-            {
-                visit(d);
-            }
-            Ok(())
-        } else {
-            crate::writer::scan_collection(txn, entry, &mut visit)
-                .map_err(|e| MongoError::internal(format!("storage: {e}")))
-        }
+        let done = crate::query::run_plan(
+            txn,
+            entry,
+            &chosen.access,
+            None,
+            &mut std::collections::HashSet::new(),
+            &mut examined,
+            &mut visit,
+        )
+        .map_err(|e| MongoError::internal(format!("storage: {e}")));
+        // A collection scan examines documents, not keys.
+        let collscan = matches!(chosen.access, Access::Documents { bounded: false, .. });
+        counts.keys_examined = if collscan { 0 } else { examined.keys };
+        counts.docs_examined = examined.docs;
+        done
     })?;
     if let Some(e) = failure {
         return Err(e);

@@ -58,7 +58,15 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         )?),
         None => None,
     };
-    let filter = Filter::parse_in(&query, &env)?;
+    let hint = ctx.cmd.get("hint");
+    let stmt = match stmt {
+        Some(mut s) => {
+            s.filter = s.filter.with_hint(hint)?;
+            Some(s)
+        }
+        None => None,
+    };
+    let filter = Filter::parse_in(&query, &env)?.with_hint(hint)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
     let db = ctx.db.clone();
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {

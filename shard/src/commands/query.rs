@@ -6,7 +6,7 @@
 //! and read on from the tail window (or storage when the window has moved past them), waiting
 //! on the window's wake-up for `awaitData`.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
@@ -16,6 +16,7 @@ use wire::{ErrorCode, MongoError};
 use super::{Ctx, Reply, as_i64, cursor_reply};
 use crate::catalog::CollectionEntry;
 use crate::cursor::{Cursor, CursorSource, ScanCursor};
+use crate::indexes::plan::Access;
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Projection, Sort, scan_matching};
 use crate::storage::{ReadTxn, Scan, StorageError};
@@ -31,6 +32,13 @@ pub const OPLOG_NS: &str = "local.oplog.rs";
 
 fn storage_err(e: StorageError) -> MongoError {
     MongoError::internal(e.to_string())
+}
+
+fn op_err(e: crate::writer::OpError) -> MongoError {
+    match e {
+        crate::writer::OpError::Mongo(e) => e,
+        crate::writer::OpError::Storage(e) => storage_err(e),
+    }
 }
 
 fn non_negative(ctx: &Ctx<'_>, field: &str) -> Result<Option<i64>, MongoError> {
@@ -68,7 +76,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let ns = ctx.ns(&coll);
     let filter_doc = ctx.opt_doc("filter")?.unwrap_or_default();
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
-    let filter = Filter::parse_in(&filter_doc, &env)?;
+    let filter = Filter::parse_in(&filter_doc, &env)?.with_hint(ctx.cmd.get("hint"))?;
     let projection = ctx
         .opt_doc("projection")?
         .filter(|p| !p.is_empty())
@@ -138,16 +146,20 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .storage
         .begin_read()
         .map_err(storage_err)?;
-    if sort.is_none() && filter.id_eq().is_none() {
-        // Unsorted: stream pages from the collection instead of materializing the result.
+    let plan = crate::query::plan(&*txn, &entry, &filter, sort.as_ref()).map_err(op_err)?;
+    if plan.provides_sort && !matches!(plan.access, Access::IdPoint(_)) {
+        // The scan's order is the result's: stream pages instead of materializing it.
         let first_n = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
         let max_docs = limit.map_or(first_n, |l| l.min(first_n));
         let mut to_skip = skip;
+        let mut seen = HashSet::new();
         let page = crate::query::scan_page(
             &*txn,
             &entry,
+            &plan.access,
             &filter,
             None,
+            &mut seen,
             &mut to_skip,
             max_docs,
             MAX_BATCH_BYTES,
@@ -161,6 +173,8 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 ns: ns.clone(),
                 source: CursorSource::Scan(Box::new(ScanCursor {
                     coll: entry.clone(),
+                    access: plan.access,
+                    seen,
                     filter,
                     projection,
                     after,
@@ -173,7 +187,22 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         };
         return Ok(Reply::read(cursor_reply(id, &ns, first, true)));
     }
-    let docs = collect_matching(&*txn, &entry, &filter, stop_at)?;
+    let mut docs = Vec::new();
+    crate::query::run_plan(
+        &*txn,
+        &entry,
+        &plan.access,
+        None,
+        &mut HashSet::new(),
+        &mut crate::query::Examined::default(),
+        &mut |_, d| {
+            if filter.matches(&d) {
+                docs.push(d);
+            }
+            Scan::Continue
+        },
+    )
+    .map_err(storage_err)?;
     let shape = Shape {
         sort: sort.as_ref(),
         skip,
@@ -248,7 +277,7 @@ fn collect_matching(
             Scan::Continue
         }
     })
-    .map_err(storage_err)?;
+    .map_err(op_err)?;
     Ok(docs)
 }
 
@@ -284,6 +313,8 @@ fn next_scan_page(
 ) -> Result<(Vec<Document>, bool), MongoError> {
     let ScanCursor {
         coll,
+        access,
+        seen,
         filter,
         projection,
         after,
@@ -313,8 +344,10 @@ fn next_scan_page(
     let page = crate::query::scan_page(
         &*txn,
         coll,
+        access,
         filter,
         after.as_deref(),
+        seen,
         skip,
         max_docs,
         MAX_BATCH_BYTES,
@@ -608,6 +641,25 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     )))
 }
 
+/// The conjunction of a pipeline's leading `$match` stages (`{}` when there is none).
+pub fn leading_match<'a>(stages: impl IntoIterator<Item = &'a Document>) -> Document {
+    let matches: Vec<Bson> = stages
+        .into_iter()
+        .map_while(|s| match s.get("$match") {
+            Some(Bson::Document(m)) if s.len() == 1 => Some(Bson::Document(m.clone())),
+            _ => None,
+        })
+        .collect();
+    match matches.len() {
+        0 => Document::new(),
+        1 => match matches.into_iter().next() {
+            Some(Bson::Document(m)) => m,
+            _ => Document::new(),
+        },
+        _ => doc! {"$and": matches},
+    }
+}
+
 /// The matching documents of a collection (none when it does not exist).
 fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Document>, MongoError> {
     Ok(matching(ctx, coll, filter, None)?.unwrap_or_default())
@@ -616,7 +668,8 @@ fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Docum
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
-    let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
+    let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?
+        .with_hint(ctx.cmd.get("hint"))?;
     let skip = non_negative(ctx, "skip")?.unwrap_or(0);
     let limit = ctx.opt_i64("limit")?.map(i64::abs).filter(|l| *l > 0);
     let total = matching_docs(ctx, &coll, &filter)?.len() as i64;
@@ -686,12 +739,16 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             }
         }
     }
+    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let input = if ns_coll.is_empty() {
         Vec::new()
     } else {
-        matching_docs(ctx, &ns_coll, &Filter::all())?
+        // The leading $match stages select what is read (through an index where one serves);
+        // the pipeline still runs them.
+        let filter =
+            Filter::parse_in(&leading_match(&parsed), &env)?.with_hint(ctx.cmd.get("hint"))?;
+        matching_docs(ctx, &ns_coll, &filter)?
     };
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let out = crate::query::run_pipeline(&parsed, input, &env)?;
     let ns = if ns_coll.is_empty() {
         format!("{}.$cmd.aggregate", ctx.db)

@@ -524,15 +524,13 @@ fn parse_update(
         _ => None,
     };
     let _ = ctx;
-    Ok(build_update_stmt(
-        q,
-        u,
-        array_filters,
-        upsert,
-        multi,
-        None,
-        env,
-    ))
+    let hint = d.get("hint");
+    Ok(
+        build_update_stmt(q, u, array_filters, upsert, multi, None, env).and_then(|mut s| {
+            s.filter = s.filter.with_hint(hint)?;
+            Ok(s)
+        }),
+    )
 }
 
 /// Builds an update statement (shared with findAndModify).
@@ -698,10 +696,14 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
                 "The limit field in delete objects must be 0 or 1. Got {limit}"
             )));
         }
-        stmts.push(Filter::parse_in(&q, &env).map(|filter| DeleteStmt {
-            filter,
-            multi: limit == 0,
-        }));
+        stmts.push(
+            Filter::parse_in(&q, &env)
+                .and_then(|f| f.with_hint(d.get("hint")))
+                .map(|filter| DeleteStmt {
+                    filter,
+                    multi: limit == 0,
+                }),
+        );
     }
     let ordered = ctx.bool_or("ordered", true)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;

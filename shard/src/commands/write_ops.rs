@@ -447,8 +447,7 @@ pub fn run_update(
                 ctx.check_not_held(coll, &new)?;
                 check_unique(ctx, coll, &new, new.get("_id"))?;
                 ctx.put_doc(coll, &new)?;
-                crate::indexes::remove(ctx.txn_mut(), coll, &old)?;
-                crate::indexes::add(ctx.txn_mut(), coll, &new)?;
+                crate::indexes::update(ctx.txn_mut(), coll, &old, &new)?;
                 let key = coll.document_key(&old);
                 let ts = logged(
                     ctx,

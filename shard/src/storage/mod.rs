@@ -40,9 +40,10 @@ pub enum Table {
     Retryable,
     /// key: UTF-8 name; value: bytes (e.g. the clock reservation).
     Meta,
-    /// Unique secondary index entries. key: collection UUID ++ index name ++ 0 ++ KeyString of
-    /// the key values; value: BSON `{_id}` of the document holding it.
-    UniqueIndexes,
+    /// Secondary index entries and multikey markers (layout in `indexes`). key: collection
+    /// UUID ++ index name ++ 0 ++ KeyStrings of the key values (++ of `_id` when not unique);
+    /// value: BSON `{_id, k}` of the document holding it.
+    Indexes,
     /// Distributed transactions in flight. key: `p` ++ session id (a prepared participant) or
     /// `c` ++ session id (a coordinator); value: BSON state (see `txn`).
     Transactions,
@@ -59,7 +60,7 @@ impl Table {
         Table::Oplog,
         Table::Retryable,
         Table::Meta,
-        Table::UniqueIndexes,
+        Table::Indexes,
         Table::Transactions,
         Table::PreImages,
     ];
@@ -77,7 +78,7 @@ impl Table {
             Table::Oplog => "oplog",
             Table::Retryable => "retryable",
             Table::Meta => "meta",
-            Table::UniqueIndexes => "unique_indexes",
+            Table::Indexes => "indexes",
             Table::Transactions => "transactions",
             Table::PreImages => "pre_images",
         }
@@ -105,7 +106,7 @@ fn engine<E: std::fmt::Display>(e: E) -> StorageError {
 }
 
 /// A key range over byte keys.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct KeyRange {
     pub start: Bound<Vec<u8>>,
     pub end: Bound<Vec<u8>>,

@@ -79,7 +79,7 @@ type KeyValue = (Vec<u8>, Vec<u8>);
 type TableWrite = (Table, Vec<u8>, Option<Vec<u8>>);
 
 /// The tables whose keys a transaction locks and the commit checks.
-const CHECKED: [Table; 3] = [Table::Documents, Table::UniqueIndexes, Table::Catalog];
+const CHECKED: [Table; 3] = [Table::Documents, Table::Indexes, Table::Catalog];
 
 /// The transaction fields of a command inside a multi-document transaction.
 #[derive(Debug, Clone)]
