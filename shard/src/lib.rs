@@ -34,6 +34,7 @@ pub mod retryable;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod ttl;
 pub mod txn;
 pub mod update;
 pub mod writer;
@@ -99,6 +100,8 @@ pub struct Shard {
     test_commands: std::sync::atomic::AtomicBool,
     /// The fail points switched on.
     fail_points: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// `ttlMonitorSleepSecs`: how often expired TTL documents are deleted.
+    ttl_sleep: ttl::SleepSecs,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -183,6 +186,7 @@ impl Shard {
             peers: Default::default(),
             test_commands: Default::default(),
             fail_points: Default::default(),
+            ttl_sleep: Default::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -203,6 +207,7 @@ impl Shard {
         shard.tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             let mut last_purge = tokio::time::Instant::now();
+            let mut last_ttl = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -221,6 +226,12 @@ impl Shard {
                     u32::try_from(oldest).unwrap_or(u32::MAX),
                     0,
                 ));
+                if last_ttl.elapsed() >= Duration::from_secs(shard.ttl_sleep.get()) {
+                    last_ttl = tokio::time::Instant::now();
+                    if let Err(e) = ttl::run(&shard).await {
+                        tracing::warn!(error = %e, "deleting expired TTL documents");
+                    }
+                }
                 if last_purge.elapsed() >= preimages::PURGE_INTERVAL {
                     last_purge = tokio::time::Instant::now();
                     if let Err(e) = preimages::purge(&shard).await {
@@ -307,6 +318,11 @@ impl Shard {
         if let Some(h) = self.writer.stop() {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
+    }
+
+    /// `ttlMonitorSleepSecs`.
+    pub fn ttl_sleep(&self) -> &ttl::SleepSecs {
+        &self.ttl_sleep
     }
 
     pub(crate) fn writer(&self) -> &Writer {

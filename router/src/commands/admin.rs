@@ -381,3 +381,29 @@ pub(super) fn configure_fail_point(ctx: &Ctx<'_>) -> Result<Document> {
     }
     ctx.router.failpoints.configure(ctx.cmd)
 }
+
+/// `setParameter` of a parameter the shards own (`ttlMonitorSleepSecs`): set on every shard;
+/// `was` is the first shard's previous value.
+pub(super) async fn set_shard_parameter(ctx: &Ctx<'_>) -> Result<Document> {
+    let cmd: Document = ctx
+        .cmd
+        .iter()
+        .filter(|(k, _)| *k == "setParameter" || !k.starts_with('$') && *k != "lsid")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let shards = ctx.router.all_shards();
+    let mut was = Bson::Null;
+    for (i, reply) in ctx
+        .router
+        .broadcast(&shards, "admin", &cmd)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let reply = reply?;
+        if i == 0 {
+            was = reply.get("was").cloned().unwrap_or(Bson::Null);
+        }
+    }
+    Ok(doc! {"was": was, "ok": 1.0})
+}

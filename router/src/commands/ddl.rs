@@ -334,8 +334,43 @@ fn pass_cursor(
 pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
+    if let Placement::Sharded(meta) = ctx.router.placement(ctx.db, coll, false).await?
+        && let Ok(specs) = ctx.cmd.get_array("indexes")
+    {
+        for spec in specs.iter().filter_map(Bson::as_document) {
+            check_unique_prefix(spec, &meta.key)?;
+        }
+    }
     let holders = holders(ctx, coll, true).await?;
     on_shards(ctx, &holders).await
+}
+
+/// A unique index of a sharded collection must begin with the shard key's fields, so each
+/// shard can enforce it alone (MongoDB's rule; the `_id` index is exempt).
+fn check_unique_prefix(spec: &Document, key: &ShardKey) -> Result<()> {
+    let unique = matches!(spec.get("unique"), Some(Bson::Boolean(true)))
+        || spec
+            .get("unique")
+            .and_then(pipeline::value::as_f64)
+            .is_some_and(|n| n != 0.0);
+    let Ok(pattern) = spec.get_document("key") else {
+        return Ok(());
+    };
+    if !unique || spec.get_str("name").is_ok_and(|n| n == "_id_") {
+        return Ok(());
+    }
+    let fields: Vec<&str> = pattern.keys().map(String::as_str).collect();
+    let shard_fields: Vec<&str> = key.fields().collect();
+    if fields.len() >= shard_fields.len() && fields[..shard_fields.len()] == shard_fields[..] {
+        return Ok(());
+    }
+    Err(MongoError::new(
+        ErrorCode::CANNOT_CREATE_INDEX,
+        format!(
+            "cannot create unique index over {pattern} with shard key pattern {}",
+            key.pattern()
+        ),
+    ))
 }
 
 pub(super) async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Document> {

@@ -393,6 +393,10 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => crate::parameters::get(ctx.router, ctx.cmd),
+        "setParameter" if ctx.cmd.contains_key("ttlMonitorSleepSecs") => {
+            admin::admin_only(ctx)?;
+            admin::set_shard_parameter(ctx).await
+        }
         "setParameter" => {
             admin::admin_only(ctx)?;
             crate::parameters::set(ctx.router, ctx.cmd)

@@ -60,6 +60,24 @@ pub fn get_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     if all || ctx.cmd.contains_key("featureCompatibilityVersion") {
         d.insert("featureCompatibilityVersion", doc! {"version": "7.0"});
     }
+    if all || ctx.cmd.contains_key(TTL_SLEEP) {
+        d.insert(TTL_SLEEP, ctx.shard.ttl_sleep().get() as i64);
+    }
     d.insert("ok", 1.0);
     Ok(Reply::read(d))
+}
+
+const TTL_SLEEP: &str = "ttlMonitorSleepSecs";
+
+/// `setParameter` on a shard: the shard's own runtime parameters (`ttlMonitorSleepSecs`).
+pub fn set_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    match ctx.cmd.get(TTL_SLEEP) {
+        Some(v) => {
+            let was = crate::ttl::set_sleep(ctx.shard, v)?;
+            Ok(Reply::read(doc! {"was": was as i64, "ok": 1.0}))
+        }
+        None => Err(MongoError::bad_value(
+            "attempted to set unrecognized parameter, use help:true to see options",
+        )),
+    }
 }

@@ -109,6 +109,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         "getParameter" => hello::get_parameter(&ctx),
+        "setParameter" => hello::set_parameter(&ctx),
         "serverStatus" => {
             let mut status = shard.status()?;
             status.insert("ok", 1.0);

@@ -651,8 +651,13 @@ fn build(
             _ => break,
         }
     }
-    for (f, _) in &fields[i..] {
-        bounds.insert(*f, vec!["[MinKey, MaxKey]"]);
+    for (f, dir) in &fields[i..] {
+        let all = if *dir == Direction::Descending {
+            "[MaxKey, MinKey]"
+        } else {
+            "[MinKey, MaxKey]"
+        };
+        bounds.insert(*f, vec![all]);
     }
     let points = prefixes.len();
     let intervals = prefixes
