@@ -118,6 +118,11 @@ struct Cli {
     /// as far back as --docs), from the `watch` call to its first event.
     #[arg(long, requires = "drain")]
     resume: bool,
+    /// After writing: index `seq`, then time this many point queries `{seq: v}` through the
+    /// index and (a tenth as many, at least one) the same queries as collection scans
+    /// (`hint: {$natural: 1}`), in the same run.
+    #[arg(long, default_value_t = 0)]
+    point_queries: u64,
     /// Write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -293,6 +298,9 @@ async fn bench(
         w.await?;
     }
     let write_time = started.elapsed();
+    if cli.point_queries > 0 {
+        point_queries(&db, &coll, cli.point_queries).await?;
+    }
     let acked = shared.acked.load(Ordering::Relaxed);
     shared.stop_writing.store(true, Ordering::Relaxed);
     shared.writers_done.store(true, Ordering::Release);
@@ -475,6 +483,60 @@ async fn sample_every_second(
             return ticks;
         }
     }
+}
+
+/// Index `seq`, then time `n` point queries by the index and `n / 10` (at least one) as
+/// collection scans, and print both latencies and their ratio.
+async fn point_queries(
+    db: &mongodb::Database,
+    coll: &mongodb::Collection<Document>,
+    n: u64,
+) -> Result<()> {
+    use futures::TryStreamExt;
+    let docs = coll.estimated_document_count().await?;
+    let built = Instant::now();
+    db.run_command(doc! {"createIndexes": COLL, "indexes": [{"key": {"seq": 1}, "name": "seq_1"}]})
+        .await?;
+    println!("index seq_1 built over {docs} documents in {:.2} s", built.elapsed().as_secs_f64());
+    let max_seq = (docs.max(1)) as i64;
+    let time = |hint: Option<Document>, count: u64| {
+        let coll = coll.clone();
+        async move {
+            let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
+            for i in 0..count {
+                let seq = (i as i64 * 7919) % max_seq;
+                let mut find = coll.find(doc! {"seq": seq});
+                if let Some(h) = &hint {
+                    find = find.hint(mongodb::options::Hint::Keys(h.clone()));
+                }
+                let t = Instant::now();
+                let found: Vec<Document> = find.await?.try_collect().await?;
+                hist.record(t.elapsed().as_micros() as u64)?;
+                anyhow::ensure!(!found.is_empty() || seq >= max_seq, "seq {seq} not found");
+            }
+            anyhow::Ok(hist)
+        }
+    };
+    let indexed = time(None, n).await?;
+    let scanned = time(Some(doc! {"$natural": 1}), (n / 10).max(1)).await?;
+    let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5);
+    println!(
+        "point query by index: p50 {} µs, p99 {} µs ({} queries)",
+        p50(&indexed),
+        indexed.value_at_quantile(0.99),
+        indexed.len()
+    );
+    println!(
+        "point query by scan:  p50 {} µs, p99 {} µs ({} queries)",
+        p50(&scanned),
+        scanned.value_at_quantile(0.99),
+        scanned.len()
+    );
+    println!(
+        "scan ÷ index (p50): {:.0}×",
+        p50(&scanned) as f64 / p50(&indexed).max(1) as f64
+    );
+    Ok(())
 }
 
 /// The cluster's current time (a `ping`'s `operationTime`): drain mode starts there.
