@@ -497,7 +497,10 @@ async fn point_queries(
     let built = Instant::now();
     db.run_command(doc! {"createIndexes": COLL, "indexes": [{"key": {"seq": 1}, "name": "seq_1"}]})
         .await?;
-    println!("index seq_1 built over {docs} documents in {:.2} s", built.elapsed().as_secs_f64());
+    println!(
+        "index seq_1 built over {docs} documents in {:.2} s",
+        built.elapsed().as_secs_f64()
+    );
     let max_seq = (docs.max(1)) as i64;
     let time = |hint: Option<Document>, count: u64| {
         let coll = coll.clone();

@@ -295,8 +295,10 @@ fn parse_top_level(op: &str, value: &Bson, vars: &[String]) -> Result<Option<Nod
             }
         }
         "where" => {
-            return Err(MongoError::bad_value(
-                "$where is not allowed in this context",
+            // No JavaScript engine: mongod's answer when it runs without one.
+            return Err(MongoError::with_code(
+                6108304,
+                "no globalScriptEngine in $where parsing",
             ));
         }
         "text" => {

@@ -380,3 +380,49 @@ async fn unique_indexes_on_sharded_collections_need_the_shard_key_as_prefix() ->
     assert_eq!(found.len(), 2);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_filters_an_index_cannot_decide_are_refused() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    db.collection::<Document>("p")
+        .insert_one(doc! {"a": 1})
+        .await?;
+    for bad in [
+        doc! {"a": {"$ne": 1}},
+        doc! {"a": {"$exists": false}},
+        doc! {"$nor": [{"a": 1}]},
+        doc! {"a": {"$not": {"$gt": 1}}},
+        doc! {"$expr": {"$eq": ["$a", 1]}},
+    ] {
+        let err = db
+            .run_command(doc! {"createIndexes": "p", "indexes": [{"key": {"a": 1}, "name": "a_p", "partialFilterExpression": bad.clone()}]})
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Some(67), "{bad}: {err}");
+    }
+    for good in [
+        doc! {"a": {"$gt": 1}, "b": {"$exists": true}},
+        doc! {"$or": [{"a": 1}, {"b": {"$in": [1, 2]}}]},
+    ] {
+        db.run_command(doc! {"createIndexes": "p", "indexes": [{"key": {"a": 1}, "name": "a_p", "partialFilterExpression": good}]})
+            .await?;
+        db.run_command(doc! {"dropIndexes": "p", "index": "a_p"})
+            .await?;
+    }
+    // No JavaScript engine: $where and $function answer as a 7.0 server without one; `sort`
+    // on an update statement is an 8.0 field a 7.0 parser refuses.
+    let coll = db.collection::<Document>("p");
+    let err = coll.find(doc! {"$where": "this.a == 1"}).await.unwrap_err();
+    assert_eq!(code(&err), Some(6108304), "{err}");
+    let err = db
+        .run_command(
+            doc! {"update": "p", "updates": [{"q": {}, "u": {"$set": {"z": 1}}, "sort": {"a": 1}}]},
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(40415), "{err}");
+    assert_eq!(coll.count_documents(doc! {"z": 1}).await?, 0);
+    Ok(())
+}

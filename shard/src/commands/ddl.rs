@@ -481,6 +481,15 @@ fn normalize_spec(spec: &Bson) -> Result<Document, MongoError> {
             ));
         }
     };
+    if let Some(pfe) = s.get("partialFilterExpression") {
+        let Bson::Document(pfe) = pfe else {
+            return Err(MongoError::type_mismatch(
+                "partialFilterExpression for an index must be a document",
+            ));
+        };
+        pipeline::Matcher::parse(pfe)?;
+        check_partial_filter(pfe, 0)?;
+    }
     let mut out = doc! {"v": 2, "key": key, "name": name};
     for (k, v) in s {
         if !matches!(k.as_str(), "v" | "key" | "name" | "ns") {
@@ -488,6 +497,45 @@ fn normalize_spec(spec: &Bson) -> Result<Document, MongoError> {
         }
     }
     Ok(out)
+}
+
+/// A partial index's filter may only use what an index can decide per document: equality,
+/// `$exists: true`, ranges, `$type`, `$in`, and `$and` / `$or` of those (MongoDB 7.0's list).
+fn check_partial_filter(pfe: &Document, depth: usize) -> Result<(), MongoError> {
+    let refuse = |what: String| {
+        Err(MongoError::new(
+            ErrorCode::CANNOT_CREATE_INDEX,
+            format!("Expression not supported in partial index: {what}"),
+        ))
+    };
+    for (k, v) in pfe {
+        match (k.as_str(), v) {
+            ("$and" | "$or", Bson::Array(items)) if depth < 4 => {
+                for item in items {
+                    match item {
+                        Bson::Document(d) => check_partial_filter(d, depth + 1)?,
+                        other => return refuse(format!("{k}: {other}")),
+                    }
+                }
+            }
+            (op, _) if op.starts_with('$') => return refuse(format!("{op}: {v}")),
+            (_, Bson::Document(d)) if d.keys().any(|o| o.starts_with('$')) => {
+                for (op, arg) in d {
+                    let ok = match op.as_str() {
+                        "$eq" | "$gt" | "$gte" | "$lt" | "$lte" | "$type" | "$in" => true,
+                        "$exists" => as_bool(arg) == Some(true),
+                        _ => false,
+                    };
+                    if !ok {
+                        return refuse(format!("{k} {op} {arg}"));
+                    }
+                }
+            }
+            (_, Bson::RegularExpression(_)) => return refuse(format!("{k} regex {v}")),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn options_only(spec: &Document) -> Document {

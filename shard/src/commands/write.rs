@@ -517,6 +517,13 @@ fn parse_update(
             "BSON field 'update.updates.u' is missing but a required field",
         ));
     };
+    if d.contains_key("sort") {
+        // `sort` on update statements arrived in 8.0; 7.0's parser refuses the field.
+        return Err(MongoError::with_code(
+            40415,
+            "BSON field 'update.updates.sort' is an unknown field.",
+        ));
+    }
     let upsert = d.get("upsert").and_then(as_bool).unwrap_or(false);
     let multi = d.get("multi").and_then(as_bool).unwrap_or(false);
     let array_filters = match d.get("arrayFilters") {
