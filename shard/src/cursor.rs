@@ -14,7 +14,7 @@ use resume::ClusterTime;
 use std::sync::Arc;
 
 use crate::catalog::CollectionEntry;
-use crate::query::{Filter, Projection};
+use crate::query::Filter;
 
 /// Idle cursors time out after 10 minutes, as in MongoDB.
 pub const IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -42,7 +42,7 @@ pub struct ScanCursor {
     /// The documents a multikey index scan has produced (see `query::run_plan`).
     pub seen: std::collections::HashSet<Vec<u8>>,
     pub filter: Filter,
-    pub projection: Option<Projection>,
+    pub projection: Option<crate::query::Output>,
     /// The last key examined (of the plan's key space); `None` before the first document.
     pub after: Option<Vec<u8>>,
     /// Documents still allowed by the query's `limit`.

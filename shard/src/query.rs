@@ -75,6 +75,11 @@ impl Filter {
         &self.doc
     }
 
+    /// Whether the command named an index (or `$natural`) to use.
+    pub fn hinted(&self) -> bool {
+        self.hint.is_some()
+    }
+
     /// Whether the document matches (a runtime error inside `$expr` is no match).
     pub fn matches(&self, doc: &Document) -> bool {
         self.matcher.try_matches_in(doc, &self.env).unwrap_or(false)
@@ -378,6 +383,60 @@ pub type Sort = pipeline::sort::SortSpec;
 /// A find projection (from the pipeline crate). Use [`find_projection`] so positional
 /// projections (`a.$`) see the query.
 pub type Projection = pipeline::projection::Projection;
+
+/// What `find` returns of each document: its projection, or with `returnKey` only the keys of
+/// the index the plan scans (`{}` for a collection scan), and with `showRecordId` a
+/// `$recordId`.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub projection: Option<Projection>,
+    /// `returnKey`: the fields of the scanned index's key (empty for a collection scan).
+    pub return_key: Option<Vec<String>>,
+    pub record_id: bool,
+}
+
+impl Output {
+    pub fn apply(&self, doc: &Document) -> Result<Document, MongoError> {
+        let mut out = match (&self.return_key, &self.projection) {
+            (Some(fields), _) => fields
+                .iter()
+                .map(|f| {
+                    let v = crate::catalog::get_dotted(doc, f)
+                        .cloned()
+                        .unwrap_or(Bson::Null);
+                    (f.clone(), v)
+                })
+                .collect(),
+            (None, Some(p)) => p.apply(doc)?,
+            (None, None) => doc.clone(),
+        };
+        if self.record_id {
+            out.insert("$recordId", record_id(doc));
+        }
+        Ok(out)
+    }
+
+    /// Whether it changes anything.
+    pub fn is_identity(&self) -> bool {
+        self.projection.is_none() && self.return_key.is_none() && !self.record_id
+    }
+}
+
+/// A document's record id for `showRecordId`: documents are stored by `_id`, so it is a
+/// stable, positive 64-bit hash of the `_id` (MongoDB's is an opaque int64 too).
+fn record_id(doc: &Document) -> i64 {
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    (pipeline::value::hash::hash_value(&id) & i64::MAX).max(1)
+}
+
+/// The key fields `returnKey` shows for a plan.
+pub fn key_fields(access: &Access) -> Vec<String> {
+    match access {
+        Access::IdPoint(_) | Access::Documents { bounded: true, .. } => vec!["_id".to_string()],
+        Access::Documents { .. } => Vec::new(),
+        Access::Index(scan) => scan.directions.iter().map(|(f, _)| f.clone()).collect(),
+    }
+}
 
 /// Parses a `find`/`findAndModify` projection for a query.
 pub fn find_projection(spec: &Document, filter: &Document) -> Result<Projection, MongoError> {

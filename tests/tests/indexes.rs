@@ -426,3 +426,69 @@ async fn partial_filters_an_index_cannot_decide_are_refused() -> anyhow::Result<
     assert_eq!(coll.count_documents(doc! {"z": 1}).await?, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_max_return_key_and_show_record_id() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    let coll = db.collection::<Document>("mm");
+    coll.insert_many((0..10).map(|i| doc! {"_id": i, "a": i, "b": 10 - i}))
+        .await?;
+    coll.create_index(mongodb::IndexModel::builder().keys(doc! {"a": 1}).build())
+        .await?;
+    let a_of = |docs: &[Document]| {
+        docs.iter()
+            .map(|d| d.get_i32("a").unwrap())
+            .collect::<Vec<_>>()
+    };
+    // min inclusive, max exclusive, over the hinted index, with the filter still applied.
+    let found: Vec<Document> = coll
+        .find(doc! {"b": {"$ne": 6}})
+        .min(doc! {"a": 2})
+        .max(doc! {"a": 6})
+        .hint(mongodb::options::Hint::Keys(doc! {"a": 1}))
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(a_of(&found), [2, 3, 5]);
+    // Without a hint: 51173; bounds on fields the index does not have: 51174.
+    let err = coll.find(doc! {}).min(doc! {"a": 2}).await.unwrap_err();
+    assert_eq!(code(&err), Some(51173), "{err}");
+    let err = coll
+        .find(doc! {})
+        .min(doc! {"b": 2})
+        .hint(mongodb::options::Hint::Keys(doc! {"a": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(51174), "{err}");
+    // returnKey: the scanned index's keys only.
+    let keys: Vec<Document> = coll
+        .find(doc! {"a": {"$gte": 8}})
+        .return_key(true)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(keys, [doc! {"a": 8}, doc! {"a": 9}]);
+    // showRecordId: a $recordId per document, stable across reads and distinct.
+    let read = || async {
+        let docs: Vec<Document> = coll
+            .find(doc! {})
+            .show_record_id(true)
+            .await?
+            .try_collect()
+            .await?;
+        anyhow::Ok(
+            docs.iter()
+                .map(|d| d.get_i64("$recordId").unwrap())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let first = read().await?;
+    assert_eq!(first, read().await?);
+    let mut distinct = first.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 10);
+    Ok(())
+}

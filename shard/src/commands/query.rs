@@ -18,7 +18,7 @@ use crate::catalog::CollectionEntry;
 use crate::cursor::{Cursor, CursorSource, ScanCursor};
 use crate::indexes::plan::Access;
 use crate::oplog::{WindowRead, read_from_storage};
-use crate::query::{Filter, Projection, Sort, scan_matching};
+use crate::query::{Filter, Output, Projection, Sort, scan_matching};
 use crate::storage::{ReadTxn, Scan, StorageError};
 
 /// Default first-batch size, as in MongoDB.
@@ -120,17 +120,46 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         (None, Some(l)) => Some(skip.saturating_add(l)),
         _ => None,
     };
+    let min = ctx.opt_doc("min")?.filter(|d| !d.is_empty());
+    let max = ctx.opt_doc("max")?.filter(|d| !d.is_empty());
+    let return_key = ctx.bool_or("returnKey", false)?;
+    let record_id = ctx.bool_or("showRecordId", false)?;
+    let plan_for = |txn: &dyn ReadTxn, entry: &CollectionEntry| -> Result<_, MongoError> {
+        let mut plan = crate::query::plan(txn, entry, &filter, sort.as_ref()).map_err(op_err)?;
+        let prefix = crate::keys::collection_prefix(&entry.uuid);
+        crate::indexes::plan::restrict_to_min_max(
+            &mut plan,
+            &prefix,
+            filter.hinted(),
+            min.as_ref(),
+            max.as_ref(),
+        )?;
+        let output = Output {
+            projection: projection.clone(),
+            return_key: return_key.then(|| crate::query::key_fields(&plan.access)),
+            record_id,
+        };
+        Ok((plan, (!output.is_identity()).then_some(output)))
+    };
     if ctx.txn.is_some() || ctx.snapshot_at.is_some() {
         // A transaction's or a snapshot read's whole result comes from its snapshot now: a
         // later getMore must not read a newer one.
-        let Some(docs) = matching(ctx, &coll, &filter, stop_at)? else {
+        let found = ctx.read(|txn, catalog| {
+            let Some(entry) = catalog.lookup(&ctx.db, &coll) else {
+                return Ok(None);
+            };
+            let (plan, output) = plan_for(txn, entry)?;
+            let docs = run_collect(txn, entry, &plan, &filter, stop_at)?;
+            Ok(Some((docs, output)))
+        })?;
+        let Some((docs, output)) = found else {
             return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
         };
         let shape = Shape {
             sort: sort.as_ref(),
             skip,
             limit,
-            projection: projection.as_ref(),
+            projection: output.as_ref(),
             batch_size,
             single_batch,
         };
@@ -146,7 +175,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .storage
         .begin_read()
         .map_err(storage_err)?;
-    let plan = crate::query::plan(&*txn, &entry, &filter, sort.as_ref()).map_err(op_err)?;
+    let (plan, projection) = plan_for(&*txn, &entry)?;
     if plan.provides_sort && !matches!(plan.access, Access::IdPoint(_)) {
         // The scan's order is the result's: stream pages instead of materializing it.
         let first_n = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
@@ -187,22 +216,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         };
         return Ok(Reply::read(cursor_reply(id, &ns, first, true)));
     }
-    let mut docs = Vec::new();
-    crate::query::run_plan(
-        &*txn,
-        &entry,
-        &plan.access,
-        None,
-        &mut HashSet::new(),
-        &mut crate::query::Examined::default(),
-        &mut |_, d| {
-            if filter.matches(&d) {
-                docs.push(d);
-            }
-            Scan::Continue
-        },
-    )
-    .map_err(storage_err)?;
+    let docs = run_collect(&*txn, &entry, &plan, &filter, stop_at)?;
     let shape = Shape {
         sort: sort.as_ref(),
         skip,
@@ -214,12 +228,44 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     buffered_reply(ctx, &ns, docs, &shape)
 }
 
+/// The documents `plan` yields that match `filter`, at most `stop_at`.
+fn run_collect(
+    txn: &dyn ReadTxn,
+    entry: &CollectionEntry,
+    plan: &crate::indexes::plan::Plan,
+    filter: &Filter,
+    stop_at: Option<usize>,
+) -> Result<Vec<Document>, MongoError> {
+    let mut docs = Vec::new();
+    crate::query::run_plan(
+        txn,
+        entry,
+        &plan.access,
+        None,
+        &mut HashSet::new(),
+        &mut crate::query::Examined::default(),
+        &mut |_, d| {
+            if !filter.matches(&d) {
+                return Scan::Continue;
+            }
+            docs.push(d);
+            if stop_at.is_some_and(|s| docs.len() >= s) {
+                Scan::Stop
+            } else {
+                Scan::Continue
+            }
+        },
+    )
+    .map_err(storage_err)?;
+    Ok(docs)
+}
+
 /// What a materialized `find` does to its matching documents.
 struct Shape<'a> {
     sort: Option<&'a Sort>,
     skip: usize,
     limit: Option<usize>,
-    projection: Option<&'a Projection>,
+    projection: Option<&'a Output>,
     batch_size: Option<usize>,
     single_batch: bool,
 }
@@ -297,7 +343,7 @@ fn matching(
 
 fn project_all(
     docs: Vec<Document>,
-    projection: Option<&Projection>,
+    projection: Option<&Output>,
 ) -> Result<Vec<Document>, MongoError> {
     match projection {
         Some(p) => docs.iter().map(|d| p.apply(d)).collect(),

@@ -62,6 +62,10 @@ pub struct IndexScan {
     pub partial: bool,
     /// Per key field, its intervals as MongoDB's explain prints them.
     pub bounds: Document,
+    /// The key fields and their directions.
+    pub directions: Vec<(String, Direction)>,
+    /// The index's key prefix (collection UUID ++ name ++ 0).
+    pub prefix: Vec<u8>,
 }
 
 /// The chosen plan.
@@ -225,6 +229,69 @@ pub fn choose(
     Ok(scan)
 }
 
+/// Narrows a hinted plan to `find`'s `min` (inclusive) and `max` (exclusive) index keys,
+/// whose fields must be a prefix of the hinted index's, in order. The filter still applies.
+pub fn restrict_to_min_max(
+    plan: &mut Plan,
+    coll_prefix: &[u8],
+    hinted: bool,
+    min: Option<&Document>,
+    max: Option<&Document>,
+) -> Result<(), MongoError> {
+    if min.is_none() && max.is_none() {
+        return Ok(());
+    }
+    let no_hint = || {
+        MongoError::with_code(
+            51173,
+            "When using min()/max() a hint of which index to use must be provided",
+        )
+    };
+    let (prefix, fields): (Vec<u8>, Vec<(String, Direction)>) = match &plan.access {
+        _ if !hinted => return Err(no_hint()),
+        Access::Index(scan) => (scan.prefix.clone(), scan.directions.clone()),
+        Access::Documents { .. } => (
+            coll_prefix.to_vec(),
+            vec![("_id".to_string(), Direction::Ascending)],
+        ),
+        Access::IdPoint(_) => return Err(no_hint()),
+    };
+    let key = |d: &Document| -> Result<Vec<u8>, MongoError> {
+        let consistent = d.len() <= fields.len() && d.keys().zip(&fields).all(|(k, (f, _))| k == f);
+        if !consistent {
+            return Err(MongoError::with_code(
+                51174,
+                "The index chosen is not consistent with min/max",
+            ));
+        }
+        let mut k = prefix.clone();
+        for ((_, dir), v) in fields.iter().zip(d.values()) {
+            append_key(&mut k, *dir, v);
+        }
+        Ok(k)
+    };
+    let start = match min {
+        Some(m) => Bound::Included(key(m)?),
+        None => Bound::Included(prefix.clone()),
+    };
+    let end = match max {
+        Some(m) => Bound::Excluded(key(m)?),
+        None => KeyRange::prefix(&prefix).end,
+    };
+    let range = KeyRange { start, end };
+    match &mut plan.access {
+        Access::Index(scan) => scan.intervals = vec![range],
+        Access::Documents {
+            intervals, bounded, ..
+        } => {
+            *intervals = vec![range];
+            *bounded = true;
+        }
+        Access::IdPoint(_) => {}
+    }
+    Ok(())
+}
+
 fn is_id_pattern(p: &Document) -> bool {
     p.len() == 1 && p.contains_key("_id")
 }
@@ -297,6 +364,8 @@ fn index_plan(
             sparse: c.index.sparse(),
             partial: c.index.partial().is_some(),
             bounds: built.bounds,
+            directions: fields.iter().map(|(f, d)| (f.to_string(), *d)).collect(),
+            prefix: prefix.clone(),
         }),
         provides_sort,
     };
