@@ -50,8 +50,8 @@ fn random_value(rng: &mut rand::rngs::StdRng) -> Option<Bson> {
 
 /// The root of the winning plan's per-shard tree, for an unsharded collection.
 fn shard_plan(explain: &Document) -> Document {
-    let planner = explain.get_document("queryPlanner").unwrap();
-    let winning = planner.get_document("winningPlan").unwrap();
+    let planner = explain.get_document("queryPlanner").expect("present");
+    let winning = planner.get_document("winningPlan").expect("present");
     match winning.get_array("shards") {
         Ok(shards) => shards[0]
             .as_document()
@@ -213,7 +213,10 @@ async fn explain_shows_the_plan_and_hint_forces_or_refuses() -> anyhow::Result<(
         .await?
         .try_collect()
         .await?;
-    let bs: Vec<i32> = found.iter().map(|d| d.get_i32("b").unwrap()).collect();
+    let bs: Vec<i32> = found
+        .iter()
+        .map(|d| d.get_i32("b").expect("present"))
+        .collect();
     assert_eq!(bs, [3, 13, 23, 33, 43]);
     // A filter on no indexed field scans the collection; an _id point is IDHACK.
     assert_eq!(
@@ -439,7 +442,7 @@ async fn min_max_return_key_and_show_record_id() -> anyhow::Result<()> {
         .await?;
     let a_of = |docs: &[Document]| {
         docs.iter()
-            .map(|d| d.get_i32("a").unwrap())
+            .map(|d| d.get_i32("a").expect("present"))
             .collect::<Vec<_>>()
     };
     // min inclusive, max exclusive, over the hinted index, with the filter still applied.
@@ -480,7 +483,7 @@ async fn min_max_return_key_and_show_record_id() -> anyhow::Result<()> {
             .await?;
         anyhow::Ok(
             docs.iter()
-                .map(|d| d.get_i64("$recordId").unwrap())
+                .map(|d| d.get_i64("$recordId").expect("present"))
                 .collect::<Vec<_>>(),
         )
     };

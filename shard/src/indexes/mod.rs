@@ -30,6 +30,9 @@ use crate::catalog::{CollectionEntry, get_dotted};
 use crate::keys;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, WriteTxn};
 
+/// One index entry of a document: its storage key and its key values.
+pub type Entry = (Vec<u8>, Vec<Bson>);
+
 /// How one key field orders its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -133,7 +136,7 @@ impl<'a> Index<'a> {
         &self,
         coll: &CollectionEntry,
         doc: &Document,
-    ) -> Result<(Vec<(Vec<u8>, Vec<Bson>)>, bool), MongoError> {
+    ) -> Result<(Vec<Entry>, bool), MongoError> {
         if !self.materialized() || !covers(self.spec, self.pattern, doc) {
             return Ok((Vec::new(), false));
         }
@@ -405,7 +408,7 @@ fn entry_value(id: &Bson, values: Vec<Bson>) -> Vec<u8> {
 }
 
 /// Every entry `doc` has, per index: `(index, entries, multikey)`.
-type DocEntries<'a> = Vec<(Index<'a>, Vec<(Vec<u8>, Vec<Bson>)>, bool)>;
+type DocEntries<'a> = Vec<(Index<'a>, Vec<Entry>, bool)>;
 
 fn doc_entries<'a>(
     coll: &'a CollectionEntry,

@@ -83,8 +83,8 @@ enum FieldPred {
     Points(Vec<Bson>),
     /// A range; each side `(value, inclusive)`.
     Range {
-        lo: Option<(Bson, bool)>,
-        hi: Option<(Bson, bool)>,
+        lo: Option<Box<(Bson, bool)>>,
+        hi: Option<Box<(Bson, bool)>>,
     },
 }
 
@@ -532,10 +532,10 @@ fn field_pred(v: &Bson) -> Option<FieldPred> {
                 }
             }
             "$gt" | "$gte" if range_ok(arg) && lo.is_none() => {
-                lo = Some((arg.clone(), op == "$gte"));
+                lo = Some(Box::new((arg.clone(), op == "$gte")));
             }
             "$lt" | "$lte" if range_ok(arg) && hi.is_none() => {
-                hi = Some((arg.clone(), op == "$lte"));
+                hi = Some(Box::new((arg.clone(), op == "$lte")));
             }
             _ => {}
         }
@@ -665,9 +665,9 @@ fn build(
             Some(FieldPred::Range { lo, hi }) if dir != Direction::Hashed => {
                 // A multikey field keeps one side only (the lower when there is one).
                 let (lo, hi) = if multikey && lo.is_some() {
-                    (lo.clone(), None)
+                    (lo.as_deref().cloned(), None)
                 } else {
-                    (lo.clone(), hi.clone())
+                    (lo.as_deref().cloned(), hi.as_deref().cloned())
                 };
                 let anchor = lo.as_ref().or(hi.as_ref()).map(|(v, _)| v.clone());
                 let (cs, nc) = anchor.as_ref().map(class_of).unwrap_or((0, 255));
