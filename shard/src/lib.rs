@@ -37,6 +37,7 @@ pub mod storage;
 pub mod ttl;
 pub mod txn;
 pub mod update;
+pub mod views;
 pub mod writer;
 
 use std::path::PathBuf;

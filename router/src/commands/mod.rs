@@ -14,6 +14,7 @@ mod find;
 mod handshake;
 mod out;
 mod stats;
+mod views;
 
 use std::sync::Arc;
 
@@ -349,10 +350,20 @@ fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Documen
 }
 
 async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
-    match ctx.name {
+    let out = match ctx.name {
         "getMore" => find::get_more(ctx).await,
         "aggregate" => find::aggregate(ctx).await,
         _ => dispatch_document(ctx).await.map(Body::Document),
+    };
+    // A read that met a view runs again over the view's source (see `views`).
+    match out {
+        Err(e) if matches!(ctx.name, "find" | "count" | "distinct" | "aggregate") => {
+            match shard::views::resolved(&e) {
+                Some((source, pipeline)) => views::run(ctx, &source, pipeline).await,
+                None => Err(e),
+            }
+        }
+        other => other,
     }
 }
 

@@ -110,6 +110,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             await_data,
         );
     }
+    crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
     if tailable {
         return Err(MongoError::bad_value(format!(
             "error processing query: ns={ns} tailable cursor requested on non capped collection"
@@ -713,6 +714,7 @@ fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Docum
 
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
+    crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?
         .with_hint(ctx.cmd.get("hint"))?;
@@ -728,6 +730,7 @@ pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 
 pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
+    crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
     let key = ctx.opt_str("key")?.ok_or_else(|| ctx.missing("key"))?;
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
@@ -784,6 +787,9 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 ));
             }
         }
+    }
+    if !ns_coll.is_empty() {
+        crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &ns_coll)?;
     }
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let input = if ns_coll.is_empty() {
