@@ -75,9 +75,9 @@ pub enum Stage {
     Facet(Vec<(String, Pipeline)>),
     /// `$sample`: the requested size.
     Sample(u64),
-    BucketAuto(BucketAuto),
-    SetWindowFields(SetWindowFields),
-    Densify(Densify),
+    BucketAuto(Box<BucketAuto>),
+    SetWindowFields(Box<SetWindowFields>),
+    Densify(Box<Densify>),
     /// `$fill`, as the `$setWindowFields`/`$addFields`/`$sort` stages it stands for.
     Fill(Vec<Stage>),
 }
@@ -429,9 +429,11 @@ impl Stage {
                 Stage::Facet(facets)
             }
             "$sample" => Stage::Sample(sample::parse(arg)?),
-            "$bucketAuto" => Stage::BucketAuto(BucketAuto::parse(arg, vars)?),
-            "$setWindowFields" => Stage::SetWindowFields(SetWindowFields::parse(arg, vars)?),
-            "$densify" => Stage::Densify(Densify::parse(arg)?),
+            "$bucketAuto" => Stage::BucketAuto(Box::new(BucketAuto::parse(arg, vars)?)),
+            "$setWindowFields" => {
+                Stage::SetWindowFields(Box::new(SetWindowFields::parse(arg, vars)?))
+            }
+            "$densify" => Stage::Densify(Box::new(Densify::parse(arg)?)),
             "$fill" => Stage::Fill(densify::parse_fill(arg, vars)?),
             name if UNSUPPORTED_STAGES.contains(&name) => {
                 return Err(MongoError::new(

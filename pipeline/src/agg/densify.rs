@@ -50,7 +50,8 @@ pub struct Densify {
 enum RangeBounds {
     Full,
     Partition,
-    Explicit(Bson, Bson),
+    /// `[lo, hi]`.
+    Explicit(Box<(Bson, Bson)>),
 }
 
 fn unknown_field(stage: &str, path: &str) -> MongoError {
@@ -215,7 +216,7 @@ impl Densify {
                         "Explicit bounds must be numeric or dates",
                     ));
                 }
-                RangeBounds::Explicit(lo.clone(), hi.clone())
+                RangeBounds::Explicit(Box::new((lo.clone(), hi.clone())))
             }
             _ => {
                 return Err(MongoError::with_code(
@@ -342,7 +343,8 @@ impl Densify {
                 (Some(n), _) => Some(n.clone()),
                 (None, RangeBounds::Full) => global.as_ref().map(|(lo, _)| lo.clone()),
                 (None, RangeBounds::Partition) => Some(v.clone()),
-                (None, RangeBounds::Explicit(lo, _)) => {
+                (None, RangeBounds::Explicit(b)) => {
+                    let lo = &b.0;
                     if compare(&v, lo).is_lt() {
                         None
                     } else {
@@ -352,7 +354,7 @@ impl Densify {
             };
             if let Some(mut g) = start {
                 let hi = match &self.bounds {
-                    RangeBounds::Explicit(_, hi) => Some(hi),
+                    RangeBounds::Explicit(b) => Some(&b.1),
                     _ => None,
                 };
                 while compare(&g, &v).is_lt() && hi.is_none_or(|h| compare(&g, h).is_lt()) {
@@ -372,7 +374,8 @@ impl Densify {
                     Some((_, hi)) => (hi.clone(), true),
                     None => continue,
                 },
-                RangeBounds::Explicit(lo, hi) => {
+                RangeBounds::Explicit(b) => {
+                    let (lo, hi) = (&b.0, &b.1);
                     let mut g = next.clone().unwrap_or_else(|| lo.clone());
                     while compare(&g, hi).is_lt() {
                         self.generate(key, &g, &mut out, &mut generated)?;
@@ -437,7 +440,8 @@ pub fn parse_fill(arg: &Bson, vars: &[String]) -> Result<Vec<Stage>> {
             type_name(arg)
         )));
     };
-    let (mut sort_by, mut partition_by, mut partition_fields, mut output) = (None, None, None, None);
+    let (mut sort_by, mut partition_by, mut partition_fields, mut output) =
+        (None, None, None, None);
     for (k, v) in d {
         match k.as_str() {
             "sortBy" => match v {
@@ -472,7 +476,12 @@ pub fn parse_fill(arg: &Bson, vars: &[String]) -> Result<Vec<Stage>> {
     for (field, spec) in output {
         check_field_path(field)?;
         let Bson::Document(spec) = spec else {
-            return Err(wrong_type(STAGE, &format!("output.{field}"), spec, "object"));
+            return Err(wrong_type(
+                STAGE,
+                &format!("output.{field}"),
+                spec,
+                "object",
+            ));
         };
         if spec.len() != 1 {
             return Err(MongoError::with_code(
@@ -520,8 +529,8 @@ pub fn parse_fill(arg: &Bson, vars: &[String]) -> Result<Vec<Stage>> {
         for (field, f) in methods {
             outputs.push((field, window::parse_function(&f, sort_by.as_ref(), vars)?));
         }
-        stages.push(Stage::SetWindowFields(SetWindowFields::from_parts(
-            partition, sort_by, outputs,
+        stages.push(Stage::SetWindowFields(Box::new(
+            SetWindowFields::from_parts(partition, sort_by, outputs),
         )));
     }
     if !values.is_empty() {

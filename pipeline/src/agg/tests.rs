@@ -484,13 +484,10 @@ fn bucket_auto_chains_bounds_and_balances_counts() {
 
 #[test]
 fn bucket_auto_keeps_equal_values_together_and_may_make_fewer_buckets() {
-    let input: Vec<Document> = [1, 1, 1, 1, 2, 3]
-        .iter()
-        .map(|v| doc! {"v": *v})
-        .collect();
+    let input: Vec<Document> = [1, 1, 1, 1, 2, 3].iter().map(|v| doc! {"v": *v}).collect();
     let out = run(
         vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 3,
-            "output": {"n": {"$sum": 1}, "vs": {"$push": "$v"}}}}],
+        "output": {"n": {"$sum": 1}, "vs": {"$push": "$v"}}}}],
         input.clone(),
     );
     assert_eq!(
@@ -518,7 +515,10 @@ fn bucket_auto_keeps_equal_values_together_and_may_make_fewer_buckets() {
 
 #[test]
 fn bucket_auto_powers_of_two_granularity_rounds_the_bounds() {
-    let input: Vec<Document> = [1, 3, 5, 9, 17, 33].iter().map(|v| doc! {"v": *v}).collect();
+    let input: Vec<Document> = [1, 3, 5, 9, 17, 33]
+        .iter()
+        .map(|v| doc! {"v": *v})
+        .collect();
     let out = run(
         vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 3, "granularity": "POWERSOF2"}}],
         input,
@@ -527,7 +527,10 @@ fn bucket_auto_powers_of_two_granularity_rounds_the_bounds() {
         .iter()
         .map(|d| {
             let id = d.get_document("_id").unwrap();
-            (id.get("min").unwrap().clone(), id.get("max").unwrap().clone())
+            (
+                id.get("min").unwrap().clone(),
+                id.get("max").unwrap().clone(),
+            )
         })
         .collect();
     // 1 rounds down to 0.5; buckets {1, 3} (max 3 -> 4), {5, 9} (9 -> 16), {17, 33} (33 -> 64).
@@ -545,18 +548,35 @@ fn bucket_auto_powers_of_two_granularity_rounds_the_bounds() {
 fn bucket_auto_parse_errors() {
     let ba = |spec: Document| doc! {"$bucketAuto": spec};
     assert_eq!(parse_err_code(doc! {"$bucketAuto": 1}), 40240);
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a", "buckets": "x"})), 40241);
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 1.5})), 40242);
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 0})), 40243);
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": "x"})),
+        40241
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 1.5})),
+        40242
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 0})),
+        40243
+    );
     assert_eq!(
         parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "output": 1})),
         40244
     );
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "x": 1})), 40245);
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a"})), 40246);
-    assert_eq!(parse_err_code(ba(doc! {"groupBy": "a", "buckets": 2})), 40239);
     assert_eq!(
-        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "granularity": "R3"})),
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "x": 1})),
+        40245
+    );
+    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a"})), 40246);
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "a", "buckets": 2})),
+        40239
+    );
+    assert_eq!(
+        parse_err_code(ba(
+            doc! {"groupBy": "$a", "buckets": 2, "granularity": "R3"}
+        )),
         40257
     );
 }

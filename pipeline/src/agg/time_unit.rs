@@ -128,9 +128,15 @@ mod tests {
     fn month_addition_clamps_to_the_last_day() {
         // 2024-01-31 + 1 month = 2024-02-29 (leap year), + 13 months = 2025-02-28.
         assert_eq!(TimeUnit::Month.add(JAN_31_2024, 1), Some(1_709_164_800_000));
-        assert_eq!(TimeUnit::Month.add(JAN_31_2024, 13), Some(1_740_700_800_000));
+        assert_eq!(
+            TimeUnit::Month.add(JAN_31_2024, 13),
+            Some(1_740_700_800_000)
+        );
         assert_eq!(TimeUnit::Year.add(JAN_31_2024, -1), Some(1_675_123_200_000));
-        assert_eq!(TimeUnit::Day.add(JAN_31_2024, 1), Some(JAN_31_2024 + MS_PER_DAY));
+        assert_eq!(
+            TimeUnit::Day.add(JAN_31_2024, 1),
+            Some(JAN_31_2024 + MS_PER_DAY)
+        );
         assert_eq!(TimeUnit::Hour.add(i64::MAX, 1), None);
     }
 

@@ -429,7 +429,7 @@ pub(super) fn parse_function(
                     format!("{name} must be specified with '{{}}' as the value"),
                 ));
             }
-            if !sort_by.is_some_and(|s| s.fields().count() == 1) {
+            if sort_by.is_none_or(|s| s.fields().count() != 1) {
                 return Err(MongoError::with_code(
                     5371602,
                     format!(
@@ -483,8 +483,7 @@ pub(super) fn parse_function(
             }
             let output =
                 output.ok_or_else(|| parse_err("$shift requires an 'output' expression."))?;
-            let by =
-                by.ok_or_else(|| parse_err("$shift requires 'by' as an integer value."))?;
+            let by = by.ok_or_else(|| parse_err("$shift requires 'by' as an integer value."))?;
             if sort_by.is_none() {
                 return Err(parse_err("'$shift' requires a sortBy"));
             }
@@ -496,13 +495,15 @@ pub(super) fn parse_function(
         }
         "$locf" | "$linearFill" => {
             if window.is_some() {
-                return Err(parse_err(format!("'window' field is not allowed in {name}")));
+                return Err(parse_err(format!(
+                    "'window' field is not allowed in {name}"
+                )));
             }
             let input = Expr::parse_with_vars(operand, vars)?;
             if name == "$locf" {
                 return Ok(Func::Locf(input));
             }
-            if !sort_by.is_some_and(|s| s.fields().count() == 1) {
+            if sort_by.is_none_or(|s| s.fields().count() != 1) {
                 return Err(MongoError::with_code(
                     605001,
                     "$linearFill must be specified with a top level sortBy expression with exactly one element",
@@ -702,7 +703,9 @@ fn parse_bounds(w: &Bson, sort_by: Option<&SortSpec>) -> Result<Bounds> {
             format!("Lower bound must not exceed upper bound: [{a}, {b}]"),
         ));
     }
-    let mut fields = sort_by.map(|s| s.fields().collect::<Vec<_>>()).unwrap_or_default();
+    let mut fields = sort_by
+        .map(|s| s.fields().collect::<Vec<_>>())
+        .unwrap_or_default();
     if fields.len() != 1 {
         return Err(MongoError::with_code(
             5339902,
@@ -770,7 +773,10 @@ impl Func {
                 let mut out = Vec::with_capacity(n);
                 for i in 0..n {
                     let j = i64::try_from(i).ok().and_then(|i| i.checked_add(*by));
-                    match j.and_then(|j| usize::try_from(j).ok()).and_then(|j| part.get(j)) {
+                    match j
+                        .and_then(|j| usize::try_from(j).ok())
+                        .and_then(|j| part.get(j))
+                    {
                         Some(d) => out.push(output.evaluate_in(d, env)?),
                         None => out.push(Some(default.clone())),
                     }
@@ -953,7 +959,9 @@ impl State {
                 }
             }
             State::Best(best) => {
-                if let Some(x) = v.as_ref().filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
+                if let Some(x) = v
+                    .as_ref()
+                    .filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
                 {
                     let replace = best.as_ref().is_none_or(|b| {
                         let o = compare(x, b);
@@ -1074,7 +1082,10 @@ fn x_of(k: &Bson, unit: Option<TimeUnit>) -> Result<Option<f64>> {
         (v, None) if value::is_number(v) => Ok(value::as_f64(v)),
         (v, Some(_)) if value::is_number(v) => Err(MongoError::with_code(
             5624900,
-            format!("Expected the sortBy field to be a Date, but it was {}", type_name(v)),
+            format!(
+                "Expected the sortBy field to be a Date, but it was {}",
+                type_name(v)
+            ),
         )),
         (_, _) => Ok(None),
     }
@@ -1087,13 +1098,20 @@ fn y_of(v: &Option<Bson>) -> Option<f64> {
 }
 
 /// `$derivative`: slope between the window's first and last documents (null for fewer than 2).
-fn derivative_of(inputs: &[Option<Bson>], xs: &[Option<f64>], lo: usize, hi: usize) -> Result<Bson> {
+fn derivative_of(
+    inputs: &[Option<Bson>],
+    xs: &[Option<f64>],
+    lo: usize,
+    hi: usize,
+) -> Result<Bson> {
     if hi <= lo + 1 {
         return Ok(Bson::Null);
     }
     let last = hi - 1;
-    let (Some(x0), Some(x1)) = (xs.get(lo).copied().flatten(), xs.get(last).copied().flatten())
-    else {
+    let (Some(x0), Some(x1)) = (
+        xs.get(lo).copied().flatten(),
+        xs.get(last).copied().flatten(),
+    ) else {
         return Ok(Bson::Null);
     };
     let (Some(y0), Some(y1)) = (

@@ -526,7 +526,10 @@ fn bson_size_is_the_encoded_length_of_a_document() {
     assert_eq!(size, Some(Bson::Int32(want)));
     check(&[
         // {a: 1}: 4 (length) + 1 (type) + 2 ("a\0") + 4 (int32) + 1 (terminator).
-        (Bson::Document(doc! {"$bsonSize": {"$literal": {"a": 1}}}), b(12)),
+        (
+            Bson::Document(doc! {"$bsonSize": {"$literal": {"a": 1}}}),
+            b(12),
+        ),
         (Bson::Document(doc! {"$bsonSize": {"$literal": {}}}), b(5)),
         (Bson::Document(doc! {"$bsonSize": "$nope"}), b(Bson::Null)),
         (Bson::Document(doc! {"$bsonSize": "$n"}), b(Bson::Null)),
@@ -543,7 +546,13 @@ fn bson_size_is_the_encoded_length_of_a_document() {
         .evaluate(&doc! {"b": bin})
         .unwrap();
     assert_eq!(size, Some(Bson::Int32(3)));
-    let code = |e: Document| Expr::parse(&Bson::Document(e)).unwrap().evaluate(&d).unwrap_err().code;
+    let code = |e: Document| {
+        Expr::parse(&Bson::Document(e))
+            .unwrap()
+            .evaluate(&d)
+            .unwrap_err()
+            .code
+    };
     assert_eq!(code(doc! {"$bsonSize": "$_id"}), 31393);
     assert_eq!(code(doc! {"$bsonSize": [[1]]}), 31393);
     assert_eq!(code(doc! {"$binarySize": 1}), 51276);

@@ -55,7 +55,7 @@ fn summary(out: &[Document]) -> Vec<(String, i32, bool)> {
 fn partition_bounds_fill_between_each_partitions_min_and_max() {
     let out = run(
         doc! {"$densify": {"field": "altitude", "partitionByFields": ["variety"],
-            "range": {"bounds": "partition", "step": 200}}},
+        "range": {"bounds": "partition", "step": 200}}},
         coffee(),
     );
     let want = [
@@ -84,7 +84,7 @@ fn partition_bounds_fill_between_each_partitions_min_and_max() {
 fn full_bounds_use_one_grid_from_the_global_minimum_for_every_partition() {
     let out = run(
         doc! {"$densify": {"field": "altitude", "partitionByFields": ["variety"],
-            "range": {"bounds": "full", "step": 200}}},
+        "range": {"bounds": "full", "step": 200}}},
         coffee(),
     );
     let mut got = summary(&out);
@@ -130,7 +130,7 @@ fn explicit_date_bounds_step_by_units_and_exclude_the_upper_bound() {
         .collect();
     let out = run(
         doc! {"$densify": {"field": "timestamp",
-            "range": {"step": 1, "unit": "hour", "bounds": [at(0), at(8)]}}},
+        "range": {"step": 1, "unit": "hour", "bounds": [at(0), at(8)]}}},
         input,
     );
     let hours: Vec<i64> = out
@@ -176,37 +176,56 @@ fn explicit_bounds_pass_outside_documents_and_nulls_through() {
 fn densify_errors_carry_mongodb_codes() {
     let d = |spec: Document| doc! {"$densify": spec};
     assert_eq!(parse_code(doc! {"$densify": 1}), 9);
-    assert_eq!(parse_code(d(doc! {"range": {"step": 1, "bounds": "full"}})), 40414);
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 0, "bounds": "full"}})),
+        parse_code(d(doc! {"range": {"step": 1, "bounds": "full"}})),
+        40414
+    );
+    assert_eq!(
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 0, "bounds": "full"}}
+        )),
         5733401
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "bounds": [0, 1, 2]}})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "bounds": [0, 1, 2]}}
+        )),
         5733403
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "bounds": [2, 1]}})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "bounds": [2, 1]}}
+        )),
         5733402
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "bounds": "all"}})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "bounds": "all"}}
+        )),
         5946802
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "bounds": "partition"}})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "bounds": "partition"}}
+        )),
         5733408
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "unit": "hour", "bounds": [0, 1]}})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "unit": "hour", "bounds": [0, 1]}}
+        )),
         5733409
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "$a", "range": {"step": 1, "bounds": "full"}})),
+        parse_code(d(
+            doc! {"field": "$a", "range": {"step": 1, "bounds": "full"}}
+        )),
         16410
     );
     assert_eq!(
-        parse_code(d(doc! {"field": "a", "range": {"step": 1, "bounds": "full"}, "z": 1})),
+        parse_code(d(
+            doc! {"field": "a", "range": {"step": 1, "bounds": "full"}, "z": 1}
+        )),
         40415
     );
     assert_eq!(
@@ -245,10 +264,20 @@ fn fill_with_values_locf_and_linear_per_partition() {
     );
     let ids: Vec<i32> = out.iter().map(|d| d.get_i32("_id").unwrap_or(0)).collect();
     assert_eq!(ids, vec![1, 3, 5, 2, 4, 6]);
-    let p: Vec<Bson> = out.iter().map(|d| d.get("p").cloned().unwrap_or(Bson::Undefined)).collect();
+    let p: Vec<Bson> = out
+        .iter()
+        .map(|d| d.get("p").cloned().unwrap_or(Bson::Undefined))
+        .collect();
     assert_eq!(
         p,
-        vec![10.into(), 15.0.into(), 20.into(), 1.into(), 3.0.into(), 5.into()]
+        vec![
+            10.into(),
+            15.0.into(),
+            20.into(),
+            1.into(),
+            3.0.into(),
+            5.into()
+        ]
     );
     assert_eq!(out[1].get_str("q").unwrap(), "x");
     assert_eq!(out[3].get("q"), Some(&Bson::Null));
@@ -261,7 +290,10 @@ fn fill_value_keeps_present_values() {
         doc! {"$fill": {"output": {"a": {"value": "none"}}}},
         vec![doc! {"a": 1}, doc! {"a": null}, doc! {}],
     );
-    assert_eq!(out, vec![doc! {"a": 1}, doc! {"a": "none"}, doc! {"a": "none"}]);
+    assert_eq!(
+        out,
+        vec![doc! {"a": 1}, doc! {"a": "none"}, doc! {"a": "none"}]
+    );
 }
 
 #[test]
@@ -269,8 +301,10 @@ fn fill_errors_carry_mongodb_codes() {
     assert_eq!(parse_code(doc! {"$fill": "x"}), 9);
     assert_eq!(parse_code(doc! {"$fill": {"sortBy": {"a": 1}}}), 40414);
     assert_eq!(
-        parse_code(doc! {"$fill": {"partitionBy": "$a", "partitionByFields": ["a"],
-            "output": {"b": {"value": 1}}}}),
+        parse_code(
+            doc! {"$fill": {"partitionBy": "$a", "partitionByFields": ["a"],
+            "output": {"b": {"value": 1}}}}
+        ),
         6050204
     );
     assert_eq!(

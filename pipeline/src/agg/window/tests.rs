@@ -232,7 +232,10 @@ fn shift_reads_neighbours_or_the_default() {
     assert_eq!(field(&out, "prev")[1], Bson::from(10));
     // The neighbour exists but its value is missing: the field is not set.
     assert_eq!(field(&out, "prev")[2], Bson::Undefined);
-    assert_eq!(field(&out, "next"), vec![Bson::Undefined, 30.into(), Bson::Null]);
+    assert_eq!(
+        field(&out, "next"),
+        vec![Bson::Undefined, 30.into(), Bson::Null]
+    );
 }
 
 #[test]
@@ -302,9 +305,14 @@ fn parse_errors_carry_mongodb_codes() {
         9,
         "unknown function"
     );
-    assert_eq!(parse_code(swf(doc! {"output": {"a": {"$median": {"input": "$x"}}}})), 115);
     assert_eq!(
-        parse_code(swf(doc! {"output": {"a": {"$sum": "$x", "window": {"documents": [-1, 0]}}}})),
+        parse_code(swf(doc! {"output": {"a": {"$median": {"input": "$x"}}}})),
+        115
+    );
+    assert_eq!(
+        parse_code(swf(
+            doc! {"output": {"a": {"$sum": "$x", "window": {"documents": [-1, 0]}}}}
+        )),
         5339901
     );
     assert_eq!(
@@ -325,13 +333,20 @@ fn parse_errors_carry_mongodb_codes() {
         )),
         8947401
     );
-    assert_eq!(parse_code(swf(doc! {"output": {"r": {"$rank": {}}}})), 5371602);
     assert_eq!(
-        parse_code(swf(doc! {"sortBy": {"a": 1}, "output": {"r": {"$rank": 1}}})),
+        parse_code(swf(doc! {"output": {"r": {"$rank": {}}}})),
+        5371602
+    );
+    assert_eq!(
+        parse_code(swf(
+            doc! {"sortBy": {"a": 1}, "output": {"r": {"$rank": 1}}}
+        )),
         5371603
     );
     assert_eq!(
-        parse_code(swf(doc! {"output": {"s": {"$shift": {"output": "$a", "by": 1}}}})),
+        parse_code(swf(
+            doc! {"output": {"s": {"$shift": {"output": "$a", "by": 1}}}}
+        )),
         9
     );
     assert_eq!(
@@ -340,10 +355,15 @@ fn parse_errors_carry_mongodb_codes() {
         )),
         9
     );
-    assert_eq!(parse_code(swf(doc! {"output": {"f": {"$linearFill": "$a"}}})), 605001);
+    assert_eq!(
+        parse_code(swf(doc! {"output": {"f": {"$linearFill": "$a"}}})),
+        605001
+    );
     assert_eq!(parse_code(swf(doc! {"output": {"$f": {"$sum": 1}}})), 16410);
     assert_eq!(
-        parse_code(swf(doc! {"sortBy": {"a": 1}, "output": {"f": {"$derivative": {"input": "$a"}}}})),
+        parse_code(swf(
+            doc! {"sortBy": {"a": 1}, "output": {"f": {"$derivative": {"input": "$a"}}}}
+        )),
         9
     );
 }
@@ -353,9 +373,9 @@ fn runtime_errors_carry_mongodb_codes() {
     let by_array = doc! {"$setWindowFields": {"partitionBy": "$a", "output": {"n": {"$sum": 1}}}};
     assert_eq!(run_code(by_array, vec![doc! {"a": [1, 2]}]), 14);
     let range = doc! {"$setWindowFields": {"sortBy": {"a": 1},
-        "output": {"n": {"$sum": 1, "window": {"range": [-1, 0]}}}}};
+    "output": {"n": {"$sum": 1, "window": {"range": [-1, 0]}}}}};
     assert_eq!(run_code(range, vec![doc! {"a": "x"}]), 5429413);
     let dated = doc! {"$setWindowFields": {"sortBy": {"a": 1},
-        "output": {"n": {"$sum": 1, "window": {"range": [-1, 0], "unit": "day"}}}}};
+    "output": {"n": {"$sum": 1, "window": {"range": [-1, 0], "unit": "day"}}}}};
     assert_eq!(run_code(dated, vec![doc! {"a": 1}]), 5429513);
 }
