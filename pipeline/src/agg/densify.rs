@@ -16,9 +16,9 @@
 //!   `internalQueryMaxAllowedDensifyDocs` default.
 //!
 //! `$fill` is rewritten as MongoDB does: methods (`locf`, `linear`) become one
-//! `$setWindowFields` (`$locf`/`$linearFill` of the field itself) and values become one
-//! `$addFields` of `{$ifNull: ["$field", value]}`, in that order; a `sortBy` with no method
-//! becomes a `$sort`.
+//! `$setWindowFields` (`$locf`/`$linearFill` of the field itself, with the `$fill`'s
+//! `partitionBy`/`partitionByFields` and `sortBy`) and values become one `$addFields` of
+//! `{$ifNull: ["$field", value]}`, in that order (a `sortBy` with only values sorts nothing).
 
 use std::collections::BTreeMap;
 
@@ -448,7 +448,17 @@ pub fn parse_fill(arg: &Bson, vars: &[String]) -> Result<Vec<Stage>> {
                 Bson::Document(s) => sort_by = Some(SortSpec::parse(s)?),
                 other => return Err(wrong_type(STAGE, "sortBy", other, "object")),
             },
-            "partitionBy" => partition_by = Some(Expr::parse_with_vars(v, vars)?),
+            "partitionBy" => match v {
+                Bson::String(_) | Bson::Document(_) => {
+                    partition_by = Some(Expr::parse_with_vars(v, vars)?);
+                }
+                other => {
+                    return Err(MongoError::type_mismatch(format!(
+                        "BSON field '$fill.partitionBy' is the wrong type '{}', expected types '[string, object]'",
+                        type_name(other)
+                    )));
+                }
+            },
             "partitionByFields" => {
                 partition_fields = Some(string_list(STAGE, "partitionByFields", v)?);
             }
@@ -471,60 +481,61 @@ pub fn parse_fill(arg: &Bson, vars: &[String]) -> Result<Vec<Stage>> {
         (None, Some(f)) => Partition::Fields(f),
         (None, None) => Partition::None,
     };
+    if output.is_empty() {
+        return Err(MongoError::with_code(
+            6050203,
+            "The output field in '$fill' must contain an object with at least one element",
+        ));
+    }
     let mut methods = Vec::new();
     let mut values = Document::new();
     for (field, spec) in output {
-        check_field_path(field)?;
         let Bson::Document(spec) = spec else {
-            return Err(wrong_type(
-                STAGE,
-                &format!("output.{field}"),
-                spec,
-                "object",
+            return Err(MongoError::with_code(
+                6050200,
+                "Each fill output specification must be an object with exactly one field",
             ));
         };
-        if spec.len() != 1 {
-            return Err(MongoError::with_code(
-                6050203,
-                "Exactly one of 'value' or 'method' must be specified per field in '$fill'",
-            ));
+        check_field_path(field)?;
+        let (mut method, mut value) = (None, None);
+        for (k, v) in spec {
+            match (k.as_str(), v) {
+                ("method", Bson::String(m)) => method = Some(m),
+                ("method", other) => return Err(wrong_type(STAGE, "method", other, "string")),
+                ("value", v) => value = Some(v),
+                (other, _) => return Err(unknown_field(STAGE, other)),
+            }
         }
-        match spec.iter().next() {
-            Some((k, v)) if k == "value" => {
-                values.insert(
-                    field.clone(),
-                    doc! {"$ifNull": [format!("${field}"), v.clone()]},
-                );
-            }
-            Some((k, Bson::String(m))) if k == "method" && (m == "locf" || m == "linear") => {
-                let function = if m == "locf" { "$locf" } else { "$linearFill" };
-                let mut f = Document::new();
-                f.insert(function, format!("${field}"));
-                methods.push((field.clone(), f));
-            }
-            Some((k, _)) if k == "method" => {
+        if let Some(m) = method {
+            if value.is_some() {
                 return Err(MongoError::with_code(
-                    6050202,
-                    "Method must be either 'linear' or 'locf'",
+                    6050201,
+                    "Each fill output specification must have exactly one of 'method' or 'value' fields, not both",
                 ));
             }
-            Some((k, _)) => {
-                return Err(MongoError::with_code(
-                    6050203,
-                    format!("Unknown field '{k}' in $fill output; expected 'value' or 'method'"),
-                ));
-            }
-            None => {}
+            let function = match m.as_str() {
+                "locf" => "$locf",
+                "linear" => "$linearFill",
+                _ => {
+                    return Err(MongoError::with_code(
+                        6050202,
+                        "Method must be either locf or linear",
+                    ));
+                }
+            };
+            let mut f = Document::new();
+            f.insert(function, format!("${field}"));
+            methods.push((field.clone(), f));
+        }
+        if let Some(v) = value {
+            values.insert(
+                field.clone(),
+                doc! {"$ifNull": [format!("${field}"), v.clone()]},
+            );
         }
     }
     let mut stages = Vec::new();
-    if methods.is_empty() {
-        if let Some(s) = &sort_by
-            && !s.is_empty()
-        {
-            stages.push(Stage::Sort(s.clone()));
-        }
-    } else {
+    if !methods.is_empty() {
         let mut outputs: Vec<(String, Func)> = Vec::with_capacity(methods.len());
         for (field, f) in methods {
             outputs.push((field, window::parse_function(&f, sort_by.as_ref(), vars)?));

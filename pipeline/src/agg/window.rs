@@ -14,6 +14,7 @@
 //!   (5339901); range windows need a single ascending sortBy field (5339902, 8947401) whose
 //!   values are numbers (5429413) or, with `unit`, dates (5429513).
 //! * `$sum $count` over an empty window are 0, `$avg $min $max $first $last $stdDev*` null,
+//!   (`$first`/`$last` of a document whose value is missing leave the field unset),
 //!   `$push $addToSet` `[]`; `$addToSet` yields its values in ascending order. Non-numbers are
 //!   ignored by `$sum $avg $stdDev*`, null and missing by `$min $max`, missing by `$push`.
 //! * `$rank $denseRank $documentNumber` take `{}`, no window, and a single-field sortBy; ranks
@@ -205,13 +206,10 @@ impl SetWindowFields {
         })?;
         let mut outputs = Vec::with_capacity(output.len());
         for (name, spec) in output {
-            check_field_path(name)?;
             let Bson::Document(spec) = spec else {
-                return Err(parse_err(format!(
-                    "The field '{name}' must be an object, found {}",
-                    type_name(spec)
-                )));
+                return Err(parse_err(format!("The field '{name}' must be an object")));
             };
+            check_field_path(name)?;
             outputs.push((name.clone(), parse_function(spec, sort_by.as_ref(), vars)?));
         }
         Ok(SetWindowFields {
@@ -1044,12 +1042,12 @@ fn accumulate_windows(
             } else {
                 hi.checked_sub(1)
             };
-            let v = if lo < hi {
+            // An empty window is null; a missing value at the window's end stays missing.
+            out.push(if lo < hi {
                 at.and_then(|i| inputs.get(i)).cloned().flatten()
             } else {
-                None
-            };
-            out.push(Some(v.unwrap_or(Bson::Null)));
+                Some(Bson::Null)
+            });
             continue;
         }
         let from = match cur {

@@ -313,7 +313,13 @@ fn fill_errors_carry_mongodb_codes() {
     );
     assert_eq!(
         parse_code(doc! {"$fill": {"output": {"b": {"method": "locf", "value": 1}}}}),
-        6050203
+        6050201
+    );
+    assert_eq!(parse_code(doc! {"$fill": {"output": {}}}), 6050203);
+    assert_eq!(parse_code(doc! {"$fill": {"output": {"b": 1}}}), 6050200);
+    assert_eq!(
+        parse_code(doc! {"$fill": {"partitionBy": 1, "output": {"b": {"value": 1}}}}),
+        14
     );
     assert_eq!(
         parse_code(doc! {"$fill": {"output": {"b": {"method": "linear"}}}}),
