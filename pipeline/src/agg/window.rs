@@ -12,7 +12,7 @@
 //!   units); either bound may be `"unbounded"` or `"current"`. Without `window` the window is
 //!   the whole partition. Document windows other than the whole partition need a `sortBy`
 //!   (5339901); range windows need a single ascending sortBy field (5339902, 8947401) whose
-//!   values are numbers (5429413) or, with `unit`, dates (5429513).
+//!   values are numbers (5429414; dates need a `unit`, 5429413) or, with `unit`, dates (5429513).
 //! * `$sum $count` over an empty window are 0, `$avg $min $max $first $last $stdDev*` null,
 //!   (`$first`/`$last` of a document whose value is missing leave the field unset),
 //!   `$push $addToSet` `[]`; `$addToSet` yields its values in ascending order. Non-numbers are
@@ -810,11 +810,16 @@ impl Func {
             } => {
                 let inputs = evaluate_all(input, part, env)?;
                 let windows = windows(bounds, keys, n)?;
+                let derivative = matches!(self, Func::Derivative { .. });
+                let name = if derivative {
+                    "$derivative"
+                } else {
+                    "$integral"
+                };
                 let xs = keys
                     .iter()
-                    .map(|k| x_of(k, *unit))
+                    .map(|k| x_of(name, k, *unit))
                     .collect::<Result<Vec<_>>>()?;
-                let derivative = matches!(self, Func::Derivative { .. });
                 let mut out = Vec::with_capacity(n);
                 for (lo, hi) in windows {
                     out.push(Some(if derivative {
@@ -859,27 +864,29 @@ fn windows(bounds: &Bounds, keys: &[Bson], n: usize) -> Result<Vec<(usize, usize
             .collect()),
         Bounds::Range(l, u, unit) => {
             for k in keys {
-                let ok = match unit {
-                    None => value::is_number(k),
-                    Some(_) => matches!(k, Bson::DateTime(_)),
+                let err = match (unit, k) {
+                    (None, Bson::DateTime(_)) => Some(MongoError::with_code(
+                        5429413,
+                        "Invalid range: For windows that involve date or time ranges, a unit must be provided.",
+                    )),
+                    (None, k) if !value::is_number(k) => Some(MongoError::with_code(
+                        5429414,
+                        format!(
+                            "Invalid range: Expected the sortBy field to be a number, but it was {}",
+                            type_name(k)
+                        ),
+                    )),
+                    (Some(_), k) if !matches!(k, Bson::DateTime(_)) => Some(MongoError::with_code(
+                        5429513,
+                        format!(
+                            "Invalid range: Expected the sortBy field to be a Date, but it was {}",
+                            type_name(k)
+                        ),
+                    )),
+                    _ => None,
                 };
-                if !ok {
-                    return Err(match unit {
-                        None => MongoError::with_code(
-                            5429413,
-                            format!(
-                                "Invalid range: Expected the sortBy field to be a number, but it was {}",
-                                type_name(k)
-                            ),
-                        ),
-                        Some(_) => MongoError::with_code(
-                            5429513,
-                            format!(
-                                "Invalid range: Expected the sortBy field to be a Date, but it was {}",
-                                type_name(k)
-                            ),
-                        ),
-                    });
+                if let Some(e) = err {
+                    return Err(e);
                 }
             }
             let shifted = |v: &Bson, b: &Bound<Bson>| -> Result<Option<Bson>> {
@@ -1066,26 +1073,26 @@ fn accumulate_windows(
     out
 }
 
-/// The x coordinate of a sortBy value: numbers as they are, dates in `unit`s (milliseconds
-/// without a unit is an error, as MongoDB requires a unit for dates).
-fn x_of(k: &Bson, unit: Option<TimeUnit>) -> Result<Option<f64>> {
+/// The x coordinate of a sortBy value for `name` (`$derivative`/`$integral`): numbers as they
+/// are without a unit, dates in `unit`s with one (MongoDB's 5624900-5624902 otherwise).
+fn x_of(name: &str, k: &Bson, unit: Option<TimeUnit>) -> Result<Option<f64>> {
     match (k, unit) {
         (Bson::DateTime(d), Some(u)) => Ok(Some(
             d.timestamp_millis() as f64 / u.fixed_millis().unwrap_or(1) as f64,
         )),
+        (_, Some(_)) => Err(MongoError::with_code(
+            5624900,
+            format!("{name} with 'unit' expects the sortBy field to be a Date"),
+        )),
         (Bson::DateTime(_), None) => Err(MongoError::with_code(
             5624901,
-            "Expected a unit with a date sortBy field",
+            format!("{name} where the sortBy is a Date requires an 'unit'"),
         )),
         (v, None) if value::is_number(v) => Ok(value::as_f64(v)),
-        (v, Some(_)) if value::is_number(v) => Err(MongoError::with_code(
-            5624900,
-            format!(
-                "Expected the sortBy field to be a Date, but it was {}",
-                type_name(v)
-            ),
+        (_, None) => Err(MongoError::with_code(
+            5624902,
+            format!("{name} (with no 'unit') expects the sortBy field to be numeric"),
         )),
-        (_, _) => Ok(None),
     }
 }
 
@@ -1112,12 +1119,27 @@ fn derivative_of(
     ) else {
         return Ok(Bson::Null);
     };
-    let (Some(y0), Some(y1)) = (
-        inputs.get(lo).and_then(y_of),
-        inputs.get(last).and_then(y_of),
-    ) else {
-        return Ok(Bson::Null);
+    let y = |i: usize| -> Result<f64> {
+        match inputs.get(i).cloned().flatten() {
+            None | Some(Bson::Null) | Some(Bson::Undefined) => Err(MongoError::with_code(
+                5624903,
+                "$derivative input must not be null or missing",
+            )),
+            Some(v) => value::as_f64(&v)
+                .filter(|_| value::is_number(&v))
+                .ok_or_else(|| {
+                    MongoError::with_code(
+                        16556,
+                        format!(
+                            "cant $subtract a {} from a {}",
+                            type_name(&v),
+                            type_name(&v)
+                        ),
+                    )
+                }),
+        }
     };
+    let (y0, y1) = (y(lo)?, y(last)?);
     if x1 == x0 {
         return Ok(Bson::Null);
     }
@@ -1144,37 +1166,46 @@ fn integral_of(inputs: &[Option<Bson>], xs: &[Option<f64>], lo: usize, hi: usize
     Ok(Bson::Double(sum))
 }
 
-/// `$linearFill` over one sorted partition.
+/// `$linearFill` over one sorted partition: `y1 + (x - x1) * (y2 - y1) / (x2 - x1)` between the
+/// surrounding non-null values (a double), null without both neighbours.
 fn linear_fill(ys: &[Option<Bson>], keys: &[Bson]) -> Result<Vec<Option<Bson>>> {
-    let x_at = |i: usize| -> Result<f64> {
-        match keys.get(i) {
-            Some(Bson::DateTime(d)) => Ok(d.timestamp_millis() as f64),
-            Some(v) if value::is_number(v) => Ok(value::as_f64(v).unwrap_or(f64::NAN)),
-            Some(v) => Err(MongoError::type_mismatch(format!(
-                "The sortBy field of $linearFill must be a number or a date, but it was {}",
-                type_name(v)
-            ))),
-            None => Ok(f64::NAN),
-        }
-    };
-    for w in keys.windows(2) {
-        if let [a, b] = w
-            && value::equal(a, b)
-        {
-            return Err(MongoError::with_code(
-                6050106,
-                "There can be no repeated values in the sort field",
-            ));
-        }
-    }
     let nullish = |v: &Option<Bson>| matches!(v, None | Some(Bson::Null) | Some(Bson::Undefined));
-    for v in ys.iter().flatten() {
-        if !nullish(&Some(v.clone())) && !value::is_number(v) {
+    let mut xs = Vec::with_capacity(keys.len());
+    let mut last: Option<&Bson> = None;
+    for (y, x) in ys.iter().zip(keys) {
+        if let Some(v) = y.as_ref().filter(|v| !value::is_number(v) && !nullish(y)) {
             return Err(MongoError::type_mismatch(format!(
-                "Value to be filled by $linearFill must be a number, but it was {}",
+                "Value to be filled must be numeric or nullish, but found {}",
                 type_name(v)
             )));
         }
+        let xf = match x {
+            Bson::DateTime(d) => d.timestamp_millis() as f64,
+            v if value::is_number(v) => value::as_f64(v).unwrap_or(f64::NAN),
+            v => {
+                return Err(MongoError::type_mismatch(format!(
+                    "Value of the sortBy field must be numeric or a date, but found {}",
+                    type_name(v)
+                )));
+            }
+        };
+        if let Some(prev) = last {
+            if value::equal(prev, x) {
+                return Err(MongoError::with_code(
+                    6050106,
+                    "There can be no repeated values in the sort field",
+                ));
+            }
+            if matches!(prev, Bson::DateTime(_)) != matches!(x, Bson::DateTime(_)) {
+                return Err(MongoError::type_mismatch(format!(
+                    "Conflicting sort value types, previously received type {}, but found {}",
+                    type_name(prev),
+                    type_name(x)
+                )));
+            }
+        }
+        last = Some(x);
+        xs.push(xf);
     }
     let mut out = Vec::with_capacity(ys.len());
     let mut prev: Option<usize> = None;
@@ -1185,12 +1216,10 @@ fn linear_fill(ys: &[Option<Bson>], keys: &[Bson]) -> Result<Vec<Option<Bson>>> 
             continue;
         }
         let next = (i + 1..ys.len()).find(|j| ys.get(*j).is_some_and(|v| !nullish(v)));
-        let filled = match (prev, next) {
-            (Some(p), Some(q)) => {
-                let (xp, xq, xi) = (x_at(p)?, x_at(q)?, x_at(i)?);
-                let yp = ys.get(p).and_then(y_of).unwrap_or(f64::NAN);
-                let yq = ys.get(q).and_then(y_of).unwrap_or(f64::NAN);
-                Bson::Double(yp + (xi - xp) * (yq - yp) / (xq - xp))
+        let point = |j: usize| (xs.get(j).copied(), ys.get(j).and_then(y_of));
+        let filled = match (prev.map(point), next.map(point), xs.get(i)) {
+            (Some((Some(x1), Some(y1))), Some((Some(x2), Some(y2))), Some(x)) => {
+                Bson::Double(y1 + (x - x1) * ((y2 - y1) / (x2 - x1)))
             }
             _ => Bson::Null,
         };

@@ -374,8 +374,46 @@ fn runtime_errors_carry_mongodb_codes() {
     assert_eq!(run_code(by_array, vec![doc! {"a": [1, 2]}]), 14);
     let range = doc! {"$setWindowFields": {"sortBy": {"a": 1},
     "output": {"n": {"$sum": 1, "window": {"range": [-1, 0]}}}}};
-    assert_eq!(run_code(range, vec![doc! {"a": "x"}]), 5429413);
+    assert_eq!(run_code(range.clone(), vec![doc! {"a": "x"}]), 5429414);
+    let now = bson::DateTime::from_millis(0);
+    assert_eq!(run_code(range, vec![doc! {"a": now}]), 5429413);
     let dated = doc! {"$setWindowFields": {"sortBy": {"a": 1},
     "output": {"n": {"$sum": 1, "window": {"range": [-1, 0], "unit": "day"}}}}};
     assert_eq!(run_code(dated, vec![doc! {"a": 1}]), 5429513);
+    let fill =
+        doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {"v": {"$linearFill": "$v"}}}};
+    assert_eq!(
+        run_code(
+            fill.clone(),
+            vec![doc! {"t": 1, "v": 1}, doc! {"t": 1, "v": null}]
+        ),
+        6050106
+    );
+    assert_eq!(run_code(fill.clone(), vec![doc! {"t": 1, "v": "x"}]), 14);
+    assert_eq!(run_code(fill, vec![doc! {"t": "x", "v": 1}]), 14);
+}
+
+#[test]
+fn derivative_with_a_unit_uses_dates_and_checks_types() {
+    let t = |h: i64| bson::DateTime::from_millis(h * 3_600_000);
+    let input = vec![doc! {"t": t(0), "y": 0}, doc! {"t": t(2), "y": 10}];
+    let spec = |unit: Option<&str>| {
+        let mut args = doc! {"input": "$y"};
+        if let Some(u) = unit {
+            args.insert("unit", u);
+        }
+        doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+        "d": {"$derivative": args, "window": {"documents": ["unbounded", "current"]}}}}}
+    };
+    let out = run(spec(Some("hour")), input.clone());
+    assert_eq!(field(&out, "d"), vec![Bson::Null, 5.0.into()]);
+    assert_eq!(run_code(spec(None), input), 5624901);
+    let numbers = vec![doc! {"t": 0, "y": 0}, doc! {"t": 1, "y": null}];
+    assert_eq!(run_code(spec(Some("hour")), numbers.clone()), 5624900);
+    assert_eq!(run_code(spec(None), numbers), 5624903);
+    assert_eq!(
+        parse_code(doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {
+        "d": {"$derivative": {"input": "$y", "unit": "month"}, "window": {"documents": [0, 1]}}}}}),
+        5490710
+    );
 }
