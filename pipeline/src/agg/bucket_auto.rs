@@ -10,8 +10,10 @@
 //! * Missing `groupBy` values count as null; values order by [`crate::value::compare`].
 //! * `output` takes `$group`'s accumulators (default `{count: {$sum: 1}}`). `granularity`
 //!   rounds bounds to a preferred-number series: `POWERSOF2`, `1-2-5`, `R5`, `R10`, `R20`,
-//!   `E6`, `E12`, `E24` (values must then be non-negative numbers); other series are
-//!   CommandNotSupported.
+//!   `E6`, `E12`, `E24` (values must then be non-negative numbers, 40265-40267): each bucket
+//!   but the last also takes the values below its largest value rounded up, which becomes its
+//!   `max` and the next bucket's `min`; the first `min` is rounded down and the last `max` up.
+//!   Other MongoDB series (`R40 R80 E48 E96 E192`) are CommandNotSupported.
 
 use bson::{Bson, Document, doc};
 
@@ -67,7 +69,8 @@ impl BucketAuto {
             match k.as_str() {
                 "groupBy" => {
                     let ok = matches!(v, Bson::String(s) if s.starts_with('$'))
-                        || matches!(v, Bson::Document(_));
+                        || matches!(v, Bson::Document(d)
+                            if d.keys().next().is_some_and(|k| k.starts_with('$')));
                     if !ok {
                         return Err(MongoError::with_code(
                             40239,
@@ -99,15 +102,7 @@ impl BucketAuto {
                                 ),
                             )
                         })?;
-                    if n <= 0 {
-                        return Err(MongoError::with_code(
-                            40243,
-                            format!(
-                                "The $bucketAuto 'buckets' field must be greater than 0, but found: {n}"
-                            ),
-                        ));
-                    }
-                    buckets = Some(usize::try_from(n).unwrap_or(1));
+                    buckets = Some(n);
                 }
                 "output" => {
                     let Bson::Document(o) = v else {
@@ -159,7 +154,7 @@ impl BucketAuto {
                 other => {
                     return Err(MongoError::with_code(
                         40245,
-                        format!("Unrecognized option to $bucketAuto: {other}."),
+                        format!("Unrecognized option to $bucketAuto: {other}"),
                     ));
                 }
             }
@@ -170,6 +165,15 @@ impl BucketAuto {
                 "$bucketAuto requires 'groupBy' and 'buckets' to be specified",
             ));
         };
+        if buckets <= 0 {
+            return Err(MongoError::with_code(
+                40243,
+                format!(
+                    "The $bucketAuto 'buckets' field must be greater than 0, but found: {buckets}"
+                ),
+            ));
+        }
+        let buckets = usize::try_from(buckets).unwrap_or(1);
         let accumulators = output.unwrap_or_else(|| {
             vec![(
                 "count".to_string(),
@@ -224,15 +228,16 @@ impl BucketAuto {
                     bucket.1 = v;
                     bucket.2.push(d);
                 }
-                // Keep equal values (after rounding) together.
+                // Absorb the values equal to the bucket's largest (with a granularity: below
+                // its rounded-up boundary, which then becomes its max if more values follow).
                 let boundary = round_up(&bucket.1);
                 while let Some((v, _)) = items.peek() {
-                    let same = if self.granularity.is_some() {
+                    let absorb = if self.granularity.is_some() {
                         compare(v, &boundary).is_lt()
                     } else {
-                        compare(v, &boundary).is_le()
+                        compare(v, &bucket.1).is_eq()
                     };
-                    if !same {
+                    if !absorb {
                         break;
                     }
                     if let Some((v, d)) = items.next() {
@@ -240,12 +245,16 @@ impl BucketAuto {
                         bucket.2.push(d);
                     }
                 }
+                if self.granularity.is_some() && items.peek().is_some() {
+                    bucket.1 = boundary;
+                }
             }
             match (buckets.last_mut(), self.granularity) {
-                (Some(prev), Some(_)) => {
-                    let edge = round_up(&prev.1);
-                    prev.1 = edge.clone();
-                    bucket.0 = edge;
+                (Some(prev), Some(g)) => {
+                    if value::as_f64(&prev.1) == Some(0.0) {
+                        prev.1 = round(g, &bucket.0, false);
+                    }
+                    bucket.0 = prev.1.clone();
                 }
                 (Some(prev), None) => prev.1 = bucket.0.clone(),
                 (None, _) => {}
@@ -281,9 +290,9 @@ impl BucketAuto {
 fn check_rounding_input(v: &Bson) -> Result<()> {
     if !value::is_number(v) {
         return Err(MongoError::with_code(
-            40258,
+            40265,
             format!(
-                "$bucketAuto can specify a 'granularity' with numeric boundaries only, but found type: {}",
+                "A granularity rounder can only round numeric values, but found type: {}",
                 type_name(v)
             ),
         ));
@@ -291,35 +300,46 @@ fn check_rounding_input(v: &Bson) -> Result<()> {
     let f = value::as_f64(v).unwrap_or(f64::NAN);
     if f.is_nan() {
         return Err(MongoError::with_code(
-            40259,
+            40266,
             "A granularity rounder cannot round NaN",
         ));
     }
     if f < 0.0 {
         return Err(MongoError::with_code(
-            40260,
+            40267,
             "A granularity rounder can only round non-negative numbers",
         ));
     }
     Ok(())
 }
 
-/// The series value strictly above (`up`) or strictly below `v` (0 stays 0), as a double.
+/// The series value strictly above (`up`) or strictly below `v`; 0 stays 0. Powers of two are
+/// `2^e` computed as MongoDB's `$pow` of two ints does (int, long, or double for `e < 0`);
+/// other series are doubles.
 fn round(g: Granularity, v: &Bson, up: bool) -> Bson {
     let x = value::as_f64(v).unwrap_or(0.0);
     if x <= 0.0 || !x.is_finite() {
         return v.clone();
     }
-    let r = match g {
+    match g {
         Granularity::PowersOf2 => {
-            let e = x.log2();
-            let e = if up { e.floor() + 1.0 } else { e.ceil() - 1.0 };
-            2f64.powf(e)
+            let l = x.log2();
+            let e = if up { l.floor() + 1.0 } else { l.ceil() - 1.0 };
+            if e < 0.0 {
+                return Bson::Double(2f64.powf(e));
+            }
+            match 1i64.checked_shl(e as u32).filter(|_| e < 63.0) {
+                Some(p) => match i32::try_from(p) {
+                    Ok(i) => Bson::Int32(i),
+                    Err(_) => Bson::Int64(p),
+                },
+                None => Bson::Double(2f64.powf(e)),
+            }
         }
         Granularity::Series(s) => {
             let mut scale = 10f64.powf(x.log10().floor());
             let m = x / scale;
-            if up {
+            let r = if up {
                 match s.iter().find(|c| **c > m + 1e-12) {
                     Some(c) => c * scale,
                     None => s.first().copied().unwrap_or(1.0) * scale * 10.0,
@@ -332,20 +352,8 @@ fn round(g: Granularity, v: &Bson, up: bool) -> Bson {
                         s.last().copied().unwrap_or(1.0) * scale
                     }
                 }
-            }
+            };
+            Bson::Double(r)
         }
-    };
-    // Keep integral powers of two integral when the input was an integer type.
-    match v {
-        Bson::Int32(_) | Bson::Int64(_) if r.fract() == 0.0 && g == Granularity::PowersOf2 => {
-            match value::f64_to_i64_exact(r) {
-                Some(i) => match i32::try_from(i) {
-                    Ok(i) if matches!(v, Bson::Int32(_)) => Bson::Int32(i),
-                    _ => Bson::Int64(i),
-                },
-                None => Bson::Double(r),
-            }
-        }
-        _ => Bson::Double(r),
     }
 }
