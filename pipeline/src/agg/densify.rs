@@ -9,7 +9,8 @@
 //!   Before each document, its partition gets every grid value it has not reached that is
 //!   below the document's value (and, for explicit bounds, below `hi`). At the end, `"full"`
 //!   fills every partition up to the global maximum (inclusive) and `[lo, hi]` up to `hi`
-//!   (exclusive). A grid value equal to an existing document's value is not generated.
+//!   (exclusive; without partitions the range is generated even when no document has the
+//!   field). A grid value equal to an existing document's value is not generated.
 //! * A generated document holds only the partition fields and `field`. Dates step by whole
 //!   `unit`s (calendar arithmetic for month, quarter and year); numbers take no unit.
 //! * Generating more than [`MAX_GENERATED`] documents is an error (5897900), as MongoDB's
@@ -276,21 +277,18 @@ impl Densify {
     fn check_value(&self, v: &Bson) -> Result<()> {
         match (v, self.unit) {
             (Bson::DateTime(_), Some(_)) => Ok(()),
+            (n, None) if value::is_number(n) => Ok(()),
             (Bson::DateTime(_), None) => Err(MongoError::with_code(
                 6053600,
-                "Encountered date field value, unit must be specified",
+                "Encountered date densify value in collection when step does not have a date unit.",
             )),
-            (n, None) if value::is_number(n) => Ok(()),
             (n, Some(_)) if value::is_number(n) => Err(MongoError::with_code(
                 6053600,
-                "Encountered numeric field value with a unit; dates are required when a unit is specified",
+                "Encountered numeric densify value in collection when step has a date unit.",
             )),
-            (other, _) => Err(MongoError::with_code(
+            _ => Err(MongoError::with_code(
                 5733201,
-                format!(
-                    "Densify field type must be numeric or a date, found {}",
-                    type_name(other)
-                ),
+                "Densify field type must be numeric or a date",
             )),
         }
     }
@@ -321,6 +319,11 @@ impl Densify {
         // Partition key -> (position in `order`, next grid value to generate).
         let mut partitions: BTreeMap<GroupKey, usize> = BTreeMap::new();
         let mut order: Vec<(Document, Option<Bson>)> = Vec::new();
+        if matches!(self.bounds, RangeBounds::Explicit(_)) && self.partition_fields.is_empty() {
+            // Without partitions an explicit range is generated even from no documents.
+            partitions.insert(GroupKey(Bson::Document(Document::new())), 0);
+            order.push((Document::new(), None));
+        }
         for d in docs {
             let Some(v) = value::get_path(&d, &self.field)
                 .filter(|v| !is_nullish(v))

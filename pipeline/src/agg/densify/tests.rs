@@ -173,6 +173,19 @@ fn explicit_bounds_pass_outside_documents_and_nulls_through() {
 }
 
 #[test]
+fn explicit_bounds_without_partitions_generate_even_from_nothing() {
+    let stage = doc! {"$densify": {"field": "x", "range": {"step": 1, "bounds": [0, 3]}}};
+    assert_eq!(
+        run(stage.clone(), Vec::new()),
+        vec![doc! {"x": 0}, doc! {"x": 1}, doc! {"x": 2}]
+    );
+    // With partitions there is nothing to generate for.
+    let partitioned = doc! {"$densify": {"field": "x", "partitionByFields": ["p"],
+    "range": {"step": 1, "bounds": [0, 3]}}};
+    assert!(run(partitioned, Vec::new()).is_empty());
+}
+
+#[test]
 fn densify_errors_carry_mongodb_codes() {
     let d = |spec: Document| doc! {"$densify": spec};
     assert_eq!(parse_code(doc! {"$densify": 1}), 9);
