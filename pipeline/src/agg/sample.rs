@@ -8,7 +8,7 @@ use bson::{Bson, Document};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
-use crate::value::{self, type_name};
+use crate::value;
 use crate::{MongoError, Result};
 
 /// Parses `$sample`'s argument into the requested size.
@@ -30,20 +30,17 @@ pub fn parse(arg: &Bson) -> Result<u64> {
         if !value::is_number(v) {
             return Err(MongoError::with_code(
                 28746,
-                format!(
-                    "size argument to $sample must be a number, found {}",
-                    type_name(v)
-                ),
+                "size argument to $sample must be a number",
             ));
         }
-        let n = value::as_f64(v).unwrap_or(f64::NAN);
-        if n.is_nan() || n < 0.0 {
+        // MongoDB reads the size with `safeNumberLong`: NaN is 0, fractions truncate.
+        let n = value::as_f64(v).filter(|n| !n.is_nan()).unwrap_or(0.0);
+        if n < 0.0 {
             return Err(MongoError::with_code(
                 28747,
                 "size argument to $sample must not be negative",
             ));
         }
-        // MongoDB truncates a fractional size (coerceToLong).
         size = Some(match v {
             Bson::Int32(i) => u64::try_from(*i).unwrap_or(0),
             Bson::Int64(i) => u64::try_from(*i).unwrap_or(0),

@@ -181,7 +181,15 @@ impl SetWindowFields {
         let (mut partition, mut sort_by, mut output) = (Partition::None, None, None);
         for (k, v) in d {
             match k.as_str() {
-                "partitionBy" => partition = Partition::Expr(Expr::parse_with_vars(v, vars)?),
+                "partitionBy" => {
+                    let e = Expr::parse_with_vars(v, vars)?;
+                    if matches!(e.as_literal(), Some(Bson::Array(_))) {
+                        return Err(MongoError::type_mismatch(
+                            "An expression used to partition cannot evaluate to value of type array",
+                        ));
+                    }
+                    partition = Partition::Expr(e);
+                }
                 "sortBy" => match v {
                     Bson::Document(s) => sort_by = Some(SortSpec::parse(s)?),
                     other => return Err(wrong_type("sortBy", other)),

@@ -297,6 +297,12 @@ fn outputs_see_the_input_documents_and_set_dotted_paths() {
 fn parse_errors_carry_mongodb_codes() {
     let swf = |spec: Document| doc! {"$setWindowFields": spec};
     assert_eq!(parse_code(doc! {"$setWindowFields": 1}), 9);
+    assert_eq!(
+        parse_code(swf(
+            doc! {"partitionBy": [1, 2], "output": {"n": {"$sum": 1}}}
+        )),
+        14
+    );
     assert_eq!(parse_code(swf(doc! {"sortBy": {"a": 1}})), 40414);
     assert_eq!(parse_code(swf(doc! {"output": {}, "x": 1})), 40415);
     assert_eq!(parse_code(swf(doc! {"sortBy": 1, "output": {}})), 14);
