@@ -78,7 +78,7 @@ pub enum Stage {
     BucketAuto(Box<BucketAuto>),
     SetWindowFields(Box<SetWindowFields>),
     Densify(Box<Densify>),
-    /// `$fill`, as the `$setWindowFields`/`$addFields`/`$sort` stages it stands for.
+    /// `$fill`, as the `$setWindowFields`/`$addFields` stages it stands for.
     Fill(Vec<Stage>),
 }
 
