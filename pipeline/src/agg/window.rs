@@ -22,7 +22,9 @@
 //!   `by` positions away in the partition, else `default` (null). `$locf` carries the last
 //!   non-null value forward; `$linearFill` interpolates nulls between the surrounding non-null
 //!   values along the single sortBy field. `$derivative` and `$integral` use the sortBy field
-//!   as the x axis (milliseconds divided by `unit` for dates).
+//!   as the x axis (milliseconds divided by `unit` for dates). `$expMovingAvg` (sortBy required)
+//!   smooths numbers with `alpha` (or `2 / (N + 1)`); `$covariancePop`/`$covarianceSamp` take
+//!   `[x, y]` and ignore pairs that are not two numbers.
 //! * Other MongoDB window functions are CommandNotSupported (115); unknown names FailedToParse.
 
 use std::collections::BTreeMap;
@@ -79,6 +81,17 @@ pub(super) enum Func {
         unit: Option<TimeUnit>,
         bounds: Bounds,
     },
+    /// `$expMovingAvg` with its smoothing factor (`2 / (N + 1)` or `alpha`).
+    ExpMovingAvg {
+        input: Expr,
+        alpha: f64,
+    },
+    /// `$covariancePop` / `$covarianceSamp` of `[x, y]` pairs.
+    Covariance {
+        input: Expr,
+        bounds: Bounds,
+        sample: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,9 +136,6 @@ impl Bounds {
 
 /// MongoDB window functions this server knows by name but does not compute.
 const UNSUPPORTED_FUNCTIONS: &[&str] = &[
-    "$expMovingAvg",
-    "$covariancePop",
-    "$covarianceSamp",
     "$mergeObjects",
     "$concatArrays",
     "$setUnion",
@@ -371,7 +381,9 @@ pub(super) fn parse_function(
         "$stdDevPop" => Some(AccKind::StdDevPop),
         "$stdDevSamp" => Some(AccKind::StdDevSamp),
         "$rank" | "$denseRank" | "$documentNumber" | "$shift" | "$locf" | "$linearFill"
-        | "$derivative" | "$integral" => None,
+        | "$expMovingAvg" | "$covariancePop" | "$covarianceSamp" | "$derivative" | "$integral" => {
+            None
+        }
         other => return Err(parse_err(format!("Unrecognized window function, {other}"))),
     };
     // Every other field must be `window` (or a second function, refused).
@@ -422,6 +434,18 @@ pub(super) fn parse_function(
         });
     }
     match name.as_str() {
+        "$covariancePop" | "$covarianceSamp" => {
+            let bounds = match window {
+                Some(w) => parse_bounds(w, sort_by)?,
+                None => Bounds::whole(),
+            };
+            Ok(Func::Covariance {
+                input: Expr::parse_with_vars(operand, vars)?,
+                bounds,
+                sample: name == "$covarianceSamp",
+            })
+        }
+        "$expMovingAvg" => parse_exp_moving_avg(spec, operand, sort_by, vars),
         "$rank" | "$denseRank" | "$documentNumber" => {
             if spec.len() != 1 {
                 return Err(MongoError::with_code(
@@ -583,6 +607,66 @@ pub(super) fn parse_function(
             })
         }
     }
+}
+
+/// Parses `{$expMovingAvg: {input, N | alpha}}` (no window: it is always `[unbounded, current]`).
+fn parse_exp_moving_avg(
+    spec: &Document,
+    operand: &Bson,
+    sort_by: Option<&SortSpec>,
+    vars: &[String],
+) -> Result<Func> {
+    let Bson::Document(args) = operand else {
+        return Err(parse_err(
+            "$expMovingAvg must have exactly one argument that is an object",
+        ));
+    };
+    if spec.len() != 1 {
+        return Err(parse_err(
+            "$expMovingAvg must have exactly one argument that is an object",
+        ));
+    }
+    let shape = "$expMovingAvg sub object must have exactly two fields: An 'input' field, and either an 'N' field or an 'alpha' field";
+    let Some(input) = args.get("input").filter(|_| args.len() == 2) else {
+        return Err(parse_err(shape));
+    };
+    if sort_by.is_none() {
+        return Err(parse_err("$expMovingAvg requires an explicit 'sortBy'"));
+    }
+    let input = Expr::parse_with_vars(input, vars)?;
+    let alpha = if let Some(n) = args.get("N") {
+        if !value::is_number(n) {
+            return Err(parse_err(format!(
+                "'N' field must be an integer, but found type {}",
+                type_name(n)
+            )));
+        }
+        let Some(n) = value::as_i64_exact(n) else {
+            return Err(parse_err(format!(
+                "'N' field must be an integer, but found  N: {n}. To use a non-integer, use the 'alpha' argument instead"
+            )));
+        };
+        if n <= 0 {
+            return Err(parse_err(format!("'N' must be greater than zero. Got {n}")));
+        }
+        2.0 / (n as f64 + 1.0)
+    } else if let Some(a) = args.get("alpha") {
+        if !value::is_number(a) {
+            return Err(parse_err("'alpha' must be a number"));
+        }
+        let alpha = value::as_f64(a).unwrap_or(f64::NAN);
+        if !(alpha > 0.0 && alpha < 1.0) {
+            return Err(parse_err(format!(
+                "'alpha' must be between 0 and 1 (exclusive), found alpha: {a}"
+            )));
+        }
+        alpha
+    } else {
+        return Err(parse_err(format!(
+            "Got unrecognized field in $expMovingAvg{shape}"
+        )));
+    };
+    Ok(Func::ExpMovingAvg { input, alpha })
 }
 
 /// Parses `window: {documents: [l, u]}` or `window: {range: [l, u], unit?}`.
@@ -806,6 +890,58 @@ impl Func {
                 Ok(out)
             }
             Func::LinearFill(input) => linear_fill(&evaluate_all(input, part, env)?, keys),
+            Func::ExpMovingAvg { input, alpha } => {
+                let mut out = Vec::with_capacity(n);
+                let (mut avg, mut decimal) = (None::<f64>, false);
+                for d in part {
+                    if let Some(v) = input.evaluate_in(d, env)?.filter(value::is_number) {
+                        decimal |= matches!(v, Bson::Decimal128(_));
+                        let x = value::as_f64(&v).unwrap_or(f64::NAN);
+                        avg = Some(match avg {
+                            None => x,
+                            Some(prev) => alpha * x + (1.0 - alpha) * prev,
+                        });
+                    }
+                    out.push(Some(match avg {
+                        None => Bson::Null,
+                        Some(a) if decimal => Bson::Decimal128(value::f64_to_decimal(a)),
+                        Some(a) => Bson::Double(a),
+                    }));
+                }
+                Ok(out)
+            }
+            Func::Covariance {
+                input,
+                bounds,
+                sample,
+            } => {
+                let pairs: Vec<Option<(f64, f64)>> = evaluate_all(input, part, env)?
+                    .iter()
+                    .map(|v| match v {
+                        Some(Bson::Array(a)) => match a.as_slice() {
+                            [x, y] if value::is_number(x) && value::is_number(y) => {
+                                value::as_f64(x).zip(value::as_f64(y))
+                            }
+                            _ => None,
+                        },
+                        _ => None,
+                    })
+                    .collect();
+                let windows = windows(bounds, keys, n)?;
+                Ok(windows
+                    .into_iter()
+                    .map(|(lo, hi)| {
+                        let pts: Vec<(f64, f64)> = pairs
+                            .get(lo..hi.max(lo))
+                            .unwrap_or_default()
+                            .iter()
+                            .flatten()
+                            .copied()
+                            .collect();
+                        Some(covariance(&pts, *sample))
+                    })
+                    .collect())
+            }
             Func::Derivative {
                 input,
                 unit,
@@ -840,6 +976,21 @@ impl Func {
             }
         }
     }
+}
+
+/// Population (or sample) covariance; null for no points (or fewer than two for a sample).
+fn covariance(pts: &[(f64, f64)], sample: bool) -> Bson {
+    let n = pts.len();
+    if n == 0 || (sample && n < 2) {
+        return Bson::Null;
+    }
+    let nf = n as f64;
+    let (mx, my) = pts
+        .iter()
+        .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (mx, my) = (mx / nf, my / nf);
+    let c: f64 = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    Bson::Double(c / if sample { nf - 1.0 } else { nf })
 }
 
 fn evaluate_all(e: &Expr, part: &[Document], env: &Env) -> Result<Vec<Option<Bson>>> {

@@ -423,3 +423,48 @@ fn derivative_with_a_unit_uses_dates_and_checks_types() {
         5490710
     );
 }
+
+#[test]
+fn exp_moving_avg_and_covariance() {
+    let input = vec![
+        doc! {"t": 1, "x": 10, "y": 1},
+        doc! {"t": 2, "x": "skip", "y": 2},
+        doc! {"t": 3, "x": 20, "y": 3},
+        doc! {"t": 4, "x": 30, "y": 5},
+    ];
+    let out = run(
+        doc! {"$setWindowFields": {
+            "sortBy": {"t": 1},
+            "output": {
+                "ema": {"$expMovingAvg": {"input": "$x", "N": 3}},
+                "emaA": {"$expMovingAvg": {"input": "$x", "alpha": 0.25}},
+                "cov": {"$covariancePop": ["$t", "$y"]},
+                "covS": {"$covarianceSamp": ["$t", "$y"], "window": {"documents": [-1, 0]}},
+            },
+        }},
+        input,
+    );
+    // alpha = 2 / (3 + 1) = 0.5; non-numbers keep the previous average.
+    assert_eq!(field(&out, "ema"), b(vec![10.0, 10.0, 15.0, 22.5]));
+    assert_eq!(out[2].get_f64("emaA").unwrap(), 12.5);
+    // t = 1..4 (mean 2.5), y = 1 2 3 5 (mean 2.75): sum of products 6.5 over 4.
+    assert_eq!(out[0].get_f64("cov").unwrap(), 1.625);
+    assert_eq!(out[0].get("covS"), Some(&Bson::Null));
+    assert_eq!(out[3].get_f64("covS").unwrap(), 1.0);
+    let swf = |o: Document| doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {"e": o}}};
+    assert_eq!(parse_code(swf(doc! {"$expMovingAvg": {"input": "$x"}})), 9);
+    assert_eq!(
+        parse_code(swf(doc! {"$expMovingAvg": {"input": "$x", "N": 0}})),
+        9
+    );
+    assert_eq!(
+        parse_code(swf(doc! {"$expMovingAvg": {"input": "$x", "alpha": 1}})),
+        9
+    );
+    assert_eq!(
+        parse_code(
+            doc! {"$setWindowFields": {"output": {"e": {"$expMovingAvg": {"input": "$x", "N": 2}}}}}
+        ),
+        9
+    );
+}
