@@ -2,9 +2,14 @@
 //!
 //! Supported stages: `$match $project $addFields $set $unset $replaceRoot $replaceWith $redact`
 //! (single-document transforms, see [`Stage::is_single_document_transform`]) and
-//! `$group $sort $limit $skip $count $unwind $sortByCount $bucket $facet` (which need the whole
-//! stream). Stages that need other collections or server state (`$lookup`, `$out`, ...; see
-//! [`UNSUPPORTED_STAGES`]) are CommandNotSupported (115), unknown names 40324.
+//! `$group $sort $limit $skip $count $unwind $sortByCount $bucket $bucketAuto $facet $sample
+//! $setWindowFields $densify $fill` (which need the whole stream). Stages that need other
+//! collections or server state (`$lookup`, `$out`, ...; see [`UNSUPPORTED_STAGES`]) are
+//! CommandNotSupported (115), unknown names 40324.
+//!
+//! Families with their own module: `window` (`$setWindowFields` and its window functions),
+//! `densify` (`$densify`, and `$fill` rewritten onto `$setWindowFields`/`$addFields`),
+//! `bucket_auto`, `sample`, and `time_unit` (date units shared by windows and densify).
 //!
 //! Invariants:
 //! * A stage specification is a document with exactly one field (40323) naming a known stage
@@ -14,6 +19,8 @@
 //!   pipeline of such stages over a batch equals applying them to each document in order.
 //! * `$group` groups by [`crate::value::compare`] equality (so `1` and `1.0` share a group) and
 //!   outputs groups in order of first appearance; `$sort` is stable.
+//! * `$sample` is the one stage whose output is not a function of its input (random choice and
+//!   order); every other stage is deterministic.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -26,6 +33,17 @@ use crate::projection::{Projection, Syntax};
 use crate::sort::SortSpec;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
+
+mod bucket_auto;
+mod densify;
+mod sample;
+mod time_unit;
+mod window;
+
+pub use bucket_auto::BucketAuto;
+pub use densify::Densify;
+pub use time_unit::TimeUnit;
+pub use window::SetWindowFields;
 
 /// A parsed pipeline.
 #[derive(Debug, Clone)]
@@ -55,6 +73,13 @@ pub enum Stage {
     Bucket(Bucket),
     /// `$facet`: named sub-pipelines over the same input, one output document.
     Facet(Vec<(String, Pipeline)>),
+    /// `$sample`: the requested size.
+    Sample(u64),
+    BucketAuto(Box<BucketAuto>),
+    SetWindowFields(Box<SetWindowFields>),
+    Densify(Box<Densify>),
+    /// `$fill`, as the `$setWindowFields`/`$addFields` stages it stands for.
+    Fill(Vec<Stage>),
 }
 
 /// A `$bucket` specification: `groupBy` (the group's `_id`), sorted boundaries, a default.
@@ -403,6 +428,13 @@ impl Stage {
                 }
                 Stage::Facet(facets)
             }
+            "$sample" => Stage::Sample(sample::parse(arg)?),
+            "$bucketAuto" => Stage::BucketAuto(Box::new(BucketAuto::parse(arg, vars)?)),
+            "$setWindowFields" => {
+                Stage::SetWindowFields(Box::new(SetWindowFields::parse(arg, vars)?))
+            }
+            "$densify" => Stage::Densify(Box::new(Densify::parse(arg)?)),
+            "$fill" => Stage::Fill(densify::parse_fill(arg, vars)?),
             name if UNSUPPORTED_STAGES.contains(&name) => {
                 return Err(MongoError::new(
                     wire::ErrorCode::COMMAND_NOT_SUPPORTED,
@@ -435,6 +467,11 @@ impl Stage {
             Stage::SortByCount(_) => "$sortByCount",
             Stage::Bucket(_) => "$bucket",
             Stage::Facet(_) => "$facet",
+            Stage::Sample(_) => "$sample",
+            Stage::BucketAuto(_) => "$bucketAuto",
+            Stage::SetWindowFields(_) => "$setWindowFields",
+            Stage::Densify(_) => "$densify",
+            Stage::Fill(_) => "$fill",
         }
     }
 
@@ -508,6 +545,11 @@ impl Stage {
                 out
             }
             Stage::Bucket(b) => b.run(docs, env)?,
+            Stage::Sample(n) => sample::sample(docs, *n),
+            Stage::BucketAuto(b) => b.run(docs, env)?,
+            Stage::SetWindowFields(w) => w.run(docs, env)?,
+            Stage::Densify(d) => d.run(docs)?,
+            Stage::Fill(stages) => densify::run_fill(stages, docs, env)?,
             Stage::Facet(facets) => {
                 let mut out = Document::new();
                 for (name, p) in facets {
@@ -558,19 +600,14 @@ impl Stage {
     }
 }
 
-/// MongoDB stages this crate knows by name but does not run (they need other collections,
-/// randomness or server state); the router may implement some of them itself.
+/// MongoDB stages this crate knows by name but does not run (they need other collections or
+/// server state); the router may implement some of them itself.
 pub const UNSUPPORTED_STAGES: &[&str] = &[
     "$lookup",
     "$graphLookup",
     "$unionWith",
     "$out",
     "$merge",
-    "$sample",
-    "$bucketAuto",
-    "$densify",
-    "$fill",
-    "$setWindowFields",
     "$geoNear",
     "$collStats",
     "$indexStats",

@@ -25,6 +25,8 @@ use bson::{Bson, Document};
 use wire::ErrorCode;
 
 use crate::value::{self, compare, truthy, type_name};
+
+mod size;
 use crate::{MongoError, Result};
 
 /// A parsed aggregation expression.
@@ -273,6 +275,8 @@ enum Op {
     DayOfWeek,
     DayOfYear,
     Week,
+    BsonSize,
+    BinarySize,
 }
 
 /// (name, op, min args, max args); `usize::MAX` = variadic.
@@ -357,6 +361,8 @@ const OPS: &[(&str, Op, usize, usize)] = &[
     ("dayOfWeek", Op::DayOfWeek, 1, 1),
     ("dayOfYear", Op::DayOfYear, 1, 1),
     ("week", Op::Week, 1, 1),
+    ("bsonSize", Op::BsonSize, 1, 1),
+    ("binarySize", Op::BinarySize, 1, 1),
 ];
 
 fn err(code: i32, msg: impl Into<String>) -> MongoError {
@@ -2835,6 +2841,8 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                 found.and_then(|i| i64::try_from(i).ok()).unwrap_or(-1),
             ))
         }
+        Op::BsonSize => size::bson_size(arg(&a, 0))?,
+        Op::BinarySize => size::binary_size(arg(&a, 0))?,
         Op::Type => Some(Bson::String(missing_name(&arg(&a, 0)).to_string())),
         Op::IsNumber => Some(Bson::Boolean(
             arg(&a, 0).is_some_and(|v| value::is_number(&v)),

@@ -405,3 +405,178 @@ fn bucket_facet_and_unsupported_stage_errors() {
         assert_eq!(e.code, code, "{spec}: {e}");
     }
 }
+
+fn parse_err_code(stage: Document) -> i32 {
+    match Pipeline::parse(std::slice::from_ref(&stage)) {
+        Ok(_) => panic!("{stage} parsed"),
+        Err(e) => e.code,
+    }
+}
+
+fn numbered(n: i32) -> Vec<Document> {
+    (0..n).map(|i| doc! {"_id": i}).collect()
+}
+
+#[test]
+fn sample_returns_min_of_size_and_input_distinct_documents() {
+    for (size, n, want) in [(3, 10, 3), (10, 4, 4), (0, 5, 0), (5, 0, 0)] {
+        let out = run(vec![doc! {"$sample": {"size": size}}], numbered(n));
+        assert_eq!(out.len(), want, "size {size} of {n}");
+        let mut seen: Vec<i32> = out.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+        assert!(seen.iter().all(|i| (0..n).contains(i)));
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), want, "no document twice");
+    }
+}
+
+#[test]
+fn sample_order_and_choice_are_random() {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Over many draws every document comes first at least once, and a full-size sample is
+    // not always the input order.
+    let mut firsts = std::collections::BTreeSet::new();
+    let mut reordered = false;
+    for _ in 0..200 {
+        let out = sample::sample_with(numbered(5), 5, &mut rng);
+        firsts.insert(out[0].get_i32("_id").unwrap());
+        reordered |= out != numbered(5);
+    }
+    assert_eq!(firsts.len(), 5);
+    assert!(reordered);
+}
+
+#[test]
+fn sample_parse_errors() {
+    assert_eq!(parse_err_code(doc! {"$sample": 1}), 28745);
+    assert_eq!(parse_err_code(doc! {"$sample": {"size": "1"}}), 28746);
+    assert_eq!(parse_err_code(doc! {"$sample": {"size": -1}}), 28747);
+    assert_eq!(parse_err_code(doc! {"$sample": {"size": 1, "x": 1}}), 28748);
+    assert_eq!(parse_err_code(doc! {"$sample": {}}), 28749);
+}
+
+/// MongoDB's `$bucketAuto` documentation example: artwork prices.
+fn artwork() -> Vec<Document> {
+    [199.99, 280.0, 76.04, 167.30, 483.0, 385.0, 159.0, 118.42]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| doc! {"_id": i as i32 + 1, "price": *p})
+        .collect()
+}
+
+#[test]
+fn bucket_auto_chains_bounds_and_balances_counts() {
+    let out = run(
+        vec![doc! {"$bucketAuto": {"groupBy": "$price", "buckets": 4}}],
+        artwork(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            doc! {"_id": {"min": 76.04, "max": 159.0}, "count": 2},
+            doc! {"_id": {"min": 159.0, "max": 199.99}, "count": 2},
+            doc! {"_id": {"min": 199.99, "max": 385.0}, "count": 2},
+            doc! {"_id": {"min": 385.0, "max": 483.0}, "count": 2},
+        ]
+    );
+}
+
+#[test]
+fn bucket_auto_keeps_equal_values_together_and_may_make_fewer_buckets() {
+    let input: Vec<Document> = [1, 1, 1, 1, 2, 3].iter().map(|v| doc! {"v": *v}).collect();
+    let out = run(
+        vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 3,
+        "output": {"n": {"$sum": 1}, "vs": {"$push": "$v"}}}}],
+        input.clone(),
+    );
+    assert_eq!(
+        out,
+        vec![
+            // round(6 / 3) = 2 per bucket, then the two equal 1s that follow.
+            doc! {"_id": {"min": 1, "max": 2}, "n": 4, "vs": [1, 1, 1, 1]},
+            doc! {"_id": {"min": 2, "max": 3}, "n": 2, "vs": [2, 3]},
+        ]
+    );
+    // More buckets than distinct values: one bucket per run of equal values.
+    let out = run(
+        vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 10}}],
+        input,
+    );
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0], doc! {"_id": {"min": 1, "max": 2}, "count": 4});
+    // Missing values group as null, below numbers.
+    let out = run(
+        vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 2}}],
+        vec![doc! {"v": 5}, doc! {}],
+    );
+    assert_eq!(out[0], doc! {"_id": {"min": null, "max": 5}, "count": 1});
+}
+
+#[test]
+fn bucket_auto_powers_of_two_granularity_rounds_the_bounds() {
+    let input: Vec<Document> = [1, 3, 5, 9, 17, 33]
+        .iter()
+        .map(|v| doc! {"v": *v})
+        .collect();
+    let out = run(
+        vec![doc! {"$bucketAuto": {"groupBy": "$v", "buckets": 3, "granularity": "POWERSOF2"}}],
+        input,
+    );
+    let bounds: Vec<(Bson, Bson)> = out
+        .iter()
+        .map(|d| {
+            let id = d.get_document("_id").unwrap();
+            (
+                id.get("min").unwrap().clone(),
+                id.get("max").unwrap().clone(),
+            )
+        })
+        .collect();
+    // 1 rounds down to 0.5; buckets {1, 3} (max 3 -> 4), {5, 9} (9 -> 16), {17, 33} (33 -> 64).
+    assert_eq!(
+        bounds,
+        vec![
+            (Bson::Double(0.5), Bson::Int32(4)),
+            (Bson::Int32(4), Bson::Int32(16)),
+            (Bson::Int32(16), Bson::Int32(64)),
+        ]
+    );
+}
+
+#[test]
+fn bucket_auto_parse_errors() {
+    let ba = |spec: Document| doc! {"$bucketAuto": spec};
+    assert_eq!(parse_err_code(doc! {"$bucketAuto": 1}), 40240);
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": "x"})),
+        40241
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 1.5})),
+        40242
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 0})),
+        40243
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "output": 1})),
+        40244
+    );
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "$a", "buckets": 2, "x": 1})),
+        40245
+    );
+    assert_eq!(parse_err_code(ba(doc! {"groupBy": "$a"})), 40246);
+    assert_eq!(
+        parse_err_code(ba(doc! {"groupBy": "a", "buckets": 2})),
+        40239
+    );
+    assert_eq!(
+        parse_err_code(ba(
+            doc! {"groupBy": "$a", "buckets": 2, "granularity": "R3"}
+        )),
+        40257
+    );
+}

@@ -512,3 +512,49 @@ fn set_field_and_get_field_name_dotted_and_dollar_fields_through_literal() {
     let bare = bson::bson!({"$setField": {"field": "$x", "value": 2, "input": "$$ROOT"}});
     assert_eq!(eval_on(bare, &d).unwrap_err().code, 4161108);
 }
+
+#[test]
+fn bson_size_is_the_encoded_length_of_a_document() {
+    let d = doc! {"_id": 1, "s": "héllo", "sub": {"xs": [1, 2.5, null]}, "b": true};
+    let want = i32::try_from(d.to_vec().unwrap().len()).unwrap();
+    let out = eval_on(Bson::from("$$ROOT"), &d).unwrap();
+    assert!(out.is_some());
+    let size = Expr::parse(&Bson::Document(doc! {"$bsonSize": "$$ROOT"}))
+        .unwrap()
+        .evaluate(&d)
+        .unwrap();
+    assert_eq!(size, Some(Bson::Int32(want)));
+    check(&[
+        // {a: 1}: 4 (length) + 1 (type) + 2 ("a\0") + 4 (int32) + 1 (terminator).
+        (
+            Bson::Document(doc! {"$bsonSize": {"$literal": {"a": 1}}}),
+            b(12),
+        ),
+        (Bson::Document(doc! {"$bsonSize": {"$literal": {}}}), b(5)),
+        (Bson::Document(doc! {"$bsonSize": "$nope"}), b(Bson::Null)),
+        (Bson::Document(doc! {"$bsonSize": "$n"}), b(Bson::Null)),
+        (Bson::Document(doc! {"$binarySize": "$s"}), b(5)),
+        (Bson::Document(doc! {"$binarySize": "é"}), b(2)),
+        (Bson::Document(doc! {"$binarySize": "$nope"}), b(Bson::Null)),
+    ]);
+    let bin = Bson::Binary(bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes: vec![1, 2, 3],
+    });
+    let size = Expr::parse(&Bson::Document(doc! {"$binarySize": "$b"}))
+        .unwrap()
+        .evaluate(&doc! {"b": bin})
+        .unwrap();
+    assert_eq!(size, Some(Bson::Int32(3)));
+    let code = |e: Document| {
+        Expr::parse(&Bson::Document(e))
+            .unwrap()
+            .evaluate(&d)
+            .unwrap_err()
+            .code
+    };
+    assert_eq!(code(doc! {"$bsonSize": "$_id"}), 31393);
+    assert_eq!(code(doc! {"$bsonSize": [[1]]}), 31393);
+    assert_eq!(code(doc! {"$binarySize": 1}), 51276);
+    assert_eq!(code(doc! {"$binarySize": "$sub"}), 51276);
+}
