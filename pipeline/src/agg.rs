@@ -1067,6 +1067,7 @@ fn parse_accumulators(d: &Document, vars: &[String]) -> Result<Vec<(String, AccK
             "$addToSet" => AccKind::AddToSet,
             "$count" => AccKind::Count,
             "$mergeObjects" => AccKind::MergeObjects,
+            "$accumulator" => return Err(crate::expr::no_javascript()),
             other => {
                 return Err(stage_err(
                     15952,

@@ -1162,6 +1162,9 @@ fn parse_operator(name: &str, arg: &Bson, scope: &mut Scope) -> Result<Node> {
         }
         _ => {}
     }
+    if name == "$function" {
+        return Err(no_javascript());
+    }
     let Some((_, op, min, max)) = OPS.iter().find(|(n, ..)| *n == op) else {
         return Err(MongoError::new(
             ErrorCode::INVALID_PIPELINE_OPERATOR,
@@ -3359,3 +3362,12 @@ fn element_at(arr: Vec<Bson>, idx: i64) -> Option<Bson> {
 
 #[cfg(test)]
 mod tests;
+
+/// `$function` and `$accumulator` run JavaScript, and there is no JavaScript engine: the answer
+/// of a 7.0 server without one.
+pub fn no_javascript() -> MongoError {
+    MongoError::with_code(
+        31264,
+        "Cannot run server-side javascript without the javascript engine enabled",
+    )
+}

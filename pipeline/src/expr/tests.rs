@@ -558,3 +558,13 @@ fn bson_size_is_the_encoded_length_of_a_document() {
     assert_eq!(code(doc! {"$binarySize": 1}), 51276);
     assert_eq!(code(doc! {"$binarySize": "$sub"}), 51276);
 }
+
+#[test]
+fn javascript_operators_answer_as_a_server_without_a_javascript_engine() {
+    let f = doc! {"$function": {"body": "function() { return 1 }", "args": [], "lang": "js"}};
+    let err = crate::expr::Expr::parse(&Bson::Document(f)).expect_err("no JavaScript engine");
+    assert_eq!(err.code, 31264);
+    let group = doc! {"$group": {"_id": null, "x": {"$accumulator": {"init": "function() {}"}}}};
+    let err = crate::agg::Pipeline::parse(&[group]).expect_err("no JavaScript engine");
+    assert_eq!(err.code, 31264);
+}
