@@ -13,6 +13,8 @@ pub mod changestream;
 pub mod expr;
 pub mod matcher;
 pub mod projection;
+pub mod schema;
+pub mod validator;
 pub mod sort;
 pub mod value;
 
