@@ -36,6 +36,7 @@ pub mod state;
 pub mod storage;
 pub mod txn;
 pub mod update;
+pub mod validation;
 pub mod writer;
 
 use std::path::PathBuf;

@@ -170,6 +170,7 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         ));
     }
     check_pre_and_post_images(&ctx.db, &options)?;
+    crate::validation::check_options("create", &ctx.db, &coll, &options)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         if let Some(existing) = lookup(w, &db, &coll) {
@@ -808,6 +809,7 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
     }
     check_pre_and_post_images(&ctx.db, &changes)?;
+    crate::validation::check_options("collMod", &ctx.db, &coll, &changes)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         let Some(c) = lookup(w, &db, &coll) else {
