@@ -14,8 +14,8 @@ pub mod expr;
 pub mod matcher;
 pub mod projection;
 pub mod schema;
-pub mod validator;
 pub mod sort;
+pub mod validator;
 pub mod value;
 
 pub use matcher::Matcher;

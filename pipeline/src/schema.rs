@@ -822,7 +822,11 @@ fn check_rule(rule: &Rule, v: &Bson, explain: bool) -> Option<Document> {
                 return None;
             }
             fail(
-                if min { "minProperties" } else { "maxProperties" },
+                if min {
+                    "minProperties"
+                } else {
+                    "maxProperties"
+                },
                 doc! {"reason": "specified number of properties was not satisfied", "numberOfProperties": count as i32},
             )
         }
@@ -975,9 +979,7 @@ fn check_rule(rule: &Rule, v: &Bson, explain: bool) -> Option<Document> {
                     if all && !explain {
                         return placeholder();
                     }
-                    bad.push(Bson::Document(
-                        doc! {"index": i as i32, "details": docs(f)},
-                    ));
+                    bad.push(Bson::Document(doc! {"index": i as i32, "details": docs(f)}));
                 }
             }
             if (all && bad.is_empty()) || (!all && any_ok) {
@@ -986,7 +988,9 @@ fn check_rule(rule: &Rule, v: &Bson, explain: bool) -> Option<Document> {
             if !explain {
                 return placeholder();
             }
-            Some(doc! {"operatorName": if all { "allOf" } else { "anyOf" }, "schemasNotSatisfied": bad})
+            Some(
+                doc! {"operatorName": if all { "allOf" } else { "anyOf" }, "schemasNotSatisfied": bad},
+            )
         }
         Kind::OneOf(subs) => {
             let mut matching = Vec::new();
@@ -996,9 +1000,7 @@ fn check_rule(rule: &Rule, v: &Bson, explain: bool) -> Option<Document> {
                 if f.is_empty() {
                     matching.push(Bson::Int32(i as i32));
                 } else {
-                    bad.push(Bson::Document(
-                        doc! {"index": i as i32, "details": docs(f)},
-                    ));
+                    bad.push(Bson::Document(doc! {"index": i as i32, "details": docs(f)}));
                 }
             }
             match matching.len() {

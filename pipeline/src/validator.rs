@@ -337,8 +337,8 @@ mod tests {
         assert_eq!(
             v.explain(&d),
             doc! {"operatorName": "$and", "clausesNotSatisfied": [{"index": 1, "details": {
-                "operatorName": "$type", "specifiedAs": {"b": {"$type": "string"}},
-                "reason": "type did not match", "consideredValue": 2, "consideredType": "int"}}]}
+            "operatorName": "$type", "specifiedAs": {"b": {"$type": "string"}},
+            "reason": "type did not match", "consideredValue": 2, "consideredType": "int"}}]}
         );
     }
 

@@ -148,21 +148,21 @@ pub fn rules_of(coll: &CollectionEntry) -> Option<Arc<Rules>> {
         Some(Bson::Document(d)) if !d.is_empty() => d,
         _ => return None,
     };
-    let key = (
-        spec.clone(),
-        coll.options.get("validationLevel").cloned(),
-        coll.options.get("validationAction").cloned(),
-    );
+    let level_opt = coll.options.get("validationLevel");
+    let action_opt = coll.options.get("validationAction");
     type Cache = HashMap<Uuid, (CacheKey, Arc<Rules>)>;
     type CacheKey = (Document, Option<Bson>, Option<Bson>);
     static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some((k, rules)) = cache.get(&coll.uuid)
-        && *k == key
+    if let Some(((s, l, a), rules)) = cache.get(&coll.uuid)
+        && s == spec
+        && l.as_ref() == level_opt
+        && a.as_ref() == action_opt
     {
         return Some(rules.clone());
     }
+    let key = (spec.clone(), level_opt.cloned(), action_opt.cloned());
     // Stored options were checked when set; one that does not parse validates nothing.
     let rules = Arc::new(Rules {
         validator: Validator::parse(spec).ok()?,
@@ -286,7 +286,10 @@ mod tests {
         assert_eq!(ok(doc! {"validationLevel": "x"}).unwrap_err().code, 2);
         assert_eq!(ok(doc! {"validationLevel": 1}).unwrap_err().code, 14);
         assert_eq!(ok(doc! {"validationAction": "x"}).unwrap_err().code, 2);
-        assert_eq!(ok(doc! {"validator": {"$where": "1"}}).unwrap_err().code, 224);
+        assert_eq!(
+            ok(doc! {"validator": {"$where": "1"}}).unwrap_err().code,
+            224
+        );
         assert_eq!(
             ok(doc! {"validator": {"$jsonSchema": {"foo": 1}}})
                 .unwrap_err()

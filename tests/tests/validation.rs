@@ -48,15 +48,17 @@ fn person_schema() -> Document {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inserts_failing_the_validator_get_121_with_err_info_and_leave_nothing() -> anyhow::Result<()>
-{
+async fn inserts_failing_the_validator_get_121_with_err_info_and_leave_nothing()
+-> anyhow::Result<()> {
     let cluster = EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
     let db = client.database("val");
     db.run_command(doc! {"create": "people", "validator": person_schema()})
         .await?;
     let people = db.collection::<Document>("people");
-    people.insert_one(doc! {"_id": 1, "name": "ann", "age": 3}).await?;
+    people
+        .insert_one(doc! {"_id": 1, "name": "ann", "age": 3})
+        .await?;
 
     let e = people
         .insert_one(doc! {"_id": 2, "age": 4})
@@ -125,10 +127,7 @@ async fn inserts_failing_the_validator_get_121_with_err_info_and_leave_nothing()
         .iter()
         .filter_map(|d| d.get("_id").cloned())
         .collect();
-    assert_eq!(
-        ids,
-        vec![Bson::Int32(1), Bson::Int32(10), Bson::Int32(21)]
-    );
+    assert_eq!(ids, vec![Bson::Int32(1), Bson::Int32(10), Bson::Int32(21)]);
     cluster.stop().await;
     Ok(())
 }
@@ -138,8 +137,10 @@ async fn updates_replacements_upserts_and_find_and_modify_are_validated() -> any
     let cluster = EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
     let db = client.database("val");
-    db.run_command(doc! {"create": "c", "validator": {"qty": {"$gte": 0}, "sku": {"$type": "string"}}})
-        .await?;
+    db.run_command(
+        doc! {"create": "c", "validator": {"qty": {"$gte": 0}, "sku": {"$type": "string"}}},
+    )
+    .await?;
     let c = db.collection::<Document>("c");
     c.insert_one(doc! {"_id": 1, "qty": 5, "sku": "a"}).await?;
 
@@ -202,8 +203,10 @@ async fn moderate_strict_off_and_warn_levels_and_actions() -> anyhow::Result<()>
     // Documents written before the validator exists may not satisfy it.
     c.insert_many([doc! {"_id": 1, "n": -1}, doc! {"_id": 2, "n": 1}])
         .await?;
-    db.run_command(doc! {"collMod": "levels", "validator": {"n": {"$gt": 0}}, "validationLevel": "moderate"})
-        .await?;
+    db.run_command(
+        doc! {"collMod": "levels", "validator": {"n": {"$gt": 0}}, "validationLevel": "moderate"},
+    )
+    .await?;
 
     // moderate: an invalid document may be updated (and stay invalid) ...
     c.update_one(doc! {"_id": 1}, doc! {"$set": {"n": -2}})
@@ -235,8 +238,10 @@ async fn moderate_strict_off_and_warn_levels_and_actions() -> anyhow::Result<()>
         .await?;
     c.insert_one(doc! {"_id": 4, "n": -4}).await?;
     // off: nothing is checked.
-    db.run_command(doc! {"collMod": "levels", "validationAction": "error", "validationLevel": "off"})
-        .await?;
+    db.run_command(
+        doc! {"collMod": "levels", "validationAction": "error", "validationLevel": "off"},
+    )
+    .await?;
     c.insert_one(doc! {"_id": 5, "n": -5}).await?;
     db.run_command(doc! {"collMod": "levels", "validationLevel": "strict"})
         .await?;
@@ -286,7 +291,9 @@ async fn bypass_document_validation_skips_the_validator() -> anyhow::Result<()> 
 
     // $out and $merge write with the target's validator unless the aggregate bypasses it.
     let source = db.collection::<Document>("source");
-    source.insert_many([doc! {"_id": 10}, doc! {"_id": 11}]).await?;
+    source
+        .insert_many([doc! {"_id": 10}, doc! {"_id": 11}])
+        .await?;
     let e = source
         .aggregate([doc! {"$merge": {"into": "strict"}}])
         .await
@@ -302,7 +309,11 @@ async fn bypass_document_validation_skips_the_validator() -> anyhow::Result<()> 
         .await
         .expect_err("$out validates too");
     assert_eq!(code(&e), Some(121));
-    assert_eq!(c.count_documents(doc! {}).await?, 5, "the target is untouched");
+    assert_eq!(
+        c.count_documents(doc! {}).await?,
+        5,
+        "the target is untouched"
+    );
     source
         .aggregate([doc! {"$out": "strict"}])
         .bypass_document_validation(true)
@@ -344,8 +355,10 @@ async fn list_collections_shows_the_options_and_bad_validators_are_refused() -> 
     assert_eq!(o.get_document("validator")?, &doc! {"a": {"$exists": true}});
     assert_eq!(o.get_str("validationLevel")?, "moderate");
     assert_eq!(o.get_str("validationAction")?, "warn");
-    db.run_command(doc! {"collMod": "opts", "validator": person_schema(), "validationAction": "error"})
-        .await?;
+    db.run_command(
+        doc! {"collMod": "opts", "validator": person_schema(), "validationAction": "error"},
+    )
+    .await?;
     let o = options("opts").await?;
     assert_eq!(o.get_document("validator")?, &person_schema());
     assert_eq!(o.get_str("validationAction")?, "error");
@@ -374,7 +387,10 @@ async fn list_collections_shows_the_options_and_bad_validators_are_refused() -> 
     let names = db.list_collection_names().await?;
     assert!(!names.contains(&"refused".to_string()), "{names:?}");
     // The refused collMods changed nothing.
-    assert_eq!(options("opts").await?.get_document("validator")?, &person_schema());
+    assert_eq!(
+        options("opts").await?.get_document("validator")?,
+        &person_schema()
+    );
     cluster.stop().await;
     Ok(())
 }

@@ -299,11 +299,7 @@ fn array_keywords() {
             false,
         ),
         // additionalItems without a tuple `items` has no effect
-        (
-            p(doc! {"additionalItems": false}),
-            doc! {"a": [1, 2]},
-            true,
-        ),
+        (p(doc! {"additionalItems": false}), doc! {"a": [1, 2]}, true),
         (p(doc! {"minItems": 2}), doc! {"a": [1, 2]}, true),
         (p(doc! {"minItems": 2}), doc! {"a": [1]}, false),
         (p(doc! {"maxItems": 1}), doc! {"a": [1, 2]}, false),
@@ -348,11 +344,7 @@ fn logical_keywords() {
             doc! {"a": 3},
             false,
         ),
-        (
-            p(doc! {"not": {"bsonType": "string"}}),
-            doc! {"a": 3},
-            true,
-        ),
+        (p(doc! {"not": {"bsonType": "string"}}), doc! {"a": 3}, true),
         (
             p(doc! {"not": {"bsonType": "string"}}),
             doc! {"a": "x"},
@@ -381,14 +373,22 @@ fn parse_errors_carry_mongodb_codes() {
             "Unknown $jsonSchema keyword: foo",
         ),
         (doc! {"$ref": "#/x"}.into(), 9, "not currently supported"),
-        (doc! {"format": "email"}.into(), 9, "not currently supported"),
+        (
+            doc! {"format": "email"}.into(),
+            9,
+            "not currently supported",
+        ),
         (doc! {"default": 1}.into(), 9, "not currently supported"),
         (
             doc! {"type": "object", "bsonType": "object"}.into(),
             9,
             "Cannot specify both",
         ),
-        (doc! {"bsonType": "nope"}.into(), 2, "Unknown type name alias"),
+        (
+            doc! {"bsonType": "nope"}.into(),
+            2,
+            "Unknown type name alias",
+        ),
         (doc! {"type": "int"}.into(), 2, "Unknown type name alias"),
         (doc! {"type": "integer"}.into(), 2, "integer"),
         (doc! {"bsonType": 1}.into(), 14, "must be either a string"),
@@ -408,14 +408,26 @@ fn parse_errors_carry_mongodb_codes() {
             14,
             "must be a boolean",
         ),
-        (doc! {"minLength": -1}.into(), 9, "Expected a positive number"),
+        (
+            doc! {"minLength": -1}.into(),
+            9,
+            "Expected a positive number",
+        ),
         (doc! {"minItems": 1.5}.into(), 9, "Expected an integer"),
         (doc! {"multipleOf": 0}.into(), 9, "positive value"),
         (doc! {"pattern": 1}.into(), 14, "must be a string"),
         (doc! {"pattern": "("}.into(), 51091, "Regular expression"),
         (doc! {"properties": 1}.into(), 14, "must be an object"),
-        (doc! {"items": 1}.into(), 14, "must be an array or an object"),
-        (doc! {"additionalProperties": 1}.into(), 14, "object or a boolean"),
+        (
+            doc! {"items": 1}.into(),
+            14,
+            "must be an array or an object",
+        ),
+        (
+            doc! {"additionalProperties": 1}.into(),
+            14,
+            "object or a boolean",
+        ),
         (doc! {"anyOf": []}.into(), 2, "non-empty array"),
         (doc! {"not": []}.into(), 14, "must be an object"),
         (doc! {"title": 1}.into(), 14, "must be of type string"),
@@ -464,11 +476,13 @@ fn explanations_have_mongodb_shape() {
             .get_array("schemaRulesNotSatisfied")
             .unwrap()
             .clone(),
-        vec![Bson::Document(doc! {"operatorName": "properties", "propertiesNotSatisfied": [
-            {"propertyName": "age", "details": [
-                {"operatorName": "minimum", "specifiedAs": {"minimum": 0}, "reason": "comparison failed", "consideredValue": -1}
+        vec![Bson::Document(
+            doc! {"operatorName": "properties", "propertiesNotSatisfied": [
+                {"propertyName": "age", "details": [
+                    {"operatorName": "minimum", "specifiedAs": {"minimum": 0}, "reason": "comparison failed", "consideredValue": -1}
+                ]}
             ]}
-        ]})]
+        )]
     );
 }
 

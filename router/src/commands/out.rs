@@ -228,7 +228,10 @@ pub(super) fn check_allowed(ctx: &Ctx<'_>) -> Result<()> {
 async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document> {
     let name = cmd.keys().next().cloned().unwrap_or_default();
     if matches!(name.as_str(), "insert" | "update")
-        && ctx.cmd.get_bool("bypassDocumentValidation").unwrap_or(false)
+        && ctx
+            .cmd
+            .get_bool("bypassDocumentValidation")
+            .unwrap_or(false)
     {
         cmd.insert("bypassDocumentValidation", true);
     }
