@@ -349,7 +349,7 @@ mod tests {
         assert!(!v.matches(&d));
         let e = v.explain(&d);
         assert_eq!(e.get_str("operatorName").unwrap(), "$expr");
-        assert_eq!(e.get_bool("expressionResult").unwrap(), false);
+        assert!(!e.get_bool("expressionResult").unwrap());
         let v = Validator::parse(&doc! {"$or": [{"a": 1}, {"b": 1}]}).unwrap();
         let e = v.explain(&doc! {"a": 2});
         assert_eq!(e.get_str("operatorName").unwrap(), "$or");
