@@ -38,23 +38,34 @@ impl Validator {
         self.spec.is_empty()
     }
 
-    /// Whether `doc` passes. An evaluation error (e.g. inside `$expr`) fails it.
-    pub fn matches(&self, doc: &Document) -> bool {
-        self.matcher.try_matches(doc).unwrap_or(false)
+    /// Whether `doc` passes, `$$NOW` being `now`. An evaluation error (e.g. inside `$expr`)
+    /// fails it.
+    pub fn matches(&self, doc: &Document, now: bson::DateTime) -> bool {
+        self.matcher
+            .try_matches_in(doc, &env_at(now))
+            .unwrap_or(false)
     }
 
     /// `errInfo.details` for a document that fails the validator.
-    pub fn explain(&self, doc: &Document) -> Document {
+    pub fn explain(&self, doc: &Document, now: bson::DateTime) -> Document {
+        let env = env_at(now);
         let clauses = clauses(&self.spec);
         if clauses.len() == 1 {
             return clauses
                 .into_iter()
                 .next()
-                .map(|c| explain_clause(&c, doc))
+                .map(|c| explain_clause(&c, doc, &env))
                 .unwrap_or_default();
         }
-        let failing = failing_clauses(&clauses, doc);
+        let failing = failing_clauses(&clauses, doc, &env);
         doc! {"operatorName": "$and", "clausesNotSatisfied": failing}
+    }
+}
+
+fn env_at(now: bson::DateTime) -> Env {
+    Env {
+        now: Some(now),
+        vars: Vec::new(),
     }
 }
 
@@ -171,18 +182,20 @@ fn clause_filter(c: &Clause) -> Document {
     }
 }
 
-fn clause_matches(c: &Clause, doc: &Document) -> bool {
+fn clause_matches(c: &Clause, doc: &Document, env: &Env) -> bool {
     Matcher::parse(&clause_filter(c))
-        .and_then(|m| m.try_matches(doc))
+        .and_then(|m| m.try_matches_in(doc, env))
         .unwrap_or(false)
 }
 
-fn failing_clauses(clauses: &[Clause], doc: &Document) -> Vec<Bson> {
+fn failing_clauses(clauses: &[Clause], doc: &Document, env: &Env) -> Vec<Bson> {
     clauses
         .iter()
         .enumerate()
-        .filter(|(_, c)| !clause_matches(c, doc))
-        .map(|(i, c)| Bson::Document(doc! {"index": i as i32, "details": explain_clause(c, doc)}))
+        .filter(|(_, c)| !clause_matches(c, doc, env))
+        .map(|(i, c)| {
+            Bson::Document(doc! {"index": i as i32, "details": explain_clause(c, doc, env)})
+        })
         .collect()
 }
 
@@ -196,7 +209,7 @@ fn sub_clauses(v: &Bson) -> Vec<Document> {
     }
 }
 
-fn explain_clause(c: &Clause, doc: &Document) -> Document {
+fn explain_clause(c: &Clause, doc: &Document, env: &Env) -> Document {
     match c {
         Clause::Top(op, v) => match op.as_str() {
             "$jsonSchema" => Schema::parse(v)
@@ -204,7 +217,7 @@ fn explain_clause(c: &Clause, doc: &Document) -> Document {
                 .unwrap_or_else(|_| doc! {"operatorName": "$jsonSchema"}),
             "$expr" => {
                 let result = Expr::parse(v)
-                    .and_then(|e| e.evaluate_in(doc, &Env::default()))
+                    .and_then(|e| e.evaluate_in(doc, env))
                     .map(|r| r.unwrap_or(Bson::Null));
                 let mut d = doc! {
                     "operatorName": "$expr",
@@ -228,16 +241,16 @@ fn explain_clause(c: &Clause, doc: &Document) -> Document {
                     .enumerate()
                     .filter(|(_, (_, c))| {
                         // $and/$or list their failing children, $nor its matching ones.
-                        clause_matches(c, doc) == (op == "$nor")
+                        clause_matches(c, doc, env) == (op == "$nor")
                     })
                     .map(|(i, (d, _))| {
                         let inner = clauses(d);
                         let details = if op == "$nor" {
                             doc! {"operatorName": "$nor", "reason": "child expression matched"}
                         } else if inner.len() == 1 {
-                            explain_clause(&inner[0], doc)
+                            explain_clause(&inner[0], doc, env)
                         } else {
-                            doc! {"operatorName": "$and", "clausesNotSatisfied": failing_clauses(&inner, doc)}
+                            doc! {"operatorName": "$and", "clausesNotSatisfied": failing_clauses(&inner, doc, env)}
                         };
                         Bson::Document(doc! {"index": i as i32, "details": details})
                     })
@@ -296,6 +309,10 @@ fn reason(op: &str, arg: &Bson) -> &'static str {
 mod tests {
     use super::*;
 
+    fn now() -> bson::DateTime {
+        bson::DateTime::from_millis(1_700_000_000_000)
+    }
+
     #[test]
     fn validators_refuse_where_text_and_geo_near_with_224() {
         for v in [
@@ -318,13 +335,13 @@ mod tests {
     #[test]
     fn a_single_clause_is_explained_directly() {
         let v = Validator::parse(&doc! {"a": {"$gt": 5}}).unwrap();
-        assert!(!v.matches(&doc! {"a": 3}));
+        assert!(!v.matches(&doc! {"a": 3}, now()));
         assert_eq!(
-            v.explain(&doc! {"a": 3}),
+            v.explain(&doc! {"a": 3}, now()),
             doc! {"operatorName": "$gt", "specifiedAs": {"a": {"$gt": 5}}, "reason": "comparison failed", "consideredValue": 3}
         );
         assert_eq!(
-            v.explain(&doc! {}),
+            v.explain(&doc! {}, now()),
             doc! {"operatorName": "$gt", "specifiedAs": {"a": {"$gt": 5}}, "reason": "field was missing"}
         );
     }
@@ -333,9 +350,9 @@ mod tests {
     fn several_clauses_list_the_failing_ones_under_and() {
         let v = Validator::parse(&doc! {"a": 1, "b": {"$type": "string"}}).unwrap();
         let d = doc! {"a": 1, "b": 2};
-        assert!(!v.matches(&d));
+        assert!(!v.matches(&d, now()));
         assert_eq!(
-            v.explain(&d),
+            v.explain(&d, now()),
             doc! {"operatorName": "$and", "clausesNotSatisfied": [{"index": 1, "details": {
             "operatorName": "$type", "specifiedAs": {"b": {"$type": "string"}},
             "reason": "type did not match", "consideredValue": 2, "consideredType": "int"}}]}
@@ -346,23 +363,31 @@ mod tests {
     fn expr_and_or_clauses_are_explained() {
         let v = Validator::parse(&doc! {"$expr": {"$gt": ["$a", "$b"]}}).unwrap();
         let d = doc! {"a": 1, "b": 2};
-        assert!(!v.matches(&d));
-        let e = v.explain(&d);
+        assert!(!v.matches(&d, now()));
+        let e = v.explain(&d, now());
         assert_eq!(e.get_str("operatorName").unwrap(), "$expr");
         assert!(!e.get_bool("expressionResult").unwrap());
         let v = Validator::parse(&doc! {"$or": [{"a": 1}, {"b": 1}]}).unwrap();
-        let e = v.explain(&doc! {"a": 2});
+        let e = v.explain(&doc! {"a": 2}, now());
         assert_eq!(e.get_str("operatorName").unwrap(), "$or");
         assert_eq!(e.get_array("clausesNotSatisfied").unwrap().len(), 2);
-        assert!(v.matches(&doc! {"b": 1}));
+        assert!(v.matches(&doc! {"b": 1}, now()));
+    }
+
+    #[test]
+    fn now_is_the_write_time() {
+        let v = Validator::parse(&doc! {"$expr": {"$lte": ["$at", "$$NOW"]}}).unwrap();
+        let at = |ms| doc! {"at": bson::DateTime::from_millis(ms)};
+        assert!(v.matches(&at(1_600_000_000_000), now()));
+        assert!(!v.matches(&at(1_800_000_000_000), now()));
     }
 
     #[test]
     fn json_schema_clauses_explain_their_rules() {
         let v = Validator::parse(&doc! {"$jsonSchema": {"required": ["x"]}}).unwrap();
-        assert!(!v.matches(&doc! {"_id": 1}));
+        assert!(!v.matches(&doc! {"_id": 1}, now()));
         assert_eq!(
-            v.explain(&doc! {"_id": 1}),
+            v.explain(&doc! {"_id": 1}, now()),
             doc! {"operatorName": "$jsonSchema", "schemaRulesNotSatisfied": [
                 {"operatorName": "required", "specifiedAs": {"required": ["x"]}, "missingProperties": ["x"]}
             ]}

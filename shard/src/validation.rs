@@ -176,13 +176,14 @@ pub fn rules_of(coll: &CollectionEntry) -> Option<Arc<Rules>> {
     Some(rules)
 }
 
-/// Checks `new`, about to be written to `coll` (replacing `old` for an update). `bypass`:
-/// the command's `bypassDocumentValidation`.
+/// Checks `new`, about to be written to `coll` (replacing `old` for an update) at wall-clock
+/// time `wall_ms` (the validator's `$$NOW`). `bypass`: the command's `bypassDocumentValidation`.
 pub fn check(
     coll: &CollectionEntry,
     old: Option<&Document>,
     new: &Document,
     bypass: bool,
+    wall_ms: u64,
 ) -> Result<(), MongoError> {
     if bypass {
         return Ok(());
@@ -190,15 +191,17 @@ pub fn check(
     let Some(rules) = rules_of(coll) else {
         return Ok(());
     };
-    if rules.level == Level::Off || rules.validator.is_empty() || rules.validator.matches(new) {
+    let now = bson::DateTime::from_millis(i64::try_from(wall_ms).unwrap_or(i64::MAX));
+    if rules.level == Level::Off || rules.validator.is_empty() || rules.validator.matches(new, now)
+    {
         return Ok(());
     }
-    if rules.level == Level::Moderate && old.is_some_and(|o| !rules.validator.matches(o)) {
+    if rules.level == Level::Moderate && old.is_some_and(|o| !rules.validator.matches(o, now)) {
         return Ok(());
     }
     let err_info = doc! {
         "failingDocumentId": new.get("_id").cloned().unwrap_or(Bson::Null),
-        "details": rules.validator.explain(new),
+        "details": rules.validator.explain(new, now),
     };
     if rules.action == Action::Warn {
         tracing::warn!(ns = %coll.ns(), errInfo = %err_info, "Document would fail validation");
@@ -222,8 +225,8 @@ mod tests {
     #[test]
     fn strict_refuses_with_121_and_err_info() {
         let c = coll(doc! {"validator": {"a": {"$type": "int"}}});
-        assert!(check(&c, None, &doc! {"_id": 1, "a": 1}, false).is_ok());
-        let e = check(&c, None, &doc! {"_id": 2, "a": "x"}, false).unwrap_err();
+        assert!(check(&c, None, &doc! {"_id": 1, "a": 1}, false, 0).is_ok());
+        let e = check(&c, None, &doc! {"_id": 2, "a": "x"}, false, 0).unwrap_err();
         assert_eq!(e.code, 121);
         assert_eq!(e.code_name, "DocumentValidationFailure");
         assert_eq!(e.errmsg, "Document failed validation");
@@ -244,17 +247,17 @@ mod tests {
         let bad_old = doc! {"_id": 1, "a": -5};
         let good_old = doc! {"_id": 1, "a": 5};
         let bad_new = doc! {"_id": 1, "a": -1};
-        assert!(check(&c, Some(&bad_old), &bad_new, false).is_ok());
+        assert!(check(&c, Some(&bad_old), &bad_new, false, 0).is_ok());
         assert_eq!(
-            check(&c, Some(&good_old), &bad_new, false)
+            check(&c, Some(&good_old), &bad_new, false, 0)
                 .unwrap_err()
                 .code,
             121
         );
-        assert_eq!(check(&c, None, &bad_new, false).unwrap_err().code, 121);
+        assert_eq!(check(&c, None, &bad_new, false, 0).unwrap_err().code, 121);
         let strict = coll(doc! {"validator": {"a": {"$gt": 0}}});
         assert_eq!(
-            check(&strict, Some(&bad_old), &bad_new, false)
+            check(&strict, Some(&bad_old), &bad_new, false, 0)
                 .unwrap_err()
                 .code,
             121
@@ -270,9 +273,9 @@ mod tests {
             doc! {"validator": {}},
             doc! {},
         ] {
-            assert!(check(&coll(options), None, &bad, false).is_ok());
+            assert!(check(&coll(options), None, &bad, false, 0).is_ok());
         }
-        assert!(check(&coll(doc! {"validator": {"a": 1}}), None, &bad, true).is_ok());
+        assert!(check(&coll(doc! {"validator": {"a": 1}}), None, &bad, true, 0).is_ok());
     }
 
     #[test]

@@ -190,6 +190,20 @@ async fn updates_replacements_upserts_and_find_and_modify_are_validated() -> any
         .await?;
     // Deletes are never validated.
     c.delete_one(doc! {"_id": 1}).await?;
+
+    // A validator's $expr sees $$NOW as the time of the write.
+    db.run_command(doc! {"create": "timed", "validator": {"$expr": {"$lte": ["$at", "$$NOW"]}}})
+        .await?;
+    let timed = db.collection::<Document>("timed");
+    let at = |ms: i64| doc! {"at": mongodb::bson::DateTime::from_millis(ms)};
+    timed.insert_one(at(946_684_800_000)).await?;
+    let e = timed
+        .insert_one(at(32_503_680_000_000))
+        .await
+        .expect_err("the year 3000 is in the future");
+    let details = err_info(&e).get_document("details")?.clone();
+    assert_eq!(details.get_str("operatorName")?, "$expr");
+    assert_eq!(details.get_str("reason")?, "expression did not match");
     cluster.stop().await;
     Ok(())
 }
