@@ -398,6 +398,23 @@ async fn list_collections_shows_the_options_and_bad_validators_are_refused() -> 
         let e = db.run_command(coll_mod).await.expect_err("refused");
         assert_eq!(code(&e), Some(want), "collMod {options}: {e}");
     }
+    // Views have no validator.
+    db.run_command(doc! {"create": "view", "viewOn": "opts", "pipeline": []})
+        .await?;
+    for options in [
+        doc! {"validator": {"a": 1}},
+        doc! {"validationLevel": "off"},
+    ] {
+        let mut coll_mod = doc! {"collMod": "view"};
+        coll_mod.extend(options.clone());
+        let e = db.run_command(coll_mod).await.expect_err("refused");
+        assert_eq!(code(&e), Some(72), "collMod on a view {options}: {e}");
+    }
+    let e = db
+        .run_command(doc! {"create": "view2", "viewOn": "opts", "validator": {"a": 1}})
+        .await
+        .expect_err("refused");
+    assert_eq!(code(&e), Some(72));
     let names = db.list_collection_names().await?;
     assert!(!names.contains(&"refused".to_string()), "{names:?}");
     // The refused collMods changed nothing.

@@ -819,6 +819,20 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             )
             .into());
         };
+        if is_view(&c)
+            && let Some(k) = changes.keys().find(|k| {
+                matches!(
+                    k.as_str(),
+                    "validator" | "validationLevel" | "validationAction"
+                )
+            })
+        {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                format!("option not supported on a view: {k}"),
+            )
+            .into());
+        }
         let mut entry = (*c).clone();
         let mut old = entry.options.clone();
         old.insert("uuid", c.uuid);
