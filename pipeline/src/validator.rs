@@ -160,7 +160,11 @@ fn clauses(filter: &Document) -> Vec<Clause> {
             }
             other => out.push(Clause::Field {
                 path: k.clone(),
-                op: "$eq".into(),
+                op: if matches!(other, Bson::RegularExpression(_)) {
+                    "$regex".into()
+                } else {
+                    "$eq".into()
+                },
                 arg: other.clone(),
                 literal: true,
             }),
@@ -372,6 +376,16 @@ mod tests {
         assert_eq!(e.get_str("operatorName").unwrap(), "$or");
         assert_eq!(e.get_array("clausesNotSatisfied").unwrap().len(), 2);
         assert!(v.matches(&doc! {"b": 1}, now()));
+        let re = bson::Regex {
+            pattern: "^x".try_into().unwrap(),
+            options: "".try_into().unwrap(),
+        };
+        let v = Validator::parse(&doc! {"s": Bson::RegularExpression(re.clone())}).unwrap();
+        assert_eq!(
+            v.explain(&doc! {"s": "y"}, now()),
+            doc! {"operatorName": "$regex", "specifiedAs": {"s": Bson::RegularExpression(re)},
+            "reason": "regular expression did not match", "consideredValue": "y"}
+        );
     }
 
     #[test]
