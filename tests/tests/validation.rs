@@ -503,3 +503,42 @@ async fn a_sharded_collection_validates_on_every_shard() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_in_a_transaction_aborts_it_and_leaves_nothing() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("valtxn");
+    db.run_command(doc! {"create": "c", "validator": {"n": {"$type": "int"}}})
+        .await?;
+    let c = db.collection::<Document>("c");
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": 1, "n": 1})
+        .session(&mut s)
+        .await?;
+    let e = c
+        .insert_one(doc! {"_id": 2, "n": "two"})
+        .session(&mut s)
+        .await
+        .expect_err("fails validation");
+    assert_eq!(code(&e), Some(121));
+    assert_eq!(err_info(&e).get("failingDocumentId"), Some(&Bson::Int32(2)));
+    let e = s
+        .commit_transaction()
+        .await
+        .expect_err("the transaction is aborted");
+    assert_eq!(code(&e), Some(251), "{e}");
+    assert_eq!(c.count_documents(doc! {}).await?, 0);
+
+    // With bypassDocumentValidation inside a transaction, it commits.
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": 3, "n": "three"})
+        .bypass_document_validation(true)
+        .session(&mut s)
+        .await?;
+    s.commit_transaction().await?;
+    assert_eq!(all(&c).await?, vec![doc! {"_id": 3, "n": "three"}]);
+    cluster.stop().await;
+    Ok(())
+}
