@@ -800,14 +800,12 @@ fn check_rule(rule: &Rule, v: &Bson, explain: bool) -> Option<Document> {
                     for (k, pv) in extra {
                         let f = failures(sub, pv, explain);
                         if !f.is_empty() {
-                            return fail(
-                                "additionalProperties",
-                                doc! {
-                                    "reason": "at least one additional property did not match the subschema",
-                                    "failingProperty": k,
-                                    "details": docs(f),
-                                },
-                            );
+                            return Some(doc! {
+                                "operatorName": "additionalProperties",
+                                "reason": "at least one additional property did not match the subschema",
+                                "failingProperty": k,
+                                "details": docs(f),
+                            });
                         }
                     }
                     None

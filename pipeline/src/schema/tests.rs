@@ -497,3 +497,28 @@ fn json_schema_combines_with_other_query_operators() {
     assert!(!m.matches(&doc! {"b": 2}));
     assert!(m.referenced_paths().is_none());
 }
+
+#[test]
+fn additional_properties_explanations() {
+    let closed = schema(doc! {"properties": {"_id": {}, "a": {}}, "additionalProperties": false});
+    assert_eq!(
+        closed.explain(&doc! {"_id": 1, "a": 1, "b": 2, "c": 3}),
+        doc! {"operatorName": "$jsonSchema", "schemaRulesNotSatisfied": [{
+            "operatorName": "additionalProperties",
+            "specifiedAs": {"additionalProperties": false},
+            "additionalProperties": ["b", "c"],
+        }]}
+    );
+    let typed =
+        schema(doc! {"properties": {"_id": {}}, "additionalProperties": {"bsonType": "int"}});
+    assert_eq!(
+        typed.explain(&doc! {"_id": 1, "a": 1, "b": "x"}),
+        doc! {"operatorName": "$jsonSchema", "schemaRulesNotSatisfied": [{
+            "operatorName": "additionalProperties",
+            "reason": "at least one additional property did not match the subschema",
+            "failingProperty": "b",
+            "details": [{"operatorName": "bsonType", "specifiedAs": {"bsonType": "int"},
+                         "reason": "type did not match", "consideredValue": "x", "consideredType": "string"}],
+        }]}
+    );
+}
