@@ -1,6 +1,7 @@
 //! Pure query machinery shared by the shards and the router: BSON comparison, the
 //! match-expression language, aggregation expressions and stages, find projections and sorts.
-//! Change-stream stages come here too (shard part and merge part).
+//! Change-stream stages come here too (shard part and merge part). `$jsonSchema` lives in
+//! [`schema`]; collection validators (parsing, restrictions, `errInfo` details) in [`validator`].
 //!
 //! Errors are [`wire::MongoError`] with MongoDB's codes (`BadValue`, `FailedToParse`, ...).
 
@@ -13,7 +14,9 @@ pub mod changestream;
 pub mod expr;
 pub mod matcher;
 pub mod projection;
+pub mod schema;
 pub mod sort;
+pub mod validator;
 pub mod value;
 
 pub use matcher::Matcher;

@@ -49,6 +49,8 @@ enum Node {
     True,
     False,
     Expr(Box<Expr>),
+    /// `$jsonSchema` (see [`crate::schema`]): JSON Schema semantics on the whole document.
+    Schema(Box<crate::schema::Schema>),
     /// A predicate on the values a dotted path reaches (fan-out and leaf expansion).
     Path {
         path: String,
@@ -221,6 +223,8 @@ fn collect_paths(node: &Node, out: &mut BTreeSet<String>) -> bool {
         Node::Not(n) => collect_paths(n, out),
         Node::True | Node::False | Node::Single(_) => true,
         Node::Expr(e) => e.referenced_paths(out),
+        // A schema may constrain every field (`additionalProperties`, `minProperties`).
+        Node::Schema(_) => false,
         Node::Path { path, .. } => {
             out.insert(path.clone());
             true
@@ -281,6 +285,7 @@ fn parse_top_level(op: &str, value: &Bson, vars: &[String]) -> Result<Option<Nod
             }
         }
         "expr" => Node::Expr(Box::new(Expr::parse_with_vars(value, vars)?)),
+        "jsonSchema" => Node::Schema(Box::new(crate::schema::Schema::parse(value)?)),
         "comment" => return Ok(None),
         "alwaysTrue" | "alwaysFalse" => {
             if value::as_f64(value) != Some(1.0) {
@@ -734,6 +739,7 @@ fn eval_doc(node: &Node, doc: &Document, env: &Env) -> Result<bool> {
         Node::True => true,
         Node::False => false,
         Node::Expr(e) => value::truthy(&e.evaluate_in(doc, env)?.unwrap_or(Bson::Null)),
+        Node::Schema(s) => s.matches(doc),
         Node::Path { parts, pred, .. } => {
             let (first, rest) = match parts.split_first() {
                 Some(x) => x,
@@ -778,7 +784,7 @@ fn eval_single(node: &Node, v: &Bson, env: &Env) -> Result<bool> {
         Node::True => true,
         Node::False => false,
         Node::Single(p) => pred_single(p, v, env)?,
-        Node::Expr(_) | Node::Path { .. } => match v {
+        Node::Expr(_) | Node::Path { .. } | Node::Schema(_) => match v {
             Bson::Document(d) => eval_doc(node, d, env)?,
             _ => false,
         },

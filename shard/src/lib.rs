@@ -11,6 +11,8 @@
 //! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread.
 //! * [`retryable`]: retryable-write records; [`cursor`]: cursor registry.
 //! * [`commands`]: one file per command family; [`update`]: pure update operators and diffs.
+//! * [`validation`]: collection validators (`validator`, `validationLevel`,
+//!   `validationAction`) enforced on the write path.
 //!
 //! Invariants (details in each module): every acknowledged write is durable; a document change
 //! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
@@ -37,6 +39,7 @@ pub mod storage;
 pub mod ttl;
 pub mod txn;
 pub mod update;
+pub mod validation;
 pub mod views;
 pub mod writer;
 

@@ -186,6 +186,9 @@ pub struct WriteCtx<'a> {
     /// The ordered batch whose reservation the current job commits: the keys it holds are
     /// this job's to write.
     pub own_reservation: Option<u64>,
+    /// The current job's `bypassDocumentValidation`: its documents skip the collection's
+    /// validator (see [`crate::validation`]).
+    pub bypass_validation: bool,
     /// A dry run ([`WriteCtx::dry_run`]): writes go to an overlay, held keys are checked.
     dry_run: bool,
     pub wall_ms: u64,
@@ -210,6 +213,7 @@ impl<'a> WriteCtx<'a> {
             last_logged: None,
             from_migrate: false,
             own_reservation: None,
+            bypass_validation: false,
             dry_run: false,
             wall_ms: state.now_millis(),
         }
@@ -348,6 +352,7 @@ impl<'a> WriteCtx<'a> {
                 ClusterTime::ZERO,
             );
             ctx.wall_ms = self.wall_ms;
+            ctx.bypass_validation = self.bypass_validation;
             ctx.dry_run = true;
             f(&mut ctx)
         };
@@ -597,6 +602,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             last_logged: None,
             from_migrate: false,
             own_reservation: None,
+            bypass_validation: false,
             dry_run: false,
             wall_ms,
         };
@@ -608,6 +614,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             ctx.last_logged = None;
             ctx.from_migrate = false;
             ctx.own_reservation = None;
+            ctx.bypass_validation = false;
             // A bug in a job must not take the writer thread down: treat a panic like a
             // storage failure (the whole batch is abandoned, nothing of it persists).
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut ctx)))

@@ -98,6 +98,8 @@ codes! {
     CONFLICTING_OPERATION_IN_PROGRESS = 117, "ConflictingOperationInProgress";
     NAMESPACE_NOT_SHARDED = 118, "NamespaceNotSharded";
     INVALID_SYNC_SOURCE = 119, "InvalidSyncSource";
+    DOCUMENT_VALIDATION_FAILURE = 121, "DocumentValidationFailure";
+    QUERY_FEATURE_NOT_ALLOWED = 224, "QueryFeatureNotAllowed";
     OPERATION_FAILED = 96, "OperationFailed";
     CAPPED_POSITION_LOST = 136, "CappedPositionLost";
     INCOMPATIBLE_SHARDING_METADATA = 137, "IncompatibleShardingMetadata";

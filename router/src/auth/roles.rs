@@ -23,6 +23,9 @@ pub enum Need {
     Nothing,
     Read(String),
     Write(String),
+    /// A write with `bypassDocumentValidation: true`: `Write` plus the
+    /// `bypassDocumentValidation` action, which `dbAdmin` and `restore` grant.
+    WriteBypassingValidation(String),
     DbAdmin(String),
     UserAdmin(String),
     /// Reading every database (a cluster-wide change stream).
@@ -33,8 +36,23 @@ pub enum Need {
     Root,
 }
 
+/// Whether a write command asks to skip document validation.
+fn bypasses_validation(name: &str, cmd: &Document) -> bool {
+    matches!(
+        name,
+        "insert" | "update" | "findAndModify" | "findandmodify" | "aggregate"
+    ) && cmd.get_bool("bypassDocumentValidation").unwrap_or(false)
+}
+
 /// What `name` on database `db` needs.
 pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
+    match need_ignoring_bypass(name, db, cmd) {
+        Need::Write(db) if bypasses_validation(name, cmd) => Need::WriteBypassingValidation(db),
+        other => other,
+    }
+}
+
+fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
     let on = |f: fn(String) -> Need| f(db.to_string());
     match name {
         "hello" | "isMaster" | "ismaster" | "saslStart" | "saslContinue" | "ping" | "buildInfo"
@@ -145,6 +163,10 @@ pub fn allows(roles: &[(String, String)], need: &Need) -> bool {
         Need::DbAdmin(db) => {
             ["dbAdmin", "dbOwner"].iter().any(|r| has(r, db)) || any("dbAdminAnyDatabase")
         }
+        Need::WriteBypassingValidation(db) => {
+            allows(roles, &Need::Write(db.clone()))
+                && (allows(roles, &Need::DbAdmin(db.clone())) || any("restore"))
+        }
         Need::UserAdmin(db) => {
             ["userAdmin", "dbOwner"].iter().any(|r| has(r, db)) || any("userAdminAnyDatabase")
         }
@@ -176,6 +198,7 @@ pub struct Privilege {
 /// The action names a privilege may list (MongoDB's, those Tributary's commands check).
 pub const ACTIONS: &[&str] = &[
     "anyAction",
+    "bypassDocumentValidation",
     "changeStream",
     "collMod",
     "collStats",
@@ -219,7 +242,33 @@ pub const ACTIONS: &[&str] = &[
 ];
 
 /// What a command needs as actions on resources; `None`: only `anyAction` on `anyResource`.
+/// A write with `bypassDocumentValidation: true` also needs that action where it inserts or
+/// updates.
 pub fn actions(name: &str, db: &str, cmd: &Document) -> Option<Vec<(&'static str, Resource)>> {
+    let mut required = actions_ignoring_bypass(name, db, cmd)?;
+    if bypasses_validation(name, cmd) {
+        let written: Vec<Resource> = required
+            .iter()
+            .filter(|(a, _)| matches!(*a, "insert" | "update"))
+            .map(|(_, r)| r.clone())
+            .collect();
+        for r in written {
+            if !required
+                .iter()
+                .any(|(a, x)| *a == "bypassDocumentValidation" && *x == r)
+            {
+                required.push(("bypassDocumentValidation", r));
+            }
+        }
+    }
+    Some(required)
+}
+
+fn actions_ignoring_bypass(
+    name: &str,
+    db: &str,
+    cmd: &Document,
+) -> Option<Vec<(&'static str, Resource)>> {
     let coll = cmd.get_str(name).unwrap_or("").to_string();
     let ns = |c: &str| Resource::Namespace {
         db: db.to_string(),
@@ -599,6 +648,60 @@ mod tests {
             Some(required) => privileges_allow(privileges, &required),
             None => privileges_allow_anything(privileges),
         }
+    }
+
+    #[test]
+    fn bypassing_validation_needs_the_bypass_action_beside_the_write() {
+        let roles = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(r, d)| (r.to_string(), d.to_string()))
+                .collect()
+        };
+        let bypass = doc! {"insert": "c", "documents": [], "bypassDocumentValidation": true};
+        let need_of = need("insert", "app", &bypass);
+        assert_eq!(need_of, Need::WriteBypassingValidation("app".into()));
+        assert!(!allows(&roles(&[("readWrite", "app")]), &need_of));
+        assert!(!allows(&roles(&[("dbAdmin", "app")]), &need_of));
+        assert!(allows(
+            &roles(&[("readWrite", "app"), ("dbAdmin", "app")]),
+            &need_of
+        ));
+        assert!(allows(&roles(&[("dbOwner", "app")]), &need_of));
+        assert!(allows(
+            &roles(&[("readWrite", "app"), ("restore", "admin")]),
+            &need_of
+        ));
+        let plain = doc! {"insert": "c", "documents": [], "bypassDocumentValidation": false};
+        assert_eq!(need("insert", "app", &plain), Need::Write("app".into()));
+
+        let writer = [privilege(
+            doc! {"db": "app", "collection": "c"},
+            &["insert"],
+        )];
+        assert!(!granted(&writer, "insert", "app", bypass.clone()));
+        let bypasser = [privilege(
+            doc! {"db": "app", "collection": "c"},
+            &["insert", "bypassDocumentValidation"],
+        )];
+        assert!(granted(&bypasser, "insert", "app", bypass));
+        let out =
+            doc! {"aggregate": "c", "pipeline": [{"$out": "d"}], "bypassDocumentValidation": true};
+        let reader_writer = [privilege(
+            doc! {"db": "app", "collection": ""},
+            &["find", "insert", "remove", "update"],
+        )];
+        assert!(!granted(&reader_writer, "aggregate", "app", out.clone()));
+        let all = [privilege(
+            doc! {"db": "app", "collection": ""},
+            &[
+                "find",
+                "insert",
+                "remove",
+                "update",
+                "bypassDocumentValidation",
+            ],
+        )];
+        assert!(granted(&all, "aggregate", "app", out));
     }
 
     #[test]

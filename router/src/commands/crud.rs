@@ -386,10 +386,14 @@ async fn insert_across_shards(
         .zip(&replies)
         .map(|((shard, indexes, _), reply)| {
             let up_to = indexes.iter().take_while(|&&i| i < stop).count();
-            let cmd = doc! {
+            let mut cmd = doc! {
                 "_shardsvrCommitReservation": reservation(reply).unwrap_or(0),
                 "upTo": up_to as i64,
             };
+            // The commit writes the documents: it carries the driver's validation bypass.
+            if let Some(b) = ctx.cmd.get("bypassDocumentValidation") {
+                cmd.insert("bypassDocumentValidation", b.clone());
+            }
             async move {
                 let reply = router.shard_command(*shard, ctx.db, cmd).await;
                 (reply, &indexes[..up_to])

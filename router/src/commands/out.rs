@@ -11,6 +11,8 @@
 //! * `$out` replaces the target whole or not at all: until the rename, the target is as it
 //!   was, and a failure drops the temporary collection.
 //! * `$merge` stops at the first failing document (earlier ones stay written), as MongoDB's.
+//! * The target's validator applies to the written documents (`$out`'s temporary collection
+//!   gets the target's options), unless the aggregate says `bypassDocumentValidation: true`.
 
 use bson::{Bson, Document, doc};
 use wire::{ErrorCode, MongoError, Result};
@@ -223,8 +225,16 @@ pub(super) fn check_allowed(ctx: &Ctx<'_>) -> Result<()> {
 }
 
 /// Runs another command through the router's own dispatch, as the aggregate's client.
-async fn command(ctx: &Ctx<'_>, db: &str, cmd: Document) -> Result<Document> {
+async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document> {
     let name = cmd.keys().next().cloned().unwrap_or_default();
+    if matches!(name.as_str(), "insert" | "update")
+        && ctx
+            .cmd
+            .get_bool("bypassDocumentValidation")
+            .unwrap_or(false)
+    {
+        cmd.insert("bypassDocumentValidation", true);
+    }
     let sub = Ctx {
         router: ctx.router,
         conn: ctx.conn,
@@ -241,7 +251,11 @@ async fn command(ctx: &Ctx<'_>, db: &str, cmd: Document) -> Result<Document> {
             .get_i32("code")
             .unwrap_or(ErrorCode::INTERNAL_ERROR.code);
         let message = first.get_str("errmsg").unwrap_or("write failed");
-        return Err(MongoError::with_code(code, message));
+        let mut e = MongoError::with_code(code, message);
+        if let Ok(info) = first.get_document("errInfo") {
+            e = e.with_extra(doc! {"errInfo": info.clone()});
+        }
+        return Err(e);
     }
     if let Ok(wce) = reply.get_document("writeConcernError") {
         let code = wce
@@ -278,7 +292,26 @@ async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, docs: Vec<Document>) -> Result
         ));
     }
     let temp = format!("tmp.agg_out.{}", uuid::Uuid::new_v4().simple());
-    command(ctx, db, doc! {"create": &temp}).await?;
+    // The temporary collection takes the target's options (its validator among them), so the
+    // rename keeps them, as MongoDB's `$out` does.
+    let listed = command(
+        ctx,
+        db,
+        doc! {"listCollections": 1, "filter": {"name": coll}, "cursor": {}},
+    )
+    .await?;
+    let mut create = doc! {"create": &temp};
+    if let Some(Bson::Document(info)) = listed
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .ok()
+        .and_then(|b| b.first())
+        && let Ok(options) = info.get_document("options")
+        && !info.get_str("type").is_ok_and(|t| t == "view")
+    {
+        create.extend(options.clone());
+    }
+    command(ctx, db, create).await?;
     let filled = fill(ctx, db, coll, &temp, docs).await;
     let renamed = match filled {
         Ok(()) => {

@@ -170,6 +170,7 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         ));
     }
     check_pre_and_post_images(&ctx.db, &options)?;
+    crate::validation::check_options("create", &ctx.db, &coll, &options)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         if let Some(existing) = lookup(w, &db, &coll) {
@@ -823,6 +824,7 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
     }
     check_pre_and_post_images(&ctx.db, &changes)?;
+    crate::validation::check_options("collMod", &ctx.db, &coll, &changes)?;
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         let Some(c) = lookup(w, &db, &coll) else {
@@ -832,6 +834,20 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             )
             .into());
         };
+        if is_view(&c)
+            && let Some(k) = changes.keys().find(|k| {
+                matches!(
+                    k.as_str(),
+                    "validator" | "validationLevel" | "validationAction"
+                )
+            })
+        {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                format!("option not supported on a view: {k}"),
+            )
+            .into());
+        }
         let mut entry = (*c).clone();
         let mut old = entry.options.clone();
         old.insert("uuid", c.uuid);

@@ -68,8 +68,10 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     };
     let filter = Filter::parse_in(&query, &env)?.with_hint(hint)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
+    let bypass = ctx.bool_or("bypassDocumentValidation", false)?;
     let db = ctx.db.clone();
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        w.bypass_validation = bypass;
         let mut retry = match begin_retry(w, retry_info)? {
             Ok(r) => r,
             Err(out) => return Ok(out),

@@ -101,6 +101,8 @@ struct InsertArgs {
     docs: Vec<Document>,
     ordered: bool,
     retry: Option<RetryInfo>,
+    /// `bypassDocumentValidation`.
+    bypass: bool,
 }
 
 impl InsertArgs {
@@ -128,6 +130,7 @@ impl InsertArgs {
             docs,
             ordered: ctx.bool_or("ordered", true)?,
             retry: RetryInfo::from_command(&ctx.cmd)?,
+            bypass: ctx.bool_or("bypassDocumentValidation", false)?,
         })
     }
 }
@@ -144,9 +147,11 @@ fn insert_job(db: String, args: InsertArgs, reservation: Option<u64>) -> WriteFn
         docs,
         ordered,
         retry: retry_info,
+        bypass,
     } = args;
     Box::new(move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
         w.own_reservation = reservation;
+        w.bypass_validation = bypass;
         let mut retry = match begin_retry(w, retry_info)? {
             Ok(r) => r,
             Err(out) => return Ok(out),
@@ -187,10 +192,15 @@ fn insert_job(db: String, args: InsertArgs, reservation: Option<u64>) -> WriteFn
 /// when document `n` meets a key another batch holds (a reservation never waits).
 pub async fn reserve_insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let InsertArgs {
-        coll, docs, retry, ..
+        coll,
+        docs,
+        retry,
+        bypass,
+        ..
     } = InsertArgs::parse(ctx)?;
     let db = ctx.db.clone();
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        w.bypass_validation = bypass;
         let session = match begin_retry(w, retry.clone())? {
             Ok(r) => r,
             Err(out) => return Ok(out),
@@ -279,6 +289,8 @@ pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         docs: batch.docs,
         ordered: true,
         retry: batch.retry,
+        // The router repeats the driver's flag on the commit.
+        bypass: ctx.bool_or("bypassDocumentValidation", false)?,
     };
     let out = ctx.submit(insert_job(batch.db, args, Some(id))).await?;
     Ok(Reply {
@@ -583,6 +595,7 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
         stmts.push(parse_update(ctx, u, &env)?);
     }
     let ordered = ctx.bool_or("ordered", true)?;
+    let bypass = ctx.bool_or("bypassDocumentValidation", false)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
     if retry_info.is_some() && stmts.iter().any(|s| matches!(s, Ok(s) if s.multi)) {
         return Err(MongoError::new(
@@ -592,6 +605,7 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     }
     let db = ctx.db.clone();
     let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+        w.bypass_validation = bypass;
         let mut retry = match begin_retry(w, retry_info)? {
             Ok(r) => r,
             Err(out) => return Ok(out),

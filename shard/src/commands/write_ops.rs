@@ -290,6 +290,7 @@ pub fn insert_one(
     stmt: i32,
 ) -> OpResult<ClusterTime> {
     ctx.check_not_held(coll, &doc)?;
+    crate::validation::check(coll, None, &doc, ctx.bypass_validation, ctx.wall_ms)?;
     check_unique(ctx, coll, &doc, None)?;
     ctx.put_doc(coll, &doc)?;
     crate::indexes::add(ctx.txn_mut(), coll, &doc)?;
@@ -443,6 +444,13 @@ pub fn run_update(
                 DiffOutcome::Replacement => Some(new.clone()),
             };
             if let Some(o) = o {
+                crate::validation::check(
+                    coll,
+                    Some(&old),
+                    &new,
+                    ctx.bypass_validation,
+                    ctx.wall_ms,
+                )?;
                 ctx.check_not_held(coll, &old)?;
                 ctx.check_not_held(coll, &new)?;
                 check_unique(ctx, coll, &new, new.get("_id"))?;
