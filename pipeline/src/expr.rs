@@ -3222,7 +3222,7 @@ impl DateParts {
 }
 
 /// Days since 1970-01-01 → (year, month 1-12, day 1-31), proleptic Gregorian.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -3236,7 +3236,7 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 }
 
 /// (year, month, day) → days since 1970-01-01.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);

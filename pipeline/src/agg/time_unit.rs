@@ -6,6 +6,7 @@
 //! month's last day (Jan 31 + 1 month = Feb 28/29), as MongoDB's `$dateAdd` does. Overflow is
 //! `None`, never a panic.
 
+use crate::expr::{civil_from_days, days_from_civil};
 use crate::{MongoError, Result};
 
 /// A time unit as MongoDB spells it.
@@ -93,30 +94,6 @@ fn days_in_month(y: i64, m: i64) -> i64 {
     }
 }
 
-/// (year, month 1-12, day 1-31) of a day count since 1970-01-01.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// Day count since 1970-01-01 of a civil date.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
 
 #[cfg(test)]
 mod tests {
