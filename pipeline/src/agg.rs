@@ -3,7 +3,8 @@
 //! Supported stages: `$match $project $addFields $set $unset $replaceRoot $replaceWith $redact`
 //! (single-document transforms, see [`Stage::is_single_document_transform`]) and
 //! `$group $sort $limit $skip $count $unwind $sortByCount $bucket $facet` (which need the whole
-//! stream). Stages that need other collections or server state (`$lookup`, `$out`, ...; see
+//! stream), and `$lookup $unionWith $graphLookup $documents` ([`lookup`]: other collections'
+//! documents come in the run environment). Stages that need server state (`$out`, ...; see
 //! [`UNSUPPORTED_STAGES`]) are CommandNotSupported (115), unknown names 40324.
 //!
 //! Invariants:
@@ -26,6 +27,8 @@ use crate::projection::{Projection, Syntax};
 use crate::sort::SortSpec;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
+
+pub mod lookup;
 
 /// A parsed pipeline.
 #[derive(Debug, Clone)]
@@ -55,6 +58,12 @@ pub enum Stage {
     Bucket(Bucket),
     /// `$facet`: named sub-pipelines over the same input, one output document.
     Facet(Vec<(String, Pipeline)>),
+    /// `$lookup`, `$unionWith`, `$graphLookup`: read other collections ([`lookup::Foreign`]).
+    Lookup(Box<lookup::Lookup>),
+    UnionWith(Box<lookup::UnionWith>),
+    GraphLookup(Box<lookup::GraphLookup>),
+    /// `$documents`: literal documents as the stream (first stage only).
+    Documents(Expr),
 }
 
 /// A `$bucket` specification: `groupBy` (the group's `_id`), sorted boundaries, a default.
@@ -103,12 +112,21 @@ impl Pipeline {
     /// Parses the stages where expressions may use the given user variables (the command's
     /// `let`); their values come with [`Pipeline::run_in`].
     pub fn parse_with_vars(stages: &[Document], vars: &[String]) -> Result<Pipeline> {
-        Ok(Pipeline {
-            stages: stages
-                .iter()
-                .map(|s| Stage::parse_with_vars(s, vars))
-                .collect::<Result<_>>()?,
-        })
+        let stages: Vec<Stage> = stages
+            .iter()
+            .map(|s| Stage::parse_with_vars(s, vars))
+            .collect::<Result<_>>()?;
+        if stages
+            .iter()
+            .skip(1)
+            .any(|s| matches!(s, Stage::Documents(_)))
+        {
+            return Err(stage_err(
+                40602,
+                "$documents is only valid as the first stage in a pipeline",
+            ));
+        }
+        Ok(Pipeline { stages })
     }
 
     /// The parsed stages.
@@ -403,6 +421,12 @@ impl Stage {
                 }
                 Stage::Facet(facets)
             }
+            "$lookup" => Stage::Lookup(Box::new(lookup::Lookup::parse(arg, vars)?)),
+            "$unionWith" => Stage::UnionWith(Box::new(lookup::UnionWith::parse(arg, vars)?)),
+            "$graphLookup" => {
+                Stage::GraphLookup(Box::new(lookup::GraphLookup::parse(arg, vars)?))
+            }
+            "$documents" => Stage::Documents(Expr::parse_with_vars(arg, vars)?),
             name if UNSUPPORTED_STAGES.contains(&name) => {
                 return Err(MongoError::new(
                     wire::ErrorCode::COMMAND_NOT_SUPPORTED,
@@ -435,6 +459,10 @@ impl Stage {
             Stage::SortByCount(_) => "$sortByCount",
             Stage::Bucket(_) => "$bucket",
             Stage::Facet(_) => "$facet",
+            Stage::Lookup(_) => "$lookup",
+            Stage::UnionWith(_) => "$unionWith",
+            Stage::GraphLookup(_) => "$graphLookup",
+            Stage::Documents(_) => "$documents",
         }
     }
 
@@ -553,6 +581,10 @@ impl Stage {
                 }
                 out
             }
+            Stage::Lookup(l) => l.run(docs, env)?,
+            Stage::UnionWith(u) => u.run(docs, env)?,
+            Stage::GraphLookup(g) => g.run(docs, env)?,
+            Stage::Documents(e) => lookup::documents(e, env)?,
             _ => docs,
         })
     }
@@ -561,9 +593,6 @@ impl Stage {
 /// MongoDB stages this crate knows by name but does not run (they need other collections,
 /// randomness or server state); the router may implement some of them itself.
 pub const UNSUPPORTED_STAGES: &[&str] = &[
-    "$lookup",
-    "$graphLookup",
-    "$unionWith",
     "$out",
     "$merge",
     "$sample",
@@ -580,7 +609,6 @@ pub const UNSUPPORTED_STAGES: &[&str] = &[
     "$planCacheStats",
     "$search",
     "$searchMeta",
-    "$documents",
     "$changeStreamSplitLargeEvent",
 ];
 
