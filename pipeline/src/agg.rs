@@ -29,6 +29,7 @@ use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
 pub mod lookup;
+pub mod split;
 
 /// A parsed pipeline.
 #[derive(Debug, Clone)]
