@@ -424,9 +424,7 @@ impl Stage {
             }
             "$lookup" => Stage::Lookup(Box::new(lookup::Lookup::parse(arg, vars)?)),
             "$unionWith" => Stage::UnionWith(Box::new(lookup::UnionWith::parse(arg, vars)?)),
-            "$graphLookup" => {
-                Stage::GraphLookup(Box::new(lookup::GraphLookup::parse(arg, vars)?))
-            }
+            "$graphLookup" => Stage::GraphLookup(Box::new(lookup::GraphLookup::parse(arg, vars)?)),
             "$documents" => Stage::Documents(Expr::parse_with_vars(arg, vars)?),
             name if UNSUPPORTED_STAGES.contains(&name) => {
                 return Err(MongoError::new(

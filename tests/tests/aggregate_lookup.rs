@@ -29,7 +29,12 @@ fn ids(d: &Document, field: &str) -> Vec<i32> {
         .get_array(field)
         .expect("an array")
         .iter()
-        .map(|x| x.as_document().expect("a document").get_i32("_id").expect("an int _id"))
+        .map(|x| {
+            x.as_document()
+                .expect("a document")
+                .get_i32("_id")
+                .expect("an int _id")
+        })
         .collect();
     out.sort();
     out
@@ -62,15 +67,20 @@ async fn lookup_joins_across_sharded_and_unsharded_collections() -> anyhow::Resu
     let cluster = EmbeddedCluster::start(2).await?;
     let client = cluster.client().await?;
     // Every combination of a sharded or unsharded local and foreign collection.
-    for (i, (shard_orders, shard_inventory)) in [(false, false), (true, false), (false, true), (true, true)]
-        .into_iter()
-        .enumerate()
+    for (i, (shard_orders, shard_inventory)) in
+        [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
     {
         let db = client.database(&format!("shop{i}"));
         let db_name = db.name().to_string();
         if shard_orders {
-            tests::shard_collection(&client, &format!("{db_name}.orders"), doc! {"_id": "hashed"})
-                .await?;
+            tests::shard_collection(
+                &client,
+                &format!("{db_name}.orders"),
+                doc! {"_id": "hashed"},
+            )
+            .await?;
         }
         if shard_inventory {
             tests::shard_collection(
@@ -220,7 +230,9 @@ async fn union_with_and_graph_lookup_read_sharded_collections() -> anyhow::Resul
         .insert_many([doc! {"store": "A", "item": "Cookies", "quantity": 100}])
         .await?;
     db.collection::<Document>("sales_2019")
-        .insert_many((0..20).map(|i| doc! {"store": if i % 2 == 0 { "A" } else { "C" }, "item": "Pie", "quantity": 5}))
+        .insert_many((0..20).map(
+            |i| doc! {"store": if i % 2 == 0 { "A" } else { "C" }, "item": "Pie", "quantity": 5},
+        ))
         .await?;
     let out = run(
         &db.collection("sales_2017"),
@@ -265,7 +277,11 @@ async fn union_with_and_graph_lookup_read_sharded_collections() -> anyhow::Resul
         ],
     )
     .await?;
-    assert_eq!(ids(&out[4], "reportingHierarchy"), vec![1, 2, 3], "Asya's chain");
+    assert_eq!(
+        ids(&out[4], "reportingHierarchy"),
+        vec![1, 2, 3],
+        "Asya's chain"
+    );
     let depth_of = |d: &Document, name: &str| {
         d.get_array("reportingHierarchy")
             .expect("array")
@@ -401,9 +417,13 @@ async fn aggregate_one_makes_documents_and_lists_sessions() -> anyhow::Result<()
     let refused = |e: anyhow::Error| code(e.downcast_ref().expect("a driver error"));
     let e = run_db(&db, vec![doc! {"$match": {}}]).await.unwrap_err();
     assert_eq!(refused(e), Some(73));
-    let e = run_db(&db, vec![doc! {"$documents": "string"}]).await.unwrap_err();
+    let e = run_db(&db, vec![doc! {"$documents": "string"}])
+        .await
+        .unwrap_err();
     assert_eq!(refused(e), Some(5858203));
-    let e = run_db(&db, vec![doc! {"$documents": [1, 2]}]).await.unwrap_err();
+    let e = run_db(&db, vec![doc! {"$documents": [1, 2]}])
+        .await
+        .unwrap_err();
     assert_eq!(refused(e), Some(40228));
     let e = run(
         &db.collection("names"),
@@ -412,12 +432,9 @@ async fn aggregate_one_makes_documents_and_lists_sessions() -> anyhow::Result<()
     .await
     .unwrap_err();
     assert_eq!(refused(e), Some(73));
-    let e = run_db(
-        &db,
-        vec![doc! {"$documents": []}, doc! {"$documents": []}],
-    )
-    .await
-    .unwrap_err();
+    let e = run_db(&db, vec![doc! {"$documents": []}, doc! {"$documents": []}])
+        .await
+        .unwrap_err();
     assert_eq!(refused(e), Some(40602));
 
     // A session the driver used is in the router's cache; startSession's too.
@@ -433,7 +450,11 @@ async fn aggregate_one_makes_documents_and_lists_sessions() -> anyhow::Result<()
         .await?;
     let started_id = started.get_document("id")?.get("id").cloned().expect("id");
     let admin = client.database("admin");
-    let listed = run_db(&admin, vec![doc! {"$listLocalSessions": {"allUsers": true}}]).await?;
+    let listed = run_db(
+        &admin,
+        vec![doc! {"$listLocalSessions": {"allUsers": true}}],
+    )
+    .await?;
     let listed_ids: Vec<Bson> = listed
         .iter()
         .filter_map(|d| d.get_document("_id").ok()?.get("id").cloned())
@@ -458,7 +479,14 @@ async fn aggregate_one_makes_documents_and_lists_sessions() -> anyhow::Result<()
     admin
         .run_command(doc! {"endSessions": [{"id": started_id.clone()}]})
         .await?;
-    let listed = run_db(&admin, vec![doc! {"$listLocalSessions": {"allUsers": true}}, doc! {"$match": {"_id.id": started_id}}]).await?;
+    let listed = run_db(
+        &admin,
+        vec![
+            doc! {"$listLocalSessions": {"allUsers": true}},
+            doc! {"$match": {"_id.id": started_id}},
+        ],
+    )
+    .await?;
     assert!(listed.is_empty(), "{listed:?}");
     Ok(())
 }

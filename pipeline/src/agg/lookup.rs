@@ -190,7 +190,9 @@ fn field_path(v: &str) -> Result<String> {
     if v.split('.').any(|p| p.starts_with('$')) {
         return Err(stage_err(
             16410,
-            format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. ({v})"),
+            format!(
+                "FieldPath field names may not start with '$'. Consider using $getField or $setField. ({v})"
+            ),
         ));
     }
     if v.split('.').any(str::is_empty) {
@@ -300,8 +302,9 @@ impl Lookup {
                 "must specify 'pipeline' when 'from' is empty".into()
             }));
         }
-        let as_field =
-            field_path(&as_field.ok_or_else(|| bad("must specify 'as' field for a $lookup".into()))?)?;
+        let as_field = field_path(
+            &as_field.ok_or_else(|| bad("must specify 'as' field for a $lookup".into()))?,
+        )?;
         let join = match (local, foreign) {
             (Some(l), Some(f)) => Some((field_path(&l)?, field_path(&f)?)),
             (None, None) if pipeline.is_some() => None,
@@ -604,7 +607,11 @@ impl GraphLookup {
                     }
                     let mut r = d.clone();
                     if let Some(f) = &self.depth_field {
-                        set_output(&mut r, f, Bson::Int64(i64::try_from(depth).unwrap_or(i64::MAX)));
+                        set_output(
+                            &mut r,
+                            f,
+                            Bson::Int64(i64::try_from(depth).unwrap_or(i64::MAX)),
+                        );
                     }
                     found.push(Bson::Document(r));
                 }

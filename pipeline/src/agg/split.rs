@@ -31,7 +31,11 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
     let kinds = parsed.stages();
     let mut shards = Vec::new();
     let mut i = 0;
-    while i < stages.len() && kinds.get(i).is_some_and(Stage::is_single_document_transform) {
+    while i < stages.len()
+        && kinds
+            .get(i)
+            .is_some_and(Stage::is_single_document_transform)
+    {
         shards.push(stages[i].clone());
         i += 1;
     }
@@ -120,7 +124,9 @@ mod tests {
             merged.extend(shards.run(part.into_iter().map(|(_, d)| d)).unwrap());
         }
         if let Some(sort) = &s.merge_sort {
-            crate::sort::SortSpec::parse(sort).unwrap().sort(&mut merged);
+            crate::sort::SortSpec::parse(sort)
+                .unwrap()
+                .sort(&mut merged);
         }
         let mut out = Pipeline::parse(&s.merger).unwrap().run(merged).unwrap();
         let mut whole = whole;

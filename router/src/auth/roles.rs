@@ -583,7 +583,8 @@ mod tests {
             cluster.clone()
         ));
         assert!(may(&[("root", "admin")], "aggregate", "admin", cluster));
-        let all_sessions = doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {"allUsers": true}}]};
+        let all_sessions =
+            doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {"allUsers": true}}]};
         assert!(!may(&[("read", "app")], "aggregate", "app", all_sessions));
         let out = doc! {"aggregate": "c", "pipeline": [{"$match": {}}, {"$out": "x"}]};
         assert!(!may(&[("read", "app")], "aggregate", "app", out));

@@ -68,10 +68,7 @@ pub(super) async fn with_foreign(ctx: &Ctx<'_>, parsed: &Pipeline, mut env: Env)
 
 /// Whether the pipeline must run on the router even over one shard's collection.
 pub(super) fn needs_router(parsed: &Pipeline) -> bool {
-    parsed
-        .stages()
-        .iter()
-        .any(lookup::reads_other_collections)
+    parsed.stages().iter().any(lookup::reads_other_collections)
 }
 
 /// Runs `stages` over `coll`: the shards run their part, the router merges and runs the rest.

@@ -438,15 +438,21 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     {
         return super::stats::coll_stats_stage(ctx, coll, &stage_docs).await;
     }
-    if let Some(name) = stage_docs.first().and_then(|s| s.keys().next()).filter(|n| {
-        matches!(
-            n.as_str(),
-            "$documents" | "$listLocalSessions" | "$currentOp"
-        )
-    }) {
+    if let Some(name) = stage_docs
+        .first()
+        .and_then(|s| s.keys().next())
+        .filter(|n| {
+            matches!(
+                n.as_str(),
+                "$documents" | "$listLocalSessions" | "$currentOp"
+            )
+        })
+    {
         return Err(MongoError::new(
             ErrorCode::INVALID_NAMESPACE,
-            format!("{name} must be run against the database with {{aggregate: 1}}, not a collection"),
+            format!(
+                "{name} must be run against the database with {{aggregate: 1}}, not a collection"
+            ),
         ));
     }
     // A final $out or $merge writes the results instead of returning them.
@@ -473,8 +479,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     let out = if targets.is_empty() {
         parsed.run_in(Vec::<Document>::new(), &env)?
     } else {
-        super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter)
-            .await?
+        super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter).await?
     };
     if let Some(sink) = &sink {
         super::out::write(ctx, sink, out).await?;

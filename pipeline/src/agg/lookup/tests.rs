@@ -18,7 +18,10 @@ fn env_with(colls: &[(&str, Vec<Document>)]) -> Env {
 }
 
 fn run(stages: Vec<Document>, input: Vec<Document>, env: &Env) -> Vec<Document> {
-    Pipeline::parse(&stages).unwrap().run_in(input, env).unwrap()
+    Pipeline::parse(&stages)
+        .unwrap()
+        .run_in(input, env)
+        .unwrap()
 }
 
 fn code(stages: Vec<Document>) -> i32 {
@@ -151,7 +154,10 @@ fn lookup_combines_the_equality_join_with_a_pipeline() {
     // An undefined let value (order 3 has no quantity) leaves the variable missing.
     assert_eq!(
         out[2].get_array("found").unwrap(),
-        &vec![Bson::Document(doc! {"_id": 5}), Bson::Document(doc! {"_id": 6})]
+        &vec![
+            Bson::Document(doc! {"_id": 5}),
+            Bson::Document(doc! {"_id": 6})
+        ]
     );
 }
 
@@ -176,7 +182,9 @@ fn lookup_and_union_with_read_documents_without_a_collection() {
         ]
     );
     let out = run(
-        vec![doc! {"$unionWith": {"pipeline": [{"$documents": {"$map": {"input": {"$range": [0, 2]}, "in": {"x": "$$this"}}}}]}}],
+        vec![
+            doc! {"$unionWith": {"pipeline": [{"$documents": {"$map": {"input": {"$range": [0, 2]}, "in": {"x": "$$this"}}}}]}},
+        ],
         vec![doc! {"a": 1}],
         &env,
     );
@@ -232,10 +240,7 @@ fn graph_lookup_walks_the_hierarchy_with_depths_and_max_depth() {
         if let Some(m) = max {
             g.insert("maxDepth", m);
         }
-        vec![
-            doc! {"$match": {"name": "Asya"}},
-            doc! {"$graphLookup": g},
-        ]
+        vec![doc! {"$match": {"name": "Asya"}}, doc! {"$graphLookup": g}]
     };
     let out = run(spec(None), employees(), &env);
     let chain: Vec<(String, i64)> = out[0]
@@ -244,7 +249,10 @@ fn graph_lookup_walks_the_hierarchy_with_depths_and_max_depth() {
         .iter()
         .map(|d| {
             let d = d.as_document().unwrap();
-            (d.get_str("name").unwrap().into(), d.get_i64("depth").unwrap())
+            (
+                d.get_str("name").unwrap().into(),
+                d.get_i64("depth").unwrap(),
+            )
         })
         .collect();
     assert_eq!(
@@ -322,7 +330,11 @@ fn a_collection_the_environment_lacks_is_refused_not_read_as_empty() {
 fn documents_yields_its_array_and_rejects_other_values() {
     let env = Env::default();
     assert_eq!(
-        run(vec![doc! {"$documents": [{"a": 1}, {"a": 2}]}], vec![], &env),
+        run(
+            vec![doc! {"$documents": [{"a": 1}, {"a": 2}]}],
+            vec![],
+            &env
+        ),
         vec![doc! {"a": 1}, doc! {"a": 2}]
     );
     let err = |v: Bson| {
@@ -343,21 +355,47 @@ fn documents_yields_its_array_and_rejects_other_values() {
 #[test]
 fn malformed_specifications_answer_mongodb_codes() {
     let lookup = |spec: Document| code(vec![doc! {"$lookup": spec}]);
-    assert_eq!(lookup(doc! {"from": "f", "localField": "a", "foreignField": "b"}), 9);
+    assert_eq!(
+        lookup(doc! {"from": "f", "localField": "a", "foreignField": "b"}),
+        9
+    );
     assert_eq!(lookup(doc! {"from": "f", "localField": "a", "as": "x"}), 9);
-    assert_eq!(lookup(doc! {"from": 1, "localField": "a", "foreignField": "b", "as": "x"}), 9);
+    assert_eq!(
+        lookup(doc! {"from": 1, "localField": "a", "foreignField": "b", "as": "x"}),
+        9
+    );
     assert_eq!(lookup(doc! {"from": "f", "bogus": "a", "as": "x"}), 9);
-    assert_eq!(lookup(doc! {"let": {"a": 1}, "as": "x", "pipeline": [{"$match": {}}]}), 9);
-    assert_eq!(lookup(doc! {"from": "f", "localField": "a", "foreignField": "b", "let": {"v": 1}, "as": "x"}), 9);
-    assert_eq!(lookup(doc! {"from": "f", "pipeline": [], "let": {"Bad": 1}, "as": "x"}), 16867);
-    assert_eq!(lookup(doc! {"from": "f", "pipeline": [{"$out": "o"}], "as": "x"}), 51047);
+    assert_eq!(
+        lookup(doc! {"let": {"a": 1}, "as": "x", "pipeline": [{"$match": {}}]}),
+        9
+    );
+    assert_eq!(
+        lookup(
+            doc! {"from": "f", "localField": "a", "foreignField": "b", "let": {"v": 1}, "as": "x"}
+        ),
+        9
+    );
+    assert_eq!(
+        lookup(doc! {"from": "f", "pipeline": [], "let": {"Bad": 1}, "as": "x"}),
+        16867
+    );
+    assert_eq!(
+        lookup(doc! {"from": "f", "pipeline": [{"$out": "o"}], "as": "x"}),
+        51047
+    );
     assert_eq!(lookup(doc! {"from": "f", "pipeline": "no", "as": "x"}), 14);
-    assert_eq!(lookup(doc! {"from": "f", "localField": "a", "foreignField": "b", "as": "$x"}), 16410);
+    assert_eq!(
+        lookup(doc! {"from": "f", "localField": "a", "foreignField": "b", "as": "$x"}),
+        16410
+    );
 
     let union = |spec: Bson| code(vec![doc! {"$unionWith": spec}]);
     assert_eq!(union(Bson::Int32(1)), 9);
     assert_eq!(union(Bson::Document(doc! {"coll": "c", "nope": 1})), 40415);
-    assert_eq!(union(Bson::Document(doc! {"pipeline": [{"$match": {}}]})), 9);
+    assert_eq!(
+        union(Bson::Document(doc! {"pipeline": [{"$match": {}}]})),
+        9
+    );
     assert_eq!(union(Bson::Document(doc! {"coll": 3})), 14);
 
     let graph = |extra: Document| {
