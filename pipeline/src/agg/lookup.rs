@@ -341,6 +341,10 @@ impl Lookup {
             (Some(c), false) => foreign_docs(env, c, "$lookup")?,
             _ => &[],
         };
+        let index = match &self.join {
+            Some((_, foreign_field)) if !from_documents => JoinIndex::build(foreign, foreign_field),
+            _ => None,
+        };
         let mut out = Vec::with_capacity(docs.len());
         for mut doc in docs {
             let mut inner = env.clone();
@@ -349,12 +353,14 @@ impl Lookup {
                     inner.vars.push((name.clone(), v));
                 }
             }
-            let join = match &self.join {
-                Some((local, foreign_field)) => Some(Matcher::parse(&join_filter(
-                    foreign_field,
-                    leaf_values(&doc, local),
-                ))?),
-                None => None,
+            let (join, candidates) = match &self.join {
+                Some((local, foreign_field)) => {
+                    let values = leaf_values(&doc, local);
+                    let candidates = index.as_ref().and_then(|i| i.candidates(&values));
+                    let m = Matcher::parse(&join_filter(foreign_field, values))?;
+                    (Some(m), candidates)
+                }
+                None => (None, None),
             };
             let keep = |d: &Document| join.as_ref().is_none_or(|m| m.matches(d));
             let stages = self.pipeline.as_ref().map(Pipeline::stages).unwrap_or(&[]);
@@ -364,10 +370,22 @@ impl Lookup {
                     produced.retain(keep);
                     (produced, rest)
                 }
-                _ => (
-                    foreign.iter().filter(|d| keep(d)).cloned().collect(),
-                    stages,
-                ),
+                _ => match candidates {
+                    // The index narrows the scan; the matcher still decides.
+                    Some(found) => (
+                        found
+                            .into_iter()
+                            .filter_map(|i| foreign.get(i))
+                            .filter(|d| keep(d))
+                            .cloned()
+                            .collect(),
+                        stages,
+                    ),
+                    None => (
+                        foreign.iter().filter(|d| keep(d)).cloned().collect(),
+                        stages,
+                    ),
+                },
             };
             for stage in rest {
                 found = stage.run_in(found, &inner)?;
@@ -440,6 +458,63 @@ impl UnionWith {
         }
         docs.extend(other);
         Ok(docs)
+    }
+}
+
+/// The foreign documents by every value their `foreignField` reaches (each array also by its
+/// elements), to narrow a `$lookup`'s equality join. It may name documents that do not match
+/// (the join filter still runs on each) but never leaves out one that does, for the values it
+/// answers for: not `null` or missing (which match a missing field), not regular expressions,
+/// and only on paths without numeric components (which may index arrays or name fields).
+struct JoinIndex {
+    by_value: std::collections::BTreeMap<Key, Vec<usize>>,
+}
+
+impl JoinIndex {
+    fn build(foreign: &[Document], field: &str) -> Option<JoinIndex> {
+        if field.split('.').any(|p| value::array_index(p).is_some()) {
+            return None;
+        }
+        let mut by_value: std::collections::BTreeMap<Key, Vec<usize>> = Default::default();
+        for (i, d) in foreign.iter().enumerate() {
+            for v in value::path_values(d, field) {
+                if let Bson::Array(items) = v {
+                    for e in items {
+                        by_value.entry(Key(e.clone())).or_default().push(i);
+                    }
+                }
+                by_value.entry(Key(v.clone())).or_default().push(i);
+            }
+        }
+        Some(JoinIndex { by_value })
+    }
+
+    /// The positions of the documents that may equal one of `values`, in collection order;
+    /// `None` when the index cannot answer (scan instead).
+    fn candidates(&self, values: &[Bson]) -> Option<Vec<usize>> {
+        if values.is_empty()
+            || values.iter().any(|v| {
+                matches!(
+                    v,
+                    Bson::Null
+                        | Bson::Undefined
+                        | Bson::RegularExpression(_)
+                        | Bson::MinKey
+                        | Bson::MaxKey
+                )
+            })
+        {
+            return None;
+        }
+        let mut out: Vec<usize> = values
+            .iter()
+            .filter_map(|v| self.by_value.get(&Key(v.clone())))
+            .flatten()
+            .copied()
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
     }
 }
 

@@ -423,3 +423,59 @@ fn malformed_specifications_answer_mongodb_codes() {
     assert_eq!(graph(doc! {"startWith": null}), 40105);
     assert_eq!(graph(doc! {"from": null}), 9);
 }
+
+#[test]
+fn the_join_index_never_leaves_out_a_document_the_join_matches() {
+    use super::{JoinIndex, join_filter};
+    use crate::matcher::Matcher;
+    let foreign = vec![
+        doc! {"_id": 0, "f": 1},
+        doc! {"_id": 1, "f": 1.0},
+        doc! {"_id": 2, "f": [1, 2]},
+        doc! {"_id": 3, "f": [[1], 3]},
+        doc! {"_id": 4, "f": {"x": 1}},
+        doc! {"_id": 5, "f": "1"},
+        doc! {"_id": 6, "f": 2_i64},
+        doc! {"_id": 7, "a": [{"f": 1}, {"f": [5]}]},
+        doc! {"_id": 8, "f": [{"x": 1}]},
+        doc! {"_id": 9},
+        doc! {"_id": 10, "a": {"f": [1, 2]}},
+    ];
+    let cases: Vec<Vec<Bson>> = vec![
+        vec![Bson::Int32(1)],
+        vec![Bson::Double(2.0)],
+        vec![Bson::Array(vec![Bson::Int32(1)])],
+        vec![Bson::Document(doc! {"x": 1})],
+        vec![Bson::String("1".into()), Bson::Int64(5)],
+        vec![Bson::Array(vec![Bson::Int32(1), Bson::Int32(2)])],
+    ];
+    for field in ["f", "a.f"] {
+        let index = JoinIndex::build(&foreign, field).unwrap();
+        for values in &cases {
+            let m = Matcher::parse(&join_filter(field, values.clone())).unwrap();
+            let scan: Vec<usize> = (0..foreign.len())
+                .filter(|i| m.matches(&foreign[*i]))
+                .collect();
+            let candidates = index.candidates(values).unwrap();
+            assert!(
+                scan.iter().all(|i| candidates.contains(i)),
+                "{field} {values:?}: scan {scan:?}, index {candidates:?}"
+            );
+        }
+        // null looks for missing fields too: the index does not answer, the scan does.
+        assert!(index.candidates(&[Bson::Null]).is_none());
+    }
+    assert!(JoinIndex::build(&foreign, "f.0").is_none());
+    // Through the stage: the indexed join equals the matcher's verdict.
+    let env = env_with(&[("foreign", foreign.clone())]);
+    let out = run(
+        vec![
+            doc! {"$lookup": {"from": "foreign", "localField": "v", "foreignField": "f", "as": "o"}},
+        ],
+        vec![doc! {"v": 1}, doc! {"v": [2, "1"]}, doc! {"v": null}],
+        &env,
+    );
+    assert_eq!(ids(out[0].get("o").unwrap()), vec![0, 1, 2]);
+    assert_eq!(ids(out[1].get("o").unwrap()), vec![2, 5, 6]);
+    assert_eq!(ids(out[2].get("o").unwrap()), vec![7, 9, 10]);
+}
