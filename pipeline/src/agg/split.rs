@@ -2,7 +2,8 @@
 //! prefix over their own documents, the router merges their streams and runs the rest.
 //!
 //! The shards' part is the leading single-document transforms, then either a `$sort` (followed
-//! by a copy of a `$limit` right after it, which the router applies again) or a `$limit` copy,
+//! by a copy of a `$limit` right after it, which the router applies again, or by a `$limit` of
+//! skip + limit for a `$skip` then `$limit`) or a `$limit` copy,
 //! or a `$group` whose accumulators combine (`$sum`, `$count`, `$min`, `$max`): each shard
 //! groups its own documents, and the router groups the partial groups by `_id`.
 //!
@@ -45,8 +46,14 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
             shards.push(stages[i].clone());
             merge_sort = stages[i].get_document("$sort").ok().cloned();
             i += 1;
-            if let Some(Stage::Limit(_)) = kinds.get(i) {
-                shards.push(stages[i].clone());
+            match (kinds.get(i), kinds.get(i + 1)) {
+                (Some(Stage::Limit(_)), _) => shards.push(stages[i].clone()),
+                // The router skips; each shard keeps what the skip and the limit may need.
+                (Some(Stage::Skip(n)), Some(Stage::Limit(m))) => {
+                    let keep = n.saturating_add(*m);
+                    shards.push(doc! {"$limit": i64::try_from(keep).unwrap_or(i64::MAX)});
+                }
+                _ => {}
             }
         }
         Some(Stage::Limit(_)) => shards.push(stages[i].clone()),
@@ -163,6 +170,34 @@ mod tests {
                 doc! {"$group": {"_id": "$g", "n": {"$sum": 1}}},
             ],
             docs(),
+        );
+    }
+
+    #[test]
+    fn a_skip_then_limit_after_the_sort_limits_each_shard_to_both() {
+        let stages = vec![
+            doc! {"$sort": {"x": 1, "_id": 1}},
+            doc! {"$skip": 4},
+            doc! {"$limit": 6},
+        ];
+        let s = split_of(stages.clone());
+        assert_eq!(
+            s.shards,
+            vec![doc! {"$sort": {"x": 1, "_id": 1}}, doc! {"$limit": 10_i64}]
+        );
+        assert_eq!(s.merger, vec![doc! {"$skip": 4}, doc! {"$limit": 6}]);
+        let whole = Pipeline::parse(&stages).unwrap().run(docs()).unwrap();
+        let shards = Pipeline::parse(&s.shards).unwrap();
+        let mut merged = Vec::new();
+        for part in [&docs()[..15], &docs()[15..]] {
+            merged.extend(shards.run(part.to_vec()).unwrap());
+        }
+        crate::sort::SortSpec::parse(s.merge_sort.as_ref().unwrap())
+            .unwrap()
+            .sort(&mut merged);
+        assert_eq!(
+            Pipeline::parse(&s.merger).unwrap().run(merged).unwrap(),
+            whole
         );
     }
 
