@@ -138,6 +138,27 @@ fn foreign_docs<'e>(env: &'e Env, coll: &str, stage: &str) -> Result<&'e [Docume
         })
 }
 
+/// How deep `$lookup` and `$unionWith` sub-pipelines may nest (MongoDB's limit).
+pub const MAX_SUB_PIPELINE_DEPTH: usize = 20;
+
+/// The deepest nesting of `$lookup` / `$unionWith` sub-pipelines (through `$facet` too).
+fn sub_pipeline_depth(p: &Pipeline) -> usize {
+    p.stages()
+        .iter()
+        .map(|s| match s {
+            Stage::Lookup(l) => 1 + l.pipeline.as_ref().map_or(0, sub_pipeline_depth),
+            Stage::UnionWith(u) => 1 + u.pipeline.as_ref().map_or(0, sub_pipeline_depth),
+            Stage::Facet(f) => f
+                .iter()
+                .map(|(_, p)| sub_pipeline_depth(p))
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// A nested `pipeline` argument: an array of stage documents.
 fn sub_pipeline(v: &Bson, vars: &[String], within: &str, code: i32) -> Result<Pipeline> {
     let Bson::Array(items) = v else {
@@ -160,7 +181,16 @@ fn sub_pipeline(v: &Bson, vars: &[String], within: &str, code: i32) -> Result<Pi
         }
         stages.push(d.clone());
     }
-    Pipeline::parse_with_vars(&stages, vars)
+    let p = Pipeline::parse_with_vars(&stages, vars)?;
+    if sub_pipeline_depth(&p) + 1 > MAX_SUB_PIPELINE_DEPTH {
+        return Err(MongoError::new(
+            wire::ErrorCode::MAX_SUB_PIPELINE_DEPTH_EXCEEDED,
+            format!(
+                "Maximum number of nested sub-pipelines exceeded. Limit is {MAX_SUB_PIPELINE_DEPTH}"
+            ),
+        ));
+    }
+    Ok(p)
 }
 
 fn starts_with_documents(p: Option<&Pipeline>) -> bool {

@@ -317,6 +317,23 @@ fn nested_pipelines_name_every_collection_they_read() {
 }
 
 #[test]
+fn sub_pipelines_nest_at_most_twenty_deep() {
+    let nested = |depth: usize| {
+        let mut stage = doc! {"$match": {}};
+        for i in 0..depth {
+            stage = if i % 2 == 0 {
+                doc! {"$lookup": {"from": "c", "pipeline": [stage], "as": "x"}}
+            } else {
+                doc! {"$unionWith": {"coll": "c", "pipeline": [stage]}}
+            };
+        }
+        Pipeline::parse(&[stage])
+    };
+    assert!(nested(20).is_ok());
+    assert_eq!(nested(21).unwrap_err().code, 232);
+}
+
+#[test]
 fn a_collection_the_environment_lacks_is_refused_not_read_as_empty() {
     let p = Pipeline::parse(&[
         doc! {"$lookup": {"from": "x", "localField": "a", "foreignField": "b", "as": "c"}},
