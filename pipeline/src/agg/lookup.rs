@@ -678,6 +678,7 @@ impl GraphLookup {
 
     pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
         let foreign = foreign_docs(env, &self.from, "$graphLookup")?;
+        let index = JoinIndex::build(foreign, &self.connect_to);
         let mut out = Vec::with_capacity(docs.len());
         for mut doc in docs {
             let mut frontier: Vec<Bson> = match self.start_with.evaluate_in(&doc, env)? {
@@ -691,8 +692,14 @@ impl GraphLookup {
             let mut depth: u64 = 0;
             while !frontier.is_empty() && self.max_depth.is_none_or(|max| depth <= max) {
                 let values = std::mem::take(&mut frontier);
+                // The index narrows the scan (in collection order); the matcher decides.
+                let candidates = index.as_ref().and_then(|i| i.candidates(&values));
                 let matcher = Matcher::parse(&join_filter(&self.connect_to, values))?;
-                for d in foreign {
+                let scan: Box<dyn Iterator<Item = &Document>> = match candidates {
+                    Some(c) => Box::new(c.into_iter().filter_map(|i| foreign.get(i))),
+                    None => Box::new(foreign.iter()),
+                };
+                for d in scan {
                     if !matcher.matches(d) {
                         continue;
                     }
