@@ -202,6 +202,26 @@ async fn lookup_joins_across_sharded_and_unsharded_collections() -> anyhow::Resu
     assert_eq!(ids(&out[0], "enrollee_info"), vec![1, 3, 4]);
     assert_eq!(ids(&out[1], "enrollee_info"), vec![1, 2]);
 
+    // Even over an unsharded collection, the $lookup runs on the router: explain shows the cut.
+    let e = db
+        .run_command(doc! {"aggregate": "classes", "pipeline": [
+            {"$match": {"_id": 1}},
+            {"$lookup": {"from": "members", "localField": "enrollmentlist", "foreignField": "name", "as": "m"}},
+        ], "explain": true})
+        .await?;
+    let split = e.get_document("splitPipeline")?;
+    assert_eq!(
+        split.get_array("shardsPart")?,
+        &vec![Bson::Document(doc! {"$match": {"_id": 1}})]
+    );
+    let merger = split.get_array("mergerPart")?;
+    assert_eq!(merger.len(), 1);
+    assert!(
+        merger[0]
+            .as_document()
+            .is_some_and(|d| d.contains_key("$lookup"))
+    );
+
     // Bad specifications answer MongoDB's codes.
     let err = run(
         &db.collection("classes"),
