@@ -3,8 +3,10 @@
 //! when it was last used. Sessions stay implicit (any `lsid` is accepted); this is bookkeeping.
 //!
 //! Invariants: one entry per (session id, user); `endSessions` removes the caller's sessions,
-//! `killAllSessions` every one; `lastUse` never goes back; the cache holds at most
-//! [`MAX_SESSIONS`] entries (the least recently used go first). Time comes in as `now`.
+//! `killAllSessions` every one; `lastUse` never goes back; a session unused for
+//! [`SESSION_TIMEOUT_MS`] is no longer listed, and is dropped when room is needed; the cache
+//! holds at most [`MAX_SESSIONS`] entries (then the least recently used go first). Time comes
+//! in as `now`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +16,16 @@ use sha2::{Digest, Sha256};
 
 /// The most sessions remembered (MongoDB's default cache size).
 pub const MAX_SESSIONS: usize = 1_000_000;
+
+/// How long an unused session lives (`localLogicalSessionTimeoutMinutes`: 30).
+pub const SESSION_TIMEOUT_MS: i64 = 30 * 60 * 1000;
+
+fn expired(e: &Entry, now: DateTime) -> bool {
+    e.last_use
+        .timestamp_millis()
+        .saturating_add(SESSION_TIMEOUT_MS)
+        < now.timestamp_millis()
+}
 
 /// A user as `user@db` (empty: no authenticated user).
 pub type UserName = String;
@@ -67,6 +79,9 @@ impl LocalSessions {
             e.last_use = e.last_use.max(now);
             return;
         }
+        if map.len() >= MAX_SESSIONS {
+            map.retain(|_, e| !expired(e, now));
+        }
         if map.len() >= MAX_SESSIONS
             && let Some(oldest) = map
                 .iter()
@@ -98,11 +113,13 @@ impl LocalSessions {
         self.lock().clear();
     }
 
-    /// The sessions of `which`, as `$listLocalSessions` documents, oldest use first.
-    pub fn list(&self, which: &Which) -> Vec<Document> {
+    /// The live sessions of `which` at `now`, as `$listLocalSessions` documents, oldest use
+    /// first.
+    pub fn list(&self, which: &Which, now: DateTime) -> Vec<Document> {
         let map = self.lock();
         let mut entries: Vec<&Entry> = map
             .values()
+            .filter(|e| !expired(e, now))
             .filter(|e| match which {
                 Which::All => true,
                 Which::Users(users) => users.contains(&e.user),
@@ -144,14 +161,14 @@ mod tests {
         cache.touch(id(2), "alice@admin".into(), t(20));
         cache.touch(id(1), String::new(), t(30));
         cache.touch(id(1), String::new(), t(5));
-        let all = cache.list(&Which::All);
+        let all = cache.list(&Which::All, t(40));
         assert_eq!(all.len(), 2);
         // lastUse never goes back.
-        let mine = cache.list(&Which::Users(vec![String::new()]));
+        let mine = cache.list(&Which::Users(vec![String::new()]), t(40));
         assert_eq!(mine.len(), 1);
         assert_eq!(mine[0].get_datetime("lastUse").unwrap(), &t(30));
         assert!(mine[0].get("user").is_none());
-        let alice = cache.list(&Which::Users(vec!["alice@admin".into()]));
+        let alice = cache.list(&Which::Users(vec!["alice@admin".into()]), t(40));
         assert_eq!(
             alice[0].get_document("user").unwrap(),
             &doc! {"name": "alice@admin"}
@@ -161,10 +178,17 @@ mod tests {
             Some(&Bson::Binary(uid("alice@admin")))
         );
         cache.end(&[id(2)], "bob@admin");
-        assert_eq!(cache.list(&Which::All).len(), 2);
+        assert_eq!(cache.list(&Which::All, t(40)).len(), 2);
         cache.end(&[id(2)], "alice@admin");
-        assert_eq!(cache.list(&Which::All).len(), 1);
+        assert_eq!(cache.list(&Which::All, t(40)).len(), 1);
+        // Thirty minutes unused: no longer listed.
+        assert_eq!(cache.list(&Which::All, t(30 + SESSION_TIMEOUT_MS)).len(), 1);
+        assert!(
+            cache
+                .list(&Which::All, t(31 + SESSION_TIMEOUT_MS))
+                .is_empty()
+        );
         cache.clear();
-        assert!(cache.list(&Which::All).is_empty());
+        assert!(cache.list(&Which::All, t(40)).is_empty());
     }
 }

@@ -247,5 +247,8 @@ fn list_local_sessions(ctx: &Ctx<'_>, stage: &Document) -> Result<Vec<Document>>
         (false, Some(users)) => Which::Users(users),
         (false, None) => Which::Users(vec![super::session_user(ctx.router, ctx.conn)]),
     };
-    Ok(ctx.router.local_sessions.list(&which))
+    Ok(ctx
+        .router
+        .local_sessions
+        .list(&which, bson::DateTime::now()))
 }
