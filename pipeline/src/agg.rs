@@ -3,13 +3,15 @@
 //! Supported stages: `$match $project $addFields $set $unset $replaceRoot $replaceWith $redact`
 //! (single-document transforms, see [`Stage::is_single_document_transform`]) and
 //! `$group $sort $limit $skip $count $unwind $sortByCount $bucket $bucketAuto $facet $sample
-//! $setWindowFields $densify $fill` (which need the whole stream). Stages that need other
-//! collections or server state (`$lookup`, `$out`, ...; see [`UNSUPPORTED_STAGES`]) are
+//! $setWindowFields $densify $fill` (which need the whole stream), and `$lookup $unionWith
+//! $graphLookup $documents` ([`lookup`]: other collections' documents come in the run
+//! environment). Stages that need server state (`$out`, ...; see [`UNSUPPORTED_STAGES`]) are
 //! CommandNotSupported (115), unknown names 40324.
 //!
 //! Families with their own module: `window` (`$setWindowFields` and its window functions),
 //! `densify` (`$densify`, and `$fill` rewritten onto `$setWindowFields`/`$addFields`),
-//! `bucket_auto`, `sample`, and `time_unit` (date units shared by windows and densify).
+//! `bucket_auto`, `sample`, `time_unit` (date units shared by windows and densify), `lookup`
+//! and `split` (the shards' and the router's parts of a pipeline).
 //!
 //! Invariants:
 //! * A stage specification is a document with exactly one field (40323) naming a known stage
@@ -44,6 +46,8 @@ pub use bucket_auto::BucketAuto;
 pub use densify::Densify;
 pub use time_unit::TimeUnit;
 pub use window::SetWindowFields;
+pub mod lookup;
+pub mod split;
 
 /// A parsed pipeline.
 #[derive(Debug, Clone)]
@@ -80,6 +84,12 @@ pub enum Stage {
     Densify(Box<Densify>),
     /// `$fill`, as the `$setWindowFields`/`$addFields` stages it stands for.
     Fill(Vec<Stage>),
+    /// `$lookup`, `$unionWith`, `$graphLookup`: read other collections ([`lookup::Foreign`]).
+    Lookup(Box<lookup::Lookup>),
+    UnionWith(Box<lookup::UnionWith>),
+    GraphLookup(Box<lookup::GraphLookup>),
+    /// `$documents`: literal documents as the stream (first stage only).
+    Documents(Expr),
 }
 
 /// A `$bucket` specification: `groupBy` (the group's `_id`), sorted boundaries, a default.
@@ -128,12 +138,21 @@ impl Pipeline {
     /// Parses the stages where expressions may use the given user variables (the command's
     /// `let`); their values come with [`Pipeline::run_in`].
     pub fn parse_with_vars(stages: &[Document], vars: &[String]) -> Result<Pipeline> {
-        Ok(Pipeline {
-            stages: stages
-                .iter()
-                .map(|s| Stage::parse_with_vars(s, vars))
-                .collect::<Result<_>>()?,
-        })
+        let stages: Vec<Stage> = stages
+            .iter()
+            .map(|s| Stage::parse_with_vars(s, vars))
+            .collect::<Result<_>>()?;
+        if stages
+            .iter()
+            .skip(1)
+            .any(|s| matches!(s, Stage::Documents(_)))
+        {
+            return Err(stage_err(
+                40602,
+                "$documents is only valid as the first stage in a pipeline",
+            ));
+        }
+        Ok(Pipeline { stages })
     }
 
     /// The parsed stages.
@@ -435,6 +454,10 @@ impl Stage {
             }
             "$densify" => Stage::Densify(Box::new(Densify::parse(arg)?)),
             "$fill" => Stage::Fill(densify::parse_fill(arg, vars)?),
+            "$lookup" => Stage::Lookup(Box::new(lookup::Lookup::parse(arg, vars)?)),
+            "$unionWith" => Stage::UnionWith(Box::new(lookup::UnionWith::parse(arg, vars)?)),
+            "$graphLookup" => Stage::GraphLookup(Box::new(lookup::GraphLookup::parse(arg, vars)?)),
+            "$documents" => Stage::Documents(Expr::parse_with_vars(arg, vars)?),
             name if UNSUPPORTED_STAGES.contains(&name) => {
                 return Err(MongoError::new(
                     wire::ErrorCode::COMMAND_NOT_SUPPORTED,
@@ -472,6 +495,10 @@ impl Stage {
             Stage::SetWindowFields(_) => "$setWindowFields",
             Stage::Densify(_) => "$densify",
             Stage::Fill(_) => "$fill",
+            Stage::Lookup(_) => "$lookup",
+            Stage::UnionWith(_) => "$unionWith",
+            Stage::GraphLookup(_) => "$graphLookup",
+            Stage::Documents(_) => "$documents",
         }
     }
 
@@ -595,6 +622,10 @@ impl Stage {
                 }
                 out
             }
+            Stage::Lookup(l) => l.run(docs, env)?,
+            Stage::UnionWith(u) => u.run(docs, env)?,
+            Stage::GraphLookup(g) => g.run(docs, env)?,
+            Stage::Documents(e) => lookup::documents(e, env)?,
             _ => docs,
         })
     }
@@ -603,9 +634,6 @@ impl Stage {
 /// MongoDB stages this crate knows by name but does not run (they need other collections or
 /// server state); the router may implement some of them itself.
 pub const UNSUPPORTED_STAGES: &[&str] = &[
-    "$lookup",
-    "$graphLookup",
-    "$unionWith",
     "$out",
     "$merge",
     "$geoNear",
@@ -617,7 +645,6 @@ pub const UNSUPPORTED_STAGES: &[&str] = &[
     "$planCacheStats",
     "$search",
     "$searchMeta",
-    "$documents",
     "$changeStreamSplitLargeEvent",
 ];
 

@@ -43,6 +43,8 @@ pub const MAX_EXPRESSION_DEPTH: usize = 200;
 pub struct Env {
     pub now: Option<bson::DateTime>,
     pub vars: Vec<(String, Bson)>,
+    /// The other collections' documents `$lookup`, `$unionWith` and `$graphLookup` read.
+    pub foreign: Option<std::sync::Arc<crate::agg::lookup::Foreign>>,
 }
 
 impl Env {
@@ -53,6 +55,7 @@ impl Env {
         let mut env = Env {
             now,
             vars: Vec::new(),
+            foreign: None,
         };
         let Some(spec) = spec else {
             return Ok(env);
@@ -709,7 +712,7 @@ fn get<'a>(args: &[(&str, &'a Bson)], name: &str) -> Option<&'a Bson> {
     args.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
 }
 
-fn check_var_name(name: &str) -> Result<()> {
+pub(crate) fn check_var_name(name: &str) -> Result<()> {
     let Some(c) = name.chars().next() else {
         return Err(err(16866, "empty variable names are not allowed"));
     };

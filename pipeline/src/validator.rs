@@ -65,7 +65,7 @@ impl Validator {
 fn env_at(now: bson::DateTime) -> Env {
     Env {
         now: Some(now),
-        vars: Vec::new(),
+        ..Env::default()
     }
 }
 

@@ -15,6 +15,7 @@ pub mod cursors;
 pub mod failpoint;
 pub mod launch;
 pub mod lineages;
+pub mod local_sessions;
 pub mod log_buffer;
 pub mod metadata;
 pub mod metrics;

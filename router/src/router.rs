@@ -163,6 +163,8 @@ pub struct Router {
     pub(crate) auth: crate::auth::Auth,
     /// The operations in flight (`currentOp`, `killOp`).
     pub(crate) ops: crate::ops::Ops,
+    /// The logical sessions this router has seen (`$listLocalSessions`).
+    pub(crate) local_sessions: crate::local_sessions::LocalSessions,
     /// The registry of the shards' histories (`lineages`).
     pub(crate) lineages: crate::lineages::Lineages,
     /// The key that signs cluster times (`--auth`), loaded from the config shard when first
@@ -197,6 +199,7 @@ impl Router {
             metrics: Default::default(),
             auth: Default::default(),
             ops: Default::default(),
+            local_sessions: Default::default(),
             lineages: Default::default(),
             cluster_key: tokio::sync::OnceCell::new(),
         })

@@ -120,6 +120,7 @@ codes! {
     ELECTION_IN_PROGRESS = 216, "ElectionInProgress";
     CLOSE_CHANGE_STREAM = 222, "CloseChangeStream";
     NO_MATCHING_DOCUMENT = 47, "NoMatchingDocument";
+    MAX_SUB_PIPELINE_DEPTH_EXCEEDED = 232, "MaxSubPipelineDepthExceeded";
     RETRY_CHANGE_STREAM = 234, "RetryChangeStream";
     CURSOR_KILLED = 237, "CursorKilled";
     NO_SUCH_TRANSACTION = 251, "NoSuchTransaction";

@@ -94,7 +94,6 @@ fn days_in_month(y: i64, m: i64) -> i64 {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

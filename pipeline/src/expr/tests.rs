@@ -323,6 +323,7 @@ fn now_comes_from_the_environment() {
     let env = Env {
         now: Some(t),
         vars: vec![],
+        ..Env::default()
     };
     assert_eq!(
         e.evaluate_in(&doc! {}, &env).unwrap(),
@@ -332,6 +333,7 @@ fn now_comes_from_the_environment() {
     let env = Env {
         now: None,
         vars: vec![("x".into(), Bson::Int32(3))],
+        ..Env::default()
     };
     assert_eq!(e.evaluate_in(&doc! {}, &env).unwrap(), Some(Bson::Int32(3)));
 }

@@ -134,6 +134,12 @@ fn aggregate_need(db: &str, cmd: &Document) -> Need {
     if first.is_some_and(|s| s.contains_key("$currentOp")) {
         return Need::ClusterMonitor;
     }
+    // Listing other users' sessions is `listSessions` on the cluster (clusterMonitor).
+    if let Some(Ok(spec)) = first.map(|s| s.get_document("$listLocalSessions"))
+        && (spec.get_bool("allUsers").unwrap_or(false) || spec.contains_key("users"))
+    {
+        return Need::ClusterMonitor;
+    }
     if stages
         .iter()
         .any(|s| s.contains_key("$out") || s.contains_key("$merge"))
@@ -141,6 +147,38 @@ fn aggregate_need(db: &str, cmd: &Document) -> Need {
         return Need::Write(db.to_string());
     }
     Need::Read(db.to_string())
+}
+
+/// The collections `$lookup`, `$graphLookup` and `$unionWith` stages name, nested pipelines
+/// (theirs and `$facet`'s) included.
+fn foreign_reads(stages: &[&Document], out: &mut Vec<String>) {
+    let nested = |v: Option<&Bson>, out: &mut Vec<String>| {
+        if let Some(Bson::Array(p)) = v {
+            let inner: Vec<&Document> = p.iter().filter_map(Bson::as_document).collect();
+            foreign_reads(&inner, out);
+        }
+    };
+    for stage in stages {
+        for (name, spec) in stage.iter() {
+            match (name.as_str(), spec) {
+                ("$unionWith", Bson::String(c)) => out.push(c.clone()),
+                ("$lookup" | "$graphLookup" | "$unionWith", Bson::Document(d)) => {
+                    for field in ["from", "coll"] {
+                        if let Ok(c) = d.get_str(field) {
+                            out.push(c.to_string());
+                        }
+                    }
+                    nested(d.get("pipeline"), out);
+                }
+                ("$facet", Bson::Document(d)) => {
+                    for (_, p) in d {
+                        nested(Some(p), out);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Whether `roles` (`(role, db)` pairs) grant `need`.
@@ -399,6 +437,10 @@ fn aggregate_actions(db: &str, cmd: &Document) -> Option<Vec<(&'static str, Reso
         return Some(vec![("inprog", Resource::Cluster)]);
     }
     let mut out = vec![("find", ns(db, &coll))];
+    // $lookup, $graphLookup and $unionWith read other collections of the database.
+    let mut foreign = Vec::new();
+    foreign_reads(&stages, &mut foreign);
+    out.extend(foreign.into_iter().map(|c| ("find", ns(db, &c))));
     for stage in &stages {
         let target = match (stage.get("$out"), stage.get("$merge")) {
             (Some(Bson::String(c)), _) => Some(ns(db, c)),
@@ -590,6 +632,9 @@ mod tests {
             cluster.clone()
         ));
         assert!(may(&[("root", "admin")], "aggregate", "admin", cluster));
+        let all_sessions =
+            doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {"allUsers": true}}]};
+        assert!(!may(&[("read", "app")], "aggregate", "app", all_sessions));
         let out = doc! {"aggregate": "c", "pipeline": [{"$match": {}}, {"$out": "x"}]};
         assert!(!may(&[("read", "app")], "aggregate", "app", out));
     }
@@ -711,6 +756,14 @@ mod tests {
         assert!(!granted(&reader, "find", "app", doc! {"find": "d"}));
         assert!(!granted(&reader, "find", "other", doc! {"find": "c"}));
         assert!(!granted(&reader, "insert", "app", doc! {"insert": "c"}));
+        // Reading another collection through $lookup (even nested) needs find on it too.
+        let join = |from: &str| {
+            doc! {"aggregate": "c", "pipeline": [{"$unionWith": {"coll": "c", "pipeline": [
+                {"$lookup": {"from": from, "localField": "a", "foreignField": "b", "as": "x"}},
+            ]}}]}
+        };
+        assert!(granted(&reader, "aggregate", "app", join("c")));
+        assert!(!granted(&reader, "aggregate", "app", join("secret")));
         let watch = doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}]};
         assert!(
             !granted(&reader, "aggregate", "app", watch.clone()),

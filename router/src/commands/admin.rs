@@ -213,6 +213,11 @@ pub(super) fn sessions(ctx: &Ctx<'_>) -> Result<Document> {
             subtype: bson::spec::BinarySubtype::Uuid,
             bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
         };
+        ctx.router.local_sessions.touch(
+            id.clone(),
+            super::session_user(ctx.router, ctx.conn),
+            DateTime::now(),
+        );
         return Ok(doc! {"id": {"id": id}, "timeoutMinutes": 30, "ok": 1.0});
     }
     Ok(ok())

@@ -97,12 +97,30 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
     let routed = read_targets(ctx, &coll, &filter).await?;
     let targets = &routed.shards;
     let is_aggregate = name == "aggregate";
-    // A sharded aggregate has the shards read with its leading $match, and runs on the router.
-    let split = is_aggregate && (routed.sharded || targets.len() > 1);
-    let shard_inner = if split {
-        doc! {"find": &coll, "filter": &filter}
+    // A sharded aggregate (or one reading other collections) is split: the shards run a
+    // prefix, the router the rest (`super::aggregate::run_split`).
+    let plan = if is_aggregate {
+        let stages: Vec<Document> = inner
+            .get_array("pipeline")
+            .map(|p| p.iter().filter_map(Bson::as_document).cloned().collect())
+            .unwrap_or_default();
+        let (stages, _) = super::out::split(&stages, ctx.db)?;
+        let env = pipeline::expr::Env::from_command(&inner)?;
+        let parsed = pipeline::agg::Pipeline::parse_with_vars(&stages, &env.names())?;
+        let splits = routed.sharded || targets.len() > 1 || super::aggregate::needs_router(&parsed);
+        splits.then(|| pipeline::agg::split::split(&stages, &parsed))
     } else {
-        inner.clone()
+        None
+    };
+    let shard_inner = match &plan {
+        Some(p) if p.shards.iter().all(|s| s.contains_key("$match")) => {
+            doc! {"find": &coll, "filter": &filter}
+        }
+        Some(p) => {
+            let shards_part: Vec<Bson> = p.shards.iter().cloned().map(Bson::Document).collect();
+            doc! {"aggregate": &coll, "pipeline": shards_part, "cursor": {}}
+        }
+        None => inner.clone(),
     };
     let shard_cmd = doc! {"explain": routed.command(&shard_inner), "verbosity": verbosity};
     let replies = ctx.router.broadcast_read(targets, ctx.db, &shard_cmd).await;
@@ -122,19 +140,8 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
     let mut out = doc! {"explainVersion": "1"};
     if is_aggregate {
         out.insert("mergeType", "mongos");
-        if split {
-            let shards_part: Vec<Bson> = if filter.is_empty() {
-                Vec::new()
-            } else {
-                vec![Bson::Document(doc! {"$match": filter})]
-            };
-            out.insert(
-                "splitPipeline",
-                doc! {
-                    "shardsPart": shards_part,
-                    "mergerPart": inner.get_array("pipeline").cloned().unwrap_or_default(),
-                },
-            );
+        if let Some(p) = &plan {
+            out.insert("splitPipeline", pipeline::agg::split::explain(p));
         } else {
             out.insert("splitPipeline", Bson::Null);
         }

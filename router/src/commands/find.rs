@@ -4,7 +4,7 @@
 //! that spans shards is scattered and the router merges: k-way by the sort (the shards sort
 //! their parts), with skip and limit applied after the merge (each shard returns at most
 //! skip + limit) and the projection applied by the router when it would hide the sort key.
-//! A sharded aggregation pulls the documents of its leading `$match` and runs the pipeline here.
+//! A sharded aggregation is split (`super::aggregate`): the shards run a prefix, the router the rest.
 
 use std::collections::VecDeque;
 
@@ -425,27 +425,35 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let first = batch_size(ctx, cursor_opts)?;
+    let stage_docs: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
     let coll = match ctx.cmd.get("aggregate") {
         Some(Bson::String(c)) => c.as_str(),
-        _ if stages.first().is_some_and(|s| s.contains_key("$currentOp")) => {
-            let stages: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
-            return super::current_op::aggregate(ctx, &stages).await;
-        }
-        _ => {
-            return Err(MongoError::new(
-                ErrorCode::INVALID_NAMESPACE,
-                "aggregate: 1 is only supported for $changeStream on this router",
-            ));
-        }
+        _ => return super::aggregate::collectionless(ctx, &stage_docs).await,
     };
     validate_collection_name(ctx.db, coll)?;
     let ns = format!("{}.{coll}", ctx.db);
-    let stage_docs: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
     if stage_docs
         .first()
         .is_some_and(|s| s.contains_key("$collStats"))
     {
         return super::stats::coll_stats_stage(ctx, coll, &stage_docs).await;
+    }
+    if let Some(name) = stage_docs
+        .first()
+        .and_then(|s| s.keys().next())
+        .filter(|n| {
+            matches!(
+                n.as_str(),
+                "$documents" | "$listLocalSessions" | "$currentOp"
+            )
+        })
+    {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!(
+                "{name} must be run against the database with {{aggregate: 1}}, not a collection"
+            ),
+        ));
     }
     // A final $out or $merge writes the results instead of returning them.
     let (stage_docs, sink) = super::out::split(&stage_docs, ctx.db)?;
@@ -454,100 +462,35 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let env = pipeline::expr::Env::from_command(ctx.cmd)?;
     let parsed = pipeline::agg::Pipeline::parse_with_vars(&stage_docs, &env.names())?;
+    // Other collections the pipeline reads ($lookup, ...) are read first, each routed alone.
+    let env = super::aggregate::with_foreign(ctx, &parsed, env).await?;
     // The leading $match stages select what the shards send.
     let filter = super::explain::leading_match(ctx.cmd);
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
-    if let Some(sink) = &sink {
-        let docs = if targets.is_empty() {
-            Vec::new()
-        } else {
-            read_all(ctx, coll, &filter, &routed).await?
-        };
-        super::out::write(ctx, sink, parsed.run_in(docs, &env)?).await?;
-        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
-    }
-    if targets.is_empty() {
-        let out = parsed.run_in(Vec::<Document>::new(), &env)?;
-        let cursor = RouterCursor {
-            ns: ns.clone(),
-            state: CursorState::Buffered(out.into()),
-            info: None,
-        };
-        return first_reply(ctx, ns, cursor, first).await;
-    }
-    if targets.len() == 1 && !routed.sharded {
+    let single_shard = targets.len() == 1 && !routed.sharded;
+    if sink.is_none() && single_shard && !super::aggregate::needs_router(&parsed) {
         let reply = ctx
             .router
             .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
-    let docs = read_all(ctx, coll, &filter, &routed).await?;
-    let out: VecDeque<Document> = parsed.run_in(docs, &env)?.into();
+    let out = if targets.is_empty() {
+        parsed.run_in(Vec::<Document>::new(), &env)?
+    } else {
+        super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter).await?
+    };
+    if let Some(sink) = &sink {
+        super::out::write(ctx, sink, out).await?;
+        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
+    }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Buffered(out),
+        state: CursorState::Buffered(out.into()),
         info: None,
     };
     first_reply(ctx, ns, cursor, first).await
-}
-
-/// Every document of `coll` that `filter` selects, from the shards `routed` names, for a
-/// pipeline the router runs itself.
-async fn read_all(
-    ctx: &Ctx<'_>,
-    coll: &str,
-    filter: &Document,
-    routed: &Targets,
-) -> Result<Vec<Document>> {
-    let targets = &routed.shards;
-    let mut find = doc! {
-        "find": coll,
-        "filter": filter.clone(),
-        "batchSize": i32::MAX,
-        "shardVersion": routed.version.clone(),
-    };
-    // The documents are read as the aggregate would be: in its transaction, or at its snapshot.
-    // (`let`: the leading $match may use the command's variables.)
-    for field in [
-        "lsid",
-        "txnNumber",
-        "autocommit",
-        "startTransaction",
-        "readConcern",
-        "let",
-    ] {
-        if let Some(v) = ctx.cmd.get(field) {
-            find.insert(field, v.clone());
-        }
-    }
-    let replies = ctx.router.broadcast_read(targets, ctx.db, &find).await;
-    let mut sources = Vec::new();
-    for (shard, reply) in targets.iter().zip(replies) {
-        sources.push(Source::from_reply(*shard, &reply?)?);
-    }
-    let mut all = RouterCursor {
-        ns: format!("{}.{coll}", ctx.db),
-        state: CursorState::merge(Merge {
-            db: ctx.db.to_string(),
-            collection: coll.to_string(),
-            sources,
-            sort: None,
-            skip: 0,
-            limit: None,
-            projection: None,
-        }),
-        info: None,
-    };
-    let mut docs = Vec::new();
-    loop {
-        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX).await?;
-        docs.extend(batch);
-        if exhausted {
-            return Ok(docs);
-        }
-    }
 }
 
 /// Wraps a shard's cursor reply in a router cursor (when it stays open).

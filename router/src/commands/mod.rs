@@ -5,6 +5,7 @@
 //! time of every incoming command is observed before it runs.
 
 mod admin;
+mod aggregate;
 mod args;
 mod crud;
 mod current_op;
@@ -143,6 +144,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
     {
         Err(e)
     } else {
+        note_session(router, conn, name, &req.body);
         let run = async {
             match dispatch(&ctx).await {
                 // Another router changed the collection's routing (sharded it, or dropped and
@@ -211,6 +213,40 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
+}
+
+/// The user a connection's sessions belong to: `user@db` of its first authenticated user, or
+/// empty.
+pub(crate) fn session_user(router: &Router, conn: &ConnectionInfo) -> String {
+    router
+        .auth
+        .users_of(conn.id)
+        .into_iter()
+        .next()
+        .map(|(user, db)| format!("{user}@{db}"))
+        .unwrap_or_default()
+}
+
+/// Keeps the router's session cache: a command's `lsid` is a use of that session;
+/// `endSessions` and `killAllSessions` forget sessions.
+fn note_session(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Document) {
+    use crate::local_sessions::session_id;
+    let sessions = &router.local_sessions;
+    match name {
+        "endSessions" => {
+            let ids: Vec<_> = cmd
+                .get_array("endSessions")
+                .map(|a| a.iter().filter_map(session_id).collect())
+                .unwrap_or_default();
+            sessions.end(&ids, &session_user(router, conn));
+        }
+        "killAllSessions" => sessions.clear(),
+        _ => {
+            if let Some(id) = cmd.get("lsid").and_then(session_id) {
+                sessions.touch(id, session_user(router, conn), bson::DateTime::now());
+            }
+        }
+    }
 }
 
 /// A reply with an injected `writeConcernError` (the command ran): the fail point's labels,

@@ -1,0 +1,766 @@
+//! The stages that read documents from elsewhere: `$lookup`, `$unionWith`, `$graphLookup`
+//! (other collections of the same database) and `$documents` (literal documents).
+//!
+//! Collections are not read here: the caller reads every collection the pipeline names
+//! ([`foreign_collections`], nested pipelines included) and hands their documents in as a
+//! [`Foreign`] in the run environment ([`crate::expr::Env::foreign`]). A stage that names a
+//! collection the environment does not carry fails (CommandNotSupported, 115) rather than
+//! reading it as empty: only a caller that saw the whole cluster may run these stages.
+//!
+//! Invariants:
+//! * `localField`/`foreignField` match as MongoDB's equality `$match` does: every value the
+//!   local path reaches (arrays expanded one level at the leaf) is looked for; none at all looks
+//!   for `null`, which matches a foreign `null` or missing field; a foreign array matches when
+//!   any element (or the array itself) is equal. The filter runs through [`Matcher`], so the
+//!   semantics are those of `$match`.
+//! * `$graphLookup` returns each foreign document at most once (by `_id`), at the depth it was
+//!   first reached; the search stops after `maxDepth` or when no new value is left to look for,
+//!   so it ends on cyclic graphs.
+//! * `$documents` is a pipeline's first stage (40602 elsewhere) and ignores its input.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+
+use bson::{Bson, Document, doc};
+
+use super::{Pipeline, Stage, stage_err};
+use crate::expr::{Env, Expr};
+use crate::matcher::Matcher;
+use crate::value::{self, compare};
+use crate::{MongoError, Result};
+
+/// The documents of the other collections a pipeline reads, by collection name (same database).
+#[derive(Debug, Default, Clone)]
+pub struct Foreign {
+    collections: HashMap<String, Vec<Document>>,
+}
+
+impl Foreign {
+    /// Records a collection's documents (a collection that does not exist is empty).
+    pub fn insert(&mut self, collection: impl Into<String>, docs: Vec<Document>) {
+        self.collections.insert(collection.into(), docs);
+    }
+
+    /// A collection's documents, if they were read.
+    pub fn get(&self, collection: &str) -> Option<&[Document]> {
+        self.collections.get(collection).map(Vec::as_slice)
+    }
+}
+
+/// `$lookup`.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    from: Option<String>,
+    as_field: String,
+    /// `(localField, foreignField)`.
+    join: Option<(String, String)>,
+    let_vars: Vec<(String, Expr)>,
+    pipeline: Option<Pipeline>,
+}
+
+/// `$unionWith`.
+#[derive(Debug, Clone)]
+pub struct UnionWith {
+    coll: Option<String>,
+    pipeline: Option<Pipeline>,
+}
+
+/// `$graphLookup`.
+#[derive(Debug, Clone)]
+pub struct GraphLookup {
+    from: String,
+    start_with: Expr,
+    connect_from: String,
+    connect_to: String,
+    as_field: String,
+    max_depth: Option<u64>,
+    depth_field: Option<String>,
+    restrict: Option<Matcher>,
+}
+
+/// The names of the collections a pipeline reads besides its input, nested pipelines
+/// (`$lookup`, `$unionWith`, `$facet`) included.
+pub fn foreign_collections(p: &Pipeline) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    collect(p, &mut out);
+    out
+}
+
+fn collect(p: &Pipeline, out: &mut BTreeSet<String>) {
+    for stage in p.stages() {
+        match stage {
+            Stage::Lookup(l) => {
+                out.extend(l.from.clone());
+                if let Some(sub) = &l.pipeline {
+                    collect(sub, out);
+                }
+            }
+            Stage::UnionWith(u) => {
+                out.extend(u.coll.clone());
+                if let Some(sub) = &u.pipeline {
+                    collect(sub, out);
+                }
+            }
+            Stage::GraphLookup(g) => {
+                out.insert(g.from.clone());
+            }
+            Stage::Facet(facets) => {
+                for (_, sub) in facets {
+                    collect(sub, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether the stage (or a pipeline nested in it) reads other collections, so it must run
+/// where every collection can be read.
+pub fn reads_other_collections(stage: &Stage) -> bool {
+    match stage {
+        Stage::Lookup(_) | Stage::UnionWith(_) | Stage::GraphLookup(_) => true,
+        Stage::Facet(facets) => facets
+            .iter()
+            .any(|(_, p)| p.stages().iter().any(reads_other_collections)),
+        _ => false,
+    }
+}
+
+fn foreign_docs<'e>(env: &'e Env, coll: &str, stage: &str) -> Result<&'e [Document]> {
+    env.foreign
+        .as_ref()
+        .and_then(|f| f.get(coll))
+        .ok_or_else(|| {
+            MongoError::new(
+                wire::ErrorCode::COMMAND_NOT_SUPPORTED,
+                format!("{stage} from '{coll}' must run on the router, which reads the collection"),
+            )
+        })
+}
+
+/// How deep `$lookup` and `$unionWith` sub-pipelines may nest (MongoDB's limit).
+pub const MAX_SUB_PIPELINE_DEPTH: usize = 20;
+
+/// The deepest nesting of `$lookup` / `$unionWith` sub-pipelines (through `$facet` too).
+fn sub_pipeline_depth(p: &Pipeline) -> usize {
+    p.stages()
+        .iter()
+        .map(|s| match s {
+            Stage::Lookup(l) => 1 + l.pipeline.as_ref().map_or(0, sub_pipeline_depth),
+            Stage::UnionWith(u) => 1 + u.pipeline.as_ref().map_or(0, sub_pipeline_depth),
+            Stage::Facet(f) => f
+                .iter()
+                .map(|(_, p)| sub_pipeline_depth(p))
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A nested `pipeline` argument: an array of stage documents.
+fn sub_pipeline(v: &Bson, vars: &[String], within: &str, code: i32) -> Result<Pipeline> {
+    let Bson::Array(items) = v else {
+        return Err(MongoError::type_mismatch(
+            "'pipeline' option must be specified as an array",
+        ));
+    };
+    let mut stages = Vec::with_capacity(items.len());
+    for item in items {
+        let Bson::Document(d) = item else {
+            return Err(MongoError::type_mismatch(
+                "Each element of the 'pipeline' array must be an object",
+            ));
+        };
+        if let Some(name) = ["$out", "$merge"].into_iter().find(|n| d.contains_key(*n)) {
+            return Err(stage_err(
+                code,
+                format!("{name} is not allowed within a {within}'s sub-pipeline"),
+            ));
+        }
+        stages.push(d.clone());
+    }
+    let p = Pipeline::parse_with_vars(&stages, vars)?;
+    if sub_pipeline_depth(&p) + 1 > MAX_SUB_PIPELINE_DEPTH {
+        return Err(MongoError::new(
+            wire::ErrorCode::MAX_SUB_PIPELINE_DEPTH_EXCEEDED,
+            format!(
+                "Maximum number of nested sub-pipelines exceeded. Limit is {MAX_SUB_PIPELINE_DEPTH}"
+            ),
+        ));
+    }
+    Ok(p)
+}
+
+fn starts_with_documents(p: Option<&Pipeline>) -> bool {
+    p.and_then(|p| p.stages().first())
+        .is_some_and(|s| matches!(s, Stage::Documents(_)))
+}
+
+/// A collection name argument (`from`, `coll`): a valid name in this database.
+fn collection_name(v: &str, stage: &str) -> Result<String> {
+    if v.is_empty() || v.contains('\0') || v.starts_with('.') || v.starts_with("system.") {
+        return Err(MongoError::new(
+            wire::ErrorCode::INVALID_NAMESPACE,
+            format!("invalid {stage} namespace: '{v}'"),
+        ));
+    }
+    Ok(v.to_string())
+}
+
+/// A field path argument (`as`, `localField`, ...): no `$` prefix (16410), not empty.
+fn field_path(v: &str) -> Result<String> {
+    if v.is_empty() {
+        return Err(stage_err(
+            40352,
+            "FieldPath cannot be constructed with empty string",
+        ));
+    }
+    if v.split('.').any(|p| p.starts_with('$')) {
+        return Err(stage_err(
+            16410,
+            format!(
+                "FieldPath field names may not start with '$'. Consider using $getField or $setField. ({v})"
+            ),
+        ));
+    }
+    if v.split('.').any(str::is_empty) {
+        return Err(stage_err(
+            15998,
+            format!("FieldPath field names may not be empty strings. ({v})"),
+        ));
+    }
+    Ok(v.to_string())
+}
+
+/// Sets `path` to `v`, replacing whatever non-document stands in the way.
+fn set_output(doc: &mut Document, path: &str, v: Bson) {
+    if !value::set_path(doc, path, v.clone()) {
+        let top = path.split('.').next().unwrap_or(path);
+        doc.insert(top, Document::new());
+        value::set_path(doc, path, v);
+    }
+}
+
+/// Every value a path reaches, arrays at the leaf expanded one level (what `$lookup` joins on).
+fn leaf_values(doc: &Document, path: &str) -> Vec<Bson> {
+    let mut out = Vec::new();
+    for v in value::path_values(doc, path) {
+        match v {
+            Bson::Array(a) => out.extend(a.iter().cloned()),
+            other => out.push(other.clone()),
+        }
+    }
+    out
+}
+
+/// The equality filter on `foreign_field` for the values `values` (MongoDB's `$lookup` join).
+fn join_filter(foreign_field: &str, values: Vec<Bson>) -> Document {
+    let mut values = values;
+    if values.is_empty() {
+        values.push(Bson::Null);
+    }
+    if values.len() == 1 {
+        let v = values.pop().unwrap_or(Bson::Null);
+        return doc! {foreign_field: {"$eq": v}};
+    }
+    let any: Vec<Bson> = values
+        .into_iter()
+        .map(|v| Bson::Document(doc! {foreign_field: {"$eq": v}}))
+        .collect();
+    doc! {"$or": any}
+}
+
+impl Lookup {
+    pub(super) fn parse(arg: &Bson, vars: &[String]) -> Result<Lookup> {
+        let bad = |msg: String| MongoError::failed_to_parse(msg);
+        let Bson::Document(d) = arg else {
+            return Err(bad("the $lookup specification must be an Object".into()));
+        };
+        let (mut from, mut as_field, mut local, mut foreign) = (None, None, None, None);
+        let mut let_spec = None;
+        let mut pipeline = None;
+        for (k, v) in d {
+            match (k.as_str(), v) {
+                ("pipeline", _) => pipeline = Some(v),
+                ("let", Bson::Document(l)) => let_spec = Some(l),
+                ("let", other) => {
+                    return Err(bad(format!(
+                        "$lookup argument 'let: {other}' must be an object, is type {}",
+                        value::type_name(other)
+                    )));
+                }
+                ("from", Bson::String(s)) => from = Some(collection_name(s, "$lookup")?),
+                ("from", other) => {
+                    return Err(bad(format!(
+                        "$lookup 'from' field must be a string, but found {}",
+                        value::type_name(other)
+                    )));
+                }
+                ("as" | "localField" | "foreignField", Bson::String(s)) => {
+                    let slot = match k.as_str() {
+                        "as" => &mut as_field,
+                        "localField" => &mut local,
+                        _ => &mut foreign,
+                    };
+                    *slot = Some(s.clone()).filter(|s| !s.is_empty());
+                }
+                ("as" | "localField" | "foreignField", other) => {
+                    return Err(bad(format!(
+                        "$lookup argument '{k}: {other}' must be a string, found {}",
+                        value::type_name(other)
+                    )));
+                }
+                _ => return Err(bad(format!("unknown argument to $lookup: {k}"))),
+            }
+        }
+        let mut let_vars = Vec::new();
+        let mut inner_vars = vars.to_vec();
+        for (name, e) in let_spec.into_iter().flatten() {
+            crate::expr::check_var_name(name)?;
+            let_vars.push((name.clone(), Expr::parse_with_vars(e, vars)?));
+            inner_vars.push(name.clone());
+        }
+        let pipeline = pipeline
+            .map(|p| sub_pipeline(p, &inner_vars, "$lookup", 51047))
+            .transpose()?;
+        if from.is_none() && !starts_with_documents(pipeline.as_ref()) {
+            return Err(bad(if pipeline.is_some() {
+                "$lookup stage without explicit collection must have a pipeline with $documents as first stage".into()
+            } else {
+                "must specify 'pipeline' when 'from' is empty".into()
+            }));
+        }
+        let as_field = field_path(
+            &as_field.ok_or_else(|| bad("must specify 'as' field for a $lookup".into()))?,
+        )?;
+        let join = match (local, foreign) {
+            (Some(l), Some(f)) => Some((field_path(&l)?, field_path(&f)?)),
+            (None, None) if pipeline.is_some() => None,
+            _ if pipeline.is_some() => {
+                return Err(bad(
+                    "$lookup requires both or neither of 'localField' and 'foreignField' to be specified"
+                        .into(),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    "$lookup requires either 'pipeline' or both 'localField' and 'foreignField' to be specified"
+                        .into(),
+                ));
+            }
+        };
+        if pipeline.is_none() && !let_vars.is_empty() {
+            return Err(bad(
+                "$lookup with a 'let' argument must also specify 'pipeline'".into(),
+            ));
+        }
+        Ok(Lookup {
+            from,
+            as_field,
+            join,
+            let_vars,
+            pipeline,
+        })
+    }
+
+    pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        let from_documents = starts_with_documents(self.pipeline.as_ref());
+        let foreign = match (&self.from, from_documents) {
+            (Some(c), false) => foreign_docs(env, c, "$lookup")?,
+            _ => &[],
+        };
+        let index = match &self.join {
+            Some((_, foreign_field)) if !from_documents => JoinIndex::build(foreign, foreign_field),
+            _ => None,
+        };
+        let mut out = Vec::with_capacity(docs.len());
+        for mut doc in docs {
+            let mut inner = env.clone();
+            for (name, e) in &self.let_vars {
+                if let Some(v) = e.evaluate_in(&doc, env)? {
+                    inner.vars.push((name.clone(), v));
+                }
+            }
+            let (join, candidates) = match &self.join {
+                Some((local, foreign_field)) => {
+                    let values = leaf_values(&doc, local);
+                    let candidates = index.as_ref().and_then(|i| i.candidates(&values));
+                    let m = Matcher::parse(&join_filter(foreign_field, values))?;
+                    (Some(m), candidates)
+                }
+                None => (None, None),
+            };
+            let keep = |d: &Document| join.as_ref().is_none_or(|m| m.matches(d));
+            let stages = self.pipeline.as_ref().map(Pipeline::stages).unwrap_or(&[]);
+            let (mut found, rest) = match stages.split_first() {
+                Some((first @ Stage::Documents(_), rest)) => {
+                    let mut produced = first.run_in(Vec::new(), &inner)?;
+                    produced.retain(keep);
+                    (produced, rest)
+                }
+                _ => match candidates {
+                    // The index narrows the scan; the matcher still decides.
+                    Some(found) => (
+                        found
+                            .into_iter()
+                            .filter_map(|i| foreign.get(i))
+                            .filter(|d| keep(d))
+                            .cloned()
+                            .collect(),
+                        stages,
+                    ),
+                    None => (
+                        foreign.iter().filter(|d| keep(d)).cloned().collect(),
+                        stages,
+                    ),
+                },
+            };
+            for stage in rest {
+                found = stage.run_in(found, &inner)?;
+            }
+            set_output(
+                &mut doc,
+                &self.as_field,
+                Bson::Array(found.into_iter().map(Bson::Document).collect()),
+            );
+            out.push(doc);
+        }
+        Ok(out)
+    }
+}
+
+impl UnionWith {
+    pub(super) fn parse(arg: &Bson, vars: &[String]) -> Result<UnionWith> {
+        let (coll, pipeline) = match arg {
+            Bson::String(s) => (Some(collection_name(s, "$unionWith")?), None),
+            Bson::Document(d) => {
+                let (mut coll, mut pipeline) = (None, None);
+                for (k, v) in d {
+                    match (k.as_str(), v) {
+                        ("coll", Bson::String(s)) => coll = Some(collection_name(s, "$unionWith")?),
+                        ("coll", other) => {
+                            return Err(MongoError::type_mismatch(format!(
+                                "BSON field '$unionWith.coll' is the wrong type '{}', expected type 'string'",
+                                value::type_name(other)
+                            )));
+                        }
+                        ("pipeline", v) => {
+                            pipeline = Some(sub_pipeline(v, vars, "$unionWith", 31441)?);
+                        }
+                        _ => {
+                            return Err(stage_err(
+                                40415,
+                                format!("BSON field '$unionWith.{k}' is an unknown field."),
+                            ));
+                        }
+                    }
+                }
+                (coll, pipeline)
+            }
+            other => {
+                return Err(MongoError::failed_to_parse(format!(
+                    "the $unionWith stage specification must be an object or string, but found {}",
+                    value::type_name(other)
+                )));
+            }
+        };
+        if coll.is_none() && !starts_with_documents(pipeline.as_ref()) {
+            return Err(MongoError::failed_to_parse(
+                "$unionWith stage without explicit collection must have a pipeline with $documents as first stage",
+            ));
+        }
+        Ok(UnionWith { coll, pipeline })
+    }
+
+    pub(super) fn run(&self, mut docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        let stages = self.pipeline.as_ref().map(Pipeline::stages).unwrap_or(&[]);
+        let (mut other, rest) = match stages.split_first() {
+            Some((first @ Stage::Documents(_), rest)) => (first.run_in(Vec::new(), env)?, rest),
+            _ => match &self.coll {
+                Some(c) => (foreign_docs(env, c, "$unionWith")?.to_vec(), stages),
+                None => (Vec::new(), stages),
+            },
+        };
+        for stage in rest {
+            other = stage.run_in(other, env)?;
+        }
+        docs.extend(other);
+        Ok(docs)
+    }
+}
+
+/// The foreign documents by every value their `foreignField` reaches (each array also by its
+/// elements), to narrow a `$lookup`'s equality join. It may name documents that do not match
+/// (the join filter still runs on each) but never leaves out one that does, for the values it
+/// answers for: not `null` or missing (which match a missing field), not regular expressions,
+/// and only on paths without numeric components (which may index arrays or name fields).
+struct JoinIndex {
+    by_value: std::collections::BTreeMap<Key, Vec<usize>>,
+}
+
+impl JoinIndex {
+    fn build(foreign: &[Document], field: &str) -> Option<JoinIndex> {
+        if field.split('.').any(|p| value::array_index(p).is_some()) {
+            return None;
+        }
+        let mut by_value: std::collections::BTreeMap<Key, Vec<usize>> = Default::default();
+        for (i, d) in foreign.iter().enumerate() {
+            for v in value::path_values(d, field) {
+                if let Bson::Array(items) = v {
+                    for e in items {
+                        by_value.entry(Key(e.clone())).or_default().push(i);
+                    }
+                }
+                by_value.entry(Key(v.clone())).or_default().push(i);
+            }
+        }
+        Some(JoinIndex { by_value })
+    }
+
+    /// The positions of the documents that may equal one of `values`, in collection order;
+    /// `None` when the index cannot answer (scan instead).
+    fn candidates(&self, values: &[Bson]) -> Option<Vec<usize>> {
+        if values.is_empty()
+            || values.iter().any(|v| {
+                matches!(
+                    v,
+                    Bson::Null
+                        | Bson::Undefined
+                        | Bson::RegularExpression(_)
+                        | Bson::MinKey
+                        | Bson::MaxKey
+                )
+            })
+        {
+            return None;
+        }
+        let mut out: Vec<usize> = values
+            .iter()
+            .filter_map(|v| self.by_value.get(&Key(v.clone())))
+            .flatten()
+            .copied()
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+}
+
+/// A BSON value ordered by MongoDB's comparison (graph search sets).
+struct Key(Bson);
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        compare(&self.0, &other.0) == Ordering::Equal
+    }
+}
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        compare(&self.0, &other.0)
+    }
+}
+
+impl GraphLookup {
+    pub(super) fn parse(arg: &Bson, vars: &[String]) -> Result<GraphLookup> {
+        let Bson::Document(d) = arg else {
+            return Err(MongoError::failed_to_parse(
+                "the $graphLookup stage specification must be an object",
+            ));
+        };
+        let mut from = None;
+        let mut start_with = None;
+        let (mut connect_from, mut connect_to, mut as_field) = (None, None, None);
+        let (mut max_depth, mut depth_field, mut restrict) = (None, None, None);
+        for (k, v) in d {
+            match k.as_str() {
+                "from" => match v {
+                    Bson::String(s) => from = Some(collection_name(s, "$graphLookup")?),
+                    other => {
+                        return Err(MongoError::failed_to_parse(format!(
+                            "$graphLookup 'from' field must be a string, but found {}",
+                            value::type_name(other)
+                        )));
+                    }
+                },
+                "startWith" => start_with = Some(Expr::parse_with_vars(v, vars)?),
+                "connectFromField" | "connectToField" | "as" | "depthField" => {
+                    let Bson::String(s) = v else {
+                        return Err(stage_err(
+                            40103,
+                            format!(
+                                "expected string as argument for {k}, found: {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    };
+                    let path = Some(field_path(s)?);
+                    match k.as_str() {
+                        "connectFromField" => connect_from = path,
+                        "connectToField" => connect_to = path,
+                        "as" => as_field = path,
+                        _ => depth_field = path,
+                    }
+                }
+                "maxDepth" => {
+                    if !value::is_number(v) {
+                        return Err(stage_err(
+                            40100,
+                            format!(
+                                "maxDepth must be numeric, found type: {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    }
+                    let n = value::as_i64_exact(v).ok_or_else(|| {
+                        stage_err(
+                            40102,
+                            format!("maxDepth could not be represented as a long long: {v}"),
+                        )
+                    })?;
+                    if n < 0 {
+                        return Err(stage_err(
+                            40101,
+                            format!("maxDepth requires a nonnegative argument, found: {n}"),
+                        ));
+                    }
+                    max_depth = Some(n.unsigned_abs());
+                }
+                "restrictSearchWithMatch" => {
+                    let Bson::Document(m) = v else {
+                        return Err(stage_err(
+                            40185,
+                            format!(
+                                "expected an object as specification for 'restrictSearchWithMatch', found: {}",
+                                value::type_name(v)
+                            ),
+                        ));
+                    };
+                    restrict = Some(Matcher::parse_with_vars(m, vars)?);
+                }
+                other => {
+                    return Err(stage_err(
+                        40104,
+                        format!("Unknown argument to $graphLookup: {other}"),
+                    ));
+                }
+            }
+        }
+        let (Some(start_with), Some(connect_from), Some(connect_to), Some(as_field)) =
+            (start_with, connect_from, connect_to, as_field)
+        else {
+            return Err(stage_err(
+                40105,
+                "$graphLookup requires 'startWith', 'connectFromField', 'connectToField', and 'as' to be specified",
+            ));
+        };
+        let from = from.ok_or_else(|| {
+            MongoError::failed_to_parse("must specify 'from' field for a $graphLookup")
+        })?;
+        Ok(GraphLookup {
+            from,
+            start_with,
+            connect_from,
+            connect_to,
+            as_field,
+            max_depth,
+            depth_field,
+            restrict,
+        })
+    }
+
+    pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        let foreign = foreign_docs(env, &self.from, "$graphLookup")?;
+        let index = JoinIndex::build(foreign, &self.connect_to);
+        let mut out = Vec::with_capacity(docs.len());
+        for mut doc in docs {
+            let mut frontier: Vec<Bson> = match self.start_with.evaluate_in(&doc, env)? {
+                Some(Bson::Array(a)) => a,
+                Some(v) => vec![v],
+                None => Vec::new(),
+            };
+            let mut queried: BTreeSet<Key> = frontier.iter().cloned().map(Key).collect();
+            let mut visited: BTreeSet<Key> = BTreeSet::new();
+            let mut found = Vec::new();
+            let mut depth: u64 = 0;
+            while !frontier.is_empty() && self.max_depth.is_none_or(|max| depth <= max) {
+                let values = std::mem::take(&mut frontier);
+                // The index narrows the scan (in collection order); the matcher decides.
+                let candidates = index.as_ref().and_then(|i| i.candidates(&values));
+                let matcher = Matcher::parse(&join_filter(&self.connect_to, values))?;
+                let scan: Box<dyn Iterator<Item = &Document>> = match candidates {
+                    Some(c) => Box::new(c.into_iter().filter_map(|i| foreign.get(i))),
+                    None => Box::new(foreign.iter()),
+                };
+                for d in scan {
+                    if !matcher.matches(d) {
+                        continue;
+                    }
+                    if let Some(r) = &self.restrict
+                        && !r.try_matches_in(d, env)?
+                    {
+                        continue;
+                    }
+                    let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+                    if !visited.insert(Key(id)) {
+                        continue;
+                    }
+                    for v in leaf_values(d, &self.connect_from) {
+                        if queried.insert(Key(v.clone())) {
+                            frontier.push(v);
+                        }
+                    }
+                    let mut r = d.clone();
+                    if let Some(f) = &self.depth_field {
+                        set_output(
+                            &mut r,
+                            f,
+                            Bson::Int64(i64::try_from(depth).unwrap_or(i64::MAX)),
+                        );
+                    }
+                    found.push(Bson::Document(r));
+                }
+                depth += 1;
+            }
+            set_output(&mut doc, &self.as_field, Bson::Array(found));
+            out.push(doc);
+        }
+        Ok(out)
+    }
+}
+
+/// `$documents`: the expression (evaluated once, against no document) as the stream.
+pub(super) fn documents(e: &Expr, env: &Env) -> Result<Vec<Document>> {
+    match e.evaluate_in(&Document::new(), env)? {
+        Some(Bson::Array(items)) => items
+            .into_iter()
+            .map(|item| match item {
+                Bson::Document(d) => Ok(d),
+                other => Err(stage_err(
+                    40228,
+                    format!(
+                        "'replacement document' must evaluate to an object, but resulting value was: {other}. Type of resulting value: '{}'.",
+                        value::type_name(&other)
+                    ),
+                )),
+            })
+            .collect(),
+        other => Err(stage_err(
+            5858203,
+            format!(
+                "an array is expected for $documents, found {}",
+                other.as_ref().map(value::type_name).unwrap_or("missing")
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

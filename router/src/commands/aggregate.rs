@@ -1,0 +1,254 @@
+//! The aggregations the router runs itself, in whole or in part: pipelines over a collection
+//! split between the shards and the router, pipelines that read other collections (`$lookup`,
+//! `$unionWith`, `$graphLookup`), and `aggregate: 1` on a database (`$documents`,
+//! `$listLocalSessions`, `$currentOp`).
+//!
+//! A collection's documents reach the router through `pipeline::agg::split`: the shards run the
+//! prefix (an `aggregate` command; a plain `find` when the prefix is only `$match`), the router
+//! merges their cursors (in the prefix's `$sort` order when it ends with one) and runs the rest.
+//! Every other collection a pipeline names is read whole, with its own routing, before the
+//! pipeline runs, and handed to it as `pipeline::agg::lookup::Foreign`.
+//!
+//! Invariants:
+//! * Every shard read carries the command's session, transaction, read concern and `let`, so a
+//!   pipeline reads its own transaction's writes and one snapshot.
+//! * A collection that does not exist reads as empty. Views are not resolved: a view's name
+//!   reads as the (empty) collection of that name.
+//! * A pipeline that reads other collections never runs on a shard alone: a shard cannot see
+//!   other shards' collections.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bson::{Bson, Document, doc};
+use pipeline::agg::lookup::{self, Foreign};
+use pipeline::agg::{Pipeline, split};
+use pipeline::expr::Env;
+use pipeline::sort::SortSpec;
+use wire::{ErrorCode, MongoError, Result};
+
+use super::Ctx;
+use super::crud::validate_collection_name;
+use super::find::{Targets, read_targets};
+use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::local_sessions::Which;
+
+/// The command fields a shard read inherits: session, transaction, snapshot, variables.
+const INHERITED: &[&str] = &[
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "readConcern",
+    "let",
+];
+
+/// `env` with the documents of every other collection `parsed` reads.
+pub(super) async fn with_foreign(ctx: &Ctx<'_>, parsed: &Pipeline, mut env: Env) -> Result<Env> {
+    let names = lookup::foreign_collections(parsed);
+    if names.is_empty() {
+        return Ok(env);
+    }
+    let mut foreign = Foreign::default();
+    // One after another: inside a transaction, the first read of a shard starts it there.
+    for name in names {
+        validate_collection_name(ctx.db, &name)?;
+        let routed = read_targets(ctx, &name, &Document::new()).await?;
+        let docs = if routed.shards.is_empty() {
+            Vec::new()
+        } else {
+            let find = doc! {"find": &name, "filter": {}};
+            read_merged(ctx, &name, &routed, find, None).await?
+        };
+        foreign.insert(name, docs);
+    }
+    env.foreign = Some(Arc::new(foreign));
+    Ok(env)
+}
+
+/// Whether the pipeline must run on the router even over one shard's collection.
+pub(super) fn needs_router(parsed: &Pipeline) -> bool {
+    parsed.stages().iter().any(lookup::reads_other_collections)
+}
+
+/// Runs `stages` over `coll`: the shards run their part, the router merges and runs the rest.
+/// `filter` is the pipeline's leading `$match` (what a `find` asks the shards for).
+pub(super) async fn run_split(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    stages: &[Document],
+    parsed: &Pipeline,
+    env: &Env,
+    routed: &Targets,
+    filter: &Document,
+) -> Result<Vec<Document>> {
+    let split = split::split(stages, parsed);
+    let merged = if split.shards.iter().all(|s| s.contains_key("$match")) {
+        let find = doc! {"find": coll, "filter": filter.clone()};
+        read_merged(ctx, coll, routed, find, None).await?
+    } else {
+        let shards_part: Vec<Bson> = split.shards.iter().cloned().map(Bson::Document).collect();
+        let cmd = doc! {"aggregate": coll, "pipeline": shards_part, "cursor": {}};
+        let sort = split.merge_sort.as_ref().map(SortSpec::parse).transpose()?;
+        read_merged(ctx, coll, routed, cmd, sort).await?
+    };
+    let merger = Pipeline::parse_with_vars(&split.merger, &env.names())?;
+    merger.run_in(merged, env)
+}
+
+/// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and reads every
+/// document of their cursors, merged in `sort` order (or one shard after another).
+pub(super) async fn read_merged(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    routed: &Targets,
+    mut cmd: Document,
+    sort: Option<SortSpec>,
+) -> Result<Vec<Document>> {
+    if cmd.contains_key("find") {
+        cmd.insert("batchSize", i32::MAX);
+    } else {
+        cmd.insert("cursor", doc! {"batchSize": i32::MAX});
+    }
+    cmd.insert("shardVersion", routed.version.clone());
+    for field in INHERITED {
+        if let Some(v) = ctx.cmd.get(*field) {
+            cmd.insert(*field, v.clone());
+        }
+    }
+    let targets = &routed.shards;
+    let replies = ctx.router.broadcast_read(targets, ctx.db, &cmd).await;
+    let mut sources = Vec::with_capacity(targets.len());
+    for (shard, reply) in targets.iter().zip(replies) {
+        sources.push(Source::from_reply(*shard, &reply?)?);
+    }
+    let mut all = RouterCursor {
+        ns: format!("{}.{coll}", ctx.db),
+        state: CursorState::merge(Merge {
+            db: ctx.db.to_string(),
+            collection: coll.to_string(),
+            sources,
+            sort,
+            skip: 0,
+            limit: None,
+            projection: None,
+        }),
+        info: None,
+    };
+    let mut docs = Vec::new();
+    loop {
+        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX).await?;
+        docs.extend(batch);
+        if exhausted {
+            return Ok(docs);
+        }
+    }
+}
+
+/// `aggregate: 1` on a database: the first stage makes the documents.
+pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Document> {
+    let Some(first) = stages.first() else {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            "{aggregate: 1} is not valid for an empty pipeline.",
+        ));
+    };
+    let name = first.keys().next().map(String::as_str).unwrap_or("");
+    let (stages, sink) = super::out::split(stages, ctx.db)?;
+    if sink.is_some() {
+        super::out::check_allowed(ctx)?;
+    }
+    let env = Env::from_command(ctx.cmd)?;
+    let (input, rest) = match name {
+        "$currentOp" if sink.is_none() => {
+            return super::current_op::aggregate(ctx, &stages).await;
+        }
+        "$documents" => (Vec::new(), &stages[..]),
+        "$listLocalSessions" => (list_local_sessions(ctx, first)?, &stages[1..]),
+        other => {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_NAMESPACE,
+                format!("{{aggregate: 1}} is not valid for '{other}'; a collection is required."),
+            ));
+        }
+    };
+    let parsed = Pipeline::parse_with_vars(rest, &env.names())?;
+    let env = with_foreign(ctx, &parsed, env).await?;
+    let out = parsed.run_in(input, &env)?;
+    let ns = format!("{}.$cmd.aggregate", ctx.db);
+    if let Some(sink) = &sink {
+        super::out::write(ctx, sink, out).await?;
+        return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0});
+    }
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Buffered(VecDeque::from(out)),
+        info: None,
+    };
+    let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::find::first_reply(ctx, ns, cursor, batch).await
+}
+
+/// `$listLocalSessions: {}` (the caller's sessions), `{allUsers: true}` or
+/// `{users: [{user, db}, ...]}`.
+fn list_local_sessions(ctx: &Ctx<'_>, stage: &Document) -> Result<Vec<Document>> {
+    let spec = match stage.get("$listLocalSessions") {
+        Some(Bson::Document(d)) => d,
+        Some(other) => {
+            return Err(MongoError::type_mismatch(format!(
+                "$listLocalSessions options must be specified in an object, but found: {}",
+                super::args::type_name(other)
+            )));
+        }
+        None => return Err(MongoError::internal("no $listLocalSessions stage")),
+    };
+    let mut all_users = false;
+    let mut users = None;
+    for (k, v) in spec {
+        match (k.as_str(), v) {
+            ("allUsers", Bson::Boolean(b)) => all_users = *b,
+            ("users", Bson::Array(list)) => {
+                let mut names = Vec::with_capacity(list.len());
+                for u in list {
+                    let (Some(user), Some(db)) = (
+                        u.as_document().and_then(|d| d.get_str("user").ok()),
+                        u.as_document().and_then(|d| d.get_str("db").ok()),
+                    ) else {
+                        return Err(MongoError::with_code(
+                            40414,
+                            "BSON field 'ListSessionsUser.user' is missing but a required field",
+                        ));
+                    };
+                    names.push(format!("{user}@{db}"));
+                }
+                users = Some(names);
+            }
+            ("allUsers" | "users", other) => {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field '$listLocalSessions.{k}' is the wrong type '{}'",
+                    super::args::type_name(other)
+                )));
+            }
+            _ => {
+                return Err(MongoError::with_code(
+                    40415,
+                    format!("BSON field '$listLocalSessions.{k}' is an unknown field."),
+                ));
+            }
+        }
+    }
+    let which = match (all_users, users) {
+        (true, Some(_)) => {
+            return Err(MongoError::bad_value(
+                "$listLocalSessions may not specify both allUsers and users",
+            ));
+        }
+        (true, None) => Which::All,
+        (false, Some(users)) => Which::Users(users),
+        (false, None) => Which::Users(vec![super::session_user(ctx.router, ctx.conn)]),
+    };
+    Ok(ctx
+        .router
+        .local_sessions
+        .list(&which, bson::DateTime::now()))
+}
