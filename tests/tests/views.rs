@@ -81,3 +81,34 @@ async fn views_are_read_through_their_pipeline() -> anyhow::Result<()> {
     assert_eq!(tests::scenarios::code_of(&err), Some(166), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_from_a_view_reads_the_views_documents() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    db.collection::<Document>("items")
+        .insert_many([
+            doc! {"_id": 1, "k": "a", "live": true},
+            doc! {"_id": 2, "k": "a", "live": false},
+        ])
+        .await?;
+    db.collection::<Document>("keys")
+        .insert_one(doc! {"_id": "a"})
+        .await?;
+    db.run_command(
+        doc! {"create": "live", "viewOn": "items", "pipeline": [{"$match": {"live": true}}]},
+    )
+    .await?;
+    let joined: Vec<Document> = db
+        .collection::<Document>("keys")
+        .aggregate([doc! {"$lookup": {"from": "live", "localField": "_id", "foreignField": "k", "as": "items"}}])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(
+        joined,
+        [doc! {"_id": "a", "items": [{"_id": 1, "k": "a", "live": true}]}]
+    );
+    Ok(())
+}

@@ -12,8 +12,8 @@
 //! Invariants:
 //! * Every shard read carries the command's session, transaction, read concern and `let`, so a
 //!   pipeline reads its own transaction's writes and one snapshot.
-//! * A collection that does not exist reads as empty. Views are not resolved: a view's name
-//!   reads as the (empty) collection of that name.
+//! * A collection that does not exist reads as empty; a view reads as its pipeline over its
+//!   source (the shard answers 169 with the view resolved, as for any read of a view).
 //! * A pipeline that reads other collections never runs on a shard alone: a shard cannot see
 //!   other shards' collections.
 
@@ -58,12 +58,43 @@ pub(super) async fn with_foreign(ctx: &Ctx<'_>, parsed: &Pipeline, mut env: Env)
             Vec::new()
         } else {
             let find = doc! {"find": &name, "filter": {}};
-            read_merged(ctx, &name, &routed, find, None).await?
+            match read_merged(ctx, &name, &routed, find, None).await {
+                Ok(docs) => docs,
+                // A view: its pipeline over its source (see `views`).
+                Err(e) => match shard::views::resolved(&e) {
+                    Some((source_ns, pipeline)) => {
+                        read_view(ctx, &source_ns, &pipeline, &env).await?
+                    }
+                    None => return Err(e),
+                },
+            }
         };
         foreign.insert(name, docs);
     }
     env.foreign = Some(Arc::new(foreign));
     Ok(env)
+}
+
+/// The documents of a view named by `$lookup` / `$unionWith` / `$graphLookup`: its resolved
+/// pipeline run over every document of its source.
+async fn read_view(
+    ctx: &Ctx<'_>,
+    source_ns: &str,
+    pipeline: &[Document],
+    env: &Env,
+) -> Result<Vec<Document>> {
+    let source = source_ns
+        .strip_prefix(&format!("{}.", ctx.db))
+        .unwrap_or(source_ns)
+        .to_string();
+    let routed = read_targets(ctx, &source, &Document::new()).await?;
+    let docs = if routed.shards.is_empty() {
+        Vec::new()
+    } else {
+        let find = doc! {"find": &source, "filter": {}};
+        read_merged(ctx, &source, &routed, find, None).await?
+    };
+    Pipeline::parse_with_vars(pipeline, &env.names())?.run_in(docs, env)
 }
 
 /// Whether the pipeline must run on the router even over one shard's collection.
