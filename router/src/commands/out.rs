@@ -252,8 +252,14 @@ async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document>
             .unwrap_or(ErrorCode::INTERNAL_ERROR.code);
         let message = first.get_str("errmsg").unwrap_or("write failed");
         let mut e = MongoError::with_code(code, message);
-        if let Ok(info) = first.get_document("errInfo") {
-            e = e.with_extra(doc! {"errInfo": info.clone()});
+        // What the write error tells beyond its code (a duplicate key's keyPattern and
+        // keyValue, a validation failure's errInfo) stays on the stage's error.
+        let extra: Document = ["errInfo", "keyPattern", "keyValue"]
+            .into_iter()
+            .filter_map(|f| first.get(f).map(|v| (f.to_string(), v.clone())))
+            .collect();
+        if !extra.is_empty() {
+            e = e.with_extra(extra);
         }
         return Err(e);
     }

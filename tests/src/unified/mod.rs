@@ -1,4 +1,4 @@
-//! A runner for the drivers' unified test format (schema 1.x up to 1.9), on the Rust
+//! A runner for the drivers' unified test format (schema 1.x up to 1.21), on the Rust
 //! `mongodb` driver, covering what the change-stream and transaction spec files use: client /
 //! database / collection / session entities with command-started event observation,
 //! `runOnRequirements`, `initialData`, the operations of those files (CRUD with and without a
@@ -32,7 +32,7 @@ use mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions, Sessio
 use mongodb::{Client, ClientSession};
 
 /// The newest schema version this runner understands.
-pub const SCHEMA: (u64, u64) = (1, 9);
+pub const SCHEMA: (u64, u64) = (1, 21);
 /// The longest one test may take.
 const TEST_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long `expectEvents` waits for events that are still missing: an ended session's

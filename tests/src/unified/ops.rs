@@ -664,6 +664,17 @@ async fn execute_on(
             }
             with_session!(session, action).map(Value::doc)
         }
+        (Target::Database(db), "modifyCollection") => {
+            // `collMod` with the given options.
+            let coll = args.get_str("collection").context("collection")?;
+            let mut cmd = doc! {"collMod": coll};
+            for (k, v) in args {
+                if k != "collection" && k != "session" {
+                    cmd.insert(k.clone(), v.clone());
+                }
+            }
+            with_session!(session, db.run_command(cmd)).map(Value::doc)
+        }
         (Target::Database(db), "dropCollection") => {
             check_arguments(args, &["collection", "session"])?;
             let coll = db.collection::<Document>(args.get_str("collection")?);
@@ -999,14 +1010,13 @@ async fn execute_on(
             )));
         }
         (Target::Collection(coll), "createIndex") => {
-            check_arguments(args, &["keys", "name", "session"])?;
+            check_arguments(args, &["keys", "name", "unique", "session"])?;
             let mut model = IndexModel::default();
             model.keys = args.get_document("keys")?.clone();
-            if let Ok(n) = args.get_str("name") {
-                let mut o = IndexOptions::default();
-                o.name = Some(n.to_string());
-                model.options = Some(o);
-            }
+            let mut o = IndexOptions::default();
+            o.name = args.get_str("name").ok().map(str::to_string);
+            o.unique = args.get_bool("unique").ok();
+            model.options = Some(o);
             with_session!(session, coll.create_index(model))
                 .map(|r| Value::Bson(Bson::String(r.index_name)))
         }
@@ -1440,6 +1450,16 @@ fn check_error(expected: &Document, e: &DriverError, entities: &Entities) -> Res
                 };
                 matcher::matches_in(entities.cx(), v, actual.as_ref(), true)
                     .map_err(|why| anyhow!("partial result mismatch: {why}"))?;
+            }
+            "errorResponse" => {
+                // The server's whole reply to the failed command (extra fields allowed).
+                let raw = e
+                    .server_response()
+                    .with_context(|| format!("no server response on {}", describe(e)))?;
+                let actual = Document::try_from(raw.as_ref())
+                    .context("the server response is not a document")?;
+                matcher::matches_in(entities.cx(), v, Some(&Bson::Document(actual)), true)
+                    .map_err(|why| anyhow!("error response mismatch: {why}"))?;
             }
             other => bail!("expectError.{other} is not supported by this runner"),
         }
