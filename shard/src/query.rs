@@ -5,7 +5,9 @@
 //! Invariants: a query over a [`ReadTxn`] sees exactly one consistent state (a snapshot, or the
 //! writer's transaction including its own earlier writes); whatever the plan, every document
 //! visited matches the whole filter, and each is visited once (a multikey index scan skips the
-//! documents it has already produced, across pages too).
+//! documents it has already produced, across pages too). A covered index scan (see
+//! `indexes::plan::cover`) visits, instead of each document, its entry's key values as a
+//! document: the caller's filter and projection only name those fields.
 
 use bson::{Bson, Document};
 use pipeline::Matcher;
@@ -225,6 +227,12 @@ pub fn run_plan(
         } => (Table::Documents, intervals, *reverse, false),
         Access::Index(scan) => (Table::Indexes, &scan.intervals, scan.reverse, scan.multikey),
     };
+    let covered: Option<Vec<String>> = match access {
+        Access::Index(scan) if scan.covered => {
+            Some(scan.directions.iter().map(|(f, _)| f.clone()).collect())
+        }
+        _ => None,
+    };
     let mut failure = None;
     let mut stopped = false;
     let ordered: Vec<&KeyRange> = if reverse {
@@ -241,6 +249,12 @@ pub fn run_plan(
             let doc = if table == Table::Documents {
                 examined.docs += 1;
                 crate::writer::decode_doc(v)
+            } else if let Some(fields) = &covered {
+                // A covered scan: the entry's key values are the answer.
+                Document::from_reader(v)
+                    .ok()
+                    .and_then(|e| e.get_array("k").ok().cloned())
+                    .map(|values| fields.iter().cloned().zip(values).collect())
             } else {
                 let id = Document::from_reader(v)
                     .ok()

@@ -495,3 +495,65 @@ async fn min_max_return_key_and_show_record_id() -> anyhow::Result<()> {
     assert_eq!(distinct.len(), 10);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_covered_query_reads_only_the_index() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    let coll = db.collection::<Document>("cov");
+    coll.insert_many((0..40).map(|i| doc! {"_id": i, "a": i % 8, "b": i, "c": "x"}))
+        .await?;
+    db.run_command(
+        doc! {"createIndexes": "cov", "indexes": [{"key": {"a": 1, "b": 1}, "name": "a_b"}]},
+    )
+    .await?;
+    let explain = db
+        .run_command(doc! {
+            "explain": {"find": "cov", "filter": {"a": 3, "b": {"$gte": 10}}, "projection": {"b": 1, "_id": 0}},
+            "verbosity": "executionStats",
+        })
+        .await?;
+    assert_eq!(
+        stages(shard_plan(&explain)),
+        ["PROJECTION_COVERED", "IXSCAN"],
+        "{explain}"
+    );
+    assert_eq!(
+        explain
+            .get_document("executionStats")?
+            .get_i64("totalDocsExamined")?,
+        0,
+        "{explain}"
+    );
+    let found: Vec<Document> = coll
+        .find(doc! {"a": 3, "b": {"$gte": 10}})
+        .projection(doc! {"b": 1, "_id": 0})
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(
+        found,
+        [
+            doc! {"b": 11},
+            doc! {"b": 19},
+            doc! {"b": 27},
+            doc! {"b": 35}
+        ]
+    );
+    // A field the index does not hold, or `_id` left in, needs the documents.
+    for projection in [doc! {"c": 1, "_id": 0}, doc! {"b": 1}] {
+        let explain = db
+            .run_command(doc! {
+                "explain": {"find": "cov", "filter": {"a": 3}, "projection": projection.clone()},
+                "verbosity": "queryPlanner",
+            })
+            .await?;
+        assert_eq!(
+            stages(shard_plan(&explain)),
+            ["PROJECTION_DEFAULT", "FETCH", "IXSCAN"],
+            "{projection}: {explain}"
+        );
+    }
+    Ok(())
+}

@@ -7,8 +7,12 @@
 //!   (`responseFlags` 8, cursor 0, one document); a compressed request gets a reply compressed
 //!   the same way, except handshake and auth commands, which are never compressed; a request
 //!   with a checksum gets a reply with one.
-//! * Exhaust is not implemented: `exhaustAllowed` is passed to the handler, but every request
-//!   gets at most one reply, with flags 0 (clients then simply send the next getMore/hello).
+//! * Exhaust cursors: a `getMore` sent with `exhaustAllowed` whose reply leaves the cursor open
+//!   with a non-empty batch is answered with `moreToCome` set, and the loop runs the same
+//!   `getMore` again by itself, each reply answering the previous one (`responseTo` = its
+//!   `requestID`), until a reply closes the cursor, comes back empty, or fails: that one goes
+//!   out with flags 0 and the client speaks again (see [`exhausts`]). Every other request gets
+//!   at most one reply.
 //! * A request with `moreToCome` never gets a reply, not even an error (the client will not read
 //!   one, and a stray reply would be taken as the answer to its next request).
 //! * Compression is negotiated here: a hello with `compression: [...]` gets back, in an `ok`
@@ -325,6 +329,51 @@ pub fn raw_reply_message(to: &ReplyTo, raw: RawDocumentBuf) -> Option<Message> {
     })
 }
 
+/// The frame for a handler's reply (`None` for replies that send nothing).
+fn frame_of(to: &ReplyTo, reply: Reply) -> Option<Message> {
+    match reply {
+        Reply::Document(doc) => reply_message(to, doc),
+        Reply::Raw(raw) => raw_reply_message(to, raw),
+        Reply::NoReply | Reply::CloseConnection => None,
+    }
+}
+
+/// Whether an exhaust `getMore`'s reply lets the stream go on (pure): it succeeded, its
+/// cursor is still open, and its batch was not empty (an empty batch from a tailable cursor
+/// hands the turn back to the client rather than spinning).
+pub fn exhausts(reply: &Reply) -> bool {
+    let (ok, id, batch_len) = match reply {
+        Reply::Document(d) => {
+            let cursor = d.get_document("cursor").ok();
+            (
+                reply_ok(d),
+                cursor.and_then(|c| c.get_i64("id").ok()).unwrap_or(0),
+                cursor
+                    .and_then(|c| c.get_array("nextBatch").ok())
+                    .map_or(0, Vec::len),
+            )
+        }
+        Reply::Raw(raw) => {
+            let ok = match raw.get("ok") {
+                Ok(Some(bson::RawBsonRef::Double(v))) => v != 0.0,
+                Ok(Some(bson::RawBsonRef::Int32(v))) => v != 0,
+                Ok(Some(bson::RawBsonRef::Int64(v))) => v != 0,
+                _ => false,
+            };
+            let cursor = raw.get_document("cursor").ok();
+            (
+                ok,
+                cursor.and_then(|c| c.get_i64("id").ok()).unwrap_or(0),
+                cursor
+                    .and_then(|c| c.get_array("nextBatch").ok())
+                    .map_or(0, |a| a.into_iter().count()),
+            )
+        }
+        Reply::NoReply | Reply::CloseConnection => return false,
+    };
+    ok && id != 0 && batch_len > 0
+}
+
 /// The error reply for a frame that failed to decode, when it can be addressed.
 fn frame_error_reply(e: &FrameError) -> Option<Message> {
     let request_id = e.request_id?;
@@ -408,12 +457,37 @@ async fn run_connection<H: Handler>(
             }
         };
         let (frame, to) = match prepare(message) {
-            Prepared::Request(req, to) => match handler.handle(&conn, req).await {
-                Reply::Document(doc) => (reply_message(&to, doc), to),
-                Reply::Raw(raw) => (raw_reply_message(&to, raw), to),
-                Reply::NoReply => continue,
-                Reply::CloseConnection => break,
-            },
+            Prepared::Request(req, mut to) => {
+                let again = (req.exhaust_allowed
+                    && req.command_name() == "getMore"
+                    && !to.legacy
+                    && !to.more_to_come)
+                    .then(|| req.clone());
+                let mut reply = handler.handle(&conn, req).await;
+                if let Some(req) = again {
+                    // Stream the cursor: each reply flagged moreToCome, then the next getMore.
+                    while exhausts(&reply) {
+                        let current = std::mem::replace(&mut reply, Reply::NoReply);
+                        let Some(mut frame) = frame_of(&to, current) else {
+                            break;
+                        };
+                        if let Op::Msg(msg) = &mut frame.op {
+                            msg.flags = MsgFlags(msg.flags.0 | MsgFlags::MORE_TO_COME);
+                        }
+                        if io.write_message(&frame).await.is_err() {
+                            let _ = io.shutdown().await;
+                            return;
+                        }
+                        to.request_id = frame.request_id;
+                        reply = handler.handle(&conn, req.clone()).await;
+                    }
+                }
+                match reply {
+                    Reply::NoReply => continue,
+                    Reply::CloseConnection => break,
+                    other => (frame_of(&to, other), to),
+                }
+            }
             Prepared::Error(e, to) => {
                 tracing::debug!(error = %e, "request rejected");
                 (reply_message(&to, e.to_document()), to)
@@ -511,6 +585,27 @@ mod tests {
             compressor,
             ..Message::msg(9, body)
         }
+    }
+
+    #[test]
+    fn an_exhaust_stream_goes_on_only_while_the_cursor_is_open_and_yields() {
+        let batch = |id: i64, n: usize| {
+            Reply::Document(
+                doc! {"cursor": {"id": id, "nextBatch": vec![Bson::Int32(1); n]}, "ok": 1.0},
+            )
+        };
+        assert!(exhausts(&batch(7, 2)));
+        assert!(!exhausts(&batch(0, 2)), "a closed cursor ends the stream");
+        assert!(
+            !exhausts(&batch(7, 0)),
+            "an empty batch hands the turn back"
+        );
+        assert!(!exhausts(&Reply::Document(doc! {"ok": 0.0, "code": 43})));
+        let raw =
+            RawDocumentBuf::try_from(&doc! {"cursor": {"id": 7_i64, "nextBatch": [1]}, "ok": 1.0})
+                .expect("raw");
+        assert!(exhausts(&Reply::Raw(raw)));
+        assert!(!exhausts(&Reply::NoReply));
     }
 
     #[test]

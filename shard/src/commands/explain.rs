@@ -278,6 +278,7 @@ fn access_node(shape: &Shape, plan: Option<&Plan>) -> (Document, Option<Document
             Some(fetch()),
         ),
         Some(Access::Index(scan)) => {
+            let covered = scan.covered;
             let mut node = ixscan(
                 scan.pattern.clone(),
                 &scan.name,
@@ -286,7 +287,7 @@ fn access_node(shape: &Shape, plan: Option<&Plan>) -> (Document, Option<Document
                 &scan.bounds,
             );
             node.insert("isPartial", scan.partial);
-            (node, Some(fetch()))
+            (node, (!covered).then(fetch))
         }
         Some(Access::Documents { reverse, .. }) => (
             doc! {"stage": "COLLSCAN", "filter": shape.filter_doc.clone(), "direction": if *reverse { "backward" } else { "forward" }},
@@ -329,7 +330,12 @@ fn plan(shape: &Shape, chosen: Option<&Plan>, counts: Option<&Counts>) -> Docume
         if *stage == "SORT" && sorted_by_scan {
             continue;
         }
-        let mut outer = doc! {"stage": *stage};
+        let covered = matches!(chosen.map(|p| &p.access), Some(Access::Index(s)) if s.covered);
+        let name = match *stage {
+            "PROJECTION_DEFAULT" if covered => "PROJECTION_COVERED",
+            other => other,
+        };
+        let mut outer = doc! {"stage": name};
         outer.extend(fields.clone());
         if let Some(c) = counts {
             match (*stage, &shape.write) {
@@ -373,12 +379,18 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .as_ref()
         .map(crate::query::Sort::parse)
         .transpose()?;
-    let chosen = ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, &shape.coll) {
+    let mut chosen = ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, &shape.coll) {
         Some(entry) => crate::query::plan(txn, entry, &filter, sort.as_ref())
             .map(Some)
             .map_err(op_err),
         None => Ok(None),
     })?;
+    if name == "find"
+        && let Some(p) = chosen.as_mut()
+    {
+        let projection = sub_doc(&inner, "projection")?;
+        crate::indexes::plan::cover(p, &shape.filter_doc, Some(&projection));
+    }
     let ns = ctx.ns(&shape.coll);
     let server_info =
         doc! {"host": ctx.shard.name(), "version": "7.0.0", "gitVersion": "tributary"};

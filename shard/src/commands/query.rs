@@ -77,10 +77,10 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let filter_doc = ctx.opt_doc("filter")?.unwrap_or_default();
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
     let filter = Filter::parse_in(&filter_doc, &env)?.with_hint(ctx.cmd.get("hint"))?;
-    let projection = ctx
-        .opt_doc("projection")?
-        .filter(|p| !p.is_empty())
-        .map(|p| crate::query::find_projection(&p, &filter_doc))
+    let projection_doc = ctx.opt_doc("projection")?.filter(|p| !p.is_empty());
+    let projection = projection_doc
+        .as_ref()
+        .map(|p| crate::query::find_projection(p, &filter_doc))
         .transpose()?;
     let sort_doc = ctx.opt_doc("sort")?.filter(|s| !s.is_empty());
     let skip = non_negative(ctx, "skip")?.unwrap_or(0) as usize;
@@ -135,6 +135,9 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             min.as_ref(),
             max.as_ref(),
         )?;
+        if !return_key && !record_id {
+            crate::indexes::plan::cover(&mut plan, &filter_doc, projection_doc.as_ref());
+        }
         let output = Output {
             projection: projection.clone(),
             return_key: return_key.then(|| crate::query::key_fields(&plan.access)),

@@ -66,6 +66,8 @@ pub struct IndexScan {
     pub directions: Vec<(String, Direction)>,
     /// The index's key prefix (collection UUID ++ name ++ 0).
     pub prefix: Vec<u8>,
+    /// The entries' key values answer the query: no document is fetched (see [`cover`]).
+    pub covered: bool,
 }
 
 /// The chosen plan.
@@ -292,6 +294,85 @@ pub fn restrict_to_min_max(
     Ok(())
 }
 
+/// Marks an index scan covered when its entries alone answer the query: the index is neither
+/// multikey nor hashed, has no dotted field, every field the filter or the projection names is
+/// one of its fields, the projection is an inclusion that leaves `_id` out (unless the index
+/// holds it), and the filter pins each projected field to a non-null value (an index stores a
+/// missing field as null, so only then is the entry's value the document's).
+pub fn cover(plan: &mut Plan, filter: &Document, projection: Option<&Document>) {
+    let Access::Index(scan) = &mut plan.access else {
+        return;
+    };
+    let Some(projection) = projection.filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let fields: Vec<&str> = scan.directions.iter().map(|(f, _)| f.as_str()).collect();
+    if scan.multikey
+        || scan
+            .directions
+            .iter()
+            .any(|(f, d)| *d == Direction::Hashed || f.contains('.'))
+    {
+        return;
+    }
+    let included = |v: &Bson| {
+        pipeline::value::as_f64(v).is_some_and(|n| n != 0.0) || v == &Bson::Boolean(true)
+    };
+    let mut projected = Vec::new();
+    for (k, v) in projection {
+        match (k.as_str(), included(v)) {
+            ("_id", false) => {}
+            (f, true) if fields.contains(&f) => projected.push(f),
+            _ => return,
+        }
+    }
+    if !projection.contains_key("_id") && !fields.contains(&"_id") {
+        return;
+    }
+    if projected.is_empty() {
+        return;
+    }
+    // Every filter field is in the index (top level only; `$and` of such clauses too).
+    let mut names = Vec::new();
+    if !filter_fields(filter, &mut names) || names.iter().any(|n| !fields.contains(&n.as_str())) {
+        return;
+    }
+    let preds = predicates(filter);
+    let non_null = |f: &str| {
+        preds.iter().any(|(g, p)| {
+            g == f
+                && match p {
+                    FieldPred::Points(v) => {
+                        !v.iter().any(|x| matches!(x, Bson::Null | Bson::Undefined))
+                    }
+                    FieldPred::Range { .. } => true,
+                }
+        })
+    };
+    if projected.iter().all(|f| non_null(f)) {
+        scan.covered = true;
+    }
+}
+
+/// The field names a filter's clauses test; false when it holds operators beyond `$and`.
+fn filter_fields(filter: &Document, out: &mut Vec<String>) -> bool {
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and", Bson::Array(items)) => {
+                for item in items {
+                    match item {
+                        Bson::Document(d) if filter_fields(d, out) => {}
+                        _ => return false,
+                    }
+                }
+            }
+            (op, _) if op.starts_with('$') => return false,
+            (f, _) => out.push(f.to_string()),
+        }
+    }
+    true
+}
+
 fn is_id_pattern(p: &Document) -> bool {
     p.len() == 1 && p.contains_key("_id")
 }
@@ -366,6 +447,7 @@ fn index_plan(
             bounds: built.bounds,
             directions: fields.iter().map(|(f, d)| (f.to_string(), *d)).collect(),
             prefix: prefix.clone(),
+            covered: false,
         }),
         provides_sort,
     };
