@@ -218,8 +218,10 @@ impl RouterCursor {
                     ));
                 }
             };
+            // Nothing more now: the end, or a tailable shard cursor with nothing new yet (it
+            // stays open, and the client asks again).
             let Some(doc) = next else {
-                return Ok((out, true));
+                break;
             };
             bytes += doc.to_vec().map(|v| v.len()).unwrap_or(0);
             out.push(doc);

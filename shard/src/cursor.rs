@@ -49,6 +49,10 @@ pub struct ScanCursor {
     pub remaining: Option<usize>,
     /// Matches still to skip (only non-zero when the first batch was empty).
     pub skip: usize,
+    /// A tailable cursor (capped collections) stays open at the end, and with `await_data` a
+    /// getMore that finds nothing waits for a write.
+    pub tailable: bool,
+    pub await_data: bool,
 }
 
 pub struct Cursor {

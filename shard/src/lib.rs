@@ -18,6 +18,7 @@
 //! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
 //! clock starts above every high-water mark given out before.
 
+pub mod capped;
 pub mod catalog;
 pub mod changestream;
 pub mod clock;

@@ -133,14 +133,32 @@ pub fn plan(
         candidates.push(Candidate { index, multikey });
     }
     let prefix = crate::keys::collection_prefix(&coll.uuid);
-    Ok(crate::indexes::plan::choose(
+    let mut plan = crate::indexes::plan::choose(
         &prefix,
         &candidates,
         &filter.doc,
         sort,
         filter.hint.as_ref(),
         &|i| i.prefix(coll),
-    )?)
+    )?;
+    // A capped collection's scans run in insertion order, unless a sort asks otherwise.
+    if crate::capped::limits(coll).is_some()
+        && let Access::Documents {
+            bounded: false,
+            reverse,
+            ..
+        } = plan.access
+        && sort.is_none_or(|s| s.natural().is_some())
+    {
+        plan = Plan {
+            access: Access::Natural {
+                prefix: crate::capped::entries_prefix(coll),
+                reverse,
+            },
+            provides_sort: true,
+        };
+    }
+    Ok(plan)
 }
 
 /// What carrying out a plan examined.
@@ -209,6 +227,7 @@ pub fn run_plan(
     examined: &mut Examined,
     visit: &mut dyn FnMut(&[u8], Document) -> Scan,
 ) -> Result<(), StorageError> {
+    let natural;
     let (table, intervals, reverse, multikey) = match access {
         Access::IdPoint(id) => {
             let key = crate::keys::doc_key(&coll.uuid, id);
@@ -226,6 +245,10 @@ pub fn run_plan(
             intervals, reverse, ..
         } => (Table::Documents, intervals, *reverse, false),
         Access::Index(scan) => (Table::Indexes, &scan.intervals, scan.reverse, scan.multikey),
+        Access::Natural { prefix, reverse } => {
+            natural = vec![KeyRange::prefix(prefix)];
+            (Table::Indexes, &natural, *reverse, false)
+        }
     };
     let covered: Option<Vec<String>> = match access {
         Access::Index(scan) if scan.covered => {
@@ -447,7 +470,7 @@ fn record_id(doc: &Document) -> i64 {
 pub fn key_fields(access: &Access) -> Vec<String> {
     match access {
         Access::IdPoint(_) | Access::Documents { bounded: true, .. } => vec!["_id".to_string()],
-        Access::Documents { .. } => Vec::new(),
+        Access::Documents { .. } | Access::Natural { .. } => Vec::new(),
         Access::Index(scan) => scan.directions.iter().map(|(f, _)| f.clone()).collect(),
     }
 }

@@ -171,6 +171,17 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     }
     check_pre_and_post_images(&ctx.db, &options)?;
     crate::validation::check_options("create", &ctx.db, &coll, &options)?;
+    if options.get("capped").and_then(as_bool).unwrap_or(false) {
+        match options.get("size").and_then(pipeline::value::as_f64) {
+            Some(n) if n > 0.0 => {}
+            _ => {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    "the 'size' field is required when 'capped' is true",
+                ));
+            }
+        }
+    }
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         if let Some(existing) = lookup(w, &db, &coll) {

@@ -293,6 +293,10 @@ fn access_node(shape: &Shape, plan: Option<&Plan>) -> (Document, Option<Document
             doc! {"stage": "COLLSCAN", "filter": shape.filter_doc.clone(), "direction": if *reverse { "backward" } else { "forward" }},
             None,
         ),
+        Some(Access::Natural { reverse, .. }) => (
+            doc! {"stage": "COLLSCAN", "filter": shape.filter_doc.clone(), "direction": if *reverse { "backward" } else { "forward" }},
+            None,
+        ),
         None => (doc! {"stage": "EOF"}, None),
     }
 }
@@ -511,7 +515,10 @@ fn run(
         )
         .map_err(|e| MongoError::internal(format!("storage: {e}")));
         // A collection scan examines documents, not keys.
-        let collscan = matches!(chosen.access, Access::Documents { bounded: false, .. });
+        let collscan = matches!(
+            chosen.access,
+            Access::Documents { bounded: false, .. } | Access::Natural { .. }
+        );
         counts.keys_examined = if collscan { 0 } else { examined.keys };
         counts.docs_examined = examined.docs;
         done

@@ -111,7 +111,13 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         );
     }
     crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
-    if tailable {
+    let capped = ctx
+        .shard
+        .state()
+        .catalog()
+        .lookup(&ctx.db, &coll)
+        .is_some_and(|c| crate::capped::limits(c).is_some());
+    if tailable && !capped {
         return Err(MongoError::bad_value(format!(
             "error processing query: ns={ns} tailable cursor requested on non capped collection"
         )));
@@ -200,7 +206,8 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .map_err(storage_err)?;
         let remaining = limit.map(|l| l - page.docs.len());
         let first = project_all(page.docs, projection.as_ref())?;
-        let done = page.exhausted || remaining == Some(0) || single_batch;
+        // A tailable cursor outlives the end of its collection: it waits for more.
+        let done = page.exhausted && !tailable || remaining == Some(0) || single_batch;
         let id = match (done, page.last_key) {
             (false, after) => ctx.shard.cursors().insert(Cursor {
                 ns: ns.clone(),
@@ -213,6 +220,8 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                     after,
                     remaining,
                     skip: to_skip,
+                    tailable,
+                    await_data,
                 })),
                 last_used_ms: now,
             }),
@@ -365,6 +374,8 @@ fn next_scan_page(
         coll,
         access,
         seen,
+        tailable,
+        await_data: _,
         filter,
         projection,
         after,
@@ -385,6 +396,16 @@ fn next_scan_page(
         ));
     }
     let txn = state.storage.begin_read().map_err(storage_err)?;
+    if *tailable
+        && let Some(a) = after.as_deref()
+        && let Some((oldest, _)) = crate::capped::oldest(&*txn, coll).map_err(storage_err)?
+        && oldest.as_slice() > a
+    {
+        return Err(MongoError::new(
+            ErrorCode::CAPPED_POSITION_LOST,
+            "CollectionScan died due to position in capped collection being deleted.",
+        ));
+    }
     let max_docs = match (batch_size, *remaining) {
         (Some(b), Some(r)) => b.min(r),
         (Some(b), None) => b,
@@ -409,7 +430,7 @@ fn next_scan_page(
     if page.last_key.is_some() {
         *after = page.last_key;
     }
-    let alive = !page.exhausted && *remaining != Some(0);
+    let alive = (!page.exhausted || *tailable) && *remaining != Some(0);
     Ok((project_all(page.docs, projection)?, alive))
 }
 
@@ -639,7 +660,21 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let alive = !rest.is_empty();
             (b, alive)
         }
-        CursorSource::Scan(cur) => next_scan_page(ctx, cur, batch_size)?,
+        CursorSource::Scan(cur) => {
+            let mut rx = ctx.shard.state().tail.subscribe();
+            rx.borrow_and_update();
+            let (batch, alive) = next_scan_page(ctx, cur, batch_size)?;
+            if batch.is_empty() && alive && cur.await_data {
+                // awaitData: wait for a write (or maxTimeMS), then look once more.
+                let wait =
+                    Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
+                let _ =
+                    tokio::time::timeout(wait.min(Duration::from_secs(86_400)), rx.changed()).await;
+                next_scan_page(ctx, cur, batch_size)?
+            } else {
+                (batch, alive)
+            }
+        }
         CursorSource::OplogTail {
             filter,
             last,

@@ -106,7 +106,9 @@ fn check(txn: &dyn ReadTxn, coll: &CollectionEntry) -> Result<Report, MongoError
         false,
         &mut |k, _| {
             // Multikey markers are not entries.
-            if let Some(name) = indexes::index_of_entry(coll, k) {
+            if let Some(name) = indexes::index_of_entry(coll, k)
+                && name != crate::capped::NATURAL
+            {
                 found.push(name.to_string());
             }
             Scan::Continue

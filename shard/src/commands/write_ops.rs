@@ -295,12 +295,17 @@ pub fn insert_one(
     ctx.put_doc(coll, &doc)?;
     crate::indexes::add(ctx.txn_mut(), coll, &doc)?;
     let key = coll.document_key(&doc);
-    logged(
+    let capped = crate::capped::limits(coll).is_some().then(|| doc.clone());
+    let ts = logged(
         ctx,
         EntrySpec::insert(coll.ns(), coll.uuid, doc, key),
         &mut retry,
         stmt,
-    )
+    )?;
+    if let Some(doc) = capped {
+        crate::capped::inserted(ctx, coll, &doc)?;
+    }
+    Ok(ts)
 }
 
 /// Deletes one document (given whole, as found).
@@ -315,6 +320,7 @@ pub fn delete_one(
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
     ctx.delete_doc(coll, &id)?;
     crate::indexes::remove(ctx.txn_mut(), coll, doc)?;
+    crate::capped::deleted(ctx, coll, doc)?;
     let key = coll.document_key(doc);
     logged(
         ctx,

@@ -48,6 +48,8 @@ pub enum Access {
     },
     /// A secondary index's entries within `intervals` (absolute storage keys).
     Index(IndexScan),
+    /// A capped collection in insertion order (`capped`'s natural entries under `prefix`).
+    Natural { prefix: Vec<u8>, reverse: bool },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -256,7 +258,7 @@ pub fn restrict_to_min_max(
             coll_prefix.to_vec(),
             vec![("_id".to_string(), Direction::Ascending)],
         ),
-        Access::IdPoint(_) => return Err(no_hint()),
+        Access::IdPoint(_) | Access::Natural { .. } => return Err(no_hint()),
     };
     let key = |d: &Document| -> Result<Vec<u8>, MongoError> {
         let consistent = d.len() <= fields.len() && d.keys().zip(&fields).all(|(k, (f, _))| k == f);
@@ -289,7 +291,7 @@ pub fn restrict_to_min_max(
             *intervals = vec![range];
             *bounded = true;
         }
-        Access::IdPoint(_) => {}
+        Access::IdPoint(_) | Access::Natural { .. } => {}
     }
     Ok(())
 }
