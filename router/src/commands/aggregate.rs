@@ -34,7 +34,7 @@ use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::local_sessions::Which;
 
 /// The command fields a shard read inherits: session, transaction, snapshot, variables.
-const INHERITED: &[&str] = &[
+pub(super) const INHERITED: &[&str] = &[
     "lsid",
     "txnNumber",
     "autocommit",

@@ -14,17 +14,9 @@ use wire::{MongoError, Result};
 
 use super::{Body, Ctx};
 
-/// Fields of the original command the aggregation keeps.
-const CARRIED: [&str; 8] = [
-    "lsid",
-    "txnNumber",
-    "autocommit",
-    "startTransaction",
-    "readConcern",
-    "let",
-    "maxTimeMS",
-    "comment",
-];
+/// Fields of the original command the aggregation keeps beyond what every shard read
+/// inherits (`aggregate::INHERITED`).
+const CARRIED: [&str; 2] = ["maxTimeMS", "comment"];
 
 /// Runs `ctx`'s read (which met a view) over the view's `source` with `view_pipeline` first.
 pub(super) async fn run(
@@ -107,7 +99,7 @@ pub(super) async fn run(
         }
     }
     let mut agg = doc! {"aggregate": &source, "pipeline": stages, "cursor": cursor};
-    for f in CARRIED {
+    for &f in super::aggregate::INHERITED.iter().chain(&CARRIED) {
         if let Some(v) = ctx.cmd.get(f) {
             agg.insert(f, v.clone());
         }
