@@ -1205,18 +1205,7 @@ fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool
         }
         AccState::Best(best) => {
             if let Some(x) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined)) {
-                let replace = match best {
-                    None => true,
-                    Some(b) => {
-                        let o = compare(&x, b);
-                        if kind == AccKind::Min {
-                            o.is_lt()
-                        } else {
-                            o.is_gt()
-                        }
-                    }
-                };
-                if replace {
+                if beats(kind == AccKind::Min, &x, best.as_ref()) {
                     *best = Some(x);
                 }
             }
@@ -1279,5 +1268,16 @@ fn finish(st: AccState) -> Bson {
     }
 }
 
+/// Whether `x` replaces the current `$min` (`min`) or `$max` value `best` (shared by `$group`
+/// and window functions).
+fn beats(min: bool, x: &Bson, best: Option<&Bson>) -> bool {
+    best.is_none_or(|b| {
+        let o = compare(x, b);
+        if min { o.is_lt() } else { o.is_gt() }
+    })
+}
+
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 mod tests;

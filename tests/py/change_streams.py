@@ -8,13 +8,16 @@ killed; and restarts with startAfter from an invalidate after a drop. Each check
 the last line is "N passed, N failed" and the exit status is non-zero if any check failed.
 """
 
+import os
 import sys
 import time
-import traceback
 import uuid
 
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from checks import run_checks, uri_from_argv  # noqa: E402
 
 WAIT_S = 15
 
@@ -156,22 +159,8 @@ CHECKS = [
 
 
 def main(uri):
-    client = MongoClient(uri, serverSelectionTimeoutMS=10_000)
-    client.admin.command("ping")
-    passed = failed = 0
-    for check in CHECKS:
-        try:
-            check(client)
-            passed += 1
-            print("ok    %s" % check.__name__)
-        except Exception:  # noqa: BLE001 - each check is reported on its own
-            failed += 1
-            print("FAIL  %s" % check.__name__)
-            traceback.print_exc()
-    client.close()
-    print("%d passed, %d failed: pymongo change streams" % (passed, failed))
-    return 1 if failed else 0
+    return run_checks(uri, CHECKS, "pymongo change streams")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mongodb://127.0.0.1:27017/"))
+    sys.exit(main(uri_from_argv()))

@@ -14,15 +14,18 @@ The copy must then equal the source, document for document. The last line is
 "N passed, N failed" and the exit status is non-zero if the check failed.
 """
 
+import os
 import random
 import sys
 import threading
 import time
-import traceback
 import uuid
 
 import bson
 from pymongo import MongoClient
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from checks import run_checks, uri_from_argv  # noqa: E402
 
 CHUNK = 97
 WAIT_S = 30
@@ -206,22 +209,8 @@ CHECKS = [check_snapshot_then_stream_matches_the_source]
 def main(uri):
     global URI
     URI = uri
-    client = MongoClient(uri, serverSelectionTimeoutMS=10_000)
-    client.admin.command("ping")
-    passed = failed = 0
-    for check in CHECKS:
-        try:
-            check(client)
-            passed += 1
-            print("ok    %s" % check.__name__)
-        except Exception:  # noqa: BLE001 - each check is reported on its own
-            failed += 1
-            print("FAIL  %s" % check.__name__)
-            traceback.print_exc()
-    client.close()
-    print("%d passed, %d failed: snapshot connector" % (passed, failed))
-    return 1 if failed else 0
+    return run_checks(uri, CHECKS, "snapshot connector")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mongodb://127.0.0.1:27017/"))
+    sys.exit(main(uri_from_argv()))

@@ -9,13 +9,16 @@ two transactions is labelled TransientTransactionError. Each check runs on its o
 is "N passed, N failed" and the exit status is non-zero if any check failed.
 """
 
+import os
 import sys
 import time
-import traceback
 import uuid
 
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from checks import run_checks, uri_from_argv  # noqa: E402
 
 WAIT_S = 15
 
@@ -114,22 +117,8 @@ CHECKS = [
 
 
 def main(uri):
-    client = MongoClient(uri, serverSelectionTimeoutMS=10_000)
-    client.admin.command("ping")
-    passed = failed = 0
-    for check in CHECKS:
-        try:
-            check(client)
-            passed += 1
-            print("ok    %s" % check.__name__)
-        except Exception:  # noqa: BLE001 - each check is reported on its own
-            failed += 1
-            print("FAIL  %s" % check.__name__)
-            traceback.print_exc()
-    client.close()
-    print("%d passed, %d failed: pymongo transactions" % (passed, failed))
-    return 1 if failed else 0
+    return run_checks(uri, CHECKS, "pymongo transactions")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "mongodb://127.0.0.1:27017/"))
+    sys.exit(main(uri_from_argv()))

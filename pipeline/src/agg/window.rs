@@ -1127,15 +1127,7 @@ impl State {
                     .as_ref()
                     .filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
                 {
-                    let replace = best.as_ref().is_none_or(|b| {
-                        let o = compare(x, b);
-                        if kind == AccKind::Min {
-                            o.is_lt()
-                        } else {
-                            o.is_gt()
-                        }
-                    });
-                    if replace {
+                    if super::beats(kind == AccKind::Min, x, best.as_ref()) {
                         *best = Some(x.clone());
                     }
                 }

@@ -2,28 +2,7 @@
 
 use bson::{Bson, Document, doc};
 
-use crate::agg::Pipeline;
-
-fn run(stage: Document, input: Vec<Document>) -> Vec<Document> {
-    Pipeline::parse(std::slice::from_ref(&stage))
-        .unwrap_or_else(|e| panic!("{stage}: {e}"))
-        .run(input)
-        .unwrap_or_else(|e| panic!("{stage}: {e}"))
-}
-
-fn parse_code(stage: Document) -> i32 {
-    match Pipeline::parse(std::slice::from_ref(&stage)) {
-        Ok(_) => panic!("{stage} parsed"),
-        Err(e) => e.code,
-    }
-}
-
-fn run_code(stage: Document, input: Vec<Document>) -> i32 {
-    match Pipeline::parse(std::slice::from_ref(&stage)).map(|p| p.run(input)) {
-        Ok(Err(e)) => e.code,
-        other => panic!("{stage}: expected a runtime error, got {other:?}"),
-    }
-}
+use crate::agg::test_support::{parse_code, run, run_code};
 
 /// MongoDB's `$densify` documentation example: coffee scores by altitude.
 fn coffee() -> Vec<Document> {
