@@ -1204,10 +1204,10 @@ fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool
             }
         }
         AccState::Best(best) => {
-            if let Some(x) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined)) {
-                if beats(kind == AccKind::Min, &x, best.as_ref()) {
-                    *best = Some(x);
-                }
+            if let Some(x) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
+                && beats(kind == AccKind::Min, &x, best.as_ref())
+            {
+                *best = Some(x);
             }
         }
         AccState::First(first) => {

@@ -1126,10 +1126,9 @@ impl State {
                 if let Some(x) = v
                     .as_ref()
                     .filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
+                    && super::beats(kind == AccKind::Min, x, best.as_ref())
                 {
-                    if super::beats(kind == AccKind::Min, x, best.as_ref()) {
-                        *best = Some(x.clone());
-                    }
+                    *best = Some(x.clone());
                 }
             }
             State::Push(items) => {
