@@ -1108,18 +1108,7 @@ fn parse_accumulators(d: &Document, vars: &[String]) -> Result<Vec<(String, AccK
                 format!("The {op} accumulator is a unary operator"),
             ));
         }
-        let e = if kind == AccKind::Count {
-            match operand {
-                Bson::Document(c) if c.is_empty() => Expr::literal(Bson::Int32(1)),
-                _ => {
-                    return Err(MongoError::type_mismatch(
-                        "$count takes no arguments, i.e. $count:{}",
-                    ));
-                }
-            }
-        } else {
-            Expr::parse_with_vars(operand, vars)?
-        };
+        let e = accumulator_input(kind == AccKind::Count, operand, vars)?;
         accumulators.push((k.clone(), kind, e));
     }
     Ok(accumulators)
@@ -1265,6 +1254,20 @@ fn finish(st: AccState) -> Bson {
         AccState::First(v) | AccState::Last(v) => v.unwrap_or(Bson::Null),
         AccState::Push(items) | AccState::Set(items, _) => Bson::Array(items),
         AccState::Merge(d) => Bson::Document(d),
+    }
+}
+
+/// What an accumulator adds up: its operand, or 1 per document for `$count: {}` (which takes
+/// no arguments). Shared by `$group` and window functions.
+fn accumulator_input(count: bool, operand: &Bson, vars: &[String]) -> Result<Expr> {
+    if !count {
+        return Expr::parse_with_vars(operand, vars);
+    }
+    match operand {
+        Bson::Document(c) if c.is_empty() => Ok(Expr::literal(Bson::Int32(1))),
+        _ => Err(MongoError::type_mismatch(
+            "$count takes no arguments, i.e. $count:{}",
+        )),
     }
 }
 

@@ -415,18 +415,7 @@ pub(super) fn parse_function(
             Some(w) => parse_bounds(w, sort_by)?,
             None => Bounds::whole(),
         };
-        let input = if name == "$count" {
-            match operand {
-                Bson::Document(c) if c.is_empty() => Expr::literal(Bson::Int32(1)),
-                _ => {
-                    return Err(MongoError::type_mismatch(
-                        "$count takes no arguments, i.e. $count:{}",
-                    ));
-                }
-            }
-        } else {
-            Expr::parse_with_vars(operand, vars)?
-        };
+        let input = super::accumulator_input(name == "$count", operand, vars)?;
         return Ok(Func::Acc {
             kind,
             input,
