@@ -33,6 +33,7 @@ use crate::expr::{self, Env, Expr};
 use crate::matcher::Matcher;
 use crate::projection::{Projection, Syntax};
 use crate::sort::SortSpec;
+use crate::collation::Collation;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
@@ -590,7 +591,7 @@ impl Stage {
             }
             Stage::Sort(spec) => {
                 let mut docs = docs;
-                spec.sort(&mut docs);
+                spec.sort_in(&mut docs, env.collation.as_ref());
                 docs
             }
             Stage::Limit(n) => docs
@@ -980,8 +981,18 @@ impl Unwind {
     }
 }
 
-/// A BSON value ordered by MongoDB's comparison, for grouping.
+/// A BSON value ordered by MongoDB's comparison, for grouping. Under a collation the value is
+/// folded first ([`Collation::fold`]), so strings equal under it share a key.
 struct GroupKey(Bson);
+
+impl GroupKey {
+    fn new(v: Bson, collation: Option<&Collation>) -> GroupKey {
+        match collation {
+            Some(c) if crate::collation::has_string(&v) => GroupKey(c.fold(&v)),
+            _ => GroupKey(v),
+        }
+    }
+}
 
 impl PartialEq for GroupKey {
     fn eq(&self, other: &Self) -> bool {
@@ -1147,12 +1158,13 @@ impl Group {
         let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
         for d in &docs {
             let key = key_of(self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null))?;
-            let gi = match index.get(&GroupKey(key.clone())) {
+            let group_key = GroupKey::new(key.clone(), env.collation.as_ref());
+            let gi = match index.get(&group_key) {
                 Some(i) => *i,
                 None => {
-                    groups.push((key.clone(), self.init(), false));
+                    groups.push((key, self.init(), false));
                     let i = groups.len() - 1;
-                    index.insert(GroupKey(key), i);
+                    index.insert(group_key, i);
                     i
                 }
             };
@@ -1163,7 +1175,7 @@ impl Group {
             *seen = true;
             for ((_, kind, e), st) in self.accumulators.iter().zip(states.iter_mut()) {
                 let v = e.evaluate_in(d, env)?;
-                accumulate(*kind, st, v, first_doc)?;
+                accumulate(*kind, st, v, first_doc, env)?;
             }
         }
         Ok(groups
@@ -1179,7 +1191,13 @@ impl Group {
     }
 }
 
-fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool) -> Result<()> {
+fn accumulate(
+    kind: AccKind,
+    st: &mut AccState,
+    v: Option<Bson>,
+    first_doc: bool,
+    env: &Env,
+) -> Result<()> {
     match st {
         AccState::Sum(acc) => {
             if let Some(n) = v.as_ref().filter(|n| value::is_number(n)) {
@@ -1194,7 +1212,7 @@ fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool
         }
         AccState::Best(best) => {
             if let Some(x) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
-                && beats(kind == AccKind::Min, &x, best.as_ref())
+                && beats(kind == AccKind::Min, &x, best.as_ref(), env)
             {
                 *best = Some(x);
             }
@@ -1212,7 +1230,9 @@ fn accumulate(kind: AccKind, st: &mut AccState, v: Option<Bson>, first_doc: bool
         }
         AccState::Set(items, seen) => {
             if let Some(x) = v
-                && seen.insert(GroupKey(x.clone()), ()).is_none()
+                && seen
+                    .insert(GroupKey::new(x.clone(), env.collation.as_ref()), ())
+                    .is_none()
             {
                 items.push(x);
             }
@@ -1272,10 +1292,10 @@ fn accumulator_input(count: bool, operand: &Bson, vars: &[String]) -> Result<Exp
 }
 
 /// Whether `x` replaces the current `$min` (`min`) or `$max` value `best` (shared by `$group`
-/// and window functions).
-fn beats(min: bool, x: &Bson, best: Option<&Bson>) -> bool {
+/// and window functions), under the environment's collation.
+fn beats(min: bool, x: &Bson, best: Option<&Bson>, env: &Env) -> bool {
     best.is_none_or(|b| {
-        let o = compare(x, b);
+        let o = env.compare(x, b);
         if min { o.is_lt() } else { o.is_gt() }
     })
 }

@@ -24,7 +24,8 @@ use std::collections::BTreeSet;
 use bson::{Bson, Document};
 use wire::ErrorCode;
 
-use crate::value::{self, compare, truthy, type_name};
+use crate::collation::Collation;
+use crate::value::{self, truthy, type_name};
 
 mod size;
 use crate::{MongoError, Result};
@@ -45,6 +46,8 @@ pub struct Env {
     pub vars: Vec<(String, Bson)>,
     /// The other collections' documents `$lookup`, `$unionWith` and `$graphLookup` read.
     pub foreign: Option<std::sync::Arc<crate::agg::lookup::Foreign>>,
+    /// The command's collation (`None`: simple), which every comparison of strings uses.
+    pub collation: Option<Collation>,
 }
 
 impl Env {
@@ -54,8 +57,7 @@ impl Env {
     pub fn with_let(now: Option<bson::DateTime>, spec: Option<&Document>) -> Result<Env> {
         let mut env = Env {
             now,
-            vars: Vec::new(),
-            foreign: None,
+            ..Env::default()
         };
         let Some(spec) = spec else {
             return Ok(env);
@@ -71,16 +73,43 @@ impl Env {
         Ok(env)
     }
 
-    /// The environment of a command's `let` field (a document of variables; absent: none).
+    /// The environment of a command's `let` field (a document of variables; absent: none)
+    /// and `collation` (absent: simple, which a collection's default may then replace).
     pub fn from_command(cmd: &Document) -> Result<Env> {
-        match cmd.get("let") {
+        let collation = cmd.get("collation").map(Collation::parse).transpose()?.flatten();
+        let env = match cmd.get("let") {
             None => Ok(Env::default()),
             Some(Bson::Document(spec)) => Env::with_let(None, Some(spec)),
             Some(other) => Err(MongoError::type_mismatch(format!(
                 "BSON field 'let' is the wrong type '{}', expected type 'object'",
                 type_name(other)
             ))),
-        }
+        };
+        env.map(|env| Env { collation, ..env })
+    }
+
+    /// The environment under `doc`'s `collation` (a command's, or one write statement's), or
+    /// the collection's `default` when `doc` has none; an explicit `{locale: "simple"}` is
+    /// the simple collation whatever the default.
+    pub fn with_collation_of(&self, doc: &Document, default: Option<&Collation>) -> Result<Env> {
+        let collation = match doc.get("collation") {
+            Some(v) => Collation::parse(v)?,
+            None => default.cloned(),
+        };
+        Ok(Env {
+            collation,
+            ..self.clone()
+        })
+    }
+
+    /// MongoDB's order under this environment's collation.
+    pub fn compare(&self, a: &Bson, b: &Bson) -> std::cmp::Ordering {
+        value::compare_in(a, b, self.collation.as_ref())
+    }
+
+    /// MongoDB's equality under this environment's collation.
+    pub fn equal(&self, a: &Bson, b: &Bson) -> bool {
+        self.compare(a, b).is_eq()
     }
 
     /// The user variables' names, to parse expressions that use them.
@@ -1757,7 +1786,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
             for a in args {
                 vals.push(eval(a, cx)?);
             }
-            call(*op, vals)?
+            call(*op, vals, cx.env)?
         }
     })
 }
@@ -1766,8 +1795,8 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
 // Operators on evaluated arguments
 // ---------------------------------------------------------------------------------------------
 
-fn cmp_missing(a: &Option<Bson>, b: &Option<Bson>) -> std::cmp::Ordering {
-    compare(
+fn cmp_missing(a: &Option<Bson>, b: &Option<Bson>, env: &Env) -> std::cmp::Ordering {
+    env.compare(
         a.as_ref().unwrap_or(&Bson::Undefined),
         b.as_ref().unwrap_or(&Bson::Undefined),
     )
@@ -2063,13 +2092,13 @@ fn convert(v: &Bson, target: i32) -> Result<Bson> {
     })
 }
 
-fn set_of(op: &str, v: Option<Bson>, code: i32) -> Result<Option<Vec<Bson>>> {
+fn set_of(op: &str, v: Option<Bson>, code: i32, env: &Env) -> Result<Option<Vec<Bson>>> {
     match v {
         None | Some(Bson::Null) | Some(Bson::Undefined) => Ok(None),
         Some(Bson::Array(a)) => {
             let mut out: Vec<Bson> = Vec::new();
             for e in a {
-                if !out.iter().any(|x| value::equal(x, &e)) {
+                if !out.iter().any(|x| env.equal(x, &e)) {
                     out.push(e);
                 }
             }
@@ -2085,7 +2114,7 @@ fn set_of(op: &str, v: Option<Bson>, code: i32) -> Result<Option<Vec<Bson>>> {
     }
 }
 
-fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
+fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
     use std::cmp::Ordering;
     let arg = |a: &Vec<Option<Bson>>, i: usize| a.get(i).cloned().flatten();
     Ok(match op {
@@ -2409,7 +2438,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             }
         }
         Op::Eq | Op::Ne | Op::Gt | Op::Gte | Op::Lt | Op::Lte => {
-            let o = cmp_missing(&arg(&a, 0), &arg(&a, 1));
+            let o = cmp_missing(&arg(&a, 0), &arg(&a, 1), env);
             Some(Bson::Boolean(match op {
                 Op::Eq => o == Ordering::Equal,
                 Op::Ne => o != Ordering::Equal,
@@ -2419,7 +2448,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                 _ => o != Ordering::Greater,
             }))
         }
-        Op::Cmp => Some(Bson::Int32(match cmp_missing(&arg(&a, 0), &arg(&a, 1)) {
+        Op::Cmp => Some(Bson::Int32(match cmp_missing(&arg(&a, 0), &arg(&a, 1), env) {
             Ordering::Less => -1,
             Ordering::Equal => 0,
             Ordering::Greater => 1,
@@ -2722,7 +2751,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                 40081,
                 " requires an array as a second argument, found: ",
             )?;
-            Some(Bson::Boolean(arr.iter().any(|e| value::equal(e, &x))))
+            Some(Bson::Boolean(arr.iter().any(|e| env.equal(e, &x))))
         }
         Op::IsArray => Some(Bson::Boolean(matches!(arg(&a, 0), Some(Bson::Array(_))))),
         Op::ConcatArrays => {
@@ -2842,7 +2871,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             }
             .min(arr.len());
             let found =
-                (start..end).find(|i| arr.get(*i).is_some_and(|e| value::equal(e, &needle)));
+                (start..end).find(|i| arr.get(*i).is_some_and(|e| env.equal(e, &needle)));
             Some(int_result(
                 found.and_then(|i| i64::try_from(i).ok()).unwrap_or(-1),
             ))
@@ -3021,7 +3050,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                         let replace = match &best {
                             None => true,
                             Some(b) => {
-                                let o = compare(&v, b);
+                                let o = env.compare(&v, b);
                                 if op == Op::Min { o.is_lt() } else { o.is_gt() }
                             }
                         };
@@ -3042,7 +3071,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             let code = if op == Op::SetUnion { 17043 } else { 17047 };
             let mut acc: Option<Vec<Bson>> = None;
             for v in a {
-                let Some(s) = set_of(name, v, code)? else {
+                let Some(s) = set_of(name, v, code, env)? else {
                     return Ok(Some(Bson::Null));
                 };
                 acc = Some(match acc {
@@ -3050,30 +3079,30 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                     Some(mut cur) => {
                         if op == Op::SetUnion {
                             for e in s {
-                                if !cur.iter().any(|x| value::equal(x, &e)) {
+                                if !cur.iter().any(|x| env.equal(x, &e)) {
                                     cur.push(e);
                                 }
                             }
                             cur
                         } else {
-                            cur.retain(|x| s.iter().any(|e| value::equal(x, e)));
+                            cur.retain(|x| s.iter().any(|e| env.equal(x, e)));
                             cur
                         }
                     }
                 });
             }
             let mut out = acc.unwrap_or_default();
-            out.sort_by(compare);
+            out.sort_by(|x, y| env.compare(x, y));
             Some(Bson::Array(out))
         }
         Op::SetDifference => {
             let mut it = a.into_iter();
-            let x = set_of("$setDifference", it.next().flatten(), 17048)?;
-            let y = set_of("$setDifference", it.next().flatten(), 17049)?;
+            let x = set_of("$setDifference", it.next().flatten(), 17048, env)?;
+            let y = set_of("$setDifference", it.next().flatten(), 17049, env)?;
             match (x, y) {
                 (Some(x), Some(y)) => Some(Bson::Array(
                     x.into_iter()
-                        .filter(|e| !y.iter().any(|f| value::equal(e, f)))
+                        .filter(|e| !y.iter().any(|f| env.equal(e, f)))
                         .collect(),
                 )),
                 _ => Some(Bson::Null),
@@ -3087,7 +3116,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
             };
             let mut sets = Vec::new();
             for v in a {
-                match set_of(name, v.clone(), 17044)? {
+                match set_of(name, v.clone(), 17044, env)? {
                     Some(s) => sets.push(s),
                     None => {
                         return Err(err(
@@ -3101,7 +3130,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>) -> Result<Option<Bson>> {
                 }
             }
             let subset = |x: &Vec<Bson>, y: &Vec<Bson>| {
-                x.iter().all(|e| y.iter().any(|f| value::equal(e, f)))
+                x.iter().all(|e| y.iter().any(|f| env.equal(e, f)))
             };
             let r = match sets.as_slice() {
                 [first, rest @ ..] if op == Op::SetEquals => {

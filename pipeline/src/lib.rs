@@ -11,6 +11,7 @@
 
 pub mod agg;
 pub mod changestream;
+pub mod collation;
 pub mod expr;
 pub mod matcher;
 pub mod projection;

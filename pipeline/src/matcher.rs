@@ -30,7 +30,7 @@ use bson::{Bson, Document};
 use wire::ErrorCode;
 
 use crate::expr::{Env, Expr};
-use crate::value::{self, compare, equal};
+use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
 /// A parsed filter.
@@ -861,7 +861,7 @@ fn pred_array_whole(pred: &Pred, whole: &Bson, env: &Env) -> Result<bool> {
         }
         Pred::In { values, .. } => values
             .iter()
-            .any(|x| matches!(x, Bson::Array(_)) && equal(whole, x)),
+            .any(|x| matches!(x, Bson::Array(_)) && env.equal(whole, x)),
         Pred::Type { codes, .. } => codes.contains(&4),
         _ => false,
     })
@@ -883,13 +883,13 @@ fn pred_single(pred: &Pred, v: &Bson, env: &Env) -> Result<bool> {
         Pred::In { values, .. } if nullish && values.iter().any(|x| matches!(x, Bson::Null)) => {
             true
         }
-        Pred::Eq(x) => equal(v, x),
-        Pred::Lt(x) => ordered(v, x, |o| o.is_lt()),
-        Pred::Lte(x) => ordered(v, x, |o| o.is_le()),
-        Pred::Gt(x) => ordered(v, x, |o| o.is_gt()),
-        Pred::Gte(x) => ordered(v, x, |o| o.is_ge()),
+        Pred::Eq(x) => env.equal(v, x),
+        Pred::Lt(x) => ordered(v, x, env, |o| o.is_lt()),
+        Pred::Lte(x) => ordered(v, x, env, |o| o.is_le()),
+        Pred::Gt(x) => ordered(v, x, env, |o| o.is_gt()),
+        Pred::Gte(x) => ordered(v, x, env, |o| o.is_ge()),
         Pred::In { values, regexes } => {
-            values.iter().any(|x| equal(v, x)) || regexes.iter().any(|r| r.matches_value(v))
+            values.iter().any(|x| env.equal(v, x)) || regexes.iter().any(|r| r.matches_value(v))
         }
         Pred::Exists => true,
         Pred::Type { codes, number } => {
@@ -958,7 +958,8 @@ fn pred_single(pred: &Pred, v: &Bson, env: &Env) -> Result<bool> {
 
 /// An ordering comparison under type bracketing: only values of the same canonical type
 /// compare, except that `MinKey`/`MaxKey` bound everything; NaN is only `<=`/`>=` NaN.
-fn ordered(v: &Bson, rhs: &Bson, accept: fn(std::cmp::Ordering) -> bool) -> bool {
+/// Strings compare under the command's collation.
+fn ordered(v: &Bson, rhs: &Bson, env: &Env, accept: fn(std::cmp::Ordering) -> bool) -> bool {
     let (tv, tr) = (value::canonical_type(v), value::canonical_type(rhs));
     if tv != tr {
         return match rhs {
@@ -971,7 +972,7 @@ fn ordered(v: &Bson, rhs: &Bson, accept: fn(std::cmp::Ordering) -> bool) -> bool
     if v_nan || r_nan {
         return v_nan && r_nan && accept(std::cmp::Ordering::Equal);
     }
-    accept(compare(v, rhs))
+    accept(env.compare(v, rhs))
 }
 
 #[cfg(test)]

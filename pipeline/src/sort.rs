@@ -1,12 +1,13 @@
 //! Sort specifications (`{a: 1, b: -1}`) and the comparator they define.
 //!
-//! Semantics (MongoDB 7.0, no collation):
+//! Semantics (MongoDB 7.0):
 //! * Each key's value is found with implicit array traversal (`a.b` over an array of documents
 //!   reaches every `b`); a missing value sorts as `null`.
 //! * When a key reaches an array (or several values), an ascending sort uses the smallest
 //!   element and a descending sort the largest; an empty array sorts as `undefined`, just
 //!   below `null`.
-//! * Values compare with [`crate::value::compare`]; keys compare left to right.
+//! * Values compare with [`crate::value::compare_in`] under the sort's collation (none: simple);
+//!   keys compare left to right.
 //!
 //! Invariant: `compare(a, b) == compare_keys(sort_key(a), sort_key(b))`, so the router can
 //! merge shard results by their extracted sort keys.
@@ -15,7 +16,8 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
-use crate::value::{self, compare};
+use crate::collation::Collation;
+use crate::value::{self, compare_in};
 use crate::{MongoError, Result};
 
 /// A parsed sort specification.
@@ -24,6 +26,8 @@ pub struct SortSpec {
     keys: Vec<SortKeyPart>,
     /// `{$natural: 1 | -1}`: storage order (`Some(true)`) or its reverse; no key comparisons.
     natural: Option<bool>,
+    /// The collation strings compare by (`None`: simple).
+    collation: Option<Collation>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +62,7 @@ impl SortSpec {
                 return Ok(SortSpec {
                     keys: Vec::new(),
                     natural: Some(natural),
+                    collation: None,
                 });
             }
             if k.starts_with('$') {
@@ -88,6 +93,7 @@ impl SortSpec {
         Ok(SortSpec {
             keys,
             natural: None,
+            collation: None,
         })
     }
 
@@ -107,11 +113,23 @@ impl SortSpec {
         self.keys.iter().map(|k| (k.path.as_str(), k.ascending))
     }
 
+    /// The specification comparing strings by `collation` (`None`: simple).
+    pub fn with_collation(mut self, collation: Option<Collation>) -> SortSpec {
+        self.collation = collation;
+        self
+    }
+
+    /// The collation strings compare by.
+    pub fn collation(&self) -> Option<&Collation> {
+        self.collation.as_ref()
+    }
+
     /// Compares two documents under this specification.
     pub fn compare(&self, a: &Document, b: &Document) -> Ordering {
+        let collation = self.collation.as_ref();
         for k in &self.keys {
-            let (x, y) = (key_value(a, k), key_value(b, k));
-            let o = compare(&x, &y);
+            let (x, y) = (key_value(a, k, collation), key_value(b, k, collation));
+            let o = compare_in(&x, &y, collation);
             let o = if k.ascending { o } else { o.reverse() };
             if o != Ordering::Equal {
                 return o;
@@ -122,19 +140,33 @@ impl SortSpec {
 
     /// The document's sort key: one value per key, chosen as the comparator chooses it.
     pub fn sort_key(&self, doc: &Document) -> Vec<Bson> {
-        self.keys.iter().map(|k| key_value(doc, k)).collect()
+        let collation = self.collation.as_ref();
+        self.keys
+            .iter()
+            .map(|k| key_value(doc, k, collation))
+            .collect()
     }
 
     /// Compares two sort keys produced by [`SortSpec::sort_key`].
     pub fn compare_keys(&self, a: &[Bson], b: &[Bson]) -> Ordering {
         for ((k, x), y) in self.keys.iter().zip(a).zip(b) {
-            let o = compare(x, y);
+            let o = compare_in(x, y, self.collation.as_ref());
             let o = if k.ascending { o } else { o.reverse() };
             if o != Ordering::Equal {
                 return o;
             }
         }
         a.len().cmp(&b.len())
+    }
+
+    /// Sorts documents in place under `collation` rather than the specification's own (an
+    /// aggregation's `$sort` takes the command's).
+    pub fn sort_in(&self, docs: &mut [Document], collation: Option<&Collation>) {
+        if self.collation.as_ref() == collation {
+            self.sort(docs);
+        } else {
+            self.clone().with_collation(collation.cloned()).sort(docs);
+        }
     }
 
     /// Sorts documents in place (stable: equal documents keep their input order).
@@ -167,7 +199,7 @@ fn bad_order() -> MongoError {
 }
 
 /// The value a key sorts a document by.
-fn key_value(doc: &Document, k: &SortKeyPart) -> Bson {
+fn key_value(doc: &Document, k: &SortKeyPart, collation: Option<&Collation>) -> Bson {
     let parts: Vec<&str> = k.path.split('.').collect();
     let mut reached = Vec::new();
     if let Some((first, rest)) = parts.split_first() {
@@ -185,9 +217,13 @@ fn key_value(doc: &Document, k: &SortKeyPart) -> Bson {
         return Bson::Undefined;
     }
     let pick = if k.ascending {
-        candidates.into_iter().min_by(|a, b| compare(a, b))
+        candidates
+            .into_iter()
+            .min_by(|a, b| compare_in(a, b, collation))
     } else {
-        candidates.into_iter().max_by(|a, b| compare(a, b))
+        candidates
+            .into_iter()
+            .max_by(|a, b| compare_in(a, b, collation))
     };
     pick.cloned().unwrap_or(Bson::Null)
 }

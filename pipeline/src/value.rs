@@ -6,7 +6,8 @@
 //! * [`compare`] is a total order (reflexive, antisymmetric, transitive) over every `Bson`
 //!   value, matching `BSONElement::woCompare` without collation: first by [`canonical_type`],
 //!   then by value within the type. NaN equals NaN and sorts below every other number; `-0.0`
-//!   equals `0.0`; `1 == 1.0 == NumberLong(1)`.
+//!   equals `0.0`; `1 == 1.0 == NumberLong(1)`. [`compare_in`] is the same order with strings
+//!   compared by a collation (also a total order: the collator's is).
 //! * Int64 vs double comparisons are exact (no rounding through `f64`). Decimal128 comparisons
 //!   are exact against integers and decimals, and against doubles rounded to 34 digits
 //!   ([`decimal`]); decimal `+ - *` are exact where the coefficients fit in 128 bits, other
@@ -17,6 +18,8 @@
 use std::cmp::Ordering;
 
 use bson::{Bson, Decimal128, Document};
+
+use crate::collation::Collation;
 
 pub mod decimal;
 pub mod hash;
@@ -201,16 +204,24 @@ pub fn truthy(v: &Bson) -> bool {
 
 /// MongoDB's total order over BSON values (`BSONElement::woCompare` semantics, no collation).
 pub fn compare(a: &Bson, b: &Bson) -> Ordering {
+    compare_in(a, b, None)
+}
+
+/// [`compare`] under a collation: strings (and symbols), wherever they are inside the values,
+/// compare by the collation; field names and everything else as without one.
+pub fn compare_in(a: &Bson, b: &Bson, collation: Option<&Collation>) -> Ordering {
     let (ta, tb) = (canonical_type(a), canonical_type(b));
     if ta != tb {
         return ta.cmp(&tb);
     }
     match (a, b) {
-        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => {
-            x.as_bytes().cmp(y.as_bytes())
-        }
-        (Bson::Document(x), Bson::Document(y)) => compare_documents(x, y),
-        (Bson::Array(x), Bson::Array(y)) => compare_arrays(x, y),
+        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => match collation
+        {
+            Some(c) => c.compare_str(x, y),
+            None => x.as_bytes().cmp(y.as_bytes()),
+        },
+        (Bson::Document(x), Bson::Document(y)) => compare_documents_in(x, y, collation),
+        (Bson::Array(x), Bson::Array(y)) => compare_arrays_in(x, y, collation),
         (Bson::Binary(x), Bson::Binary(y)) => x
             .bytes
             .len()
@@ -246,9 +257,18 @@ pub fn equal(a: &Bson, b: &Bson) -> bool {
     compare(a, b) == Ordering::Equal
 }
 
+/// [`equal`] under a collation.
+pub fn equal_in(a: &Bson, b: &Bson, collation: Option<&Collation>) -> bool {
+    compare_in(a, b, collation) == Ordering::Equal
+}
+
 /// Documents compare element by element: canonical type, then field name, then value; a
 /// prefix sorts first.
 pub fn compare_documents(a: &Document, b: &Document) -> Ordering {
+    compare_documents_in(a, b, None)
+}
+
+fn compare_documents_in(a: &Document, b: &Document, collation: Option<&Collation>) -> Ordering {
     let mut ia = a.iter();
     let mut ib = b.iter();
     loop {
@@ -260,7 +280,7 @@ pub fn compare_documents(a: &Document, b: &Document) -> Ordering {
                 let ord = canonical_type(va)
                     .cmp(&canonical_type(vb))
                     .then_with(|| ka.as_bytes().cmp(kb.as_bytes()))
-                    .then_with(|| compare(va, vb));
+                    .then_with(|| compare_in(va, vb, collation));
                 if ord != Ordering::Equal {
                     return ord;
                 }
@@ -271,10 +291,14 @@ pub fn compare_documents(a: &Document, b: &Document) -> Ordering {
 
 /// Arrays compare element-wise (type first, then value); a prefix sorts first.
 pub fn compare_arrays(a: &[Bson], b: &[Bson]) -> Ordering {
+    compare_arrays_in(a, b, None)
+}
+
+fn compare_arrays_in(a: &[Bson], b: &[Bson], collation: Option<&Collation>) -> Ordering {
     for (x, y) in a.iter().zip(b) {
         let ord = canonical_type(x)
             .cmp(&canonical_type(y))
-            .then_with(|| compare(x, y));
+            .then_with(|| compare_in(x, y, collation));
         if ord != Ordering::Equal {
             return ord;
         }

@@ -39,6 +39,13 @@ impl CollectionEntry {
             .is_ok_and(|o| o.get_bool("enabled").unwrap_or(false))
     }
 
+    /// The collection's default collation (`None`: simple), which commands and new indexes
+    /// without one of their own take.
+    pub fn collation(&self) -> Option<pipeline::collation::Collation> {
+        let spec = self.options.get_document("collation").ok()?;
+        pipeline::collation::Collation::parse_doc(spec).ok().flatten()
+    }
+
     pub fn new(db: &str, name: &str, uuid: Uuid, options: Document) -> Self {
         CollectionEntry {
             db: db.to_string(),

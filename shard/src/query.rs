@@ -44,8 +44,11 @@ impl Filter {
     /// A filter whose `$expr` may use the command's `let` variables.
     pub fn parse_in(filter: &Document, env: &Env) -> Result<Filter, MongoError> {
         let matcher = Matcher::parse_with_vars(filter, &env.names())?;
+        // Under a collation, a string `_id` may match other `_id`s than its own.
         let id_eq = match (filter.len(), filter.get("_id")) {
-            (1, Some(v)) => point_value(v),
+            (1, Some(v)) => point_value(v).filter(|v| {
+                env.collation.is_none() || !pipeline::collation::has_string(v)
+            }),
             _ => None,
         };
         Ok(Filter {
@@ -139,6 +142,7 @@ pub fn plan(
         &filter.doc,
         sort,
         filter.hint.as_ref(),
+        filter.env.collation.as_ref(),
         &|i| i.prefix(coll),
     )?;
     // A capped collection's scans run in insertion order, unless a sort asks otherwise.

@@ -105,6 +105,7 @@ codes! {
     INCOMPATIBLE_SHARDING_METADATA = 137, "IncompatibleShardingMetadata";
     FAILED_TO_SATISFY_READ_PREFERENCE = 133, "FailedToSatisfyReadPreference";
     STALE_EPOCH = 150, "StaleEpoch";
+    INCOMPATIBLE_COLLATION_VERSION = 161, "IncompatibleCollationVersion";
     COMMAND_NOT_SUPPORTED_ON_VIEW = 166, "CommandNotSupportedOnView";
     OPTION_NOT_SUPPORTED_ON_VIEW = 167, "OptionNotSupportedOnView";
     INVALID_PIPELINE_OPERATOR = 168, "InvalidPipelineOperator";

@@ -274,7 +274,7 @@ impl BucketAuto {
             let mut states = self.group.init();
             for (i, d) in members.iter().enumerate() {
                 for ((_, kind, e), st) in self.group.accumulators.iter().zip(states.iter_mut()) {
-                    accumulate(*kind, st, e.evaluate_in(d, env)?, i == 0)?;
+                    accumulate(*kind, st, e.evaluate_in(d, env)?, i == 0, env)?;
                 }
             }
             let mut o = doc! {"_id": {"min": min, "max": max}};

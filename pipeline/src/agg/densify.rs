@@ -321,7 +321,7 @@ impl Densify {
         let mut order: Vec<(Document, Option<Bson>)> = Vec::new();
         if matches!(self.bounds, RangeBounds::Explicit(_)) && self.partition_fields.is_empty() {
             // Without partitions an explicit range is generated even from no documents.
-            partitions.insert(GroupKey(Bson::Document(Document::new())), 0);
+            partitions.insert(GroupKey::new(Bson::Document(Document::new()), None), 0);
             order.push((Document::new(), None));
         }
         for d in docs {
@@ -334,7 +334,7 @@ impl Densify {
             };
             let key = self.partition_key(&d);
             let slot = *partitions
-                .entry(GroupKey(Bson::Document(key.clone())))
+                .entry(GroupKey::new(Bson::Document(key.clone()), None))
                 .or_insert_with(|| {
                     order.push((key, None));
                     order.len() - 1

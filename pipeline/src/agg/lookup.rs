@@ -26,6 +26,7 @@ use bson::{Bson, Document, doc};
 use super::{Pipeline, Stage, stage_err};
 use crate::expr::{Env, Expr};
 use crate::matcher::Matcher;
+use crate::collation::Collation;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
@@ -372,7 +373,7 @@ impl Lookup {
             _ => &[],
         };
         let index = match &self.join {
-            Some((_, foreign_field)) if !from_documents => JoinIndex::build(foreign, foreign_field),
+            Some((_, foreign_field)) if !from_documents => JoinIndex::build(foreign, foreign_field, env),
             _ => None,
         };
         let mut out = Vec::with_capacity(docs.len());
@@ -496,27 +497,41 @@ impl UnionWith {
 /// (the join filter still runs on each) but never leaves out one that does, for the values it
 /// answers for: not `null` or missing (which match a missing field), not regular expressions,
 /// and only on paths without numeric components (which may index arrays or name fields).
+/// Under a collation the values are folded ([`Collation::fold`]), so case variants meet.
 struct JoinIndex {
     by_value: std::collections::BTreeMap<Key, Vec<usize>>,
+    collation: Option<Collation>,
 }
 
 impl JoinIndex {
-    fn build(foreign: &[Document], field: &str) -> Option<JoinIndex> {
+    fn key(&self, v: &Bson) -> Key {
+        Key(match &self.collation {
+            Some(c) => c.fold(v),
+            None => v.clone(),
+        })
+    }
+
+    fn build(foreign: &[Document], field: &str, env: &Env) -> Option<JoinIndex> {
         if field.split('.').any(|p| value::array_index(p).is_some()) {
             return None;
         }
-        let mut by_value: std::collections::BTreeMap<Key, Vec<usize>> = Default::default();
+        let mut index = JoinIndex {
+            by_value: Default::default(),
+            collation: env.collation.clone(),
+        };
         for (i, d) in foreign.iter().enumerate() {
             for v in value::path_values(d, field) {
                 if let Bson::Array(items) = v {
                     for e in items {
-                        by_value.entry(Key(e.clone())).or_default().push(i);
+                        let k = index.key(e);
+                        index.by_value.entry(k).or_default().push(i);
                     }
                 }
-                by_value.entry(Key(v.clone())).or_default().push(i);
+                let k = index.key(v);
+                index.by_value.entry(k).or_default().push(i);
             }
         }
-        Some(JoinIndex { by_value })
+        Some(index)
     }
 
     /// The positions of the documents that may equal one of `values`, in collection order;
@@ -538,7 +553,7 @@ impl JoinIndex {
         }
         let mut out: Vec<usize> = values
             .iter()
-            .filter_map(|v| self.by_value.get(&Key(v.clone())))
+            .filter_map(|v| self.by_value.get(&self.key(v)))
             .flatten()
             .copied()
             .collect();
@@ -678,7 +693,7 @@ impl GraphLookup {
 
     pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
         let foreign = foreign_docs(env, &self.from, "$graphLookup")?;
-        let index = JoinIndex::build(foreign, &self.connect_to);
+        let index = JoinIndex::build(foreign, &self.connect_to, env);
         let mut out = Vec::with_capacity(docs.len());
         for mut doc in docs {
             let mut frontier: Vec<Bson> = match self.start_with.evaluate_in(&doc, env)? {

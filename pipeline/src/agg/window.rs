@@ -824,7 +824,7 @@ impl Func {
             } => {
                 let inputs = evaluate_all(input, part, env)?;
                 let windows = windows(bounds, keys, n)?;
-                Ok(accumulate_windows(*kind, &inputs, &windows))
+                Ok(accumulate_windows(*kind, &inputs, &windows, env))
             }
             Func::Rank(kind) => {
                 let mut out = Vec::with_capacity(n);
@@ -1077,7 +1077,8 @@ enum State {
     Avg(Bson, u64),
     Best(Option<Bson>),
     Push(Vec<Bson>),
-    Set(BTreeMap<GroupKey, ()>),
+    /// Each distinct value (under the collation) by its key, first one seen kept.
+    Set(BTreeMap<GroupKey, Bson>),
     /// Welford's running count, mean and sum of squared deviations.
     StdDev(u64, f64, f64),
     /// `$first`/`$last` read the window's ends directly.
@@ -1097,7 +1098,7 @@ impl State {
         }
     }
 
-    fn add(&mut self, kind: AccKind, v: &Option<Bson>) {
+    fn add(&mut self, kind: AccKind, v: &Option<Bson>, env: &Env) {
         let number = v.as_ref().filter(|x| value::is_number(x));
         match self {
             State::Sum(acc) => {
@@ -1115,7 +1116,7 @@ impl State {
                 if let Some(x) = v
                     .as_ref()
                     .filter(|x| !matches!(x, Bson::Null | Bson::Undefined))
-                    && super::beats(kind == AccKind::Min, x, best.as_ref())
+                    && super::beats(kind == AccKind::Min, x, best.as_ref(), env)
                 {
                     *best = Some(x.clone());
                 }
@@ -1127,7 +1128,9 @@ impl State {
             }
             State::Set(items) => {
                 if let Some(x) = v {
-                    items.insert(GroupKey(x.clone()), ());
+                    items
+                        .entry(GroupKey::new(x.clone(), env.collation.as_ref()))
+                        .or_insert_with(|| x.clone());
                 }
             }
             State::StdDev(count, mean, m2) => {
@@ -1156,7 +1159,7 @@ impl State {
             }
             State::Best(b) => b.clone().unwrap_or(Bson::Null),
             State::Push(items) => Bson::Array(items.clone()),
-            State::Set(items) => Bson::Array(items.keys().map(|k| k.0.clone()).collect()),
+            State::Set(items) => Bson::Array(items.values().cloned().collect()),
             State::StdDev(count, _, m2) => {
                 let n = *count as f64;
                 match kind {
@@ -1176,6 +1179,7 @@ fn accumulate_windows(
     kind: AccKind,
     inputs: &[Option<Bson>],
     windows: &[(usize, usize)],
+    env: &Env,
 ) -> Vec<Option<Bson>> {
     let mut out = Vec::with_capacity(windows.len());
     let mut state = State::new(kind);
@@ -1204,7 +1208,7 @@ fn accumulate_windows(
             }
         };
         for v in inputs.get(from..hi).unwrap_or_default() {
-            state.add(kind, v);
+            state.add(kind, v, env);
         }
         cur = Some((lo, hi));
         out.push(Some(state.value(kind)));

@@ -506,7 +506,7 @@ async fn lookup_one(
     let shards = match router.placement(db, coll, false).await? {
         Placement::Unsharded { primary } if primary.is_empty() => return Ok(None),
         Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
-        Placement::Sharded(sc) => crate::commands::shards_for_query(router, &sc, key)?,
+        Placement::Sharded(sc) => crate::commands::shards_for_query(router, &sc, key, None)?,
     };
     let find = doc! {"find": coll, "filter": key.clone(), "limit": 1, "singleBatch": true};
     // A read: sent again if a shard restarts under it.

@@ -114,13 +114,27 @@ pub(super) async fn run_split(
     filter: &Document,
 ) -> Result<Vec<Document>> {
     let split = split::split(stages, parsed);
+    // The shards' part runs under the command's collation and variables.
+    let with_context = |mut cmd: Document| {
+        for field in ["collation", "let"] {
+            if let Some(v) = ctx.cmd.get(field) {
+                cmd.insert(field, v.clone());
+            }
+        }
+        cmd
+    };
     let merged = if split.shards.iter().all(|s| s.contains_key("$match")) {
-        let find = doc! {"find": coll, "filter": filter.clone()};
+        let find = with_context(doc! {"find": coll, "filter": filter.clone()});
         read_merged(ctx, coll, routed, find, None).await?
     } else {
         let shards_part: Vec<Bson> = split.shards.iter().cloned().map(Bson::Document).collect();
-        let cmd = doc! {"aggregate": coll, "pipeline": shards_part, "cursor": {}};
-        let sort = split.merge_sort.as_ref().map(SortSpec::parse).transpose()?;
+        let cmd = with_context(doc! {"aggregate": coll, "pipeline": shards_part, "cursor": {}});
+        let sort = split
+            .merge_sort
+            .as_ref()
+            .map(SortSpec::parse)
+            .transpose()?
+            .map(|s| s.with_collation(env.collation.clone()));
         read_merged(ctx, coll, routed, cmd, sort).await?
     };
     let merger = Pipeline::parse_with_vars(&split.merger, &env.names())?;

@@ -471,13 +471,25 @@ fn with_id(d: &Document) -> Document {
     out
 }
 
-/// Which shards a query on a sharded collection must reach.
+/// Which shards a query on a sharded collection must reach, under the query's `collation`
+/// (the command's or statement's field): the shard key orders strings by the simple
+/// collation, so under another one a key with strings may match on any shard.
 pub(crate) fn shards_for_query(
     router: &Router,
     sc: &ShardedCollection,
     filter: &Document,
+    collation: Option<&Bson>,
 ) -> Result<Vec<usize>> {
-    match sc.key.key_of_query(filter) {
+    let collated = collation
+        .map(pipeline::collation::Collation::parse)
+        .transpose()?
+        .flatten()
+        .is_some();
+    let key = sc
+        .key
+        .key_of_query(filter)
+        .filter(|key| !collated || !key.iter().any(pipeline::collation::has_string));
+    match key {
         Some(key) => Ok(vec![router.shard_index(sc.chunks.shard_for(&key))?]),
         None => sc
             .chunks
@@ -554,7 +566,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             )
         };
         let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
-        let shards = shards_for_query(router, &sc, &filter)?;
+        let shards = shards_for_query(router, &sc, &filter, stmt.get("collation"))?;
         let cmd = sub_command(
             ctx,
             &version,
@@ -617,7 +629,7 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     cmd.insert("shardVersion", placement.version());
     let shards = match placement {
         Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
-        Placement::Sharded(sc) => shards_for_query(router, &sc, &query)?,
+        Placement::Sharded(sc) => shards_for_query(router, &sc, &query, ctx.cmd.get("collation"))?,
     };
     if shards.len() > 1 && upsert {
         return Err(MongoError::new(

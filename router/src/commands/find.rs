@@ -30,7 +30,9 @@ pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -
     let shards = match &placement {
         Placement::Unsharded { primary } if primary.is_empty() => vec![],
         Placement::Unsharded { primary } => vec![ctx.router.shard_index(primary)?],
-        Placement::Sharded(sc) => shards_for_query(ctx.router, sc, filter)?,
+        Placement::Sharded(sc) => {
+            shards_for_query(ctx.router, sc, filter, ctx.cmd.get("collation"))?
+        }
     };
     Ok(Targets {
         shards,
@@ -108,13 +110,14 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     let ns = format!("{}.{coll}", ctx.db);
     let filter = args.opt_doc("filter")?.cloned().unwrap_or_default();
     // Validate everything before touching a shard, so bad input fails the same everywhere.
-    let vars = pipeline::expr::Env::from_command(ctx.cmd)?.names();
-    pipeline::Matcher::parse_with_vars(&filter, &vars)?;
+    let env = pipeline::expr::Env::from_command(ctx.cmd)?;
+    pipeline::Matcher::parse_with_vars(&filter, &env.names())?;
     let sort = args
         .opt_doc("sort")?
         .filter(|s| !s.is_empty())
         .map(SortSpec::parse)
-        .transpose()?;
+        .transpose()?
+        .map(|s| s.with_collation(env.collation.clone()));
     let projection_doc = args.opt_doc("projection")?.filter(|p| !p.is_empty());
     let projection = projection_doc
         .map(|p| Projection::parse_with_query(p, Some(&filter)))

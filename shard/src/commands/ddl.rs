@@ -155,7 +155,7 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     check_coll_name(&ctx.db, &coll)?;
     let uuid = uuid_arg(&ctx.cmd, "collectionUUID")?;
-    let options = options_of(&ctx.cmd);
+    let mut options = options_of(&ctx.cmd);
     if let Some(v) = options.get("viewOn")
         && !matches!(v, Bson::String(_))
     {
@@ -171,6 +171,12 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     }
     check_pre_and_post_images(&ctx.db, &options)?;
     crate::validation::check_options("create", &ctx.db, &coll, &options)?;
+    // A collection keeps its default collation's full spec; the simple one is no option.
+    if let Some(v) = options.remove("collation")
+        && let Some(c) = pipeline::collation::Collation::parse(&v)?
+    {
+        options.insert("collation", c.spec().clone());
+    }
     if options.get("capped").and_then(as_bool).unwrap_or(false) {
         match options.get("size").and_then(pipeline::value::as_f64) {
             Some(n) if n > 0.0 => {}
@@ -448,8 +454,12 @@ pub fn default_index_name(key: &Document) -> String {
         .join("_")
 }
 
-/// Normalizes one requested index spec to `{v: 2, key, name, ...options}`.
-fn normalize_spec(spec: &Bson) -> Result<Document, MongoError> {
+/// Normalizes one requested index spec to `{v: 2, key, name, ...options}`, its `collation`
+/// to the full spec (the collection's default when it names none; none when simple).
+fn normalize_spec(
+    spec: &Bson,
+    default_collation: Option<&pipeline::collation::Collation>,
+) -> Result<Document, MongoError> {
     let Bson::Document(s) = spec else {
         return Err(MongoError::type_mismatch(
             "The elements of the 'indexes' array must be objects",
@@ -502,11 +512,18 @@ fn normalize_spec(spec: &Bson) -> Result<Document, MongoError> {
         pipeline::Matcher::parse(pfe)?;
         check_partial_filter(pfe, 0)?;
     }
+    let collation = match s.get("collation") {
+        Some(v) => pipeline::collation::Collation::parse(v)?,
+        None => default_collation.cloned(),
+    };
     let mut out = doc! {"v": 2, "key": key, "name": name};
     for (k, v) in s {
-        if !matches!(k.as_str(), "v" | "key" | "name" | "ns") {
+        if !matches!(k.as_str(), "v" | "key" | "name" | "ns" | "collation") {
             out.insert(k.clone(), v.clone());
         }
+    }
+    if let Some(c) = collation {
+        out.insert("collation", c.spec().clone());
     }
     Ok(out)
 }
@@ -660,9 +677,10 @@ pub async fn create_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             "Must specify at least one index to create",
         ));
     }
+    let default_collation = ctx.default_collation(&coll);
     let specs = indexes
         .iter()
-        .map(normalize_spec)
+        .map(|s| normalize_spec(s, default_collation.as_ref()))
         .collect::<Result<Vec<_>, _>>()?;
     let db = ctx.db.clone();
     // As in MongoDB 7.0, a transaction may index only a collection it created itself.

@@ -20,8 +20,12 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     check_coll_name(&ctx.db, &coll)?;
     let query = ctx.opt_doc("query")?.unwrap_or_default();
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
-    let sort = ctx.opt_doc("sort")?.map(|s| Sort::parse(&s)).transpose()?;
+    let env = ctx.env_for(&coll)?;
+    let sort = ctx
+        .opt_doc("sort")?
+        .map(|s| Sort::parse(&s))
+        .transpose()?
+        .map(|s| s.with_collation(env.collation.clone()));
     let remove = ctx.bool_or("remove", false)?;
     let return_new = ctx.bool_or("new", false)?;
     let upsert = ctx.bool_or("upsert", false)?;

@@ -359,6 +359,22 @@ impl Ctx<'_> {
     }
 
     /// The collection named by the command's first field.
+    /// The command's `let` and `collation` environment on collection `coll`: the collection's
+    /// default collation applies when the command names none.
+    pub fn env_for(&self, coll: &str) -> Result<pipeline::expr::Env, MongoError> {
+        pipeline::expr::Env::from_command(&self.cmd)?
+            .with_collation_of(&self.cmd, self.default_collation(coll).as_ref())
+    }
+
+    /// Collection `coll`'s default collation (`None`: simple, or no such collection).
+    pub fn default_collation(&self, coll: &str) -> Option<pipeline::collation::Collation> {
+        self.shard
+            .state()
+            .catalog()
+            .lookup(&self.db, coll)
+            .and_then(|c| c.collation())
+    }
+
     pub fn collection(&self) -> Result<String, MongoError> {
         match self.cmd.iter().next() {
             Some((_, Bson::String(s))) => Ok(s.clone()),

@@ -75,7 +75,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     let ns = ctx.ns(&coll);
     let filter_doc = ctx.opt_doc("filter")?.unwrap_or_default();
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let env = ctx.env_for(&coll)?;
     let filter = Filter::parse_in(&filter_doc, &env)?.with_hint(ctx.cmd.get("hint"))?;
     let projection_doc = ctx.opt_doc("projection")?.filter(|p| !p.is_empty());
     let projection = projection_doc
@@ -122,7 +122,10 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             "error processing query: ns={ns} tailable cursor requested on non capped collection"
         )));
     }
-    let sort = sort_doc.map(|s| Sort::parse(&s)).transpose()?;
+    let sort = sort_doc
+        .map(|s| Sort::parse(&s))
+        .transpose()?
+        .map(|s| s.with_collation(env.collation.clone()));
     let stop_at = match (&sort, limit) {
         (None, Some(l)) => Some(skip.saturating_add(l)),
         _ => None,
@@ -753,7 +756,7 @@ fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Docum
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let env = ctx.env_for(&coll)?;
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?
         .with_hint(ctx.cmd.get("hint"))?;
     let skip = non_negative(ctx, "skip")?.unwrap_or(0);
@@ -770,7 +773,7 @@ pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
     let key = ctx.opt_str("key")?.ok_or_else(|| ctx.missing("key"))?;
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let env = ctx.env_for(&coll)?;
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
     let mut values: Vec<Bson> = Vec::new();
     for d in matching_docs(ctx, &coll, &filter)? {
@@ -780,7 +783,7 @@ pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 other => vec![other],
             };
             for item in items {
-                if !values.iter().any(|x| pipeline::value::equal(x, item)) {
+                if !values.iter().any(|x| env.equal(x, item)) {
                     values.push(item.clone());
                 }
             }
@@ -829,7 +832,7 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     if !ns_coll.is_empty() {
         crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &ns_coll)?;
     }
-    let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let env = ctx.env_for(&ns_coll)?;
     let input = if ns_coll.is_empty() {
         Vec::new()
     } else {

@@ -501,6 +501,7 @@ fn parse_update(
     ctx: &Ctx<'_>,
     v: &Bson,
     env: &pipeline::expr::Env,
+    default_collation: Option<&pipeline::collation::Collation>,
 ) -> Result<Result<UpdateStmt, MongoError>, MongoError> {
     let Bson::Document(d) = v else {
         return Err(MongoError::type_mismatch(format!(
@@ -508,6 +509,7 @@ fn parse_update(
             pipeline::value::type_name(v)
         )));
     };
+    let env = &env.with_collation_of(d, default_collation)?;
     let q = match d.get("q") {
         Some(Bson::Document(q)) => q.clone(),
         Some(other) => {
@@ -590,9 +592,10 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
         .ok_or_else(|| ctx.missing("updates"))?;
     check_batch_size(updates.len())?;
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let default_collation = ctx.default_collation(&coll);
     let mut stmts = Vec::with_capacity(updates.len());
     for u in &updates {
-        stmts.push(parse_update(ctx, u, &env)?);
+        stmts.push(parse_update(ctx, u, &env, default_collation.as_ref())?);
     }
     let ordered = ctx.bool_or("ordered", true)?;
     let bypass = ctx.bool_or("bypassDocumentValidation", false)?;
@@ -678,6 +681,7 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
         .ok_or_else(|| ctx.missing("deletes"))?;
     check_batch_size(deletes.len())?;
     let env = pipeline::expr::Env::from_command(&ctx.cmd)?;
+    let default_collation = ctx.default_collation(&coll);
     let mut stmts = Vec::with_capacity(deletes.len());
     for d in &deletes {
         let Bson::Document(d) = d else {
@@ -718,7 +722,8 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
             )));
         }
         stmts.push(
-            Filter::parse_in(&q, &env)
+            env.with_collation_of(d, default_collation.as_ref())
+                .and_then(|env| Filter::parse_in(&q, &env))
                 .and_then(|f| f.with_hint(d.get("hint")))
                 .map(|filter| DeleteStmt {
                     filter,

@@ -9,6 +9,9 @@
 //! every KeyString is prefix-free and orders as MongoDB compares values, the entries of one
 //! index sort in the index's order.
 //!
+//! An index with a collation stores each string as its collation key ([`pipeline::collation::Collation::fold`]), so
+//! its order and its unique constraint are the collation's.
+//!
 //! A document with an array on an indexed path has one entry per element (multikey; an empty
 //! array is indexed as `undefined`, a missing field as `null`). The first such document also
 //! writes the index's multikey marker (UUID ++ name ++ 1), which is never cleared: the planner
@@ -102,6 +105,12 @@ impl<'a> Index<'a> {
         self.spec.get_document("partialFilterExpression").ok()
     }
 
+    /// The index's collation (`None`: simple). Its string keys are this collation's keys.
+    pub fn collation(&self) -> Option<pipeline::collation::Collation> {
+        let spec = self.spec.get_document("collation").ok()?;
+        pipeline::collation::Collation::parse_doc(spec).ok().flatten()
+    }
+
     /// The TTL of a TTL index, in seconds.
     pub fn expire_after_seconds(&self) -> Option<i64> {
         let v = self.spec.get("expireAfterSeconds")?;
@@ -170,6 +179,13 @@ impl<'a> Index<'a> {
                     array_fields[1], array_fields[0]
                 ),
             ));
+        }
+        if let Some(c) = self.collation() {
+            for values in &mut per_field {
+                for v in values.iter_mut() {
+                    *v = c.fold(v);
+                }
+            }
         }
         let prefix = self.prefix(coll);
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);

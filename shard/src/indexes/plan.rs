@@ -18,6 +18,7 @@
 use std::ops::Bound;
 
 use bson::{Bson, Document, doc};
+use pipeline::collation::{Collation, has_string};
 use pipeline::sort::SortSpec;
 use wire::MongoError;
 
@@ -70,6 +71,8 @@ pub struct IndexScan {
     pub prefix: Vec<u8>,
     /// The entries' key values answer the query: no document is fetched (see [`cover`]).
     pub covered: bool,
+    /// The index has a collation: its string keys are collation keys, not the values.
+    pub collated: bool,
 }
 
 /// The chosen plan.
@@ -90,6 +93,16 @@ enum FieldPred {
         lo: Option<Box<(Bson, bool)>>,
         hi: Option<Box<(Bson, bool)>>,
     },
+}
+
+impl FieldPred {
+    fn values(&self) -> impl Iterator<Item = &Bson> {
+        let (points, lo, hi) = match self {
+            FieldPred::Points(v) => (v.as_slice(), None, None),
+            FieldPred::Range { lo, hi } => (&[][..], lo.as_deref(), hi.as_deref()),
+        };
+        points.iter().chain(lo.map(|b| &b.0)).chain(hi.map(|b| &b.0))
+    }
 }
 
 /// A `hint`.
@@ -125,16 +138,20 @@ fn bad_hint() -> MongoError {
     MongoError::bad_value("hint provided does not correspond to an existing index")
 }
 
-/// Chooses how to run a query over `coll_prefix` (the documents' key prefix).
+/// Chooses how to run a query over `coll_prefix` (the documents' key prefix), under the
+/// query's `collation` (`None`: simple). An index whose collation differs serves only the
+/// bounds without strings and gives no sort; the `_id` order is the simple collation's.
 pub fn choose(
     coll_prefix: &[u8],
     candidates: &[Candidate<'_>],
     filter: &Document,
     sort: Option<&SortSpec>,
     hint: Option<&Hint>,
+    collation: Option<&Collation>,
     index_prefix: &dyn Fn(&Index<'_>) -> Vec<u8>,
 ) -> Result<Plan, MongoError> {
     let preds = predicates(filter);
+    let q = collation;
     let sort_fields: Vec<(String, bool)> = sort
         .filter(|s| s.natural().is_none())
         .map(|s| s.fields().map(|(f, a)| (f.to_string(), a)).collect())
@@ -142,7 +159,7 @@ pub fn choose(
     let id_fields = [("_id", Direction::Ascending)];
     match hint {
         Some(Hint::Natural(forward)) => {
-            return Ok(collscan(coll_prefix, !forward, &sort_fields, sort));
+            return Ok(collscan(coll_prefix, !forward, &sort_fields, sort, q));
         }
         Some(Hint::Name(n)) if n == "_id_" => {
             return Ok(documents_plan(
@@ -150,6 +167,7 @@ pub fn choose(
                 &preds,
                 &id_fields,
                 &sort_fields,
+                q,
             ));
         }
         Some(Hint::Pattern(p)) if is_id_pattern(p) => {
@@ -158,6 +176,7 @@ pub fn choose(
                 &preds,
                 &id_fields,
                 &sort_fields,
+                q,
             ));
         }
         Some(h) => {
@@ -177,7 +196,7 @@ pub fn choose(
                     c.index.name
                 )));
             }
-            return Ok(index_plan(c, &preds, &sort_fields, index_prefix(&c.index)).1);
+            return Ok(index_plan(c, &preds, &sort_fields, q, index_prefix(&c.index)).1);
         }
         None => {}
     }
@@ -186,6 +205,7 @@ pub fn choose(
         && let Some(FieldPred::Points(p)) = field_pred(v)
         && p.len() == 1
         && !matches!(p[0], Bson::Null | Bson::Undefined)
+        && (q.is_none() || !has_string(&p[0]))
     {
         return Ok(Plan {
             access: Access::IdPoint(p[0].clone()),
@@ -203,21 +223,21 @@ pub fn choose(
         }
     };
     if preds.iter().any(|(f, _)| f == "_id") {
-        let plan = documents_plan(coll_prefix, &preds, &id_fields, &sort_fields);
-        consider(score_of(&preds, &id_fields), true, plan);
+        let plan = documents_plan(coll_prefix, &preds, &id_fields, &sort_fields, q);
+        consider(score_of(&under(&preds, q, None), &id_fields), true, plan);
     }
     for c in candidates {
         if !usable(c, filter, &preds) {
             continue;
         }
-        let (score, plan) = index_plan(c, &preds, &sort_fields, index_prefix(&c.index));
+        let (score, plan) = index_plan(c, &preds, &sort_fields, q, index_prefix(&c.index));
         consider(score, false, plan);
     }
     if let Some((_, plan)) = best {
         return Ok(plan);
     }
     // No bounds anywhere: a scan in an order that gives the sort, else a collection scan.
-    let scan = collscan(coll_prefix, false, &sort_fields, sort);
+    let scan = collscan(coll_prefix, false, &sort_fields, sort, q);
     if scan.provides_sort || sort_fields.is_empty() {
         return Ok(scan);
     }
@@ -225,7 +245,7 @@ pub fn choose(
         if c.index.sparse() || c.index.partial().is_some() || !usable(c, filter, &preds) {
             continue;
         }
-        let (_, plan) = index_plan(c, &preds, &sort_fields, index_prefix(&c.index));
+        let (_, plan) = index_plan(c, &preds, &sort_fields, q, index_prefix(&c.index));
         if plan.provides_sort {
             return Ok(plan);
         }
@@ -310,6 +330,7 @@ pub fn cover(plan: &mut Plan, filter: &Document, projection: Option<&Document>) 
     };
     let fields: Vec<&str> = scan.directions.iter().map(|(f, _)| f.as_str()).collect();
     if scan.multikey
+        || scan.collated
         || scan
             .directions
             .iter()
@@ -384,11 +405,13 @@ fn collscan(
     reverse: bool,
     sort_fields: &[(String, bool)],
     sort: Option<&SortSpec>,
+    collation: Option<&Collation>,
 ) -> Plan {
-    // The documents table is in `_id` order: it gives an `_id` sort, and `$natural` order.
+    // The documents table is in `_id` order (simple collation): it gives an `_id` sort, and
+    // `$natural` order.
     let (reverse, provides_sort) = match (sort.and_then(SortSpec::natural), sort_fields) {
         (Some(forward), _) => (!forward, true),
-        (None, [(f, asc)]) if f == "_id" => (!asc, true),
+        (None, [(f, asc)]) if f == "_id" && collation.is_none() => (!asc, true),
         (None, []) => (reverse, true),
         _ => (reverse, false),
     };
@@ -408,9 +431,12 @@ fn documents_plan(
     preds: &[(String, FieldPred)],
     id_fields: &[(&str, Direction)],
     sort_fields: &[(String, bool)],
+    collation: Option<&Collation>,
 ) -> Plan {
-    let built = build(coll_prefix, preds, id_fields, false);
-    let (reverse, provides_sort) = sort_order(id_fields, &built, false, sort_fields);
+    let preds = under(preds, collation, None);
+    let built = build(coll_prefix, &preds, id_fields, false);
+    let (reverse, provides_sort) =
+        sort_order_under(id_fields, &built, false, sort_fields, collation, None);
     Plan {
         access: Access::Documents {
             intervals: built.intervals,
@@ -426,11 +452,21 @@ fn index_plan(
     c: &Candidate<'_>,
     preds: &[(String, FieldPred)],
     sort_fields: &[(String, bool)],
+    collation: Option<&Collation>,
     prefix: Vec<u8>,
 ) -> (i64, Plan) {
     let fields = c.index.fields();
-    let built = build(&prefix, preds, fields, c.multikey);
-    let (reverse, provides_sort) = sort_order(fields, &built, c.multikey, sort_fields);
+    let index_collation = c.index.collation();
+    let preds = under(preds, collation, index_collation.as_ref());
+    let built = build(&prefix, &preds, fields, c.multikey);
+    let (reverse, provides_sort) = sort_order_under(
+        fields,
+        &built,
+        c.multikey,
+        sort_fields,
+        collation,
+        index_collation.as_ref(),
+    );
     let pinned = c.index.unique
         && built.eq_fields == fields.len()
         && built.points == 1
@@ -450,6 +486,7 @@ fn index_plan(
             directions: fields.iter().map(|(f, d)| (f.to_string(), *d)).collect(),
             prefix: prefix.clone(),
             covered: false,
+            collated: index_collation.is_some(),
         }),
         provides_sort,
     };
@@ -464,6 +501,48 @@ fn score_of(preds: &[(String, FieldPred)], fields: &[(&str, Direction)]) -> i64 
     } else {
         built.score
     }
+}
+
+/// The predicates an index of collation `index` can bound for a query of collation `query`:
+/// all of them, with strings as the index stores them (collation keys), when the collations
+/// are equal; otherwise only those without strings (the rest are the filter's to check).
+fn under(
+    preds: &[(String, FieldPred)],
+    query: Option<&Collation>,
+    index: Option<&Collation>,
+) -> Vec<(String, FieldPred)> {
+    let same = query == index;
+    let fold = |v: &Bson| index.map_or_else(|| v.clone(), |c| c.fold(v));
+    preds
+        .iter()
+        .filter(|(_, p)| same || !p.values().any(has_string))
+        .map(|(f, p)| {
+            let p = match p {
+                FieldPred::Points(v) => FieldPred::Points(v.iter().map(fold).collect()),
+                FieldPred::Range { lo, hi } => FieldPred::Range {
+                    lo: lo.as_ref().map(|b| Box::new((fold(&b.0), b.1))),
+                    hi: hi.as_ref().map(|b| Box::new((fold(&b.0), b.1))),
+                },
+            };
+            (f.clone(), p)
+        })
+        .collect()
+}
+
+/// [`sort_order`] for an index of collation `index` under a query of collation `query`: an
+/// index orders strings by its own collation, so it gives no sort under another one.
+fn sort_order_under(
+    fields: &[(&str, Direction)],
+    built: &Built,
+    multikey: bool,
+    sort_fields: &[(String, bool)],
+    query: Option<&Collation>,
+    index: Option<&Collation>,
+) -> (bool, bool) {
+    if query != index && !sort_fields.is_empty() {
+        return (false, false);
+    }
+    sort_order(fields, built, multikey, sort_fields)
 }
 
 /// Whether the scan order of `fields` after the equality prefix is the sort (forward or
@@ -507,7 +586,7 @@ fn sort_order(
 
 /// Whether a candidate may serve the filter at all.
 fn usable(c: &Candidate<'_>, filter: &Document, preds: &[(String, FieldPred)]) -> bool {
-    if !c.index.materialized() || c.index.spec.contains_key("collation") {
+    if !c.index.materialized() {
         return false;
     }
     if let Some(pfe) = c.index.partial()
