@@ -467,7 +467,7 @@ fn the_join_index_never_leaves_out_a_document_the_join_matches() {
         vec![Bson::Array(vec![Bson::Int32(1), Bson::Int32(2)])],
     ];
     for field in ["f", "a.f"] {
-        let index = JoinIndex::build(&foreign, field).unwrap();
+        let index = JoinIndex::build(&foreign, field, &Env::default()).unwrap();
         for values in &cases {
             let m = Matcher::parse(&join_filter(field, values.clone())).unwrap();
             let scan: Vec<usize> = (0..foreign.len())
@@ -482,7 +482,7 @@ fn the_join_index_never_leaves_out_a_document_the_join_matches() {
         // null looks for missing fields too: the index does not answer, the scan does.
         assert!(index.candidates(&[Bson::Null]).is_none());
     }
-    assert!(JoinIndex::build(&foreign, "f.0").is_none());
+    assert!(JoinIndex::build(&foreign, "f.0", &Env::default()).is_none());
     // Through the stage: the indexed join equals the matcher's verdict.
     let env = env_with(&[("foreign", foreign.clone())]);
     let out = run(

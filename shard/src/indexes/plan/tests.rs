@@ -16,6 +16,16 @@ fn choose_with(
     filter: Document,
     sort: Option<Document>,
 ) -> Plan {
+    choose_under(specs, multikey, filter, sort, None)
+}
+
+fn choose_under(
+    specs: &[Document],
+    multikey: &[&str],
+    filter: Document,
+    sort: Option<Document>,
+    collation: Option<&Collation>,
+) -> Plan {
     let candidates: Vec<Candidate<'_>> = specs
         .iter()
         .filter_map(Index::new)
@@ -25,7 +35,7 @@ fn choose_with(
         })
         .collect();
     let sort = sort.map(|s| SortSpec::parse(&s).unwrap());
-    choose(b"C", &candidates, &filter, sort.as_ref(), None, &|i| {
+    choose(b"C", &candidates, &filter, sort.as_ref(), None, collation, &|i| {
         [b"C".as_slice(), i.name.as_bytes(), &[0]].concat()
     })
     .unwrap()
@@ -295,6 +305,7 @@ fn a_bad_hint_is_refused_and_a_good_one_forces_the_index() {
         &doc! {"a": 1},
         None,
         Some(&Hint::Name("nope".into())),
+        None,
         &prefix,
     )
     .unwrap_err();
@@ -305,8 +316,68 @@ fn a_bad_hint_is_refused_and_a_good_one_forces_the_index() {
         &doc! {"a": 1},
         None,
         Some(&Hint::Pattern(doc! {"b": 1})),
+        None,
         &prefix,
     )
     .unwrap();
     assert_eq!(index_name(&plan), Some("b_1"));
+}
+
+fn en(strength: i32) -> Collation {
+    Collation::parse_doc(&doc! {"locale": "en", "strength": strength})
+        .expect("valid collation")
+        .expect("not simple")
+}
+
+#[test]
+fn an_index_bounds_strings_only_under_its_own_collation() {
+    let en2 = en(2);
+    let specs = [
+        spec(doc! {"a": 1}, "a_1", doc! {}),
+        spec(doc! {"b": 1}, "b_1", doc! {"collation": en2.spec().clone()}),
+    ];
+    // A simple index cannot find "PING" for "ping" under strength 2: scan instead.
+    let plan = choose_under(&specs, &[], doc! {"a": "ping"}, None, Some(&en2));
+    assert_eq!(index_name(&plan), None);
+    // Numbers do not depend on the collation: the simple index still serves.
+    let plan = choose_under(&specs, &[], doc! {"a": 5}, None, Some(&en2));
+    assert_eq!(index_name(&plan), Some("a_1"));
+    // The collated index serves its own collation, with the string's collation key as bound:
+    // the key of any case variant lies inside it.
+    let plan = choose_under(&specs, &[], doc! {"b": "ping"}, None, Some(&en2));
+    assert_eq!(index_name(&plan), Some("b_1"));
+    let Access::Index(scan) = &plan.access else {
+        unreachable!()
+    };
+    assert!(scan.collated);
+    let key = entry("b_1", &[Direction::Ascending], &[en2.fold(&Bson::from("PiNG"))]);
+    assert!(scan.intervals.iter().any(|r| in_range(r, &key)));
+    // ...but not a simple query on strings, nor another strength.
+    assert_eq!(
+        index_name(&choose_under(&specs, &[], doc! {"b": "ping"}, None, None)),
+        None
+    );
+    assert_eq!(
+        index_name(&choose_under(&specs, &[], doc! {"b": "ping"}, None, Some(&en(1)))),
+        None
+    );
+}
+
+#[test]
+fn a_collation_changes_which_orders_give_a_sort() {
+    let en2 = en(2);
+    let specs = [spec(doc! {"a": 1}, "a_1", doc! {"collation": en2.spec().clone()})];
+    let sort = Some(doc! {"a": 1});
+    let plan = choose_under(&specs, &[], doc! {"a": {"$gt": 1}}, sort.clone(), Some(&en2));
+    assert!(plan.provides_sort);
+    let plan = choose_under(&specs, &[], doc! {"a": {"$gt": 1}}, sort, None);
+    assert!(!plan.provides_sort);
+    // The documents table is in simple `_id` order, and `{_id: "x"}` is no point lookup.
+    let id_sort = Some(doc! {"_id": 1});
+    assert!(!choose_under(&[], &[], doc! {}, id_sort.clone(), Some(&en2)).provides_sort);
+    assert!(choose_under(&[], &[], doc! {}, id_sort, None).provides_sort);
+    let plan = choose_under(&[], &[], doc! {"_id": "x"}, None, Some(&en2));
+    assert!(!matches!(plan.access, Access::IdPoint(_)));
+    let plan = choose_under(&[], &[], doc! {"_id": 7}, None, Some(&en2));
+    assert!(matches!(plan.access, Access::IdPoint(_)));
 }
