@@ -29,11 +29,11 @@ use std::collections::BTreeMap;
 
 use bson::{Bson, Document, doc};
 
+use crate::collation::Collation;
 use crate::expr::{self, Env, Expr};
 use crate::matcher::Matcher;
 use crate::projection::{Projection, Syntax};
 use crate::sort::SortSpec;
-use crate::collation::Collation;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
 

@@ -35,14 +35,116 @@ pub const ICU_VERSION: &str = "57.1";
 
 /// The locales MongoDB supports (ICU locale IDs), besides `simple`.
 const LOCALES: &[&str] = &[
-    "af", "sq", "am", "ar", "hy", "as", "az", "bn", "be", "bs", "bs_Cyrl", "bg", "my", "ca",
-    "chr", "zh", "zh_Hant", "hr", "cs", "da", "nl", "dz", "en", "en_US", "en_US_POSIX", "eo",
-    "et", "ee", "fo", "fil", "fi", "fi_FI", "fr", "fr_CA", "gl", "ka", "de", "de_AT", "el", "gu",
-    "ha", "haw", "he", "hi", "hu", "is", "ig", "smn", "id", "ga", "it", "ja", "kl", "kn", "kk",
-    "km", "kok", "ko", "ky", "lk", "lo", "lv", "li", "lt", "dsb", "lb", "mk", "ms", "ml", "mt",
-    "mr", "mn", "ne", "se", "nb", "nn", "or", "om", "ps", "fa", "fa_AF", "pl", "pt", "pa", "ro",
-    "ru", "sr", "sr_Latn", "si", "sk", "sl", "es", "sw", "sv", "ta", "te", "th", "bo", "to", "tr",
-    "uk", "hsb", "ur", "ug", "vi", "wae", "cy", "yi", "yo", "zu",
+    "af",
+    "sq",
+    "am",
+    "ar",
+    "hy",
+    "as",
+    "az",
+    "bn",
+    "be",
+    "bs",
+    "bs_Cyrl",
+    "bg",
+    "my",
+    "ca",
+    "chr",
+    "zh",
+    "zh_Hant",
+    "hr",
+    "cs",
+    "da",
+    "nl",
+    "dz",
+    "en",
+    "en_US",
+    "en_US_POSIX",
+    "eo",
+    "et",
+    "ee",
+    "fo",
+    "fil",
+    "fi",
+    "fi_FI",
+    "fr",
+    "fr_CA",
+    "gl",
+    "ka",
+    "de",
+    "de_AT",
+    "el",
+    "gu",
+    "ha",
+    "haw",
+    "he",
+    "hi",
+    "hu",
+    "is",
+    "ig",
+    "smn",
+    "id",
+    "ga",
+    "it",
+    "ja",
+    "kl",
+    "kn",
+    "kk",
+    "km",
+    "kok",
+    "ko",
+    "ky",
+    "lk",
+    "lo",
+    "lv",
+    "li",
+    "lt",
+    "dsb",
+    "lb",
+    "mk",
+    "ms",
+    "ml",
+    "mt",
+    "mr",
+    "mn",
+    "ne",
+    "se",
+    "nb",
+    "nn",
+    "or",
+    "om",
+    "ps",
+    "fa",
+    "fa_AF",
+    "pl",
+    "pt",
+    "pa",
+    "ro",
+    "ru",
+    "sr",
+    "sr_Latn",
+    "si",
+    "sk",
+    "sl",
+    "es",
+    "sw",
+    "sv",
+    "ta",
+    "te",
+    "th",
+    "bo",
+    "to",
+    "tr",
+    "uk",
+    "hsb",
+    "ur",
+    "ug",
+    "vi",
+    "wae",
+    "cy",
+    "yi",
+    "yo",
+    "zu",
 ];
 
 /// `@collation=` variants MongoDB accepts, with their BCP 47 `-u-co-` names.
@@ -296,11 +398,9 @@ impl Collation {
     pub fn fold(&self, v: &Bson) -> Bson {
         match v {
             Bson::String(s) | Bson::Symbol(s) => Bson::String(self.key(s)),
-            Bson::Document(d) => Bson::Document(
-                d.iter()
-                    .map(|(k, v)| (k.clone(), self.fold(v)))
-                    .collect(),
-            ),
+            Bson::Document(d) => {
+                Bson::Document(d.iter().map(|(k, v)| (k.clone(), self.fold(v))).collect())
+            }
             Bson::Array(a) => Bson::Array(a.iter().map(|v| self.fold(v)).collect()),
             other => other.clone(),
         }
@@ -442,14 +542,17 @@ mod tests {
         assert_eq!(
             spec,
             doc! {"locale": "fr_CA", "caseLevel": false, "caseFirst": "off", "strength": 3,
-                "numericOrdering": false, "alternate": "non-ignorable", "maxVariable": "punct",
-                "normalization": false, "backwards": true, "version": "57.1"}
+            "numericOrdering": false, "alternate": "non-ignorable", "maxVariable": "punct",
+            "normalization": false, "backwards": true, "version": "57.1"}
         );
         assert_eq!(
             c(doc! {"locale": "en", "strength": 2}),
             c(doc! {"strength": 2, "locale": "en"})
         );
-        assert_ne!(c(doc! {"locale": "en"}), c(doc! {"locale": "en", "strength": 2}));
+        assert_ne!(
+            c(doc! {"locale": "en"}),
+            c(doc! {"locale": "en", "strength": 2})
+        );
         // Variants select the tailoring.
         let phonebook = c(doc! {"locale": "de@collation=phonebook"});
         let standard = c(doc! {"locale": "de"});

@@ -76,7 +76,11 @@ impl Env {
     /// The environment of a command's `let` field (a document of variables; absent: none)
     /// and `collation` (absent: simple, which a collection's default may then replace).
     pub fn from_command(cmd: &Document) -> Result<Env> {
-        let collation = cmd.get("collation").map(Collation::parse).transpose()?.flatten();
+        let collation = cmd
+            .get("collation")
+            .map(Collation::parse)
+            .transpose()?
+            .flatten();
         let env = match cmd.get("let") {
             None => Ok(Env::default()),
             Some(Bson::Document(spec)) => Env::with_let(None, Some(spec)),
@@ -2448,11 +2452,13 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
                 _ => o != Ordering::Greater,
             }))
         }
-        Op::Cmp => Some(Bson::Int32(match cmp_missing(&arg(&a, 0), &arg(&a, 1), env) {
-            Ordering::Less => -1,
-            Ordering::Equal => 0,
-            Ordering::Greater => 1,
-        })),
+        Op::Cmp => Some(Bson::Int32(
+            match cmp_missing(&arg(&a, 0), &arg(&a, 1), env) {
+                Ordering::Less => -1,
+                Ordering::Equal => 0,
+                Ordering::Greater => 1,
+            },
+        )),
         Op::Not => Some(Bson::Boolean(!truthy(&arg(&a, 0).unwrap_or(Bson::Null)))),
         Op::Concat => {
             let mut s = String::new();
@@ -2870,8 +2876,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
                 None => arr.len(),
             }
             .min(arr.len());
-            let found =
-                (start..end).find(|i| arr.get(*i).is_some_and(|e| env.equal(e, &needle)));
+            let found = (start..end).find(|i| arr.get(*i).is_some_and(|e| env.equal(e, &needle)));
             Some(int_result(
                 found.and_then(|i| i64::try_from(i).ok()).unwrap_or(-1),
             ))
@@ -3129,9 +3134,8 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
                     }
                 }
             }
-            let subset = |x: &Vec<Bson>, y: &Vec<Bson>| {
-                x.iter().all(|e| y.iter().any(|f| env.equal(e, f)))
-            };
+            let subset =
+                |x: &Vec<Bson>, y: &Vec<Bson>| x.iter().all(|e| y.iter().any(|f| env.equal(e, f)));
             let r = match sets.as_slice() {
                 [first, rest @ ..] if op == Op::SetEquals => {
                     rest.iter().all(|s| subset(first, s) && subset(s, first))

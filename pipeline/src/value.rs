@@ -215,8 +215,7 @@ pub fn compare_in(a: &Bson, b: &Bson, collation: Option<&Collation>) -> Ordering
         return ta.cmp(&tb);
     }
     match (a, b) {
-        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => match collation
-        {
+        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => match collation {
             Some(c) => c.compare_str(x, y),
             None => x.as_bytes().cmp(y.as_bytes()),
         },

@@ -43,7 +43,9 @@ impl CollectionEntry {
     /// without one of their own take.
     pub fn collation(&self) -> Option<pipeline::collation::Collation> {
         let spec = self.options.get_document("collation").ok()?;
-        pipeline::collation::Collation::parse_doc(spec).ok().flatten()
+        pipeline::collation::Collation::parse_doc(spec)
+            .ok()
+            .flatten()
     }
 
     pub fn new(db: &str, name: &str, uuid: Uuid, options: Document) -> Self {

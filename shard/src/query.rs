@@ -46,9 +46,8 @@ impl Filter {
         let matcher = Matcher::parse_with_vars(filter, &env.names())?;
         // Under a collation, a string `_id` may match other `_id`s than its own.
         let id_eq = match (filter.len(), filter.get("_id")) {
-            (1, Some(v)) => point_value(v).filter(|v| {
-                env.collation.is_none() || !pipeline::collation::has_string(v)
-            }),
+            (1, Some(v)) => point_value(v)
+                .filter(|v| env.collation.is_none() || !pipeline::collation::has_string(v)),
             _ => None,
         };
         Ok(Filter {

@@ -24,9 +24,9 @@ use std::collections::{BTreeSet, HashMap};
 use bson::{Bson, Document, doc};
 
 use super::{Pipeline, Stage, stage_err};
+use crate::collation::Collation;
 use crate::expr::{Env, Expr};
 use crate::matcher::Matcher;
-use crate::collation::Collation;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
@@ -373,7 +373,9 @@ impl Lookup {
             _ => &[],
         };
         let index = match &self.join {
-            Some((_, foreign_field)) if !from_documents => JoinIndex::build(foreign, foreign_field, env),
+            Some((_, foreign_field)) if !from_documents => {
+                JoinIndex::build(foreign, foreign_field, env)
+            }
             _ => None,
         };
         let mut out = Vec::with_capacity(docs.len());

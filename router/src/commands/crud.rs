@@ -485,10 +485,11 @@ pub(crate) fn shards_for_query(
         .transpose()?
         .flatten()
         .is_some();
+    // (Conservatively: a string anywhere in the filter; a hashed key no longer shows it.)
     let key = sc
         .key
         .key_of_query(filter)
-        .filter(|key| !collated || !key.iter().any(pipeline::collation::has_string));
+        .filter(|_| !collated || !pipeline::collation::has_string(&Bson::Document(filter.clone())));
     match key {
         Some(key) => Ok(vec![router.shard_index(sc.chunks.shard_for(&key))?]),
         None => sc

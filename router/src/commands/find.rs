@@ -382,8 +382,8 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
         )
     })?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
-    let vars = pipeline::expr::Env::from_command(ctx.cmd)?.names();
-    pipeline::Matcher::parse_with_vars(&query, &vars)?;
+    let env = pipeline::expr::Env::from_command(ctx.cmd)?;
+    pipeline::Matcher::parse_with_vars(&query, &env.names())?;
     let routed = read_targets(ctx, coll, &query).await?;
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
@@ -399,8 +399,9 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
                 .unwrap_or_default(),
         );
     }
-    values.sort_by(pipeline::value::compare);
-    values.dedup_by(|a, b| pipeline::value::equal(a, b));
+    // The shards' values are distinct under the collation; so are the merged ones.
+    values.sort_by(|a, b| env.compare(a, b));
+    values.dedup_by(|a, b| env.equal(a, b));
     Ok(doc! {"values": values, "ok": 1.0})
 }
 

@@ -377,12 +377,32 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let verbosity = verbosity(&ctx.cmd)?;
     let name = inner.keys().next().cloned().unwrap_or_default();
     let shape = shape(&name, &inner)?;
-    let filter = Filter::parse(&shape.filter_doc)?.with_hint(shape.hint.as_ref())?;
+    // The collation is the command's, or an update's or delete's first statement's.
+    let collation_source = match name.as_str() {
+        "update" | "delete" => inner
+            .get_array(if name == "update" {
+                "updates"
+            } else {
+                "deletes"
+            })
+            .ok()
+            .and_then(|s| s.first())
+            .and_then(Bson::as_document)
+            .cloned()
+            .unwrap_or_default(),
+        _ => inner.clone(),
+    };
+    let env = pipeline::expr::Env::from_command(&inner)?.with_collation_of(
+        &collation_source,
+        ctx.default_collation(&shape.coll).as_ref(),
+    )?;
+    let filter = Filter::parse_in(&shape.filter_doc, &env)?.with_hint(shape.hint.as_ref())?;
     let sort = shape
         .sort
         .as_ref()
         .map(crate::query::Sort::parse)
-        .transpose()?;
+        .transpose()?
+        .map(|s| s.with_collation(env.collation.clone()));
     let mut chosen = ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, &shape.coll) {
         Some(entry) => crate::query::plan(txn, entry, &filter, sort.as_ref())
             .map(Some)

@@ -108,7 +108,9 @@ impl<'a> Index<'a> {
     /// The index's collation (`None`: simple). Its string keys are this collation's keys.
     pub fn collation(&self) -> Option<pipeline::collation::Collation> {
         let spec = self.spec.get_document("collation").ok()?;
-        pipeline::collation::Collation::parse_doc(spec).ok().flatten()
+        pipeline::collation::Collation::parse_doc(spec)
+            .ok()
+            .flatten()
     }
 
     /// The TTL of a TTL index, in seconds.

@@ -101,7 +101,10 @@ impl FieldPred {
             FieldPred::Points(v) => (v.as_slice(), None, None),
             FieldPred::Range { lo, hi } => (&[][..], lo.as_deref(), hi.as_deref()),
         };
-        points.iter().chain(lo.map(|b| &b.0)).chain(hi.map(|b| &b.0))
+        points
+            .iter()
+            .chain(lo.map(|b| &b.0))
+            .chain(hi.map(|b| &b.0))
     }
 }
 

@@ -35,9 +35,15 @@ fn choose_under(
         })
         .collect();
     let sort = sort.map(|s| SortSpec::parse(&s).unwrap());
-    choose(b"C", &candidates, &filter, sort.as_ref(), None, collation, &|i| {
-        [b"C".as_slice(), i.name.as_bytes(), &[0]].concat()
-    })
+    choose(
+        b"C",
+        &candidates,
+        &filter,
+        sort.as_ref(),
+        None,
+        collation,
+        &|i| [b"C".as_slice(), i.name.as_bytes(), &[0]].concat(),
+    )
     .unwrap()
 }
 
@@ -350,7 +356,11 @@ fn an_index_bounds_strings_only_under_its_own_collation() {
         unreachable!()
     };
     assert!(scan.collated);
-    let key = entry("b_1", &[Direction::Ascending], &[en2.fold(&Bson::from("PiNG"))]);
+    let key = entry(
+        "b_1",
+        &[Direction::Ascending],
+        &[en2.fold(&Bson::from("PiNG"))],
+    );
     assert!(scan.intervals.iter().any(|r| in_range(r, &key)));
     // ...but not a simple query on strings, nor another strength.
     assert_eq!(
@@ -358,7 +368,13 @@ fn an_index_bounds_strings_only_under_its_own_collation() {
         None
     );
     assert_eq!(
-        index_name(&choose_under(&specs, &[], doc! {"b": "ping"}, None, Some(&en(1)))),
+        index_name(&choose_under(
+            &specs,
+            &[],
+            doc! {"b": "ping"},
+            None,
+            Some(&en(1))
+        )),
         None
     );
 }
@@ -366,9 +382,19 @@ fn an_index_bounds_strings_only_under_its_own_collation() {
 #[test]
 fn a_collation_changes_which_orders_give_a_sort() {
     let en2 = en(2);
-    let specs = [spec(doc! {"a": 1}, "a_1", doc! {"collation": en2.spec().clone()})];
+    let specs = [spec(
+        doc! {"a": 1},
+        "a_1",
+        doc! {"collation": en2.spec().clone()},
+    )];
     let sort = Some(doc! {"a": 1});
-    let plan = choose_under(&specs, &[], doc! {"a": {"$gt": 1}}, sort.clone(), Some(&en2));
+    let plan = choose_under(
+        &specs,
+        &[],
+        doc! {"a": {"$gt": 1}},
+        sort.clone(),
+        Some(&en2),
+    );
     assert!(plan.provides_sort);
     let plan = choose_under(&specs, &[], doc! {"a": {"$gt": 1}}, sort, None);
     assert!(!plan.provides_sort);
