@@ -79,6 +79,11 @@ impl Filter {
         &self.doc
     }
 
+    /// The collation the filter compares strings by (`None`: simple).
+    pub fn collation(&self) -> Option<&pipeline::collation::Collation> {
+        self.env.collation.as_ref()
+    }
+
     /// Whether the command named an index (or `$natural`) to use.
     pub fn hinted(&self) -> bool {
         self.hint.is_some()

@@ -295,6 +295,41 @@ async fn a_collections_default_collation_and_collated_indexes() -> anyhow::Resul
         .await?
         .to_string();
     assert!(!plan.contains("IXSCAN"), "{plan}");
+    // Update operators compare array elements by the collation too.
+    coll.insert_one(doc! {"_id": 20, "tags": ["Red"]}).await?;
+    let r = coll
+        .update_one(doc! {"_id": 20}, doc! {"$addToSet": {"tags": "RED"}})
+        .await?;
+    assert_eq!(
+        r.modified_count, 0,
+        "RED is Red under the default collation"
+    );
+    coll.update_one(doc! {"_id": 20}, doc! {"$pull": {"tags": "red"}})
+        .await?;
+    let tags = coll
+        .find_one(doc! {"_id": 20})
+        .await?
+        .and_then(|d| d.get_array("tags").ok().cloned());
+    assert_eq!(tags, Some(vec![]));
+    coll.update_one(
+        doc! {"_id": 20},
+        doc! {"$addToSet": {"tags": {"$each": ["a", "b"]}}},
+    )
+    .collation(collation(doc! {"locale": "simple"}))
+    .await?;
+    let r = coll
+        .update_one(doc! {"_id": 20}, doc! {"$pull": {"tags": "A"}})
+        .collation(collation(doc! {"locale": "simple"}))
+        .await?;
+    assert_eq!(r.modified_count, 0, "A is not a under the simple collation");
+
+    // A collection with a default collation is not sharded (the router would not apply it).
+    let err = client
+        .database("admin")
+        .run_command(doc! {"shardCollection": "app.people", "key": {"_id": 1}})
+        .await
+        .expect_err("refused");
+    assert_eq!(code(&err), Some(2), "{err}");
     let found: Vec<Document> = coll
         .find(doc! {"name": "ALICE"})
         .await?

@@ -459,6 +459,19 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             format!("{ns} is a view"),
         ));
     }
+    // The router targets and merges a sharded collection's operations by the collation they
+    // name, not by a default it does not know: a default collation cannot be sharded here.
+    if let Some(default) = existing
+        .as_ref()
+        .and_then(|c| c.get_document("options").ok())
+        .and_then(|o| o.get_document("collation").ok())
+    {
+        return Err(MongoError::bad_value(format!(
+            "cannot shard {ns}: it has a non-simple default collation {default}, which this \
+             server's router does not apply; recreate it without one and name the collation \
+             per operation"
+        )));
+    }
     let uuid = match existing
         .as_ref()
         .and_then(|c| c.get_document("info").ok())

@@ -356,6 +356,7 @@ fn update_context(
     ctx: &WriteCtx<'_>,
     coll: Option<&CollectionEntry>,
     upsert_insert: bool,
+    stmt: &UpdateStmt,
 ) -> UpdateContext {
     let now_ms = ctx.wall_ms;
     UpdateContext {
@@ -363,6 +364,7 @@ fn update_context(
         now_ts: ctx.state().cluster_time().timestamp(),
         is_upsert_insert: upsert_insert,
         immutable_paths: coll.map(|c| c.immutable_paths()).unwrap_or_default(),
+        collation: stmt.filter.collation().cloned(),
     }
 }
 
@@ -439,7 +441,7 @@ pub fn run_update(
             ctx.check_not_held(coll, old)?;
         }
         for old in docs {
-            let uctx = update_context(ctx, Some(coll), false);
+            let uctx = update_context(ctx, Some(coll), false, stmt);
             let (new, outcome) = stmt.spec.apply_logged(&old, &uctx, Some(&stmt.query))?;
             check_immutable(coll, &old, &new)?;
             check_update_size(&new)?;
@@ -481,7 +483,7 @@ pub fn run_update(
     }
     if out.n == 0 && stmt.upsert {
         let seed = update::upsert_seed(&stmt.query)?;
-        let uctx = update_context(ctx, coll.as_deref(), true);
+        let uctx = update_context(ctx, coll.as_deref(), true, stmt);
         let (new, _) = stmt.spec.apply_logged(&seed, &uctx, Some(&stmt.query))?;
         let new = ensure_id_first(new, ctx.wall_ms)?;
         check_update_size(&new)?;

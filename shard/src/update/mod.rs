@@ -93,6 +93,8 @@ pub struct UpdateContext {
     pub is_upsert_insert: bool,
     /// Dotted paths that may not change (the shard key fields); `_id` always is.
     pub immutable_paths: Vec<String>,
+    /// The statement's collation, for `$addToSet`, `$pull`, `$pullAll`, `$min` and `$max`.
+    pub collation: Option<pipeline::collation::Collation>,
 }
 
 impl UpdateContext {
@@ -103,6 +105,7 @@ impl UpdateContext {
             now_ts,
             is_upsert_insert: false,
             immutable_paths: Vec::new(),
+            collation: None,
         }
     }
 }

@@ -11,8 +11,9 @@
 //!   modifier does nothing there, e.g. `$unset`, `$pop`, `$pull`).
 //! * Numbers follow MongoDB's promotion: int32 overflow becomes int64; an int64 overflow in
 //!   `$inc`/`$mul` is an error (BadValue), as with MongoDB's `SafeNum`.
-//! * Array element equality (`$addToSet`, `$pullAll`, `$pull` by value) and `$min`/`$max` use
-//!   `pipeline::value` (MongoDB equality: `1 == 1.0`); no-op detection uses binary equality.
+//! * Array element equality (`$addToSet`, `$pullAll`, `$pull`) and `$min`/`$max` use
+//!   `pipeline::value` (MongoDB equality: `1 == 1.0`) under the statement's collation; no-op
+//!   detection uses binary equality.
 
 use std::cmp::Ordering;
 
@@ -131,6 +132,13 @@ pub const OPERATORS: &[&str] = &[
 pub struct Env<'a> {
     pub ctx: &'a UpdateContext,
     pub id: String,
+}
+
+impl Env<'_> {
+    /// MongoDB equality under the statement's collation.
+    fn equal(&self, a: &Bson, b: &Bson) -> bool {
+        value::equal_in(a, b, self.ctx.collation.as_ref())
+    }
 }
 
 fn integral(v: &Bson) -> Option<i64> {
@@ -323,7 +331,7 @@ impl Modifier {
                 } else {
                     Ordering::Greater
                 };
-                if compare(new, v) == wanted {
+                if value::compare_in(new, v, env.ctx.collation.as_ref()) == wanted {
                     Ok(replace(v, new.clone()))
                 } else {
                     Ok(Change::NoOp)
@@ -365,7 +373,7 @@ impl Modifier {
                 };
                 let old_len = arr.len();
                 for item in items {
-                    if !arr.iter().any(|e| equal(e, item)) {
+                    if !arr.iter().any(|e| env.equal(e, item)) {
                         arr.push(item.clone());
                     }
                 }
@@ -399,7 +407,7 @@ impl Modifier {
                     ));
                 };
                 let before = arr.len();
-                arr.retain(|e| !pull_matches(cond, e));
+                arr.retain(|e| !pull_matches(cond, e, env));
                 Ok(if arr.len() == before {
                     Change::NoOp
                 } else {
@@ -413,7 +421,7 @@ impl Modifier {
                     ));
                 };
                 let before = arr.len();
-                arr.retain(|e| !items.iter().any(|i| equal(i, e)));
+                arr.retain(|e| !items.iter().any(|i| env.equal(i, e)));
                 Ok(if arr.len() == before {
                     Change::NoOp
                 } else {
@@ -703,14 +711,19 @@ fn parse_pull(v: &Bson) -> Result<PullCond> {
     }
 }
 
-fn pull_matches(cond: &PullCond, e: &Bson) -> bool {
+fn pull_matches(cond: &PullCond, e: &Bson, env: &Env<'_>) -> bool {
+    let under = pipeline::expr::Env {
+        collation: env.ctx.collation.clone(),
+        ..pipeline::expr::Env::default()
+    };
+    let matches = |m: &Matcher, d: &Document| m.try_matches_in(d, &under).unwrap_or(false);
     match cond {
-        PullCond::Equal(v) => equal(v, e),
+        PullCond::Equal(v) => env.equal(v, e),
         PullCond::Object(m) => match e {
-            Bson::Document(d) => m.matches(d),
+            Bson::Document(d) => matches(m, d),
             _ => false,
         },
-        PullCond::Wrapped(m) => m.matches(&doc! { WRAP: e.clone() }),
+        PullCond::Wrapped(m) => matches(m, &doc! { WRAP: e.clone() }),
     }
 }
 
