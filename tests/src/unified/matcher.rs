@@ -2,8 +2,9 @@
 //! one.
 //!
 //! Rules: extra keys in the actual document are allowed only at the root (an operation's
-//! result, a command of a command-started event); nested documents and arrays must match
-//! exactly; numbers (int32, int64, double) compare by value; the special operators
+//! result, each document of a root array such as a `find`'s result, a command of a
+//! command-started event, a reply of a command-succeeded event); nested documents and arrays
+//! must match exactly; numbers (int32, int64, double) compare by value; the special operators
 //! `$$exists`, `$$type`, `$$unsetOrMatches`, `$$lte`, `$$matchAsDocument`, `$$matchAsRoot`
 //! and `$$sessionLsid` apply where the spec puts them. An unknown `$$` operator is an error,
 //! never a silent match; so is `$$sessionLsid` naming a session the test never created.
@@ -95,8 +96,9 @@ fn at(
                     a.len()
                 ));
             }
+            // The documents of a root array (a `find`'s result) are root documents too.
             for (i, (ev, av)) in e.iter().zip(a).enumerate() {
-                at(cx, ev, Some(av), false, &format!("{path}.{i}"))?;
+                at(cx, ev, Some(av), root, &format!("{path}.{i}"))?;
             }
             Ok(())
         }
@@ -272,6 +274,14 @@ mod tests {
             .is_err()
         );
         assert!(root(doc! {"x": [{"a": 1}]}, doc! {"x": [{"a": 1, "b": 1}]}).is_err());
+        // A root array's documents (a find's result) are root documents.
+        let expected = Bson::Array(vec![doc! {"_id": 1}.into()]);
+        let actual = Bson::Array(vec![doc! {"_id": 1, "x": 11}.into()]);
+        assert!(matches(&expected, Some(&actual), true).is_ok());
+        assert!(matches(&expected, Some(&actual), false).is_err());
+        let nested = Bson::Array(vec![doc! {"_id": 1, "d": {"a": 1}}.into()]);
+        let nested_extra = Bson::Array(vec![doc! {"_id": 1, "d": {"a": 1, "b": 2}}.into()]);
+        assert!(matches(&nested, Some(&nested_extra), true).is_err());
     }
 
     #[test]

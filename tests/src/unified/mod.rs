@@ -13,6 +13,7 @@
 //! failure must fail (a listed test that passes or is skipped fails the run), so the list stays
 //! true.
 
+mod bulk;
 pub mod harness;
 pub mod matcher;
 mod ops;
@@ -27,7 +28,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::event::EventHandler;
-use mongodb::event::command::{CommandEvent, CommandStartedEvent};
+use mongodb::event::command::CommandEvent;
 use mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions, SessionOptions};
 use mongodb::{Client, ClientSession};
 
@@ -385,8 +386,10 @@ const NEVER_OBSERVED: &[&str] = &[
 
 pub(crate) struct ClientEntity {
     pub client: Client,
-    events: Arc<Mutex<Vec<CommandStartedEvent>>>,
-    observe_started: bool,
+    /// Every command event of the client, in order.
+    events: Arc<Mutex<Vec<CommandEvent>>>,
+    /// The `observeEvents` kinds (`commandStartedEvent`, ...).
+    observe: Vec<String>,
     ignore: Vec<String>,
 }
 
@@ -395,26 +398,41 @@ impl ClientEntity {
     /// session in a transaction is pinned to.
     fn server_of_session(&self, lsid: &Document) -> Option<String> {
         let events = self.events.lock().ok()?;
-        events
-            .iter()
-            .rev()
-            .find(|e| e.command.get_document("lsid").is_ok_and(|l| l == lsid))
-            .map(|e| e.connection.address.to_string())
+        events.iter().rev().find_map(|e| match e {
+            CommandEvent::Started(s) if s.command.get_document("lsid").is_ok_and(|l| l == lsid) => {
+                Some(s.connection.address.to_string())
+            }
+            _ => None,
+        })
     }
 
-    /// The command-started events this entity observes, in order.
-    fn started(&self) -> Vec<CommandStartedEvent> {
-        if !self.observe_started {
-            return Vec::new();
-        }
+    /// The command events this entity observes, in order, with the database each command
+    /// ran on (succeeded and failed events have it from their started event).
+    fn observed(&self) -> Vec<(CommandEvent, String)> {
         let events = self.events.lock().map(|e| e.clone()).unwrap_or_default();
-        events
-            .into_iter()
-            .filter(|e| {
-                !NEVER_OBSERVED.contains(&e.command_name.as_str())
-                    && !self.ignore.contains(&e.command_name)
-            })
-            .collect()
+        let mut db_of_request = HashMap::new();
+        let mut out = Vec::new();
+        for e in events {
+            let (kind, name, request) = match &e {
+                CommandEvent::Started(s) => {
+                    db_of_request.insert(s.request_id, s.db.clone());
+                    ("commandStartedEvent", &s.command_name, s.request_id)
+                }
+                CommandEvent::Succeeded(s) => {
+                    ("commandSucceededEvent", &s.command_name, s.request_id)
+                }
+                CommandEvent::Failed(f) => ("commandFailedEvent", &f.command_name, f.request_id),
+                _ => continue,
+            };
+            if self.observe.iter().any(|o| o == kind)
+                && !NEVER_OBSERVED.contains(&name.as_str())
+                && !self.ignore.contains(name)
+            {
+                let db = db_of_request.get(&request).cloned().unwrap_or_default();
+                out.push((e, db));
+            }
+        }
+        out
     }
 }
 
@@ -548,19 +566,14 @@ pub(crate) fn hosts(uri: &str) -> Vec<String> {
         .collect()
 }
 
-async fn new_client(
-    uri: &str,
-    events: Option<Arc<Mutex<Vec<CommandStartedEvent>>>>,
-) -> Result<Client> {
+async fn new_client(uri: &str, events: Option<Arc<Mutex<Vec<CommandEvent>>>>) -> Result<Client> {
     let mut opts = ClientOptions::parse(uri).await?;
     opts.server_selection_timeout = Some(Duration::from_secs(10));
     opts.connect_timeout = Some(Duration::from_secs(5));
     if let Some(events) = events {
         opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
-            if let CommandEvent::Started(started) = ev
-                && let Ok(mut events) = events.lock()
-            {
-                events.push(started);
+            if let Ok(mut events) = events.lock() {
+                events.push(ev);
             }
         }));
     }
@@ -621,7 +634,7 @@ pub(crate) async fn create_entities(
                             .collect()
                     })
                     .unwrap_or_default();
-                if let Some(other) = observe.iter().find(|e| *e != "commandStartedEvent") {
+                if let Some(other) = observe.iter().find(|e| !OBSERVABLE.contains(&e.as_str())) {
                     bail!("observing {other} is not supported by this runner");
                 }
                 let ignore = spec
@@ -658,7 +671,7 @@ pub(crate) async fn create_entities(
                 Entity::Client(ClientEntity {
                     client,
                     events,
-                    observe_started: !observe.is_empty(),
+                    observe,
                     ignore,
                 })
             }
@@ -1051,13 +1064,13 @@ async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     let ignore_extra = expected.get_bool("ignoreExtraEvents").unwrap_or(false);
     let want = expected.get_array("events")?;
     let client = entities.client(client_id)?;
-    let mut have = client.started();
+    let mut have = client.observed();
     let deadline = tokio::time::Instant::now() + LATE_EVENTS;
     while have.len() < want.len() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        have = client.started();
+        have = client.observed();
     }
-    let names: Vec<&str> = have.iter().map(|e| e.command_name.as_str()).collect();
+    let names: Vec<String> = have.iter().map(|(e, _)| describe_event(e)).collect();
     if have.len() < want.len() || (!ignore_extra && have.len() != want.len()) {
         bail!(
             "client {client_id}: expected {} events{}, observed {}: {names:?}",
@@ -1066,37 +1079,64 @@ async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
             have.len()
         );
     }
-    for (i, (w, h)) in want.iter().zip(&have).enumerate() {
+    for (i, (w, (h, db))) in want.iter().zip(&have).enumerate() {
         let w = w
             .as_document()
             .context("an expected event is not a document")?;
         let (kind, spec) = w.iter().next().context("empty expected event")?;
-        if kind != "commandStartedEvent" {
-            bail!("expected event kind {kind} is not supported by this runner");
-        }
-        let spec = spec.as_document().context("commandStartedEvent")?;
+        let spec = spec.as_document().context("an expected event's fields")?;
+        let name = match (kind.as_str(), h) {
+            ("commandStartedEvent", CommandEvent::Started(s)) => &s.command_name,
+            ("commandSucceededEvent", CommandEvent::Succeeded(s)) => &s.command_name,
+            ("commandFailedEvent", CommandEvent::Failed(f)) => &f.command_name,
+            ("commandStartedEvent" | "commandSucceededEvent" | "commandFailedEvent", _) => bail!(
+                "client {client_id}, event {i}: expected a {kind}, observed {}; observed {names:?}",
+                describe_event(h)
+            ),
+            (other, _) => bail!("expected event kind {other} is not supported by this runner"),
+        };
         for (k, v) in spec {
-            let r = match k.as_str() {
-                "command" => matcher::matches_in(
+            let r = match (k.as_str(), h) {
+                ("command", CommandEvent::Started(s)) => matcher::matches_in(
                     entities.cx(),
                     v,
-                    Some(&Bson::Document(h.command.clone())),
+                    Some(&Bson::Document(s.command.clone())),
                     true,
                 ),
-                "commandName" => {
-                    matcher::matches(v, Some(&Bson::String(h.command_name.clone())), false)
-                }
-                "databaseName" => matcher::matches(v, Some(&Bson::String(h.db.clone())), false),
-                other => bail!("commandStartedEvent.{other} is not supported by this runner"),
+                ("reply", CommandEvent::Succeeded(s)) => matcher::matches_in(
+                    entities.cx(),
+                    v,
+                    Some(&Bson::Document(s.reply.clone())),
+                    true,
+                ),
+                ("commandName", _) => matcher::matches(v, Some(&Bson::String(name.clone())), false),
+                ("databaseName", _) => matcher::matches(v, Some(&Bson::String(db.clone())), false),
+                (other, _) => bail!("{kind}.{other} is not supported by this runner"),
             };
             r.map_err(|why| {
                 anyhow!(
-                    "client {client_id}, event {i} ({}): {why}; observed {names:?}; command {}",
-                    h.command_name,
-                    h.command
+                    "client {client_id}, event {i} ({}): {why}; observed {names:?}",
+                    describe_event(h)
                 )
             })?;
         }
     }
     Ok(())
+}
+
+/// The event kinds a client entity can observe.
+const OBSERVABLE: &[&str] = &[
+    "commandStartedEvent",
+    "commandSucceededEvent",
+    "commandFailedEvent",
+];
+
+/// An event as error messages show it.
+fn describe_event(e: &CommandEvent) -> String {
+    match e {
+        CommandEvent::Started(s) => format!("started {} {}", s.command_name, s.command),
+        CommandEvent::Succeeded(s) => format!("succeeded {} {}", s.command_name, s.reply),
+        CommandEvent::Failed(f) => format!("failed {} ({})", f.command_name, f.failure),
+        _ => "other".to_string(),
+    }
 }

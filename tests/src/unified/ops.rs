@@ -26,7 +26,8 @@ use mongodb::options::{
 use mongodb::results::{DeleteResult, UpdateResult};
 use mongodb::{BoxFuture, Client, ClientSession, Collection, Database, IndexModel, Namespace};
 
-use super::{DriverLimitation, Entities, Entity, matcher};
+use super::bulk::{BulkFailure, ClientValidation};
+use super::{Entities, Entity, matcher};
 
 /// How long `iterateUntilDocumentOrError` waits for an event.
 const ITERATE_WAIT: Duration = Duration::from_secs(20);
@@ -98,7 +99,7 @@ pub(super) async fn run_operation(
         return match outcome {
             Ok(v) => bail!("expected an error, got {}", v.describe()),
             Err(e) => {
-                check_error(expected, &e, entities)?;
+                check_error(expected, &e, args, entities)?;
                 Ok(Some(e))
             }
         };
@@ -734,12 +735,13 @@ async fn execute_on(
             })
         }
         (Target::Collection(coll), "updateOne" | "updateMany") => {
-            check_with_common(args, &["filter", "update", "upsert", "session"])?;
+            check_with_common(args, &["filter", "update", "upsert", "sort", "session"])?;
             let c = Common::of(args)?;
             let filter = args.get_document("filter")?.clone();
             let update = update_modifications(args.get("update"))?;
             let mut opts = UpdateOptions::default();
             opts.upsert = args.get_bool("upsert").ok();
+            opts.sort = args.get_document("sort").ok().cloned();
             opts.array_filters = c.array_filters;
             opts.bypass_document_validation = c.bypass_document_validation;
             opts.collation = c.collation;
@@ -754,10 +756,14 @@ async fn execute_on(
             result.map(|r| Value::doc(update_result(&r)))
         }
         (Target::Collection(coll), "replaceOne") => {
-            check_with_common(args, &["filter", "replacement", "upsert", "session"])?;
+            check_with_common(
+                args,
+                &["filter", "replacement", "upsert", "sort", "session"],
+            )?;
             let c = Common::of(args)?;
             let mut opts = ReplaceOptions::default();
             opts.upsert = args.get_bool("upsert").ok();
+            opts.sort = args.get_document("sort").ok().cloned();
             opts.bypass_document_validation = c.bypass_document_validation;
             opts.collation = c.collation;
             opts.hint = c.hint;
@@ -1002,13 +1008,9 @@ async fn execute_on(
             )
             .map(found)
         }
-        (Target::Collection(_), "bulkWrite") => {
-            return Err(anyhow::Error::new(DriverLimitation(
-                "the mongodb 3.9 driver has no collection-level bulkWrite (only \
-                 Client::bulk_write, the 8.0 bulkWrite command)"
-                    .into(),
-            )));
-        }
+        (Target::Collection(coll), "bulkWrite") => super::bulk::bulk_write(coll, args, session)
+            .await?
+            .map(Value::doc),
         (Target::Collection(coll), "createIndex") => {
             check_arguments(args, &["keys", "name", "unique", "session"])?;
             let mut model = IndexModel::default();
@@ -1328,6 +1330,32 @@ async fn client_bulk_write(
     })
 }
 
+/// The partial result of a failed `insertMany`, as the CRUD spec defines it: the documents
+/// inserted are those before the first write error (ordered) or all but the failed ones
+/// (unordered). The 3.9 driver keeps its `inserted_ids` private, so this derives the count
+/// from the error's indexed write errors, as the driver itself does.
+fn insert_many_partial(e: &mongodb::error::InsertManyError, args: &Document) -> Result<Document> {
+    let n = args
+        .get_array("documents")
+        .context("insertMany.documents")?
+        .len();
+    let ordered = args.get_bool("ordered").unwrap_or(true);
+    let failed: Vec<usize> = e.write_errors.iter().flatten().map(|w| w.index).collect();
+    let inserted = if ordered {
+        failed.iter().min().copied().unwrap_or(n)
+    } else {
+        n - failed.len().min(n)
+    };
+    Ok(doc! {
+        "insertedCount": i64::try_from(inserted)?,
+        "matchedCount": 0_i64,
+        "modifiedCount": 0_i64,
+        "upsertedCount": 0_i64,
+        "deletedCount": 0_i64,
+        "upsertedIds": {},
+    })
+}
+
 fn summary(r: &mongodb::results::SummaryBulkWriteResult) -> Document {
     doc! {
         "insertedCount": r.inserted_count,
@@ -1346,6 +1374,9 @@ fn stream_value(s: ChangeStream<ChangeStreamEvent<Document>>) -> Value {
 
 /// The server error code of a driver error, if it carries one.
 pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
+    if let Some(f) = e.get_custom::<BulkFailure>() {
+        return f.code();
+    }
     match e.kind.as_ref() {
         ErrorKind::Command(c) => Some((c.code, c.code_name.clone())),
         ErrorKind::Write(WriteFailure::WriteError(w)) => {
@@ -1360,6 +1391,15 @@ pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
 fn describe(e: &DriverError) -> String {
     let mut labels: Vec<&String> = e.labels().iter().collect();
     labels.sort();
+    if let Some(f) = e.get_custom::<BulkFailure>() {
+        return format!(
+            "bulk write failure: write errors {:?}, write concern error {:?}, partial result {}",
+            f.write_errors, f.write_concern_error, f.partial
+        );
+    }
+    if let Some(ClientValidation(why)) = e.get_custom::<ClientValidation>() {
+        return format!("client-side validation error: {why}");
+    }
     match e.kind.as_ref() {
         ErrorKind::Command(c) => format!(
             "server error {} ({}): {}; labels {labels:?}",
@@ -1371,6 +1411,9 @@ fn describe(e: &DriverError) -> String {
 
 /// Whether the error came from the driver rather than the server (network errors count).
 fn is_client_error(e: &DriverError) -> bool {
+    if e.get_custom::<BulkFailure>().is_some() {
+        return false;
+    }
     !matches!(
         e.kind.as_ref(),
         ErrorKind::Command(_)
@@ -1380,7 +1423,12 @@ fn is_client_error(e: &DriverError) -> bool {
     )
 }
 
-fn check_error(expected: &Document, e: &DriverError, entities: &Entities) -> Result<()> {
+fn check_error(
+    expected: &Document,
+    e: &DriverError,
+    args: &Document,
+    entities: &Entities,
+) -> Result<()> {
     if e.get_custom::<RunnerFailure>().is_some() {
         bail!("the runner failed inside the callback");
     }
@@ -1443,6 +1491,10 @@ fn check_error(expected: &Document, e: &DriverError, entities: &Entities) -> Res
                         }
                         None => None,
                     },
+                    ErrorKind::InsertMany(m) => Some(Bson::Document(insert_many_partial(m, args)?)),
+                    ErrorKind::Custom(_) if e.get_custom::<BulkFailure>().is_some() => e
+                        .get_custom::<BulkFailure>()
+                        .map(|f| Bson::Document(f.partial.clone())),
                     other => bail!(
                         "expectError.expectResult on a {other:?} error is not supported by this \
                          runner"
