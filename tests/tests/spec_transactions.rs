@@ -311,17 +311,36 @@ async fn runner_fails_hand_made_transaction_tests_that_must_fail() -> anyhow::Re
         outcome_of(&uri, &server, pinned_but_wrong).await,
         Outcome::Failed(_)
     ));
-    let bulk = test(
-        vec![op(
-            "collection0",
-            "bulkWrite",
-            doc! {"requests": [{"insertOne": {"document": {"_id": 2}}}]},
-        )],
-        doc! {},
+    // The runner's collection-level bulkWrite runs in the operation's session: its insert
+    // commits with the transaction, and an aborted one leaves nothing.
+    let bulk_in = |end: &str| {
+        vec![
+            op("session0", "startTransaction", doc! {}),
+            op(
+                "collection0",
+                "bulkWrite",
+                doc! {"session": "session0", "requests": [{"insertOne": {"document": {"_id": 2}}}]},
+            ),
+            op("session0", end, doc! {}),
+        ]
+    };
+    assert_eq!(
+        outcome_of(
+            &uri,
+            &server,
+            test(bulk_in("commitTransaction"), committed.clone())
+        )
+        .await,
+        Outcome::Passed
     );
     assert!(matches!(
-        outcome_of(&uri, &server, bulk).await,
-        Outcome::Skipped(_)
+        outcome_of(
+            &uri,
+            &server,
+            test(bulk_in("abortTransaction"), committed.clone())
+        )
+        .await,
+        Outcome::Failed(_)
     ));
 
     cluster.shutdown().await;
