@@ -156,8 +156,46 @@ async fn merge_modes_write_as_mongodb_does() -> anyhow::Result<()> {
         .await
         .unwrap_err();
     assert_eq!(code(&err), Some(13113), "{err}");
-    // `on` a field the results lack.
+    // A pipeline updates the match, reading the result as `$$new` (or `let` variables);
+    // an unmatched result is inserted as it is.
+    reset().await?;
+    merge(doc! {"into": "dst", "whenMatched": [{"$set": {"a": {"$add": ["$a", "$$new.a"]}}}]})
+        .await?;
+    assert_eq!(
+        all(&dst).await?,
+        vec![doc! {"_id": 1, "a": 11, "b": 1}, doc! {"_id": 2, "a": 20}]
+    );
+    reset().await?;
+    merge(
+        doc! {"into": "dst", "let": {"twice": {"$multiply": ["$a", 2]}},
+        "whenMatched": [{"$set": {"c": "$$twice"}}], "whenNotMatched": "discard"},
+    )
+    .await?;
+    assert_eq!(
+        all(&dst).await?,
+        vec![doc! {"_id": 1, "a": 1, "b": 1, "c": 20}]
+    );
+    let err = merge(doc! {"into": "dst", "let": {"x": 1}, "whenMatched": "merge"})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(51199), "{err}");
+    // `on` fields need a unique index on exactly them; a result lacking one is refused.
     let err = merge(doc! {"into": "dst", "on": "nope"}).await.unwrap_err();
+    assert_eq!(code(&err), Some(51183), "{err}");
+    let keyed = db.collection::<Document>("keyed");
+    keyed
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {"k": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await?;
+    let err = merge(doc! {"into": "keyed", "on": "k"}).await.unwrap_err();
     assert_eq!(code(&err), Some(51132), "{err}");
     Ok(())
 }

@@ -35,12 +35,18 @@ pub(super) enum Sink {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum WhenMatched {
     Replace,
     KeepExisting,
     Merge,
     Fail,
+    /// An update pipeline; `$$new` (or the `let` variables, evaluated on each result) names
+    /// the result.
+    Pipeline {
+        stages: Vec<Bson>,
+        vars: Document,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,23 +155,40 @@ fn parse_merge(spec: &Bson, db: &str) -> Result<Sink> {
             .collect::<Result<_>>()?,
         Some(_) => return Err(bad("'on' must be a field name or an array of them".into())),
     };
-    if let Some(Bson::Array(_)) = options.get("whenMatched") {
-        return Err(MongoError::new(
-            ErrorCode::COMMAND_NOT_SUPPORTED,
-            "$merge with a whenMatched pipeline is not supported yet",
-        ));
-    }
-    let when_matched = mode(
-        &options,
-        "whenMatched",
-        WhenMatched::Merge,
-        &[
-            ("replace", WhenMatched::Replace),
-            ("keepExisting", WhenMatched::KeepExisting),
-            ("merge", WhenMatched::Merge),
-            ("fail", WhenMatched::Fail),
-        ],
-    )?;
+    let when_matched = match options.get("whenMatched") {
+        Some(Bson::Array(stages)) => {
+            // The pipeline is checked as an update pipeline when it runs; `let` defaults to
+            // `{new: "$$ROOT"}`.
+            let vars = match options.get("let") {
+                None => doc! {"new": "$$ROOT"},
+                Some(Bson::Document(v)) => v.clone(),
+                Some(_) => return Err(bad("'let' must be an object".into())),
+            };
+            WhenMatched::Pipeline {
+                stages: stages.clone(),
+                vars,
+            }
+        }
+        _ => {
+            if options.contains_key("let") {
+                return Err(MongoError::with_code(
+                    51199,
+                    "Cannot use 'let' variables with 'whenMatched' mode other than a pipeline",
+                ));
+            }
+            mode(
+                &options,
+                "whenMatched",
+                WhenMatched::Merge,
+                &[
+                    ("replace", WhenMatched::Replace),
+                    ("keepExisting", WhenMatched::KeepExisting),
+                    ("merge", WhenMatched::Merge),
+                    ("fail", WhenMatched::Fail),
+                ],
+            )?
+        }
+    };
     let when_not_matched = mode(
         &options,
         "whenNotMatched",
@@ -186,13 +209,13 @@ fn parse_merge(spec: &Bson, db: &str) -> Result<Sink> {
 }
 
 /// One of `$merge`'s modes: `field` of `options` named as in `modes`, `default` when absent.
-fn mode<T: Copy>(options: &Document, field: &str, default: T, modes: &[(&str, T)]) -> Result<T> {
+fn mode<T: Clone>(options: &Document, field: &str, default: T, modes: &[(&str, T)]) -> Result<T> {
     match options.get(field) {
         None => Ok(default),
         Some(Bson::String(s)) => modes
             .iter()
             .find(|(name, _)| name == s)
-            .map(|(_, m)| *m)
+            .map(|(_, m)| m.clone())
             .ok_or_else(|| {
                 MongoError::failed_to_parse(format!("$merge: unknown {field} mode '{s}'"))
             }),
@@ -283,7 +306,7 @@ pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, docs: Vec<Document>) -> Re
             on,
             when_matched,
             when_not_matched,
-        } => merge(ctx, db, coll, on, *when_matched, *when_not_matched, docs).await,
+        } => merge(ctx, db, coll, on, when_matched, *when_not_matched, docs).await,
     }
 }
 
@@ -383,11 +406,12 @@ async fn merge(
     db: &str,
     coll: &str,
     on: &[String],
-    when_matched: WhenMatched,
+    when_matched: &WhenMatched,
     when_not_matched: WhenNotMatched,
     docs: Vec<Document>,
 ) -> Result<()> {
-    if when_matched == WhenMatched::Fail && when_not_matched == WhenNotMatched::Insert {
+    check_unique_on(ctx, db, coll, on).await?;
+    if *when_matched == WhenMatched::Fail && when_not_matched == WhenNotMatched::Insert {
         // Every result is new or an error: plain inserts (a match is a duplicate key).
         let mut docs = docs.into_iter().peekable();
         while docs.peek().is_some() {
@@ -419,6 +443,32 @@ async fn merge(
             WhenMatched::Replace => Bson::Document(doc.clone()),
             WhenMatched::Merge => Bson::Document(doc! {"$set": doc.clone()}),
             WhenMatched::KeepExisting => Bson::Document(doc! {"$setOnInsert": doc.clone()}),
+            WhenMatched::Pipeline { stages, vars } => {
+                // The pipeline updates the match; with none, the result itself is inserted.
+                let mut values = Document::new();
+                for (name, e) in vars {
+                    let expr = pipeline::expr::Expr::parse(e)?;
+                    if let Some(v) = expr.evaluate(&doc)? {
+                        values.insert(name.clone(), v);
+                    }
+                }
+                let reply = command(
+                    ctx,
+                    db,
+                    doc! {"update": coll, "updates": [{"q": filter, "u": stages.clone()}], "let": values},
+                )
+                .await?;
+                if reply.get_i32("n").unwrap_or(0) == 0 {
+                    match when_not_matched {
+                        WhenNotMatched::Insert => {
+                            command(ctx, db, doc! {"insert": coll, "documents": [doc]}).await?;
+                        }
+                        WhenNotMatched::Discard => {}
+                        WhenNotMatched::Fail => return Err(no_match()),
+                    }
+                }
+                continue;
+            }
             WhenMatched::Fail => {
                 // Only new documents may be written: any match fails the stage.
                 let found = command(
@@ -451,13 +501,49 @@ async fn merge(
         )
         .await?;
         if when_not_matched == WhenNotMatched::Fail && reply.get_i32("n").unwrap_or(0) == 0 {
-            return Err(MongoError::with_code(
-                13113,
-                "$merge could not find a matching document in the target collection for at least one document in the source collection",
-            ));
+            return Err(no_match());
         }
     }
     Ok(())
+}
+
+fn no_match() -> MongoError {
+    MongoError::with_code(
+        13113,
+        "$merge could not find a matching document in the target collection for at least one document in the source collection",
+    )
+}
+
+/// `on` fields other than `_id` must be the fields of a unique index of the target (any
+/// order), so that each result matches at most one document (51183 otherwise, also when the
+/// target does not exist yet).
+async fn check_unique_on(ctx: &Ctx<'_>, db: &str, coll: &str, on: &[String]) -> Result<()> {
+    if on == ["_id"] {
+        return Ok(());
+    }
+    let listed = command(ctx, db, doc! {"listIndexes": coll}).await;
+    let indexes = match listed {
+        Ok(reply) => crate::router::first_batch(&reply)?,
+        Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let wanted: std::collections::BTreeSet<&str> = on.iter().map(String::as_str).collect();
+    let backed = indexes.iter().any(|ix| {
+        ix.get_bool("unique").unwrap_or(false)
+            && !ix.contains_key("partialFilterExpression")
+            && !ix.contains_key("collation")
+            && ix.get_document("key").is_ok_and(|k| {
+                k.len() == wanted.len() && k.keys().all(|f| wanted.contains(f.as_str()))
+            })
+    }) || wanted == std::collections::BTreeSet::from(["_id"]);
+    if backed {
+        Ok(())
+    } else {
+        Err(MongoError::with_code(
+            51183,
+            "Cannot find index to verify that join fields will be unique",
+        ))
+    }
 }
 
 #[cfg(test)]
