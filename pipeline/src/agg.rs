@@ -139,20 +139,21 @@ impl Pipeline {
     /// Parses the stages where expressions may use the given user variables (the command's
     /// `let`); their values come with [`Pipeline::run_in`].
     pub fn parse_with_vars(stages: &[Document], vars: &[String]) -> Result<Pipeline> {
+        if let Some(name) = stages
+            .iter()
+            .skip(1)
+            .filter_map(|s| s.keys().next())
+            .find(|name| FIRST_STAGE_ONLY.contains(&name.as_str()))
+        {
+            return Err(stage_err(
+                40602,
+                format!("{name} is only valid as the first stage in a pipeline"),
+            ));
+        }
         let stages: Vec<Stage> = stages
             .iter()
             .map(|s| Stage::parse_with_vars(s, vars))
             .collect::<Result<_>>()?;
-        if stages
-            .iter()
-            .skip(1)
-            .any(|s| matches!(s, Stage::Documents(_)))
-        {
-            return Err(stage_err(
-                40602,
-                "$documents is only valid as the first stage in a pipeline",
-            ));
-        }
         Ok(Pipeline { stages })
     }
 
@@ -634,6 +635,21 @@ impl Stage {
 
 /// MongoDB stages this crate knows by name but does not run (they need other collections or
 /// server state); the router may implement some of them itself.
+/// Stages MongoDB accepts only first in a pipeline (40602 elsewhere).
+const FIRST_STAGE_ONLY: &[&str] = &[
+    "$documents",
+    "$currentOp",
+    "$listLocalSessions",
+    "$listSessions",
+    "$collStats",
+    "$indexStats",
+    "$planCacheStats",
+    "$changeStream",
+    "$geoNear",
+    "$search",
+    "$searchMeta",
+];
+
 pub const UNSUPPORTED_STAGES: &[&str] = &[
     "$out",
     "$merge",

@@ -367,6 +367,17 @@ fn documents_yields_its_array_and_rejects_other_values() {
         code(vec![doc! {"$match": {}}, doc! {"$documents": []}]),
         40602
     );
+    // So are the other first-stage-only stages, even those the pipeline cannot run itself.
+    for stage in [
+        "$currentOp",
+        "$listLocalSessions",
+        "$collStats",
+        "$changeStream",
+    ] {
+        let mut later = Document::new();
+        later.insert(stage, Document::new());
+        assert_eq!(code(vec![doc! {"$match": {}}, later]), 40602, "{stage}");
+    }
 }
 
 #[test]
