@@ -61,6 +61,11 @@ pub struct Merge {
     pub limit: Option<u64>,
     /// Applied here when the shards could not apply it (it would hide the sort key).
     pub projection: Option<Projection>,
+    /// A tailable `awaitData` cursor: the client's getMore `maxTimeMS` goes to the shards,
+    /// which wait that long for new documents.
+    pub await_data: bool,
+    /// The current getMore's `maxTimeMS`, for an `awaitData` cursor.
+    pub max_await_ms: Option<i64>,
 }
 
 impl Merge {
@@ -116,11 +121,13 @@ impl Merge {
         };
         let fetches = needy.iter().map(|&i| {
             let s = &self.sources[i];
-            router.shard_command(
-                s.shard,
-                &self.db,
-                doc! {"getMore": s.cursor_id, "collection": &self.collection},
-            )
+            let mut get_more = doc! {"getMore": s.cursor_id, "collection": &self.collection};
+            if self.await_data
+                && let Some(ms) = self.max_await_ms
+            {
+                get_more.insert("maxTimeMS", ms);
+            }
+            router.shard_command(s.shard, &self.db, get_more)
         });
         let replies = futures::future::join_all(fetches).await;
         for (i, reply) in needy.into_iter().zip(replies) {
@@ -205,7 +212,16 @@ impl StreamInfo {
 
 impl RouterCursor {
     /// Up to `n` documents (and at most [`MAX_BATCH_BYTES`]); `exhausted` when nothing is left.
-    pub async fn next_batch(&mut self, router: &Router, n: usize) -> Result<(Vec<Document>, bool)> {
+    /// `max_await_ms` is the getMore's `maxTimeMS` (an `awaitData` cursor's shards wait it).
+    pub async fn next_batch(
+        &mut self,
+        router: &Router,
+        n: usize,
+        max_await_ms: Option<i64>,
+    ) -> Result<(Vec<Document>, bool)> {
+        if let CursorState::Merge(m) = &mut self.state {
+            m.max_await_ms = max_await_ms;
+        }
         let mut out = Vec::new();
         let mut bytes = 0usize;
         while out.len() < n {

@@ -113,6 +113,24 @@ async fn a_tailable_await_cursor_follows_new_inserts() -> anyhow::Result<()> {
         .expect("open")?;
     assert_eq!(d.get_i32("_id")?, 3);
     writer.await??;
+    // A getMore's maxTimeMS is how long the router's shards wait for news (not their default
+    // one second): an empty batch does not come back before it.
+    let opened = db
+        .run_command(doc! {"find": "feed", "filter": {}, "tailable": true, "awaitData": true})
+        .await?;
+    let id = opened.get_document("cursor")?.get_i64("id")?;
+    let started = std::time::Instant::now();
+    let more = db
+        .run_command(doc! {"getMore": id, "collection": "feed", "maxTimeMS": 2500_i64})
+        .await?;
+    assert!(
+        started.elapsed() >= Duration::from_millis(2000),
+        "returned after {:?}",
+        started.elapsed()
+    );
+    let cursor = more.get_document("cursor")?;
+    assert!(cursor.get_array("nextBatch")?.is_empty());
+    assert_eq!(cursor.get_i64("id")?, id, "a tailable cursor stays open");
     // A tailable cursor on a collection that is not capped is refused.
     db.run_command(doc! {"create": "plain"}).await?;
     let err = db

@@ -177,12 +177,14 @@ pub(super) async fn read_merged(
             skip: 0,
             limit: None,
             projection: None,
+            await_data: false,
+            max_await_ms: None,
         }),
         info: None,
     };
     let mut docs = Vec::new();
     loop {
-        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX).await?;
+        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX, None).await?;
         docs.extend(batch);
         if exhausted {
             return Ok(docs);

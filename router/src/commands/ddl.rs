@@ -321,6 +321,8 @@ fn pass_cursor(
                 skip: 0,
                 limit: None,
                 projection: None,
+                await_data: false,
+                max_await_ms: None,
             }),
             info: None,
         });

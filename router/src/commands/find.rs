@@ -79,7 +79,7 @@ pub(super) async fn first_reply(
     mut cursor: RouterCursor,
     batch_size: usize,
 ) -> Result<Document> {
-    let (batch, exhausted) = cursor.next_batch(ctx.router, batch_size).await?;
+    let (batch, exhausted) = cursor.next_batch(ctx.router, batch_size, None).await?;
     let open = if exhausted {
         cursor.kill(ctx.router).await;
         None
@@ -134,6 +134,8 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
         first = limit.map(|l| l as usize).unwrap_or(first);
     }
 
+    let await_data =
+        args.opt_bool("tailable")?.unwrap_or(false) && args.opt_bool("awaitData")?.unwrap_or(false);
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
     if targets.is_empty() {
@@ -172,6 +174,8 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
             skip: router_skip,
             limit: router_limit,
             projection: router_projection,
+            await_data,
+            max_await_ms: None,
         }),
         info: None,
     };
@@ -279,7 +283,8 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         }
         return Ok(Body::Raw(reply));
     }
-    let result = guard.next_batch(router, n).await;
+    let max_await_ms = args.opt_i64("maxTimeMS")?.filter(|ms| *ms > 0);
+    let result = guard.next_batch(router, n, max_await_ms).await;
     let (batch, exhausted) = match result {
         Ok(r) => r,
         Err(e) => {
@@ -525,6 +530,8 @@ async fn pass_through(
             skip: 0,
             limit: None,
             projection: None,
+            await_data: false,
+            max_await_ms: None,
         }),
         info: None,
     };

@@ -28,6 +28,15 @@ const MAX_BATCH_BYTES: usize = wire::MAX_BSON_OBJECT_SIZE - 64 * 1024;
 /// Default `maxTimeMS` of an awaitData getMore.
 const DEFAULT_AWAIT_MS: u64 = 1000;
 
+/// When an awaitData getMore with `maxTimeMS` (default one second) gives up waiting; a huge
+/// maxTimeMS must not overflow the clock, so the wait is capped at a day.
+fn await_deadline(max_time: Option<u64>) -> tokio::time::Instant {
+    let wait = Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait.min(Duration::from_secs(86_400)))
+        .unwrap_or(now)
+}
+
 pub const OPLOG_NS: &str = "local.oplog.rs";
 
 fn storage_err(e: StorageError) -> MongoError {
@@ -665,17 +674,18 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
         CursorSource::Scan(cur) => {
             let mut rx = ctx.shard.state().tail.subscribe();
-            rx.borrow_and_update();
-            let (batch, alive) = next_scan_page(ctx, cur, batch_size)?;
-            if batch.is_empty() && alive && cur.await_data {
-                // awaitData: wait for a write (or maxTimeMS), then look once more.
-                let wait =
-                    Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
-                let _ =
-                    tokio::time::timeout(wait.min(Duration::from_secs(86_400)), rx.changed()).await;
-                next_scan_page(ctx, cur, batch_size)?
-            } else {
-                (batch, alive)
+            let deadline = await_deadline(max_time);
+            loop {
+                rx.borrow_and_update();
+                let (batch, alive) = next_scan_page(ctx, cur, batch_size)?;
+                if !batch.is_empty() || !alive || !cur.await_data {
+                    break (batch, alive);
+                }
+                // awaitData: wait for a write (any collection's), look again, until maxTimeMS.
+                match tokio::time::timeout_at(deadline, rx.changed()).await {
+                    Ok(Ok(())) => continue,
+                    _ => break (batch, alive),
+                }
             }
         }
         CursorSource::OplogTail {
@@ -684,13 +694,7 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             await_data,
         } => {
             let mut rx = ctx.shard.state().tail.subscribe();
-            let wait =
-                Duration::from_millis(max_time.filter(|m| *m > 0).unwrap_or(DEFAULT_AWAIT_MS));
-            // A huge maxTimeMS must not overflow the clock: cap the wait at a day.
-            let now = tokio::time::Instant::now();
-            let deadline = now
-                .checked_add(wait.min(Duration::from_secs(86_400)))
-                .unwrap_or(now);
+            let deadline = await_deadline(max_time);
             let batch = loop {
                 rx.borrow_and_update();
                 // Entries this cursor has not read yet were truncated under it.
