@@ -8,7 +8,8 @@
 //!
 //! Invariants (kept by the write primitives in the document's own commit): every document of a
 //! capped collection has exactly one natural entry, numbers only grow, and `bytes` / `count`
-//! are the documents' sizes at insert and their number. After an insert commits, the
+//! are the documents' current sizes and their number (an update that resizes a document
+//! adjusts `bytes`; the next insert evicts what no longer fits). After an insert commits, the
 //! collection is within `size` and `max` (the document just inserted is never the one
 //! evicted). Evictions are ordinary deletes, logged after the insert that caused them, so
 //! change streams see them as `delete` events.
@@ -134,6 +135,27 @@ pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) ->
         };
         crate::commands::write_ops::delete_one(w, coll, &old, None, 0)?;
         s = stats(w.txn(), coll)?;
+    }
+    Ok(())
+}
+
+/// Accounts for an updated document's new size (MongoDB 6.0+ lets updates resize documents
+/// of a capped collection; the next insert evicts what no longer fits).
+pub fn updated(
+    w: &mut WriteCtx<'_>,
+    coll: &CollectionEntry,
+    old: &Document,
+    new: &Document,
+) -> OpResult<()> {
+    if limits(coll).is_none() {
+        return Ok(());
+    }
+    let size = |d: &Document| crate::commands::write_ops::bson_size(d) as i64;
+    let grown = size(new) - size(old);
+    if grown != 0 {
+        let mut s = stats(w.txn(), coll)?;
+        s.bytes += grown;
+        save(w, coll, &s)?;
     }
     Ok(())
 }

@@ -464,6 +464,7 @@ pub fn run_update(
                 check_unique(ctx, coll, &new, new.get("_id"))?;
                 ctx.put_doc(coll, &new)?;
                 crate::indexes::update(ctx.txn_mut(), coll, &old, &new)?;
+                crate::capped::updated(ctx, coll, &old, &new)?;
                 let key = coll.document_key(&old);
                 let ts = logged(
                     ctx,
