@@ -47,6 +47,33 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(&ex).matches(black_box(&d)))
     });
 
+    // The same filter and a string sort, without and with a collation (`en`, strength 2):
+    // what comparing strings through ICU costs over comparing bytes.
+    let collated = pipeline::expr::Env {
+        collation: pipeline::collation::Collation::parse_doc(&doc! {"locale": "en", "strength": 2})
+            .unwrap(),
+        ..pipeline::expr::Env::default()
+    };
+    let simple = pipeline::expr::Env::default();
+    for (name, env) in [("simple", &simple), ("en-2", &collated)] {
+        c.bench_function(&format!("matcher/typical/collation={name}"), |b| {
+            b.iter(|| black_box(&m).try_matches_in(black_box(&d), env).unwrap())
+        });
+    }
+    let words: Vec<bson::Document> = (0..10_000_u32)
+        .map(|i| doc! {"w": format!("{}{:x}", ["Ab", "ab", "Zz", "é"][(i % 4) as usize], i.wrapping_mul(2_654_435_761))})
+        .collect();
+    let sort = pipeline::sort::SortSpec::parse(&doc! {"w": 1}).unwrap();
+    for (name, env) in [("simple", &simple), ("en-2", &collated)] {
+        c.bench_function(&format!("sort/strings=10000/collation={name}"), |b| {
+            b.iter(|| {
+                let mut docs = words.clone();
+                sort.sort_in(&mut docs, env.collation.as_ref());
+                docs
+            })
+        });
+    }
+
     let p = Pipeline::parse(&[
         doc! {"$match": {"status": "active"}},
         doc! {"$addFields": {"total": {"$sum": "$orders.price"}}},
