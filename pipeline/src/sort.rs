@@ -149,8 +149,18 @@ impl SortSpec {
 
     /// Compares two sort keys produced by [`SortSpec::sort_key`].
     pub fn compare_keys(&self, a: &[Bson], b: &[Bson]) -> Ordering {
+        self.compare_keys_under(a, b, self.collation.as_ref())
+    }
+
+    /// [`SortSpec::compare_keys`] with strings compared under `collation`.
+    fn compare_keys_under(
+        &self,
+        a: &[Bson],
+        b: &[Bson],
+        collation: Option<&Collation>,
+    ) -> Ordering {
         for ((k, x), y) in self.keys.iter().zip(a).zip(b) {
-            let o = compare_in(x, y, self.collation.as_ref());
+            let o = compare_in(x, y, collation);
             let o = if k.ascending { o } else { o.reverse() };
             if o != Ordering::Equal {
                 return o;
@@ -174,12 +184,22 @@ impl SortSpec {
         if self.keys.is_empty() {
             return;
         }
+        // Under a collation each key is folded once into collation keys, which then compare
+        // as bytes: n key computations instead of n log n collator comparisons.
+        let fold = self.collation.as_ref();
         let mut keyed: Vec<(Vec<Bson>, usize)> = docs
             .iter()
             .enumerate()
-            .map(|(i, d)| (self.sort_key(d), i))
+            .map(|(i, d)| {
+                let key = self.sort_key(d);
+                let key = match fold {
+                    Some(c) => key.iter().map(|v| c.fold(v)).collect(),
+                    None => key,
+                };
+                (key, i)
+            })
             .collect();
-        keyed.sort_by(|(a, ia), (b, ib)| self.compare_keys(a, b).then(ia.cmp(ib)));
+        keyed.sort_by(|(a, ia), (b, ib)| self.compare_keys_under(a, b, None).then(ia.cmp(ib)));
         let order: Vec<usize> = keyed.into_iter().map(|(_, i)| i).collect();
         let mut taken: Vec<Option<Document>> =
             docs.iter_mut().map(|d| Some(std::mem::take(d))).collect();
@@ -275,6 +295,36 @@ mod tests {
 
     fn ids(v: &[i32]) -> Vec<Bson> {
         v.iter().map(|i| Bson::Int32(*i)).collect()
+    }
+
+    #[test]
+    fn a_collated_sort_orders_as_its_comparator() {
+        let c = crate::collation::Collation::parse_doc(&doc! {"locale": "en", "strength": 2})
+            .unwrap()
+            .unwrap();
+        let words = ["b", "B", "a", "Ä", "ä", "z", "10", "9", "é", "e", "E"];
+        for spec in [doc! {"w": 1}, doc! {"w": -1, "_id": 1}] {
+            let s = SortSpec::parse(&spec)
+                .unwrap()
+                .with_collation(Some(c.clone()));
+            let mut docs: Vec<Document> = words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| doc! {"_id": i as i32, "w": [*w, "zzz"]})
+                .collect();
+            s.sort(&mut docs);
+            for pair in docs.windows(2) {
+                let o = s.compare(&pair[0], &pair[1]);
+                assert!(
+                    o.is_lt()
+                        || (o.is_eq()
+                            && pair[0].get_i32("_id").unwrap() < pair[1].get_i32("_id").unwrap()),
+                    "{:?} before {:?}",
+                    pair[0],
+                    pair[1]
+                );
+            }
+        }
     }
 
     #[test]
