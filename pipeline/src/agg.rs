@@ -791,7 +791,7 @@ impl Bucket {
             let slot = self
                 .boundaries
                 .windows(2)
-                .find(|w| matches!(w, [lo, hi] if compare(&v, lo).is_ge() && compare(&v, hi).is_lt()));
+                .find(|w| matches!(w, [lo, hi] if env.compare(&v, lo).is_ge() && env.compare(&v, hi).is_lt()));
             match (slot, &self.default) {
                 (Some([lo, _]), _) => Ok(lo.clone()),
                 (_, Some(d)) => Ok(d.clone()),
@@ -801,7 +801,7 @@ impl Bucket {
                 )),
             }
         })?;
-        SortSpec::parse(&doc! {"_id": 1})?.sort(&mut out);
+        SortSpec::parse(&doc! {"_id": 1})?.sort_in(&mut out, env.collation.as_ref());
         Ok(out)
     }
 }

@@ -323,6 +323,44 @@ async fn a_collections_default_collation_and_collated_indexes() -> anyhow::Resul
         .await?;
     assert_eq!(r.modified_count, 0, "A is not a under the simple collation");
 
+    // `$push`'s `$sort`, `$bucket` boundaries and `$setWindowFields` partitions too.
+    coll.update_one(
+        doc! {"_id": 20},
+        doc! {"$push": {"tags": {"$each": ["b", "A", "C"], "$sort": 1}}},
+    )
+    .await?;
+    let tags = coll
+        .find_one(doc! {"_id": 20})
+        .await?
+        .and_then(|d| d.get_array("tags").ok().cloned());
+    let strs = |v: &[&str]| v.iter().map(|s| Bson::from(*s)).collect::<Vec<_>>();
+    assert_eq!(tags, Some(strs(&["a", "A", "b", "b", "C"])));
+    let buckets: Vec<Document> = coll
+        .aggregate(vec![
+            doc! {"$match": {"name": {"$exists": true}}},
+            doc! {"$bucket": {"groupBy": "$name", "boundaries": ["a", "b", "z"], "default": 0}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(
+        buckets,
+        vec![doc! {"_id": "a", "count": 2}, doc! {"_id": "b", "count": 1}],
+        "ALICE sorts with alice, not before 'a'"
+    );
+    let windows: Vec<Document> = coll
+        .aggregate(vec![
+            doc! {"$match": {"name": {"$exists": true}}},
+            doc! {"$setWindowFields": {"partitionBy": "$name", "sortBy": {"_id": 1},
+            "output": {"n": {"$count": {}}}}},
+            doc! {"$sort": {"_id": 1}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    let counts: Vec<i32> = windows.iter().filter_map(|d| d.get_i32("n").ok()).collect();
+    assert_eq!(counts, [2, 2, 1]);
+
     // A collection with a default collation is not sharded (the router would not apply it).
     let err = client
         .database("admin")

@@ -252,19 +252,20 @@ impl SetWindowFields {
 
     /// Runs the stage over a batch.
     pub fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        // Partitions and the window order compare strings under the command's collation.
+        let sort_by = self
+            .sort_by
+            .clone()
+            .map(|s| s.with_collation(env.collation.clone()));
         let mut keyed = Vec::with_capacity(docs.len());
         for (i, d) in docs.iter().enumerate() {
             let part = self.partition_key(d, env)?;
-            let sort = self
-                .sort_by
-                .as_ref()
-                .map(|s| s.sort_key(d))
-                .unwrap_or_default();
+            let sort = sort_by.as_ref().map(|s| s.sort_key(d)).unwrap_or_default();
             keyed.push((part, sort, i));
         }
         keyed.sort_by(|(pa, sa, ia), (pb, sb, ib)| {
-            compare(pa, pb)
-                .then_with(|| match &self.sort_by {
+            env.compare(pa, pb)
+                .then_with(|| match &sort_by {
                     Some(s) => s.compare_keys(sa, sb),
                     None => std::cmp::Ordering::Equal,
                 })
@@ -279,7 +280,7 @@ impl SetWindowFields {
                 && keyed
                     .get(start)
                     .zip(keyed.get(end))
-                    .is_some_and(|(a, b)| value::equal(&a.0, &b.0))
+                    .is_some_and(|(a, b)| env.equal(&a.0, &b.0))
             {
                 end += 1;
             }

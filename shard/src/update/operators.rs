@@ -19,7 +19,7 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document, doc};
 use pipeline::Matcher;
-use pipeline::value::{self, compare, equal, is_number, type_name};
+use pipeline::value::{self, equal, is_number, type_name};
 use wire::{MongoError, Result};
 
 use super::UpdateContext;
@@ -259,7 +259,7 @@ impl Modifier {
             Modifier::CurrentDate(kind) => Some(now_value(*kind, env.ctx)),
             Modifier::Push(spec) => {
                 let mut arr = Vec::new();
-                push_into(&mut arr, spec);
+                push_into(&mut arr, spec, env);
                 Some(Bson::Array(arr))
             }
             Modifier::AddToSet(items) => Some(Bson::Array(items.clone())),
@@ -351,7 +351,7 @@ impl Modifier {
                 let appended_only = old_len > 0
                     && spec.sort.is_none()
                     && spec.position.is_none_or(|p| p > old_len as i64);
-                push_into(arr, spec);
+                push_into(arr, spec, env);
                 if appended_only && arr.len() == old_len + spec.each.len() && !spec.each.is_empty()
                 {
                     Ok(Change::Appended { old_len })
@@ -586,7 +586,7 @@ fn parse_sort(m: &Bson) -> Result<SortSpec> {
 }
 
 /// Inserts `spec.each` at its position, then sorts, then slices (MongoDB's order).
-fn push_into(arr: &mut Vec<Bson>, spec: &PushSpec) {
+fn push_into(arr: &mut Vec<Bson>, spec: &PushSpec, env: &Env<'_>) {
     let len = arr.len() as i64;
     let at = match spec.position {
         None => len,
@@ -598,7 +598,7 @@ fn push_into(arr: &mut Vec<Bson>, spec: &PushSpec) {
     arr.extend(spec.each.iter().cloned());
     arr.extend(tail);
     if let Some(sort) = &spec.sort {
-        sort_elements(arr, sort);
+        sort_elements(arr, sort, env);
     }
     if let Some(n) = spec.slice {
         let keep = usize::try_from(n.unsigned_abs()).unwrap_or(usize::MAX);
@@ -612,7 +612,9 @@ fn push_into(arr: &mut Vec<Bson>, spec: &PushSpec) {
     }
 }
 
-fn sort_elements(arr: &mut [Bson], sort: &SortSpec) {
+/// `$push`'s `$sort`, under the statement's collation.
+fn sort_elements(arr: &mut [Bson], sort: &SortSpec, env: &Env<'_>) {
+    let compare = |a: &Bson, b: &Bson| value::compare_in(a, b, env.ctx.collation.as_ref());
     match sort {
         SortSpec::Whole { ascending } => arr.sort_by(|a, b| {
             let o = compare(a, b);
