@@ -71,8 +71,21 @@ for script in tests/js/*.js; do
   echo "--- $script"
   node "$script" "mongodb://127.0.0.1:$port/" || status=1
 done
+# The retryable bulkWrite spec tests for a replica set, through pymongo, against the router
+# presented as one (`--replSetMode`).
+rs_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+./target/debug/tributary --port "$rs_port" --dbpath "$data/rs" --enableTestCommands --replSetMode >"$data/tributary-rs.log" 2>&1 &
+rs_server=$!
+trap 'kill $server $rs_server 2>/dev/null || true; wait $server $rs_server 2>/dev/null || true; rm -rf "$data"' EXIT
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$rs_port") 2>/dev/null && break
+  sleep 0.1
+done
+echo "--- tests/py/retryable_bulk_writes.py (replica set)"
+python3 tests/py/retryable_bulk_writes.py "mongodb://127.0.0.1:$rs_port/?directConnection=true" || status=1
 if [ "$status" -ne 0 ]; then
   echo "server log:"; tail -50 "$data/tributary.log"
+  echo "replica-set server log:"; tail -50 "$data/tributary-rs.log"
   exit 1
 fi
 
