@@ -434,6 +434,17 @@ async fn aggregate_one_makes_documents_and_lists_sessions() -> anyhow::Result<()
         ]
     );
 
+    // `explain` shows the stages the router runs; a pipeline it would refuse is refused.
+    let explained = db
+        .run_command(doc! {"explain": {"aggregate": 1, "pipeline": [{"$documents": [{"a": 1}]}, {"$match": {"a": 1}}], "cursor": {}}})
+        .await?;
+    assert_eq!(explained.get_array("stages")?.len(), 2, "{explained}");
+    let e = db
+        .run_command(doc! {"explain": {"aggregate": 1, "pipeline": [{"$match": {}}], "cursor": {}}})
+        .await
+        .expect_err("a collection is required");
+    assert_eq!(code(&e), Some(73), "{e}");
+
     let refused = |e: anyhow::Error| code(e.downcast_ref().expect("a driver error"));
     let e = run_db(&db, vec![doc! {"$match": {}}]).await.unwrap_err();
     assert_eq!(refused(e), Some(73));

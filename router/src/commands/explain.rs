@@ -92,6 +92,11 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Document> {
 
 async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document> {
     let name = inner.keys().next().cloned().unwrap_or_default();
+    if name == "aggregate"
+        && pipeline::value::as_f64(inner.get("aggregate").unwrap_or(&Bson::Null)) == Some(1.0)
+    {
+        return collectionless(ctx, inner);
+    }
     let (coll, filter) = target_of(&name, &inner)?;
     validate_collection_name(ctx.db, &coll)?;
     let routed = read_targets(ctx, &coll, &filter).await?;
@@ -169,6 +174,49 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
     out.insert("command", inner);
     out.insert("ok", 1.0);
     Ok(out)
+}
+
+/// `explain` of `aggregate: 1`: no shard is read first; the router runs the whole pipeline,
+/// whose stages (checked as the command would check them) are the plan.
+fn collectionless(ctx: &Ctx<'_>, inner: Document) -> Result<Document> {
+    let stages: Vec<Document> = inner
+        .get_array("pipeline")
+        .map(|p| p.iter().filter_map(Bson::as_document).cloned().collect())
+        .unwrap_or_default();
+    let Some(first) = stages.first().and_then(|s| s.keys().next()) else {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            "{aggregate: 1} is not valid for an empty pipeline.",
+        ));
+    };
+    if !matches!(
+        first.as_str(),
+        "$documents" | "$currentOp" | "$listLocalSessions" | "$changeStream"
+    ) {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!("{{aggregate: 1}} is not valid for '{first}'; a collection is required."),
+        ));
+    }
+    let (rest, _) = super::out::split(&stages, ctx.db)?;
+    if first == "$documents" {
+        let env = pipeline::expr::Env::from_command(&inner)?;
+        pipeline::agg::Pipeline::parse_with_vars(&rest, &env.names())?;
+    }
+    let server_info = doc! {
+        "host": ctx.router.options.advertised_host.clone(),
+        "version": "7.0.0",
+        "gitVersion": "tributary",
+    };
+    let plan: Vec<Bson> = stages.into_iter().map(Bson::Document).collect();
+    Ok(doc! {
+        "explainVersion": "1",
+        "mergeType": "mongos",
+        "stages": plan,
+        "serverInfo": server_info,
+        "command": inner,
+        "ok": 1.0,
+    })
 }
 
 /// A shard's reply without what the router's own reply carries.
