@@ -114,9 +114,12 @@ pub enum Action {
     CloseConnection,
 }
 
-/// What `onPrimaryTransactionalWrite` does to a retryable write.
+/// What `onPrimaryTransactionalWrite` does to a retryable write, at the statement it entered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransactionalWrite {
+    /// The statement (its index in the command's batch) the fail point entered at: the ones
+    /// before it run, it commits unless it fails, the rest do not run.
+    pub statement: usize,
     /// Fail with this before the write commits (`failBeforeCommitExceptionCode`); `None`: the
     /// write commits.
     pub fail_before_commit: Option<MongoError>,
@@ -138,6 +141,10 @@ pub struct FailPoints {
     fail_command: Mutex<Configured>,
     fail_get_more: Mutex<Configured>,
     on_primary_transactional_write: Mutex<Configured>,
+    /// How many leading statements of a retryable write (`lsid` bytes, `txnNumber`) committed
+    /// in an attempt `onPrimaryTransactionalWrite` cut short: a retry answers those from
+    /// history, so they do not enter the fail point again.
+    committed: Mutex<std::collections::HashMap<(Vec<u8>, i64), usize>>,
     max_time_always_time_out: Mutex<Configured>,
     /// `client.application.name` of each connection's handshake, for `appName`.
     app_names: Mutex<std::collections::HashMap<u64, String>>,
@@ -173,6 +180,9 @@ impl FailPoints {
         if name == ON_PRIMARY_TRANSACTIONAL_WRITE && mode != Mode::Off {
             before_commit_code(&data)?;
         }
+        if name == ON_PRIMARY_TRANSACTIONAL_WRITE {
+            self.forget_committed();
+        }
         let mut state = lock(slot);
         let count = state.entered;
         *state = Configured {
@@ -188,34 +198,68 @@ impl FailPoints {
         *lock(&self.fail_command) = Configured::default();
         *lock(&self.fail_get_more) = Configured::default();
         *lock(&self.on_primary_transactional_write) = Configured::default();
+        self.forget_committed();
         *lock(&self.max_time_always_time_out) = Configured::default();
     }
 
-    /// `onPrimaryTransactionalWrite`, checked before a retryable write (`cmd`) runs.
+    /// `onPrimaryTransactionalWrite`, checked before a retryable write (`cmd`) runs. As in
+    /// MongoDB it is entered once per statement the write executes (so a `{times: n}` mode
+    /// counts statements), skipping the statements an earlier attempt it cut short committed.
     pub fn check_transactional_write(&self, cmd: &Document) -> Option<TransactionalWrite> {
         let name = cmd.keys().next().map(String::as_str).unwrap_or("");
         let write = matches!(
             name,
             "insert" | "update" | "delete" | "findAndModify" | "findandmodify"
         );
+        let statements = statement_count(cmd);
         if !write || !cmd.contains_key("txnNumber") || cmd.contains_key("autocommit") {
             return None;
         }
+        let key = (
+            cmd.get_document("lsid")
+                .ok()
+                .map(|l| l.to_string().into_bytes())
+                .unwrap_or_default(),
+            cmd.get_i64("txnNumber").unwrap_or(0),
+        );
         let mut state = lock(&self.on_primary_transactional_write);
-        if state.mode == Mode::Off || !state.mode.evaluate() {
-            return None;
-        }
-        state.entered += 1;
-        let data = &state.data;
-        Some(TransactionalWrite {
-            fail_before_commit: before_commit_code(data)
+        let mut committed = self
+            .committed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = committed.get(&key).copied().unwrap_or(0);
+        for statement in start..statements {
+            if state.mode == Mode::Off || !state.mode.evaluate() {
+                continue;
+            }
+            state.entered += 1;
+            let data = &state.data;
+            let fail_before_commit = before_commit_code(data)
                 .ok()
                 .flatten()
-                .map(|code| MongoError::with_code(code, "Failing write for test before commit")),
-            close_connection: data
-                .get("closeConnection")
-                .is_none_or(pipeline::value::truthy),
-        })
+                .map(|code| MongoError::with_code(code, "Failing write for test before commit"));
+            let done = if fail_before_commit.is_some() {
+                statement
+            } else {
+                statement + 1
+            };
+            committed.insert(key, done);
+            return Some(TransactionalWrite {
+                statement,
+                fail_before_commit,
+                close_connection: data
+                    .get("closeConnection")
+                    .is_none_or(pipeline::value::truthy),
+            });
+        }
+        None
+    }
+
+    fn forget_committed(&self) {
+        self.committed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 
     /// `maxTimeAlwaysTimeOut`: a command with a `maxTimeMS` fails at once.
@@ -384,6 +428,49 @@ pub fn with_server_labels(error: MongoError, name: &str, cmd: &Document) -> Mong
 
 fn lock(m: &Mutex<Configured>) -> std::sync::MutexGuard<'_, Configured> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The statements of a write command (`documents`, `updates` or `deletes`; one for
+/// `findAndModify`).
+pub fn statement_count(cmd: &Document) -> usize {
+    ["documents", "updates", "deletes"]
+        .iter()
+        .find_map(|f| cmd.get_array(f).ok().map(Vec::len))
+        .unwrap_or(1)
+}
+
+/// Whether a write command carries a statement list (`documents`, `updates`, `deletes`).
+pub fn has_statement_list(cmd: &Document) -> bool {
+    ["documents", "updates", "deletes"]
+        .iter()
+        .any(|f| cmd.get_array(f).is_ok())
+}
+
+/// A write command with only its first `n` statements (their implicit `stmtId`s unchanged).
+pub fn first_statements(cmd: &Document, n: usize) -> Document {
+    let mut out = cmd.clone();
+    for field in ["documents", "updates", "deletes"] {
+        if let Ok(list) = out.get_array_mut(field) {
+            list.truncate(n);
+        }
+    }
+    out
+}
+
+/// A write reply with the write error of the statement `index` the fail point failed, after
+/// those that ran (an ordered write stops there).
+pub fn with_write_error(reply: wire::raw::Body, index: usize, e: &MongoError) -> wire::raw::Body {
+    let Ok(mut d) = reply.into_document() else {
+        return wire::raw::Body::Document(e.to_document());
+    };
+    let error = doc! {"index": index as i32, "code": e.code, "errmsg": e.errmsg.clone()};
+    match d.get_array_mut("writeErrors") {
+        Ok(list) => list.push(Bson::Document(error)),
+        Err(_) => {
+            d.insert("writeErrors", vec![Bson::Document(error)]);
+        }
+    }
+    wire::raw::Body::Document(d)
 }
 
 /// `failBeforeCommitExceptionCode` of `onPrimaryTransactionalWrite`.
@@ -602,6 +689,39 @@ mod tests {
     }
 
     #[test]
+    fn on_primary_transactional_write_is_entered_per_statement_not_again_on_a_retry() {
+        let fp = FailPoints::default();
+        fp.configure(&doc! {
+            "configureFailPoint": ON_PRIMARY_TRANSACTIONAL_WRITE, "mode": {"times": 2},
+        })
+        .unwrap();
+        let batch = doc! {"update": "c", "updates": [{}, {}, {}], "txnNumber": 5_i64,
+        "lsid": {"id": 1}};
+        // The first attempt commits statement 0, then loses its reply; the retry answers
+        // statement 0 from history and enters at statement 1; the next retry runs through.
+        assert_eq!(
+            fp.check_transactional_write(&batch).map(|t| t.statement),
+            Some(0)
+        );
+        assert_eq!(
+            fp.check_transactional_write(&batch).map(|t| t.statement),
+            Some(1)
+        );
+        assert!(fp.check_transactional_write(&batch).is_none());
+        // `skip` counts statements too; another transaction number starts afresh.
+        fp.configure(&doc! {
+            "configureFailPoint": ON_PRIMARY_TRANSACTIONAL_WRITE, "mode": {"skip": 2},
+            "data": {"failBeforeCommitExceptionCode": 1, "closeConnection": false},
+        })
+        .unwrap();
+        let mut other = batch.clone();
+        other.insert("txnNumber", 6_i64);
+        let cut = fp.check_transactional_write(&other).unwrap();
+        assert_eq!(cut.statement, 2);
+        assert_eq!(cut.fail_before_commit.map(|e| e.code), Some(1));
+    }
+
+    #[test]
     fn on_primary_transactional_write_fails_or_loses_the_reply_of_retryable_writes_only() {
         let fp = FailPoints::default();
         fp.configure(&doc! {
@@ -610,7 +730,7 @@ mod tests {
             "data": {"failBeforeCommitExceptionCode": 1},
         })
         .unwrap();
-        let retryable = doc! {"insert": "c", "txnNumber": 1_i64};
+        let retryable = doc! {"insert": "c", "documents": [{}], "txnNumber": 1_i64};
         // Not a retryable write: untouched, and not counted.
         assert!(
             fp.check_transactional_write(&doc! {"insert": "c"})
@@ -641,6 +761,7 @@ mod tests {
         assert_eq!(
             kept,
             TransactionalWrite {
+                statement: 0,
                 fail_before_commit: None,
                 close_connection: false
             }

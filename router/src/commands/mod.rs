@@ -96,22 +96,30 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             None => {}
         }
     }
-    // `onPrimaryTransactionalWrite`: fail before the write, or close the connection after it.
-    let mut close_after = false;
+    // `onPrimaryTransactionalWrite`: the statements before the one it entered at run, that one
+    // commits or fails (a write error), the rest do not run; the connection may then close.
+    let mut cut = None;
     if router.options.enable_test_commands {
         if let Some(e) = router.failpoints.check_max_time(&req.body) {
             injected.get_or_insert(e);
         }
-        if injected.is_none()
-            && let Some(tw) = router.failpoints.check_transactional_write(&req.body)
-        {
-            match tw.fail_before_commit {
-                Some(_) if tw.close_connection => return None,
-                Some(e) => injected = Some(e),
-                None => close_after = tw.close_connection,
-            }
+        if injected.is_none() {
+            cut = router.failpoints.check_transactional_write(&req.body);
         }
     }
+    // `findAndModify` has no statement list: a failure is the command's error.
+    let batch = failpoint::has_statement_list(&req.body);
+    if !batch && let Some(tw) = &cut {
+        match &tw.fail_before_commit {
+            Some(_) if tw.close_connection => return None,
+            Some(e) => injected = Some(e.clone()),
+            None => {}
+        }
+    }
+    let truncated = cut.as_ref().filter(|_| batch).map(|tw| {
+        let keep = tw.statement + usize::from(tw.fail_before_commit.is_none());
+        failpoint::first_statements(&req.body, keep)
+    });
     if write_concern_error.is_none() {
         write_concern_error = unsatisfiable_write_concern(&req.body).map(|wce| (wce, Vec::new()));
     }
@@ -126,11 +134,21 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         router,
         conn,
         db: &req.db,
-        cmd: pinned.as_ref().map_or(&req.body, |(cmd, _)| cmd),
+        cmd: pinned
+            .as_ref()
+            .map(|(cmd, _)| cmd)
+            .or(truncated.as_ref())
+            .unwrap_or(&req.body),
         name,
     };
     let result = if let Some(e) = injected {
         Err(e)
+    } else if truncated
+        .as_ref()
+        .is_some_and(|t| failpoint::statement_count(t) == 0)
+    {
+        // The fail point entered at the first statement, which fails: nothing runs.
+        Ok(Body::Document(bson::doc! {"n": 0, "ok": 1.0}))
     } else if let Err(e) = crate::auth::check(router, conn, name, &req.db, &req.body).await {
         Err(e)
     } else if name.is_empty() {
@@ -198,7 +216,14 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         }
         None => result,
     };
-    if close_after {
+    let result = match &cut {
+        Some(tw) if batch => match &tw.fail_before_commit {
+            Some(e) => result.map(|r| failpoint::with_write_error(r, tw.statement, e)),
+            None => result,
+        },
+        _ => result,
+    };
+    if cut.as_ref().is_some_and(|tw| tw.close_connection) {
         return None;
     }
     if router.options.auth
