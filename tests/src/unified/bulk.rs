@@ -10,13 +10,17 @@
 //!   deletes (pymongo's grouping), every batch runs;
 //! * inserted documents without `_id` get an ObjectId first, as drivers do; `rawData` (an 8.2
 //!   option) is not sent, as drivers leave it out for older servers;
-//! * batches are not retryable writes: a driver numbers them on its session (`txnNumber`) and
-//!   sends one again after a retryable error, but the 3.9 driver keeps a session's
-//!   transaction number private, and a number the runner chose could collide on a pooled
-//!   session with the driver's own. The retryable-writes spec's bulkWrite tests are listed as
-//!   known failures for this reason;
+//! * without the operation's own session, on a client that retries writes, a batch whose
+//!   statements each write one document is a retryable write, as drivers make it: it carries
+//!   a `txnNumber` and is sent once more after a network error (the connection handshake's
+//!   included) or a `RetryableWriteError` label (on an error or on a write concern error);
+//!   when the retry fails with `NoWritesPerformed`, the first error stands. The 3.9 driver
+//!   keeps a session's transaction number private, so the runner numbers batches on a session
+//!   of its own, one per call, which it holds until the client goes ([`Retrying`]): returned
+//!   to the pool, its lsid could reach the driver, whose own numbers would collide;
 //! * with the operation's own session (perhaps in a transaction, which the driver does not let
-//!   the runner see) batches carry no write concern; without one, the collection's;
+//!   the runner see) batches carry no write concern and no `txnNumber`; without one, the
+//!   collection's write concern;
 //! * the result counts come from the replies (`n`, `nModified`, `upserted`), with request
 //!   indexes mapped back; write errors or a write concern error make the whole call fail with
 //!   a [`BulkFailure`] that keeps the partial result, as a driver's `BulkWriteError` does.
@@ -24,8 +28,25 @@
 use anyhow::{Context, Result, bail};
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, Document, doc};
-use mongodb::error::Error as DriverError;
+use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::{ClientSession, Collection};
+
+/// A client entity's part in making batches retryable writes (see the module header).
+pub struct Retrying {
+    /// The client retries writes (`retryWrites` is not `false`).
+    enabled: bool,
+    /// The sessions batches were numbered on, held until the client entity goes.
+    held: tokio::sync::Mutex<Vec<ClientSession>>,
+}
+
+impl Retrying {
+    pub fn new(enabled: bool) -> Retrying {
+        Retrying {
+            enabled,
+            held: tokio::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
 
 /// A failed bulk write: the server's write errors (request indexes mapped back) or write
 /// concern error, with what was done before.
@@ -51,6 +72,11 @@ impl BulkFailure {
     }
 }
 
+/// A retryable batch's network error, with the `RetryableWriteError` label a driver gives it
+/// (a driver error takes no labels from outside the driver).
+#[derive(Debug, Clone)]
+pub struct RetryableNetworkError(pub DriverError);
+
 /// A request the driver refuses before sending anything.
 #[derive(Debug, Clone)]
 pub struct ClientValidation(pub String);
@@ -74,7 +100,8 @@ struct Request {
 pub async fn bulk_write(
     coll: &Collection<Document>,
     args: &Document,
-    mut session: Option<&mut ClientSession>,
+    session: Option<&mut ClientSession>,
+    retrying: Option<&Retrying>,
 ) -> Result<std::result::Result<Document, DriverError>> {
     for key in args.keys() {
         if !matches!(
@@ -105,26 +132,60 @@ pub async fn bulk_write(
         ))));
     }
     let batches = batches(requests, ordered);
+    // Retryable writes need an acknowledged write concern and a session the runner numbers.
+    let acknowledged = coll
+        .write_concern()
+        .and_then(|wc| wc.w.as_ref())
+        .is_none_or(|w| *w != mongodb::options::Acknowledgment::Nodes(0));
+    let mut own = match (&session, retrying) {
+        (None, Some(r)) if r.enabled && acknowledged => Some(coll.client().start_session().await?),
+        _ => None,
+    };
+    let (mut session, numbered) = match own.as_mut() {
+        Some(s) => (Some(s), true),
+        None => (session, false),
+    };
+    let mut txn_number = 0_i64;
     let mut totals = Totals::default();
     let mut failure: Option<(Vec<Document>, Option<Document>)> = None;
     for batch in batches {
         let mut cmd = command(coll, &batch, ordered, args);
         // The driver keeps a session's transaction state private: with the operation's own
         // session (perhaps in a transaction) the batch carries no write concern.
-        if session.is_none()
+        if (session.is_none() || numbered)
             && let Some(wc) = coll.write_concern()
         {
             cmd.insert("writeConcern", mongodb::bson::serialize_to_document(wc)?);
         }
+        let retryable = numbered && batch.iter().all(Request::single_document);
+        if retryable {
+            txn_number += 1;
+            cmd.insert("txnNumber", txn_number);
+        }
         let db = coll.client().database(&coll.namespace().db);
-        let action = db.run_command(cmd);
-        let reply = match session.as_deref_mut() {
-            Some(s) => action.session(s).await,
-            None => action.await,
+        let mut send = async |cmd: &Document| {
+            let action = db.run_command(cmd.clone());
+            match session.as_deref_mut() {
+                Some(s) => action.session(s).await,
+                None => action.await,
+            }
         };
+        let mut reply = send(&cmd).await;
+        if retryable && calls_for_retry(&reply) {
+            reply = match send(&cmd).await {
+                Err(e) if e.contains_label("NoWritesPerformed") => reply,
+                second => second,
+            };
+        }
         let reply = match reply {
             Ok(r) => r,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                hold(retrying, own).await;
+                if retryable && is_network_error(&e) {
+                    return Ok(Err(DriverError::custom(RetryableNetworkError(e))));
+                }
+                return Ok(Err(e));
+            }
         };
         let (errors, wce) = totals.add(&batch, &reply);
         if !errors.is_empty() || wce.is_some() {
@@ -138,6 +199,7 @@ pub async fn bulk_write(
             }
         }
     }
+    hold(retrying, own).await;
     let result = totals.result();
     Ok(match failure {
         None => Ok(result),
@@ -147,6 +209,46 @@ pub async fn bulk_write(
             write_concern_error,
         })),
     })
+}
+
+/// Whether a driver sends a retryable write again after `reply`: a network error (the
+/// connection handshake's too), or a `RetryableWriteError` label on an error or on a reply
+/// with a write concern error.
+fn calls_for_retry(reply: &std::result::Result<Document, DriverError>) -> bool {
+    match reply {
+        Err(e) => is_network_error(e) || e.contains_label("RetryableWriteError"),
+        Ok(r) => r.get_array("errorLabels").is_ok_and(|labels| {
+            labels
+                .iter()
+                .any(|l| l.as_str() == Some("RetryableWriteError"))
+        }),
+    }
+}
+
+fn is_network_error(e: &DriverError) -> bool {
+    matches!(
+        *e.kind,
+        ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. }
+    )
+}
+
+/// Keeps the runner's session (if the call had one) until the client entity goes.
+async fn hold(retrying: Option<&Retrying>, own: Option<ClientSession>) {
+    if let (Some(r), Some(s)) = (retrying, own) {
+        r.held.lock().await.push(s);
+    }
+}
+
+impl Request {
+    /// An insert, or an update or delete of at most one document: what a retryable write may
+    /// hold.
+    fn single_document(&self) -> bool {
+        match self.kind {
+            Kind::Insert => true,
+            Kind::Update => !self.body.get_bool("multi").unwrap_or(false),
+            Kind::Delete => self.body.get_i32("limit").unwrap_or(0) == 1,
+        }
+    }
 }
 
 /// One request of the call, checked as a driver checks it.

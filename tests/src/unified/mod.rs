@@ -28,6 +28,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::event::EventHandler;
+use mongodb::event::cmap::CmapEvent;
 use mongodb::event::command::CommandEvent;
 use mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions, SessionOptions};
 use mongodb::{Client, ClientSession};
@@ -60,6 +61,8 @@ pub struct ServerInfo {
     pub version: [u64; 3],
     /// `single`, `replicaset` or `sharded`.
     pub topology: String,
+    /// Whether clients log in (the URI carries credentials): `runOnRequirements.auth`.
+    pub auth: bool,
 }
 
 /// Asks the server at `uri` for its version and topology (as a driver would see it).
@@ -80,6 +83,7 @@ pub async fn probe(uri: &str) -> Result<ServerInfo> {
     Ok(ServerInfo {
         version,
         topology: topology.to_string(),
+        auth: client_credentials(uri).is_some(),
     })
 }
 
@@ -350,7 +354,11 @@ fn requirement_unmet(r: &Document, server: &ServerInfo) -> Option<String> {
             "serverless" => {
                 (v.as_str() == Some("require")).then(|| "requires serverless".to_string())
             }
-            "auth" => (v.as_bool() == Some(true)).then(|| "requires auth".to_string()),
+            "auth" => match v.as_bool() {
+                Some(true) if !server.auth => Some("requires auth".to_string()),
+                Some(false) if server.auth => Some("requires no auth".to_string()),
+                _ => None,
+            },
             other => Some(format!(
                 "requirement {other} is not supported by this runner"
             )),
@@ -388,6 +396,8 @@ pub(crate) struct ClientEntity {
     pub client: Client,
     /// Every command event of the client, in order.
     events: Arc<Mutex<Vec<CommandEvent>>>,
+    /// Every connection-pool (CMAP) event of the client, in order, by its unified-format name.
+    cmap: Arc<Mutex<Vec<&'static str>>>,
     /// The `observeEvents` kinds (`commandStartedEvent`, ...).
     observe: Vec<String>,
     ignore: Vec<String>,
@@ -434,6 +444,40 @@ impl ClientEntity {
         }
         out
     }
+
+    /// The CMAP events this entity observes, in order.
+    fn observed_cmap(&self) -> Vec<&'static str> {
+        let events = self.cmap.lock().map(|e| e.clone()).unwrap_or_default();
+        events
+            .into_iter()
+            .filter(|kind| self.observe.iter().any(|o| o == kind))
+            .collect()
+    }
+}
+
+/// The unified-format name of a CMAP event.
+fn cmap_name(e: &CmapEvent) -> &'static str {
+    match e {
+        CmapEvent::PoolCreated(_) => "poolCreatedEvent",
+        CmapEvent::PoolReady(_) => "poolReadyEvent",
+        CmapEvent::PoolCleared(_) => "poolClearedEvent",
+        CmapEvent::PoolClosed(_) => "poolClosedEvent",
+        CmapEvent::ConnectionCreated(_) => "connectionCreatedEvent",
+        CmapEvent::ConnectionReady(_) => "connectionReadyEvent",
+        CmapEvent::ConnectionClosed(_) => "connectionClosedEvent",
+        CmapEvent::ConnectionCheckoutStarted(_) => "connectionCheckOutStartedEvent",
+        CmapEvent::ConnectionCheckoutFailed(_) => "connectionCheckOutFailedEvent",
+        CmapEvent::ConnectionCheckedOut(_) => "connectionCheckedOutEvent",
+        CmapEvent::ConnectionCheckedIn(_) => "connectionCheckedInEvent",
+        _ => "unknownCmapEvent",
+    }
+}
+
+/// Where a client entity's driver reports its events.
+#[derive(Clone, Default)]
+struct Recorders {
+    commands: Arc<Mutex<Vec<CommandEvent>>>,
+    cmap: Arc<Mutex<Vec<&'static str>>>,
 }
 
 /// A `session` entity. `session` is `None` while an operation has it (taken out, put back
@@ -471,6 +515,9 @@ pub(crate) struct Entities {
     pub fail_points: Vec<(String, String)>,
     /// The lsid of every session entity created, by id, for `$$sessionLsid`.
     lsids: HashMap<String, Document>,
+    /// What the collection-level `bulkWrite` of a client's entities (the client, its
+    /// databases and collections, by id) needs to make its batches retryable writes.
+    pub retrying: HashMap<String, Arc<bulk::Retrying>>,
     /// Assertions the runner had to leave unchecked: the test cannot pass.
     unverified: Vec<String>,
 }
@@ -566,14 +613,19 @@ pub(crate) fn hosts(uri: &str) -> Vec<String> {
         .collect()
 }
 
-async fn new_client(uri: &str, events: Option<Arc<Mutex<Vec<CommandEvent>>>>) -> Result<Client> {
+async fn new_client(uri: &str, recorders: Option<Recorders>) -> Result<Client> {
     let mut opts = ClientOptions::parse(uri).await?;
     opts.server_selection_timeout = Some(Duration::from_secs(10));
     opts.connect_timeout = Some(Duration::from_secs(5));
-    if let Some(events) = events {
+    if let Some(Recorders { commands, cmap }) = recorders {
         opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
-            if let Ok(mut events) = events.lock() {
+            if let Ok(mut events) = commands.lock() {
                 events.push(ev);
+            }
+        }));
+        opts.cmap_event_handler = Some(EventHandler::callback(move |ev: CmapEvent| {
+            if let Ok(mut events) = cmap.lock() {
+                events.push(cmap_name(&ev));
             }
         }));
     }
@@ -634,7 +686,9 @@ pub(crate) async fn create_entities(
                             .collect()
                     })
                     .unwrap_or_default();
-                if let Some(other) = observe.iter().find(|e| !OBSERVABLE.contains(&e.as_str())) {
+                if let Some(other) = observe.iter().find(|e| {
+                    !OBSERVABLE.contains(&e.as_str()) && !CMAP_EVENTS.contains(&e.as_str())
+                }) {
                     bail!("observing {other} is not supported by this runner");
                 }
                 let ignore = spec
@@ -666,11 +720,20 @@ pub(crate) async fn create_entities(
                         client_uri.push_str(&format!("{sep}{k}={v}"));
                     }
                 }
-                let events = Arc::new(Mutex::new(Vec::new()));
-                let client = new_client(&client_uri, Some(events.clone())).await?;
+                let recorders = Recorders::default();
+                let client = new_client(&client_uri, Some(recorders.clone())).await?;
+                let retry_writes = spec
+                    .get_document("uriOptions")
+                    .ok()
+                    .and_then(|o| o.get_bool("retryWrites").ok())
+                    .unwrap_or(true);
+                entities
+                    .retrying
+                    .insert(id.to_string(), Arc::new(bulk::Retrying::new(retry_writes)));
                 Entity::Client(ClientEntity {
                     client,
-                    events,
+                    events: recorders.commands,
+                    cmap: recorders.cmap,
                     observe,
                     ignore,
                 })
@@ -684,7 +747,8 @@ pub(crate) async fn create_entities(
                         bail!("database option {key} is not supported by this runner");
                     }
                 }
-                let client = entities.client(spec.get_str("client").context("database.client")?)?;
+                let client_id = spec.get_str("client").context("database.client")?;
+                let client = entities.client(client_id)?.client.clone();
                 let name = spec.get_str("databaseName").context("databaseName")?;
                 let mut opts = DatabaseOptions::default();
                 if let Ok(o) = spec.get_document("databaseOptions") {
@@ -694,7 +758,10 @@ pub(crate) async fn create_entities(
                         opts.selection_criteria,
                     ) = concerns(o)?;
                 }
-                Entity::Database(client.client.database_with_options(name, opts))
+                if let Some(r) = entities.retrying.get(client_id).cloned() {
+                    entities.retrying.insert(id.to_string(), r);
+                }
+                Entity::Database(client.database_with_options(name, opts))
             }
             "collection" => {
                 for key in spec.keys() {
@@ -718,7 +785,11 @@ pub(crate) async fn create_entities(
                         opts.selection_criteria,
                     ) = concerns(o)?;
                 }
-                Entity::Collection(db.collection_with_options(name, opts))
+                let collection = db.collection_with_options(name, opts);
+                if let Some(r) = entities.retrying.get(db_id).cloned() {
+                    entities.retrying.insert(id.to_string(), r);
+                }
+                Entity::Collection(collection)
             }
             "session" => {
                 for key in spec.keys() {
@@ -883,6 +954,8 @@ async fn run_test(uri: &str, file: &Document, test: &Document, step: &Step) -> R
             }
         }
     }
+    // The bulk writes' own sessions go first: a client's shutdown waits for its sessions.
+    entities.retrying.clear();
     let mut clients = Vec::new();
     for (_, e) in entities.map.drain() {
         if let Entity::Client(c) = e {
@@ -993,13 +1066,18 @@ async fn distinct_on_every_router(uri: &str, entities: &Entities) -> Result<()> 
 
 /// A direct connection to `host`, with `uri`'s credentials and options (TLS).
 pub(crate) fn direct(uri: &str, host: &str) -> String {
-    let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    let credentials = authority.rsplit_once('@').map_or("", |(c, _)| c);
+    let credentials = client_credentials(uri).unwrap_or("");
     let at = if credentials.is_empty() { "" } else { "@" };
     let query = uri.split_once('?').map_or("", |(_, q)| q);
     let sep = if query.is_empty() { "" } else { "&" };
     format!("mongodb://{credentials}{at}{host}/?{query}{sep}directConnection=true")
+}
+
+/// The `user:password` of `uri`, if it has any.
+fn client_credentials(uri: &str) -> Option<&str> {
+    let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    authority.rsplit_once('@').map(|(c, _)| c)
 }
 
 /// The URI with only its first router (the initial data and the outcome go through one, as
@@ -1056,14 +1134,14 @@ async fn check_outcome(uri: &str, outcome: &[Bson]) -> Result<()> {
 /// One `expectEvents` entry against what the client observed.
 async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     let client_id = expected.get_str("client")?;
-    if let Ok(kind) = expected.get_str("eventType")
-        && kind != "command"
-    {
-        bail!("eventType {kind} is not supported by this runner");
-    }
     let ignore_extra = expected.get_bool("ignoreExtraEvents").unwrap_or(false);
     let want = expected.get_array("events")?;
     let client = entities.client(client_id)?;
+    match expected.get_str("eventType").unwrap_or("command") {
+        "command" => {}
+        "cmap" => return check_cmap_events(client_id, client, want, ignore_extra),
+        kind => bail!("eventType {kind} is not supported by this runner"),
+    }
     let mut have = client.observed();
     let deadline = tokio::time::Instant::now() + LATE_EVENTS;
     while have.len() < want.len() && tokio::time::Instant::now() < deadline {
@@ -1124,7 +1202,59 @@ async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     Ok(())
 }
 
-/// The event kinds a client entity can observe.
+/// One `expectEvents` entry of `eventType: cmap`: the kinds, in order. An expected event's
+/// fields (`reason`, `hasServiceId`, ...) are not checked yet, so one that has any is refused.
+fn check_cmap_events(
+    client_id: &str,
+    client: &ClientEntity,
+    want: &[Bson],
+    ignore_extra: bool,
+) -> Result<()> {
+    let have = client.observed_cmap();
+    if have.len() < want.len() || (!ignore_extra && have.len() != want.len()) {
+        bail!(
+            "client {client_id}: expected {} CMAP events{}, observed {}: {have:?}",
+            want.len(),
+            if ignore_extra { " or more" } else { "" },
+            have.len()
+        );
+    }
+    for (i, (w, h)) in want.iter().zip(&have).enumerate() {
+        let w = w
+            .as_document()
+            .context("an expected event is not a document")?;
+        let (kind, spec) = w.iter().next().context("empty expected event")?;
+        if !CMAP_EVENTS.contains(&kind.as_str()) {
+            bail!("expected CMAP event kind {kind} is not supported by this runner");
+        }
+        if let Some((field, _)) = spec.as_document().and_then(|d| d.iter().next()) {
+            bail!("{kind}.{field} is not supported by this runner");
+        }
+        if kind != h {
+            bail!(
+                "client {client_id}, CMAP event {i}: expected {kind}, observed {h}; observed {have:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The connection-pool event kinds of the unified format.
+const CMAP_EVENTS: &[&str] = &[
+    "poolCreatedEvent",
+    "poolReadyEvent",
+    "poolClearedEvent",
+    "poolClosedEvent",
+    "connectionCreatedEvent",
+    "connectionReadyEvent",
+    "connectionClosedEvent",
+    "connectionCheckOutStartedEvent",
+    "connectionCheckOutFailedEvent",
+    "connectionCheckedOutEvent",
+    "connectionCheckedInEvent",
+];
+
+/// The command event kinds a client entity can observe (and every one of [`CMAP_EVENTS`]).
 const OBSERVABLE: &[&str] = &[
     "commandStartedEvent",
     "commandSucceededEvent",

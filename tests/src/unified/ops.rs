@@ -6,6 +6,7 @@
 //! `withTransaction` callback the driver owns the session; the callback's operations get it as
 //! the *active* session, which stands in for the entity of that id.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -26,7 +27,7 @@ use mongodb::options::{
 use mongodb::results::{DeleteResult, UpdateResult};
 use mongodb::{BoxFuture, Client, ClientSession, Collection, Database, IndexModel, Namespace};
 
-use super::bulk::{BulkFailure, ClientValidation};
+use super::bulk::{BulkFailure, ClientValidation, RetryableNetworkError, Retrying};
 use super::{Entities, Entity, matcher};
 
 /// How long `iterateUntilDocumentOrError` waits for an event.
@@ -605,8 +606,9 @@ async fn execute(
     let Some(target) = target else {
         return session_operation(uri, name, object, args, entities, active).await;
     };
+    let retrying = entities.retrying.get(object).cloned();
     let mut lent = lend_argument(args, entities, active)?;
-    let out = execute_on(&target, name, args, lent.get()).await;
+    let out = execute_on(&target, name, args, lent.get(), retrying).await;
     lent.restore(entities);
     out
 }
@@ -626,6 +628,7 @@ async fn execute_on(
     name: &str,
     args: &Document,
     session: Option<&mut ClientSession>,
+    retrying: Option<Arc<Retrying>>,
 ) -> Result<Outcome> {
     let out = match (target, name) {
         (Target::Client(c), "createChangeStream") => {
@@ -1008,9 +1011,11 @@ async fn execute_on(
             )
             .map(found)
         }
-        (Target::Collection(coll), "bulkWrite") => super::bulk::bulk_write(coll, args, session)
-            .await?
-            .map(Value::doc),
+        (Target::Collection(coll), "bulkWrite") => {
+            super::bulk::bulk_write(coll, args, session, retrying.as_deref())
+                .await?
+                .map(Value::doc)
+        }
         (Target::Collection(coll), "createIndex") => {
             check_arguments(args, &["keys", "name", "unique", "session"])?;
             let mut model = IndexModel::default();
@@ -1387,6 +1392,12 @@ pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
     }
 }
 
+/// Whether the error carries `label` (the driver's, or the runner's bulk write's).
+fn has_label(e: &DriverError, label: &str) -> bool {
+    e.contains_label(label)
+        || (label == "RetryableWriteError" && e.get_custom::<RetryableNetworkError>().is_some())
+}
+
 /// A driver error in one line: code, name, message and labels for server errors.
 fn describe(e: &DriverError) -> String {
     let mut labels: Vec<&String> = e.labels().iter().collect();
@@ -1399,6 +1410,9 @@ fn describe(e: &DriverError) -> String {
     }
     if let Some(ClientValidation(why)) = e.get_custom::<ClientValidation>() {
         return format!("client-side validation error: {why}");
+    }
+    if let Some(RetryableNetworkError(e)) = e.get_custom::<RetryableNetworkError>() {
+        return format!("{:?}; labels [\"RetryableWriteError\"]", e.kind);
     }
     match e.kind.as_ref() {
         ErrorKind::Command(c) => format!(
@@ -1457,7 +1471,7 @@ fn check_error(
             "errorLabelsContain" => {
                 for l in v.as_array().context("errorLabelsContain")? {
                     let l = l.as_str().context("label")?;
-                    if !e.contains_label(l) {
+                    if !has_label(e, l) {
                         bail!("expected label {l} on {}", describe(e));
                     }
                 }
@@ -1465,7 +1479,7 @@ fn check_error(
             "errorLabelsOmit" => {
                 for l in v.as_array().context("errorLabelsOmit")? {
                     let l = l.as_str().context("label")?;
-                    if e.contains_label(l) {
+                    if has_label(e, l) {
                         bail!("expected no label {l} on {}", describe(e));
                     }
                 }
@@ -1495,6 +1509,13 @@ fn check_error(
                     ErrorKind::Custom(_) if e.get_custom::<BulkFailure>().is_some() => e
                         .get_custom::<BulkFailure>()
                         .map(|f| Bson::Document(f.partial.clone())),
+                    ErrorKind::Custom(_) if e.get_custom::<RetryableNetworkError>().is_some() => {
+                        bail!(
+                            "expected a partial result, got a network error (which carries none): \
+                             {}",
+                            describe(e)
+                        )
+                    }
                     other => bail!(
                         "expectError.expectResult on a {other:?} error is not supported by this \
                          runner"
