@@ -38,8 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # true). In these three, `onPrimaryTransactionalWrite` fails a statement before it commits
 # and closes the connection, on the first attempt and on the retry; pymongo then raises the
 # retry's network error (AutoReconnect), where the spec expects a bulk write error that
-# carries the partial result. It is not settled yet whether Tributary's fail point (which
-# closes the connection instead of answering with the write error) or this script is wrong.
+# carries the partial result. The fail point closes the connection as MongoDB's does (its
+# `closeConnection` defaults to true in transaction_participant.cpp); how a driver is to get
+# a partial result from that is not settled. The Rust spec runner lists the same three.
 KNOWN = {
     ("replicaset", "First insertOne is never committed"),
     ("replicaset", "Second updateOne is never committed"),
