@@ -1149,14 +1149,7 @@ async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
         have = client.observed();
     }
     let names: Vec<String> = have.iter().map(|(e, _)| describe_event(e)).collect();
-    if have.len() < want.len() || (!ignore_extra && have.len() != want.len()) {
-        bail!(
-            "client {client_id}: expected {} events{}, observed {}: {names:?}",
-            want.len(),
-            if ignore_extra { " or more" } else { "" },
-            have.len()
-        );
-    }
+    check_count(client_id, "events", want.len(), &names, ignore_extra)?;
     for (i, (w, (h, db))) in want.iter().zip(&have).enumerate() {
         let w = w
             .as_document()
@@ -1202,6 +1195,24 @@ async fn check_events(expected: &Document, entities: &Entities) -> Result<()> {
     Ok(())
 }
 
+/// Whether `have` holds `want` events (or more, with `ignoreExtraEvents`).
+fn check_count<T: fmt::Debug>(
+    client_id: &str,
+    what: &str,
+    want: usize,
+    have: &[T],
+    ignore_extra: bool,
+) -> Result<()> {
+    if have.len() < want || (!ignore_extra && have.len() != want) {
+        bail!(
+            "client {client_id}: expected {want} {what}{}, observed {}: {have:?}",
+            if ignore_extra { " or more" } else { "" },
+            have.len()
+        );
+    }
+    Ok(())
+}
+
 /// One `expectEvents` entry of `eventType: cmap`: the kinds, in order. An expected event's
 /// fields (`reason`, `hasServiceId`, ...) are not checked yet, so one that has any is refused.
 fn check_cmap_events(
@@ -1211,14 +1222,7 @@ fn check_cmap_events(
     ignore_extra: bool,
 ) -> Result<()> {
     let have = client.observed_cmap();
-    if have.len() < want.len() || (!ignore_extra && have.len() != want.len()) {
-        bail!(
-            "client {client_id}: expected {} CMAP events{}, observed {}: {have:?}",
-            want.len(),
-            if ignore_extra { " or more" } else { "" },
-            have.len()
-        );
-    }
+    check_count(client_id, "CMAP events", want.len(), &have, ignore_extra)?;
     for (i, (w, h)) in want.iter().zip(&have).enumerate() {
         let w = w
             .as_document()
