@@ -2,6 +2,7 @@
 //! shard runs, and that an explained write writes nothing), `validate`, and
 //! `setParameter` / `getParameter`.
 
+use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use tests::EmbeddedCluster;
 
@@ -174,6 +175,44 @@ async fn explain_shows_each_shards_plan_and_writes_nothing() -> anyhow::Result<(
     let (_, only) = e.get_document("shards")?.iter().next().expect("one shard");
     let stages = only.as_document().expect("doc").get_array("stages")?;
     assert_eq!(stages.len(), 3, "$cursor, then the pipeline's own");
+
+    // $avg, $push and $addToSet split too: the shards sum, count and push, the router divides
+    // and concatenates; the answers equal the unsharded copy's.
+    let pipeline = vec![
+        doc! {"$group": {"_id": {"$mod": ["$_id", 2]}, "avg": {"$avg": "$_id"}, "ids": {"$push": "$_id"}, "xs": {"$addToSet": "$x"}}},
+        doc! {"$set": {
+            "ids": {"$reduce": {"input": "$ids", "initialValue": 0, "in": {"$add": ["$$value", "$$this"]}}},
+            "xs": {"$size": "$xs"},
+        }},
+        doc! {"$sort": {"_id": 1}},
+    ];
+    let e = db
+        .run_command(doc! {"aggregate": "spread", "pipeline": pipeline.clone(), "explain": true})
+        .await?;
+    let split = e.get_document("splitPipeline")?;
+    assert_eq!(
+        split.get_array("shardsPart")?.len(),
+        1,
+        "the group runs on the shards: {split}"
+    );
+    let mut answers = Vec::new();
+    for coll in ["spread", "plain"] {
+        let out: Vec<Document> = db
+            .collection::<Document>(coll)
+            .aggregate(pipeline.clone())
+            .await?
+            .try_collect()
+            .await?;
+        answers.push(out);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[0],
+        vec![
+            doc! {"_id": 0, "avg": 24.0, "ids": 600, "xs": 5},
+            doc! {"_id": 1, "avg": 25.0, "ids": 625, "xs": 5},
+        ]
+    );
 
     // What MongoDB refuses.
     let bad = db

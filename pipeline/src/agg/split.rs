@@ -4,8 +4,10 @@
 //! The shards' part is the leading single-document transforms, then either a `$sort` (followed
 //! by a copy of a `$limit` right after it, which the router applies again, or by a `$limit` of
 //! skip + limit for a `$skip` then `$limit`) or a `$limit` copy,
-//! or a `$group` whose accumulators combine (`$sum`, `$count`, `$min`, `$max`): each shard
-//! groups its own documents, and the router groups the partial groups by `_id`.
+//! or a `$group` whose accumulators split (all of the ones `$group` has: see `split_group`),
+//! or a `$count` / `$sortByCount`: each shard groups its own documents, and the router groups
+//! the partial groups by `_id` and finishes what needs finishing (`$avg` divides, `$push`
+//! concatenates the shards' arrays).
 //!
 //! Invariant: running the shards' part on every shard, merging the streams (in `merge_sort`
 //! order when given) and running the router's part equals running the whole pipeline over all
@@ -57,10 +59,13 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
             }
         }
         Some(Stage::Limit(_)) => shards.push(stages[i].clone()),
-        Some(Stage::Group(_)) => {
-            if let Some((partial, merge)) = split_group(&stages[i]) {
+        Some(Stage::Group(_) | Stage::Count(_) | Stage::SortByCount(_)) => {
+            let halves = match kinds[i] {
+                Stage::Group(_) => split_group(&stages[i]),
+                _ => split_count(&stages[i]),
+            };
+            if let Some((partial, mut merger)) = halves {
                 shards.push(partial);
-                let mut merger = vec![merge];
                 merger.extend(stages[i + 1..].iter().cloned());
                 return Split {
                     shards,
@@ -78,12 +83,22 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
     }
 }
 
-/// A `$group` as a per-shard partial group and the router's group of the partials, when every
-/// accumulator combines.
-fn split_group(stage: &Document) -> Option<(Document, Document)> {
+/// A `$group` as a per-shard partial group and the router's stages over the partials (a
+/// group of the partials by `_id`, then whatever finishes an accumulator), when every
+/// accumulator splits:
+///
+/// * `$sum`, `$min`, `$max`, `$mergeObjects`, `$first`, `$last` combine with themselves
+///   (`$count` is a `$sum` of 1; `$first`/`$last` take some shard's first or last, which is
+///   as good as any when the input has no order, and with a `$sort` before it the group runs
+///   on the router);
+/// * `$push` and `$addToSet` push each shard's array, then concatenate (or unite) them;
+/// * `$avg` sums the numbers and counts them on each shard (in a hidden field), then divides.
+fn split_group(stage: &Document) -> Option<(Document, Vec<Document>)> {
     let spec = stage.get_document("$group").ok()?;
     let mut partial = Document::new();
     let mut merge = Document::new();
+    let mut finish = Document::new();
+    let mut hidden = Vec::new();
     for (name, v) in spec {
         if name == "_id" {
             partial.insert("_id", v.clone());
@@ -92,17 +107,88 @@ fn split_group(stage: &Document) -> Option<(Document, Document)> {
         }
         let acc = v.as_document()?;
         let (op, arg) = acc.iter().next()?;
-        let (shard_acc, merge_op) = match op.as_str() {
-            "$sum" => (doc! {"$sum": arg.clone()}, "$sum"),
-            "$count" => (doc! {"$sum": 1}, "$sum"),
-            "$min" => (doc! {"$min": arg.clone()}, "$min"),
-            "$max" => (doc! {"$max": arg.clone()}, "$max"),
+        let field = format!("${name}");
+        let (shard_acc, merge_acc) = match op.as_str() {
+            "$sum" | "$min" | "$max" | "$mergeObjects" | "$first" | "$last" => {
+                (doc! {op: arg.clone()}, doc! {op: field.clone()})
+            }
+            "$count" => (doc! {"$sum": 1}, doc! {"$sum": field.clone()}),
+            "$push" | "$addToSet" => {
+                let combine = if op == "$push" {
+                    "$concatArrays"
+                } else {
+                    "$setUnion"
+                };
+                finish.insert(
+                    name.clone(),
+                    doc! {"$reduce": {
+                        "input": field.clone(),
+                        "initialValue": [],
+                        "in": {combine: ["$$value", "$$this"]},
+                    }},
+                );
+                (doc! {op: arg.clone()}, doc! {"$push": field.clone()})
+            }
+            "$avg" => {
+                let count = format!("{name}{AVG_COUNT_SUFFIX}");
+                if spec.contains_key(&count) {
+                    return None;
+                }
+                let numbers = doc! {"$cond": [{"$isNumber": [arg.clone()]}, 1, 0]};
+                partial.insert(count.clone(), doc! {"$sum": numbers});
+                merge.insert(count.clone(), doc! {"$sum": format!("${count}")});
+                finish.insert(
+                    name.clone(),
+                    doc! {"$cond": [
+                        {"$eq": [format!("${count}"), 0]},
+                        null,
+                        {"$divide": [field.clone(), format!("${count}")]},
+                    ]},
+                );
+                hidden.push(Bson::String(count));
+                (doc! {"$sum": arg.clone()}, doc! {"$sum": field.clone()})
+            }
             _ => return None,
         };
         partial.insert(name.clone(), shard_acc);
-        merge.insert(name.clone(), doc! {merge_op: format!("${name}")});
+        merge.insert(name.clone(), merge_acc);
     }
-    Some((doc! {"$group": partial}, doc! {"$group": merge}))
+    let mut merger = vec![doc! {"$group": merge}];
+    if !finish.is_empty() {
+        merger.push(doc! {"$set": finish});
+    }
+    if !hidden.is_empty() {
+        merger.push(doc! {"$unset": hidden});
+    }
+    Some((doc! {"$group": partial}, merger))
+}
+
+/// Names `$avg`'s per-shard count of numbers beside its sum (removed before the output).
+const AVG_COUNT_SUFFIX: &str = "__tributaryAvgCount";
+
+/// `$count` and `$sortByCount` as a per-shard count and the router's sum of the counts.
+fn split_count(stage: &Document) -> Option<(Document, Vec<Document>)> {
+    let (name, v) = stage.iter().next()?;
+    match name.as_str() {
+        "$count" => {
+            let field = v.as_str()?;
+            Some((
+                doc! {"$group": {"_id": null, field: {"$sum": 1}}},
+                vec![
+                    doc! {"$group": {"_id": null, field: {"$sum": format!("${field}")}}},
+                    doc! {"$project": {"_id": 0}},
+                ],
+            ))
+        }
+        "$sortByCount" => Some((
+            doc! {"$group": {"_id": v.clone(), "count": {"$sum": 1}}},
+            vec![
+                doc! {"$group": {"_id": "$_id", "count": {"$sum": "$count"}}},
+                doc! {"$sort": {"count": -1}},
+            ],
+        )),
+        _ => None,
+    }
 }
 
 /// `{shardsPart, mergerPart}` for explain.
@@ -122,6 +208,17 @@ mod tests {
 
     /// Runs the split over two "shards" and compares with the whole pipeline over all documents.
     fn same_as_unsplit(stages: Vec<Document>, docs: Vec<Document>) {
+        let (whole, split) = both_ways(stages, docs, |_| {});
+        assert_eq!(split, whole);
+    }
+
+    /// The whole pipeline's output over all documents and the split's over two "shards", each
+    /// document passed through `normalize`, in one (string) order.
+    fn both_ways(
+        stages: Vec<Document>,
+        docs: Vec<Document>,
+        normalize: impl Fn(&mut Document),
+    ) -> (Vec<Document>, Vec<Document>) {
         let whole = Pipeline::parse(&stages).unwrap().run(docs.clone()).unwrap();
         let s = split_of(stages);
         let shards = Pipeline::parse(&s.shards).unwrap();
@@ -135,12 +232,13 @@ mod tests {
                 .unwrap()
                 .sort(&mut merged);
         }
-        let mut out = Pipeline::parse(&s.merger).unwrap().run(merged).unwrap();
-        let mut whole = whole;
-        let key = |d: &Document| d.to_string();
-        out.sort_by_key(key);
-        whole.sort_by_key(key);
-        assert_eq!(out, whole);
+        let split = Pipeline::parse(&s.merger).unwrap().run(merged).unwrap();
+        let ordered = |mut out: Vec<Document>| {
+            out.iter_mut().for_each(&normalize);
+            out.sort_by_key(|d| d.to_string());
+            out
+        };
+        (ordered(whole), ordered(split))
     }
 
     fn docs() -> Vec<Document> {
@@ -215,10 +313,79 @@ mod tests {
             doc! {"$group": {"_id": "$_id", "n": {"$sum": "$n"}, "t": {"$sum": "$t"}, "lo": {"$min": "$lo"}, "hi": {"$max": "$hi"}}}
         );
         same_as_unsplit(stages, docs());
-        // $avg does not combine: the group runs on the router.
-        let s = split_of(vec![doc! {"$group": {"_id": null, "a": {"$avg": "$x"}}}]);
-        assert!(s.shards.is_empty());
-        assert_eq!(s.merger.len(), 1);
+    }
+
+    #[test]
+    fn every_group_accumulator_splits_and_matches_the_unsplit_run() {
+        // Documents with missing, null and non-numeric values, so `$avg` skips some.
+        let mut input = docs();
+        input.push(doc! {"_id": 100, "g": 1, "x": "text"});
+        input.push(doc! {"_id": 101, "g": 2, "x": null});
+        input.push(doc! {"_id": 102, "g": 7});
+        input.push(doc! {"_id": 103, "g": 1, "x": 2.5, "o": {"a": 1}});
+        input.push(doc! {"_id": 104, "g": 2, "x": 4, "o": {"b": 2}});
+        let stages = vec![doc! {"$group": {
+            "_id": {"$mod": ["$g", 3]},
+            "avg": {"$avg": "$x"},
+            "all": {"$push": "$x"},
+            "set": {"$addToSet": "$s"},
+            "obj": {"$mergeObjects": "$o"},
+            "n": {"$count": {}},
+        }}];
+        let s = split_of(stages.clone());
+        assert_eq!(s.shards.len(), 1, "the group goes to the shards");
+        assert_eq!(s.merger.len(), 3, "group, then $set to finish, then $unset");
+        // Arrays come back in shard order: compare them sorted.
+        let (whole, split) = both_ways(stages, input.clone(), |d| {
+            for field in ["all", "set"] {
+                if let Ok(a) = d.get_array_mut(field) {
+                    a.sort_by_key(|v| v.to_string());
+                }
+            }
+        });
+        assert_eq!(split, whole);
+        // The order-free ones, with a group of no numbers (whose `$avg` is null).
+        let (whole, split) = both_ways(
+            vec![doc! {"$group": {
+                "_id": "$g",
+                "avg": {"$avg": "$x"},
+                "lo": {"$min": "$x"},
+                "total": {"$sum": "$x"},
+            }}],
+            input.clone(),
+            |_| {},
+        );
+        assert!(whole.iter().any(|d| d.get("avg") == Some(&Bson::Null)));
+        assert_eq!(split, whole);
+        // `$first`/`$last` take some shard's: with one document per group they are exact.
+        same_as_unsplit(
+            vec![doc! {"$group": {"_id": "$_id", "f": {"$first": "$x"}, "l": {"$last": "$o"}}}],
+            input.clone(),
+        );
+        // An accumulator name that would clash with the hidden count keeps the group whole.
+        let clash = split_of(vec![doc! {"$group": {
+            "_id": null,
+            "a": {"$avg": "$x"},
+            "a__tributaryAvgCount": {"$sum": 1},
+        }}]);
+        assert!(clash.shards.is_empty());
+    }
+
+    #[test]
+    fn count_and_sort_by_count_split_into_partial_counts() {
+        let count = vec![doc! {"$match": {"g": {"$gt": 0}}}, doc! {"$count": "n"}];
+        let s = split_of(count.clone());
+        assert_eq!(s.shards.len(), 2);
+        same_as_unsplit(count, docs());
+        same_as_unsplit(vec![doc! {"$count": "n"}], Vec::new());
+        let by = vec![doc! {"$sortByCount": "$g"}];
+        let s = split_of(by.clone());
+        assert_eq!(
+            s.shards,
+            vec![doc! {"$group": {"_id": "$g", "count": {"$sum": 1}}}]
+        );
+        assert_eq!(s.merger[1], doc! {"$sort": {"count": -1}});
+        same_as_unsplit(by, docs());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use mongodb::options::{
 use mongodb::results::{DeleteResult, UpdateResult};
 use mongodb::{BoxFuture, Client, ClientSession, Collection, Database, IndexModel, Namespace};
 
-use super::bulk::{BulkFailure, ClientValidation, RetryableNetworkError, Retrying};
+use super::bulk::{BulkFailure, ClientValidation, NetworkFailure, Retrying};
 use super::{Entities, Entity, matcher};
 
 /// How long `iterateUntilDocumentOrError` waits for an event.
@@ -1395,7 +1395,9 @@ pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
 /// Whether the error carries `label` (the driver's, or the runner's bulk write's).
 fn has_label(e: &DriverError, label: &str) -> bool {
     e.contains_label(label)
-        || (label == "RetryableWriteError" && e.get_custom::<RetryableNetworkError>().is_some())
+        || (label == "RetryableWriteError"
+            && e.get_custom::<NetworkFailure>()
+                .is_some_and(|f| f.retryable))
 }
 
 /// A driver error in one line: code, name, message and labels for server errors.
@@ -1411,8 +1413,16 @@ fn describe(e: &DriverError) -> String {
     if let Some(ClientValidation(why)) = e.get_custom::<ClientValidation>() {
         return format!("client-side validation error: {why}");
     }
-    if let Some(RetryableNetworkError(e)) = e.get_custom::<RetryableNetworkError>() {
-        return format!("{:?}; labels [\"RetryableWriteError\"]", e.kind);
+    if let Some(f) = e.get_custom::<NetworkFailure>() {
+        let labels = if f.retryable {
+            "[\"RetryableWriteError\"]"
+        } else {
+            "[]"
+        };
+        return format!(
+            "{:?}; labels {labels}; partial result {}",
+            f.error.kind, f.partial
+        );
     }
     match e.kind.as_ref() {
         ErrorKind::Command(c) => format!(
@@ -1509,13 +1519,9 @@ fn check_error(
                     ErrorKind::Custom(_) if e.get_custom::<BulkFailure>().is_some() => e
                         .get_custom::<BulkFailure>()
                         .map(|f| Bson::Document(f.partial.clone())),
-                    ErrorKind::Custom(_) if e.get_custom::<RetryableNetworkError>().is_some() => {
-                        bail!(
-                            "expected a partial result, got a network error (which carries none): \
-                             {}",
-                            describe(e)
-                        )
-                    }
+                    ErrorKind::Custom(_) if e.get_custom::<NetworkFailure>().is_some() => e
+                        .get_custom::<NetworkFailure>()
+                        .map(|f| Bson::Document(f.partial.clone())),
                     other => bail!(
                         "expectError.expectResult on a {other:?} error is not supported by this \
                          runner"
