@@ -46,6 +46,11 @@ struct WriteKind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ForeignRead {
+    read: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardName {
     shard: String,
 }
@@ -63,6 +68,7 @@ pub struct Metrics {
     commands: Family<CommandOutcome, Counter>,
     command_seconds: Seconds,
     documents_written: Family<WriteKind, Counter>,
+    foreign_documents_read: Family<ForeignRead, Counter>,
     events_delivered: Counter,
     idle_shard_nudges: Counter,
     connections: Gauge,
@@ -89,6 +95,7 @@ impl Metrics {
             commands: Family::default(),
             command_seconds: Family::new_with_constructor(latency_histogram),
             documents_written: Family::default(),
+            foreign_documents_read: Family::default(),
             events_delivered: Counter::default(),
             idle_shard_nudges: Counter::default(),
             connections: Gauge::default(),
@@ -116,6 +123,12 @@ impl Metrics {
             "documents_written",
             "Documents inserted, updated (matched) and deleted by acknowledged writes",
             m.documents_written.clone(),
+        );
+        r.register(
+            "foreign_documents_read",
+            "Documents of other collections read for $lookup, $unionWith and $graphLookup: \
+             only what a $lookup's input joins (joined), or the whole collection (whole)",
+            m.foreign_documents_read.clone(),
         );
         r.register(
             "change_stream_events_delivered",
@@ -197,6 +210,15 @@ impl Metrics {
                 .get_or_create(&WriteKind { op: op.to_string() })
                 .inc_by(n);
         }
+    }
+
+    /// Counts documents read from another collection for a pipeline stage; `joined` when a
+    /// `$lookup` read only what its input joins, else the collection was read whole.
+    pub fn foreign_documents_read(&self, joined: bool, n: u64) {
+        let read = if joined { "joined" } else { "whole" };
+        self.foreign_documents_read
+            .get_or_create(&ForeignRead { read: read.into() })
+            .inc_by(n);
     }
 
     pub fn events_delivered(&self, n: u64) {

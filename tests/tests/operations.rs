@@ -105,13 +105,52 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
         .sum();
     assert!(entries >= 11.0, "the oplog entries of the writes: {body}");
 
+    // A $lookup reads only the foreign documents its input joins (routed by the foreign
+    // shard key); a $unionWith reads its collection whole.
+    tests::shard_collection(&client, "ops.foreign", doc! {"k": 1}).await?;
+    let foreign = client.database("ops").collection::<Document>("foreign");
+    foreign
+        .insert_many((0..200).map(|i| doc! {"_id": i, "k": i % 50}))
+        .await?;
+    let joined: Vec<Document> = c
+        .aggregate(vec![
+            doc! {"$match": {"_id": {"$in": [1, 2]}}},
+            doc! {"$lookup": {"from": "foreign", "localField": "_id", "foreignField": "k", "as": "f"}},
+            doc! {"$sort": {"_id": 1}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    let sizes: Vec<usize> = joined
+        .iter()
+        .map(|d| d.get_array("f").map_or(0, Vec::len))
+        .collect();
+    assert_eq!(sizes, vec![4, 4], "{joined:?}");
+    let union: Vec<Document> = c
+        .aggregate(vec![doc! {"$unionWith": "foreign"}])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(union.len(), 4 + 200);
+    let (_, read) = http_get(metrics, "/metrics").await?;
+    let at = |series: &str| sample(&read, series).unwrap_or(0.0);
+    assert_eq!(
+        at(r#"tributary_foreign_documents_read_total{read="joined"}"#),
+        8.0,
+        "the 8 joined documents, not the 200: {read}"
+    );
+    assert_eq!(
+        at(r#"tributary_foreign_documents_read_total{read="whole"}"#),
+        200.0
+    );
+
     // More work, and the counters move.
     c.insert_one(doc! {"_id": 100}).await?;
     drop(stream);
     let (_, again) = http_get(metrics, "/metrics").await?;
     assert_eq!(
         sample(&again, r#"tributary_documents_written_total{op="insert"}"#),
-        Some(6.0)
+        Some(206.0)
     );
     let (status, _) = http_get(metrics, "/other").await?;
     assert_eq!(status, "HTTP/1.1 404 Not Found");

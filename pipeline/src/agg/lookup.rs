@@ -87,32 +87,91 @@ pub fn foreign_collections(p: &Pipeline) -> BTreeSet<String> {
     out
 }
 
+/// The collections one stage reads (nested pipelines included).
+pub fn stage_foreign_collections(stage: &Stage) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    collect_stage(stage, &mut out);
+    out
+}
+
 fn collect(p: &Pipeline, out: &mut BTreeSet<String>) {
     for stage in p.stages() {
-        match stage {
-            Stage::Lookup(l) => {
-                out.extend(l.from.clone());
-                if let Some(sub) = &l.pipeline {
-                    collect(sub, out);
-                }
-            }
-            Stage::UnionWith(u) => {
-                out.extend(u.coll.clone());
-                if let Some(sub) = &u.pipeline {
-                    collect(sub, out);
-                }
-            }
-            Stage::GraphLookup(g) => {
-                out.insert(g.from.clone());
-            }
-            Stage::Facet(facets) => {
-                for (_, sub) in facets {
-                    collect(sub, out);
-                }
-            }
-            _ => {}
-        }
+        collect_stage(stage, out);
     }
+}
+
+fn collect_stage(stage: &Stage, out: &mut BTreeSet<String>) {
+    match stage {
+        Stage::Lookup(l) => {
+            out.extend(l.from.clone());
+            if let Some(sub) = &l.pipeline {
+                collect(sub, out);
+            }
+        }
+        Stage::UnionWith(u) => {
+            out.extend(u.coll.clone());
+            if let Some(sub) = &u.pipeline {
+                collect(sub, out);
+            }
+        }
+        Stage::GraphLookup(g) => {
+            out.insert(g.from.clone());
+        }
+        Stage::Facet(facets) => {
+            for (_, sub) in facets {
+                collect(sub, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What a `$lookup` joining on `localField`/`foreignField` needs of its `from` collection to
+/// run over `input`: the collection and filters (each for at most `chunk` join values) that
+/// together select every foreign document that can join some input document: the union of
+/// the per-document join filters, so reading them instead of the whole collection changes no
+/// result. `None` when the stage is not such a join (a correlated `pipeline` alone, a
+/// `$documents` sub-pipeline, one that reads other collections, or another stage): it needs
+/// its collections whole.
+pub fn join_prefetch(
+    stage: &Stage,
+    input: &[Document],
+    chunk: usize,
+) -> Option<(String, Vec<Document>)> {
+    let Stage::Lookup(l) = stage else {
+        return None;
+    };
+    let (from, (local, foreign_field)) = (l.from.as_ref()?, l.join.as_ref()?);
+    if starts_with_documents(l.pipeline.as_ref())
+        || l.pipeline
+            .as_ref()
+            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
+    {
+        return None;
+    }
+    let mut values = Vec::new();
+    for doc in input {
+        let reached = leaf_values(doc, local);
+        if reached.is_empty() {
+            values.push(Bson::Null);
+        }
+        values.extend(reached);
+    }
+    values.sort_by(compare);
+    values.dedup_by(|a, b| compare(a, b) == Ordering::Equal);
+    let filters = values
+        .chunks(chunk.max(1))
+        .map(|part| {
+            // `$in` is the `$eq`s' union unless a value is a regex (which `$in` would match
+            // as a pattern): then the `$or` of `$eq`s.
+            if part.iter().any(|v| matches!(v, Bson::RegularExpression(_))) {
+                join_filter(foreign_field, part.to_vec())
+            } else {
+                doc! {foreign_field.as_str(): {"$in": part.to_vec()}}
+            }
+        })
+        .collect();
+    Some((from.clone(), filters))
 }
 
 /// Whether the stage (or a pipeline nested in it) reads other collections, so it must run

@@ -5,9 +5,12 @@
 //!
 //! A collection's documents reach the router through `pipeline::agg::split`: the shards run the
 //! prefix (an `aggregate` command; a plain `find` when the prefix is only `$match`), the router
-//! merges their cursors (in the prefix's `$sort` order when it ends with one) and runs the rest.
-//! Every other collection a pipeline names is read whole, with its own routing, before the
-//! pipeline runs, and handed to it as `pipeline::agg::lookup::Foreign`.
+//! merges their cursors (in the prefix's `$sort` order when it ends with one) and runs the rest
+//! (`run_stages`). Other collections are read when the stage that names them comes, with their
+//! own routing, and handed to it as `pipeline::agg::lookup::Foreign`: a `$lookup` on
+//! `localField`/`foreignField` reads only the foreign documents its input can join (by `$in`
+//! on the join values, which the shards answer through their indexes, routed by the foreign
+//! shard key); `$unionWith`, `$graphLookup` and correlated `pipeline` lookups read whole.
 //!
 //! Invariants:
 //! * Every shard read carries the command's session, transaction, read concern and `let`, so a
@@ -43,36 +46,101 @@ pub(super) const INHERITED: &[&str] = &[
     "let",
 ];
 
-/// `env` with the documents of every other collection `parsed` reads.
-pub(super) async fn with_foreign(ctx: &Ctx<'_>, parsed: &Pipeline, mut env: Env) -> Result<Env> {
-    let names = lookup::foreign_collections(parsed);
-    if names.is_empty() {
-        return Ok(env);
-    }
-    let mut foreign = Foreign::default();
-    // One after another: inside a transaction, the first read of a shard starts it there.
-    for name in names {
-        validate_collection_name(ctx.db, &name)?;
-        let routed = read_targets(ctx, &name, &Document::new()).await?;
-        let docs = if routed.shards.is_empty() {
-            Vec::new()
-        } else {
-            let find = doc! {"find": &name, "filter": {}};
-            match read_merged(ctx, &name, &routed, find, None).await {
-                Ok(docs) => docs,
-                // A view: its pipeline over its source (see `views`).
-                Err(e) => match shard::views::resolved(&e) {
-                    Some((source_ns, pipeline)) => {
-                        read_view(ctx, &source_ns, &pipeline, &env).await?
+/// How many join values one read of a `$lookup`'s foreign collection asks for.
+const JOIN_VALUES_PER_READ: usize = 1_000;
+
+/// Runs `parsed` over `input` on the router, reading the other collections its stages name
+/// as each stage comes: a `$lookup` on `localField`/`foreignField` reads only the foreign
+/// documents that can join the documents reaching it (their join values, `$in` chunks, routed
+/// by the foreign shard key where it is one, through the shards' indexes); every other stage
+/// that reads a collection reads it whole, once per run.
+pub(super) async fn run_stages(
+    ctx: &Ctx<'_>,
+    parsed: &Pipeline,
+    input: Vec<Document>,
+    env: &Env,
+) -> Result<Vec<Document>> {
+    let mut whole = Arc::new(Foreign::default());
+    let mut docs = input;
+    for stage in parsed.stages() {
+        if !lookup::reads_other_collections(stage) {
+            docs = stage.run_in(docs, env)?;
+            continue;
+        }
+        let foreign = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ) {
+            Some((from, filters)) => {
+                let docs = read_foreign(ctx, &from, &filters, env).await?;
+                ctx.router
+                    .metrics
+                    .foreign_documents_read(true, docs.len() as u64);
+                let mut joined = Foreign::default();
+                joined.insert(from, docs);
+                Arc::new(joined)
+            }
+            None => {
+                // One after another: inside a transaction, the first read of a shard starts
+                // it there.
+                for name in lookup::stage_foreign_collections(stage) {
+                    if whole.get(&name).is_none() {
+                        let docs = read_foreign(ctx, &name, &[Document::new()], env).await?;
+                        ctx.router
+                            .metrics
+                            .foreign_documents_read(false, docs.len() as u64);
+                        Arc::make_mut(&mut whole).insert(name, docs);
                     }
-                    None => return Err(e),
-                },
+                }
+                whole.clone()
             }
         };
-        foreign.insert(name, docs);
+        let env = Env {
+            foreign: Some(foreign),
+            ..env.clone()
+        };
+        docs = stage.run_in(docs, &env)?;
     }
-    env.foreign = Some(Arc::new(foreign));
-    Ok(env)
+    Ok(docs)
+}
+
+/// The documents of collection `name` that pass any of `filters` (each read with its own
+/// routing, under the command's collation), each once. A view reads whole: its pipeline over
+/// its source, which is what every filter would have been applied to.
+async fn read_foreign(
+    ctx: &Ctx<'_>,
+    name: &str,
+    filters: &[Document],
+    env: &Env,
+) -> Result<Vec<Document>> {
+    validate_collection_name(ctx.db, name)?;
+    let mut out = Vec::new();
+    for filter in filters {
+        let routed = read_targets(ctx, name, filter).await?;
+        if routed.shards.is_empty() {
+            continue;
+        }
+        let mut find = doc! {"find": name, "filter": filter.clone()};
+        if let Some(c) = ctx.cmd.get("collation") {
+            find.insert("collation", c.clone());
+        }
+        match read_merged(ctx, name, &routed, find, None).await {
+            Ok(docs) => out.extend(docs),
+            Err(e) => match shard::views::resolved(&e) {
+                Some((source_ns, pipeline)) => {
+                    return read_view(ctx, &source_ns, &pipeline, env).await;
+                }
+                None => return Err(e),
+            },
+        }
+    }
+    if filters.len() > 1 {
+        // A document whose foreign field is an array can pass two chunks' filters.
+        out.sort_by(|a, b| pipeline::value::compare(id(a), id(b)));
+        out.dedup_by(|a, b| pipeline::value::compare(id(a), id(b)).is_eq());
+    }
+    Ok(out)
+}
+
+fn id(d: &Document) -> &Bson {
+    d.get("_id").unwrap_or(&Bson::Null)
 }
 
 /// The documents of a view named by `$lookup` / `$unionWith` / `$graphLookup`: its resolved
@@ -138,7 +206,7 @@ pub(super) async fn run_split(
         read_merged(ctx, coll, routed, cmd, sort).await?
     };
     let merger = Pipeline::parse_with_vars(&split.merger, &env.names())?;
-    merger.run_in(merged, env)
+    run_stages(ctx, &merger, merged, env).await
 }
 
 /// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and reads every
@@ -220,8 +288,7 @@ pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result
         }
     };
     let parsed = Pipeline::parse_with_vars(rest, &env.names())?;
-    let env = with_foreign(ctx, &parsed, env).await?;
-    let out = parsed.run_in(input, &env)?;
+    let out = run_stages(ctx, &parsed, input, &env).await?;
     let ns = format!("{}.$cmd.aggregate", ctx.db);
     if let Some(sink) = &sink {
         super::out::write(ctx, sink, out).await?;

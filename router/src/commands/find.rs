@@ -471,8 +471,6 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let env = pipeline::expr::Env::from_command(ctx.cmd)?;
     let parsed = pipeline::agg::Pipeline::parse_with_vars(&stage_docs, &env.names())?;
-    // Other collections the pipeline reads ($lookup, ...) are read first, each routed alone.
-    let env = super::aggregate::with_foreign(ctx, &parsed, env).await?;
     // The leading $match stages select what the shards send.
     let filter = super::explain::leading_match(ctx.cmd);
     let routed = read_targets(ctx, coll, &filter).await?;
@@ -486,7 +484,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
     let out = if targets.is_empty() {
-        parsed.run_in(Vec::<Document>::new(), &env)?
+        super::aggregate::run_stages(ctx, &parsed, Vec::new(), &env).await?
     } else {
         super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter).await?
     };

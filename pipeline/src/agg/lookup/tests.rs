@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
 
-use super::{Foreign, foreign_collections};
+use super::{Foreign, foreign_collections, join_prefetch};
 use crate::agg::Pipeline;
 use crate::expr::Env;
 
@@ -506,4 +506,71 @@ fn the_join_index_never_leaves_out_a_document_the_join_matches() {
     assert_eq!(ids(out[0].get("o").unwrap()), vec![0, 1, 2]);
     assert_eq!(ids(out[1].get("o").unwrap()), vec![2, 5, 6]);
     assert_eq!(ids(out[2].get("o").unwrap()), vec![7, 9, 10]);
+}
+
+fn regex(pattern: &str) -> bson::Regex {
+    bson::Regex {
+        pattern: pattern.try_into().unwrap(),
+        options: "".try_into().unwrap(),
+    }
+}
+
+/// Reading only what `join_prefetch`'s filters select gives the same `$lookup` as reading the
+/// whole foreign collection: values from arrays, missing fields (null), numbers of several
+/// types, a regex, nested documents, in chunks smaller than the value count.
+#[test]
+fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
+    let input = vec![
+        doc! {"_id": 1, "k": "almonds"},
+        doc! {"_id": 2, "k": ["pecans", 3]},
+        doc! {"_id": 3},
+        doc! {"_id": 4, "k": 3.0},
+        doc! {"_id": 5, "k": Bson::RegularExpression(regex("^c"))},
+        doc! {"_id": 6, "k": {"a": 1}},
+    ];
+    let mut foreign = inventory();
+    foreign.push(doc! {"_id": 7, "sku": 3_i64});
+    foreign.push(doc! {"_id": 8, "sku": ["walnuts", "pecans"]});
+    foreign.push(doc! {"_id": 9, "sku": {"a": 1}});
+    foreign.push(doc! {"_id": 10, "sku": "cashews butter"});
+    let stage = doc! {"$lookup": {"from": "inventory", "localField": "k", "foreignField": "sku", "as": "j"}};
+    let parsed = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
+    let (from, filters) = join_prefetch(&parsed.stages()[0], &input, 2).unwrap();
+    assert_eq!(from, "inventory");
+    // almonds, pecans, 3 (3.0 is the same value), null, the regex, {a: 1}: six values.
+    assert_eq!(filters.len(), 3);
+    let matchers: Vec<_> = filters
+        .iter()
+        .map(|f| crate::matcher::Matcher::parse(f).unwrap())
+        .collect();
+    let read: Vec<Document> = foreign
+        .iter()
+        .filter(|d| matchers.iter().any(|m| m.matches(d)))
+        .cloned()
+        .collect();
+    let read_ids: Vec<i32> = read.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+    // bread (2), cashews (3) and "cashews butter" (10) join nothing: a regex value joins
+    // only an equal regex, as the join's `$eq` does.
+    assert_eq!(read_ids, vec![1, 4, 5, 6, 7, 8, 9]);
+    let whole = run(
+        vec![stage.clone()],
+        input.clone(),
+        &env_with(&[("inventory", foreign)]),
+    );
+    let narrowed = run(vec![stage], input, &env_with(&[("inventory", read)]));
+    assert_eq!(narrowed, whole);
+
+    // What needs whole collections: a correlated pipeline alone, a $documents sub-pipeline,
+    // other stages.
+    for stage in [
+        doc! {"$lookup": {"from": "inventory", "let": {"k": "$k"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$sku", "$$k"]}}}], "as": "j"}},
+        doc! {"$lookup": {"localField": "k", "foreignField": "sku", "pipeline": [{"$documents": [{"sku": 1}]}], "as": "j"}},
+        doc! {"$unionWith": "inventory"},
+    ] {
+        let parsed = Pipeline::parse(&[stage]).unwrap();
+        assert!(join_prefetch(&parsed.stages()[0], &orders(), 10).is_none());
+    }
+    // No input documents: nothing to read.
+    let (_, none) = join_prefetch(&parsed.stages()[0], &[], 10).unwrap();
+    assert!(none.is_empty());
 }
