@@ -123,6 +123,12 @@ struct Cli {
     /// (`hint: {$natural: 1}`), in the same run.
     #[arg(long, default_value_t = 0)]
     point_queries: u64,
+    /// After writing: index `seq`, then time this many aggregates that `$lookup` one
+    /// document's `seq` in the same collection by `localField`/`foreignField` (the router reads
+    /// only the joined documents) and (a tenth as many, at least one) the same join as a
+    /// correlated `pipeline` (which reads the collection whole), in the same run.
+    #[arg(long, default_value_t = 0)]
+    lookups: u64,
     /// Write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -300,6 +306,9 @@ async fn bench(
     let write_time = started.elapsed();
     if cli.point_queries > 0 {
         point_queries(&db, &coll, cli.point_queries).await?;
+    }
+    if cli.lookups > 0 {
+        lookups(&db, &coll, cli.lookups).await?;
     }
     let acked = shared.acked.load(Ordering::Relaxed);
     shared.stop_writing.store(true, Ordering::Relaxed);
@@ -493,15 +502,7 @@ async fn point_queries(
     n: u64,
 ) -> Result<()> {
     use futures::TryStreamExt;
-    let docs = coll.estimated_document_count().await?;
-    let built = Instant::now();
-    db.run_command(doc! {"createIndexes": COLL, "indexes": [{"key": {"seq": 1}, "name": "seq_1"}]})
-        .await?;
-    println!(
-        "index seq_1 built over {docs} documents in {:.2} s",
-        built.elapsed().as_secs_f64()
-    );
-    let max_seq = (docs.max(1)) as i64;
+    let max_seq = index_seq(db, coll).await?;
     let time = |hint: Option<Document>, count: u64| {
         let coll = coll.clone();
         async move {
@@ -538,6 +539,87 @@ async fn point_queries(
     println!(
         "scan ÷ index (p50): {:.0}×",
         p50(&scanned) as f64 / p50(&indexed).max(1) as f64
+    );
+    Ok(())
+}
+
+/// Builds `{seq: 1}` (a no-op when it exists) and returns the document count (at least 1).
+async fn index_seq(db: &mongodb::Database, coll: &mongodb::Collection<Document>) -> Result<i64> {
+    let docs = coll.estimated_document_count().await?;
+    let built = Instant::now();
+    db.run_command(doc! {"createIndexes": COLL, "indexes": [{"key": {"seq": 1}, "name": "seq_1"}]})
+        .await?;
+    println!(
+        "index seq_1 over {docs} documents in {:.2} s",
+        built.elapsed().as_secs_f64()
+    );
+    Ok(docs.max(1) as i64)
+}
+
+/// Index `seq`, then time `n` joins of one document to the documents with its `seq` by
+/// `localField`/`foreignField`, and `n / 10` (at least one) of the same join as a correlated
+/// `pipeline`; print both latencies and their ratio.
+async fn lookups(
+    db: &mongodb::Database,
+    coll: &mongodb::Collection<Document>,
+    n: u64,
+) -> Result<()> {
+    use futures::TryStreamExt;
+    let max_seq = index_seq(db, coll).await?;
+    let joined =
+        doc! {"$lookup": {"from": COLL, "localField": "seq", "foreignField": "seq", "as": "same"}};
+    let correlated = doc! {"$lookup": {
+        "from": COLL,
+        "let": {"s": "$seq"},
+        "pipeline": [{"$match": {"$expr": {"$eq": ["$seq", "$$s"]}}}],
+        "as": "same",
+    }};
+    let time = |lookup: &Document, count: u64| {
+        let coll = coll.clone();
+        let mut sizes = Vec::new();
+        let stages: Vec<_> = (0..count)
+            .map(|i| {
+                let seq = (i as i64 * 7919) % max_seq;
+                vec![
+                    doc! {"$match": {"seq": seq}},
+                    doc! {"$limit": 1},
+                    lookup.clone(),
+                    doc! {"$project": {"n": {"$size": "$same"}}},
+                ]
+            })
+            .collect();
+        async move {
+            let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
+            for pipeline in stages {
+                let t = Instant::now();
+                let out: Vec<Document> = coll.aggregate(pipeline).await?.try_collect().await?;
+                hist.record(t.elapsed().as_micros() as u64)?;
+                sizes.push(out.first().and_then(|d| d.get_i32("n").ok()));
+            }
+            anyhow::Ok((hist, sizes))
+        }
+    };
+    let (by_join, joined_sizes) = time(&joined, n).await?;
+    let (by_pipeline, pipeline_sizes) = time(&correlated, (n / 10).max(1)).await?;
+    anyhow::ensure!(
+        joined_sizes[..pipeline_sizes.len()] == pipeline_sizes[..],
+        "the two joins disagree: {joined_sizes:?} against {pipeline_sizes:?}"
+    );
+    let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5);
+    for (name, h) in [
+        ("localField/foreignField", &by_join),
+        ("correlated pipeline", &by_pipeline),
+    ] {
+        println!(
+            "$lookup by {name}: p50 {} µs, p99 {} µs ({} aggregates)",
+            p50(h),
+            h.value_at_quantile(0.99),
+            h.len()
+        );
+    }
+    println!(
+        "correlated ÷ localField/foreignField (p50): {:.0}×",
+        p50(&by_pipeline) as f64 / p50(&by_join).max(1) as f64
     );
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Splitting a pipeline between the shards and the router, as mongos does: the shards run a
 //! prefix over their own documents, the router merges their streams and runs the rest.
 //!
-//! The shards' part is the leading single-document transforms, then either a `$sort` (followed
+//! The shards' part is the leading per-document stages (single-document transforms and
+//! `$unwind`), then either a `$sort` (followed
 //! by a copy of a `$limit` right after it, which the router applies again, or by a `$limit` of
 //! skip + limit for a `$skip` then `$limit`) or a `$limit` copy,
-//! or a `$group` whose accumulators split (all of the ones `$group` has: see `split_group`),
+//! or a `$sample` (each shard keeps its documents with the smallest random keys, the router
+//! the smallest of all: a uniform sample), or a `$group` whose accumulators split (all of the ones `$group` has: see `split_group`),
 //! or a `$count` / `$sortByCount`: each shard groups its own documents, and the router groups
 //! the partial groups by `_id` and finishes what needs finishing (`$avg` divides, `$push`
 //! concatenates the shards' arrays).
@@ -34,11 +36,7 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
     let kinds = parsed.stages();
     let mut shards = Vec::new();
     let mut i = 0;
-    while i < stages.len()
-        && kinds
-            .get(i)
-            .is_some_and(Stage::is_single_document_transform)
-    {
+    while i < stages.len() && kinds.get(i).is_some_and(runs_per_document) {
         shards.push(stages[i].clone());
         i += 1;
     }
@@ -59,6 +57,23 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
             }
         }
         Some(Stage::Limit(_)) => shards.push(stages[i].clone()),
+        Some(Stage::Sample(n)) => {
+            // Every document draws a random key; the `n` smallest keys of all shards are a
+            // uniform sample, and each shard sends only its own `n` smallest.
+            let n = i64::try_from(*n).unwrap_or(i64::MAX);
+            shards.extend([
+                doc! {"$replaceRoot": {"newRoot": {"r": {"$rand": {}}, "d": "$$ROOT"}}},
+                doc! {"$sort": {"r": 1}},
+                doc! {"$limit": n},
+            ]);
+            let mut merger = vec![doc! {"$limit": n}, doc! {"$replaceRoot": {"newRoot": "$d"}}];
+            merger.extend(stages[i + 1..].iter().cloned());
+            return Split {
+                shards,
+                merger,
+                merge_sort: Some(doc! {"r": 1}),
+            };
+        }
         Some(Stage::Group(_) | Stage::Count(_) | Stage::SortByCount(_)) => {
             let halves = match kinds[i] {
                 Stage::Group(_) => split_group(&stages[i]),
@@ -81,6 +96,12 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
         merger: stages[i..].to_vec(),
         merge_sort,
     }
+}
+
+/// Whether the stage's output for each document depends on that document alone, so every
+/// shard can run it over its own: the single-document transforms and `$unwind`.
+fn runs_per_document(stage: &Stage) -> bool {
+    stage.is_single_document_transform() || matches!(stage, Stage::Unwind(_))
 }
 
 /// A `$group` as a per-shard partial group and the router's stages over the partials (a
@@ -269,6 +290,42 @@ mod tests {
             ],
             docs(),
         );
+    }
+
+    #[test]
+    fn sample_draws_keys_on_the_shards_and_keeps_the_smallest() {
+        let stages = vec![doc! {"$match": {"g": 1}}, doc! {"$sample": {"size": 3}}];
+        let s = split_of(stages.clone());
+        assert_eq!(s.shards.len(), 4);
+        assert_eq!(s.merge_sort, Some(doc! {"r": 1}));
+        // The sample is 3 distinct documents of the input's, whole.
+        let (_, split) = both_ways(stages, docs(), |_| {});
+        assert_eq!(split.len(), 3);
+        let input = docs();
+        for d in &split {
+            assert!(input.contains(d) && d.get_i32("g").ok() == Some(1), "{d}");
+        }
+        // A sample larger than the input is all of it.
+        same_as_unsplit(
+            vec![doc! {"$sample": {"size": 100}}, doc! {"$sort": {"_id": 1}}],
+            docs(),
+        );
+    }
+
+    #[test]
+    fn unwind_runs_on_the_shards_before_a_group() {
+        let mut input = docs();
+        input.push(doc! {"_id": 50, "g": 1, "tags": ["a", "b", "a"]});
+        input.push(doc! {"_id": 51, "g": 2, "tags": []});
+        input.push(doc! {"_id": 52, "g": 2, "tags": ["b"]});
+        let stages = vec![
+            doc! {"$unwind": {"path": "$tags", "includeArrayIndex": "at"}},
+            doc! {"$project": {"tags": 1, "at": 1}},
+            doc! {"$group": {"_id": "$tags", "n": {"$sum": 1}, "at": {"$max": "$at"}}},
+        ];
+        let s = split_of(stages.clone());
+        assert_eq!(s.shards.len(), 3, "unwind, project and the partial group");
+        same_as_unsplit(stages, input);
     }
 
     #[test]

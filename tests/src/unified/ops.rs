@@ -1394,10 +1394,10 @@ pub(crate) fn code_of(e: &DriverError) -> Option<(i32, String)> {
 
 /// Whether the error carries `label` (the driver's, or the runner's bulk write's).
 fn has_label(e: &DriverError, label: &str) -> bool {
-    e.contains_label(label)
-        || (label == "RetryableWriteError"
-            && e.get_custom::<NetworkFailure>()
-                .is_some_and(|f| f.retryable))
+    match e.get_custom::<NetworkFailure>() {
+        Some(f) => f.error.contains_label(label) || (label == "RetryableWriteError" && f.retryable),
+        None => e.contains_label(label),
+    }
 }
 
 /// A driver error in one line: code, name, message and labels for server errors.
