@@ -126,8 +126,8 @@ impl Metrics {
         );
         r.register(
             "foreign_documents_read",
-            "Documents of other collections read for $lookup, $unionWith and $graphLookup: \
-             only what a $lookup's input joins (joined), or the whole collection (whole)",
+            "Documents of other collections read for $lookup and $graphLookup: only what the \
+             input joins or reaches (joined), or the whole collection (whole)",
             m.foreign_documents_read.clone(),
         );
         r.register(
@@ -213,7 +213,8 @@ impl Metrics {
     }
 
     /// Counts documents read from another collection for a pipeline stage; `joined` when a
-    /// `$lookup` read only what its input joins, else the collection was read whole.
+    /// `$lookup` / `$graphLookup` read only what its input joins or reaches, else the
+    /// collection was read whole.
     pub fn foreign_documents_read(&self, joined: bool, n: u64) {
         let read = if joined { "joined" } else { "whole" };
         self.foreign_documents_read

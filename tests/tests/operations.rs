@@ -106,7 +106,9 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
     assert!(entries >= 11.0, "the oplog entries of the writes: {body}");
 
     // A $lookup reads only the foreign documents its input joins (routed by the foreign
-    // shard key); a $unionWith reads its collection whole.
+    // shard key), a $graphLookup only what its search reaches; a correlated pipeline lookup
+    // reads the collection whole; a $unionWith's sub-pipeline runs on the shards (no document
+    // of the collection reaches the router, only its count).
     tests::shard_collection(&client, "ops.foreign", doc! {"k": 1}).await?;
     let foreign = client.database("ops").collection::<Document>("foreign");
     foreign
@@ -127,17 +129,39 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
         .collect();
     assert_eq!(sizes, vec![4, 4], "{joined:?}");
     let union: Vec<Document> = c
-        .aggregate(vec![doc! {"$unionWith": "foreign"}])
+        .aggregate(vec![
+            doc! {"$unionWith": {"coll": "foreign", "pipeline": [{"$count": "n"}]}},
+        ])
         .await?
         .try_collect()
         .await?;
-    assert_eq!(union.len(), 4 + 200);
+    assert_eq!(union.len(), 4 + 1);
+    assert_eq!(union[4], doc! {"n": 200});
+    let graph: Vec<Document> = c
+        .aggregate(vec![
+            doc! {"$match": {"_id": 1}},
+            // 150 (k 0), then 0 (k 0): two documents reached.
+            doc! {"$graphLookup": {"from": "foreign", "startWith": 150, "connectFromField": "k", "connectToField": "_id", "as": "g"}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(graph[0].get_array("g")?.len(), 2, "{graph:?}");
+    let correlated: Vec<Document> = c
+        .aggregate(vec![
+            doc! {"$match": {"_id": 1}},
+            doc! {"$lookup": {"from": "foreign", "let": {"i": "$_id"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$k", "$$i"]}}}], "as": "f"}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(correlated[0].get_array("f")?.len(), 4);
     let (_, read) = http_get(metrics, "/metrics").await?;
     let at = |series: &str| sample(&read, series).unwrap_or(0.0);
     assert_eq!(
         at(r#"tributary_foreign_documents_read_total{read="joined"}"#),
-        8.0,
-        "the 8 joined documents, not the 200: {read}"
+        8.0 + 2.0,
+        "the 8 joined and 2 reached documents, not the 200: {read}"
     );
     assert_eq!(
         at(r#"tributary_foreign_documents_read_total{read="whole"}"#),

@@ -110,5 +110,22 @@ async fn a_lookup_from_a_view_reads_the_views_documents() -> anyhow::Result<()> 
         joined,
         [doc! {"_id": "a", "items": [{"_id": 1, "k": "a", "live": true}]}]
     );
+    // A $unionWith's sub-pipeline and a $graphLookup's search run over the view's documents.
+    let keys = db.collection::<Document>("keys");
+    let union: Vec<Document> = keys
+        .aggregate([doc! {"$unionWith": {"coll": "live", "pipeline": [{"$project": {"k": 1}}]}}])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(union, [doc! {"_id": "a"}, doc! {"_id": 1, "k": "a"}]);
+    let graph: Vec<Document> = keys
+        .aggregate([doc! {"$graphLookup": {"from": "live", "startWith": "$_id", "connectFromField": "_id", "connectToField": "k", "as": "items"}}])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(
+        graph,
+        [doc! {"_id": "a", "items": [{"_id": 1, "k": "a", "live": true}]}]
+    );
     Ok(())
 }

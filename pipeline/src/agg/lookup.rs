@@ -64,6 +64,8 @@ pub struct Lookup {
 pub struct UnionWith {
     coll: Option<String>,
     pipeline: Option<Pipeline>,
+    /// The sub-pipeline's stage documents (empty without one).
+    stages: Vec<Document>,
 }
 
 /// `$graphLookup`.
@@ -126,6 +128,141 @@ fn collect_stage(stage: &Stage, out: &mut BTreeSet<String>) {
     }
 }
 
+/// A `$unionWith` whose documents are its sub-pipeline over its collection alone: the
+/// collection and the sub-pipeline's stages (none for `{$unionWith: "<coll>"}`), which the
+/// caller may run as an aggregate of its own (split between the shards that hold the
+/// collection and the router, as mongos does). `None` for other stages and for sub-pipelines
+/// that start with `$documents` or read other collections.
+pub fn union_with_aggregate(stage: &Stage) -> Option<(&str, &[Document])> {
+    let Stage::UnionWith(u) = stage else {
+        return None;
+    };
+    let coll = u.coll.as_deref()?;
+    if starts_with_documents(u.pipeline.as_ref())
+        || u.pipeline
+            .as_ref()
+            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
+    {
+        return None;
+    }
+    Some((coll, &u.stages))
+}
+
+/// Filters that together select the documents whose `field` equals one of `values` (as the
+/// join's `$eq` does: `null` also finds a missing field), each for at most `chunk` values:
+/// `$in`, or the `$or` of `$eq`s when a value is a regex (which `$in` would match as a
+/// pattern).
+fn in_filters(field: &str, values: &[Bson], chunk: usize) -> Vec<Document> {
+    values
+        .chunks(chunk.max(1))
+        .map(|part| {
+            if part.iter().any(|v| matches!(v, Bson::RegularExpression(_))) {
+                join_filter(field, part.to_vec())
+            } else {
+                doc! {field: {"$in": part.to_vec()}}
+            }
+        })
+        .collect()
+}
+
+/// The documents a `$graphLookup` can reach from its input, found level by level as the
+/// stage itself searches, for the caller to read instead of the whole `from` collection:
+/// [`GraphPrefetch::next_filters`] names what the next level reads, [`GraphPrefetch::found`]
+/// takes what it read. Every document any input document's search reaches (to `maxDepth`,
+/// through documents `restrictSearchWithMatch` lets by) is kept, so the stage's result is the
+/// same; documents the restriction excludes are read but neither kept nor followed.
+pub struct GraphPrefetch {
+    from: String,
+    connect_to: String,
+    connect_from: String,
+    max_depth: Option<u64>,
+    restrict: Option<(Matcher, Env)>,
+    depth: u64,
+    frontier: Vec<Bson>,
+    queried: BTreeSet<Key>,
+    visited: BTreeSet<Key>,
+    docs: Vec<Document>,
+}
+
+impl GraphPrefetch {
+    /// The search for `stage` (a `$graphLookup`) over `input`; `None` for other stages.
+    pub fn start(stage: &Stage, input: &[Document], env: &Env) -> Result<Option<GraphPrefetch>> {
+        let Stage::GraphLookup(g) = stage else {
+            return Ok(None);
+        };
+        let mut queried = BTreeSet::new();
+        let mut frontier = Vec::new();
+        for doc in input {
+            let start = match g.start_with.evaluate_in(doc, env)? {
+                Some(Bson::Array(a)) => a,
+                Some(v) => vec![v],
+                None => Vec::new(),
+            };
+            for v in start {
+                if queried.insert(Key(v.clone())) {
+                    frontier.push(v);
+                }
+            }
+        }
+        Ok(Some(GraphPrefetch {
+            from: g.from.clone(),
+            connect_to: g.connect_to.clone(),
+            connect_from: g.connect_from.clone(),
+            max_depth: g.max_depth,
+            restrict: g.restrict.clone().map(|m| (m, env.clone())),
+            depth: 0,
+            frontier,
+            queried,
+            visited: BTreeSet::new(),
+            docs: Vec::new(),
+        }))
+    }
+
+    /// The collection searched.
+    pub fn from(&self) -> &str {
+        &self.from
+    }
+
+    /// The filters (at most `chunk` values each) of the next level's read, or `None` when the
+    /// search is over (nothing new to look for, or `maxDepth` passed).
+    pub fn next_filters(&mut self, chunk: usize) -> Option<Vec<Document>> {
+        if self.frontier.is_empty() || self.max_depth.is_some_and(|max| self.depth > max) {
+            return None;
+        }
+        self.depth += 1;
+        let values = std::mem::take(&mut self.frontier);
+        Some(in_filters(&self.connect_to, &values, chunk))
+    }
+
+    /// Takes a level's documents: new ones the restriction lets by are kept, and their
+    /// `connectFromField` values not yet looked for make the next level.
+    pub fn found(&mut self, docs: Vec<Document>) -> Result<()> {
+        for d in docs {
+            if let Some((m, env)) = &self.restrict
+                && !m.try_matches_in(&d, env)?
+            {
+                continue;
+            }
+            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+            if !self.visited.insert(Key(id)) {
+                continue;
+            }
+            for v in leaf_values(&d, &self.connect_from) {
+                if self.queried.insert(Key(v.clone())) {
+                    self.frontier.push(v);
+                }
+            }
+            self.docs.push(d);
+        }
+        Ok(())
+    }
+
+    /// Every document kept, each once.
+    pub fn into_docs(self) -> Vec<Document> {
+        self.docs
+    }
+}
+
 /// What a `$lookup` joining on `localField`/`foreignField` needs of its `from` collection to
 /// run over `input`: the collection and filters (each for at most `chunk` join values) that
 /// together select every foreign document that can join some input document: the union of
@@ -159,18 +296,7 @@ pub fn join_prefetch(
     }
     values.sort_by(compare);
     values.dedup_by(|a, b| compare(a, b) == Ordering::Equal);
-    let filters = values
-        .chunks(chunk.max(1))
-        .map(|part| {
-            // `$in` is the `$eq`s' union unless a value is a regex (which `$in` would match
-            // as a pattern): then the `$or` of `$eq`s.
-            if part.iter().any(|v| matches!(v, Bson::RegularExpression(_))) {
-                join_filter(foreign_field, part.to_vec())
-            } else {
-                doc! {foreign_field.as_str(): {"$in": part.to_vec()}}
-            }
-        })
-        .collect();
+    let filters = in_filters(foreign_field, &values, chunk);
     Some((from.clone(), filters))
 }
 
@@ -495,6 +621,7 @@ impl Lookup {
 
 impl UnionWith {
     pub(super) fn parse(arg: &Bson, vars: &[String]) -> Result<UnionWith> {
+        let mut stages = Vec::new();
         let (coll, pipeline) = match arg {
             Bson::String(s) => (Some(collection_name(s, "$unionWith")?), None),
             Bson::Document(d) => {
@@ -510,6 +637,13 @@ impl UnionWith {
                         }
                         ("pipeline", v) => {
                             pipeline = Some(sub_pipeline(v, vars, "$unionWith", 31441)?);
+                            stages = v
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Bson::as_document)
+                                .cloned()
+                                .collect();
                         }
                         _ => {
                             return Err(stage_err(
@@ -533,7 +667,11 @@ impl UnionWith {
                 "$unionWith stage without explicit collection must have a pipeline with $documents as first stage",
             ));
         }
-        Ok(UnionWith { coll, pipeline })
+        Ok(UnionWith {
+            coll,
+            pipeline,
+            stages,
+        })
     }
 
     pub(super) fn run(&self, mut docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {

@@ -10,7 +10,10 @@
 //! own routing, and handed to it as `pipeline::agg::lookup::Foreign`: a `$lookup` on
 //! `localField`/`foreignField` reads only the foreign documents its input can join (by `$in`
 //! on the join values, which the shards answer through their indexes, routed by the foreign
-//! shard key); `$unionWith`, `$graphLookup` and correlated `pipeline` lookups read whole.
+//! shard key); a `$unionWith` runs its sub-pipeline as an aggregate of its own over its
+//! collection (split between that collection's shards and the router); `$graphLookup` reads
+//! what its search reaches, level by level; correlated `pipeline` lookups (and `$facet`s that
+//! read elsewhere) read their collections whole.
 //!
 //! Invariants:
 //! * Every shard read carries the command's session, transaction, read concern and `let`, so a
@@ -52,8 +55,10 @@ const JOIN_VALUES_PER_READ: usize = 1_000;
 /// Runs `parsed` over `input` on the router, reading the other collections its stages name
 /// as each stage comes: a `$lookup` on `localField`/`foreignField` reads only the foreign
 /// documents that can join the documents reaching it (their join values, `$in` chunks, routed
-/// by the foreign shard key where it is one, through the shards' indexes); every other stage
-/// that reads a collection reads it whole, once per run.
+/// by the foreign shard key where it is one, through the shards' indexes); a `$unionWith` runs
+/// its sub-pipeline over its collection as an aggregate of its own; a `$graphLookup` reads the
+/// documents its search reaches, level by level (`$in` on each level's values); every other
+/// stage that reads a collection reads it whole, once per run.
 pub(super) async fn run_stages(
     ctx: &Ctx<'_>,
     parsed: &Pipeline,
@@ -67,9 +72,29 @@ pub(super) async fn run_stages(
             docs = stage.run_in(docs, env)?;
             continue;
         }
-        let foreign = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ) {
+        if let Some((coll, stages)) = lookup::union_with_aggregate(stage) {
+            docs.extend(Box::pin(aggregate_of(ctx, coll, stages, env)).await?);
+            continue;
+        }
+        let joined = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ) {
             Some((from, filters)) => {
                 let docs = read_foreign(ctx, &from, &filters, env).await?;
+                Some((from, docs))
+            }
+            None => match lookup::GraphPrefetch::start(stage, &docs, env)? {
+                Some(mut search) => {
+                    while let Some(filters) = search.next_filters(JOIN_VALUES_PER_READ) {
+                        let level = read_foreign(ctx, search.from(), &filters, env).await?;
+                        search.found(level)?;
+                    }
+                    let from = search.from().to_string();
+                    Some((from, search.into_docs()))
+                }
+                None => None,
+            },
+        };
+        let foreign = match joined {
+            Some((from, docs)) => {
                 ctx.router
                     .metrics
                     .foreign_documents_read(true, docs.len() as u64);
@@ -99,6 +124,33 @@ pub(super) async fn run_stages(
         docs = stage.run_in(docs, &env)?;
     }
     Ok(docs)
+}
+
+/// `stages` over collection `coll` as an aggregate of its own (what a `$unionWith` adds): split
+/// between the shards that hold it and the router. A view runs them over its documents.
+async fn aggregate_of(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    stages: &[Document],
+    env: &Env,
+) -> Result<Vec<Document>> {
+    validate_collection_name(ctx.db, coll)?;
+    let parsed = Pipeline::parse_with_vars(stages, &env.names())?;
+    let filter = super::explain::leading_match_of(stages);
+    let routed = read_targets(ctx, coll, &filter).await?;
+    if routed.shards.is_empty() {
+        return parsed.run_in(Vec::new(), env);
+    }
+    match run_split(ctx, coll, stages, &parsed, env, &routed, &filter).await {
+        Err(e) => match shard::views::resolved(&e) {
+            Some((source_ns, pipeline)) => {
+                let docs = read_view(ctx, &source_ns, &pipeline, env).await?;
+                parsed.run_in(docs, env)
+            }
+            None => Err(e),
+        },
+        done => done,
+    }
 }
 
 /// The documents of collection `name` that pass any of `filters` (each read with its own

@@ -53,12 +53,21 @@ fn target_of(name: &str, inner: &Document) -> Result<(String, Document)> {
 
 /// An aggregate's leading `$match` stages as one filter (what the shards are asked for).
 pub(super) fn leading_match(cmd: &Document) -> Document {
-    let leading: Vec<Bson> = cmd
+    let stages: Vec<Document> = cmd
         .get_array("pipeline")
         .map(|p| p.as_slice())
         .unwrap_or_default()
         .iter()
         .filter_map(Bson::as_document)
+        .cloned()
+        .collect();
+    leading_match_of(&stages)
+}
+
+/// The conjunction of a pipeline's leading `$match` stages (`{}` without one).
+pub(super) fn leading_match_of(stages: &[Document]) -> Document {
+    let leading: Vec<Bson> = stages
+        .iter()
         .take_while(|s| s.len() == 1 && s.contains_key("$match"))
         .filter_map(|s| s.get("$match").cloned())
         .collect();

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
 
-use super::{Foreign, foreign_collections, join_prefetch};
+use super::{Foreign, GraphPrefetch, foreign_collections, join_prefetch, union_with_aggregate};
 use crate::agg::Pipeline;
 use crate::expr::Env;
 
@@ -573,4 +573,115 @@ fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
     // No input documents: nothing to read.
     let (_, none) = join_prefetch(&parsed.stages()[0], &[], 10).unwrap();
     assert!(none.is_empty());
+}
+
+#[test]
+fn union_with_runs_alone_unless_its_pipeline_reads_elsewhere() {
+    let of = |stage: Document| {
+        let parsed = Pipeline::parse(&[stage]).unwrap();
+        union_with_aggregate(&parsed.stages()[0]).map(|(c, s)| (c.to_string(), s.to_vec()))
+    };
+    assert_eq!(of(doc! {"$unionWith": "inv"}), Some(("inv".into(), vec![])));
+    assert_eq!(
+        of(
+            doc! {"$unionWith": {"coll": "inv", "pipeline": [{"$match": {"a": 1}}, {"$count": "n"}]}}
+        ),
+        Some((
+            "inv".into(),
+            vec![doc! {"$match": {"a": 1}}, doc! {"$count": "n"}]
+        ))
+    );
+    assert_eq!(
+        of(
+            doc! {"$unionWith": {"coll": "inv", "pipeline": [{"$lookup": {"from": "o", "localField": "a", "foreignField": "b", "as": "j"}}]}}
+        ),
+        None
+    );
+    assert_eq!(
+        of(doc! {"$unionWith": {"pipeline": [{"$documents": [{"a": 1}]}]}}),
+        None
+    );
+    assert_eq!(of(doc! {"$match": {"a": 1}}), None);
+}
+
+/// Reading only what `GraphPrefetch` reaches, level by level, gives the same `$graphLookup` as
+/// reading the whole collection: chains, a cycle, arrays, `maxDepth`, a restriction.
+#[test]
+fn graph_prefetch_reads_what_the_search_reaches_and_nothing_more() {
+    // 0 → 1 → 2 → 3, 3 → 1 (a cycle), 4 → [5, 6], 7 alone, 8 points at a missing node.
+    let nodes = vec![
+        doc! {"_id": 0, "next": 1},
+        doc! {"_id": 1, "next": 2},
+        doc! {"_id": 2, "next": 3, "skip": true},
+        doc! {"_id": 3, "next": 1},
+        doc! {"_id": 4, "next": [5, 6]},
+        doc! {"_id": 5},
+        doc! {"_id": 6, "next": 99},
+        doc! {"_id": 7, "next": 0},
+        doc! {"_id": 8, "next": 42},
+    ];
+    let input = vec![doc! {"_id": "a", "from": 0}, doc! {"_id": "b", "from": [4]}];
+    let stages = [
+        doc! {"$graphLookup": {"from": "nodes", "startWith": "$from", "connectFromField": "next", "connectToField": "_id", "as": "path", "depthField": "d"}},
+        doc! {"$graphLookup": {"from": "nodes", "startWith": "$from", "connectFromField": "next", "connectToField": "_id", "as": "path", "maxDepth": 1}},
+        doc! {"$graphLookup": {"from": "nodes", "startWith": "$from", "connectFromField": "next", "connectToField": "_id", "as": "path", "restrictSearchWithMatch": {"skip": {"$ne": true}}}},
+    ];
+    let mut reads = Vec::new();
+    for stage in stages {
+        let parsed = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
+        let mut search = GraphPrefetch::start(&parsed.stages()[0], &input, &Env::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(search.from(), "nodes");
+        let mut levels = 0;
+        while let Some(filters) = search.next_filters(1) {
+            levels += 1;
+            let matchers: Vec<_> = filters
+                .iter()
+                .map(|f| crate::matcher::Matcher::parse(f).unwrap())
+                .collect();
+            search
+                .found(
+                    nodes
+                        .iter()
+                        .filter(|d| matchers.iter().any(|m| m.matches(d)))
+                        .cloned()
+                        .collect(),
+                )
+                .unwrap();
+        }
+        let read = search.into_docs();
+        let mut ids: Vec<i32> = read.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+        ids.sort();
+        reads.push((ids, levels));
+        let key = |d: &Bson| d.as_document().unwrap().get_i32("_id").unwrap();
+        let sorted = |mut out: Vec<Document>| {
+            for d in &mut out {
+                if let Ok(p) = d.get_array_mut("path") {
+                    p.sort_by_key(key);
+                }
+            }
+            out
+        };
+        let whole = run(
+            vec![stage.clone()],
+            input.clone(),
+            &env_with(&[("nodes", nodes.clone())]),
+        );
+        let narrowed = run(vec![stage], input.clone(), &env_with(&[("nodes", read)]));
+        assert_eq!(sorted(narrowed), sorted(whole));
+    }
+    // Never 7 or 8: nothing reaches them.
+    assert_eq!(reads[0], (vec![0, 1, 2, 3, 4, 5, 6], 4));
+    // maxDepth 1: two levels.
+    assert_eq!(reads[1], (vec![0, 1, 4, 5, 6], 2));
+    // The restricted node 2 is neither kept nor followed (so 3 is never looked for).
+    assert_eq!(reads[2].0, vec![0, 1, 4, 5, 6]);
+    // Other stages have no search.
+    let other = Pipeline::parse(&[doc! {"$match": {}}]).unwrap();
+    assert!(
+        GraphPrefetch::start(&other.stages()[0], &input, &Env::default())
+            .unwrap()
+            .is_none()
+    );
 }
