@@ -106,8 +106,8 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
     assert!(entries >= 11.0, "the oplog entries of the writes: {body}");
 
     // A $lookup reads only the foreign documents its input joins (routed by the foreign
-    // shard key), a $graphLookup only what its search reaches; a correlated pipeline lookup
-    // reads the collection whole; a $unionWith's sub-pipeline runs on the shards (no document
+    // shard key), a $graphLookup only what its search reaches; a correlated lookup the router
+    // cannot narrow reads the collection whole; a $unionWith's sub-pipeline runs on the shards (no document
     // of the collection reaches the router, only its count).
     tests::shard_collection(&client, "ops.foreign", doc! {"k": 1}).await?;
     let foreign = client.database("ops").collection::<Document>("foreign");
@@ -147,21 +147,28 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
         .try_collect()
         .await?;
     assert_eq!(graph[0].get_array("g")?.len(), 2, "{graph:?}");
-    let correlated: Vec<Document> = c
-        .aggregate(vec![
-            doc! {"$match": {"_id": 1}},
-            doc! {"$lookup": {"from": "foreign", "let": {"i": "$_id"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$k", "$$i"]}}}], "as": "f"}},
-        ])
-        .await?
-        .try_collect()
-        .await?;
-    assert_eq!(correlated[0].get_array("f")?.len(), 4);
+    // A correlated $eq on a let variable is narrowed as a join is; the same join as a range
+    // is not.
+    for filter in [
+        doc! {"$eq": ["$k", "$$i"]},
+        doc! {"$and": [{"$gte": ["$k", "$$i"]}, {"$lte": ["$k", "$$i"]}]},
+    ] {
+        let correlated: Vec<Document> = c
+            .aggregate(vec![
+                doc! {"$match": {"_id": 1}},
+                doc! {"$lookup": {"from": "foreign", "let": {"i": "$_id"}, "pipeline": [{"$match": {"$expr": filter}}], "as": "f"}},
+            ])
+            .await?
+            .try_collect()
+            .await?;
+        assert_eq!(correlated[0].get_array("f")?.len(), 4);
+    }
     let (_, read) = http_get(metrics, "/metrics").await?;
     let at = |series: &str| sample(&read, series).unwrap_or(0.0);
     assert_eq!(
         at(r#"tributary_foreign_documents_read_total{read="joined"}"#),
-        8.0 + 2.0,
-        "the 8 joined and 2 reached documents, not the 200: {read}"
+        8.0 + 2.0 + 4.0,
+        "the 8 and 4 joined and 2 reached documents, not the 200: {read}"
     );
     assert_eq!(
         at(r#"tributary_foreign_documents_read_total{read="whole"}"#),

@@ -57,6 +57,8 @@ pub struct Lookup {
     join: Option<(String, String)>,
     let_vars: Vec<(String, Expr)>,
     pipeline: Option<Pipeline>,
+    /// The sub-pipeline's first stage, when it is a `$match` (its filter).
+    first_match: Option<Document>,
 }
 
 /// `$unionWith`.
@@ -263,41 +265,114 @@ impl GraphPrefetch {
     }
 }
 
-/// What a `$lookup` joining on `localField`/`foreignField` needs of its `from` collection to
-/// run over `input`: the collection and filters (each for at most `chunk` join values) that
-/// together select every foreign document that can join some input document: the union of
-/// the per-document join filters, so reading them instead of the whole collection changes no
-/// result. `None` when the stage is not such a join (a correlated `pipeline` alone, a
-/// `$documents` sub-pipeline, one that reads other collections, or another stage): it needs
-/// its collections whole.
+/// What a `$lookup` needs of its `from` collection to run over `input`: the collection and
+/// filters (each for at most `chunk` values) that together select every foreign document
+/// that can join some input document, so reading them instead of the whole collection changes
+/// no result. The join is `localField`/`foreignField` (the union of the per-document join
+/// filters), or else a correlated sub-pipeline whose first `$match` requires
+/// `{$expr: {$eq: ["$<field>", "$$<let variable>"]}}` (`$in` on the variable's values, which
+/// selects a superset of the documents `$eq` keeps; see [`correlated_eq`]). `None` when the
+/// stage is no such join (or its sub-pipeline starts with `$documents` or reads other
+/// collections, or a variable is missing for some document): it needs its collection whole.
 pub fn join_prefetch(
     stage: &Stage,
     input: &[Document],
     chunk: usize,
-) -> Option<(String, Vec<Document>)> {
+    env: &Env,
+) -> Result<Option<(String, Vec<Document>)>> {
     let Stage::Lookup(l) = stage else {
-        return None;
+        return Ok(None);
     };
-    let (from, (local, foreign_field)) = (l.from.as_ref()?, l.join.as_ref()?);
+    let Some(from) = l.from.as_ref() else {
+        return Ok(None);
+    };
     if starts_with_documents(l.pipeline.as_ref())
         || l.pipeline
             .as_ref()
             .is_some_and(|p| p.stages().iter().any(reads_other_collections))
     {
-        return None;
+        return Ok(None);
     }
     let mut values = Vec::new();
-    for doc in input {
-        let reached = leaf_values(doc, local);
-        if reached.is_empty() {
-            values.push(Bson::Null);
+    let field = match (&l.join, correlated_eq(l)) {
+        (Some((local, foreign_field)), _) => {
+            for doc in input {
+                let reached = leaf_values(doc, local);
+                if reached.is_empty() {
+                    values.push(Bson::Null);
+                }
+                values.extend(reached);
+            }
+            foreign_field.clone()
         }
-        values.extend(reached);
-    }
+        (None, Some((field, var))) => {
+            for doc in input {
+                match l.let_vars[var].1.evaluate_in(doc, env)? {
+                    Some(v) => values.push(v),
+                    None => return Ok(None),
+                }
+            }
+            field
+        }
+        (None, None) => return Ok(None),
+    };
     values.sort_by(compare);
     values.dedup_by(|a, b| compare(a, b) == Ordering::Equal);
-    let filters = in_filters(foreign_field, &values, chunk);
-    Some((from.clone(), filters))
+    Ok(Some((from.clone(), in_filters(&field, &values, chunk))))
+}
+
+/// In a `$lookup`'s correlated sub-pipeline, the first `$match`'s requirement that a top-level
+/// foreign field equal one of the stage's `let` variables: a `$expr` (at the top, in a
+/// top-level `$and`, or a conjunct of the `$expr`'s own `$and`) `{$eq: ["$<field>",
+/// "$$<var>"]}` in either order, as the field name and the variable's index. Only one-name
+/// fields: `$expr`'s `"$a.b"` collects an array's values into one array, which a query's `a.b`
+/// does not, so `$in` there would not select a superset.
+fn correlated_eq(l: &Lookup) -> Option<(String, usize)> {
+    let filter = l.first_match.as_ref()?;
+    let mut exprs: Vec<&Bson> = Vec::new();
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$expr", e) => exprs.push(e),
+            ("$and", Bson::Array(items)) => exprs.extend(
+                items
+                    .iter()
+                    .filter_map(Bson::as_document)
+                    .filter_map(|d| d.get("$expr")),
+            ),
+            _ => {}
+        }
+    }
+    let conjuncts = exprs.into_iter().flat_map(|e| {
+        match e.as_document().and_then(|d| d.get_array("$and").ok()) {
+            Some(items) => items.iter().collect::<Vec<_>>(),
+            None => vec![e],
+        }
+    });
+    for c in conjuncts {
+        let Some(Bson::Array(args)) = c
+            .as_document()
+            .filter(|d| d.len() == 1)
+            .and_then(|d| d.get("$eq"))
+        else {
+            continue;
+        };
+        let [a, b] = args.as_slice() else {
+            continue;
+        };
+        for (f, v) in [(a, b), (b, a)] {
+            let field = f
+                .as_str()
+                .and_then(|f| f.strip_prefix('$'))
+                .filter(|f| !f.is_empty() && !f.starts_with('$') && !f.contains('.'));
+            let var = v.as_str().and_then(|v| v.strip_prefix("$$"));
+            if let (Some(field), Some(var)) = (field, var)
+                && let Some(i) = l.let_vars.iter().position(|(n, _)| n == var)
+            {
+                return Some((field.to_string(), i));
+            }
+        }
+    }
+    None
 }
 
 /// Whether the stage (or a pipeline nested in it) reads other collections, so it must run
@@ -508,6 +583,12 @@ impl Lookup {
             let_vars.push((name.clone(), Expr::parse_with_vars(e, vars)?));
             inner_vars.push(name.clone());
         }
+        let first_match = pipeline
+            .and_then(Bson::as_array)
+            .and_then(|stages| stages.first())
+            .and_then(Bson::as_document)
+            .and_then(|stage| stage.get_document("$match").ok())
+            .cloned();
         let pipeline = pipeline
             .map(|p| sub_pipeline(p, &inner_vars, "$lookup", 51047))
             .transpose()?;
@@ -548,6 +629,7 @@ impl Lookup {
             join,
             let_vars,
             pipeline,
+            first_match,
         })
     }
 

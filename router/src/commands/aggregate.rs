@@ -8,12 +8,13 @@
 //! merges their cursors (in the prefix's `$sort` order when it ends with one) and runs the rest
 //! (`run_stages`). Other collections are read when the stage that names them comes, with their
 //! own routing, and handed to it as `pipeline::agg::lookup::Foreign`: a `$lookup` on
-//! `localField`/`foreignField` reads only the foreign documents its input can join (by `$in`
+//! `localField`/`foreignField`, or with a sub-pipeline whose first `$match` equates a foreign
+//! field with a `let` variable, reads only the foreign documents its input can join (by `$in`
 //! on the join values, which the shards answer through their indexes, routed by the foreign
 //! shard key); a `$unionWith` runs its sub-pipeline as an aggregate of its own over its
 //! collection (split between that collection's shards and the router); `$graphLookup` reads
-//! what its search reaches, level by level; correlated `pipeline` lookups (and `$facet`s that
-//! read elsewhere) read their collections whole.
+//! what its search reaches, level by level; other correlated lookups (and `$facet`s that read
+//! elsewhere) read their collections whole.
 //!
 //! Invariants:
 //! * Every shard read carries the command's session, transaction, read concern and `let`, so a
@@ -53,9 +54,10 @@ pub(super) const INHERITED: &[&str] = &[
 const JOIN_VALUES_PER_READ: usize = 1_000;
 
 /// Runs `parsed` over `input` on the router, reading the other collections its stages name
-/// as each stage comes: a `$lookup` on `localField`/`foreignField` reads only the foreign
-/// documents that can join the documents reaching it (their join values, `$in` chunks, routed
-/// by the foreign shard key where it is one, through the shards' indexes); a `$unionWith` runs
+/// as each stage comes: a `$lookup` on `localField`/`foreignField` (or a correlated `$eq` on a
+/// `let` variable) reads only the foreign documents that can join the documents reaching it
+/// (their join values, `$in` chunks, routed by the foreign shard key where it is one, through
+/// the shards' indexes); a `$unionWith` runs
 /// its sub-pipeline over its collection as an aggregate of its own; a `$graphLookup` reads the
 /// documents its search reaches, level by level (`$in` on each level's values); every other
 /// stage that reads a collection reads it whole, once per run.
@@ -76,7 +78,7 @@ pub(super) async fn run_stages(
             docs.extend(Box::pin(aggregate_of(ctx, coll, stages, env)).await?);
             continue;
         }
-        let joined = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ) {
+        let joined = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ, env)? {
             Some((from, filters)) => {
                 let docs = read_foreign(ctx, &from, &filters, env).await?;
                 Some((from, docs))

@@ -535,7 +535,9 @@ fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
     foreign.push(doc! {"_id": 10, "sku": "cashews butter"});
     let stage = doc! {"$lookup": {"from": "inventory", "localField": "k", "foreignField": "sku", "as": "j"}};
     let parsed = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
-    let (from, filters) = join_prefetch(&parsed.stages()[0], &input, 2).unwrap();
+    let (from, filters) = join_prefetch(&parsed.stages()[0], &input, 2, &Env::default())
+        .unwrap()
+        .unwrap();
     assert_eq!(from, "inventory");
     // almonds, pecans, 3 (3.0 is the same value), null, the regex, {a: 1}: six values.
     assert_eq!(filters.len(), 3);
@@ -560,18 +562,23 @@ fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
     let narrowed = run(vec![stage], input, &env_with(&[("inventory", read)]));
     assert_eq!(narrowed, whole);
 
-    // What needs whole collections: a correlated pipeline alone, a $documents sub-pipeline,
-    // other stages.
+    // What needs whole collections: a correlated pipeline without an `$eq` on a one-name
+    // field first, a $documents sub-pipeline, other stages.
     for stage in [
-        doc! {"$lookup": {"from": "inventory", "let": {"k": "$k"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$sku", "$$k"]}}}], "as": "j"}},
+        doc! {"$lookup": {"from": "inventory", "let": {"k": "$k"}, "pipeline": [{"$match": {"$expr": {"$gt": ["$sku", "$$k"]}}}], "as": "j"}},
+        doc! {"$lookup": {"from": "inventory", "let": {"k": "$k"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$a.sku", "$$k"]}}}], "as": "j"}},
+        doc! {"$lookup": {"from": "inventory", "let": {"k": "$k"}, "pipeline": [{"$set": {"sku": 1}}, {"$match": {"$expr": {"$eq": ["$sku", "$$k"]}}}], "as": "j"}},
         doc! {"$lookup": {"localField": "k", "foreignField": "sku", "pipeline": [{"$documents": [{"sku": 1}]}], "as": "j"}},
         doc! {"$unionWith": "inventory"},
     ] {
         let parsed = Pipeline::parse(&[stage]).unwrap();
-        assert!(join_prefetch(&parsed.stages()[0], &orders(), 10).is_none());
+        let plan = join_prefetch(&parsed.stages()[0], &orders(), 10, &Env::default()).unwrap();
+        assert!(plan.is_none());
     }
     // No input documents: nothing to read.
-    let (_, none) = join_prefetch(&parsed.stages()[0], &[], 10).unwrap();
+    let (_, none) = join_prefetch(&parsed.stages()[0], &[], 10, &Env::default())
+        .unwrap()
+        .unwrap();
     assert!(none.is_empty());
 }
 
@@ -684,4 +691,63 @@ fn graph_prefetch_reads_what_the_search_reaches_and_nothing_more() {
             .unwrap()
             .is_none()
     );
+}
+
+/// A correlated sub-pipeline whose first `$match` equates a foreign field with a `let`
+/// variable reads only the documents with the variables' values, and joins as it would over
+/// the whole collection: scalars, arrays (compared whole by `$eq`), null and missing fields,
+/// the equality inside `$and`s, in either order.
+#[test]
+fn correlated_prefetch_reads_a_superset_of_what_the_eq_keeps() {
+    let input = vec![
+        doc! {"_id": 1, "k": "almonds", "n": 1},
+        doc! {"_id": 2, "k": ["pecans", "bread"], "n": 2},
+        doc! {"_id": 3, "k": null, "n": 3},
+        doc! {"_id": 4, "k": 3, "n": 4},
+    ];
+    let mut foreign = inventory();
+    foreign.push(doc! {"_id": 7, "sku": 3.0});
+    foreign.push(doc! {"_id": 8, "sku": ["pecans", "bread"]});
+    foreign.push(doc! {"_id": 9, "sku": ["x", ["pecans", "bread"]]});
+    foreign.push(doc! {"_id": 10, "sku": "pecans"});
+    let stages = [
+        doc! {"$lookup": {"from": "inventory", "let": {"key": "$k"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$sku", "$$key"]}}}], "as": "j"}},
+        doc! {"$lookup": {"from": "inventory", "let": {"key": "$k", "n": "$n"}, "pipeline": [
+            {"$match": {"instock": {"$gte": 0}, "$expr": {"$and": [{"$eq": ["$$key", "$sku"]}, {"$gte": ["$$n", 1]}]}}},
+            {"$project": {"instock": 0}},
+        ], "as": "j"}},
+        doc! {"$lookup": {"from": "inventory", "let": {"key": "$k"}, "pipeline": [{"$match": {"$and": [{"_id": {"$gt": 0}}, {"$expr": {"$eq": ["$sku", "$$key"]}}]}}], "as": "j"}},
+    ];
+    for stage in stages {
+        let parsed = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
+        let (from, filters) = join_prefetch(&parsed.stages()[0], &input, 2, &Env::default())
+            .unwrap()
+            .unwrap_or_else(|| panic!("no prefetch for {stage}"));
+        assert_eq!(from, "inventory");
+        let matchers: Vec<_> = filters
+            .iter()
+            .map(|f| crate::matcher::Matcher::parse(f).unwrap())
+            .collect();
+        let read: Vec<Document> = foreign
+            .iter()
+            .filter(|d| matchers.iter().any(|m| m.matches(d)))
+            .cloned()
+            .collect();
+        assert!(read.len() < foreign.len(), "{stage}: read {read:?}");
+        let whole = run(
+            vec![stage.clone()],
+            input.clone(),
+            &env_with(&[("inventory", foreign.clone())]),
+        );
+        let narrowed = run(
+            vec![stage],
+            input.clone(),
+            &env_with(&[("inventory", read)]),
+        );
+        assert_eq!(narrowed, whole);
+    }
+    // A variable missing for some document: the whole collection.
+    let missing = Pipeline::parse(&[doc! {"$lookup": {"from": "inventory", "let": {"key": "$nope"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$sku", "$$key"]}}}], "as": "j"}}]).unwrap();
+    let plan = join_prefetch(&missing.stages()[0], &input, 2, &Env::default()).unwrap();
+    assert!(plan.is_none());
 }
