@@ -562,6 +562,16 @@ async fn a_split_pipeline_answers_as_the_whole_pipeline_does() -> anyhow::Result
             doc! {"$project": {"avg": 1, "n": {"$size": "$all"}}},
             doc! {"$sort": {"_id": 1}},
         ],
+        vec![
+            doc! {"$unwind": {"path": "$tag"}},
+            doc! {"$bucket": {"groupBy": "$x", "boundaries": [0, 20, 50, 90], "default": "high", "output": {"n": {"$sum": 1}, "avg": {"$avg": "$g"}, "tags": {"$addToSet": "$tag"}}}},
+            doc! {"$set": {"tags": {"$size": "$tags"}}},
+        ],
+        vec![
+            doc! {"$sortByCount": "$g"},
+            doc! {"$sort": {"count": -1, "_id": 1}},
+        ],
+        vec![doc! {"$match": {"g": 3}}, doc! {"$count": "n"}],
     ];
     for p in pipelines {
         let split = run(&spread, p.clone()).await?;

@@ -7,7 +7,7 @@
 //! skip + limit for a `$skip` then `$limit`) or a `$limit` copy,
 //! or a `$sample` (each shard keeps its documents with the smallest random keys, the router
 //! the smallest of all: a uniform sample), or a `$group` whose accumulators split (all of the ones `$group` has: see `split_group`),
-//! or a `$count` / `$sortByCount`: each shard groups its own documents, and the router groups
+//! or a `$bucket`, `$count` or `$sortByCount`: each shard groups its own documents, and the router groups
 //! the partial groups by `_id` and finishes what needs finishing (`$avg` divides, `$push`
 //! concatenates the shards' arrays).
 //!
@@ -74,9 +74,10 @@ pub fn split(stages: &[Document], parsed: &Pipeline) -> Split {
                 merge_sort: Some(doc! {"r": 1}),
             };
         }
-        Some(Stage::Group(_) | Stage::Count(_) | Stage::SortByCount(_)) => {
+        Some(Stage::Group(_) | Stage::Bucket(_) | Stage::Count(_) | Stage::SortByCount(_)) => {
             let halves = match kinds[i] {
                 Stage::Group(_) => split_group(&stages[i]),
+                Stage::Bucket(_) => split_bucket(&stages[i]),
                 _ => split_count(&stages[i]),
             };
             if let Some((partial, mut merger)) = halves {
@@ -104,8 +105,35 @@ fn runs_per_document(stage: &Stage) -> bool {
     stage.is_single_document_transform() || matches!(stage, Stage::Unwind(_))
 }
 
-/// A `$group` as a per-shard partial group and the router's stages over the partials (a
-/// group of the partials by `_id`, then whatever finishes an accumulator), when every
+/// A `$group` as a per-shard partial group and the router's stages over the partials (see
+/// [`split_accumulators`]).
+fn split_group(stage: &Document) -> Option<(Document, Vec<Document>)> {
+    let spec = stage.get_document("$group").ok()?;
+    let mut accumulators = spec.clone();
+    let id = accumulators.remove("_id")?;
+    let (partial, merger) = split_accumulators(&accumulators)?;
+    let mut group = doc! {"_id": id};
+    group.extend(partial);
+    Some((doc! {"$group": group}, merger))
+}
+
+/// A `$bucket` as per-shard buckets of partial accumulators, then the router's group of the
+/// partials by bucket, sorted by bucket as `$bucket` sorts.
+fn split_bucket(stage: &Document) -> Option<(Document, Vec<Document>)> {
+    let spec = stage.get_document("$bucket").ok()?;
+    let output = match spec.get("output") {
+        Some(o) => o.as_document()?.clone(),
+        None => doc! {"count": {"$sum": 1}},
+    };
+    let (partial, mut merger) = split_accumulators(&output)?;
+    let mut shard = spec.clone();
+    shard.insert("output", partial);
+    merger.push(doc! {"$sort": {"_id": 1}});
+    Some((doc! {"$bucket": shard}, merger))
+}
+
+/// Named accumulators as the shards' partial accumulators and the router's stages over the
+/// partial groups (a group by `_id`, then whatever finishes an accumulator), when every
 /// accumulator splits:
 ///
 /// * `$sum`, `$min`, `$max`, `$mergeObjects`, `$first`, `$last` combine with themselves
@@ -114,18 +142,12 @@ fn runs_per_document(stage: &Stage) -> bool {
 ///   on the router);
 /// * `$push` and `$addToSet` push each shard's array, then concatenate (or unite) them;
 /// * `$avg` sums the numbers and counts them on each shard (in a hidden field), then divides.
-fn split_group(stage: &Document) -> Option<(Document, Vec<Document>)> {
-    let spec = stage.get_document("$group").ok()?;
+fn split_accumulators(spec: &Document) -> Option<(Document, Vec<Document>)> {
     let mut partial = Document::new();
-    let mut merge = Document::new();
+    let mut merge = doc! {"_id": "$_id"};
     let mut finish = Document::new();
     let mut hidden = Vec::new();
     for (name, v) in spec {
-        if name == "_id" {
-            partial.insert("_id", v.clone());
-            merge.insert("_id", "$_id");
-            continue;
-        }
         let acc = v.as_document()?;
         let (op, arg) = acc.iter().next()?;
         let field = format!("${name}");
@@ -152,7 +174,7 @@ fn split_group(stage: &Document) -> Option<(Document, Vec<Document>)> {
             }
             "$avg" => {
                 let count = format!("{name}{AVG_COUNT_SUFFIX}");
-                if spec.contains_key(&count) {
+                if spec.contains_key(&count) || count == "_id" {
                     return None;
                 }
                 let numbers = doc! {"$cond": [{"$isNumber": [arg.clone()]}, 1, 0]};
@@ -181,7 +203,7 @@ fn split_group(stage: &Document) -> Option<(Document, Vec<Document>)> {
     if !hidden.is_empty() {
         merger.push(doc! {"$unset": hidden});
     }
-    Some((doc! {"$group": partial}, merger))
+    Some((partial, merger))
 }
 
 /// Names `$avg`'s per-shard count of numbers beside its sum (removed before the output).
@@ -426,6 +448,38 @@ mod tests {
             "a__tributaryAvgCount": {"$sum": 1},
         }}]);
         assert!(clash.shards.is_empty());
+    }
+
+    #[test]
+    fn buckets_split_into_partial_buckets_merged_in_bucket_order() {
+        let mut input = docs();
+        input.push(doc! {"_id": 60, "x": "not a number"});
+        let with_output = vec![doc! {"$bucket": {
+            "groupBy": "$x",
+            "boundaries": [0, 2, 5, 7],
+            "default": "other",
+            "output": {"n": {"$sum": 1}, "avg": {"$avg": "$g"}, "ids": {"$push": "$_id"}},
+        }}];
+        let s = split_of(with_output.clone());
+        assert_eq!(s.shards.len(), 1, "the buckets are made on the shards");
+        assert_eq!(s.merger.last(), Some(&doc! {"$sort": {"_id": 1}}));
+        let (whole, split) = both_ways(with_output, input.clone(), |d| {
+            if let Ok(a) = d.get_array_mut("ids") {
+                a.sort_by_key(|v| v.to_string());
+            }
+        });
+        assert_eq!(split, whole);
+        // Without `output`, a count; and the router's order is the buckets' order.
+        let plain =
+            vec![doc! {"$bucket": {"groupBy": "$x", "boundaries": [0, 3, 7], "default": -1}}];
+        let whole = Pipeline::parse(&plain).unwrap().run(input.clone()).unwrap();
+        let s = split_of(plain);
+        let shards = Pipeline::parse(&s.shards).unwrap();
+        let mut merged = shards.run(input[..10].to_vec()).unwrap();
+        merged.extend(shards.run(input[10..].to_vec()).unwrap());
+        let out = Pipeline::parse(&s.merger).unwrap().run(merged).unwrap();
+        assert_eq!(out, whole);
+        assert_eq!(out[0].get("_id"), Some(&Bson::Int32(-1)));
     }
 
     #[test]
