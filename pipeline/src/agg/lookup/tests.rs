@@ -508,6 +508,18 @@ fn the_join_index_never_leaves_out_a_document_the_join_matches() {
     assert_eq!(ids(out[2].get("o").unwrap()), vec![7, 9, 10]);
 }
 
+/// The documents of `docs` that pass any of `filters` (what a shard read of them returns).
+fn passing_any(filters: &[Document], docs: &[Document]) -> Vec<Document> {
+    let matchers: Vec<_> = filters
+        .iter()
+        .map(|f| crate::matcher::Matcher::parse(f).unwrap())
+        .collect();
+    docs.iter()
+        .filter(|d| matchers.iter().any(|m| m.matches(d)))
+        .cloned()
+        .collect()
+}
+
 fn regex(pattern: &str) -> bson::Regex {
     bson::Regex {
         pattern: pattern.try_into().unwrap(),
@@ -541,15 +553,7 @@ fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
     assert_eq!(from, "inventory");
     // almonds, pecans, 3 (3.0 is the same value), null, the regex, {a: 1}: six values.
     assert_eq!(filters.len(), 3);
-    let matchers: Vec<_> = filters
-        .iter()
-        .map(|f| crate::matcher::Matcher::parse(f).unwrap())
-        .collect();
-    let read: Vec<Document> = foreign
-        .iter()
-        .filter(|d| matchers.iter().any(|m| m.matches(d)))
-        .cloned()
-        .collect();
+    let read = passing_any(&filters, &foreign);
     let read_ids: Vec<i32> = read.iter().map(|d| d.get_i32("_id").unwrap()).collect();
     // bread (2), cashews (3) and "cashews butter" (10) join nothing: a regex value joins
     // only an equal regex, as the join's `$eq` does.
@@ -643,19 +647,7 @@ fn graph_prefetch_reads_what_the_search_reaches_and_nothing_more() {
         let mut levels = 0;
         while let Some(filters) = search.next_filters(1) {
             levels += 1;
-            let matchers: Vec<_> = filters
-                .iter()
-                .map(|f| crate::matcher::Matcher::parse(f).unwrap())
-                .collect();
-            search
-                .found(
-                    nodes
-                        .iter()
-                        .filter(|d| matchers.iter().any(|m| m.matches(d)))
-                        .cloned()
-                        .collect(),
-                )
-                .unwrap();
+            search.found(passing_any(&filters, &nodes)).unwrap();
         }
         let read = search.into_docs();
         let mut ids: Vec<i32> = read.iter().map(|d| d.get_i32("_id").unwrap()).collect();
@@ -724,15 +716,7 @@ fn correlated_prefetch_reads_a_superset_of_what_the_eq_keeps() {
             .unwrap()
             .unwrap_or_else(|| panic!("no prefetch for {stage}"));
         assert_eq!(from, "inventory");
-        let matchers: Vec<_> = filters
-            .iter()
-            .map(|f| crate::matcher::Matcher::parse(f).unwrap())
-            .collect();
-        let read: Vec<Document> = foreign
-            .iter()
-            .filter(|d| matchers.iter().any(|m| m.matches(d)))
-            .cloned()
-            .collect();
+        let read = passing_any(&filters, &foreign);
         assert!(read.len() < foreign.len(), "{stage}: read {read:?}");
         let whole = run(
             vec![stage.clone()],
