@@ -118,6 +118,45 @@ impl ClusterClock {
     }
 }
 
+/// `readConcern.atClusterTime` and `readConcern.afterClusterTime` name a time a read must see;
+/// neither may be ahead of the cluster's time (after the command's own `$clusterTime`, which
+/// passed [`ClusterClock::observe_client`] or [`ClusterClock::verify_client`], was observed).
+/// A shard waits for such a time by moving its clock there, so an unchecked one would throw
+/// every later write into the future. MongoDB refuses both with `InvalidOptions`.
+pub fn check_read_times(cmd: &Document, now: ClusterTime) -> wire::Result<()> {
+    let Ok(rc) = cmd.get_document("readConcern") else {
+        return Ok(());
+    };
+    for field in ["atClusterTime", "afterClusterTime"] {
+        let t = match rc.get(field) {
+            None => continue,
+            Some(Bson::Timestamp(t)) => ClusterTime::from(*t),
+            Some(_) => {
+                return Err(wire::MongoError::type_mismatch(format!(
+                    "BSON field 'readConcern.{field}' is the wrong type, expected type 'timestamp'"
+                )));
+            }
+        };
+        if t > now {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::INVALID_OPTIONS,
+                format!(
+                    "readConcern {field} value must not be greater than the current \
+                     clusterTime. Requested clusterTime: {}; current clusterTime: {}",
+                    display(t),
+                    display(now)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `Timestamp(secs, inc)`, as MongoDB prints times in messages.
+fn display(t: ClusterTime) -> String {
+    format!("Timestamp({}, {})", t.secs, t.inc)
+}
+
 /// The key that signs cluster times (with `--auth`), shared by every router through the
 /// config shard.
 #[derive(Debug, Clone)]
@@ -222,6 +261,27 @@ mod tests {
             "the refused time is not observed"
         );
         assert!(clock.observe_client(&doc! {"ping": 1}, drift).is_ok());
+    }
+
+    #[test]
+    fn a_read_may_not_name_a_time_ahead_of_the_cluster() {
+        let now = ClusterTime::new(100, 5);
+        let read = |field: &str, t: ClusterTime| {
+            doc! {"find": "c", "readConcern": {"level": "snapshot", field: Bson::Timestamp(t.timestamp())}}
+        };
+        for field in ["atClusterTime", "afterClusterTime"] {
+            assert!(check_read_times(&read(field, now), now).is_ok());
+            assert!(check_read_times(&read(field, ClusterTime::new(99, 9)), now).is_ok());
+            let e = check_read_times(&read(field, ClusterTime::new(100, 6)), now)
+                .expect_err("one tick ahead");
+            assert_eq!((e.code, e.code_name.as_str()), (72, "InvalidOptions"));
+            let e = check_read_times(&read(field, ClusterTime::new(4_000_000_000, 1)), now)
+                .expect_err("the year 2096");
+            assert_eq!(e.code, 72);
+        }
+        let wrong = doc! {"find": "c", "readConcern": {"afterClusterTime": 5}};
+        assert_eq!(check_read_times(&wrong, now).map_err(|e| e.code), Err(14));
+        assert!(check_read_times(&doc! {"find": "c"}, now).is_ok());
     }
 
     #[test]

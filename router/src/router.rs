@@ -261,6 +261,20 @@ impl Router {
         self.clock.now()
     }
 
+    /// The router's clock starts at zero and learns the cluster's time from the shards'
+    /// replies. Until it has, a reply's `operationTime` would be `Timestamp(0, 0)`, which a
+    /// connector takes as the start of its change stream (and which precedes all history), so
+    /// a command that arrives first asks the config shard for its time (a `ping`).
+    pub(crate) async fn learn_cluster_time(&self, patience: Duration) {
+        if self.clock.now() > ClusterTime::ZERO {
+            return;
+        }
+        let ping = doc! {"ping": 1};
+        if let Err(e) = self.send(0, "admin", ping, patience, Resend::Unsent).await {
+            tracing::debug!(error = %e.into_error(), "the config shard did not give its time");
+        }
+    }
+
     /// The `host:port` of a shard in another process (`None` for one in this process).
     pub(crate) fn shard_host(&self, shard: usize) -> Option<String> {
         let d = self.shards.get(shard)?.client.describe();

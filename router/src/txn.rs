@@ -120,6 +120,16 @@ impl Sessions {
                 "a transaction needs an lsid and a txnNumber",
             ));
         };
+        // The transaction's write concern is its commit's (or abort's); a statement's own
+        // would promise a durability the statement does not have.
+        if cmd.contains_key("writeConcern")
+            && !matches!(name, "commitTransaction" | "abortTransaction")
+        {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "writeConcern is not allowed within a multi-statement transaction",
+            ));
+        }
         let mut map = self.lock();
         let current = map.get(&key).map(|t| t.txn_number);
         if matches!(cmd.get("startTransaction"), Some(Bson::Boolean(true))) {
@@ -411,6 +421,31 @@ mod tests {
             &doc! {"insert": "c", "txnNumber": 1_i64}
         ));
         assert!(!is_retryable_write(&stmt(1, false)));
+    }
+
+    #[test]
+    fn only_commit_and_abort_take_a_write_concern_in_a_transaction() {
+        let s = Sessions::default();
+        let t = ClusterTime::new(9, 1);
+        let with_wc = |mut d: Document| {
+            d.insert("writeConcern", doc! {"w": "majority"});
+            d
+        };
+        let e = s
+            .admit("insert", &with_wc(stmt(1, true)), t)
+            .expect_err("a statement's write concern");
+        assert_eq!((e.code, e.code_name.as_str()), (72, "InvalidOptions"));
+        s.admit("insert", &stmt(1, true), t).unwrap();
+        assert_eq!(
+            s.admit("find", &with_wc(stmt(1, false)), t)
+                .unwrap_err()
+                .code,
+            72
+        );
+        s.admit("commitTransaction", &with_wc(stmt(1, false)), t)
+            .unwrap();
+        s.admit("abortTransaction", &with_wc(stmt(1, false)), t)
+            .unwrap();
     }
 
     #[test]

@@ -23,10 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{Document, RawDocument, RawDocumentBuf};
+use bson::{Bson, Document, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 use pipeline::changestream::ChangeEvent;
-use pipeline::changestream::images::PreImageId;
+use pipeline::changestream::images::{ImageSource, PreImageId};
 use pipeline::changestream::resumability::check_history;
 use pipeline::changestream::shard::ShardStream;
 use pipeline::changestream::spec::{ChangeStreamCommand, StartPoint, parse_command};
@@ -145,10 +145,9 @@ impl Reading {
                 let entry = Document::try_from(raw).map_err(corrupt)?;
                 let mut lookup =
                     |optime: pipeline::changestream::unwind::OpTime| read_entry(state, optime.ts);
-                let mut pre_image = |id: &PreImageId| read_pre_image(state, id);
                 let events = self
                     .stream
-                    .process_entry_with_images(&entry, &mut lookup, &mut pre_image)
+                    .process_entry_with_images(&entry, &mut lookup, &mut StoredImages(state))
                     .inspect_err(|e| failed(state, e))?;
                 for event in events {
                     if event
@@ -177,16 +176,35 @@ fn failed(state: &ShardState, e: &MongoError) {
     }
 }
 
-/// The pre-image stored with the write `id` names, if it is still there (a storage failure is
-/// an error, a damaged pre-image too: neither is a missing image).
-fn read_pre_image(state: &ShardState, id: &PreImageId) -> Result<Option<Document>> {
-    let read = state.storage.begin_read().map_err(storage_error)?;
-    let key = crate::keys::pre_image_key(&id.uuid, id.ts, id.apply_ops_index);
-    match read.get(Table::PreImages, &key).map_err(storage_error)? {
-        None => Ok(None),
-        Some(bytes) => Document::from_reader(bytes.as_slice())
-            .map(Some)
-            .map_err(|e| MongoError::internal(format!("a damaged pre-image at {}: {e}", id.ts))),
+/// The images a stream reads, from this shard's storage: the pre-images stored with writes,
+/// and the documents as they are now (`updateLookup`). A storage failure is an error, a damaged
+/// document too: neither is a missing image.
+struct StoredImages<'a>(&'a ShardState);
+
+impl StoredImages<'_> {
+    fn read(&self, table: Table, key: &[u8], what: &str) -> Result<Option<Document>> {
+        let read = self.0.storage.begin_read().map_err(storage_error)?;
+        match read.get(table, key).map_err(storage_error)? {
+            None => Ok(None),
+            Some(bytes) => Document::from_reader(bytes.as_slice())
+                .map(Some)
+                .map_err(|e| MongoError::internal(format!("a damaged {what}: {e}"))),
+        }
+    }
+}
+
+impl ImageSource for StoredImages<'_> {
+    fn pre_image(&mut self, id: &PreImageId) -> Result<Option<Document>> {
+        let key = crate::keys::pre_image_key(&id.uuid, id.ts, id.apply_ops_index);
+        self.read(Table::PreImages, &key, "pre-image")
+    }
+
+    fn current(&mut self, uuid: &bson::Uuid, id: &Bson) -> Result<Option<Document>> {
+        self.read(
+            Table::Documents,
+            &crate::keys::doc_key(uuid, id),
+            "document",
+        )
     }
 }
 

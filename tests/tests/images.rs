@@ -482,3 +482,58 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
     cluster.stop().await;
     Ok(())
 }
+
+/// `fullDocument: updateLookup` is added on the shard, before the 16 MiB check and the split,
+/// as in MongoDB 7.0: an update whose looked-up document takes its event past 16 MiB (an
+/// 11 MiB `$set` plus the 11 MiB document) fails a stream without `$changeStreamSplitLargeEvent`
+/// with 10334, and comes as fragments, the current document among them, with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_lookup_past_sixteen_megabytes_is_split_or_refused() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let c = client.database("lookup").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1, "a": "x"}).await?;
+    let watch = |split: bool| {
+        let c = c.clone();
+        async move {
+            let pipeline = if split {
+                vec![doc! {"$changeStreamSplitLargeEvent": {}}]
+            } else {
+                Vec::new()
+            };
+            anyhow::Ok(
+                c.watch()
+                    .pipeline(pipeline)
+                    .full_document(FullDocumentType::UpdateLookup)
+                    .max_await_time(Duration::from_millis(200))
+                    .await?
+                    .with_type::<Document>(),
+            )
+        }
+    };
+    let mut whole = watch(false).await?;
+    let mut split = watch(true).await?;
+    let big = "y".repeat(11 * 1024 * 1024);
+    c.update_one(doc! {"_id": 1}, doc! {"$set": {"a": &big}})
+        .await?;
+
+    let first = next(&mut split).await?;
+    let second = next(&mut split).await?;
+    assert_eq!(
+        first.get_document("splitEvent")?,
+        &doc! {"fragment": 1, "of": 2}
+    );
+    assert_eq!(
+        second.get_document("splitEvent")?,
+        &doc! {"fragment": 2, "of": 2}
+    );
+    let looked_up = first
+        .get_document("fullDocument")
+        .or_else(|_| second.get_document("fullDocument"))?;
+    assert_eq!(looked_up.get_str("a")?.len(), big.len());
+
+    let err = next(&mut whole).await.expect_err("a 22 MiB event");
+    assert_eq!(code_of_any(&err), Some(10334), "{err}");
+    cluster.stop().await;
+    Ok(())
+}

@@ -1,11 +1,12 @@
 //! The image stages (reference §7): AddPreImage (`fullDocumentBeforeChange`) and AddPostImage
-//! with `fullDocument: whenAvailable | required`. They run on the shard after the resume check
-//! and before the user's stages; `updateLookup` is the router's (it reads the current document,
-//! not the one as of the event).
+//! with `fullDocument: whenAvailable | required | updateLookup`. They run on the shard after the
+//! resume check and before the user's stages and the 16 MiB check (or the split), as in
+//! MongoDB 7.0: an event that the lookup takes past 16 MiB is split or refused on the shard,
+//! like any other.
 //!
 //! Owns: which events get which image, where a pre-image is found, the post-image as the
-//! pre-image with the entry's `$v: 2` diff applied, and the `required` failures. The lookup of a
-//! stored pre-image is the caller's (a closure), so nothing here does I/O.
+//! pre-image with the entry's `$v: 2` diff applied, and the `required` failures. Reading stored
+//! pre-images and current documents is the caller's ([`ImageSource`]), so nothing here does I/O.
 //!
 //! Invariants:
 //! * a pre-image is the one stored with the write, keyed by the collection UUID, the `ts` of
@@ -14,6 +15,8 @@
 //!   event, never a later or earlier version;
 //! * the post-image of an update is that pre-image with the event's own diff applied, so it is
 //!   exactly the document after the event; without a pre-image it is `null`;
+//! * `updateLookup` gives an update the collection's current version of the document (by the
+//!   collection's UUID and the event's `_id`), `null` when it is gone;
 //! * `required` with no image fails the stream with `NoMatchingDocument` (47); `whenAvailable`
 //!   answers `null`; `off` / `default` add nothing.
 
@@ -33,14 +36,19 @@ pub struct PreImageId {
     pub apply_ops_index: u64,
 }
 
+/// The collection UUID (`ui`) of an oplog entry or unwound operation.
+fn uuid_of(op: &Document) -> Option<bson::Uuid> {
+    match op.get("ui")? {
+        Bson::Binary(b) => b.to_uuid().ok(),
+        _ => None,
+    }
+}
+
 impl PreImageId {
     /// The id of the operation `op` (an oplog entry, or a transaction's unwound operation,
     /// which carries `applyOpsTs` and `applyOpsIndex`); `None` without a collection UUID.
     pub fn of(op: &Document) -> Option<PreImageId> {
-        let uuid = match op.get("ui")? {
-            Bson::Binary(b) => b.to_uuid().ok()?,
-            _ => return None,
-        };
+        let uuid = uuid_of(op)?;
         let ts = match op.get("applyOpsTs").or_else(|| op.get("ts"))? {
             Bson::Timestamp(t) => ClusterTime::from(*t),
             _ => return None,
@@ -58,25 +66,72 @@ impl PreImageId {
     }
 }
 
+/// What the image stages read. A failure to read is an error that fails the stream, never a
+/// missing image.
+pub trait ImageSource {
+    /// The pre-image stored with the write `id` names, if it is still there.
+    fn pre_image(&mut self, id: &PreImageId) -> Result<Option<Document>>;
+    /// The current version of the document with this `_id` in the collection `uuid`
+    /// (`updateLookup`), if there is one.
+    fn current(&mut self, uuid: &bson::Uuid, id: &Bson) -> Result<Option<Document>>;
+}
+
+/// No images at all: every image asked for is `null` (or fails the stream when `required`).
+pub struct NoImages;
+
+impl ImageSource for NoImages {
+    fn pre_image(&mut self, _id: &PreImageId) -> Result<Option<Document>> {
+        Ok(None)
+    }
+
+    fn current(&mut self, _uuid: &bson::Uuid, _id: &Bson) -> Result<Option<Document>> {
+        Ok(None)
+    }
+}
+
+/// A closure that finds pre-images is a source without current documents (tests, and streams
+/// that read no images).
+impl<F: FnMut(&PreImageId) -> Result<Option<Document>>> ImageSource for F {
+    fn pre_image(&mut self, id: &PreImageId) -> Result<Option<Document>> {
+        self(id)
+    }
+
+    fn current(&mut self, _uuid: &bson::Uuid, _id: &Bson) -> Result<Option<Document>> {
+        Ok(None)
+    }
+}
+
 /// Whether a stream with `spec` asks for images the shard adds.
 pub fn wanted(spec: &ChangeStreamSpec) -> bool {
     spec.options.full_document_before_change != FullDocumentBeforeChange::Off
         || matches!(
             spec.options.full_document,
-            FullDocument::WhenAvailable | FullDocument::Required
+            FullDocument::WhenAvailable | FullDocument::Required | FullDocument::UpdateLookup
         )
 }
 
-/// Adds the images `spec` asks for to `event`, made from the operation `op`; `pre_image` finds
-/// a stored pre-image (its failure to read storage fails the stream: it is not a missing
-/// image).
+/// Adds the images `spec` asks for to `event`, made from the operation `op` and what `source`
+/// reads.
 pub fn add_images(
     spec: &ChangeStreamSpec,
     op: &Document,
     event: &mut ChangeEvent,
-    pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
+    source: &mut dyn ImageSource,
 ) -> Result<()> {
-    let kind = event.operation_type();
+    let kind = event.operation_type().to_owned();
+    let kind = kind.as_str();
+    if kind == "update" && spec.options.full_document == FullDocument::UpdateLookup {
+        let current = match (uuid_of(op), event.doc.get_document("documentKey")) {
+            (Some(uuid), Ok(key)) => match key.get("_id") {
+                Some(id) => source.current(&uuid, id)?,
+                None => None,
+            },
+            _ => None,
+        };
+        event
+            .doc
+            .insert("fullDocument", current.map_or(Bson::Null, Bson::Document));
+    }
     let before_mode = spec.options.full_document_before_change;
     let wants_before = before_mode != FullDocumentBeforeChange::Off
         && matches!(kind, "update" | "replace" | "delete");
@@ -89,7 +144,7 @@ pub fn add_images(
         return Ok(());
     }
     let before = match PreImageId::of(op) {
-        Some(id) => pre_image(&id)?,
+        Some(id) => source.pre_image(&id)?,
         None => None,
     };
     if wants_before && before.is_none() && before_mode == FullDocumentBeforeChange::Required {

@@ -24,7 +24,7 @@ use resume::token::{ResumeStatus, ResumeToken, ResumeTokenData, TokenVersion};
 use wire::Result;
 
 use super::ChangeEvent;
-use super::images::{self, PreImageId};
+use super::images::{self, ImageSource};
 use super::invalidate::CheckInvalidate;
 use super::oplog_match;
 use super::post_merge::UserPipeline;
@@ -81,12 +81,13 @@ impl ShardStream {
     }
 
     /// The events one oplog entry yields, with their images, before the user's stages. `lookup`
-    /// finds earlier entries of a transaction chain by optime, `pre_image` a stored pre-image.
+    /// finds earlier entries of a transaction chain by optime; `images` reads what the image
+    /// stages need.
     pub fn events_for_entry(
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
+        images: &mut dyn ImageSource,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
         if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
@@ -94,13 +95,13 @@ impl ShardStream {
         }
         if is_transaction_entry(entry) {
             for op in unwind(&self.spec, entry, lookup)? {
-                self.one(&op, &mut out, pre_image)?;
+                self.one(&op, &mut out, images)?;
                 if self.invalidate.invalidated().is_some() {
                     break;
                 }
             }
         } else {
-            self.one(entry, &mut out, pre_image)?;
+            self.one(entry, &mut out, images)?;
         }
         Ok(out)
     }
@@ -115,7 +116,7 @@ impl ShardStream {
         &mut self,
         op: &Document,
         out: &mut Vec<ChangeEvent>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
+        images: &mut dyn ImageSource,
     ) -> Result<()> {
         let Some(event) = self.transformer.transform(op)? else {
             return Ok(());
@@ -135,7 +136,7 @@ impl ShardStream {
                 continue;
             }
             let mut e = e;
-            images::add_images(&self.spec, op, &mut e, pre_image)?;
+            images::add_images(&self.spec, op, &mut e, images)?;
             out.push(e);
         }
         Ok(())
@@ -210,7 +211,7 @@ impl ShardStream {
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
     ) -> Result<Vec<ChangeEvent>> {
-        self.process_entry_with_images(entry, lookup, &mut |_| Ok(None))
+        self.process_entry_with_images(entry, lookup, &mut images::NoImages)
     }
 
     /// [`ShardStream::events_for_entry`] then [`ShardStream::finish`].
@@ -218,10 +219,10 @@ impl ShardStream {
         &mut self,
         entry: &Document,
         lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
-        pre_image: &mut dyn FnMut(&PreImageId) -> Result<Option<Document>>,
+        images: &mut dyn ImageSource,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
-        for e in self.events_for_entry(entry, lookup, pre_image)? {
+        for e in self.events_for_entry(entry, lookup, images)? {
             out.extend(self.finish(e)?);
         }
         Ok(out)

@@ -1,7 +1,7 @@
 //! A shard's change-stream reply as the router merges it: each event read from the reply's
 //! bytes once, for its resume token (the merge's sort key) and time, and kept as bytes. An
 //! event is decoded into a document only for a client whose post-merge stages change it
-//! (updateLookup, user stages); every other client gets the bytes the shard encoded.
+//! (user stages); every other client gets the bytes the shard encoded.
 //!
 //! Invariants: every event of a parsed batch has a valid resume token `_id`; a reply that is
 //! an error (`ok: 0`) parses to that error, as the shard sent it.

@@ -1,7 +1,7 @@
 //! Shared merges: client streams with the same shard-side spec share one set of shard cursors
 //! and one merge, a hub. The hub's task reads the merged stream and appends every released
 //! event (as the bytes the shard encoded) to a bounded log; each client keeps its own position in the log, its own post-merge
-//! stages (updateLookup, the user's stages) and its own batches. A thousand watchers of one
+//! stages (the user's stages) and its own batches. A thousand watchers of one
 //! collection cost one shard cursor per shard and one merge, not a thousand.
 //!
 //! Who shares: streams that start now (no `resumeAfter`, `startAfter` or
@@ -371,7 +371,7 @@ impl HubClient {
             let mut full = false;
             for logged in taken {
                 if logged.time >= self.start
-                    && let Some(event) = self.post.given(router, &logged).await?
+                    && let Some(event) = self.post.given(&logged)?
                 {
                     let size = super::entry_size(&event);
                     if !events.is_empty() && bytes + size > super::BATCH_BYTES {

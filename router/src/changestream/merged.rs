@@ -1,6 +1,6 @@
 //! A merged stream: the shard cursors of one change stream (one feed per shard, see [`feed`])
 //! and their k-way merge by resume token, up to the released events. What happens to an event
-//! after the merge (updateLookup, the post-merge stages) is the business of whoever reads the
+//! after the merge (the post-merge stages) is the business of whoever reads the
 //! stream: one client ([`super::ChangeStreamCursor`]), or a hub that shares it among many
 //! ([`super::hub`]).
 //!

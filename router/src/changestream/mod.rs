@@ -8,8 +8,9 @@
 //! by a feed task ([`feed`]) that re-opens it from the shard's last promise if the shard is
 //! lost, so the stream pauses instead of failing.
 //!
-//! After the merge, per client: updateLookup, then ensure-resume-token-present, the user's
-//! stages and the `_id` check (`RouterStream`), in batches of at most 16 MiB.
+//! The shards add every image (updateLookup's current document too) before their 16 MiB check
+//! or split, as MongoDB 7.0 does. After the merge, per client: ensure-resume-token-present,
+//! the user's stages and the `_id` check (`RouterStream`), in batches of at most 16 MiB.
 //!
 //! Events travel as the bytes the shard encoded ([`batch`]): the merge reads only their resume
 //! tokens, and a client whose post-merge stages change nothing gets those bytes copied into its
@@ -33,20 +34,18 @@ pub use hub::REPLIES_PER_SECOND;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document, RawDocumentBuf, doc};
+use bson::{Bson, Document, RawDocumentBuf};
 use bytes::Bytes;
-use pipeline::changestream::ChangeEvent;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
-    ChangeStreamCommand, ChangeStreamPipeline, FullDocument, RequestContext, UserStage,
-    parse_command, parse_pipeline,
+    ChangeStreamCommand, ChangeStreamPipeline, RequestContext, UserStage, parse_command,
+    parse_pipeline,
 };
 use resume::token::ResumeToken;
 use wire::raw::CursorReply;
 use wire::{MongoError, Result};
 
-use crate::metadata::Placement;
-use crate::router::{Router, first_batch};
+use crate::router::Router;
 
 /// A client batch stops before an event that would take it past this many bytes, so the
 /// whole reply stays within MongoDB's 16 MiB document limit (drivers read replies as one
@@ -173,11 +172,10 @@ pub(crate) fn cursor_reply(
 
 /// Whether the shards run every user stage and `$changeStreamSplitLargeEvent` (and the router
 /// none): a stream that splits large events must split after its stages and before any event
-/// over 16 MiB leaves a shard, as MongoDB runs it. (With updateLookup the router fills
-/// `fullDocument` after the merge, so such a stream keeps its stages on the router and an event
-/// that the lookup takes past 16 MiB fails with 10334 instead of being split.)
+/// over 16 MiB leaves a shard, as MongoDB runs it. (The shards add every image, updateLookup's
+/// too, so what they split is the whole event.)
 fn split_on_shards(parsed: &ChangeStreamPipeline) -> bool {
-    parsed.split_large_event && parsed.spec.options.full_document != FullDocument::UpdateLookup
+    parsed.split_large_event
 }
 
 /// The user stages the shards run after `$changeStream`: all of them with the split (see
@@ -189,24 +187,13 @@ fn shard_stages(stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<Bson> {
     pushed_down_matches(stages, parsed)
 }
 
-/// The leading `$match` stages that can run on the shards: those that do not read
-/// `fullDocument` when the router fills it in (updateLookup), since the shards would see it
-/// missing. Their order and semantics are unchanged; the router runs them again, harmlessly.
+/// The leading `$match` stages, which the shards run on the events they make (images
+/// included). Their order and semantics are unchanged; the router runs them again, harmlessly.
 fn pushed_down_matches(stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<Bson> {
-    let lookup = parsed.spec.options.full_document == FullDocument::UpdateLookup;
     let mut out = Vec::new();
     for (raw, stage) in stages.iter().skip(1).zip(&parsed.user_stages) {
         let UserStage::Match(m) = stage else { break };
-        let safe = match m.referenced_paths() {
-            Some(paths) => {
-                !lookup
-                    || !paths
-                        .iter()
-                        .any(|p| p == "fullDocument" || p.starts_with("fullDocument."))
-            }
-            None => false,
-        };
-        if !safe {
+        if m.referenced_paths().is_none() {
             break;
         }
         out.push(raw.clone());
@@ -258,11 +245,10 @@ impl std::fmt::Debug for ChangeStreamCursor {
     }
 }
 
-/// What happens to a released event before a client sees it: updateLookup, then
-/// ensure-resume-token-present, the user's stages and the `_id` check (`RouterStream`).
+/// What happens to a released event before a client sees it: ensure-resume-token-present,
+/// the user's stages and the `_id` check (`RouterStream`).
 pub(super) struct PostMerge {
     stream: RouterStream,
-    update_lookup: bool,
 }
 
 impl PostMerge {
@@ -276,43 +262,27 @@ impl PostMerge {
                     parsed.user_stages.clone()
                 },
             ),
-            update_lookup: parsed.spec.options.full_document == FullDocument::UpdateLookup,
         }
     }
 
-    /// Whether events reach the client exactly as merged (no updateLookup, no stages).
+    /// Whether events reach the client exactly as merged (no stages).
     fn passes_through(&self) -> bool {
-        !self.update_lookup && self.stream.passes_through()
+        self.stream.passes_through()
     }
 
     /// A merged event as the client gets it (`None` when a stage drops it): the bytes the
-    /// shard encoded when nothing changes it, decoded, processed and encoded otherwise.
-    pub(super) async fn given(
-        &mut self,
-        router: &Arc<Router>,
-        event: &batch::RawEvent,
-    ) -> Result<Option<Bytes>> {
+    /// shard encoded when nothing changes it, decoded, processed and encoded otherwise. The
+    /// router's stages may grow an event: one past 16 MiB fails with 10334, as on a shard.
+    pub(super) fn given(&mut self, event: &batch::RawEvent) -> Result<Option<Bytes>> {
         if self.passes_through() {
             return Ok(Some(event.bytes.clone()));
         }
-        match self.process(router, event.decode()?).await? {
-            Some(doc) => encode(&doc).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// The event as the client gets it; `None` when a stage drops it.
-    async fn process(
-        &mut self,
-        router: &Arc<Router>,
-        event: ChangeEvent,
-    ) -> Result<Option<Document>> {
-        let event = if self.update_lookup {
-            lookup_full_document(router, event).await?
-        } else {
-            event
+        let Some(doc) = self.stream.process(event.decode()?)? else {
+            return Ok(None);
         };
-        self.stream.process(event)
+        let bytes = encode(&doc)?;
+        pipeline::changestream::split::check_encoded_size(bytes.len())?;
+        Ok(Some(bytes))
     }
 }
 
@@ -383,7 +353,7 @@ impl ChangeStreamCursor {
                         let Some(event) = merged.pop_ready() else {
                             break;
                         };
-                        match post.given(router, &event).await? {
+                        match post.given(&event)? {
                             Some(bytes) => (event.token, bytes),
                             None => {
                                 *looked = Some(event.token);
@@ -472,49 +442,4 @@ fn encode(event: &Document) -> Result<Bytes> {
         .to_vec()
         .map(Bytes::from)
         .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))
-}
-
-/// `fullDocument: updateLookup`: the current document by `documentKey` (null when gone).
-async fn lookup_full_document(router: &Arc<Router>, mut event: ChangeEvent) -> Result<ChangeEvent> {
-    if event.operation_type() != "update" {
-        return Ok(event);
-    }
-    let (Ok(ns), Ok(key)) = (
-        event.doc.get_document("ns"),
-        event.doc.get_document("documentKey"),
-    ) else {
-        return Ok(event);
-    };
-    let (Ok(db), Ok(coll)) = (ns.get_str("db"), ns.get_str("coll")) else {
-        return Ok(event);
-    };
-    let found = lookup_one(router, db, coll, key).await?;
-    event.doc.insert(
-        "fullDocument",
-        found.map(Bson::Document).unwrap_or(Bson::Null),
-    );
-    Ok(event)
-}
-
-/// One document of `db.coll` by its document key, routed by shard key.
-async fn lookup_one(
-    router: &Arc<Router>,
-    db: &str,
-    coll: &str,
-    key: &Document,
-) -> Result<Option<Document>> {
-    let shards = match router.placement(db, coll, false).await? {
-        Placement::Unsharded { primary } if primary.is_empty() => return Ok(None),
-        Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
-        Placement::Sharded(sc) => crate::commands::shards_for_query(router, &sc, key, None)?,
-    };
-    let find = doc! {"find": coll, "filter": key.clone(), "limit": 1, "singleBatch": true};
-    // A read: sent again if a shard restarts under it.
-    let replies = router.broadcast_read(&shards, db, &find).await;
-    for r in replies {
-        if let Some(d) = first_batch(&r?)?.into_iter().next() {
-            return Ok(Some(d));
-        }
-    }
-    Ok(None)
 }

@@ -474,7 +474,7 @@ fn with_id(d: &Document) -> Document {
 /// Which shards a query on a sharded collection must reach, under the query's `collation`
 /// (the command's or statement's field): the shard key orders strings by the simple
 /// collation, so under another one a key with strings may match on any shard.
-pub(crate) fn shards_for_query(
+pub(super) fn shards_for_query(
     router: &Router,
     sc: &ShardedCollection,
     filter: &Document,

@@ -29,7 +29,6 @@ use crate::failpoint::{self, Action};
 use crate::router::Router;
 
 pub(crate) use args::Args;
-pub(crate) use crud::shards_for_query;
 
 /// What a command handler gets.
 pub(crate) struct Ctx<'a> {
@@ -64,6 +63,19 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             .clock
             .observe_client(&req.body, router.options.max_clock_drift)
             .err();
+    }
+    // A handshake does not wait for an unreachable config shard (it answers with the time
+    // it has); anything else waits as a command to it would.
+    let handshake = matches!(name, "hello" | "isMaster" | "ismaster");
+    router
+        .learn_cluster_time(if handshake {
+            std::time::Duration::ZERO
+        } else {
+            router.options.patience.connect
+        })
+        .await;
+    if injected.is_none() {
+        injected = crate::clock::check_read_times(&req.body, router.cluster_time()).err();
     }
     let mut write_concern_error = None;
     // An injected error whose fail point gave its labels gets no others.

@@ -189,9 +189,15 @@ pub async fn create(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         }
     }
     let db = ctx.db.clone();
+    // As in MongoDB 7.0, creating a collection that exists with the same options succeeds,
+    // except in a transaction, which may only create what is not there.
+    let in_transaction = ctx.txn.is_some();
     run_ddl(ctx, move |w| {
         if let Some(existing) = lookup(w, &db, &coll) {
-            if existing.options == options && uuid.is_none_or(|u| u == existing.uuid) {
+            if existing.options == options
+                && uuid.is_none_or(|u| u == existing.uuid)
+                && !in_transaction
+            {
                 return Ok((Document::new(), None));
             }
             return Err(MongoError::new(

@@ -255,8 +255,22 @@ async fn wait_while_prepared(shard: &Shard) -> Result<(), MongoError> {
 
 /// Waits until everything at or before `t` is committed here (a read as of `t` must see all
 /// of it); the shard's clock moves to `t` first, so nothing new is written at or below it.
+/// A `t` ahead of the cluster time the command brought is refused: moving the clock there
+/// would put every later write in the future (the router refuses such times first).
 async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> {
     let state = shard.state();
+    let now = state.cluster_time();
+    if t > now {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            format!(
+                "readConcern atClusterTime value must not be greater than the current \
+                 clusterTime. Requested clusterTime: Timestamp({}, {}); current clusterTime: \
+                 Timestamp({}, {})",
+                t.secs, t.inc, now.secs, now.inc
+            ),
+        ));
+    }
     state.observe(t);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     while state.high_water_mark() < t {
