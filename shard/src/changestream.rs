@@ -78,18 +78,21 @@ struct Pending {
     ts: ClusterTime,
     token: ResumeToken,
     bytes: Bytes,
+    /// The invalidate that ends the stream: the cursor closes once it hands it out. (Not the
+    /// invalidate a `startAfter` stream finds as its resume point: that one only proves the
+    /// resume, and the stream goes on after it.)
     invalidate: bool,
 }
 
 impl Pending {
-    fn new(ts: ClusterTime, event: ChangeEvent) -> Result<Pending> {
+    fn new(ts: ClusterTime, event: ChangeEvent, stream: &ShardStream) -> Result<Pending> {
         let bytes = event
             .doc
             .to_vec()
             .map_err(|e| MongoError::internal(format!("encoding a change event: {e}")))?;
         Ok(Pending {
             ts,
-            invalidate: event.operation_type() == "invalidate",
+            invalidate: stream.invalidated() == Some(&event.token),
             token: event.token,
             bytes: Bytes::from(bytes),
         })
@@ -157,7 +160,7 @@ impl Reading {
                     {
                         StreamMetrics::count(&state.stream_metrics.large_events_split);
                     }
-                    out.push_back(Arc::new(Pending::new(ts, event)?));
+                    out.push_back(Arc::new(Pending::new(ts, event, &self.stream)?));
                 }
             }
             self.position = ts;

@@ -4,7 +4,8 @@ Usage: python3 tests/py/change_streams.py mongodb://127.0.0.1:PORT/
 
 Watches a collection, a database and the whole cluster; sees every event type (insert, update,
 replace, delete, drop, rename, dropDatabase, invalidate); resumes after the server-side cursor is
-killed; and restarts with startAfter from an invalidate after a drop. Each check runs on its own;
+killed; restarts with startAfter from an invalidate after a drop, and resumes such a stream after
+its cursor is killed (pymongo's own startAfter resume tests). Each check runs on its own;
 the last line is "N passed, N failed" and the exit status is non-zero if any check failed.
 """
 
@@ -149,12 +150,68 @@ def check_start_after_drop(client):
     client.drop_database(db.name)
 
 
+def start_after_resume_process(client, level, with_changes):
+    """pymongo's test_start_after_resume_process_with_changes / _without_changes: a stream
+    started after an invalidate (the collection or database dropped, and not yet recreated)
+    stays open; its cursor killed, the driver resumes it (with startAfter while it has returned
+    nothing, resumeAfter once it has) and the next insert arrives."""
+    db = fresh_db(client)
+    coll = db.w
+    coll.insert_one({})
+    target = coll if level == "collection" else db
+    with target.watch([{"$match": {"operationType": "invalidate"}}]) as stream:
+        if level == "collection":
+            coll.drop()
+        else:
+            client.drop_database(db.name)
+        token = next_event(stream)["_id"]
+
+    def kill(stream):
+        cursor = stream._cursor
+        assert cursor.cursor_id, "the stream started after the invalidate was closed"
+        db.command("killCursors", cursor._collection.name, cursors=[cursor.cursor_id])
+
+    with target.watch(start_after=token, max_await_time_ms=250) as stream:
+        if with_changes:
+            coll.insert_one({"_id": 2})
+            ev = next_event(stream)
+            assert ev["operationType"] == "insert" and ev["fullDocument"] == {"_id": 2}, ev
+            assert stream.try_next() is None
+        else:
+            assert stream.try_next() is None
+        kill(stream)
+        coll.insert_one({"_id": 3})
+        ev = next_event(stream)
+        assert ev["operationType"] == "insert" and ev["fullDocument"] == {"_id": 3}, ev
+    client.drop_database(db.name)
+
+
+def check_start_after_resume_collection_with_changes(client):
+    start_after_resume_process(client, "collection", True)
+
+
+def check_start_after_resume_collection_without_changes(client):
+    start_after_resume_process(client, "collection", False)
+
+
+def check_start_after_resume_database_with_changes(client):
+    start_after_resume_process(client, "database", True)
+
+
+def check_start_after_resume_database_without_changes(client):
+    start_after_resume_process(client, "database", False)
+
+
 CHECKS = [
     check_collection_events,
     check_database_stream,
     check_cluster_stream,
     check_resume_after_killed_cursor,
     check_start_after_drop,
+    check_start_after_resume_collection_with_changes,
+    check_start_after_resume_collection_without_changes,
+    check_start_after_resume_database_with_changes,
+    check_start_after_resume_database_without_changes,
 ]
 
 

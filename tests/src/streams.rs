@@ -51,7 +51,7 @@ fn token_data(event: &Document) -> String {
 }
 
 /// A collection stream sees every CRUD event with MongoDB's fields, and `updateLookup` fills
-/// `fullDocument` with the current document.
+/// `fullDocument` with the document as it is at or after the update.
 pub async fn crud_events(client: &Client, db: &str) -> Result<()> {
     let coll: Collection<Document> = client.database(db).collection("c");
     coll.insert_one(doc! {"_id": 0}).await?;
@@ -115,12 +115,24 @@ pub async fn crud_events(client: &Client, db: &str) -> Result<()> {
         "{}",
         events[1]
     );
-    // updateLookup returns the document as it is now: it was deleted.
-    ensure!(
-        events[1].get("fullDocument") == Some(&Bson::Null),
-        "{}",
-        events[1]
-    );
+    // updateLookup returns the document as the shard finds it when it makes the event: this
+    // update's result or a later version, or null once it is deleted; never an earlier one.
+    let versions = [
+        Bson::Document(
+            doc! {"_id": 1, "a": 2, "arr": ["foo", {"a": "bar"}, 1, 2, 3], "n": {"x": 1}},
+        ),
+        Bson::Document(doc! {"_id": 1, "arr": ["foo", {"a": "bar"}, 1, 2], "n": {"x": 1}}),
+        Bson::Document(doc! {"_id": 1, "arr": ["foo", {"a": "bar"}], "n": {"x": 1}}),
+        Bson::Document(doc! {"_id": 1, "b": 1}),
+        Bson::Null,
+    ];
+    for (i, event) in events.iter().enumerate().take(4).skip(1) {
+        let found = event.get("fullDocument");
+        ensure!(
+            found.is_some_and(|d| versions[i - 1..].contains(d)),
+            "event {i}: {event}"
+        );
+    }
     // $pop logs the whole new array, as MongoDB does.
     ensure!(
         description(2)?
