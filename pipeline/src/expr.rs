@@ -405,6 +405,51 @@ fn err(code: i32, msg: impl Into<String>) -> MongoError {
     MongoError::with_code(code, msg)
 }
 
+/// The largest value an expression may make: a document's limit (`BSONObjMaxUserSize`).
+const MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
+/// How deep a value an expression makes may nest: what a command may (`maxBSONDepth`).
+const MAX_VALUE_DEPTH: usize = 200;
+
+/// A string an expression makes may not pass 16 MiB (MongoDB's 16493), checked before the
+/// bytes are allocated.
+fn check_string_growth(len: usize, more: usize) -> Result<()> {
+    if len.saturating_add(more) > MAX_VALUE_BYTES {
+        return Err(err(16493, "Tried to create string longer than 16MB"));
+    }
+    Ok(())
+}
+
+/// A value that an expression builds out of others (a literal document or array, `$map`,
+/// `$concatArrays`, `$mergeObjects`, `$reduce`'s accumulator) is bounded before it is kept:
+/// nested at most 200 deep, at most 16 MiB. Without this, `$reduce` doubling an array or
+/// nesting `$$value` in a document grows without bound. Checking costs no more than the
+/// copies that built the value.
+fn bounded(v: Bson) -> Result<Bson> {
+    if !matches!(v, Bson::Document(_) | Bson::Array(_)) {
+        return Ok(v);
+    }
+    if value::value_nesting_exceeds(&v, MAX_VALUE_DEPTH) {
+        return Err(MongoError::new(
+            wire::ErrorCode::OVERFLOW,
+            format!("BSONObj exceeded maximum nested object depth: {MAX_VALUE_DEPTH}"),
+        ));
+    }
+    let size = crate::changestream::split::value_size(&v);
+    if size > MAX_VALUE_BYTES {
+        return Err(too_large(size));
+    }
+    Ok(v)
+}
+
+fn too_large(size: usize) -> MongoError {
+    MongoError::new(
+        wire::ErrorCode::BSON_OBJECT_TOO_LARGE,
+        format!(
+            "BSONObj size: {size} ({size:#X}) is invalid. Size must be between 0 and {MAX_VALUE_BYTES}(16MB)"
+        ),
+    )
+}
+
 fn missing_name(v: &Option<Bson>) -> &'static str {
     match v {
         None => "missing",
@@ -584,6 +629,7 @@ fn refs(node: &Node, out: &mut BTreeSet<String>) -> bool {
 }
 
 fn parse_field_path(s: &str) -> Result<Vec<String>> {
+    crate::value::check_path_length(s)?;
     let mut parts = Vec::new();
     for p in s.split('.') {
         if p.is_empty() {
@@ -1369,7 +1415,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                     d.insert(k.clone(), v);
                 }
             }
-            Some(Bson::Document(d))
+            Some(bounded(Bson::Document(d))?)
         }
         Node::Array(items) => {
             let mut out = Vec::with_capacity(items.len());
@@ -1377,7 +1423,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 // Missing array elements become null, as in MongoDB.
                 out.push(eval(n, cx)?.unwrap_or(Bson::Null));
             }
-            Some(Bson::Array(out))
+            Some(bounded(Bson::Array(out))?)
         }
         Node::And(items) => {
             for n in items {
@@ -1455,13 +1501,19 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 }
             };
             let mut out = Vec::with_capacity(arr.len());
+            let mut size = 0_usize;
             for e in arr {
                 cx.vars.push((name.clone(), Some(e)));
                 let r = eval(body, cx);
                 cx.vars.pop();
-                out.push(r?.unwrap_or(Bson::Null));
+                let v = r?.unwrap_or(Bson::Null);
+                size = size.saturating_add(crate::changestream::split::value_size(&v));
+                if size > MAX_VALUE_BYTES {
+                    return Err(too_large(size));
+                }
+                out.push(v);
             }
-            Some(Bson::Array(out))
+            Some(bounded(Bson::Array(out))?)
         }
         Node::Filter {
             input,
@@ -1544,7 +1596,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 let r = eval(body, cx);
                 cx.vars.pop();
                 cx.vars.pop();
-                acc = r?;
+                acc = r?.map(bounded).transpose()?;
             }
             acc
         }
@@ -2465,7 +2517,10 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
             for v in &a {
                 match v {
                     None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
-                    Some(Bson::String(x)) | Some(Bson::Symbol(x)) => s.push_str(x),
+                    Some(Bson::String(x)) | Some(Bson::Symbol(x)) => {
+                        check_string_growth(s.len(), x.len())?;
+                        s.push_str(x);
+                    }
                     Some(other) => {
                         return Err(err(
                             16702,
@@ -2777,7 +2832,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
                     }
                 }
             }
-            Some(Bson::Array(out))
+            Some(bounded(Bson::Array(out))?)
         }
         Op::Slice => {
             let x = arg(&a, 0);
@@ -2924,7 +2979,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
                     }
                 }
             }
-            Some(Bson::Document(out))
+            Some(bounded(Bson::Document(out))?)
         }
         Op::ObjectToArray => match arg(&a, 0) {
             None | Some(Bson::Null) | Some(Bson::Undefined) => Some(Bson::Null),

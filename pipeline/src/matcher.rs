@@ -338,6 +338,7 @@ fn path_node(path: &str) -> impl Fn(Pred) -> Node + '_ {
 }
 
 fn parse_field(path: &str, value: &Bson, out: &mut Vec<Node>) -> Result<()> {
+    value::check_path_length(path)?;
     let mk = path_node(path);
     match value {
         Bson::Document(d) if is_operator_doc(d) => parse_ops(d, &mk, out),

@@ -225,6 +225,7 @@ impl Parser {
     }
 
     fn field(&mut self, prefix: &[String], key: &str, v: &Bson) -> Result<()> {
+        crate::value::check_path_length(key)?;
         if key.is_empty() || key.split('.').any(str::is_empty) {
             return Err(MongoError::bad_value(format!(
                 "FieldPath field names may not be empty strings: '{key}'"

@@ -42,6 +42,7 @@ impl SortSpec {
     pub fn parse(spec: &Document) -> Result<SortSpec> {
         let mut keys = Vec::with_capacity(spec.len());
         for (k, v) in spec {
+            crate::value::check_path_length(k)?;
             if k.is_empty() || k.split('.').any(str::is_empty) {
                 return Err(MongoError::with_code(
                     40352,

@@ -368,6 +368,23 @@ fn compare_i64_f64(l: i64, d: f64) -> Ordering {
     }
 }
 
+/// The most components a dotted path may have, as MongoDB's `FieldPath` (its
+/// `BSONDepth::getMaxAllowableDepth()`): a longer path names nothing any document can hold, and
+/// walking it costs one step (often one stack frame) per component.
+pub const MAX_PATH_COMPONENTS: usize = 200;
+
+/// `Overflow` (15, `FieldPath is too long`) for a path of more than [`MAX_PATH_COMPONENTS`]
+/// components. Every parser of a client's dotted path calls this before splitting it.
+pub fn check_path_length(path: &str) -> wire::Result<()> {
+    if path.bytes().filter(|b| *b == b'.').count() >= MAX_PATH_COMPONENTS {
+        return Err(wire::MongoError::new(
+            wire::ErrorCode::OVERFLOW,
+            "FieldPath is too long",
+        ));
+    }
+    Ok(())
+}
+
 /// The value at a dotted path without array traversal (`a.0.b` indexes arrays); `None` when missing.
 pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
     let mut parts = path.split('.');

@@ -486,12 +486,18 @@ pub struct Writer {
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
+/// The writer thread's stack.
+const WRITER_STACK_BYTES: usize = 16 << 20;
+
 impl Writer {
     pub fn start(state: Arc<ShardState>) -> Writer {
         let (tx, rx) = mpsc::unbounded_channel();
         let name = format!("{}-writer", state.name);
+        // Updates recurse as deep as a document nests (200 levels at most): room for that
+        // in a debug build too.
         let thread = std::thread::Builder::new()
             .name(name)
+            .stack_size(WRITER_STACK_BYTES)
             .spawn(move || writer_loop(state, rx))
             .ok();
         Writer {

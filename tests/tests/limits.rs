@@ -85,7 +85,7 @@ async fn the_first_reply_of_a_fresh_cluster_carries_its_time() -> anyhow::Result
     let start = operation_time(&client).await?;
     assert!(start.time > 0, "operationTime {start:?}");
     let c = client.database("fresh").collection::<Document>("c");
-    let mut stream = c
+    let stream = c
         .watch()
         .start_at_operation_time(start)
         .max_await_time(Duration::from_millis(200))
@@ -141,6 +141,161 @@ async fn a_transaction_refuses_an_existing_collection_and_a_statement_write_conc
         .count_documents(doc! {})
         .await?;
     assert_eq!(n, 0, "the refused insert left nothing");
+    cluster.stop().await;
+    Ok(())
+}
+
+/// `{insert: "c", documents: [{_id: 4, d: <depth levels>}], $db: "depth"}` as BSON bytes,
+/// built without recursion (the driver's encoder would need more stack than a test thread has).
+fn deep_insert(depth: usize) -> Vec<u8> {
+    fn document(elements: &[u8]) -> Vec<u8> {
+        let len = i32::try_from(elements.len() + 5).unwrap_or(i32::MAX);
+        let mut d = len.to_le_bytes().to_vec();
+        d.extend_from_slice(elements);
+        d.push(0);
+        d
+    }
+    fn element(kind: u8, name: &str, value: &[u8]) -> Vec<u8> {
+        let mut e = vec![kind];
+        e.extend_from_slice(name.as_bytes());
+        e.push(0);
+        e.extend_from_slice(value);
+        e
+    }
+    fn string(s: &str) -> Vec<u8> {
+        let mut v = i32::try_from(s.len() + 1)
+            .unwrap_or(0)
+            .to_le_bytes()
+            .to_vec();
+        v.extend_from_slice(s.as_bytes());
+        v.push(0);
+        v
+    }
+    let mut d = document(&element(0x10, "a", &1_i32.to_le_bytes()));
+    for _ in 1..depth {
+        d = document(&element(0x03, "a", &d));
+    }
+    let mut item = element(0x10, "_id", &4_i32.to_le_bytes());
+    item.extend(element(0x03, "d", &d));
+    let documents = document(&element(0x03, "0", &document(&item)));
+    let mut body = element(0x02, "insert", &string("c"));
+    body.extend(element(0x04, "documents", &documents));
+    body.extend(element(0x02, "$db", &string("depth")));
+    document(&body)
+}
+
+/// Sends one OP_MSG with `body` on a fresh connection and returns the reply's body.
+async fn raw_command(addr: std::net::SocketAddr, body: &[u8]) -> anyhow::Result<Document> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&i32::try_from(16 + 4 + 1 + body.len())?.to_le_bytes());
+    frame.extend_from_slice(&1_i32.to_le_bytes()); // requestID
+    frame.extend_from_slice(&0_i32.to_le_bytes()); // responseTo
+    frame.extend_from_slice(&2013_i32.to_le_bytes()); // OP_MSG
+    frame.extend_from_slice(&0_u32.to_le_bytes()); // flagBits
+    frame.push(0); // a body section
+    frame.extend_from_slice(body);
+    let mut socket = tokio::net::TcpStream::connect(addr).await?;
+    socket.write_all(&frame).await?;
+    let mut header = [0_u8; 16];
+    socket.read_exact(&mut header).await?;
+    let len = usize::try_from(i32::from_le_bytes([
+        header[0], header[1], header[2], header[3],
+    ]))?;
+    let mut rest = vec![0_u8; len.saturating_sub(16)];
+    socket.read_exact(&mut rest).await?;
+    // flagBits (4 bytes), then section kind 0 and the body.
+    Ok(Document::from_reader(&rest[5..])?)
+}
+
+/// A document nested `depth` levels deep (`{a: {a: … 1}}`).
+fn nested(depth: usize) -> Document {
+    let mut d = doc! {"a": 1};
+    for _ in 1..depth {
+        d = doc! {"a": d};
+    }
+    d
+}
+
+/// Paths and nesting are bounded as MongoDB bounds them: a path of more than 200 components is
+/// `FieldPath is too long` (15) wherever it appears (an update's 12,000-part `$set` once
+/// overflowed the stack and took the whole process down), a stored document nests at most 180
+/// levels (15), and a command at most 200 (15, refused before it is parsed).
+#[test]
+fn paths_and_nesting_are_bounded_at_mongodb_depths() -> anyhow::Result<()> {
+    // The driver encodes and decodes documents 180 levels deep by recursion, which needs more
+    // stack than a test thread's 2 MiB in a debug build: the test (and the embedded cluster,
+    // as `tributary` itself) runs on threads with a bigger one.
+    const STACK: usize = 64 << 20;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_stack_size(STACK)
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || runtime.block_on(bounded_depths()))?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the test thread panicked"))?
+}
+
+async fn bounded_depths() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let c = client.database("depth").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1}).await?;
+    let long = vec!["a"; 12_000].join(".");
+    let err = c
+        .update_one(doc! {"_id": 1}, doc! {"$set": {&long: 1}})
+        .await
+        .expect_err("a 12,000-part path");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+    let err = c
+        .find_one(doc! {&long: 1})
+        .await
+        .expect_err("a 12,000-part filter path");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+    let err = c
+        .find_one(doc! {})
+        .sort(doc! {&long: 1})
+        .await
+        .expect_err("a 12,000-part sort path");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+    let err = c
+        .aggregate(vec![doc! {"$project": {"x": format!("${long}")}}])
+        .await
+        .expect_err("a 12,000-part expression path");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+
+    c.insert_one(doc! {"_id": 2, "d": nested(178)}).await?;
+    let err = c
+        .insert_one(doc! {"_id": 3, "d": nested(180)})
+        .await
+        .expect_err("181 levels");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+    let deep_path = vec!["a"; 178].join(".");
+    let err = c
+        .update_one(
+            doc! {"_id": 2},
+            doc! {"$set": {format!("d.{deep_path}"): {"b": {"c": 1}}}},
+        )
+        .await
+        .expect_err("an update to 181 levels");
+    assert_eq!(code_of(&err), Some(15), "{err}");
+    let reply = raw_command(cluster.addr, &deep_insert(250)).await?;
+    assert_eq!(
+        reply.get_i32("code").ok(),
+        Some(15),
+        "a command 250 levels deep: {reply}"
+    );
+    assert_eq!(
+        c.count_documents(doc! {}).await?,
+        2,
+        "nothing refused was kept"
+    );
+    // A filter as deep as a stored document may be still matches.
+    let found = c.find_one(doc! {"_id": 2, "d": nested(178)}).await?;
+    assert!(found.is_some());
     cluster.stop().await;
     Ok(())
 }

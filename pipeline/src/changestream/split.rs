@@ -123,7 +123,8 @@ fn element_size(name: &str, v: &Bson) -> usize {
     1 + name.len() + 1 + value_size(v)
 }
 
-fn value_size(v: &Bson) -> usize {
+/// The BSON size of a value as an element's payload (recursion as deep as the value nests).
+pub fn value_size(v: &Bson) -> usize {
     match v {
         Bson::Double(_) | Bson::DateTime(_) | Bson::Timestamp(_) | Bson::Int64(_) => 8,
         Bson::Int32(_) => 4,

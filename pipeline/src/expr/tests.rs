@@ -570,3 +570,76 @@ fn javascript_operators_answer_as_a_server_without_a_javascript_engine() {
     let err = crate::agg::Pipeline::parse(&[group]).expect_err("no JavaScript engine");
     assert_eq!(err.code, 31264);
 }
+
+fn code(e: Bson, d: &Document) -> i32 {
+    match eval_on(e.clone(), d) {
+        Err(err) => err.code,
+        Ok(v) => panic!("{e}: no error, got {:?}", v.map(|v| value::type_name(&v))),
+    }
+}
+
+#[test]
+fn a_reduce_doubling_a_string_stops_at_sixteen_megabytes() {
+    let doubling = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 40]},
+        "initialValue": "xxxxxxxxxxxxxxxx",
+        "in": {"$concat": ["$$value", "$$value"]},
+    }});
+    assert_eq!(code(doubling, &doc! {}), 16493);
+}
+
+#[test]
+fn a_reduce_doubling_an_array_stops_at_sixteen_megabytes() {
+    let doubling = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 40]},
+        "initialValue": ["xxxxxxxxxxxxxxxx"],
+        "in": {"$concatArrays": ["$$value", "$$value"]},
+    }});
+    assert_eq!(code(doubling, &doc! {}), 10334);
+    let pairs = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 40]},
+        "initialValue": "xxxxxxxxxxxxxxxx",
+        "in": ["$$value", "$$value"],
+    }});
+    assert_eq!(code(pairs, &doc! {}), 10334);
+    let merged = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 40]},
+        "initialValue": {"s": "xxxxxxxxxxxxxxxx"},
+        "in": {"a": "$$value", "b": "$$value"},
+    }});
+    assert_eq!(code(merged, &doc! {}), 10334);
+}
+
+#[test]
+fn a_reduce_nesting_its_value_stops_at_two_hundred_levels() {
+    let nesting = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 100_000]},
+        "initialValue": {},
+        "in": {"a": "$$value"},
+    }});
+    assert_eq!(code(nesting, &doc! {}), 15);
+    let shallow = bson::bson!({"$reduce": {
+        "input": {"$range": [0, 150]},
+        "initialValue": {},
+        "in": {"a": "$$value"},
+    }});
+    assert!(eval_on(shallow, &doc! {}).is_ok(), "150 levels are fine");
+}
+
+#[test]
+fn a_map_of_large_strings_stops_at_sixteen_megabytes() {
+    let d = doc! {"s": "x".repeat(1024 * 1024)};
+    let many = bson::bson!({"$map": {"input": {"$range": [0, 1000]}, "in": "$s"}});
+    assert_eq!(code(many, &d), 10334);
+    let few = bson::bson!({"$map": {"input": {"$range": [0, 10]}, "in": "$s"}});
+    assert!(eval_on(few, &d).is_ok());
+}
+
+#[test]
+fn a_field_path_of_more_than_two_hundred_components_is_too_long() {
+    let long = format!("${}", vec!["a"; 12_000].join("."));
+    let e = Expr::parse(&Bson::String(long)).expect_err("12,000 components");
+    assert_eq!((e.code, e.code_name.as_str()), (15, "Overflow"));
+    let ok = format!("${}", vec!["a"; 200].join("."));
+    assert!(Expr::parse(&Bson::String(ok)).is_ok());
+}

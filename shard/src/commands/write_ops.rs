@@ -106,8 +106,20 @@ pub fn new_object_id(wall_ms: u64) -> ObjectId {
 pub fn prepare_insert(doc: Document, wall_ms: u64) -> Result<Document, MongoError> {
     let out = ensure_id_first(doc, wall_ms)?;
     check_size(&out)?;
+    if pipeline::value::nesting_exceeds(&out, MAX_STORED_DEPTH) {
+        return Err(MongoError::new(
+            ErrorCode::OVERFLOW,
+            format!(
+                "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
+            ),
+        ));
+    }
     Ok(out)
 }
+
+/// How deep a stored document may nest, as MongoDB's `BSONDepth::getMaxDepthForUserStorage()`
+/// (the 200 levels a command may have, less 20 kept for the system's own wrapping).
+pub const MAX_STORED_DEPTH: usize = 180;
 
 /// `_id` first (generated when missing); rejects `_id` values MongoDB refuses.
 pub fn ensure_id_first(mut doc: Document, wall_ms: u64) -> Result<Document, MongoError> {
@@ -506,6 +518,12 @@ pub fn run_update(
 }
 
 fn check_update_size(doc: &Document) -> Result<(), MongoError> {
+    if pipeline::value::nesting_exceeds(doc, MAX_STORED_DEPTH) {
+        return Err(MongoError::new(
+            ErrorCode::OVERFLOW,
+            format!("Document exceeds maximum nesting depth of {MAX_STORED_DEPTH}"),
+        ));
+    }
     let size = bson_size(doc);
     if size > wire::MAX_BSON_OBJECT_SIZE {
         return Err(MongoError::with_code(

@@ -52,6 +52,7 @@ pub struct UpdatePath {
 impl UpdatePath {
     /// Parses a field path of an update operator.
     pub fn parse(path: &str) -> Result<UpdatePath> {
+        pipeline::value::check_path_length(path)?;
         if path.is_empty() {
             return Err(MongoError::new(
                 ErrorCode::EMPTY_FIELD_NAME,
