@@ -556,10 +556,12 @@ impl Stage {
 
     /// Runs the stage over a batch with `$$NOW` and user variable values.
     pub fn run_in(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        crate::interrupt::check_now()?;
         Ok(match self {
             s if s.is_single_document_transform() => {
                 let mut out = Vec::with_capacity(docs.len());
                 for d in docs {
+                    crate::interrupt::check()?;
                     if let Some(d) = s.apply_one_in(d, env)? {
                         out.push(d);
                     }
@@ -1173,6 +1175,7 @@ impl Group {
         let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
         let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
         for d in &docs {
+            crate::interrupt::check()?;
             let key = key_of(self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null))?;
             let group_key = GroupKey::new(key.clone(), env.collation.as_ref());
             let gi = match index.get(&group_key) {

@@ -1503,6 +1503,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
             let mut out = Vec::with_capacity(arr.len());
             let mut size = 0_usize;
             for e in arr {
+                crate::interrupt::check()?;
                 cx.vars.push((name.clone(), Some(e)));
                 let r = eval(body, cx);
                 cx.vars.pop();
@@ -1561,6 +1562,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
                 if limit.is_some_and(|l| out.len() >= l) {
                     break;
                 }
+                crate::interrupt::check()?;
                 cx.vars.push((name.clone(), Some(e.clone())));
                 let r = eval(cond, cx);
                 cx.vars.pop();
@@ -1591,6 +1593,7 @@ fn eval(node: &Node, cx: &mut Cx<'_>) -> Result<Option<Bson>> {
             };
             let mut acc = eval(initial, cx)?;
             for e in arr {
+                crate::interrupt::check()?;
                 cx.vars.push(("value".into(), acc));
                 cx.vars.push(("this".into(), Some(e)));
                 let r = eval(body, cx);
@@ -2893,6 +2896,7 @@ fn call(op: Op, mut a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
             let mut out = Vec::new();
             let mut i = start;
             while (step > 0 && i < end) || (step < 0 && i > end) {
+                crate::interrupt::check()?;
                 if out.len() >= RANGE_MAX_ELEMENTS {
                     return Err(MongoError::new(
                         ErrorCode {

@@ -13,6 +13,7 @@ pub mod agg;
 pub mod changestream;
 pub mod collation;
 pub mod expr;
+pub mod interrupt;
 pub mod matcher;
 pub mod projection;
 pub mod schema;

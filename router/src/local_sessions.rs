@@ -108,6 +108,15 @@ impl LocalSessions {
         }
     }
 
+    /// The ids of `user`'s sessions (`killSessions: []` with authentication).
+    pub fn ids_of(&self, user: &str) -> Vec<Vec<u8>> {
+        self.lock()
+            .keys()
+            .filter(|(_, u)| u == user)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Forgets every session (`killAllSessions`).
     pub fn clear(&self) {
         self.lock().clear();

@@ -168,6 +168,11 @@ impl Sessions {
         ))
     }
 
+    /// Forgets the transactions of the sessions `killed` names.
+    pub fn forget(&self, killed: &shard::txn::SessionFilter) {
+        self.lock().retain(|key, _| !killed.matches(key));
+    }
+
     /// Makes `shard` a participant of the statement's transaction and fixes the statement's
     /// transaction fields for it: the first one sent to a shard starts the transaction there.
     pub fn enlist(&self, shard: usize, cmd: &mut Document) -> Result<()> {
@@ -337,6 +342,41 @@ pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
         let abort = finishing("abortTransaction", cmd);
         let _ = router.broadcast(&participants, "admin", &abort).await;
     }
+}
+
+/// `endSessions`, `killSessions`, `killAllSessions`: every shard aborts the named sessions'
+/// running transactions (a prepared one is its coordinator's to decide), and this router
+/// forgets them. `killSessions: []` names the caller's own sessions when the router has
+/// authenticated users (`own`), every session otherwise.
+pub(crate) async fn kill_sessions(
+    router: &Arc<Router>,
+    name: &str,
+    cmd: &Document,
+    own: Option<Vec<Vec<u8>>>,
+) -> Result<Document> {
+    use shard::txn::SessionFilter;
+    let mut killed = SessionFilter::of(name, cmd)?;
+    let mut forward = doc! {name: cmd.get(name).cloned().unwrap_or(Bson::Array(Vec::new()))};
+    if name == "killSessions"
+        && killed == SessionFilter::All
+        && let Some(ids) = own
+    {
+        let lsids: Vec<Bson> = ids
+            .iter()
+            .map(|id| Bson::Document(doc! {"id": bson::Binary {subtype: bson::spec::BinarySubtype::Uuid, bytes: id.clone()}}))
+            .collect();
+        forward = doc! {name: lsids};
+        killed = SessionFilter::Ids(ids);
+    }
+    if killed == SessionFilter::Ids(Vec::new()) {
+        return Ok(doc! {"ok": 1.0});
+    }
+    router.sessions.forget(&killed);
+    let all: Vec<usize> = (0..router.shards.len()).collect();
+    for r in router.broadcast(&all, "admin", &forward).await {
+        r?;
+    }
+    Ok(doc! {"ok": 1.0})
 }
 
 /// The labels MongoDB puts on an error inside a transaction: `TransientTransactionError` when

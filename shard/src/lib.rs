@@ -268,7 +268,7 @@ impl Shard {
         if let Some(t) = incoming_cluster_time(&cmd) {
             self.state.observe(t);
         }
-        let (body, op_time) = match commands::dispatch(self, cmd).await {
+        let (body, op_time) = match commands::dispatch_within_max_time(self, cmd).await {
             Ok(r) => (r.body, r.op_time),
             Err(e) => (Body::Document(e.to_document()), None),
         };

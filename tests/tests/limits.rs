@@ -299,3 +299,116 @@ async fn bounded_depths() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// `maxTimeMS` ends a command where its work is, on the router and on the shards: a pipeline
+/// that would run for minutes stops with 50 soon after its limit, and a bad `maxTimeMS` is 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_time_ms_ends_a_long_command_with_max_time_ms_expired() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("slow");
+    db.collection::<Document>("c")
+        .insert_many((0..4).map(|i| doc! {"_id": i}))
+        .await?;
+    // Minutes of work per document: a million steps, each making a 100-element array.
+    let slow = doc! {"$reduce": {
+        "input": {"$range": [0, 1_000_000]},
+        "initialValue": 0,
+        "in": {"$add": ["$$value", {"$size": {"$range": [0, 100]}}]},
+    }};
+    for pipeline in [
+        // On the shards (a per-document stage)...
+        vec![doc! {"$project": {"x": slow.clone()}}],
+        // ...and on the router ($documents runs there).
+        vec![
+            doc! {"$documents": [{"a": 1}]},
+            doc! {"$project": {"x": slow.clone()}},
+        ],
+    ] {
+        let on: mongodb::bson::Bson = if pipeline.len() == 2 {
+            1.into()
+        } else {
+            "c".into()
+        };
+        let started = std::time::Instant::now();
+        let err = db
+            .run_command(
+                doc! {"aggregate": on, "pipeline": pipeline, "cursor": {}, "maxTimeMS": 300},
+            )
+            .await
+            .expect_err("minutes of work in 300 ms");
+        assert_eq!(code_of(&err), Some(50), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "stopped after {:?}",
+            started.elapsed()
+        );
+    }
+    for bad in [
+        mongodb::bson::Bson::Int32(-1),
+        mongodb::bson::Bson::Double(1.5),
+        mongodb::bson::Bson::String("1".into()),
+    ] {
+        let err = db
+            .run_command(doc! {"find": "c", "maxTimeMS": bad.clone()})
+            .await
+            .expect_err("a bad maxTimeMS");
+        assert_eq!(code_of(&err), Some(2), "{bad}: {err}");
+    }
+    // The cluster goes on: nothing of the stopped work is left holding it.
+    let n = db
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await?;
+    assert_eq!(n, 4);
+    cluster.stop().await;
+    Ok(())
+}
+
+/// `killSessions` and `endSessions` end what a session holds on every shard: its running
+/// transaction is aborted (its writes gone, its keys free for others), and its commit then
+/// fails with NoSuchTransaction (251).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_or_ending_a_session_aborts_its_transaction_everywhere() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let c = client.database("kill").collection::<Document>("c");
+    c.insert_many([doc! {"_id": 1, "n": 0}, doc! {"_id": 2, "n": 0}])
+        .await?;
+    for command in ["killSessions", "endSessions"] {
+        let mut session = client.start_session().await?;
+        session.start_transaction().await?;
+        c.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+            .session(&mut session)
+            .await?;
+        c.insert_one(doc! {"_id": command})
+            .session(&mut session)
+            .await?;
+        let lsid = session.id().clone();
+        client
+            .database("admin")
+            .run_command(doc! {command: [lsid]})
+            .await?;
+        // The keys it held are free: a write outside it does not conflict.
+        c.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 10}})
+            .await?;
+        let err = session
+            .commit_transaction()
+            .await
+            .expect_err("the transaction was aborted");
+        assert_eq!(code_of(&err), Some(251), "{command}: {err}");
+        assert_eq!(
+            c.count_documents(doc! {"_id": command}).await?,
+            0,
+            "{command}: its insert is gone"
+        );
+    }
+    let one = c.find_one(doc! {"_id": 1}).await?.expect("the document");
+    assert_eq!(
+        one.get_i32("n")?,
+        20,
+        "only the writes outside the transactions"
+    );
+    cluster.stop().await;
+    Ok(())
+}

@@ -190,10 +190,10 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         if matches!(name, "hello" | "isMaster" | "ismaster") {
             run.await
         } else {
-            // Listed by currentOp while it runs; killOp ends it.
+            // Listed by currentOp while it runs; killOp ends it; so does its maxTimeMS.
             let op = router.ops.start(conn, name, &req.db, &req.body);
             tokio::select! {
-                result = run => result,
+                result = within_max_time(name, &req.body, run) => result,
                 () = op.cancel.cancelled() => {
                     // A getMore stopped halfway may have taken events it never returned: its
                     // cursor ends with it, as a failed getMore's does.
@@ -250,6 +250,39 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
+}
+
+/// Runs a command within its `maxTimeMS` (50 when it runs out): the router's own work
+/// checks the deadline as it goes (`pipeline::interrupt`), and waiting on shards stops at it
+/// (the shards were sent the same `maxTimeMS` and stop their part by themselves). A getMore's
+/// `maxTimeMS` is how long an awaitData cursor waits, not a limit.
+async fn within_max_time(
+    name: &str,
+    cmd: &Document,
+    run: impl std::future::Future<Output = Result<Body>>,
+) -> Result<Body> {
+    use pipeline::interrupt::{Interrupt, Interruptible, max_time_expired, max_time_ms};
+    if name == "getMore" {
+        return run.await;
+    }
+    let Some(ms) = max_time_ms(cmd)? else {
+        return run.await;
+    };
+    let limit = std::time::Duration::from_millis(ms);
+    let deadline = std::time::Instant::now() + limit;
+    let run = Interruptible::new(Interrupt::deadline(Some(deadline)), run);
+    match tokio::time::timeout(limit, run).await {
+        Ok(result) => result,
+        Err(_) => Err(max_time_expired()),
+    }
+}
+
+/// The caller's `user@db` when the router authenticates its clients.
+fn router_auth_user(ctx: &Ctx<'_>) -> Option<String> {
+    ctx.router
+        .options
+        .auth
+        .then(|| session_user(ctx.router, ctx.conn))
 }
 
 /// The user a connection's sessions belong to: `user@db` of its first authenticated user, or
@@ -510,9 +543,11 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         }
         "collStats" | "collstats" => stats::coll_stats(ctx).await,
         "validate" => stats::validate(ctx).await,
-        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" | "startSession" => {
-            admin::sessions(ctx)
+        "endSessions" | "killAllSessions" | "killSessions" => {
+            let own = router_auth_user(ctx).map(|user| ctx.router.local_sessions.ids_of(&user));
+            crate::txn::kill_sessions(ctx.router, ctx.name, ctx.cmd, own).await
         }
+        "refreshSessions" | "startSession" => admin::sessions(ctx),
         "listCommands" => admin::list_commands(),
         "getLog" => admin::get_log(ctx),
         "insert" => crud::insert(ctx).await,

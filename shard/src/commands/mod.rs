@@ -44,6 +44,28 @@ impl Reply {
     }
 }
 
+/// Runs one command within its `maxTimeMS` (50 when it runs out; a getMore's is how long an
+/// awaitData cursor waits): long loops check the deadline as they go
+/// (`pipeline::interrupt`), and a wait stops at it.
+pub async fn dispatch_within_max_time(shard: &Shard, cmd: Document) -> Result<Reply, MongoError> {
+    use pipeline::interrupt::{Interrupt, Interruptible, max_time_expired, max_time_ms};
+    let name = cmd.keys().next().map(String::as_str).unwrap_or("");
+    let limit = match name {
+        "getMore" => None,
+        _ => max_time_ms(&cmd)?,
+    };
+    let Some(ms) = limit else {
+        return dispatch(shard, cmd).await;
+    };
+    let limit = std::time::Duration::from_millis(ms);
+    let deadline = std::time::Instant::now() + limit;
+    let run = Interruptible::new(Interrupt::deadline(Some(deadline)), dispatch(shard, cmd));
+    match tokio::time::timeout(limit, run).await {
+        Ok(result) => result,
+        Err(_) => Err(max_time_expired()),
+    }
+}
+
 /// Runs one command.
 pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError> {
     let Some(name) = cmd.keys().next().cloned() else {
@@ -105,9 +127,12 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "hello" | "isMaster" | "ismaster" => hello::hello(&ctx, &name),
         "ping" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
         "buildInfo" | "buildinfo" => hello::build_info(),
-        "endSessions" | "killAllSessions" | "killSessions" | "refreshSessions" => {
+        "endSessions" | "killAllSessions" | "killSessions" => {
+            let killed = crate::txn::SessionFilter::of(&name, &ctx.cmd)?;
+            shard.transactions().kill_sessions(&killed);
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
+        "refreshSessions" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
         "getParameter" => hello::get_parameter(&ctx),
         "setParameter" => hello::set_parameter(&ctx),
         "serverStatus" => {

@@ -788,6 +788,32 @@ impl Transactions {
         }
     }
 
+    /// Aborts the running transactions of the sessions `killed` picks (by session key:
+    /// `lsid.id`, then `lsid.uid` when there is one), for `killSessions`, `killAllSessions`
+    /// and `endSessions`. A prepared transaction is its coordinator's to decide, as in
+    /// MongoDB, and stays. Returns how many were aborted.
+    pub fn kill_sessions(&self, killed: &SessionFilter) -> usize {
+        let sessions: Vec<(Vec<u8>, Arc<Mutex<Participant>>)> = lock(&self.sessions)
+            .iter()
+            .filter(|(k, _)| killed.matches(k))
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
+        let mut aborted = 0;
+        for (key, p) in sessions {
+            let mut g = lock(&p);
+            if let State::Active(_) = &g.state {
+                tracing::info!(
+                    txn_number = g.txn_number,
+                    "aborting a killed session's transaction"
+                );
+                g.state = State::Aborted;
+                self.release(&key);
+                aborted += 1;
+            }
+        }
+        aborted
+    }
+
     /// How many transactions are running (for `serverStatus` and tests).
     pub fn running(&self) -> usize {
         lock(&self.sessions)
@@ -795,6 +821,83 @@ impl Transactions {
             .filter(|p| matches!(lock(p).state, State::Active(_)))
             .count()
     }
+}
+
+/// Which sessions a `killSessions`, `killAllSessions` or `endSessions` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionFilter {
+    /// Every session.
+    All,
+    /// The sessions with these `lsid.id`s.
+    Ids(Vec<Vec<u8>>),
+    /// The sessions of these users (`lsid.uid`, the SHA-256 of `user@db`).
+    Users(Vec<Vec<u8>>),
+}
+
+impl SessionFilter {
+    /// The filter a command's argument names: `endSessions` / `killSessions` list `lsid`s
+    /// (an empty `killSessions` list is every session the caller may kill, which the router
+    /// has narrowed to the caller's when it runs with `--auth`); `killAllSessions` lists
+    /// `{user, db}` patterns, or nothing for every session.
+    pub fn of(name: &str, cmd: &Document) -> Result<SessionFilter, MongoError> {
+        let Ok(items) = cmd.get_array(name) else {
+            return Err(MongoError::type_mismatch(format!(
+                "BSON field '{name}.{name}' is the wrong type, expected type 'array'"
+            )));
+        };
+        if items.is_empty() {
+            return Ok(SessionFilter::All);
+        }
+        let mut ids = Vec::new();
+        let mut users = Vec::new();
+        for item in items {
+            let Bson::Document(d) = item else {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field '{name}' elements must be objects"
+                )));
+            };
+            if let Some(Bson::Binary(id)) = d.get("id") {
+                ids.push(id.bytes.clone());
+            } else if let Some(Bson::Binary(uid)) = d.get("uid") {
+                users.push(uid.bytes.clone());
+            } else if let (Ok(user), Ok(db)) = (d.get_str("user"), d.get_str("db")) {
+                users.push(user_uid(user, db));
+            } else if let Ok(list) = d.get_array("users") {
+                for u in list.iter().filter_map(Bson::as_document) {
+                    if let (Ok(user), Ok(db)) = (u.get_str("user"), u.get_str("db")) {
+                        users.push(user_uid(user, db));
+                    }
+                }
+            } else {
+                return Err(MongoError::new(
+                    ErrorCode::NO_SUCH_KEY,
+                    format!("BSON field '{name}.id' is missing but a required field"),
+                ));
+            }
+        }
+        Ok(if users.is_empty() {
+            SessionFilter::Ids(ids)
+        } else {
+            SessionFilter::Users(users)
+        })
+    }
+
+    /// Whether the session with this key is one of them.
+    pub fn matches(&self, key: &[u8]) -> bool {
+        match self {
+            SessionFilter::All => true,
+            SessionFilter::Ids(ids) => ids.iter().any(|id| key.starts_with(id)),
+            SessionFilter::Users(uids) => uids
+                .iter()
+                .any(|uid| key.len() > uid.len() && key.ends_with(uid)),
+        }
+    }
+}
+
+/// A user's `uid` in session ids: the SHA-256 of `user@db`, as MongoDB's.
+fn user_uid(user: &str, db: &str) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(format!("{user}@{db}").as_bytes()).to_vec()
 }
 
 /// The writer job that commits `active`: checks, applies, logs the `applyOps`, records the
