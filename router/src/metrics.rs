@@ -187,10 +187,10 @@ impl Metrics {
     /// Counts a command's outcome and time; `outcome` is `None` for success, else the
     /// error's `codeName`.
     pub fn command(&self, name: &str, outcome: Option<&str>, took: Duration) {
-        let command = if outcome == Some("CommandNotFound") {
-            "other".to_string()
-        } else {
+        let command = if crate::commands::is_known(name) {
             name.to_string()
+        } else {
+            "other".to_string()
         };
         let outcome = outcome.unwrap_or("ok").to_string();
         self.command_seconds
@@ -380,6 +380,8 @@ mod tests {
         m.command("find", None, Duration::from_millis(2));
         m.command("noSuchCommand-1", Some("CommandNotFound"), Duration::ZERO);
         m.command("noSuchCommand-2", Some("CommandNotFound"), Duration::ZERO);
+        // Refused before dispatch (say, unauthorized): still not a label of its own.
+        m.command("noSuchCommand-3", Some("Unauthorized"), Duration::ZERO);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).expect("encode");
         assert!(
@@ -393,6 +395,10 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("noSuchCommand"), "{out}");
+        assert!(
+            out.contains(r#"tributary_commands_total{command="other",outcome="Unauthorized"} 1"#),
+            "{out}"
+        );
         assert!(
             out.contains("tributary_command_duration_seconds_bucket"),
             "{out}"

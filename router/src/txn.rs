@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
@@ -47,15 +48,27 @@ const COMMIT_UNKNOWN: &[i32] = &[
 #[derive(Debug, Clone)]
 struct RouterTxn {
     txn_number: i64,
+    /// When a statement of it last came: a session idle for [`SESSION_TIMEOUT`] is forgotten.
+    last_used: Instant,
     read_concern: Option<Document>,
     /// Shard indexes, in the order the transaction first reached them.
     participants: Vec<usize>,
 }
 
+/// How long a session's transaction is remembered without a statement
+/// (`localLogicalSessionTimeoutMinutes`: 30). The shards abort a transaction long before (its
+/// lifetime); what is left here is the session's last transaction number and participants.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// The transactions of a router's sessions.
+///
+/// Invariant: an entry unused for [`SESSION_TIMEOUT`] is dropped at the next transaction
+/// start after it (at most one sweep a minute), so the map holds only live sessions.
 #[derive(Default)]
 pub(crate) struct Sessions {
     map: Mutex<HashMap<Vec<u8>, RouterTxn>>,
+    /// When the map was last swept of idle sessions.
+    swept: Mutex<Option<Instant>>,
 }
 
 /// The session key and `txnNumber` of a command (`None` without them).
@@ -149,10 +162,13 @@ impl Sessions {
                 read_concern.insert("atClusterTime", now.timestamp());
             }
             let read_concern = Some(read_concern);
+            let now = Instant::now();
+            self.sweep(&mut map, now);
             map.insert(
                 key,
                 RouterTxn {
                     txn_number: n,
+                    last_used: now,
                     read_concern,
                     participants: Vec::new(),
                 },
@@ -166,6 +182,16 @@ impl Sessions {
             ErrorCode::NO_SUCH_TRANSACTION,
             format!("Transaction with {{ txnNumber: {n} }} is not in progress on this session"),
         ))
+    }
+
+    /// Drops the sessions idle for [`SESSION_TIMEOUT`], at most once a minute.
+    fn sweep(&self, map: &mut HashMap<Vec<u8>, RouterTxn>, now: Instant) {
+        let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+        if swept.is_some_and(|t| now.duration_since(t) < Duration::from_secs(60)) {
+            return;
+        }
+        *swept = Some(now);
+        map.retain(|_, t| now.duration_since(t.last_used) < SESSION_TIMEOUT);
     }
 
     /// Forgets the transactions of the sessions `killed` names.
@@ -186,6 +212,7 @@ impl Sessions {
                 format!("Transaction with {{ txnNumber: {n} }} is not in progress on this session"),
             ));
         };
+        txn.last_used = Instant::now();
         if txn.participants.contains(&shard) {
             cmd.remove("startTransaction");
             cmd.remove("readConcern");
@@ -461,6 +488,27 @@ mod tests {
             &doc! {"insert": "c", "txnNumber": 1_i64}
         ));
         assert!(!is_retryable_write(&stmt(1, false)));
+    }
+
+    #[test]
+    fn idle_sessions_are_forgotten_after_the_session_timeout() {
+        let s = Sessions::default();
+        let t = ClusterTime::new(9, 1);
+        s.admit("insert", &stmt(1, true), t).unwrap();
+        let key = session(&stmt(1, false)).unwrap().unwrap().0;
+        let long_ago = Instant::now() - SESSION_TIMEOUT - Duration::from_secs(1);
+        if let Some(txn) = s.lock().get_mut(&key) {
+            txn.last_used = long_ago;
+        }
+        *s.swept.lock().unwrap() = None;
+        let mut other = stmt(1, true);
+        other.insert(
+            "lsid",
+            doc! {"id": bson::Binary {subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![2; 16]}},
+        );
+        s.admit("insert", &other, t).unwrap();
+        assert!(!s.lock().contains_key(&key), "the idle session is gone");
+        assert_eq!(s.lock().len(), 1);
     }
 
     #[test]

@@ -277,6 +277,25 @@ async fn within_max_time(
     }
 }
 
+/// Whether `name` is a command this router runs (its canonical name or an alias): the
+/// metrics label commands by name only then, so no client can grow the label set.
+pub(crate) fn is_known(name: &str) -> bool {
+    admin::COMMANDS.contains(&name)
+        || matches!(
+            name,
+            "ismaster"
+                | "buildinfo"
+                | "findandmodify"
+                | "collstats"
+                | "dbstats"
+                | "deleteIndexes"
+                | "shardcollection"
+                | "enablesharding"
+                | "getnonce"
+                | "configureFailPoint"
+        )
+}
+
 /// The caller's `user@db` when the router authenticates its clients.
 fn router_auth_user(ctx: &Ctx<'_>) -> Option<String> {
     ctx.router
