@@ -190,6 +190,47 @@ fn stage_err(code: i32, msg: impl Into<String>) -> MongoError {
     MongoError::with_code(code, msg)
 }
 
+/// The memory a blocking stage ($sort, $group, $bucket, $bucketAuto, $setWindowFields) may
+/// hold without `allowDiskUse`, as MongoDB's `internalQueryMaxBlockingSortMemoryUsageBytes`
+/// and `internalDocumentSourceGroupMaxMemoryBytes` (100 MiB each).
+pub const MAX_BLOCKING_BYTES: usize = 100 * 1024 * 1024;
+
+/// `QueryExceededMemoryLimitNoDiskUseAllowed` (292).
+fn over_memory_limit(msg: String) -> MongoError {
+    MongoError::new(
+        wire::ErrorCode {
+            code: 292,
+            name: "QueryExceededMemoryLimitNoDiskUseAllowed",
+        },
+        msg,
+    )
+}
+
+/// A stage that holds all of `docs` at once stops at [`MAX_BLOCKING_BYTES`] without
+/// `allowDiskUse` (with it, it runs in memory: Tributary does not spill yet).
+fn check_blocking(stage: &str, docs: &[Document], env: &Env) -> Result<()> {
+    if env.allow_disk_use {
+        return Ok(());
+    }
+    let mut bytes = 0_usize;
+    for d in docs {
+        bytes += crate::changestream::split::document_size(d);
+        if bytes > MAX_BLOCKING_BYTES {
+            return Err(over_memory_limit(match stage {
+                "$sort" => format!(
+                    "Sort exceeded memory limit of {MAX_BLOCKING_BYTES} bytes, but did not opt \
+                     in to external sorting."
+                ),
+                _ => format!(
+                    "{stage} exceeded memory limit of {MAX_BLOCKING_BYTES} bytes, but did not \
+                     opt in to external sorting. Pass allowDiskUse:true to opt in."
+                ),
+            }));
+        }
+    }
+    Ok(())
+}
+
 impl Stage {
     /// Parses one `{$stage: spec}` document.
     pub fn parse(spec: &Document) -> Result<Stage> {
@@ -577,8 +618,14 @@ impl Stage {
             }
             Stage::Bucket(b) => b.run(docs, env)?,
             Stage::Sample(n) => sample::sample(docs, *n),
-            Stage::BucketAuto(b) => b.run(docs, env)?,
-            Stage::SetWindowFields(w) => w.run(docs, env)?,
+            Stage::BucketAuto(b) => {
+                check_blocking("$bucketAuto", &docs, env)?;
+                b.run(docs, env)?
+            }
+            Stage::SetWindowFields(w) => {
+                check_blocking("$setWindowFields", &docs, env)?;
+                w.run(docs, env)?
+            }
             Stage::Densify(d) => d.run(docs)?,
             Stage::Fill(stages) => densify::run_fill(stages, docs, env)?,
             Stage::Facet(facets) => {
@@ -593,6 +640,7 @@ impl Stage {
                 vec![out]
             }
             Stage::Sort(spec) => {
+                check_blocking("$sort", &docs, env)?;
                 let mut docs = docs;
                 spec.sort_in(&mut docs, env.collation.as_ref());
                 docs
@@ -1174,6 +1222,20 @@ impl Group {
     ) -> Result<Vec<Document>> {
         let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
         let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
+        // What the groups hold: their keys, and the values `$push` / `$addToSet` keep (the
+        // other accumulators hold one value each).
+        let mut held = 0_usize;
+        let mut hold = |v: &Bson| -> Result<()> {
+            held += crate::changestream::split::value_size(v);
+            if held > MAX_BLOCKING_BYTES && !env.allow_disk_use {
+                return Err(over_memory_limit(
+                    "Exceeded memory limit for $group, but didn't allow external sort. Pass \
+                     allowDiskUse:true to opt in."
+                        .into(),
+                ));
+            }
+            Ok(())
+        };
         for d in &docs {
             crate::interrupt::check()?;
             let key = key_of(self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null))?;
@@ -1181,6 +1243,7 @@ impl Group {
             let gi = match index.get(&group_key) {
                 Some(i) => *i,
                 None => {
+                    hold(&key)?;
                     groups.push((key, self.init(), false));
                     let i = groups.len() - 1;
                     index.insert(group_key, i);
@@ -1194,6 +1257,11 @@ impl Group {
             *seen = true;
             for ((_, kind, e), st) in self.accumulators.iter().zip(states.iter_mut()) {
                 let v = e.evaluate_in(d, env)?;
+                if matches!(kind, AccKind::Push | AccKind::AddToSet)
+                    && let Some(v) = &v
+                {
+                    hold(v)?;
+                }
                 accumulate(*kind, st, v, first_doc, env)?;
             }
         }

@@ -48,6 +48,9 @@ pub struct Env {
     pub foreign: Option<std::sync::Arc<crate::agg::lookup::Foreign>>,
     /// The command's collation (`None`: simple), which every comparison of strings uses.
     pub collation: Option<Collation>,
+    /// The command's `allowDiskUse`: blocking stages may pass their memory limit
+    /// ([`crate::agg::MAX_BLOCKING_BYTES`]).
+    pub allow_disk_use: bool,
 }
 
 impl Env {
@@ -89,7 +92,12 @@ impl Env {
                 type_name(other)
             ))),
         };
-        env.map(|env| Env { collation, ..env })
+        let allow_disk_use = matches!(cmd.get("allowDiskUse"), Some(Bson::Boolean(true)));
+        env.map(|env| Env {
+            collation,
+            allow_disk_use,
+            ..env
+        })
     }
 
     /// The environment under `doc`'s `collation` (a command's, or one write statement's), or

@@ -42,10 +42,11 @@ pub struct Entry {
     pub reached: ClusterTime,
 }
 
-/// What to do about one shard: the boots to mark lost, then the registry's new entry.
+/// What to do about one shard: the boots to mark lost (each by its `to`, with how far the
+/// history had reached before it), then the registry's new entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Judgement {
-    pub lost: Vec<ClusterTime>,
+    pub lost: Vec<(ClusterTime, ClusterTime)>,
     pub entry: Entry,
 }
 
@@ -76,7 +77,7 @@ pub fn judge(known: Option<&Entry>, lineage: &Lineage, newest: ClusterTime) -> J
         .iter()
         .find(|b| b.to > known.last_boot)
         .filter(|b| b.from < known.reached && !b.lost)
-        .map(|b| vec![b.to])
+        .map(|b| vec![(b.to, known.reached)])
         .unwrap_or_default();
     Judgement {
         lost,
@@ -164,13 +165,17 @@ async fn verify(router: &Router) -> Result<()> {
         };
         let before = known.iter().find(|(n, _)| n == name).map(|(_, e)| e);
         let judgement = judge(before, &lineage, newest);
-        for to in &judgement.lost {
-            tracing::warn!(shard = %name, boot = %to, "shard came back with less history than the cluster had seen: marking the stretch lost");
+        for (to, reached) in &judgement.lost {
+            // Every time the lost run handed out reached a client through a router, which
+            // observed it: this router's clock is past all of it that this router gave out,
+            // and past the newest entry the cluster saw.
+            let reached = (*reached).max(router.cluster_time());
+            tracing::warn!(shard = %name, boot = %to, %reached, "shard came back with less history than the cluster had seen: marking the stretch lost");
             ask(
                 router,
                 i,
                 "admin",
-                doc! {"_shardsvrMarkLineageLost": 1, "to": ts(*to)},
+                doc! {"_shardsvrMarkLineageLost": 1, "to": ts(*to), "reached": ts(reached)},
             )
             .await?;
         }
@@ -369,7 +374,7 @@ mod tests {
         let seen = judge(None, &lineage(&[(150, 300)]), t(400)).entry;
         // The copy was taken before the boot at 300 and reserved up to 120 only.
         let restored = judge(Some(&seen), &lineage(&[(120, 500)]), t(503));
-        assert_eq!(restored.lost, vec![t(500)]);
+        assert_eq!(restored.lost, vec![(t(500), t(400))]);
         assert_eq!(restored.entry.reached, t(503));
         // Judged once: the registry has moved past it.
         let again = judge(Some(&restored.entry), &lineage(&[(120, 500)]), t(510));
@@ -377,7 +382,7 @@ mod tests {
         // Restored from a copy taken in the same boot the registry knows.
         let seen = judge(None, &lineage(&[(150, 300)]), t(400)).entry;
         let same_boot_copy = judge(Some(&seen), &lineage(&[(150, 300), (350, 600)]), t(603));
-        assert_eq!(same_boot_copy.lost, vec![t(600)]);
+        assert_eq!(same_boot_copy.lost, vec![(t(600), t(400))]);
     }
 
     #[test]

@@ -424,13 +424,19 @@ impl Shard {
     /// Marks this shard's boot that ended at `to` lost (the cluster's registry shows its
     /// history had gone past the boot's start: the data came back from an older copy) and
     /// stores it; whether anything changed.
-    pub async fn mark_lineage_lost(&self, to: ClusterTime) -> Result<bool, wire::MongoError> {
+    pub async fn mark_lineage_lost(
+        &self,
+        to: ClusterTime,
+        reached: Option<ClusterTime>,
+    ) -> Result<bool, wire::MongoError> {
         let Some(mut lineage) = self.state.lineage() else {
             return Ok(false);
         };
-        if !lineage.mark_lost(to) {
+        let Some(end) = lineage.mark_lost(to, reached) else {
             return Ok(false);
-        }
+        };
+        // Fence: nothing this run writes from now on shares a time with the lost history.
+        self.state.observe(end);
         let storage = self.state.storage.clone();
         let saved = lineage.clone();
         tokio::task::spawn_blocking(move || {

@@ -24,14 +24,16 @@
 //! commit as nothing else (before the writer starts) and when a boot is marked lost; boots are
 //! in `to` order and `to` values are unique; the checks are pure.
 //!
-//! Known window: times are whole seconds plus a counter, and a restarted clock starts at
-//! `max(wall clock, reservation)`. Only when the copy is taken, the lost run writes and the
-//! copy is put back all within the clock's reservation window (three seconds) does the
-//! restored run start inside the lost run's times: `(from, to)` is then empty, and times alone
-//! cannot tell the two runs' tokens apart (nor those of the other shards, which go on in the
-//! same seconds). There only an event token from the lost run is refused: its event is in no
-//! shard's history, which the router's `EnsureResumeTokenPresent` answers with 280. Likewise
-//! a new, empty shard started within the same second as the old one's last time.
+//! The reservation window: times are whole seconds plus a counter, and a restarted clock
+//! starts at `max(wall clock, reservation)`. When the copy is taken, the lost run writes and
+//! the copy is put back all within the clock's reservation window (three seconds), the
+//! restored run starts inside the lost run's times. Marking the boot lost then widens it to
+//! end just past what the history had reached (`mark_lost`), and the shard fences its clock
+//! there: every time of the lost run is refused (with the few the restored run made before
+//! the router noticed, a refusal that costs a client a fresh start, never a silent gap), and
+//! the restored run's times after the fence are its own. Routers gossip the fenced time to the
+//! other shards with their next command. Still open: a new, empty shard started within the
+//! same second as the old one's last time (its `began` is that second).
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
@@ -128,14 +130,29 @@ impl Lineage {
         }
     }
 
-    /// Marks the boot that ended at `to` lost; whether it changed anything.
-    pub fn mark_lost(&mut self, to: ClusterTime) -> bool {
+    /// Marks the boot that ended at `to` lost, the history having reached `reached` before
+    /// it; the end of the lost stretch when this changed anything. When the restored run
+    /// started at or below `reached`
+    /// (the copy was put back within the clock's reservation window), the lost stretch is
+    /// widened to end just past `reached`: every time the lost run may have handed out is
+    /// refused, and the caller fences the clock above it, so this run's new history never
+    /// shares a time with the lost one.
+    pub fn mark_lost(
+        &mut self,
+        to: ClusterTime,
+        reached: Option<ClusterTime>,
+    ) -> Option<ClusterTime> {
+        let fence = reached.map(|r| r.next());
+        let later = self.boots.iter().filter(|b| b.to > to).map(|b| b.to).min();
         match self.boots.iter_mut().find(|b| b.to == to) {
             Some(b) if !b.lost => {
                 b.lost = true;
-                true
+                if let Some(fence) = fence.filter(|f| *f > b.to && later.is_none_or(|l| *f < l)) {
+                    b.to = fence;
+                }
+                Some(b.to)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -263,8 +280,8 @@ mod tests {
             l.check_start("s", t(50), false).is_ok(),
             "a time is not a token"
         );
-        assert!(l.mark_lost(t(200)));
-        assert!(!l.mark_lost(t(200)), "once");
+        assert_eq!(l.mark_lost(t(200), None), Some(t(200)));
+        assert_eq!(l.mark_lost(t(200), None), None, "once");
         let e = l.check_start("s", t(160), true).unwrap_err();
         assert_eq!(e.code, 286);
         assert!(e.errmsg.contains("restored"), "{}", e.errmsg);
@@ -274,6 +291,38 @@ mod tests {
             "up to the copy's end"
         );
         assert!(l.check_start("s", t(200), true).is_ok(), "the new history");
+    }
+
+    #[test]
+    fn a_copy_put_back_within_the_reservation_window_loses_all_the_lost_run_reached() {
+        // The copy reserved up to 150; the lost run wrote up to 160; the restored run's clock
+        // started at 155, inside the lost run's times.
+        let l = Lineage::started(None, false, ClusterTime::ZERO, t(100));
+        let mut l = Lineage::started(Some(l), true, t(150), t(155));
+        assert!(
+            l.check_start("s", t(158), true).is_ok(),
+            "not known lost yet"
+        );
+        assert_eq!(l.mark_lost(t(155), Some(t(160))), Some(t(160).next()));
+        for lost in [t(151), t(155), t(158), t(160)] {
+            assert_eq!(
+                l.check_start("s", lost, true).unwrap_err().code,
+                286,
+                "{lost}"
+            );
+        }
+        assert!(
+            l.check_start("s", t(160).next().next(), true).is_ok(),
+            "past the fence"
+        );
+        assert!(
+            l.check_start("s", t(150), true).is_ok(),
+            "up to the copy's end"
+        );
+        // A restart after it keeps the boots in order: the fence never passes a later boot.
+        let mut l = Lineage::started(Some(l), true, t(170), t(180));
+        assert_eq!(l.mark_lost(t(180), Some(t(400))), Some(t(400).next()));
+        assert_eq!(l.boots.last().map(|b| b.to), Some(t(400).next()));
     }
 
     #[test]

@@ -581,3 +581,40 @@ fn bucket_auto_parse_errors() {
         40257
     );
 }
+
+/// 110 documents of 1 MiB each: more than a blocking stage may hold without allowDiskUse.
+fn over_the_limit() -> Vec<Document> {
+    let big = "x".repeat(1024 * 1024);
+    (0..110)
+        .map(|i| doc! {"_id": i, "k": i % 2, "s": &big})
+        .collect()
+}
+
+#[test]
+fn blocking_stages_stop_at_one_hundred_megabytes_without_allow_disk_use() {
+    let strict = Env::default();
+    let allowed = Env {
+        allow_disk_use: true,
+        ..Env::default()
+    };
+    for stage in [
+        doc! {"$sort": {"_id": -1}},
+        doc! {"$group": {"_id": "$k", "all": {"$push": "$s"}}},
+        doc! {"$bucketAuto": {"groupBy": "$_id", "buckets": 2}},
+        doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}},
+    ] {
+        let p = Pipeline::parse(&[stage.clone()]).unwrap();
+        let e = p
+            .run_in(over_the_limit(), &strict)
+            .expect_err("over 100 MiB");
+        assert_eq!(
+            (e.code, e.code_name.as_str()),
+            (292, "QueryExceededMemoryLimitNoDiskUseAllowed"),
+            "{stage}"
+        );
+        assert!(p.run_in(over_the_limit(), &allowed).is_ok(), "{stage}");
+    }
+    // A group that keeps little stays within the limit whatever its input.
+    let counts = Pipeline::parse(&[doc! {"$group": {"_id": "$k", "n": {"$sum": 1}}}]).unwrap();
+    assert_eq!(counts.run_in(over_the_limit(), &strict).unwrap().len(), 2);
+}

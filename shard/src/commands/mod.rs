@@ -153,7 +153,13 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             let Some(Bson::Timestamp(to)) = ctx.cmd.get("to") else {
                 return Err(MongoError::type_mismatch("'to' must be a timestamp"));
             };
-            let changed = shard.mark_lineage_lost(ClusterTime::from(*to)).await?;
+            let reached = match ctx.cmd.get("reached") {
+                Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
+                _ => None,
+            };
+            let changed = shard
+                .mark_lineage_lost(ClusterTime::from(*to), reached)
+                .await?;
             Ok(Reply::read(bson::doc! {"changed": changed, "ok": 1.0}))
         }
         "getClusterParameter" => {
