@@ -198,10 +198,7 @@ pub const MAX_BLOCKING_BYTES: usize = 100 * 1024 * 1024;
 /// `QueryExceededMemoryLimitNoDiskUseAllowed` (292).
 fn over_memory_limit(msg: String) -> MongoError {
     MongoError::new(
-        wire::ErrorCode {
-            code: 292,
-            name: "QueryExceededMemoryLimitNoDiskUseAllowed",
-        },
+        wire::ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
         msg,
     )
 }

@@ -84,7 +84,8 @@ codes! {
     ALREADY_INITIALIZED = 23, "AlreadyInitialized";
     SHARD_NOT_FOUND = 70, "ShardNotFound";
     INVALID_OPTIONS = 72, "InvalidOptions";
-    CURSOR_IN_USE = 292, "CursorInUse";
+    QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED = 292, "QueryExceededMemoryLimitNoDiskUseAllowed";
+    CURSOR_IN_USE = 293, "CursorInUse";
     TRANSACTION_TOO_OLD = 225, "TransactionTooOld";
     INVALID_NAMESPACE = 73, "InvalidNamespace";
     INDEX_OPTIONS_CONFLICT = 85, "IndexOptionsConflict";
