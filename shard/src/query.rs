@@ -135,7 +135,11 @@ pub fn plan(
     sort: Option<&Sort>,
 ) -> Result<Plan, OpError> {
     let mut candidates = Vec::new();
-    for index in crate::indexes::all(coll) {
+    // A hidden index is kept up to date (and enforces uniqueness) but never planned with.
+    for index in crate::indexes::all(coll)
+        .into_iter()
+        .filter(|i| !i.spec.get_bool("hidden").unwrap_or(false))
+    {
         let multikey = index.is_multikey(txn, coll)?;
         candidates.push(Candidate { index, multikey });
     }

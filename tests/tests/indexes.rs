@@ -557,3 +557,92 @@ async fn a_covered_query_reads_only_the_index() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `collMod` changes only what MongoDB 7.0 changes in place, and what it changes takes effect:
+/// a hidden index is not planned with (nor hinted) until it is unhidden; a field collMod does
+/// not take is 40415, a conversion to unique (and its dry run) is refused rather than written
+/// and ignored; a capped collection's `cappedMax` then bounds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coll_mod_changes_only_what_it_enforces() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("collmod");
+    db.collection::<Document>("c")
+        .insert_many((0..20).map(|i| doc! {"_id": i, "a": i}))
+        .await?;
+    db.run_command(doc! {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1"}]})
+        .await?;
+    let plan = |db: mongodb::Database| async move {
+        let e = db
+            .run_command(doc! {"explain": {"find": "c", "filter": {"a": 3}}})
+            .await?;
+        anyhow::Ok(stages(shard_plan(&e)))
+    };
+    assert_eq!(plan(db.clone()).await?, ["FETCH", "IXSCAN"]);
+    let reply = db
+        .run_command(doc! {"collMod": "c", "index": {"name": "a_1", "hidden": true}})
+        .await?;
+    assert!(reply.get_bool("hidden_new")?, "{reply}");
+    assert_eq!(
+        plan(db.clone()).await?,
+        ["COLLSCAN"],
+        "a hidden index is not planned"
+    );
+    let err = db
+        .run_command(doc! {"find": "c", "filter": {"a": 3}, "hint": "a_1"})
+        .await
+        .expect_err("a hidden index cannot be hinted");
+    assert_eq!(code(&err), Some(2), "{err}");
+    db.run_command(doc! {"collMod": "c", "index": {"keyPattern": {"a": 1}, "hidden": false}})
+        .await?;
+    assert_eq!(plan(db.clone()).await?, ["FETCH", "IXSCAN"]);
+
+    for (index, want) in [
+        (doc! {"name": "a_1", "sparse": true}, 40415),
+        (doc! {"name": "a_1", "key": {"b": 1}}, 40415),
+        (doc! {"name": "a_1", "unique": true}, 115),
+        (doc! {"name": "a_1"}, 72),
+        (
+            doc! {"name": "a_1", "keyPattern": {"a": 1}, "hidden": true},
+            72,
+        ),
+        (doc! {"name": "nope", "hidden": true}, 27),
+    ] {
+        let err = db
+            .run_command(doc! {"collMod": "c", "index": index.clone()})
+            .await
+            .expect_err("refused");
+        assert_eq!(code(&err), Some(want), "{index}: {err}");
+    }
+    let err = db
+        .run_command(
+            doc! {"collMod": "c", "index": {"name": "a_1", "hidden": true}, "dryRun": true},
+        )
+        .await
+        .expect_err("a dry run only checks a conversion to unique");
+    assert_eq!(code(&err), Some(72), "{err}");
+    assert_eq!(
+        plan(db.clone()).await?,
+        ["FETCH", "IXSCAN"],
+        "the dry run changed nothing"
+    );
+
+    db.run_command(doc! {"create": "capped", "capped": true, "size": 100_000})
+        .await?;
+    db.run_command(doc! {"collMod": "capped", "cappedMax": 3})
+        .await?;
+    let capped = db.collection::<Document>("capped");
+    capped.insert_many((0..10).map(|i| doc! {"_id": i})).await?;
+    assert_eq!(
+        capped.count_documents(doc! {}).await?,
+        3,
+        "cappedMax bounds it"
+    );
+    let err = db
+        .run_command(doc! {"collMod": "c", "cappedSize": 1000})
+        .await
+        .expect_err("not capped");
+    assert_eq!(code(&err), Some(72), "{err}");
+    cluster.stop().await;
+    Ok(())
+}

@@ -860,6 +860,22 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     }
     check_pre_and_post_images(&ctx.db, &changes)?;
     crate::validation::check_options("collMod", &ctx.db, &coll, &changes)?;
+    let index_change = match changes.get("index") {
+        Some(Bson::Document(spec)) => Some(IndexChange::parse(spec)?),
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "collMod 'index' must be an object",
+            ));
+        }
+        None => None,
+    };
+    if matches!(changes.get("dryRun"), Some(Bson::Boolean(true))) {
+        // MongoDB's dry run checks a conversion to unique, which Tributary does not do.
+        return Err(MongoError::new(
+            ErrorCode::INVALID_OPTIONS,
+            "dry run mode requires an index modification with unique: true.",
+        ));
+    }
     let db = ctx.db.clone();
     run_ddl(ctx, move |w| {
         let Some(c) = lookup(w, &db, &coll) else {
@@ -888,36 +904,52 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         old.insert("uuid", c.uuid);
         let mut o2 = doc! {"collectionOptions_old": old};
         let mut reply = Document::new();
+        let capped = entry
+            .options
+            .get("capped")
+            .and_then(as_bool)
+            .unwrap_or(false);
         for (k, v) in &changes {
-            if k == "index" {
-                let Bson::Document(spec) = v else {
-                    return Err(
-                        MongoError::type_mismatch("collMod 'index' must be an object").into(),
-                    );
+            if matches!(k.as_str(), "cappedSize" | "cappedMax") {
+                // A capped collection's limits, which its inserts then keep (`capped`).
+                if !capped {
+                    return Err(MongoError::new(
+                        ErrorCode::INVALID_OPTIONS,
+                        format!("{db}.{coll} is not a capped collection"),
+                    )
+                    .into());
+                }
+                let n = pipeline::value::as_f64(v).unwrap_or(-1.0);
+                let (field, ok) = match k.as_str() {
+                    "cappedSize" => ("size", n > 0.0 && n <= 1e15),
+                    _ => ("max", (0.0..2_147_483_648.0).contains(&n)),
                 };
-                let pos = entry.indexes.iter().position(|s| {
-                    spec.get_str("name")
-                        .ok()
-                        .is_some_and(|n| s.get_str("name").ok() == Some(n))
-                        || spec.get_document("keyPattern").ok().is_some_and(|kp| {
-                            s.get_document("key")
-                                .map(|k| keys_equal(k, kp))
-                                .unwrap_or(false)
-                        })
-                });
+                if !ok || n.fract() != 0.0 {
+                    return Err(MongoError::bad_value(format!("invalid {k}: {v}")).into());
+                }
+                entry.options.insert(field, v.clone());
+                continue;
+            }
+            if k == "index" {
+                let Some(change) = &index_change else {
+                    continue;
+                };
+                let pos = entry.indexes.iter().position(|s| change.names(s));
                 let Some(pos) = pos else {
                     return Err(MongoError::new(
                         ErrorCode::INDEX_NOT_FOUND,
-                        "cannot find index for collMod",
+                        format!("cannot find index {} for ns {db}.{coll}", change.target),
                     )
                     .into());
                 };
+                if change.hidden.is_some()
+                    && entry.indexes.get(pos).and_then(|s| s.get_str("name").ok()) == Some("_id_")
+                {
+                    return Err(MongoError::bad_value("can't hide _id index").into());
+                }
                 let mut old_opts = Document::new();
                 if let Some(target) = entry.indexes.get_mut(pos) {
-                    for (ik, iv) in spec {
-                        if matches!(ik.as_str(), "name" | "keyPattern") {
-                            continue;
-                        }
+                    for (ik, iv) in &change.set {
                         let prev = target.get(ik).cloned();
                         reply.insert(
                             format!("{ik}_old"),
@@ -942,6 +974,102 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         Ok((reply, Some(ts)))
     })
     .await
+}
+
+/// The index part of a `collMod`, as MongoDB 7.0 takes it: one index named by `name` or
+/// `keyPattern`, and what may change on it in place (`hidden`, which the planner honours, and
+/// `expireAfterSeconds`, which the TTL pass reads). Changing `unique` or `prepareUnique`
+/// needs a check of every key (and `dryRun` is that check): Tributary refuses them rather
+/// than write a flag it would not enforce; any other field is unknown (40415).
+struct IndexChange {
+    /// How the index was named, for messages.
+    target: String,
+    name: Option<String>,
+    key_pattern: Option<Document>,
+    hidden: Option<bool>,
+    set: Document,
+}
+
+impl IndexChange {
+    fn parse(spec: &Document) -> Result<IndexChange, MongoError> {
+        let mut change = IndexChange {
+            target: String::new(),
+            name: None,
+            key_pattern: None,
+            hidden: None,
+            set: Document::new(),
+        };
+        for (k, v) in spec {
+            match (k.as_str(), v) {
+                ("name", Bson::String(n)) => change.name = Some(n.clone()),
+                ("keyPattern", Bson::Document(p)) => change.key_pattern = Some(p.clone()),
+                ("hidden", Bson::Boolean(h)) => {
+                    change.hidden = Some(*h);
+                    change.set.insert("hidden", *h);
+                }
+                ("expireAfterSeconds", v) if pipeline::value::is_number(v) => {
+                    let n = pipeline::value::as_f64(v).unwrap_or(-1.0);
+                    if !(0.0..=2_147_483_647.0).contains(&n) {
+                        return Err(MongoError::new(
+                            ErrorCode::INVALID_OPTIONS,
+                            format!("expireAfterSeconds must be within [0, 2147483647]: {v}"),
+                        ));
+                    }
+                    change.set.insert("expireAfterSeconds", v.clone());
+                }
+                ("unique" | "prepareUnique" | "forceNonUnique", _) => {
+                    return Err(MongoError::new(
+                        ErrorCode::COMMAND_NOT_SUPPORTED,
+                        format!("collMod index option '{k}' is not supported by Tributary"),
+                    ));
+                }
+                ("name" | "keyPattern" | "hidden" | "expireAfterSeconds", other) => {
+                    return Err(MongoError::type_mismatch(format!(
+                        "BSON field 'collMod.index.{k}' is the wrong type '{}'",
+                        pipeline::value::type_name(other)
+                    )));
+                }
+                _ => {
+                    return Err(MongoError::with_code(
+                        40415,
+                        format!("BSON field 'collMod.index.{k}' is an unknown field."),
+                    ));
+                }
+            }
+        }
+        match (&change.name, &change.key_pattern) {
+            (Some(_), Some(_)) => {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    "Cannot specify both key pattern and name.",
+                ));
+            }
+            (None, None) => {
+                return Err(MongoError::new(
+                    ErrorCode::INVALID_OPTIONS,
+                    "Must specify either index name or key pattern.",
+                ));
+            }
+            (Some(n), None) => change.target = n.clone(),
+            (None, Some(p)) => change.target = p.to_string(),
+        }
+        if change.set.is_empty() {
+            return Err(MongoError::new(
+                ErrorCode::INVALID_OPTIONS,
+                "no expireAfterSeconds, hidden, unique, or prepareUnique field",
+            ));
+        }
+        Ok(change)
+    }
+
+    /// Whether `spec` is the index this change names.
+    fn names(&self, spec: &Document) -> bool {
+        match (&self.name, &self.key_pattern) {
+            (Some(n), _) => spec.get_str("name").ok() == Some(n.as_str()),
+            (None, Some(p)) => spec.get_document("key").is_ok_and(|k| keys_equal(k, p)),
+            (None, None) => false,
+        }
+    }
 }
 
 pub async fn shard_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
