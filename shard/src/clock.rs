@@ -182,6 +182,11 @@ impl Hlc {
         !self.holds.is_empty()
     }
 
+    /// How many prepared transactions are undecided (one hold each).
+    pub fn hold_count(&self) -> usize {
+        self.holds.values().sum()
+    }
+
     pub fn reserved(&self) -> ClusterTime {
         self.reserved
     }

@@ -130,3 +130,49 @@ async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
         "applied once each, over the transaction's write"
     );
 }
+
+/// A read of the latest state waits only for a prepared transaction that holds a key of what it
+/// reads: one on another collection goes on at once.
+#[tokio::test]
+async fn a_read_waits_only_for_a_prepared_transaction_on_its_collection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(dir.path()).await;
+    ok(
+        &s,
+        "bank",
+        doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}]},
+    )
+    .await;
+    ok(
+        &s,
+        "bank",
+        doc! {"insert": "audit", "documents": [{"_id": 1}]},
+    )
+    .await;
+    let p = update_and_prepare(&s, doc! {"$inc": {"v": 10}}).await;
+    let other = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        find(&s, "bank", "audit", doc! {}),
+    )
+    .await
+    .expect("a read of another collection does not wait");
+    assert_eq!(other.len(), 1);
+    let same = {
+        let s = s.clone();
+        tokio::spawn(async move { find(&s, "bank", "accounts", doc! {}).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !same.is_finished(),
+        "a read of the prepared collection waits"
+    );
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
+    commit.extend(session());
+    ok(&s, "admin", commit).await;
+    let docs = same.await.expect("the read");
+    assert_eq!(
+        docs[0].get_i32("v").ok(),
+        Some(10),
+        "it sees the decided transaction"
+    );
+}

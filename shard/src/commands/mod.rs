@@ -100,7 +100,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
     let latest_read = matches!(name.as_str(), "find" | "count" | "distinct")
         || name == "aggregate" && !changestream::is_change_stream(&cmd);
     if latest_read && txn.is_none() && snapshot_at.is_none() {
-        wait_while_prepared(shard).await?;
+        wait_while_prepared(shard, &db, &cmd).await?;
     }
     let ctx = Ctx {
         shard,
@@ -268,11 +268,12 @@ fn read_concern_snapshot(cmd: &Document) -> Result<Option<Option<ClusterTime>>, 
     }
 }
 
-/// A read of the latest state waits while a prepared transaction is undecided here: it could
-/// commit at a time the read should see, and the read must not see it half applied.
-async fn wait_while_prepared(shard: &Shard) -> Result<(), MongoError> {
+/// A read of the latest state waits while a prepared transaction that holds a key of what it
+/// reads is undecided here: it could commit at a time the read should see, and the read must
+/// not see it half applied. One that holds only other collections' keys does not hold it up.
+async fn wait_while_prepared(shard: &Shard, db: &str, cmd: &Document) -> Result<(), MongoError> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while shard.transactions().any_prepared(shard) {
+    while prepared_holds_read(shard, db, cmd) {
         if tokio::time::Instant::now() >= deadline {
             return Err(MongoError::new(
                 ErrorCode::MAX_TIME_MS_EXPIRED,
@@ -282,6 +283,29 @@ async fn wait_while_prepared(shard: &Shard) -> Result<(), MongoError> {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     Ok(())
+}
+
+/// Whether an undecided prepared transaction may hold what the read `cmd` reads: one holding a
+/// key of its collection, one whose keys are not listed yet (a prepare in flight), or any
+/// when the read is of a view (which reads another collection).
+fn prepared_holds_read(shard: &Shard, db: &str, cmd: &Document) -> bool {
+    if !shard.transactions().any_prepared(shard) {
+        return false;
+    }
+    let state = shard.state();
+    if state.hlc().hold_count() > state.prepared.transactions() {
+        return true;
+    }
+    let Some(Bson::String(coll)) = cmd.values().next() else {
+        return true;
+    };
+    match state.catalog().lookup(db, coll) {
+        Some(c) if !c.options.contains_key("viewOn") => state
+            .prepared
+            .holds_prefix(&crate::keys::collection_prefix(&c.uuid)),
+        Some(_) => true,
+        None => false,
+    }
 }
 
 /// Waits until everything at or before `t` is committed here (a read as of `t` must see all
