@@ -43,10 +43,15 @@ fi
 cat "${CARGO_TARGET_DIR:-target}"/spec-results/*.txt
 
 step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9"
-cargo build --bin resmoke --bin tributary
+cargo build --bin resmoke --bin tributary --bin fuzz
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_parallel
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill
+
+step "wire fuzzer: every listed command with mutated arguments, and raw frames (seed 1, 2 minutes)"
+# Fails on a crash, a panic, an error reply without code and errmsg, a hang, or RSS over 2 GB;
+# a failure prints the iteration and `fuzz --seed 1 --only-iteration K` to replay it.
+./target/debug/fuzz --bin "$PWD/target/debug/tributary" --seed 1 --seconds 120 --max-rss-mb 2048
 
 step "benches compile and run once (test mode)"
 cargo test --workspace --benches -- --test >/dev/null
@@ -92,6 +97,11 @@ fi
 if [ "${TRIBUTARY_SOAK:-0}" = "1" ]; then
   step "soak: change_stream_soak (30 minutes, kill -9 hooks)"
   TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_soak
+  # A random seed each time (printed first, and with every failure); TRIBUTARY_FUZZ_SECONDS
+  # overrides the hour.
+  step "soak: wire fuzzer for ${TRIBUTARY_FUZZ_SECONDS:-3600} s with a random seed"
+  ./target/debug/fuzz --bin "$PWD/target/debug/tributary" --seconds "${TRIBUTARY_FUZZ_SECONDS:-3600}" \
+    --max-rss-mb 2048 --keep-going
 fi
 
 echo

@@ -85,7 +85,7 @@ pub fn check() -> Result<()> {
         c.set(n);
         n
     });
-    if n % CHECK_EVERY != 0 {
+    if !n.is_multiple_of(CHECK_EVERY) {
         return Ok(());
     }
     check_now()

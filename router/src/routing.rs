@@ -30,6 +30,16 @@ impl ShardKey {
         if pattern.is_empty() {
             return Err(MongoError::bad_value("Shard key cannot be empty"));
         }
+        // A shard key is an index's key pattern: at most 32 fields, as MongoDB's.
+        if pattern.len() > 32 {
+            return Err(MongoError::new(
+                ErrorCode::CANNOT_CREATE_INDEX,
+                format!(
+                    "A shard key has {} fields; at most 32 are allowed",
+                    pattern.len()
+                ),
+            ));
+        }
         let mut fields = Vec::with_capacity(pattern.len());
         for (name, v) in pattern {
             if name.is_empty() || name.starts_with('$') {

@@ -21,6 +21,7 @@ use router::launch::{self, Running};
 use tempfile::TempDir;
 
 pub mod fsm;
+pub mod fuzz;
 pub mod restarts;
 pub mod scenarios;
 pub mod streams;

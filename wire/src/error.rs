@@ -80,6 +80,7 @@ codes! {
     UNKNOWN_REPL_WRITE_CONCERN = 79, "UnknownReplWriteConcern";
     UNSATISFIABLE_WRITE_CONCERN = 100, "UnsatisfiableWriteConcern";
     CANNOT_CREATE_INDEX = 67, "CannotCreateIndex";
+    INVALID_INDEX_SPECIFICATION_OPTION = 197, "InvalidIndexSpecificationOption";
     INDEX_ALREADY_EXISTS = 68, "IndexAlreadyExists";
     ALREADY_INITIALIZED = 23, "AlreadyInitialized";
     SHARD_NOT_FOUND = 70, "ShardNotFound";

@@ -603,7 +603,7 @@ fn blocking_stages_stop_at_one_hundred_megabytes_without_allow_disk_use() {
         doc! {"$bucketAuto": {"groupBy": "$_id", "buckets": 2}},
         doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}},
     ] {
-        let p = Pipeline::parse(&[stage.clone()]).unwrap();
+        let p = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
         let e = p
             .run_in(over_the_limit(), &strict)
             .expect_err("over 100 MiB");

@@ -33,8 +33,9 @@ pub(super) async fn run(
     let nonempty = |f: &str| -> Result<Option<Document>> {
         Ok(args.opt_doc(f)?.filter(|d| !d.is_empty()).cloned())
     };
-    let positive =
-        |f: &str| -> Result<Option<i64>> { Ok(args.opt_i64(f)?.map(i64::abs).filter(|n| *n > 0)) };
+    let positive = |f: &str| -> Result<Option<i64>> {
+        Ok(args.opt_i64(f)?.map(i64::saturating_abs).filter(|n| *n > 0))
+    };
     let mut cursor = doc! {};
     match ctx.name {
         "find" => {

@@ -462,6 +462,38 @@ pub fn default_index_name(key: &Document) -> String {
 
 /// Normalizes one requested index spec to `{v: 2, key, name, ...options}`, its `collation`
 /// to the full spec (the collection's default when it names none; none when simple).
+/// The most fields an index key pattern may have (MongoDB's 32).
+const MAX_INDEX_KEY_FIELDS: usize = 32;
+
+/// The fields an index specification may have, as MongoDB 7.0's `createIndexes` takes them;
+/// any other is refused (197) rather than stored.
+const INDEX_SPEC_FIELDS: &[&str] = &[
+    "key",
+    "name",
+    "v",
+    "ns",
+    "unique",
+    "sparse",
+    "expireAfterSeconds",
+    "partialFilterExpression",
+    "collation",
+    "background",
+    "hidden",
+    "prepareUnique",
+    "weights",
+    "default_language",
+    "language_override",
+    "textIndexVersion",
+    "2dsphereIndexVersion",
+    "bits",
+    "min",
+    "max",
+    "bucketSize",
+    "storageEngine",
+    "wildcardProjection",
+    "clustered",
+];
+
 fn normalize_spec(
     spec: &Bson,
     default_collation: Option<&pipeline::collation::Collation>,
@@ -490,6 +522,43 @@ fn normalize_spec(
             ));
         }
     };
+    if key.len() > MAX_INDEX_KEY_FIELDS {
+        return Err(MongoError::new(
+            ErrorCode::CANNOT_CREATE_INDEX,
+            format!(
+                "Index key pattern has {} fields; at most {MAX_INDEX_KEY_FIELDS} are allowed",
+                key.len()
+            ),
+        ));
+    }
+    if let Some(k) = s.keys().find(|k| !INDEX_SPEC_FIELDS.contains(&k.as_str())) {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_INDEX_SPECIFICATION_OPTION,
+            format!("The field '{k}' is not valid for an index specification."),
+        ));
+    }
+    for flag in ["unique", "sparse", "hidden", "background", "prepareUnique"] {
+        if let Some(v) = s.get(flag)
+            && !matches!(v, Bson::Boolean(_))
+            && !pipeline::value::is_number(v)
+        {
+            return Err(MongoError::type_mismatch(format!(
+                "The field '{flag}' must be a boolean, not {}",
+                pipeline::value::type_name(v)
+            )));
+        }
+    }
+    if let Some(v) = s.get("expireAfterSeconds")
+        && !pipeline::value::is_number(v)
+    {
+        return Err(MongoError::new(
+            ErrorCode::CANNOT_CREATE_INDEX,
+            format!(
+                "TTL index 'expireAfterSeconds' option must be numeric, but received a type of '{}'",
+                pipeline::value::type_name(v)
+            ),
+        ));
+    }
     let name = match s.get("name") {
         Some(Bson::String(n)) if !n.is_empty() => n.clone(),
         Some(Bson::String(_)) => {

@@ -111,7 +111,7 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
             let sort = sub_doc(inner, "sort")?;
             shape.skip = int(inner, "skip").unwrap_or(0).max(0) as usize;
             shape.limit = int(inner, "limit")
-                .map(i64::abs)
+                .map(i64::saturating_abs)
                 .filter(|l| *l > 0)
                 .map(|l| l as usize);
             if !sort.is_empty() {
@@ -142,7 +142,7 @@ fn shape(name: &str, inner: &Document) -> Result<Shape, MongoError> {
             shape.filter_doc = sub_doc(inner, "query")?;
             shape.skip = int(inner, "skip").unwrap_or(0).max(0) as usize;
             shape.limit = int(inner, "limit")
-                .map(i64::abs)
+                .map(i64::saturating_abs)
                 .filter(|l| *l > 0)
                 .map(|l| l as usize);
             shape.stages.push(("COUNT", Document::new()));

@@ -764,7 +764,10 @@ pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?
         .with_hint(ctx.cmd.get("hint"))?;
     let skip = non_negative(ctx, "skip")?.unwrap_or(0);
-    let limit = ctx.opt_i64("limit")?.map(i64::abs).filter(|l| *l > 0);
+    let limit = ctx
+        .opt_i64("limit")?
+        .map(i64::saturating_abs)
+        .filter(|l| *l > 0);
     let total = matching_docs(ctx, &coll, &filter)?.len() as i64;
     let mut n = (total - skip).max(0);
     if let Some(l) = limit {
