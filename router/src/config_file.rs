@@ -56,6 +56,12 @@ const SETTINGS: &[Setting] = &[
         on: ALL,
     },
     Setting {
+        path: "net.maxIncomingConnections",
+        flag: "--maxConns",
+        kind: Kind::Value,
+        on: ROUTERS,
+    },
+    Setting {
         path: "storage.dbPath",
         flag: "--dbpath",
         kind: Kind::Value,
@@ -166,6 +172,12 @@ const SETTINGS: &[Setting] = &[
     Setting {
         path: "tributary.streamRepliesPerSecond",
         flag: "--streamRepliesPerSecond",
+        kind: Kind::Value,
+        on: ROUTERS,
+    },
+    Setting {
+        path: "tributary.frameTimeoutMS",
+        flag: "--frameTimeoutMS",
         kind: Kind::Value,
         on: ROUTERS,
     },
@@ -349,6 +361,20 @@ security:
                 "/ca.pem",
                 "--tlsAllowConnectionsWithoutCertificates"
             ]
+        );
+    }
+
+    #[test]
+    fn client_limits_become_flags_on_routers_only() {
+        let text = "net:\n  maxIncomingConnections: 5000\ntributary:\n  frameTimeoutMS: 10000\n";
+        let want = ["--maxConns", "5000", "--frameTimeoutMS", "10000"];
+        assert_eq!(flags(text, Component::Embedded).expect("flags"), want);
+        assert_eq!(flags(text, Component::Router).expect("flags"), want);
+        // A shard's own listener keeps the defaults (see `wire::limits`).
+        assert!(
+            flags(text, Component::Shard)
+                .expect_err("shard")
+                .contains("does not apply")
         );
     }
 

@@ -77,6 +77,8 @@ struct EmbeddedArgs {
     #[command(flatten)]
     ops: OpsArgs,
     #[command(flatten)]
+    limits: ClientLimitArgs,
+    #[command(flatten)]
     tls: TlsArgs,
 }
 
@@ -169,6 +171,33 @@ struct OpsArgs {
     max_clock_drift_secs: u64,
 }
 
+/// What the router bounds for each client (the embedded cluster and a router).
+#[derive(Args, Debug, Clone)]
+struct ClientLimitArgs {
+    /// The most client connections open at once, as mongod's `--maxConns`: past it a new
+    /// connection is accepted and closed at once. The limit in force is at most 80% of the
+    /// open-files limit (`ulimit -n`), as on mongod, so the default (mongod's 1,000,000) means
+    /// "as many as the file descriptors allow".
+    #[arg(long = "maxConns", default_value_t = wire::limits::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_conns: u64,
+    /// Once the first byte of a message has arrived, the whole message must arrive within this
+    /// many milliseconds (and a reply go out, and a TLS handshake finish, within it), else the
+    /// connection is closed; a connection idle between messages is never closed.
+    #[arg(long = "frameTimeoutMS", default_value_t = wire::limits::DEFAULT_FRAME_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    frame_timeout_ms: u64,
+}
+
+impl ClientLimitArgs {
+    fn limits(&self) -> wire::limits::Limits {
+        wire::limits::Limits {
+            max_connections: self.max_conns,
+            frame_timeout: Duration::from_millis(self.frame_timeout_ms),
+        }
+    }
+}
+
 /// How much oplog each shard keeps (the embedded cluster's shards, and a lone shard).
 #[derive(Args, Debug)]
 struct OplogArgs {
@@ -258,6 +287,8 @@ enum Command {
         #[command(flatten)]
         ops: OpsArgs,
         #[command(flatten)]
+        limits: ClientLimitArgs,
+        #[command(flatten)]
         tls: TlsArgs,
         #[command(flatten)]
         key_file: KeyFileArgs,
@@ -275,7 +306,10 @@ fn presentation(repl_set_mode: bool) -> Presentation {
 /// Runs Tributary; a failure to start (a bad config file, a port in use) is one line on
 /// stderr and exit status 1, never a backtrace.
 fn main() -> std::process::ExitCode {
+    // Commands recurse as deep as their documents nest (200 levels at most, checked before
+    // they are parsed): worker threads get room for that in any build.
     let started = tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(16 << 20)
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
@@ -334,6 +368,7 @@ async fn run() -> anyhow::Result<()> {
                 auth: e.ops.auth,
                 max_clock_drift: Duration::from_secs(e.ops.max_clock_drift_secs),
                 tls: e.tls.server()?,
+                client_limits: e.limits.limits(),
                 ..RouterOptions::default()
             };
             launch::embedded_with(
@@ -379,6 +414,7 @@ async fn run() -> anyhow::Result<()> {
             shard_outage_timeout_secs,
             streams,
             ops,
+            limits,
             tls,
             key_file,
         }) => {
@@ -399,6 +435,7 @@ async fn run() -> anyhow::Result<()> {
                 max_clock_drift: Duration::from_secs(ops.max_clock_drift_secs),
                 tls: tls.server()?,
                 shard_tls: tls.outgoing()?,
+                client_limits: limits.limits(),
                 shard_key,
                 ..RouterOptions::default()
             };

@@ -66,6 +66,11 @@ pub struct RouterOptions {
     /// How often the shards' lineages are recorded on the config shard (`lineages`); zero:
     /// only before resumes (for tests that count a shard's commits).
     pub lineage_interval: Duration,
+    /// What the router bounds for its clients: `--maxConns` (mongod's 1,000,000 by default,
+    /// capped at 80 % of the open-files limit as mongod does) and `--frameTimeoutMS` (30 s: a
+    /// frame that has begun must arrive whole, a reply go out and a TLS handshake finish
+    /// within it). See `wire::limits`.
+    pub client_limits: wire::limits::Limits,
 }
 
 impl Default for RouterOptions {
@@ -85,6 +90,7 @@ impl Default for RouterOptions {
             shard_tls: None,
             shard_key: None,
             lineage_interval: crate::lineages::INTERVAL,
+            client_limits: wire::limits::Limits::default(),
         }
     }
 }
@@ -149,6 +155,8 @@ pub struct Router {
     pub(crate) sessions: crate::txn::Sessions,
     pub(crate) started: Instant,
     pub(crate) open_connections: AtomicU64,
+    /// The listener's connection limit and counters (`serverStatus.connections`).
+    pub(crate) connections: Arc<wire::limits::Connections>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
     /// Fires when the router shuts down; stops the background tasks (change-stream feeds).
     pub(crate) shutdown: CancellationToken,
@@ -183,6 +191,7 @@ impl Router {
                 client,
             })
             .collect();
+        let connections = Arc::new(wire::limits::Connections::new(options.client_limits));
         Arc::new(Router {
             shards,
             clock: ClusterClock::new(),
@@ -192,6 +201,7 @@ impl Router {
             sessions: Default::default(),
             started: Instant::now(),
             open_connections: AtomicU64::new(0),
+            connections,
             failpoints: Default::default(),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),

@@ -1,4 +1,8 @@
 //! The router's wire server: each request becomes a command run by [`crate::commands`].
+//!
+//! Connections are admitted, bounded and counted by `wire::server` against the router's
+//! `client_limits` (`--maxConns`, `--frameTimeoutMS`); the counters it keeps are the router's
+//! `connections`, which `serverStatus` reports.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,7 +24,9 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
         .tasks
         .spawn(crate::lineages::keep_up(router.clone(), cancel.clone()));
     let tls = router.options.tls.clone();
-    wire::server::serve_with_tls(listener, Arc::new(RouterHandler { router }), cancel, tls).await;
+    let connections = router.connections.clone();
+    let handler = Arc::new(RouterHandler { router });
+    wire::server::serve_with(listener, handler, cancel, tls, connections).await;
     reaper.abort();
 }
 

@@ -410,6 +410,59 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
         cluster.try_next().await?.is_some(),
         "the cluster-wide watch sees it"
     );
+
+    // listDatabases: a user without the listDatabases action sees the databases it has a
+    // role on, and may not ask for all; a cluster-wide reader or monitor sees every one; and
+    // connectionStatus shows each user's own roles.
+    let names = |reply: Document| -> Vec<String> {
+        reply
+            .get_array("databases")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_document()?.get_str("name").ok().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let listed = names(
+        reader
+            .database("admin")
+            .run_command(doc! {"listDatabases": 1, "nameOnly": true})
+            .await?,
+    );
+    assert_eq!(listed, ["app"], "only where it may read");
+    assert!(refused(
+        reader
+            .database("admin")
+            .run_command(doc! {"listDatabases": 1, "authorizedDatabases": false})
+            .await
+            .map(|_| ())
+    ));
+    for who in [&everyreader, &monitor] {
+        let listed = names(
+            who.database("admin")
+                .run_command(doc! {"listDatabases": 1})
+                .await?,
+        );
+        assert!(
+            listed.contains(&"app".to_string()) && listed.contains(&"other".to_string()),
+            "{listed:?}"
+        );
+    }
+    let status = reader
+        .database("admin")
+        .run_command(doc! {"connectionStatus": 1})
+        .await?;
+    let roles = status
+        .get_document("authInfo")?
+        .get_array("authenticatedUserRoles")?;
+    assert_eq!(
+        roles,
+        &vec![mongodb::bson::Bson::Document(
+            doc! {"role": "read", "db": "app"}
+        )],
+        "{status}"
+    );
     Ok(())
 }
 

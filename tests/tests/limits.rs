@@ -412,3 +412,80 @@ async fn killing_or_ending_a_session_aborts_its_transaction_everywhere() -> anyh
     cluster.stop().await;
     Ok(())
 }
+
+/// Index specifications are bounded and checked as MongoDB checks them (found by the fuzzer:
+/// a 10,000-field key pattern held the writer for seconds, and unknown options were stored):
+/// at most 32 key fields (67), no unknown option (197), a numeric TTL; and extreme numbers
+/// in a count's or an explain's limit are answered, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_specifications_and_limits_are_bounded() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("specs");
+    db.collection::<Document>("c")
+        .insert_many((0..5).map(|i| doc! {"_id": i}))
+        .await?;
+    let mut wide = Document::new();
+    for i in 0..33 {
+        wide.insert(format!("f{i}"), 1);
+    }
+    for (spec, want) in [
+        (doc! {"key": wide.clone(), "name": "wide"}, 67),
+        (doc! {"key": {"a": 1}, "name": "a", "bogus": 1}, 197),
+        (
+            doc! {"key": {"a": 1}, "name": "a", "expireAfterSeconds": "abc"},
+            67,
+        ),
+        (doc! {"key": {"a": 1}, "name": "a", "unique": "yes"}, 14),
+    ] {
+        let err = db
+            .run_command(doc! {"createIndexes": "c", "indexes": [spec.clone()]})
+            .await
+            .expect_err("refused");
+        assert_eq!(code_of(&err), Some(want), "{spec}: {err}");
+    }
+    let indexes = db
+        .run_command(doc! {"listIndexes": "c"})
+        .await?
+        .get_document("cursor")?
+        .get_array("firstBatch")?
+        .len();
+    assert_eq!(indexes, 1, "only _id: nothing refused was stored");
+    let n = db
+        .run_command(doc! {"count": "c", "limit": i64::MIN})
+        .await?
+        .get_i32("n")?;
+    assert_eq!(n, 5);
+    for limit in [
+        mongodb::bson::Bson::Int64(i64::MIN),
+        mongodb::bson::Bson::Double(f64::NEG_INFINITY),
+    ] {
+        db.run_command(doc! {"explain": {"count": "c", "limit": limit.clone()}})
+            .await?;
+        db.run_command(doc! {"explain": {"find": "c", "limit": limit.clone()}})
+            .await?;
+    }
+    cluster.stop().await;
+    Ok(())
+}
+
+/// A command document is at most 16 MiB (and 16 KiB more for the server's own fields), as
+/// MongoDB's: a 26 MB `ping` (which the fuzzer saw parsed and answered, at over 1 GB of
+/// memory) is refused with 10334 before it is parsed, and the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_over_sixteen_megabytes_is_refused_before_it_is_parsed() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let big = doc! {"ping": 1, "pad": "x".repeat(26 * 1024 * 1024), "$db": "admin"};
+    let reply = raw_command(cluster.addr, &big.to_vec()?).await?;
+    assert_eq!(
+        reply.get_i32("code").ok(),
+        Some(10334),
+        "{}",
+        reply.get_str("errmsg").unwrap_or("")
+    );
+    let small = doc! {"ping": 1, "pad": "x".repeat(1024 * 1024), "$db": "admin"};
+    let reply = raw_command(cluster.addr, &small.to_vec()?).await?;
+    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply}");
+    cluster.stop().await;
+    Ok(())
+}

@@ -2,18 +2,26 @@
 //! [`Message`]s (the mini-redis `Connection` layer), shared by the server loop and the client.
 //!
 //! Invariants: reads go through [`MessageCodec`], so a frame is handed out only once it is
-//! complete and its length was checked before the buffer grew for it; a recoverable frame error
-//! has already been skipped when it is returned, so the next read starts at the next frame. Each
-//! write is one `write_all` of one encoded frame. A buffer that grew past [`RETAINED_BUFFER`]
-//! for one large message is let go once it is empty, so an idle connection holds kilobytes, not
-//! the size of the largest batch it ever carried.
+//! complete, and the buffer grows only with the bytes that arrived (never by what a header
+//! declares); a recoverable frame error has already been skipped when it is returned, so the
+//! next read starts at the next frame. Each write is one `write_all` of one encoded frame. A
+//! buffer that grew past [`RETAINED_BUFFER`] for one large message is let go once it is empty,
+//! so an idle connection holds kilobytes, not the size of the largest batch it ever carried.
+//!
+//! With a frame timeout ([`Connection::with_frame_timeout`]), waiting is bounded only once a
+//! frame has begun: a read may wait for a frame's first byte for ever (drivers keep pooled
+//! connections idle for long), but from that byte on the whole frame must arrive within the
+//! timeout; a write must finish within it. Past it the call fails with
+//! [`CodecError::Timeout`] and the connection is no longer usable (a frame may be half done).
+
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::codec::{CodecError, MessageCodec};
+use crate::codec::{CodecError, Direction, MessageCodec};
 use crate::message::Message;
 
 const INITIAL_BUFFER: usize = 8 * 1024;
@@ -44,6 +52,8 @@ pub struct Connection {
     read_buf: BytesMut,
     write_buf: BytesMut,
     codec: MessageCodec,
+    /// See the module header; `None`: reads and writes wait as long as the peer takes.
+    frame_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -65,17 +75,38 @@ impl Connection {
             read_buf: BytesMut::with_capacity(INITIAL_BUFFER),
             write_buf: BytesMut::with_capacity(INITIAL_BUFFER),
             codec: MessageCodec,
+            frame_timeout: None,
         }
+    }
+
+    /// Bounds the time a frame may take to arrive once begun, and a reply to go out.
+    pub fn with_frame_timeout(mut self, timeout: Duration) -> Connection {
+        self.frame_timeout = Some(timeout);
+        self
     }
 
     /// The next message; `Ok(None)` when the peer closed cleanly between frames.
     pub async fn read_message(&mut self) -> Result<Option<Message>, CodecError> {
+        // Set once the frame has begun: when bytes of it are buffered.
+        let mut deadline = None;
         loop {
             if let Some(message) = self.codec.decode(&mut self.read_buf)? {
                 shrink(&mut self.read_buf);
                 return Ok(Some(message));
             }
-            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+            if deadline.is_none() && !self.read_buf.is_empty() {
+                deadline = self
+                    .frame_timeout
+                    .map(|t| (tokio::time::Instant::now() + t, t));
+            }
+            let read = self.stream.read_buf(&mut self.read_buf);
+            let n = match deadline {
+                None => read.await?,
+                Some((at, timeout)) => tokio::time::timeout_at(at, read)
+                    .await
+                    .map_err(|_| CodecError::Timeout(Direction::Read, timeout))??,
+            };
+            if n == 0 {
                 if self.read_buf.is_empty() {
                     return Ok(None);
                 }
@@ -91,10 +122,17 @@ impl Connection {
     pub async fn write_message(&mut self, message: &Message) -> Result<(), CodecError> {
         self.write_buf.clear();
         self.codec.encode(message, &mut self.write_buf)?;
-        let written = self.stream.write_all(&self.write_buf).await;
+        let write = self.stream.write_all(&self.write_buf);
+        let written = match self.frame_timeout {
+            None => write.await.map_err(CodecError::Io),
+            Some(timeout) => tokio::time::timeout(timeout, write)
+                .await
+                .map_err(|_| CodecError::Timeout(Direction::Write, timeout))
+                .and_then(|r| r.map_err(CodecError::Io)),
+        };
         self.write_buf.clear();
         shrink(&mut self.write_buf);
-        Ok(written?)
+        written
     }
 
     /// Sends bytes as they are (tests use this to send hand-built or malformed frames).

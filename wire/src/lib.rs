@@ -5,8 +5,10 @@
 //! that length against [`MAX_MESSAGE_SIZE`]. The tokio codec (feature `codec`) is a thin shell.
 //!
 //! Layers, bottom up: [`message`] (types) → [`compression`] → [`frame`] (pure bytes ⇄ messages)
-//! → `codec` (tokio-util `Decoder`/`Encoder`) → `server` (connection loop shared by the router and
-//! the shards) and `client` (pooled command client to a remote shard).
+//! → `codec` (tokio-util `Decoder`/`Encoder`; the read buffer grows only with bytes that
+//! arrived) → `connection` (a socket of whole frames, with a frame timeout) → `server`
+//! (connection loop shared by the router and the shards, admitting connections up to the
+//! `limits`) and `client` (pooled command client to a remote shard).
 
 // `MongoError` (the project-wide client-visible error) is ~170 bytes; errors are the cold path
 // here and boxing them would change the shared API, so the size lint is allowed crate-wide.
@@ -26,6 +28,8 @@ pub mod codec;
 pub mod connection;
 #[cfg(feature = "codec")]
 pub mod keyfile;
+#[cfg(feature = "codec")]
+pub mod limits;
 #[cfg(feature = "scram")]
 pub mod sasl;
 #[cfg(feature = "scram")]

@@ -22,6 +22,11 @@
 //!   codeName}` and the connection is closed, as mongod does for connection-fatal parse errors.
 //!   A well-framed message we cannot serve (unknown opcode, invalid BSON in a body, an OP_QUERY
 //!   command other than the handshake) is answered with an error and the loop carries on.
+//! * Every value from the network is bounded before use and every wait on a peer has a deadline,
+//!   except the wait for a frame's first byte (pooled connections idle for long): a connection
+//!   past the limit is closed at once; the read buffer grows only with bytes that arrived; a
+//!   frame must arrive whole, a reply go out and a TLS handshake finish within the frame timeout
+//!   (see [`crate::limits`]), else the connection is closed.
 //!
 //! The decisions (request → [`Request`], handler reply → reply frame) are the pure functions
 //! [`prepare`] and [`reply_message`]; the async part only moves bytes.
@@ -41,6 +46,7 @@ use crate::codec::CodecError;
 use crate::connection::{Connection, Transport};
 use crate::error::{ErrorCode, MongoError, reply_ok};
 use crate::frame::FrameError;
+use crate::limits::{Admitted, Connections, Limits};
 use crate::message::{Compressor, Message, MsgFlags, Op, OpMsg, OpReply, opcode, to_document};
 use crate::tls::ServerTls;
 
@@ -198,7 +204,25 @@ pub fn prepare(message: Message) -> Prepared {
     }
 }
 
+/// A command document is a BSON object: at most 16 MiB (and the 16 KiB MongoDB allows for its
+/// own fields), whatever the 48 MB a message may carry in document sequences. Checked before
+/// the body is parsed, so an oversized one costs no parse.
+fn check_body_size(body: &bson::RawDocument) -> Result<(), MongoError> {
+    let size = body.as_bytes().len();
+    if size > crate::MAX_INTERNAL_BSON_SIZE {
+        return Err(MongoError::new(
+            ErrorCode::BSON_OBJECT_TOO_LARGE,
+            format!(
+                "BSONObj size: {size} ({size:#X}) is invalid. Size must be between 0 and {}(16MB)",
+                crate::MAX_INTERNAL_BSON_SIZE
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn request_from_msg(msg: OpMsg) -> Result<Request, MongoError> {
+    check_body_size(&msg.body)?;
     let mut body = to_document(&msg.body)?;
     for seq in &msg.sequences {
         if body.contains_key(&seq.identifier) {
@@ -252,6 +276,7 @@ fn request_from_query(query: crate::message::OpQuery) -> Result<Request, MongoEr
         .command_db()
         .ok_or_else(|| unsupported(&query.full_collection_name))?
         .to_string();
+    check_body_size(&query.query)?;
     let mut body = to_document(&query.query)?;
     // Drivers may wrap the command as `{$query: {...}, $readPreference: ...}`.
     if let Some(Bson::Document(inner)) = body.get("$query") {
@@ -399,25 +424,27 @@ fn next_reply_id() -> i32 {
     NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX
 }
 
-/// Serves one connection until the peer closes it, a fatal frame error, or `CloseConnection`;
-/// with `tls`, after telling whether it speaks TLS (see [`crate::tls`]).
+/// Serves one admitted connection until the peer closes it, a fatal frame error, a frame
+/// timeout, or `CloseConnection`; with `tls`, after telling whether it speaks TLS (see
+/// [`crate::tls`]). Dropping `admitted` at the end counts the connection out.
 pub async fn serve_connection<H: Handler>(
     stream: TcpStream,
     handler: Arc<H>,
     conn: ConnectionInfo,
     tls: Option<Arc<ServerTls>>,
+    admitted: Admitted,
 ) {
     let span = tracing::info_span!("connection", id = conn.id, peer = %conn.peer);
     async move {
         let _ = stream.set_nodelay(true);
         let transport: Box<dyn Transport> = match &tls {
             None => Box::new(stream),
-            Some(tls) => match tls.accept(stream).await {
+            Some(tls) => match tls.accept(stream, admitted.limits().frame_timeout).await {
                 Some(t) => t,
                 None => return,
             },
         };
-        run_connection(transport, handler, conn).await;
+        run_connection(transport, handler, conn, &admitted).await;
     }
     .instrument(span)
     .await;
@@ -427,13 +454,14 @@ async fn run_connection<H: Handler>(
     stream: Box<dyn Transport>,
     handler: Arc<H>,
     conn: ConnectionInfo,
+    admitted: &Admitted,
 ) {
     handler.opened(&conn);
     let _open = Opened {
         handler: Arc::clone(&handler),
         conn,
     };
-    let mut io = Connection::over(stream);
+    let mut io = Connection::over(stream).with_frame_timeout(admitted.limits().frame_timeout);
     tracing::debug!("connection opened");
     loop {
         let message = match io.read_message().await {
@@ -451,11 +479,17 @@ async fn run_connection<H: Handler>(
                 }
                 break;
             }
+            Err(e @ CodecError::Timeout(..)) => {
+                tracing::info!(error = %e, "closing the connection");
+                break;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "connection read failed");
                 break;
             }
         };
+        // In `serverStatus.connections.active` until the reply is out.
+        let _busy = admitted.busy();
         let (frame, to) = match prepare(message) {
             Prepared::Request(req, mut to) => {
                 let again = (req.exhaust_allowed
@@ -507,9 +541,16 @@ async fn run_connection<H: Handler>(
             }
             other => other,
         };
-        if let Err(e) = sent {
-            tracing::debug!(error = %e, "connection write failed");
-            break;
+        match sent {
+            Ok(()) => {}
+            Err(e @ CodecError::Timeout(..)) => {
+                tracing::info!(error = %e, "closing the connection");
+                break;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "connection write failed");
+                break;
+            }
         }
     }
     let _ = io.shutdown().await;
@@ -517,7 +558,7 @@ async fn run_connection<H: Handler>(
 }
 
 /// Accepts connections until `cancel` fires, one task per connection (ids from 1), then waits
-/// for the connection tasks, which also stop on `cancel`.
+/// for the connection tasks, which also stop on `cancel`. Default [`Limits`].
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>, cancel: CancellationToken) {
     serve_with_tls(listener, handler, cancel, None).await;
 }
@@ -529,6 +570,20 @@ pub async fn serve_with_tls<H: Handler>(
     cancel: CancellationToken,
     tls: Option<Arc<ServerTls>>,
 ) {
+    let connections = Arc::new(Connections::new(Limits::default()));
+    serve_with(listener, handler, cancel, tls, connections).await;
+}
+
+/// [`serve_with_tls`], admitting connections through `connections` (its limits, and the
+/// counters the caller reports): past the limit a new connection is accepted and closed at
+/// once, as mongod does.
+pub async fn serve_with<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    cancel: CancellationToken,
+    tls: Option<Arc<ServerTls>>,
+    connections: Arc<Connections>,
+) {
     let next_id = AtomicU64::new(1);
     let tracker = TaskTracker::new();
     loop {
@@ -538,6 +593,11 @@ pub async fn serve_with_tls<H: Handler>(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let Some(admitted) = connections.admit() else {
+                    // Closed before anything is read from it (refusals are logged by `admit`).
+                    drop(stream);
+                    continue;
+                };
                 let conn = ConnectionInfo {
                     id: next_id.fetch_add(1, Ordering::Relaxed),
                     peer,
@@ -548,7 +608,7 @@ pub async fn serve_with_tls<H: Handler>(
                 tracker.spawn(async move {
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        _ = serve_connection(stream, handler, conn, tls) => {}
+                        _ = serve_connection(stream, handler, conn, tls, admitted) => {}
                     }
                 });
             }
@@ -705,5 +765,175 @@ mod tests {
         assert!(req.more_to_come);
         assert_eq!(reply_message(&to, doc! { "ok": 1 }), None);
         assert_eq!(reply_message(&to, doc! { "ok": 0, "code": 2 }), None);
+    }
+}
+
+/// The limits over real sockets: a frame timeout of [`DEADLINE`], a connection limit of two.
+#[cfg(test)]
+mod limit_tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_millis(300);
+    /// Far longer than any test waits for: a test that hits it has failed.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    /// Answers `{ok: 1}`; `wait` holds its reply until `release` is notified.
+    #[derive(Default)]
+    struct Ok1 {
+        release: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl Handler for Ok1 {
+        async fn handle(&self, _conn: &ConnectionInfo, req: Request) -> Reply {
+            if req.command_name() == "wait" {
+                self.release.notified().await;
+            }
+            Reply::Document(doc! {"ok": 1.0})
+        }
+    }
+
+    async fn start(max: u64) -> (SocketAddr, Arc<Connections>, Arc<Ok1>, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let limits = Limits {
+            max_connections: max,
+            frame_timeout: DEADLINE,
+        };
+        let connections = Arc::new(Connections::with_max(limits, max));
+        let handler = Arc::new(Ok1::default());
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve_with(
+            listener,
+            Arc::clone(&handler),
+            cancel.clone(),
+            None,
+            Arc::clone(&connections),
+        ));
+        (addr, connections, handler, cancel)
+    }
+
+    fn request(name: &str) -> Message {
+        let mut body = Document::new();
+        body.insert(name, 1);
+        body.insert("$db", "admin");
+        Message::msg(1, RawDocumentBuf::try_from(&body).expect("serialises"))
+    }
+
+    /// Sends `name` and waits for its `{ok: 1}`.
+    async fn round_trip(conn: &mut Connection, name: &str) {
+        conn.write_message(&request(name)).await.expect("send");
+        let reply = tokio::time::timeout(PATIENCE, conn.read_message())
+            .await
+            .expect("an answer in time")
+            .expect("a frame")
+            .expect("not closed");
+        assert_eq!(reply.response_to, 1);
+    }
+
+    /// Whether the server closed `stream` within [`PATIENCE`] (EOF or reset).
+    async fn closed(stream: &mut TcpStream) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_trickling_frame_is_cut_off_at_its_deadline_while_an_idle_connection_stays() {
+        let (addr, connections, _, cancel) = start(10).await;
+        let mut idle = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        round_trip(&mut idle, "ping").await;
+
+        // A header promising 1 MB, then a byte every 50 ms, for ever.
+        let mut trickler = TcpStream::connect(addr).await.expect("connect");
+        let mut header = 1_000_000i32.to_le_bytes().to_vec();
+        header.extend_from_slice(&[0; 12]);
+        trickler.write_all(&header).await.expect("header");
+        let (mut read_half, mut write_half) = trickler.into_split();
+        let drip = tokio::spawn(async move {
+            while write_half.write_all(b"x").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let mut buf = [0u8; 16];
+        let outcome = tokio::time::timeout(PATIENCE, read_half.read(&mut buf)).await;
+        assert!(
+            matches!(outcome, Ok(Ok(0)) | Ok(Err(_))),
+            "the trickling connection was closed: {outcome:?}"
+        );
+        drip.abort();
+
+        // Idle for several deadlines between frames: still served.
+        tokio::time::sleep(DEADLINE * 4).await;
+        round_trip(&mut idle, "ping").await;
+        assert_eq!(connections.counts().current, 1);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_limit_is_closed_at_once_and_counted() {
+        let (addr, connections, handler, cancel) = start(2).await;
+        let mut first = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        let mut second = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        round_trip(&mut first, "ping").await;
+        round_trip(&mut second, "ping").await;
+
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(closed(&mut third).await, "the third connection is closed");
+        let counts = connections.counts();
+        assert_eq!((counts.current, counts.available), (2, 0));
+        assert_eq!((counts.total_created, counts.rejected), (2, 1));
+
+        // A request in flight makes its connection active.
+        first.write_message(&request("wait")).await.expect("send");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while connections.counts().active != 1 {
+            assert!(tokio::time::Instant::now() < deadline, "never active");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        handler.release.notify_one();
+        first.read_message().await.expect("reply").expect("open");
+        assert_eq!(connections.counts().active, 0);
+
+        // Room again once one closes.
+        drop(second);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while connections.counts().current != 1 {
+            assert!(tokio::time::Instant::now() < deadline, "never counted out");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut fourth = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        round_trip(&mut fourth, "ping").await;
+        assert_eq!(connections.counts().total_created, 3);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_reply_the_client_does_not_read_is_given_up_at_the_deadline() {
+        let (addr, connections, _, cancel) = start(10).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        // Pipelined pings whose replies are never read: once the socket buffers fill, a write
+        // blocks, and must give up at the deadline rather than hold the connection for ever.
+        let ping = crate::frame::encode_to_vec(&request("ping")).expect("encode");
+        let mut sent = 0usize;
+        let gave_up = loop {
+            match tokio::time::timeout(PATIENCE, stream.write_all(&ping)).await {
+                Ok(Ok(())) => sent += 1,
+                Ok(Err(_)) => break true,
+                Err(_) => break false,
+            }
+            if connections.counts().current == 0 {
+                break true;
+            }
+        };
+        assert!(gave_up, "the server kept the connection after {sent} pings");
+        cancel.cancel();
     }
 }

@@ -12,7 +12,9 @@
 //! * a client verifies the server's certificate against its CA file and the name or address
 //!   it dialled; with a certificate-key file it presents that certificate;
 //! * the server sends no TLS 1.3 session tickets, so an idle pooled connection carries no
-//!   unasked bytes (the pool's staleness check reads the raw socket).
+//!   unasked bytes (the pool's staleness check reads the raw socket);
+//! * a new connection has one bounded time ([`HANDSHAKE_TIMEOUT`], or the server's shorter
+//!   frame timeout) to show whether it speaks TLS and finish its handshake, else it is closed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,9 +106,9 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
-/// How long a new connection may take to show whether it speaks TLS, and to finish the
-/// handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a new connection may take to show whether it speaks TLS and to finish the
+/// handshake, together (a shorter frame timeout shortens it: see [`ServerTls::accept`]).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServerTls {
     /// The server's TLS for `mode`; `None` when disabled. Any other mode needs a
@@ -153,12 +155,26 @@ impl ServerTls {
 
     /// The connection's transport: TLS when the client starts a handshake, plain when it does
     /// not and the mode allows it; `None` when it must be closed (plain under `requireTLS`, a
-    /// failed handshake, or nothing within the timeout).
-    pub async fn accept(&self, stream: TcpStream) -> Option<Box<dyn Transport>> {
-        let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, first_bytes(&stream))
-            .await
-            .ok()?
-            .ok()?;
+    /// failed handshake, or no transport within `min(timeout, HANDSHAKE_TIMEOUT)` of the call:
+    /// one deadline covers telling TLS from plain and the whole handshake, so a client that
+    /// trickles its handshake cannot hold the connection longer).
+    pub async fn accept(&self, stream: TcpStream, timeout: Duration) -> Option<Box<dyn Transport>> {
+        let timeout = timeout.min(HANDSHAKE_TIMEOUT);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let first = match tokio::time::timeout_at(deadline, first_bytes(&stream)).await {
+            Ok(Ok(first)) => first,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "connection failed before its first bytes");
+                return None;
+            }
+            Err(_) => {
+                tracing::info!(
+                    ?timeout,
+                    "closing a connection that sent no handshake in time"
+                );
+                return None;
+            }
+        };
         if !is_tls_handshake(&first) {
             if self.mode == TlsMode::Require {
                 tracing::debug!("a plain connection refused: TLS is required");
@@ -166,26 +182,37 @@ impl ServerTls {
             }
             return Some(Box::new(stream));
         }
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
+        match tokio::time::timeout_at(deadline, self.acceptor.accept(stream)).await {
             Ok(Ok(tls)) => Some(Box::new(tls)),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "TLS handshake failed");
                 None
             }
-            Err(_) => None,
+            Err(_) => {
+                tracing::info!(
+                    ?timeout,
+                    "closing a connection whose TLS handshake took too long"
+                );
+                None
+            }
         }
     }
 }
 
-/// Up to the first three bytes the client sends, without consuming them.
+/// Up to the first three bytes the client sends, without consuming them. While fewer have
+/// arrived the socket stays readable, so the peek is retried after a pause, doubled each time
+/// (5 ms up to 100 ms): a client that sends one byte and stops costs a few wakeups a second
+/// until the handshake deadline, not two hundred.
 async fn first_bytes(stream: &TcpStream) -> std::io::Result<Vec<u8>> {
     let mut buf = [0u8; 3];
+    let mut pause = Duration::from_millis(5);
     loop {
         let n = stream.peek(&mut buf).await?;
         if n == 0 || n >= 3 {
             return Ok(buf[..n].to_vec());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 

@@ -87,9 +87,14 @@ pub fn allowed_before_auth(name: &str) -> bool {
     )
 }
 
+/// A `(name, db)` pair: a user, or a role.
+pub type Pair = (String, String);
+
 /// A conversation in progress on a connection.
 struct Pending {
     db: String,
+    /// The user's roles, as its user document lists them (`connectionStatus`).
+    roles: Vec<(String, String)>,
     /// What the user's roles grant.
     grants: custom::Grants,
     conversation: Conversation,
@@ -104,6 +109,8 @@ struct Pending {
 struct ConnectionAuth {
     /// `(user, db)` pairs this connection authenticated as.
     users: Vec<(String, String)>,
+    /// `(role, db)` pairs their user documents list, each once (`connectionStatus`).
+    roles: Vec<(String, String)>,
     /// What their roles grant.
     grants: custom::Grants,
     pending: HashMap<i32, Pending>,
@@ -134,11 +141,42 @@ impl Auth {
         self.lock().get(&conn).is_some_and(|c| !c.users.is_empty())
     }
 
+    /// Which databases `listDatabases` shows a connection: `None` for every one (its roles
+    /// grant the `listDatabases` action: a cluster-wide read or monitoring role, or a custom
+    /// privilege), else the test for one database (a role or privilege there).
+    #[allow(clippy::type_complexity)]
+    pub fn databases_listed(&self, conn: u64) -> Option<Box<dyn Fn(&str) -> bool + Send>> {
+        let grants = self.lock().get(&conn).map(|c| c.grants.clone())?;
+        let all = roles::allows(&grants.roles, &roles::Need::ReadAll)
+            || roles::allows(&grants.roles, &roles::Need::ClusterMonitor)
+            || roles::privileges_allow(
+                &grants.privileges,
+                &[("listDatabases", roles::Resource::Cluster)],
+            );
+        if all {
+            return None;
+        }
+        Some(Box::new(move |db: &str| {
+            let probe = bson::doc! {"listCollections": 1};
+            grants.allow("listCollections", db, &probe)
+                || grants.allow("insert", db, &bson::doc! {"insert": "x"})
+        }))
+    }
+
     /// The users a connection authenticated as (`connectionStatus`).
     pub fn users_of(&self, conn: u64) -> Vec<(String, String)> {
         self.lock()
             .get(&conn)
             .map(|c| c.users.clone())
+            .unwrap_or_default()
+    }
+
+    /// The users a connection authenticated as and their roles (`connectionStatus`): `(user,
+    /// db)` and `(role, db)` pairs.
+    pub fn status_of(&self, conn: u64) -> (Vec<Pair>, Vec<Pair>) {
+        self.lock()
+            .get(&conn)
+            .map(|c| (c.users.clone(), c.roles.clone()))
             .unwrap_or_default()
     }
 
@@ -320,8 +358,9 @@ pub async fn sasl_start(
         tracing::info!(user = %first.user, db, "authentication failed: no such user");
         return Err(auth_failed());
     };
+    let roles = user.as_ref().map(custom::pairs).unwrap_or_default();
     let grants = match &user {
-        Some(u) => custom::resolve(router, custom::pairs(u)).await?,
+        Some(_) => custom::resolve(router, roles.clone()).await?,
         None => custom::Grants::default(),
     };
     let nonce: Vec<u8> = (0..24).map(|_| rand::random::<u8>()).collect();
@@ -335,6 +374,7 @@ pub async fn sasl_start(
         id,
         Pending {
             db: db.to_string(),
+            roles,
             grants,
             conversation,
             credential,
@@ -381,6 +421,11 @@ pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> 
     let who = (pending.conversation.user.clone(), pending.db.clone());
     if !state.users.contains(&who) {
         state.users.push(who);
+        for role in &pending.roles {
+            if !state.roles.contains(role) {
+                state.roles.push(role.clone());
+            }
+        }
         state.grants.extend(pending.grants.clone());
     }
     if pending.skip_empty {

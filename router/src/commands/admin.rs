@@ -142,9 +142,7 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         shards.insert(name.clone(), status);
     }
     let uptime = router.started.elapsed();
-    let current = router
-        .open_connections
-        .load(std::sync::atomic::Ordering::Relaxed) as i64;
+    let connections = router.connections.counts();
     let (merges, buffered) = router.hubs.stats();
     Ok(doc! {
         "host": &router.options.advertised_host,
@@ -154,7 +152,16 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         "uptime": uptime.as_secs_f64(),
         "uptimeMillis": uptime.as_millis() as i64,
         "localTime": DateTime::now(),
-        "connections": {"current": current, "available": 100_000_i64 - current},
+        // As mongod 7.0's, from the listener's own counters (`wire::limits`): `available` is
+        // the limit in force (`--maxConns`, capped by the open-files limit) minus `current`;
+        // `active` counts connections with a request in flight, awaiting getMores included.
+        "connections": {
+            "current": count(connections.current),
+            "available": count(connections.available),
+            "totalCreated": count(connections.total_created),
+            "rejected": count(connections.rejected),
+            "active": count(connections.active),
+        },
         "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
         "metrics": {
             "cursor": {"open": {"total": router.cursors.len() as i64}},
@@ -169,6 +176,35 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
             },
         },
         "shards": shards,
+        "ok": 1.0,
+    })
+}
+
+/// A count as mongod's `serverStatus` gives it: an int, or a long past `i32::MAX`.
+fn count(n: u64) -> Bson {
+    i32::try_from(n).map_or_else(|_| Bson::Int64(n.min(i64::MAX as u64) as i64), Bson::Int32)
+}
+
+/// `connectionStatus`: the users this connection authenticated as and the roles they were
+/// given (directly, as mongod lists them: not what those roles inherit), read when each
+/// logged in.
+pub(super) fn connection_status(ctx: &Ctx<'_>) -> Result<Document> {
+    let pairs = |v: Vec<(String, String)>, name: &str| -> Vec<Bson> {
+        v.into_iter()
+            .map(|(who, db)| {
+                let mut d = Document::new();
+                d.insert(name, who);
+                d.insert("db", db);
+                Bson::Document(d)
+            })
+            .collect()
+    };
+    let (users, roles) = ctx.router.auth.status_of(ctx.conn.id);
+    Ok(doc! {
+        "authInfo": {
+            "authenticatedUsers": pairs(users, "user"),
+            "authenticatedUserRoles": pairs(roles, "role"),
+        },
         "ok": 1.0,
     })
 }
@@ -319,6 +355,19 @@ pub(super) fn list_commands() -> Result<Document> {
 pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     let args = ctx.args();
     let name_only = args.opt_bool("nameOnly")?.unwrap_or(false);
+    // As mongod: a user without the `listDatabases` action sees the databases it has a role
+    // or privilege on (`authorizedDatabases` defaults to that), and may not ask for all (13).
+    let shown = if ctx.router.options.auth {
+        ctx.router.auth.databases_listed(ctx.conn.id)
+    } else {
+        None
+    };
+    if shown.is_some() && args.opt_bool("authorizedDatabases")? == Some(false) {
+        return Err(MongoError::new(
+            ErrorCode::UNAUTHORIZED,
+            "Insufficient permissions to list all databases",
+        ));
+    }
     let filter = match args.opt_doc("filter")? {
         Some(f) => Some(pipeline::Matcher::parse(f)?),
         None => None,
@@ -354,6 +403,9 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     let mut total = 0i64;
     let mut databases = Vec::new();
     for (name, size) in sizes {
+        if shown.as_ref().is_some_and(|may| !may(&name)) {
+            continue;
+        }
         let entry = if name_only {
             doc! {"name": &name}
         } else {

@@ -547,19 +547,7 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "whatsmyuri" => Ok(bson::doc! {"you": ctx.conn.peer.to_string(), "ok": 1.0}),
         "listDatabases" => admin::list_databases(ctx).await,
         "dbStats" | "dbstats" => stats::db_stats(ctx).await,
-        "connectionStatus" => {
-            let users: Vec<bson::Bson> = ctx
-                .router
-                .auth
-                .users_of(ctx.conn.id)
-                .into_iter()
-                .map(|(user, db)| bson::Bson::Document(bson::doc! {"user": user, "db": db}))
-                .collect();
-            Ok(bson::doc! {
-                "authInfo": {"authenticatedUsers": users, "authenticatedUserRoles": []},
-                "ok": 1.0,
-            })
-        }
+        "connectionStatus" => admin::connection_status(ctx),
         "collStats" | "collstats" => stats::coll_stats(ctx).await,
         "validate" => stats::validate(ctx).await,
         "endSessions" | "killAllSessions" | "killSessions" => {
