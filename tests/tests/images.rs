@@ -19,6 +19,27 @@ async fn create_recording(db: &mongodb::Database, name: &str) -> anyhow::Result<
     Ok(())
 }
 
+/// A stream on `c` with these images, ending with `$changeStreamSplitLargeEvent` when `split`.
+async fn watch_large(
+    c: &mongodb::Collection<Document>,
+    split: bool,
+    after: FullDocumentType,
+    before: Option<FullDocumentBeforeChangeType>,
+) -> anyhow::Result<mongodb::change_stream::ChangeStream<Document>> {
+    let pipeline = if split {
+        vec![doc! {"$changeStreamSplitLargeEvent": {}}]
+    } else {
+        Vec::new()
+    };
+    Ok(c.watch()
+        .pipeline(pipeline)
+        .full_document(after)
+        .full_document_before_change(before.unwrap_or(FullDocumentBeforeChangeType::Off))
+        .max_await_time(Duration::from_millis(200))
+        .await?
+        .with_type::<Document>())
+}
+
 /// An expected event: its type, and its document before and after.
 type Expected = (&'static str, Option<Document>, Option<Document>);
 
@@ -364,27 +385,9 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
     create_recording(&db, "c").await?;
     let c = db.collection::<Document>("c");
     let big = |ch: &str| ch.repeat(7 * 1024 * 1024);
-    let watch = |split: bool| {
-        let c = c.clone();
-        async move {
-            let pipeline = if split {
-                vec![doc! {"$changeStreamSplitLargeEvent": {}}]
-            } else {
-                Vec::new()
-            };
-            anyhow::Ok(
-                c.watch()
-                    .pipeline(pipeline)
-                    .full_document(FullDocumentType::Required)
-                    .full_document_before_change(FullDocumentBeforeChangeType::Required)
-                    .max_await_time(Duration::from_millis(200))
-                    .await?
-                    .with_type::<Document>(),
-            )
-        }
-    };
-    let mut whole = watch(false).await?;
-    let mut split = watch(true).await?;
+    let images = Some(FullDocumentBeforeChangeType::Required);
+    let mut whole = watch_large(&c, false, FullDocumentType::Required, images.clone()).await?;
+    let mut split = watch_large(&c, true, FullDocumentType::Required, images).await?;
     c.insert_one(doc! {"_id": 1, "a": big("x")}).await?;
     c.update_one(doc! {"_id": 1}, doc! {"$set": {"a": big("y")}})
         .await?;
@@ -493,26 +496,8 @@ async fn an_update_lookup_past_sixteen_megabytes_is_split_or_refused() -> anyhow
     let client = cluster.client().await?;
     let c = client.database("lookup").collection::<Document>("c");
     c.insert_one(doc! {"_id": 1, "a": "x"}).await?;
-    let watch = |split: bool| {
-        let c = c.clone();
-        async move {
-            let pipeline = if split {
-                vec![doc! {"$changeStreamSplitLargeEvent": {}}]
-            } else {
-                Vec::new()
-            };
-            anyhow::Ok(
-                c.watch()
-                    .pipeline(pipeline)
-                    .full_document(FullDocumentType::UpdateLookup)
-                    .max_await_time(Duration::from_millis(200))
-                    .await?
-                    .with_type::<Document>(),
-            )
-        }
-    };
-    let mut whole = watch(false).await?;
-    let mut split = watch(true).await?;
+    let mut whole = watch_large(&c, false, FullDocumentType::UpdateLookup, None).await?;
+    let mut split = watch_large(&c, true, FullDocumentType::UpdateLookup, None).await?;
     let big = "y".repeat(11 * 1024 * 1024);
     c.update_one(doc! {"_id": 1}, doc! {"$set": {"a": &big}})
         .await?;
