@@ -1,4 +1,5 @@
-//! Hostile clients cost the well-behaved ones little (short form, for CI).
+//! Hostile clients cost the well-behaved ones little (short form; a known failure for now, see
+//! the reason on the test).
 //!
 //! One embedded cluster (this process), four writers inserting for a fixed period and one
 //! watcher reading every event. First a baseline period with nobody else; then the same period
