@@ -6,6 +6,18 @@ mod common;
 use bson::{Bson, Document, Timestamp, doc};
 use common::*;
 
+/// A shard under `dir` whose `bank.accounts` holds `account`.
+async fn bank(dir: &std::path::Path, account: Document) -> std::sync::Arc<shard::Shard> {
+    let s = open(dir).await;
+    ok(
+        &s,
+        "bank",
+        doc! {"insert": "accounts", "documents": [account]},
+    )
+    .await;
+    s
+}
+
 fn session() -> Document {
     doc! {
         "lsid": {"id": Bson::Binary(bson::Binary {
@@ -51,13 +63,7 @@ async fn value_as_of(s: &shard::Shard, at: Timestamp) -> i32 {
 #[tokio::test]
 async fn a_commit_at_a_later_participants_time_is_invisible_before_that_time() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = open(dir.path()).await;
-    ok(
-        &s,
-        "bank",
-        doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}]},
-    )
-    .await;
+    let s = bank(dir.path(), doc! {"_id": 1, "v": 0}).await;
     let p = update_and_prepare(&s, doc! {"$set": {"v": 1}}).await;
     // Another participant prepared five ticks later.
     let commit_ts = Timestamp {
@@ -136,13 +142,7 @@ async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
 #[tokio::test]
 async fn a_read_waits_only_for_a_prepared_transaction_on_its_collection() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = open(dir.path()).await;
-    ok(
-        &s,
-        "bank",
-        doc! {"insert": "accounts", "documents": [{"_id": 1, "v": 0}]},
-    )
-    .await;
+    let s = bank(dir.path(), doc! {"_id": 1, "v": 0}).await;
     ok(
         &s,
         "bank",

@@ -40,6 +40,23 @@ async fn watch_large(
         .with_type::<Document>())
 }
 
+/// The next two events of `stream`, checked to be fragments 1 and 2 of one split event.
+async fn two_fragments(
+    stream: &mut mongodb::change_stream::ChangeStream<Document>,
+) -> anyhow::Result<(Document, Document)> {
+    let first = next(stream).await?;
+    let second = next(stream).await?;
+    assert_eq!(
+        first.get_document("splitEvent")?,
+        &doc! {"fragment": 1, "of": 2}
+    );
+    assert_eq!(
+        second.get_document("splitEvent")?,
+        &doc! {"fragment": 2, "of": 2}
+    );
+    Ok((first, second))
+}
+
 /// An expected event: its type, and its document before and after.
 type Expected = (&'static str, Option<Document>, Option<Document>);
 
@@ -394,16 +411,7 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
 
     let insert = next(&mut split).await?;
     assert_eq!(insert.get_str("operationType")?, "insert");
-    let first = next(&mut split).await?;
-    let second = next(&mut split).await?;
-    assert_eq!(
-        first.get_document("splitEvent")?,
-        &doc! {"fragment": 1, "of": 2}
-    );
-    assert_eq!(
-        second.get_document("splitEvent")?,
-        &doc! {"fragment": 2, "of": 2}
-    );
+    let (first, second) = two_fragments(&mut split).await?;
     // Between them, the fragments carry the whole event: both images and the update.
     let fields: Vec<&String> = first.keys().chain(second.keys()).collect();
     for f in [
@@ -502,16 +510,7 @@ async fn an_update_lookup_past_sixteen_megabytes_is_split_or_refused() -> anyhow
     c.update_one(doc! {"_id": 1}, doc! {"$set": {"a": &big}})
         .await?;
 
-    let first = next(&mut split).await?;
-    let second = next(&mut split).await?;
-    assert_eq!(
-        first.get_document("splitEvent")?,
-        &doc! {"fragment": 1, "of": 2}
-    );
-    assert_eq!(
-        second.get_document("splitEvent")?,
-        &doc! {"fragment": 2, "of": 2}
-    );
+    let (first, second) = two_fragments(&mut split).await?;
     let looked_up = first
         .get_document("fullDocument")
         .or_else(|_| second.get_document("fullDocument"))?;
