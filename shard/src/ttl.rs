@@ -8,7 +8,8 @@
 //! Invariants: a document is deleted only if, at the moment of the delete (inside the writer's
 //! job), it still matches the expiry filter; documents whose indexed field is not a date (or
 //! an array holding one) never expire; one pass deletes at most [`MAX_PER_PASS`] documents
-//! (the next pass takes the rest) so writers wait for it no longer than for a large batch.
+//! (the next pass takes the rest), in writer jobs of at most [`BATCH`], so writers wait for
+//! it no longer than for one batch and it never holds more than a batch in memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,6 +18,7 @@ use wire::MongoError;
 
 use crate::Shard;
 use crate::catalog::CollectionEntry;
+use crate::commands::batches::{BATCH, Cursor};
 use crate::query::Filter;
 use crate::writer::{OpError, WriteCtx, WriteOutput};
 
@@ -83,47 +85,53 @@ pub async fn run(shard: &Shard) -> Result<usize, MongoError> {
                 .collect::<Vec<_>>()
         })
         .collect();
-    if work.is_empty() {
-        return Ok(0);
-    }
-    let job = move |w: &mut WriteCtx<'_>| {
-        let mut deleted = 0usize;
-        for (db, name, filter) in work {
-            let Some(coll) = w.catalog().lookup(&db, &name).cloned() else {
-                continue;
+    let mut deleted = 0;
+    for (db, name, filter) in work {
+        let Ok(filter) = Filter::parse(&filter) else {
+            continue;
+        };
+        let filter = std::sync::Arc::new(filter);
+        // A job per batch, so writers wait for the pass no longer than for one batch. A
+        // batch that deletes nothing (its documents are held) ends the collection's pass.
+        while deleted < MAX_PER_PASS {
+            let (db, name, filter) = (db.clone(), name.clone(), filter.clone());
+            let max = BATCH.min(MAX_PER_PASS - deleted);
+            let job = move |w: &mut WriteCtx<'_>| {
+                let n = match w.catalog().lookup(&db, &name).cloned() {
+                    Some(coll) => expire(w, &coll, &filter, max)?,
+                    None => 0,
+                };
+                Ok(WriteOutput {
+                    reply: doc! {"n": n as i64, "ok": 1.0},
+                    op_time: None,
+                })
             };
-            deleted += expire(w, &coll, &filter, MAX_PER_PASS - deleted)?;
-            if deleted >= MAX_PER_PASS {
+            let out = shard.writer().submit(Box::new(job)).await?;
+            let n = out.reply.get_i64("n").unwrap_or(0) as usize;
+            deleted += n;
+            if n < max {
                 break;
             }
         }
-        Ok(WriteOutput {
-            reply: doc! {"n": deleted as i64, "ok": 1.0},
-            op_time: None,
-        })
-    };
-    let out = shard.writer().submit(Box::new(job)).await?;
-    Ok(out.reply.get_i64("n").unwrap_or(0) as usize)
+    }
+    Ok(deleted)
 }
 
 /// Deletes up to `max` expired documents of one collection.
 fn expire(
     w: &mut WriteCtx<'_>,
     coll: &CollectionEntry,
-    filter: &Document,
+    filter: &Filter,
     max: usize,
 ) -> crate::storage::StorageResult<usize> {
-    let Ok(filter) = Filter::parse(filter) else {
-        return Ok(0);
-    };
-    let docs = match crate::commands::write_ops::targets(w, coll, &filter, true, None) {
-        Ok(d) => d,
+    let batch = match Cursor::default().next_batch(w.txn(), coll, filter, max) {
+        Ok(b) => b,
         Err(OpError::Storage(e)) => return Err(e),
         Err(OpError::Mongo(_)) => return Ok(0),
     };
     let mut n = 0;
-    for d in docs.into_iter().take(max) {
-        match crate::commands::write_ops::delete_one(w, coll, &d, None, 0) {
+    for (_, d) in &batch.docs {
+        match crate::commands::write_ops::delete_one(w, coll, d, None, 0) {
             Ok(_) => n += 1,
             Err(OpError::Storage(e)) => return Err(e),
             // Held by a prepared transaction: the next pass tries again.

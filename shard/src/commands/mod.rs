@@ -5,6 +5,7 @@
 //! job for the writer), then build the reply. Errors are [`MongoError`]s; nothing here panics
 //! on input.
 
+pub(crate) mod batches;
 mod changestream;
 mod ddl;
 pub mod explain;

@@ -1,5 +1,6 @@
-//! `insert`, `update` and `delete`: parse the statements, then run them all as one job of the
-//! writer (one atomic commit with their oplog entries and retryable-write records).
+//! `insert`, `update` and `delete`: parse the statements, then run them as one job of the
+//! writer (one atomic commit with their oplog entries and retryable-write records), or, when a
+//! multi statement matches more than a batch, as one job per batch of it ([`batches`]).
 //!
 //! Per-statement failures become `writeErrors` (`ordered` stops at the first); earlier
 //! statements keep their effects, as in MongoDB. A retried statement (same `lsid`,
@@ -9,9 +10,10 @@ use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
+use super::batches::{self, Batch};
 use super::write_ops::{
-    UpdateStmt, delete_one, ensure_collection, insert_one, lookup_writable, prepare_insert,
-    run_update, targets,
+    UpdateOutcome, UpdateStmt, delete_one, ensure_collection, insert_one, lookup_writable,
+    prepare_insert, targets, update_batch,
 };
 use super::{Ctx, Reply, as_bool, as_i64};
 use crate::catalog::check_coll_name;
@@ -92,6 +94,144 @@ fn stmt_id(retry: &Option<RetryState>, i: usize) -> i32 {
     match retry {
         Some(r) => r.info.stmt_id(i),
         None => i32::try_from(i).unwrap_or(i32::MAX),
+    }
+}
+
+/// A write command's statements, run in order as writer jobs: usually one, more when a
+/// multi statement writes more than one batch ([`batches`]).
+trait Batched: Send + 'static {
+    fn series(&self) -> &Series;
+
+    /// Runs statements on from where the last job stopped, until they are all done (the
+    /// command's reply) or a multi statement has written a batch (a placeholder reply).
+    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput>;
+}
+
+/// Runs `run` as writer jobs until its statements are done; a batch that stopped at a held
+/// key waits for a hold to end before the next.
+async fn in_batches<R: Batched>(ctx: &Ctx<'_>, run: R) -> Result<WriteOutput, MongoError> {
+    let reservations = &ctx.shard.state().reservations;
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(run)));
+    loop {
+        let seen = reservations.generation();
+        let job_slot = slot.clone();
+        let job = move |w: &mut WriteCtx<'_>| {
+            let mut guard = job_slot.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_mut() {
+                Some(run) => run.step(w),
+                None => Ok(WriteOutput {
+                    reply: MongoError::internal("a write's statements went missing").to_document(),
+                    op_time: None,
+                }),
+            }
+        };
+        let out = ctx.submit(Box::new(job)).await?;
+        let (done, held) = {
+            let guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_ref() {
+                Some(run) => (run.series().done, run.series().cursor.held),
+                None => (true, false),
+            }
+        };
+        if done {
+            return Ok(out);
+        }
+        if held {
+            reservations.wait(seen).await;
+        }
+    }
+}
+
+/// What every write command's statement series keeps between its jobs.
+struct Series {
+    /// The retryable-write identity, until the first job begins its state.
+    retry_info: Option<RetryInfo>,
+    retry: Option<RetryState>,
+    begun: bool,
+    /// The statement running now.
+    next: usize,
+    /// Where the running statement stands, when it is multi.
+    cursor: batches::Cursor,
+    stopped: bool,
+    n: i64,
+    errors: Vec<Bson>,
+    retried: Vec<i32>,
+    last_ts: Option<ClusterTime>,
+    done: bool,
+}
+
+impl Series {
+    fn new(retry_info: Option<RetryInfo>) -> Series {
+        Series {
+            retry_info,
+            retry: None,
+            begun: false,
+            next: 0,
+            cursor: batches::Cursor::default(),
+            stopped: false,
+            n: 0,
+            errors: Vec::new(),
+            retried: Vec::new(),
+            last_ts: None,
+            done: false,
+        }
+    }
+
+    /// Begins the retryable-write state in the first job; `Some` is the command's reply
+    /// when the session refuses it.
+    fn begin(&mut self, w: &WriteCtx<'_>) -> StorageResult<Option<WriteOutput>> {
+        if self.begun {
+            return Ok(None);
+        }
+        self.begun = true;
+        match begin_retry(w, self.retry_info.take())? {
+            Ok(r) => {
+                self.retry = r;
+                Ok(None)
+            }
+            Err(out) => {
+                self.done = true;
+                Ok(Some(out))
+            }
+        }
+    }
+
+    /// The statement to run now, if any is left.
+    fn next_statement(&self, total: usize) -> Option<usize> {
+        (!self.stopped && self.next < total).then_some(self.next)
+    }
+
+    fn statement_done(&mut self) {
+        self.next += 1;
+        self.cursor = batches::Cursor::default();
+    }
+
+    /// Statement `i` failed: its write error, and an ordered command stops.
+    fn statement_failed(&mut self, i: usize, e: &MongoError, ordered: bool) {
+        self.errors.push(write_error(i, e));
+        self.statement_done();
+        self.stopped = ordered;
+    }
+
+    /// The reply of a job that ends with statements still to run.
+    fn partial(&self) -> WriteOutput {
+        WriteOutput {
+            reply: doc! {"ok": 1.0},
+            op_time: self.last_ts,
+        }
+    }
+
+    /// The command's reply, with its write errors and retried statements.
+    fn finish(&mut self, w: &mut WriteCtx<'_>, reply: Document) -> StorageResult<WriteOutput> {
+        self.done = true;
+        finish(
+            w,
+            &self.retry,
+            reply,
+            std::mem::take(&mut self.errors),
+            std::mem::take(&mut self.retried),
+            self.last_ts,
+        )
     }
 }
 
@@ -606,66 +746,110 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
             "Cannot use (or request) retryable writes with multi=true",
         ));
     }
-    let db = ctx.db.clone();
-    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
-        w.bypass_validation = bypass;
-        let mut retry = match begin_retry(w, retry_info)? {
-            Ok(r) => r,
-            Err(out) => return Ok(out),
-        };
-        let (mut n, mut n_modified) = (0_i64, 0_i64);
-        let (mut upserted, mut errors, mut retried, mut last_ts) =
-            (Vec::new(), Vec::new(), Vec::new(), None);
-        for (i, stmt) in stmts.into_iter().enumerate() {
-            let sid = stmt_id(&retry, i);
-            if let Some(prev) = retry.as_ref().and_then(|r| r.executed(sid)) {
-                n += prev.get("n").and_then(as_i64).unwrap_or(0);
-                n_modified += prev.get("nModified").and_then(as_i64).unwrap_or(0);
+    in_batches(
+        ctx,
+        UpdateRun {
+            db: ctx.db.clone(),
+            coll,
+            stmts,
+            ordered,
+            bypass,
+            series: Series::new(retry_info),
+            current: UpdateOutcome::default(),
+            n_modified: 0,
+            upserted: Vec::new(),
+        },
+    )
+    .await
+}
+
+/// An `update` command's statements, run as one or more writer jobs.
+struct UpdateRun {
+    db: String,
+    coll: String,
+    stmts: Vec<Result<UpdateStmt, MongoError>>,
+    ordered: bool,
+    bypass: bool,
+    series: Series,
+    /// What the current statement has done so far.
+    current: UpdateOutcome,
+    n_modified: i64,
+    upserted: Vec<Bson>,
+}
+
+impl Batched for UpdateRun {
+    fn series(&self) -> &Series {
+        &self.series
+    }
+
+    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput> {
+        w.bypass_validation = self.bypass;
+        if let Some(out) = self.series.begin(w)? {
+            return Ok(out);
+        }
+        while let Some(i) = self.series.next_statement(self.stmts.len()) {
+            let sid = stmt_id(&self.series.retry, i);
+            if let Some(prev) = self.series.retry.as_ref().and_then(|r| r.executed(sid)) {
+                self.series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
+                self.n_modified += prev.get("nModified").and_then(as_i64).unwrap_or(0);
                 if let Some(id) = prev.get("upserted") {
-                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
+                    self.upserted
+                        .push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
                 }
-                retried.push(sid);
+                self.series.retried.push(sid);
+                self.series.statement_done();
                 continue;
             }
-            let result = match stmt {
-                Ok(s) => run_update(w, &db, &coll, &s, retry.as_mut(), sid),
-                Err(e) => Err(OpError::Mongo(e)),
+            let result = match &self.stmts[i] {
+                Ok(s) => update_batch(
+                    w,
+                    &self.db,
+                    &self.coll,
+                    s,
+                    self.series.retry.as_mut(),
+                    sid,
+                    &mut self.series.cursor,
+                    &mut self.current,
+                    batches::BATCH,
+                ),
+                Err(e) => Err(OpError::Mongo(e.clone())),
             };
+            let o = std::mem::take(&mut self.current);
+            if o.last_ts.is_some() {
+                self.series.last_ts = o.last_ts;
+            }
             match result {
-                Ok(o) => {
+                Ok(()) if !self.series.cursor.finished => {
+                    self.current = o;
+                    return Ok(self.series.partial());
+                }
+                Ok(()) => {
                     let mut rec = doc! {"n": o.n, "nModified": o.n_modified};
-                    n += o.n;
-                    n_modified += o.n_modified;
+                    self.series.n += o.n;
+                    self.n_modified += o.n_modified;
                     if let Some(id) = o.upserted {
-                        n += 1;
+                        self.series.n += 1;
                         rec.insert("n", o.n + 1);
                         rec.insert("upserted", id.clone());
-                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
+                        self.upserted
+                            .push(Bson::Document(doc! {"index": i as i32, "_id": id}));
                     }
-                    if o.last_ts.is_some() {
-                        last_ts = o.last_ts;
-                    }
-                    if let Some(r) = retry.as_mut() {
+                    if let Some(r) = self.series.retry.as_mut() {
                         r.record(sid, rec);
                     }
+                    self.series.statement_done();
                 }
                 Err(OpError::Storage(e)) => return Err(e),
-                Err(OpError::Mongo(e)) => {
-                    errors.push(write_error(i, &e));
-                    if ordered {
-                        break;
-                    }
-                }
+                Err(OpError::Mongo(e)) => self.series.statement_failed(i, &e, self.ordered),
             }
         }
-        let mut reply = doc! {"n": n as i32};
-        if !upserted.is_empty() {
-            reply.insert("upserted", upserted);
+        let mut reply = doc! {"n": self.series.n as i32};
+        if !self.upserted.is_empty() {
+            reply.insert("upserted", std::mem::take(&mut self.upserted));
         }
-        reply.insert("nModified", n_modified as i32);
-        finish(w, &retry, reply, errors, retried, last_ts)
-    };
-    ctx.submit(Box::new(job)).await
+        reply.insert("nModified", self.n_modified as i32);
+        self.series.finish(w, reply)
+    }
 }
 
 struct DeleteStmt {
@@ -733,68 +917,113 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     }
     let ordered = ctx.bool_or("ordered", true)?;
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
-    let db = ctx.db.clone();
-    let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
-        let mut retry = match begin_retry(w, retry_info)? {
-            Ok(r) => r,
-            Err(out) => return Ok(out),
-        };
-        let (mut n, mut errors, mut retried, mut last_ts) = (0_i64, Vec::new(), Vec::new(), None);
-        for (i, stmt) in stmts.into_iter().enumerate() {
-            let sid = stmt_id(&retry, i);
-            if let Some(prev) = retry.as_ref().and_then(|r| r.executed(sid)) {
-                n += prev.get("n").and_then(as_i64).unwrap_or(0);
-                retried.push(sid);
+    in_batches(
+        ctx,
+        DeleteRun {
+            db: ctx.db.clone(),
+            coll,
+            stmts,
+            ordered,
+            series: Series::new(retry_info),
+            current: 0,
+        },
+    )
+    .await
+}
+
+/// A `delete` command's statements, run as one or more writer jobs.
+struct DeleteRun {
+    db: String,
+    coll: String,
+    stmts: Vec<Result<DeleteStmt, MongoError>>,
+    ordered: bool,
+    series: Series,
+    /// How many documents the current statement has deleted so far.
+    current: i64,
+}
+
+impl Batched for DeleteRun {
+    fn series(&self) -> &Series {
+        &self.series
+    }
+
+    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput> {
+        if let Some(out) = self.series.begin(w)? {
+            return Ok(out);
+        }
+        while let Some(i) = self.series.next_statement(self.stmts.len()) {
+            let sid = stmt_id(&self.series.retry, i);
+            if let Some(prev) = self.series.retry.as_ref().and_then(|r| r.executed(sid)) {
+                self.series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
+                self.series.retried.push(sid);
+                self.series.statement_done();
                 continue;
             }
-            let result = match stmt {
-                Ok(s) => delete_stmt(w, &db, &coll, &s, retry.as_mut(), sid),
-                Err(e) => Err(OpError::Mongo(e)),
+            let result = match &self.stmts[i] {
+                Ok(s) => delete_batch(
+                    w,
+                    (&self.db, &self.coll),
+                    s,
+                    sid,
+                    &mut self.series,
+                    &mut self.current,
+                ),
+                Err(e) => Err(OpError::Mongo(e.clone())),
             };
             match result {
-                Ok((count, ts)) => {
-                    n += count;
-                    if ts.is_some() {
-                        last_ts = ts;
+                Ok(()) if !self.series.cursor.finished => return Ok(self.series.partial()),
+                Ok(()) => {
+                    let n = std::mem::take(&mut self.current);
+                    self.series.n += n;
+                    if let Some(r) = self.series.retry.as_mut() {
+                        r.record(sid, doc! {"n": n});
                     }
-                    if let Some(r) = retry.as_mut() {
-                        r.record(sid, doc! {"n": count});
-                    }
+                    self.series.statement_done();
                 }
                 Err(OpError::Storage(e)) => return Err(e),
                 Err(OpError::Mongo(e)) => {
-                    errors.push(write_error(i, &e));
-                    if ordered {
-                        break;
-                    }
+                    self.current = 0;
+                    self.series.statement_failed(i, &e, self.ordered);
                 }
             }
         }
-        finish(w, &retry, doc! {"n": n as i32}, errors, retried, last_ts)
-    };
-    ctx.submit(Box::new(job)).await
+        self.series.finish(w, doc! {"n": self.series.n as i32})
+    }
 }
 
-fn delete_stmt(
+/// The next batch of delete statement `stmt` (all of it unless multi).
+fn delete_batch(
     w: &mut WriteCtx<'_>,
-    db: &str,
-    coll: &str,
+    (db, coll): (&str, &str),
     stmt: &DeleteStmt,
-    mut retry: Option<&mut RetryState>,
     sid: i32,
-) -> OpResult<(i64, Option<ClusterTime>)> {
+    series: &mut Series,
+    current: &mut i64,
+) -> OpResult<()> {
     let Some(c) = lookup_writable(w, db, coll)? else {
-        return Ok((0, None));
+        series.cursor.finished = true;
+        return Ok(());
     };
-    let docs = targets(w, &c, &stmt.filter, stmt.multi, None)?;
-    // A held document stops the statement before it deletes anything, so it can run again.
-    for d in &docs {
-        w.check_not_held(&c, d)?;
+    let batch = if stmt.multi {
+        series
+            .cursor
+            .next_batch(w.txn(), &c, &stmt.filter, batches::BATCH)?
+    } else {
+        series.cursor.finished = true;
+        Batch::whole(&c, targets(w, &c, &stmt.filter, false, None)?)
+    };
+    for (i, (_, d)) in batch.docs.iter().enumerate() {
+        // A held document stops a statement that has done nothing yet, so it can run again;
+        // one that has goes on from this document once the hold ends.
+        if let Err(e) = w.check_not_held(&c, d) {
+            if *current == 0 || !batch.resumable() {
+                return Err(e);
+            }
+            series.cursor.rewind(&batch, i);
+            return Ok(());
+        }
+        series.last_ts = Some(delete_one(w, &c, d, series.retry.as_mut(), sid)?);
+        *current += 1;
     }
-    let mut last = None;
-    let n = docs.len() as i64;
-    for d in &docs {
-        last = Some(delete_one(w, &c, d, retry.as_deref_mut(), sid)?);
-    }
-    Ok((n, last))
+    Ok(())
 }

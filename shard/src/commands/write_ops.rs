@@ -15,6 +15,7 @@ use bson::{Bson, Document, Uuid, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
+use super::batches::{Batch, Cursor};
 use crate::catalog::{CollectionEntry, check_coll_name, get_dotted};
 use crate::oplog::EntrySpec;
 use crate::query::{Filter, Sort, scan_matching};
@@ -432,32 +433,62 @@ fn check_immutable(
     Ok(())
 }
 
-/// Runs one update statement (with upsert) against `db.coll`.
+/// Runs one update statement (with upsert) against `db.coll`, whole.
 pub fn run_update(
+    ctx: &mut WriteCtx<'_>,
+    db: &str,
+    coll_name: &str,
+    stmt: &UpdateStmt,
+    retry: Option<&mut RetryState>,
+    stmt_id: i32,
+) -> OpResult<UpdateOutcome> {
+    let mut out = UpdateOutcome::default();
+    let mut cursor = Cursor::default();
+    update_batch(
+        ctx,
+        db,
+        coll_name,
+        stmt,
+        retry,
+        stmt_id,
+        &mut cursor,
+        &mut out,
+        usize::MAX,
+    )?;
+    Ok(out)
+}
+
+/// Runs the next batch (at most `max` documents) of update statement `stmt`, adding to `out`;
+/// `cursor` says where the statement stands. A statement that is not multi, or has a sort,
+/// runs whole in one batch. The upsert happens in the batch that finishes the statement.
+#[allow(clippy::too_many_arguments)]
+pub fn update_batch(
     ctx: &mut WriteCtx<'_>,
     db: &str,
     coll_name: &str,
     stmt: &UpdateStmt,
     mut retry: Option<&mut RetryState>,
     stmt_id: i32,
-) -> OpResult<UpdateOutcome> {
-    let mut out = UpdateOutcome::default();
+    cursor: &mut Cursor,
+    out: &mut UpdateOutcome,
+    max: usize,
+) -> OpResult<()> {
     let coll = lookup_writable(ctx, db, coll_name)?;
-    let docs = match &coll {
-        Some(c) => targets(ctx, c, &stmt.filter, stmt.multi, stmt.sort.as_ref())?,
-        None => Vec::new(),
-    };
     if let Some(coll) = &coll {
-        // A held document stops the statement before it writes anything, so it can run again.
-        for old in &docs {
-            ctx.check_not_held(coll, old)?;
-        }
-        for old in docs {
+        let batch = if stmt.multi && stmt.sort.is_none() {
+            cursor.next_batch(ctx.txn(), coll, &stmt.filter, max)?
+        } else {
+            cursor.finished = true;
+            Batch::whole(
+                coll,
+                targets(ctx, coll, &stmt.filter, stmt.multi, stmt.sort.as_ref())?,
+            )
+        };
+        for (i, (_, old)) in batch.docs.iter().enumerate() {
             let uctx = update_context(ctx, Some(coll), false, stmt);
-            let (new, outcome) = stmt.spec.apply_logged(&old, &uctx, Some(&stmt.query))?;
-            check_immutable(coll, &old, &new)?;
+            let (new, outcome) = stmt.spec.apply_logged(old, &uctx, Some(&stmt.query))?;
+            check_immutable(coll, old, &new)?;
             check_update_size(&new)?;
-            out.n += 1;
             let o = match outcome {
                 DiffOutcome::Unchanged => None,
                 DiffOutcome::Diff(d) => Some(doc! {"$v": 2, "diff": d}),
@@ -466,33 +497,50 @@ pub fn run_update(
             if let Some(o) = o {
                 crate::validation::check(
                     coll,
-                    Some(&old),
+                    Some(old),
                     &new,
                     ctx.bypass_validation,
                     ctx.wall_ms,
                 )?;
-                ctx.check_not_held(coll, &old)?;
-                ctx.check_not_held(coll, &new)?;
+                // A held document stops a statement that has done nothing yet, so it can run
+                // again; one that has goes on from this document once the hold ends.
+                let held = ctx
+                    .check_not_held(coll, old)
+                    .and_then(|()| ctx.check_not_held(coll, &new));
+                if let Err(e) = held {
+                    if out.n == 0 || !batch.resumable() {
+                        return Err(e);
+                    }
+                    cursor.rewind(&batch, i);
+                    return Ok(());
+                }
                 check_unique(ctx, coll, &new, new.get("_id"))?;
                 ctx.put_doc(coll, &new)?;
-                crate::indexes::update(ctx.txn_mut(), coll, &old, &new)?;
-                crate::capped::updated(ctx, coll, &old, &new)?;
-                let key = coll.document_key(&old);
+                crate::indexes::update(ctx.txn_mut(), coll, old, &new)?;
+                crate::capped::updated(ctx, coll, old, &new)?;
+                let key = coll.document_key(old);
                 let ts = logged(
                     ctx,
                     EntrySpec::update(coll.ns(), coll.uuid, o, key)
-                        .with_pre_image(coll.records_pre_images(), &old),
+                        .with_pre_image(coll.records_pre_images(), old),
                     &mut retry,
                     stmt_id,
                 )?;
+                cursor.wrote(coll, old);
                 out.n_modified += 1;
                 out.last_ts = Some(ts);
             }
+            out.n += 1;
             if out.before.is_none() {
-                out.before = Some(old);
+                out.before = Some(old.clone());
                 out.after = Some(new);
             }
         }
+    } else {
+        cursor.finished = true;
+    }
+    if !cursor.finished {
+        return Ok(());
     }
     if out.n == 0 && stmt.upsert {
         let seed = update::upsert_seed(&stmt.query)?;
@@ -514,7 +562,7 @@ pub fn run_update(
         out.last_ts = Some(ts);
         out.after = Some(new);
     }
-    Ok(out)
+    Ok(())
 }
 
 fn check_update_size(doc: &Document) -> Result<(), MongoError> {
