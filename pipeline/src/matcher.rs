@@ -103,10 +103,19 @@ impl fmt::Debug for Re {
     }
 }
 
+/// The longest regular expression pattern, in bytes (MongoDB's `kMaxPatternLength`).
+pub const MAX_PATTERN_LEN: usize = 32_764;
+
 impl Re {
     /// Compiles a PCRE-style pattern with MongoDB options (`i`, `m`, `s`, `x`; `u` accepted and
     /// implied). Invalid options are BadValue 51108, invalid patterns 51091.
     pub fn new(pattern: &str, options: &str) -> Result<Re> {
+        if pattern.len() > MAX_PATTERN_LEN {
+            return Err(MongoError::with_code(
+                51091,
+                "Regular expression is invalid: pattern string is longer than the limit set by the application",
+            ));
+        }
         let mut b = regex::RegexBuilder::new(pattern);
         for c in options.chars() {
             match c {
@@ -1306,6 +1315,15 @@ mod tests {
     }
 
     #[test]
+    fn a_regex_pattern_is_at_most_32764_bytes() {
+        let at_limit = "c".repeat(MAX_PATTERN_LEN);
+        let re = Re::new(&at_limit, "").expect("a pattern at the limit compiles");
+        assert!(re.is_match(&"c".repeat(MAX_PATTERN_LEN + 10)));
+        let e = Re::new(&format!("{at_limit}c"), "").expect_err("one byte more");
+        assert_eq!(e.code, 51091);
+    }
+
+    #[test]
     fn parse_errors_carry_mongodb_codes() {
         let cases: &[(Document, i32, &str)] = &[
             (doc! {"a": {"$foo": 1}}, 2, "unknown operator: $foo"),
@@ -1319,6 +1337,19 @@ mod tests {
                 doc! {"a": {"$regex": "("}},
                 51091,
                 "Regular expression is invalid",
+            ),
+            (
+                doc! {"a": {"$regex": "c".repeat(MAX_PATTERN_LEN + 1)}},
+                51091,
+                "longer than the limit",
+            ),
+            (
+                doc! {"a": {"$in": [Bson::RegularExpression(bson::Regex::from_strings_for_tests(
+                    &"c".repeat(MAX_PATTERN_LEN + 1),
+                    "",
+                ))]}},
+                51091,
+                "longer than the limit",
             ),
             (
                 doc! {"a": {"$regex": "a", "$options": "z"}},

@@ -6,8 +6,16 @@
 //! back whole either way, so the router can send it again without copying it first: always
 //! when it was never sent ([`TransportError::Unreachable`]), and when it is safe to run twice
 //! (reads, retryable writes) when it was lost on the way.
+//!
+//! Every call to a remote shard has a deadline: a command with `maxTimeMS` gets that long and
+//! [`MAX_TIME_GRACE`] more (the shard reports the expiry itself); any command whose reply is
+//! [`LIVENESS_CHECK`] late has its shard pinged on another connection, and fails with
+//! `NetworkTimeout` (as lost: it may have run) unless the ping is answered within
+//! [`PING_TIMEOUT`]. So a long command on a live shard runs on, and a hung or cut-off shard
+//! fails its callers within `LIVENESS_CHECK + PING_TIMEOUT`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::Document;
@@ -72,6 +80,34 @@ impl ShardClient for LocalShard {
     }
 }
 
+/// How long a reply may be late before the shard is pinged.
+pub const LIVENESS_CHECK: Duration = Duration::from_secs(10);
+
+/// How long a shard has to answer that ping.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much longer than a command's `maxTimeMS` the router waits for the shard's own expiry.
+pub const MAX_TIME_GRACE: Duration = Duration::from_secs(5);
+
+/// The hard deadline of `cmd`: its `maxTimeMS` (when positive) and the grace.
+fn hard_deadline(cmd: &Document) -> Option<Duration> {
+    let ms = match cmd.get("maxTimeMS")? {
+        bson::Bson::Int32(n) => i64::from(*n),
+        bson::Bson::Int64(n) => *n,
+        bson::Bson::Double(f) if f.is_finite() => *f as i64,
+        _ => return None,
+    };
+    (ms > 0).then(|| Duration::from_millis(ms.unsigned_abs()) + MAX_TIME_GRACE)
+}
+
+/// Why a remote call ended without a reply of its own.
+enum Overdue {
+    /// Past the command's `maxTimeMS` and grace.
+    PastMaxTime(Duration),
+    /// Late, and the shard did not answer a ping either.
+    Silent,
+}
+
 /// A shard in another process, over the MongoDB wire protocol.
 pub struct RemoteShard {
     addr: String,
@@ -103,10 +139,62 @@ impl RemoteShard {
     }
 }
 
+impl RemoteShard {
+    /// Runs `cmd` until its reply, or until it is overdue ([`Overdue`]).
+    async fn call(
+        &self,
+        db: &str,
+        cmd: &Document,
+    ) -> Result<Result<bson::RawDocumentBuf, wire::ClientError>, Overdue> {
+        let hard = hard_deadline(cmd);
+        let started = tokio::time::Instant::now();
+        let call = self.client.command_raw(db, cmd);
+        tokio::pin!(call);
+        loop {
+            let check = tokio::time::Instant::now() + LIVENESS_CHECK;
+            let wake = hard.map_or(check, |h| check.min(started + h));
+            tokio::select! {
+                reply = &mut call => return Ok(reply),
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+            if let Some(h) = hard
+                && started.elapsed() >= h
+            {
+                return Err(Overdue::PastMaxTime(h));
+            }
+            let ping = bson::doc! {"ping": 1};
+            match tokio::time::timeout(PING_TIMEOUT, self.client.command_raw("admin", &ping)).await
+            {
+                Ok(Ok(_)) => continue,
+                _ => return Err(Overdue::Silent),
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl ShardClient for RemoteShard {
     async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
-        match self.client.command_raw(db, &cmd).await {
+        let reply = match self.call(db, &cmd).await {
+            Ok(reply) => reply,
+            Err(overdue) => {
+                let why = match overdue {
+                    Overdue::PastMaxTime(d) => {
+                        format!("no reply within the command's maxTimeMS and {d:?} more")
+                    }
+                    Overdue::Silent => format!(
+                        "no reply, and no answer to a ping within {} s",
+                        PING_TIMEOUT.as_secs()
+                    ),
+                };
+                let error = MongoError::new(
+                    ErrorCode::NETWORK_TIMEOUT,
+                    format!("shard {} timed out: {why}", self.addr),
+                );
+                return Err(TransportError::Lost { error, cmd });
+            }
+        };
+        match reply {
             Ok(reply) => Ok(Body::Raw(reply)),
             Err(e) => {
                 let error = MongoError::new(

@@ -69,8 +69,10 @@ use crate::writer::{RESERVATION_KEY, Writer};
 pub const TAIL_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 
 /// The shard's fail points: `hangAfterCommitDecision` holds a two-phase commit's coordinator
-/// after its decision is durable and before it tells the participants (to kill it there).
-pub const FAIL_POINTS: &[&str] = &["hangAfterCommitDecision"];
+/// after its decision is durable and before it tells the participants (to kill it there);
+/// `failCoordinatorDelivery` makes every delivery of a decision fail as if no participant
+/// answered.
+pub const FAIL_POINTS: &[&str] = &["hangAfterCommitDecision", "failCoordinatorDelivery"];
 
 /// How to open a shard.
 #[derive(Clone)]
@@ -109,6 +111,8 @@ pub struct Shard {
     ttl_sleep: ttl::SleepSecs,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// This shard, for background tasks that outlive the call that starts them.
+    me: std::sync::Weak<Shard>,
 }
 
 impl Shard {
@@ -182,7 +186,8 @@ impl Shard {
         state.set_lineage(lineage);
         let writer = Writer::start(state.clone());
         writer.renew();
-        let shard = Arc::new(Shard {
+        let shard = Arc::new_cyclic(|me| Shard {
+            me: me.clone(),
             state,
             writer,
             cursors: CursorRegistry::default(),
@@ -213,6 +218,7 @@ impl Shard {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             let mut last_purge = tokio::time::Instant::now();
             let mut last_ttl = tokio::time::Instant::now();
+            let mut last_sessions = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -235,6 +241,12 @@ impl Shard {
                     last_ttl = tokio::time::Instant::now();
                     if let Err(e) = ttl::run(&shard).await {
                         tracing::warn!(error = %e, "deleting expired TTL documents");
+                    }
+                }
+                if last_sessions.elapsed() >= retryable::PURGE_INTERVAL {
+                    last_sessions = tokio::time::Instant::now();
+                    if let Err(e) = retryable::purge(&shard).await {
+                        tracing::warn!(error = %e, "purging expired session records");
                     }
                 }
                 if last_purge.elapsed() >= preimages::PURGE_INTERVAL {
@@ -461,6 +473,11 @@ impl Shard {
     /// How this shard reaches the other participants of a transaction it coordinates.
     pub fn peers(&self) -> &txn::coordinator::Peers {
         &self.peers
+    }
+
+    /// This shard, shared (`None` only while it is being dropped).
+    pub(crate) fn shared(&self) -> Option<Arc<Shard>> {
+        self.me.upgrade()
     }
 
     /// Runs a background task of the shard (stopped at shutdown).

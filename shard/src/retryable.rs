@@ -9,15 +9,30 @@
 //! * A `txnNumber` below the session's latest is rejected with `TransactionTooOld` (225); a
 //!   higher one starts a fresh record.
 //! * Oplog entries of a retryable write chain through `prevOpTime` within one `txnNumber`.
+//! * A record expires with its session: [`purge`] deletes the records whose last write is more
+//!   than [`SESSION_TIMEOUT`] old (`logicalSessionTimeoutMinutes`), as MongoDB reaps
+//!   `config.transactions` when a session expires. A statement retried after that is new.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
+use crate::Shard;
 use crate::oplog::SessionFields;
-use crate::storage::{ReadTxn, StorageResult, Table, WriteTxn};
+use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn};
+use crate::writer::{WriteCtx, WriteOutput};
+
+/// How long a session lives after its last write (`logicalSessionTimeoutMinutes`: 30).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// How often the shard looks for expired records (`logicalSessionRefreshMillis`: 5 minutes).
+pub const PURGE_INTERVAL: Duration = Duration::from_secs(5 * 60);
+
+/// The most records one purge pass deletes (one writer job).
+pub const PURGE_BATCH: usize = 1_000;
 
 pub const TRANSACTION_TOO_OLD: ErrorCode = ErrorCode {
     code: 225,
@@ -117,6 +132,8 @@ pub struct Record {
     pub last_op: Option<ClusterTime>,
     /// `txn_number` is a multi-document transaction that committed.
     pub committed_txn: bool,
+    /// The wall-clock time of the record's last write (`lastWriteDate`), in milliseconds.
+    pub last_write_ms: u64,
 }
 
 impl Record {
@@ -143,7 +160,23 @@ impl Record {
         if self.committed_txn {
             d.insert("txnState", "committed");
         }
+        let wall = i64::try_from(self.last_write_ms).unwrap_or(i64::MAX);
+        d.insert("lastWriteDate", bson::DateTime::from_millis(wall));
         d
+    }
+
+    /// The record as stored, written at wall-clock `wall_ms`.
+    fn to_bytes(&self, wall_ms: u64) -> StorageResult<Vec<u8>> {
+        let stamped = Record {
+            last_write_ms: wall_ms,
+            ..self.clone()
+        };
+        let mut buf = Vec::new();
+        stamped
+            .to_document()
+            .to_writer(&mut buf)
+            .map_err(|e| StorageError::Engine(format!("a session record: {e}")))?;
+        Ok(buf)
     }
 
     fn from_document(d: &Document) -> Record {
@@ -165,6 +198,10 @@ impl Record {
                 _ => None,
             },
             committed_txn: d.get_str("txnState").is_ok_and(|s| s == "committed"),
+            // A record from before the field existed counts as written long ago.
+            last_write_ms: d
+                .get_datetime("lastWriteDate")
+                .map_or(0, |t| u64::try_from(t.timestamp_millis()).unwrap_or(0)),
         }
     }
 }
@@ -238,16 +275,16 @@ impl RetryState {
         self.dirty = true;
     }
 
-    /// Persists the record (in the batch's write transaction).
-    pub fn save(&self, txn: &mut dyn WriteTxn) -> StorageResult<()> {
+    /// Persists the record (in the batch's write transaction, at wall-clock `wall_ms`).
+    pub fn save(&self, txn: &mut dyn WriteTxn, wall_ms: u64) -> StorageResult<()> {
         if !self.dirty {
             return Ok(());
         }
-        let mut buf = Vec::new();
-        if self.record.to_document().to_writer(&mut buf).is_ok() {
-            txn.put(Table::Retryable, &self.info.key, &buf)?;
-        }
-        Ok(())
+        txn.put(
+            Table::Retryable,
+            &self.info.key,
+            &self.record.to_bytes(wall_ms)?,
+        )
     }
 }
 
@@ -258,19 +295,68 @@ pub fn save_committed_transaction(
     key: &[u8],
     txn_number: i64,
     ts: ClusterTime,
+    wall_ms: u64,
 ) -> StorageResult<()> {
     let record = Record {
         txn_number,
         stmts: BTreeMap::new(),
         last_op: Some(ts),
         committed_txn: true,
+        last_write_ms: wall_ms,
     };
-    let mut buf = Vec::new();
-    record
-        .to_document()
-        .to_writer(&mut buf)
-        .map_err(|e| crate::storage::StorageError::Engine(format!("a session record: {e}")))?;
-    txn.put(Table::Retryable, key, &buf)
+    txn.put(Table::Retryable, key, &record.to_bytes(wall_ms)?)
+}
+
+/// Whether a record last written at `last_write_ms` has expired at `now_ms`.
+fn expired(last_write_ms: u64, now_ms: u64) -> bool {
+    let timeout = u64::try_from(SESSION_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+    now_ms.saturating_sub(last_write_ms) > timeout
+}
+
+/// One purge pass: deletes up to [`PURGE_BATCH`] expired session records in one writer job
+/// (each checked again inside it, so a session written in between keeps its record).
+/// Returns how many it deleted.
+pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
+    let state = shard.state();
+    let now_ms = state.now_millis();
+    let storage = |e: StorageError| MongoError::internal(format!("storage: {e}"));
+    let mut doomed = Vec::new();
+    {
+        let read = state.storage.begin_read().map_err(storage)?;
+        read.scan(Table::Retryable, &KeyRange::all(), false, &mut |k, v| {
+            let last = Document::from_reader(v)
+                .map(|d| Record::from_document(&d).last_write_ms)
+                .unwrap_or(0);
+            if expired(last, now_ms) {
+                doomed.push(k.to_vec());
+            }
+            if doomed.len() >= PURGE_BATCH {
+                Scan::Stop
+            } else {
+                Scan::Continue
+            }
+        })
+        .map_err(storage)?;
+    }
+    if doomed.is_empty() {
+        return Ok(0);
+    }
+    let job = move |w: &mut WriteCtx<'_>| {
+        let mut n = 0_i64;
+        for k in doomed {
+            if expired(Record::load(w.txn(), &k)?.last_write_ms, w.wall_ms)
+                && w.txn_mut().delete(Table::Retryable, &k)?
+            {
+                n += 1;
+            }
+        }
+        Ok(WriteOutput {
+            reply: doc! {"n": n, "ok": 1.0},
+            op_time: None,
+        })
+    };
+    let out = shard.writer().submit(Box::new(job)).await?;
+    Ok(usize::try_from(out.reply.get_i64("n").unwrap_or(0)).unwrap_or(0))
 }
 
 fn session_display(lsid: &Document) -> String {

@@ -189,3 +189,73 @@ async fn a_session_moves_from_a_retried_insert_to_a_retried_update() {
     );
     s.shutdown().await;
 }
+
+/// A session's record expires with the session (`logicalSessionTimeoutMinutes`, 30 after its
+/// last write): a purge deletes it, so a statement sent again after that is a new write, and
+/// a record written since stays. Finished transactions are forgotten on the same schedule.
+#[tokio::test]
+async fn session_records_and_finished_transactions_expire_with_their_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = std::sync::Arc::new(shard::ManualClock::new(1_000_000_000_000));
+    let s = shard::Shard::open(options(dir.path(), clock.clone()))
+        .await
+        .unwrap();
+    let (old, recent, txn) = (Uuid::new(), Uuid::new(), Uuid::new());
+    let insert = |id: i32, lsid: Uuid| {
+        with(
+            doc! {"insert": "c", "documents": [{"_id": id}]},
+            session(lsid, 1),
+        )
+    };
+    ok(&s, "db", insert(1, old)).await;
+    let mut start = with(
+        doc! {"insert": "t", "documents": [{"_id": 1}], "startTransaction": true, "autocommit": false},
+        session(txn, 1),
+    );
+    ok(&s, "db", std::mem::take(&mut start)).await;
+    ok(
+        &s,
+        "admin",
+        with(
+            doc! {"commitTransaction": 1, "autocommit": false},
+            session(txn, 1),
+        ),
+    )
+    .await;
+    assert_eq!(s.transactions().sessions(), 1);
+
+    clock.advance(20 * 60 * 1000);
+    ok(&s, "db", insert(2, recent)).await;
+    assert_eq!(
+        shard::retryable::purge(&s).await.unwrap(),
+        0,
+        "nothing is old yet"
+    );
+    let retried = ok(&s, "db", insert(1, old)).await;
+    assert!(retried.contains_key("retriedStmtIds"), "{retried}");
+
+    clock.advance(11 * 60 * 1000);
+    // The old session's record and the transaction's, not the recent one's.
+    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 2);
+    let again = run(&s, "db", insert(1, old)).await;
+    let errors = again.get_array("writeErrors").unwrap();
+    assert_eq!(
+        errors[0].as_document().unwrap().get_i32("code").unwrap(),
+        11000,
+        "sent again after its session expired, the insert is a new write: {again}"
+    );
+    let kept = ok(&s, "db", insert(2, recent)).await;
+    assert!(kept.contains_key("retriedStmtIds"), "{kept}");
+    for _ in 0..100 {
+        if s.transactions().sessions() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        s.transactions().sessions(),
+        0,
+        "the finished transaction is forgotten"
+    );
+    s.shutdown().await;
+}

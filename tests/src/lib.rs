@@ -248,6 +248,18 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the process: a host that hangs with its
+    /// connections open.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {signal} failed");
+        Ok(())
+    }
+
     /// Starts the same command again (same port, same data).
     pub async fn restart(&mut self) -> Result<()> {
         self.kill();

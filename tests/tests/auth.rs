@@ -285,6 +285,47 @@ async fn garbage_in_sasl_is_refused_cleanly() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A connection holds one SASL conversation at a time, as in MongoDB: a client that starts
+/// conversations and never finishes them costs one pending conversation, not one per start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_conversations_are_one_per_connection() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = server(dir.path()).await?;
+    let raw = wire::client::Client::new(p.addr.to_string());
+    raw.command(
+        "admin",
+        &doc! {"createUser": "u", "pwd": "p", "roles": ["root"]},
+    )
+    .await?;
+    let start = |nonce: &str| {
+        doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: format!("n,,n=u,r={nonce}").into_bytes(),
+        }}
+    };
+    let first = raw.command("admin", &start("first-nonce")).await?;
+    let first_id = first.get_i32("conversationId")?;
+    for i in 0..200 {
+        raw.command("admin", &start(&format!("abandoned-{i}")))
+            .await?;
+    }
+    let continued = raw
+        .command(
+            "admin",
+            &doc! {"saslContinue": 1, "conversationId": first_id, "payload": Binary {
+                subtype: BinarySubtype::Generic,
+                bytes: b"c=biws,r=first-nonce,p=AAAA".to_vec(),
+            }},
+        )
+        .await?;
+    assert_eq!(
+        continued.get_i32("code").ok(),
+        Some(17),
+        "a later start ended the first conversation: {continued}"
+    );
+    Ok(())
+}
+
 /// Each role allows what MongoDB's does and refuses the rest, on CRUD and on `watch()` at
 /// collection, database and cluster level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

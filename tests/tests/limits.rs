@@ -489,3 +489,42 @@ async fn a_command_over_sixteen_megabytes_is_refused_before_it_is_parsed() -> an
     cluster.stop().await;
     Ok(())
 }
+
+/// Every router→shard call has a deadline: with its shards frozen (alive to TCP, answering
+/// nothing), a command fails with `NetworkTimeout` once a ping goes unanswered too, instead of
+/// hanging; thawed, the cluster answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_shard_fails_commands_with_network_timeout_instead_of_hanging()
+-> anyhow::Result<()> {
+    let cluster = tests::ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let c = client.database("frozen").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1}).await?;
+    for s in &cluster.shards {
+        s.freeze(true)?;
+    }
+    let started = std::time::Instant::now();
+    let found = tokio::time::timeout(Duration::from_secs(120), c.find_one(doc! {})).await;
+    for s in &cluster.shards {
+        s.freeze(false)?;
+    }
+    let err = found
+        .expect("the command ends by itself")
+        .expect_err("no shard answers");
+    let code = match *err.kind {
+        mongodb::error::ErrorKind::Command(ref e) => e.code,
+        _ => 0,
+    };
+    assert_eq!(code, 89, "NetworkTimeout: {err}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "the shard had time to answer"
+    );
+    assert_eq!(
+        c.count_documents(doc! {}).await?,
+        1,
+        "thawed, it answers again"
+    );
+    drop(cluster);
+    Ok(())
+}

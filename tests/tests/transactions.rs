@@ -516,14 +516,75 @@ async fn shard_of(cluster: &tests::ProcessCluster, db: &str, id: i32) -> anyhow:
 }
 
 async fn fail_point(cluster: &tests::ProcessCluster, on: bool) -> anyhow::Result<()> {
+    set_fail_point(cluster, "hangAfterCommitDecision", on).await
+}
+
+async fn set_fail_point(
+    cluster: &tests::ProcessCluster,
+    name: &str,
+    on: bool,
+) -> anyhow::Result<()> {
     for i in 0..cluster.shards.len() {
         cluster
             .shard_client(i)
             .await?
             .database("admin")
-            .run_command(doc! {"configureFailPoint": "hangAfterCommitDecision", "mode": if on { "alwaysOn" } else { "off" }})
+            .run_command(
+                doc! {"configureFailPoint": name, "mode": if on { "alwaysOn" } else { "off" }},
+            )
             .await?;
     }
+    Ok(())
+}
+
+/// A coordinator whose participants do not take its decision keeps telling them, in the
+/// background, after it has answered the router: the transaction ends committed on every
+/// shard without any restart, as soon as they can be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart()
+-> anyhow::Result<()> {
+    let cluster = tests::ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "redeliver.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("redeliver").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 0, "n": 0}).await?;
+    set_fail_point(&cluster, "failCoordinatorDelivery", true).await?;
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
+        .session(&mut s)
+        .await?;
+    for i in 1..=12 {
+        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+    }
+    s.commit_transaction().await?;
+    // Decided, durable and answered, but no participant has been told: they are prepared.
+    let undecided = c
+        .count_documents(doc! {})
+        .max_time(Duration::from_millis(300))
+        .await;
+    assert!(
+        undecided.is_err(),
+        "a read waits for the prepared participants: {undecided:?}"
+    );
+    set_fail_point(&cluster, "failCoordinatorDelivery", false).await?;
+    let mut count = 0;
+    for _ in 0..100 {
+        match c
+            .count_documents(doc! {})
+            .max_time(Duration::from_millis(300))
+            .await
+        {
+            Ok(n) => {
+                count = n;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(count, 13, "committed on every shard");
+    assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1);
+    drop(cluster);
     Ok(())
 }
 

@@ -368,6 +368,9 @@ pub async fn sasl_start(
         Conversation::start(mechanism, first, &B64.encode(nonce), &credential);
     let mut conns = router.auth.lock();
     let state = conns.entry(conn.id).or_default();
+    // A connection has one conversation at a time, as in MongoDB: a new start ends the one
+    // before, so clients that start and never finish hold no more than one each.
+    state.pending.clear();
     state.next_conversation += 1;
     let id = state.next_conversation;
     state.pending.insert(

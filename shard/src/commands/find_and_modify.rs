@@ -136,7 +136,8 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             Ok((mut reply, ts)) => {
                 if let Some(r) = retry.as_mut() {
                     r.record(sid, reply.clone());
-                    r.save(w.txn_mut())?;
+                    let wall = w.wall_ms;
+                    r.save(w.txn_mut(), wall)?;
                 }
                 reply.insert("ok", 1.0);
                 Ok(WriteOutput { reply, op_time: ts })

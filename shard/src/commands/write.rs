@@ -76,7 +76,8 @@ fn finish(
     last_ts: Option<ClusterTime>,
 ) -> StorageResult<WriteOutput> {
     if let Some(r) = retry {
-        r.save(w.txn_mut())?;
+        let wall = w.wall_ms;
+        r.save(w.txn_mut(), wall)?;
     }
     if !write_errors.is_empty() {
         reply.insert("writeErrors", write_errors);

@@ -8,7 +8,14 @@
 //! 3. The decision, commit at the highest prepare timestamp or abort if any participant could
 //!    not prepare, is made durable in the record. This is the commit point.
 //! 4. Every participant is told (`commitTransaction` with `commitTimestamp`, or
-//!    `abortTransaction`), again until each has answered; then the record goes.
+//!    `abortTransaction`), again until each has answered; then the record goes. The router
+//!    hears the outcome after [`DELIVERY_PATIENCE`] at most; delivery goes on in the
+//!    background, with backoff, until every participant has the decision (a prepared
+//!    participant holds its keys and every change stream of the cluster until then).
+//!
+//! Every message to a participant has a deadline ([`PEER_REPLY_TIMEOUT`]): a participant that
+//! does not answer a prepare in time votes abort, one that does not answer a decision is told
+//! again.
 //!
 //! Recovery: at startup a record without a decision is decided abort (no participant can have
 //! committed), and every recorded decision is delivered again, in the background, until each
@@ -37,6 +44,12 @@ const COORDINATOR_PREFIX: &[u8] = b"c";
 /// How long a coordinator keeps delivering its decision before it answers the router anyway
 /// (the decision is durable; recovery delivers the rest).
 const DELIVERY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long a participant has to answer one message.
+pub const PEER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest pause between two rounds of background delivery.
+const REDELIVERY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// A participant: its name, and its address when it runs in another process.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,8 +105,26 @@ impl Peers {
         lock(&self.local).insert(name.to_string(), Arc::downgrade(shard));
     }
 
-    /// Runs `cmd` on `admin` at `peer`; an `ok: 0` reply is an `Err`.
-    pub fn command<'a>(&'a self, peer: &'a Peer, mut cmd: Document) -> Reply<'a> {
+    /// Runs `cmd` on `admin` at `peer`; an `ok: 0` reply is an `Err`, and so is no reply
+    /// within [`PEER_REPLY_TIMEOUT`] (`NetworkTimeout`).
+    pub fn command<'a>(&'a self, peer: &'a Peer, cmd: Document) -> Reply<'a> {
+        Box::pin(async move {
+            let name = cmd.keys().next().cloned().unwrap_or_default();
+            match tokio::time::timeout(PEER_REPLY_TIMEOUT, self.command_once(peer, cmd)).await {
+                Ok(reply) => reply,
+                Err(_) => Err(MongoError::new(
+                    ErrorCode::NETWORK_TIMEOUT,
+                    format!(
+                        "participant {} did not answer {name} within {} s",
+                        peer.name,
+                        PEER_REPLY_TIMEOUT.as_secs()
+                    ),
+                )),
+            }
+        })
+    }
+
+    fn command_once<'a>(&'a self, peer: &'a Peer, mut cmd: Document) -> Reply<'a> {
         Box::pin(async move {
             let local = lock(&self.local).get(&peer.name).and_then(Weak::upgrade);
             let reply = match local {
@@ -364,22 +395,42 @@ fn answer(args: &TxnArgs, decision: Decision) -> Result<Document, MongoError> {
 }
 
 /// Tells every participant the decision, each until it answers (for up to
-/// [`DELIVERY_PATIENCE`]); forgets the record once all have.
+/// [`DELIVERY_PATIENCE`]); forgets the record once all have, and hands what is left to
+/// [`deliver_in_background`] otherwise.
 async fn deliver(shard: &Shard, session: &[u8], record: Record, decision: Decision) {
+    if !deliver_for_a_while(shard, session, &record, decision).await
+        && let Some(shard) = shard.shared()
+    {
+        deliver_in_background(&shard, session.to_vec(), record);
+    }
+}
+
+/// One stretch of delivery (up to [`DELIVERY_PATIENCE`]): whether every participant has the
+/// decision now (and the record is gone).
+async fn deliver_for_a_while(
+    shard: &Shard,
+    session: &[u8],
+    record: &Record,
+    decision: Decision,
+) -> bool {
     let message = match decision {
         Decision::Commit(ts) => {
-            let mut m = session_command("commitTransaction", &record);
+            let mut m = session_command("commitTransaction", record);
             m.insert("commitTimestamp", ts.timestamp());
             m
         }
         Decision::Abort => {
-            let mut m = session_command("abortTransaction", &record);
+            let mut m = session_command("abortTransaction", record);
             m.insert("fromCoordinator", true);
             m
         }
     };
     let deadline = tokio::time::Instant::now() + DELIVERY_PATIENCE;
     let mut pending: Vec<&Peer> = record.participants.iter().collect();
+    if shard.fail_point("failCoordinatorDelivery") {
+        // As if no participant answered (tests: delivery must go on in the background).
+        return false;
+    }
     while !pending.is_empty() {
         let replies = futures::future::join_all(
             pending
@@ -407,12 +458,46 @@ async fn deliver(shard: &Shard, session: &[u8], record: Record, decision: Decisi
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    if pending.is_empty() {
-        let _ = shard
+    pending.is_empty()
+        && shard
             .writer()
             .submit(save_job(session.to_vec(), None))
-            .await;
-    }
+            .await
+            .is_ok()
+}
+
+/// Delivers `record`'s decision (deciding abort first when it has none: after a restart, no
+/// participant can have committed) until every participant has it, with backoff, for as
+/// long as the shard runs; a restart's [`recover`] takes over from there.
+fn deliver_in_background(shard: &Arc<Shard>, session: Vec<u8>, record: Record) {
+    let weak = Arc::downgrade(shard);
+    shard.spawn(async move {
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let Some(shard) = weak.upgrade() else { return };
+            let mut record = record.clone();
+            let decision = match record.decision {
+                Some(d) => Some(d),
+                None => {
+                    record.decision = Some(Decision::Abort);
+                    shard
+                        .writer()
+                        .submit(save_job(session.clone(), Some(record.clone())))
+                        .await
+                        .ok()
+                        .map(|_| Decision::Abort)
+                }
+            };
+            if let Some(decision) = decision
+                && deliver_for_a_while(&shard, &session, &record, decision).await
+            {
+                return;
+            }
+            drop(shard);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(REDELIVERY_BACKOFF_MAX);
+        }
+    });
 }
 
 fn load(shard: &Shard, session: &[u8]) -> Result<Option<Record>, MongoError> {
@@ -442,35 +527,7 @@ pub fn recover(shard: &Arc<Shard>) -> Result<usize, MongoError> {
     .map_err(storage_error)?;
     let n = found.len();
     for (session, record) in found {
-        let weak = Arc::downgrade(shard);
-        shard.spawn(async move {
-            loop {
-                let Some(shard) = weak.upgrade() else { return };
-                let mut record = record.clone();
-                let decision = match record.decision {
-                    Some(d) => d,
-                    None => {
-                        record.decision = Some(Decision::Abort);
-                        if shard
-                            .writer()
-                            .submit(save_job(session.clone(), Some(record.clone())))
-                            .await
-                            .is_err()
-                        {
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                            continue;
-                        }
-                        Decision::Abort
-                    }
-                };
-                deliver(&shard, &session, record, decision).await;
-                if load(&shard, &session).ok().flatten().is_none() {
-                    return;
-                }
-                drop(shard);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+        deliver_in_background(shard, session, record);
     }
     Ok(n)
 }

@@ -254,6 +254,8 @@ struct Active {
 struct Participant {
     txn_number: i64,
     state: State,
+    /// When this shard first saw the transaction (wall-clock milliseconds).
+    since_ms: u64,
 }
 
 /// The transactions of a shard, by session.
@@ -303,6 +305,7 @@ impl Transactions {
             let p = Arc::new(Mutex::new(Participant {
                 txn_number: args.txn_number,
                 state: State::Committed,
+                since_ms: shard.state().now_millis(),
             }));
             lock(&self.sessions).insert(args.key.clone(), p.clone());
             return Ok(p);
@@ -325,6 +328,7 @@ impl Transactions {
         let p = Arc::new(Mutex::new(Participant {
             txn_number: args.txn_number,
             state: State::Active(Box::new(active)),
+            since_ms: state.now_millis(),
         }));
         lock(&self.sessions).insert(args.key.clone(), p.clone());
         Ok(p)
@@ -701,6 +705,7 @@ impl Transactions {
                 Arc::new(Mutex::new(Participant {
                     txn_number,
                     state: State::Prepared(Box::new(prepared)),
+                    since_ms: state.now_millis(),
                 })),
             );
         }
@@ -779,6 +784,7 @@ impl Transactions {
                     Ok(Arc::new(Mutex::new(Participant {
                         txn_number: args.txn_number,
                         state: State::Committed,
+                        since_ms: shard.state().now_millis(),
                     })))
                 } else if durable.txn_number > args.txn_number {
                     Err(too_old(args, durable.txn_number))
@@ -789,8 +795,20 @@ impl Transactions {
         }
     }
 
-    /// Aborts the running transactions older than `lifetime`; forgets finished ones.
+    /// Aborts the running transactions older than `lifetime`; forgets finished ones once
+    /// their session could have expired ([`SESSION_TIMEOUT`] after the transaction began: a
+    /// late statement or retry of it finds its outcome until then, and the durable session
+    /// record says whether it committed after).
+    ///
+    /// [`SESSION_TIMEOUT`]: crate::retryable::SESSION_TIMEOUT
     pub fn reap(&self, now_ms: u64, lifetime: Duration) {
+        let forget_after =
+            u64::try_from(crate::retryable::SESSION_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+        lock(&self.sessions).retain(|_, p| {
+            let g = lock(p);
+            let finished = matches!(g.state, State::Committed | State::Aborted);
+            !(finished && now_ms.saturating_sub(g.since_ms) > forget_after)
+        });
         let limit = u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX);
         let sessions: Vec<(Vec<u8>, Arc<Mutex<Participant>>)> = lock(&self.sessions)
             .iter()
@@ -835,6 +853,11 @@ impl Transactions {
             }
         }
         aborted
+    }
+
+    /// How many sessions this shard keeps a transaction of, running or finished.
+    pub fn sessions(&self) -> usize {
+        lock(&self.sessions).len()
     }
 
     /// How many transactions are running (for `serverStatus` and tests).
@@ -945,7 +968,8 @@ fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
         for (key, before) in pre_images {
             w.txn_mut().put(Table::PreImages, &key, &before)?;
         }
-        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
+        let wall = w.wall_ms;
+        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts, wall)?;
         Ok(ok_output(Some(ts)))
     })
 }
@@ -1209,7 +1233,8 @@ fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterT
         })?;
         w.txn_mut()
             .delete(Table::Transactions, &participant_key(&args.key))?;
-        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts)?;
+        let wall = w.wall_ms;
+        retryable::save_committed_transaction(w.txn_mut(), &args.key, args.txn_number, ts, wall)?;
         Ok(ok_output(Some(ts)))
     })
 }
