@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use mongodb::bson::{Document, Timestamp, doc};
 use tests::EmbeddedCluster;
 use tests::scenarios::code_of;
@@ -526,5 +527,68 @@ async fn a_frozen_shard_fails_commands_with_network_timeout_instead_of_hanging()
         "thawed, it answers again"
     );
     drop(cluster);
+    Ok(())
+}
+
+/// The commands MongoDB parses strictly refuse a field they do not know (40415) and change
+/// nothing; their real options and the generic arguments pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_of_strict_commands_are_refused_with_40415() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("fields");
+    let c = db.collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1}).await?;
+    for (cmd, field) in [
+        (doc! {"find": "c", "filer": {"_id": 2}}, "find.filer"),
+        (
+            doc! {"aggregate": "c", "pipeline": [], "cursor": {}, "alowDiskUse": true},
+            "aggregate.alowDiskUse",
+        ),
+        (doc! {"count": "c", "qeury": {}}, "count.qeury"),
+        (
+            doc! {"distinct": "c", "key": "a", "filter": {}},
+            "distinct.filter",
+        ),
+        (
+            doc! {"insert": "c", "documents": [{"_id": 2}], "ordred": false},
+            "insert.ordred",
+        ),
+        (
+            doc! {"update": "c", "updates": [{"q": {}, "u": {"$set": {"x": 1}}}], "upsert": true},
+            "update.upsert",
+        ),
+        (
+            doc! {"delete": "c", "deletes": [{"q": {}, "limit": 0}], "multi": true},
+            "delete.multi",
+        ),
+        (
+            doc! {"findAndModify": "c", "query": {}, "remove": true, "returnNew": true},
+            "findAndModify.returnNew",
+        ),
+    ] {
+        let err = db
+            .run_command(cmd.clone())
+            .await
+            .expect_err("unknown field");
+        assert_eq!(code_of(&err), Some(40415), "{cmd}: {err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("BSON field '{field}' is an unknown field.")),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        c.find(doc! {}).await?.try_collect::<Vec<_>>().await?,
+        vec![doc! {"_id": 1}],
+        "nothing was written or deleted"
+    );
+    let ok = db
+        .run_command(doc! {
+            "find": "c", "filter": {}, "sort": {"_id": 1}, "batchSize": 1, "comment": "ok",
+            "maxTimeMS": 10_000, "readConcern": {"level": "local"}, "allowDiskUse": true,
+        })
+        .await?;
+    assert_eq!(ok.get_f64("ok").ok(), Some(1.0), "{ok}");
     Ok(())
 }

@@ -11,6 +11,7 @@ mod crud;
 mod current_op;
 mod ddl;
 mod explain;
+mod fields;
 mod find;
 mod handshake;
 mod out;
@@ -475,6 +476,7 @@ fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Documen
 }
 
 async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
+    fields::check(ctx.name, ctx.cmd)?;
     let out = match ctx.name {
         "getMore" => find::get_more(ctx).await,
         "aggregate" => find::aggregate(ctx).await,
