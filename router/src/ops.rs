@@ -6,8 +6,10 @@
 //!
 //! Invariants: an operation is listed from just before its command runs until its reply is
 //! built (the [`Running`] guard removes it however the command ends); `killOp` cancels the
-//! operation's token, and the command then answers 11601 `Interrupted` at once; what a shard
-//! already started for it finishes there (as a killed mongos operation's remote parts may).
+//! operation's token, and the command then answers 11601 `Interrupted` at once. Every command
+//! the operation sends to a shard carries its `clientOperationKey` ([`OPERATION_KEY`]), and a
+//! killed operation's key is sent to every shard (`_killOperations`), which stops its work
+//! there too, as mongos does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,6 +20,22 @@ use bson::{Bson, DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 use wire::server::ConnectionInfo;
 
+tokio::task_local! {
+    /// The `clientOperationKey` of the client operation this task runs: the router adds it to
+    /// every command it sends a shard for the operation.
+    pub static OPERATION_KEY: bson::Binary;
+}
+
+/// A new operation key (a UUID, as drivers and mongos make them).
+pub fn new_key() -> bson::Binary {
+    bson::Binary::from_uuid(bson::Uuid::new())
+}
+
+/// The key of the operation the calling task runs, if it runs one.
+pub fn current_key() -> Option<bson::Binary> {
+    OPERATION_KEY.try_with(Clone::clone).ok()
+}
+
 struct Op {
     name: String,
     ns: String,
@@ -27,7 +45,28 @@ struct Op {
     started: Instant,
     started_at: DateTime,
     cancel: CancellationToken,
+    /// The `clientOperationKey` its shard commands carry.
+    key: bson::Binary,
+    /// Its session's key (`lsid.id`, then `lsid.uid`), if it runs in one.
+    session: Option<Vec<u8>>,
 }
+
+/// The session key of a command: the bytes of `lsid.id`, then of `lsid.uid` (as shards key
+/// their sessions).
+fn session_key(cmd: &Document) -> Option<Vec<u8>> {
+    let lsid = cmd.get_document("lsid").ok()?;
+    let mut key = match lsid.get("id")? {
+        Bson::Binary(b) => b.bytes.clone(),
+        _ => return None,
+    };
+    if let Some(Bson::Binary(uid)) = lsid.get("uid") {
+        key.extend_from_slice(&uid.bytes);
+    }
+    Some(key)
+}
+
+/// The commands that end sessions: they never end themselves.
+const SESSION_KILLERS: &[&str] = &["endSessions", "killSessions", "killAllSessions"];
 
 /// The router's operations in flight.
 #[derive(Default)]
@@ -41,6 +80,8 @@ pub struct Running<'a> {
     ops: &'a Ops,
     pub id: u64,
     pub cancel: CancellationToken,
+    /// The `clientOperationKey` its shard commands carry ([`OPERATION_KEY`]).
+    pub key: bson::Binary,
 }
 
 impl Drop for Running<'_> {
@@ -67,6 +108,7 @@ impl Ops {
     ) -> Running<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let cancel = CancellationToken::new();
+        let key = new_key();
         let ns = match cmd.get(name) {
             Some(Bson::String(coll)) => format!("{db}.{coll}"),
             _ => format!("{db}.$cmd"),
@@ -87,24 +129,40 @@ impl Ops {
                 started: Instant::now(),
                 started_at: DateTime::now(),
                 cancel: cancel.clone(),
+                key: key.clone(),
+                session: session_key(cmd),
             },
         );
         Running {
             ops: self,
             id,
             cancel,
+            key,
         }
     }
 
-    /// Interrupts operation `id`; whether it was running.
-    pub fn kill(&self, id: u64) -> bool {
-        match self.lock().get(&id) {
-            Some(op) => {
+    /// Interrupts operation `id`; its `clientOperationKey` when it was running (the caller
+    /// tells the shards).
+    pub fn kill(&self, id: u64) -> Option<bson::Binary> {
+        let ops = self.lock();
+        let op = ops.get(&id)?;
+        op.cancel.cancel();
+        Some(op.key.clone())
+    }
+
+    /// Interrupts the operations running in the sessions `killed` picks (`killSessions`,
+    /// `killAllSessions`, `endSessions`); their `clientOperationKey`s (the caller tells the
+    /// shards).
+    pub fn kill_sessions(&self, killed: &shard::txn::SessionFilter) -> Vec<bson::Binary> {
+        self.lock()
+            .values()
+            .filter(|op| !SESSION_KILLERS.contains(&op.name.as_str()))
+            .filter(|op| op.session.as_deref().is_some_and(|s| killed.matches(s)))
+            .map(|op| {
                 op.cancel.cancel();
-                true
-            }
-            None => false,
-        }
+                op.key.clone()
+            })
+            .collect()
     }
 
     /// The `inprog` entries of the operations in flight.
@@ -177,10 +235,10 @@ mod tests {
                 .is_ok_and(|c| c.contains_key("pwd")),
             "no secrets"
         );
-        assert!(ops.kill(running.id));
+        assert!(ops.kill(running.id).is_some());
         assert!(running.cancel.is_cancelled());
         drop(running);
         assert!(ops.active("h").is_empty());
-        assert!(!ops.kill(1), "gone");
+        assert!(ops.kill(1).is_none(), "gone");
     }
 }

@@ -418,6 +418,11 @@ impl Router {
             let error = MongoError::internal(format!("no shard with index {shard}"));
             return Err(TransportError::Unreachable { error, cmd });
         };
+        if let Some(key) = crate::ops::current_key()
+            && !cmd.contains_key("clientOperationKey")
+        {
+            cmd.insert("clientOperationKey", key);
+        }
         let mut resend = resend;
         let finishing = matches!(
             cmd.keys().next().map(String::as_str),

@@ -399,6 +399,10 @@ pub(crate) async fn kill_sessions(
         return Ok(doc! {"ok": 1.0});
     }
     router.sessions.forget(&killed);
+    // Their operations in flight stop, here and on the shards.
+    for key in router.ops.kill_sessions(&killed) {
+        crate::commands::kill_on_shards(router, key);
+    }
     let all: Vec<usize> = (0..router.shards.len()).collect();
     for r in router.broadcast(&all, "admin", &forward).await {
         r?;

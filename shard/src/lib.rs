@@ -28,6 +28,7 @@ pub mod history;
 pub mod indexes;
 pub mod keys;
 pub mod lineage;
+pub mod operations;
 pub mod oplog;
 pub mod preimages;
 pub mod query;
@@ -102,6 +103,7 @@ pub struct Shard {
     cursors: CursorRegistry,
     change_streams: ChangeStreams,
     transactions: txn::Transactions,
+    operations: operations::Operations,
     peers: txn::coordinator::Peers,
     /// `configureFailPoint` is accepted (tests only: see [`Shard::enable_test_commands`]).
     test_commands: std::sync::atomic::AtomicBool,
@@ -193,6 +195,7 @@ impl Shard {
             cursors: CursorRegistry::default(),
             change_streams: ChangeStreams::default(),
             transactions: txn::Transactions::default(),
+            operations: Default::default(),
             peers: Default::default(),
             test_commands: Default::default(),
             fail_points: Default::default(),
@@ -348,6 +351,11 @@ impl Shard {
 
     pub(crate) fn cursors(&self) -> &CursorRegistry {
         &self.cursors
+    }
+
+    /// The commands running here for routers' client operations (`killOp` reaches them).
+    pub fn operations(&self) -> &operations::Operations {
+        &self.operations
     }
 
     pub fn transactions(&self) -> &txn::Transactions {

@@ -481,6 +481,86 @@ async fn kill_op_interrupts_an_operation_current_op_lists() -> anyhow::Result<()
     Ok(())
 }
 
+/// `killOp` on the router reaches the shards: the work a killed aggregate started on its shard
+/// stops there too (`clientOperationKey`, `_killOperations`), instead of running to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_op_stops_the_operations_work_on_its_shard() -> anyhow::Result<()> {
+    a_slow_aggregate_is_stopped_on_its_shard_by(|opid, _| doc! {"killOp": 1, "op": opid}).await
+}
+
+/// `killSessions` stops the operations running in the sessions it names, on the shards too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_sessions_stops_the_sessions_operations_on_their_shard() -> anyhow::Result<()> {
+    a_slow_aggregate_is_stopped_on_its_shard_by(|_, lsid| doc! {"killSessions": [lsid]}).await
+}
+
+/// Starts an aggregate (in a session) that would work for minutes on its shard, sends the
+/// command `kill(opid, lsid)` makes, and checks the aggregate answers `Interrupted` and the
+/// shard stops its part.
+async fn a_slow_aggregate_is_stopped_on_its_shard_by(
+    kill: impl FnOnce(i64, Document) -> Document,
+) -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(1).await?;
+    let client = wire::client::Client::new(cluster.addr.to_string());
+    let admin = wire::client::Client::new(cluster.addr.to_string());
+    let docs: Vec<Document> = (0..2_000).map(|i| doc! {"_id": i}).collect();
+    client
+        .command("ops", &doc! {"insert": "slow", "documents": docs})
+        .await?;
+    let lsid = doc! {"id": mongodb::bson::Uuid::new()};
+    // Minutes of work on the shard: a 200,000-element array built for every document.
+    let slow = doc! {
+        "aggregate": "slow",
+        "pipeline": [{"$match": {"$expr": {"$gt": [{"$size": {"$range": [0, 200_000]}}, 0]}}}],
+        "cursor": {},
+        "lsid": lsid.clone(),
+    };
+    let running = tokio::spawn(async move { client.command("ops", &slow).await });
+    let shard = cluster.shards()[0].clone();
+    let mut opid = None;
+    for _ in 0..200 {
+        let ops = admin.command("admin", &doc! {"currentOp": 1}).await?;
+        opid = ops.get_array("inprog")?.iter().find_map(|op| {
+            let op = op.as_document()?;
+            (op.get_document("command").ok()?.get_str("aggregate").ok()? == "slow")
+                .then(|| op.get_i64("opid").ok())
+                .flatten()
+        });
+        let on_shard = shard.operations().running_commands();
+        if opid.is_some() && on_shard.iter().any(|c| c == "aggregate") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let opid = opid.ok_or_else(|| anyhow::anyhow!("currentOp never listed the aggregate"))?;
+    assert!(
+        shard
+            .operations()
+            .running_commands()
+            .iter()
+            .any(|c| c == "aggregate"),
+        "the shard runs its part"
+    );
+    let killed = admin.command("admin", &kill(opid, lsid)).await?;
+    assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
+    let reply = running.await??;
+    assert_eq!(reply.get_i32("code").ok(), Some(11601), "{reply}");
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = shard.operations().running_commands();
+        if !left.iter().any(|c| c == "aggregate") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !left.iter().any(|c| c == "aggregate"),
+        "the shard stopped the killed operation's work: {left:?}"
+    );
+    cluster.stop().await;
+    Ok(())
+}
+
 /// `getLog: "global"` shows the process's recent log lines, as mongod's structured lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_log_shows_recent_lines() -> anyhow::Result<()> {

@@ -39,7 +39,9 @@ pub(super) fn kill_op(ctx: &Ctx<'_>) -> Result<Document> {
             ));
         }
     };
-    ctx.router.ops.kill(u64::try_from(id).unwrap_or(0));
+    if let Some(key) = ctx.router.ops.kill(u64::try_from(id).unwrap_or(0)) {
+        super::kill_on_shards(ctx.router, key);
+    }
     Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
 }
 

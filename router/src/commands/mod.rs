@@ -191,8 +191,10 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         if matches!(name, "hello" | "isMaster" | "ismaster") {
             run.await
         } else {
-            // Listed by currentOp while it runs; killOp ends it; so does its maxTimeMS.
+            // Listed by currentOp while it runs; killOp ends it, here and on the shards; so
+            // does its maxTimeMS.
             let op = router.ops.start(conn, name, &req.db, &req.body);
+            let run = crate::ops::OPERATION_KEY.scope(op.key.clone(), run);
             tokio::select! {
                 result = within_max_time(name, &req.body, run) => result,
                 () = op.cancel.cancelled() => {
@@ -251,6 +253,21 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(router, reply))
+}
+
+/// Tells every shard to stop what it runs for a killed operation (`_killOperations`), in the
+/// background: the client's reply does not wait for it.
+pub(crate) fn kill_on_shards(router: &Arc<Router>, key: bson::Binary) {
+    let router = router.clone();
+    tokio::spawn(async move {
+        let all = router.all_shards();
+        let cmd = bson::doc! {"_killOperations": 1, "operationKeys": [key]};
+        for reply in router.broadcast(&all, "admin", &cmd).await {
+            if let Err(e) = reply {
+                tracing::debug!(error = %e, "telling a shard of a killed operation");
+            }
+        }
+    });
 }
 
 /// Runs a command within its `maxTimeMS` (50 when it runs out): the router's own work

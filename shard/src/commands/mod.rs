@@ -48,22 +48,45 @@ impl Reply {
 /// Runs one command within its `maxTimeMS` (50 when it runs out; a getMore's is how long an
 /// awaitData cursor waits): long loops check the deadline as they go
 /// (`pipeline::interrupt`), and a wait stops at it.
-pub async fn dispatch_within_max_time(shard: &Shard, cmd: Document) -> Result<Reply, MongoError> {
+pub async fn dispatch_within_max_time(
+    shard: &Shard,
+    mut cmd: Document,
+) -> Result<Reply, MongoError> {
     use pipeline::interrupt::{Interrupt, Interruptible, max_time_expired, max_time_ms};
     let name = cmd.keys().next().map(String::as_str).unwrap_or("");
     let limit = match name {
         "getMore" => None,
         _ => max_time_ms(&cmd)?,
     };
-    let Some(ms) = limit else {
+    let name = name.to_string();
+    let operation =
+        crate::operations::take_key(&mut cmd).map(|k| shard.operations().start(k, &name));
+    if limit.is_none() && operation.is_none() {
         return dispatch(shard, cmd).await;
+    }
+    let limit = limit.map(std::time::Duration::from_millis);
+    let interrupt = Interrupt {
+        deadline: limit.map(|l| std::time::Instant::now() + l),
+        killed: operation.as_ref().map(|o| o.flag()),
     };
-    let limit = std::time::Duration::from_millis(ms);
-    let deadline = std::time::Instant::now() + limit;
-    let run = Interruptible::new(Interrupt::deadline(Some(deadline)), dispatch(shard, cmd));
-    match tokio::time::timeout(limit, run).await {
-        Ok(result) => result,
-        Err(_) => Err(max_time_expired()),
+    let run = Interruptible::new(interrupt, dispatch(shard, cmd));
+    let timed = async {
+        match limit {
+            Some(limit) => tokio::time::timeout(limit, run)
+                .await
+                .unwrap_or_else(|_| Err(max_time_expired())),
+            None => run.await,
+        }
+    };
+    match &operation {
+        Some(op) => tokio::select! {
+            result = timed => result,
+            () = op.killed() => Err(MongoError::new(
+                ErrorCode::INTERRUPTED,
+                "operation was interrupted by killOp",
+            )),
+        },
+        None => timed.await,
     }
 }
 
@@ -204,6 +227,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "getMore" if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
         "getMore" => query::get_more(&ctx).await,
         "killCursors" => changestream::kill_cursors(&ctx),
+        "_killOperations" => kill_operations(&ctx),
         "_tributaryNudgeChangeStream" => changestream::nudge(&ctx),
         "explain" => explain::explain(&ctx),
         "count" => query::count(&ctx),
@@ -561,4 +585,17 @@ pub fn cursor_reply(id: i64, ns: &str, batch: Vec<Document>, first: bool) -> Doc
     c.insert("id", id);
     c.insert("ns", ns);
     bson::doc! {"cursor": c, "ok": 1.0}
+}
+
+/// `_killOperations {operationKeys: [...]}`: a router's `killOp` of a client operation stops
+/// the commands it runs here.
+fn kill_operations(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let keys: Vec<Vec<u8>> = ctx
+        .opt_array("operationKeys")?
+        .ok_or_else(|| ctx.missing("operationKeys"))?
+        .iter()
+        .filter_map(crate::operations::key_bytes)
+        .collect();
+    let killed = ctx.shard.operations().kill(&keys);
+    Ok(Reply::read(bson::doc! {"killed": killed as i64, "ok": 1.0}))
 }
