@@ -281,6 +281,11 @@ pub fn run_plan(
         };
         txn.scan(table, &range, reverse, &mut |k, v| {
             examined.keys += 1;
+            // A long scan stops when its operation's time runs out or it is killed.
+            if let Err(e) = pipeline::interrupt::check() {
+                failure = Some(StorageError::Interrupted(e));
+                return Scan::Stop;
+            }
             let doc = if table == Table::Documents {
                 examined.docs += 1;
                 crate::writer::decode_doc(v)

@@ -57,7 +57,11 @@ impl From<MongoError> for OpError {
 
 impl From<StorageError> for OpError {
     fn from(e: StorageError) -> Self {
-        OpError::Storage(e)
+        match e {
+            // An interrupted scan is the operation's own end, not a storage failure.
+            StorageError::Interrupted(e) => OpError::Mongo(e),
+            e => OpError::Storage(e),
+        }
     }
 }
 

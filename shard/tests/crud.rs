@@ -754,3 +754,31 @@ async fn batch_size_zero_opens_a_cursor_with_an_empty_first_batch() {
     assert_eq!(c.get_i64("id").unwrap(), 0);
     s.shutdown().await;
 }
+
+/// A scan is interrupted as it goes: a `find` whose filter matches nothing in a large
+/// collection stops at its `maxTimeMS` (50) instead of reading the collection to its end.
+#[tokio::test]
+async fn a_long_scan_stops_at_its_max_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    for chunk in 0..10 {
+        let docs: Vec<bson::Document> = (0..10_000)
+            .map(|i| doc! {"_id": chunk * 10_000 + i, "a": 1})
+            .collect();
+        ok(&s, "db", doc! {"insert": "big", "documents": docs}).await;
+    }
+    let started = std::time::Instant::now();
+    let r = run(
+        &s,
+        "db",
+        doc! {"find": "big", "filter": {"a": 2}, "maxTimeMS": 20},
+    )
+    .await;
+    assert_eq!(r.get_i32("code").ok(), Some(50), "{r}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    s.shutdown().await;
+}

@@ -463,7 +463,7 @@ pub fn explain(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 fn op_err(e: crate::writer::OpError) -> MongoError {
     match e {
         crate::writer::OpError::Mongo(e) => e,
-        crate::writer::OpError::Storage(e) => MongoError::internal(format!("storage: {e}")),
+        crate::writer::OpError::Storage(e) => e.into_mongo(),
     }
 }
 

@@ -40,7 +40,7 @@ fn await_deadline(max_time: Option<u64>) -> tokio::time::Instant {
 pub const OPLOG_NS: &str = "local.oplog.rs";
 
 fn storage_err(e: StorageError) -> MongoError {
-    MongoError::internal(e.to_string())
+    e.into_mongo()
 }
 
 fn op_err(e: crate::writer::OpError) -> MongoError {

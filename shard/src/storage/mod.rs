@@ -97,6 +97,20 @@ pub enum StorageError {
     Engine(String),
     #[error("injected storage fault: {0}")]
     Injected(&'static str),
+    /// The operation scanning was interrupted (`maxTimeMS`, `killOp`): not a storage failure;
+    /// the operation answers this error.
+    #[error("{}", .0.errmsg)]
+    Interrupted(wire::MongoError),
+}
+
+impl StorageError {
+    /// The error a command answers for this failure.
+    pub fn into_mongo(self) -> wire::MongoError {
+        match self {
+            StorageError::Interrupted(e) => e,
+            other => wire::MongoError::internal(other.to_string()),
+        }
+    }
 }
 
 pub type StorageResult<T> = std::result::Result<T, StorageError>;

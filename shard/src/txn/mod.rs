@@ -1326,7 +1326,10 @@ fn too_old(args: &TxnArgs, newest: i64) -> MongoError {
 }
 
 fn storage_error(e: StorageError) -> MongoError {
-    MongoError::internal(format!("storage: {e}"))
+    match e {
+        StorageError::Interrupted(e) => e,
+        e => MongoError::internal(format!("storage: {e}")),
+    }
 }
 
 /// Never held across `.await`; a poisoned participant is still consistent (updates are whole).
