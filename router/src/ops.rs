@@ -108,7 +108,11 @@ impl Ops {
     ) -> Running<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let cancel = CancellationToken::new();
-        let key = new_key();
+        // A client may name its operation's key (a generic argument), as mongos allows.
+        let key = match cmd.get("clientOperationKey") {
+            Some(Bson::Binary(b)) => b.clone(),
+            _ => new_key(),
+        };
         let ns = match cmd.get(name) {
             Some(Bson::String(coll)) => format!("{db}.{coll}"),
             _ => format!("{db}.$cmd"),

@@ -438,6 +438,7 @@ impl Shard {
             "lineage": state.lineage().map(|l| l.to_document()),
             "preImages": {"count": images as i64, "bytes": image_bytes as i64},
             "metrics": {"changeStreams": state.stream_metrics.to_document()},
+            "clientOperations": self.operations.running_commands(),
         })
     }
 

@@ -496,13 +496,15 @@ async fn kill_sessions_stops_the_sessions_operations_on_their_shard() -> anyhow:
 
 /// Starts an aggregate (in a session) that would work for minutes on its shard, sends the
 /// command `kill(opid, lsid)` makes, and checks the aggregate answers `Interrupted` and the
-/// shard stops its part.
+/// shard stops its part. Router and shard are separate processes, so the router's answers
+/// never wait behind the shard's work.
 async fn a_slow_aggregate_is_stopped_on_its_shard_by(
     kill: impl FnOnce(i64, Document) -> Document,
 ) -> anyhow::Result<()> {
-    let cluster = tests::EmbeddedCluster::start(1).await?;
-    let client = wire::client::Client::new(cluster.addr.to_string());
-    let admin = wire::client::Client::new(cluster.addr.to_string());
+    let cluster = ProcessCluster::start(1).await?;
+    let client = wire::client::Client::new(cluster.router.addr.to_string());
+    let admin = wire::client::Client::new(cluster.router.addr.to_string());
+    let shard = wire::client::Client::new(cluster.shards[0].addr.to_string());
     let docs: Vec<Document> = (0..2_000).map(|i| doc! {"_id": i}).collect();
     client
         .command("ops", &doc! {"insert": "slow", "documents": docs})
@@ -516,9 +518,17 @@ async fn a_slow_aggregate_is_stopped_on_its_shard_by(
         "lsid": lsid.clone(),
     };
     let running = tokio::spawn(async move { client.command("ops", &slow).await });
-    let shard = cluster.shards()[0].clone();
+    let on_shard = || async {
+        let status = shard.command("admin", &doc! {"serverStatus": 1}).await?;
+        anyhow::Ok(
+            status
+                .get_array("clientOperations")?
+                .iter()
+                .any(|c| c.as_str() == Some("aggregate")),
+        )
+    };
     let mut opid = None;
-    for _ in 0..200 {
+    for _ in 0..500 {
         let ops = admin.command("admin", &doc! {"currentOp": 1}).await?;
         opid = ops.get_array("inprog")?.iter().find_map(|op| {
             let op = op.as_document()?;
@@ -526,38 +536,31 @@ async fn a_slow_aggregate_is_stopped_on_its_shard_by(
                 .then(|| op.get_i64("opid").ok())
                 .flatten()
         });
-        let on_shard = shard.operations().running_commands();
-        if opid.is_some() && on_shard.iter().any(|c| c == "aggregate") {
+        if opid.is_some() && on_shard().await? {
             break;
         }
+        anyhow::ensure!(
+            !running.is_finished(),
+            "the aggregate ended by itself: {:?}",
+            running.await?
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let opid = opid.ok_or_else(|| anyhow::anyhow!("currentOp never listed the aggregate"))?;
-    assert!(
-        shard
-            .operations()
-            .running_commands()
-            .iter()
-            .any(|c| c == "aggregate"),
-        "the shard runs its part"
-    );
+    assert!(on_shard().await?, "the shard runs its part");
     let killed = admin.command("admin", &kill(opid, lsid)).await?;
     assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
     let reply = running.await??;
     assert_eq!(reply.get_i32("code").ok(), Some(11601), "{reply}");
-    let mut left = Vec::new();
-    for _ in 0..100 {
-        left = shard.operations().running_commands();
-        if !left.iter().any(|c| c == "aggregate") {
+    let mut still = true;
+    for _ in 0..250 {
+        still = on_shard().await?;
+        if !still {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        !left.iter().any(|c| c == "aggregate"),
-        "the shard stopped the killed operation's work: {left:?}"
-    );
-    cluster.stop().await;
+    assert!(!still, "the shard stopped the killed operation's work");
     Ok(())
 }
 

@@ -229,11 +229,11 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "killCursors" => changestream::kill_cursors(&ctx),
         "_killOperations" => kill_operations(&ctx),
         "_tributaryNudgeChangeStream" => changestream::nudge(&ctx),
-        "explain" => explain::explain(&ctx),
-        "count" => query::count(&ctx),
-        "distinct" => query::distinct(&ctx),
+        "explain" => long_running(|| explain::explain(&ctx)),
+        "count" => long_running(|| query::count(&ctx)),
+        "distinct" => long_running(|| query::distinct(&ctx)),
         "aggregate" if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
-        "aggregate" => query::aggregate(&ctx),
+        "aggregate" => long_running(|| query::aggregate(&ctx)),
         "create" => ddl::create(&ctx).await,
         "drop" => ddl::drop(&ctx).await,
         "dropDatabase" => ddl::drop_database(&ctx).await,
@@ -241,7 +241,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         "listCollections" => ddl::list_collections(&ctx),
         "listDatabases" => ddl::list_databases(&ctx),
         "collStats" => stats::coll_stats(&ctx),
-        "validate" => validate::validate(&ctx),
+        "validate" => long_running(|| validate::validate(&ctx)),
         "dbStats" => stats::db_stats(&ctx),
         "createIndexes" => ddl::create_indexes(&ctx).await,
         "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx).await,
@@ -427,6 +427,13 @@ impl Ctx<'_> {
         &self,
         f: impl FnOnce(&dyn ReadTxn, &Catalog) -> Result<R, MongoError>,
     ) -> Result<R, MongoError> {
+        long_running(|| self.read_now(f))
+    }
+
+    fn read_now<R>(
+        &self,
+        f: impl FnOnce(&dyn ReadTxn, &Catalog) -> Result<R, MongoError>,
+    ) -> Result<R, MongoError> {
         match &self.txn {
             Some(t) => self.shard.transactions().read(self.shard, t, f),
             None => {
@@ -598,4 +605,16 @@ fn kill_operations(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .collect();
     let killed = ctx.shard.operations().kill(&keys);
     Ok(Reply::read(bson::doc! {"killed": killed as i64, "ok": 1.0}))
+}
+
+/// Runs synchronous work that may take long (a scan, a pipeline) on a multi-threaded runtime
+/// with `block_in_place`: the worker's other tasks (a new connection's accept, a `ping`, a
+/// `_killOperations`) move to another thread meanwhile instead of waiting behind it. On any
+/// other runtime (tests) it just runs.
+pub(crate) fn long_running<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
