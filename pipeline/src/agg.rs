@@ -40,11 +40,14 @@ use crate::{MongoError, Result};
 mod bucket_auto;
 mod densify;
 mod sample;
+pub mod spill;
+mod stream;
 mod time_unit;
 mod window;
 
 pub use bucket_auto::BucketAuto;
 pub use densify::Densify;
+pub use stream::{Docs, PushRun};
 pub use time_unit::TimeUnit;
 pub use window::SetWindowFields;
 pub mod lookup;
@@ -191,9 +194,11 @@ fn stage_err(code: i32, msg: impl Into<String>) -> MongoError {
 }
 
 /// The memory a blocking stage ($sort, $group, $bucket, $bucketAuto, $setWindowFields) may
-/// hold without `allowDiskUse`, as MongoDB's `internalQueryMaxBlockingSortMemoryUsageBytes`
-/// and `internalDocumentSourceGroupMaxMemoryBytes` (100 MiB each).
-pub const MAX_BLOCKING_BYTES: usize = 100 * 1024 * 1024;
+/// hold without `allowDiskUse` by default, as MongoDB's
+/// `internalQueryMaxBlockingSortMemoryUsageBytes` and
+/// `internalDocumentSourceGroupMaxMemoryBytes` (100 MiB each; [`spill`] has the values in
+/// force).
+pub const MAX_BLOCKING_BYTES: usize = spill::DEFAULT_LIMIT;
 
 /// `QueryExceededMemoryLimitNoDiskUseAllowed` (292).
 fn over_memory_limit(msg: String) -> MongoError {
@@ -203,24 +208,27 @@ fn over_memory_limit(msg: String) -> MongoError {
     )
 }
 
-/// A stage that holds all of `docs` at once stops at [`MAX_BLOCKING_BYTES`] without
-/// `allowDiskUse` (with it, it runs in memory: Tributary does not spill yet).
+/// A stage that holds all of `docs` at once stops at the sort limit ([`spill::sort_limit`])
+/// without `allowDiskUse`. With it, `$sort` and `$group` spill to disk when they run over a
+/// stream ([`Pipeline::push_run`], [`Pipeline::stream`]); the other blocking stages run in
+/// memory.
 fn check_blocking(stage: &str, docs: &[Document], env: &Env) -> Result<()> {
     if env.allow_disk_use {
         return Ok(());
     }
+    let limit = spill::sort_limit();
     let mut bytes = 0_usize;
     for d in docs {
         bytes += crate::changestream::split::document_size(d);
-        if bytes > MAX_BLOCKING_BYTES {
+        if bytes > limit {
             return Err(over_memory_limit(match stage {
                 "$sort" => format!(
-                    "Sort exceeded memory limit of {MAX_BLOCKING_BYTES} bytes, but did not opt \
-                     in to external sorting."
+                    "Sort exceeded memory limit of {limit} bytes, but did not opt in to \
+                     external sorting."
                 ),
                 _ => format!(
-                    "{stage} exceeded memory limit of {MAX_BLOCKING_BYTES} bytes, but did not \
-                     opt in to external sorting. Pass allowDiskUse:true to opt in."
+                    "{stage} exceeded memory limit of {limit} bytes, but did not opt in to \
+                     external sorting. Pass allowDiskUse:true to opt in."
                 ),
             }));
         }
@@ -1217,61 +1225,101 @@ impl Group {
         env: &Env,
         key_of: impl Fn(Bson) -> Result<Bson>,
     ) -> Result<Vec<Document>> {
-        let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
-        let mut groups: Vec<(Bson, Vec<AccState>, bool)> = Vec::new();
-        // What the groups hold: their keys, and the values `$push` / `$addToSet` keep (the
-        // other accumulators hold one value each).
-        let mut held = 0_usize;
-        let mut hold = |v: &Bson| -> Result<()> {
-            held += crate::changestream::split::value_size(v);
-            if held > MAX_BLOCKING_BYTES && !env.allow_disk_use {
-                return Err(over_memory_limit(
-                    "Exceeded memory limit for $group, but didn't allow external sort. Pass \
-                     allowDiskUse:true to opt in."
-                        .into(),
-                ));
-            }
-            Ok(())
-        };
+        let limit = (!env.allow_disk_use).then(spill::group_limit);
+        let mut table = Table::default();
         for d in &docs {
             crate::interrupt::check()?;
             let key = key_of(self.id.evaluate_in(d, env)?.unwrap_or(Bson::Null))?;
-            let group_key = GroupKey::new(key.clone(), env.collation.as_ref());
-            let gi = match index.get(&group_key) {
-                Some(i) => *i,
-                None => {
-                    hold(&key)?;
-                    groups.push((key, self.init(), false));
-                    let i = groups.len() - 1;
-                    index.insert(group_key, i);
-                    i
-                }
-            };
-            let Some((_, states, seen)) = groups.get_mut(gi) else {
-                continue;
-            };
-            let first_doc = !*seen;
-            *seen = true;
-            for ((_, kind, e), st) in self.accumulators.iter().zip(states.iter_mut()) {
-                let v = e.evaluate_in(d, env)?;
-                if matches!(kind, AccKind::Push | AccKind::AddToSet)
-                    && let Some(v) = &v
-                {
-                    hold(v)?;
-                }
-                accumulate(*kind, st, v, first_doc, env)?;
+            table.add(self, env, limit, key, self.inputs(d, env)?)?;
+        }
+        Ok(table.finish(self))
+    }
+
+    /// The values each accumulator takes from `d`.
+    fn inputs(&self, d: &Document, env: &Env) -> Result<Vec<Option<Bson>>> {
+        self.accumulators
+            .iter()
+            .map(|(_, _, e)| e.evaluate_in(d, env))
+            .collect()
+    }
+
+    /// A finished group's output document.
+    fn output(&self, key: Bson, states: Vec<AccState>) -> Document {
+        let mut out = doc! {"_id": key};
+        for ((name, _, _), st) in self.accumulators.iter().zip(states) {
+            out.insert(name.clone(), finish(st));
+        }
+        out
+    }
+}
+
+/// The groups of a `$group` in memory, in order of first appearance.
+#[derive(Default)]
+struct Table {
+    index: BTreeMap<GroupKey, usize>,
+    /// Each group's key, accumulator states, and whether a document reached it yet.
+    groups: Vec<(Bson, Vec<AccState>, bool)>,
+    /// What the groups hold: their keys, and the values `$push` / `$addToSet` keep (the other
+    /// accumulators hold one value each).
+    held: usize,
+}
+
+impl Table {
+    /// Adds one document's key and accumulator inputs; past `limit` bytes held, 292.
+    fn add(
+        &mut self,
+        group: &Group,
+        env: &Env,
+        limit: Option<usize>,
+        key: Bson,
+        inputs: Vec<Option<Bson>>,
+    ) -> Result<()> {
+        let mut hold = |v: &Bson| -> Result<()> {
+            self.held += crate::changestream::split::value_size(v);
+            match limit {
+                Some(limit) if self.held > limit => Err(over_memory_limit(
+                    "Exceeded memory limit for $group, but didn't allow external sort. Pass \
+                     allowDiskUse:true to opt in."
+                        .into(),
+                )),
+                _ => Ok(()),
+            }
+        };
+        let group_key = GroupKey::new(key.clone(), env.collation.as_ref());
+        let gi = match self.index.get(&group_key) {
+            Some(i) => *i,
+            None => {
+                hold(&key)?;
+                self.groups.push((key, group.init(), false));
+                let i = self.groups.len() - 1;
+                self.index.insert(group_key, i);
+                i
+            }
+        };
+        for ((_, kind, _), v) in group.accumulators.iter().zip(&inputs) {
+            if matches!(kind, AccKind::Push | AccKind::AddToSet)
+                && let Some(v) = v
+            {
+                hold(v)?;
             }
         }
-        Ok(groups
+        let Some((_, states, seen)) = self.groups.get_mut(gi) else {
+            return Ok(());
+        };
+        let first_doc = !*seen;
+        *seen = true;
+        for (((_, kind, _), st), v) in group.accumulators.iter().zip(states.iter_mut()).zip(inputs)
+        {
+            accumulate(*kind, st, v, first_doc, env)?;
+        }
+        Ok(())
+    }
+
+    fn finish(self, group: &Group) -> Vec<Document> {
+        self.groups
             .into_iter()
-            .map(|(key, states, _)| {
-                let mut out = doc! {"_id": key};
-                for ((name, _, _), st) in self.accumulators.iter().zip(states) {
-                    out.insert(name.clone(), finish(st));
-                }
-                out
-            })
-            .collect())
+            .map(|(key, states, _)| group.output(key, states))
+            .collect()
     }
 }
 

@@ -63,6 +63,11 @@ fn int(v: &Bson) -> Option<i64> {
     }
 }
 
+/// A memory limit as `getParameter` shows it (set through the shards: `commands::admin`).
+fn limit(bytes: usize) -> Bson {
+    Bson::Int64(i64::try_from(bytes).unwrap_or(i64::MAX))
+}
+
 const PARAMETERS: &[Parameter] = &[
     Parameter {
         name: "authenticationMechanisms",
@@ -94,6 +99,18 @@ const PARAMETERS: &[Parameter] = &[
         name: "featureCompatibilityVersion",
         runtime: false,
         get: |_| Bson::Document(doc! {"version": "7.0"}),
+        set: None,
+    },
+    Parameter {
+        name: "internalDocumentSourceGroupMaxMemoryBytes",
+        runtime: true,
+        get: |_| limit(pipeline::agg::spill::group_limit()),
+        set: None,
+    },
+    Parameter {
+        name: "internalQueryMaxBlockingSortMemoryUsageBytes",
+        runtime: true,
+        get: |_| limit(pipeline::agg::spill::sort_limit()),
         set: None,
     },
     Parameter {

@@ -23,6 +23,9 @@ pub const IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 pub enum CursorSource {
     /// Results computed up front.
     Buffered(VecDeque<Document>),
+    /// An aggregation's output past its blocking stages, computed as it is read (a sort's
+    /// merge of its spilled runs, the stages after it).
+    Stream(std::iter::Peekable<pipeline::agg::Docs>),
     /// An unsorted collection scan that resumes after the last key it examined (each getMore
     /// reads a fresh snapshot, as MongoDB's yielding cursors do).
     Scan(Box<ScanCursor>),

@@ -437,7 +437,11 @@ impl Shard {
             "highWaterMark": state.high_water_mark().timestamp(),
             "lineage": state.lineage().map(|l| l.to_document()),
             "preImages": {"count": images as i64, "bytes": image_bytes as i64},
-            "metrics": {"changeStreams": state.stream_metrics.to_document()},
+            "metrics": {
+                "changeStreams": state.stream_metrics.to_document(),
+                // The process's: in the embedded default, every shard's and the router's.
+                "query": pipeline::agg::spill::counters().to_document(),
+            },
             "clientOperations": self.operations.running_commands(),
         })
     }

@@ -592,3 +592,100 @@ async fn unknown_fields_of_strict_commands_are_refused_with_40415() -> anyhow::R
     assert_eq!(ok.get_f64("ok").ok(), Some(1.0), "{ok}");
     Ok(())
 }
+
+/// `serverStatus` `metrics.query`: how many runs sorts and groups have spilled.
+async fn spills(client: &mongodb::Client) -> anyhow::Result<(i64, i64)> {
+    let status = client
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    let query = status.get_document("metrics")?.get_document("query")?;
+    Ok((
+        query.get_document("sort")?.get_i64("spillToDisk")?,
+        query.get_document("group")?.get_i64("spills")?,
+    ))
+}
+
+/// A `$sort` or `$group` past its memory limit stops with 292 without `allowDiskUse` and
+/// spills sorted runs to disk with it, giving every document in order: shown with the limits
+/// set to 1 MiB (as MongoDB's tests do through the same parameters) and eight times that in
+/// data, on an unsharded collection (the shard sorts and groups) and a sharded one (each shard
+/// sorts its part, the router merges).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_use()
+-> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    const LIMIT: i64 = 1024 * 1024;
+    for name in [
+        "internalQueryMaxBlockingSortMemoryUsageBytes",
+        "internalDocumentSourceGroupMaxMemoryBytes",
+    ] {
+        admin
+            .run_command(doc! {"setParameter": 1, name: LIMIT})
+            .await?;
+        let got = admin.run_command(doc! {"getParameter": 1, name: 1}).await?;
+        assert_eq!(got.get_i64(name)?, LIMIT);
+    }
+    let bad = admin
+        .run_command(doc! {"setParameter": 1, "internalQueryMaxBlockingSortMemoryUsageBytes": -1})
+        .await
+        .expect_err("a negative limit");
+    assert_eq!(code_of(&bad), Some(2), "{bad}");
+    tests::shard_collection(&client, "spill.sharded", doc! {"_id": "hashed"}).await?;
+    let db = client.database("spill");
+    const N: i32 = 4_000;
+    let pad = "p".repeat(2_000);
+    for coll in ["plain", "sharded"] {
+        let c = db.collection::<Document>(coll);
+        for chunk in (0..N).collect::<Vec<_>>().chunks(1_000) {
+            c.insert_many(
+                chunk
+                    .iter()
+                    .map(|i| doc! {"_id": i, "k": (i * 7_919) % N, "g": i % 10, "pad": &pad}),
+            )
+            .await?;
+        }
+        let sort = vec![doc! {"$sort": {"k": -1}}, doc! {"$project": {"pad": 0}}];
+        let group = vec![
+            doc! {"$group": {"_id": "$g", "n": {"$sum": 1}, "pads": {"$push": "$pad"}}},
+            doc! {"$project": {"n": 1, "pads": {"$size": "$pads"}}},
+            doc! {"$sort": {"_id": 1}},
+        ];
+        for pipeline in [&sort, &group] {
+            let err = c
+                .aggregate(pipeline.clone())
+                .await
+                .expect_err("eight times the limit without allowDiskUse");
+            assert_eq!(code_of(&err), Some(292), "{coll} {pipeline:?}: {err}");
+        }
+        let (sorts_before, groups_before) = spills(&client).await?;
+        let sorted: Vec<Document> = c
+            .aggregate(sort.clone())
+            .allow_disk_use(true)
+            .await?
+            .try_collect()
+            .await?;
+        let keys: Vec<i32> = sorted.iter().map(|d| d.get_i32("k").unwrap()).collect();
+        assert_eq!(keys, (0..N).rev().collect::<Vec<_>>(), "{coll}");
+        let groups: Vec<Document> = c
+            .aggregate(group.clone())
+            .allow_disk_use(true)
+            .await?
+            .try_collect()
+            .await?;
+        assert_eq!(
+            groups,
+            (0..10)
+                .map(|g| doc! {"_id": g, "n": N / 10, "pads": N / 10})
+                .collect::<Vec<_>>(),
+            "{coll}"
+        );
+        let (sorts, groups) = spills(&client).await?;
+        assert!(sorts > sorts_before, "{coll}: the sort spilled");
+        assert!(groups > groups_before, "{coll}: the group spilled");
+    }
+    cluster.stop().await;
+    Ok(())
+}

@@ -618,3 +618,119 @@ fn blocking_stages_stop_at_one_hundred_megabytes_without_allow_disk_use() {
     let counts = Pipeline::parse(&[doc! {"$group": {"_id": "$k", "n": {"$sum": 1}}}]).unwrap();
     assert_eq!(counts.run_in(over_the_limit(), &strict).unwrap().len(), 2);
 }
+
+fn streaming_input() -> Vec<Document> {
+    (0..3_000_i32)
+        .map(|i| {
+            doc! {
+                "_id": i, "x": (i * 7_919) % 3_001, "g": i % 37, "arr": [i % 5, i % 3],
+                "name": if i % 2 == 0 { "Ann" } else { "ann" }, "pad": "p".repeat(40),
+            }
+        })
+        .collect()
+}
+
+/// A pipeline's output pushed through [`Pipeline::push_run`] with both spill limits at
+/// `limit` bytes (on this thread).
+fn pushed(p: &Pipeline, env: &Env, limit: usize) -> Result<Vec<Document>> {
+    spill::TEST_LIMIT.set(Some(limit));
+    let out = (|| {
+        let mut run = p.push_run(env);
+        for d in streaming_input() {
+            if !run.push(d)? {
+                break;
+            }
+        }
+        run.finish()?.collect::<Result<Vec<_>>>()
+    })();
+    spill::TEST_LIMIT.set(None);
+    out
+}
+
+#[test]
+fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
+    let disk = Env {
+        allow_disk_use: true,
+        ..Env::default()
+    };
+    let folded = Env {
+        collation: crate::collation::Collation::parse(&Bson::Document(
+            doc! {"locale": "en", "strength": 2},
+        ))
+        .unwrap(),
+        ..disk.clone()
+    };
+    let pipelines = [
+        vec![
+            doc! {"$match": {"x": {"$gte": 10}}},
+            doc! {"$sort": {"g": 1, "x": -1}},
+            doc! {"$limit": 500},
+            doc! {"$project": {"pad": 0}},
+        ],
+        vec![
+            doc! {"$group": {
+                "_id": "$g", "n": {"$sum": 1}, "xs": {"$push": "$x"}, "f": {"$first": "$x"},
+                "l": {"$last": "$x"}, "a": {"$avg": "$x"}, "s": {"$addToSet": "$arr"},
+                "lo": {"$min": "$x"}, "m": {"$mergeObjects": {"last": "$x"}},
+            }},
+            doc! {"$sort": {"_id": 1}},
+        ],
+        vec![
+            doc! {"$unwind": "$arr"},
+            doc! {"$skip": 5},
+            doc! {"$sort": {"arr": 1, "x": 1}},
+            doc! {"$skip": 3},
+        ],
+        vec![
+            doc! {"$sort": {"x": 1}},
+            doc! {"$group": {"_id": {"$mod": ["$x", 4]}, "first": {"$first": "$x"}}},
+            doc! {"$sort": {"_id": -1}},
+        ],
+        vec![doc! {"$limit": 20}, doc! {"$sort": {"x": -1}}],
+        vec![
+            doc! {"$sortByCount": "$g"},
+            doc! {"$sort": {"count": -1, "_id": 1}},
+        ],
+        vec![
+            doc! {"$group": {"_id": "$name", "n": {"$sum": 1}}},
+            doc! {"$sort": {"_id": 1}},
+        ],
+    ];
+    let before = spill::counters()
+        .sort_spills
+        .load(std::sync::atomic::Ordering::Relaxed);
+    for stages in &pipelines {
+        for env in [&disk, &folded] {
+            let p = Pipeline::parse(stages).unwrap();
+            let expected = p.run_in(streaming_input(), env).unwrap();
+            for limit in [usize::MAX, 4_096] {
+                assert_eq!(
+                    pushed(&p, env, limit).unwrap(),
+                    expected,
+                    "{stages:?} {limit}"
+                );
+            }
+        }
+    }
+    let after = spill::counters()
+        .sort_spills
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(after > before, "the 4 KiB runs spilled");
+}
+
+#[test]
+fn a_pushed_blocking_stage_stops_at_its_limit_without_allow_disk_use() {
+    for stage in [
+        doc! {"$sort": {"x": 1}},
+        doc! {"$group": {"_id": "$_id", "all": {"$push": "$pad"}}},
+    ] {
+        let p = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
+        let e = pushed(&p, &Env::default(), 16_384).expect_err("over the limit");
+        assert_eq!(e.code, 292, "{stage}");
+    }
+    // Before a $limit a sort keeps only what the limit passes.
+    let top = Pipeline::parse(&[doc! {"$sort": {"x": -1}}, doc! {"$limit": 3}]).unwrap();
+    let out = pushed(&top, &Env::default(), 16_384).unwrap();
+    let xs: Vec<i32> = out.iter().map(|d| d.get_i32("x").unwrap()).collect();
+    assert_eq!(xs, vec![3_000, 2_999, 2_998]);
+}

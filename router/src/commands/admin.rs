@@ -174,6 +174,9 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
                 "largeEventsFailed": failed,
                 "showExpandedEvents": expanded,
             },
+            // The router process's spills (in the embedded default, the shards' too; a shard
+            // process shows its own under `shards`).
+            "query": pipeline::agg::spill::counters().to_document(),
         },
         "shards": shards,
         "ok": 1.0,
@@ -439,8 +442,9 @@ pub(super) fn configure_fail_point(ctx: &Ctx<'_>) -> Result<Document> {
     ctx.router.failpoints.configure(ctx.cmd)
 }
 
-/// `setParameter` of a parameter the shards own (`ttlMonitorSleepSecs`): set on every shard;
-/// `was` is the first shard's previous value.
+/// `setParameter` of a parameter the shards own (`ttlMonitorSleepSecs`, the blocking stages'
+/// memory limits): set on every shard; `was` is the first shard's previous value. The memory
+/// limits are set on the router too, for the stages it runs itself.
 pub(super) async fn set_shard_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     let cmd: Document = ctx
         .cmd
@@ -460,6 +464,14 @@ pub(super) async fn set_shard_parameter(ctx: &Ctx<'_>) -> Result<Document> {
         let reply = reply?;
         if i == 0 {
             was = reply.get("was").cloned().unwrap_or(Bson::Null);
+        }
+    }
+    for (name, value) in &cmd {
+        if let Some(local) = pipeline::agg::spill::set_limit_parameter(name, value) {
+            let local = i64::try_from(local?).unwrap_or(i64::MAX);
+            if was == Bson::Null {
+                was = Bson::Int64(local);
+            }
         }
     }
     Ok(doc! {"was": was, "ok": 1.0})

@@ -236,9 +236,9 @@ pub(super) async fn run_split(
     filter: &Document,
 ) -> Result<Vec<Document>> {
     let split = split::split(stages, parsed);
-    // The shards' part runs under the command's collation and variables.
+    // The shards' part runs under the command's collation, variables and disk use.
     let with_context = |mut cmd: Document| {
-        for field in ["collation", "let"] {
+        for field in ["collation", "let", "allowDiskUse"] {
             if let Some(v) = ctx.cmd.get(field) {
                 cmd.insert(field, v.clone());
             }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use bson::raw::cstr;
 use bson::{Bson, Document, RawDocumentBuf};
+use pipeline::agg::spill;
 use wire::raw::Body;
 use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
@@ -548,7 +549,12 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => handshake::build_info(),
         "getParameter" => crate::parameters::get(ctx.router, ctx.cmd),
-        "setParameter" if ctx.cmd.contains_key("ttlMonitorSleepSecs") => {
+        "setParameter"
+            if ctx.cmd.contains_key("ttlMonitorSleepSecs")
+                || spill::LIMIT_PARAMETERS
+                    .iter()
+                    .any(|p| ctx.cmd.contains_key(p)) =>
+        {
             admin::admin_only(ctx)?;
             admin::set_shard_parameter(ctx).await
         }

@@ -5,6 +5,7 @@
 //! sessions.
 
 use bson::{Bson, doc};
+use pipeline::agg::spill;
 use wire::MongoError;
 
 use super::{Ctx, Reply};
@@ -63,21 +64,32 @@ pub fn get_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     if all || ctx.cmd.contains_key(TTL_SLEEP) {
         d.insert(TTL_SLEEP, ctx.shard.ttl_sleep().get() as i64);
     }
+    for name in spill::LIMIT_PARAMETERS {
+        if all || ctx.cmd.contains_key(name) {
+            let bytes = spill::limit_parameter(name).unwrap_or_default();
+            d.insert(name, i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
     d.insert("ok", 1.0);
     Ok(Reply::read(d))
 }
 
 const TTL_SLEEP: &str = "ttlMonitorSleepSecs";
 
-/// `setParameter` on a shard: the shard's own runtime parameters (`ttlMonitorSleepSecs`).
+/// `setParameter` on a shard: the shard's own runtime parameters (`ttlMonitorSleepSecs`, and
+/// the blocking stages' memory limits, which are the process's).
 pub fn set_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
-    match ctx.cmd.get(TTL_SLEEP) {
-        Some(v) => {
-            let was = crate::ttl::set_sleep(ctx.shard, v)?;
-            Ok(Reply::read(doc! {"was": was as i64, "ok": 1.0}))
-        }
-        None => Err(MongoError::bad_value(
-            "attempted to set unrecognized parameter, use help:true to see options",
-        )),
+    if let Some(v) = ctx.cmd.get(TTL_SLEEP) {
+        let was = crate::ttl::set_sleep(ctx.shard, v)?;
+        return Ok(Reply::read(doc! {"was": was as i64, "ok": 1.0}));
     }
+    for (name, v) in ctx.cmd.iter() {
+        if let Some(was) = spill::set_limit_parameter(name, v) {
+            let was = i64::try_from(was?).unwrap_or(i64::MAX);
+            return Ok(Reply::read(doc! {"was": was, "ok": 1.0}));
+        }
+    }
+    Err(MongoError::bad_value(
+        "attempted to set unrecognized parameter, use help:true to see options",
+    ))
 }

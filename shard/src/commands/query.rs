@@ -672,6 +672,11 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let alive = !rest.is_empty();
             (b, alive)
         }
+        CursorSource::Stream(docs) => {
+            let b = super::long_running(|| take_stream_batch(docs, batch_size))?;
+            let alive = docs.peek().is_some();
+            (b, alive)
+        }
         CursorSource::Scan(cur) => {
             let mut rx = ctx.shard.state().tail.subscribe();
             let deadline = await_deadline(max_time);
@@ -840,31 +845,83 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &ns_coll)?;
     }
     let env = ctx.env_for(&ns_coll)?;
-    let input = if ns_coll.is_empty() {
-        Vec::new()
-    } else {
+    let pipeline = pipeline::agg::Pipeline::parse_with_vars(&parsed, &env.names())?;
+    // The scan pushes each document through the pipeline's streaming stages into its first
+    // blocking one, which holds what its memory limit allows (spilling under allowDiskUse);
+    // what comes after is computed as the cursor is read.
+    let mut run = pipeline.push_run(&env);
+    if !ns_coll.is_empty() {
         // The leading $match stages select what is read (through an index where one serves);
         // the pipeline still runs them.
         let filter =
             Filter::parse_in(&leading_match(&parsed), &env)?.with_hint(ctx.cmd.get("hint"))?;
-        matching_docs(ctx, &ns_coll, &filter)?
-    };
-    let out = crate::query::run_pipeline(&parsed, input, &env)?;
+        push_matching(ctx, &ns_coll, &filter, &mut run)?;
+    }
+    let mut out = run.finish()?.peekable();
     let ns = if ns_coll.is_empty() {
         format!("{}.$cmd.aggregate", ctx.db)
     } else {
         ctx.ns(&ns_coll)
     };
-    let mut rest: VecDeque<Document> = out.into();
-    let first = take_batch(&mut rest, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)));
-    let id = if rest.is_empty() {
+    let first = take_stream_batch(&mut out, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)))?;
+    let id = if out.peek().is_none() {
         0
     } else {
         ctx.shard.cursors().insert(Cursor {
             ns: ns.clone(),
-            source: CursorSource::Buffered(rest),
+            source: CursorSource::Stream(out),
             last_used_ms: ctx.shard.state().now_millis(),
         })
     };
     Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+}
+
+/// Pushes the matching documents of `db.coll` into a pipeline run until it wants no more.
+fn push_matching(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    filter: &Filter,
+    run: &mut pipeline::agg::PushRun,
+) -> Result<(), MongoError> {
+    ctx.read(|txn, catalog| {
+        let Some(entry) = catalog.lookup(&ctx.db, coll) else {
+            return Ok(());
+        };
+        let mut failed = None;
+        scan_matching(txn, entry, filter, &mut |d| match run.push(d) {
+            Ok(true) => Scan::Continue,
+            Ok(false) => Scan::Stop,
+            Err(e) => {
+                failed = Some(e);
+                Scan::Stop
+            }
+        })
+        .map_err(op_err)?;
+        failed.map_or(Ok(()), Err)
+    })
+}
+
+/// The next batch of a streamed result: up to `n` documents within the reply's size.
+fn take_stream_batch(
+    docs: &mut std::iter::Peekable<pipeline::agg::Docs>,
+    n: Option<usize>,
+) -> Result<Vec<Document>, MongoError> {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    while n.is_none_or(|n| out.len() < n) {
+        let size = match docs.peek() {
+            None => break,
+            Some(Err(_)) => 0,
+            Some(Ok(d)) => super::write_ops::bson_size(d),
+        };
+        if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
+            break;
+        }
+        bytes += size;
+        match docs.next() {
+            Some(d) => out.push(d?),
+            None => break,
+        }
+    }
+    Ok(out)
 }

@@ -1,0 +1,541 @@
+//! External sorting: how `$sort` and `$group` take more input than their memory limit when the
+//! command allows disk use, and the limits themselves.
+//!
+//! Owns: the process's limits for blocking stages (`internalQueryMaxBlockingSortMemoryUsageBytes`
+//! and `internalDocumentSourceGroupMaxMemoryBytes`, 100 MiB each as MongoDB's, settable at run
+//! time), the spill counters `serverStatus` shows, and [`Sorter`]: it holds documents up to its
+//! limit, writes each full buffer out as a sorted run to a temporary file, and merges the runs
+//! back in order.
+//!
+//! Invariants:
+//! * Memory: the buffer holds at most the limit plus one document; a merge holds one document
+//!   and one read buffer per run, and runs are merged into one before they pass
+//!   [`MAX_RUNS`], so a sort of any size keeps a bounded number of files open.
+//! * Stability: documents that compare equal come out in input order (each run is sorted
+//!   stably, runs are written in input order, and ties go to the earlier run).
+//! * Runs are unnamed temporary files (unlinked as they are created): nothing is left behind
+//!   by a finished, failed or crashed operation.
+//! * Without disk use, a buffer past its limit is `QueryExceededMemoryLimitNoDiskUseAllowed`
+//!   (292); nothing is written.
+//! * What a run gives back is checked as it is read: a length out of bounds or bytes that do
+//!   not parse are an error, never a panic.
+
+use std::cmp::Ordering;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+
+use bson::Document;
+use wire::{ErrorCode, MongoError, Result};
+
+use crate::changestream::split::document_size;
+
+/// The default limit of each blocking stage, as MongoDB's (100 MiB).
+pub const DEFAULT_LIMIT: usize = 100 * 1024 * 1024;
+
+/// Runs a sort keeps before merging them into one.
+pub const MAX_RUNS: usize = 64;
+
+/// The largest document a run may hold back: larger than any a stage can make (intermediate
+/// documents stop at 16 MiB plus what `$push` adds before the group's limit), so a longer
+/// length in a run file means the file is damaged.
+const MAX_RECORD: usize = 2 * DEFAULT_LIMIT;
+
+/// Each run's read and write buffer.
+const IO_BUFFER: usize = 64 * 1024;
+
+static SORT_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_LIMIT);
+static GROUP_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_LIMIT);
+
+/// What the blocking stages of this process have spilled (`serverStatus` `metrics.query`).
+#[derive(Debug, Default)]
+pub struct SpillCounters {
+    /// Runs written by sorts (`metrics.query.sort.spillToDisk`).
+    pub sort_spills: AtomicU64,
+    /// Runs written by groups (`metrics.query.group.spills`).
+    pub group_spills: AtomicU64,
+    /// Bytes written to runs, both kinds.
+    pub spilled_bytes: AtomicU64,
+}
+
+static COUNTERS: SpillCounters = SpillCounters {
+    sort_spills: AtomicU64::new(0),
+    group_spills: AtomicU64::new(0),
+    spilled_bytes: AtomicU64::new(0),
+};
+
+/// The process's spill counters.
+pub fn counters() -> &'static SpillCounters {
+    &COUNTERS
+}
+
+impl SpillCounters {
+    /// The counters as `serverStatus` `metrics.query` shows them.
+    pub fn to_document(&self) -> Document {
+        let n = |c: &AtomicU64| i64::try_from(c.load(AtomicOrdering::Relaxed)).unwrap_or(i64::MAX);
+        bson::doc! {
+            "sort": {"spillToDisk": n(&self.sort_spills)},
+            "group": {"spills": n(&self.group_spills)},
+            "spilledBytes": n(&self.spilled_bytes),
+        }
+    }
+}
+
+/// The memory a `$sort` (and `$bucketAuto`, `$setWindowFields`) may hold.
+pub fn sort_limit() -> usize {
+    #[cfg(test)]
+    if let Some(limit) = TEST_LIMIT.get() {
+        return limit;
+    }
+    SORT_LIMIT.load(AtomicOrdering::Relaxed)
+}
+
+/// The memory a `$group` may hold.
+pub fn group_limit() -> usize {
+    #[cfg(test)]
+    if let Some(limit) = TEST_LIMIT.get() {
+        return limit;
+    }
+    GROUP_LIMIT.load(AtomicOrdering::Relaxed)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Both limits for this test thread only (the process-wide ones are shared by every test).
+    pub static TEST_LIMIT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Sets the sort limit (at least one byte); the old value.
+pub fn set_sort_limit(bytes: usize) -> usize {
+    SORT_LIMIT.swap(bytes.max(1), AtomicOrdering::Relaxed)
+}
+
+/// Sets the group limit (at least one byte); the old value.
+pub fn set_group_limit(bytes: usize) -> usize {
+    GROUP_LIMIT.swap(bytes.max(1), AtomicOrdering::Relaxed)
+}
+
+/// The `setParameter` names of the two limits, as MongoDB's.
+pub const LIMIT_PARAMETERS: [&str; 2] = [
+    "internalQueryMaxBlockingSortMemoryUsageBytes",
+    "internalDocumentSourceGroupMaxMemoryBytes",
+];
+
+/// The value of a limit by its parameter name.
+pub fn limit_parameter(name: &str) -> Option<usize> {
+    match name {
+        n if n == LIMIT_PARAMETERS[0] => Some(sort_limit()),
+        n if n == LIMIT_PARAMETERS[1] => Some(group_limit()),
+        _ => None,
+    }
+}
+
+/// Sets a limit by its parameter name from a `setParameter` value (a positive integer); the
+/// old value. `None` when `name` is not a limit.
+pub fn set_limit_parameter(name: &str, value: &bson::Bson) -> Option<Result<usize>> {
+    use bson::Bson;
+    let set: fn(usize) -> usize = match name {
+        n if n == LIMIT_PARAMETERS[0] => set_sort_limit,
+        n if n == LIMIT_PARAMETERS[1] => set_group_limit,
+        _ => return None,
+    };
+    let bytes = match value {
+        Bson::Int32(i) => i64::from(*i),
+        Bson::Int64(i) => *i,
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9e15 => *f as i64,
+        _ => 0,
+    };
+    Some(match usize::try_from(bytes) {
+        Ok(bytes) if bytes > 0 => Ok(set(bytes)),
+        _ => Err(MongoError::bad_value(format!(
+            "{name} must be a positive integer"
+        ))),
+    })
+}
+
+/// How two documents order; ties keep input order.
+pub type Compare = Arc<dyn Fn(&Document, &Document) -> Ordering + Send + Sync>;
+
+/// Which stage a sorter serves: its limit, its counter and its refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Sort,
+    Group,
+}
+
+/// A sort that holds at most its limit in memory, writing sorted runs to disk past it.
+pub struct Sorter {
+    cmp: Compare,
+    purpose: Purpose,
+    limit: usize,
+    disk: bool,
+    /// Only the first `top` documents are wanted (a `$sort` before a `$limit`).
+    top: Option<usize>,
+    buffer: Vec<Document>,
+    bytes: usize,
+    runs: Vec<Run>,
+}
+
+impl Sorter {
+    /// A sorter under the purpose's current limit; `disk` is the command's `allowDiskUse`.
+    pub fn new(cmp: Compare, purpose: Purpose, disk: bool) -> Sorter {
+        let limit = match purpose {
+            Purpose::Sort => sort_limit(),
+            Purpose::Group => group_limit(),
+        };
+        Sorter {
+            cmp,
+            purpose,
+            limit,
+            disk,
+            top: None,
+            buffer: Vec::new(),
+            bytes: 0,
+            runs: Vec::new(),
+        }
+    }
+
+    /// Keeps only the first `n` documents of the order.
+    pub fn keep_top(mut self, n: usize) -> Sorter {
+        self.top = Some(n);
+        self
+    }
+
+    /// Whether any run went to disk.
+    pub fn spilled(&self) -> bool {
+        !self.runs.is_empty()
+    }
+
+    /// Adds a document; past the limit, writes the buffer out as a run (or fails without disk
+    /// use).
+    pub fn push(&mut self, doc: Document) -> Result<()> {
+        crate::interrupt::check()?;
+        self.bytes += document_size(&doc);
+        self.buffer.push(doc);
+        // A top-k sort drops what it cannot keep when its buffer fills, or grows to twice k.
+        if let Some(top) = self.top
+            && (self.bytes > self.limit || self.buffer.len() > top.saturating_mul(2).max(1024))
+        {
+            self.sort_buffer();
+            self.buffer.truncate(top);
+            self.bytes = self.buffer.iter().map(document_size).sum();
+        }
+        if self.bytes > self.limit {
+            if !self.disk {
+                return Err(self.over_limit());
+            }
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    /// The documents in order.
+    pub fn finish(mut self) -> Result<Sorted> {
+        self.sort_buffer();
+        if let Some(top) = self.top {
+            self.buffer.truncate(top);
+        }
+        if self.runs.is_empty() {
+            return Ok(Sorted::Memory(self.buffer.into_iter()));
+        }
+        let mut sources: Vec<Source> = self.runs.into_iter().map(Source::Run).collect();
+        sources.push(Source::Memory(self.buffer.into_iter()));
+        Ok(Sorted::Merge(Merge::new(self.cmp, sources)?))
+    }
+
+    /// The buffer unsorted, when nothing was spilled (a `$group` that fit runs in memory, in
+    /// input order); the sorter itself otherwise.
+    pub fn into_unspilled(self) -> std::result::Result<Vec<Document>, Sorter> {
+        if self.runs.is_empty() {
+            Ok(self.buffer)
+        } else {
+            Err(self)
+        }
+    }
+
+    fn sort_buffer(&mut self) {
+        let cmp = &self.cmp;
+        self.buffer.sort_by(|a, b| cmp(a, b));
+    }
+
+    fn over_limit(&self) -> MongoError {
+        let limit = self.limit;
+        let msg = match self.purpose {
+            Purpose::Sort => format!(
+                "Sort exceeded memory limit of {limit} bytes, but did not opt in to external \
+                 sorting."
+            ),
+            Purpose::Group => "Exceeded memory limit for $group, but didn't allow external \
+                               sort. Pass allowDiskUse:true to opt in."
+                .to_string(),
+        };
+        MongoError::new(
+            ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
+            msg,
+        )
+    }
+
+    /// Writes the buffer out as a sorted run; past [`MAX_RUNS`], merges every run into one.
+    fn spill(&mut self) -> Result<()> {
+        self.sort_buffer();
+        let docs = std::mem::take(&mut self.buffer);
+        self.bytes = 0;
+        let run = Run::write(self.purpose, docs.into_iter().map(Ok))?;
+        self.runs.push(run);
+        if self.runs.len() >= MAX_RUNS {
+            let sources = std::mem::take(&mut self.runs)
+                .into_iter()
+                .map(Source::Run)
+                .collect();
+            let merged = Merge::new(self.cmp.clone(), sources)?;
+            self.runs.push(Run::write(self.purpose, merged)?);
+        }
+        Ok(())
+    }
+}
+
+/// A sorter's output.
+pub enum Sorted {
+    Memory(std::vec::IntoIter<Document>),
+    Merge(Merge),
+}
+
+impl Iterator for Sorted {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        match self {
+            Sorted::Memory(docs) => docs.next().map(Ok),
+            Sorted::Merge(m) => m.next(),
+        }
+    }
+}
+
+/// A sorted run on disk: documents one after another, each its own BSON bytes.
+struct Run {
+    reader: BufReader<File>,
+}
+
+impl Run {
+    fn write(purpose: Purpose, docs: impl Iterator<Item = Result<Document>>) -> Result<Run> {
+        let file = tempfile::tempfile().map_err(io_err)?;
+        let mut out = BufWriter::with_capacity(IO_BUFFER, file);
+        let mut bytes = 0_u64;
+        for doc in docs {
+            let doc = doc?;
+            let mut raw = Vec::new();
+            doc.to_writer(&mut raw)
+                .map_err(|e| MongoError::internal(format!("spilling a document: {e}")))?;
+            if raw.len() > MAX_RECORD {
+                return Err(MongoError::new(
+                    ErrorCode::BSON_OBJECT_TOO_LARGE,
+                    format!(
+                        "a document of {} bytes is too large to sort on disk",
+                        raw.len()
+                    ),
+                ));
+            }
+            out.write_all(&raw).map_err(io_err)?;
+            bytes += raw.len() as u64;
+        }
+        let mut file = out.into_inner().map_err(|e| io_err(e.into_error()))?;
+        file.rewind().map_err(io_err)?;
+        let counter = match purpose {
+            Purpose::Sort => &COUNTERS.sort_spills,
+            Purpose::Group => &COUNTERS.group_spills,
+        };
+        counter.fetch_add(1, AtomicOrdering::Relaxed);
+        COUNTERS
+            .spilled_bytes
+            .fetch_add(bytes, AtomicOrdering::Relaxed);
+        Ok(Run {
+            reader: BufReader::with_capacity(IO_BUFFER, file),
+        })
+    }
+
+    /// The next document, `None` at the end of the run.
+    fn next_doc(&mut self) -> Result<Option<Document>> {
+        let mut len = [0_u8; 4];
+        match self.reader.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(io_err(e)),
+        }
+        let n = usize::try_from(i32::from_le_bytes(len)).unwrap_or(0);
+        if !(5..=MAX_RECORD).contains(&n) {
+            return Err(MongoError::internal(format!(
+                "a spilled run is damaged: a document length of {n} bytes"
+            )));
+        }
+        let mut raw = vec![0_u8; n];
+        raw[..4].copy_from_slice(&len);
+        self.reader.read_exact(&mut raw[4..]).map_err(io_err)?;
+        Document::from_reader(raw.as_slice())
+            .map(Some)
+            .map_err(|e| MongoError::internal(format!("a spilled run is damaged: {e}")))
+    }
+}
+
+fn io_err(e: std::io::Error) -> MongoError {
+    MongoError::internal(format!("spilling to disk: {e}"))
+}
+
+enum Source {
+    Run(Run),
+    Memory(std::vec::IntoIter<Document>),
+}
+
+impl Source {
+    fn next_doc(&mut self) -> Result<Option<Document>> {
+        match self {
+            Source::Run(r) => r.next_doc(),
+            Source::Memory(docs) => Ok(docs.next()),
+        }
+    }
+}
+
+/// The ordered merge of sorted sources; ties go to the earlier source.
+pub struct Merge {
+    cmp: Compare,
+    sources: Vec<Source>,
+    heads: Vec<Option<Document>>,
+    failed: bool,
+}
+
+impl Merge {
+    fn new(cmp: Compare, mut sources: Vec<Source>) -> Result<Merge> {
+        let heads = sources
+            .iter_mut()
+            .map(Source::next_doc)
+            .collect::<Result<_>>()?;
+        Ok(Merge {
+            cmp,
+            sources,
+            heads,
+            failed: false,
+        })
+    }
+}
+
+impl Iterator for Merge {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        if self.failed {
+            return None;
+        }
+        if let Err(e) = crate::interrupt::check() {
+            self.failed = true;
+            return Some(Err(e));
+        }
+        let mut best: Option<usize> = None;
+        for (i, head) in self.heads.iter().enumerate() {
+            let Some(d) = head else { continue };
+            let better = match best.and_then(|b| self.heads[b].as_ref()) {
+                None => true,
+                Some(current) => (self.cmp)(d, current) == Ordering::Less,
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        let next = match self.sources[i].next_doc() {
+            Ok(next) => next,
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        };
+        std::mem::replace(&mut self.heads[i], next).map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{Bson, doc};
+
+    fn by_k() -> Compare {
+        Arc::new(|a: &Document, b: &Document| {
+            crate::value::compare(
+                a.get("k").unwrap_or(&Bson::Null),
+                b.get("k").unwrap_or(&Bson::Null),
+            )
+        })
+    }
+
+    fn sorter(limit: usize, disk: bool) -> Sorter {
+        let mut s = Sorter::new(by_k(), Purpose::Sort, disk);
+        s.limit = limit;
+        s
+    }
+
+    #[test]
+    fn a_sort_past_its_limit_spills_runs_and_merges_them_stably() {
+        let mut s = sorter(2_000, true);
+        // Keys repeat, so stability shows: `seq` must rise within each key.
+        for seq in 0..5_000_i32 {
+            s.push(doc! {"k": (seq * 7919) % 97, "seq": seq, "pad": "x".repeat(50)})
+                .unwrap();
+        }
+        assert!(s.spilled());
+        // 5,000 documents of ~90 bytes through a 2,000-byte buffer: far more runs than
+        // MAX_RUNS, so the runs were merged on the way.
+        assert!(s.runs.len() < MAX_RUNS);
+        let out: Vec<Document> = s.finish().unwrap().collect::<Result<_>>().unwrap();
+        assert_eq!(out.len(), 5_000);
+        for w in out.windows(2) {
+            let (a, b) = (w[0].get_i32("k").unwrap(), w[1].get_i32("k").unwrap());
+            assert!(a <= b, "{a} before {b}");
+            if a == b {
+                assert!(w[0].get_i32("seq").unwrap() < w[1].get_i32("seq").unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn without_disk_use_a_sort_past_its_limit_is_292() {
+        let mut s = sorter(1_000, false);
+        let err = (0..100)
+            .map(|i| s.push(doc! {"k": i, "pad": "x".repeat(50)}))
+            .find_map(Result::err)
+            .unwrap();
+        assert_eq!(err.code, 292);
+        assert!(!s.spilled());
+    }
+
+    #[test]
+    fn a_top_k_sort_holds_only_what_it_keeps() {
+        let mut s = sorter(200_000, false).keep_top(3);
+        for i in (0..100_000_i32).rev() {
+            s.push(doc! {"k": i}).unwrap();
+        }
+        let out: Vec<i32> = s
+            .finish()
+            .unwrap()
+            .map(|d| d.unwrap().get_i32("k").unwrap())
+            .collect();
+        assert_eq!(out, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_damaged_run_is_an_error_not_a_panic() {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]).unwrap();
+        file.rewind().unwrap();
+        let mut run = Run {
+            reader: BufReader::new(file),
+        };
+        let err = run.next_doc().unwrap_err();
+        assert_eq!(err.code, 1);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[9, 0, 0, 0, 0x10, b'a', 0, 1, 0]).unwrap();
+        file.rewind().unwrap();
+        let mut run = Run {
+            reader: BufReader::new(file),
+        };
+        assert!(run.next_doc().is_err());
+    }
+}

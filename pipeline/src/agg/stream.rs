@@ -1,0 +1,413 @@
+//! Running a pipeline over a stream instead of a batch: documents pushed one at a time by a
+//! scan ([`PushRun`]), then pulled one at a time by a cursor ([`Docs`]).
+//!
+//! Owns: which stages stream and which consume their whole input, and the sinks the consuming
+//! ones fill: `$sort` and `$group` through a [`Sorter`] (bounded memory, spilling to disk under
+//! `allowDiskUse`), every other blocking stage through a batch in memory.
+//!
+//! Invariants:
+//! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
+//!   that spilled outputs its groups in key order (MongoDB's order is unspecified too; one
+//!   that fit in memory keeps first appearance).
+//! * Single-document stages, `$unwind`, `$limit` and `$skip` hold nothing; a `$sort` holds at
+//!   most its limit (only its first `n` before a `$limit: n`), a `$group` its groups, up to its
+//!   limit (292 past it without `allowDiskUse`, spilled runs with it).
+//! * A `$limit` that has all it needs says so ([`PushRun::push`] answers `false`), so the scan
+//!   feeding it stops.
+
+use std::sync::Arc;
+
+use bson::{Bson, Document};
+
+use super::spill::{Purpose, Sorted, Sorter};
+use super::{AccState, Group, GroupKey, Pipeline, Stage, Table, accumulate};
+use crate::expr::Env;
+use crate::value::compare;
+use crate::{MongoError, Result};
+
+/// Documents flowing out of a stage, pulled one at a time.
+pub type Docs = Box<dyn Iterator<Item = Result<Document>> + Send>;
+
+/// Whether a stage passes documents on as they come (holding nothing across them).
+fn streams(stage: &Stage) -> bool {
+    stage.is_single_document_transform()
+        || matches!(stage, Stage::Limit(_) | Stage::Skip(_) | Stage::Unwind(_))
+}
+
+impl Pipeline {
+    /// Starts a run whose input is pushed one document at a time (see [`PushRun`]).
+    pub fn push_run(&self, env: &Env) -> PushRun {
+        let blocking = self
+            .stages
+            .iter()
+            .position(|s| !streams(s))
+            .unwrap_or(self.stages.len());
+        let prefix = self.stages[..blocking]
+            .iter()
+            .map(|s| (s.clone(), 0))
+            .collect();
+        let sink = Sink::new(
+            self.stages.get(blocking),
+            self.stages.get(blocking + 1),
+            env,
+        );
+        PushRun {
+            prefix,
+            sink,
+            rest: Pipeline {
+                stages: self.stages.get(blocking + 1..).unwrap_or_default().to_vec(),
+            },
+            env: env.clone(),
+            full: false,
+        }
+    }
+
+    /// Runs the pipeline over a stream: streaming stages stay lazy, each blocking stage
+    /// consumes what reaches it when this is called.
+    pub fn stream(&self, input: Docs, env: &Env) -> Result<Docs> {
+        let mut docs = input;
+        for (i, stage) in self.stages.iter().enumerate() {
+            docs = stream_stage(stage, self.stages.get(i + 1), docs, env)?;
+        }
+        Ok(docs)
+    }
+}
+
+fn stream_stage(stage: &Stage, next: Option<&Stage>, input: Docs, env: &Env) -> Result<Docs> {
+    Ok(match stage {
+        Stage::Limit(n) => Box::new(input.take(usize::try_from(*n).unwrap_or(usize::MAX))),
+        Stage::Skip(n) => {
+            let mut left = *n;
+            Box::new(input.filter(move |d| {
+                if d.is_ok() && left > 0 {
+                    left -= 1;
+                    return false;
+                }
+                true
+            }))
+        }
+        Stage::Unwind(u) => {
+            let u = u.clone();
+            Box::new(input.flat_map(move |d| {
+                let mut out = Vec::new();
+                match d {
+                    Ok(d) => {
+                        u.apply(d, &mut out);
+                        out.into_iter().map(Ok).collect::<Vec<_>>()
+                    }
+                    Err(e) => vec![Err(e)],
+                }
+            }))
+        }
+        s if s.is_single_document_transform() => {
+            let (s, env) = (s.clone(), env.clone());
+            Box::new(input.filter_map(move |d| match d {
+                Ok(d) => s.apply_one_in(d, &env).transpose(),
+                Err(e) => Some(Err(e)),
+            }))
+        }
+        _ => {
+            let mut sink = Sink::new(Some(stage), next, env);
+            for d in input {
+                sink.push(d?)?;
+            }
+            sink.finish(env)?
+        }
+    })
+}
+
+/// A pipeline run fed one document at a time: the streaming stages before the first blocking
+/// one apply to each document as it comes, the blocking stage's sink takes what they pass,
+/// and [`PushRun::finish`] turns the sink into the stream the later stages run over.
+pub struct PushRun {
+    /// The streaming stages before the sink, each with how many documents it has passed
+    /// (`$limit`) or dropped (`$skip`).
+    prefix: Vec<(Stage, u64)>,
+    sink: Sink,
+    rest: Pipeline,
+    env: Env,
+    /// A `$limit` in the prefix has passed all it will.
+    full: bool,
+}
+
+impl PushRun {
+    /// Feeds one input document; `false` once no later document can reach the output.
+    pub fn push(&mut self, doc: Document) -> Result<bool> {
+        self.feed(0, doc)?;
+        Ok(!self.full)
+    }
+
+    fn feed(&mut self, at: usize, doc: Document) -> Result<()> {
+        let Some((stage, count)) = self.prefix.get_mut(at) else {
+            return self.sink.push(doc);
+        };
+        match stage {
+            Stage::Limit(n) => {
+                if *count >= *n {
+                    self.full = true;
+                    return Ok(());
+                }
+                *count += 1;
+                if *count == *n {
+                    // Later stages may still take this document, but no other.
+                    self.full = true;
+                }
+                self.feed(at + 1, doc)
+            }
+            Stage::Skip(n) => {
+                if *count < *n {
+                    *count += 1;
+                    return Ok(());
+                }
+                self.feed(at + 1, doc)
+            }
+            Stage::Unwind(u) => {
+                let mut out = Vec::new();
+                u.apply(doc, &mut out);
+                for d in out {
+                    self.feed(at + 1, d)?;
+                }
+                Ok(())
+            }
+            stage => match stage.apply_one_in(doc, &self.env)? {
+                Some(d) => self.feed(at + 1, d),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// The pipeline's output, pulled lazily from here on.
+    pub fn finish(self) -> Result<Docs> {
+        let docs = self.sink.finish(&self.env)?;
+        self.rest.stream(docs, &self.env)
+    }
+}
+
+/// Where a blocking stage collects its input.
+enum Sink {
+    /// No blocking stage: the output itself.
+    Output(Vec<Document>),
+    Sort(Sorter),
+    Group(GroupSink),
+    /// Any other blocking stage, run over its whole input at the end.
+    Batch(Box<Stage>, Vec<Document>),
+}
+
+impl Sink {
+    fn new(stage: Option<&Stage>, next: Option<&Stage>, env: &Env) -> Sink {
+        match stage {
+            None => Sink::Output(Vec::new()),
+            Some(Stage::Sort(spec)) if !spec.is_empty() => {
+                let spec = spec.clone().with_collation(env.collation.clone());
+                let sorter = Sorter::new(
+                    Arc::new(move |a: &Document, b: &Document| spec.compare(a, b)),
+                    Purpose::Sort,
+                    env.allow_disk_use,
+                );
+                Sink::Sort(match next {
+                    Some(Stage::Limit(n)) => {
+                        sorter.keep_top(usize::try_from(*n).unwrap_or(usize::MAX))
+                    }
+                    _ => sorter,
+                })
+            }
+            Some(Stage::Group(g)) => Sink::Group(GroupSink::new(g.clone(), env)),
+            Some(stage) => Sink::Batch(Box::new(stage.clone()), Vec::new()),
+        }
+    }
+
+    fn push(&mut self, doc: Document) -> Result<()> {
+        match self {
+            Sink::Output(docs) | Sink::Batch(_, docs) => {
+                crate::interrupt::check()?;
+                docs.push(doc);
+                Ok(())
+            }
+            Sink::Sort(sorter) => sorter.push(doc),
+            Sink::Group(g) => g.push(doc),
+        }
+    }
+
+    fn finish(self, env: &Env) -> Result<Docs> {
+        Ok(match self {
+            Sink::Output(docs) => Box::new(docs.into_iter().map(Ok)),
+            Sink::Sort(sorter) => Box::new(sorter.finish()?),
+            Sink::Group(g) => g.finish()?,
+            Sink::Batch(stage, docs) => Box::new(stage.run_in(docs, env)?.into_iter().map(Ok)),
+        })
+    }
+}
+
+/// A `$group` fed one document at a time. Without `allowDiskUse` its groups live in a table
+/// up to the group limit. With it, each document's key and accumulator inputs go to a sorter
+/// as a record (`k`: the key as groups compare it, `i`: the key, `v`: the inputs by index);
+/// if the sorter never spilled, the records are grouped in memory, in input order; if it did,
+/// they come back in key order and each group is accumulated from its run of records.
+struct GroupSink {
+    group: Group,
+    env: Env,
+    how: Grouping,
+}
+
+enum Grouping {
+    Table(Table),
+    Records(Sorter),
+}
+
+impl GroupSink {
+    fn new(group: Group, env: &Env) -> GroupSink {
+        let how = if env.allow_disk_use {
+            Grouping::Records(Sorter::new(
+                Arc::new(|a: &Document, b: &Document| {
+                    compare(
+                        a.get("k").unwrap_or(&Bson::Null),
+                        b.get("k").unwrap_or(&Bson::Null),
+                    )
+                }),
+                Purpose::Group,
+                true,
+            ))
+        } else {
+            Grouping::Table(Table::default())
+        };
+        GroupSink {
+            group,
+            env: env.clone(),
+            how,
+        }
+    }
+
+    fn push(&mut self, doc: Document) -> Result<()> {
+        crate::interrupt::check()?;
+        let key = self
+            .group
+            .id
+            .evaluate_in(&doc, &self.env)?
+            .unwrap_or(Bson::Null);
+        let inputs = self.group.inputs(&doc, &self.env)?;
+        match &mut self.how {
+            Grouping::Table(table) => table.add(
+                &self.group,
+                &self.env,
+                Some(super::spill::group_limit()),
+                key,
+                inputs,
+            ),
+            Grouping::Records(sorter) => {
+                let folded = GroupKey::new(key.clone(), self.env.collation.as_ref()).0;
+                let mut v = Document::new();
+                for (i, input) in inputs.into_iter().enumerate() {
+                    if let Some(x) = input {
+                        v.insert(i.to_string(), x);
+                    }
+                }
+                sorter.push(bson::doc! {"k": folded, "i": key, "v": v})
+            }
+        }
+    }
+
+    fn finish(self) -> Result<Docs> {
+        let GroupSink { group, env, how } = self;
+        let sorter = match how {
+            Grouping::Table(table) => {
+                return Ok(Box::new(table.finish(&group).into_iter().map(Ok)));
+            }
+            Grouping::Records(sorter) => sorter,
+        };
+        match sorter.into_unspilled() {
+            Ok(records) => {
+                let mut table = Table::default();
+                for r in records {
+                    let (_, key, inputs) = record_parts(&group, r)?;
+                    table.add(&group, &env, None, key, inputs)?;
+                }
+                Ok(Box::new(table.finish(&group).into_iter().map(Ok)))
+            }
+            Err(sorter) => Ok(Box::new(SortedGroups {
+                group,
+                env,
+                records: sorter.finish()?,
+                current: None,
+                done: false,
+            })),
+        }
+    }
+}
+
+/// A group record's compared key, key and accumulator inputs.
+fn record_parts(group: &Group, mut r: Document) -> Result<(Bson, Bson, Vec<Option<Bson>>)> {
+    let damaged = || MongoError::internal("a spilled $group record is damaged");
+    let folded = r.remove("k").ok_or_else(damaged)?;
+    let key = r.remove("i").ok_or_else(damaged)?;
+    let Some(Bson::Document(mut v)) = r.remove("v") else {
+        return Err(damaged());
+    };
+    let inputs = (0..group.accumulators.len())
+        .map(|i| v.remove(i.to_string()))
+        .collect();
+    Ok((folded, key, inputs))
+}
+
+/// Groups accumulated from records in key order: one group in memory at a time.
+struct SortedGroups {
+    group: Group,
+    env: Env,
+    records: Sorted,
+    /// The group being accumulated: its compared key, key and states.
+    current: Option<(Bson, Bson, Vec<AccState>)>,
+    done: bool,
+}
+
+impl SortedGroups {
+    fn add(&mut self, record: Document) -> Result<Option<Document>> {
+        let (folded, key, inputs) = record_parts(&self.group, record)?;
+        let same = matches!(&self.current, Some((f, _, _)) if compare(f, &folded).is_eq());
+        let finished = if same {
+            None
+        } else {
+            let started = (folded, key, self.group.init());
+            self.current
+                .replace(started)
+                .map(|(_, key, states)| self.group.output(key, states))
+        };
+        if let Some((_, _, states)) = &mut self.current {
+            for (((_, kind, _), st), v) in self
+                .group
+                .accumulators
+                .iter()
+                .zip(states.iter_mut())
+                .zip(inputs)
+            {
+                accumulate(*kind, st, v, !same, &self.env)?;
+            }
+        }
+        Ok(finished)
+    }
+}
+
+impl Iterator for SortedGroups {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        while !self.done {
+            match self.records.next() {
+                Some(Ok(record)) => match self.add(record) {
+                    Ok(Some(finished)) => return Some(Ok(finished)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                },
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                None => self.done = true,
+            }
+        }
+        self.current
+            .take()
+            .map(|(_, key, states)| Ok(self.group.output(key, states)))
+    }
+}
