@@ -36,8 +36,9 @@ struct RouterHandler {
 
 #[async_trait]
 impl Handler for RouterHandler {
-    async fn handle(&self, conn: &ConnectionInfo, req: Request) -> Reply {
+    async fn handle(&self, conn: &ConnectionInfo, mut req: Request) -> Reply {
         let started = Instant::now();
+        crate::commands::stamp_session_owner(&self.router, conn, &mut req.body);
         let Some(reply) = crate::commands::run(&self.router, conn, &req).await else {
             return Reply::CloseConnection;
         };

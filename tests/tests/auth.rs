@@ -746,3 +746,55 @@ async fn a_forged_cluster_time_is_refused() -> anyhow::Result<()> {
     assert!(now.time < t.time + 100, "the forged time was not adopted");
     Ok(())
 }
+
+/// `killAllSessions` with a user pattern ends that user's sessions and no one else's: the
+/// router stamps each session with its owner (`lsid.uid`, the SHA-256 of `user@db`, as mongos
+/// does), so the shards know whose transaction is whose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_all_sessions_of_a_user_aborts_only_that_users_transactions() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (p, boss) = with_root_user(dir.path()).await?;
+    for user in ["alice", "bob"] {
+        boss.database("admin")
+            .run_command(doc! {"createUser": user, "pwd": "pw", "roles": ["readWriteAnyDatabase"]})
+            .await?;
+    }
+    let alice = client(&uri(p.addr, "alice:pw@", "")).await?;
+    let bob = client(&uri(p.addr, "bob:pw@", "")).await?;
+    boss.database("k")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await?;
+    let mut sessions = Vec::new();
+    for (name, who) in [("alice", &alice), ("bob", &bob)] {
+        let mut session = who.start_session().await?;
+        session.start_transaction().await?;
+        who.database("k")
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": name})
+            .session(&mut session)
+            .await?;
+        sessions.push(session);
+    }
+    boss.database("admin")
+        .run_command(doc! {"killAllSessions": [{"user": "alice", "db": "admin"}]})
+        .await?;
+    let mut bobs = sessions.pop().expect("bob's session");
+    let mut alices = sessions.pop().expect("alice's session");
+    let err = alices
+        .commit_transaction()
+        .await
+        .expect_err("alice's transaction was aborted");
+    assert_eq!(code(&err), Some(251), "{err}");
+    bobs.commit_transaction().await?;
+    let ids: Vec<Document> = boss
+        .database("k")
+        .collection::<Document>("c")
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(ids, vec![doc! {"_id": 0}, doc! {"_id": "bob"}]);
+    Ok(())
+}

@@ -296,6 +296,23 @@ async fn cross_shard_transfers_keep_the_total_in_every_snapshot() -> anyhow::Res
     Ok(())
 }
 
+/// A session's id as the router sends it to the shards: `{id, uid}` (`$listLocalSessions`).
+async fn own_session(client: &mongodb::Client, lsid: &Document) -> anyhow::Result<Document> {
+    let listed: Vec<Document> = client
+        .database("admin")
+        .aggregate([doc! {"$listLocalSessions": {}}])
+        .await?
+        .try_collect()
+        .await?;
+    let id = lsid.get("id");
+    listed
+        .into_iter()
+        .map(|s| s.get_document("_id").cloned())
+        .find(|s| s.as_ref().is_ok_and(|s| s.get("id") == id))
+        .ok_or_else(|| anyhow::anyhow!("session {lsid} is not listed"))?
+        .map_err(Into::into)
+}
+
 /// A prepared transaction survives its shards' restart: it still holds each shard's
 /// high-water mark below its prepare time, and the coordinator's decision, delivered after the
 /// restart, commits it everywhere at once.
@@ -310,8 +327,10 @@ async fn a_prepared_transaction_survives_a_restart_and_commits_after_it() -> any
     for i in 0..12 {
         c.insert_one(doc! {"_id": i}).session(&mut s).await?;
     }
-    // Play the coordinator's first phase by hand, on every shard the transaction reached.
-    let lsid = s.id().clone();
+    // Play the coordinator's first phase by hand, on every shard the transaction reached,
+    // with the session as the router stamps it (its `uid`: the owner, as `$listLocalSessions`
+    // shows it).
+    let lsid = own_session(&client, s.id()).await?;
     // A fresh client's first transaction on its first session is number 1.
     let txn_number = 1_i64;
     let session_fields =

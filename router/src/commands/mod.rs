@@ -335,6 +335,19 @@ pub(crate) fn session_user(router: &Router, conn: &ConnectionInfo) -> String {
         .unwrap_or_default()
 }
 
+/// Stamps a command's session with its owner, as mongos does: `lsid.uid` becomes the SHA-256
+/// of the connection's `user@db` (of the empty name without a user), whatever the client put
+/// there. Every shard then keys the session by who owns it, and `killAllSessions` of a user
+/// finds that user's transactions and operations, here and on the shards.
+pub(crate) fn stamp_session_owner(router: &Router, conn: &ConnectionInfo, cmd: &mut Document) {
+    if let Ok(lsid) = cmd.get_document_mut("lsid")
+        && lsid.contains_key("id")
+    {
+        let owner = crate::local_sessions::uid(&session_user(router, conn));
+        lsid.insert("uid", Bson::Binary(owner));
+    }
+}
+
 /// Keeps the router's session cache: a command's `lsid` is a use of that session;
 /// `endSessions` and `killAllSessions` forget sessions.
 fn note_session(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Document) {

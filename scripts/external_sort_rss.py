@@ -1,0 +1,61 @@
+"""A sort and a group of three times their memory limit, with allowDiskUse: the server's RSS.
+
+Start Tributary (`tributary --port 29334 --dbpath DIR`, the embedded default), then
+`python3 scripts/external_sort_rss.py <server pid> [mongodb://127.0.0.1:29334]`.
+Loads 300 MiB (150,000 documents of 2 KiB) unless the collection already holds them, then
+sorts it whole and groups it with `$push` of every document (both past the 100 MiB limit),
+reading each result to the end. Prints the server's RSS and peak RSS (VmHWM) after the load
+and after each query, the spilled runs from `serverStatus`, and the times (BENCHMARKS.md,
+issue 25).
+"""
+
+import sys
+import time
+
+from pymongo import MongoClient
+
+pid = int(sys.argv[1])
+uri = sys.argv[2] if len(sys.argv) > 2 else "mongodb://127.0.0.1:29334"
+N = 150_000
+client = MongoClient(uri)
+coll = client.spill.big
+
+
+def memory():
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) // 1024
+    return f"RSS {fields['VmRSS']} MiB, peak {fields['VmHWM']} MiB"
+
+
+def spills():
+    q = client.admin.command("serverStatus")["metrics"]["query"]
+    return f"sort runs {q['sort']['spillToDisk']}, group runs {q['group']['spills']}, {q['spilledBytes'] >> 20} MiB spilled"
+
+
+if coll.estimated_document_count() != N:
+    coll.drop()
+    pad = "p" * 2000
+    for start in range(0, N, 5000):
+        coll.insert_many(
+            {"_id": i, "k": (i * 7919) % N, "g": i % 100, "pad": pad}
+            for i in range(start, start + 5000)
+        )
+print(f"loaded {N} documents of 2 KiB: {memory()}")
+
+for name, pipeline in [
+    ("sort", [{"$sort": {"k": 1}}]),
+    ("group", [{"$group": {"_id": "$g", "all": {"$push": "$pad"}}}, {"$project": {"n": {"$size": "$all"}}}]),
+]:
+    started = time.time()
+    n = 0
+    last = -1
+    for doc in coll.aggregate(pipeline, allowDiskUse=True, batchSize=1000):
+        n += 1
+        if name == "sort":
+            assert doc["k"] > last, "out of order"
+            last = doc["k"]
+    print(f"{name}: {n} results in {time.time() - started:.1f} s; {memory()}; {spills()}")
