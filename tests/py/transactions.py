@@ -63,7 +63,10 @@ def check_with_transaction_and_its_events(client):
         txn = events[:3]
         assert len({e["clusterTime"] for e in txn}) == 1, "one commit time: %r" % txn
         for e in txn:
-            assert e["lsid"] == lsid, e
+            # The session as the server keys it: the driver's id and its owner's uid (the
+            # SHA-256 of the user), as MongoDB's events carry it.
+            assert e["lsid"]["id"] == lsid["id"], e
+            assert len(e["lsid"]["uid"]) == 32, e
             assert e["txnNumber"] == txn[0]["txnNumber"], e
         assert "txnNumber" not in events[3], events[3]
     balances = {d["_id"]: d.get("balance") for d in coll.find()}

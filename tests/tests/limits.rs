@@ -566,6 +566,33 @@ async fn unknown_fields_of_strict_commands_are_refused_with_40415() -> anyhow::R
             doc! {"findAndModify": "c", "query": {}, "remove": true, "returnNew": true},
             "findAndModify.returnNew",
         ),
+        (doc! {"create": "d", "caped": true}, "create.caped"),
+        (
+            doc! {"createIndexes": "c", "indexes": [{"key": {"a": 1}, "name": "a_1"}],
+            "unique": true},
+            "createIndexes.unique",
+        ),
+        (doc! {"drop": "c", "force": true}, "drop.force"),
+        (
+            doc! {"dropIndexes": "c", "indexes": "*"},
+            "dropIndexes.indexes",
+        ),
+        (
+            doc! {"listCollections": 1, "query": {}},
+            "listCollections.query",
+        ),
+        (
+            doc! {"listIndexes": "c", "batchSize": 1},
+            "listIndexes.batchSize",
+        ),
+        (
+            doc! {"collMod": "c", "validator": {}, "validate": true},
+            "collMod.validate",
+        ),
+        (
+            doc! {"killCursors": "c", "cursors": [], "ids": []},
+            "killCursors.ids",
+        ),
     ] {
         let err = db
             .run_command(cmd.clone())
@@ -583,6 +610,12 @@ async fn unknown_fields_of_strict_commands_are_refused_with_40415() -> anyhow::R
         vec![doc! {"_id": 1}],
         "nothing was written or deleted"
     );
+    assert_eq!(
+        db.list_collection_names().await?,
+        vec!["c".to_string()],
+        "nothing was created or dropped"
+    );
+    assert_eq!(c.list_index_names().await?, vec!["_id_".to_string()]);
     let ok = db
         .run_command(doc! {
             "find": "c", "filter": {}, "sort": {"_id": 1}, "batchSize": 1, "comment": "ok",

@@ -236,6 +236,117 @@ impl Series {
     }
 }
 
+/// What differs between the kinds of statement a [`Run`] runs (updates, deletes).
+trait Statements: Send + 'static {
+    type Stmt: Send + 'static;
+    /// What the running statement has done so far.
+    type Progress: Default + Send + 'static;
+
+    /// Counts statement `i`, which a retry of the command already executed (`prev`: its
+    /// recorded outcome).
+    fn replayed(&mut self, series: &mut Series, i: usize, prev: &Document);
+
+    /// Runs the next batch of `stmt` (all of it unless multi), adding to `progress`.
+    fn batch(
+        &mut self,
+        w: &mut WriteCtx<'_>,
+        ns: (&str, &str),
+        stmt: &Self::Stmt,
+        sid: i32,
+        series: &mut Series,
+        progress: &mut Self::Progress,
+    ) -> OpResult<()>;
+
+    /// Statement `i` finished with `progress`: adds it to the totals; its retry record.
+    fn finished(&mut self, series: &mut Series, i: usize, progress: Self::Progress) -> Document;
+
+    /// The command's reply (before its write errors).
+    fn reply(&mut self, series: &Series) -> Document;
+}
+
+/// A write command's statements of one kind, run as one or more writer jobs.
+struct Run<K: Statements> {
+    db: String,
+    coll: String,
+    stmts: Vec<Result<K::Stmt, MongoError>>,
+    ordered: bool,
+    series: Series,
+    current: K::Progress,
+    kind: K,
+}
+
+impl<K: Statements> Run<K> {
+    fn new(
+        ctx: &Ctx<'_>,
+        coll: String,
+        stmts: Vec<Result<K::Stmt, MongoError>>,
+        ordered: bool,
+        retry_info: Option<RetryInfo>,
+        kind: K,
+    ) -> Run<K> {
+        Run {
+            db: ctx.db.clone(),
+            coll,
+            stmts,
+            ordered,
+            series: Series::new(retry_info),
+            current: K::Progress::default(),
+            kind,
+        }
+    }
+}
+
+impl<K: Statements> Batched for Run<K> {
+    fn series(&self) -> &Series {
+        &self.series
+    }
+
+    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput> {
+        if let Some(out) = self.series.begin(w)? {
+            return Ok(out);
+        }
+        while let Some(i) = self.series.next_statement(self.stmts.len()) {
+            let sid = stmt_id(&self.series.retry, i);
+            if let Some(prev) = self.series.retry.as_ref().and_then(|r| r.executed(sid)) {
+                let prev = prev.clone();
+                self.kind.replayed(&mut self.series, i, &prev);
+                self.series.retried.push(sid);
+                self.series.statement_done();
+                continue;
+            }
+            let result = match &self.stmts[i] {
+                Ok(s) => self.kind.batch(
+                    w,
+                    (&self.db, &self.coll),
+                    s,
+                    sid,
+                    &mut self.series,
+                    &mut self.current,
+                ),
+                Err(e) => Err(OpError::Mongo(e.clone())),
+            };
+            match result {
+                Ok(()) if !self.series.cursor.finished => return Ok(self.series.partial()),
+                Ok(()) => {
+                    let progress = std::mem::take(&mut self.current);
+                    let record = self.kind.finished(&mut self.series, i, progress);
+                    if let Some(r) = self.series.retry.as_mut() {
+                        r.record(sid, record);
+                    }
+                    self.series.statement_done();
+                }
+                Err(OpError::Storage(e)) => return Err(e),
+                Err(OpError::Mongo(e)) => {
+                    self.current = K::Progress::default();
+                    self.series.statement_failed(i, &e, self.ordered);
+                }
+            }
+        }
+        let reply = self.kind.reply(&self.series);
+        self.series.finish(w, reply)
+    }
+}
+
 /// An `insert` command's arguments.
 struct InsertArgs {
     coll: String,
@@ -747,109 +858,86 @@ async fn update(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
             "Cannot use (or request) retryable writes with multi=true",
         ));
     }
+    let updates = Updates {
+        bypass,
+        n_modified: 0,
+        upserted: Vec::new(),
+    };
     in_batches(
         ctx,
-        UpdateRun {
-            db: ctx.db.clone(),
-            coll,
-            stmts,
-            ordered,
-            bypass,
-            series: Series::new(retry_info),
-            current: UpdateOutcome::default(),
-            n_modified: 0,
-            upserted: Vec::new(),
-        },
+        Run::new(ctx, coll, stmts, ordered, retry_info, updates),
     )
     .await
 }
 
-/// An `update` command's statements, run as one or more writer jobs.
-struct UpdateRun {
-    db: String,
-    coll: String,
-    stmts: Vec<Result<UpdateStmt, MongoError>>,
-    ordered: bool,
+/// What an `update` command adds up across its statements.
+struct Updates {
     bypass: bool,
-    series: Series,
-    /// What the current statement has done so far.
-    current: UpdateOutcome,
     n_modified: i64,
     upserted: Vec<Bson>,
 }
 
-impl Batched for UpdateRun {
-    fn series(&self) -> &Series {
-        &self.series
+impl Statements for Updates {
+    type Stmt = UpdateStmt;
+    type Progress = UpdateOutcome;
+
+    fn replayed(&mut self, series: &mut Series, i: usize, prev: &Document) {
+        series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
+        self.n_modified += prev.get("nModified").and_then(as_i64).unwrap_or(0);
+        if let Some(id) = prev.get("upserted") {
+            self.upserted
+                .push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
+        }
     }
 
-    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput> {
+    fn batch(
+        &mut self,
+        w: &mut WriteCtx<'_>,
+        (db, coll): (&str, &str),
+        stmt: &UpdateStmt,
+        sid: i32,
+        series: &mut Series,
+        progress: &mut UpdateOutcome,
+    ) -> OpResult<()> {
         w.bypass_validation = self.bypass;
-        if let Some(out) = self.series.begin(w)? {
-            return Ok(out);
+        let result = update_batch(
+            w,
+            db,
+            coll,
+            stmt,
+            series.retry.as_mut(),
+            sid,
+            &mut series.cursor,
+            progress,
+            batches::BATCH,
+        );
+        if progress.last_ts.is_some() {
+            series.last_ts = progress.last_ts;
         }
-        while let Some(i) = self.series.next_statement(self.stmts.len()) {
-            let sid = stmt_id(&self.series.retry, i);
-            if let Some(prev) = self.series.retry.as_ref().and_then(|r| r.executed(sid)) {
-                self.series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
-                self.n_modified += prev.get("nModified").and_then(as_i64).unwrap_or(0);
-                if let Some(id) = prev.get("upserted") {
-                    self.upserted
-                        .push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
-                }
-                self.series.retried.push(sid);
-                self.series.statement_done();
-                continue;
-            }
-            let result = match &self.stmts[i] {
-                Ok(s) => update_batch(
-                    w,
-                    &self.db,
-                    &self.coll,
-                    s,
-                    self.series.retry.as_mut(),
-                    sid,
-                    &mut self.series.cursor,
-                    &mut self.current,
-                    batches::BATCH,
-                ),
-                Err(e) => Err(OpError::Mongo(e.clone())),
-            };
-            let o = std::mem::take(&mut self.current);
-            if o.last_ts.is_some() {
-                self.series.last_ts = o.last_ts;
-            }
-            match result {
-                Ok(()) if !self.series.cursor.finished => {
-                    self.current = o;
-                    return Ok(self.series.partial());
-                }
-                Ok(()) => {
-                    let mut rec = doc! {"n": o.n, "nModified": o.n_modified};
-                    self.series.n += o.n;
-                    self.n_modified += o.n_modified;
-                    if let Some(id) = o.upserted {
-                        self.series.n += 1;
-                        rec.insert("n", o.n + 1);
-                        rec.insert("upserted", id.clone());
-                        self.upserted
-                            .push(Bson::Document(doc! {"index": i as i32, "_id": id}));
-                    }
-                    if let Some(r) = self.series.retry.as_mut() {
-                        r.record(sid, rec);
-                    }
-                    self.series.statement_done();
-                }
-                Err(OpError::Storage(e)) => return Err(e),
-                Err(OpError::Mongo(e)) => self.series.statement_failed(i, &e, self.ordered),
-            }
+        result
+    }
+
+    fn finished(&mut self, series: &mut Series, i: usize, o: UpdateOutcome) -> Document {
+        let mut rec = doc! {"n": o.n, "nModified": o.n_modified};
+        series.n += o.n;
+        self.n_modified += o.n_modified;
+        if let Some(id) = o.upserted {
+            series.n += 1;
+            rec.insert("n", o.n + 1);
+            rec.insert("upserted", id.clone());
+            self.upserted
+                .push(Bson::Document(doc! {"index": i as i32, "_id": id}));
         }
-        let mut reply = doc! {"n": self.series.n as i32};
+        rec
+    }
+
+    fn reply(&mut self, series: &Series) -> Document {
+        let mut reply = doc! {"n": series.n as i32};
         if !self.upserted.is_empty() {
             reply.insert("upserted", std::mem::take(&mut self.upserted));
         }
         reply.insert("nModified", self.n_modified as i32);
-        self.series.finish(w, reply)
+        reply
     }
 }
 
@@ -920,75 +1008,42 @@ async fn delete(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     let retry_info = RetryInfo::from_command(&ctx.cmd)?;
     in_batches(
         ctx,
-        DeleteRun {
-            db: ctx.db.clone(),
-            coll,
-            stmts,
-            ordered,
-            series: Series::new(retry_info),
-            current: 0,
-        },
+        Run::new(ctx, coll, stmts, ordered, retry_info, Deletes),
     )
     .await
 }
 
-/// A `delete` command's statements, run as one or more writer jobs.
-struct DeleteRun {
-    db: String,
-    coll: String,
-    stmts: Vec<Result<DeleteStmt, MongoError>>,
-    ordered: bool,
-    series: Series,
-    /// How many documents the current statement has deleted so far.
-    current: i64,
-}
+/// A `delete` command's statements (their counts live in the [`Series`]).
+struct Deletes;
 
-impl Batched for DeleteRun {
-    fn series(&self) -> &Series {
-        &self.series
+impl Statements for Deletes {
+    type Stmt = DeleteStmt;
+    /// How many documents the current statement has deleted so far.
+    type Progress = i64;
+
+    fn replayed(&mut self, series: &mut Series, _: usize, prev: &Document) {
+        series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
     }
 
-    fn step(&mut self, w: &mut WriteCtx<'_>) -> StorageResult<WriteOutput> {
-        if let Some(out) = self.series.begin(w)? {
-            return Ok(out);
-        }
-        while let Some(i) = self.series.next_statement(self.stmts.len()) {
-            let sid = stmt_id(&self.series.retry, i);
-            if let Some(prev) = self.series.retry.as_ref().and_then(|r| r.executed(sid)) {
-                self.series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
-                self.series.retried.push(sid);
-                self.series.statement_done();
-                continue;
-            }
-            let result = match &self.stmts[i] {
-                Ok(s) => delete_batch(
-                    w,
-                    (&self.db, &self.coll),
-                    s,
-                    sid,
-                    &mut self.series,
-                    &mut self.current,
-                ),
-                Err(e) => Err(OpError::Mongo(e.clone())),
-            };
-            match result {
-                Ok(()) if !self.series.cursor.finished => return Ok(self.series.partial()),
-                Ok(()) => {
-                    let n = std::mem::take(&mut self.current);
-                    self.series.n += n;
-                    if let Some(r) = self.series.retry.as_mut() {
-                        r.record(sid, doc! {"n": n});
-                    }
-                    self.series.statement_done();
-                }
-                Err(OpError::Storage(e)) => return Err(e),
-                Err(OpError::Mongo(e)) => {
-                    self.current = 0;
-                    self.series.statement_failed(i, &e, self.ordered);
-                }
-            }
-        }
-        self.series.finish(w, doc! {"n": self.series.n as i32})
+    fn batch(
+        &mut self,
+        w: &mut WriteCtx<'_>,
+        ns: (&str, &str),
+        stmt: &DeleteStmt,
+        sid: i32,
+        series: &mut Series,
+        deleted: &mut i64,
+    ) -> OpResult<()> {
+        delete_batch(w, ns, stmt, sid, series, deleted)
+    }
+
+    fn finished(&mut self, series: &mut Series, _: usize, deleted: i64) -> Document {
+        series.n += deleted;
+        doc! {"n": deleted}
+    }
+
+    fn reply(&mut self, series: &Series) -> Document {
+        doc! {"n": series.n as i32}
     }
 }
 
