@@ -24,6 +24,7 @@ pub mod changestream;
 pub mod clock;
 pub mod commands;
 pub mod cursor;
+mod expiry;
 pub mod history;
 pub mod indexes;
 pub mod keys;

@@ -127,36 +127,15 @@ pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
     // Entries at or before the truncation point are gone: their pre-images can never be read.
     let oldest_needed = state.oplog_truncated_through().next();
     let now_secs = state.now_millis() / 1000;
-    let mut doomed = Vec::new();
-    {
-        let read = state.storage.begin_read().map_err(storage)?;
-        read.scan(Table::PreImages, &KeyRange::all(), false, &mut |k, _| {
-            if expired(k, oldest_needed, expire, now_secs) {
-                doomed.push(k.to_vec());
-            }
-            if doomed.len() >= PURGE_BATCH {
-                Scan::Stop
-            } else {
-                Scan::Continue
-            }
-        })
-        .map_err(storage)?;
-    }
-    let n = doomed.len();
-    if n == 0 {
-        return Ok(0);
-    }
-    let job = move |w: &mut WriteCtx<'_>| {
-        for k in doomed {
-            w.txn_mut().delete(Table::PreImages, &k)?;
-        }
-        Ok(WriteOutput {
-            reply: doc! {"ok": 1.0},
-            op_time: None,
-        })
-    };
-    shard.writer().submit(Box::new(job)).await?;
-    Ok(n)
+    // A pre-image's key never changes meaning: what looked expired still is.
+    crate::expiry::purge_pass(
+        shard,
+        Table::PreImages,
+        PURGE_BATCH,
+        move |k, _| expired(k, oldest_needed, expire, now_secs),
+        |_, _| Ok(true),
+    )
+    .await
 }
 
 /// How many pre-images the shard holds, and their bytes.

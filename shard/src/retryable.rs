@@ -22,8 +22,7 @@ use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
 use crate::oplog::SessionFields;
-use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn};
-use crate::writer::{WriteCtx, WriteOutput};
+use crate::storage::{ReadTxn, StorageError, StorageResult, Table, WriteTxn};
 
 /// How long a session lives after its last write (`logicalSessionTimeoutMinutes`: 30).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -317,46 +316,20 @@ fn expired(last_write_ms: u64, now_ms: u64) -> bool {
 /// (each checked again inside it, so a session written in between keeps its record).
 /// Returns how many it deleted.
 pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
-    let state = shard.state();
-    let now_ms = state.now_millis();
-    let storage = |e: StorageError| MongoError::internal(format!("storage: {e}"));
-    let mut doomed = Vec::new();
-    {
-        let read = state.storage.begin_read().map_err(storage)?;
-        read.scan(Table::Retryable, &KeyRange::all(), false, &mut |k, v| {
+    let now_ms = shard.state().now_millis();
+    crate::expiry::purge_pass(
+        shard,
+        Table::Retryable,
+        PURGE_BATCH,
+        move |_, v| {
             let last = Document::from_reader(v)
                 .map(|d| Record::from_document(&d).last_write_ms)
                 .unwrap_or(0);
-            if expired(last, now_ms) {
-                doomed.push(k.to_vec());
-            }
-            if doomed.len() >= PURGE_BATCH {
-                Scan::Stop
-            } else {
-                Scan::Continue
-            }
-        })
-        .map_err(storage)?;
-    }
-    if doomed.is_empty() {
-        return Ok(0);
-    }
-    let job = move |w: &mut WriteCtx<'_>| {
-        let mut n = 0_i64;
-        for k in doomed {
-            if expired(Record::load(w.txn(), &k)?.last_write_ms, w.wall_ms)
-                && w.txn_mut().delete(Table::Retryable, &k)?
-            {
-                n += 1;
-            }
-        }
-        Ok(WriteOutput {
-            reply: doc! {"n": n, "ok": 1.0},
-            op_time: None,
-        })
-    };
-    let out = shard.writer().submit(Box::new(job)).await?;
-    Ok(usize::try_from(out.reply.get_i64("n").unwrap_or(0)).unwrap_or(0))
+            expired(last, now_ms)
+        },
+        |w, k| Ok(expired(Record::load(w.txn(), k)?.last_write_ms, w.wall_ms)),
+    )
+    .await
 }
 
 fn session_display(lsid: &Document) -> String {
