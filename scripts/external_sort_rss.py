@@ -4,8 +4,8 @@ Start Tributary (`tributary --port 29334 --dbpath DIR`, the embedded default), t
 `python3 scripts/external_sort_rss.py <server pid> [mongodb://127.0.0.1:29334]`.
 Loads 300 MiB (150,000 documents of 2 KiB) unless the collection already holds them, then
 sorts it whole and groups it with `$push` of every document (both past the 100 MiB limit),
-reading each result to the end. Prints the server's RSS and peak RSS (VmHWM) after the load
-and after each query, the spilled runs from `serverStatus`, and the times (BENCHMARKS.md,
+reading each result to the end. Prints the server's RSS and peak RSS (VmHWM, reset before each query) after the
+load and around each query, the spilled runs from `serverStatus`, and the times (BENCHMARKS.md,
 issue 25).
 """
 
@@ -32,7 +32,9 @@ def memory():
 
 
 def spills():
-    q = client.admin.command("serverStatus")["metrics"]["query"]
+    q = client.admin.command("serverStatus")["metrics"].get("query")
+    if q is None:  # a build before the spill counters
+        return "no spill counters"
     return f"sort runs {q['sort']['spillToDisk']}, group runs {q['group']['spills']}, {q['spilledBytes'] >> 20} MiB spilled"
 
 
@@ -46,10 +48,19 @@ if coll.estimated_document_count() != N:
         )
 print(f"loaded {N} documents of 2 KiB: {memory()}")
 
+def reset_peak():
+    # Linux: 5 sets the peak (VmHWM) back to the current RSS (needs the right to write the
+    # server's /proc files: the same user, or root).
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
 for name, pipeline in [
     ("sort", [{"$sort": {"k": 1}}]),
     ("group", [{"$group": {"_id": "$g", "all": {"$push": "$pad"}}}, {"$project": {"n": {"$size": "$all"}}}]),
 ]:
+    reset_peak()
+    before = memory()
     started = time.time()
     n = 0
     last = -1
@@ -58,4 +69,4 @@ for name, pipeline in [
         if name == "sort":
             assert doc["k"] > last, "out of order"
             last = doc["k"]
-    print(f"{name}: {n} results in {time.time() - started:.1f} s; {memory()}; {spills()}")
+    print(f"{name}: before it {before}; {n} results in {time.time() - started:.1f} s; after it {memory()}; {spills()}")
