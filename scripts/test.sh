@@ -42,11 +42,13 @@ fi
 # tests/tests/spec_transactions.rs, tests/tests/spec_crud.rs).
 cat "${CARGO_TARGET_DIR:-target}"/spec-results/*.txt
 
-step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9"
+step "resmoke FSM suites: change streams under concurrent CRUD/DDL (serial, parallel), then under kill -9 and a long shard outage"
 cargo build --bin resmoke --bin tributary --bin fuzz
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_parallel
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill
+# A shard down 40 s at a time, longer than a coordinator's 30 s of delivery, under transfers.
+TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_long_outage
 
 step "wire fuzzer: every listed command with mutated arguments, and raw frames (seed 1, 2 minutes)"
 # Fails on a crash, a panic, an error reply without code and errmsg, a hang, or RSS over 2 GB;
