@@ -232,9 +232,11 @@ impl Metrics {
 
     /// The metrics in Prometheus's text format, with the live figures read now.
     pub async fn render(&self, router: &Router) -> String {
-        use std::sync::atomic::Ordering;
+        // The listener's count: connections still in their TLS handshake included, as
+        // `serverStatus.connections.current`.
+        let current = router.connections.counts().current;
         self.connections
-            .set(router.open_connections.load(Ordering::Relaxed) as i64);
+            .set(i64::try_from(current).unwrap_or(i64::MAX));
         self.cursors.set(router.cursors.len() as i64);
         let streams = router.cursors.streams();
         self.change_stream_cursors.set(streams.len() as i64);

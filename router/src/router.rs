@@ -6,7 +6,6 @@
 //! (a write acknowledged on shard A before a write is sent to shard B has a smaller `ts`).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
@@ -154,7 +153,6 @@ pub struct Router {
     /// The sessions' multi-document transactions.
     pub(crate) sessions: crate::txn::Sessions,
     pub(crate) started: Instant,
-    pub(crate) open_connections: AtomicU64,
     /// The listener's connection limit and counters (`serverStatus.connections`).
     pub(crate) connections: Arc<wire::limits::Connections>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
@@ -200,7 +198,6 @@ impl Router {
             options,
             sessions: Default::default(),
             started: Instant::now(),
-            open_connections: AtomicU64::new(0),
             connections,
             failpoints: Default::default(),
             shutdown: CancellationToken::new(),

@@ -5,7 +5,6 @@
 //! `connections`, which `serverStatus` reports.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -50,12 +49,7 @@ impl Handler for RouterHandler {
         }
     }
 
-    fn opened(&self, _conn: &ConnectionInfo) {
-        self.router.open_connections.fetch_add(1, Ordering::Relaxed);
-    }
-
     fn closed(&self, conn: &ConnectionInfo) {
-        self.router.open_connections.fetch_sub(1, Ordering::Relaxed);
         self.router.auth.closed(conn.id);
     }
 }

@@ -204,6 +204,37 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// `GET path` on `addr` (a metrics or feed endpoint): the status line and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {out:?}"))?;
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// The value of the Prometheus sample named exactly `series` (name and labels), if present.
+pub fn metric_sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+}
+
 /// Waits until something accepts connections on `addr`.
 pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<()> {
     let start = Instant::now();

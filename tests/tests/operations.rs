@@ -7,38 +7,8 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
-use tests::ProcessCluster;
+use tests::{ProcessCluster, http_get, metric_sample as sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET path` on `addr`: the status line and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(String, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
-        .await?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await?;
-    let (head, body) = out
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {out:?}"))?;
-    Ok((
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    ))
-}
-
-/// The value of the sample named exactly `series` (name and labels), if present.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> anyhow::Result<()> {

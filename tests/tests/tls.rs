@@ -219,3 +219,52 @@ async fn a_cluster_of_processes_speaks_tls_throughout() -> anyhow::Result<()> {
     assert_eq!(bank.count_documents(doc! {}).await?, 20);
     Ok(())
 }
+
+/// A connection still in its TLS handshake counts: the metrics' connections gauge reads the
+/// listener's own count, as `serverStatus.connections.current` does, so clients that stall a
+/// handshake are seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_in_their_tls_handshake_are_counted() -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let (server, _) = paths(&certs);
+    let metrics_port = tests::free_port()?;
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let p = embedded(
+        dir.path(),
+        &[
+            "--tlsMode",
+            "requireTLS",
+            "--tlsCertificateKeyFile",
+            &server,
+            "--metricsPort",
+            &metrics_port.to_string(),
+        ],
+    )
+    .await?;
+    tests::wait_for_port(metrics, Duration::from_secs(10)).await?;
+    let gauge = || async {
+        let (_, body) = tests::http_get(metrics, "/metrics").await?;
+        anyhow::Ok(tests::metric_sample(&body, "tributary_connections").unwrap_or(0.0))
+    };
+    let before = gauge().await?;
+    // Three clients that begin a handshake (a TLS record's first byte) and go no further.
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(p.addr).await?;
+        s.write_all(&[0x16]).await?;
+        stalled.push(s);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while gauge().await? < before + 3.0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled handshakes were not counted: {} (before: {before})",
+            gauge().await?
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(stalled);
+    Ok(())
+}
