@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
 use tests::{ProcessCluster, http_get, metric_sample as sample};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> anyhow::Result<()> {
