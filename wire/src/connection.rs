@@ -118,11 +118,25 @@ impl Connection {
         }
     }
 
-    /// Encodes and sends one message.
+    /// Encodes and sends one message. A plain OP_MSG goes out as its prefix and its body's
+    /// own bytes (one vectored write where the transport has them), with no copy of the body.
     pub async fn write_message(&mut self, message: &Message) -> Result<(), CodecError> {
+        use bytes::Buf;
         self.write_buf.clear();
-        self.codec.encode(message, &mut self.write_buf)?;
-        let write = self.stream.write_all(&self.write_buf);
+        let parts = crate::frame::plain_msg_parts(message).map_err(CodecError::Encode)?;
+        if parts.is_none() {
+            self.codec.encode(message, &mut self.write_buf)?;
+        }
+        let (stream, encoded) = (&mut self.stream, &self.write_buf);
+        let write = async move {
+            match parts {
+                Some((prefix, body)) => {
+                    let mut frame = Buf::chain(prefix.as_slice(), body);
+                    stream.write_all_buf(&mut frame).await
+                }
+                None => stream.write_all(encoded).await,
+            }
+        };
         let written = match self.frame_timeout {
             None => write.await.map_err(CodecError::Io),
             Some(timeout) => tokio::time::timeout(timeout, write)

@@ -388,6 +388,37 @@ pub fn encode(msg: &Message, dst: &mut BytesMut) -> Result<(), MongoError> {
     result
 }
 
+/// An OP_MSG frame's bytes before its body: header, flags and the body section's kind.
+pub type MsgPrefix = [u8; HEADER_LEN + 5];
+
+/// The frame of a plain OP_MSG (one body: no document sequences, checksum or compression) as
+/// its prefix (header, flags, section kind) and the body, which a writer sends as it is
+/// rather than copying it into a frame buffer: a large reply then costs its body once.
+/// `None` for any other message; `Err` when the frame would be too large.
+pub fn plain_msg_parts(msg: &Message) -> Result<Option<(MsgPrefix, &[u8])>, MongoError> {
+    let Op::Msg(m) = &msg.op else {
+        return Ok(None);
+    };
+    if msg.compressor.is_some() || !m.sequences.is_empty() || m.flags.checksum_present() {
+        return Ok(None);
+    }
+    let body = m.body.as_bytes();
+    let total = HEADER_LEN + 5 + body.len();
+    check_out_len(total)?;
+    let mut prefix: MsgPrefix = [0; HEADER_LEN + 5];
+    let mut at = &mut prefix[..];
+    put_header(
+        &mut at,
+        total,
+        msg.request_id,
+        msg.response_to,
+        opcode::OP_MSG,
+    );
+    at.put_u32_le(m.flags.0);
+    at.put_u8(0);
+    Ok(Some((prefix, body)))
+}
+
 /// Encodes `msg` into a fresh buffer.
 pub fn encode_to_vec(msg: &Message) -> Result<Vec<u8>, MongoError> {
     let mut buf = BytesMut::new();
@@ -662,6 +693,35 @@ mod tests {
         assert_eq!(err.request_id, Some(99));
         assert_eq!(err.skip, None, "an untrusted length closes the connection");
         assert!(decode(&(-1i32).to_le_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_plain_msg_in_parts_is_the_frame_and_others_are_encoded_whole() {
+        let mut m = hello_msg();
+        m.response_to = 3;
+        if let Op::Msg(msg) = &mut m.op {
+            msg.flags = MsgFlags(MsgFlags::MORE_TO_COME);
+        }
+        let (prefix, body) = plain_msg_parts(&m).unwrap().expect("plain");
+        assert_eq!([&prefix[..], body].concat(), frame_bytes(&m));
+        let mut checksummed = hello_msg();
+        if let Op::Msg(msg) = &mut checksummed.op {
+            msg.flags = MsgFlags(MsgFlags::CHECKSUM_PRESENT);
+        }
+        let compressed = Message {
+            compressor: Some(crate::message::Compressor::Zlib),
+            ..hello_msg()
+        };
+        let mut sequenced = hello_msg();
+        if let Op::Msg(msg) = &mut sequenced.op {
+            msg.sequences.push(DocumentSequence {
+                identifier: "documents".into(),
+                documents: vec![rawdoc! {"_id": 1}],
+            });
+        }
+        for other in [checksummed, compressed, sequenced] {
+            assert!(plain_msg_parts(&other).unwrap().is_none(), "{other:?}");
+        }
     }
 
     #[test]
