@@ -2,7 +2,9 @@
 //! [`KEPT`] events as mongod's structured log lines (`{"t", "s", "c", "msg", "attr"}`, one JSON
 //! document each).
 //!
-//! Invariants: bounded (the oldest line goes when a new one comes past [`KEPT`]); the count of
+//! Invariants: bounded in lines (the oldest line goes when a new one comes past [`KEPT`]) and
+//! in bytes (a message or attribute is cut at [`MAX_FIELD`] as it is formatted, as mongod's
+//! `maxLogSizeKB` cuts attributes: a slow 16 MiB command is never kept whole); the count of
 //! lines ever written only grows; recording never blocks on anything but its own short lock.
 
 use std::collections::VecDeque;
@@ -16,6 +18,41 @@ use tracing_subscriber::layer::Context;
 
 /// How many lines `getLog` can show.
 pub const KEPT: usize = 1024;
+
+/// The most bytes of one message or attribute a line keeps (mongod's `maxLogSizeKB`, 10).
+pub const MAX_FIELD: usize = 10 * 1024;
+
+/// Text formatted up to [`MAX_FIELD`] bytes; what comes after is dropped as it is written.
+#[derive(Default)]
+struct Capped {
+    text: String,
+    cut: bool,
+}
+
+impl std::fmt::Write for Capped {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = MAX_FIELD.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.text.push_str(&s[..end]);
+        self.cut = true;
+        // Stop the formatting: nothing more fits.
+        Err(std::fmt::Error)
+    }
+}
+
+/// `value` formatted and cut at [`MAX_FIELD`]; whether it was cut.
+fn capped(value: impl std::fmt::Display) -> (String, bool) {
+    let mut out = Capped::default();
+    let _ = write!(out, "{value}");
+    (out.text, out.cut)
+}
 
 struct Buffer {
     lines: Mutex<VecDeque<String>>,
@@ -50,15 +87,26 @@ pub struct LogBuffer;
 struct Fields {
     message: String,
     attr: serde_json::Map<String, serde_json::Value>,
+    /// The fields cut at [`MAX_FIELD`].
+    truncated: Vec<String>,
+}
+
+impl Fields {
+    fn text(&mut self, field: &Field, (text, cut): (String, bool)) {
+        if cut {
+            self.truncated.push(field.name().to_string());
+        }
+        if field.name() == "message" {
+            self.message = text;
+        } else {
+            self.attr.insert(field.name().to_string(), text.into());
+        }
+    }
 }
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.message = value.to_string();
-        } else {
-            self.attr.insert(field.name().to_string(), value.into());
-        }
+        self.text(field, capped(value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
@@ -74,13 +122,7 @@ impl Visit for Fields {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let mut text = String::new();
-        let _ = write!(text, "{value:?}");
-        if field.name() == "message" {
-            self.message = text;
-        } else {
-            self.attr.insert(field.name().to_string(), text.into());
-        }
+        self.text(field, capped(format_args!("{value:?}")));
     }
 }
 
@@ -89,6 +131,10 @@ impl<S: tracing::Subscriber> Layer<S> for LogBuffer {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
+        if !fields.truncated.is_empty() {
+            let cut = std::mem::take(&mut fields.truncated);
+            fields.attr.insert("truncated".into(), cut.into());
+        }
         let severity = match *meta.level() {
             tracing::Level::ERROR => "E",
             tracing::Level::WARN => "W",
@@ -110,5 +156,42 @@ impl<S: tracing::Subscriber> Layer<S> for LogBuffer {
         }
         lines.push_back(line);
         b.written.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[test]
+    fn a_field_is_cut_at_its_limit_on_a_character_boundary() {
+        let (short, cut) = capped("short");
+        assert_eq!((short.as_str(), cut), ("short", false));
+        // 'é' is two bytes: the cut must not split one.
+        let long = format!("a{}", "é".repeat(MAX_FIELD));
+        let (text, cut) = capped(&long);
+        assert!(cut);
+        assert_eq!(text.len(), MAX_FIELD - 1);
+        assert!(long.starts_with(&text));
+    }
+
+    #[test]
+    fn a_huge_slow_command_is_kept_cut_not_whole() {
+        let subscriber = tracing_subscriber::registry().with(LogBuffer);
+        let command = format!("{{insert: {}}}", "x".repeat(16 * 1024 * 1024));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(command = %command, ms = 250_u64, "a huge slow command, for the test");
+        });
+        let (lines, _) = lines();
+        let line = lines
+            .iter()
+            .find(|l| l.contains("a huge slow command, for the test"))
+            .expect("the line is kept");
+        assert!(line.len() < 2 * MAX_FIELD, "{} bytes kept", line.len());
+        let parsed: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        assert_eq!(parsed["attr"]["truncated"], serde_json::json!(["command"]));
+        assert_eq!(parsed["attr"]["ms"], 250);
     }
 }
