@@ -6,7 +6,11 @@
 //! Invariants: cache entries are replaced whole, never edited in place, so a reader sees one
 //! consistent version of a collection's routing. An entry older than [`MAX_AGE`] is reloaded
 //! before use, so a change made by another router is seen within that time; a change made by
-//! this router is applied to the cache at once.
+//! this router is applied to the cache at once. The cache holds at most [`MAX_ENTRIES`] names
+//! of each kind (clients choose them): past it, stale entries go first, then all.
+
+/// The most databases, and the most collections, the cache holds.
+pub const MAX_ENTRIES: usize = 10_000;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -120,13 +124,7 @@ impl MetadataCache {
     }
 
     pub fn set_database(&self, db: &str, entry: Option<DatabaseEntry>, now: Instant) {
-        lock(&self.databases).insert(
-            db.to_string(),
-            Cached {
-                loaded: now,
-                value: entry,
-            },
-        );
+        insert_bounded(&mut lock(&self.databases), db, entry, now);
     }
 
     pub fn collection(&self, ns: &str, now: Instant) -> Option<Option<Arc<ShardedCollection>>> {
@@ -134,13 +132,12 @@ impl MetadataCache {
     }
 
     pub fn set_collection(&self, ns: &str, entry: Option<Arc<ShardedCollection>>, now: Instant) {
-        lock(&self.collections).insert(
-            ns.to_string(),
-            Cached {
-                loaded: now,
-                value: entry,
-            },
-        );
+        insert_bounded(&mut lock(&self.collections), ns, entry, now);
+    }
+
+    /// How many databases and collections the cache holds.
+    pub fn len(&self) -> (usize, usize) {
+        (lock(&self.databases).len(), lock(&self.collections).len())
     }
 
     /// Forgets everything about a database (after `dropDatabase`).
@@ -151,8 +148,55 @@ impl MetadataCache {
     }
 }
 
+/// Caches `value` under `name`; a full map first drops its stale entries, then (all fresh:
+/// a client naming thousands a second) everything.
+fn insert_bounded<T: Clone>(
+    map: &mut HashMap<String, Cached<T>>,
+    name: &str,
+    value: T,
+    now: Instant,
+) {
+    if map.len() >= MAX_ENTRIES && !map.contains_key(name) {
+        map.retain(|_, c| c.fresh(now).is_some());
+        if map.len() >= MAX_ENTRIES {
+            map.clear();
+        }
+    }
+    map.insert(name.to_string(), Cached { loaded: now, value });
+}
+
 /// The cache's locks are never held across `.await` and never poisoned by our code; a poisoned
 /// lock still holds a consistent map (entries are replaced whole), so recover it.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_holds_at_most_its_bound_of_names() {
+        let cache = MetadataCache::default();
+        let now = Instant::now();
+        for i in 0..MAX_ENTRIES + 5 {
+            cache.set_collection(&format!("d.c{i}"), None, now);
+            cache.set_database(&format!("d{i}"), None, now);
+        }
+        let (dbs, colls) = cache.len();
+        assert!(dbs <= MAX_ENTRIES && colls <= MAX_ENTRIES, "{dbs} {colls}");
+        // The newest entry is always kept.
+        let last = MAX_ENTRIES + 4;
+        assert!(cache.collection(&format!("d.c{last}"), now).is_some());
+        // Stale entries go first: one fresh entry survives a fill of stale ones.
+        let cache = MetadataCache::default();
+        let old = now - MAX_AGE * 2;
+        for i in 0..MAX_ENTRIES - 1 {
+            cache.set_collection(&format!("d.old{i}"), None, old);
+        }
+        cache.set_collection("d.fresh", None, now);
+        cache.set_collection("d.newer", None, now);
+        assert_eq!(cache.len().1, 2);
+        assert!(cache.collection("d.fresh", now).is_some());
+    }
 }

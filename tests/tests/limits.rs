@@ -722,3 +722,31 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
     cluster.stop().await;
     Ok(())
 }
+
+/// A namespace is at most 255 bytes (`db.coll`), as MongoDB's: a longer collection name is 73
+/// before the router looks it up, caches it or logs it (the fuzzer's 8 MiB names were each
+/// kept by the routing cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_bounded_at_255_bytes() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("ns");
+    let ok = "c".repeat(255 - "ns.".len());
+    db.collection::<Document>(&ok)
+        .insert_one(doc! {"_id": 1})
+        .await?;
+    let long = "c".repeat(256 - "ns.".len());
+    for cmd in [
+        doc! {"find": &long},
+        doc! {"insert": &long, "documents": [{"_id": 1}]},
+        doc! {"aggregate": &long, "pipeline": [], "cursor": {}},
+        doc! {"count": &long},
+    ] {
+        let err = db.run_command(cmd.clone()).await.expect_err("too long");
+        assert_eq!(code_of(&err), Some(73), "{err}");
+        assert!(err.to_string().contains("namespace is too long"), "{err}");
+    }
+    assert_eq!(db.list_collection_names().await?, vec![ok]);
+    cluster.stop().await;
+    Ok(())
+}

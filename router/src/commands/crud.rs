@@ -39,6 +39,18 @@ pub(super) fn forwardable(cmd: &Document) -> Document {
 /// Checks the namespace a command targets.
 pub(super) fn validate_collection_name(db: &str, coll: &str) -> Result<()> {
     crate::router::validate_db_name(db)?;
+    // MongoDB's limit on `db.coll`, checked before the name is used (or logged) anywhere.
+    const MAX_NAMESPACE: usize = 255;
+    if db.len() + 1 + coll.len() > MAX_NAMESPACE {
+        let shown: String = coll.chars().take(64).collect();
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!(
+                "Fully qualified namespace is too long. Namespace: {db}.{shown}... Max: \
+                 {MAX_NAMESPACE}"
+            ),
+        ));
+    }
     if coll.is_empty()
         || coll.contains('\0')
         || coll.starts_with('.')
