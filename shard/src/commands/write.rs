@@ -1025,16 +1025,42 @@ impl Statements for Deletes {
         series.n += prev.get("n").and_then(as_i64).unwrap_or(0);
     }
 
+    /// The next batch of delete statement `stmt` (all of it unless multi).
     fn batch(
         &mut self,
         w: &mut WriteCtx<'_>,
-        ns: (&str, &str),
+        (db, coll): (&str, &str),
         stmt: &DeleteStmt,
         sid: i32,
         series: &mut Series,
-        deleted: &mut i64,
+        current: &mut i64,
     ) -> OpResult<()> {
-        delete_batch(w, ns, stmt, sid, series, deleted)
+        let Some(c) = lookup_writable(w, db, coll)? else {
+            series.cursor.finished = true;
+            return Ok(());
+        };
+        let batch = if stmt.multi {
+            series
+                .cursor
+                .next_batch(w.txn(), &c, &stmt.filter, batches::BATCH)?
+        } else {
+            series.cursor.finished = true;
+            Batch::whole(&c, targets(w, &c, &stmt.filter, false, None)?)
+        };
+        for (i, (_, d)) in batch.docs.iter().enumerate() {
+            // A held document stops a statement that has done nothing yet, so it can run again;
+            // one that has goes on from this document once the hold ends.
+            if let Err(e) = w.check_not_held(&c, d) {
+                if *current == 0 || !batch.resumable() {
+                    return Err(e);
+                }
+                series.cursor.rewind(&batch, i);
+                return Ok(());
+            }
+            series.last_ts = Some(delete_one(w, &c, d, series.retry.as_mut(), sid)?);
+            *current += 1;
+        }
+        Ok(())
     }
 
     fn finished(&mut self, series: &mut Series, _: usize, deleted: i64) -> Document {
@@ -1045,41 +1071,4 @@ impl Statements for Deletes {
     fn reply(&mut self, series: &Series) -> Document {
         doc! {"n": series.n as i32}
     }
-}
-
-/// The next batch of delete statement `stmt` (all of it unless multi).
-fn delete_batch(
-    w: &mut WriteCtx<'_>,
-    (db, coll): (&str, &str),
-    stmt: &DeleteStmt,
-    sid: i32,
-    series: &mut Series,
-    current: &mut i64,
-) -> OpResult<()> {
-    let Some(c) = lookup_writable(w, db, coll)? else {
-        series.cursor.finished = true;
-        return Ok(());
-    };
-    let batch = if stmt.multi {
-        series
-            .cursor
-            .next_batch(w.txn(), &c, &stmt.filter, batches::BATCH)?
-    } else {
-        series.cursor.finished = true;
-        Batch::whole(&c, targets(w, &c, &stmt.filter, false, None)?)
-    };
-    for (i, (_, d)) in batch.docs.iter().enumerate() {
-        // A held document stops a statement that has done nothing yet, so it can run again;
-        // one that has goes on from this document once the hold ends.
-        if let Err(e) = w.check_not_held(&c, d) {
-            if *current == 0 || !batch.resumable() {
-                return Err(e);
-            }
-            series.cursor.rewind(&batch, i);
-            return Ok(());
-        }
-        series.last_ts = Some(delete_one(w, &c, d, series.retry.as_mut(), sid)?);
-        *current += 1;
-    }
-    Ok(())
 }
