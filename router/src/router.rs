@@ -442,6 +442,12 @@ impl Router {
                     match &reply {
                         Body::Document(d) => self.clock.observe_document(d),
                         Body::Raw(raw) => self.clock.observe_raw(raw),
+                        // Shards send their replies whole; a spliced one is read whole too.
+                        Body::Cursor(c) => {
+                            if let Ok(raw) = c.doc.to_raw() {
+                                self.clock.observe_raw(&raw);
+                            }
+                        }
                     }
                     return Ok(reply);
                 }

@@ -46,6 +46,7 @@ impl Handler for RouterHandler {
             _ if req.more_to_come => Reply::NoReply,
             Body::Document(reply) => Reply::Document(reply),
             Body::Raw(reply) => Reply::Raw(reply),
+            Body::Cursor(reply) => Reply::Cursor(reply),
         }
     }
 
@@ -127,6 +128,8 @@ fn reply_fields(reply: &Body) -> ReplyFields {
                 .as_ref()
                 .and_then(number),
         ),
+        // A cursor body is an `ok` reply, with no `n`.
+        Body::Cursor(_) => (Some(1.0), None, None),
     };
     let failed = ok.is_some_and(|ok| ok != 1.0);
     ReplyFields {

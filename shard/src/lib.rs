@@ -303,6 +303,15 @@ impl Shard {
                 reply.append(bson::raw::cstr!("operationTime"), op_time.timestamp());
                 Body::Raw(reply)
             }
+            Body::Cursor(mut reply) => {
+                if let Ok(t) = RawDocumentBuf::try_from(&cluster_time_doc(ct)) {
+                    reply.doc.append(bson::raw::cstr!("$clusterTime"), t);
+                }
+                reply
+                    .doc
+                    .append(bson::raw::cstr!("operationTime"), op_time.timestamp());
+                Body::Cursor(reply)
+            }
         }
     }
 

@@ -88,6 +88,7 @@ impl Handler for ShardHandler {
                 Reply::Document(reply)
             }
             Body::Raw(reply) => Reply::Raw(reply),
+            Body::Cursor(reply) => Reply::Cursor(reply),
         }
     }
 

@@ -4,7 +4,8 @@
 //! Invariants: reads go through [`MessageCodec`], so a frame is handed out only once it is
 //! complete, and the buffer grows only with the bytes that arrived (never by what a header
 //! declares); a recoverable frame error has already been skipped when it is returned, so the
-//! next read starts at the next frame. Each write is one `write_all` of one encoded frame. A
+//! next read starts at the next frame. Each write sends one whole frame: an encoded one, or a
+//! plain OP_MSG's prefix and body parts in vectored writes (the body is never copied). A
 //! buffer that grew past [`RETAINED_BUFFER`] for one large message is let go once it is empty,
 //! so an idle connection holds kilobytes, not the size of the largest batch it ever carried.
 //!
@@ -14,15 +15,17 @@
 //! timeout; a write must finish within it. Past it the call fails with
 //! [`CodecError::Timeout`] and the connection is no longer usable (a frame may be half done).
 
+use std::io::IoSlice;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::codec::{CodecError, Direction, MessageCodec};
-use crate::message::Message;
+use crate::message::{Message, MsgFlags};
+use crate::raw::Spliced;
 
 const INITIAL_BUFFER: usize = 8 * 1024;
 /// The most an empty buffer keeps between messages.
@@ -32,6 +35,75 @@ const RETAINED_BUFFER: usize = 64 * 1024;
 fn shrink(buf: &mut BytesMut) {
     if buf.is_empty() && buf.capacity() > RETAINED_BUFFER {
         *buf = BytesMut::with_capacity(INITIAL_BUFFER);
+    }
+}
+
+/// A write, within the frame timeout when there is one.
+async fn timed(
+    timeout: Option<Duration>,
+    write: impl Future<Output = std::io::Result<()>>,
+) -> Result<(), CodecError> {
+    match timeout {
+        None => write.await.map_err(CodecError::Io),
+        Some(timeout) => tokio::time::timeout(timeout, write)
+            .await
+            .map_err(|_| CodecError::Timeout(Direction::Write, timeout))
+            .and_then(|r| r.map_err(CodecError::Io)),
+    }
+}
+
+/// Byte slices sent one after another, as a [`Buf`] that offers them all to a vectored write
+/// (tokio's `write_all_buf` writes up to 64 slices a call).
+struct Parts<'a> {
+    /// Never an empty slice; the first not yet sent in whole is at `next`.
+    parts: Vec<&'a [u8]>,
+    next: usize,
+    remaining: usize,
+}
+
+impl<'a> Parts<'a> {
+    fn new(mut parts: Vec<&'a [u8]>) -> Parts<'a> {
+        parts.retain(|p| !p.is_empty());
+        let remaining = parts.iter().map(|p| p.len()).sum();
+        Parts {
+            parts,
+            next: 0,
+            remaining,
+        }
+    }
+}
+
+impl Buf for Parts<'_> {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.parts.get(self.next).copied().unwrap_or(&[])
+    }
+
+    fn chunks_vectored<'b>(&'b self, dst: &mut [IoSlice<'b>]) -> usize {
+        let mut filled = 0;
+        for (slot, part) in dst.iter_mut().zip(&self.parts[self.next..]) {
+            *slot = IoSlice::new(part);
+            filled += 1;
+        }
+        filled
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        self.remaining = self.remaining.saturating_sub(cnt);
+        while cnt > 0 {
+            let Some(part) = self.parts.get_mut(self.next) else {
+                return;
+            };
+            if cnt < part.len() {
+                *part = &part[cnt..];
+                return;
+            }
+            cnt -= part.len();
+            self.next += 1;
+        }
     }
 }
 
@@ -121,7 +193,6 @@ impl Connection {
     /// Encodes and sends one message. A plain OP_MSG goes out as its prefix and its body's
     /// own bytes (one vectored write where the transport has them), with no copy of the body.
     pub async fn write_message(&mut self, message: &Message) -> Result<(), CodecError> {
-        use bytes::Buf;
         self.write_buf.clear();
         let parts = crate::frame::plain_msg_parts(message).map_err(CodecError::Encode)?;
         if parts.is_none() {
@@ -131,22 +202,32 @@ impl Connection {
         let write = async move {
             match parts {
                 Some((prefix, body)) => {
-                    let mut frame = Buf::chain(prefix.as_slice(), body);
+                    let mut frame = Parts::new(vec![&prefix[..], body]);
                     stream.write_all_buf(&mut frame).await
                 }
                 None => stream.write_all(encoded).await,
             }
         };
-        let written = match self.frame_timeout {
-            None => write.await.map_err(CodecError::Io),
-            Some(timeout) => tokio::time::timeout(timeout, write)
-                .await
-                .map_err(|_| CodecError::Timeout(Direction::Write, timeout))
-                .and_then(|r| r.map_err(CodecError::Io)),
-        };
+        let written = timed(self.frame_timeout, write).await;
         self.write_buf.clear();
         shrink(&mut self.write_buf);
         written
+    }
+
+    /// Sends a plain OP_MSG whose body is spliced ([`Spliced`]): the prefix and every part in
+    /// vectored writes, so shared bytes (a change-stream batch's events) are never copied.
+    pub async fn write_spliced(
+        &mut self,
+        request_id: i32,
+        response_to: i32,
+        flags: MsgFlags,
+        body: &Spliced,
+    ) -> Result<(), CodecError> {
+        let prefix = crate::frame::msg_prefix(body.len(), request_id, response_to, flags)
+            .map_err(CodecError::Encode)?;
+        let mut frame = Parts::new(std::iter::once(&prefix[..]).chain(body.parts()).collect());
+        let stream = &mut self.stream;
+        timed(self.frame_timeout, stream.write_all_buf(&mut frame)).await
     }
 
     /// Sends bytes as they are (tests use this to send hand-built or malformed frames).

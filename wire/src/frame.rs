@@ -403,20 +403,26 @@ pub fn plain_msg_parts(msg: &Message) -> Result<Option<(MsgPrefix, &[u8])>, Mong
         return Ok(None);
     }
     let body = m.body.as_bytes();
-    let total = HEADER_LEN + 5 + body.len();
+    let prefix = msg_prefix(body.len(), msg.request_id, msg.response_to, m.flags)?;
+    Ok(Some((prefix, body)))
+}
+
+/// The prefix of a plain OP_MSG whose body is `body_len` bytes; `Err` when the frame would be
+/// too large.
+pub fn msg_prefix(
+    body_len: usize,
+    request_id: i32,
+    response_to: i32,
+    flags: MsgFlags,
+) -> Result<MsgPrefix, MongoError> {
+    let total = HEADER_LEN + 5 + body_len;
     check_out_len(total)?;
     let mut prefix: MsgPrefix = [0; HEADER_LEN + 5];
     let mut at = &mut prefix[..];
-    put_header(
-        &mut at,
-        total,
-        msg.request_id,
-        msg.response_to,
-        opcode::OP_MSG,
-    );
-    at.put_u32_le(m.flags.0);
+    put_header(&mut at, total, request_id, response_to, opcode::OP_MSG);
+    at.put_u32_le(flags.0);
     at.put_u8(0);
-    Ok(Some((prefix, body)))
+    Ok(prefix)
 }
 
 /// Encodes `msg` into a fresh buffer.

@@ -1,23 +1,38 @@
 //! A BSON writer for replies assembled from bytes that are already encoded: a change-stream
-//! batch copies each event into its reply as it was encoded once, instead of decoding it into a
-//! `Document` and encoding it again.
+//! batch splices each event into its reply as the shared bytes it was encoded into once, instead
+//! of decoding it into a `Document` and encoding it again, or copying it.
 //!
 //! Invariants: elements are written in call order; every `begin_*` is closed by one `end`, which
-//! writes the terminator and patches the length prefix; [`Writer::finish`] returns a document
-//! whose bytes equal encoding the same fields as a `Document` (tested below). Keys must not
-//! contain NUL (callers pass literals and array indexes).
+//! writes the terminator and patches the length prefix (counting spliced bytes); the parts of a
+//! [`Spliced`] document, read in order, are the bytes of encoding the same fields as a
+//! `Document` (tested below). Keys must not contain NUL (callers pass literals and array
+//! indexes).
 
+use bson::raw::BindRawBsonRef;
 use bson::spec::ElementType;
 use bson::{Document, RawDocumentBuf, Timestamp};
+use bytes::Bytes;
 
 use crate::error::MongoError;
 
-/// A command reply's body: a document, or one already encoded (change-stream batches, whose
-/// events are written into it as bytes).
+/// A command reply's body: a document, one already encoded, or a cursor reply whose batch is
+/// shared bytes spliced in (change-stream batches).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
     Document(Document),
     Raw(RawDocumentBuf),
+    Cursor(CursorBody),
+}
+
+/// An `ok` cursor reply held as parts ([`CursorReply::splice`]), with what the server reads of
+/// it without reassembling it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CursorBody {
+    pub doc: Spliced,
+    /// The cursor's id (0: closed).
+    pub id: i64,
+    /// How many documents the batch holds.
+    pub batch_len: usize,
 }
 
 impl Body {
@@ -27,6 +42,7 @@ impl Body {
             Body::Document(d) => Ok(d),
             Body::Raw(raw) => Document::try_from(raw.as_ref())
                 .map_err(|e| MongoError::internal(format!("an encoded reply: {e}"))),
+            Body::Cursor(c) => Body::Raw(c.doc.to_raw()?).into_document(),
         }
     }
 
@@ -34,6 +50,7 @@ impl Body {
     pub fn into_raw(self) -> Result<RawDocumentBuf, MongoError> {
         match self {
             Body::Raw(raw) => Ok(raw),
+            Body::Cursor(c) => c.doc.to_raw(),
             Body::Document(d) => RawDocumentBuf::try_from(&d)
                 .map_err(|e| MongoError::internal(format!("encoding a reply: {e}"))),
         }
@@ -66,10 +83,29 @@ pub struct CursorReply<'a, B> {
     pub invalidated: bool,
 }
 
+impl CursorReply<'_, Bytes> {
+    /// The reply with each document of the batch spliced in as the bytes it shares, not copied.
+    pub fn splice(&self) -> CursorBody {
+        let mut w = Writer::with_capacity(256 + 8 * self.batch.len());
+        self.write_to(&mut w, |w, key, doc| w.splice_document(key, doc.clone()));
+        CursorBody {
+            doc: w.finish_spliced(),
+            id: self.id,
+            batch_len: self.batch.len(),
+        }
+    }
+}
+
 impl<B: AsRef<[u8]>> CursorReply<'_, B> {
+    /// The reply with each document of the batch copied in.
     pub fn write(&self) -> RawDocumentBuf {
         let size: usize = self.batch.iter().map(|d| d.as_ref().len() + 8).sum();
         let mut w = Writer::with_capacity(size + 256);
+        self.write_to(&mut w, |w, key, doc| w.document_bytes(key, doc.as_ref()));
+        w.finish()
+    }
+
+    fn write_to(&self, w: &mut Writer, mut document: impl FnMut(&mut Writer, &str, &B)) {
         w.begin_document(None);
         w.begin_document(Some("cursor"));
         w.begin_array(if self.first {
@@ -78,7 +114,7 @@ impl<B: AsRef<[u8]>> CursorReply<'_, B> {
             "nextBatch"
         });
         for (i, doc) in self.batch.iter().enumerate() {
-            w.document_bytes(&i.to_string(), doc.as_ref());
+            document(w, &i.to_string(), doc);
         }
         w.end();
         if let Some(t) = self.post_batch_resume_token {
@@ -91,7 +127,70 @@ impl<B: AsRef<[u8]>> CursorReply<'_, B> {
             w.boolean("invalidated", true);
         }
         w.double("ok", 1.0);
-        w.finish()
+    }
+}
+
+/// An encoded document held as parts: the bytes a [`Writer`] wrote, with shared byte strings
+/// spliced in between them. Its bytes are its [`parts`](Spliced::parts) in order; it is sent
+/// with a vectored write, so a batch of shared events reaches the socket without a copy.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Spliced {
+    /// What the writer wrote, the splices left out; it ends with the document's terminator.
+    written: Vec<u8>,
+    /// Each spliced byte string, after the offset in `written` where it goes (ascending).
+    splices: Vec<(usize, Bytes)>,
+    /// The document's length: `written` and the splices.
+    len: usize,
+}
+
+impl Spliced {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The document's bytes, in order, as slices of what was written and of the splices.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        let mut from = 0;
+        let spliced = self.splices.iter().flat_map(move |(at, bytes)| {
+            let written = &self.written[from..*at];
+            from = *at;
+            [written, &bytes[..]]
+        });
+        let last = self.splices.last().map_or(0, |(at, _)| *at);
+        spliced
+            .chain(std::iter::once(&self.written[last..]))
+            .filter(|part| !part.is_empty())
+    }
+
+    /// The document in one buffer (a copy: for the paths that need it whole, such as a
+    /// compressed or checksummed reply).
+    pub fn to_raw(&self) -> Result<RawDocumentBuf, MongoError> {
+        let mut bytes = Vec::with_capacity(self.len);
+        for part in self.parts() {
+            bytes.extend_from_slice(part);
+        }
+        RawDocumentBuf::from_bytes(bytes)
+            .map_err(|e| MongoError::internal(format!("a spliced reply: {e}")))
+    }
+
+    /// Appends a field to the top-level document (`$clusterTime`, `operationTime`, …).
+    pub fn append(&mut self, key: &bson::raw::CStr, value: impl BindRawBsonRef) {
+        let mut field = RawDocumentBuf::new();
+        field.append(key, value);
+        // The field's element: the one-field document without its length and terminator.
+        let element = &field.as_bytes()[4..field.as_bytes().len() - 1];
+        let Some(terminator) = self.written.len().checked_sub(1) else {
+            return;
+        };
+        self.written
+            .splice(terminator..terminator, element.iter().copied());
+        self.len += element.len();
+        let len = self.len as i32;
+        self.written[..4].copy_from_slice(&len.to_le_bytes());
     }
 }
 
@@ -99,8 +198,12 @@ impl<B: AsRef<[u8]>> CursorReply<'_, B> {
 #[derive(Debug, Default)]
 pub struct Writer {
     buf: Vec<u8>,
-    /// Where each open document's length prefix is.
-    open: Vec<usize>,
+    /// Shared byte strings spliced in, after the offset in `buf` where each goes.
+    splices: Vec<(usize, Bytes)>,
+    /// Their total length.
+    spliced: usize,
+    /// Each open document's length prefix: where it is in `buf`, and its offset in the document.
+    open: Vec<(usize, usize)>,
 }
 
 impl Writer {
@@ -108,8 +211,13 @@ impl Writer {
     pub fn with_capacity(capacity: usize) -> Writer {
         Writer {
             buf: Vec::with_capacity(capacity),
-            open: Vec::new(),
+            ..Writer::default()
         }
+    }
+
+    /// Where the next byte goes in the document.
+    fn offset(&self) -> usize {
+        self.buf.len() + self.spliced
     }
 
     fn key(&mut self, kind: ElementType, key: &str) {
@@ -119,7 +227,7 @@ impl Writer {
     }
 
     fn begin(&mut self) {
-        self.open.push(self.buf.len());
+        self.open.push((self.buf.len(), self.offset()));
         self.buf.extend_from_slice(&[0; 4]);
     }
 
@@ -140,10 +248,18 @@ impl Writer {
     /// Closes the innermost open document or array.
     pub fn end(&mut self) {
         self.buf.push(0);
-        if let Some(at) = self.open.pop() {
-            let len = (self.buf.len() - at) as i32;
+        if let Some((at, start)) = self.open.pop() {
+            let len = (self.offset() - start) as i32;
             self.buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
         }
+    }
+
+    /// A sub-document given as its encoded bytes, shared rather than copied: it goes out as
+    /// its own part of the [`Spliced`] document.
+    pub fn splice_document(&mut self, key: &str, bytes: Bytes) {
+        self.key(ElementType::EmbeddedDocument, key);
+        self.spliced += bytes.len();
+        self.splices.push((self.buf.len(), bytes));
     }
 
     /// A sub-document given as its encoded bytes, copied as they are.
@@ -190,12 +306,25 @@ impl Writer {
         self.buf.extend_from_slice(&t.time.to_le_bytes());
     }
 
-    /// The document written, once every `begin_*` has been ended.
-    pub fn finish(mut self) -> RawDocumentBuf {
+    /// The document written, its open documents ended, as parts.
+    pub fn finish_spliced(mut self) -> Spliced {
         while !self.open.is_empty() {
             self.end();
         }
-        RawDocumentBuf::from_bytes(self.buf).unwrap_or_default()
+        Spliced {
+            len: self.offset(),
+            written: self.buf,
+            splices: self.splices,
+        }
+    }
+
+    /// The document written, its open documents ended, in one buffer.
+    pub fn finish(self) -> RawDocumentBuf {
+        let spliced = self.finish_spliced();
+        if spliced.splices.is_empty() {
+            return RawDocumentBuf::from_bytes(spliced.written).unwrap_or_default();
+        }
+        spliced.to_raw().unwrap_or_default()
     }
 }
 
@@ -270,6 +399,86 @@ mod tests {
         assert_eq!(
             Document::try_from(reply.as_ref()).expect("decodes"),
             expected
+        );
+    }
+
+    fn cursor_reply(batch: &[Bytes]) -> CursorReply<'_, Bytes> {
+        CursorReply {
+            ns: "db.c",
+            id: 7,
+            first: false,
+            batch,
+            post_batch_resume_token: None,
+            invalidated: false,
+        }
+    }
+
+    #[test]
+    fn a_spliced_reply_is_the_copied_one_without_the_copy() {
+        let events: Vec<Bytes> = (0..3)
+            .map(|i| {
+                Bytes::from(
+                    doc! {"_id": {"_data": "82AB"}, "i": i}
+                        .to_vec()
+                        .expect("encodes"),
+                )
+            })
+            .collect();
+        let reply = cursor_reply(&events);
+        let spliced = reply.splice();
+        assert_eq!(spliced.id, 7);
+        assert_eq!(spliced.batch_len, 3);
+        let copied = reply.write();
+        assert_eq!(spliced.doc.len(), copied.as_bytes().len());
+        assert_eq!(
+            spliced.doc.to_raw().expect("whole").as_bytes(),
+            copied.as_bytes()
+        );
+        // Each event is a part of its own, pointing at the shared bytes.
+        let parts: Vec<&[u8]> = spliced.doc.parts().collect();
+        for event in &events {
+            assert!(
+                parts
+                    .iter()
+                    .any(|p| p.as_ptr() == event.as_ptr() && p.len() == event.len()),
+                "an event was copied"
+            );
+        }
+    }
+
+    #[test]
+    fn fields_appended_to_a_spliced_reply_are_where_a_document_puts_them() {
+        let events = vec![Bytes::from(doc! {"n": 1}.to_vec().expect("encodes"))];
+        let mut spliced = cursor_reply(&events).splice().doc;
+        spliced.append(
+            bson::cstr!("operationTime"),
+            Timestamp {
+                time: 9,
+                increment: 2,
+            },
+        );
+        let mut copied = cursor_reply(&events).write();
+        copied.append(
+            bson::cstr!("operationTime"),
+            Timestamp {
+                time: 9,
+                increment: 2,
+            },
+        );
+        assert_eq!(
+            spliced.to_raw().expect("whole").as_bytes(),
+            copied.as_bytes()
+        );
+        assert_eq!(spliced.len(), copied.as_bytes().len());
+    }
+
+    #[test]
+    fn an_empty_spliced_batch_has_one_part() {
+        let spliced = cursor_reply(&[]).splice().doc;
+        assert_eq!(spliced.parts().count(), 1);
+        assert_eq!(
+            Document::try_from(spliced.to_raw().expect("whole").as_ref()).expect("decodes"),
+            doc! {"cursor": {"nextBatch": [], "id": 7_i64, "ns": "db.c"}, "ok": 1.0}
         );
     }
 

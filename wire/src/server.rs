@@ -48,6 +48,7 @@ use crate::error::{ErrorCode, MongoError, reply_ok};
 use crate::frame::FrameError;
 use crate::limits::{Admitted, Connections, Limits};
 use crate::message::{Compressor, Message, MsgFlags, Op, OpMsg, OpReply, opcode, to_document};
+use crate::raw::{CursorBody, Spliced};
 use crate::tls::ServerTls;
 
 /// A command as the handler sees it, whatever opcode carried it.
@@ -73,8 +74,10 @@ impl Request {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     Document(Document),
-    /// A reply already encoded (change-stream batches copy their events' bytes into it).
+    /// A reply already encoded.
     Raw(RawDocumentBuf),
+    /// A cursor reply whose batch is shared bytes (change-stream batches), sent without a copy.
+    Cursor(CursorBody),
     /// Send nothing (the request needs no answer).
     NoReply,
     /// Close the socket without answering (fail points use this to simulate a network error).
@@ -354,13 +357,76 @@ pub fn raw_reply_message(to: &ReplyTo, raw: RawDocumentBuf) -> Option<Message> {
     })
 }
 
-/// The frame for a handler's reply (`None` for replies that send nothing).
-fn frame_of(to: &ReplyTo, reply: Reply) -> Option<Message> {
-    match reply {
+/// A frame ready to send: an encoded message, or a plain OP_MSG with a spliced body.
+enum Outgoing {
+    Message(Message),
+    Spliced {
+        request_id: i32,
+        response_to: i32,
+        flags: MsgFlags,
+        body: Spliced,
+    },
+}
+
+impl Outgoing {
+    fn request_id(&self) -> i32 {
+        match self {
+            Outgoing::Message(m) => m.request_id,
+            Outgoing::Spliced { request_id, .. } => *request_id,
+        }
+    }
+
+    /// Flags an exhaust reply: more replies follow without a request.
+    fn set_more_to_come(&mut self) {
+        let flags = match self {
+            Outgoing::Message(Message {
+                op: Op::Msg(msg), ..
+            }) => &mut msg.flags,
+            Outgoing::Spliced { flags, .. } => flags,
+            Outgoing::Message(_) => return,
+        };
+        *flags = MsgFlags(flags.0 | MsgFlags::MORE_TO_COME);
+    }
+
+    async fn send(&self, io: &mut Connection) -> Result<(), CodecError> {
+        match self {
+            Outgoing::Message(m) => io.write_message(m).await,
+            Outgoing::Spliced {
+                request_id,
+                response_to,
+                flags,
+                body,
+            } => {
+                io.write_spliced(*request_id, *response_to, *flags, body)
+                    .await
+            }
+        }
+    }
+}
+
+/// The frame for a handler's reply (`None` for replies that send nothing). A cursor reply
+/// keeps its parts on a plain OP_MSG; a legacy, compressed or checksummed reply needs its bytes
+/// whole, so there it is copied once.
+fn frame_of(to: &ReplyTo, reply: Reply) -> Option<Outgoing> {
+    let message = match reply {
         Reply::Document(doc) => reply_message(to, doc),
         Reply::Raw(raw) => raw_reply_message(to, raw),
+        Reply::Cursor(_) if to.more_to_come => None,
+        Reply::Cursor(c) if !to.legacy && to.compressor.is_none() && !to.checksum => {
+            return Some(Outgoing::Spliced {
+                request_id: next_reply_id(),
+                response_to: to.request_id,
+                flags: MsgFlags(0),
+                body: c.doc,
+            });
+        }
+        Reply::Cursor(c) => match c.doc.to_raw() {
+            Ok(raw) => raw_reply_message(to, raw),
+            Err(e) => reply_message(to, e.to_document()),
+        },
         Reply::NoReply | Reply::CloseConnection => None,
-    }
+    };
+    message.map(Outgoing::Message)
 }
 
 /// Whether an exhaust `getMore`'s reply lets the stream go on (pure): it succeeded, its
@@ -394,6 +460,7 @@ pub fn exhausts(reply: &Reply) -> bool {
                     .map_or(0, |a| a.into_iter().count()),
             )
         }
+        Reply::Cursor(c) => (true, c.id, c.batch_len),
         Reply::NoReply | Reply::CloseConnection => return false,
     };
     ok && id != 0 && batch_len > 0
@@ -505,14 +572,12 @@ async fn run_connection<H: Handler>(
                         let Some(mut frame) = frame_of(&to, current) else {
                             break;
                         };
-                        if let Op::Msg(msg) = &mut frame.op {
-                            msg.flags = MsgFlags(msg.flags.0 | MsgFlags::MORE_TO_COME);
-                        }
-                        if io.write_message(&frame).await.is_err() {
+                        frame.set_more_to_come();
+                        if frame.send(&mut io).await.is_err() {
                             let _ = io.shutdown().await;
                             return;
                         }
-                        to.request_id = frame.request_id;
+                        to.request_id = frame.request_id();
                         reply = handler.handle(&conn, req.clone()).await;
                     }
                 }
@@ -524,13 +589,16 @@ async fn run_connection<H: Handler>(
             }
             Prepared::Error(e, to) => {
                 tracing::debug!(error = %e, "request rejected");
-                (reply_message(&to, e.to_document()), to)
+                (
+                    reply_message(&to, e.to_document()).map(Outgoing::Message),
+                    to,
+                )
             }
         };
         let Some(frame) = frame else {
             continue;
         };
-        let sent = match io.write_message(&frame).await {
+        let sent = match frame.send(&mut io).await {
             Err(CodecError::Encode(e)) => {
                 // The reply itself is unsendable (too large): tell the client why instead.
                 tracing::warn!(error = %e, "reply could not be encoded");
@@ -935,5 +1003,85 @@ mod limit_tests {
         };
         assert!(gave_up, "the server kept the connection after {sent} pings");
         cancel.cancel();
+    }
+}
+
+/// Spliced cursor replies over real sockets: the bytes a client reads are the reply's document.
+#[cfg(test)]
+mod spliced_tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::raw::CursorReply;
+
+    /// Answers every request with a cursor reply of `EVENTS` events, spliced.
+    struct Events;
+
+    const EVENTS: usize = 300;
+
+    fn event(i: usize) -> Document {
+        doc! {"_id": {"_data": format!("82{i:08X}")}, "i": i as i64, "pad": "p".repeat(i % 2000)}
+    }
+
+    #[async_trait::async_trait]
+    impl Handler for Events {
+        async fn handle(&self, _conn: &ConnectionInfo, _req: Request) -> Reply {
+            let events: Vec<Bytes> = (0..EVENTS)
+                .map(|i| Bytes::from(event(i).to_vec().expect("encodes")))
+                .collect();
+            let mut body = CursorReply {
+                ns: "db.c",
+                id: 9,
+                first: false,
+                batch: &events,
+                post_batch_resume_token: None,
+                invalidated: false,
+            }
+            .splice();
+            body.doc.append(bson::cstr!("extra"), 1_i32);
+            Reply::Cursor(body)
+        }
+    }
+
+    fn expected() -> Document {
+        let batch: Vec<Bson> = (0..EVENTS).map(|i| Bson::Document(event(i))).collect();
+        doc! {"cursor": {"nextBatch": batch, "id": 9_i64, "ns": "db.c"}, "ok": 1.0, "extra": 1}
+    }
+
+    async fn ask(compressor: Option<Compressor>) -> Document {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve(listener, Arc::new(Events), cancel.clone()));
+        let mut conn = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        let mut request = Message::msg(
+            3,
+            RawDocumentBuf::try_from(&doc! {"getMore": 9_i64, "collection": "c", "$db": "db"})
+                .expect("raw"),
+        );
+        request.compressor = compressor;
+        conn.write_message(&request).await.expect("send");
+        let reply = tokio::time::timeout(Duration::from_secs(10), conn.read_message())
+            .await
+            .expect("in time")
+            .expect("a frame")
+            .expect("not closed");
+        cancel.cancel();
+        assert_eq!(reply.response_to, 3);
+        assert_eq!(reply.compressor, compressor, "answered as asked");
+        let Op::Msg(msg) = reply.op else {
+            panic!("not an OP_MSG")
+        };
+        Document::try_from(msg.body.as_ref()).expect("decodes")
+    }
+
+    #[tokio::test]
+    async fn a_spliced_reply_reads_as_its_document() {
+        assert_eq!(ask(None).await, expected());
+    }
+
+    #[tokio::test]
+    async fn a_compressed_spliced_reply_is_made_whole_and_reads_the_same() {
+        assert_eq!(ask(Some(Compressor::Zlib)).await, expected());
     }
 }

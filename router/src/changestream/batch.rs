@@ -82,6 +82,7 @@ impl ShardBatch {
                 }
                 raw
             }
+            Body::Cursor(c) => c.doc.to_raw()?,
         };
         let cursor = raw.get_document("cursor").map_err(malformed)?;
         let batch = match cursor.get_array("nextBatch") {

@@ -13,9 +13,10 @@
 //! the user's stages and the `_id` check (`RouterStream`), in batches of at most 16 MiB.
 //!
 //! Events travel as the bytes the shard encoded ([`batch`]): the merge reads only their resume
-//! tokens, and a client whose post-merge stages change nothing gets those bytes copied into its
-//! reply, which is written raw; only a client with stages decodes an event (and encodes the
-//! result).
+//! tokens, and a client whose post-merge stages change nothing gets those shared bytes spliced
+//! into its reply, which goes to the socket in vectored writes without a copy (a watcher that
+//! stops reading holds references, not a batch of its own); only a client with stages decodes
+//! an event (and encodes the result).
 //!
 //! Invariants: every reply carries a post-batch resume token that never goes backwards, never
 //! passes an event the client has not been given, and never passes what a lost shard may still
@@ -34,7 +35,7 @@ pub use hub::REPLIES_PER_SECOND;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document, RawDocumentBuf};
+use bson::{Bson, Document};
 use bytes::Bytes;
 use pipeline::changestream::post_merge::RouterStream;
 use pipeline::changestream::spec::{
@@ -42,7 +43,7 @@ use pipeline::changestream::spec::{
     parse_pipeline,
 };
 use resume::token::ResumeToken;
-use wire::raw::CursorReply;
+use wire::raw::{CursorBody, CursorReply};
 use wire::{MongoError, Result};
 
 use crate::router::Router;
@@ -84,7 +85,7 @@ pub(crate) async fn aggregate(
     router: &Arc<Router>,
     db: &str,
     cmd: &Document,
-) -> Result<RawDocumentBuf> {
+) -> Result<CursorBody> {
     // A token this cluster stamped, back in MongoDB's form (another cluster's is refused).
     let plain = crate::lineages::unstamp_start(router, cmd).await?;
     let ChangeStreamCommand {
@@ -139,7 +140,8 @@ pub(crate) fn stamp_of(router: &Router) -> Option<bson::Uuid> {
     crate::lineages::known_cluster_id(router)
 }
 
-/// The reply for a batch, written once with each event's bytes copied in. A batch that ends
+/// The reply for a batch, with each event's shared bytes spliced in (no copy: the reply is
+/// written to the socket from them). A batch that ends
 /// with an invalidate closes the cursor (`id: 0`, `invalidated: true`). A high-water-mark
 /// post-batch resume token carries the cluster's `stamp`.
 pub(crate) fn cursor_reply(
@@ -148,7 +150,7 @@ pub(crate) fn cursor_reply(
     mut batch: Batch,
     first: bool,
     stamp: Option<bson::Uuid>,
-) -> RawDocumentBuf {
+) -> CursorBody {
     if let (Some(cluster), Some(token)) = (stamp, &batch.post_batch_resume_token)
         && let Ok(data) = token.decode()
         && data.is_high_water_mark()
@@ -167,7 +169,7 @@ pub(crate) fn cursor_reply(
             .as_ref(),
         invalidated: batch.invalidated,
     }
-    .write()
+    .splice()
 }
 
 /// Whether the shards run every user stage and `$changeStreamSplitLargeEvent` (and the router

@@ -281,7 +281,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
             guard.kill(router).await;
             router.cursors.remove(id);
         }
-        return Ok(Body::Raw(reply));
+        return Ok(Body::Cursor(reply));
     }
     let max_await_ms = args.opt_i64("maxTimeMS")?.filter(|ms| *ms > 0);
     let result = guard.next_batch(router, n, max_await_ms).await;
@@ -415,7 +415,7 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
     if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
         return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd)
             .await
-            .map(Body::Raw);
+            .map(Body::Cursor);
     }
     aggregate_documents(ctx).await.map(Body::Document)
 }

@@ -441,6 +441,12 @@ fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
             }
             Body::Raw(raw)
         }
+        Body::Cursor(mut c) => {
+            if let Ok(t) = RawDocumentBuf::try_from(&token) {
+                c.doc.append(cstr!("recoveryToken"), t);
+            }
+            Body::Cursor(c)
+        }
     }
 }
 
@@ -471,6 +477,14 @@ fn finish_reply(router: &Router, reply: Body) -> Body {
             reply.append(cstr!("operationTime"), now.timestamp());
             Body::Raw(reply)
         }
+        Body::Cursor(mut reply) => {
+            match RawDocumentBuf::try_from(&gossip) {
+                Ok(gossip) => reply.doc.append(cstr!("$clusterTime"), gossip),
+                Err(e) => tracing::error!(error = %e, "the cluster time is not serialisable"),
+            }
+            reply.doc.append(cstr!("operationTime"), now.timestamp());
+            Body::Cursor(reply)
+        }
     }
 }
 
@@ -485,6 +499,7 @@ fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Documen
             .get_document("cursor")
             .ok()
             .and_then(|c| c.get_i64("id").ok()),
+        Body::Cursor(c) => Some(c.id),
     };
     match (name, id) {
         ("getMore", Some(0)) => {
