@@ -14,6 +14,8 @@ import time
 
 from pymongo import MongoClient
 
+from proc_memory import reset_peak, rss_and_peak_mib
+
 pid = int(sys.argv[1])
 uri = sys.argv[2] if len(sys.argv) > 2 else "mongodb://127.0.0.1:29334"
 N = 150_000
@@ -22,13 +24,8 @@ coll = client.spill.big
 
 
 def memory():
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) // 1024
-    return f"RSS {fields['VmRSS']} MiB, peak {fields['VmHWM']} MiB"
+    rss, peak = rss_and_peak_mib(pid)
+    return f"RSS {rss} MiB, peak {peak} MiB"
 
 
 def spills():
@@ -48,18 +45,12 @@ if coll.estimated_document_count() != N:
         )
 print(f"loaded {N} documents of 2 KiB: {memory()}")
 
-def reset_peak():
-    # Linux: 5 sets the peak (VmHWM) back to the current RSS (needs the right to write the
-    # server's /proc files: the same user, or root).
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
-
 
 for name, pipeline in [
     ("sort", [{"$sort": {"k": 1}}]),
     ("group", [{"$group": {"_id": "$g", "all": {"$push": "$pad"}}}, {"$project": {"n": {"$size": "$all"}}}]),
 ]:
-    reset_peak()
+    reset_peak(pid)
     before = memory()
     started = time.time()
     n = 0

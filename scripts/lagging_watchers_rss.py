@@ -20,6 +20,8 @@ import time
 import bson
 from pymongo import MongoClient
 
+from proc_memory import reset_peak, rss_and_peak_mib
+
 pid = int(sys.argv[1])
 port = int(sys.argv[2]) if len(sys.argv) > 2 else 29335
 watchers = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
@@ -28,13 +30,7 @@ DOC = 8 * 1024
 
 
 def memory():
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) // 1024
-    return fields["VmRSS"], fields["VmHWM"]
+    return rss_and_peak_mib(pid)
 
 
 def op_msg(request_id, body):
@@ -73,8 +69,7 @@ filler = "x" * DOC
 client.lag.c.insert_many([{"_id": i, "filler": filler} for i in range(mib * 1024 * 1024 // DOC)])
 time.sleep(1)
 
-with open(f"/proc/{pid}/clear_refs", "w") as f:
-    f.write("5")  # resets VmHWM
+reset_peak(pid)
 before, _ = memory()
 for i, (s, cursor) in enumerate(socks):
     s.sendall(op_msg(100_000 + i, {"getMore": cursor, "collection": "c", "$db": "lag"}))

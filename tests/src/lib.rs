@@ -481,3 +481,32 @@ pub fn test_certificates(dir: &std::path::Path) -> Result<TestCertificates> {
         client: dir.join("client.pem"),
     })
 }
+
+/// One OP_MSG frame with the encoded `body` (tests that speak the wire protocol by hand).
+pub fn op_msg_frame(request_id: i32, body: &[u8]) -> Result<Vec<u8>> {
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&i32::try_from(16 + 4 + 1 + body.len())?.to_le_bytes());
+    frame.extend_from_slice(&request_id.to_le_bytes());
+    frame.extend_from_slice(&0_i32.to_le_bytes()); // responseTo
+    frame.extend_from_slice(&2013_i32.to_le_bytes()); // OP_MSG
+    frame.extend_from_slice(&0_u32.to_le_bytes()); // flagBits
+    frame.push(0); // a body section
+    frame.extend_from_slice(body);
+    Ok(frame)
+}
+
+/// Reads one OP_MSG reply from `socket` and returns its body.
+pub async fn read_op_msg(socket: &mut tokio::net::TcpStream) -> Result<mongodb::bson::Document> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0_u8; 16];
+    socket.read_exact(&mut header).await?;
+    let len = usize::try_from(i32::from_le_bytes([
+        header[0], header[1], header[2], header[3],
+    ]))?;
+    let mut rest = vec![0_u8; len.saturating_sub(16)];
+    socket.read_exact(&mut rest).await?;
+    // flagBits (4 bytes), then section kind 0 and the body.
+    Ok(mongodb::bson::Document::from_reader(
+        rest.get(5..).unwrap_or_default(),
+    )?)
+}

@@ -187,26 +187,10 @@ fn deep_insert(depth: usize) -> Vec<u8> {
 
 /// Sends one OP_MSG with `body` on a fresh connection and returns the reply's body.
 async fn raw_command(addr: std::net::SocketAddr, body: &[u8]) -> anyhow::Result<Document> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut frame = Vec::new();
-    frame.extend_from_slice(&i32::try_from(16 + 4 + 1 + body.len())?.to_le_bytes());
-    frame.extend_from_slice(&1_i32.to_le_bytes()); // requestID
-    frame.extend_from_slice(&0_i32.to_le_bytes()); // responseTo
-    frame.extend_from_slice(&2013_i32.to_le_bytes()); // OP_MSG
-    frame.extend_from_slice(&0_u32.to_le_bytes()); // flagBits
-    frame.push(0); // a body section
-    frame.extend_from_slice(body);
+    use tokio::io::AsyncWriteExt;
     let mut socket = tokio::net::TcpStream::connect(addr).await?;
-    socket.write_all(&frame).await?;
-    let mut header = [0_u8; 16];
-    socket.read_exact(&mut header).await?;
-    let len = usize::try_from(i32::from_le_bytes([
-        header[0], header[1], header[2], header[3],
-    ]))?;
-    let mut rest = vec![0_u8; len.saturating_sub(16)];
-    socket.read_exact(&mut rest).await?;
-    // flagBits (4 bytes), then section kind 0 and the body.
-    Ok(Document::from_reader(&rest[5..])?)
+    socket.write_all(&tests::op_msg_frame(1, body)?).await?;
+    tests::read_op_msg(&mut socket).await
 }
 
 /// A document nested `depth` levels deep (`{a: {a: … 1}}`).

@@ -224,28 +224,7 @@ async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
 
 /// One OP_MSG frame with `body`.
 fn op_msg(request_id: i32, body: &Document) -> anyhow::Result<Vec<u8>> {
-    let body = body.to_vec()?;
-    let mut frame = Vec::new();
-    frame.extend_from_slice(&i32::try_from(16 + 4 + 1 + body.len())?.to_le_bytes());
-    frame.extend_from_slice(&request_id.to_le_bytes());
-    frame.extend_from_slice(&0_i32.to_le_bytes()); // responseTo
-    frame.extend_from_slice(&2013_i32.to_le_bytes()); // OP_MSG
-    frame.extend_from_slice(&0_u32.to_le_bytes()); // flagBits
-    frame.push(0); // a body section
-    frame.extend_from_slice(&body);
-    Ok(frame)
-}
-
-async fn read_reply(socket: &mut tokio::net::TcpStream) -> anyhow::Result<Document> {
-    use tokio::io::AsyncReadExt;
-    let mut header = [0_u8; 16];
-    socket.read_exact(&mut header).await?;
-    let len = usize::try_from(i32::from_le_bytes([
-        header[0], header[1], header[2], header[3],
-    ]))?;
-    let mut rest = vec![0_u8; len.saturating_sub(16)];
-    socket.read_exact(&mut rest).await?;
-    Ok(Document::from_reader(&rest[5..])?)
+    tests::op_msg_frame(request_id, &body.to_vec()?)
 }
 
 /// The router process's resident and peak resident memory, in MiB.
@@ -291,7 +270,7 @@ async fn a_lagging_watcher_costs_a_bounded_amount() -> anyhow::Result<()> {
         let mut stream = socket.connect(cluster.router.addr).await?;
         let open = doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {}, "$db": "lag"};
         stream.write_all(&op_msg(i32::try_from(i)?, &open)?).await?;
-        let reply = read_reply(&mut stream).await?;
+        let reply = tests::read_op_msg(&mut stream).await?;
         let id = reply.get_document("cursor")?.get_i64("id")?;
         watchers.push((stream, id));
     }
@@ -329,7 +308,7 @@ async fn a_lagging_watcher_costs_a_bounded_amount() -> anyhow::Result<()> {
     let (stream, _) = &mut watchers[0];
     let mut seen = 0;
     while seen < LAGGING_EVENTS_MIB * 128 {
-        let reply = read_reply(stream).await?;
+        let reply = tests::read_op_msg(stream).await?;
         let batch = reply.get_document("cursor")?.get_array("nextBatch")?;
         for event in batch {
             let event = event

@@ -1,0 +1,19 @@
+"""A process's memory as Linux reports it, for the measuring scripts beside this file."""
+
+
+def rss_and_peak_mib(pid):
+    """The process's resident set (VmRSS) and its peak (VmHWM), in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) // 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def reset_peak(pid):
+    """Sets the peak (VmHWM) back to the current RSS (needs the right to write the process's
+    /proc files: the same user, or root)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
