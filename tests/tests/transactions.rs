@@ -681,6 +681,64 @@ async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere
     Ok(())
 }
 
+/// A shard that restarts in the middle of a transaction has lost the statements it ran: the
+/// transaction's next statement there is refused (`NoSuchTransaction`, retryable whole), not
+/// run as a fresh transaction that the commit would then commit without the earlier ones. (The
+/// soak once lost half a transfer this way: the debit ran before a `kill -9`, the credit, on
+/// the same shard, after the restart, and the commit committed only the credit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_restarted_mid_transaction_refuses_its_later_statements() -> anyhow::Result<()> {
+    let mut cluster = tests::ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "midtxn.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("midtxn").collection::<Document>("c");
+    c.insert_many((0..16).map(|i| doc! {"_id": i, "n": 0}))
+        .await?;
+    // Two documents on the same shard.
+    let first = shard_of(&cluster, "midtxn", 0).await?;
+    let mut second = None;
+    for i in 1..16 {
+        if shard_of(&cluster, "midtxn", i).await? == first {
+            second = Some(i);
+            break;
+        }
+    }
+    let second = second.ok_or_else(|| anyhow::anyhow!("no two documents share a shard"))?;
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.update_one(doc! {"_id": 0}, doc! {"$inc": {"n": -5}})
+        .session(&mut s)
+        .await?;
+    cluster.shards[first].kill();
+    cluster.shards[first].restart().await?;
+    let later = c
+        .update_one(doc! {"_id": second}, doc! {"$inc": {"n": 5}})
+        .session(&mut s)
+        .await;
+    // The router may still hold a connection the restart closed: the driver then sees a
+    // network error (also retryable whole) before the shard is asked at all.
+    let refused = match later {
+        Ok(r) => anyhow::bail!("the later statement ran as a fresh transaction: {r:?}"),
+        Err(e) => e,
+    };
+    assert!(
+        refused.contains_label("TransientTransactionError"),
+        "{refused}"
+    );
+    if let mongodb::error::ErrorKind::Command(e) = &*refused.kind {
+        assert_eq!((e.code, e.code_name.as_str()), (251, "NoSuchTransaction"));
+    }
+    let commit = s.commit_transaction().await;
+    assert!(commit.is_err(), "nothing is left to commit: {commit:?}");
+    assert_eq!(
+        c.count_documents(doc! {"n": {"$ne": 0}}).await?,
+        0,
+        "neither statement took effect"
+    );
+    drop(cluster);
+    Ok(())
+}
+
 fn unreachable_error() -> mongodb::error::Error {
     mongodb::error::Error::custom("the commit was never tried")
 }

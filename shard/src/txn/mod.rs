@@ -21,6 +21,9 @@
 //! Invariants:
 //! * a session has at most one transaction here, its newest `txnNumber`; a statement for an
 //!   older one is refused with `TransactionTooOld`;
+//! * only a statement with `startTransaction` starts one: a later statement of a transaction
+//!   this shard does not have (lost with a restart) is refused with `NoSuchTransaction`, so a
+//!   commit here covers every statement this shard acknowledged;
 //! * the lock table holds exactly the keys written by running transactions, each owned by one;
 //! * a commit's outcome is durable in the session's record, written in the same storage commit
 //!   as the transaction's writes, so a retried `commitTransaction` answers the same after a
@@ -309,6 +312,12 @@ impl Transactions {
             }));
             lock(&self.sessions).insert(args.key.clone(), p.clone());
             return Ok(p);
+        }
+        // Only `startTransaction` starts one. A later statement of a transaction this shard
+        // does not have (it restarted since, and lost the statements before) must not start
+        // it afresh: the commit would then commit the later statements without the earlier.
+        if !args.start {
+            return Err(not_in_progress(args, durable.txn_number));
         }
         let state = shard.state();
         // The transaction reads as of one cluster time: the one it was given (every shard it
@@ -1309,6 +1318,18 @@ fn no_such_transaction(args: &TxnArgs) -> MongoError {
         ErrorCode::NO_SUCH_TRANSACTION,
         format!(
             "Transaction with {{ txnNumber: {} }} has been aborted.",
+            args.txn_number
+        ),
+    )
+}
+
+/// A statement, without `startTransaction`, of a transaction this shard does not have.
+fn not_in_progress(args: &TxnArgs, active: i64) -> MongoError {
+    MongoError::new(
+        ErrorCode::NO_SUCH_TRANSACTION,
+        format!(
+            "Given transaction number {} does not match any in-progress transactions. The \
+             active transaction number is {active}",
             args.txn_number
         ),
     )
