@@ -223,6 +223,7 @@ impl Shard {
             let mut last_purge = tokio::time::Instant::now();
             let mut last_ttl = tokio::time::Instant::now();
             let mut last_sessions = tokio::time::Instant::now();
+            let mut last_ask = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -241,6 +242,11 @@ impl Shard {
                     u32::try_from(oldest).unwrap_or(u32::MAX),
                     0,
                 ));
+                if last_ask.elapsed() >= shard.transactions.ask_after() {
+                    last_ask = tokio::time::Instant::now();
+                    let asking = shard.clone();
+                    shard.spawn(async move { asking.transactions.ask_coordinators(&asking).await });
+                }
                 if last_ttl.elapsed() >= Duration::from_secs(shard.ttl_sleep.get()) {
                     last_ttl = tokio::time::Instant::now();
                     if let Err(e) = ttl::run(&shard).await {

@@ -176,3 +176,40 @@ async fn a_read_waits_only_for_a_prepared_transaction_on_its_collection() {
         "it sees the decided transaction"
     );
 }
+
+/// Two deliveries of the same decision at once (a coordinator's redelivery racing its first
+/// delivery, or a participant's own question answered meanwhile) commit the transaction once:
+/// one `commitTransaction` entry, and every delivery that is answered `ok` after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deliveries_of_a_decision_at_once_commit_it_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = bank(dir.path(), doc! {"_id": 1, "v": 0}).await;
+    let p = update_and_prepare(&s, doc! {"$inc": {"v": 1}}).await;
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p, "$db": "admin"};
+    commit.extend(session());
+    let deliveries = futures::future::join_all((0..8).map(|_| s.run_command(commit.clone()))).await;
+    // A delivery that found the commit under way is told to try again (117); once it is
+    // durable, every retry is `ok`.
+    for reply in &deliveries {
+        let code = reply.get_i32("code").ok();
+        assert!(
+            reply.get_f64("ok").ok() == Some(1.0) || code == Some(117),
+            "{reply}"
+        );
+    }
+    assert_eq!(
+        ok(&s, "admin", commit.clone()).await.get_f64("ok").ok(),
+        Some(1.0)
+    );
+    let commits = oplog(&s)
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.get_document("o")
+                .is_ok_and(|o| o.contains_key("commitTransaction"))
+        })
+        .count();
+    assert_eq!(commits, 1, "the decision was applied once");
+    let latest = ok(&s, "bank", doc! {"find": "accounts", "filter": {"_id": 1}}).await;
+    assert_eq!(first_batch(&latest)[0].get_i32("v").ok(), Some(1));
+}

@@ -607,6 +607,58 @@ async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart
     Ok(())
 }
 
+/// A participant that is not told the decision asks its coordinator for it: with the
+/// coordinator's delivery failing throughout, every participant commits within a few of its
+/// asking intervals (`askCoordinatorAfterSecs`, here 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_participant_not_told_the_decision_asks_its_coordinator() -> anyhow::Result<()> {
+    let cluster = tests::ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "ask.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("ask").collection::<Document>("c");
+    c.insert_one(doc! {"_id": 0, "n": 0}).await?;
+    set_fail_point(&cluster, "failCoordinatorDelivery", true).await?;
+    for i in 0..cluster.shards.len() {
+        cluster
+            .shard_client(i)
+            .await?
+            .database("admin")
+            .run_command(doc! {"setParameter": 1, "askCoordinatorAfterSecs": 1})
+            .await?;
+    }
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
+        .session(&mut s)
+        .await?;
+    for i in 1..=12 {
+        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+    }
+    s.commit_transaction().await?;
+    let mut count = None;
+    for _ in 0..100 {
+        match c
+            .count_documents(doc! {})
+            .max_time(Duration::from_millis(300))
+            .await
+        {
+            Ok(n) => {
+                count = Some(n);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(
+        count,
+        Some(13),
+        "every participant asked and committed, delivery still failing"
+    );
+    assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1);
+    drop(cluster);
+    Ok(())
+}
+
 /// `kill -9` between a two-phase commit's decision and its delivery, of the coordinator or of
 /// another participant (multi-process cluster): after the restart the transaction is committed
 /// on every shard, and a watcher sees every one of its operations.

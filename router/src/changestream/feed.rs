@@ -19,6 +19,7 @@
 //! * the feed owns its shard cursor: it kills the cursor it holds when cancelled.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
@@ -31,9 +32,10 @@ use crate::router::{Resend, Router, backoff, sleep_before};
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
-/// Events per shard getMore: with the replies a feed may queue, this bounds what one stream
-/// holds in memory on the router (a shard batch may otherwise be 16 MiB).
-const SHARD_BATCH: i64 = 1000;
+/// The most events per shard getMore: with the replies a feed may queue, this bounds what one
+/// stream holds in memory on the router (a shard batch may otherwise be 16 MiB). A reader of
+/// smaller batches gets shard batches of its size ([`Feed::demand`]).
+pub(super) const SHARD_BATCH: i64 = 1000;
 /// How long past its awaitData wait a shard getMore may take before the shard counts as lost.
 const SILENT_SHARD: Duration = Duration::from_secs(10);
 /// The first pause before re-opening a lost shard's stream.
@@ -70,6 +72,9 @@ pub(super) struct Feed {
     pub position: Document,
     pub tx: mpsc::Sender<FeedReply>,
     pub cancel: CancellationToken,
+    /// Events per shard getMore (1 to [`SHARD_BATCH`]): the reader's batch size, so that a
+    /// reader of small batches far behind does not have every feed read a full batch ahead.
+    pub demand: Arc<AtomicI64>,
 }
 
 impl Feed {
@@ -97,7 +102,7 @@ impl Feed {
                 "getMore": self.cursor_id,
                 "collection": &self.collection,
                 "maxTimeMS": SHARD_AWAIT.as_millis() as i64,
-                "batchSize": SHARD_BATCH,
+                "batchSize": self.demand.load(Ordering::Relaxed),
             };
             // No waiting for a connection here: a lost shard is the re-open's business. A shard
             // that does not answer well past the awaitData wait is lost too (a partition sends

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bson::{Bson, doc};
@@ -59,6 +60,8 @@ pub(super) struct MergedStream {
     rx: mpsc::Receiver<FeedReply>,
     cancel: CancellationToken,
     feeds: Vec<tokio::task::JoinHandle<()>>,
+    /// Events per shard getMore, shared with the feeds ([`MergedStream::set_demand`]).
+    demand: Arc<AtomicI64>,
 }
 
 impl std::fmt::Debug for MergedStream {
@@ -137,6 +140,7 @@ pub(super) async fn open(
         rx,
         cancel: router.shutdown.child_token(),
         feeds: Vec::with_capacity(shards.len()),
+        demand: Arc::new(AtomicI64::new(feed::SHARD_BATCH)),
     };
     let mut failure = None;
     for (&shard, reply) in shards.iter().zip(replies) {
@@ -170,6 +174,7 @@ pub(super) async fn open(
                 position,
                 tx: tx.clone(),
                 cancel: cursor.cancel.clone(),
+                demand: cursor.demand.clone(),
             };
             cursor.feeds.push(router.tasks.spawn(feed.run()));
         }
@@ -196,6 +201,15 @@ pub(super) async fn cluster_now(router: &Arc<Router>) -> Result<ClusterTime> {
 }
 
 impl MergedStream {
+    /// Sizes the feeds' shard getMores to the reader's batches of `n` events (at most
+    /// [`feed::SHARD_BATCH`]; `0`, a batch that only opens the cursor, changes nothing).
+    pub(super) fn set_demand(&self, n: usize) {
+        if n > 0 {
+            let n = i64::try_from(n).unwrap_or(i64::MAX).min(feed::SHARD_BATCH);
+            self.demand.store(n, Ordering::Relaxed);
+        }
+    }
+
     /// Takes one shard reply into the merge.
     fn absorb(&mut self, idx: usize, batch: ShardBatch) -> Result<()> {
         let ShardBatch {

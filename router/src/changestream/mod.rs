@@ -343,6 +343,7 @@ impl ChangeStreamCursor {
             looked,
             closed,
         } = &mut **private;
+        merged.set_demand(n);
         let deadline = tokio::time::Instant::now() + max_time;
         let mut events = Vec::new();
         let mut bytes = 0;

@@ -75,12 +75,18 @@ pub fn get_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 }
 
 const TTL_SLEEP: &str = "ttlMonitorSleepSecs";
+const ASK_AFTER: &str = "askCoordinatorAfterSecs";
 
-/// `setParameter` on a shard: the shard's own runtime parameters (`ttlMonitorSleepSecs`, and
-/// the blocking stages' memory limits, which are the process's).
+/// `setParameter` on a shard: the shard's own runtime parameters (`ttlMonitorSleepSecs`,
+/// `askCoordinatorAfterSecs`, and the blocking stages' memory limits, which are the
+/// process's).
 pub fn set_parameter(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     if let Some(v) = ctx.cmd.get(TTL_SLEEP) {
         let was = crate::ttl::set_sleep(ctx.shard, v)?;
+        return Ok(Reply::read(doc! {"was": was as i64, "ok": 1.0}));
+    }
+    if let Some(v) = ctx.cmd.get(ASK_AFTER) {
+        let was = ctx.shard.transactions().set_ask_after(v)?;
         return Ok(Reply::read(doc! {"was": was as i64, "ok": 1.0}));
     }
     for (name, v) in ctx.cmd.iter() {

@@ -22,6 +22,13 @@
 //! participant has it. Participants keep a prepared transaction (and its locks and hold on the
 //! high-water mark) across their own restarts until told, so a `kill -9` of the coordinator or
 //! of any participant between prepare and commit resolves the same way everywhere.
+//!
+//! Asking: a participant also asks for the decision itself. The prepare names the coordinator
+//! (`coordinator: {shardId, host}`, kept in the participant's durable record); a transaction
+//! still prepared after `askCoordinatorAfterSecs` (30) is asked about
+//! (`coordinateCommitTransaction` with `fromParticipant: true`), and a decision answered is
+//! applied as if delivered. Asking never decides: a coordinator without a decision answers
+//! so, and the participant waits.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -59,7 +66,7 @@ pub struct Peer {
 }
 
 impl Peer {
-    fn to_document(&self) -> Document {
+    pub(crate) fn to_document(&self) -> Document {
         let mut d = doc! {"shardId": &self.name};
         if let Some(h) = &self.host {
             d.insert("host", h);
@@ -67,7 +74,7 @@ impl Peer {
         d
     }
 
-    fn from_document(d: &Document) -> Option<Peer> {
+    pub(crate) fn from_document(d: &Document) -> Option<Peer> {
         Some(Peer {
             name: d.get_str("shardId").ok()?.to_string(),
             host: d.get_str("host").ok().map(str::to_string),
@@ -276,6 +283,9 @@ pub async fn coordinate(
         })
         .collect::<Result<_, _>>()?;
     if participants.is_empty() {
+        if cmd.get_bool("fromParticipant").unwrap_or(false) {
+            return decision_for_participant(shard, args);
+        }
         return recover_outcome(shard, args).await;
     }
     // A retried coordinate: deliver and answer the decision made. One not made yet is being
@@ -313,7 +323,12 @@ pub async fn coordinate(
         .writer()
         .submit(save_job(args.key.clone(), Some(record.clone())))
         .await?;
-    let prepare = session_command("prepareTransaction", &record);
+    let mut prepare = session_command("prepareTransaction", &record);
+    // Whom a participant asks when the decision is long in coming: this shard, as the
+    // participants know it.
+    if let Some(me) = record.participants.iter().find(|p| p.name == shard.name()) {
+        prepare.insert("coordinator", me.to_document());
+    }
     let votes = futures::future::join_all(
         record
             .participants
@@ -350,6 +365,24 @@ pub async fn coordinate(
     }
     deliver(shard, &args.key, record, decision).await;
     answer(args, decision)
+}
+
+/// `coordinateCommitTransaction {participants: [], fromParticipant: true}`: a prepared
+/// participant asks for the decision it has not been told. The answer's `decision` is
+/// `{commit: <commitTimestamp>}` or `"abort"` once made, `"pending"` while it is being made,
+/// and `"unknown"` when this shard has no record of the transaction (its record is kept until
+/// every participant has the decision, so only a lost history gets here). Nothing is decided
+/// by asking: the participant applies a decision, and waits otherwise.
+fn decision_for_participant(shard: &Shard, args: &TxnArgs) -> Result<Document, MongoError> {
+    let decision = match load(shard, &args.key)? {
+        Some(record) if record.txn_number == args.txn_number => match record.decision {
+            Some(Decision::Commit(ts)) => Bson::Document(doc! {"commit": ts.timestamp()}),
+            Some(Decision::Abort) => Bson::String("abort".into()),
+            None => Bson::String("pending".into()),
+        },
+        _ => Bson::String("unknown".into()),
+    };
+    Ok(doc! {"decision": decision, "ok": 1.0})
 }
 
 /// `coordinateCommitTransaction` without participants: a router that does not know the

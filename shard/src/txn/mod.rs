@@ -32,7 +32,8 @@
 pub mod coordinator;
 pub mod store;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,6 +48,7 @@ use crate::oplog::{EntrySpec, SessionFields};
 use crate::retryable::{self, RetryInfo};
 use crate::storage::{ReadTxn, StorageError, Table};
 use crate::writer::{TxnOp, WriteCtx, WriteFn, WriteOutput};
+use coordinator::Peer;
 use store::TxnStore;
 
 /// `transactionLifetimeLimitSeconds`: a transaction running longer is aborted.
@@ -98,6 +100,8 @@ pub struct TxnArgs {
     pub commit_timestamp: Option<ClusterTime>,
     /// Sent by a two-phase commit's coordinator: only it may abort a prepared transaction.
     pub from_coordinator: bool,
+    /// `prepareTransaction`'s `coordinator`: whom to ask for the decision.
+    pub coordinator: Option<Peer>,
 }
 
 impl TxnArgs {
@@ -153,6 +157,10 @@ impl TxnArgs {
                 .ok()
                 .map(ClusterTime::from),
             from_coordinator: cmd.get_bool("fromCoordinator").unwrap_or(false),
+            coordinator: cmd
+                .get_document("coordinator")
+                .ok()
+                .and_then(Peer::from_document),
         }))
     }
 }
@@ -170,11 +178,31 @@ enum State {
     Aborted,
 }
 
-/// What a prepared transaction will write when it commits, and when it was prepared.
+/// What a prepared transaction will write when it commits, when it was prepared, and who
+/// decides it.
 #[derive(Clone)]
 struct PreparedTxn {
     writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
     prepare_ts: ClusterTime,
+    /// Whom to ask for the decision when it is long in coming
+    /// ([`Transactions::ask_coordinators`]); `None` for a prepare that named no coordinator.
+    decider: Option<Decider>,
+}
+
+/// A prepared transaction's coordinator, and the session to name when asking it.
+#[derive(Clone)]
+struct Decider {
+    coordinator: Peer,
+    lsid: Document,
+}
+
+impl Decider {
+    fn of(args: &TxnArgs) -> Option<Decider> {
+        Some(Decider {
+            coordinator: args.coordinator.clone()?,
+            lsid: args.lsid.clone(),
+        })
+    }
 }
 
 pub const PREPARED_TRANSACTION_IN_PROGRESS: ErrorCode = ErrorCode::PREPARED_TRANSACTION_IN_PROGRESS;
@@ -267,6 +295,27 @@ pub struct Transactions {
     sessions: Mutex<HashMap<Vec<u8>, Arc<Mutex<Participant>>>>,
     /// Keys written by running transactions, and the session that wrote each.
     locks: Mutex<HashMap<Key, Vec<u8>>>,
+    /// Asking coordinators for decisions long in coming ([`Transactions::ask_coordinators`]).
+    asks: Mutex<Asks>,
+    /// `askCoordinatorAfterSecs` (0: [`ASK_AFTER`]).
+    ask_after_secs: AtomicU64,
+}
+
+/// How long a transaction stays prepared here, by default, before this shard asks its
+/// coordinator for the decision, and how often it asks again. The coordinator's own delivery
+/// normally comes first; asking covers a coordinator that stopped delivering.
+pub const ASK_AFTER: Duration = Duration::from_secs(30);
+
+/// What the rounds of asking remember.
+#[derive(Default)]
+struct Asks {
+    /// The transactions prepared at the last round (session, `txnNumber`): still prepared at
+    /// the next, they are asked about.
+    seen: HashSet<(Vec<u8>, i64)>,
+    /// A round is running (it may wait on a coordinator for [`PEER_REPLY_TIMEOUT`]).
+    ///
+    /// [`PEER_REPLY_TIMEOUT`]: coordinator::PEER_REPLY_TIMEOUT
+    running: bool,
 }
 
 impl Transactions {
@@ -456,11 +505,7 @@ impl Transactions {
     /// the first time did.
     pub async fn commit(&self, shard: &Shard, args: &TxnArgs) -> Result<WriteOutput, MongoError> {
         let p = self.existing(shard, args)?;
-        let prepared = match &lock(&p).state {
-            State::Prepared(prepared) => Some((**prepared).clone()),
-            _ => None,
-        };
-        if let Some(prepared) = prepared {
+        if let Some(prepared) = take_prepared(&p) {
             return self.commit_prepared(shard, &p, args, prepared).await;
         }
         let active = {
@@ -515,21 +560,22 @@ impl Transactions {
     /// `abortTransaction`.
     pub async fn abort(&self, shard: &Shard, args: &TxnArgs) -> Result<(), MongoError> {
         let p = self.existing(shard, args)?;
-        let prepared = match &lock(&p).state {
-            State::Prepared(prepared) => Some((**prepared).clone()),
-            _ => None,
-        };
-        if let Some(prepared) = prepared {
+        if let Some(prepared) = take_prepared(&p) {
             if !args.from_coordinator {
+                lock(&p).state = State::Prepared(prepared);
                 return Err(MongoError::new(
                     PREPARED_TRANSACTION_IN_PROGRESS,
                     "the transaction is prepared: only its coordinator decides it",
                 ));
             }
-            shard
+            let aborted = shard
                 .writer()
                 .submit(abort_prepared_job(args.clone(), prepared.prepare_ts))
-                .await?;
+                .await;
+            if let Err(e) = aborted {
+                lock(&p).state = State::Prepared(prepared);
+                return Err(e);
+            }
             self.decided(shard, &p, args, &prepared, State::Aborted);
             return Ok(());
         }
@@ -613,7 +659,11 @@ impl Transactions {
                     .state()
                     .prepared
                     .add(writes.iter().map(|(t, k, _)| (*t, k.clone())));
-                g.state = State::Prepared(Box::new(PreparedTxn { writes, prepare_ts }));
+                g.state = State::Prepared(Box::new(PreparedTxn {
+                    writes,
+                    prepare_ts,
+                    decider: Decider::of(args),
+                }));
                 Ok(prepare_ts)
             }
             Err(e) => {
@@ -625,35 +675,47 @@ impl Transactions {
     }
 
     /// Commits a prepared transaction at the coordinator's `commitTimestamp`.
+    /// Commits a prepared transaction at the coordinator's `commitTimestamp`; `prepared` was
+    /// taken from the participant ([`take_prepared`]) and goes back when the commit fails.
     async fn commit_prepared(
         &self,
         shard: &Shard,
         p: &Arc<Mutex<Participant>>,
         args: &TxnArgs,
-        prepared: PreparedTxn,
+        prepared: Box<PreparedTxn>,
     ) -> Result<WriteOutput, MongoError> {
-        let Some(commit_ts) = args.commit_timestamp else {
+        let refused = match args.commit_timestamp {
+            None => Some("commitTransaction of a prepared transaction needs a commitTimestamp"),
+            Some(ts) if ts < prepared.prepare_ts => {
+                Some("commitTimestamp is before the transaction's prepare timestamp")
+            }
+            Some(_) => None,
+        };
+        let (Some(commit_ts), None) = (args.commit_timestamp, refused) else {
+            lock(p).state = State::Prepared(prepared);
             return Err(MongoError::new(
                 ErrorCode::INVALID_OPTIONS,
-                "commitTransaction of a prepared transaction needs a commitTimestamp",
+                refused.unwrap_or_default(),
             ));
         };
-        if commit_ts < prepared.prepare_ts {
-            return Err(MongoError::new(
-                ErrorCode::INVALID_OPTIONS,
-                "commitTimestamp is before the transaction's prepare timestamp",
-            ));
-        }
-        let out = shard
+        let committed = shard
             .writer()
             .submit(commit_prepared_job(
                 args.clone(),
-                prepared.clone(),
+                (*prepared).clone(),
                 commit_ts,
             ))
-            .await?;
-        self.decided(shard, p, args, &prepared, State::Committed);
-        Ok(out)
+            .await;
+        match committed {
+            Ok(out) => {
+                self.decided(shard, p, args, &prepared, State::Committed);
+                Ok(out)
+            }
+            Err(e) => {
+                lock(p).state = State::Prepared(prepared);
+                Err(e)
+            }
+        }
     }
 
     /// A prepared transaction is decided (and its outcome durable): its keys, locks and hold on
@@ -864,6 +926,125 @@ impl Transactions {
         aborted
     }
 
+    /// How long a transaction stays prepared before its coordinator is asked
+    /// (`askCoordinatorAfterSecs`).
+    pub fn ask_after(&self) -> Duration {
+        match self.ask_after_secs.load(Ordering::Relaxed) {
+            0 => ASK_AFTER,
+            n => Duration::from_secs(n),
+        }
+    }
+
+    /// `setParameter: {askCoordinatorAfterSecs: n}`: the previous value.
+    pub fn set_ask_after(&self, v: &Bson) -> Result<u64, MongoError> {
+        match pipeline::value::as_i64_exact(v) {
+            Some(n) if (1..=86_400).contains(&n) => {
+                let was = self.ask_after().as_secs();
+                self.ask_after_secs.store(n as u64, Ordering::Relaxed);
+                Ok(was)
+            }
+            _ => Err(MongoError::bad_value(
+                "askCoordinatorAfterSecs must be an integer from 1 to 86400",
+            )),
+        }
+    }
+
+    /// One round of asking (every [`Transactions::ask_after`]): the coordinator of each
+    /// transaction that was prepared here at the last round too is asked for its decision,
+    /// and the decision it answers is applied as if the coordinator had delivered it. A
+    /// coordinator that has no decision yet, or no record of the transaction, decides
+    /// nothing here: the transaction stays prepared and is asked about again.
+    pub async fn ask_coordinators(&self, shard: &Shard) {
+        let waiting: Vec<(Vec<u8>, i64, Decider)> = {
+            let sessions = lock(&self.sessions);
+            sessions
+                .iter()
+                .filter_map(|(key, p)| {
+                    let g = lock(p);
+                    match &g.state {
+                        State::Prepared(prepared) => prepared
+                            .decider
+                            .clone()
+                            .map(|d| (key.clone(), g.txn_number, d)),
+                        _ => None,
+                    }
+                })
+                .collect()
+        };
+        let ask: Vec<(Vec<u8>, i64, Decider)> = {
+            let mut asks = lock(&self.asks);
+            if asks.running {
+                return;
+            }
+            let now: HashSet<(Vec<u8>, i64)> =
+                waiting.iter().map(|(k, n, _)| (k.clone(), *n)).collect();
+            let ask = waiting
+                .into_iter()
+                .filter(|(k, n, _)| asks.seen.contains(&(k.clone(), *n)))
+                .collect();
+            asks.seen = now;
+            asks.running = true;
+            ask
+        };
+        futures::future::join_all(
+            ask.into_iter()
+                .map(|(key, n, decider)| self.ask_coordinator(shard, key, n, decider)),
+        )
+        .await;
+        lock(&self.asks).running = false;
+    }
+
+    /// Asks one transaction's coordinator for its decision, and applies it.
+    async fn ask_coordinator(&self, shard: &Shard, key: Vec<u8>, txn_number: i64, d: Decider) {
+        let question = doc! {
+            "coordinateCommitTransaction": 1,
+            "lsid": d.lsid.clone(),
+            "txnNumber": txn_number,
+            "autocommit": false,
+            "participants": [],
+            "fromParticipant": true,
+        };
+        let answer = match shard.peers().command(&d.coordinator, question).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::info!(coordinator = %d.coordinator.name, txn_number, error = %e,
+                    "asking a coordinator for a decision");
+                return;
+            }
+        };
+        let mut args = TxnArgs {
+            key,
+            lsid: d.lsid,
+            txn_number,
+            start: false,
+            at_cluster_time: None,
+            commit_timestamp: None,
+            from_coordinator: true,
+            coordinator: None,
+        };
+        let applied = match answer.get("decision") {
+            Some(Bson::Document(c)) => match c.get_timestamp("commit") {
+                Ok(ts) => {
+                    args.commit_timestamp = Some(ClusterTime::from(ts));
+                    self.commit(shard, &args).await.map(|_| ())
+                }
+                Err(_) => Ok(()),
+            },
+            Some(Bson::String(s)) if s == "abort" => self.abort(shard, &args).await,
+            other => {
+                tracing::info!(coordinator = %d.coordinator.name, txn_number, answer = ?other,
+                    "the coordinator has no decision to give yet");
+                Ok(())
+            }
+        };
+        match applied {
+            Ok(()) => tracing::info!(coordinator = %d.coordinator.name, txn_number,
+                "applied a decision asked of the coordinator"),
+            Err(e) => tracing::info!(txn_number, error = %e,
+                "applying a decision asked of the coordinator"),
+        }
+    }
+
     /// How many sessions this shard keeps a transaction of, running or finished.
     pub fn sessions(&self) -> usize {
         lock(&self.sessions).len()
@@ -1067,6 +1248,21 @@ fn log_apply_ops(
     Ok((ts, pre_images))
 }
 
+/// Takes a prepared transaction out of its participant for its decision, leaving `Committing`
+/// until the decision is durable: a second decision arriving meanwhile (a coordinator's
+/// redelivery racing its first delivery, or the participant's own question answered) is told
+/// to try again instead of writing the transaction twice.
+fn take_prepared(p: &Mutex<Participant>) -> Option<Box<PreparedTxn>> {
+    let mut g = lock(p);
+    match std::mem::replace(&mut g.state, State::Committing) {
+        State::Prepared(prepared) => Some(prepared),
+        other => {
+            g.state = other;
+            None
+        }
+    }
+}
+
 /// Storage key prefix of a prepared participant's record in [`Table::Transactions`].
 const PARTICIPANT_PREFIX: &[u8] = b"p";
 
@@ -1094,11 +1290,15 @@ fn encode_prepared(txn_number: i64, p: &PreparedTxn) -> Result<Vec<u8>, StorageE
             })
         })
         .collect();
-    let d = doc! {
+    let mut d = doc! {
         "txnNumber": txn_number,
         "prepareTs": p.prepare_ts.timestamp(),
         "writes": writes,
     };
+    if let Some(decider) = &p.decider {
+        d.insert("coordinator", decider.coordinator.to_document());
+        d.insert("lsid", decider.lsid.clone());
+    }
     let mut buf = Vec::new();
     d.to_writer(&mut buf)
         .map_err(|e| StorageError::Engine(format!("a prepared transaction record: {e}")))?;
@@ -1123,6 +1323,15 @@ fn decode_prepared(bytes: &[u8]) -> Option<(i64, PreparedTxn)> {
         PreparedTxn {
             writes,
             prepare_ts: ClusterTime::from(d.get_timestamp("prepareTs").ok()?),
+            decider: d
+                .get_document("coordinator")
+                .ok()
+                .and_then(Peer::from_document)
+                .zip(d.get_document("lsid").ok())
+                .map(|(coordinator, lsid)| Decider {
+                    coordinator,
+                    lsid: lsid.clone(),
+                }),
         },
     ))
 }
@@ -1158,6 +1367,7 @@ fn prepare_job(
             &PreparedTxn {
                 writes,
                 prepare_ts: ts,
+                decider: Decider::of(&args),
             },
         )?;
         w.txn_mut()

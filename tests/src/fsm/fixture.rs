@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -467,16 +468,51 @@ impl Background {
 }
 
 /// One client over every router with the driver's default options (retryable reads and writes
-/// on, automatic resume), as an application connects to a sharded cluster.
-pub async fn application_client(addrs: &[SocketAddr]) -> Result<Client> {
+/// on, automatic resume), as an application connects to a sharded cluster; and how many
+/// change-stream `aggregate`s it has sent without a start point.
+///
+/// A stream's `watch()` from "now" is one such `aggregate`. Any other is the driver resuming
+/// without its token: mongodb 3.9 drops the token when retryable reads retry a failed resume
+/// (`tests/tests/driver_resume.rs` shows it), and the stream restarts at "now", skipping what
+/// came in between. A watcher whose client did that has lost events to the driver.
+pub async fn application_client(addrs: &[SocketAddr]) -> Result<(Client, Arc<AtomicUsize>)> {
     let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let mut opts =
         mongodb::options::ClientOptions::parse(format!("mongodb://{}/", hosts.join(","))).await?;
     opts.server_selection_timeout = Some(Duration::from_secs(10));
     opts.connect_timeout = Some(Duration::from_secs(5));
+    let token_less = Arc::new(AtomicUsize::new(0));
+    let counted = token_less.clone();
     // Traced as router 9: this client picks its router itself.
-    opts.command_event_handler = tracer(9)?;
-    Ok(Client::with_options(opts)?)
+    let trace = trace_file()?;
+    opts.command_event_handler = Some(mongodb::event::EventHandler::callback(
+        move |ev: mongodb::event::command::CommandEvent| {
+            if let mongodb::event::command::CommandEvent::Started(e) = &ev
+                && e.command_name == "aggregate"
+                && change_stream_stage(&e.command).is_some_and(|s| {
+                    !["resumeAfter", "startAfter", "startAtOperationTime"]
+                        .iter()
+                        .any(|k| s.contains_key(*k))
+                })
+            {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(file) = &trace {
+                trace_command(file, 9, ev);
+            }
+        },
+    ));
+    Ok((Client::with_options(opts)?, token_less))
+}
+
+/// The `$changeStream` stage of an `aggregate` command, when it opens a change stream.
+fn change_stream_stage(cmd: &Document) -> Option<&Document> {
+    cmd.get_array("pipeline")
+        .ok()?
+        .first()?
+        .as_document()?
+        .get_document("$changeStream")
+        .ok()
 }
 
 /// Connects one client per router (threads and watchers spread over them). With
@@ -506,18 +542,24 @@ pub async fn clients(addrs: &[SocketAddr], retry_reads: bool) -> Result<Vec<Clie
 fn tracer(
     router: usize,
 ) -> Result<Option<mongodb::event::EventHandler<mongodb::event::command::CommandEvent>>> {
+    Ok(trace_file()?.map(|file| {
+        mongodb::event::EventHandler::callback(move |ev: mongodb::event::command::CommandEvent| {
+            trace_command(&file, router, ev)
+        })
+    }))
+}
+
+/// The file `TRIBUTARY_FSM_TRACE` names, open for appending (`None` without it).
+fn trace_file() -> Result<Option<Arc<std::sync::Mutex<std::fs::File>>>> {
     let Ok(path) = std::env::var("TRIBUTARY_FSM_TRACE") else {
         return Ok(None);
     };
-    let file = std::sync::Arc::new(std::sync::Mutex::new(
+    Ok(Some(Arc::new(std::sync::Mutex::new(
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)?,
-    ));
-    Ok(Some(mongodb::event::EventHandler::callback(
-        move |ev: mongodb::event::command::CommandEvent| trace_command(&file, router, ev),
-    )))
+    ))))
 }
 
 fn trace_command(
@@ -536,15 +578,7 @@ fn trace_command(
     };
     let line = match ev {
         CommandEvent::Started(e) if e.command_name == "aggregate" => {
-            let spec = e
-                .command
-                .get_array("pipeline")
-                .ok()
-                .and_then(|p| p.first())
-                .and_then(|s| s.as_document())
-                .and_then(|s| s.get_document("$changeStream").ok())
-                .cloned();
-            match spec {
+            match change_stream_stage(&e.command) {
                 Some(spec) => format!("r{router} #{} aggregate {spec}", e.request_id),
                 None => return,
             }
