@@ -556,6 +556,51 @@ async fn set_fail_point(
     Ok(())
 }
 
+/// A transaction over `c` (already holding `{_id: 0, n: 0}`), not yet committed: `n` set to 1
+/// (its first statement, so `_id` 0's shard coordinates) and twelve inserts spread over the
+/// shards.
+async fn an_update_and_twelve_inserts(
+    client: &mongodb::Client,
+    c: &mongodb::Collection<Document>,
+) -> anyhow::Result<mongodb::ClientSession> {
+    let mut s = client.start_session().await?;
+    s.start_transaction().await?;
+    c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
+        .session(&mut s)
+        .await?;
+    for i in 1..=12 {
+        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
+    }
+    Ok(s)
+}
+
+/// The transaction of [`an_update_and_twelve_inserts`] is committed on every shard,
+/// once the reads no longer wait for it.
+async fn assert_committed_everywhere(
+    c: &mongodb::Collection<Document>,
+    why: &str,
+) -> anyhow::Result<()> {
+    assert_eq!(count_once_readable(c).await, Some(13), "{why}");
+    assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1, "{why}");
+    Ok(())
+}
+
+/// `c`'s count once a read of its latest state no longer waits for a prepared transaction
+/// (`None` if it still waits after about 40 s).
+async fn count_once_readable(c: &mongodb::Collection<Document>) -> Option<u64> {
+    for _ in 0..100 {
+        match c
+            .count_documents(doc! {})
+            .max_time(Duration::from_millis(300))
+            .await
+        {
+            Ok(n) => return Some(n),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    None
+}
+
 /// A coordinator whose participants do not take its decision keeps telling them, in the
 /// background, after it has answered the router: the transaction ends committed on every
 /// shard without any restart, as soon as they can be reached.
@@ -568,15 +613,10 @@ async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart
     let c = client.database("redeliver").collection::<Document>("c");
     c.insert_one(doc! {"_id": 0, "n": 0}).await?;
     set_fail_point(&cluster, "failCoordinatorDelivery", true).await?;
-    let mut s = client.start_session().await?;
-    s.start_transaction().await?;
-    c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
-        .session(&mut s)
+    an_update_and_twelve_inserts(&client, &c)
+        .await?
+        .commit_transaction()
         .await?;
-    for i in 1..=12 {
-        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
-    }
-    s.commit_transaction().await?;
     // Decided, durable and answered, but no participant has been told: they are prepared.
     let undecided = c
         .count_documents(doc! {})
@@ -587,22 +627,7 @@ async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart
         "a read waits for the prepared participants: {undecided:?}"
     );
     set_fail_point(&cluster, "failCoordinatorDelivery", false).await?;
-    let mut count = 0;
-    for _ in 0..100 {
-        match c
-            .count_documents(doc! {})
-            .max_time(Duration::from_millis(300))
-            .await
-        {
-            Ok(n) => {
-                count = n;
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    assert_eq!(count, 13, "committed on every shard");
-    assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1);
+    assert_committed_everywhere(&c, "committed on every shard").await?;
     drop(cluster);
     Ok(())
 }
@@ -626,35 +651,15 @@ async fn a_participant_not_told_the_decision_asks_its_coordinator() -> anyhow::R
             .run_command(doc! {"setParameter": 1, "askCoordinatorAfterSecs": 1})
             .await?;
     }
-    let mut s = client.start_session().await?;
-    s.start_transaction().await?;
-    c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
-        .session(&mut s)
+    an_update_and_twelve_inserts(&client, &c)
+        .await?
+        .commit_transaction()
         .await?;
-    for i in 1..=12 {
-        c.insert_one(doc! {"_id": i}).session(&mut s).await?;
-    }
-    s.commit_transaction().await?;
-    let mut count = None;
-    for _ in 0..100 {
-        match c
-            .count_documents(doc! {})
-            .max_time(Duration::from_millis(300))
-            .await
-        {
-            Ok(n) => {
-                count = Some(n);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    assert_eq!(
-        count,
-        Some(13),
-        "every participant asked and committed, delivery still failing"
-    );
-    assert_eq!(c.count_documents(doc! {"n": 1}).await?, 1);
+    assert_committed_everywhere(
+        &c,
+        "every participant asked and committed, delivery failing",
+    )
+    .await?;
     drop(cluster);
     Ok(())
 }
@@ -678,15 +683,7 @@ async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere
             .await?
             .with_type::<Document>();
         fail_point(&cluster, true).await?;
-        let mut s = client.start_session().await?;
-        s.start_transaction().await?;
-        // The first statement reaches the coordinator's shard.
-        c.update_one(doc! {"_id": 0}, doc! {"$set": {"n": 1}})
-            .session(&mut s)
-            .await?;
-        for i in 1..=12 {
-            c.insert_one(doc! {"_id": i}).session(&mut s).await?;
-        }
+        let mut s = an_update_and_twelve_inserts(&client, &c).await?;
         let commit = tokio::spawn(async move {
             let mut last = None;
             for _ in 0..20 {
