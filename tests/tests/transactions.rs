@@ -664,6 +664,62 @@ async fn a_participant_not_told_the_decision_asks_its_coordinator() -> anyhow::R
     Ok(())
 }
 
+/// A commit recovered through another router (the driver retries `commitTransaction` there
+/// when its router dies mid-commit) is answered once the participants have the decision, as
+/// the coordinator's own answer is: the client's next transaction then comes after this one in
+/// every stream. (The soak once saw a thread's later transfer ahead of an earlier,
+/// acknowledged one: the recovery had answered from the durable decision while a participant
+/// was still prepared.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_commit_is_answered_once_the_participants_have_it() -> anyhow::Result<()> {
+    let cluster = tests::ProcessCluster::start(3).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "recovered.c", doc! {"_id": "hashed"}).await?;
+    let c = client.database("recovered").collection::<Document>("c");
+    let other = cluster.start_extra_router().await?;
+    let a = wire::Client::new(cluster.router.addr.to_string());
+    let b = wire::Client::new(other.addr.to_string());
+    let lsid = doc! {"id": Bson::Binary(mongodb::bson::Binary {
+        subtype: mongodb::bson::spec::BinarySubtype::Uuid,
+        bytes: vec![43; 16],
+    })};
+    let docs: Vec<Document> = (0..13).map(|i| doc! {"_id": i}).collect();
+    let reply = a
+        .command(
+            "recovered",
+            &doc! {"insert": "c", "documents": docs, "lsid": lsid.clone(), "txnNumber": 1_i64,
+            "autocommit": false, "startTransaction": true},
+        )
+        .await?;
+    let token = reply.get_document("recoveryToken")?.clone();
+    let commit = doc! {"commitTransaction": 1, "lsid": lsid, "txnNumber": 1_i64,
+    "autocommit": false, "recoveryToken": token};
+    // The coordinator makes its decision durable and holds there, before telling anyone.
+    fail_point(&cluster, true).await?;
+    let first = {
+        let commit = commit.clone();
+        tokio::spawn(async move { a.command("admin", &commit).await })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let recovered = b.command("admin", &commit).await?;
+    assert_eq!(recovered.get_f64("ok").ok(), Some(1.0), "{recovered}");
+    let now = c
+        .count_documents(doc! {})
+        .max_time(Duration::from_millis(300))
+        .await;
+    assert_eq!(
+        now.ok(),
+        Some(13),
+        "answered only once every participant committed"
+    );
+    fail_point(&cluster, false).await?;
+    let first = tokio::time::timeout(Duration::from_secs(60), first).await???;
+    assert_eq!(first.get_f64("ok").ok(), Some(1.0), "{first}");
+    drop(other);
+    drop(cluster);
+    Ok(())
+}
+
 /// `kill -9` between a two-phase commit's decision and its delivery, of the coordinator or of
 /// another participant (multi-process cluster): after the restart the transaction is committed
 /// on every shard, and a watcher sees every one of its operations.

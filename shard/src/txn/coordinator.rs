@@ -388,14 +388,24 @@ fn decision_for_participant(shard: &Shard, args: &TxnArgs) -> Result<Document, M
 /// `coordinateCommitTransaction` without participants: a router that does not know the
 /// transaction (another router's, or its own before a restart) recovers its outcome from the
 /// shard its `recoveryToken` names, as mongos does. It never starts a commit: a coordinator's
-/// decision is answered (once made); without one, this shard's own part tells, and a part
+/// decision is delivered and answered (once made); without one, this shard's own part tells, and a part
 /// still running is aborted (its router is gone, so it can no longer commit whole), so the
 /// answer is `NoSuchTransaction` unless it committed.
 async fn recover_outcome(shard: &Shard, args: &TxnArgs) -> Result<Document, MongoError> {
     let deadline = tokio::time::Instant::now() + DELIVERY_PATIENCE;
     loop {
         let settled = match load(shard, &args.key)? {
-            Some(record) if record.txn_number == args.txn_number => record.decision,
+            Some(record) if record.txn_number == args.txn_number => match record.decision {
+                // Made, perhaps not yet delivered: delivered first, as the coordinator's own
+                // answer is, so a commit acknowledged here is one the participants have (its
+                // client's next write comes after it in every stream), unless a participant
+                // stays out of reach for all of DELIVERY_PATIENCE.
+                Some(decision) => {
+                    deliver(shard, &args.key, record, decision).await;
+                    return answer(args, decision);
+                }
+                None => None,
+            },
             _ => shard
                 .transactions()
                 .settle_for_recovery(shard, args)?
