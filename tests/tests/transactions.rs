@@ -518,6 +518,23 @@ async fn a_twenty_megabyte_transaction_is_a_partial_txn_chain() -> anyhow::Resul
     Ok(())
 }
 
+/// A multi-process cluster of `shards` shards and a client of its router, with `db.c` sharded
+/// on a hashed `_id` (so a transaction's writes spread over the shards).
+async fn hashed_process_cluster(
+    shards: usize,
+    db: &str,
+) -> anyhow::Result<(
+    tests::ProcessCluster,
+    mongodb::Client,
+    mongodb::Collection<Document>,
+)> {
+    let cluster = tests::ProcessCluster::start(shards).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, &format!("{db}.c"), doc! {"_id": "hashed"}).await?;
+    let c = client.database(db).collection::<Document>("c");
+    Ok((cluster, client, c))
+}
+
 /// The shard holding `_id` (an unsharded probe through each shard's own driver).
 async fn shard_of(cluster: &tests::ProcessCluster, db: &str, id: i32) -> anyhow::Result<usize> {
     for i in 0..cluster.shards.len() {
@@ -607,10 +624,7 @@ async fn count_once_readable(c: &mongodb::Collection<Document>) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart()
 -> anyhow::Result<()> {
-    let cluster = tests::ProcessCluster::start(3).await?;
-    let client = cluster.client().await?;
-    tests::shard_collection(&client, "redeliver.c", doc! {"_id": "hashed"}).await?;
-    let c = client.database("redeliver").collection::<Document>("c");
+    let (cluster, client, c) = hashed_process_cluster(3, "redeliver").await?;
     c.insert_one(doc! {"_id": 0, "n": 0}).await?;
     set_fail_point(&cluster, "failCoordinatorDelivery", true).await?;
     an_update_and_twelve_inserts(&client, &c)
@@ -637,10 +651,7 @@ async fn a_decision_the_participants_missed_is_delivered_again_without_a_restart
 /// asking intervals (`askCoordinatorAfterSecs`, here 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_participant_not_told_the_decision_asks_its_coordinator() -> anyhow::Result<()> {
-    let cluster = tests::ProcessCluster::start(3).await?;
-    let client = cluster.client().await?;
-    tests::shard_collection(&client, "ask.c", doc! {"_id": "hashed"}).await?;
-    let c = client.database("ask").collection::<Document>("c");
+    let (cluster, client, c) = hashed_process_cluster(3, "ask").await?;
     c.insert_one(doc! {"_id": 0, "n": 0}).await?;
     set_fail_point(&cluster, "failCoordinatorDelivery", true).await?;
     for i in 0..cluster.shards.len() {
@@ -672,10 +683,7 @@ async fn a_participant_not_told_the_decision_asks_its_coordinator() -> anyhow::R
 /// was still prepared.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovered_commit_is_answered_once_the_participants_have_it() -> anyhow::Result<()> {
-    let cluster = tests::ProcessCluster::start(3).await?;
-    let client = cluster.client().await?;
-    tests::shard_collection(&client, "recovered.c", doc! {"_id": "hashed"}).await?;
-    let c = client.database("recovered").collection::<Document>("c");
+    let (cluster, _, c) = hashed_process_cluster(3, "recovered").await?;
     let other = cluster.start_extra_router().await?;
     let a = wire::Client::new(cluster.router.addr.to_string());
     let b = wire::Client::new(other.addr.to_string());
@@ -727,10 +735,7 @@ async fn a_recovered_commit_is_answered_once_the_participants_have_it() -> anyho
 async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere()
 -> anyhow::Result<()> {
     for kill_coordinator in [true, false] {
-        let mut cluster = tests::ProcessCluster::start(3).await?;
-        let client = cluster.client().await?;
-        tests::shard_collection(&client, "kill2pc.c", doc! {"_id": "hashed"}).await?;
-        let c = client.database("kill2pc").collection::<Document>("c");
+        let (mut cluster, client, c) = hashed_process_cluster(3, "kill2pc").await?;
         c.insert_one(doc! {"_id": 0, "n": 0}).await?;
         let coordinator = shard_of(&cluster, "kill2pc", 0).await?;
         let mut stream = c
@@ -793,10 +798,7 @@ async fn a_kill_between_the_decision_and_the_commit_resolves_the_same_everywhere
 /// the same shard, after the restart, and the commit committed only the credit.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_restarted_mid_transaction_refuses_its_later_statements() -> anyhow::Result<()> {
-    let mut cluster = tests::ProcessCluster::start(2).await?;
-    let client = cluster.client().await?;
-    tests::shard_collection(&client, "midtxn.c", doc! {"_id": "hashed"}).await?;
-    let c = client.database("midtxn").collection::<Document>("c");
+    let (mut cluster, client, c) = hashed_process_cluster(2, "midtxn").await?;
     c.insert_many((0..16).map(|i| doc! {"_id": i, "n": 0}))
         .await?;
     // Two documents on the same shard.
