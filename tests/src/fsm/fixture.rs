@@ -26,6 +26,34 @@ use tokio_util_free::CancelFlag;
 
 use crate::{Proc, connect, free_port};
 
+/// When the whole cluster was down (a `RestartCluster`): from the kill to the last router
+/// back. An application's driver may give up during such a window (below).
+#[derive(Clone, Default)]
+pub struct Outages(Arc<std::sync::Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>>);
+
+impl Outages {
+    /// Restarts the whole cluster, noting the window.
+    pub async fn restart(&self, fixture: &mut Fixture) -> Result<Duration> {
+        let began = tokio::time::Instant::now();
+        fixture.restart_all().await?;
+        let ended = tokio::time::Instant::now();
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((began, ended));
+        Ok(ended - began)
+    }
+
+    /// Whether `at` falls in an outage or within `grace` after one.
+    pub fn covers(&self, at: tokio::time::Instant, grace: Duration) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|&(began, ended)| began <= at && at <= ended + grace)
+    }
+}
+
 /// `executor.fixture` of a suite.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -392,7 +420,12 @@ pub struct Background {
 
 impl Background {
     /// Starts the background hooks among `hooks`.
-    pub fn start(fixture: Arc<Mutex<Fixture>>, hooks: &[HookSpec], seed: u64) -> Background {
+    pub fn start(
+        fixture: Arc<Mutex<Fixture>>,
+        hooks: &[HookSpec],
+        seed: u64,
+        outages: Outages,
+    ) -> Background {
         let stop = CancelFlag::default();
         let mut tasks = Vec::new();
         let mut names = Vec::new();
@@ -414,6 +447,7 @@ impl Background {
             names.push(format!("{h:?}"));
             let fixture = fixture.clone();
             let stop = stop.clone();
+            let outages = outages.clone();
             let mut rng = StdRng::seed_from_u64(seed ^ (n as u64 + 1).wrapping_mul(0x9e37_79b9));
             tasks.push(tokio::spawn(async move {
                 let mut count = 0;
@@ -444,8 +478,11 @@ impl Background {
                             f.kill_router(i, down).await?;
                         }
                         _ => {
-                            tracing::info!("hook: restart the cluster");
-                            f.restart_all().await?;
+                            let down = outages.restart(&mut f).await?;
+                            println!(
+                                "[resmoke] hook RestartCluster: no router for {:.1}s",
+                                down.as_secs_f64()
+                            );
                         }
                     }
                     count += 1;
@@ -477,10 +514,10 @@ impl Background {
 /// came in between. A watcher whose client did that has lost events to the driver.
 pub async fn application_client(addrs: &[SocketAddr]) -> Result<(Client, Arc<AtomicUsize>)> {
     let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    // The driver's own timeouts (30 s to select a server): a whole-cluster restart leaves no
+    // router for a while, and the driver's one resume waits for one as an application's would.
     let mut opts =
         mongodb::options::ClientOptions::parse(format!("mongodb://{}/", hosts.join(","))).await?;
-    opts.server_selection_timeout = Some(Duration::from_secs(10));
-    opts.connect_timeout = Some(Duration::from_secs(5));
     let token_less = Arc::new(AtomicUsize::new(0));
     let counted = token_less.clone();
     // Traced as router 9: this client picks its router itself.

@@ -245,7 +245,13 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
     let addrs = fixture.router_addrs();
     let fixture = Arc::new(Mutex::new(fixture));
     let faults = suite.executor.hooks.iter().any(HookSpec::is_fault);
-    let background = Background::start(fixture.clone(), &suite.executor.hooks, seed);
+    let outages = fixture::Outages::default();
+    let background = Background::start(
+        fixture.clone(),
+        &suite.executor.hooks,
+        seed,
+        outages.clone(),
+    );
     let clients = fixture::clients(&addrs, true).await?;
     let watch_clients = fixture::clients(&addrs, false).await?;
     // `all_routers`: every thread uses one client over all routers (the driver picks a router
@@ -279,6 +285,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                     clients: &clients,
                     watch_clients: &watch_clients,
                     router_addrs: &addrs,
+                    outages: &outages,
                     thread_client: thread_client.as_ref(),
                     db: db.clone(),
                     others,
@@ -321,7 +328,7 @@ pub async fn run(suite: &Suite, ov: &Overrides) -> Result<(u64, Vec<WorkloadRepo
                     }
                 )
             }) {
-                fixture.lock().await.restart_all().await?;
+                outages.restart(&mut *fixture.lock().await).await?;
                 println!("[resmoke] hook RestartCluster: restarted the cluster");
             }
         }
@@ -397,6 +404,8 @@ struct RunCtx<'a> {
     /// Every router: each driver-resume watcher connects to them all, with a client of its own
     /// (so that a resume its driver made without a token is known to be its own).
     router_addrs: &'a [std::net::SocketAddr],
+    /// Whole-cluster restarts so far: a driver-resume watcher's driver may give up in one.
+    outages: &'a fixture::Outages,
     thread_client: Option<&'a Client>,
     db: String,
     /// The databases of workloads running at the same time (parallel mode): their events on
@@ -615,9 +624,19 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
             }
         }
         for e in &obs.application_errors {
-            report.failures.push(format!(
-                "watcher {label}: an error reached the application: {e}"
-            ));
+            // The driver's retries end ~0.3 s after its first failed connect; a second of grace.
+            if e.unreachable && rc.outages.covers(e.at, Duration::from_secs(1)) {
+                report.lines.push(format!(
+                    "watcher {label}: (outage) the driver gave up its resume while the whole \
+                     cluster was down: {}",
+                    e.what
+                ));
+            } else {
+                report.failures.push(format!(
+                    "watcher {label}: an error reached the application: {}",
+                    e.what
+                ));
+            }
         }
         if !obs.complete {
             report.failures.push(format!(

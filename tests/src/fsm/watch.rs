@@ -110,10 +110,37 @@ pub struct Observed {
     /// Errors it resumed from (kills in flight), for the report.
     pub resumed_errors: Vec<String>,
     /// Errors that reached it although the driver resumes by itself ([`Mode::DriverResume`]):
-    /// each one is a failure.
-    pub application_errors: Vec<String>,
+    /// each one is a failure, unless the whole cluster was down then (see [`AppError`]).
+    pub application_errors: Vec<AppError>,
     /// Where it reopened its stream: (events read so far, the error, the router it moved to).
     pub reopens: Vec<(usize, String, usize)>,
+}
+
+/// An error that reached a [`Mode::DriverResume`] application.
+#[derive(Debug, Clone)]
+pub struct AppError {
+    pub at: tokio::time::Instant,
+    /// No router accepted a connection: the driver labels a failed connect
+    /// `SystemOverloadedError`, keeps the router selectable and retries twice within ~0.3 s
+    /// (mongodb 3.9's backpressure), after its one resume. While every router is down (a
+    /// whole-cluster restart) that gives up, as the driver's specification lets it.
+    pub unreachable: bool,
+    pub what: String,
+}
+
+impl AppError {
+    fn new(what: String, unreachable: bool) -> AppError {
+        AppError {
+            at: tokio::time::Instant::now(),
+            unreachable,
+            what,
+        }
+    }
+}
+
+/// Whether the driver failed to connect (see [`AppError::unreachable`]).
+fn unreachable(e: &mongodb::error::Error) -> bool {
+    e.contains_label(mongodb::error::SYSTEM_OVERLOADED_ERROR)
 }
 
 /// An opened watcher, ready before the workload's threads start.
@@ -177,8 +204,10 @@ impl Watcher {
                     Ok(s) => self.stream = Some(s),
                     Err(e) => {
                         if self.mode == Mode::DriverResume {
-                            out.application_errors
-                                .push(format!("reopening after an error: {e}"));
+                            out.application_errors.push(AppError::new(
+                                format!("reopening after an error: {e}"),
+                                unreachable(&e),
+                            ));
                         }
                         out.resumed_errors.push(format!("reopen: {e}"));
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -194,17 +223,22 @@ impl Watcher {
                 Ok(None) => {
                     // The stream ended without our end marker (a closed cursor): reopen.
                     if self.mode == Mode::DriverResume {
-                        out.application_errors.push(format!(
-                            "after {} events: the stream ended before its end",
-                            out.events.len()
+                        out.application_errors.push(AppError::new(
+                            format!(
+                                "after {} events: the stream ended before its end",
+                                out.events.len()
+                            ),
+                            false,
                         ));
                     }
                     self.stream = None;
                 }
                 Ok(Some(Err(e))) => {
                     if self.mode == Mode::DriverResume {
-                        out.application_errors
-                            .push(format!("after {} events: {e}", out.events.len()));
+                        out.application_errors.push(AppError::new(
+                            format!("after {} events: {e}", out.events.len()),
+                            unreachable(&e),
+                        ));
                     }
                     out.resumed_errors.push(e.to_string());
                     out.reopens.push((
