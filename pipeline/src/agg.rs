@@ -1259,8 +1259,8 @@ struct Table {
     index: BTreeMap<GroupKey, usize>,
     /// Each group's key, accumulator states, and whether a document reached it yet.
     groups: Vec<(Bson, Vec<AccState>, bool)>,
-    /// What the groups hold: their keys, and the values `$push` / `$addToSet` keep (the other
-    /// accumulators hold one value each).
+    /// What the groups hold: their keys, the values `$push` / `$addToSet` keep, and each other
+    /// accumulator's one value as the group's first document gave it.
     held: usize,
 }
 
@@ -1290,6 +1290,15 @@ impl Table {
             Some(i) => *i,
             None => {
                 hold(&key)?;
+                // The values a new group's single-value accumulators keep ($first, $max, ...):
+                // counted once, at the size the group's first document gives them.
+                for ((_, kind, _), v) in group.accumulators.iter().zip(&inputs) {
+                    if !matches!(kind, AccKind::Push | AccKind::AddToSet)
+                        && let Some(v) = v
+                    {
+                        hold(v)?;
+                    }
+                }
                 self.groups.push((key, group.init(), false));
                 let i = self.groups.len() - 1;
                 self.index.insert(group_key, i);

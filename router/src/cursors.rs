@@ -1,10 +1,13 @@
 //! Router cursors: what a driver's cursor id stands for on the router.
 //!
 //! A cursor is one of: a pass-through to a single shard cursor; a merge of shard cursors done by
-//! the router (k-way by sort key, or concatenation); or results already computed by the router.
+//! the router (k-way by sort key, or concatenation); a pipeline the router runs over such a
+//! merge as the client reads ([`Run`]); or results already computed by the router.
 //! Invariants: cursor ids are random, non-zero Int64s, unique in the table; a cursor is used by
 //! one getMore at a time (a concurrent one gets `CursorInUse`); an exhausted or killed cursor is
-//! removed from the table, and its shard cursors are killed.
+//! removed from the table, and its shard cursors are killed. A [`Run`] holds what its stages
+//! hold (a blocking stage up to its limit, spilling under `allowDiskUse`), the shards' current
+//! batches and one reply's worth of output, never its whole input or output.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{Document, doc};
+use pipeline::agg::{Docs, PushRun};
 use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
@@ -149,10 +153,78 @@ impl Merge {
     }
 }
 
+/// A pipeline the router runs over merged shard cursors, pulled as the client reads: each
+/// merged document is pushed through the streaming stages as it comes; a blocking stage takes
+/// the whole input (within its memory limit, spilling under `allowDiskUse`) before its first
+/// output, which is then pulled lazily through the later stages.
+pub struct Run {
+    merge: Merge,
+    /// Fed from `merge` until the input ends or a `$limit` has all it needs.
+    push: Option<PushRun>,
+    /// What the streaming stages passed and the client has not had yet.
+    ready: VecDeque<Document>,
+    /// The output once the input has ended.
+    out: Option<std::iter::Peekable<Docs>>,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("merge", &self.merge)
+            .field("ready", &self.ready.len())
+            .field("finished", &self.out.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Run {
+    pub fn new(merge: Merge, push: PushRun) -> Run {
+        Run {
+            merge,
+            push: Some(push),
+            ready: VecDeque::new(),
+            out: None,
+        }
+    }
+
+    /// The next output document, reading the shards as needed; `None` at the end.
+    async fn next(&mut self, router: &Router) -> Result<Option<Document>> {
+        loop {
+            if let Some(doc) = self.ready.pop_front() {
+                return Ok(Some(doc));
+            }
+            if let Some(out) = &mut self.out {
+                return out.next().transpose();
+            }
+            let Some(push) = self.push.as_mut() else {
+                return Ok(None);
+            };
+            let more = match self.merge.next(router).await? {
+                Some(doc) => push.push(doc)?,
+                None => false,
+            };
+            self.ready.extend(push.take_ready());
+            if !more {
+                // The input ended, or nothing more of it can reach the output.
+                self.merge.kill(router).await;
+                if let Some(push) = self.push.take() {
+                    self.out = Some(push.finish()?.peekable());
+                }
+            }
+        }
+    }
+
+    fn exhausted(&mut self) -> bool {
+        self.ready.is_empty() && self.out.as_mut().is_some_and(|out| out.peek().is_none())
+    }
+}
+
 /// What a router cursor reads from.
 #[derive(Debug)]
 pub enum CursorState {
     Merge(Box<Merge>),
+    /// A pipeline run over a merge (an aggregation split between the shards and the router).
+    Run(Box<Run>),
     /// Results computed by the router (e.g. a sharded aggregation).
     Buffered(VecDeque<Document>),
     /// A change stream merged from every shard.
@@ -227,6 +299,7 @@ impl RouterCursor {
         while out.len() < n {
             let next = match &mut self.state {
                 CursorState::Merge(m) => m.next(router).await?,
+                CursorState::Run(r) => r.next(router).await?,
                 CursorState::Buffered(b) => b.pop_front(),
                 CursorState::ChangeStream(_) => {
                     return Err(MongoError::internal(
@@ -245,8 +318,9 @@ impl RouterCursor {
                 break;
             }
         }
-        let exhausted = match &self.state {
+        let exhausted = match &mut self.state {
             CursorState::Merge(m) => m.limit == Some(0) || m.sources.iter().all(Source::exhausted),
+            CursorState::Run(r) => r.exhausted(),
             CursorState::Buffered(b) => b.is_empty(),
             CursorState::ChangeStream(c) => c.is_closed(),
         };
@@ -256,6 +330,7 @@ impl RouterCursor {
     pub async fn kill(&mut self, router: &Router) {
         match &mut self.state {
             CursorState::Merge(m) => m.kill(router).await,
+            CursorState::Run(r) => r.merge.kill(router).await,
             CursorState::ChangeStream(c) => c.kill().await,
             CursorState::Buffered(_) => {}
         }

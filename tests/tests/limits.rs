@@ -707,6 +707,125 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
     Ok(())
 }
 
+/// The router runs its part of a sharded pipeline over the shards' cursors as the client
+/// reads, holding neither the input nor the output whole: with the limits at 1 MiB, a
+/// pipeline over eight times that streams through (a gather would have stopped at the limit),
+/// a `$sort` + `$limit` keeps its top, and a `$group` past the limit (the shards' partial
+/// groups and the router's merge of them) stops with 292 or spills. A pipeline that must gather (a `$lookup` reads on the router) stops at the limit with
+/// 292 unless `allowDiskUse`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_limit()
+-> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    const LIMIT: i64 = 1024 * 1024;
+    for name in [
+        "internalQueryMaxBlockingSortMemoryUsageBytes",
+        "internalDocumentSourceGroupMaxMemoryBytes",
+    ] {
+        admin
+            .run_command(doc! {"setParameter": 1, name: LIMIT})
+            .await?;
+    }
+    tests::shard_collection(&client, "stream.c", doc! {"_id": "hashed"}).await?;
+    let db = client.database("stream");
+    let c = db.collection::<Document>("c");
+    const N: i32 = 4_000;
+    let pad = "p".repeat(2_000);
+    for chunk in (0..N).collect::<Vec<_>>().chunks(1_000) {
+        c.insert_many(
+            chunk
+                .iter()
+                .map(|i| doc! {"_id": i, "k": (i * 7_919) % N, "g": i % 10, "pad": &pad}),
+        )
+        .await?;
+    }
+    db.collection::<Document>("small")
+        .insert_one(doc! {"_id": 0, "name": "zero"})
+        .await?;
+
+    // Streaming stages over the whole collection, eight times the limit.
+    let mut cursor = c
+        .aggregate(vec![
+            doc! {"$addFields": {"twice": {"$multiply": ["$k", 2]}}},
+            doc! {"$sort": {"k": 1}},
+            doc! {"$project": {"pad": 0}},
+        ])
+        .allow_disk_use(true)
+        .batch_size(100)
+        .await?;
+    let mut keys = Vec::new();
+    while let Some(d) = cursor.try_next().await? {
+        assert_eq!(d.get_i32("twice")?, d.get_i32("k")? * 2);
+        keys.push(d.get_i32("k")?);
+    }
+    assert_eq!(
+        keys,
+        (0..N).collect::<Vec<_>>(),
+        "merged in order, each once"
+    );
+    let streamed: Vec<Document> = c
+        .aggregate(vec![
+            doc! {"$match": {"g": {"$lt": 5}}},
+            doc! {"$project": {"pad": {"$substrBytes": ["$pad", 0, 1]}, "g": 1}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(streamed.len(), N as usize / 2, "no gather: no 292 at 1 MiB");
+
+    // A $sort + $limit keeps its top only; a $group is a blocking stage.
+    let top: Vec<Document> = c
+        .aggregate(vec![
+            doc! {"$project": {"pad": 0}},
+            doc! {"$sort": {"k": -1}},
+            doc! {"$limit": 3},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    let top: Vec<i32> = top.iter().map(|d| d.get_i32("k").unwrap()).collect();
+    assert_eq!(top, vec![N - 1, N - 2, N - 3]);
+    let by_id = vec![
+        doc! {"$group": {"_id": "$_id", "pad": {"$first": "$pad"}}},
+        doc! {"$count": "n"},
+    ];
+    let err = c
+        .aggregate(by_id.clone())
+        .await
+        .expect_err("4,000 groups of 2 KB each past 1 MiB");
+    assert_eq!(code_of(&err), Some(292), "{err}");
+    let counted: Vec<Document> = c
+        .aggregate(by_id)
+        .allow_disk_use(true)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(counted, vec![doc! {"n": N}]);
+
+    // A $lookup runs on the router over what the shards send it, gathered.
+    let joined = vec![
+        doc! {"$lookup": {"from": "small", "localField": "g", "foreignField": "_id", "as": "j"}},
+        doc! {"$match": {"j": {"$ne": []}}},
+        doc! {"$count": "n"},
+    ];
+    let err = c
+        .aggregate(joined.clone())
+        .await
+        .expect_err("the gathered input is eight times the limit");
+    assert_eq!(code_of(&err), Some(292), "{err}");
+    let counted: Vec<Document> = c
+        .aggregate(joined)
+        .allow_disk_use(true)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(counted, vec![doc! {"n": N / 10}]);
+    cluster.stop().await;
+    Ok(())
+}
+
 /// A namespace is at most 255 bytes (`db.coll`), as MongoDB's: a longer collection name is 73
 /// before the router looks it up, caches it or logs it (the fuzzer's 8 MiB names were each
 /// kept by the routing cache).

@@ -176,6 +176,15 @@ impl PushRun {
         }
     }
 
+    /// The output so far of a run with no blocking stage (what its streaming stages passed),
+    /// taken so the run holds none of it; always empty while a blocking stage collects.
+    pub fn take_ready(&mut self) -> Vec<Document> {
+        match &mut self.sink {
+            Sink::Output(docs) => std::mem::take(docs),
+            _ => Vec::new(),
+        }
+    }
+
     /// The pipeline's output, pulled lazily from here on.
     pub fn finish(self) -> Result<Docs> {
         let docs = self.sink.finish(&self.env)?;

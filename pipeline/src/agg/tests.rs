@@ -600,6 +600,9 @@ fn blocking_stages_stop_at_one_hundred_megabytes_without_allow_disk_use() {
     for stage in [
         doc! {"$sort": {"_id": -1}},
         doc! {"$group": {"_id": "$k", "all": {"$push": "$s"}}},
+        // One value per group, but 110 groups of 1 MiB.
+        doc! {"$group": {"_id": "$_id", "s": {"$first": "$s"}}},
+        doc! {"$group": {"_id": "$_id", "s": {"$max": "$s"}}},
         doc! {"$bucketAuto": {"groupBy": "$_id", "buckets": 2}},
         doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {"n": {"$documentNumber": {}}}}},
     ] {
@@ -716,6 +719,46 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
         .sort_spills
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(after > before, "the 4 KiB runs spilled");
+}
+
+#[test]
+fn a_streaming_run_hands_out_its_output_as_it_is_pushed_and_a_blocking_one_holds_it() {
+    let env = Env::default();
+    let streaming = Pipeline::parse(&[
+        doc! {"$match": {"g": {"$lt": 10}}},
+        doc! {"$unwind": "$arr"},
+        doc! {"$skip": 7},
+        doc! {"$limit": 900},
+        doc! {"$project": {"pad": 0}},
+    ])
+    .unwrap();
+    let mut run = streaming.push_run(&env);
+    let mut taken = Vec::new();
+    for (i, d) in streaming_input().into_iter().enumerate() {
+        let more = run.push(d).unwrap();
+        let ready = run.take_ready();
+        // Nothing is held back between pushes: a document out of the prefix is ready at once.
+        assert!(ready.len() <= 2, "push {i} gave {}", ready.len());
+        taken.extend(ready);
+        if !more {
+            break;
+        }
+    }
+    taken.extend(run.finish().unwrap().map(Result::unwrap));
+    assert_eq!(taken, streaming.run_in(streaming_input(), &env).unwrap());
+    assert_eq!(taken.len(), 900);
+
+    let blocking = Pipeline::parse(&[doc! {"$sort": {"x": 1}}, doc! {"$limit": 3}]).unwrap();
+    let mut run = blocking.push_run(&env);
+    for d in streaming_input() {
+        run.push(d).unwrap();
+        assert!(
+            run.take_ready().is_empty(),
+            "a sort hands out nothing before its input ends"
+        );
+    }
+    let out: Vec<Document> = run.finish().unwrap().map(Result::unwrap).collect();
+    assert_eq!(out, blocking.run_in(streaming_input(), &env).unwrap());
 }
 
 #[test]

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use bson::{Bson, Document, doc};
 use pipeline::agg::lookup::{self, Foreign};
 use pipeline::agg::{Pipeline, split};
+use pipeline::changestream::split::document_size;
 use pipeline::expr::Env;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
@@ -37,7 +38,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::Ctx;
 use super::crud::validate_collection_name;
 use super::find::{Targets, read_targets};
-use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::cursors::{CursorState, Merge, RouterCursor, Run, Source};
 use crate::local_sessions::Which;
 
 /// The command fields a shard read inherits: session, transaction, snapshot, variables.
@@ -235,6 +236,41 @@ pub(super) async fn run_split(
     routed: &Targets,
     filter: &Document,
 ) -> Result<Vec<Document>> {
+    let (merge, merger) = open_split(ctx, coll, stages, parsed, env, routed, filter, true).await?;
+    let merged = drain(ctx, merge).await?;
+    run_stages(ctx, &merger, merged, env).await
+}
+
+/// The cursor of `stages` over `coll` when no stage reads another collection: the shards run
+/// their part, and the router runs the rest over the merge of their cursors as the client
+/// reads (see [`Run`]), holding neither its input nor its output whole.
+pub(super) async fn open_run(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    stages: &[Document],
+    parsed: &Pipeline,
+    env: &Env,
+    routed: &Targets,
+    filter: &Document,
+) -> Result<Run> {
+    let (merge, merger) = open_split(ctx, coll, stages, parsed, env, routed, filter, false).await?;
+    Ok(Run::new(merge, merger.push_run(env)))
+}
+
+/// Sends the shards' part of `stages` (a `find` when it is only `$match`) and opens the merge
+/// of their cursors, in the order of the part's final `$sort`; returns it with the router's
+/// part. `whole` asks the shards for everything in their first replies.
+#[allow(clippy::too_many_arguments)]
+async fn open_split(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    stages: &[Document],
+    parsed: &Pipeline,
+    env: &Env,
+    routed: &Targets,
+    filter: &Document,
+    whole: bool,
+) -> Result<(Merge, Pipeline)> {
     let split = split::split(stages, parsed);
     // The shards' part runs under the command's collation, variables and disk use.
     let with_context = |mut cmd: Document| {
@@ -245,9 +281,9 @@ pub(super) async fn run_split(
         }
         cmd
     };
-    let merged = if split.shards.iter().all(|s| s.contains_key("$match")) {
+    let merge = if split.shards.iter().all(|s| s.contains_key("$match")) {
         let find = with_context(doc! {"find": coll, "filter": filter.clone()});
-        read_merged(ctx, coll, routed, find, None).await?
+        open_merge(ctx, coll, routed, find, None, whole).await?
     } else {
         let shards_part: Vec<Bson> = split.shards.iter().cloned().map(Bson::Document).collect();
         let cmd = with_context(doc! {"aggregate": coll, "pipeline": shards_part, "cursor": {}});
@@ -257,25 +293,29 @@ pub(super) async fn run_split(
             .map(SortSpec::parse)
             .transpose()?
             .map(|s| s.with_collation(env.collation.clone()));
-        read_merged(ctx, coll, routed, cmd, sort).await?
+        open_merge(ctx, coll, routed, cmd, sort, whole).await?
     };
     let merger = Pipeline::parse_with_vars(&split.merger, &env.names())?;
-    run_stages(ctx, &merger, merged, env).await
+    Ok((merge, merger))
 }
 
-/// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and reads every
-/// document of their cursors, merged in `sort` order (or one shard after another).
-pub(super) async fn read_merged(
+/// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and opens the
+/// merge of their cursors, in `sort` order (or one shard after another). `whole` asks for
+/// everything in the first replies; otherwise the shards' first batches are their default.
+async fn open_merge(
     ctx: &Ctx<'_>,
     coll: &str,
     routed: &Targets,
     mut cmd: Document,
     sort: Option<SortSpec>,
-) -> Result<Vec<Document>> {
-    if cmd.contains_key("find") {
-        cmd.insert("batchSize", i32::MAX);
-    } else {
-        cmd.insert("cursor", doc! {"batchSize": i32::MAX});
+    whole: bool,
+) -> Result<Merge> {
+    if whole {
+        if cmd.contains_key("find") {
+            cmd.insert("batchSize", i32::MAX);
+        } else {
+            cmd.insert("cursor", doc! {"batchSize": i32::MAX});
+        }
     }
     cmd.insert("shardVersion", routed.version.clone());
     for field in INHERITED {
@@ -289,25 +329,66 @@ pub(super) async fn read_merged(
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);
     }
+    Ok(Merge {
+        db: ctx.db.to_string(),
+        collection: coll.to_string(),
+        sources,
+        sort,
+        skip: 0,
+        limit: None,
+        projection: None,
+        await_data: false,
+        max_await_ms: None,
+    })
+}
+
+/// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and reads every
+/// document of their cursors, merged in `sort` order (or one shard after another).
+pub(super) async fn read_merged(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    routed: &Targets,
+    cmd: Document,
+    sort: Option<SortSpec>,
+) -> Result<Vec<Document>> {
+    let merge = open_merge(ctx, coll, routed, cmd, sort, true).await?;
+    drain(ctx, merge).await
+}
+
+/// Every document of `merge`. What the router holds of them at once is a blocking stage's
+/// memory: past the sort limit it is 292 unless the command allows disk use.
+async fn drain(ctx: &Ctx<'_>, merge: Merge) -> Result<Vec<Document>> {
     let mut all = RouterCursor {
-        ns: format!("{}.{coll}", ctx.db),
-        state: CursorState::merge(Merge {
-            db: ctx.db.to_string(),
-            collection: coll.to_string(),
-            sources,
-            sort,
-            skip: 0,
-            limit: None,
-            projection: None,
-            await_data: false,
-            max_await_ms: None,
-        }),
+        ns: format!("{}.{}", merge.db, merge.collection),
+        state: CursorState::merge(merge),
         info: None,
     };
+    let limit = (!matches!(ctx.cmd.get("allowDiskUse"), Some(Bson::Boolean(true))))
+        .then(pipeline::agg::spill::sort_limit);
     let mut docs = Vec::new();
+    let mut bytes = 0_usize;
     loop {
-        let (batch, exhausted) = all.next_batch(ctx.router, usize::MAX, None).await?;
+        let read = all.next_batch(ctx.router, usize::MAX, None).await;
+        let (batch, exhausted) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                all.kill(ctx.router).await;
+                return Err(e);
+            }
+        };
+        bytes += batch.iter().map(document_size).sum::<usize>();
         docs.extend(batch);
+        if let Some(limit) = limit.filter(|l| bytes > *l) {
+            all.kill(ctx.router).await;
+            return Err(MongoError::new(
+                ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
+                format!(
+                    "The documents the router gathers for this pipeline exceeded the memory \
+                     limit of {limit} bytes, but it did not opt in to using more. Pass \
+                     allowDiskUse:true to opt in."
+                ),
+            ));
+        }
         if exhausted {
             return Ok(docs);
         }

@@ -79,7 +79,13 @@ pub(super) async fn first_reply(
     mut cursor: RouterCursor,
     batch_size: usize,
 ) -> Result<Document> {
-    let (batch, exhausted) = cursor.next_batch(ctx.router, batch_size, None).await?;
+    let (batch, exhausted) = match cursor.next_batch(ctx.router, batch_size, None).await {
+        Ok(read) => read,
+        Err(e) => {
+            cursor.kill(ctx.router).await;
+            return Err(e);
+        }
+    };
     let open = if exhausted {
         cursor.kill(ctx.router).await;
         None
@@ -482,6 +488,17 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
+    }
+    if sink.is_none() && !targets.is_empty() && !super::aggregate::needs_router(&parsed) {
+        let run =
+            super::aggregate::open_run(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter)
+                .await?;
+        let cursor = RouterCursor {
+            ns: ns.clone(),
+            state: CursorState::Run(Box::new(run)),
+            info: None,
+        };
+        return first_reply(ctx, ns, cursor, first).await;
     }
     let out = if targets.is_empty() {
         super::aggregate::run_stages(ctx, &parsed, Vec::new(), &env).await?
