@@ -29,6 +29,9 @@ pub enum CursorSource {
     /// An unsorted collection scan that resumes after the last key it examined (each getMore
     /// reads a fresh snapshot, as MongoDB's yielding cursors do).
     Scan(Box<ScanCursor>),
+    /// A pipeline with no blocking stage over such a scan: each page scanned goes through the
+    /// stages as the client reads.
+    Piped(Box<Piped>),
     /// A tailable cursor on `local.oplog.rs`: entries after `last` matching `filter`.
     OplogTail {
         filter: Box<Filter>,
@@ -56,6 +59,16 @@ pub struct ScanCursor {
     /// getMore that finds nothing waits for a write.
     pub tailable: bool,
     pub await_data: bool,
+}
+
+/// A scan feeding a pipeline run whose stages all stream.
+pub struct Piped {
+    pub scan: ScanCursor,
+    pub run: pipeline::agg::PushRun,
+    /// What the stages passed and the client has not had yet.
+    pub ready: VecDeque<Document>,
+    /// The scan has more, and the run wants it.
+    pub scanning: bool,
 }
 
 pub struct Cursor {

@@ -712,7 +712,8 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
 /// pipeline over eight times that streams through (a gather would have stopped at the limit),
 /// a `$sort` + `$limit` keeps its top, and a `$group` past the limit (the shards' partial
 /// groups and the router's merge of them) stops with 292 or spills. A pipeline that must gather (a `$lookup` reads on the router) stops at the limit with
-/// 292 unless `allowDiskUse`.
+/// 292 unless `allowDiskUse`. On a shard, a pipeline with no blocking stage pages its scan as
+/// the client reads (a dropped collection ends it with 175, as a find's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_limit()
 -> anyhow::Result<()> {
@@ -822,6 +823,53 @@ async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_li
         .try_collect()
         .await?;
     assert_eq!(counted, vec![doc! {"n": N / 10}]);
+
+    // On a shard, a pipeline with no blocking stage pages its scan as the client reads.
+    let plain = db.collection::<Document>("plain");
+    plain
+        .insert_many((0..3_000).map(|i| doc! {"_id": i, "arr": [i % 3, i % 5]}))
+        .await?;
+    let mut got: Vec<(i32, i32)> = plain
+        .aggregate(vec![
+            doc! {"$match": {"_id": {"$gte": 100}}},
+            doc! {"$unwind": "$arr"},
+            doc! {"$match": {"arr": {"$ne": 0}}},
+        ])
+        .batch_size(7)
+        .await?
+        .map_ok(|d| (d.get_i32("_id").unwrap(), d.get_i32("arr").unwrap()))
+        .try_collect()
+        .await?;
+    got.sort();
+    let mut expected: Vec<(i32, i32)> = (100..3_000)
+        .flat_map(|i| [(i, i % 3), (i, i % 5)])
+        .filter(|(_, a)| *a != 0)
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected);
+    let limited: Vec<Document> = plain
+        .aggregate(vec![doc! {"$skip": 2_990}, doc! {"$limit": 50}])
+        .batch_size(3)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(limited.len(), 10);
+    let mut open = plain
+        .aggregate(vec![doc! {"$project": {"arr": 0}}])
+        .batch_size(10)
+        .await?;
+    for _ in 0..10 {
+        assert!(open.try_next().await?.is_some());
+    }
+    plain.drop().await?;
+    let err = loop {
+        match open.try_next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("a dropped collection's cursor ran to its end"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(code_of(&err), Some(175), "QueryPlanKilled: {err}");
     cluster.stop().await;
     Ok(())
 }

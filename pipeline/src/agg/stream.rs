@@ -176,6 +176,12 @@ impl PushRun {
         }
     }
 
+    /// Whether the run holds nothing across documents: every stage streams, so what the
+    /// pushes pass is ready at once ([`PushRun::take_ready`]).
+    pub fn streams_through(&self) -> bool {
+        matches!(self.sink, Sink::Output(_))
+    }
+
     /// The output so far of a run with no blocking stage (what its streaming stages passed),
     /// taken so the run holds none of it; always empty while a blocking stage collects.
     pub fn take_ready(&mut self) -> Vec<Document> {

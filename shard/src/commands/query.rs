@@ -15,7 +15,7 @@ use wire::{ErrorCode, MongoError};
 
 use super::{Ctx, Reply, as_i64, cursor_reply};
 use crate::catalog::CollectionEntry;
-use crate::cursor::{Cursor, CursorSource, ScanCursor};
+use crate::cursor::{Cursor, CursorSource, Piped, ScanCursor};
 use crate::indexes::plan::Access;
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Output, Projection, Sort, scan_matching};
@@ -677,6 +677,7 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             let alive = docs.peek().is_some();
             (b, alive)
         }
+        CursorSource::Piped(p) => super::long_running(|| piped_batch(ctx, p, batch_size))?,
         CursorSource::Scan(cur) => {
             let mut rx = ctx.shard.state().tail.subscribe();
             let deadline = await_deadline(max_time);
@@ -846,23 +847,55 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     }
     let env = ctx.env_for(&ns_coll)?;
     let pipeline = pipeline::agg::Pipeline::parse_with_vars(&parsed, &env.names())?;
-    // The scan pushes each document through the pipeline's streaming stages into its first
-    // blocking one, which holds what its memory limit allows (spilling under allowDiskUse);
-    // what comes after is computed as the cursor is read.
-    let mut run = pipeline.push_run(&env);
-    if !ns_coll.is_empty() {
-        // The leading $match stages select what is read (through an index where one serves);
-        // the pipeline still runs them.
-        let filter =
-            Filter::parse_in(&leading_match(&parsed), &env)?.with_hint(ctx.cmd.get("hint"))?;
-        push_matching(ctx, &ns_coll, &filter, &mut run)?;
+    let run = pipeline.push_run(&env);
+    if ns_coll.is_empty() {
+        return stream_reply(ctx, format!("{}.$cmd.aggregate", ctx.db), run, batch_size);
     }
-    let mut out = run.finish()?.peekable();
-    let ns = if ns_coll.is_empty() {
-        format!("{}.$cmd.aggregate", ctx.db)
+    // The leading $match stages select what is read (through an index where one serves); the
+    // pipeline still runs them.
+    let filter = Filter::parse_in(&leading_match(&parsed), &env)?.with_hint(ctx.cmd.get("hint"))?;
+    match piped(ctx, &ns_coll, filter, run)? {
+        Ok(piped) => piped_reply(ctx, ctx.ns(&ns_coll), piped, batch_size),
+        Err((filter, mut run)) => {
+            // The scan pushes each document through the streaming stages into the first
+            // blocking one, which holds what its memory limit allows (spilling under
+            // allowDiskUse); what comes after is computed as the cursor is read.
+            push_matching(ctx, &ns_coll, &filter, &mut run)?;
+            stream_reply(ctx, ctx.ns(&ns_coll), run, batch_size)
+        }
+    }
+}
+
+/// The reply to a piped aggregate: its first batch, and a cursor on the rest.
+fn piped_reply(
+    ctx: &Ctx<'_>,
+    ns: String,
+    mut piped: Piped,
+    batch_size: Option<usize>,
+) -> Result<Reply, MongoError> {
+    let n = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
+    let (first, alive) = piped_batch(ctx, &mut piped, Some(n))?;
+    let id = if alive {
+        ctx.shard.cursors().insert(Cursor {
+            ns: ns.clone(),
+            source: CursorSource::Piped(Box::new(piped)),
+            last_used_ms: ctx.shard.state().now_millis(),
+        })
     } else {
-        ctx.ns(&ns_coll)
+        0
     };
+    Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+}
+
+/// The reply to an aggregate whose input has been pushed: the first batch of its output, the
+/// rest (past its blocking stages, computed as it is read) in a cursor.
+fn stream_reply(
+    ctx: &Ctx<'_>,
+    ns: String,
+    run: pipeline::agg::PushRun,
+    batch_size: Option<usize>,
+) -> Result<Reply, MongoError> {
+    let mut out = run.finish()?.peekable();
     let first = take_stream_batch(&mut out, Some(batch_size.unwrap_or(DEFAULT_FIRST_BATCH)))?;
     let id = if out.peek().is_none() {
         0
@@ -874,6 +907,93 @@ pub fn aggregate(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         })
     };
     Ok(Reply::read(cursor_reply(id, &ns, first, true)))
+}
+
+/// A pipeline with no blocking stage over `coll`, outside a transaction or snapshot read, as
+/// a scan the client's reads drive (see [`Piped`]): it holds one page and what the stages made
+/// of it, never the whole result. Anything else gets its `filter` and `run` back, to be fed
+/// whole from one snapshot.
+#[allow(clippy::type_complexity)]
+fn piped(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    filter: Filter,
+    run: pipeline::agg::PushRun,
+) -> Result<Result<Piped, (Filter, pipeline::agg::PushRun)>, MongoError> {
+    if !run.streams_through() || ctx.txn.is_some() || ctx.snapshot_at.is_some() {
+        return Ok(Err((filter, run)));
+    }
+    let catalog = ctx.shard.state().catalog();
+    let Some(entry) = catalog.lookup(&ctx.db, coll).cloned() else {
+        return Ok(Err((filter, run)));
+    };
+    let txn = ctx
+        .shard
+        .state()
+        .storage
+        .begin_read()
+        .map_err(storage_err)?;
+    let plan = crate::query::plan(&*txn, &entry, &filter, None).map_err(op_err)?;
+    if !plan.provides_sort || matches!(plan.access, Access::IdPoint(_)) {
+        return Ok(Err((filter, run)));
+    }
+    Ok(Ok(Piped {
+        scan: ScanCursor {
+            coll: entry,
+            access: plan.access,
+            seen: HashSet::new(),
+            filter,
+            projection: None,
+            after: None,
+            remaining: None,
+            skip: 0,
+            tailable: false,
+            await_data: false,
+        },
+        run,
+        ready: VecDeque::new(),
+        scanning: true,
+    }))
+}
+
+/// The next batch of a piped aggregate: up to `n` documents within the reply's size, scanning
+/// pages (each from a fresh snapshot) until the stages have made that many or the scan ends;
+/// and whether more may come.
+fn piped_batch(
+    ctx: &Ctx<'_>,
+    p: &mut Piped,
+    n: Option<usize>,
+) -> Result<(Vec<Document>, bool), MongoError> {
+    /// The most documents one page reads.
+    const PAGE: usize = 1_000;
+    let n = n.unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    loop {
+        while out.len() < n
+            && let Some(d) = p.ready.front()
+        {
+            let size = super::write_ops::bson_size(d);
+            if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
+                return Ok((out, true));
+            }
+            bytes += size;
+            out.extend(p.ready.pop_front());
+        }
+        if out.len() >= n || !p.scanning {
+            break;
+        }
+        let (page, more) = next_scan_page(ctx, &mut p.scan, Some((n - out.len()).min(PAGE)))?;
+        p.scanning = more;
+        for d in page {
+            if !p.run.push(d)? {
+                p.scanning = false;
+                break;
+            }
+        }
+        p.ready.extend(p.run.take_ready());
+    }
+    Ok((out, p.scanning || !p.ready.is_empty()))
 }
 
 /// Pushes the matching documents of `db.coll` into a pipeline run until it wants no more.
