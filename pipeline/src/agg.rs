@@ -633,17 +633,7 @@ impl Stage {
             }
             Stage::Densify(d) => d.run(docs)?,
             Stage::Fill(stages) => densify::run_fill(stages, docs, env)?,
-            Stage::Facet(facets) => {
-                let mut out = Document::new();
-                for (name, p) in facets {
-                    let results = p.run_in(docs.clone(), env)?;
-                    out.insert(
-                        name.clone(),
-                        results.into_iter().map(Bson::Document).collect::<Vec<_>>(),
-                    );
-                }
-                vec![out]
-            }
+            Stage::Facet(facets) => vec![stream::FacetSink::run(facets, docs, env)?],
             Stage::Sort(spec) => {
                 check_blocking("$sort", &docs, env)?;
                 let mut docs = docs;

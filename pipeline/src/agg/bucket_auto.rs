@@ -14,10 +14,15 @@
 //!   but the last also takes the values below its largest value rounded up, which becomes its
 //!   `max` and the next bucket's `min`; the first `min` is rounded down and the last `max` up.
 //!   Other MongoDB series (`R40 R80 E48 E96 E192`) are CommandNotSupported.
+//! * Memory: over a stream ([`BucketAutoSink`]) the documents wait in a sorter (spilling under
+//!   `allowDiskUse`) and each bucket holds only its accumulators, never its documents.
+
+use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
 
-use super::{AccKind, Group, accumulate, finish, parse_accumulators};
+use super::spill::{Compare, Purpose, Sorter};
+use super::{AccKind, AccState, Group, accumulate, finish, parse_accumulators};
 use crate::expr::{Env, Expr};
 use crate::value::{self, compare, type_name};
 use crate::{MongoError, Result};
@@ -192,98 +197,185 @@ impl BucketAuto {
     pub fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
         let mut keyed = Vec::with_capacity(docs.len());
         for d in docs {
-            let v = match self.group.id.evaluate_in(&d, env)? {
-                None | Some(Bson::Undefined) => Bson::Null,
-                Some(v) => v,
-            };
-            if self.granularity.is_some() {
-                check_rounding_input(&v)?;
-            }
-            keyed.push((v, d));
+            keyed.push((self.value_of(&d, env)?, d));
         }
         keyed.sort_by(|a, b| compare(&a.0, &b.0));
         let n = keyed.len();
+        self.cut(keyed.into_iter().map(Ok), n, env)
+    }
+
+    /// A document's `groupBy` value (missing is null), checked for a granularity.
+    fn value_of(&self, d: &Document, env: &Env) -> Result<Bson> {
+        let v = match self.group.id.evaluate_in(d, env)? {
+            None | Some(Bson::Undefined) => Bson::Null,
+            Some(v) => v,
+        };
+        if self.granularity.is_some() {
+            check_rounding_input(&v)?;
+        }
+        Ok(v)
+    }
+
+    /// The buckets of `n` documents given in `groupBy` order (stably), each document folded
+    /// into its bucket's accumulators as it comes.
+    fn cut(
+        &self,
+        items: impl Iterator<Item = Result<(Bson, Document)>>,
+        n: usize,
+        env: &Env,
+    ) -> Result<Vec<Document>> {
         let approx = ((n as f64 / self.buckets as f64).round() as usize).max(1);
         let round_up = |v: &Bson| match self.granularity {
             Some(g) => round(g, v, true),
             None => v.clone(),
         };
-
-        // (min, max, documents) per bucket.
-        let mut buckets: Vec<(Bson, Bson, Vec<Document>)> = Vec::new();
-        let mut items = keyed.into_iter().peekable();
+        let mut items = items.peekable();
+        let mut buckets: Vec<Bucket> = Vec::new();
         for b in 0..self.buckets {
-            let Some((first, doc)) = items.next() else {
+            let Some((first, doc)) = items.next().transpose()? else {
                 break;
             };
-            let mut bucket = (first.clone(), first, vec![doc]);
+            let mut bucket = Bucket {
+                min: first.clone(),
+                max: first,
+                states: self.group.init(),
+                count: 0,
+            };
+            bucket.add(&self.group, &doc, env)?;
             if b + 1 == self.buckets {
-                for (v, d) in items.by_ref() {
-                    bucket.1 = v;
-                    bucket.2.push(d);
+                for item in items.by_ref() {
+                    let (v, d) = item?;
+                    bucket.max = v;
+                    bucket.add(&self.group, &d, env)?;
                 }
             } else {
                 for _ in 1..approx {
-                    let Some((v, d)) = items.next() else { break };
-                    bucket.1 = v;
-                    bucket.2.push(d);
+                    let Some((v, d)) = items.next().transpose()? else {
+                        break;
+                    };
+                    bucket.max = v;
+                    bucket.add(&self.group, &d, env)?;
                 }
                 // Absorb the values equal to the bucket's largest (with a granularity: below
                 // its rounded-up boundary, which then becomes its max if more values follow).
-                let boundary = round_up(&bucket.1);
-                while let Some((v, _)) = items.peek() {
-                    let absorb = if self.granularity.is_some() {
-                        compare(v, &boundary).is_lt()
-                    } else {
-                        compare(v, &bucket.1).is_eq()
+                let boundary = round_up(&bucket.max);
+                loop {
+                    let absorb = match items.peek() {
+                        None => false,
+                        // Taken, to be returned.
+                        Some(Err(_)) => true,
+                        Some(Ok((v, _))) if self.granularity.is_some() => {
+                            compare(v, &boundary).is_lt()
+                        }
+                        Some(Ok((v, _))) => compare(v, &bucket.max).is_eq(),
                     };
                     if !absorb {
                         break;
                     }
-                    if let Some((v, d)) = items.next() {
-                        bucket.1 = v;
-                        bucket.2.push(d);
+                    if let Some((v, d)) = items.next().transpose()? {
+                        bucket.max = v;
+                        bucket.add(&self.group, &d, env)?;
                     }
                 }
                 if self.granularity.is_some() && items.peek().is_some() {
-                    bucket.1 = boundary;
+                    bucket.max = boundary;
                 }
             }
             match (buckets.last_mut(), self.granularity) {
                 (Some(prev), Some(g)) => {
-                    if value::as_f64(&prev.1) == Some(0.0) {
-                        prev.1 = round(g, &bucket.0, false);
+                    if value::as_f64(&prev.max) == Some(0.0) {
+                        prev.max = round(g, &bucket.min, false);
                     }
-                    bucket.0 = prev.1.clone();
+                    bucket.min = prev.max.clone();
                 }
-                (Some(prev), None) => prev.1 = bucket.0.clone(),
+                (Some(prev), None) => prev.max = bucket.min.clone(),
                 (None, _) => {}
             }
             buckets.push(bucket);
         }
         if let Some(g) = self.granularity {
             if let Some(first) = buckets.first_mut() {
-                first.0 = round(g, &first.0, false);
+                first.min = round(g, &first.min, false);
             }
             if let Some(last) = buckets.last_mut() {
-                last.1 = round(g, &last.1, true);
+                last.max = round(g, &last.max, true);
             }
         }
-        let mut out = Vec::with_capacity(buckets.len());
-        for (min, max, members) in buckets {
-            let mut states = self.group.init();
-            for (i, d) in members.iter().enumerate() {
-                for ((_, kind, e), st) in self.group.accumulators.iter().zip(states.iter_mut()) {
-                    accumulate(*kind, st, e.evaluate_in(d, env)?, i == 0, env)?;
+        Ok(buckets
+            .into_iter()
+            .map(|b| {
+                let mut o = doc! {"_id": {"min": b.min, "max": b.max}};
+                for ((name, _, _), st) in self.group.accumulators.iter().zip(b.states) {
+                    o.insert(name.clone(), finish(st));
                 }
-            }
-            let mut o = doc! {"_id": {"min": min, "max": max}};
-            for ((name, _, _), st) in self.group.accumulators.iter().zip(states) {
-                o.insert(name.clone(), finish(st));
-            }
-            out.push(o);
+                o
+            })
+            .collect())
+    }
+}
+
+/// One bucket being filled: its bounds so far and its accumulators.
+struct Bucket {
+    min: Bson,
+    max: Bson,
+    states: Vec<AccState>,
+    count: usize,
+}
+
+impl Bucket {
+    fn add(&mut self, group: &Group, d: &Document, env: &Env) -> Result<()> {
+        for ((_, kind, e), st) in group.accumulators.iter().zip(self.states.iter_mut()) {
+            accumulate(*kind, st, e.evaluate_in(d, env)?, self.count == 0, env)?;
         }
-        Ok(out)
+        self.count += 1;
+        Ok(())
+    }
+}
+
+/// A `$bucketAuto` fed one document at a time: each goes to a sorter by its `groupBy` value
+/// (holding its limit in memory, spilling to disk under `allowDiskUse`, 292 past it without),
+/// and the buckets are cut from the sorted stream at the end.
+pub(super) struct BucketAutoSink {
+    stage: BucketAuto,
+    env: Env,
+    sorter: Sorter,
+    n: usize,
+}
+
+impl BucketAutoSink {
+    pub(super) fn new(stage: &BucketAuto, env: &Env) -> BucketAutoSink {
+        let by_value: Compare = Arc::new(|a: &Document, b: &Document| {
+            compare(
+                a.get("v").unwrap_or(&Bson::Null),
+                b.get("v").unwrap_or(&Bson::Null),
+            )
+        });
+        BucketAutoSink {
+            stage: stage.clone(),
+            env: env.clone(),
+            sorter: Sorter::new(by_value, Purpose::Sort, env.allow_disk_use),
+            n: 0,
+        }
+    }
+
+    pub(super) fn push(&mut self, d: Document) -> Result<()> {
+        let v = self.stage.value_of(&d, &self.env)?;
+        self.n += 1;
+        self.sorter.push(doc! {"v": v, "d": d})
+    }
+
+    pub(super) fn finish(self) -> Result<Vec<Document>> {
+        let records = self.sorter.finish()?.map(|r| {
+            let mut r = r?;
+            let v = r.remove("v").unwrap_or(Bson::Null);
+            match r.remove("d") {
+                Some(Bson::Document(d)) => Ok((v, d)),
+                _ => Err(MongoError::internal(
+                    "a $bucketAuto record without its document",
+                )),
+            }
+        });
+        self.stage.cut(records, self.n, &self.env)
     }
 }
 

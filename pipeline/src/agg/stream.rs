@@ -2,8 +2,11 @@
 //! scan ([`PushRun`]), then pulled one at a time by a cursor ([`Docs`]).
 //!
 //! Owns: which stages stream and which consume their whole input, and the sinks the consuming
-//! ones fill: `$sort` and `$group` through a [`Sorter`] (bounded memory, spilling to disk under
-//! `allowDiskUse`), every other blocking stage through a batch in memory.
+//! ones fill: `$sort`, `$group`, `$bucketAuto` and `$setWindowFields` through a [`Sorter`]
+//! (bounded memory, spilling to disk under `allowDiskUse`; a window stage then holds one
+//! partition at a time, up to the limit), `$facet` through a run of each sub-pipeline (each
+//! bounded as its stages are, the output up to 100 MiB), every other blocking stage through a
+//! batch in memory.
 //!
 //! Invariants:
 //! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
@@ -19,7 +22,9 @@ use std::sync::Arc;
 
 use bson::{Bson, Document};
 
+use super::bucket_auto::BucketAutoSink;
 use super::spill::{Purpose, Sorted, Sorter};
+use super::window::WindowSink;
 use super::{AccState, Group, GroupKey, Pipeline, Stage, Table, accumulate};
 use crate::expr::Env;
 use crate::value::compare;
@@ -204,6 +209,9 @@ enum Sink {
     Output(Vec<Document>),
     Sort(Sorter),
     Group(GroupSink),
+    BucketAuto(Box<BucketAutoSink>),
+    Facet(FacetSink),
+    Window(Box<WindowSink>),
     /// Any other blocking stage, run over its whole input at the end.
     Batch(Box<Stage>, Vec<Document>),
 }
@@ -227,6 +235,9 @@ impl Sink {
                 })
             }
             Some(Stage::Group(g)) => Sink::Group(GroupSink::new(g.clone(), env)),
+            Some(Stage::BucketAuto(b)) => Sink::BucketAuto(Box::new(BucketAutoSink::new(b, env))),
+            Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
+            Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
             Some(stage) => Sink::Batch(Box::new(stage.clone()), Vec::new()),
         }
     }
@@ -240,6 +251,9 @@ impl Sink {
             }
             Sink::Sort(sorter) => sorter.push(doc),
             Sink::Group(g) => g.push(doc),
+            Sink::BucketAuto(b) => b.push(doc),
+            Sink::Facet(f) => f.push(doc),
+            Sink::Window(w) => w.push(doc),
         }
     }
 
@@ -248,8 +262,115 @@ impl Sink {
             Sink::Output(docs) => Box::new(docs.into_iter().map(Ok)),
             Sink::Sort(sorter) => Box::new(sorter.finish()?),
             Sink::Group(g) => g.finish()?,
+            Sink::BucketAuto(b) => Box::new(b.finish()?.into_iter().map(Ok)),
+            Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
+            Sink::Window(w) => w.finish()?,
             Sink::Batch(stage, docs) => Box::new(stage.run_in(docs, env)?.into_iter().map(Ok)),
         })
+    }
+}
+
+/// A `$facet` fed one document at a time: each document goes to every sub-pipeline's own run
+/// (which holds what its stages hold, spilling like any), and each sub-pipeline's output so
+/// far is kept, up to `internalQueryFacetMaxOutputDocSizeBytes` (100 MiB) for the one document
+/// they make together (4031700 past it).
+pub(super) struct FacetSink {
+    facets: Vec<Facet>,
+    /// The size of every facet's output so far.
+    bytes: usize,
+}
+
+struct Facet {
+    name: String,
+    /// `None` once its `$limit` has had all it takes.
+    run: Option<PushRun>,
+    out: Vec<Bson>,
+}
+
+/// The largest document a `$facet` may make, as MongoDB's
+/// `internalQueryFacetMaxOutputDocSizeBytes`.
+pub const FACET_MAX_OUTPUT_BYTES: usize = 100 * 1024 * 1024;
+
+impl FacetSink {
+    fn new(facets: &[(String, Pipeline)], env: &Env) -> FacetSink {
+        FacetSink {
+            facets: facets
+                .iter()
+                .map(|(name, p)| Facet {
+                    name: name.clone(),
+                    run: Some(p.push_run(env)),
+                    out: Vec::new(),
+                })
+                .collect(),
+            bytes: 0,
+        }
+    }
+
+    pub(super) fn run(
+        facets: &[(String, Pipeline)],
+        docs: Vec<Document>,
+        env: &Env,
+    ) -> Result<Document> {
+        let mut sink = FacetSink::new(facets, env);
+        for d in docs {
+            sink.push(d)?;
+        }
+        sink.finish()
+    }
+
+    fn push(&mut self, doc: Document) -> Result<()> {
+        crate::interrupt::check()?;
+        for i in 0..self.facets.len() {
+            let Some(facet) = self.facets.get_mut(i) else {
+                continue;
+            };
+            let Some(run) = facet.run.as_mut() else {
+                continue;
+            };
+            let more = run.push(doc.clone())?;
+            let ready = run.take_ready();
+            if !more {
+                facet.run = None;
+            }
+            self.keep(i, ready)?;
+        }
+        Ok(())
+    }
+
+    /// Adds documents to facet `i`'s output, within the output limit.
+    fn keep(&mut self, i: usize, docs: impl IntoIterator<Item = Document>) -> Result<()> {
+        for d in docs {
+            self.bytes += crate::changestream::split::document_size(&d);
+            if self.bytes > FACET_MAX_OUTPUT_BYTES {
+                return Err(MongoError::with_code(
+                    4031700,
+                    format!(
+                        "document constructed by $facet is {} bytes, which exceeds the limit of \
+                         {FACET_MAX_OUTPUT_BYTES} bytes",
+                        self.bytes
+                    ),
+                ));
+            }
+            if let Some(facet) = self.facets.get_mut(i) {
+                facet.out.push(Bson::Document(d));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Document> {
+        for i in 0..self.facets.len() {
+            let Some(run) = self.facets.get_mut(i).and_then(|f| f.run.take()) else {
+                continue;
+            };
+            let rest = run.finish()?.collect::<Result<Vec<_>>>()?;
+            self.keep(i, rest)?;
+        }
+        let mut out = Document::new();
+        for f in self.facets {
+            out.insert(f.name, f.out);
+        }
+        Ok(out)
     }
 }
 

@@ -617,6 +617,30 @@ fn blocking_stages_stop_at_one_hundred_megabytes_without_allow_disk_use() {
         );
         assert!(p.run_in(over_the_limit(), &allowed).is_ok(), "{stage}");
     }
+    // Fed one document at a time, they stop the same way.
+    for stage in [
+        doc! {"$bucketAuto": {"groupBy": "$_id", "buckets": 2}},
+        doc! {"$facet": {"sorted": [{"$sort": {"_id": -1}}]}},
+    ] {
+        let p = Pipeline::parse(std::slice::from_ref(&stage)).unwrap();
+        let mut run = p.push_run(&strict);
+        let e = over_the_limit()
+            .into_iter()
+            .try_for_each(|d| run.push(d).map(drop))
+            .and_then(|()| run.finish().map(drop))
+            .expect_err("over 100 MiB");
+        assert_eq!(e.code, 292, "{stage}: {e}");
+    }
+    // A $facet's one document may not pass 100 MiB, whatever disk use allows.
+    let everything = Pipeline::parse(&[doc! {"$facet": {"all": [{"$match": {}}]}}]).unwrap();
+    let e = everything
+        .run_in(over_the_limit(), &allowed)
+        .expect_err("a 110 MiB document");
+    assert_eq!(e.code, 4031700, "{e}");
+    assert!(
+        e.errmsg.contains("document constructed by $facet is "),
+        "{e}"
+    );
     // A group that keeps little stays within the limit whatever its input.
     let counts = Pipeline::parse(&[doc! {"$group": {"_id": "$k", "n": {"$sum": 1}}}]).unwrap();
     assert_eq!(counts.run_in(over_the_limit(), &strict).unwrap().len(), 2);
@@ -698,6 +722,35 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
             doc! {"$group": {"_id": "$name", "n": {"$sum": 1}}},
             doc! {"$sort": {"_id": 1}},
         ],
+        vec![doc! {"$bucketAuto": {
+            "groupBy": "$g", "buckets": 6,
+            "output": {"n": {"$sum": 1}, "xs": {"$push": "$x"}, "f": {"$first": "$name"}},
+        }}],
+        vec![
+            doc! {"$match": {"x": {"$gt": 0}}},
+            doc! {"$bucketAuto": {"groupBy": "$x", "buckets": 7, "granularity": "1-2-5"}},
+        ],
+        vec![
+            doc! {"$setWindowFields": {
+                "partitionBy": {"$mod": ["$_id", 250]}, "sortBy": {"x": 1},
+                "output": {
+                    "n": {"$documentNumber": {}}, "r": {"$rank": {}},
+                    "run": {"$sum": "$x", "window": {"documents": ["unbounded", "current"]}},
+                    "near": {"$avg": "$x", "window": {"range": [-100, 100]}},
+                },
+            }},
+            doc! {"$project": {"pad": 0}},
+        ],
+        vec![doc! {"$setWindowFields": {
+            "partitionBy": {"$mod": ["$x", 200]}, "sortBy": {"_id": -1},
+            "output": {"c": {"$count": {}}, "prev": {"$shift": {"output": "$x", "by": -1}}},
+        }}],
+        vec![doc! {"$facet": {
+            "sorted": [{"$sort": {"x": -1}}, {"$limit": 40}, {"$project": {"pad": 0}}],
+            "groups": [{"$group": {"_id": "$g", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}],
+            "first": [{"$limit": 3}],
+            "buckets": [{"$bucketAuto": {"groupBy": "$x", "buckets": 3}}],
+        }}],
     ];
     let before = spill::counters()
         .sort_spills
@@ -719,6 +772,14 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
         .sort_spills
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(after > before, "the 4 KiB runs spilled");
+    // A window stage holds one partition at a time: one larger than the limit is refused.
+    let one_partition = Pipeline::parse(&[doc! {"$setWindowFields": {
+        "sortBy": {"x": 1}, "output": {"n": {"$documentNumber": {}}},
+    }}])
+    .unwrap();
+    let e = pushed(&one_partition, &disk, 4_096).expect_err("one partition of 3,000");
+    assert_eq!(e.code, 5414201, "{e}");
+    assert!(pushed(&one_partition, &disk, usize::MAX).is_ok());
 }
 
 #[test]

@@ -28,10 +28,12 @@
 //! * Other MongoDB window functions are CommandNotSupported (115); unknown names FailedToParse.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bson::{Bson, Document};
 
 use super::GroupKey;
+use super::spill::{Compare, Purpose, Sorted, Sorter};
 use super::time_unit::TimeUnit;
 use crate::expr::{Env, Expr};
 use crate::sort::SortSpec;
@@ -292,26 +294,38 @@ impl SetWindowFields {
                     keys.push(sort.first().cloned().unwrap_or(Bson::Null));
                 }
             }
-            let mut results = Vec::with_capacity(self.outputs.len());
-            for (_, f) in &self.outputs {
-                results.push(f.compute(&part, &keys, env)?);
-            }
-            for (j, mut d) in part.into_iter().enumerate() {
-                for ((path, _), vals) in self.outputs.iter().zip(&results) {
-                    match vals.get(j).cloned().flatten() {
-                        Some(v) => {
-                            value::set_path(&mut d, path, v);
-                        }
-                        None => {
-                            value::remove_path(&mut d, path);
-                        }
-                    }
-                }
-                out.push(d);
-            }
+            self.partition_output(part, &keys, env, &mut out)?;
             start = end;
         }
         Ok(out)
+    }
+
+    /// One partition's documents (sorted, with their first sort values) with the outputs set.
+    fn partition_output(
+        &self,
+        part: Vec<Document>,
+        keys: &[Bson],
+        env: &Env,
+        out: &mut Vec<Document>,
+    ) -> Result<()> {
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for (_, f) in &self.outputs {
+            results.push(f.compute(&part, keys, env)?);
+        }
+        for (j, mut d) in part.into_iter().enumerate() {
+            for ((path, _), vals) in self.outputs.iter().zip(&results) {
+                match vals.get(j).cloned().flatten() {
+                    Some(v) => {
+                        value::set_path(&mut d, path, v);
+                    }
+                    None => {
+                        value::remove_path(&mut d, path);
+                    }
+                }
+            }
+            out.push(d);
+        }
+        Ok(())
     }
 
     fn partition_key(&self, d: &Document, env: &Env) -> Result<Bson> {
@@ -1374,3 +1388,142 @@ fn linear_fill(ys: &[Option<Bson>], keys: &[Bson]) -> Result<Vec<Option<Bson>>> 
 
 #[cfg(test)]
 mod tests;
+
+/// A `$setWindowFields` fed one document at a time: each goes to a sorter by partition and
+/// `sortBy` (holding its limit in memory, spilling under `allowDiskUse`, 292 past it without);
+/// at the end the partitions are read back one at a time, so memory holds one partition, up to
+/// `internalDocumentSourceSetWindowFieldsMaxMemoryBytes` (the sort limit; 5414201 past it).
+pub(super) struct WindowSink {
+    stage: SetWindowFields,
+    env: Env,
+    sort_by: Option<SortSpec>,
+    sorter: Sorter,
+}
+
+impl WindowSink {
+    pub(super) fn new(stage: &SetWindowFields, env: &Env) -> WindowSink {
+        let sort_by = stage
+            .sort_by
+            .clone()
+            .map(|s| s.with_collation(env.collation.clone()));
+        let (by, within) = (env.clone(), sort_by.clone());
+        let order: Compare = Arc::new(move |a: &Document, b: &Document| {
+            let part = |d: &Document| d.get("p").cloned().unwrap_or(Bson::Null);
+            by.compare(&part(a), &part(b)).then_with(|| match &within {
+                Some(s) => s.compare_keys(
+                    a.get_array("s").map(Vec::as_slice).unwrap_or_default(),
+                    b.get_array("s").map(Vec::as_slice).unwrap_or_default(),
+                ),
+                None => std::cmp::Ordering::Equal,
+            })
+        });
+        WindowSink {
+            stage: stage.clone(),
+            env: env.clone(),
+            sort_by,
+            sorter: Sorter::new(order, Purpose::Sort, env.allow_disk_use),
+        }
+    }
+
+    pub(super) fn push(&mut self, d: Document) -> Result<()> {
+        let p = self.stage.partition_key(&d, &self.env)?;
+        let s = self
+            .sort_by
+            .as_ref()
+            .map(|s| s.sort_key(&d))
+            .unwrap_or_default();
+        self.sorter.push(bson::doc! {"p": p, "s": s, "d": d})
+    }
+
+    pub(super) fn finish(self) -> Result<super::Docs> {
+        Ok(Box::new(Partitions {
+            stage: self.stage,
+            env: self.env,
+            records: self.sorter.finish()?.peekable(),
+            ready: std::collections::VecDeque::new(),
+        }))
+    }
+}
+
+/// The output of a [`WindowSink`], one partition at a time.
+struct Partitions {
+    stage: SetWindowFields,
+    env: Env,
+    records: std::iter::Peekable<Sorted>,
+    ready: std::collections::VecDeque<Document>,
+}
+
+impl Partitions {
+    /// Reads the next partition and computes its outputs into `ready`.
+    fn next_partition(&mut self) -> Result<()> {
+        let limit = super::spill::sort_limit();
+        let (mut part, mut keys) = (Vec::new(), Vec::new());
+        let mut current: Option<Bson> = None;
+        let mut bytes = 0_usize;
+        loop {
+            let same = match (self.records.peek(), &current) {
+                (None, _) => false,
+                (Some(Err(_)), _) | (Some(Ok(_)), None) => true,
+                (Some(Ok(r)), Some(p)) => self.env.equal(r.get("p").unwrap_or(&Bson::Null), p),
+            };
+            if !same {
+                break;
+            }
+            let Some(record) = self.records.next().transpose()? else {
+                break;
+            };
+            let (p, key, d) = record_parts(record)?;
+            bytes += crate::changestream::split::document_size(&d);
+            if bytes > limit {
+                return Err(MongoError::with_code(
+                    5414201,
+                    format!(
+                        "Exceeded memory limit in DocumentSourceSetWindowFields, used {bytes} \
+                         bytes but max allowed is {limit}"
+                    ),
+                ));
+            }
+            current.get_or_insert(p);
+            part.push(d);
+            keys.push(key);
+        }
+        let mut out = Vec::with_capacity(part.len());
+        self.stage
+            .partition_output(part, &keys, &self.env, &mut out)?;
+        self.ready.extend(out);
+        Ok(())
+    }
+}
+
+/// A sorted record's partition, first sort value and document.
+fn record_parts(mut r: Document) -> Result<(Bson, Bson, Document)> {
+    let p = r.remove("p").unwrap_or(Bson::Null);
+    let key = match r.remove("s") {
+        Some(Bson::Array(s)) => s.into_iter().next().unwrap_or(Bson::Null),
+        _ => Bson::Null,
+    };
+    match r.remove("d") {
+        Some(Bson::Document(d)) => Ok((p, key, d)),
+        _ => Err(MongoError::internal(
+            "a $setWindowFields record without its document",
+        )),
+    }
+}
+
+impl Iterator for Partitions {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        loop {
+            if let Some(d) = self.ready.pop_front() {
+                return Some(Ok(d));
+            }
+            self.records.peek()?;
+            if let Err(e) = self.next_partition() {
+                // Nothing after an error.
+                while self.records.next().is_some() {}
+                return Some(Err(e));
+            }
+        }
+    }
+}
