@@ -1,13 +1,15 @@
 //! `$sample: {size: n}`: a uniformly random subset of the input in random order.
 //!
 //! Invariants: the output holds `min(n, input length)` distinct input documents (each input
-//! document at most once) in a uniformly random order; the randomness comes from the caller's
-//! generator ([`sample_with`]) so tests can seed it. Parse errors are MongoDB's 28745–28749.
+//! document at most once, each equally likely) in a uniformly random order; the randomness
+//! comes from the caller's generator ([`sample_with`]) so tests can seed it. Memory is the
+//! sample's, not the input's ([`Reservoir`]). Parse errors are MongoDB's 28745–28749.
 
 use bson::{Bson, Document};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
+use crate::changestream::split::document_size;
 use crate::value;
 use crate::{MongoError, Result};
 
@@ -53,19 +55,64 @@ pub fn parse(arg: &Bson) -> Result<u64> {
 
 /// `min(size, docs.len())` documents chosen and ordered uniformly at random by `rng`.
 pub fn sample_with(docs: Vec<Document>, size: u64, rng: &mut impl Rng) -> Vec<Document> {
-    let amount = usize::try_from(size).unwrap_or(usize::MAX).min(docs.len());
-    let picks = rand::seq::index::sample(rng, docs.len(), amount);
-    let mut slots: Vec<Option<Document>> = docs.into_iter().map(Some).collect();
-    let mut out: Vec<Document> = picks
-        .into_iter()
-        .filter_map(|i| slots.get_mut(i).and_then(Option::take))
-        .collect();
-    // Whatever order the index sampler yields, the output order is a uniform shuffle.
-    out.shuffle(rng);
-    out
+    let mut reservoir = Reservoir::new(size);
+    for d in docs {
+        reservoir.offer(d, rng);
+    }
+    reservoir.finish(rng)
 }
 
 /// [`sample_with`] the thread's generator.
 pub fn sample(docs: Vec<Document>, size: u64) -> Vec<Document> {
     sample_with(docs, size, &mut rand::rng())
+}
+
+/// A sample taken one document at a time (reservoir sampling): after `k` offers it holds
+/// `min(size, k)` of them, each offered document equally likely to be among them, so a
+/// `$sample` holds its size, not its input.
+pub struct Reservoir {
+    size: usize,
+    kept: Vec<Document>,
+    /// Documents offered so far.
+    seen: u64,
+    /// The size of what is kept.
+    bytes: usize,
+}
+
+impl Reservoir {
+    pub fn new(size: u64) -> Reservoir {
+        Reservoir {
+            size: usize::try_from(size).unwrap_or(usize::MAX),
+            kept: Vec::new(),
+            seen: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Offers one document: kept while the sample is not full; after that it takes the place
+    /// of a kept one with probability `size / seen`.
+    pub fn offer(&mut self, d: Document, rng: &mut impl Rng) {
+        self.seen += 1;
+        if self.kept.len() < self.size {
+            self.bytes += document_size(&d);
+            self.kept.push(d);
+            return;
+        }
+        let slot = usize::try_from(rng.random_range(0..self.seen)).unwrap_or(usize::MAX);
+        if let Some(old) = self.kept.get_mut(slot) {
+            self.bytes = self.bytes - document_size(old) + document_size(&d);
+            *old = d;
+        }
+    }
+
+    /// What the kept documents take.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The sample, in a uniformly random order.
+    pub fn finish(mut self, rng: &mut impl Rng) -> Vec<Document> {
+        self.kept.shuffle(rng);
+        self.kept
+    }
 }

@@ -5,8 +5,9 @@
 //! ones fill: `$sort`, `$group`, `$bucketAuto` and `$setWindowFields` through a [`Sorter`]
 //! (bounded memory, spilling to disk under `allowDiskUse`; a window stage then holds one
 //! partition at a time, up to the limit), `$facet` through a run of each sub-pipeline (each
-//! bounded as its stages are, the output up to 100 MiB), every other blocking stage through a
-//! batch in memory.
+//! bounded as its stages are, the output up to 100 MiB), `$sample` through a reservoir of its
+//! size, every other blocking stage through a batch in memory (up to the sort limit without
+//! `allowDiskUse`).
 //!
 //! Invariants:
 //! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use bson::{Bson, Document};
 
 use super::bucket_auto::BucketAutoSink;
+use super::sample::Reservoir;
 use super::spill::{Purpose, Sorted, Sorter};
 use super::window::WindowSink;
 use super::{AccState, Group, GroupKey, Pipeline, Stage, Table, accumulate};
@@ -213,7 +215,15 @@ enum Sink {
     Facet(FacetSink),
     Window(Box<WindowSink>),
     /// Any other blocking stage, run over its whole input at the end.
-    Batch(Box<Stage>, Vec<Document>),
+    Batch {
+        stage: Box<Stage>,
+        docs: Vec<Document>,
+        /// What `docs` take.
+        bytes: usize,
+        disk: bool,
+    },
+    /// `$sample`: at most its size (and, without `allowDiskUse`, the sort limit).
+    Sample(Reservoir, bool),
 }
 
 impl Sink {
@@ -238,22 +248,44 @@ impl Sink {
             Some(Stage::BucketAuto(b)) => Sink::BucketAuto(Box::new(BucketAutoSink::new(b, env))),
             Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
             Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
-            Some(stage) => Sink::Batch(Box::new(stage.clone()), Vec::new()),
+            Some(Stage::Sample(n)) => Sink::Sample(Reservoir::new(*n), env.allow_disk_use),
+            Some(stage) => Sink::Batch {
+                stage: Box::new(stage.clone()),
+                docs: Vec::new(),
+                bytes: 0,
+                disk: env.allow_disk_use,
+            },
         }
     }
 
     fn push(&mut self, doc: Document) -> Result<()> {
         match self {
-            Sink::Output(docs) | Sink::Batch(_, docs) => {
+            Sink::Output(docs) => {
                 crate::interrupt::check()?;
                 docs.push(doc);
                 Ok(())
+            }
+            Sink::Batch {
+                stage,
+                docs,
+                bytes,
+                disk,
+            } => {
+                crate::interrupt::check()?;
+                *bytes += crate::changestream::split::document_size(&doc);
+                docs.push(doc);
+                check_held(stage.name(), *bytes, *disk)
             }
             Sink::Sort(sorter) => sorter.push(doc),
             Sink::Group(g) => g.push(doc),
             Sink::BucketAuto(b) => b.push(doc),
             Sink::Facet(f) => f.push(doc),
             Sink::Window(w) => w.push(doc),
+            Sink::Sample(r, disk) => {
+                crate::interrupt::check()?;
+                r.offer(doc, &mut rand::rng());
+                check_held("$sample", r.bytes(), *disk)
+            }
         }
     }
 
@@ -265,9 +297,25 @@ impl Sink {
             Sink::BucketAuto(b) => Box::new(b.finish()?.into_iter().map(Ok)),
             Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
             Sink::Window(w) => w.finish()?,
-            Sink::Batch(stage, docs) => Box::new(stage.run_in(docs, env)?.into_iter().map(Ok)),
+            Sink::Sample(r, _) => Box::new(r.finish(&mut rand::rng()).into_iter().map(Ok)),
+            Sink::Batch { stage, docs, .. } => {
+                Box::new(stage.run_in(docs, env)?.into_iter().map(Ok))
+            }
         })
     }
+}
+
+/// What a stage holding its input may hold: past the sort limit it is 292 unless the command
+/// allows disk use (the stages that cannot spill then hold it in memory).
+fn check_held(stage: &str, bytes: usize, disk: bool) -> Result<()> {
+    let limit = super::spill::sort_limit();
+    if disk || bytes <= limit {
+        return Ok(());
+    }
+    Err(super::over_memory_limit(format!(
+        "{stage} exceeded memory limit of {limit} bytes, but did not opt in to external \
+         sorting. Pass allowDiskUse:true to opt in."
+    )))
 }
 
 /// A `$facet` fed one document at a time: each document goes to every sub-pipeline's own run

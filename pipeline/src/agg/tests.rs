@@ -449,6 +449,35 @@ fn sample_order_and_choice_are_random() {
 }
 
 #[test]
+fn a_sample_keeps_each_document_equally_often_and_holds_only_its_size() {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut counts = [0_u32; 100];
+    for _ in 0..2_000 {
+        let mut reservoir = sample::Reservoir::new(10);
+        for d in numbered(100) {
+            reservoir.offer(d, &mut rng);
+        }
+        for d in reservoir.finish(&mut rng) {
+            counts[d.get_i32("_id").unwrap() as usize] += 1;
+        }
+    }
+    // Each is kept 2,000 × 10 / 100 = 200 times on average (standard deviation ~13).
+    assert!(counts.iter().all(|c| (140..=260).contains(c)), "{counts:?}");
+    // Fed one document at a time under a 4 KiB limit: a sample of three holds three, while a
+    // stage that must hold its input stops at the limit.
+    let strict = Env::default();
+    let three = Pipeline::parse(&[doc! {"$sample": {"size": 3}}]).unwrap();
+    assert_eq!(pushed(&three, &strict, 4_096).unwrap().len(), 3);
+    let bucket = Pipeline::parse(&[doc! {"$bucket": {
+        "groupBy": "$x", "boundaries": [0, 1_000, 4_000], "output": {"all": {"$push": "$pad"}},
+    }}])
+    .unwrap();
+    let e = pushed(&bucket, &strict, 4_096).expect_err("3,000 documents held");
+    assert_eq!(e.code, 292, "{e}");
+}
+
+#[test]
 fn sample_parse_errors() {
     assert_eq!(parse_err_code(doc! {"$sample": 1}), 28745);
     assert_eq!(parse_err_code(doc! {"$sample": {"size": "1"}}), 28746);
