@@ -26,6 +26,7 @@ pub mod routing;
 pub mod server;
 pub mod shard_client;
 mod snapshot;
+pub mod stdout_log;
 mod txn;
 
 pub use changestream::REPLIES_PER_SECOND;

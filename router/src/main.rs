@@ -326,6 +326,7 @@ fn main() -> std::process::ExitCode {
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse_from(with_config_file(std::env::args().collect())?);
     {
+        use router::stdout_log::CappedStdout;
         use tracing_subscriber::Layer;
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::util::SubscriberInitExt;
@@ -345,10 +346,19 @@ async fn run() -> anyhow::Result<()> {
         );
         match cli.log_format {
             LogFormat::Text => logs
-                .with(tracing_subscriber::fmt::layer().with_filter(filter))
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(CappedStdout { json: false })
+                        .with_filter(filter),
+                )
                 .init(),
             LogFormat::Json => logs
-                .with(tracing_subscriber::fmt::layer().json().with_filter(filter))
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .json()
+                        .with_writer(CappedStdout { json: true })
+                        .with_filter(filter),
+                )
                 .init(),
         }
     }
