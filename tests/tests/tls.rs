@@ -265,3 +265,132 @@ async fn connections_in_their_tls_handshake_are_counted() -> anyhow::Result<()> 
     drop(stalled);
     Ok(())
 }
+
+/// A ping as an OP_MSG frame.
+fn ping_frame() -> Vec<u8> {
+    let mut body = Vec::new();
+    doc! {"ping": 1, "$db": "admin"}
+        .to_writer(&mut body)
+        .expect("a small document");
+    let len = (16 + 4 + 1 + body.len()) as i32;
+    let mut frame = Vec::new();
+    for word in [len, 1, 0, 2013, 0] {
+        frame.extend_from_slice(&word.to_le_bytes());
+    }
+    frame.push(0);
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// A TLS client driven by hand (blocking I/O), its handshake done.
+fn tls_client(
+    addr: SocketAddr,
+    ca: &Path,
+) -> anyhow::Result<(rustls::ClientConnection, std::net::TcpStream)> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost")?;
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)?;
+    let mut tcp = std::net::TcpStream::connect(addr)?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)?;
+    }
+    Ok((conn, tcp))
+}
+
+/// Sends a ping through `conn` and reads its reply's length.
+fn ping(conn: &mut rustls::ClientConnection, tcp: &mut std::net::TcpStream) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    conn.writer().write_all(&ping_frame())?;
+    while conn.wants_write() {
+        conn.write_tls(tcp)?;
+    }
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.reader().read(&mut buf) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&buf[..n]),
+            Ok(_) => anyhow::bail!("the server closed the connection"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                conn.complete_io(tcp)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if reply.len() >= 4
+            && reply.len() >= i32::from_le_bytes([reply[0], reply[1], reply[2], reply[3]]) as usize
+        {
+            return Ok(());
+        }
+    }
+}
+
+/// Sends the ciphertext of a ping one byte every 100 ms, all but its last byte, and returns how
+/// long after the first byte the server closed the connection (`None`: it never did).
+fn trickle(
+    conn: &mut rustls::ClientConnection,
+    tcp: &mut std::net::TcpStream,
+) -> anyhow::Result<Option<Duration>> {
+    use std::io::{Read, Write};
+    conn.writer().write_all(&ping_frame())?;
+    let mut cipher = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut cipher)?;
+    }
+    tcp.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    for byte in &cipher[..cipher.len() - 1] {
+        if tcp.write_all(&[*byte]).is_err() {
+            return Ok(Some(started.elapsed()));
+        }
+        match tcp.read(&mut buf) {
+            Ok(0) => return Ok(Some(started.elapsed())),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Ok(Some(started.elapsed())),
+            Ok(_) => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Over TLS a frame begins with its first record's first byte: a client that trickles a
+/// record (no whole record, so nothing the server can read yet) is closed at the frame timeout,
+/// as one trickling a plain frame is, while a client idle between frames for longer is still
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_a_tls_record_is_closed_at_the_frame_timeout() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certs = tests::test_certificates(dir.path())?;
+    let p = requiring_tls(dir.path(), &certs, &["--frameTimeoutMS", "1000"]).await?;
+    let (addr, ca) = (p.addr, certs.ca.clone());
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let (mut conn, mut tcp) = tls_client(addr, &ca)?;
+        ping(&mut conn, &mut tcp)?;
+        std::thread::sleep(Duration::from_millis(2_500));
+        ping(&mut conn, &mut tcp)?;
+
+        let (mut conn, mut tcp) = tls_client(addr, &ca)?;
+        let closed = trickle(&mut conn, &mut tcp)?
+            .ok_or_else(|| anyhow::anyhow!("the trickling client was never closed"))?;
+        anyhow::ensure!(
+            closed >= Duration::from_millis(900) && closed < Duration::from_secs(4),
+            "closed {closed:?} after its first byte"
+        );
+        Ok(())
+    })
+    .await??;
+    drop(p);
+    Ok(())
+}

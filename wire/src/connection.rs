@@ -12,7 +12,9 @@
 //! With a frame timeout ([`Connection::with_frame_timeout`]), waiting is bounded only once a
 //! frame has begun: a read may wait for a frame's first byte for ever (drivers keep pooled
 //! connections idle for long), but from that byte on the whole frame must arrive within the
-//! timeout; a write must finish within it. Past it the call fails with
+//! timeout; a write must finish within it. Over TLS a frame begins with its first record's
+//! first byte, which the transport notes ([`Transport::partial_since`]) though no read shows
+//! it until the record is whole. Past it the call fails with
 //! [`CodecError::Timeout`] and the connection is no longer usable (a frame may be half done).
 
 use std::io::IoSlice;
@@ -111,6 +113,21 @@ impl Buf for Parts<'_> {
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {
     /// The TCP socket underneath.
     fn tcp(&self) -> &TcpStream;
+
+    /// Whether it hands bytes out only once a whole record of them has come (TLS), so bytes
+    /// can arrive that no read shows yet.
+    fn decodes_records(&self) -> bool {
+        false
+    }
+
+    /// For a transport that decodes records: since when it has held bytes of a record that
+    /// it has not handed out (`None`: none held since the last [`Transport::handed_out`]).
+    fn partial_since(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+
+    /// What it held was handed out (a read returned bytes).
+    fn handed_out(&mut self) {}
 }
 
 impl Transport for TcpStream {
@@ -171,13 +188,20 @@ impl Connection {
                     .frame_timeout
                     .map(|t| (tokio::time::Instant::now() + t, t));
             }
-            let read = self.stream.read_buf(&mut self.read_buf);
-            let n = match deadline {
-                None => read.await?,
-                Some((at, timeout)) => tokio::time::timeout_at(at, read)
-                    .await
-                    .map_err(|_| CodecError::Timeout(Direction::Read, timeout))??,
+            let n = match (deadline, self.frame_timeout) {
+                (Some((at, timeout)), _) => {
+                    tokio::time::timeout_at(at, self.stream.read_buf(&mut self.read_buf))
+                        .await
+                        .map_err(|_| CodecError::Timeout(Direction::Read, timeout))??
+                }
+                (None, Some(timeout)) if self.stream.decodes_records() => {
+                    self.read_first_record(timeout).await?
+                }
+                (None, _) => self.stream.read_buf(&mut self.read_buf).await?,
             };
+            if n > 0 {
+                self.stream.handed_out();
+            }
             if n == 0 {
                 if self.read_buf.is_empty() {
                     return Ok(None);
@@ -186,6 +210,29 @@ impl Connection {
                     std::io::ErrorKind::UnexpectedEof,
                     "connection closed in the middle of a frame",
                 )));
+            }
+        }
+    }
+
+    /// Waits for a frame's first bytes over a transport that decodes records: as long as
+    /// nothing arrives, but a record whose first bytes have come must be whole within
+    /// `timeout` of them (a client trickling a TLS record is closed like one trickling a
+    /// frame).
+    async fn read_first_record(&mut self, timeout: Duration) -> Result<usize, CodecError> {
+        loop {
+            let now = tokio::time::Instant::now();
+            let until = self.stream.partial_since().map_or(now, |since| since) + timeout;
+            match tokio::time::timeout_at(until, self.stream.read_buf(&mut self.read_buf)).await {
+                Ok(read) => return Ok(read?),
+                Err(_) => {
+                    if self
+                        .stream
+                        .partial_since()
+                        .is_some_and(|since| since.elapsed() >= timeout)
+                    {
+                        return Err(CodecError::Timeout(Direction::Read, timeout));
+                    }
+                }
             }
         }
     }

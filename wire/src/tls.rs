@@ -14,14 +14,19 @@
 //! * the server sends no TLS 1.3 session tickets, so an idle pooled connection carries no
 //!   unasked bytes (the pool's staleness check reads the raw socket);
 //! * a new connection has one bounded time ([`HANDSHAKE_TIMEOUT`], or the server's shorter
-//!   frame timeout) to show whether it speaks TLS and finish its handshake, else it is closed.
+//!   frame timeout) to show whether it speaks TLS and finish its handshake, else it is closed;
+//! * after the handshake, a record's first byte starts its frame's time ([`Arrivals`]): a
+//!   client that trickles a record is closed at the frame timeout, as one trickling a frame.
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::connection::Transport;
@@ -182,8 +187,16 @@ impl ServerTls {
             }
             return Some(Box::new(stream));
         }
+        let stream = Arrivals {
+            tcp: stream,
+            since: None,
+        };
         match tokio::time::timeout_at(deadline, self.acceptor.accept(stream)).await {
-            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Ok(mut tls)) => {
+                // The handshake's records are done with; a frame's begin with the next byte.
+                tls.handed_out();
+                Some(Box::new(tls))
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "TLS handshake failed");
                 None
@@ -267,9 +280,73 @@ impl ClientTls {
     }
 }
 
-impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+/// A client's TCP stream under TLS, noting when bytes arrive that no record has handed out
+/// yet: a client trickling a record shows only in its raw bytes.
+pub struct Arrivals {
+    tcp: TcpStream,
+    since: Option<tokio::time::Instant>,
+}
+
+impl AsyncRead for Arrivals {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if buf.filled().len() > before && self.since.is_none() {
+            self.since = Some(tokio::time::Instant::now());
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Arrivals {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<Arrivals> {
     fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
+        &self.get_ref().0.tcp
+    }
+
+    fn decodes_records(&self) -> bool {
+        true
+    }
+
+    fn partial_since(&self) -> Option<tokio::time::Instant> {
+        self.get_ref().0.since
+    }
+
+    fn handed_out(&mut self) {
+        self.get_mut().0.since = None;
     }
 }
 
