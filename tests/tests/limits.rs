@@ -623,6 +623,46 @@ async fn spills(client: &mongodb::Client) -> anyhow::Result<(i64, i64)> {
     ))
 }
 
+/// The blocking stages' limits these tests set: 1 MiB, as MongoDB's tests do through the same
+/// parameters.
+const BLOCKING_LIMIT: i64 = 1024 * 1024;
+/// Documents of [`insert_padded`]: eight times [`BLOCKING_LIMIT`] in all.
+const PADDED: i32 = 4_000;
+
+/// Sets both blocking-stage limits to [`BLOCKING_LIMIT`] and checks they read back.
+async fn set_blocking_limits(client: &mongodb::Client) -> anyhow::Result<()> {
+    let admin = client.database("admin");
+    for name in spill_parameters() {
+        admin
+            .run_command(doc! {"setParameter": 1, name: BLOCKING_LIMIT})
+            .await?;
+        let got = admin.run_command(doc! {"getParameter": 1, name: 1}).await?;
+        assert_eq!(got.get_i64(name)?, BLOCKING_LIMIT);
+    }
+    Ok(())
+}
+
+fn spill_parameters() -> [&'static str; 2] {
+    [
+        "internalQueryMaxBlockingSortMemoryUsageBytes",
+        "internalDocumentSourceGroupMaxMemoryBytes",
+    ]
+}
+
+/// [`PADDED`] documents `{_id: i, k: a permutation of i, g: i % 10, pad: 2 KB}` into `c`.
+async fn insert_padded(c: &mongodb::Collection<Document>) -> anyhow::Result<()> {
+    let pad = "p".repeat(2_000);
+    for chunk in (0..PADDED).collect::<Vec<_>>().chunks(1_000) {
+        c.insert_many(
+            chunk
+                .iter()
+                .map(|i| doc! {"_id": i, "k": (i * 7_919) % PADDED, "g": i % 10, "pad": &pad}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// A `$sort` or `$group` past its memory limit stops with 292 without `allowDiskUse` and
 /// spills sorted runs to disk with it, giving every document in order: shown with the limits
 /// set to 1 MiB (as MongoDB's tests do through the same parameters) and eight times that in
@@ -634,17 +674,7 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
     let cluster = EmbeddedCluster::start(2).await?;
     let client = cluster.client().await?;
     let admin = client.database("admin");
-    const LIMIT: i64 = 1024 * 1024;
-    for name in [
-        "internalQueryMaxBlockingSortMemoryUsageBytes",
-        "internalDocumentSourceGroupMaxMemoryBytes",
-    ] {
-        admin
-            .run_command(doc! {"setParameter": 1, name: LIMIT})
-            .await?;
-        let got = admin.run_command(doc! {"getParameter": 1, name: 1}).await?;
-        assert_eq!(got.get_i64(name)?, LIMIT);
-    }
+    set_blocking_limits(&client).await?;
     let bad = admin
         .run_command(doc! {"setParameter": 1, "internalQueryMaxBlockingSortMemoryUsageBytes": -1})
         .await
@@ -652,18 +682,10 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
     assert_eq!(code_of(&bad), Some(2), "{bad}");
     tests::shard_collection(&client, "spill.sharded", doc! {"_id": "hashed"}).await?;
     let db = client.database("spill");
-    const N: i32 = 4_000;
-    let pad = "p".repeat(2_000);
+    const N: i32 = PADDED;
     for coll in ["plain", "sharded"] {
         let c = db.collection::<Document>(coll);
-        for chunk in (0..N).collect::<Vec<_>>().chunks(1_000) {
-            c.insert_many(
-                chunk
-                    .iter()
-                    .map(|i| doc! {"_id": i, "k": (i * 7_919) % N, "g": i % 10, "pad": &pad}),
-            )
-            .await?;
-        }
+        insert_padded(&c).await?;
         let sort = vec![doc! {"$sort": {"k": -1}}, doc! {"$project": {"pad": 0}}];
         let group = vec![
             doc! {"$group": {"_id": "$g", "n": {"$sum": 1}, "pads": {"$push": "$pad"}}},
@@ -711,37 +733,20 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
 /// reads, holding neither the input nor the output whole: with the limits at 1 MiB, a
 /// pipeline over eight times that streams through (a gather would have stopped at the limit),
 /// a `$sort` + `$limit` keeps its top, and a `$group` past the limit (the shards' partial
-/// groups and the router's merge of them) stops with 292 or spills. A pipeline that must gather (a `$lookup` reads on the router) stops at the limit with
-/// 292 unless `allowDiskUse`. On a shard, a pipeline with no blocking stage pages its scan as
+/// groups and the router's merge of them) stops with 292 or spills. A pipeline that must
+/// gather (a `$lookup` reads on the router) stops at the limit with 292 unless `allowDiskUse`. On a shard, a pipeline with no blocking stage pages its scan as
 /// the client reads (a dropped collection ends it with 175, as a find's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_limit()
 -> anyhow::Result<()> {
     let cluster = EmbeddedCluster::start(2).await?;
     let client = cluster.client().await?;
-    let admin = client.database("admin");
-    const LIMIT: i64 = 1024 * 1024;
-    for name in [
-        "internalQueryMaxBlockingSortMemoryUsageBytes",
-        "internalDocumentSourceGroupMaxMemoryBytes",
-    ] {
-        admin
-            .run_command(doc! {"setParameter": 1, name: LIMIT})
-            .await?;
-    }
+    set_blocking_limits(&client).await?;
     tests::shard_collection(&client, "stream.c", doc! {"_id": "hashed"}).await?;
     let db = client.database("stream");
     let c = db.collection::<Document>("c");
-    const N: i32 = 4_000;
-    let pad = "p".repeat(2_000);
-    for chunk in (0..N).collect::<Vec<_>>().chunks(1_000) {
-        c.insert_many(
-            chunk
-                .iter()
-                .map(|i| doc! {"_id": i, "k": (i * 7_919) % N, "g": i % 10, "pad": &pad}),
-        )
-        .await?;
-    }
+    const N: i32 = PADDED;
+    insert_padded(&c).await?;
     db.collection::<Document>("small")
         .insert_one(doc! {"_id": 0, "name": "zero"})
         .await?;

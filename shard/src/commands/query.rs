@@ -7,6 +7,7 @@
 //! on the window's wake-up for `awaitData`.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
@@ -187,16 +188,9 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         };
         return buffered_reply(ctx, &ns, docs, &shape);
     }
-    let catalog = ctx.shard.state().catalog();
-    let Some(entry) = catalog.lookup(&ctx.db, &coll).cloned() else {
+    let Some((entry, txn)) = collection_snapshot(ctx, &coll)? else {
         return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
     };
-    let txn = ctx
-        .shard
-        .state()
-        .storage
-        .begin_read()
-        .map_err(storage_err)?;
     let (plan, projection) = plan_for(&*txn, &entry)?;
     if plan.provides_sort && !matches!(plan.access, Access::IdPoint(_)) {
         // The scan's order is the result's: stream pages instead of materializing it.
@@ -251,6 +245,23 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         single_batch,
     };
     buffered_reply(ctx, &ns, docs, &shape)
+}
+
+/// Collection `coll` of the command's database, with a fresh snapshot to read it from;
+/// `None` when there is no such collection.
+fn collection_snapshot(ctx: &Ctx<'_>, coll: &str) -> Result<Option<CollectionRead>, MongoError> {
+    let Some(entry) = ctx.shard.state().catalog().lookup(&ctx.db, coll).cloned() else {
+        return Ok(None);
+    };
+    Ok(Some((entry, snapshot(ctx)?)))
+}
+
+/// A collection and the snapshot it is read from.
+type CollectionRead = (Arc<CollectionEntry>, Box<dyn ReadTxn>);
+
+/// A fresh snapshot of the shard's storage.
+fn snapshot(ctx: &Ctx<'_>) -> Result<Box<dyn ReadTxn>, MongoError> {
+    ctx.shard.state().storage.begin_read().map_err(storage_err)
 }
 
 /// The documents `plan` yields that match `filter`, at most `stop_at`.
@@ -574,12 +585,7 @@ fn find_oplog(
         });
         return Ok(Reply::read(cursor_reply(id, OPLOG_NS, first, true)));
     }
-    let txn = ctx
-        .shard
-        .state()
-        .storage
-        .begin_read()
-        .map_err(storage_err)?;
+    let txn = snapshot(ctx)?;
     let mut docs = VecDeque::new();
     let range = if reverse {
         crate::storage::KeyRange::all()
@@ -923,16 +929,9 @@ fn piped(
     if !run.streams_through() || ctx.txn.is_some() || ctx.snapshot_at.is_some() {
         return Ok(Err((filter, run)));
     }
-    let catalog = ctx.shard.state().catalog();
-    let Some(entry) = catalog.lookup(&ctx.db, coll).cloned() else {
+    let Some((entry, txn)) = collection_snapshot(ctx, coll)? else {
         return Ok(Err((filter, run)));
     };
-    let txn = ctx
-        .shard
-        .state()
-        .storage
-        .begin_read()
-        .map_err(storage_err)?;
     let plan = crate::query::plan(&*txn, &entry, &filter, None).map_err(op_err)?;
     if !plan.provides_sort || matches!(plan.access, Access::IdPoint(_)) {
         return Ok(Err((filter, run)));
