@@ -38,6 +38,8 @@ if command -v cargo-nextest >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
+# Hostile clients beside writers: a throughput ratio, so alone on the machine (about 60 s).
+cargo nextest run -p tests --test hostile_clients --run-ignored only --no-capture
 # The driver spec-test runner's counts per file and topology (tests/tests/spec_change_streams.rs,
 # tests/tests/spec_transactions.rs, tests/tests/spec_crud.rs).
 cat "${CARGO_TARGET_DIR:-target}"/spec-results/*.txt

@@ -18,6 +18,7 @@
 //! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
 //! clock starts above every high-water mark given out before.
 
+pub mod background;
 pub mod capped;
 pub mod catalog;
 pub mod changestream;
@@ -102,7 +103,7 @@ pub struct Shard {
     state: Arc<ShardState>,
     writer: Writer,
     cursors: CursorRegistry,
-    change_streams: ChangeStreams,
+    change_streams: Arc<ChangeStreams>,
     transactions: txn::Transactions,
     operations: operations::Operations,
     peers: txn::coordinator::Peers,
@@ -194,7 +195,7 @@ impl Shard {
             state,
             writer,
             cursors: CursorRegistry::default(),
-            change_streams: ChangeStreams::default(),
+            change_streams: Arc::default(),
             transactions: txn::Transactions::default(),
             operations: Default::default(),
             peers: Default::default(),
@@ -520,7 +521,7 @@ impl Shard {
         });
     }
 
-    pub(crate) fn change_streams(&self) -> &ChangeStreams {
+    pub(crate) fn change_streams(&self) -> &Arc<ChangeStreams> {
         &self.change_streams
     }
 

@@ -176,7 +176,9 @@ pub(super) async fn open(
                 cancel: cursor.cancel.clone(),
                 demand: cursor.demand.clone(),
             };
-            cursor.feeds.push(router.tasks.spawn(feed.run()));
+            cursor
+                .feeds
+                .push(shard::background::spawn(&router.tasks, feed.run()));
         }
         if let Err(e) = cursor.absorb(idx, batch) {
             failure.get_or_insert(e);

@@ -229,7 +229,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
     };
     let router = ctx.router;
     let cursor = router.cursors.get(id)?;
-    let Ok(mut guard) = cursor.try_lock() else {
+    let Ok(mut guard) = cursor.try_lock_owned() else {
         return Err(MongoError::new(
             ErrorCode::CURSOR_IN_USE,
             format!("Cursor id {id} is already in use"),
@@ -257,12 +257,29 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
             e
         });
     }
-    if let CursorState::ChangeStream(stream) = &mut guard.state {
+    if matches!(guard.state, CursorState::ChangeStream(_)) {
         let max_time = match args.opt_i64("maxTimeMS")? {
             Some(ms) if ms > 0 => std::time::Duration::from_millis(ms as u64),
             _ => crate::changestream::DEFAULT_AWAIT,
         };
-        let batch = match stream.next_batch(router, n, max_time).await {
+        // Served on the background lane, as the stream's feeds are: a reader far behind takes
+        // only the CPU that writers leave.
+        let (guard_back, batch) = {
+            let router = router.clone();
+            let key = crate::ops::current_key().unwrap_or_else(crate::ops::new_key);
+            shard::background::run(crate::ops::OPERATION_KEY.scope(key, async move {
+                let batch = match &mut guard.state {
+                    CursorState::ChangeStream(stream) => {
+                        stream.next_batch(&router, n, max_time).await
+                    }
+                    _ => Err(MongoError::internal("a change-stream cursor changed kind")),
+                };
+                (guard, batch)
+            }))
+            .await?
+        };
+        guard = guard_back;
+        let batch = match batch {
             Ok(b) => b,
             Err(e) => {
                 guard.kill(router).await;

@@ -42,12 +42,14 @@ pub async fn get_more(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
         _ => DEFAULT_AWAIT,
     };
-    let state = ctx.shard.state();
-    let reply = ctx
-        .shard
-        .change_streams()
-        .get_more(state, id, batch_size, max_time)
-        .await?;
+    // On the background lane: a reader far behind takes only the CPU that writers leave.
+    let state = ctx.shard.state().clone();
+    let streams = ctx.shard.change_streams().clone();
+    let reply =
+        crate::background::run(
+            async move { streams.get_more(&state, id, batch_size, max_time).await },
+        )
+        .await??;
     Ok(Reply::read(reply))
 }
 

@@ -77,7 +77,13 @@ struct Stats {
     /// Iterations during which the server's RSS rose by [`RSS_JUMP_MB`] or more: (iteration,
     /// command, MB before, MB after).
     rss_jumps: Vec<(u64, String, u64, u64)>,
+    /// Replies with code 1 (InternalError), which no request should cause: (iteration,
+    /// command, errmsg), the first [`LISTED`] of them.
+    internal_errors: Vec<(u64, String, String)>,
 }
+
+/// How many of each listed kind (closes, internal errors) a report shows.
+const LISTED: usize = 30;
 
 /// An RSS rise within one iteration worth listing in the report.
 const RSS_JUMP_MB: u64 = 256;
@@ -381,6 +387,12 @@ impl Runner<'_> {
                         cut(body.get_str("errmsg").unwrap_or(""), 300)
                     );
                 }
+                if code == 1 && self.stats.internal_errors.len() < LISTED {
+                    let errmsg = body.get_str("errmsg").unwrap_or("");
+                    self.stats
+                        .internal_errors
+                        .push((i, command.to_string(), cut(errmsg, 300)));
+                }
                 *self.stats.errors.entry((code, code_name)).or_default() += 1;
             }
             Verdict::Malformed(why) => {
@@ -536,7 +548,10 @@ impl Runner<'_> {
         for (i, command, before, after) in s.rss_jumps.iter().take(20) {
             println!("    RSS {before} → {after} MB during iteration {i} ({command})");
         }
-        for c in s.closes.iter().take(30) {
+        for (i, command, errmsg) in &s.internal_errors {
+            println!("    InternalError at iteration {i} ({command}): {errmsg}");
+        }
+        for c in s.closes.iter().take(LISTED) {
             println!(
                 "    close at iteration {} ({}): {} — {}",
                 c.iteration, c.command, c.why, c.request
