@@ -65,6 +65,137 @@ fn session_key(cmd: &Document) -> Option<Vec<u8>> {
     Some(key)
 }
 
+/// The most of a command `currentOp` shows as a document, in encoded bytes (MongoDB's limit
+/// when it truncates operations, as its `currentOp` command does).
+const SHOWN_COMMAND_BYTES: usize = 1000;
+
+/// A command as `currentOp` shows it, without [`HIDDEN`] fields: the command itself when it
+/// encodes within [`SHOWN_COMMAND_BYTES`], else `{$truncated: <its text cut to that many
+/// bytes, ending "...">, comment?}`, as MongoDB shows a large one. Only that much is kept, so
+/// a 16 MiB command costs its operation's entry a kilobyte, not a copy of itself.
+fn shown_command(cmd: &Document) -> Document {
+    let shown = || {
+        cmd.iter()
+            .filter(|(k, _)| !HIDDEN.contains(&k.as_str()) && k.as_str() != "comment")
+    };
+    let size: usize = 5 + cmd
+        .iter()
+        .filter(|(k, _)| !HIDDEN.contains(&k.as_str()))
+        .map(|(k, v)| encoded_at_most(k, v, SHOWN_COMMAND_BYTES + 1))
+        .fold(0usize, |a, b| a.saturating_add(b));
+    if size <= SHOWN_COMMAND_BYTES {
+        return cmd
+            .iter()
+            .filter(|(k, _)| !HIDDEN.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+    let mut text = CappedText::new(SHOWN_COMMAND_BYTES - 3);
+    let mut first = true;
+    let _ = std::fmt::Write::write_str(&mut text, "{ ");
+    for (k, v) in shown() {
+        let sep = if first { "" } else { ", " };
+        first = false;
+        if std::fmt::Write::write_fmt(&mut text, format_args!("{sep}{k}: {v}")).is_err() {
+            break;
+        }
+    }
+    let mut out = doc! {"$truncated": text.finish()};
+    if let Some(comment) = cmd.get("comment") {
+        out.insert("comment", comment.clone());
+    }
+    out
+}
+
+/// The encoded size of element `key: value`, counted up to `limit` (past it, some size over
+/// `limit`): arrays and documents are walked without recursion, and no further than needed.
+fn encoded_at_most(key: &str, value: &Bson, limit: usize) -> usize {
+    let mut total = 0usize;
+    let mut stack: Vec<(usize, &Bson)> = vec![(key.len(), value)];
+    while let Some((key_len, v)) = stack.pop() {
+        total = total.saturating_add(2 + key_len);
+        total = total.saturating_add(match v {
+            Bson::Document(d) => {
+                stack.extend(d.iter().map(|(k, v)| (k.len(), v)));
+                5
+            }
+            Bson::Array(a) => {
+                // An array's keys are its indexes' decimal digits.
+                stack.extend(a.iter().enumerate().map(|(i, v)| (digits(i), v)));
+                5
+            }
+            Bson::String(s) | Bson::JavaScriptCode(s) | Bson::Symbol(s) => 5 + s.len(),
+            Bson::Binary(b) => 5 + b.bytes.len(),
+            Bson::RegularExpression(r) => r.pattern.len() + r.options.len() + 2,
+            Bson::JavaScriptCodeWithScope(c) => 14 + c.code.len() + c.scope.len() * 16,
+            Bson::Int32(_) => 4,
+            Bson::ObjectId(_) => 12,
+            Bson::Boolean(_) => 1,
+            Bson::Null | Bson::Undefined | Bson::MaxKey | Bson::MinKey => 0,
+            Bson::Decimal128(_) => 16,
+            Bson::DbPointer(_) => 32,
+            _ => 8,
+        });
+        if total > limit {
+            return total;
+        }
+    }
+    total
+}
+
+fn digits(mut n: usize) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Text that stops growing at `limit` bytes: a write past it fails (so formatting stops) and
+/// the text ends with "...".
+struct CappedText {
+    text: String,
+    limit: usize,
+    cut: bool,
+}
+
+impl CappedText {
+    fn new(limit: usize) -> CappedText {
+        CappedText {
+            text: String::new(),
+            limit,
+            cut: false,
+        }
+    }
+
+    fn finish(mut self) -> String {
+        if self.cut {
+            self.text.push_str("...");
+        } else {
+            self.text.push_str(" }");
+        }
+        self.text
+    }
+}
+
+impl std::fmt::Write for CappedText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = self.limit.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.text.push_str(&s[..end]);
+        self.cut = true;
+        Err(std::fmt::Error)
+    }
+}
+
 /// The commands that end sessions: they never end themselves.
 const SESSION_KILLERS: &[&str] = &["endSessions", "killSessions", "killAllSessions"];
 
@@ -117,11 +248,7 @@ impl Ops {
             Some(Bson::String(coll)) => format!("{db}.{coll}"),
             _ => format!("{db}.$cmd"),
         };
-        let command = cmd
-            .iter()
-            .filter(|(k, _)| !HIDDEN.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let command = shown_command(cmd);
         self.lock().insert(
             id,
             Op {
@@ -244,5 +371,49 @@ mod tests {
         drop(running);
         assert!(ops.active("h").is_empty());
         assert!(ops.kill(1).is_none(), "gone");
+    }
+}
+
+#[cfg(test)]
+mod shown_command_tests {
+    use super::*;
+
+    #[test]
+    fn a_small_command_is_shown_whole_without_its_hidden_fields() {
+        let cmd = doc! {"find": "c", "filter": {"a": 1}, "lsid": {"id": 1}, "comment": "x"};
+        assert_eq!(
+            shown_command(&cmd),
+            doc! {"find": "c", "filter": {"a": 1}, "comment": "x"}
+        );
+    }
+
+    #[test]
+    fn a_command_over_a_kilobyte_is_shown_as_its_truncated_text_and_comment() {
+        // Half a million small documents: as a `Document` each costs hundreds of bytes, so a
+        // whole copy per operation would be hundreds of megabytes.
+        let many: Vec<Bson> = (0..500_000)
+            .map(|_| Bson::Document(doc! {"k": 1}))
+            .collect();
+        let cmd = doc! {"dropIndexes": "c", "index": "k_1", "writeConcern": {"wtimeout": many}, "comment": {"who": "me"}};
+        let shown = shown_command(&cmd);
+        let text = shown.get_str("$truncated").expect("truncated text");
+        assert!(text.len() <= SHOWN_COMMAND_BYTES, "{} bytes", text.len());
+        assert!(text.starts_with("{ dropIndexes: \"c\", index: \"k_1\", writeConcern: "));
+        assert!(text.ends_with("..."));
+        assert_eq!(
+            shown.get_document("comment").ok(),
+            Some(&doc! {"who": "me"})
+        );
+        assert_eq!(shown.len(), 2);
+    }
+
+    #[test]
+    fn the_size_walk_stops_past_its_limit_and_counts_exactly_below_it() {
+        let v = Bson::Document(doc! {"a": 1_i32, "b": "xy", "c": [true, 2.5]});
+        let exact = doc! {"k": v.clone()}.to_vec().expect("encodes").len();
+        // The walk counts the element (type byte, key, value); the outer document adds 5.
+        assert_eq!(encoded_at_most("k", &v, 1000) + 5, exact);
+        let many = Bson::Array((0..100_000).map(Bson::Int32).collect());
+        assert!(encoded_at_most("k", &many, 1000) > 1000);
     }
 }

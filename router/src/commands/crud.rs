@@ -32,7 +32,13 @@ const ROUTER_ONLY_FIELDS: &[&str] = &[
 pub(super) fn forwardable(cmd: &Document) -> Document {
     cmd.iter()
         .filter(|(k, _)| !ROUTER_ONLY_FIELDS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| match (k.as_str(), v) {
+            ("writeConcern", Bson::Document(wc)) => (
+                k.clone(),
+                Bson::Document(super::fields::forwarded_write_concern(wc)),
+            ),
+            _ => (k.clone(), v.clone()),
+        })
         .collect()
 }
 

@@ -8,8 +8,8 @@
 //! is known: the command's own fields as of MongoDB 7.0 (and the newer ones drivers send to
 //! newer servers), internal ones included, plus the generic arguments every command takes.
 
-use bson::Document;
-use wire::{MongoError, Result};
+use bson::{Bson, Document};
+use wire::{ErrorCode, MongoError, Result};
 
 /// `BSON field ... is an unknown field`.
 const UNKNOWN_FIELD: i32 = 40415;
@@ -272,6 +272,7 @@ fn write_fields_of(command: &str) -> Option<&'static [&'static str]> {
 /// Refuses the first top-level field of `cmd` that its command (`name`, its first field)
 /// does not know, when that command is parsed strictly.
 pub fn check(name: &str, cmd: &Document) -> Result<()> {
+    write_concern(cmd)?;
     let (own, write) = match (fields_of(name), write_fields_of(name)) {
         (Some(own), _) => (own, false),
         (None, Some(own)) => (own, true),
@@ -288,10 +289,143 @@ pub fn check(name: &str, cmd: &Document) -> Result<()> {
     }
 }
 
+/// The fields of a write concern (MongoDB's `WriteConcernIdl`, which is strict); the last three
+/// are accepted and ignored.
+const WRITE_CONCERN: &[&str] = &[
+    "w",
+    "j",
+    "wtimeout",
+    "fsync",
+    "provenance",
+    "wElectionId",
+    "wOpTime",
+    "getLastError",
+];
+
+/// Checks a command's `writeConcern` as MongoDB 7.0 parses it: an unknown field is 40415; `j`
+/// and `fsync` are booleans or numbers (14); `w` is a number, a string or an object (9); a
+/// numeric `wtimeout` fits 32 bits (9), any other is ignored; `j` and `fsync` are not both
+/// true (9).
+pub fn write_concern(cmd: &Document) -> Result<()> {
+    let Some(Bson::Document(wc)) = cmd.get("writeConcern") else {
+        return Ok(());
+    };
+    if let Some(field) = wc.keys().find(|f| !WRITE_CONCERN.contains(&f.as_str())) {
+        return Err(MongoError::with_code(
+            UNKNOWN_FIELD,
+            format!("BSON field 'WriteConcernOptions.{field}' is an unknown field."),
+        ));
+    }
+    let number = |v: &Bson| {
+        matches!(
+            v,
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
+        )
+    };
+    let truthy = |v: Option<&Bson>| match v {
+        Some(Bson::Boolean(b)) => *b,
+        Some(v) => pipeline::value::as_f64(v).is_some_and(|n| n != 0.0),
+        None => false,
+    };
+    for field in ["j", "fsync"] {
+        match wc.get(field) {
+            None | Some(Bson::Boolean(_)) => {}
+            Some(v) if number(v) => {}
+            Some(v) => {
+                return Err(MongoError::type_mismatch(format!(
+                    "BSON field 'WriteConcernOptions.{field}' is the wrong type '{}', expected \
+                     types '[bool, long, int, decimal, double]'",
+                    pipeline::value::type_name(v)
+                )));
+            }
+        }
+    }
+    match wc.get("w") {
+        None | Some(Bson::Null | Bson::Undefined | Bson::String(_) | Bson::Document(_)) => {}
+        Some(v) if number(v) => {}
+        Some(v) => {
+            return Err(MongoError::failed_to_parse(format!(
+                "w has to be a number, string, or object; found: {}",
+                pipeline::value::type_name(v)
+            )));
+        }
+    }
+    if let Some(v) = wc.get("wtimeout").filter(|v| number(v))
+        && pipeline::value::as_f64(v).is_some_and(|n| n > f64::from(i32::MAX))
+    {
+        return Err(MongoError::failed_to_parse(
+            "wtimeout must be a 32-bit integer",
+        ));
+    }
+    if truthy(wc.get("j")) && truthy(wc.get("fsync")) {
+        return Err(MongoError::new(
+            ErrorCode::FAILED_TO_PARSE,
+            "fsync and j options cannot be used together",
+        ));
+    }
+    Ok(())
+}
+
+/// A checked write concern as the router forwards it: what MongoDB's parse keeps (`w`, `j`,
+/// `fsync`, a numeric `wtimeout`, `provenance`), without the fields it ignores, so that an
+/// ignored value, however large, is not copied to every shard.
+pub fn forwarded_write_concern(wc: &Document) -> Document {
+    wc.iter()
+        .filter(|(k, v)| match k.as_str() {
+            "w" | "j" | "fsync" | "provenance" => true,
+            "wtimeout" => matches!(
+                v,
+                Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
+            ),
+            _ => false,
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn a_write_concern_is_parsed_as_mongodb_parses_it() {
+        let wc = |wc: Document| write_concern(&doc! {"insert": "c", "writeConcern": wc});
+        for ok in [
+            doc! {"w": 1, "j": true, "wtimeout": 5000},
+            doc! {"w": "majority", "fsync": 0},
+            doc! {"w": {"dc": 2}, "wElectionId": 1, "wOpTime": 2, "getLastError": 1},
+            doc! {"wtimeout": [1, 2, 3]},
+            doc! {},
+        ] {
+            assert!(wc(ok.clone()).is_ok(), "{ok}");
+        }
+        let code = |d: Document| wc(d).expect_err("refused").code;
+        assert_eq!(code(doc! {"w": 1, "x": 1}), 40415);
+        assert_eq!(code(doc! {"j": "yes"}), 14);
+        assert_eq!(code(doc! {"w": [1]}), 9);
+        assert_eq!(code(doc! {"wtimeout": 3_000_000_000_i64}), 9);
+        assert_eq!(code(doc! {"j": true, "fsync": true}), 9);
+        let e = wc(doc! {"w": 1, "$$[]": 1}).expect_err("unknown");
+        assert_eq!(
+            e.errmsg,
+            "BSON field 'WriteConcernOptions.$$[]' is an unknown field."
+        );
+    }
+
+    #[test]
+    fn a_forwarded_write_concern_keeps_what_the_parse_keeps() {
+        let many: Vec<bson::Bson> = (0..1000).map(bson::Bson::Int32).collect();
+        let wc = doc! {"w": 1, "j": false, "wtimeout": many, "wOpTime": 5, "fsync": false};
+        assert_eq!(
+            forwarded_write_concern(&wc),
+            doc! {"w": 1, "j": false, "fsync": false}
+        );
+        assert_eq!(
+            forwarded_write_concern(&doc! {"w": "majority", "wtimeout": 100}),
+            doc! {"w": "majority", "wtimeout": 100}
+        );
+    }
 
     #[test]
     fn strict_commands_refuse_an_unknown_field_with_40415() {

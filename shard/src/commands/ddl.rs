@@ -531,6 +531,7 @@ fn normalize_spec(
             ),
         ));
     }
+    check_key_pattern(&key)?;
     if let Some(k) = s.keys().find(|k| !INDEX_SPEC_FIELDS.contains(&k.as_str())) {
         return Err(MongoError::new(
             ErrorCode::INVALID_INDEX_SPECIFICATION_OPTION,
@@ -601,6 +602,41 @@ fn normalize_spec(
         out.insert("collation", c.spec().clone());
     }
     Ok(out)
+}
+
+/// A key pattern's fields and values as MongoDB 7.0 checks them (`validateKeyPattern`): a
+/// value is a non-zero number or a string (an index type), a field is a path without empty
+/// parts. (Before, any value was taken: a key `{a: {<a million fields>}}` was stored whole.)
+fn check_key_pattern(key: &Document) -> Result<(), MongoError> {
+    let refuse = |why: String| Err(MongoError::new(ErrorCode::CANNOT_CREATE_INDEX, why));
+    for (field, value) in key {
+        match value {
+            Bson::String(_) => {}
+            v if pipeline::value::is_number(v) => {
+                let n = pipeline::value::as_f64(v).unwrap_or(f64::NAN);
+                if n.is_nan() {
+                    return refuse("Values in the index key pattern cannot be NaN.".into());
+                }
+                if n == 0.0 {
+                    return refuse("Values in the index key pattern cannot be 0.".into());
+                }
+            }
+            v => {
+                return refuse(format!(
+                    "Values in v:2 index key pattern cannot be of type {}. Only numbers > 0, \
+                     numbers < 0, and strings are allowed.",
+                    pipeline::value::type_name(v)
+                ));
+            }
+        }
+        if field.is_empty() {
+            return refuse("Index keys cannot be an empty field.".into());
+        }
+        if field.split('.').any(str::is_empty) {
+            return refuse("Index keys cannot contain an empty field.".into());
+        }
+    }
+    Ok(())
 }
 
 /// A partial index's filter may only use what an index can decide per document: equality,
@@ -1228,4 +1264,48 @@ pub async fn shard_collection(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         ))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_pattern_takes_non_zero_numbers_and_strings_on_paths_without_empty_parts() {
+        let spec = |key: Document| Bson::Document(doc! {"key": key, "name": "i"});
+        for ok in [
+            doc! {"a": 1, "b.c": -1},
+            doc! {"a": 1.5},
+            doc! {"a": "hashed"},
+            doc! {"$**": 1},
+        ] {
+            assert!(normalize_spec(&spec(ok.clone()), None).is_ok(), "{ok}");
+        }
+        let refused = |key: Document| {
+            let e = normalize_spec(&spec(key), None).expect_err("refused");
+            assert_eq!(e.code, ErrorCode::CANNOT_CREATE_INDEX.code);
+            e.errmsg
+        };
+        assert_eq!(
+            refused(doc! {".a": {"x": Bson::Null}}),
+            "Values in v:2 index key pattern cannot be of type object. Only numbers > 0, \
+             numbers < 0, and strings are allowed."
+        );
+        assert_eq!(
+            refused(doc! {"a": 0}),
+            "Values in the index key pattern cannot be 0."
+        );
+        assert_eq!(
+            refused(doc! {"a": f64::NAN}),
+            "Values in the index key pattern cannot be NaN."
+        );
+        assert_eq!(
+            refused(doc! {"a..b": 1}),
+            "Index keys cannot contain an empty field."
+        );
+        assert_eq!(
+            refused(doc! {"": 1}),
+            "Index keys cannot be an empty field."
+        );
+    }
 }
