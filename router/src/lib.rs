@@ -7,6 +7,7 @@
 //! chunk logic.
 
 pub mod auth;
+mod capped;
 pub mod changestream;
 pub mod clock;
 mod commands;

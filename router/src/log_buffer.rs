@@ -8,7 +8,6 @@
 //! lines ever written only grows; recording never blocks on anything but its own short lock.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -22,36 +21,9 @@ pub const KEPT: usize = 1024;
 /// The most bytes of one message or attribute a line keeps (mongod's `maxLogSizeKB`, 10).
 pub const MAX_FIELD: usize = 10 * 1024;
 
-/// Text formatted up to [`MAX_FIELD`] bytes; what comes after is dropped as it is written.
-#[derive(Default)]
-struct Capped {
-    text: String,
-    cut: bool,
-}
-
-impl std::fmt::Write for Capped {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let room = MAX_FIELD.saturating_sub(self.text.len());
-        if s.len() <= room {
-            self.text.push_str(s);
-            return Ok(());
-        }
-        let mut end = room;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.text.push_str(&s[..end]);
-        self.cut = true;
-        // Stop the formatting: nothing more fits.
-        Err(std::fmt::Error)
-    }
-}
-
 /// `value` formatted and cut at [`MAX_FIELD`]; whether it was cut.
 fn capped(value: impl std::fmt::Display) -> (String, bool) {
-    let mut out = Capped::default();
-    let _ = write!(out, "{value}");
-    (out.text, out.cut)
+    crate::capped::format_capped(value, MAX_FIELD)
 }
 
 struct Buffer {

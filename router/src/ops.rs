@@ -20,6 +20,8 @@ use bson::{Bson, DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 use wire::server::ConnectionInfo;
 
+use crate::capped::CappedText;
+
 tokio::task_local! {
     /// The `clientOperationKey` of the client operation this task runs: the router adds it to
     /// every command it sends a shard for the operation.
@@ -100,7 +102,9 @@ fn shown_command(cmd: &Document) -> Document {
             break;
         }
     }
-    let mut out = doc! {"$truncated": text.finish()};
+    let (mut text, cut) = text.into_parts();
+    text.push_str(if cut { "..." } else { " }" });
+    let mut out = doc! {"$truncated": text};
     if let Some(comment) = cmd.get("comment") {
         out.insert("comment", comment.clone());
     }
@@ -150,50 +154,6 @@ fn digits(mut n: usize) -> usize {
         d += 1;
     }
     d
-}
-
-/// Text that stops growing at `limit` bytes: a write past it fails (so formatting stops) and
-/// the text ends with "...".
-struct CappedText {
-    text: String,
-    limit: usize,
-    cut: bool,
-}
-
-impl CappedText {
-    fn new(limit: usize) -> CappedText {
-        CappedText {
-            text: String::new(),
-            limit,
-            cut: false,
-        }
-    }
-
-    fn finish(mut self) -> String {
-        if self.cut {
-            self.text.push_str("...");
-        } else {
-            self.text.push_str(" }");
-        }
-        self.text
-    }
-}
-
-impl std::fmt::Write for CappedText {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let room = self.limit.saturating_sub(self.text.len());
-        if s.len() <= room {
-            self.text.push_str(s);
-            return Ok(());
-        }
-        let mut end = room;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.text.push_str(&s[..end]);
-        self.cut = true;
-        Err(std::fmt::Error)
-    }
 }
 
 /// The commands that end sessions: they never end themselves.

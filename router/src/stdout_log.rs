@@ -68,11 +68,7 @@ impl<W: Write> Write for CappedLine<W> {
             writeln!(self.out, "{replacement}")?;
         } else {
             let text = String::from_utf8_lossy(line);
-            let mut end = MAX_LINE;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            let head = text.get(..end).unwrap_or_default();
+            let head = &text[..text.floor_char_boundary(MAX_LINE)];
             writeln!(self.out, "{head}… (cut from {} bytes)", line.len())?;
         }
         Ok(line.len())
