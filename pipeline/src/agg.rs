@@ -648,20 +648,7 @@ impl Stage {
                 .into_iter()
                 .skip(usize::try_from(*n).unwrap_or(usize::MAX))
                 .collect(),
-            Stage::Count(f) => {
-                if docs.is_empty() {
-                    Vec::new()
-                } else {
-                    let n = i64::try_from(docs.len()).unwrap_or(i64::MAX);
-                    let v = match i32::try_from(n) {
-                        Ok(i) => Bson::Int32(i),
-                        Err(_) => Bson::Int64(n),
-                    };
-                    let mut d = Document::new();
-                    d.insert(f.clone(), v);
-                    vec![d]
-                }
-            }
+            Stage::Count(f) => count_document(f, docs.len() as u64).into_iter().collect(),
             Stage::Unwind(u) => {
                 let mut out = Vec::with_capacity(docs.len());
                 for d in docs {
@@ -832,23 +819,47 @@ impl Bucket {
 
     /// Groups into buckets `[b[i], b[i+1])` (or the default), sorted by bucket.
     fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
-        let mut out = self.group.run_keyed(docs, env, |v| {
-            let slot = self
-                .boundaries
-                .windows(2)
-                .find(|w| matches!(w, [lo, hi] if env.compare(&v, lo).is_ge() && env.compare(&v, hi).is_lt()));
-            match (slot, &self.default) {
-                (Some([lo, _]), _) => Ok(lo.clone()),
-                (_, Some(d)) => Ok(d.clone()),
-                _ => Err(stage_err(
-                    40066,
-                    "$switch could not find a matching branch for an input, and no default was specified.",
-                )),
-            }
-        })?;
-        SortSpec::parse(&doc! {"_id": 1})?.sort_in(&mut out, env.collation.as_ref());
+        let mut out = self.group.run_keyed(docs, env, |v| self.slot(v, env))?;
+        Bucket::sort(&mut out, env)?;
         Ok(out)
     }
+
+    /// The bucket a `groupBy` value falls in: the lower bound of its boundaries, or the
+    /// default (40066 when there is none, as MongoDB's `$switch` says).
+    fn slot(&self, v: Bson, env: &Env) -> Result<Bson> {
+        let slot = self.boundaries.windows(2).find(
+            |w| matches!(w, [lo, hi] if env.compare(&v, lo).is_ge() && env.compare(&v, hi).is_lt()),
+        );
+        match (slot, &self.default) {
+            (Some([lo, _]), _) => Ok(lo.clone()),
+            (_, Some(d)) => Ok(d.clone()),
+            _ => Err(stage_err(
+                40066,
+                "$switch could not find a matching branch for an input, and no default was specified.",
+            )),
+        }
+    }
+
+    /// Buckets in their output order (by `_id`).
+    fn sort(buckets: &mut [Document], env: &Env) -> Result<()> {
+        SortSpec::parse(&doc! {"_id": 1})?.sort_in(buckets, env.collation.as_ref());
+        Ok(())
+    }
+}
+
+/// `$count`'s output for `n` documents: `{field: n}` (an int when it fits), nothing for none.
+fn count_document(field: &str, n: u64) -> Option<Document> {
+    if n == 0 {
+        return None;
+    }
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    let v = match i32::try_from(n) {
+        Ok(i) => Bson::Int32(i),
+        Err(_) => Bson::Int64(n),
+    };
+    let mut d = Document::new();
+    d.insert(field, v);
+    Some(d)
 }
 
 /// An integral number argument (`$limit`, `$skip`).

@@ -256,12 +256,14 @@ impl Collation {
         }
         let Some(bcp47) = bcp47_of(locale) else {
             return Err(MongoError::bad_value(format!(
-                "Field 'locale' is invalid in: {d}"
+                "Field 'locale' is invalid in: {}",
+                wire::capped::for_message(d)
             )));
         };
         let Ok(icu_locale) = bcp47.parse::<icu_locale_core::Locale>() else {
             return Err(MongoError::bad_value(format!(
-                "Field 'locale' is invalid in: {d}"
+                "Field 'locale' is invalid in: {}",
+                wire::capped::for_message(d)
             )));
         };
         let strength = match d.get("strength") {
@@ -336,7 +338,10 @@ impl Collation {
             _ => MaxVariable::Punctuation,
         });
         let collator = CollatorBorrowed::try_new(prefs, options).map_err(|e| {
-            MongoError::bad_value(format!("Field 'locale' is invalid in: {d} ({e})"))
+            MongoError::bad_value(format!(
+                "Field 'locale' is invalid in: {} ({e})",
+                wire::capped::for_message(d)
+            ))
         })?;
         let resolved = collator.resolved_options();
 

@@ -7,7 +7,6 @@
 //! chunk logic.
 
 pub mod auth;
-mod capped;
 pub mod changestream;
 pub mod clock;
 mod commands;

@@ -23,7 +23,7 @@ pub const MAX_FIELD: usize = 10 * 1024;
 
 /// `value` formatted and cut at [`MAX_FIELD`]; whether it was cut.
 fn capped(value: impl std::fmt::Display) -> (String, bool) {
-    crate::capped::format_capped(value, MAX_FIELD)
+    wire::capped::format_capped(value, MAX_FIELD)
 }
 
 struct Buffer {

@@ -20,7 +20,7 @@ use bson::{Bson, DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 use wire::server::ConnectionInfo;
 
-use crate::capped::CappedText;
+use wire::capped::CappedText;
 
 tokio::task_local! {
     /// The `clientOperationKey` of the client operation this task runs: the router adds it to

@@ -38,6 +38,7 @@ pub mod reservations;
 pub mod retention;
 pub mod retryable;
 pub mod server;
+pub mod shown;
 pub mod state;
 pub mod storage;
 pub mod ttl;

@@ -28,6 +28,23 @@ pub fn code_of(e: &mongodb::error::Error) -> Option<i32> {
     }
 }
 
+/// The server's error message of a failed driver call (empty when it carries none).
+pub fn message_of(e: &mongodb::error::Error) -> String {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => c.message.clone(),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => w.message.clone(),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => w.message.clone(),
+        ErrorKind::InsertMany(m) => m
+            .write_errors
+            .as_ref()
+            .and_then(|w| w.first())
+            .map(|w| w.message.clone())
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
 /// The handshake and harness commands answer as a 7.0 mongos does.
 pub async fn handshake_and_admin(client: &Client) -> Result<()> {
     let admin = client.database("admin");

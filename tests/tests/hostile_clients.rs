@@ -227,6 +227,30 @@ fn reading_ratio(counts: &[u32]) -> f64 {
     }
 }
 
+/// How far behind the writers the watcher ran through the phases: from each insert's
+/// acknowledgement to its event reaching the watcher (median, 99th percentile, most). Shown,
+/// not asserted: on a saturated machine the lane yields to the writers, so streams lag.
+fn watcher_lag(during: &Written, seen: &[(Instant, i64)]) -> String {
+    let seen: std::collections::HashMap<i64, Instant> =
+        seen.iter().map(|(at, id)| (*id, *at)).collect();
+    let mut lags: Vec<Duration> = during
+        .acked
+        .iter()
+        .filter_map(|(acked, id)| Some(seen.get(id)?.saturating_duration_since(*acked)))
+        .collect();
+    if lags.is_empty() {
+        return "no watcher lag measured".into();
+    }
+    lags.sort_unstable();
+    let at = |q: f64| lags[((lags.len() - 1) as f64 * q) as usize];
+    format!(
+        "the watcher's lag through the phases: median {:?}, p99 {:?}, most {:?}",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}
+
 /// Four writers inserting one document at a time for `period`; ids start at `base`.
 async fn write_for(coll: &mongodb::Collection<Document>, base: i64, period: Duration) -> Written {
     let until = Instant::now() + period;
@@ -463,7 +487,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         while let Some(event) = watch.next().await {
             match id_of(&event?) {
                 Some(-2) => break,
-                Some(id) => seen.push(id),
+                Some(id) => seen.push((Instant::now(), id)),
                 None => anyhow::bail!("an event without an integer _id"),
             }
         }
@@ -590,7 +614,8 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
     );
     // The end marker, then every acknowledged insert must have reached the watcher, once.
     coll.insert_one(doc! {"_id": -2_i64}).await?;
-    let seen = tokio::time::timeout(Duration::from_secs(60), watcher).await???;
+    let seen_at = tokio::time::timeout(Duration::from_secs(60), watcher).await???;
+    let seen: Vec<i64> = seen_at.iter().map(|(_, id)| *id).collect();
     let unique: HashSet<i64> = seen.iter().copied().collect();
     let acked: HashSet<i64> = baseline.ids().chain(during.ids()).collect();
     let failed: HashSet<i64> = baseline
@@ -600,10 +625,11 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         .copied()
         .collect();
     println!(
-        "{} acknowledged, {} failed, {} seen",
+        "{} acknowledged, {} failed, {} seen; {}",
         acked.len(),
         failed.len(),
-        seen.len()
+        seen.len(),
+        watcher_lag(&during, &seen_at)
     );
     assert_eq!(unique.len(), seen.len(), "the watcher saw an insert twice");
     let missed: Vec<_> = acked.difference(&unique).take(10).collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use mongodb::bson::{Document, Timestamp, doc};
 use tests::EmbeddedCluster;
-use tests::scenarios::code_of;
+use tests::scenarios::{code_of, message_of};
 use tests::streams::next_event as next;
 
 /// The cluster's time as a `ping` reply gives it.
@@ -422,6 +422,9 @@ async fn index_specifications_and_limits_are_bounded() -> anyhow::Result<()> {
             67,
         ),
         (doc! {"key": {"a": 1}, "name": "a", "unique": "yes"}, 14),
+        (doc! {"key": {"x".repeat(3_000): 1}, "name": "long"}, 67),
+        (doc! {"key": {"a": 0}, "name": "zero"}, 67),
+        (doc! {"key": {}, "name": "empty"}, 67),
     ] {
         let err = db
             .run_command(doc! {"createIndexes": "c", "indexes": [spec.clone()]})
@@ -450,6 +453,58 @@ async fn index_specifications_and_limits_are_bounded() -> anyhow::Result<()> {
         db.run_command(doc! {"explain": {"find": "c", "limit": limit.clone()}})
             .await?;
     }
+    cluster.stop().await;
+    Ok(())
+}
+
+/// An error message shows at most a kilobyte of a client's value, and a string of it as
+/// MongoDB's do (its first 150 bytes past 160): a huge value costs the server a kilobyte to
+/// show, not its size (the fuzzer once saw a 481,006-element array rendered into an errmsg).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_messages_show_a_bounded_part_of_a_large_value() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("messages");
+    let huge: Vec<i32> = vec![7; 400_000];
+    let err = db
+        .run_command(
+            doc! {"create": "c", "collation": {"locale": "no-such-locale!", "strength": huge}},
+        )
+        .await
+        .expect_err("an invalid locale");
+    let message = message_of(&err);
+    assert_eq!(code_of(&err), Some(2), "{message}");
+    assert!(
+        message.starts_with("Field 'locale' is invalid in: ") && message.len() < 1_200,
+        "{} bytes: {}",
+        message.len(),
+        &message[..message.floor_char_boundary(200)]
+    );
+
+    let c = db.collection::<Document>("d");
+    c.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! {"s": 1})
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .unique(true)
+                    .build(),
+            )
+            .build(),
+    )
+    .await?;
+    let long = "s".repeat(500);
+    c.insert_one(doc! {"_id": 1, "s": &long}).await?;
+    let err = c
+        .insert_one(doc! {"_id": 2, "s": &long})
+        .await
+        .expect_err("a duplicate key");
+    let message = message_of(&err);
+    assert_eq!(code_of(&err), Some(11000), "{message}");
+    assert!(
+        message.ends_with(&format!("dup key: {{ s: \"{}...\" }}", "s".repeat(150))),
+        "{message}"
+    );
     cluster.stop().await;
     Ok(())
 }
@@ -663,8 +718,8 @@ async fn insert_padded(c: &mongodb::Collection<Document>) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A `$sort` or `$group` past its memory limit stops with 292 without `allowDiskUse` and
-/// spills sorted runs to disk with it, giving every document in order: shown with the limits
+/// A `$sort`, `$group` or `$bucket` past its memory limit stops with 292 without
+/// `allowDiskUse` and spills sorted runs to disk with it, giving every document in order: shown with the limits
 /// set to 1 MiB (as MongoDB's tests do through the same parameters) and eight times that in
 /// data, on an unsharded collection (the shard sorts and groups) and a sharded one (each shard
 /// sorts its part, the router merges).
@@ -692,7 +747,14 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
             doc! {"$project": {"n": 1, "pads": {"$size": "$pads"}}},
             doc! {"$sort": {"_id": 1}},
         ];
-        for pipeline in [&sort, &group] {
+        let bucket = vec![
+            doc! {"$bucket": {
+                "groupBy": "$g", "boundaries": [0, 2, 4, 6, 8, 10],
+                "output": {"n": {"$sum": 1}, "pads": {"$push": "$pad"}},
+            }},
+            doc! {"$project": {"n": 1, "pads": {"$size": "$pads"}}},
+        ];
+        for pipeline in [&sort, &group, &bucket] {
             let err = c
                 .aggregate(pipeline.clone())
                 .await
@@ -724,6 +786,21 @@ async fn blocking_stages_past_their_memory_limit_spill_to_disk_with_allow_disk_u
         let (sorts, groups) = spills(&client).await?;
         assert!(sorts > sorts_before, "{coll}: the sort spilled");
         assert!(groups > groups_before, "{coll}: the group spilled");
+        let buckets: Vec<Document> = c
+            .aggregate(bucket.clone())
+            .allow_disk_use(true)
+            .await?
+            .try_collect()
+            .await?;
+        assert_eq!(
+            buckets,
+            (0..5)
+                .map(|b| doc! {"_id": b * 2, "n": N / 5, "pads": N / 5})
+                .collect::<Vec<_>>(),
+            "{coll}"
+        );
+        let (_, after_buckets) = spills(&client).await?;
+        assert!(after_buckets > groups, "{coll}: the $bucket spilled");
     }
     cluster.stop().await;
     Ok(())

@@ -14,6 +14,7 @@
 // here and boxing them would change the shared API, so the size lint is allowed crate-wide.
 #![allow(clippy::result_large_err)]
 
+pub mod capped;
 pub mod compression;
 pub mod error;
 pub mod frame;

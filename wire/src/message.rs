@@ -138,6 +138,27 @@ pub enum Op {
 }
 
 impl Op {
+    /// The bytes of the documents it carries.
+    pub fn bytes(&self) -> usize {
+        let docs = |d: &[RawDocumentBuf]| d.iter().map(|d| d.as_bytes().len()).sum::<usize>();
+        match self {
+            Op::Msg(m) => {
+                m.body.as_bytes().len()
+                    + m.sequences
+                        .iter()
+                        .map(|s| docs(&s.documents))
+                        .sum::<usize>()
+            }
+            Op::Query(q) => {
+                q.query.as_bytes().len()
+                    + q.return_fields_selector
+                        .as_ref()
+                        .map_or(0, |d| d.as_bytes().len())
+            }
+            Op::Reply(r) => docs(&r.documents),
+        }
+    }
+
     pub fn op_code(&self) -> i32 {
         match self {
             Op::Msg(_) => opcode::OP_MSG,

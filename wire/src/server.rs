@@ -167,6 +167,31 @@ pub enum Prepared {
     Error(MongoError, ReplyTo),
 }
 
+/// Runs synchronous work that may take long (a scan, a pipeline, parsing a large command) on
+/// a multi-threaded runtime with `block_in_place`: the worker's other tasks (a new
+/// connection's accept, a `ping`, a `_killOperations`) move to another thread meanwhile
+/// instead of waiting behind it. On any other runtime (tests) it just runs.
+pub fn long_running<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// Messages past this many bytes are turned into requests under [`long_running`]: parsing a
+/// 16 MiB command of a million small elements takes a debug build about a second.
+const LARGE_MESSAGE: usize = 1 << 20;
+
+/// [`prepare`], aside from the worker's other tasks when the message is large.
+fn prepare_aside_if_large(message: Message) -> Prepared {
+    if message.op.bytes() > LARGE_MESSAGE {
+        long_running(|| prepare(message))
+    } else {
+        prepare(message)
+    }
+}
+
 /// Turns a decoded message into a handler request (pure).
 pub fn prepare(message: Message) -> Prepared {
     let mut to = ReplyTo {
@@ -557,7 +582,7 @@ async fn run_connection<H: Handler>(
         };
         // In `serverStatus.connections.active` until the reply is out.
         let _busy = admitted.busy();
-        let (frame, to) = match prepare(message) {
+        let (frame, to) = match prepare_aside_if_large(message) {
             Prepared::Request(req, mut to) => {
                 let again = (req.exhaust_allowed
                     && req.command_name() == "getMore"

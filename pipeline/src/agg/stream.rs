@@ -2,12 +2,14 @@
 //! scan ([`PushRun`]), then pulled one at a time by a cursor ([`Docs`]).
 //!
 //! Owns: which stages stream and which consume their whole input, and the sinks the consuming
-//! ones fill: `$sort`, `$group`, `$bucketAuto` and `$setWindowFields` through a [`Sorter`]
-//! (bounded memory, spilling to disk under `allowDiskUse`; a window stage then holds one
-//! partition at a time, up to the limit), `$facet` through a run of each sub-pipeline (each
-//! bounded as its stages are, the output up to 100 MiB), `$sample` through a reservoir of its
-//! size, every other blocking stage through a batch in memory (up to the sort limit without
-//! `allowDiskUse`).
+//! ones fill: `$sort`, `$group`, `$bucket`, `$sortByCount`, `$bucketAuto` and
+//! `$setWindowFields` through a [`Sorter`] (bounded memory, spilling to disk under
+//! `allowDiskUse`; a window stage then holds one partition at a time, up to the limit),
+//! `$count` through a counter, `$fill` through a run of the stages it stands for, `$facet`
+//! through a run of each sub-pipeline (each bounded as its stages are, the output up to
+//! 100 MiB), `$sample` through a reservoir of its size, every other blocking stage
+//! (`$densify`, and the joins where a shard runs them) through a batch in memory (up to the
+//! sort limit without `allowDiskUse`; unbounded with it, which is still to do).
 //!
 //! Invariants:
 //! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
@@ -27,8 +29,11 @@ use super::bucket_auto::BucketAutoSink;
 use super::sample::Reservoir;
 use super::spill::{Purpose, Sorted, Sorter};
 use super::window::WindowSink;
-use super::{AccState, Group, GroupKey, Pipeline, Stage, Table, accumulate};
+use super::{
+    AccState, Bucket, Group, GroupKey, Pipeline, Stage, Table, accumulate, count_document,
+};
 use crate::expr::Env;
+use crate::sort::SortSpec;
 use crate::value::compare;
 use crate::{MongoError, Result};
 
@@ -211,6 +216,13 @@ enum Sink {
     Output(Vec<Document>),
     Sort(Sorter),
     Group(GroupSink),
+    /// `$sortByCount`: a group, whose groups then go through a sort by count.
+    SortByCount(GroupSink),
+    /// `$count`: the field and how many documents came.
+    Count(String, u64),
+    /// `$fill`: the stages it stands for (a `$setWindowFields`, then a `$set`), run as a
+    /// pipeline of their own, so the window stage holds and spills as anywhere.
+    Stages(Box<PushRun>),
     BucketAuto(Box<BucketAutoSink>),
     Facet(FacetSink),
     Window(Box<WindowSink>),
@@ -244,7 +256,20 @@ impl Sink {
                     _ => sorter,
                 })
             }
-            Some(Stage::Group(g)) => Sink::Group(GroupSink::new(g.clone(), env)),
+            Some(Stage::Group(g)) => Sink::Group(GroupSink::new(g.clone(), None, env)),
+            Some(Stage::SortByCount(g)) => Sink::SortByCount(GroupSink::new(g.clone(), None, env)),
+            Some(Stage::Count(field)) => Sink::Count(field.clone(), 0),
+            Some(Stage::Fill(stages)) => Sink::Stages(Box::new(
+                Pipeline {
+                    stages: stages.clone(),
+                }
+                .push_run(env),
+            )),
+            Some(Stage::Bucket(b)) => Sink::Group(GroupSink::new(
+                b.group.clone(),
+                Some(Box::new(b.clone())),
+                env,
+            )),
             Some(Stage::BucketAuto(b)) => Sink::BucketAuto(Box::new(BucketAutoSink::new(b, env))),
             Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
             Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
@@ -277,7 +302,13 @@ impl Sink {
                 check_held(stage.name(), *bytes, *disk)
             }
             Sink::Sort(sorter) => sorter.push(doc),
-            Sink::Group(g) => g.push(doc),
+            Sink::Group(g) | Sink::SortByCount(g) => g.push(doc),
+            Sink::Count(_, n) => {
+                crate::interrupt::check()?;
+                *n += 1;
+                Ok(())
+            }
+            Sink::Stages(run) => run.push(doc).map(drop),
             Sink::BucketAuto(b) => b.push(doc),
             Sink::Facet(f) => f.push(doc),
             Sink::Window(w) => w.push(doc),
@@ -294,6 +325,20 @@ impl Sink {
             Sink::Output(docs) => Box::new(docs.into_iter().map(Ok)),
             Sink::Sort(sorter) => Box::new(sorter.finish()?),
             Sink::Group(g) => g.finish()?,
+            Sink::SortByCount(g) => {
+                let spec = SortSpec::parse(&bson::doc! {"count": -1})?;
+                let mut sorter = Sorter::new(
+                    Arc::new(move |a: &Document, b: &Document| spec.compare(a, b)),
+                    Purpose::Sort,
+                    env.allow_disk_use,
+                );
+                for group in g.finish()? {
+                    sorter.push(group?)?;
+                }
+                Box::new(sorter.finish()?)
+            }
+            Sink::Count(field, n) => Box::new(count_document(&field, n).into_iter().map(Ok)),
+            Sink::Stages(run) => run.finish()?,
             Sink::BucketAuto(b) => Box::new(b.finish()?.into_iter().map(Ok)),
             Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
             Sink::Window(w) => w.finish()?,
@@ -429,6 +474,9 @@ impl FacetSink {
 /// they come back in key order and each group is accumulated from its run of records.
 struct GroupSink {
     group: Group,
+    /// A `$bucket`'s boundaries: the group key is then the bucket its value falls in, and the
+    /// groups come out in key order.
+    bucket: Option<Box<Bucket>>,
     env: Env,
     how: Grouping,
 }
@@ -439,7 +487,7 @@ enum Grouping {
 }
 
 impl GroupSink {
-    fn new(group: Group, env: &Env) -> GroupSink {
+    fn new(group: Group, bucket: Option<Box<Bucket>>, env: &Env) -> GroupSink {
         let how = if env.allow_disk_use {
             Grouping::Records(Sorter::new(
                 Arc::new(|a: &Document, b: &Document| {
@@ -456,6 +504,7 @@ impl GroupSink {
         };
         GroupSink {
             group,
+            bucket,
             env: env.clone(),
             how,
         }
@@ -468,6 +517,10 @@ impl GroupSink {
             .id
             .evaluate_in(&doc, &self.env)?
             .unwrap_or(Bson::Null);
+        let key = match &self.bucket {
+            Some(b) => b.slot(key, &self.env)?,
+            None => key,
+        };
         let inputs = self.group.inputs(&doc, &self.env)?;
         match &mut self.how {
             Grouping::Table(table) => table.add(
@@ -491,11 +544,22 @@ impl GroupSink {
     }
 
     fn finish(self) -> Result<Docs> {
-        let GroupSink { group, env, how } = self;
-        let sorter = match how {
-            Grouping::Table(table) => {
-                return Ok(Box::new(table.finish(&group).into_iter().map(Ok)));
+        let GroupSink {
+            group,
+            bucket,
+            env,
+            how,
+        } = self;
+        // Groups held in memory: a bucket's come out by `_id`; a spilled run's come out in key
+        // order anyway.
+        let held = |mut groups: Vec<Document>| -> Result<Docs> {
+            if bucket.is_some() {
+                Bucket::sort(&mut groups, &env)?;
             }
+            Ok(Box::new(groups.into_iter().map(Ok)))
+        };
+        let sorter = match how {
+            Grouping::Table(table) => return held(table.finish(&group)),
             Grouping::Records(sorter) => sorter,
         };
         match sorter.into_unspilled() {
@@ -505,7 +569,7 @@ impl GroupSink {
                     let (_, key, inputs) = record_parts(&group, r)?;
                     table.add(&group, &env, None, key, inputs)?;
                 }
-                Ok(Box::new(table.finish(&group).into_iter().map(Ok)))
+                held(table.finish(&group))
             }
             Err(sorter) => Ok(Box::new(SortedGroups {
                 group,

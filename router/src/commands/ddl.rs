@@ -336,6 +336,16 @@ fn pass_cursor(
 pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
+    // Refused here, before the command is copied for each shard.
+    if let Ok(specs) = ctx.cmd.get_array("indexes") {
+        for key in specs
+            .iter()
+            .filter_map(Bson::as_document)
+            .filter_map(|spec| spec.get_document("key").ok())
+        {
+            shard::commands::check_index_key(key)?;
+        }
+    }
     if let Placement::Sharded(meta) = ctx.router.placement(ctx.db, coll, false).await?
         && let Ok(specs) = ctx.cmd.get_array("indexes")
     {
@@ -369,7 +379,8 @@ fn check_unique_prefix(spec: &Document, key: &ShardKey) -> Result<()> {
     Err(MongoError::new(
         ErrorCode::CANNOT_CREATE_INDEX,
         format!(
-            "cannot create unique index over {pattern} with shard key pattern {}",
+            "cannot create unique index over {} with shard key pattern {}",
+            wire::capped::for_message(pattern),
             key.pattern()
         ),
     ))

@@ -504,12 +504,9 @@ fn normalize_spec(
         ));
     };
     let key = match s.get("key") {
-        Some(Bson::Document(k)) if !k.is_empty() => k.clone(),
-        Some(Bson::Document(_)) => {
-            return Err(MongoError::new(
-                ErrorCode::CANNOT_CREATE_INDEX,
-                "Index keys cannot be empty.",
-            ));
+        Some(Bson::Document(k)) => {
+            check_index_key(k)?;
+            k.clone()
         }
         Some(_) => {
             return Err(MongoError::type_mismatch(
@@ -522,16 +519,6 @@ fn normalize_spec(
             ));
         }
     };
-    if key.len() > MAX_INDEX_KEY_FIELDS {
-        return Err(MongoError::new(
-            ErrorCode::CANNOT_CREATE_INDEX,
-            format!(
-                "Index key pattern has {} fields; at most {MAX_INDEX_KEY_FIELDS} are allowed",
-                key.len()
-            ),
-        ));
-    }
-    check_key_pattern(&key)?;
     if let Some(k) = s.keys().find(|k| !INDEX_SPEC_FIELDS.contains(&k.as_str())) {
         return Err(MongoError::new(
             ErrorCode::INVALID_INDEX_SPECIFICATION_OPTION,
@@ -607,6 +594,30 @@ fn normalize_spec(
 /// A key pattern's fields and values as MongoDB 7.0 checks them (`validateKeyPattern`): a
 /// value is a non-zero number or a string (an index type), a field is a path without empty
 /// parts. (Before, any value was taken: a key `{a: {<a million fields>}}` was stored whole.)
+/// The largest encoded index key pattern MongoDB takes, in bytes.
+const MAX_KEY_PATTERN_BYTES: usize = 2048;
+
+/// An index key pattern as MongoDB's `validateKeyPattern` takes it (67 otherwise): at most
+/// 2,048 bytes encoded, not empty, at most [`MAX_INDEX_KEY_FIELDS`] fields, each a non-zero
+/// number or a string on a path without empty parts. The router checks it too, before it
+/// copies the command for each shard.
+pub fn check_index_key(key: &Document) -> Result<(), MongoError> {
+    let refuse = |why: String| Err(MongoError::new(ErrorCode::CANNOT_CREATE_INDEX, why));
+    if pipeline::changestream::split::document_size(key) > MAX_KEY_PATTERN_BYTES {
+        return refuse("Index key pattern too large.".into());
+    }
+    if key.is_empty() {
+        return refuse("Index keys cannot be empty.".into());
+    }
+    if key.len() > MAX_INDEX_KEY_FIELDS {
+        return refuse(format!(
+            "Index key pattern has {} fields; at most {MAX_INDEX_KEY_FIELDS} are allowed",
+            key.len()
+        ));
+    }
+    check_key_pattern(key)
+}
+
 fn check_key_pattern(key: &Document) -> Result<(), MongoError> {
     let refuse = |why: String| Err(MongoError::new(ErrorCode::CANNOT_CREATE_INDEX, why));
     for (field, value) in key {
@@ -714,8 +725,8 @@ fn add_indexes(
                     ErrorCode::INDEX_KEY_SPECS_CONFLICT,
                     format!(
                         "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
-                        super::write_ops::render_doc(&spec),
-                        super::write_ops::render_doc(same_name)
+                        crate::shown::render_doc(&spec),
+                        crate::shown::render_doc(same_name)
                     ),
                 )
                 .into());
@@ -725,8 +736,8 @@ fn add_indexes(
                     ErrorCode::INDEX_OPTIONS_CONFLICT,
                     format!(
                         "An existing index has the same name as the requested index. Requested index: {}, existing index: {}",
-                        super::write_ops::render_doc(&spec),
-                        super::write_ops::render_doc(same_name)
+                        crate::shown::render_doc(&spec),
+                        crate::shown::render_doc(same_name)
                     ),
                 )
                 .into());
@@ -868,7 +879,7 @@ pub async fn drop_indexes(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                             ErrorCode::INDEX_NOT_FOUND,
                             format!(
                                 "can't find index with key: {}",
-                                super::write_ops::render_doc(key)
+                                crate::shown::render_doc(key)
                             ),
                         )
                         .into());
@@ -1030,7 +1041,11 @@ pub async fn coll_mod(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                     _ => ("max", (0.0..2_147_483_648.0).contains(&n)),
                 };
                 if !ok || n.fract() != 0.0 {
-                    return Err(MongoError::bad_value(format!("invalid {k}: {v}")).into());
+                    return Err(MongoError::bad_value(format!(
+                        "invalid {k}: {}",
+                        wire::capped::for_message(v)
+                    ))
+                    .into());
                 }
                 entry.options.insert(field, v.clone());
                 continue;

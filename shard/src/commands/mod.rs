@@ -16,6 +16,8 @@ pub mod routing;
 mod stats;
 mod validate;
 mod write;
+
+pub use ddl::check_index_key;
 pub(crate) mod write_ops;
 
 use bson::{Bson, Document};
@@ -607,14 +609,4 @@ fn kill_operations(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     Ok(Reply::read(bson::doc! {"killed": killed as i64, "ok": 1.0}))
 }
 
-/// Runs synchronous work that may take long (a scan, a pipeline) on a multi-threaded runtime
-/// with `block_in_place`: the worker's other tasks (a new connection's accept, a `ping`, a
-/// `_killOperations`) move to another thread meanwhile instead of waiting behind it. On any
-/// other runtime (tests) it just runs.
-pub(crate) fn long_running<R>(f: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
+pub(crate) use wire::server::long_running;

@@ -20,6 +20,7 @@ use crate::catalog::{CollectionEntry, check_coll_name, get_dotted};
 use crate::oplog::EntrySpec;
 use crate::query::{Filter, Sort, scan_matching};
 use crate::retryable::RetryState;
+use crate::shown::{render, render_doc};
 use crate::storage::Scan;
 use crate::update::{self, DiffOutcome, UpdateContext, UpdateSpec};
 use crate::writer::{OpError, OpResult, WriteCtx};
@@ -186,46 +187,6 @@ pub fn check_size(doc: &Document) -> Result<(), MongoError> {
 
 pub fn bson_size(doc: &Document) -> usize {
     pipeline::changestream::split::document_size(doc)
-}
-
-/// MongoDB's rendering of a value inside error messages (`{ _id: 1 }`, `"x"`, `ObjectId('…')`).
-pub fn render(v: &Bson) -> String {
-    match v {
-        Bson::String(s) => format!("{s:?}"),
-        Bson::ObjectId(o) => format!("ObjectId('{o}')"),
-        Bson::Int32(i) => i.to_string(),
-        Bson::Int64(i) => i.to_string(),
-        Bson::Double(d) if d.is_finite() && d.fract() == 0.0 && d.abs() < 1e15 => format!("{d:.1}"),
-        Bson::Double(d) => d.to_string(),
-        Bson::Boolean(b) => b.to_string(),
-        Bson::Null => "null".into(),
-        Bson::Document(d) => render_doc(d),
-        Bson::Array(a) => {
-            if a.is_empty() {
-                "[]".into()
-            } else {
-                format!(
-                    "[ {} ]",
-                    a.iter().map(render).collect::<Vec<_>>().join(", ")
-                )
-            }
-        }
-        Bson::DateTime(d) => format!("new Date({})", d.timestamp_millis()),
-        other => other.to_string(),
-    }
-}
-
-pub fn render_doc(d: &Document) -> String {
-    if d.is_empty() {
-        return "{}".into();
-    }
-    format!(
-        "{{ {} }}",
-        d.iter()
-            .map(|(k, v)| format!("{k}: {}", render(v)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
 }
 
 /// The duplicate-key error MongoDB returns.

@@ -25,10 +25,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, Document};
+use pipeline::changestream::split::{document_size, value_size};
 use pipeline::value::array_index;
 
 use super::tree::{LogEntry, LogKind};
-use super::values::{binary_eq, bson_size, doc_binary_eq, doc_size};
+use super::values::{binary_eq, doc_binary_eq};
 
 /// How an update is to be logged.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,7 +158,7 @@ pub fn diff(old: &Document, new: &Document) -> Option<Document> {
 pub fn diff_or_replacement(old: &Document, new: &Document) -> DiffOutcome {
     match diff(old, new) {
         None => DiffOutcome::Unchanged,
-        Some(d) if doc_size(&d) >= doc_size(new) => DiffOutcome::Replacement,
+        Some(d) if document_size(&d) >= document_size(new) => DiffOutcome::Replacement,
         Some(d) => DiffOutcome::Diff(d),
     }
 }
@@ -222,7 +223,7 @@ fn sub_diff(pre: &Bson, post: &Bson) -> Option<SubDiff> {
         (Bson::Array(a), Bson::Array(b)) => SubDiff::Array(array_diff(a, b)),
         _ => return None,
     };
-    (doc_size(&sub.to_document()) < bson_size(post)).then_some(sub)
+    (document_size(&sub.to_document()) < value_size(post)).then_some(sub)
 }
 
 // ---------------------------------------------------------------------------------------------

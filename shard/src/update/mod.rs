@@ -74,10 +74,11 @@ use wire::{ErrorCode, MongoError, Result};
 pub use diff::{DiffOutcome, apply_diff, diff, diff_or_replacement};
 pub use upsert::upsert_seed;
 
+use crate::shown::{render, render_doc};
 use operators::{Env, Modifier, OPERATORS};
 use path::{Part, UpdatePath};
 use tree::{Leaf, LogKind, ObjectNode, Resolver};
-use values::{binary_eq, doc_binary_eq, render, render_id};
+use values::{binary_eq, doc_binary_eq, render_id};
 
 /// What an update needs besides the document: the time, whether this is the insert of an
 /// upsert, and the immutable paths. (The query, needed by the positional `$`, is an argument
@@ -291,7 +292,7 @@ fn parse_operators(u: &Document, array_filters: &[Document]) -> Result<OperatorU
         if !used.contains(id) {
             return Err(MongoError::failed_to_parse(format!(
                 "The array filter for identifier '{id}' was not used in the update {}",
-                values::render_doc(u)
+                render_doc(u)
             )));
         }
     }

@@ -24,7 +24,8 @@ use wire::{MongoError, Result};
 
 use super::UpdateContext;
 use super::path::UpdatePath;
-use super::values::{binary_eq, render, render_doc};
+use super::values::binary_eq;
+use crate::shown::{render, render_doc};
 
 /// What applying a modifier to an existing value did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

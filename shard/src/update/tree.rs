@@ -31,7 +31,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::operators::{Change, Env, Modifier};
 use super::path::{FieldKey, Part, UpdatePath, join};
 use super::positional;
-use super::values::render;
+use crate::shown::render;
 
 /// Arrays are never padded beyond this many elements (MongoDB refuses to backfill past it).
 const MAX_PADDING: usize = 1_500_000;

@@ -1,20 +1,22 @@
 //! Text that stops growing at a limit: a formatter writing into [`CappedText`] fails once the
 //! limit is reached, so a 16 MiB value formatted into it costs the limit, not 16 MiB (log
-//! fields, `currentOp`'s view of a large command).
+//! fields, `currentOp`'s view of a large command, a client's value shown in an error message:
+//! [`for_message`]).
 //!
 //! Invariant: the text is at most `limit` bytes and ends on a character boundary; `cut` says
 //! whether anything was dropped.
 
 use std::fmt;
 
-pub(crate) struct CappedText {
+/// Text written through [`fmt::Write`], kept up to a limit.
+pub struct CappedText {
     text: String,
     limit: usize,
     cut: bool,
 }
 
 impl CappedText {
-    pub(crate) fn new(limit: usize) -> CappedText {
+    pub fn new(limit: usize) -> CappedText {
         CappedText {
             text: String::new(),
             limit,
@@ -23,7 +25,7 @@ impl CappedText {
     }
 
     /// The text, and whether anything past the limit was dropped.
-    pub(crate) fn into_parts(self) -> (String, bool) {
+    pub fn into_parts(self) -> (String, bool) {
         (self.text, self.cut)
     }
 }
@@ -43,10 +45,23 @@ impl fmt::Write for CappedText {
 }
 
 /// `value` formatted and cut at `limit` bytes; whether it was cut.
-pub(crate) fn format_capped(value: impl fmt::Display, limit: usize) -> (String, bool) {
+pub fn format_capped(value: impl fmt::Display, limit: usize) -> (String, bool) {
     let mut out = CappedText::new(limit);
     let _ = fmt::Write::write_fmt(&mut out, format_args!("{value}"));
     out.into_parts()
+}
+
+/// How much of a client's value an error message shows, in bytes.
+pub const MESSAGE_VALUE_LIMIT: usize = 1024;
+
+/// `value` as an error message shows it: at most [`MESSAGE_VALUE_LIMIT`] bytes, then `...`
+/// when there was more.
+pub fn for_message(value: impl fmt::Display) -> String {
+    let (mut text, cut) = format_capped(value, MESSAGE_VALUE_LIMIT);
+    if cut {
+        text.push_str("...");
+    }
+    text
 }
 
 #[cfg(test)]
@@ -60,5 +75,17 @@ mod tests {
         assert_eq!(format_capped("abcé", 4), ("abc".to_string(), true));
         let (text, cut) = format_capped(format_args!("{}", "x".repeat(1 << 20)), 100);
         assert_eq!((text.len(), cut), (100, true));
+    }
+
+    #[test]
+    fn a_message_shows_a_large_value_cut_and_marked() {
+        assert_eq!(for_message(42), "42");
+        let huge = bson::Bson::Array(vec![bson::Bson::Int32(7); 1 << 20]);
+        let shown = for_message(&huge);
+        assert_eq!(shown.len(), MESSAGE_VALUE_LIMIT + 3);
+        assert!(
+            shown.starts_with("[7, 7") && shown.ends_with("..."),
+            "{shown}"
+        );
     }
 }
