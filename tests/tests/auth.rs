@@ -504,6 +504,32 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
         )],
         "{status}"
     );
+    // With showPrivileges, what the role grants, action by action (MongoDB's read role).
+    let status = reader
+        .database("admin")
+        .run_command(doc! {"connectionStatus": 1, "showPrivileges": true})
+        .await?;
+    let privileges = status
+        .get_document("authInfo")?
+        .get_array("authenticatedUserPrivileges")?;
+    let on_app = privileges
+        .iter()
+        .filter_map(|p| p.as_document())
+        .find(|p| {
+            p.get_document("resource")
+                .is_ok_and(|r| *r == doc! {"db": "app", "collection": ""})
+        })
+        .expect("a privilege on app");
+    let actions: Vec<&str> = on_app
+        .get_array("actions")?
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        actions.contains(&"find") && actions.contains(&"changeStream"),
+        "{status}"
+    );
+    assert!(!actions.contains(&"insert"), "{status}");
     Ok(())
 }
 

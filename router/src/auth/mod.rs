@@ -22,6 +22,7 @@
 //!   `killCursors` on it from a connection with none of them is 13 `Unauthorized`;
 //! * a connection's state is dropped when it closes.
 
+pub mod builtin;
 pub mod custom;
 pub mod roles;
 
@@ -178,6 +179,27 @@ impl Auth {
             .get(&conn)
             .map(|c| (c.users.clone(), c.roles.clone()))
             .unwrap_or_default()
+    }
+
+    /// What a connection's roles grant, merged by resource (`connectionStatus` with
+    /// `showPrivileges`): the built-in roles' privileges and the custom roles' own.
+    pub fn privileges_of(&self, conn: u64) -> Vec<roles::Privilege> {
+        let Some(grants) = self.lock().get(&conn).map(|c| c.grants.clone()) else {
+            return Vec::new();
+        };
+        let mut by_resource = std::collections::BTreeMap::new();
+        let all = grants
+            .roles
+            .iter()
+            .flat_map(|(role, db)| builtin::privileges(role, db))
+            .chain(grants.privileges);
+        for p in all {
+            by_resource
+                .entry(builtin::ResourceKey::of(&p.resource))
+                .or_insert_with(Vec::new)
+                .extend(p.actions);
+        }
+        builtin::merged(by_resource)
     }
 
     /// Notes who opened cursor `id` (a reply that returned a live cursor over `conn`).

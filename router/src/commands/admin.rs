@@ -202,14 +202,34 @@ pub(super) fn connection_status(ctx: &Ctx<'_>) -> Result<Document> {
             })
             .collect()
     };
+    let show_privileges = match ctx.cmd.get("showPrivileges") {
+        None => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(v) if pipeline::value::is_number(v) => pipeline::value::as_f64(v) != Some(0.0),
+        Some(v) => {
+            return Err(MongoError::type_mismatch(format!(
+                "BSON field 'connectionStatus.showPrivileges' is the wrong type '{}', expected \
+                 types '[bool, long, int, decimal, double]'",
+                pipeline::value::type_name(v)
+            )));
+        }
+    };
     let (users, roles) = ctx.router.auth.status_of(ctx.conn.id);
-    Ok(doc! {
-        "authInfo": {
-            "authenticatedUsers": pairs(users, "user"),
-            "authenticatedUserRoles": pairs(roles, "role"),
-        },
-        "ok": 1.0,
-    })
+    let mut auth_info = doc! {
+        "authenticatedUsers": pairs(users, "user"),
+        "authenticatedUserRoles": pairs(roles, "role"),
+    };
+    if show_privileges {
+        let privileges: Vec<Bson> = ctx
+            .router
+            .auth
+            .privileges_of(ctx.conn.id)
+            .iter()
+            .map(|p| Bson::Document(crate::auth::roles::privilege_document(p)))
+            .collect();
+        auth_info.insert("authenticatedUserPrivileges", privileges);
+    }
+    Ok(doc! {"authInfo": auth_info, "ok": 1.0})
 }
 
 /// `getLog`: `"*"` names the logs; `"global"` has the process's last lines (mongod's

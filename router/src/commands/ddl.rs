@@ -101,6 +101,10 @@ fn ns_not_found(ns: &str) -> MongoError {
 pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?;
     validate_collection_name(ctx.db, coll)?;
+    // Refused here, before the command is copied and parsed again on a shard.
+    if let Some(collation) = ctx.cmd.get("collation") {
+        pipeline::collation::Collation::parse(collation)?;
+    }
     let holders = holders(ctx, coll, true).await?;
     on_shards(ctx, &holders).await
 }
