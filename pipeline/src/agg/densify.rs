@@ -21,7 +21,7 @@
 //! `partitionBy`/`partitionByFields` and `sortBy`) and values become one `$addFields` of
 //! `{$ifNull: ["$field", value]}`, in that order (a `sortBy` with only values sorts nothing).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use bson::{Bson, Document, doc};
 
@@ -293,8 +293,9 @@ impl Densify {
         }
     }
 
-    /// Runs the stage over a batch.
-    pub fn run(&self, mut docs: Vec<Document>) -> Result<Vec<Document>> {
+    /// The order its input must come in: by the partition fields (unless the range is
+    /// `"full"`), then by `field`.
+    pub fn input_order(&self) -> Result<SortSpec> {
         let mut sort = Document::new();
         if !matches!(self.bounds, RangeBounds::Full) {
             for p in &self.partition_fields {
@@ -302,99 +303,39 @@ impl Densify {
             }
         }
         sort.insert(self.field.clone(), 1);
-        SortSpec::parse(&sort)?.sort(&mut docs);
+        SortSpec::parse(&sort)
+    }
 
-        let mut global: Option<(Bson, Bson)> = None;
-        for d in &docs {
-            if let Some(v) = value::get_path(d, &self.field).filter(|v| !is_nullish(v)) {
-                self.check_value(v)?;
-                global = Some(match global {
-                    None => (v.clone(), v.clone()),
-                    Some((lo, _)) => (lo, v.clone()),
-                });
-            }
-        }
-        let mut out = Vec::with_capacity(docs.len());
-        let mut generated = 0usize;
-        // Partition key -> (position in `order`, next grid value to generate).
-        let mut partitions: BTreeMap<GroupKey, usize> = BTreeMap::new();
-        let mut order: Vec<(Document, Option<Bson>)> = Vec::new();
+    /// Runs the stage over a batch.
+    pub fn run(&self, mut docs: Vec<Document>) -> Result<Vec<Document>> {
+        self.input_order()?.sort(&mut docs);
+        self.over_sorted(docs.into_iter().map(Ok)).collect()
+    }
+
+    /// The stage's output over `input` in [`Densify::input_order`], pulled one document at a
+    /// time: what it holds is one document's generated steps and a partition table, never
+    /// its input.
+    pub fn over_sorted<I>(&self, input: I) -> Densified<I>
+    where
+        I: Iterator<Item = Result<Document>>,
+    {
+        let mut run = Densified {
+            spec: self.clone(),
+            input,
+            pending: VecDeque::new(),
+            partitions: BTreeMap::new(),
+            order: Vec::new(),
+            range: None,
+            generated: 0,
+            done: false,
+        };
         if matches!(self.bounds, RangeBounds::Explicit(_)) && self.partition_fields.is_empty() {
             // Without partitions an explicit range is generated even from no documents.
-            partitions.insert(GroupKey::new(Bson::Document(Document::new()), None), 0);
-            order.push((Document::new(), None));
+            run.partitions
+                .insert(GroupKey::new(Bson::Document(Document::new()), None), 0);
+            run.order.push((Document::new(), None));
         }
-        for d in docs {
-            let Some(v) = value::get_path(&d, &self.field)
-                .filter(|v| !is_nullish(v))
-                .cloned()
-            else {
-                out.push(d);
-                continue;
-            };
-            let key = self.partition_key(&d);
-            let slot = *partitions
-                .entry(GroupKey::new(Bson::Document(key.clone()), None))
-                .or_insert_with(|| {
-                    order.push((key, None));
-                    order.len() - 1
-                });
-            let Some((key, next)) = order.get_mut(slot) else {
-                continue;
-            };
-            let start = match (&*next, &self.bounds) {
-                (Some(n), _) => Some(n.clone()),
-                (None, RangeBounds::Full) => global.as_ref().map(|(lo, _)| lo.clone()),
-                (None, RangeBounds::Partition) => Some(v.clone()),
-                (None, RangeBounds::Explicit(b)) => {
-                    let lo = &b.0;
-                    if compare(&v, lo).is_lt() {
-                        None
-                    } else {
-                        Some(lo.clone())
-                    }
-                }
-            };
-            if let Some(mut g) = start {
-                let hi = match &self.bounds {
-                    RangeBounds::Explicit(b) => Some(&b.1),
-                    _ => None,
-                };
-                while compare(&g, &v).is_lt() && hi.is_none_or(|h| compare(&g, h).is_lt()) {
-                    self.generate(key, &g, &mut out, &mut generated)?;
-                    g = self.next(&g)?;
-                }
-                if compare(&g, &v).is_eq() {
-                    g = self.next(&g)?;
-                }
-                *next = Some(g);
-            }
-            out.push(d);
-        }
-        for (key, next) in &order {
-            let (end, inclusive) = match &self.bounds {
-                RangeBounds::Full => match &global {
-                    Some((_, hi)) => (hi.clone(), true),
-                    None => continue,
-                },
-                RangeBounds::Explicit(b) => {
-                    let (lo, hi) = (&b.0, &b.1);
-                    let mut g = next.clone().unwrap_or_else(|| lo.clone());
-                    while compare(&g, hi).is_lt() {
-                        self.generate(key, &g, &mut out, &mut generated)?;
-                        g = self.next(&g)?;
-                    }
-                    continue;
-                }
-                RangeBounds::Partition => continue,
-            };
-            let Some(mut g) = next.clone() else { continue };
-            while compare(&g, &end).is_lt() || (inclusive && compare(&g, &end).is_eq()) {
-                self.generate(key, &g, &mut out, &mut generated)?;
-                g = self.next(&g)?;
-            }
-        }
-        Ok(out)
+        run
     }
 
     fn partition_key(&self, d: &Document) -> Document {
@@ -411,7 +352,7 @@ impl Densify {
         &self,
         key: &Document,
         v: &Bson,
-        out: &mut Vec<Document>,
+        out: &mut VecDeque<Document>,
         generated: &mut usize,
     ) -> Result<()> {
         *generated += 1;
@@ -425,7 +366,147 @@ impl Densify {
         }
         let mut d = key.clone();
         value::set_path(&mut d, &self.field, v.clone());
-        out.push(d);
+        out.push_back(d);
+        Ok(())
+    }
+}
+
+/// A `$densify` over sorted input ([`Densify::over_sorted`]).
+pub struct Densified<I> {
+    spec: Densify,
+    input: I,
+    /// Output made and not yet taken: a document's generated steps, then the document.
+    pending: VecDeque<Document>,
+    /// Partition key -> its position in `order`.
+    partitions: BTreeMap<GroupKey, usize>,
+    /// Each partition's key and the next grid value it would generate, in first appearance.
+    order: Vec<(Document, Option<Bson>)>,
+    /// The lowest and highest values of `field` so far (the input is sorted: the first and
+    /// the latest).
+    range: Option<(Bson, Bson)>,
+    generated: usize,
+    done: bool,
+}
+
+impl<I: Iterator<Item = Result<Document>>> Iterator for Densified<I> {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        loop {
+            if let Some(d) = self.pending.pop_front() {
+                return Some(Ok(d));
+            }
+            if self.done {
+                return None;
+            }
+            let step = match self.input.next() {
+                Some(Ok(d)) => self.take(d),
+                Some(Err(e)) => Err(e),
+                None => {
+                    self.done = true;
+                    self.finish()
+                }
+            };
+            if let Err(e) = step {
+                self.done = true;
+                self.pending.clear();
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+impl<I> Densified<I> {
+    /// One input document: its partition's missing steps below it, then it.
+    fn take(&mut self, d: Document) -> Result<()> {
+        crate::interrupt::check()?;
+        let spec = &self.spec;
+        let Some(v) = value::get_path(&d, &spec.field)
+            .filter(|v| !is_nullish(v))
+            .cloned()
+        else {
+            self.pending.push_back(d);
+            return Ok(());
+        };
+        spec.check_value(&v)?;
+        let lowest = match &mut self.range {
+            Some((lo, hi)) => {
+                *hi = v.clone();
+                lo.clone()
+            }
+            None => {
+                self.range = Some((v.clone(), v.clone()));
+                v.clone()
+            }
+        };
+        let key = spec.partition_key(&d);
+        let order = &mut self.order;
+        let slot = *self
+            .partitions
+            .entry(GroupKey::new(Bson::Document(key.clone()), None))
+            .or_insert_with(|| {
+                order.push((key, None));
+                order.len() - 1
+            });
+        let Some((key, next)) = self.order.get_mut(slot) else {
+            self.pending.push_back(d);
+            return Ok(());
+        };
+        let start = match (&*next, &spec.bounds) {
+            (Some(n), _) => Some(n.clone()),
+            (None, RangeBounds::Full) => Some(lowest),
+            (None, RangeBounds::Partition) => Some(v.clone()),
+            (None, RangeBounds::Explicit(b)) => {
+                let lo = &b.0;
+                if compare(&v, lo).is_lt() {
+                    None
+                } else {
+                    Some(lo.clone())
+                }
+            }
+        };
+        if let Some(mut g) = start {
+            let hi = match &spec.bounds {
+                RangeBounds::Explicit(b) => Some(&b.1),
+                _ => None,
+            };
+            while compare(&g, &v).is_lt() && hi.is_none_or(|h| compare(&g, h).is_lt()) {
+                spec.generate(key, &g, &mut self.pending, &mut self.generated)?;
+                g = spec.next(&g)?;
+            }
+            if compare(&g, &v).is_eq() {
+                g = spec.next(&g)?;
+            }
+            *next = Some(g);
+        }
+        self.pending.push_back(d);
+        Ok(())
+    }
+
+    /// The end of the input: `"full"` fills every partition up to the highest value
+    /// (inclusive), `[lo, hi]` up to `hi` (exclusive).
+    fn finish(&mut self) -> Result<()> {
+        let spec = &self.spec;
+        for (key, next) in &self.order {
+            let (end, inclusive) = match &spec.bounds {
+                RangeBounds::Full => match &self.range {
+                    Some((_, hi)) => (hi.clone(), true),
+                    None => continue,
+                },
+                RangeBounds::Explicit(b) => ((b.1).clone(), false),
+                RangeBounds::Partition => continue,
+            };
+            let mut g = match (next, &spec.bounds) {
+                (Some(g), _) => g.clone(),
+                (None, RangeBounds::Explicit(b)) => b.0.clone(),
+                (None, _) => continue,
+            };
+            while compare(&g, &end).is_lt() || (inclusive && compare(&g, &end).is_eq()) {
+                crate::interrupt::check()?;
+                spec.generate(key, &g, &mut self.pending, &mut self.generated)?;
+                g = spec.next(&g)?;
+            }
+        }
         Ok(())
     }
 }

@@ -5,11 +5,12 @@
 //! ones fill: `$sort`, `$group`, `$bucket`, `$sortByCount`, `$bucketAuto` and
 //! `$setWindowFields` through a [`Sorter`] (bounded memory, spilling to disk under
 //! `allowDiskUse`; a window stage then holds one partition at a time, up to the limit),
+//! `$densify` through a sort too (then it generates as it is read, holding a partition table),
 //! `$count` through a counter, `$fill` through a run of the stages it stands for, `$facet`
 //! through a run of each sub-pipeline (each bounded as its stages are, the output up to
-//! 100 MiB), `$sample` through a reservoir of its size, every other blocking stage
-//! (`$densify`, and the joins where a shard runs them) through a batch in memory (up to the
-//! sort limit without `allowDiskUse`; unbounded with it, which is still to do).
+//! 100 MiB), `$sample` through a reservoir of its size, every other blocking stage (the joins
+//! where a shard runs them) through a batch in memory (up to the sort limit without
+//! `allowDiskUse`; unbounded with it, which is still to do).
 //!
 //! Invariants:
 //! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
@@ -220,6 +221,8 @@ enum Sink {
     SortByCount(GroupSink),
     /// `$count`: the field and how many documents came.
     Count(String, u64),
+    /// `$densify`: its input through a sort in the order it needs, then generated lazily.
+    Densify(Box<super::densify::Densify>, Sorter),
     /// `$fill`: the stages it stands for (a `$setWindowFields`, then a `$set`), run as a
     /// pipeline of their own, so the window stage holds and spills as anywhere.
     Stages(Box<PushRun>),
@@ -259,6 +262,17 @@ impl Sink {
             Some(Stage::Group(g)) => Sink::Group(GroupSink::new(g.clone(), None, env)),
             Some(Stage::SortByCount(g)) => Sink::SortByCount(GroupSink::new(g.clone(), None, env)),
             Some(Stage::Count(field)) => Sink::Count(field.clone(), 0),
+            Some(Stage::Densify(d)) => match d.input_order() {
+                Ok(order) => Sink::Densify(
+                    d.clone(),
+                    Sorter::new(
+                        Arc::new(move |a: &Document, b: &Document| order.compare(a, b)),
+                        Purpose::Sort,
+                        env.allow_disk_use,
+                    ),
+                ),
+                Err(_) => Sink::batch(stage, env),
+            },
             Some(Stage::Fill(stages)) => Sink::Stages(Box::new(
                 Pipeline {
                     stages: stages.clone(),
@@ -274,12 +288,20 @@ impl Sink {
             Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
             Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
             Some(Stage::Sample(n)) => Sink::Sample(Reservoir::new(*n), env.allow_disk_use),
+            Some(stage) => Sink::batch(Some(stage), env),
+        }
+    }
+
+    /// A batch in memory for `stage` (an output sink for none).
+    fn batch(stage: Option<&Stage>, env: &Env) -> Sink {
+        match stage {
             Some(stage) => Sink::Batch {
                 stage: Box::new(stage.clone()),
                 docs: Vec::new(),
                 bytes: 0,
                 disk: env.allow_disk_use,
             },
+            None => Sink::Output(Vec::new()),
         }
     }
 
@@ -309,6 +331,7 @@ impl Sink {
                 Ok(())
             }
             Sink::Stages(run) => run.push(doc).map(drop),
+            Sink::Densify(_, sorter) => sorter.push(doc),
             Sink::BucketAuto(b) => b.push(doc),
             Sink::Facet(f) => f.push(doc),
             Sink::Window(w) => w.push(doc),
@@ -339,6 +362,7 @@ impl Sink {
             }
             Sink::Count(field, n) => Box::new(count_document(&field, n).into_iter().map(Ok)),
             Sink::Stages(run) => run.finish()?,
+            Sink::Densify(d, sorter) => Box::new(d.over_sorted(sorter.finish()?)),
             Sink::BucketAuto(b) => Box::new(b.finish()?.into_iter().map(Ok)),
             Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
             Sink::Window(w) => w.finish()?,

@@ -774,6 +774,27 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
             "partitionBy": {"$mod": ["$x", 200]}, "sortBy": {"_id": -1},
             "output": {"c": {"$count": {}}, "prev": {"$shift": {"output": "$x", "by": -1}}},
         }}],
+        vec![doc! {"$bucket": {
+            "groupBy": "$g", "boundaries": [0, 10, 20, 30], "default": "rest",
+            "output": {"n": {"$sum": 1}, "xs": {"$push": "$x"}},
+        }}],
+        vec![doc! {"$count": "n"}],
+        vec![
+            doc! {"$project": {"pad": 0}},
+            doc! {"$densify": {
+                "field": "x", "partitionByFields": ["g"],
+                "range": {"step": 50, "bounds": "partition"},
+            }},
+        ],
+        vec![
+            doc! {"$match": {"g": {"$lt": 4}}},
+            doc! {"$project": {"pad": 0}},
+            doc! {"$densify": {"field": "x", "partitionByFields": ["g"], "range": {"step": 100, "bounds": "full"}}},
+        ],
+        vec![
+            doc! {"$project": {"x": 1, "g": 1, "v": {"$cond": [{"$eq": [{"$mod": ["$x", 3]}, 0]}, null, "$x"]}}},
+            doc! {"$fill": {"sortBy": {"x": 1}, "partitionByFields": ["g"], "output": {"v": {"method": "locf"}}}},
+        ],
         vec![doc! {"$facet": {
             "sorted": [{"$sort": {"x": -1}}, {"$limit": 40}, {"$project": {"pad": 0}}],
             "groups": [{"$group": {"_id": "$g", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}],
