@@ -617,6 +617,34 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     assert_eq!(role.get_array("inheritedPrivileges")?.len(), 2, "{role}");
     let listed = app_db.run_command(doc! {"rolesInfo": 1}).await?;
     assert_eq!(listed.get_array("roles")?.len(), 1);
+    // A built-in role: the roles it names, its own privileges, and all it grants.
+    let info = admin
+        .run_command(doc! {"rolesInfo": {"role": "dbOwner", "db": "app"}, "showPrivileges": true})
+        .await?;
+    let owner = info.get_array("roles")?[0]
+        .as_document()
+        .expect("a role")
+        .clone();
+    assert!(owner.get_bool("isBuiltin")?);
+    assert_eq!(owner.get_array("roles")?.len(), 3, "{owner}");
+    assert!(owner.get_array("privileges")?.is_empty(), "{owner}");
+    let on_app = owner
+        .get_array("inheritedPrivileges")?
+        .iter()
+        .filter_map(|p| p.as_document())
+        .find(|p| {
+            p.get_document("resource")
+                .is_ok_and(|r| *r == doc! {"db": "app", "collection": ""})
+        })
+        .expect("a privilege on app");
+    let actions: Vec<&str> = on_app
+        .get_array("actions")?
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    for action in ["insert", "collMod", "createUser"] {
+        assert!(actions.contains(&action), "{action}: {owner}");
+    }
 
     // What MongoDB refuses.
     for (cmd, expected) in [

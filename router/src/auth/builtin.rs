@@ -330,12 +330,40 @@ const ROLES: &[Role] = &[
     },
 ];
 
-/// What built-in role `role` on `db` grants, merged by resource (empty for a name that is
-/// not a built-in role).
+/// What built-in role `role` on `db` grants, its sub-roles' grants included, merged by
+/// resource (empty for a name that is not a built-in role).
 pub fn privileges(role: &str, db: &str) -> Vec<Privilege> {
     let mut by_resource = BTreeMap::new();
-    add(role, db, &mut by_resource);
+    add(role, db, true, &mut by_resource);
     merged(by_resource)
+}
+
+/// What built-in role `role` on `db` grants itself, without its sub-roles'.
+pub fn own_privileges(role: &str, db: &str) -> Vec<Privilege> {
+    let mut by_resource = BTreeMap::new();
+    add(role, db, false, &mut by_resource);
+    merged(by_resource)
+}
+
+/// The roles built-in role `role` on `db` names (`directly`), or every role it inherits.
+pub fn sub_roles(role: &str, db: &str, directly: bool) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut stack = vec![(role.to_string(), db.to_string())];
+    while let Some((role, db)) = stack.pop() {
+        let Some(r) = ROLES.iter().find(|r| r.name == role) else {
+            continue;
+        };
+        for (sub, sub_db) in r.roles {
+            let pair = (sub.to_string(), sub_db.unwrap_or(&db).to_string());
+            if !out.contains(&pair) {
+                out.push(pair.clone());
+                if !directly {
+                    stack.push(pair);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Privileges gathered by resource, as a list.
@@ -380,12 +408,14 @@ impl ResourceKey {
     }
 }
 
-fn add(role: &str, db: &str, out: &mut BTreeMap<ResourceKey, Vec<String>>) {
+fn add(role: &str, db: &str, with_sub_roles: bool, out: &mut BTreeMap<ResourceKey, Vec<String>>) {
     let Some(r) = ROLES.iter().find(|r| r.name == role) else {
         return;
     };
-    for (sub, sub_db) in r.roles {
-        add(sub, sub_db.unwrap_or(db), out);
+    if with_sub_roles {
+        for (sub, sub_db) in r.roles {
+            add(sub, sub_db.unwrap_or(db), true, out);
+        }
     }
     for (on, lists) in r.grants {
         let resource = match *on {
@@ -456,6 +486,15 @@ mod tests {
                 .iter()
                 .any(|a| a == "find")
         );
+        assert!(own_privileges("dbOwner", "app").is_empty());
+        assert_eq!(
+            sub_roles("clusterAdmin", "admin", true).len(),
+            3,
+            "clusterMonitor, hostManager, clusterManager"
+        );
+        let inherited = sub_roles("root", "admin", false);
+        assert!(inherited.contains(&("read".to_string(), "config".to_string())));
+        assert!(inherited.contains(&("readAnyDatabase".to_string(), "admin".to_string())));
         let root = privileges("root", "admin");
         assert!(
             on(&root, &Resource::Cluster)

@@ -370,9 +370,33 @@ pub async fn roles_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
             .collect()
     };
     for (role, role_db) in built_in {
-        out.push(Bson::Document(doc! {
-            "role": role, "db": role_db, "isBuiltin": true, "roles": [], "inheritedRoles": [],
-        }));
+        let role_list = |directly: bool| -> Vec<Bson> {
+            super::builtin::sub_roles(&role, &role_db, directly)
+                .into_iter()
+                .map(|(r, d)| Bson::Document(doc! {"role": r, "db": d}))
+                .collect()
+        };
+        let mut shown = doc! {
+            "role": &role, "db": &role_db, "isBuiltin": true,
+            "roles": role_list(true), "inheritedRoles": role_list(false),
+        };
+        if show_privileges {
+            let listed = |privileges: Vec<Privilege>| -> Vec<Bson> {
+                privileges
+                    .iter()
+                    .map(|p| Bson::Document(roles::privilege_document(p)))
+                    .collect()
+            };
+            shown.insert(
+                "privileges",
+                listed(super::builtin::own_privileges(&role, &role_db)),
+            );
+            shown.insert(
+                "inheritedPrivileges",
+                listed(super::builtin::privileges(&role, &role_db)),
+            );
+        }
+        out.push(Bson::Document(shown));
     }
     for d in found.drain(..) {
         let role = d.get_str("role").unwrap_or_default().to_string();
