@@ -158,6 +158,18 @@ pub async fn shard_collection(
     Ok(())
 }
 
+/// A unique index on `keys`, with its default name.
+pub fn unique_index(keys: mongodb::bson::Document) -> mongodb::IndexModel {
+    mongodb::IndexModel::builder()
+        .keys(keys)
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .unique(true)
+                .build(),
+        )
+        .build()
+}
+
 /// The `tributary` binary: `$TRIBUTARY_BIN`, or the one cargo builds beside the test
 /// executable (`target/<profile>/tributary`), brought up to date once per test process.
 pub fn tributary_binary() -> Result<PathBuf> {

@@ -184,16 +184,7 @@ async fn merge_modes_write_as_mongodb_does() -> anyhow::Result<()> {
     assert_eq!(code(&err), Some(51183), "{err}");
     let keyed = db.collection::<Document>("keyed");
     keyed
-        .create_index(
-            mongodb::IndexModel::builder()
-                .keys(doc! {"k": 1})
-                .options(
-                    mongodb::options::IndexOptions::builder()
-                        .unique(true)
-                        .build(),
-                )
-                .build(),
-        )
+        .create_index(tests::unique_index(doc! {"k": 1}))
         .await?;
     let err = merge(doc! {"into": "keyed", "on": "k"}).await.unwrap_err();
     assert_eq!(code(&err), Some(51132), "{err}");

@@ -38,6 +38,20 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
     tests::scenarios::code_of(e)
 }
 
+/// The actions a list of privileges grants on the whole `app` database.
+fn actions_on_app(privileges: &[mongodb::bson::Bson]) -> Vec<&str> {
+    privileges
+        .iter()
+        .filter_map(|p| p.as_document())
+        .find(|p| {
+            p.get_document("resource")
+                .is_ok_and(|r| *r == doc! {"db": "app", "collection": ""})
+        })
+        .and_then(|p| p.get_array("actions").ok())
+        .map(|a| a.iter().filter_map(|a| a.as_str()).collect())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_log_in_with_scram_and_nobody_else_gets_in() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -512,19 +526,7 @@ async fn roles_allow_and_refuse_as_mongodb_does() -> anyhow::Result<()> {
     let privileges = status
         .get_document("authInfo")?
         .get_array("authenticatedUserPrivileges")?;
-    let on_app = privileges
-        .iter()
-        .filter_map(|p| p.as_document())
-        .find(|p| {
-            p.get_document("resource")
-                .is_ok_and(|r| *r == doc! {"db": "app", "collection": ""})
-        })
-        .expect("a privilege on app");
-    let actions: Vec<&str> = on_app
-        .get_array("actions")?
-        .iter()
-        .filter_map(|a| a.as_str())
-        .collect();
+    let actions = actions_on_app(privileges);
     assert!(
         actions.contains(&"find") && actions.contains(&"changeStream"),
         "{status}"
@@ -628,20 +630,7 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     assert!(owner.get_bool("isBuiltin")?);
     assert_eq!(owner.get_array("roles")?.len(), 3, "{owner}");
     assert!(owner.get_array("privileges")?.is_empty(), "{owner}");
-    let on_app = owner
-        .get_array("inheritedPrivileges")?
-        .iter()
-        .filter_map(|p| p.as_document())
-        .find(|p| {
-            p.get_document("resource")
-                .is_ok_and(|r| *r == doc! {"db": "app", "collection": ""})
-        })
-        .expect("a privilege on app");
-    let actions: Vec<&str> = on_app
-        .get_array("actions")?
-        .iter()
-        .filter_map(|a| a.as_str())
-        .collect();
+    let actions = actions_on_app(owner.get_array("inheritedPrivileges")?);
     for action in ["insert", "collMod", "createUser"] {
         assert!(actions.contains(&action), "{action}: {owner}");
     }

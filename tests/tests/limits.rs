@@ -482,17 +482,7 @@ async fn error_messages_show_a_bounded_part_of_a_large_value() -> anyhow::Result
     );
 
     let c = db.collection::<Document>("d");
-    c.create_index(
-        mongodb::IndexModel::builder()
-            .keys(doc! {"s": 1})
-            .options(
-                mongodb::options::IndexOptions::builder()
-                    .unique(true)
-                    .build(),
-            )
-            .build(),
-    )
-    .await?;
+    c.create_index(tests::unique_index(doc! {"s": 1})).await?;
     let long = "s".repeat(500);
     c.insert_one(doc! {"_id": 1, "s": &long}).await?;
     let err = c

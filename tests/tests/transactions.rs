@@ -422,19 +422,9 @@ async fn collections_and_their_indexes_are_created_inside_a_transaction() -> any
     s.start_transaction().await?;
     db.create_collection("made").session(&mut s).await?;
     let made = db.collection::<Document>("made");
-    made.create_index(
-        mongodb::IndexModel::builder()
-            .keys(doc! {"k": 1})
-            .options(
-                mongodb::options::IndexOptions::builder()
-                    .unique(true)
-                    .name("k_1".to_string())
-                    .build(),
-            )
-            .build(),
-    )
-    .session(&mut s)
-    .await?;
+    made.create_index(tests::unique_index(doc! {"k": 1}))
+        .session(&mut s)
+        .await?;
     made.insert_one(doc! {"_id": 1, "k": 1})
         .session(&mut s)
         .await?;
