@@ -160,6 +160,11 @@ impl Pipeline {
         Ok(Pipeline { stages })
     }
 
+    /// The pipeline of parsed `stages`.
+    pub fn from_stages(stages: Vec<Stage>) -> Pipeline {
+        Pipeline { stages }
+    }
+
     /// The parsed stages.
     pub fn stages(&self) -> &[Stage] {
         &self.stages

@@ -225,8 +225,11 @@ pub enum CursorState {
     Merge(Box<Merge>),
     /// A pipeline run over a merge (an aggregation split between the shards and the router).
     Run(Box<Run>),
-    /// Results computed by the router (e.g. a sharded aggregation).
+    /// Results computed by the router (e.g. `$currentOp`).
     Buffered(VecDeque<Document>),
+    /// The output of a pipeline the router ran over what it spooled (one that reads other
+    /// collections), read as the client asks.
+    Spooled(Spooled),
     /// A change stream merged from every shard.
     ChangeStream(Box<crate::changestream::ChangeStreamCursor>),
 }
@@ -234,6 +237,19 @@ pub enum CursorState {
 impl CursorState {
     pub fn merge(m: Merge) -> CursorState {
         CursorState::Merge(Box::new(m))
+    }
+
+    pub fn spooled(docs: Docs) -> CursorState {
+        CursorState::Spooled(Spooled(docs.peekable()))
+    }
+}
+
+/// A router pipeline's output (see [`CursorState::Spooled`]).
+pub struct Spooled(std::iter::Peekable<Docs>);
+
+impl std::fmt::Debug for Spooled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spooled").finish_non_exhaustive()
     }
 }
 
@@ -301,6 +317,7 @@ impl RouterCursor {
                 CursorState::Merge(m) => m.next(router).await?,
                 CursorState::Run(r) => r.next(router).await?,
                 CursorState::Buffered(b) => b.pop_front(),
+                CursorState::Spooled(s) => s.0.next().transpose()?,
                 CursorState::ChangeStream(_) => {
                     return Err(MongoError::internal(
                         "a change stream is read with its own getMore",
@@ -322,6 +339,7 @@ impl RouterCursor {
             CursorState::Merge(m) => m.limit == Some(0) || m.sources.iter().all(Source::exhausted),
             CursorState::Run(r) => r.exhausted(),
             CursorState::Buffered(b) => b.is_empty(),
+            CursorState::Spooled(s) => s.0.peek().is_none(),
             CursorState::ChangeStream(c) => c.is_closed(),
         };
         Ok((out, exhausted))
@@ -332,7 +350,7 @@ impl RouterCursor {
             CursorState::Merge(m) => m.kill(router).await,
             CursorState::Run(r) => r.merge.kill(router).await,
             CursorState::ChangeStream(c) => c.kill().await,
-            CursorState::Buffered(_) => {}
+            CursorState::Buffered(_) | CursorState::Spooled(_) => {}
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Document, Timestamp, doc};
+use mongodb::bson::{Bson, Document, Timestamp, doc};
 use tests::EmbeddedCluster;
 use tests::scenarios::{code_of, message_of};
 use tests::streams::next_event as next;
@@ -942,6 +942,132 @@ async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_li
         }
     };
     assert_eq!(code_of(&err), Some(175), "QueryPlanKilled: {err}");
+    cluster.stop().await;
+    Ok(())
+}
+
+/// What the router holds for a pipeline that reads other collections is bounded too: with
+/// the limits at 1 MiB, a `$lookup` over eight times that spools its input to disk under
+/// `allowDiskUse` and joins it a chunk at a time; a `$lookup` whose foreign collection does not
+/// fit (and cannot be narrowed to what joins) is 292 without `allowDiskUse` and queries the
+/// shards per document with it; a `$graphLookup` whose search reaches more than the limit is
+/// 40099 either way (MongoDB 7.0's does not spill); `$out` and `$merge` write results as the
+/// router reads them, so copying a collection eight times the limit needs no disk use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document()
+-> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    set_blocking_limits(&client).await?;
+    tests::shard_collection(&client, "joins.c", doc! {"_id": "hashed"}).await?;
+    let db = client.database("joins");
+    let c = db.collection::<Document>("c");
+    insert_padded(&c).await?;
+    let groups = db.collection::<Document>("groups");
+    groups
+        .insert_many((0..10).map(|g| doc! {"_id": g, "name": format!("g{g}")}))
+        .await?;
+    // Two MiB: a chain 0 -> 1 -> ... -> 999, each link 2 KB.
+    let wide = db.collection::<Document>("wide");
+    let pad = "w".repeat(2_000);
+    wide.insert_many((0..1_000).map(|i| doc! {"_id": i, "next": i + 1, "pad": &pad}))
+        .await?;
+
+    // Every padded document joined, read back through a cursor in small batches.
+    let (sorts_before, _) = spills(&client).await?;
+    let mut cursor = c
+        .aggregate(vec![doc! {
+            "$lookup": {"from": "groups", "localField": "g", "foreignField": "_id", "as": "j"}
+        }])
+        .allow_disk_use(true)
+        .batch_size(50)
+        .await?;
+    let mut seen = 0;
+    while let Some(d) = cursor.try_next().await? {
+        let j = d.get_array("j")?;
+        let group = doc! {"_id": d.get_i32("g")?, "name": format!("g{}", d.get_i32("g")?)};
+        assert_eq!(j, &vec![Bson::Document(group)], "{d}");
+        assert_eq!(d.get_str("pad")?.len(), 2_000);
+        seen += 1;
+    }
+    assert_eq!(seen, PADDED);
+    let (sorts_after, _) = spills(&client).await?;
+    assert!(sorts_after > sorts_before, "the joined input went to disk");
+
+    // A correlated $lookup that cannot say what joins reads its collection whole: past the
+    // limit, 292, or a query per document with disk use.
+    let per_group = vec![doc! {"$lookup": {
+        "from": "wide",
+        "let": {"g": "$_id"},
+        "pipeline": [
+            {"$match": {"$expr": {"$eq": [{"$mod": ["$_id", 10]}, "$$g"]}}},
+            {"$count": "n"},
+        ],
+        "as": "j",
+    }}];
+    let err = groups
+        .aggregate(per_group.clone())
+        .await
+        .expect_err("the foreign collection is twice the limit");
+    assert_eq!(code_of(&err), Some(292), "{err}");
+    let joined: Vec<Document> = groups
+        .aggregate(per_group)
+        .allow_disk_use(true)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(joined.len(), 10);
+    for d in &joined {
+        assert_eq!(
+            d.get_array("j")?,
+            &vec![Bson::Document(doc! {"n": 100})],
+            "{d}"
+        );
+    }
+
+    // A $graphLookup whose search reaches twice the limit.
+    let graph = vec![
+        doc! {"$match": {"_id": 0}},
+        doc! {"$graphLookup": {
+            "from": "wide", "startWith": "$_id", "connectFromField": "next",
+            "connectToField": "_id", "as": "reach",
+        }},
+    ];
+    for disk in [false, true] {
+        let err = groups
+            .aggregate(graph.clone())
+            .allow_disk_use(disk)
+            .await
+            .expect_err("the search reaches twice the limit");
+        assert_eq!(code_of(&err), Some(40099), "allowDiskUse {disk}: {err}");
+    }
+    let shallow: Vec<Document> = groups
+        .aggregate(vec![
+            doc! {"$match": {"_id": 0}},
+            doc! {"$graphLookup": {
+                "from": "wide", "startWith": "$_id", "connectFromField": "next",
+                "connectToField": "_id", "as": "reach", "maxDepth": 9,
+            }},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(shallow[0].get_array("reach")?.len(), 10);
+
+    // $out and $merge of the whole padded collection, without disk use.
+    c.aggregate(vec![doc! {"$out": "copy"}]).await?;
+    let copy = db.collection::<Document>("copy");
+    assert_eq!(copy.count_documents(doc! {}).await?, PADDED as u64);
+    c.aggregate(vec![
+        doc! {"$project": {"pad": 0}},
+        doc! {"$merge": {"into": "copy", "whenMatched": "merge"}},
+    ])
+    .await?;
+    assert_eq!(
+        copy.count_documents(doc! {"pad": {"$exists": true}})
+            .await?,
+        PADDED as u64
+    );
     cluster.stop().await;
     Ok(())
 }

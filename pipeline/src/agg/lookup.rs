@@ -30,6 +30,13 @@ use crate::matcher::Matcher;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
 
+/// How many input documents a join takes at once, at most (the foreign documents it reads
+/// are those one chunk can join).
+pub const CHUNK_DOCS: usize = 1_000;
+
+/// The most input bytes a join takes at once (one document more when a single one is larger).
+pub const CHUNK_BYTES: usize = 16 * 1024 * 1024;
+
 /// The documents of the other collections a pipeline reads, by collection name (same database).
 #[derive(Debug, Default, Clone)]
 pub struct Foreign {
@@ -57,6 +64,8 @@ pub struct Lookup {
     join: Option<(String, String)>,
     let_vars: Vec<(String, Expr)>,
     pipeline: Option<Pipeline>,
+    /// The sub-pipeline's stage documents (empty without one).
+    stages: Vec<Document>,
     /// The sub-pipeline's first stage, when it is a `$match` (its filter).
     first_match: Option<Document>,
 }
@@ -184,6 +193,9 @@ pub struct GraphPrefetch {
     queried: BTreeSet<Key>,
     visited: BTreeSet<Key>,
     docs: Vec<Document>,
+    /// What `docs` holds, up to the sort limit (40099 past it, with or without disk use, as
+    /// MongoDB 7.0's `$graphLookup`).
+    bytes: usize,
 }
 
 impl GraphPrefetch {
@@ -217,6 +229,7 @@ impl GraphPrefetch {
             queried,
             visited: BTreeSet::new(),
             docs: Vec::new(),
+            bytes: 0,
         }))
     }
 
@@ -253,6 +266,13 @@ impl GraphPrefetch {
                 if self.queried.insert(Key(v.clone())) {
                     self.frontier.push(v);
                 }
+            }
+            self.bytes += crate::changestream::split::document_size(&d);
+            if self.bytes > super::spill::sort_limit() {
+                return Err(MongoError::with_code(
+                    40099,
+                    "$graphLookup reached maximum memory consumption",
+                ));
             }
             self.docs.push(d);
         }
@@ -373,6 +393,70 @@ fn correlated_eq(l: &Lookup) -> Option<(String, usize)> {
         }
     }
     None
+}
+
+/// One document's `$lookup` as MongoDB runs every document's: a query of its own on the
+/// foreign collection (what the router falls back to when the collection is too large to hold
+/// for the whole input). Running `stages` over collection `from` under `env` gives the
+/// documents that join `doc`; [`PerDocument::attach`] puts them in place.
+pub struct PerDocument {
+    pub from: String,
+    /// The join's `$match` (for `localField`/`foreignField`), then the sub-pipeline.
+    pub stages: Vec<Document>,
+    /// The caller's environment with the stage's `let` variables bound for `doc`.
+    pub env: Env,
+    as_field: String,
+}
+
+impl PerDocument {
+    /// `doc` with what joined it in the stage's `as` field.
+    pub fn attach(&self, mut doc: Document, joined: Vec<Document>) -> Document {
+        let joined = Bson::Array(joined.into_iter().map(Bson::Document).collect());
+        set_output(&mut doc, &self.as_field, joined);
+        doc
+    }
+}
+
+/// `doc`'s run of `stage` as a query of its own (see [`PerDocument`]); `None` when the stage
+/// is no `$lookup` of a collection, or its sub-pipeline starts with `$documents` (it reads
+/// nothing) or reads other collections.
+pub fn lookup_per_document(
+    stage: &Stage,
+    doc: &Document,
+    env: &Env,
+) -> Result<Option<PerDocument>> {
+    let Stage::Lookup(l) = stage else {
+        return Ok(None);
+    };
+    let Some(from) = &l.from else {
+        return Ok(None);
+    };
+    if starts_with_documents(l.pipeline.as_ref())
+        || l.pipeline
+            .as_ref()
+            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
+    {
+        return Ok(None);
+    }
+    let mut inner = env.clone();
+    inner.foreign = None;
+    for (name, e) in &l.let_vars {
+        if let Some(v) = e.evaluate_in(doc, env)? {
+            inner.vars.push((name.clone(), v));
+        }
+    }
+    let mut stages = Vec::with_capacity(l.stages.len() + 1);
+    if let Some((local, foreign_field)) = &l.join {
+        let filter = join_filter(foreign_field, leaf_values(doc, local));
+        stages.push(doc! {"$match": filter});
+    }
+    stages.extend(l.stages.iter().cloned());
+    Ok(Some(PerDocument {
+        from: from.clone(),
+        stages,
+        env: inner,
+        as_field: l.as_field.clone(),
+    }))
 }
 
 /// Whether the stage (or a pipeline nested in it) reads other collections, so it must run
@@ -589,6 +673,13 @@ impl Lookup {
             .and_then(Bson::as_document)
             .and_then(|stage| stage.get_document("$match").ok())
             .cloned();
+        let stages = pipeline
+            .and_then(Bson::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Bson::as_document)
+            .cloned()
+            .collect();
         let pipeline = pipeline
             .map(|p| sub_pipeline(p, &inner_vars, "$lookup", 51047))
             .transpose()?;
@@ -629,11 +720,20 @@ impl Lookup {
             join,
             let_vars,
             pipeline,
+            stages,
             first_match,
         })
     }
 
     pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
+        let run = self.prepare(env)?;
+        docs.into_iter()
+            .map(|d| self.join_one(d, &run, env))
+            .collect()
+    }
+
+    /// What every document's join shares: the foreign documents and their index.
+    fn prepare<'e>(&self, env: &'e Env) -> Result<(&'e [Document], Option<JoinIndex>)> {
         let from_documents = starts_with_documents(self.pipeline.as_ref());
         let foreign = match (&self.from, from_documents) {
             (Some(c), false) => foreign_docs(env, c, "$lookup")?,
@@ -645,59 +745,66 @@ impl Lookup {
             }
             _ => None,
         };
-        let mut out = Vec::with_capacity(docs.len());
-        for mut doc in docs {
-            let mut inner = env.clone();
-            for (name, e) in &self.let_vars {
-                if let Some(v) = e.evaluate_in(&doc, env)? {
-                    inner.vars.push((name.clone(), v));
-                }
+        Ok((foreign, index))
+    }
+
+    /// `doc` with what joins it in its `as` field.
+    fn join_one(
+        &self,
+        mut doc: Document,
+        (foreign, index): &(&[Document], Option<JoinIndex>),
+        env: &Env,
+    ) -> Result<Document> {
+        crate::interrupt::check()?;
+        let mut inner = env.clone();
+        for (name, e) in &self.let_vars {
+            if let Some(v) = e.evaluate_in(&doc, env)? {
+                inner.vars.push((name.clone(), v));
             }
-            let (join, candidates) = match &self.join {
-                Some((local, foreign_field)) => {
-                    let values = leaf_values(&doc, local);
-                    let candidates = index.as_ref().and_then(|i| i.candidates(&values));
-                    let m = Matcher::parse(&join_filter(foreign_field, values))?;
-                    (Some(m), candidates)
-                }
-                None => (None, None),
-            };
-            let keep = |d: &Document| join.as_ref().is_none_or(|m| m.matches(d));
-            let stages = self.pipeline.as_ref().map(Pipeline::stages).unwrap_or(&[]);
-            let (mut found, rest) = match stages.split_first() {
-                Some((first @ Stage::Documents(_), rest)) => {
-                    let mut produced = first.run_in(Vec::new(), &inner)?;
-                    produced.retain(keep);
-                    (produced, rest)
-                }
-                _ => match candidates {
-                    // The index narrows the scan; the matcher still decides.
-                    Some(found) => (
-                        found
-                            .into_iter()
-                            .filter_map(|i| foreign.get(i))
-                            .filter(|d| keep(d))
-                            .cloned()
-                            .collect(),
-                        stages,
-                    ),
-                    None => (
-                        foreign.iter().filter(|d| keep(d)).cloned().collect(),
-                        stages,
-                    ),
-                },
-            };
-            for stage in rest {
-                found = stage.run_in(found, &inner)?;
-            }
-            set_output(
-                &mut doc,
-                &self.as_field,
-                Bson::Array(found.into_iter().map(Bson::Document).collect()),
-            );
-            out.push(doc);
         }
-        Ok(out)
+        let (join, candidates) = match &self.join {
+            Some((local, foreign_field)) => {
+                let values = leaf_values(&doc, local);
+                let candidates = index.as_ref().and_then(|i| i.candidates(&values));
+                let m = Matcher::parse(&join_filter(foreign_field, values))?;
+                (Some(m), candidates)
+            }
+            None => (None, None),
+        };
+        let keep = |d: &Document| join.as_ref().is_none_or(|m| m.matches(d));
+        let stages = self.pipeline.as_ref().map(Pipeline::stages).unwrap_or(&[]);
+        let (mut found, rest) = match stages.split_first() {
+            Some((first @ Stage::Documents(_), rest)) => {
+                let mut produced = first.run_in(Vec::new(), &inner)?;
+                produced.retain(keep);
+                (produced, rest)
+            }
+            _ => match candidates {
+                // The index narrows the scan; the matcher still decides.
+                Some(found) => (
+                    found
+                        .into_iter()
+                        .filter_map(|i| foreign.get(i))
+                        .filter(|d| keep(d))
+                        .cloned()
+                        .collect(),
+                    stages,
+                ),
+                None => (
+                    foreign.iter().filter(|d| keep(d)).cloned().collect(),
+                    stages,
+                ),
+            },
+        };
+        for stage in rest {
+            found = stage.run_in(found, &inner)?;
+        }
+        set_output(
+            &mut doc,
+            &self.as_field,
+            Bson::Array(found.into_iter().map(Bson::Document).collect()),
+        );
+        Ok(doc)
     }
 }
 
@@ -973,63 +1080,103 @@ impl GraphLookup {
     }
 
     pub(super) fn run(&self, docs: Vec<Document>, env: &Env) -> Result<Vec<Document>> {
-        let foreign = foreign_docs(env, &self.from, "$graphLookup")?;
-        let index = JoinIndex::build(foreign, &self.connect_to, env);
-        let mut out = Vec::with_capacity(docs.len());
-        for mut doc in docs {
-            let mut frontier: Vec<Bson> = match self.start_with.evaluate_in(&doc, env)? {
-                Some(Bson::Array(a)) => a,
-                Some(v) => vec![v],
-                None => Vec::new(),
-            };
-            let mut queried: BTreeSet<Key> = frontier.iter().cloned().map(Key).collect();
-            let mut visited: BTreeSet<Key> = BTreeSet::new();
-            let mut found = Vec::new();
-            let mut depth: u64 = 0;
-            while !frontier.is_empty() && self.max_depth.is_none_or(|max| depth <= max) {
-                let values = std::mem::take(&mut frontier);
-                // The index narrows the scan (in collection order); the matcher decides.
-                let candidates = index.as_ref().and_then(|i| i.candidates(&values));
-                let matcher = Matcher::parse(&join_filter(&self.connect_to, values))?;
-                let scan: Box<dyn Iterator<Item = &Document>> = match candidates {
-                    Some(c) => Box::new(c.into_iter().filter_map(|i| foreign.get(i))),
-                    None => Box::new(foreign.iter()),
-                };
-                for d in scan {
-                    if !matcher.matches(d) {
-                        continue;
-                    }
-                    if let Some(r) = &self.restrict
-                        && !r.try_matches_in(d, env)?
-                    {
-                        continue;
-                    }
-                    let id = d.get("_id").cloned().unwrap_or(Bson::Null);
-                    if !visited.insert(Key(id)) {
-                        continue;
-                    }
-                    for v in leaf_values(d, &self.connect_from) {
-                        if queried.insert(Key(v.clone())) {
-                            frontier.push(v);
-                        }
-                    }
-                    let mut r = d.clone();
-                    if let Some(f) = &self.depth_field {
-                        set_output(
-                            &mut r,
-                            f,
-                            Bson::Int64(i64::try_from(depth).unwrap_or(i64::MAX)),
-                        );
-                    }
-                    found.push(Bson::Document(r));
-                }
-                depth += 1;
-            }
-            set_output(&mut doc, &self.as_field, Bson::Array(found));
-            out.push(doc);
-        }
-        Ok(out)
+        let run = self.prepare(env)?;
+        docs.into_iter()
+            .map(|d| self.search_one(d, &run, env))
+            .collect()
     }
+
+    /// What every document's search shares: the foreign documents and their index.
+    fn prepare<'e>(&self, env: &'e Env) -> Result<(&'e [Document], Option<JoinIndex>)> {
+        let foreign = foreign_docs(env, &self.from, "$graphLookup")?;
+        Ok((foreign, JoinIndex::build(foreign, &self.connect_to, env)))
+    }
+
+    /// `doc` with what its search reaches in its `as` field.
+    fn search_one(
+        &self,
+        mut doc: Document,
+        (foreign, index): &(&[Document], Option<JoinIndex>),
+        env: &Env,
+    ) -> Result<Document> {
+        crate::interrupt::check()?;
+        let mut frontier: Vec<Bson> = match self.start_with.evaluate_in(&doc, env)? {
+            Some(Bson::Array(a)) => a,
+            Some(v) => vec![v],
+            None => Vec::new(),
+        };
+        let mut queried: BTreeSet<Key> = frontier.iter().cloned().map(Key).collect();
+        let mut visited: BTreeSet<Key> = BTreeSet::new();
+        let mut found = Vec::new();
+        let mut depth: u64 = 0;
+        while !frontier.is_empty() && self.max_depth.is_none_or(|max| depth <= max) {
+            let values = std::mem::take(&mut frontier);
+            // The index narrows the scan (in collection order); the matcher decides.
+            let candidates = index.as_ref().and_then(|i| i.candidates(&values));
+            let matcher = Matcher::parse(&join_filter(&self.connect_to, values))?;
+            let scan: Box<dyn Iterator<Item = &Document>> = match candidates {
+                Some(c) => Box::new(c.into_iter().filter_map(|i| foreign.get(i))),
+                None => Box::new(foreign.iter()),
+            };
+            for d in scan {
+                if !matcher.matches(d) {
+                    continue;
+                }
+                if let Some(r) = &self.restrict
+                    && !r.try_matches_in(d, env)?
+                {
+                    continue;
+                }
+                let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+                if !visited.insert(Key(id)) {
+                    continue;
+                }
+                for v in leaf_values(d, &self.connect_from) {
+                    if queried.insert(Key(v.clone())) {
+                        frontier.push(v);
+                    }
+                }
+                let mut r = d.clone();
+                if let Some(f) = &self.depth_field {
+                    set_output(
+                        &mut r,
+                        f,
+                        Bson::Int64(i64::try_from(depth).unwrap_or(i64::MAX)),
+                    );
+                }
+                found.push(Bson::Document(r));
+            }
+            depth += 1;
+        }
+        set_output(&mut doc, &self.as_field, Bson::Array(found));
+        Ok(doc)
+    }
+}
+
+/// `stage` (a `$lookup` or `$graphLookup`) over `docs`, one output document at a time as the
+/// caller reads: the foreign documents are indexed once, and what each document joins is made
+/// only when it is read, so the caller can pass each on before the next is made. `None` for
+/// other stages.
+pub fn join_each<'a>(
+    stage: &'a Stage,
+    docs: Vec<Document>,
+    env: &'a Env,
+) -> Result<Option<Box<dyn Iterator<Item = Result<Document>> + 'a>>> {
+    Ok(match stage {
+        Stage::Lookup(l) => {
+            let run = l.prepare(env)?;
+            Some(Box::new(
+                docs.into_iter().map(move |d| l.join_one(d, &run, env)),
+            ))
+        }
+        Stage::GraphLookup(g) => {
+            let run = g.prepare(env)?;
+            Some(Box::new(
+                docs.into_iter().map(move |d| g.search_one(d, &run, env)),
+            ))
+        }
+        _ => None,
+    })
 }
 
 /// `$documents`: the expression (evaluated once, against no document) as the stream.

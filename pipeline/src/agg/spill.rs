@@ -1,5 +1,6 @@
 //! External sorting: how `$sort` and `$group` take more input than their memory limit when the
-//! command allows disk use, and the limits themselves.
+//! command allows disk use, and the limits themselves; and [`Spool`], the same for documents
+//! that only wait their turn (kept in arrival order).
 //!
 //! Owns: the process's limits for blocking stages (`internalQueryMaxBlockingSortMemoryUsageBytes`
 //! and `internalDocumentSourceGroupMaxMemoryBytes`, 100 MiB each as MongoDB's, settable at run
@@ -13,6 +14,7 @@
 //!   [`MAX_RUNS`], so a sort of any size keeps a bounded number of files open.
 //! * Stability: documents that compare equal come out in input order (each run is sorted
 //!   stably, runs are written in input order, and ties go to the earlier run).
+//! * A spool holds at most the limit plus one document in memory and one file on disk.
 //! * Runs are unnamed temporary files (unlinked as they are created): nothing is left behind
 //!   by a finished, failed or crashed operation.
 //! * Without disk use, a buffer past its limit is `QueryExceededMemoryLimitNoDiskUseAllowed`
@@ -319,28 +321,11 @@ struct Run {
 
 impl Run {
     fn write(purpose: Purpose, docs: impl Iterator<Item = Result<Document>>) -> Result<Run> {
-        let file = tempfile::tempfile().map_err(io_err)?;
-        let mut out = BufWriter::with_capacity(IO_BUFFER, file);
+        let mut out = BufWriter::with_capacity(IO_BUFFER, tempfile::tempfile().map_err(io_err)?);
         let mut bytes = 0_u64;
         for doc in docs {
-            let doc = doc?;
-            let mut raw = Vec::new();
-            doc.to_writer(&mut raw)
-                .map_err(|e| MongoError::internal(format!("spilling a document: {e}")))?;
-            if raw.len() > MAX_RECORD {
-                return Err(MongoError::new(
-                    ErrorCode::BSON_OBJECT_TOO_LARGE,
-                    format!(
-                        "a document of {} bytes is too large to sort on disk",
-                        raw.len()
-                    ),
-                ));
-            }
-            out.write_all(&raw).map_err(io_err)?;
-            bytes += raw.len() as u64;
+            bytes += write_record(&mut out, &doc?)?;
         }
-        let mut file = out.into_inner().map_err(|e| io_err(e.into_error()))?;
-        file.rewind().map_err(io_err)?;
         let counter = match purpose {
             Purpose::Sort => &COUNTERS.sort_spills,
             Purpose::Group => &COUNTERS.group_spills,
@@ -349,6 +334,13 @@ impl Run {
         COUNTERS
             .spilled_bytes
             .fetch_add(bytes, AtomicOrdering::Relaxed);
+        Run::read_back(out)
+    }
+
+    /// The documents written through `out`, from the first.
+    fn read_back(out: BufWriter<File>) -> Result<Run> {
+        let mut file = out.into_inner().map_err(|e| io_err(e.into_error()))?;
+        file.rewind().map_err(io_err)?;
         Ok(Run {
             reader: BufReader::with_capacity(IO_BUFFER, file),
         })
@@ -379,6 +371,136 @@ impl Run {
 
 fn io_err(e: std::io::Error) -> MongoError {
     MongoError::internal(format!("spilling to disk: {e}"))
+}
+
+/// Appends `doc`'s BSON bytes to a run; how many.
+fn write_record(out: &mut impl Write, doc: &Document) -> Result<u64> {
+    let mut raw = Vec::new();
+    doc.to_writer(&mut raw)
+        .map_err(|e| MongoError::internal(format!("spilling a document: {e}")))?;
+    if raw.len() > MAX_RECORD {
+        return Err(MongoError::new(
+            ErrorCode::BSON_OBJECT_TOO_LARGE,
+            format!(
+                "a document of {} bytes is too large to hold on disk",
+                raw.len()
+            ),
+        ));
+    }
+    out.write_all(&raw).map_err(io_err)?;
+    Ok(raw.len() as u64)
+}
+
+/// Documents kept in arrival order for a later pass (what the router gathers between the
+/// stages that read other collections): in memory up to the sort limit; past it, with disk
+/// use, each full buffer is appended to one unnamed temporary file, and they are read back in
+/// the order they came. Without disk use, past the limit is 292 naming `what`.
+pub struct Spool {
+    what: &'static str,
+    limit: usize,
+    disk: bool,
+    buffer: Vec<Document>,
+    bytes: usize,
+    file: Option<BufWriter<File>>,
+}
+
+impl Spool {
+    /// An empty spool under the current sort limit; `disk` is the command's `allowDiskUse`.
+    pub fn new(what: &'static str, disk: bool) -> Spool {
+        Spool {
+            what,
+            limit: sort_limit(),
+            disk,
+            buffer: Vec::new(),
+            bytes: 0,
+            file: None,
+        }
+    }
+
+    /// Adds a document at the end.
+    pub fn push(&mut self, doc: Document) -> Result<()> {
+        crate::interrupt::check()?;
+        self.bytes += document_size(&doc);
+        self.buffer.push(doc);
+        if self.bytes <= self.limit {
+            return Ok(());
+        }
+        if !self.disk {
+            return Err(MongoError::new(
+                ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
+                format!(
+                    "{} exceeded the memory limit of {} bytes, but did not opt in to using \
+                     the disk. Pass allowDiskUse:true to opt in.",
+                    self.what, self.limit
+                ),
+            ));
+        }
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self.file.insert(BufWriter::with_capacity(
+                IO_BUFFER,
+                tempfile::tempfile().map_err(io_err)?,
+            )),
+        };
+        let mut bytes = 0;
+        for doc in self.buffer.drain(..) {
+            bytes += write_record(file, &doc)?;
+        }
+        self.bytes = 0;
+        COUNTERS.sort_spills.fetch_add(1, AtomicOrdering::Relaxed);
+        COUNTERS
+            .spilled_bytes
+            .fetch_add(bytes, AtomicOrdering::Relaxed);
+        Ok(())
+    }
+
+    /// Adds every document of `docs`.
+    pub fn extend(&mut self, docs: impl IntoIterator<Item = Result<Document>>) -> Result<()> {
+        docs.into_iter().try_for_each(|d| self.push(d?))
+    }
+
+    /// Whether any document went to disk.
+    pub fn spilled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// The documents in the order they came.
+    pub fn finish(self) -> Result<Spooled> {
+        let run = self.file.map(Run::read_back).transpose()?;
+        Ok(Spooled {
+            run,
+            memory: self.buffer.into_iter(),
+            failed: false,
+        })
+    }
+}
+
+/// A spool read back: what went to disk, then what stayed in memory.
+pub struct Spooled {
+    run: Option<Run>,
+    memory: std::vec::IntoIter<Document>,
+    failed: bool,
+}
+
+impl Iterator for Spooled {
+    type Item = Result<Document>;
+
+    fn next(&mut self) -> Option<Result<Document>> {
+        if self.failed {
+            return None;
+        }
+        if let Some(run) = &mut self.run {
+            match run.next_doc() {
+                Ok(Some(doc)) => return Some(Ok(doc)),
+                Ok(None) => self.run = None,
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        self.memory.next().map(Ok)
+    }
 }
 
 enum Source {
@@ -518,6 +640,36 @@ mod tests {
             .map(|d| d.unwrap().get_i32("k").unwrap())
             .collect();
         assert_eq!(out, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_spool_past_its_limit_goes_to_disk_and_keeps_arrival_order() {
+        let mut s = Spool::new("test", true);
+        s.limit = 2_000;
+        for seq in 0..5_000_i32 {
+            s.push(doc! {"seq": seq, "pad": "x".repeat(50)}).unwrap();
+        }
+        assert!(s.spilled());
+        assert!(s.buffer.len() < 40, "memory holds {}", s.buffer.len());
+        let seqs: Vec<i32> = s
+            .finish()
+            .unwrap()
+            .map(|d| d.unwrap().get_i32("seq").unwrap())
+            .collect();
+        assert_eq!(seqs, (0..5_000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn without_disk_use_a_spool_past_its_limit_is_292() {
+        let mut s = Spool::new("The router's $lookup input", false);
+        s.limit = 1_000;
+        let err = (0..100)
+            .map(|i| s.push(doc! {"k": i, "pad": "x".repeat(50)}))
+            .find_map(Result::err)
+            .unwrap();
+        assert_eq!(err.code, 292);
+        assert!(err.errmsg.contains("$lookup"), "{}", err.errmsg);
+        assert!(!s.spilled());
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! `$densify` through a sort too (then it generates as it is read, holding a partition table),
 //! `$count` through a counter, `$fill` through a run of the stages it stands for, `$facet`
 //! through a run of each sub-pipeline (each bounded as its stages are, the output up to
-//! 100 MiB), `$sample` through a reservoir of its size, every other blocking stage (the joins
-//! where a shard runs them) through a batch in memory (up to the sort limit without
-//! `allowDiskUse`; unbounded with it, which is still to do).
+//! 100 MiB), `$sample` through a reservoir of its size, `$lookup` and `$graphLookup` (inside a
+//! `$facet` the router runs, the foreign documents given) a chunk at a time into a spool,
+//! `$unionWith` through a spool, and what is left (a `$densify` whose order cannot be made,
+//! which fails) through a batch in memory (up to the sort limit without `allowDiskUse`).
 //!
 //! Invariants:
 //! * Same results as [`Pipeline::run_in`] over the same input, group order aside: a `$group`
@@ -27,8 +28,9 @@ use std::sync::Arc;
 use bson::{Bson, Document};
 
 use super::bucket_auto::BucketAutoSink;
+use super::lookup;
 use super::sample::Reservoir;
-use super::spill::{Purpose, Sorted, Sorter};
+use super::spill::{Purpose, Sorted, Sorter, Spool};
 use super::window::WindowSink;
 use super::{
     AccState, Bucket, Group, GroupKey, Pipeline, Stage, Table, accumulate, count_document,
@@ -229,6 +231,17 @@ enum Sink {
     BucketAuto(Box<BucketAutoSink>),
     Facet(FacetSink),
     Window(Box<WindowSink>),
+    /// `$lookup` and `$graphLookup` (in a `$facet` on the router, with the foreign
+    /// documents in the environment): each chunk of input joined as it fills, the output
+    /// spooled. `$unionWith`: the input spooled, then what the stage adds.
+    Join {
+        stage: Box<Stage>,
+        chunk: Vec<Document>,
+        /// What `chunk` takes.
+        bytes: usize,
+        out: Spool,
+        env: Box<Env>,
+    },
     /// Any other blocking stage, run over its whole input at the end.
     Batch {
         stage: Box<Stage>,
@@ -288,6 +301,15 @@ impl Sink {
             Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
             Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
             Some(Stage::Sample(n)) => Sink::Sample(Reservoir::new(*n), env.allow_disk_use),
+            Some(stage @ (Stage::Lookup(_) | Stage::GraphLookup(_) | Stage::UnionWith(_))) => {
+                Sink::Join {
+                    stage: Box::new(stage.clone()),
+                    chunk: Vec::new(),
+                    bytes: 0,
+                    out: Spool::new(stage.name(), env.allow_disk_use),
+                    env: Box::new(env.clone()),
+                }
+            }
             Some(stage) => Sink::batch(Some(stage), env),
         }
     }
@@ -322,6 +344,24 @@ impl Sink {
                 *bytes += crate::changestream::split::document_size(&doc);
                 docs.push(doc);
                 check_held(stage.name(), *bytes, *disk)
+            }
+            Sink::Join { stage, out, .. } if matches!(**stage, Stage::UnionWith(_)) => {
+                out.push(doc)
+            }
+            Sink::Join {
+                stage,
+                chunk,
+                bytes,
+                out,
+                env,
+            } => {
+                *bytes += crate::changestream::split::document_size(&doc);
+                chunk.push(doc);
+                if chunk.len() >= lookup::CHUNK_DOCS || *bytes >= lookup::CHUNK_BYTES {
+                    *bytes = 0;
+                    join_into(stage, std::mem::take(chunk), env, out)?;
+                }
+                Ok(())
             }
             Sink::Sort(sorter) => sorter.push(doc),
             Sink::Group(g) | Sink::SortByCount(g) => g.push(doc),
@@ -367,10 +407,35 @@ impl Sink {
             Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
             Sink::Window(w) => w.finish()?,
             Sink::Sample(r, _) => Box::new(r.finish(&mut rand::rng()).into_iter().map(Ok)),
+            Sink::Join {
+                stage,
+                chunk,
+                mut out,
+                env,
+                ..
+            } => {
+                if matches!(*stage, Stage::UnionWith(_)) {
+                    out.extend(stage.run_in(Vec::new(), &env)?.into_iter().map(Ok))?;
+                } else {
+                    join_into(&stage, chunk, &env, &mut out)?;
+                }
+                Box::new(out.finish()?)
+            }
             Sink::Batch { stage, docs, .. } => {
                 Box::new(stage.run_in(docs, env)?.into_iter().map(Ok))
             }
         })
+    }
+}
+
+/// `stage` (a `$lookup` or `$graphLookup`) over `chunk`, into `out`.
+fn join_into(stage: &Stage, chunk: Vec<Document>, env: &Env, out: &mut Spool) -> Result<()> {
+    match lookup::join_each(stage, chunk, env)? {
+        Some(joined) => out.extend(joined),
+        None => Err(MongoError::internal(format!(
+            "{} is no join of a chunk",
+            stage.name()
+        ))),
     }
 }
 

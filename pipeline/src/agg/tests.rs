@@ -705,8 +705,16 @@ fn pushed(p: &Pipeline, env: &Env, limit: usize) -> Result<Vec<Document>> {
 
 #[test]
 fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
+    let mut other = super::lookup::Foreign::default();
+    other.insert(
+        "other",
+        (0..200_i32)
+            .map(|i| doc! {"_id": i, "g": i % 37, "next": i + 1})
+            .collect(),
+    );
     let disk = Env {
         allow_disk_use: true,
+        foreign: Some(std::sync::Arc::new(other)),
         ..Env::default()
     };
     let folded = Env {
@@ -795,11 +803,37 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
             doc! {"$project": {"x": 1, "g": 1, "v": {"$cond": [{"$eq": [{"$mod": ["$x", 3]}, 0]}, null, "$x"]}}},
             doc! {"$fill": {"sortBy": {"x": 1}, "partitionByFields": ["g"], "output": {"v": {"method": "locf"}}}},
         ],
+        vec![
+            doc! {"$lookup": {"from": "other", "localField": "g", "foreignField": "g", "as": "j"}},
+            doc! {"$project": {"pad": 0}},
+        ],
+        vec![
+            doc! {"$match": {"g": {"$lt": 6}}},
+            doc! {"$lookup": {
+                "from": "other", "let": {"x": "$x"},
+                "pipeline": [{"$match": {"$expr": {"$eq": ["$_id", {"$mod": ["$$x", 300]}]}}}],
+                "as": "j",
+            }},
+            doc! {"$limit": 400},
+        ],
+        vec![
+            doc! {"$graphLookup": {
+                "from": "other", "startWith": "$g", "connectFromField": "next",
+                "connectToField": "_id", "maxDepth": 3, "as": "r",
+            }},
+            doc! {"$project": {"pad": 0}},
+        ],
+        vec![doc! {"$unionWith": "other"}, doc! {"$skip": 100}],
         vec![doc! {"$facet": {
             "sorted": [{"$sort": {"x": -1}}, {"$limit": 40}, {"$project": {"pad": 0}}],
             "groups": [{"$group": {"_id": "$g", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}],
             "first": [{"$limit": 3}],
             "buckets": [{"$bucketAuto": {"groupBy": "$x", "buckets": 3}}],
+            "joined": [
+                {"$lookup": {"from": "other", "localField": "g", "foreignField": "_id", "as": "j"}},
+                {"$match": {"j": {"$ne": []}}},
+                {"$count": "n"},
+            ],
         }}],
     ];
     let before = spill::counters()

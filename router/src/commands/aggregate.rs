@@ -16,20 +16,30 @@
 //! what its search reaches, level by level; other correlated lookups (and `$facet`s that read
 //! elsewhere) read their collections whole.
 //!
+//! Memory: the router holds a pipeline's documents as they wait for the next join in a
+//! `Spool` (in memory up to the sort limit, then on disk under `allowDiskUse`, 292 without),
+//! and the streaming stages between joins run as they are read. A `$lookup` or `$graphLookup`
+//! joins its input a chunk at a time (`lookup::CHUNK_DOCS`, `lookup::CHUNK_BYTES`), reading the foreign documents of that chunk only; what it reads of a
+//! foreign collection is held in memory up to the sort limit. Past it a `$lookup` runs each
+//! document's join as a query of its own on the shards (as MongoDB runs every one) when the
+//! command allows disk use, and is 292 when it does not; a `$graphLookup` is 40099, as
+//! MongoDB 7.0's, which does not spill either.
+//!
 //! Invariants:
-//! * Every shard read carries the command's session, transaction, read concern and `let`, so a
+//! * Every shard read carries the command's session, transaction, read concern, and the `let`
+//!   variables in force (the command's, and a `$lookup`'s when it queries per document), so a
 //!   pipeline reads its own transaction's writes and one snapshot.
 //! * A collection that does not exist reads as empty; a view reads as its pipeline over its
 //!   source (the shard answers 169 with the view resolved, as for any read of a view).
 //! * A pipeline that reads other collections never runs on a shard alone: a shard cannot see
 //!   other shards' collections.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
-use pipeline::agg::lookup::{self, Foreign};
-use pipeline::agg::{Pipeline, split};
+use pipeline::agg::lookup::{self, Foreign, GraphPrefetch};
+use pipeline::agg::spill::{Spool, sort_limit};
+use pipeline::agg::{Docs, Pipeline, Stage, split};
 use pipeline::changestream::split::document_size;
 use pipeline::expr::Env;
 use pipeline::sort::SortSpec;
@@ -54,101 +64,244 @@ pub(super) const INHERITED: &[&str] = &[
 /// How many join values one read of a `$lookup`'s foreign collection asks for.
 const JOIN_VALUES_PER_READ: usize = 1_000;
 
+/// What the 292 of the router's spools names.
+const GATHERED: &str = "The documents the router gathers for this pipeline";
+
+/// The largest array of documents one `$lookup` may join to a document (MongoDB's 4568).
+const MAX_JOINED_BYTES: usize = 16 * 1024 * 1024 + 16 * 1024;
+
 /// Runs `parsed` over `input` on the router, reading the other collections its stages name
-/// as each stage comes: a `$lookup` on `localField`/`foreignField` (or a correlated `$eq` on a
-/// `let` variable) reads only the foreign documents that can join the documents reaching it
-/// (their join values, `$in` chunks, routed by the foreign shard key where it is one, through
-/// the shards' indexes); a `$unionWith` runs
-/// its sub-pipeline over its collection as an aggregate of its own; a `$graphLookup` reads the
-/// documents its search reaches, level by level (`$in` on each level's values); every other
-/// stage that reads a collection reads it whole, once per run.
+/// as each stage comes (see the module's notes on memory); the output is read lazily.
 pub(super) async fn run_stages(
     ctx: &Ctx<'_>,
     parsed: &Pipeline,
-    input: Vec<Document>,
+    input: Docs,
     env: &Env,
-) -> Result<Vec<Document>> {
-    let mut whole = Arc::new(Foreign::default());
+) -> Result<Docs> {
+    let mut whole = Whole::default();
     let mut docs = input;
+    let mut streaming = Vec::new();
     for stage in parsed.stages() {
         if !lookup::reads_other_collections(stage) {
-            docs = stage.run_in(docs, env)?;
+            streaming.push(stage.clone());
             continue;
         }
-        if let Some((coll, stages)) = lookup::union_with_aggregate(stage) {
-            docs.extend(Box::pin(aggregate_of(ctx, coll, stages, env)).await?);
-            continue;
-        }
-        let joined = match lookup::join_prefetch(stage, &docs, JOIN_VALUES_PER_READ, env)? {
-            Some((from, filters)) => {
-                let docs = read_foreign(ctx, &from, &filters, env).await?;
-                Some((from, docs))
-            }
-            None => match lookup::GraphPrefetch::start(stage, &docs, env)? {
-                Some(mut search) => {
-                    while let Some(filters) = search.next_filters(JOIN_VALUES_PER_READ) {
-                        let level = read_foreign(ctx, search.from(), &filters, env).await?;
-                        search.found(level)?;
-                    }
-                    let from = search.from().to_string();
-                    Some((from, search.into_docs()))
+        docs = Pipeline::from_stages(std::mem::take(&mut streaming)).stream(docs, env)?;
+        let mut out = Spool::new(GATHERED, env.allow_disk_use);
+        match stage {
+            Stage::Lookup(_) | Stage::GraphLookup(_) => loop {
+                let chunk = next_chunk(&mut docs)?;
+                if chunk.is_empty() {
+                    break;
                 }
-                None => None,
+                Box::pin(join_chunk(ctx, stage, chunk, env, &mut whole, &mut out)).await?;
             },
-        };
-        let foreign = match joined {
-            Some((from, docs)) => {
-                ctx.router
-                    .metrics
-                    .foreign_documents_read(true, docs.len() as u64);
-                let mut joined = Foreign::default();
-                joined.insert(from, docs);
-                Arc::new(joined)
-            }
-            None => {
-                // One after another: inside a transaction, the first read of a shard starts
-                // it there.
-                for name in lookup::stage_foreign_collections(stage) {
-                    if whole.get(&name).is_none() {
-                        let docs = read_foreign(ctx, &name, &[Document::new()], env).await?;
-                        ctx.router
-                            .metrics
-                            .foreign_documents_read(false, docs.len() as u64);
-                        Arc::make_mut(&mut whole).insert(name, docs);
+            _ => {
+                // What the input passes on as it is, then what the stage adds: `$unionWith`
+                // (a `$facet` that reads elsewhere consumes the input).
+                if let Some((coll, stages)) = lookup::union_with_aggregate(stage) {
+                    out.extend(docs)?;
+                    out.extend(Box::pin(aggregate_of(ctx, coll, stages, env)).await?)?;
+                } else {
+                    let Some(foreign) = whole.read(ctx, stage, env).await? else {
+                        return Err(whole_too_large(stage));
+                    };
+                    let env = Env {
+                        foreign: Some(foreign),
+                        ..env.clone()
+                    };
+                    if matches!(stage, Stage::UnionWith(_)) {
+                        out.extend(docs)?;
+                        out.extend(stage.run_in(Vec::new(), &env)?.into_iter().map(Ok))?;
+                    } else {
+                        let one = Pipeline::from_stages(vec![stage.clone()]);
+                        out.extend(one.stream(docs, &env)?)?;
                     }
                 }
-                whole.clone()
             }
-        };
-        let env = Env {
-            foreign: Some(foreign),
-            ..env.clone()
-        };
-        docs = stage.run_in(docs, &env)?;
+        }
+        docs = Box::new(out.finish()?);
     }
-    Ok(docs)
+    Pipeline::from_stages(streaming).stream(docs, env)
 }
 
-/// `stages` over collection `coll` as an aggregate of its own (what a `$unionWith` adds): split
-/// between the shards that hold it and the router. A view runs them over its documents.
-async fn aggregate_of(
+/// The next chunk of a join's input (see `lookup::CHUNK_DOCS`); empty at the end.
+fn next_chunk(docs: &mut Docs) -> Result<Vec<Document>> {
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    while chunk.len() < lookup::CHUNK_DOCS && bytes < lookup::CHUNK_BYTES {
+        let Some(doc) = docs.next().transpose()? else {
+            break;
+        };
+        bytes += document_size(&doc);
+        chunk.push(doc);
+    }
+    Ok(chunk)
+}
+
+/// Joins one chunk of a `$lookup` or `$graphLookup`'s input into `out`, reading what the
+/// chunk can join (or the foreign collection whole, once per run, for joins that cannot say).
+async fn join_chunk(
     ctx: &Ctx<'_>,
-    coll: &str,
-    stages: &[Document],
+    stage: &Stage,
+    chunk: Vec<Document>,
     env: &Env,
-) -> Result<Vec<Document>> {
+    whole: &mut Whole,
+    out: &mut Spool,
+) -> Result<()> {
+    let limit = sort_limit();
+    let foreign = if let Some((from, filters)) =
+        lookup::join_prefetch(stage, &chunk, JOIN_VALUES_PER_READ, env)?
+    {
+        let Some(docs) = read_foreign(ctx, &from, &filters, env, limit).await? else {
+            return per_document(ctx, stage, chunk, env, out).await;
+        };
+        ctx.router
+            .metrics
+            .foreign_documents_read(true, docs.len() as u64);
+        let mut joined = Foreign::default();
+        joined.insert(from, docs);
+        Arc::new(joined)
+    } else if let Some(mut search) = GraphPrefetch::start(stage, &chunk, env)? {
+        while let Some(filters) = search.next_filters(JOIN_VALUES_PER_READ) {
+            let Some(level) = read_foreign(ctx, search.from(), &filters, env, limit).await? else {
+                return Err(graph_too_large());
+            };
+            search.found(level)?;
+        }
+        let from = search.from().to_string();
+        let docs = search.into_docs();
+        ctx.router
+            .metrics
+            .foreign_documents_read(true, docs.len() as u64);
+        let mut joined = Foreign::default();
+        joined.insert(from, docs);
+        Arc::new(joined)
+    } else {
+        match whole.read(ctx, stage, env).await? {
+            Some(foreign) => foreign,
+            None => return per_document(ctx, stage, chunk, env, out).await,
+        }
+    };
+    let env = Env {
+        foreign: Some(foreign),
+        ..env.clone()
+    };
+    if let Some(joined) = lookup::join_each(stage, chunk, &env)? {
+        out.extend(joined)?;
+    }
+    Ok(())
+}
+
+/// A `$lookup` whose foreign documents do not fit the memory limit: with disk use, each
+/// document's join is a query of its own on the shards (an aggregate of the foreign
+/// collection), as MongoDB runs every `$lookup`; without, 292.
+async fn per_document(
+    ctx: &Ctx<'_>,
+    stage: &Stage,
+    chunk: Vec<Document>,
+    env: &Env,
+    out: &mut Spool,
+) -> Result<()> {
+    if !env.allow_disk_use {
+        return Err(whole_too_large(stage));
+    }
+    for doc in chunk {
+        let Some(query) = lookup::lookup_per_document(stage, &doc, env)? else {
+            return Err(whole_too_large(stage));
+        };
+        let mut joined = Vec::new();
+        let mut bytes = 0;
+        for d in Box::pin(aggregate_of(ctx, &query.from, &query.stages, &query.env)).await? {
+            let d = d?;
+            bytes += document_size(&d);
+            if bytes > MAX_JOINED_BYTES {
+                return Err(MongoError::new(
+                    ErrorCode::BSON_OBJECT_TOO_LARGE,
+                    format!(
+                        "Total size of documents in {} matching pipeline's $lookup stage \
+                         exceeds {MAX_JOINED_BYTES} bytes",
+                        query.from
+                    ),
+                ));
+            }
+            joined.push(d);
+        }
+        out.push(query.attach(doc, joined))?;
+    }
+    Ok(())
+}
+
+/// The collections read whole by the stages that need them, once per run, held up to the
+/// sort limit together.
+#[derive(Default)]
+struct Whole {
+    foreign: Arc<Foreign>,
+    bytes: usize,
+}
+
+impl Whole {
+    /// Every collection `stage` reads, each read whole when first needed; `None` when they do
+    /// not fit the sort limit (what was read stays, for the next stage that needs it).
+    async fn read(
+        &mut self,
+        ctx: &Ctx<'_>,
+        stage: &Stage,
+        env: &Env,
+    ) -> Result<Option<Arc<Foreign>>> {
+        // One after another: inside a transaction, the first read of a shard starts it there.
+        for name in lookup::stage_foreign_collections(stage) {
+            if self.foreign.get(&name).is_some() {
+                continue;
+            }
+            let room = sort_limit().saturating_sub(self.bytes);
+            let Some(docs) = read_foreign(ctx, &name, &[Document::new()], env, room).await? else {
+                return Ok(None);
+            };
+            ctx.router
+                .metrics
+                .foreign_documents_read(false, docs.len() as u64);
+            self.bytes += docs.iter().map(document_size).sum::<usize>();
+            Arc::make_mut(&mut self.foreign).insert(name, docs);
+        }
+        Ok(Some(self.foreign.clone()))
+    }
+}
+
+/// 292 for a stage whose foreign collections do not fit the memory limit.
+fn whole_too_large(stage: &Stage) -> MongoError {
+    MongoError::new(
+        ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
+        format!(
+            "The documents {} reads from other collections exceeded the memory limit of {} \
+             bytes; pass allowDiskUse:true to have a $lookup query them per document",
+            stage.name(),
+            sort_limit()
+        ),
+    )
+}
+
+/// 40099, as MongoDB 7.0's `$graphLookup` (which ignores `allowDiskUse`).
+fn graph_too_large() -> MongoError {
+    MongoError::with_code(40099, "$graphLookup reached maximum memory consumption")
+}
+
+/// `stages` over collection `coll` as an aggregate of its own (what a `$unionWith` adds, and a
+/// `$lookup`'s query for one document): split between the shards that hold it and the router.
+/// A view runs them over its documents.
+async fn aggregate_of(ctx: &Ctx<'_>, coll: &str, stages: &[Document], env: &Env) -> Result<Docs> {
     validate_collection_name(ctx.db, coll)?;
     let parsed = Pipeline::parse_with_vars(stages, &env.names())?;
     let filter = super::explain::leading_match_of(stages);
     let routed = read_targets(ctx, coll, &filter).await?;
     if routed.shards.is_empty() {
-        return parsed.run_in(Vec::new(), env);
+        return run_stages(ctx, &parsed, Box::new(std::iter::empty()), env).await;
     }
     match run_split(ctx, coll, stages, &parsed, env, &routed, &filter).await {
         Err(e) => match shard::views::resolved(&e) {
             Some((source_ns, pipeline)) => {
                 let docs = read_view(ctx, &source_ns, &pipeline, env).await?;
-                parsed.run_in(docs, env)
+                run_stages(ctx, &parsed, docs, env).await
             }
             None => Err(e),
         },
@@ -157,16 +310,18 @@ async fn aggregate_of(
 }
 
 /// The documents of collection `name` that pass any of `filters` (each read with its own
-/// routing, under the command's collation), each once. A view reads whole: its pipeline over
-/// its source, which is what every filter would have been applied to.
+/// routing, under the command's collation), each once; `None` when they pass `limit` bytes.
+/// A view reads whole: its pipeline over its source, which is what every filter would have
+/// been applied to.
 async fn read_foreign(
     ctx: &Ctx<'_>,
     name: &str,
     filters: &[Document],
     env: &Env,
-) -> Result<Vec<Document>> {
+    limit: usize,
+) -> Result<Option<Vec<Document>>> {
     validate_collection_name(ctx.db, name)?;
-    let mut out = Vec::new();
+    let mut held = Held::new(limit);
     for filter in filters {
         let routed = read_targets(ctx, name, filter).await?;
         if routed.shards.is_empty() {
@@ -176,22 +331,56 @@ async fn read_foreign(
         if let Some(c) = ctx.cmd.get("collation") {
             find.insert("collation", c.clone());
         }
-        match read_merged(ctx, name, &routed, find, None).await {
-            Ok(docs) => out.extend(docs),
+        let merge = match open_merge(ctx, name, &routed, find, None, true).await {
+            Ok(merge) => merge,
             Err(e) => match shard::views::resolved(&e) {
                 Some((source_ns, pipeline)) => {
-                    return read_view(ctx, &source_ns, &pipeline, env).await;
+                    let mut held = Held::new(limit);
+                    for doc in read_view(ctx, &source_ns, &pipeline, env).await? {
+                        if !held.take(doc?) {
+                            return Ok(None);
+                        }
+                    }
+                    return Ok(Some(held.docs));
                 }
                 None => return Err(e),
             },
+        };
+        if !drain(ctx, merge, |doc| Ok(held.take(doc))).await? {
+            return Ok(None);
         }
     }
+    let mut out = held.docs;
     if filters.len() > 1 {
         // A document whose foreign field is an array can pass two chunks' filters.
         out.sort_by(|a, b| pipeline::value::compare(id(a), id(b)));
         out.dedup_by(|a, b| pipeline::value::compare(id(a), id(b)).is_eq());
     }
-    Ok(out)
+    Ok(Some(out))
+}
+
+/// Documents held in memory up to a number of bytes.
+struct Held {
+    docs: Vec<Document>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Held {
+    fn new(limit: usize) -> Held {
+        Held {
+            docs: Vec::new(),
+            bytes: 0,
+            limit,
+        }
+    }
+
+    /// Keeps `doc`; whether everything kept is still within the limit.
+    fn take(&mut self, doc: Document) -> bool {
+        self.bytes += document_size(&doc);
+        self.docs.push(doc);
+        self.bytes <= self.limit
+    }
 }
 
 fn id(d: &Document) -> &Bson {
@@ -199,25 +388,26 @@ fn id(d: &Document) -> &Bson {
 }
 
 /// The documents of a view named by `$lookup` / `$unionWith` / `$graphLookup`: its resolved
-/// pipeline run over every document of its source.
+/// pipeline run over every document of its source (spooled as the command allows).
 async fn read_view(
     ctx: &Ctx<'_>,
     source_ns: &str,
     pipeline: &[Document],
     env: &Env,
-) -> Result<Vec<Document>> {
+) -> Result<Docs> {
     let source = source_ns
         .strip_prefix(&format!("{}.", ctx.db))
         .unwrap_or(source_ns)
         .to_string();
     let routed = read_targets(ctx, &source, &Document::new()).await?;
-    let docs = if routed.shards.is_empty() {
-        Vec::new()
-    } else {
+    let mut spool = Spool::new(GATHERED, env.allow_disk_use);
+    if !routed.shards.is_empty() {
         let find = doc! {"find": &source, "filter": {}};
-        read_merged(ctx, &source, &routed, find, None).await?
-    };
-    Pipeline::parse_with_vars(pipeline, &env.names())?.run_in(docs, env)
+        let merge = open_merge(ctx, &source, &routed, find, None, true).await?;
+        drain(ctx, merge, |doc| spool.push(doc).map(|()| true)).await?;
+    }
+    let docs: Docs = Box::new(spool.finish()?);
+    Pipeline::parse_with_vars(pipeline, &env.names())?.stream(docs, env)
 }
 
 /// Whether the pipeline must run on the router even over one shard's collection.
@@ -225,8 +415,9 @@ pub(super) fn needs_router(parsed: &Pipeline) -> bool {
     parsed.stages().iter().any(lookup::reads_other_collections)
 }
 
-/// Runs `stages` over `coll`: the shards run their part, the router merges and runs the rest.
-/// `filter` is the pipeline's leading `$match` (what a `find` asks the shards for).
+/// Runs `stages` over `coll`: the shards run their part, the router spools what they send and
+/// runs the rest. `filter` is the pipeline's leading `$match` (what a `find` asks the shards
+/// for).
 pub(super) async fn run_split(
     ctx: &Ctx<'_>,
     coll: &str,
@@ -235,10 +426,11 @@ pub(super) async fn run_split(
     env: &Env,
     routed: &Targets,
     filter: &Document,
-) -> Result<Vec<Document>> {
+) -> Result<Docs> {
     let (merge, merger) = open_split(ctx, coll, stages, parsed, env, routed, filter, true).await?;
-    let merged = drain(ctx, merge).await?;
-    run_stages(ctx, &merger, merged, env).await
+    let mut spool = Spool::new(GATHERED, env.allow_disk_use);
+    drain(ctx, merge, |doc| spool.push(doc).map(|()| true)).await?;
+    run_stages(ctx, &merger, Box::new(spool.finish()?), env).await
 }
 
 /// The cursor of `stages` over `coll` when no stage reads another collection: the shards run
@@ -257,6 +449,17 @@ pub(super) async fn open_run(
     Ok(Run::new(merge, merger.push_run(env)))
 }
 
+/// The `let` a shard read carries: every variable in force, each as the literal value it has
+/// here (the command's `let` evaluated once, and a `$lookup`'s for the document it joins).
+fn let_of(env: &Env) -> Option<Document> {
+    (!env.vars.is_empty()).then(|| {
+        env.vars
+            .iter()
+            .map(|(name, v)| (name.clone(), Bson::Document(doc! {"$literal": v.clone()})))
+            .collect()
+    })
+}
+
 /// Sends the shards' part of `stages` (a `find` when it is only `$match`) and opens the merge
 /// of their cursors, in the order of the part's final `$sort`; returns it with the router's
 /// part. `whole` asks the shards for everything in their first replies.
@@ -272,12 +475,15 @@ async fn open_split(
     whole: bool,
 ) -> Result<(Merge, Pipeline)> {
     let split = split::split(stages, parsed);
-    // The shards' part runs under the command's collation, variables and disk use.
+    // The shards' part runs under the command's collation, disk use and variables.
     let with_context = |mut cmd: Document| {
-        for field in ["collation", "let", "allowDiskUse"] {
+        for field in ["collation", "allowDiskUse"] {
             if let Some(v) = ctx.cmd.get(field) {
                 cmd.insert(field, v.clone());
             }
+        }
+        if let Some(vars) = let_of(env) {
+            cmd.insert("let", vars);
         }
         cmd
     };
@@ -302,6 +508,7 @@ async fn open_split(
 /// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and opens the
 /// merge of their cursors, in `sort` order (or one shard after another). `whole` asks for
 /// everything in the first replies; otherwise the shards' first batches are their default.
+/// The inherited fields `cmd` already has (its `let`) stay as they are.
 async fn open_merge(
     ctx: &Ctx<'_>,
     coll: &str,
@@ -319,7 +526,9 @@ async fn open_merge(
     }
     cmd.insert("shardVersion", routed.version.clone());
     for field in INHERITED {
-        if let Some(v) = ctx.cmd.get(*field) {
+        if let Some(v) = ctx.cmd.get(*field)
+            && !cmd.contains_key(*field)
+        {
             cmd.insert(*field, v.clone());
         }
     }
@@ -342,31 +551,18 @@ async fn open_merge(
     })
 }
 
-/// Sends `cmd` (a `find` or `aggregate` of `coll`) to the shards `routed` names and reads every
-/// document of their cursors, merged in `sort` order (or one shard after another).
-pub(super) async fn read_merged(
+/// Feeds every document of `merge` to `take` while it answers `true`; whether every document
+/// was taken. The shards' cursors are killed when it stops early or a read fails.
+async fn drain(
     ctx: &Ctx<'_>,
-    coll: &str,
-    routed: &Targets,
-    cmd: Document,
-    sort: Option<SortSpec>,
-) -> Result<Vec<Document>> {
-    let merge = open_merge(ctx, coll, routed, cmd, sort, true).await?;
-    drain(ctx, merge).await
-}
-
-/// Every document of `merge`. What the router holds of them at once is a blocking stage's
-/// memory: past the sort limit it is 292 unless the command allows disk use.
-async fn drain(ctx: &Ctx<'_>, merge: Merge) -> Result<Vec<Document>> {
+    merge: Merge,
+    mut take: impl FnMut(Document) -> Result<bool>,
+) -> Result<bool> {
     let mut all = RouterCursor {
         ns: format!("{}.{}", merge.db, merge.collection),
         state: CursorState::merge(merge),
         info: None,
     };
-    let limit = (!matches!(ctx.cmd.get("allowDiskUse"), Some(Bson::Boolean(true))))
-        .then(pipeline::agg::spill::sort_limit);
-    let mut docs = Vec::new();
-    let mut bytes = 0_usize;
     loop {
         let read = all.next_batch(ctx.router, usize::MAX, None).await;
         let (batch, exhausted) = match read {
@@ -376,21 +572,17 @@ async fn drain(ctx: &Ctx<'_>, merge: Merge) -> Result<Vec<Document>> {
                 return Err(e);
             }
         };
-        bytes += batch.iter().map(document_size).sum::<usize>();
-        docs.extend(batch);
-        if let Some(limit) = limit.filter(|l| bytes > *l) {
-            all.kill(ctx.router).await;
-            return Err(MongoError::new(
-                ErrorCode::QUERY_EXCEEDED_MEMORY_LIMIT_NO_DISK_USE_ALLOWED,
-                format!(
-                    "The documents the router gathers for this pipeline exceeded the memory \
-                     limit of {limit} bytes, but it did not opt in to using more. Pass \
-                     allowDiskUse:true to opt in."
-                ),
-            ));
+        for doc in batch {
+            match take(doc) {
+                Ok(true) => {}
+                stopped => {
+                    all.kill(ctx.router).await;
+                    return stopped;
+                }
+            }
         }
         if exhausted {
-            return Ok(docs);
+            return Ok(true);
         }
     }
 }
@@ -423,17 +615,17 @@ pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result
         }
     };
     let parsed = Pipeline::parse_with_vars(rest, &env.names())?;
-    let out = run_stages(ctx, &parsed, input, &env).await?;
+    let out = run_stages(ctx, &parsed, Box::new(input.into_iter().map(Ok)), &env).await?;
     let ns = format!("{}.$cmd.aggregate", ctx.db);
-    if let Some(sink) = &sink {
-        super::out::write(ctx, sink, out).await?;
-        return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0});
-    }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Buffered(VecDeque::from(out)),
+        state: CursorState::spooled(out),
         info: None,
     };
+    if let Some(sink) = &sink {
+        super::out::write(ctx, sink, cursor).await?;
+        return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0});
+    }
     let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
     super::find::first_reply(ctx, ns, cursor, batch).await
 }

@@ -506,31 +506,30 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
-    if sink.is_none() && !targets.is_empty() && !super::aggregate::needs_router(&parsed) {
+    // The results stream from the shards as the client (or the sink) reads when no stage
+    // reads another collection; otherwise the router spools them between its joins.
+    let state = if !targets.is_empty() && !super::aggregate::needs_router(&parsed) {
         let run =
             super::aggregate::open_run(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter)
                 .await?;
-        let cursor = RouterCursor {
-            ns: ns.clone(),
-            state: CursorState::Run(Box::new(run)),
-            info: None,
-        };
-        return first_reply(ctx, ns, cursor, first).await;
-    }
-    let out = if targets.is_empty() {
-        super::aggregate::run_stages(ctx, &parsed, Vec::new(), &env).await?
+        CursorState::Run(Box::new(run))
+    } else if targets.is_empty() {
+        let none = Box::new(std::iter::empty());
+        CursorState::spooled(super::aggregate::run_stages(ctx, &parsed, none, &env).await?)
     } else {
-        super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter).await?
+        let run =
+            super::aggregate::run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter);
+        CursorState::spooled(run.await?)
     };
-    if let Some(sink) = &sink {
-        super::out::write(ctx, sink, out).await?;
-        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
-    }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::Buffered(out.into()),
+        state,
         info: None,
     };
+    if let Some(sink) = &sink {
+        super::out::write(ctx, sink, cursor).await?;
+        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
+    }
     first_reply(ctx, ns, cursor, first).await
 }
 

@@ -18,6 +18,7 @@ use bson::{Bson, Document, doc};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
+use crate::cursors::RouterCursor;
 
 /// Where and how the results are written.
 #[derive(Debug, Clone, PartialEq)]
@@ -296,23 +297,45 @@ async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document>
     Ok(reply)
 }
 
-/// Writes the aggregation's results into the sink.
-pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, docs: Vec<Document>) -> Result<()> {
-    match sink {
-        Sink::Out { db, coll } => out(ctx, db, coll, docs).await,
+/// Writes the aggregation's results into the sink, reading them a batch at a time (the
+/// router holds one batch of them, whatever their number).
+pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, mut results: RouterCursor) -> Result<()> {
+    let written = match sink {
+        Sink::Out { db, coll } => out(ctx, db, coll, &mut results).await,
         Sink::Merge {
             db,
             coll,
             on,
             when_matched,
             when_not_matched,
-        } => merge(ctx, db, coll, on, when_matched, *when_not_matched, docs).await,
+        } => {
+            merge(
+                ctx,
+                db,
+                coll,
+                on,
+                when_matched,
+                *when_not_matched,
+                &mut results,
+            )
+            .await
+        }
+    };
+    if written.is_err() {
+        results.kill(ctx.router).await;
     }
+    written
 }
 
 const WRITE_BATCH: usize = 1_000;
 
-async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, docs: Vec<Document>) -> Result<()> {
+/// The next batch of results (at most [`WRITE_BATCH`]); `None` at the end.
+async fn next_batch(ctx: &Ctx<'_>, results: &mut RouterCursor) -> Result<Option<Vec<Document>>> {
+    let (batch, _) = results.next_batch(ctx.router, WRITE_BATCH, None).await?;
+    Ok((!batch.is_empty()).then_some(batch))
+}
+
+async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, results: &mut RouterCursor) -> Result<()> {
     let ns = format!("{db}.{coll}");
     if ctx.router.sharded_collection(&ns).await?.is_some() {
         return Err(MongoError::with_code(
@@ -341,7 +364,7 @@ async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, docs: Vec<Document>) -> Result
         create.extend(options.clone());
     }
     command(ctx, db, create).await?;
-    let filled = fill(ctx, db, coll, &temp, docs).await;
+    let filled = fill(ctx, db, coll, &temp, results).await;
     let renamed = match filled {
         Ok(()) => {
             command(
@@ -365,7 +388,13 @@ async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, docs: Vec<Document>) -> Result
 }
 
 /// The temporary collection gets the target's indexes, then the documents.
-async fn fill(ctx: &Ctx<'_>, db: &str, coll: &str, temp: &str, docs: Vec<Document>) -> Result<()> {
+async fn fill(
+    ctx: &Ctx<'_>,
+    db: &str,
+    coll: &str,
+    temp: &str,
+    results: &mut RouterCursor,
+) -> Result<()> {
     let indexes = match command(ctx, db, doc! {"listIndexes": coll, "cursor": {}}).await {
         Ok(reply) => reply
             .get_document("cursor")
@@ -389,13 +418,7 @@ async fn fill(ctx: &Ctx<'_>, db: &str, coll: &str, temp: &str, docs: Vec<Documen
     if !specs.is_empty() {
         command(ctx, db, doc! {"createIndexes": temp, "indexes": specs}).await?;
     }
-    let mut docs = docs.into_iter().peekable();
-    while docs.peek().is_some() {
-        let batch: Vec<Bson> = docs
-            .by_ref()
-            .take(WRITE_BATCH)
-            .map(Bson::Document)
-            .collect();
+    while let Some(batch) = next_batch(ctx, results).await? {
         command(ctx, db, doc! {"insert": temp, "documents": batch}).await?;
     }
     Ok(())
@@ -408,22 +431,32 @@ async fn merge(
     on: &[String],
     when_matched: &WhenMatched,
     when_not_matched: WhenNotMatched,
-    docs: Vec<Document>,
+    results: &mut RouterCursor,
 ) -> Result<()> {
     check_unique_on(ctx, db, coll, on).await?;
     if *when_matched == WhenMatched::Fail && when_not_matched == WhenNotMatched::Insert {
         // Every result is new or an error: plain inserts (a match is a duplicate key).
-        let mut docs = docs.into_iter().peekable();
-        while docs.peek().is_some() {
-            let batch: Vec<Bson> = docs
-                .by_ref()
-                .take(WRITE_BATCH)
-                .map(Bson::Document)
-                .collect();
+        while let Some(batch) = next_batch(ctx, results).await? {
             command(ctx, db, doc! {"insert": coll, "documents": batch}).await?;
         }
         return Ok(());
     }
+    while let Some(batch) = next_batch(ctx, results).await? {
+        merge_each(ctx, db, coll, on, when_matched, when_not_matched, batch).await?;
+    }
+    Ok(())
+}
+
+/// `$merge`'s write of each of `docs`, one command each.
+async fn merge_each(
+    ctx: &Ctx<'_>,
+    db: &str,
+    coll: &str,
+    on: &[String],
+    when_matched: &WhenMatched,
+    when_not_matched: WhenNotMatched,
+    docs: Vec<Document>,
+) -> Result<()> {
     for doc in docs {
         let mut filter = Document::new();
         for field in on {
