@@ -1072,6 +1072,100 @@ async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document(
     Ok(())
 }
 
+/// A shard holds a `find`'s result within the limits too: with the limits at 1 MiB, an
+/// unindexed sort over eight times that is 292 without `allowDiskUse` and spills with it (a
+/// sort + limit keeps only its top); an unsorted find in a transaction or at a snapshot
+/// (which reads its whole result from one snapshot) spools it instead of failing; `count`
+/// counts as it scans; `distinct` holds its values, up to 16 MB (17217 past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finds_counts_and_distincts_hold_bounded_memory() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    set_blocking_limits(&client).await?;
+    let db = client.database("reads");
+    let c = db.collection::<Document>("c");
+    insert_padded(&c).await?;
+
+    let sorted = doc! {"find": "c", "sort": {"k": 1}, "projection": {"pad": 0}, "batchSize": 10};
+    let err = db
+        .run_command(sorted.clone())
+        .await
+        .expect_err("an unindexed sort of eight times the limit");
+    assert_eq!(code_of(&err), Some(292), "{err}");
+    let (sorts_before, _) = spills(&client).await?;
+    let keys: Vec<i32> = c
+        .find(doc! {})
+        .sort(doc! {"k": 1})
+        .projection(doc! {"pad": 0})
+        .allow_disk_use(true)
+        .batch_size(500)
+        .await?
+        .map_ok(|d| d.get_i32("k").unwrap())
+        .try_collect()
+        .await?;
+    assert_eq!(keys, (0..PADDED).collect::<Vec<_>>());
+    let (sorts_after, _) = spills(&client).await?;
+    assert!(sorts_after > sorts_before, "the sort spilled");
+    let top: Vec<i32> = c
+        .find(doc! {})
+        .sort(doc! {"k": -1})
+        .skip(2)
+        .limit(3)
+        .await?
+        .map_ok(|d| d.get_i32("k").unwrap())
+        .try_collect()
+        .await?;
+    assert_eq!(
+        top,
+        vec![PADDED - 3, PADDED - 4, PADDED - 5],
+        "a top-k fits"
+    );
+
+    let mut session = client.start_session().await?;
+    session.start_transaction().await?;
+    let mut in_txn = c
+        .find(doc! {})
+        .batch_size(1_000)
+        .session(&mut session)
+        .await?;
+    let mut n = 0;
+    while let Some(d) = in_txn.next(&mut session).await {
+        assert_eq!(d?.get_str("pad")?.len(), 2_000);
+        n += 1;
+    }
+    assert_eq!(n, PADDED, "the whole result, spooled");
+    session.commit_transaction().await?;
+
+    assert_eq!(
+        c.count_documents(doc! {"g": 3}).await?,
+        (PADDED / 10) as u64
+    );
+    let mut distinct = c.distinct("g", doc! {}).await?;
+    distinct.sort_by_key(|v| v.as_i32());
+    assert_eq!(distinct, (0..10).map(Bson::Int32).collect::<Vec<_>>());
+    // 1,000 distinct values of 20 KB each: past 16 MB.
+    let big = db.collection::<Document>("big");
+    for chunk in (0..1_000).collect::<Vec<i32>>().chunks(100) {
+        big.insert_many(
+            chunk
+                .iter()
+                .map(|i| doc! {"_id": i, "v": format!("{i:05}{}", "v".repeat(20_000))}),
+        )
+        .await?;
+    }
+    let err = big
+        .distinct("v", doc! {})
+        .await
+        .expect_err("20 MB of distinct values");
+    assert_eq!(code_of(&err), Some(17217), "{err}");
+    assert_eq!(
+        big.distinct("v", doc! {"_id": {"$lt": 10}}).await?.len(),
+        10
+    );
+    cluster.stop().await;
+    Ok(())
+}
+
 /// A namespace is at most 255 bytes (`db.coll`), as MongoDB's: a longer collection name is 73
 /// before the router looks it up, caches it or logs it (the fuzzer's 8 MiB names were each
 /// kept by the routing cache).

@@ -464,6 +464,16 @@ impl Spool {
         self.file.is_some()
     }
 
+    /// Everything held, when nothing went to disk (so the spool is empty after); nothing once
+    /// something did (the order is then the file's first, [`Spool::finish`] gives it all).
+    pub fn take_unspilled(&mut self) -> Vec<Document> {
+        if self.spilled() {
+            return Vec::new();
+        }
+        self.bytes = 0;
+        std::mem::take(&mut self.buffer)
+    }
+
     /// The documents in the order they came.
     pub fn finish(self) -> Result<Spooled> {
         let run = self.file.map(Run::read_back).transpose()?;

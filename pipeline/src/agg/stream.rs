@@ -198,10 +198,11 @@ impl PushRun {
     }
 
     /// The output so far of a run with no blocking stage (what its streaming stages passed),
-    /// taken so the run holds none of it; always empty while a blocking stage collects.
+    /// taken so the run holds none of it; always empty while a blocking stage collects, and
+    /// once a run whose output was not taken has spilled it ([`PushRun::finish`] has it).
     pub fn take_ready(&mut self) -> Vec<Document> {
         match &mut self.sink {
-            Sink::Output(docs) => std::mem::take(docs),
+            Sink::Output(docs) => docs.take_unspilled(),
             _ => Vec::new(),
         }
     }
@@ -215,8 +216,10 @@ impl PushRun {
 
 /// Where a blocking stage collects its input.
 enum Sink {
-    /// No blocking stage: the output itself.
-    Output(Vec<Document>),
+    /// No blocking stage: the output itself, in a spool that goes to disk past the sort limit
+    /// whatever the command's `allowDiskUse` (holding a result is no blocking stage's memory),
+    /// for the callers that push their whole input before reading (a transaction's read).
+    Output(Spool),
     Sort(Sorter),
     Group(GroupSink),
     /// `$sortByCount`: a group, whose groups then go through a sort by count.
@@ -257,7 +260,7 @@ enum Sink {
 impl Sink {
     fn new(stage: Option<&Stage>, next: Option<&Stage>, env: &Env) -> Sink {
         match stage {
-            None => Sink::Output(Vec::new()),
+            None => Sink::output(),
             Some(Stage::Sort(spec)) if !spec.is_empty() => {
                 let spec = spec.clone().with_collation(env.collation.clone());
                 let sorter = Sorter::new(
@@ -323,17 +326,17 @@ impl Sink {
                 bytes: 0,
                 disk: env.allow_disk_use,
             },
-            None => Sink::Output(Vec::new()),
+            None => Sink::output(),
         }
+    }
+
+    fn output() -> Sink {
+        Sink::Output(Spool::new("A pipeline's output", true))
     }
 
     fn push(&mut self, doc: Document) -> Result<()> {
         match self {
-            Sink::Output(docs) => {
-                crate::interrupt::check()?;
-                docs.push(doc);
-                Ok(())
-            }
+            Sink::Output(docs) => docs.push(doc),
             Sink::Batch {
                 stage,
                 docs,
@@ -385,7 +388,7 @@ impl Sink {
 
     fn finish(self, env: &Env) -> Result<Docs> {
         Ok(match self {
-            Sink::Output(docs) => Box::new(docs.into_iter().map(Ok)),
+            Sink::Output(docs) => Box::new(docs.finish()?),
             Sink::Sort(sorter) => Box::new(sorter.finish()?),
             Sink::Group(g) => g.finish()?,
             Sink::SortByCount(g) => {

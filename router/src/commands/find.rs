@@ -430,6 +430,14 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     // The shards' values are distinct under the collation; so are the merged ones.
     values.sort_by(|a, b| env.compare(a, b));
     values.dedup_by(|a, b| env.equal(a, b));
+    let bytes: usize = values
+        .iter()
+        .map(pipeline::changestream::split::value_size)
+        .sum();
+    if bytes > wire::MAX_BSON_OBJECT_SIZE {
+        // Each shard's part fits; together they may not (MongoDB's cap, 17217).
+        return Err(MongoError::with_code(17217, "distinct too big, 16mb cap"));
+    }
     Ok(doc! {"values": values, "ok": 1.0})
 }
 

@@ -21,6 +21,8 @@ use crate::indexes::plan::Access;
 use crate::oplog::{WindowRead, read_from_storage};
 use crate::query::{Filter, Output, Projection, Sort, scan_matching};
 use crate::storage::{ReadTxn, Scan, StorageError};
+use pipeline::agg::Docs;
+use pipeline::agg::spill::{Purpose, Sorter, Spool};
 
 /// Default first-batch size, as in MongoDB.
 const DEFAULT_FIRST_BATCH: usize = 101;
@@ -144,6 +146,7 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let max = ctx.opt_doc("max")?.filter(|d| !d.is_empty());
     let return_key = ctx.bool_or("returnKey", false)?;
     let record_id = ctx.bool_or("showRecordId", false)?;
+    let disk = ctx.bool_or("allowDiskUse", false)?;
     let plan_for = |txn: &dyn ReadTxn, entry: &CollectionEntry| -> Result<_, MongoError> {
         let mut plan = crate::query::plan(txn, entry, &filter, sort.as_ref()).map_err(op_err)?;
         let prefix = crate::keys::collection_prefix(&entry.uuid);
@@ -172,14 +175,14 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
                 return Ok(None);
             };
             let (plan, output) = plan_for(txn, entry)?;
-            let docs = run_collect(txn, entry, &plan, &filter, stop_at)?;
+            let mut docs = Held::new(sort.as_ref(), skip, limit, disk);
+            run_collect(txn, entry, &plan, &filter, stop_at, &mut docs)?;
             Ok(Some((docs, output)))
         })?;
         let Some((docs, output)) = found else {
             return Ok(Reply::read(cursor_reply(0, &ns, Vec::new(), true)));
         };
         let shape = Shape {
-            sort: sort.as_ref(),
             skip,
             limit,
             projection: output.as_ref(),
@@ -235,9 +238,9 @@ pub async fn find(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         };
         return Ok(Reply::read(cursor_reply(id, &ns, first, true)));
     }
-    let docs = run_collect(&*txn, &entry, &plan, &filter, stop_at)?;
+    let mut docs = Held::new(sort.as_ref(), skip, limit, disk);
+    run_collect(&*txn, &entry, &plan, &filter, stop_at, &mut docs)?;
     let shape = Shape {
-        sort: sort.as_ref(),
         skip,
         limit,
         projection: projection.as_ref(),
@@ -264,15 +267,59 @@ fn snapshot(ctx: &Ctx<'_>) -> Result<Box<dyn ReadTxn>, MongoError> {
     ctx.shard.state().storage.begin_read().map_err(storage_err)
 }
 
-/// The documents `plan` yields that match `filter`, at most `stop_at`.
+/// Where a `find`'s matching documents wait when they cannot stream from the scan: a sort's
+/// (at most the sort limit in memory, spilling under `allowDiskUse` and 292 without; only the
+/// first `skip + limit` kept before a limit), or, unsorted, a spool (on disk past the limit
+/// whatever `allowDiskUse` says: holding a result is no blocking stage).
+enum Held {
+    Sorted(Sorter),
+    Spooled(Spool),
+}
+
+impl Held {
+    fn new(sort: Option<&Sort>, skip: usize, limit: Option<usize>, disk: bool) -> Held {
+        let Some(sort) = sort else {
+            return Held::Spooled(Spool::new("A find's result", true));
+        };
+        let spec = sort.clone();
+        let sorter = Sorter::new(
+            Arc::new(move |a: &Document, b: &Document| spec.compare(a, b)),
+            Purpose::Sort,
+            disk,
+        );
+        Held::Sorted(match limit {
+            Some(l) => sorter.keep_top(skip.saturating_add(l)),
+            None => sorter,
+        })
+    }
+
+    fn push(&mut self, doc: Document) -> Result<(), MongoError> {
+        match self {
+            Held::Sorted(s) => s.push(doc),
+            Held::Spooled(s) => s.push(doc),
+        }
+    }
+
+    /// The documents, in the sort's order or as they came.
+    fn finish(self) -> Result<Docs, MongoError> {
+        Ok(match self {
+            Held::Sorted(s) => Box::new(s.finish()?),
+            Held::Spooled(s) => Box::new(s.finish()?),
+        })
+    }
+}
+
+/// Puts the documents `plan` yields that match `filter` into `held`, at most `stop_at`.
 fn run_collect(
     txn: &dyn ReadTxn,
     entry: &CollectionEntry,
     plan: &crate::indexes::plan::Plan,
     filter: &Filter,
     stop_at: Option<usize>,
-) -> Result<Vec<Document>, MongoError> {
-    let mut docs = Vec::new();
+    held: &mut Held,
+) -> Result<(), MongoError> {
+    let mut n = 0;
+    let mut failed = None;
     crate::query::run_plan(
         txn,
         entry,
@@ -284,8 +331,12 @@ fn run_collect(
             if !filter.matches(&d) {
                 return Scan::Continue;
             }
-            docs.push(d);
-            if stop_at.is_some_and(|s| docs.len() >= s) {
+            if let Err(e) = held.push(d) {
+                failed = Some(e);
+                return Scan::Stop;
+            }
+            n += 1;
+            if stop_at.is_some_and(|s| n >= s) {
                 Scan::Stop
             } else {
                 Scan::Continue
@@ -293,12 +344,11 @@ fn run_collect(
         },
     )
     .map_err(storage_err)?;
-    Ok(docs)
+    failed.map_or(Ok(()), Err)
 }
 
 /// What a materialized `find` does to its matching documents.
 struct Shape<'a> {
-    sort: Option<&'a Sort>,
     skip: usize,
     limit: Option<usize>,
     projection: Option<&'a Output>,
@@ -306,75 +356,39 @@ struct Shape<'a> {
     single_batch: bool,
 }
 
-/// The reply to a `find` whose matching documents are all in hand: sorted, skipped, limited
-/// and projected, the rest kept in a cursor.
+/// The reply to a `find` whose matching documents are all held (sorted as they were
+/// taken): skipped, limited and projected as they are read, the first batch now and the rest
+/// in a cursor.
 fn buffered_reply(
     ctx: &Ctx<'_>,
     ns: &str,
-    mut docs: Vec<Document>,
+    held: Held,
     shape: &Shape<'_>,
 ) -> Result<Reply, MongoError> {
-    if let Some(s) = shape.sort {
-        s.sort(&mut docs);
-    }
-    let mut rest: VecDeque<Document> = docs.into_iter().skip(shape.skip).collect();
-    if let Some(l) = shape.limit {
-        rest.truncate(l);
-    }
-    if let Some(p) = shape.projection {
-        rest = rest
-            .into_iter()
-            .map(|d| p.apply(&d))
-            .collect::<Result<_, _>>()?;
-    }
-    let first = take_batch(
+    let docs = held.finish()?.skip(shape.skip);
+    let docs: Docs = match shape.limit {
+        Some(l) => Box::new(docs.take(l)),
+        None => Box::new(docs),
+    };
+    let docs: Docs = match shape.projection.cloned() {
+        Some(p) => Box::new(docs.map(move |d| d.and_then(|d| p.apply(&d)))),
+        None => docs,
+    };
+    let mut rest = docs.peekable();
+    let first = take_stream_batch(
         &mut rest,
         Some(shape.batch_size.unwrap_or(DEFAULT_FIRST_BATCH)),
-    );
-    let id = if rest.is_empty() || shape.single_batch {
+    )?;
+    let id = if shape.single_batch || rest.peek().is_none() {
         0
     } else {
         ctx.shard.cursors().insert(Cursor {
             ns: ns.to_string(),
-            source: CursorSource::Buffered(rest),
+            source: CursorSource::Stream(rest),
             last_used_ms: ctx.shard.state().now_millis(),
         })
     };
     Ok(Reply::read(cursor_reply(id, ns, first, true)))
-}
-
-/// The documents of `entry` matching `filter`, at most `stop_at`.
-fn collect_matching(
-    txn: &dyn ReadTxn,
-    entry: &CollectionEntry,
-    filter: &Filter,
-    stop_at: Option<usize>,
-) -> Result<Vec<Document>, MongoError> {
-    let mut docs = Vec::new();
-    scan_matching(txn, entry, filter, &mut |d| {
-        docs.push(d);
-        if stop_at.is_some_and(|s| docs.len() >= s) {
-            Scan::Stop
-        } else {
-            Scan::Continue
-        }
-    })
-    .map_err(op_err)?;
-    Ok(docs)
-}
-
-/// The matching documents of `db.coll` on what the command reads (its transaction's snapshot
-/// or a fresh one); `None` when the collection does not exist there.
-fn matching(
-    ctx: &Ctx<'_>,
-    coll: &str,
-    filter: &Filter,
-    stop_at: Option<usize>,
-) -> Result<Option<Vec<Document>>, MongoError> {
-    ctx.read(|txn, catalog| match catalog.lookup(&ctx.db, coll) {
-        Some(entry) => collect_matching(txn, entry, filter, stop_at).map(Some),
-        None => Ok(None),
-    })
 }
 
 fn project_all(
@@ -764,11 +778,33 @@ pub fn leading_match<'a>(stages: impl IntoIterator<Item = &'a Document>) -> Docu
     }
 }
 
-/// The matching documents of a collection (none when it does not exist).
-fn matching_docs(ctx: &Ctx<'_>, coll: &str, filter: &Filter) -> Result<Vec<Document>, MongoError> {
-    Ok(matching(ctx, coll, filter, None)?.unwrap_or_default())
+/// Calls `each` with every matching document of a collection (none when it does not exist)
+/// until it says stop.
+fn for_each_matching(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    filter: &Filter,
+    each: &mut dyn FnMut(Document) -> Result<Scan, MongoError>,
+) -> Result<(), MongoError> {
+    ctx.read(|txn, catalog| {
+        let Some(entry) = catalog.lookup(&ctx.db, coll) else {
+            return Ok(());
+        };
+        let mut failed = None;
+        scan_matching(txn, entry, filter, &mut |d| match each(d) {
+            Ok(scan) => scan,
+            Err(e) => {
+                failed = Some(e);
+                Scan::Stop
+            }
+        })
+        .map_err(op_err)?;
+        failed.map_or(Ok(()), Err)
+    })
 }
 
+/// `count`: the matching documents are counted as the scan passes them (it stops at `skip +
+/// limit`), never held.
 pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
@@ -780,35 +816,85 @@ pub fn count(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         .opt_i64("limit")?
         .map(i64::saturating_abs)
         .filter(|l| *l > 0);
-    let total = matching_docs(ctx, &coll, &filter)?.len() as i64;
+    let enough = limit.map(|l| l.saturating_add(skip));
+    let mut total = 0_i64;
+    for_each_matching(ctx, &coll, &filter, &mut |_| {
+        pipeline::interrupt::check()?;
+        total += 1;
+        Ok(if enough.is_some_and(|e| total >= e) {
+            Scan::Stop
+        } else {
+            Scan::Continue
+        })
+    })?;
     let mut n = (total - skip).max(0);
     if let Some(l) = limit {
         n = n.min(l);
     }
-    Ok(Reply::read(doc! {"n": n as i32, "ok": 1.0}))
+    Ok(Reply::read(
+        doc! {"n": i32::try_from(n).unwrap_or(i32::MAX), "ok": 1.0},
+    ))
 }
 
+/// A value ordered as `$sort` orders values (under the command's collation, folded first).
+struct Ordered(Bson);
+
+impl PartialEq for Ordered {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Ordered {}
+
+impl PartialOrd for Ordered {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ordered {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        pipeline::value::compare(&self.0, &other.0)
+    }
+}
+
+/// `distinct`: each value once (equal under the collation), in order; the values are what is
+/// held, up to MongoDB's 16 MB cap (17217 past it).
 pub fn distinct(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let coll = ctx.collection()?;
     crate::views::refuse_view_read(&ctx.shard.state().catalog(), &ctx.db, &coll)?;
     let key = ctx.opt_str("key")?.ok_or_else(|| ctx.missing("key"))?;
     let env = ctx.env_for(&coll)?;
     let filter = Filter::parse_in(&ctx.opt_doc("query")?.unwrap_or_default(), &env)?;
-    let mut values: Vec<Bson> = Vec::new();
-    for d in matching_docs(ctx, &coll, &filter)? {
+    let mut values: std::collections::BTreeMap<Ordered, Bson> = Default::default();
+    let mut bytes = 0;
+    for_each_matching(ctx, &coll, &filter, &mut |d| {
+        pipeline::interrupt::check()?;
         for v in pipeline::value::path_values(&d, &key) {
             let items: Vec<&Bson> = match v {
                 Bson::Array(a) => a.iter().collect(),
                 other => vec![other],
             };
             for item in items {
-                if !values.iter().any(|x| env.equal(x, item)) {
-                    values.push(item.clone());
+                let folded = match &env.collation {
+                    Some(c) => c.fold(item),
+                    None => item.clone(),
+                };
+                if let std::collections::btree_map::Entry::Vacant(slot) =
+                    values.entry(Ordered(folded))
+                {
+                    bytes += pipeline::changestream::split::value_size(item);
+                    if bytes > wire::MAX_BSON_OBJECT_SIZE {
+                        return Err(MongoError::with_code(17217, "distinct too big, 16mb cap"));
+                    }
+                    slot.insert(item.clone());
                 }
             }
         }
-    }
-    values.sort_by(pipeline::value::compare);
+        Ok(Scan::Continue)
+    })?;
+    let values: Vec<Bson> = values.into_values().collect();
     Ok(Reply::read(doc! {"values": values, "ok": 1.0}))
 }
 

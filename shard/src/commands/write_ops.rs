@@ -342,7 +342,8 @@ fn update_context(
     }
 }
 
-/// The documents an update or delete statement targets.
+/// The documents an update or delete statement targets. A sorted single-document statement
+/// keeps only the first in the sort's order as it scans (ties: the first scanned).
 pub fn targets(
     ctx: &WriteCtx<'_>,
     coll: &CollectionEntry,
@@ -350,17 +351,21 @@ pub fn targets(
     multi: bool,
     sort: Option<&Sort>,
 ) -> OpResult<Vec<Document>> {
-    let mut found = Vec::new();
-    let one = !multi && sort.is_none();
-    scan_matching(ctx.txn(), coll, filter, &mut |d| {
-        found.push(d);
-        if one { Scan::Stop } else { Scan::Continue }
-    })?;
-    if let Some(s) = sort {
-        s.sort(&mut found);
-        if !multi {
-            found.truncate(1);
+    let mut found: Vec<Document> = Vec::new();
+    scan_matching(ctx.txn(), coll, filter, &mut |d| match (sort, multi) {
+        (Some(s), false) => {
+            if found.first().is_none_or(|best| s.compare(&d, best).is_lt()) {
+                found = vec![d];
+            }
+            Scan::Continue
         }
+        _ => {
+            found.push(d);
+            if multi { Scan::Continue } else { Scan::Stop }
+        }
+    })?;
+    if let (Some(s), true) = (sort, multi) {
+        s.sort(&mut found);
     }
     Ok(found)
 }
