@@ -455,6 +455,13 @@ impl Shard {
             "highWaterMark": state.high_water_mark().timestamp(),
             "lineage": state.lineage().map(|l| l.to_document()),
             "preImages": {"count": images as i64, "bytes": image_bytes as i64},
+            // The shard's bounded in-memory caches, and their bounds.
+            "memory": {
+                "tailWindowBytes": state.tail.bytes() as i64,
+                "tailWindowBound": TAIL_WINDOW_BYTES as i64,
+                "historyBytes": state.history.bytes() as i64,
+                "historyBound": history::DEFAULT_MAX_BYTES as i64,
+            },
             "metrics": {
                 "changeStreams": state.stream_metrics.to_document(),
                 // The process's: in the embedded default, every shard's and the router's.

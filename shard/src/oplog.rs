@@ -265,6 +265,11 @@ impl TailWindow {
         }
     }
 
+    /// The bytes of entries the window holds (at most its bound, plus one batch).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
     /// The writer publishes a committed batch, in `ts` order.
     pub fn publish(&self, batch: Vec<(ClusterTime, Bytes)>) {
         let Some(last) = batch.last().map(|(ts, _)| *ts) else {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use futures::TryStreamExt;
-use mongodb::bson::{Binary, Document, doc, spec::BinarySubtype};
+use mongodb::bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
 use tests::Proc;
 
 async fn server(dir: &std::path::Path) -> anyhow::Result<Proc> {
@@ -617,8 +617,45 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     assert!(!role.get_bool("isBuiltin")?);
     assert_eq!(role.get_array("roles")?.len(), 1);
     assert_eq!(role.get_array("inheritedPrivileges")?.len(), 2, "{role}");
+    assert_eq!(
+        role.get_array("inheritedRoles")?,
+        &vec![Bson::Document(doc! {"role": "watcher", "db": "app"})],
+        "{role}"
+    );
     let listed = app_db.run_command(doc! {"rolesInfo": 1}).await?;
     assert_eq!(listed.get_array("roles")?.len(), 1);
+    // A custom role inheriting a built-in one: the built-in's sub-roles and privileges are
+    // inherited too, merged with its own by resource.
+    app_db
+        .run_command(doc! {
+            "createRole": "curator",
+            "privileges": [{"resource": {"db": "app", "collection": ""}, "actions": ["collMod"]}],
+            "roles": ["dbOwner"],
+        })
+        .await?;
+    let info = app_db
+        .run_command(doc! {"rolesInfo": "curator", "showPrivileges": true})
+        .await?;
+    let curator = info.get_array("roles")?[0]
+        .as_document()
+        .expect("a role")
+        .clone();
+    let inherited = curator.get_array("inheritedRoles")?;
+    for name in ["dbOwner", "readWrite", "dbAdmin", "userAdmin"] {
+        assert!(
+            inherited.contains(&Bson::Document(doc! {"role": name, "db": "app"})),
+            "{name}: {curator}"
+        );
+    }
+    assert_eq!(
+        actions_on_app(curator.get_array("privileges")?),
+        vec!["collMod"]
+    );
+    let actions = actions_on_app(curator.get_array("inheritedPrivileges")?);
+    for action in ["collMod", "find", "insert", "changeStream", "createUser"] {
+        assert!(actions.contains(&action), "{action}: {curator}");
+    }
+    app_db.run_command(doc! {"dropRole": "curator"}).await?;
     // A built-in role: the roles it names, its own privileges, and all it grants.
     let info = admin
         .run_command(doc! {"rolesInfo": {"role": "dbOwner", "db": "app"}, "showPrivileges": true})

@@ -2,8 +2,8 @@
 //! it runs alone: `scripts/test.sh` runs it after the other tests (`cargo nextest run -p tests
 //! --test hostile_clients --run-ignored only`).
 //!
-//! One embedded cluster (this process), four writers inserting and one watcher reading every
-//! event. First the writers alone, for a period; then, with:
+//! One embedded cluster (the `tributary` binary, in a process of its own), four writers
+//! inserting and one watcher reading every event. First the writers alone, for a period; then, with:
 //! * 1,000 raw TCP connections each sending a header promising a 48 MB message and then a byte
 //!   now and then (a slowloris), and
 //! * 100 change streams opened and never read,
@@ -17,8 +17,8 @@
 //!   phases around ([`reading_ratio`]), and the far-behind streams read at least a quarter of
 //!   the events they ask for (the lane yields to the writers; it does not starve the readers);
 //! * the watcher saw every acknowledged insert, once (count and ids);
-//! * this process's RSS (cluster and clients alike) stays under [`RSS_BOUND`], and its virtual
-//!   size under [`VIRTUAL_BOUND`];
+//! * the server's RSS stays under [`RSS_BOUND`], and its virtual size under
+//!   [`VIRTUAL_BOUND`];
 //! * `serverStatus.connections` is truthful (`current` counts the tricklers, `available` is the
 //!   limit in force minus `current`);
 //! * each trickling connection is closed once its message has taken the frame timeout, not
@@ -30,7 +30,7 @@
 //! (`shard::background`), at a lower priority than the writers.
 //!
 //! The figures are printed (`--no-capture`) before anything is asserted. The file-descriptor
-//! soft limit is raised for the run (both ends of every connection are in this process).
+//! soft limit is raised for the run (the server inherits it).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -44,14 +44,8 @@ use futures::StreamExt;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, Timestamp, doc};
 use mongodb::change_stream::ChangeStream;
 use mongodb::options::ClientOptions;
-use tests::EmbeddedCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// The allocator the `tributary` binary runs on (router/src/main.rs), so that the RSS measured
-/// is what the cluster would hold there.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const WRITERS: u64 = 4;
 const SECOND: Duration = Duration::from_secs(1);
@@ -72,20 +66,24 @@ const SLOW_BATCH: u32 = 100;
 /// Longer than the phases together, so the tricklers all trickle through them, yet short
 /// enough for the test to see them cut off.
 const FRAME_TIMEOUT: Duration = Duration::from_secs(56);
-/// What this whole process (cluster, drivers, hostile clients) may hold resident at its peak.
+/// What the server process may hold resident at its peak (the clients' memory, drivers and
+/// hostile clients, is this test process's and not counted).
 ///
-/// Measured on a shared 2-core Linux VM, debug build, on jemalloc as the binary: about 55 MB
-/// after the first period, and peaks of 319–343 MB through the phases (189–250 MB over
-/// the 8 s period the test once had, on glibc's allocator). Most of that is the
-/// 100 far-behind streams: without them the peak is 65–70 MB (1,000 tricklers cost their
-/// 8 KiB read buffers, their tasks and sockets; 100 never-read streams their cursors). Each
-/// far-behind stream's feeds prefetch a shard batch of the client's batch size (100 here) per
-/// shard per reply, with `FEED_DEPTH` replies queued per shard (router/src/changestream); when
-/// they prefetched 1,000 events whatever the client asked, the peaks were 260–630 MB. The bound
-/// leaves room above the worst run for allocator slack; a per-client copy of a shared buffer,
-/// or a buffer per trickler of the size its header declares once touched, would go past it.
+/// Measured on a shared 2-core Linux VM, debug build: about 50 MB after the first period, and a
+/// peak of 254 MB through the phases. A heap profile of the server (heaptrack, on glibc's
+/// allocator) put its 177 MB heap peak in: about 100 MB of change events buffered on the router
+/// for the 100 far-behind streams (each one's feeds queue `FEED_DEPTH` replies per shard of
+/// the client's batch size, 100 events here, parsed for the merge: `RawEvent`s 57 MB, the
+/// merge 19 MB, resume tokens 10 MB, their transformation 9 MB), 17 MB the tricklers'
+/// connection buffers, 12 MB the shards' stream cursors and 11 MB redb's cache. Until this
+/// test ran the server in a process of its own it measured this process whole, and the
+/// driver's own batches of the far-behind and never-read streams, not the server, were most
+/// of it (up to 583 MB at the end, when the never-read streams read their first events). The
+/// bound leaves room above the worst run for allocator slack; a per-client copy of a shared
+/// buffer, or a buffer per trickler of the size its header declares once touched, would go
+/// past it.
 const RSS_BOUND: u64 = 400 << 20;
-/// The process's peak virtual size. Measured 1.2 GB with the hostile clients (thread stacks and
+/// The server's peak virtual size. Measured 1.0 GB with the hostile clients (thread stacks and
 /// allocator arenas). Reserving each frame's declared length as soon as its header arrived, as
 /// the codec once did, made it 46 GB here (1,000 × 48 MB, mostly never touched, so invisible
 /// to RSS) and cut throughput to 0.14×.
@@ -120,9 +118,25 @@ fn raise_open_files(want: u64) -> u64 {
     limit.rlim_cur
 }
 
-/// A field of `/proc/self/status` given in kB (`VmRSS`, `VmSize`), in bytes.
-fn status_bytes(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// What the shards' bounded in-memory caches hold (`serverStatus` `shards.*.memory`): part of
+/// this process's RSS that grows with what was written, up to the caches' bounds.
+async fn shard_caches(admin: &mongodb::Database) -> anyhow::Result<u64> {
+    let status = admin.run_command(doc! {"serverStatus": 1}).await?;
+    let mut bytes = 0;
+    for (_, shard) in status.get_document("shards")? {
+        let memory = shard
+            .as_document()
+            .and_then(|s| s.get_document("memory").ok());
+        for field in ["tailWindowBytes", "historyBytes"] {
+            bytes += memory.and_then(|m| m.get_i64(field).ok()).unwrap_or(0) as u64;
+        }
+    }
+    Ok(bytes)
+}
+
+/// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmSize`), in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
         .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
@@ -131,18 +145,27 @@ fn status_bytes(field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// The largest resident and virtual sizes seen since the last `take`.
-#[derive(Default)]
+/// The largest resident and virtual sizes of process `pid` seen since the last `take`.
 struct MemoryPeak {
+    pid: u32,
     rss: AtomicU64,
     virt: AtomicU64,
 }
 
 impl MemoryPeak {
+    fn new(pid: u32) -> MemoryPeak {
+        MemoryPeak {
+            pid,
+            rss: AtomicU64::new(0),
+            virt: AtomicU64::new(0),
+        }
+    }
+
     fn sample(&self) {
-        self.rss.fetch_max(status_bytes("VmRSS"), Ordering::Relaxed);
+        self.rss
+            .fetch_max(status_bytes(self.pid, "VmRSS"), Ordering::Relaxed);
         self.virt
-            .fetch_max(status_bytes("VmSize"), Ordering::Relaxed);
+            .fetch_max(status_bytes(self.pid, "VmSize"), Ordering::Relaxed);
     }
 
     /// `(rss, virtual)` peaks, and starts again.
@@ -443,15 +466,27 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         open_files >= needed,
         "the open-files limit is {open_files}; this test needs about {needed} (ulimit -n)"
     );
-    let options = router::RouterOptions {
-        client_limits: wire::limits::Limits {
-            frame_timeout: FRAME_TIMEOUT,
-            ..wire::limits::Limits::default()
-        },
-        ..router::RouterOptions::default()
-    };
-    let cluster = EmbeddedCluster::start_with_options(2, options).await?;
-    let addr = cluster.addr;
+    let dir = tempfile::tempdir()?;
+    let port = tests::free_port()?;
+    let mut server = tokio::process::Command::new(tests::tributary_binary()?)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--dbpath",
+            &dir.path().display().to_string(),
+            "--shards",
+            "2",
+            "--frameTimeoutMS",
+            &FRAME_TIMEOUT.as_millis().to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = server.id().expect("the server runs");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    tests::wait_for_port(addr, Duration::from_secs(60)).await?;
     let writers = client(addr, 16).await?;
     let admin = writers.database("admin");
     tests::shard_collection(&writers, "hostile.c", doc! {"_id": "hashed"}).await?;
@@ -462,7 +497,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         .await?
         .get_timestamp("operationTime")?;
 
-    let peak = Arc::new(MemoryPeak::default());
+    let peak = Arc::new(MemoryPeak::new(pid));
     let sampling = {
         let peak = peak.clone();
         tokio::spawn(async move {
@@ -502,6 +537,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         SECOND,
     );
     let (baseline_rss, baseline_virt) = peak.take();
+    let baseline_caches = shard_caches(&admin).await?;
 
     // The hostile clients. The tricklers connect first (an idle connection costs little) and
     // start their messages only once the streams are open, just before the measurement, so
@@ -555,17 +591,22 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
     let phases = {
         let control = control.clone();
         tokio::spawn(async move {
+            // The server's RSS at the end of each phase, in MB.
+            let mut rss = Vec::with_capacity(PHASES);
             for k in 1..=PHASES {
                 tokio::time::sleep_until((started + PHASE * k as u32).into()).await;
                 control
                     .reading
                     .store(k % 2 == 1 && k < PHASES, Ordering::Relaxed);
+                rss.push(status_bytes(pid, "VmRSS") >> 20);
             }
+            rss
         })
     };
     let during = write_for(&coll, 1_000_000_000, PHASE * PHASES as u32).await;
-    phases.await?;
+    let phase_rss = phases.await?;
     let (hostile_rss, hostile_virt) = peak.take();
+    let hostile_caches = shard_caches(&admin).await?;
     control.stop.store(true, Ordering::Relaxed);
     let mut slow_read = 0;
     for s in slow {
@@ -578,11 +619,16 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         "alone {before_rate:.0} inserts/s (peak RSS {} MB, virtual {} MB); beside the tricklers \
          and never-read streams {quiet_rate:.0} inserts/s; while the far-behind streams read \
          too, {ratio:.2}x that (peak RSS {} MB, virtual {} MB); inserts per {PHASE:?} phase \
-         {counts:?}; the far-behind streams read {slow_read} events; {current} connections open",
+         {counts:?}; the far-behind streams read {slow_read} events; {current} connections open; \
+         the shards' bounded caches (oplog tail window, history) held {} MB after the baseline \
+         and {} MB after the hostile phases; the server's RSS (MB) at the end of each phase \
+         {phase_rss:?}",
         baseline_rss >> 20,
         baseline_virt >> 20,
         hostile_rss >> 20,
         hostile_virt >> 20,
+        baseline_caches >> 20,
+        hostile_caches >> 20,
     );
 
     // The far-behind streams were served: at least a quarter of the batches they asked for
@@ -665,7 +711,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         .await??;
     clients.shutdown_background();
     sampling.abort();
-    cluster.stop().await;
+    server.kill().await?;
 
     assert!(
         hostile_virt < VIRTUAL_BOUND,

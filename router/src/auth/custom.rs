@@ -322,6 +322,46 @@ pub async fn drop_role(router: &Router, db: &str, cmd: &Document) -> Result<Docu
     Ok(doc! {"ok": 1.0})
 }
 
+/// Every role a custom role inherits (custom and built-in, each once, the built-ins' own
+/// sub-roles included) and every privilege it holds, its own and inherited, merged by
+/// resource: what `rolesInfo` shows as `inheritedRoles` and `inheritedPrivileges`.
+async fn inheritance(
+    router: &Router,
+    role: &Document,
+) -> Result<(Vec<(String, String)>, Vec<Privilege>)> {
+    let mut by_resource = std::collections::BTreeMap::new();
+    let mut grant = |privileges: Vec<Privilege>| {
+        for p in privileges {
+            by_resource
+                .entry(super::builtin::ResourceKey::of(&p.resource))
+                .or_insert_with(Vec::new)
+                .extend(p.actions);
+        }
+    };
+    grant(privileges_of(role));
+    let mut reached: Vec<(String, String)> = Vec::new();
+    let mut todo = pairs(role);
+    while let Some(pair) = todo.pop() {
+        if reached.contains(&pair) {
+            continue;
+        }
+        let (name, db) = &pair;
+        if is_built_in(name, db) {
+            grant(super::builtin::privileges(name, db));
+            for sub in super::builtin::sub_roles(name, db, false) {
+                if !reached.contains(&sub) {
+                    reached.push(sub);
+                }
+            }
+        } else if let Some(d) = find_role(router, name, db).await? {
+            grant(privileges_of(&d));
+            todo.extend(pairs(&d));
+        }
+        reached.push(pair);
+    }
+    Ok((reached, super::builtin::merged(by_resource)))
+}
+
 /// `rolesInfo`: `1` (every custom role of `db`), a name, `{role, db}`, or a list of those;
 /// with `showPrivileges`, each role's privileges and those it inherits, and
 /// `showBuiltinRoles` adds the built-in ones.
@@ -401,34 +441,27 @@ pub async fn roles_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
     for d in found.drain(..) {
         let role = d.get_str("role").unwrap_or_default().to_string();
         let role_db = d.get_str("db").unwrap_or_default().to_string();
-        let inherited = resolve(router, pairs(&d)).await?;
+        let (inherited_roles, inherited_privileges) = inheritance(router, &d).await?;
         let mut shown = doc! {
             "_id": format!("{role_db}.{role}"),
             "role": &role,
             "db": &role_db,
             "isBuiltin": false,
             "roles": d.get_array("roles").cloned().unwrap_or_default(),
-            "inheritedRoles": inherited
-                .roles
+            "inheritedRoles": inherited_roles
                 .iter()
                 .map(|(r, d)| Bson::Document(doc! {"role": r, "db": d}))
                 .collect::<Vec<_>>(),
         };
         if show_privileges {
-            let own = privileges_of(&d);
-            shown.insert(
-                "privileges",
-                own.iter()
+            let listed = |privileges: &[Privilege]| -> Vec<Bson> {
+                privileges
+                    .iter()
                     .map(|p| Bson::Document(roles::privilege_document(p)))
-                    .collect::<Vec<_>>(),
-            );
-            shown.insert(
-                "inheritedPrivileges",
-                own.iter()
-                    .chain(&inherited.privileges)
-                    .map(|p| Bson::Document(roles::privilege_document(p)))
-                    .collect::<Vec<_>>(),
-            );
+                    .collect()
+            };
+            shown.insert("privileges", listed(&privileges_of(&d)));
+            shown.insert("inheritedPrivileges", listed(&inherited_privileges));
         }
         out.push(Bson::Document(shown));
     }
