@@ -10,6 +10,9 @@
 //!   at once, counted in `rejected`, never in `totalCreated`), as mongod's service entry point;
 //! * every admitted connection is uncounted exactly once, when its [`Admitted`] is dropped,
 //!   however its task ends; likewise `active` (a request in flight) with [`Busy`];
+//! * at most [`LARGE_AT_ONCE`] large messages (past [`LARGE_MESSAGE`] bytes) are turned into
+//!   requests and handled at once on a listener; the others wait their turn, whole but not yet
+//!   parsed, so what their parsed forms hold together stays bounded;
 //! * the effective limit is mongod's on Linux: the configured one, but at most 80 % of the
 //!   process's soft limit on open files (the rest is left for data files and the connections to
 //!   the shards), so the limit is reached before `accept` starts failing for want of file
@@ -23,6 +26,14 @@ use std::time::Duration;
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 1_000_000;
 /// How long a frame may take to arrive whole once its first byte has (and a reply to go out).
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+/// A message past this many bytes is large: parsed aside from the worker's other tasks, and
+/// admitted only [`LARGE_AT_ONCE`] at a time.
+pub const LARGE_MESSAGE: usize = 1 << 20;
+/// How many large messages a listener parses and handles at once. A command parsed into a
+/// `Document` takes several times its wire size (up to about a hundred times for a 16 MiB
+/// command of a million tiny elements), so without this a few hundred clients sending such
+/// commands together would hold hundreds of gigabytes; with it, at most this many of them.
+pub const LARGE_AT_ONCE: usize = 2;
 /// Refusals are logged at most this often (a flood would otherwise flood the log too).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -103,6 +114,8 @@ pub struct Connections {
     active: AtomicU64,
     /// When a refusal was last logged.
     last_refusal_log: Mutex<Option<tokio::time::Instant>>,
+    /// Turns of the large messages ([`LARGE_AT_ONCE`]).
+    large: tokio::sync::Semaphore,
 }
 
 impl Connections {
@@ -131,6 +144,7 @@ impl Connections {
             rejected: AtomicU64::new(0),
             active: AtomicU64::new(0),
             last_refusal_log: Mutex::new(None),
+            large: tokio::sync::Semaphore::new(LARGE_AT_ONCE),
         }
     }
 
@@ -198,6 +212,17 @@ pub struct Admitted {
 impl Admitted {
     pub fn limits(&self) -> Limits {
         self.connections.limits
+    }
+
+    /// The turn of a message of `bytes`: none needed for a small one; a large one waits until
+    /// fewer than [`LARGE_AT_ONCE`] are in hand, and holds its turn until the guard is dropped
+    /// (once its reply is out).
+    pub async fn turn(&self, bytes: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        if bytes <= LARGE_MESSAGE {
+            return None;
+        }
+        // The semaphore is never closed.
+        self.connections.large.acquire().await.ok()
     }
 
     /// Marks a request in flight on this connection until the guard is dropped.

@@ -179,9 +179,9 @@ pub fn long_running<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Messages past this many bytes are turned into requests under [`long_running`]: parsing a
-/// 16 MiB command of a million small elements takes a debug build about a second.
-const LARGE_MESSAGE: usize = 1 << 20;
+// Messages past `LARGE_MESSAGE` bytes are turned into requests under `long_running`: parsing
+// a 16 MiB command of a million small elements takes a debug build about a second.
+use crate::limits::LARGE_MESSAGE;
 
 /// [`prepare`], aside from the worker's other tasks when the message is large.
 fn prepare_aside_if_large(message: Message) -> Prepared {
@@ -580,8 +580,10 @@ async fn run_connection<H: Handler>(
                 break;
             }
         };
-        // In `serverStatus.connections.active` until the reply is out.
+        // In `serverStatus.connections.active` until the reply is out; a large message waits
+        // for its turn first (the others in hand hold what their parsed forms take).
         let _busy = admitted.busy();
+        let _turn = admitted.turn(message.op.bytes()).await;
         let (frame, to) = match prepare_aside_if_large(message) {
             Prepared::Request(req, mut to) => {
                 let again = (req.exhaust_allowed
@@ -872,17 +874,24 @@ mod limit_tests {
     /// Far longer than any test waits for: a test that hits it has failed.
     const PATIENCE: Duration = Duration::from_secs(10);
 
-    /// Answers `{ok: 1}`; `wait` holds its reply until `release` is notified.
+    /// Answers `{ok: 1}`; `wait` holds its reply until `release` is notified, counting how
+    /// many wait at once.
     #[derive(Default)]
     struct Ok1 {
         release: tokio::sync::Notify,
+        waiting: std::sync::atomic::AtomicUsize,
+        most_waiting: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
     impl Handler for Ok1 {
         async fn handle(&self, _conn: &ConnectionInfo, req: Request) -> Reply {
+            use std::sync::atomic::Ordering::SeqCst;
             if req.command_name() == "wait" {
+                let now = self.waiting.fetch_add(1, SeqCst) + 1;
+                self.most_waiting.fetch_max(now, SeqCst);
                 self.release.notified().await;
+                self.waiting.fetch_sub(1, SeqCst);
             }
             Reply::Document(doc! {"ok": 1.0})
         }
@@ -1005,6 +1014,54 @@ mod limit_tests {
         let mut fourth = Connection::new(TcpStream::connect(addr).await.expect("connect"));
         round_trip(&mut fourth, "ping").await;
         assert_eq!(connections.counts().total_created, 3);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn large_messages_are_handled_a_few_at_a_time() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (addr, _, handler, cancel) = start(10).await;
+        let mut large = Document::new();
+        large.insert("wait", 1);
+        large.insert("pad", "p".repeat(crate::limits::LARGE_MESSAGE + 1));
+        large.insert("$db", "admin");
+        let large = Message::msg(1, RawDocumentBuf::try_from(&large).expect("serialises"));
+        let n = crate::limits::LARGE_AT_ONCE + 1;
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            let mut c = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+            c.write_message(&large).await.expect("send");
+            conns.push(c);
+        }
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while handler.waiting.load(SeqCst) < crate::limits::LARGE_AT_ONCE {
+            assert!(tokio::time::Instant::now() < deadline, "never handled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The last one waits its turn, unparsed; a small request is not held up meanwhile.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            handler.most_waiting.load(SeqCst),
+            crate::limits::LARGE_AT_ONCE
+        );
+        let mut small = Connection::new(TcpStream::connect(addr).await.expect("connect"));
+        round_trip(&mut small, "ping").await;
+        // Each release wakes one waiting handler (or is kept for the next to arrive); each
+        // one released gives its turn to the one waiting.
+        for _ in 0..n {
+            handler.release.notify_one();
+        }
+        for c in &mut conns {
+            let reply = tokio::time::timeout(PATIENCE, c.read_message())
+                .await
+                .expect("an answer in time")
+                .expect("a frame");
+            assert!(reply.is_some(), "answered");
+        }
+        assert_eq!(
+            handler.most_waiting.load(SeqCst),
+            crate::limits::LARGE_AT_ONCE
+        );
         cancel.cancel();
     }
 
