@@ -9,6 +9,9 @@
 //! is recorded and listed at the end, but fails the run only if the server died; for raw cases
 //! a close is expected.
 //!
+//! Under `--keep-going` the server is restarted after a crash, an RSS failure or a hang (a
+//! stuck server would fail every later command), and the run goes on.
+//!
 //! Invariant: every failure is printed with its iteration, the request (truncated) and the
 //! command line that regenerates exactly that request (`--seed S --only-iteration K`).
 
@@ -98,6 +101,9 @@ struct Runner<'a> {
     next_id: i32,
     /// The current server's RSS bound failure is reported (once per server).
     rss_reported: bool,
+    /// The current server left a command unanswered: it is restarted (under `--keep-going`),
+    /// since every later command would wait behind the stuck one and fail too.
+    hung: bool,
     stats: Stats,
     failures: Vec<Failure>,
 }
@@ -118,6 +124,7 @@ pub fn run(opts: &Options) -> Result<Vec<Failure>> {
         conn: None,
         next_id: 1,
         rss_reported: false,
+        hung: false,
         stats: Stats::default(),
         failures: Vec::new(),
     };
@@ -407,6 +414,7 @@ impl Runner<'_> {
         match r {
             Received::Timeout => {
                 let secs = self.opts.reply_timeout.as_secs();
+                self.hung = true;
                 self.fail(
                     "hang",
                     i,
@@ -503,6 +511,9 @@ impl Runner<'_> {
             );
             restart = true;
         }
+        if self.hung {
+            restart = true;
+        }
         if restart {
             if !self.opts.keep_going {
                 return Ok(false);
@@ -511,6 +522,7 @@ impl Runner<'_> {
             self.stats.restarts += 1;
             self.server = Server::start(&self.opts.bin, self.opts.shards)?;
             self.rss_reported = false;
+            self.hung = false;
             self.seed_data()?;
         }
         Ok(true)
