@@ -243,7 +243,10 @@ impl Sorter {
         }
         let mut sources: Vec<Source> = self.runs.into_iter().map(Source::Run).collect();
         sources.push(Source::Memory(self.buffer.into_iter()));
-        Ok(Sorted::Merge(Merge::new(self.cmp, sources)?))
+        let mut merge = Merge::new(self.cmp, sources)?;
+        // The runs were written before the top was known: the merge stops at it.
+        merge.left = self.top.unwrap_or(usize::MAX);
+        Ok(Sorted::Merge(merge))
     }
 
     /// The buffer unsorted, when nothing was spilled (a `$group` that fit runs in memory, in
@@ -533,6 +536,8 @@ pub struct Merge {
     sources: Vec<Source>,
     heads: Vec<Option<Document>>,
     failed: bool,
+    /// How many more documents it gives at most.
+    left: usize,
 }
 
 impl Merge {
@@ -546,6 +551,7 @@ impl Merge {
             sources,
             heads,
             failed: false,
+            left: usize::MAX,
         })
     }
 }
@@ -554,9 +560,10 @@ impl Iterator for Merge {
     type Item = Result<Document>;
 
     fn next(&mut self) -> Option<Result<Document>> {
-        if self.failed {
+        if self.failed || self.left == 0 {
             return None;
         }
+        self.left -= 1;
         if let Err(e) = crate::interrupt::check() {
             self.failed = true;
             return Some(Err(e));
@@ -650,6 +657,21 @@ mod tests {
             .map(|d| d.unwrap().get_i32("k").unwrap())
             .collect();
         assert_eq!(out, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_top_k_sort_that_spilled_gives_only_its_top() {
+        let mut s = sorter(2_000, true).keep_top(500);
+        for i in (0..5_000_i32).rev() {
+            s.push(doc! {"k": i, "pad": "x".repeat(50)}).unwrap();
+        }
+        assert!(s.spilled());
+        let out: Vec<i32> = s
+            .finish()
+            .unwrap()
+            .map(|d| d.unwrap().get_i32("k").unwrap())
+            .collect();
+        assert_eq!(out, (0..500).collect::<Vec<_>>());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! `$densify` through a sort too (then it generates as it is read, holding a partition table),
 //! `$count` through a counter, `$fill` through a run of the stages it stands for, `$facet`
 //! through a run of each sub-pipeline (each bounded as its stages are, the output up to
-//! 100 MiB), `$sample` through a reservoir of its size, `$lookup` and `$graphLookup` (inside a
+//! 100 MiB), `$sample` through a reservoir of its size (under `allowDiskUse`, a sort on random
+//! keys that keeps its size, spilling), `$lookup` and `$graphLookup` (inside a
 //! `$facet` the router runs, the foreign documents given) a chunk at a time into a spool,
 //! `$unionWith` through a spool, and what is left (a `$densify` whose order cannot be made,
 //! which fails) through a batch in memory (up to the sort limit without `allowDiskUse`).
@@ -255,6 +256,10 @@ enum Sink {
     },
     /// `$sample`: at most its size (and, without `allowDiskUse`, the sort limit).
     Sample(Reservoir, bool),
+    /// `$sample` under `allowDiskUse`: each document under a random key (`{r, d}`), through a
+    /// sort that keeps the first `size` keys, spilling past its limit: a uniformly random
+    /// subset in random order, as a reservoir gives, but held within the sort's memory.
+    RandomTop(Sorter),
 }
 
 impl Sink {
@@ -303,7 +308,16 @@ impl Sink {
             Some(Stage::BucketAuto(b)) => Sink::BucketAuto(Box::new(BucketAutoSink::new(b, env))),
             Some(Stage::Facet(facets)) => Sink::Facet(FacetSink::new(facets, env)),
             Some(Stage::SetWindowFields(w)) => Sink::Window(Box::new(WindowSink::new(w, env))),
-            Some(Stage::Sample(n)) => Sink::Sample(Reservoir::new(*n), env.allow_disk_use),
+            Some(Stage::Sample(n)) if env.allow_disk_use => {
+                let by_key = Arc::new(|a: &Document, b: &Document| {
+                    a.get_i64("r")
+                        .unwrap_or(0)
+                        .cmp(&b.get_i64("r").unwrap_or(0))
+                });
+                let sorter = Sorter::new(by_key, Purpose::Sort, true);
+                Sink::RandomTop(sorter.keep_top(usize::try_from(*n).unwrap_or(usize::MAX)))
+            }
+            Some(Stage::Sample(n)) => Sink::Sample(Reservoir::new(*n), false),
             Some(stage @ (Stage::Lookup(_) | Stage::GraphLookup(_) | Stage::UnionWith(_))) => {
                 Sink::Join {
                     stage: Box::new(stage.clone()),
@@ -378,6 +392,10 @@ impl Sink {
             Sink::BucketAuto(b) => b.push(doc),
             Sink::Facet(f) => f.push(doc),
             Sink::Window(w) => w.push(doc),
+            Sink::RandomTop(sorter) => {
+                let key: i64 = rand::Rng::random(&mut rand::rng());
+                sorter.push(bson::doc! {"r": key, "d": doc})
+            }
             Sink::Sample(r, disk) => {
                 crate::interrupt::check()?;
                 r.offer(doc, &mut rand::rng());
@@ -410,6 +428,12 @@ impl Sink {
             Sink::Facet(f) => Box::new(std::iter::once(f.finish())),
             Sink::Window(w) => w.finish()?,
             Sink::Sample(r, _) => Box::new(r.finish(&mut rand::rng()).into_iter().map(Ok)),
+            Sink::RandomTop(sorter) => Box::new(sorter.finish()?.map(|keyed| {
+                keyed.and_then(|mut k| match k.remove("d") {
+                    Some(Bson::Document(d)) => Ok(d),
+                    _ => Err(MongoError::internal("a sampled document lost its place")),
+                })
+            })),
             Sink::Join {
                 stage,
                 chunk,

@@ -478,6 +478,42 @@ fn a_sample_keeps_each_document_equally_often_and_holds_only_its_size() {
 }
 
 #[test]
+fn a_sample_under_allow_disk_use_spills_and_is_still_uniform() {
+    let disk = Env {
+        allow_disk_use: true,
+        ..Env::default()
+    };
+    // 2,000 of 3,000 documents of ~100 bytes through a 4 KiB limit: they go to disk.
+    let before = spill::counters()
+        .sort_spills
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let big = Pipeline::parse(&[doc! {"$sample": {"size": 2_000}}]).unwrap();
+    let out = pushed(&big, &disk, 4_096).unwrap();
+    let ids: std::collections::HashSet<i32> =
+        out.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+    assert_eq!((out.len(), ids.len()), (2_000, 2_000), "distinct documents");
+    assert_eq!(out[0].get_str("pad").unwrap().len(), 40, "whole documents");
+    let after = spill::counters()
+        .sort_spills
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(after > before, "the sample spilled");
+    // Each of 100 documents is in a sample of 10 equally often: 2,000 × 10 / 100 = 200 times
+    // on average (standard deviation ~13).
+    let ten = Pipeline::parse(&[doc! {"$sample": {"size": 10}}]).unwrap();
+    let mut counts = [0_u32; 100];
+    for _ in 0..2_000 {
+        let mut run = ten.push_run(&disk);
+        for d in numbered(100) {
+            run.push(d).unwrap();
+        }
+        for d in run.finish().unwrap() {
+            counts[d.unwrap().get_i32("_id").unwrap() as usize] += 1;
+        }
+    }
+    assert!(counts.iter().all(|c| (140..=260).contains(c)), "{counts:?}");
+}
+
+#[test]
 fn sample_parse_errors() {
     assert_eq!(parse_err_code(doc! {"$sample": 1}), 28745);
     assert_eq!(parse_err_code(doc! {"$sample": {"size": "1"}}), 28746);
