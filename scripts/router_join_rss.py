@@ -17,6 +17,7 @@ import sys
 import time
 
 from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 from proc_memory import reset_peak, rss_and_peak_mib
 
@@ -48,15 +49,18 @@ if coll.estimated_document_count() != N:
         )
     db.groups.drop()
     db.groups.insert_many({"_id": g, "name": f"g{g}"} for g in range(100))
-print(f"loaded {N} documents of 2 KiB: {memory()}")
+print(f"loaded {N} documents of 2 KiB: {memory()}", flush=True)
 
 
 def measure(name, run):
     reset_peak(pid)
     before = memory()
     started = time.time()
-    n = run()
-    print(f"{name}: before it {before}; {n} in {time.time() - started:.1f} s; after it {memory()}; {spills()}")
+    try:
+        n = run()
+    except OperationFailure as e:
+        n = f"error {e.code} ({e.details.get('codeName')})"
+    print(f"{name}: before it {before}; {n} in {time.time() - started:.1f} s; after it {memory()}; {spills()}", flush=True)
 
 
 def lookup():

@@ -165,6 +165,11 @@ impl History {
         true
     }
 
+    /// The most the history holds, in bytes.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// The bytes the history holds.
     pub fn bytes(&self) -> usize {
         self.lock().bytes

@@ -77,21 +77,49 @@ enum Job {
 
 /// What the tracked keys of a batch held before the batch overwrote them ([`History`]): each
 /// write is stamped with the `ts` of the next entry its job logs (the entry that describes it).
+/// A batch that overwrites more than the history may hold (a drop of a large collection) keeps
+/// none of it: the history could not keep it anyway, and the batch must not hold it all in
+/// memory on the way; the history's floor moves to the batch's end instead
+/// ([`Recorder::finish`]).
 ///
 /// [`History`]: crate::history::History
-#[derive(Default)]
 struct Recorder {
     /// (table, key, value before) of the writes no entry has described yet.
     unstamped: std::sync::Mutex<Vec<Unstamped>>,
     stamped: std::sync::Mutex<Vec<crate::history::Version>>,
+    /// What the versions kept so far take, and the most they may.
+    bytes: std::sync::atomic::AtomicUsize,
+    budget: usize,
+    overflowed: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
+    fn new(budget: usize) -> Recorder {
+        Recorder {
+            unstamped: Default::default(),
+            stamped: Default::default(),
+            bytes: Default::default(),
+            budget,
+            overflowed: Default::default(),
+        }
+    }
+
     fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn push(&self, table: Table, key: &[u8], before: Option<Vec<u8>>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.overflowed.load(Relaxed) {
+            return;
+        }
+        let cost = key.len() + before.as_ref().map_or(0, Vec::len) + 64;
+        if self.bytes.fetch_add(cost, Relaxed) + cost > self.budget {
+            self.overflowed.store(true, Relaxed);
+            Self::lock(&self.unstamped).clear();
+            Self::lock(&self.stamped).clear();
+            return;
+        }
         Self::lock(&self.unstamped).push((table, key.to_vec(), before));
     }
 
@@ -101,12 +129,20 @@ impl Recorder {
         Self::lock(&self.stamped).extend(pending.into_iter().map(|(t, k, v)| (t, k, ts, v)));
     }
 
-    /// Every version of the batch; writes no entry followed take the batch's last `ts`.
-    fn finish(&self, last: Option<ClusterTime>) -> Vec<crate::history::Version> {
+    /// Every version of the batch (writes no entry followed take the batch's last `ts`); or,
+    /// when the batch overflowed, none, and `Err(last)`: reads as of a time before the batch's
+    /// last entry must be refused from now on.
+    fn finish(
+        &self,
+        last: Option<ClusterTime>,
+    ) -> Result<Vec<crate::history::Version>, Option<ClusterTime>> {
+        if self.overflowed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(last);
+        }
         if let Some(ts) = last {
             self.stamp(ts);
         }
-        std::mem::take(&mut *Self::lock(&self.stamped))
+        Ok(std::mem::take(&mut *Self::lock(&self.stamped)))
     }
 }
 
@@ -590,7 +626,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
         }
     };
-    let recorder = Recorder::default();
+    let recorder = Recorder::new(state.history.max_bytes());
     let mut txn = match state.storage.begin_write() {
         Ok(inner) => Box::new(Recording {
             inner,
@@ -683,9 +719,17 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     let committed = match failure {
         Some(e) => Err(e),
         None => {
-            let recorded = state
-                .history
-                .record(recorder.finish(pending.last().map(|(ts, _)| *ts)));
+            let recorded = match recorder.finish(pending.last().map(|(ts, _)| *ts)) {
+                Ok(versions) => state.history.record(versions),
+                Err(last) => {
+                    // Too much to keep: what it replaced is not kept, so reads as of a time
+                    // before the batch cannot be answered (SnapshotTooOld), never misread.
+                    if let Some(ts) = last {
+                        state.history.trim_before(ts);
+                    }
+                    0
+                }
+            };
             let done = txn.commit();
             if done.is_err() {
                 state.history.forget_last(recorded);

@@ -100,6 +100,47 @@ async fn a_snapshot_read_answers_as_of_its_cluster_time() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A write batch that replaces more than the shard's history may hold (dropping a collection
+/// of 40 MiB against the 32 MiB history) keeps none of it rather than holding it all on the
+/// way: reads as of a time before the batch are refused with 239, never answered from
+/// incomplete history; reads after it are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_the_history_bound_moves_its_floor() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("snap");
+    let pad = "h".repeat(1 << 20);
+    for chunk in (0..40).collect::<Vec<i32>>().chunks(8) {
+        db.collection::<Document>("big")
+            .insert_many(chunk.iter().map(|i| doc! {"_id": i, "pad": &pad}))
+            .await?;
+    }
+    let reply = db
+        .run_command(doc! {"insert": "small", "documents": [{"_id": 1}]})
+        .await?;
+    let before = reply.get_timestamp("operationTime")?;
+    db.collection::<Document>("big").drop().await?;
+    let refused = db
+        .run_command(
+            doc! {"find": "small", "readConcern": {"level": "snapshot", "atClusterTime": before}},
+        )
+        .await
+        .expect_err("history from before the drop was not kept");
+    assert_eq!(tests::scenarios::code_of(&refused), Some(239), "{refused}");
+    let reply = db
+        .run_command(doc! {"insert": "small", "documents": [{"_id": 2}]})
+        .await?;
+    let after = reply.get_timestamp("operationTime")?;
+    let then = db
+        .run_command(
+            doc! {"find": "small", "readConcern": {"level": "snapshot", "atClusterTime": after}},
+        )
+        .await?;
+    assert_eq!(ids(&all_docs(&db, then).await?).len(), 2);
+    cluster.stop().await;
+    Ok(())
+}
+
 /// Applies one change event to `copy`, strictly: an insert of a document the copy has, or an
 /// update or delete of one it lacks, is a duplicate or a gap and fails.
 fn apply(copy: &mut BTreeMap<String, Document>, ev: &Document) -> anyhow::Result<()> {

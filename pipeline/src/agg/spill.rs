@@ -14,7 +14,8 @@
 //!   [`MAX_RUNS`], so a sort of any size keeps a bounded number of files open.
 //! * Stability: documents that compare equal come out in input order (each run is sorted
 //!   stably, runs are written in input order, and ties go to the earlier run).
-//! * A spool holds at most the limit plus one document in memory and one file on disk.
+//! * A spool holds at most the limit (under `allowDiskUse`, at most [`SPOOL_MEMORY`]) plus one
+//!   document in memory, and one file on disk.
 //! * Runs are unnamed temporary files (unlinked as they are created): nothing is left behind
 //!   by a finished, failed or crashed operation.
 //! * Without disk use, a buffer past its limit is `QueryExceededMemoryLimitNoDiskUseAllowed`
@@ -43,6 +44,10 @@ pub const MAX_RUNS: usize = 64;
 /// documents stop at 16 MiB plus what `$push` adds before the group's limit), so a longer
 /// length in a run file means the file is damaged.
 const MAX_RECORD: usize = 2 * DEFAULT_LIMIT;
+
+/// What a [`Spool`] under `allowDiskUse` holds in memory before it writes to disk, in BSON
+/// bytes.
+pub const SPOOL_MEMORY: usize = 16 * 1024 * 1024;
 
 /// Each run's read and write buffer.
 const IO_BUFFER: usize = 64 * 1024;
@@ -408,11 +413,16 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// An empty spool under the current sort limit; `disk` is the command's `allowDiskUse`.
+    /// An empty spool; `disk` is the command's `allowDiskUse`. Without it the spool holds up to
+    /// the sort limit (292 past it); with it, up to [`SPOOL_MEMORY`] (or the sort limit, if
+    /// lower) before it writes to disk: documents that only wait their turn need not take a
+    /// blocking stage's memory, and a parsed `Document` takes two to three times the bytes
+    /// counted.
     pub fn new(what: &'static str, disk: bool) -> Spool {
+        let limit = sort_limit();
         Spool {
             what,
-            limit: sort_limit(),
+            limit: if disk { limit.min(SPOOL_MEMORY) } else { limit },
             disk,
             buffer: Vec::new(),
             bytes: 0,
