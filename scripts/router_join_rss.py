@@ -1,7 +1,9 @@
 """Router-side joins and writes over three times the memory limit: the server's RSS.
 
 Start Tributary (`tributary --port 29336 --dbpath DIR`, the embedded default), then
-`python3 scripts/router_join_rss.py <server pid> [mongodb://127.0.0.1:29336]`.
+`python3 scripts/router_join_rss.py <server pid> [mongodb://127.0.0.1:29336] [query]`, where
+`query` (`lookup`, `find`, `count`, `out`) runs that one alone (restart the server between
+them: memory freed by one query stays in the process's RSS and hides the next one's).
 Loads 300 MiB (150,000 documents of 2 KiB) and a 100-document `groups` collection unless they
 are there, then runs, reading each result to the end:
 * a `$lookup` of every document's group with `allowDiskUse` (the router joins it a chunk at a
@@ -90,10 +92,12 @@ def out():
     return db.copy.estimated_document_count()
 
 
-for name, run in [
-    ("$lookup", lookup),
-    ("sorted find", sorted_find),
-    ("count, distinct", count_and_distinct),
-    ("$out", out),
+only = sys.argv[3] if len(sys.argv) > 3 else None
+for key, name, run in [
+    ("lookup", "$lookup", lookup),
+    ("find", "sorted find", sorted_find),
+    ("count", "count, distinct", count_and_distinct),
+    ("out", "$out", out),
 ]:
-    measure(name, run)
+    if only in (None, key):
+        measure(name, run)

@@ -13,8 +13,10 @@
 //! * Operator arguments: an array operand is the argument list, anything else one argument.
 //!   Fixed-arity operators check the count at parse time (16020).
 //! * Variables are lexically scoped (`$let`, `$map`, `$filter`, `$reduce`); an undefined
-//!   `$$name` is rejected at parse time (17276). `$$NOW` comes from the [`Env`], never a clock;
-//!   a command's `let` variables are evaluated once into the [`Env`] ([`Env::from_command`]).
+//!   `$$name` is rejected at parse time (17276). `$$NOW` comes from the [`Env`], never a clock
+//!   (a command's is read once, when its [`Env::from_command`] is made, so it is one value
+//!   throughout the command in a process); a command's `let` variables are evaluated once into
+//!   the [`Env`].
 //!   `$rand` is the one operator whose value is not a function of its inputs.
 //! * Unknown operators are InvalidPipelineOperator (168) "Unrecognized expression '$foo'".
 //!   Runtime type errors carry MongoDB's location codes (e.g. 16554 for `$add` on a string).
@@ -77,16 +79,18 @@ impl Env {
     }
 
     /// The environment of a command's `let` field (a document of variables; absent: none)
-    /// and `collation` (absent: simple, which a collection's default may then replace).
+    /// and `collation` (absent: simple, which a collection's default may then replace), with
+    /// `$$NOW` the time it is made.
     pub fn from_command(cmd: &Document) -> Result<Env> {
         let collation = cmd
             .get("collation")
             .map(Collation::parse)
             .transpose()?
             .flatten();
+        let now = Some(bson::DateTime::now());
         let env = match cmd.get("let") {
-            None => Ok(Env::default()),
-            Some(Bson::Document(spec)) => Env::with_let(None, Some(spec)),
+            None => Env::with_let(now, None),
+            Some(Bson::Document(spec)) => Env::with_let(now, Some(spec)),
             Some(other) => Err(MongoError::type_mismatch(format!(
                 "BSON field 'let' is the wrong type '{}', expected type 'object'",
                 type_name(other)

@@ -235,6 +235,28 @@ async fn let_variables_reach_filters_updates_and_pipelines() -> anyhow::Result<(
         .await?;
     assert_eq!(deleted.get_i32("n")?, 5);
 
+    // $$NOW is the command's time, in a filter, an update pipeline and an aggregate (the
+    // fuzzer found it InternalError outside `let` and validators).
+    let started = mongodb::bson::DateTime::now();
+    db.run_command(doc! {
+        "update": "people",
+        "updates": [{"q": {}, "u": [{"$set": {"seen": "$$NOW"}}], "multi": true}],
+    })
+    .await?;
+    let seen = people
+        .count_documents(doc! {"$expr": {"$lte": ["$seen", "$$NOW"]}, "seen": {"$gte": started}})
+        .await?;
+    assert_eq!(seen, 5, "the undeleted five, stamped before now");
+    let now: Vec<Document> = people
+        .aggregate([
+            doc! {"$limit": 1},
+            doc! {"$project": {"_id": 0, "now": "$$NOW"}},
+        ])
+        .await?
+        .try_collect()
+        .await?;
+    assert!(now[0].get_datetime("now")? >= &started, "{now:?}");
+
     // An undefined variable and a bad name are errors.
     let err = db
         .run_command(doc! {"find": "people", "filter": {"$expr": {"$eq": ["$_id", "$$nope"]}}})
