@@ -191,6 +191,32 @@ async fn merge_modes_write_as_mongodb_does() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `$merge` into the collection it reads inserts each result once: its results are all read
+/// before it writes, so the scan never reads what the merge inserted (a new `_id` each time
+/// would otherwise be read, merged and inserted again, without end). A `$merge` elsewhere and
+/// `$out` write as they read, so a copy larger than the memory limit needs no disk use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_into_its_own_source_reads_everything_first() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    let c = db.collection::<Document>("grow");
+    c.insert_many((0..3_000).map(|i| doc! {"_id": i, "v": i}))
+        .await?;
+    c.aggregate([
+        doc! {"$project": {"_id": 0, "v": 1}},
+        doc! {"$merge": {"into": "grow", "whenNotMatched": "insert"}},
+    ])
+    .await?;
+    assert_eq!(
+        c.count_documents(doc! {}).await?,
+        6_000,
+        "each result inserted once"
+    );
+    cluster.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn let_variables_reach_filters_updates_and_pipelines() -> anyhow::Result<()> {
     let (_cluster, db, people) =

@@ -515,8 +515,13 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
         return pass_through(ctx, ns, targets[0], coll, reply, first).await;
     }
     // The results stream from the shards as the client (or the sink) reads when no stage
-    // reads another collection; otherwise the router spools them between its joins.
-    let state = if !targets.is_empty() && !super::aggregate::needs_router(&parsed) {
+    // reads another collection; otherwise the router spools them between its joins (and
+    // before a `$merge` into the collection it reads).
+    let merges_into_source = sink.as_ref().is_some_and(|s| s.merges_into(ctx.db, coll));
+    let state = if !targets.is_empty()
+        && !super::aggregate::needs_router(&parsed)
+        && !merges_into_source
+    {
         let run =
             super::aggregate::open_run(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter)
                 .await?;

@@ -10,7 +10,10 @@
 //!   or at a `linearizable` read concern.
 //! * `$out` replaces the target whole or not at all: until the rename, the target is as it
 //!   was, and a failure drops the temporary collection.
-//! * `$merge` stops at the first failing document (earlier ones stay written), as MongoDB's.
+//! * `$merge` stops at the first failing document (earlier ones stay written), as MongoDB's,
+//!   and gives a result without `_id` a new ObjectId first, as MongoDB's does.
+//! * The results are written as they are read, a batch at a time, except a `$merge` into the
+//!   collection the pipeline reads: its results are all read (spooled) before it writes.
 //! * The target's validator applies to the written documents (`$out`'s temporary collection
 //!   gets the target's options), unless the aggregate says `bypassDocumentValidation: true`.
 
@@ -84,6 +87,16 @@ pub(super) fn split(stages: &[Document], db: &str) -> Result<(Vec<Document>, Opt
         None => unreachable_stage()?,
     };
     Ok((stages[..position].to_vec(), Some(sink)))
+}
+
+impl Sink {
+    /// Whether the stage writes into collection `coll` of `db` while the pipeline reads it: a
+    /// `$merge` into its own source, whose writes a scan still under way could read again (an
+    /// insert of a new `_id` would be read, merged and inserted again, without end). Such a
+    /// pipeline's results are all read before the first write.
+    pub(super) fn merges_into(&self, db: &str, coll: &str) -> bool {
+        matches!(self, Sink::Merge { db: d, coll: c, .. } if d == db && c == coll)
+    }
 }
 
 fn unreachable_stage() -> Result<Sink> {
@@ -457,7 +470,13 @@ async fn merge_each(
     when_not_matched: WhenNotMatched,
     docs: Vec<Document>,
 ) -> Result<()> {
-    for doc in docs {
+    for mut doc in docs {
+        if !doc.contains_key("_id") {
+            // A result without `_id` gets one, as MongoDB's `$merge` generates it.
+            let mut with_id = doc! {"_id": bson::oid::ObjectId::new()};
+            with_id.extend(doc);
+            doc = with_id;
+        }
         let mut filter = Document::new();
         for field in on {
             match pipeline::value::get_path(&doc, field) {
