@@ -14,7 +14,7 @@ import time
 
 from pymongo import MongoClient
 
-from proc_memory import reset_peak, rss_and_peak_mib
+from proc_memory import memory_text, reset_peak, spill_text
 
 pid = int(sys.argv[1])
 uri = sys.argv[2] if len(sys.argv) > 2 else "mongodb://127.0.0.1:29334"
@@ -24,15 +24,11 @@ coll = client.spill.big
 
 
 def memory():
-    rss, peak = rss_and_peak_mib(pid)
-    return f"RSS {rss} MiB, peak {peak} MiB"
+    return memory_text(pid)
 
 
 def spills():
-    q = client.admin.command("serverStatus")["metrics"].get("query")
-    if q is None:  # a build before the spill counters
-        return "no spill counters"
-    return f"sort runs {q['sort']['spillToDisk']}, group runs {q['group']['spills']}, {q['spilledBytes'] >> 20} MiB spilled"
+    return spill_text(client)
 
 
 if coll.estimated_document_count() != N:

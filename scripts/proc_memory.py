@@ -17,3 +17,20 @@ def reset_peak(pid):
     /proc files: the same user, or root)."""
     with open(f"/proc/{pid}/clear_refs", "w") as f:
         f.write("5")
+
+
+def memory_text(pid):
+    """The process's RSS and peak, as the measuring scripts print them."""
+    rss, peak = rss_and_peak_mib(pid)
+    return f"RSS {rss} MiB, peak {peak} MiB"
+
+
+def spill_text(client):
+    """The server's spill counters (`serverStatus` `metrics.query`), as the scripts print them."""
+    q = client.admin.command("serverStatus")["metrics"].get("query")
+    if q is None:  # a build before the spill counters
+        return "no spill counters"
+    return (
+        f"sort runs {q['sort']['spillToDisk']}, group runs {q['group']['spills']}, "
+        f"{q['spilledBytes'] >> 20} MiB spilled"
+    )

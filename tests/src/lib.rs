@@ -202,6 +202,25 @@ pub fn tributary_binary() -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!(e))
 }
 
+/// The `tributary` binary (the embedded default) as this test's child: listening on `port`,
+/// its data in `dir`, then `extra` arguments; no stdin, its output discarded (a caller may
+/// pipe it instead), killed when dropped.
+pub fn tributary_command(port: u16, dir: &Path, extra: &[&str]) -> Result<tokio::process::Command> {
+    let mut cmd = tokio::process::Command::new(tributary_binary()?);
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--dbpath",
+        &dir.display().to_string(),
+    ])
+    .args(extra)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .kill_on_drop(true);
+    Ok(cmd)
+}
+
 /// A port that was free a moment ago, below the kernel's ephemeral range (32768 and up on
 /// Linux), which the local ends of outgoing connections take: a process restarted on the port
 /// later does not find it taken by some test's connection in the meantime (a port from

@@ -39,6 +39,15 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
 }
 
 /// The actions a list of privileges grants on the whole `app` database.
+/// The first role a `rolesInfo` reply lists.
+fn first_role(info: &Document) -> anyhow::Result<Document> {
+    info.get_array("roles")?
+        .first()
+        .and_then(|r| r.as_document())
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no role in {info}"))
+}
+
 fn actions_on_app(privileges: &[mongodb::bson::Bson]) -> Vec<&str> {
     privileges
         .iter()
@@ -609,10 +618,7 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     let info = admin
         .run_command(doc! {"rolesInfo": "auditor", "showPrivileges": true})
         .await?;
-    let role = info.get_array("roles")?[0]
-        .as_document()
-        .expect("a role")
-        .clone();
+    let role = first_role(&info)?;
     assert_eq!(role.get_str("role")?, "auditor");
     assert!(!role.get_bool("isBuiltin")?);
     assert_eq!(role.get_array("roles")?.len(), 1);
@@ -636,10 +642,7 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     let info = app_db
         .run_command(doc! {"rolesInfo": "curator", "showPrivileges": true})
         .await?;
-    let curator = info.get_array("roles")?[0]
-        .as_document()
-        .expect("a role")
-        .clone();
+    let curator = first_role(&info)?;
     let inherited = curator.get_array("inheritedRoles")?;
     for name in ["dbOwner", "readWrite", "dbAdmin", "userAdmin"] {
         assert!(
@@ -660,10 +663,7 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
     let info = admin
         .run_command(doc! {"rolesInfo": {"role": "dbOwner", "db": "app"}, "showPrivileges": true})
         .await?;
-    let owner = info.get_array("roles")?[0]
-        .as_document()
-        .expect("a role")
-        .clone();
+    let owner = first_role(&info)?;
     assert!(owner.get_bool("isBuiltin")?);
     assert_eq!(owner.get_array("roles")?.len(), 3, "{owner}");
     assert!(owner.get_array("privileges")?.is_empty(), "{owner}");
@@ -722,10 +722,7 @@ async fn custom_roles_grant_their_privileges_and_what_they_inherit() -> anyhow::
         "the role is gone"
     );
     let info = admin.run_command(doc! {"rolesInfo": "auditor"}).await?;
-    let role = info.get_array("roles")?[0]
-        .as_document()
-        .expect("a role")
-        .clone();
+    let role = first_role(&info)?;
     assert!(
         role.get_array("roles")?.is_empty(),
         "dropRole took it from auditor too"

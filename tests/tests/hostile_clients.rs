@@ -468,22 +468,13 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
     );
     let dir = tempfile::tempdir()?;
     let port = tests::free_port()?;
-    let mut server = tokio::process::Command::new(tests::tributary_binary()?)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--dbpath",
-            &dir.path().display().to_string(),
-            "--shards",
-            "2",
-            "--frameTimeoutMS",
-            &FRAME_TIMEOUT.as_millis().to_string(),
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let frame_timeout = FRAME_TIMEOUT.as_millis().to_string();
+    let mut server = tests::tributary_command(
+        port,
+        dir.path(),
+        &["--shards", "2", "--frameTimeoutMS", &frame_timeout],
+    )?
+    .spawn()?;
     let pid = server.id().expect("the server runs");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     tests::wait_for_port(addr, Duration::from_secs(60)).await?;

@@ -674,6 +674,22 @@ const BLOCKING_LIMIT: i64 = 1024 * 1024;
 /// Documents of [`insert_padded`]: eight times [`BLOCKING_LIMIT`] in all.
 const PADDED: i32 = 4_000;
 
+/// `pipeline` over `c`: refused with 292 without `allowDiskUse` (`why` says what passes the
+/// limit), and its results with it.
+async fn needs_disk(
+    c: &mongodb::Collection<Document>,
+    pipeline: Vec<Document>,
+    why: &str,
+) -> anyhow::Result<Vec<Document>> {
+    let err = c.aggregate(pipeline.clone()).await.expect_err(why);
+    assert_eq!(code_of(&err), Some(292), "{why}: {err}");
+    Ok(c.aggregate(pipeline)
+        .allow_disk_use(true)
+        .await?
+        .try_collect()
+        .await?)
+}
+
 /// Sets both blocking-stage limits to [`BLOCKING_LIMIT`] and checks they read back.
 async fn set_blocking_limits(client: &mongodb::Client) -> anyhow::Result<()> {
     let admin = client.database("admin");
@@ -864,17 +880,7 @@ async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_li
         doc! {"$group": {"_id": "$_id", "pad": {"$first": "$pad"}}},
         doc! {"$count": "n"},
     ];
-    let err = c
-        .aggregate(by_id.clone())
-        .await
-        .expect_err("4,000 groups of 2 KB each past 1 MiB");
-    assert_eq!(code_of(&err), Some(292), "{err}");
-    let counted: Vec<Document> = c
-        .aggregate(by_id)
-        .allow_disk_use(true)
-        .await?
-        .try_collect()
-        .await?;
+    let counted = needs_disk(&c, by_id, "4,000 groups of 2 KB each past 1 MiB").await?;
     assert_eq!(counted, vec![doc! {"n": N}]);
 
     // A $lookup runs on the router over what the shards send it, gathered.
@@ -883,17 +889,7 @@ async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_li
         doc! {"$match": {"j": {"$ne": []}}},
         doc! {"$count": "n"},
     ];
-    let err = c
-        .aggregate(joined.clone())
-        .await
-        .expect_err("the gathered input is eight times the limit");
-    assert_eq!(code_of(&err), Some(292), "{err}");
-    let counted: Vec<Document> = c
-        .aggregate(joined)
-        .allow_disk_use(true)
-        .await?
-        .try_collect()
-        .await?;
+    let counted = needs_disk(&c, joined, "the gathered input is eight times the limit").await?;
     assert_eq!(counted, vec![doc! {"n": N / 10}]);
 
     // On a shard, a pipeline with no blocking stage pages its scan as the client reads.
@@ -1005,17 +1001,12 @@ async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document(
         ],
         "as": "j",
     }}];
-    let err = groups
-        .aggregate(per_group.clone())
-        .await
-        .expect_err("the foreign collection is twice the limit");
-    assert_eq!(code_of(&err), Some(292), "{err}");
-    let joined: Vec<Document> = groups
-        .aggregate(per_group)
-        .allow_disk_use(true)
-        .await?
-        .try_collect()
-        .await?;
+    let joined = needs_disk(
+        &groups,
+        per_group,
+        "the foreign collection is twice the limit",
+    )
+    .await?;
     assert_eq!(joined.len(), 10);
     for d in &joined {
         assert_eq!(

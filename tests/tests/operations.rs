@@ -162,23 +162,11 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
 async fn json_logs_record_slow_operations() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let port = tests::free_port()?;
-    let mut child = tokio::process::Command::new(tests::tributary_binary()?)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--dbpath",
-            &dir.path().display().to_string(),
-            "--logFormat",
-            "json",
-            "--slowms",
-            "0",
-        ])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child =
+        tests::tributary_command(port, dir.path(), &["--logFormat", "json", "--slowms", "0"])?
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .spawn()?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     tests::wait_for_port(addr, Duration::from_secs(20)).await?;
     let client = tests::connect(addr).await?;

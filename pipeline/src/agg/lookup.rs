@@ -300,19 +300,9 @@ pub fn join_prefetch(
     chunk: usize,
     env: &Env,
 ) -> Result<Option<(String, Vec<Document>)>> {
-    let Stage::Lookup(l) = stage else {
+    let Some((l, from)) = lookup_of_collection(stage) else {
         return Ok(None);
     };
-    let Some(from) = l.from.as_ref() else {
-        return Ok(None);
-    };
-    if starts_with_documents(l.pipeline.as_ref())
-        || l.pipeline
-            .as_ref()
-            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
-    {
-        return Ok(None);
-    }
     let mut values = Vec::new();
     let field = match (&l.join, correlated_eq(l)) {
         (Some((local, foreign_field)), _) => {
@@ -339,6 +329,21 @@ pub fn join_prefetch(
     values.sort_by(compare);
     values.dedup_by(|a, b| compare(a, b) == Ordering::Equal);
     Ok(Some((from.clone(), in_filters(&field, &values, chunk))))
+}
+
+/// `stage` as a `$lookup` whose documents come from its `from` collection alone (its
+/// sub-pipeline neither starts with `$documents` nor reads other collections), with that
+/// collection's name; `None` for anything else.
+fn lookup_of_collection(stage: &Stage) -> Option<(&Lookup, &String)> {
+    let Stage::Lookup(l) = stage else {
+        return None;
+    };
+    let from = l.from.as_ref()?;
+    let elsewhere = l
+        .pipeline
+        .as_ref()
+        .is_some_and(|p| p.stages().iter().any(reads_other_collections));
+    (!starts_with_documents(l.pipeline.as_ref()) && !elsewhere).then_some((l, from))
 }
 
 /// In a `$lookup`'s correlated sub-pipeline, the first `$match`'s requirement that a top-level
@@ -425,19 +430,9 @@ pub fn lookup_per_document(
     doc: &Document,
     env: &Env,
 ) -> Result<Option<PerDocument>> {
-    let Stage::Lookup(l) = stage else {
+    let Some((l, from)) = lookup_of_collection(stage) else {
         return Ok(None);
     };
-    let Some(from) = &l.from else {
-        return Ok(None);
-    };
-    if starts_with_documents(l.pipeline.as_ref())
-        || l.pipeline
-            .as_ref()
-            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
-    {
-        return Ok(None);
-    }
     let mut inner = env.clone();
     inner.foreign = None;
     for (name, e) in &l.let_vars {

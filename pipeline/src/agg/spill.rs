@@ -615,6 +615,11 @@ mod tests {
         })
     }
 
+    /// `field` of every document `docs` gives, in order.
+    fn ints(docs: impl Iterator<Item = Result<Document>>, field: &str) -> Vec<i32> {
+        docs.map(|d| d.unwrap().get_i32(field).unwrap()).collect()
+    }
+
     fn sorter(limit: usize, disk: bool) -> Sorter {
         let mut s = Sorter::new(by_k(), Purpose::Sort, disk);
         s.limit = limit;
@@ -661,11 +666,7 @@ mod tests {
         for i in (0..100_000_i32).rev() {
             s.push(doc! {"k": i}).unwrap();
         }
-        let out: Vec<i32> = s
-            .finish()
-            .unwrap()
-            .map(|d| d.unwrap().get_i32("k").unwrap())
-            .collect();
+        let out: Vec<i32> = ints(s.finish().unwrap(), "k");
         assert_eq!(out, vec![0, 1, 2]);
     }
 
@@ -676,11 +677,7 @@ mod tests {
             s.push(doc! {"k": i, "pad": "x".repeat(50)}).unwrap();
         }
         assert!(s.spilled());
-        let out: Vec<i32> = s
-            .finish()
-            .unwrap()
-            .map(|d| d.unwrap().get_i32("k").unwrap())
-            .collect();
+        let out: Vec<i32> = ints(s.finish().unwrap(), "k");
         assert_eq!(out, (0..500).collect::<Vec<_>>());
     }
 
@@ -693,11 +690,7 @@ mod tests {
         }
         assert!(s.spilled());
         assert!(s.buffer.len() < 40, "memory holds {}", s.buffer.len());
-        let seqs: Vec<i32> = s
-            .finish()
-            .unwrap()
-            .map(|d| d.unwrap().get_i32("seq").unwrap())
-            .collect();
+        let seqs: Vec<i32> = ints(s.finish().unwrap(), "seq");
         assert_eq!(seqs, (0..5_000).collect::<Vec<_>>());
     }
 

@@ -156,12 +156,7 @@ async fn join_chunk(
         let Some(docs) = read_foreign(ctx, &from, &filters, env, limit).await? else {
             return per_document(ctx, stage, chunk, env, out).await;
         };
-        ctx.router
-            .metrics
-            .foreign_documents_read(true, docs.len() as u64);
-        let mut joined = Foreign::default();
-        joined.insert(from, docs);
-        Arc::new(joined)
+        joined(ctx, from, docs)
     } else if let Some(mut search) = GraphPrefetch::start(stage, &chunk, env)? {
         while let Some(filters) = search.next_filters(JOIN_VALUES_PER_READ) {
             let Some(level) = read_foreign(ctx, search.from(), &filters, env, limit).await? else {
@@ -170,13 +165,7 @@ async fn join_chunk(
             search.found(level)?;
         }
         let from = search.from().to_string();
-        let docs = search.into_docs();
-        ctx.router
-            .metrics
-            .foreign_documents_read(true, docs.len() as u64);
-        let mut joined = Foreign::default();
-        joined.insert(from, docs);
-        Arc::new(joined)
+        joined(ctx, from, search.into_docs())
     } else {
         match whole.read(ctx, stage, env).await? {
             Some(foreign) => foreign,
@@ -191,6 +180,17 @@ async fn join_chunk(
         out.extend(joined)?;
     }
     Ok(())
+}
+
+/// The foreign documents a chunk joins, read from collection `from`, as its stage takes them
+/// (and counted in the metrics as read for what joins).
+fn joined(ctx: &Ctx<'_>, from: String, docs: Vec<Document>) -> Arc<Foreign> {
+    ctx.router
+        .metrics
+        .foreign_documents_read(true, docs.len() as u64);
+    let mut foreign = Foreign::default();
+    foreign.insert(from, docs);
+    Arc::new(foreign)
 }
 
 /// A `$lookup` whose foreign documents do not fit the memory limit: with disk use, each

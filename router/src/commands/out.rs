@@ -454,106 +454,93 @@ async fn merge(
         }
         return Ok(());
     }
+    // One command per result, as the results come.
     while let Some(batch) = next_batch(ctx, results).await? {
-        merge_each(ctx, db, coll, on, when_matched, when_not_matched, batch).await?;
-    }
-    Ok(())
-}
-
-/// `$merge`'s write of each of `docs`, one command each.
-async fn merge_each(
-    ctx: &Ctx<'_>,
-    db: &str,
-    coll: &str,
-    on: &[String],
-    when_matched: &WhenMatched,
-    when_not_matched: WhenNotMatched,
-    docs: Vec<Document>,
-) -> Result<()> {
-    for mut doc in docs {
-        if !doc.contains_key("_id") {
-            // A result without `_id` gets one, as MongoDB's `$merge` generates it.
-            let mut with_id = doc! {"_id": bson::oid::ObjectId::new()};
-            with_id.extend(doc);
-            doc = with_id;
-        }
-        let mut filter = Document::new();
-        for field in on {
-            match pipeline::value::get_path(&doc, field) {
-                Some(v) if !matches!(v, Bson::Null | Bson::Undefined | Bson::Array(_)) => {
-                    filter.insert(field.clone(), v.clone());
-                }
-                _ => {
-                    return Err(MongoError::with_code(
-                        51132,
-                        "$merge write error: 'on' field cannot be missing, null, undefined or an array",
-                    ));
-                }
+        for mut doc in batch {
+            if !doc.contains_key("_id") {
+                // A result without `_id` gets one, as MongoDB's `$merge` generates it.
+                let mut with_id = doc! {"_id": bson::oid::ObjectId::new()};
+                with_id.extend(doc);
+                doc = with_id;
             }
-        }
-        let u = match when_matched {
-            WhenMatched::Replace => Bson::Document(doc.clone()),
-            WhenMatched::Merge => Bson::Document(doc! {"$set": doc.clone()}),
-            WhenMatched::KeepExisting => Bson::Document(doc! {"$setOnInsert": doc.clone()}),
-            WhenMatched::Pipeline { stages, vars } => {
-                // The pipeline updates the match; with none, the result itself is inserted.
-                let mut values = Document::new();
-                for (name, e) in vars {
-                    let expr = pipeline::expr::Expr::parse(e)?;
-                    if let Some(v) = expr.evaluate(&doc)? {
-                        values.insert(name.clone(), v);
+            let mut filter = Document::new();
+            for field in on {
+                match pipeline::value::get_path(&doc, field) {
+                    Some(v) if !matches!(v, Bson::Null | Bson::Undefined | Bson::Array(_)) => {
+                        filter.insert(field.clone(), v.clone());
+                    }
+                    _ => {
+                        return Err(MongoError::with_code(
+                            51132,
+                            "$merge write error: 'on' field cannot be missing, null, undefined or an array",
+                        ));
                     }
                 }
-                let reply = command(
-                    ctx,
-                    db,
-                    doc! {"update": coll, "updates": [{"q": filter, "u": stages.clone()}], "let": values},
-                )
-                .await?;
-                if reply.get_i32("n").unwrap_or(0) == 0 {
-                    match when_not_matched {
-                        WhenNotMatched::Insert => {
-                            command(ctx, db, doc! {"insert": coll, "documents": [doc]}).await?;
+            }
+            let u = match when_matched {
+                WhenMatched::Replace => Bson::Document(doc.clone()),
+                WhenMatched::Merge => Bson::Document(doc! {"$set": doc.clone()}),
+                WhenMatched::KeepExisting => Bson::Document(doc! {"$setOnInsert": doc.clone()}),
+                WhenMatched::Pipeline { stages, vars } => {
+                    // The pipeline updates the match; with none, the result itself is inserted.
+                    let mut values = Document::new();
+                    for (name, e) in vars {
+                        let expr = pipeline::expr::Expr::parse(e)?;
+                        if let Some(v) = expr.evaluate(&doc)? {
+                            values.insert(name.clone(), v);
                         }
-                        WhenNotMatched::Discard => {}
-                        WhenNotMatched::Fail => return Err(no_match()),
                     }
-                }
-                continue;
-            }
-            WhenMatched::Fail => {
-                // Only new documents may be written: any match fails the stage.
-                let found = command(
-                    ctx,
-                    db,
-                    doc! {"find": coll, "filter": filter.clone(), "limit": 1, "singleBatch": true},
-                )
-                .await?;
-                let matched = found
-                    .get_document("cursor")
-                    .and_then(|c| c.get_array("firstBatch"))
-                    .is_ok_and(|b| !b.is_empty());
-                if matched {
-                    return Err(MongoError::with_code(
-                        ErrorCode::DUPLICATE_KEY.code,
-                        "$merge failed: a document matched and whenMatched is 'fail'",
-                    ));
-                }
-                if when_not_matched == WhenNotMatched::Discard {
+                    let reply = command(
+                        ctx,
+                        db,
+                        doc! {"update": coll, "updates": [{"q": filter, "u": stages.clone()}], "let": values},
+                    )
+                    .await?;
+                    if reply.get_i32("n").unwrap_or(0) == 0 {
+                        match when_not_matched {
+                            WhenNotMatched::Insert => {
+                                command(ctx, db, doc! {"insert": coll, "documents": [doc]}).await?;
+                            }
+                            WhenNotMatched::Discard => {}
+                            WhenNotMatched::Fail => return Err(no_match()),
+                        }
+                    }
                     continue;
                 }
-                Bson::Document(doc.clone())
+                WhenMatched::Fail => {
+                    // Only new documents may be written: any match fails the stage.
+                    let found = command(
+                        ctx,
+                        db,
+                        doc! {"find": coll, "filter": filter.clone(), "limit": 1, "singleBatch": true},
+                    )
+                    .await?;
+                    let matched = found
+                        .get_document("cursor")
+                        .and_then(|c| c.get_array("firstBatch"))
+                        .is_ok_and(|b| !b.is_empty());
+                    if matched {
+                        return Err(MongoError::with_code(
+                            ErrorCode::DUPLICATE_KEY.code,
+                            "$merge failed: a document matched and whenMatched is 'fail'",
+                        ));
+                    }
+                    if when_not_matched == WhenNotMatched::Discard {
+                        continue;
+                    }
+                    Bson::Document(doc.clone())
+                }
+            };
+            let upsert = when_not_matched == WhenNotMatched::Insert;
+            let reply = command(
+                ctx,
+                db,
+                doc! {"update": coll, "updates": [{"q": filter, "u": u, "upsert": upsert}]},
+            )
+            .await?;
+            if when_not_matched == WhenNotMatched::Fail && reply.get_i32("n").unwrap_or(0) == 0 {
+                return Err(no_match());
             }
-        };
-        let upsert = when_not_matched == WhenNotMatched::Insert;
-        let reply = command(
-            ctx,
-            db,
-            doc! {"update": coll, "updates": [{"q": filter, "u": u, "upsert": upsert}]},
-        )
-        .await?;
-        if when_not_matched == WhenNotMatched::Fail && reply.get_i32("n").unwrap_or(0) == 0 {
-            return Err(no_match());
         }
     }
     Ok(())
