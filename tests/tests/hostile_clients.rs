@@ -134,6 +134,17 @@ async fn shard_caches(admin: &mongodb::Database) -> anyhow::Result<u64> {
     Ok(bytes)
 }
 
+/// The bytes of shard replies the router's change streams hold (`serverStatus`
+/// `metrics.changeStreams.heldReplyBytes`).
+async fn stream_replies_held(admin: &mongodb::Database) -> anyhow::Result<u64> {
+    let status = admin.run_command(doc! {"serverStatus": 1}).await?;
+    let held = status
+        .get_document("metrics")?
+        .get_document("changeStreams")?
+        .get_i64("heldReplyBytes")?;
+    Ok(u64::try_from(held)?)
+}
+
 /// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmSize`), in bytes.
 fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -581,15 +592,18 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
     let started = Instant::now();
     let phases = {
         let control = control.clone();
+        let admin = admin.clone();
         tokio::spawn(async move {
-            // The server's RSS at the end of each phase, in MB.
+            // At the end of each phase, in MB: the server's RSS, and the shard replies its
+            // change streams hold (`heldReplyBytes`).
             let mut rss = Vec::with_capacity(PHASES);
             for k in 1..=PHASES {
                 tokio::time::sleep_until((started + PHASE * k as u32).into()).await;
                 control
                     .reading
                     .store(k % 2 == 1 && k < PHASES, Ordering::Relaxed);
-                rss.push(status_bytes(pid, "VmRSS") >> 20);
+                let held = stream_replies_held(&admin).await.unwrap_or(u64::MAX);
+                rss.push((status_bytes(pid, "VmRSS") >> 20, held >> 20));
             }
             rss
         })
@@ -612,8 +626,8 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
          too, {ratio:.2}x that (peak RSS {} MB, virtual {} MB); inserts per {PHASE:?} phase \
          {counts:?}; the far-behind streams read {slow_read} events; {current} connections open; \
          the shards' bounded caches (oplog tail window, history) held {} MB after the baseline \
-         and {} MB after the hostile phases; the server's RSS (MB) at the end of each phase \
-         {phase_rss:?}",
+         and {} MB after the hostile phases; the server's RSS and the shard replies its change \
+         streams held (MB) at the end of each phase {phase_rss:?}",
         baseline_rss >> 20,
         baseline_virt >> 20,
         hostile_rss >> 20,

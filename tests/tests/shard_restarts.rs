@@ -4,7 +4,8 @@
 //! `tests/py/restarts/workload.py`) writes, reads and watches with default options. No error
 //! may reach it, and its streams hold exactly the acknowledged writes, in order
 //! (`tests::restarts::verify`). Also: a shard lost for longer than the router's patience
-//! fails a stream with a resumable error, and a resume while the shard is down waits for it.
+//! fails a stream with a resumable error, and a resume while the shard is down waits for it;
+//! and while one shard is down, the router does not pile up the other shards' events.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -162,6 +163,92 @@ async fn a_lost_shard_pauses_a_stream_then_fails_it_resumably() -> anyhow::Resul
     cluster.shards[primary].restart().await?;
     let resumed = waiting.await??;
     assert_ne!(resumed.get_document("cursor")?.get_i64("id")?, 0);
+    Ok(())
+}
+
+/// While a shard is down, a stream's merge holds at its promise; the other shards' events
+/// wait for it. They must wait on the shards, not pile up in the router: the merge reads a
+/// shard again only once it holds less than a getMore's worth of its events. Then, with the
+/// shard back, every event arrives once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_shard_does_not_pile_up_the_others_events_on_the_router() -> anyhow::Result<()> {
+    const BATCHES: i32 = 30;
+    const PER_BATCH: i32 = 1_000;
+    let patience = ["--shardOutageTimeoutSecs", "600"];
+    let mut cluster = ProcessCluster::start_with_router_args(2, &patience).await?;
+    let client = cluster.client().await?;
+    let db = client.database("pileup");
+    db.create_collection("c").await?;
+    let coll = db.collection::<Document>("c");
+    // Two streams: one that starts now (it shares its hub's merge, which reads 1,000 events
+    // per shard getMore) and one from a start time of its own (its own merge, read in
+    // getMores of 100).
+    let open = |spec: Document| {
+        let db = db.clone();
+        async move {
+            let r = db
+                .run_command(
+                    doc! {"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}},
+                )
+                .await?;
+            let id = r.get_document("cursor")?.get_i64("id")?;
+            anyhow::Ok((id, r.get_timestamp("operationTime")?))
+        }
+    };
+    let (shared, at) = open(doc! {}).await?;
+    let (own, _) = open(doc! {"startAtOperationTime": at}).await?;
+    let get_more = |id: i64, batch: i32| doc! {"getMore": id, "collection": "c", "maxTimeMS": 200_i64, "batchSize": batch};
+    let held = || async {
+        let status = client
+            .database("admin")
+            .run_command(doc! {"serverStatus": 1})
+            .await?;
+        let bytes = status
+            .get_document("metrics")?
+            .get_document("changeStreams")?
+            .get_i64("heldReplyBytes")?;
+        anyhow::Ok(bytes)
+    };
+
+    // The collection lives on its primary shard; the other one, which the streams read too,
+    // goes down.
+    let other = 1 - primary_shard(&client, "pileup").await?;
+    cluster.shards[other].kill();
+    let pad = "x".repeat(1_000);
+    let mut most = 0;
+    for b in 0..BATCHES {
+        let docs = (0..PER_BATCH).map(|i| doc! {"_id": b * PER_BATCH + i, "pad": &pad});
+        coll.insert_many(docs).await?;
+        // The streams are read meanwhile: nothing can be released.
+        for id in [shared, own] {
+            let r = db.run_command(get_more(id, 100)).await?;
+            assert!(r.get_document("cursor")?.get_array("nextBatch")?.is_empty());
+        }
+        most = most.max(held().await?);
+    }
+    // About 35 MB of events were written for each stream; a merge may hold a few shard
+    // getMores' worth (of ~1.1 KB events): the hub's of 1,000 events, the other's of 100.
+    assert!(most < 8 << 20, "the router held {most} bytes of replies");
+
+    cluster.shards[other].restart().await?;
+    for id in [shared, own] {
+        let mut seen = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while seen.len() < (BATCHES * PER_BATCH) as usize {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} events",
+                seen.len()
+            );
+            let r = db.run_command(get_more(id, 1_000)).await?;
+            for e in r.get_document("cursor")?.get_array("nextBatch")? {
+                let Bson::Document(e) = e else { continue };
+                seen.push(e.get_document("documentKey")?.get_i32("_id")?);
+            }
+        }
+        assert_eq!(seen, (0..BATCHES * PER_BATCH).collect::<Vec<_>>());
+    }
+    println!("the router held at most {most} bytes of replies while the shard was down");
     Ok(())
 }
 

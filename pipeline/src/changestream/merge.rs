@@ -224,6 +224,16 @@ impl<E: Keyed> Merger<E> {
     pub fn buffered(&self) -> usize {
         self.remotes.iter().map(|r| r.buffer.len()).sum()
     }
+
+    /// Events buffered (not yet released) from `shard`.
+    ///
+    /// When every shard has events buffered, one of them is ready (each shard's promise is at
+    /// least its own buffered events, so at least the smallest front): a reader that stops
+    /// taking batches from shards holding enough, while nothing is ready, still always waits
+    /// on some shard that holds none.
+    pub fn buffered_of(&self, shard: ShardId) -> usize {
+        self.remotes.get(shard).map_or(0, |r| r.buffer.len())
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,14 @@
 //! A shard's change-stream reply as the router merges it: each event read from the reply's
-//! bytes once, for its resume token (the merge's sort key) and time, and kept as bytes. An
-//! event is decoded into a document only for a client whose post-merge stages change it
-//! (user stages); every other client gets the bytes the shard encoded.
+//! bytes once, for its resume token (the merge's sort key) and time, and kept as a slice of
+//! the reply's buffer (one allocation per reply, not one per event). An event is decoded into
+//! a document only for a client whose post-merge stages change it (user stages); every other
+//! client gets the bytes the shard encoded.
 //!
 //! Invariants: every event of a parsed batch has a valid resume token `_id`; a reply that is
-//! an error (`ok: 0`) parses to that error, as the shard sent it.
+//! an error (`ok: 0`) parses to that error, as the shard sent it; [`held_bytes`] counts every
+//! reply buffer that an event (in a merge, a hub's log or a client's reply) still holds.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bson::{Document, RawBsonRef, RawDocument};
 use bytes::Bytes;
@@ -30,18 +34,20 @@ impl Keyed for RawEvent {
 }
 
 impl RawEvent {
-    /// The event from its encoded form (a shard's reply, or a document made here).
+    /// The event from its encoded form, copied.
+    #[cfg(test)]
     pub fn parse(doc: &RawDocument) -> Result<RawEvent> {
+        RawEvent::within(doc, Bytes::copy_from_slice(doc.as_bytes()))
+    }
+
+    /// The event `doc`, whose encoded form `bytes` holds (a slice of the reply it came in).
+    fn within(doc: &RawDocument, bytes: Bytes) -> Result<RawEvent> {
         let id = doc
             .get_document("_id")
             .map_err(|_| MongoError::with_code(40647, "change event has no resume token _id"))?;
         let token = ResumeToken::from_raw_document(id).map_err(MongoError::from)?;
         let time = token.decode().map_err(MongoError::from)?.cluster_time();
-        Ok(RawEvent {
-            token,
-            time,
-            bytes: Bytes::copy_from_slice(doc.as_bytes()),
-        })
+        Ok(RawEvent { token, time, bytes })
     }
 
     /// The event decoded, for post-merge stages that change it.
@@ -84,6 +90,9 @@ impl ShardBatch {
             }
             Body::Cursor(c) => c.doc.to_raw()?,
         };
+        // The events stay in the reply's buffer: each is a slice of it.
+        let buffer = Bytes::from_owner(Held::new(raw.into_bytes()));
+        let raw = RawDocument::from_bytes(&buffer).map_err(malformed)?;
         let cursor = raw.get_document("cursor").map_err(malformed)?;
         let batch = match cursor.get_array("nextBatch") {
             Ok(b) => b,
@@ -95,7 +104,7 @@ impl ShardBatch {
                 .map_err(malformed)?
                 .as_document()
                 .ok_or_else(|| MongoError::internal("a change event that is not a document"))?;
-            events.push(RawEvent::parse(doc)?);
+            events.push(RawEvent::within(doc, slice_of(&buffer, doc.as_bytes()))?);
         }
         let pbrt = cursor
             .get_document("postBatchResumeToken")
@@ -113,6 +122,43 @@ impl ShardBatch {
             invalidated: raw.get_bool("invalidated").unwrap_or(false),
         })
     }
+}
+
+/// Bytes of shard change-stream replies held now, by this process's merges, hubs' logs and
+/// replies (`serverStatus` `metrics.changeStreams.heldReplyBytes`).
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of shard change-stream replies the router holds now.
+pub(crate) fn held_bytes() -> usize {
+    HELD.load(Ordering::Relaxed)
+}
+
+/// A reply's buffer, counted in [`HELD`] while any of its events is held.
+struct Held(Vec<u8>);
+
+impl Held {
+    fn new(bytes: Vec<u8>) -> Held {
+        HELD.fetch_add(bytes.len(), Ordering::Relaxed);
+        Held(bytes)
+    }
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.fetch_sub(self.0.len(), Ordering::Relaxed);
+    }
+}
+
+/// `part`, which lies within `buffer`, as a slice of it.
+fn slice_of(buffer: &Bytes, part: &[u8]) -> Bytes {
+    let start = (part.as_ptr() as usize).saturating_sub(buffer.as_ptr() as usize);
+    buffer.slice(start..start + part.len())
 }
 
 /// `ok` as MongoDB reads it: a non-zero number or `true`.
@@ -171,6 +217,30 @@ mod tests {
         assert_eq!(e.time, ClusterTime::new(5, 1));
         assert_eq!(&e.bytes[..], event.to_vec().expect("encodes").as_slice());
         assert_eq!(e.decode().expect("decodes").doc, event);
+    }
+
+    #[test]
+    fn a_reply_is_held_once_by_its_events_and_counted_while_held() {
+        let events: Vec<Document> = (1..=3)
+            .map(|n| doc! {"_id": token(5, n).to_document(), "operationType": "insert", "n": n})
+            .collect();
+        let raw = RawDocumentBuf::try_from(&reply(events, 42)).expect("encodes");
+        let size = raw.as_bytes().len();
+        let batch = ShardBatch::parse(Body::Raw(raw)).expect("parses");
+        // Each event is a slice of the one reply buffer: the next one starts after this one's
+        // end and the next array element's header (its type byte, one-digit key and NUL).
+        for w in batch.events.windows(2) {
+            let end = w[0].bytes.as_ptr() as usize + w[0].bytes.len();
+            assert_eq!(w[1].bytes.as_ptr() as usize, end + 3);
+        }
+        // Counted while any event holds it (other tests of this process may hold more).
+        let last = batch.events.last().cloned().expect("three events");
+        drop(batch);
+        assert!(held_bytes() >= size, "{} < {size}", held_bytes());
+        assert_eq!(
+            last.decode().expect("decodes").doc.get_i32("n").ok(),
+            Some(3)
+        );
     }
 
     #[test]

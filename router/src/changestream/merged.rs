@@ -8,7 +8,10 @@
 //! released tokens strictly increase; the post-batch resume token never goes backwards and
 //! never passes what a shard (a lost one included) may still return. An idle shard does not
 //! hold the stream back: when an event is buffered behind a shard's promise, that shard is
-//! nudged to promise past the event's time.
+//! nudged to promise past the event's time. A lagging (or lost) shard does not make the
+//! others' events pile up: a shard whose merge buffer holds a getMore's worth of events is not
+//! read again until some are released, so a stream holds at most about
+//! [`FEED_DEPTH`] + 3 replies per shard, whatever the lag.
 //!
 //! [`feed`]: super::feed
 
@@ -31,8 +34,9 @@ use super::feed::{self, FeedReply};
 use super::label_resumable;
 use crate::router::{Resend, Router};
 
-/// Replies buffered per shard before its feed waits for the reader.
-const FEED_DEPTH: usize = 2;
+/// Replies queued per shard before its feed waits for the reader (one more waits in the
+/// feed's hand, and one is in flight).
+const FEED_DEPTH: usize = 1;
 
 /// A shard cursor feeding the merge.
 struct ShardCursor {
@@ -57,7 +61,10 @@ pub(super) struct MergedStream {
     merger: Merger<RawEvent>,
     /// Tokens of events pushed but not yet released, with their times (for nudges).
     unreleased: BTreeMap<ResumeToken, ClusterTime>,
-    rx: mpsc::Receiver<FeedReply>,
+    /// Each shard's feed, by index (`None` once the feed has ended).
+    rx: Vec<Option<mpsc::Receiver<FeedReply>>>,
+    /// Where the next look over `rx` starts, so no shard's replies wait behind another's.
+    turn: usize,
     cancel: CancellationToken,
     feeds: Vec<tokio::task::JoinHandle<()>>,
     /// Events per shard getMore, shared with the feeds ([`MergedStream::set_demand`]).
@@ -128,7 +135,6 @@ pub(super) async fn open(
                 .initial_post_batch_resume_token(ClusterTime::ZERO),
         ),
     };
-    let (tx, rx) = mpsc::channel(FEED_DEPTH * shards.len().max(1));
     let mut cursor = MergedStream {
         db: db.to_string(),
         shard_collection: coll
@@ -137,7 +143,8 @@ pub(super) async fn open(
         shards: Vec::with_capacity(shards.len()),
         merger: Merger::new(shards.len(), initial),
         unreleased: BTreeMap::new(),
-        rx,
+        rx: Vec::with_capacity(shards.len()),
+        turn: 0,
         cancel: router.shutdown.child_token(),
         feeds: Vec::with_capacity(shards.len()),
         demand: Arc::new(AtomicI64::new(feed::SHARD_BATCH)),
@@ -161,6 +168,8 @@ pub(super) async fn open(
             resumed_after: None,
         });
         let idx = cursor.shards.len() - 1;
+        let (tx, rx) = mpsc::channel(FEED_DEPTH);
+        cursor.rx.push(Some(rx));
         // The feed owns the shard cursor from here on (and kills it with the stream).
         if id != 0 {
             let feed = feed::Feed {
@@ -172,7 +181,7 @@ pub(super) async fn open(
                 open: shard_cmd.clone(),
                 cursor_id: id,
                 position,
-                tx: tx.clone(),
+                tx,
                 cancel: cursor.cancel.clone(),
                 demand: cursor.demand.clone(),
             };
@@ -269,7 +278,8 @@ impl MergedStream {
     }
 
     /// Waits until a shard reply arrives (or `deadline`), nudging idle shards when events wait
-    /// behind their promises, and takes every reply that is there into the merge.
+    /// behind their promises, and takes every reply that is there into the merge. Only shards
+    /// holding less than a getMore's worth of unreleased events are read (see the invariants).
     pub async fn wait(
         &mut self,
         router: &Arc<Router>,
@@ -277,15 +287,44 @@ impl MergedStream {
     ) -> Result<()> {
         self.nudge_laggards(router);
         let msg = tokio::select! {
-            m = self.rx.recv() => m,
-            _ = tokio::time::sleep_until(deadline) => None,
+            m = std::future::poll_fn(|cx| self.poll_reply(cx)) => m,
+            _ = tokio::time::sleep_until(deadline) => return Ok(()),
         };
-        let Some(msg) = msg else { return Ok(()) };
         self.take(msg)?;
-        while let Ok(msg) = self.rx.try_recv() {
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        while let std::task::Poll::Ready(msg) = self.poll_reply(&mut cx) {
             self.take(msg)?;
         }
         Ok(())
+    }
+
+    /// A reply from a shard that may be read now (its merge buffer holds less than a getMore's
+    /// worth), looking at each shard in turn; pending while there is none (an ended feed is
+    /// forgotten).
+    fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<FeedReply> {
+        let enough = usize::try_from(self.demand.load(Ordering::Relaxed))
+            .unwrap_or(1)
+            .max(1);
+        let n = self.rx.len();
+        for k in 0..n {
+            let idx = (self.turn + k) % n;
+            if self.merger.buffered_of(idx) >= enough {
+                continue;
+            }
+            let Some(rx) = &mut self.rx[idx] else {
+                continue;
+            };
+            match rx.poll_recv(cx) {
+                std::task::Poll::Ready(Some(msg)) => {
+                    self.turn = (idx + 1) % n;
+                    return std::task::Poll::Ready(msg);
+                }
+                std::task::Poll::Ready(None) => self.rx[idx] = None,
+                std::task::Poll::Pending => {}
+            }
+        }
+        std::task::Poll::Pending
     }
 
     fn take(&mut self, msg: FeedReply) -> Result<()> {

@@ -29,6 +29,7 @@ mod feed;
 mod hub;
 mod merged;
 
+pub(crate) use batch::held_bytes;
 pub(crate) use hub::Hubs;
 pub use hub::REPLIES_PER_SECOND;
 

@@ -165,11 +165,13 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
         "metrics": {
             "cursor": {"open": {"total": router.cursors.len() as i64}},
-            // Merges shared by change streams with the same shard-side spec; the shards'
-            // counters, summed.
+            // Merges shared by change streams with the same shard-side spec, the bytes their
+            // logs count, and every shard reply any stream's events still hold (merges, logs,
+            // replies being written); the shards' counters, summed.
             "changeStreams": {
                 "sharedMerges": merges as i64,
                 "sharedBufferBytes": buffered as i64,
+                "heldReplyBytes": i64::try_from(crate::changestream::held_bytes()).unwrap_or(i64::MAX),
                 "largeEventsSplit": split,
                 "largeEventsFailed": failed,
                 "showExpandedEvents": expanded,

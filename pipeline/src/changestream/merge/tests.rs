@@ -186,6 +186,11 @@ proptest! {
             if do_pop {
                 pop(&mut m, &mut released)?;
             }
+            // While nothing is ready, some shard holds nothing (a reader that waits only on
+            // shards holding little never waits on none).
+            if !m.has_ready() {
+                prop_assert!((0..n).any(|s| m.buffered_of(s) == 0));
+            }
             // The reported post-batch resume token never goes backwards, and never passes an
             // event that is still buffered.
             let pbrt = m.post_batch_resume_token();
