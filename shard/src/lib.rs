@@ -461,6 +461,8 @@ impl Shard {
                 "tailWindowBound": TAIL_WINDOW_BYTES as i64,
                 "historyBytes": state.history.bytes() as i64,
                 "historyBound": history::DEFAULT_MAX_BYTES as i64,
+                "pageCacheBytes": state.storage.cache_bytes() as i64,
+                "pageCacheBound": storage::PAGE_CACHE_BYTES as i64,
             },
             "metrics": {
                 "changeStreams": state.stream_metrics.to_document(),

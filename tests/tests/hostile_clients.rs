@@ -17,8 +17,9 @@
 //!   phases around ([`reading_ratio`]), and the far-behind streams read at least a quarter of
 //!   the events they ask for (the lane yields to the writers; it does not starve the readers);
 //! * the watcher saw every acknowledged insert, once (count and ids);
-//! * the server's RSS stays under [`RSS_BOUND`], and its virtual size under
-//!   [`VIRTUAL_BOUND`];
+//! * the server's RSS, less its shards' bounded caches, stays under [`RSS_BOUND`], and its
+//!   virtual size under [`VIRTUAL_BOUND`]; the shard replies its change streams hold stay
+//!   under [`HELD_BOUND_MB`];
 //! * `serverStatus.connections` is truthful (`current` counts the tricklers, `available` is the
 //!   limit in force minus `current`);
 //! * each trickling connection is closed once its message has taken the frame timeout, not
@@ -66,23 +67,32 @@ const SLOW_BATCH: u32 = 100;
 /// Longer than the phases together, so the tricklers all trickle through them, yet short
 /// enough for the test to see them cut off.
 const FRAME_TIMEOUT: Duration = Duration::from_secs(56);
-/// What the server process may hold resident at its peak (the clients' memory, drivers and
-/// hostile clients, is this test process's and not counted).
+/// What the server process may hold resident at its peak, less what the shards' bounded
+/// caches (oplog tail window, history, page cache: `serverStatus` `shards.*.memory`, each with
+/// its bound) held at the end (the clients' memory, drivers and hostile clients, is this test
+/// process's and not counted).
 ///
-/// Measured on a shared 2-core Linux VM, debug build: about 50 MB after the first period, and a
-/// peak of 254 MB through the phases. A heap profile of the server (heaptrack, on glibc's
-/// allocator) put its 177 MB heap peak in: about 100 MB of change events buffered on the router
-/// for the 100 far-behind streams (each one's feeds queue `FEED_DEPTH` replies per shard of
-/// the client's batch size, 100 events here, parsed for the merge: `RawEvent`s 57 MB, the
-/// merge 19 MB, resume tokens 10 MB, their transformation 9 MB), 17 MB the tricklers'
-/// connection buffers, 12 MB the shards' stream cursors and 11 MB redb's cache. Until this
-/// test ran the server in a process of its own it measured this process whole, and the
-/// driver's own batches of the far-behind and never-read streams, not the server, were most
-/// of it (up to 583 MB at the end, when the never-read streams read their first events). The
-/// bound leaves room above the worst run for allocator slack; a per-client copy of a shared
-/// buffer, or a buffer per trickler of the size its header declares once touched, would go
-/// past it.
+/// Measured on a shared 2-core Linux VM, debug build: about 60 MB after the first period, and a
+/// peak near 330 MB through the phases, of which the caches were 48 MB. The RSS climbs through
+/// the phases; the caches grow with what is written (up to their bounds: 256 MiB of page cache
+/// per shard), and were about half of the climb after the first phases; what the change
+/// streams held did not grow. A heap profile of the server (heaptrack, on glibc's allocator,
+/// after the per-shard reading of 35ab6f9) put its 195 MB heap peak in: 72 MB of shard
+/// replies the router's change streams held (the 100 far-behind streams, a few getMores of 100
+/// events per shard each, and the never-read streams' shared log), 17 MB the tricklers'
+/// connection buffers, 15 MB the shards' write path, 12 MB the shards' stream cursors, 11 MB
+/// making the events, 9 MB the merges. Until this test ran the server in a process of its own
+/// it measured this process whole, and the driver's own batches of the far-behind and
+/// never-read streams, not the server, were most of it (up to 583 MB). The bound leaves room
+/// above the worst run for allocator slack; a per-client copy of a shared buffer, or a buffer
+/// per trickler of the size its header declares once touched, would go past it.
 const RSS_BOUND: u64 = 400 << 20;
+/// What the router's change streams may hold of shard replies (`serverStatus`
+/// `metrics.changeStreams.heldReplyBytes`) at the end of any phase. Measured: at most 94 MB
+/// (about 0.7 MB per far-behind stream, and the never-read streams' shared log, 16 MiB).
+/// Before a merge stopped reading a shard that holds a getMore's worth, a stream took in
+/// everything its feeds fetched whenever it waited, without a bound.
+const HELD_BOUND_MB: u64 = 150;
 /// The server's peak virtual size. Measured 1.0 GB with the hostile clients (thread stacks and
 /// allocator arenas). Reserving each frame's declared length as soon as its header arrived, as
 /// the codec once did, made it 46 GB here (1,000 × 48 MB, mostly never touched, so invisible
@@ -118,7 +128,8 @@ fn raise_open_files(want: u64) -> u64 {
     limit.rlim_cur
 }
 
-/// What the shards' bounded in-memory caches hold (`serverStatus` `shards.*.memory`): part of
+/// What the shards' bounded in-memory caches hold (`serverStatus` `shards.*.memory`: the oplog
+/// tail window, the history and the page cache): part of
 /// this process's RSS that grows with what was written, up to the caches' bounds.
 async fn shard_caches(admin: &mongodb::Database) -> anyhow::Result<u64> {
     let status = admin.run_command(doc! {"serverStatus": 1}).await?;
@@ -127,7 +138,7 @@ async fn shard_caches(admin: &mongodb::Database) -> anyhow::Result<u64> {
         let memory = shard
             .as_document()
             .and_then(|s| s.get_document("memory").ok());
-        for field in ["tailWindowBytes", "historyBytes"] {
+        for field in ["tailWindowBytes", "historyBytes", "pageCacheBytes"] {
             bytes += memory.and_then(|m| m.get_i64(field).ok()).unwrap_or(0) as u64;
         }
     }
@@ -594,8 +605,8 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         let control = control.clone();
         let admin = admin.clone();
         tokio::spawn(async move {
-            // At the end of each phase, in MB: the server's RSS, and the shard replies its
-            // change streams hold (`heldReplyBytes`).
+            // At the end of each phase, in MB: the server's RSS, the shard replies its change
+            // streams hold (`heldReplyBytes`) and the shards' bounded caches.
             let mut rss = Vec::with_capacity(PHASES);
             for k in 1..=PHASES {
                 tokio::time::sleep_until((started + PHASE * k as u32).into()).await;
@@ -603,7 +614,8 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
                     .reading
                     .store(k % 2 == 1 && k < PHASES, Ordering::Relaxed);
                 let held = stream_replies_held(&admin).await.unwrap_or(u64::MAX);
-                rss.push((status_bytes(pid, "VmRSS") >> 20, held >> 20));
+                let caches = shard_caches(&admin).await.unwrap_or(u64::MAX);
+                rss.push((status_bytes(pid, "VmRSS") >> 20, held >> 20, caches >> 20));
             }
             rss
         })
@@ -625,9 +637,9 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
          and never-read streams {quiet_rate:.0} inserts/s; while the far-behind streams read \
          too, {ratio:.2}x that (peak RSS {} MB, virtual {} MB); inserts per {PHASE:?} phase \
          {counts:?}; the far-behind streams read {slow_read} events; {current} connections open; \
-         the shards' bounded caches (oplog tail window, history) held {} MB after the baseline \
-         and {} MB after the hostile phases; the server's RSS and the shard replies its change \
-         streams held (MB) at the end of each phase {phase_rss:?}",
+         the shards' bounded caches (oplog tail window, history, page cache) held {} MB after the baseline \
+         and {} MB after the hostile phases; the server's RSS, the shard replies its change \
+         streams held and the shards' caches (MB) at the end of each phase {phase_rss:?}",
         baseline_rss >> 20,
         baseline_virt >> 20,
         hostile_rss >> 20,
@@ -725,10 +737,20 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
         VIRTUAL_BOUND >> 20
     );
     assert!(
-        hostile_rss < RSS_BOUND,
-        "peak RSS {} MB with the hostile clients, bound {} MB",
+        hostile_rss.saturating_sub(hostile_caches) < RSS_BOUND,
+        "peak RSS {} MB with the hostile clients, less {} MB of the shards' caches; bound {} MB",
         hostile_rss >> 20,
+        hostile_caches >> 20,
         RSS_BOUND >> 20
+    );
+    let held = phase_rss
+        .iter()
+        .map(|&(_, held, _)| held)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        held < HELD_BOUND_MB,
+        "the router's change streams held {held} MB of shard replies (bound {HELD_BOUND_MB} MB)"
     );
     assert!(
         ratio >= 0.9,

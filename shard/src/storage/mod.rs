@@ -319,7 +319,12 @@ pub trait WriteTxn: ReadTxn {
 pub trait Storage: Send + Sync + 'static {
     fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>>;
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>>;
+    /// The bytes the engine's page cache holds now (at most [`PAGE_CACHE_BYTES`]).
+    fn cache_bytes(&self) -> usize;
 }
+
+/// The bound of each shard's page cache (redb's), in bytes.
+pub const PAGE_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------
 // redb
@@ -334,7 +339,7 @@ impl RedbStorage {
     pub fn open(path: &Path) -> StorageResult<RedbStorage> {
         let mut builder = redb::Builder::new();
         // The page cache is a cap, not an allocation; several shards may share one process.
-        builder.set_cache_size(256 * 1024 * 1024);
+        builder.set_cache_size(PAGE_CACHE_BYTES);
         // Repair after a crash is quick because every commit records the allocator state
         // (quick repair, set on each write transaction); the callback only has to let it run.
         builder.set_repair_callback(|_session| {});
@@ -371,6 +376,10 @@ impl Storage for RedbStorage {
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
         Ok(Box::new(RedbWrite(self.begin(true)?)))
+    }
+
+    fn cache_bytes(&self) -> usize {
+        redb::ReadableDatabase::cache_stats(&self.db).used_bytes()
     }
 }
 
@@ -513,6 +522,10 @@ impl<S: Storage> Storage for FaultyStorage<S> {
             inner: self.inner.begin_write()?,
             faults: self.faults.clone(),
         }))
+    }
+
+    fn cache_bytes(&self) -> usize {
+        self.inner.cache_bytes()
     }
 }
 

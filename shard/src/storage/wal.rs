@@ -271,6 +271,10 @@ impl Storage for WalStorage {
         self.0.redb.begin_read()
     }
 
+    fn cache_bytes(&self) -> usize {
+        self.0.redb.cache_bytes()
+    }
+
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
         let mut record = Vec::with_capacity(256);
         record.resize(FRAME_LEN, 0);
