@@ -9,9 +9,13 @@
 //! back in order.
 //!
 //! Invariants:
-//! * Memory: the buffer holds at most the limit plus one document; a merge holds one document
-//!   and one read buffer per run, and runs are merged into one before they pass
-//!   [`MAX_RUNS`], so a sort of any size keeps a bounded number of files open.
+//! * Memory: the limit counts documents' BSON sizes, as MongoDB's does (so what is refused with
+//!   292 is what MongoDB refuses). A parsed document takes more than its BSON size (two to
+//!   three times for small fields): with disk use, the buffer spills once either its BSON size
+//!   or its [`footprint`] in memory passes the limit, so it holds at most the limit (plus one
+//!   document) in memory too. A merge holds one document and one read buffer per run, and runs
+//!   are merged into one before they pass [`MAX_RUNS`], so a sort of any size keeps a bounded
+//!   number of files open.
 //! * Stability: documents that compare equal come out in input order (each run is sorted
 //!   stably, runs are written in input order, and ties go to the earlier run).
 //! * A spool holds at most the limit (under `allowDiskUse`, at most [`SPOOL_MEMORY`]) plus one
@@ -45,8 +49,8 @@ pub const MAX_RUNS: usize = 64;
 /// length in a run file means the file is damaged.
 const MAX_RECORD: usize = 2 * DEFAULT_LIMIT;
 
-/// What a [`Spool`] under `allowDiskUse` holds in memory before it writes to disk, in BSON
-/// bytes.
+/// What a [`Spool`] under `allowDiskUse` holds in memory before it writes to disk (its
+/// documents' BSON size, or their [`footprint`] in memory, whichever is larger).
 pub const SPOOL_MEMORY: usize = 16 * 1024 * 1024;
 
 /// Each run's read and write buffer.
@@ -171,6 +175,63 @@ pub enum Purpose {
     Group,
 }
 
+/// What a parsed document takes in memory, estimated: each field's value as the `Bson` enum,
+/// its name and its place in the map, and what strings, binaries and nested values hold on the
+/// heap (recursion as deep as the document nests, as [`document_size`]'s).
+pub fn footprint(doc: &Document) -> usize {
+    /// A map entry: the value, the name's `String`, the hash, and about 1.5 index slots.
+    const ENTRY: usize = std::mem::size_of::<bson::Bson>() + std::mem::size_of::<String>() + 20;
+    std::mem::size_of::<Document>()
+        + doc
+            .iter()
+            .map(|(k, v)| ENTRY + k.len() + value_heap(v))
+            .sum::<usize>()
+}
+
+/// What a value holds on the heap beyond the `Bson` enum itself.
+fn value_heap(v: &bson::Bson) -> usize {
+    use bson::Bson;
+    match v {
+        Bson::String(s) | Bson::Symbol(s) | Bson::JavaScriptCode(s) => s.capacity(),
+        Bson::Document(d) => footprint(d),
+        Bson::Array(a) => {
+            a.capacity() * std::mem::size_of::<Bson>() + a.iter().map(value_heap).sum::<usize>()
+        }
+        Bson::Binary(b) => b.bytes.capacity(),
+        Bson::RegularExpression(r) => r.pattern.len() + r.options.len(),
+        Bson::JavaScriptCodeWithScope(c) => c.code.capacity() + footprint(&c.scope),
+        _ => 0,
+    }
+}
+
+/// What a buffer of documents counts: their BSON size (the limit's measure) and, when the
+/// buffer may spill, their footprint in memory (which it then keeps under the limit too).
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    bytes: usize,
+    memory: usize,
+}
+
+impl Held {
+    fn add(&mut self, doc: &Document, disk: bool) {
+        self.bytes += document_size(doc);
+        if disk {
+            self.memory += footprint(doc);
+        }
+    }
+
+    fn of<'a>(docs: impl IntoIterator<Item = &'a Document>, disk: bool) -> Held {
+        let mut held = Held::default();
+        docs.into_iter().for_each(|d| held.add(d, disk));
+        held
+    }
+
+    /// Past `limit`: by BSON size, or (when the buffer may spill) by footprint too.
+    fn past(&self, limit: usize, disk: bool) -> bool {
+        self.bytes > limit || (disk && self.memory > limit)
+    }
+}
+
 /// A sort that holds at most its limit in memory, writing sorted runs to disk past it.
 pub struct Sorter {
     cmp: Compare,
@@ -180,7 +241,7 @@ pub struct Sorter {
     /// Only the first `top` documents are wanted (a `$sort` before a `$limit`).
     top: Option<usize>,
     buffer: Vec<Document>,
-    bytes: usize,
+    held: Held,
     runs: Vec<Run>,
 }
 
@@ -198,7 +259,7 @@ impl Sorter {
             disk,
             top: None,
             buffer: Vec::new(),
-            bytes: 0,
+            held: Held::default(),
             runs: Vec::new(),
         }
     }
@@ -218,17 +279,18 @@ impl Sorter {
     /// use).
     pub fn push(&mut self, doc: Document) -> Result<()> {
         crate::interrupt::check()?;
-        self.bytes += document_size(&doc);
+        self.held.add(&doc, self.disk);
         self.buffer.push(doc);
         // A top-k sort drops what it cannot keep when its buffer fills, or grows to twice k.
         if let Some(top) = self.top
-            && (self.bytes > self.limit || self.buffer.len() > top.saturating_mul(2).max(1024))
+            && (self.held.past(self.limit, self.disk)
+                || self.buffer.len() > top.saturating_mul(2).max(1024))
         {
             self.sort_buffer();
             self.buffer.truncate(top);
-            self.bytes = self.buffer.iter().map(document_size).sum();
+            self.held = Held::of(&self.buffer, self.disk);
         }
-        if self.bytes > self.limit {
+        if self.held.past(self.limit, self.disk) {
             if !self.disk {
                 return Err(self.over_limit());
             }
@@ -290,7 +352,7 @@ impl Sorter {
     fn spill(&mut self) -> Result<()> {
         self.sort_buffer();
         let docs = std::mem::take(&mut self.buffer);
-        self.bytes = 0;
+        self.held = Held::default();
         let run = Run::write(self.purpose, docs.into_iter().map(Ok))?;
         self.runs.push(run);
         if self.runs.len() >= MAX_RUNS {
@@ -408,7 +470,7 @@ pub struct Spool {
     limit: usize,
     disk: bool,
     buffer: Vec<Document>,
-    bytes: usize,
+    held: Held,
     file: Option<BufWriter<File>>,
 }
 
@@ -416,8 +478,7 @@ impl Spool {
     /// An empty spool; `disk` is the command's `allowDiskUse`. Without it the spool holds up to
     /// the sort limit (292 past it); with it, up to [`SPOOL_MEMORY`] (or the sort limit, if
     /// lower) before it writes to disk: documents that only wait their turn need not take a
-    /// blocking stage's memory, and a parsed `Document` takes two to three times the bytes
-    /// counted.
+    /// blocking stage's memory.
     pub fn new(what: &'static str, disk: bool) -> Spool {
         let limit = sort_limit();
         Spool {
@@ -425,7 +486,7 @@ impl Spool {
             limit: if disk { limit.min(SPOOL_MEMORY) } else { limit },
             disk,
             buffer: Vec::new(),
-            bytes: 0,
+            held: Held::default(),
             file: None,
         }
     }
@@ -433,9 +494,9 @@ impl Spool {
     /// Adds a document at the end.
     pub fn push(&mut self, doc: Document) -> Result<()> {
         crate::interrupt::check()?;
-        self.bytes += document_size(&doc);
+        self.held.add(&doc, self.disk);
         self.buffer.push(doc);
-        if self.bytes <= self.limit {
+        if !self.held.past(self.limit, self.disk) {
             return Ok(());
         }
         if !self.disk {
@@ -459,7 +520,7 @@ impl Spool {
         for doc in self.buffer.drain(..) {
             bytes += write_record(file, &doc)?;
         }
-        self.bytes = 0;
+        self.held = Held::default();
         COUNTERS.sort_spills.fetch_add(1, AtomicOrdering::Relaxed);
         COUNTERS
             .spilled_bytes
@@ -483,7 +544,7 @@ impl Spool {
         if self.spilled() {
             return Vec::new();
         }
-        self.bytes = 0;
+        self.held = Held::default();
         std::mem::take(&mut self.buffer)
     }
 
@@ -647,6 +708,43 @@ mod tests {
                 assert!(w[0].get_i32("seq").unwrap() < w[1].get_i32("seq").unwrap());
             }
         }
+    }
+
+    #[test]
+    fn a_footprint_counts_what_a_parsed_document_takes() {
+        let small = doc! {"a": 1, "b": 2, "c": [1, 2, 3], "d": {"e": true}};
+        assert!(footprint(&small) > 3 * document_size(&small));
+        // A long string is mostly its bytes in either form.
+        let long = doc! {"s": "x".repeat(100_000)};
+        assert!(footprint(&long) >= document_size(&long));
+        assert!(footprint(&long) < document_size(&long) + 1_000);
+    }
+
+    #[test]
+    fn with_disk_use_a_sort_spills_by_memory_and_without_refuses_by_bson_size() {
+        // 100 documents of small fields: ~2,300 BSON bytes, several times that in memory.
+        let docs = || (0..100).map(|i| doc! {"k": i, "a": 1, "b": 2, "c": 3});
+        let bson: usize = docs().map(|d| document_size(&d)).sum();
+        let memory: usize = docs().map(|d| footprint(&d)).sum();
+        let limit = bson + 100;
+        assert!(memory > 2 * limit, "{memory} vs {limit}");
+        let mut with_disk = sorter(limit, true);
+        docs().for_each(|d| with_disk.push(d).unwrap());
+        assert!(with_disk.spilled());
+        assert!(with_disk.held.memory <= limit + footprint(&doc! {"k": 0, "a": 1, "b": 2, "c": 3}));
+        assert_eq!(
+            ints(with_disk.finish().unwrap(), "k"),
+            (0..100).collect::<Vec<_>>()
+        );
+        // Without disk use what is refused is what MongoDB refuses: past the BSON size limit.
+        let mut without = sorter(limit, false);
+        docs().for_each(|d| without.push(d).unwrap());
+        assert!(!without.spilled());
+        assert!(
+            without
+                .push(doc! {"k": 100, "pad": "x".repeat(200)})
+                .is_err()
+        );
     }
 
     #[test]

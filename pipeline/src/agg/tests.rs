@@ -879,7 +879,8 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
         for env in [&disk, &folded] {
             let p = Pipeline::parse(stages).unwrap();
             let expected = p.run_in(streaming_input(), env).unwrap();
-            for limit in [usize::MAX, 4_096] {
+            // 16 KiB: a run holds about 30 of these documents in memory (their footprint).
+            for limit in [usize::MAX, 16_384] {
                 assert_eq!(
                     pushed(&p, env, limit).unwrap(),
                     expected,
@@ -891,7 +892,7 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
     let after = spill::counters()
         .sort_spills
         .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(after > before, "the 4 KiB runs spilled");
+    assert!(after > before, "the 16 KiB runs spilled");
     // A window stage holds one partition at a time: one larger than the limit is refused.
     let one_partition = Pipeline::parse(&[doc! {"$setWindowFields": {
         "sortBy": {"x": 1}, "output": {"n": {"$documentNumber": {}}},

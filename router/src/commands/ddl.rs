@@ -60,8 +60,9 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
     })
 }
 
-/// Sends a DDL command to every holder. The copies for shards other than the primary carry
-/// `fromMigrate: true`, so change streams report the DDL once, from the primary.
+/// Sends a DDL command (less the fields only the router reads) to every holder. The copies for
+/// shards other than the primary carry `fromMigrate: true`, so change streams report the DDL
+/// once, from the primary.
 async fn broadcast_ddl(
     router: &crate::router::Router,
     db: &str,
@@ -70,7 +71,9 @@ async fn broadcast_ddl(
     cmd: &Document,
 ) -> Vec<Result<Document>> {
     let sends = shards.iter().map(|&s| {
-        let mut cmd = cmd.clone();
+        // Each shard's copy is made straight from the client's command (a copy of a large
+        // command is as large as its parse).
+        let mut cmd = forwardable(cmd);
         if primary.is_some_and(|p| p != s) {
             cmd.insert("fromMigrate", true);
         }
@@ -81,8 +84,14 @@ async fn broadcast_ddl(
 
 /// Runs the driver's command on the holders and returns the first reply (or first error).
 async fn on_shards(ctx: &Ctx<'_>, holders: &Holders) -> Result<Document> {
-    let cmd = forwardable(ctx.cmd);
-    let replies = broadcast_ddl(ctx.router, ctx.db, &holders.shards, holders.primary, &cmd).await;
+    let replies = broadcast_ddl(
+        ctx.router,
+        ctx.db,
+        &holders.shards,
+        holders.primary,
+        ctx.cmd,
+    )
+    .await;
     let mut first = None;
     for r in replies {
         let r = r?;
@@ -118,7 +127,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         primary,
         sharded,
     } = holders(ctx, coll, false).await?;
-    let replies = broadcast_ddl(ctx.router, ctx.db, &shards, primary, &forwardable(ctx.cmd)).await;
+    let replies = broadcast_ddl(ctx.router, ctx.db, &shards, primary, ctx.cmd).await;
     let mut n_indexes_was = None;
     for r in replies {
         match r {
