@@ -26,11 +26,18 @@ def memory_text(pid):
 
 
 def spill_text(client):
-    """The server's spill counters (`serverStatus` `metrics.query`), as the scripts print them."""
+    """The server's spill counters (`serverStatus` `metrics.query`) and what the shards' page
+    caches hold (`shards.*.memory.pageCacheBytes`), as the scripts print them."""
     q = client.admin.command("serverStatus")["metrics"].get("query")
     if q is None:  # a build before the spill counters
         return "no spill counters"
+    status = client.admin.command("serverStatus")
+    cache = sum(
+        s.get("memory", {}).get("pageCacheBytes", 0)
+        for s in status.get("shards", {}).values()
+        if isinstance(s, dict)
+    )
     return (
         f"sort runs {q['sort']['spillToDisk']}, group runs {q['group']['spills']}, "
-        f"{q['spilledBytes'] >> 20} MiB spilled"
+        f"{q['spilledBytes'] >> 20} MiB spilled; the shards' page caches hold {cache >> 20} MiB"
     )

@@ -54,7 +54,7 @@ print(f"loaded {N} documents of 2 KiB: {memory()}", flush=True)
 
 def measure(name, run):
     reset_peak(pid)
-    before = memory()
+    before = f"{memory()} ({spills()})"
     started = time.time()
     try:
         n = run()
