@@ -29,6 +29,12 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The reply size budget for one batch (MongoDB's 16 MiB reply cap).
 pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
 
+/// The most documents the router asks a shard for per getMore. It holds each source's batch
+/// parsed, which for small documents takes several times their BSON size: a 16 MiB batch of
+/// 60-byte documents is ~110 MB parsed. A thousand documents keep that to a few MB (a shard
+/// batch is also at most 16 MiB, whatever its count), for one more round trip per thousand.
+pub const SHARD_GET_MORE_DOCS: i64 = 1_000;
+
 /// One shard cursor feeding a router cursor.
 #[derive(Debug)]
 pub struct Source {
@@ -125,13 +131,7 @@ impl Merge {
         };
         let fetches = needy.iter().map(|&i| {
             let s = &self.sources[i];
-            let mut get_more = doc! {"getMore": s.cursor_id, "collection": &self.collection};
-            if self.await_data
-                && let Some(ms) = self.max_await_ms
-            {
-                get_more.insert("maxTimeMS", ms);
-            }
-            router.shard_command(s.shard, &self.db, get_more)
+            router.shard_command(s.shard, &self.db, self.get_more(s.cursor_id))
         });
         let replies = futures::future::join_all(fetches).await;
         for (i, reply) in needy.into_iter().zip(replies) {
@@ -141,6 +141,22 @@ impl Merge {
             source.buffer.extend(next_batch(&reply)?);
         }
         Ok(())
+    }
+
+    /// The getMore for a shard cursor: at most [`SHARD_GET_MORE_DOCS`], and for an `awaitData`
+    /// cursor the client's wait.
+    fn get_more(&self, cursor_id: i64) -> Document {
+        let mut get_more = doc! {
+            "getMore": cursor_id,
+            "collection": &self.collection,
+            "batchSize": SHARD_GET_MORE_DOCS,
+        };
+        if self.await_data
+            && let Some(ms) = self.max_await_ms
+        {
+            get_more.insert("maxTimeMS", ms);
+        }
+        get_more
     }
 
     async fn kill(&mut self, router: &Router) {
@@ -466,4 +482,30 @@ impl CursorTable {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_get_mores_ask_for_a_bounded_batch_and_pass_the_await() {
+        let mut merge = Merge {
+            db: "db".into(),
+            collection: "c".into(),
+            sources: Vec::new(),
+            sort: None,
+            skip: 0,
+            limit: None,
+            projection: None,
+            await_data: false,
+            max_await_ms: Some(500),
+        };
+        assert_eq!(
+            merge.get_more(7),
+            doc! {"getMore": 7_i64, "collection": "c", "batchSize": SHARD_GET_MORE_DOCS}
+        );
+        merge.await_data = true;
+        assert_eq!(merge.get_more(7).get_i64("maxTimeMS").ok(), Some(500));
+    }
 }
