@@ -158,6 +158,30 @@ pub async fn shard_collection(
     Ok(())
 }
 
+/// Opens a change stream on `db.coll` with the `$changeStream` stage `spec` by a plain
+/// `aggregate` (no driver cursor: the test drives its getMores) and returns the reply.
+pub async fn open_change_stream(
+    db: &mongodb::Database,
+    coll: &str,
+    spec: mongodb::bson::Document,
+) -> Result<mongodb::bson::Document> {
+    let pipeline = vec![mongodb::bson::doc! {"$changeStream": spec}];
+    let open = mongodb::bson::doc! {"aggregate": coll, "pipeline": pipeline, "cursor": {}};
+    Ok(db.run_command(open).await?)
+}
+
+/// A router's change-stream figures: `serverStatus` `metrics.changeStreams` (shared merges,
+/// replies held, the shards' split and expanded-event counters), as `admin` answers.
+pub async fn change_stream_metrics(admin: &mongodb::Database) -> Result<mongodb::bson::Document> {
+    let status = admin
+        .run_command(mongodb::bson::doc! {"serverStatus": 1})
+        .await?;
+    Ok(status
+        .get_document("metrics")?
+        .get_document("changeStreams")?
+        .clone())
+}
+
 /// A unique index on `keys`, with its default name.
 pub fn unique_index(keys: mongodb::bson::Document) -> mongodb::IndexModel {
     mongodb::IndexModel::builder()

@@ -148,12 +148,8 @@ async fn shard_caches(admin: &mongodb::Database) -> anyhow::Result<u64> {
 /// The bytes of shard replies the router's change streams hold (`serverStatus`
 /// `metrics.changeStreams.heldReplyBytes`).
 async fn stream_replies_held(admin: &mongodb::Database) -> anyhow::Result<u64> {
-    let status = admin.run_command(doc! {"serverStatus": 1}).await?;
-    let held = status
-        .get_document("metrics")?
-        .get_document("changeStreams")?
-        .get_i64("heldReplyBytes")?;
-    Ok(u64::try_from(held)?)
+    let metrics = tests::change_stream_metrics(admin).await?;
+    Ok(u64::try_from(metrics.get_i64("heldReplyBytes")?)?)
 }
 
 /// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmSize`), in bytes.

@@ -442,13 +442,7 @@ async fn a_twenty_megabyte_event_with_both_images_is_split_into_fragments() -> a
     };
     let code = code_of_any(&err);
     assert_eq!(code, Some(10334), "{err}");
-    let status = client
-        .database("admin")
-        .run_command(doc! {"serverStatus": 1})
-        .await?;
-    let counters = status
-        .get_document("metrics")?
-        .get_document("changeStreams")?;
+    let counters = tests::change_stream_metrics(&client.database("admin")).await?;
     assert!(counters.get_i64("largeEventsSplit")? >= 1, "{counters}");
     assert!(counters.get_i64("largeEventsFailed")? >= 1, "{counters}");
 

@@ -186,11 +186,7 @@ async fn a_lost_shard_does_not_pile_up_the_others_events_on_the_router() -> anyh
     let open = |spec: Document| {
         let db = db.clone();
         async move {
-            let r = db
-                .run_command(
-                    doc! {"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}},
-                )
-                .await?;
+            let r = tests::open_change_stream(&db, "c", spec).await?;
             let id = r.get_document("cursor")?.get_i64("id")?;
             anyhow::Ok((id, r.get_timestamp("operationTime")?))
         }
@@ -198,16 +194,10 @@ async fn a_lost_shard_does_not_pile_up_the_others_events_on_the_router() -> anyh
     let (shared, at) = open(doc! {}).await?;
     let (own, _) = open(doc! {"startAtOperationTime": at}).await?;
     let get_more = |id: i64, batch: i32| doc! {"getMore": id, "collection": "c", "maxTimeMS": 200_i64, "batchSize": batch};
+    let admin = client.database("admin");
     let held = || async {
-        let status = client
-            .database("admin")
-            .run_command(doc! {"serverStatus": 1})
-            .await?;
-        let bytes = status
-            .get_document("metrics")?
-            .get_document("changeStreams")?
-            .get_i64("heldReplyBytes")?;
-        anyhow::Ok(bytes)
+        let metrics = tests::change_stream_metrics(&admin).await?;
+        anyhow::Ok(metrics.get_i64("heldReplyBytes")?)
     };
 
     // The collection lives on its primary shard; the other one, which the streams read too,

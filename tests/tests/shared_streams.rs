@@ -18,13 +18,7 @@ async fn client_for(cluster: &EmbeddedCluster, pool: u32) -> anyhow::Result<mong
 }
 
 async fn change_stream_metrics(client: &mongodb::Client) -> anyhow::Result<(i64, i64)> {
-    let status = client
-        .database("admin")
-        .run_command(doc! {"serverStatus": 1})
-        .await?;
-    let cs = status
-        .get_document("metrics")?
-        .get_document("changeStreams")?;
+    let cs = tests::change_stream_metrics(&client.database("admin")).await?;
     Ok((
         cs.get_i64("sharedMerges")?,
         cs.get_i64("sharedBufferBytes")?,
@@ -184,11 +178,7 @@ async fn batches_stay_under_sixteen_mebibytes() -> anyhow::Result<()> {
     let open = |spec: Document| {
         let db = db.clone();
         async move {
-            let reply = db
-                .run_command(
-                    doc! {"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}},
-                )
-                .await?;
+            let reply = tests::open_change_stream(&db, "c", spec).await?;
             let cursor = reply.get_document("cursor")?;
             let mut first = Vec::new();
             for ev in cursor.get_array("firstBatch")? {
