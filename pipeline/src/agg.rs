@@ -47,7 +47,7 @@ mod window;
 
 pub use bucket_auto::BucketAuto;
 pub use densify::Densify;
-pub use stream::{Docs, PushRun};
+pub use stream::{Docs, FacetOutput, PushRun};
 pub use time_unit::TimeUnit;
 pub use window::SetWindowFields;
 pub mod lookup;

@@ -947,8 +947,10 @@ async fn router_run_pipelines_stream_and_what_the_router_gathers_stops_at_the_li
 /// `allowDiskUse` and joins it a chunk at a time; a `$lookup` whose foreign collection does not
 /// fit (and cannot be narrowed to what joins) is 292 without `allowDiskUse` and queries the
 /// shards per document with it; a `$graphLookup` whose search reaches more than the limit is
-/// 40099 either way (MongoDB 7.0's does not spill); `$out` and `$merge` write results as the
-/// router reads them, so copying a collection eight times the limit needs no disk use.
+/// 40099 either way (MongoDB 7.0's does not spill); a `$facet` whose sub-pipelines join, a
+/// `$unionWith` whose sub-pipeline joins and a `$setWindowFields` partition past the limit
+/// are 292 without `allowDiskUse` and go to disk with it; `$out` and `$merge` write results as
+/// the router reads them, so copying a collection eight times the limit needs no disk use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document()
 -> anyhow::Result<()> {
@@ -1044,6 +1046,81 @@ async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document(
         .try_collect()
         .await?;
     assert_eq!(shallow[0].get_array("reach")?.len(), 10);
+
+    // A $facet whose sub-pipelines join: its input (eight times the limit, gathered from the
+    // shards) goes through the sub-pipelines together when what they join fits the limit
+    // (`groups`), and when it does not (`wide`, twice the limit) waits on disk while each
+    // sub-pipeline reads all of it in turn, joining what it joins.
+    let facet_joining = |from: &str| {
+        vec![doc! {"$facet": {
+            "joined": [
+                {"$lookup": {"from": from, "localField": "g", "foreignField": "_id", "as": "j"}},
+                {"$match": {"j._id": 3}},
+                {"$count": "n"},
+            ],
+            "pads": [{"$group": {"_id": null, "bytes": {"$sum": {"$strLenBytes": "$pad"}}}}],
+        }}]
+    };
+    let expected = vec![doc! {
+        "joined": [{"n": PADDED / 10}],
+        "pads": [{"_id": null, "bytes": PADDED * 2_000}],
+    }];
+    let streamed: Vec<Document> = c
+        .aggregate(facet_joining("groups"))
+        .allow_disk_use(true)
+        .await?
+        .try_collect()
+        .await?;
+    assert_eq!(streamed, expected);
+    let facets = needs_disk(
+        &c,
+        facet_joining("wide"),
+        "the facet's input is eight times the limit",
+    )
+    .await?;
+    assert_eq!(facets, expected);
+
+    // A $unionWith whose sub-pipeline joins runs it as an aggregate of its own: its $lookup
+    // gathers eight times the limit, and spools it under allowDiskUse.
+    let union = vec![doc! {"$unionWith": {"coll": "c", "pipeline": [
+        {"$lookup": {"from": "groups", "localField": "g", "foreignField": "_id", "as": "j"}},
+        {"$match": {"j.name": "g7"}},
+        {"$project": {"pad": 0, "j": 0}},
+    ]}}];
+    let unioned = needs_disk(
+        &groups,
+        union,
+        "the union's join gathers eight times the limit",
+    )
+    .await?;
+    assert_eq!(unioned.len(), 10 + PADDED as usize / 10);
+    assert!(unioned[10..].iter().all(|d| d.get_i32("g").ok() == Some(7)));
+
+    // A $setWindowFields partition of eight times the limit waits on disk while its functions
+    // compute.
+    let (sorts_before, _) = spills(&client).await?;
+    let windowed = needs_disk(
+        &c,
+        vec![
+            doc! {"$setWindowFields": {"sortBy": {"k": 1}, "output": {
+                "n": {"$documentNumber": {}},
+                "run": {"$sum": "$g", "window": {"documents": ["unbounded", "current"]}},
+            }}},
+            doc! {"$project": {"pad": 0}},
+        ],
+        "one partition of eight times the limit",
+    )
+    .await?;
+    let mut run = 0;
+    for (i, d) in windowed.iter().enumerate() {
+        run += d.get_i32("g")?;
+        assert_eq!(d.get_i32("k")?, i as i32, "{d}");
+        assert_eq!(d.get_i32("n")?, i as i32 + 1, "{d}");
+        assert_eq!(d.get_i32("run")?, run, "{d}");
+    }
+    assert_eq!(windowed.len(), PADDED as usize);
+    let (sorts_after, _) = spills(&client).await?;
+    assert!(sorts_after > sorts_before, "the partition went to disk");
 
     // $out and $merge of the whole padded collection, without disk use.
     c.aggregate(vec![doc! {"$out": "copy"}]).await?;

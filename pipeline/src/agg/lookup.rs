@@ -139,24 +139,30 @@ fn collect_stage(stage: &Stage, out: &mut BTreeSet<String>) {
     }
 }
 
-/// A `$unionWith` whose documents are its sub-pipeline over its collection alone: the
-/// collection and the sub-pipeline's stages (none for `{$unionWith: "<coll>"}`), which the
-/// caller may run as an aggregate of its own (split between the shards that hold the
-/// collection and the router, as mongos does). `None` for other stages and for sub-pipelines
-/// that start with `$documents` or read other collections.
-pub fn union_with_aggregate(stage: &Stage) -> Option<(&str, &[Document])> {
+/// Where a `$unionWith`'s documents come from, for the router to read them as an aggregate of
+/// their own (see [`union_source`]).
+#[derive(Debug)]
+pub enum UnionSource<'a> {
+    /// The sub-pipeline's stages (none for `{$unionWith: "<coll>"}`) over a collection: an
+    /// aggregate of that collection, split between the shards that hold it and the router, as
+    /// mongos runs it.
+    Collection(&'a str, &'a [Document]),
+    /// A sub-pipeline that makes its own documents (`$documents` first; a collection named
+    /// beside it is not read).
+    Documents(&'a Pipeline),
+}
+
+/// Where `stage`'s documents come from, when it is a `$unionWith`.
+pub fn union_source(stage: &Stage) -> Option<UnionSource<'_>> {
     let Stage::UnionWith(u) = stage else {
         return None;
     };
-    let coll = u.coll.as_deref()?;
-    if starts_with_documents(u.pipeline.as_ref())
-        || u.pipeline
-            .as_ref()
-            .is_some_and(|p| p.stages().iter().any(reads_other_collections))
-    {
-        return None;
+    match (&u.pipeline, &u.coll) {
+        (Some(p), _) if starts_with_documents(Some(p)) => Some(UnionSource::Documents(p)),
+        (_, Some(coll)) => Some(UnionSource::Collection(coll, &u.stages)),
+        // The parse refuses a `$unionWith` with neither.
+        (_, None) => None,
     }
-    Some((coll, &u.stages))
 }
 
 /// Filters that together select the documents whose `field` equals one of `values` (as the

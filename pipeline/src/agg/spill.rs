@@ -13,9 +13,11 @@
 //!   292 is what MongoDB refuses). A parsed document takes more than its BSON size (two to
 //!   three times for small fields): with disk use, the buffer spills once either its BSON size
 //!   or its [`footprint`] in memory passes the limit, so it holds at most the limit (plus one
-//!   document) in memory too. A merge holds one document and one read buffer per run, and runs
-//!   are merged into one before they pass [`MAX_RUNS`], so a sort of any size keeps a bounded
-//!   number of files open.
+//!   document) in memory too. A merge holds one document and one read buffer per run. Runs
+//!   are merged [`FAN_IN`] at a time, each merge taking the last `FAN_IN` runs of one size
+//!   class into one run of the next (as a log-structured merge does): a sort keeps fewer than
+//!   `FAN_IN` runs of each class open and rewrites each document once per class, so a sort of
+//!   `n` bytes writes `O(n log n)` bytes, not the `O(n²)` of merging everything again.
 //! * Stability: documents that compare equal come out in input order (each run is sorted
 //!   stably, runs are written in input order, and ties go to the earlier run).
 //! * A spool holds at most the limit (under `allowDiskUse`, at most [`SPOOL_MEMORY`]) plus one
@@ -29,7 +31,8 @@
 
 use std::cmp::Ordering;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 
@@ -41,8 +44,8 @@ use crate::changestream::split::document_size;
 /// The default limit of each blocking stage, as MongoDB's (100 MiB).
 pub const DEFAULT_LIMIT: usize = 100 * 1024 * 1024;
 
-/// Runs a sort keeps before merging them into one.
-pub const MAX_RUNS: usize = 64;
+/// How many runs of one size class a sort merges into one run of the next class.
+pub const FAN_IN: usize = 16;
 
 /// The largest document a run may hold back: larger than any a stage can make (intermediate
 /// documents stop at 16 MiB plus what `$push` adds before the group's limit), so a longer
@@ -242,7 +245,9 @@ pub struct Sorter {
     top: Option<usize>,
     buffer: Vec<Document>,
     held: Held,
-    runs: Vec<Run>,
+    /// The runs in input order, each with its size class (how many merges made it): the
+    /// classes never rise along the list.
+    runs: Vec<(u32, Run)>,
 }
 
 impl Sorter {
@@ -308,7 +313,11 @@ impl Sorter {
         if self.runs.is_empty() {
             return Ok(Sorted::Memory(self.buffer.into_iter()));
         }
-        let mut sources: Vec<Source> = self.runs.into_iter().map(Source::Run).collect();
+        let mut sources: Vec<Source> = self
+            .runs
+            .into_iter()
+            .map(|(_, run)| Source::Run(run))
+            .collect();
         sources.push(Source::Memory(self.buffer.into_iter()));
         let mut merge = Merge::new(self.cmp, sources)?;
         // The runs were written before the top was known: the merge stops at it.
@@ -348,22 +357,30 @@ impl Sorter {
         )
     }
 
-    /// Writes the buffer out as a sorted run; past [`MAX_RUNS`], merges every run into one.
+    /// Writes the buffer out as a sorted run of class 0; then, while the last [`FAN_IN`] runs
+    /// are of one class, merges them into one run of the next. The runs merged are the last
+    /// ones, so the list stays in input order (ties keep going to the earlier run).
     fn spill(&mut self) -> Result<()> {
         self.sort_buffer();
         let docs = std::mem::take(&mut self.buffer);
         self.held = Held::default();
-        let run = Run::write(self.purpose, docs.into_iter().map(Ok))?;
-        self.runs.push(run);
-        if self.runs.len() >= MAX_RUNS {
-            let sources = std::mem::take(&mut self.runs)
-                .into_iter()
-                .map(Source::Run)
-                .collect();
+        self.runs
+            .push((0, Run::write(self.purpose, docs.into_iter().map(Ok))?));
+        while let Some(class) = self.mergeable_class() {
+            let tail = self.runs.split_off(self.runs.len() - FAN_IN);
+            let sources = tail.into_iter().map(|(_, run)| Source::Run(run)).collect();
             let merged = Merge::new(self.cmp.clone(), sources)?;
-            self.runs.push(Run::write(self.purpose, merged)?);
+            self.runs
+                .push((class + 1, Run::write(self.purpose, merged)?));
         }
         Ok(())
+    }
+
+    /// The class of the last [`FAN_IN`] runs, when they are all of one.
+    fn mergeable_class(&self) -> Option<u32> {
+        let tail = self.runs.get(self.runs.len().checked_sub(FAN_IN)?..)?;
+        let class = tail.first()?.0;
+        tail.iter().all(|(c, _)| *c == class).then_some(class)
     }
 }
 
@@ -386,7 +403,22 @@ impl Iterator for Sorted {
 
 /// A sorted run on disk: documents one after another, each its own BSON bytes.
 struct Run {
-    reader: BufReader<File>,
+    reader: BufReader<At>,
+}
+
+/// A file read from a position of its own (`pread`), so several passes over one file do not
+/// move each other's offset.
+struct At {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
 }
 
 impl Run {
@@ -409,11 +441,14 @@ impl Run {
 
     /// The documents written through `out`, from the first.
     fn read_back(out: BufWriter<File>) -> Result<Run> {
-        let mut file = out.into_inner().map_err(|e| io_err(e.into_error()))?;
-        file.rewind().map_err(io_err)?;
-        Ok(Run {
-            reader: BufReader::with_capacity(IO_BUFFER, file),
-        })
+        let file = out.into_inner().map_err(|e| io_err(e.into_error()))?;
+        Ok(Run::from_start(Arc::new(file)))
+    }
+
+    fn from_start(file: Arc<File>) -> Run {
+        Run {
+            reader: BufReader::with_capacity(IO_BUFFER, At { file, pos: 0 }),
+        }
     }
 
     /// The next document, `None` at the end of the run.
@@ -553,17 +588,57 @@ impl Spool {
         let run = self.file.map(Run::read_back).transpose()?;
         Ok(Spooled {
             run,
-            memory: self.buffer.into_iter(),
+            memory: Memory::Owned(self.buffer.into_iter()),
             failed: false,
         })
+    }
+
+    /// The documents kept for several passes, each in the order they came (a `$facet`'s
+    /// sub-pipelines each read all of them): what went to disk is read again from the file,
+    /// what stayed in memory is copied one document at a time as a pass reaches it.
+    pub fn replay(self) -> Result<Replay> {
+        let file = match self.file {
+            Some(out) => Some(Arc::new(
+                out.into_inner().map_err(|e| io_err(e.into_error()))?,
+            )),
+            None => None,
+        };
+        Ok(Replay {
+            file,
+            memory: self.buffer.into(),
+        })
+    }
+}
+
+/// A spool kept for several passes (see [`Spool::replay`]).
+pub struct Replay {
+    file: Option<Arc<File>>,
+    memory: Arc<[Document]>,
+}
+
+impl Replay {
+    /// One more pass over every document, in the order they came.
+    pub fn pass(&self) -> Spooled {
+        Spooled {
+            run: self.file.clone().map(Run::from_start),
+            memory: Memory::Shared(self.memory.clone(), 0),
+            failed: false,
+        }
     }
 }
 
 /// A spool read back: what went to disk, then what stayed in memory.
 pub struct Spooled {
     run: Option<Run>,
-    memory: std::vec::IntoIter<Document>,
+    memory: Memory,
     failed: bool,
+}
+
+/// What a spool kept in memory, given away ([`Spool::finish`]) or lent to each pass
+/// ([`Spool::replay`]).
+enum Memory {
+    Owned(std::vec::IntoIter<Document>),
+    Shared(Arc<[Document]>, usize),
 }
 
 impl Iterator for Spooled {
@@ -583,7 +658,14 @@ impl Iterator for Spooled {
                 }
             }
         }
-        self.memory.next().map(Ok)
+        match &mut self.memory {
+            Memory::Owned(docs) => docs.next().map(Ok),
+            Memory::Shared(docs, next) => {
+                let doc = docs.get(*next)?.clone();
+                *next += 1;
+                Some(Ok(doc))
+            }
+        }
     }
 }
 
@@ -696,9 +778,12 @@ mod tests {
                 .unwrap();
         }
         assert!(s.spilled());
-        // 5,000 documents of ~90 bytes through a 2,000-byte buffer: far more runs than
-        // MAX_RUNS, so the runs were merged on the way.
-        assert!(s.runs.len() < MAX_RUNS);
+        // 5,000 documents of ~90 bytes through a 2,000-byte buffer: ~250 runs, merged on the
+        // way into runs of larger classes, fewer than FAN_IN of each.
+        assert!(s.runs.iter().any(|(class, _)| *class >= 1));
+        for class in 0..3 {
+            assert!(s.runs.iter().filter(|(c, _)| *c == class).count() < FAN_IN);
+        }
         let out: Vec<Document> = s.finish().unwrap().collect::<Result<_>>().unwrap();
         assert_eq!(out.len(), 5_000);
         for w in out.windows(2) {
@@ -806,21 +891,41 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_spool_gives_every_pass_all_its_documents_in_order() {
+        for disk in [true, false] {
+            let mut s = Spool::new("a facet's input", disk);
+            s.limit = if disk { 1_000 } else { usize::MAX };
+            for i in 0..100 {
+                s.push(doc! {"i": i, "pad": "x".repeat(50)}).unwrap();
+            }
+            assert_eq!(s.spilled(), disk);
+            let replay = s.replay().unwrap();
+            let (first, second) = (replay.pass(), replay.pass());
+            // Passes read side by side do not move each other along.
+            let both: Vec<(i32, i32)> = first
+                .zip(second)
+                .map(|(a, b)| {
+                    (
+                        a.unwrap().get_i32("i").unwrap(),
+                        b.unwrap().get_i32("i").unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(both, (0..100).map(|i| (i, i)).collect::<Vec<_>>());
+            assert_eq!(ints(replay.pass(), "i"), (0..100).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
     fn a_damaged_run_is_an_error_not_a_panic() {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]).unwrap();
-        file.rewind().unwrap();
-        let mut run = Run {
-            reader: BufReader::new(file),
-        };
+        let mut run = Run::from_start(Arc::new(file));
         let err = run.next_doc().unwrap_err();
         assert_eq!(err.code, 1);
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&[9, 0, 0, 0, 0x10, b'a', 0, 1, 0]).unwrap();
-        file.rewind().unwrap();
-        let mut run = Run {
-            reader: BufReader::new(file),
-        };
+        let mut run = Run::from_start(Arc::new(file));
         assert!(run.next_doc().is_err());
     }
 }

@@ -480,38 +480,70 @@ fn check_held(stage: &str, bytes: usize, disk: bool) -> Result<()> {
 }
 
 /// A `$facet` fed one document at a time: each document goes to every sub-pipeline's own run
-/// (which holds what its stages hold, spilling like any), and each sub-pipeline's output so
-/// far is kept, up to `internalQueryFacetMaxOutputDocSizeBytes` (100 MiB) for the one document
-/// they make together (4031700 past it).
+/// (which holds what its stages hold, spilling like any), and what each has put out so far is
+/// kept in the [`FacetOutput`].
 pub(super) struct FacetSink {
-    facets: Vec<Facet>,
-    /// The size of every facet's output so far.
-    bytes: usize,
-}
-
-struct Facet {
-    name: String,
-    /// `None` once its `$limit` has had all it takes.
-    run: Option<PushRun>,
-    out: Vec<Bson>,
+    /// Each sub-pipeline's run; `None` once its `$limit` has had all it takes.
+    runs: Vec<Option<PushRun>>,
+    output: FacetOutput,
 }
 
 /// The largest document a `$facet` may make, as MongoDB's
 /// `internalQueryFacetMaxOutputDocSizeBytes`.
 pub const FACET_MAX_OUTPUT_BYTES: usize = 100 * 1024 * 1024;
 
+/// The one document a `$facet` makes: each sub-pipeline's output as an array under its name,
+/// up to [`FACET_MAX_OUTPUT_BYTES`] together (4031700 past it).
+pub struct FacetOutput {
+    facets: Vec<(String, Vec<Bson>)>,
+    /// The size of every facet's output so far.
+    bytes: usize,
+}
+
+impl FacetOutput {
+    /// An empty output for sub-pipelines named `names`, in order.
+    pub fn new(names: impl IntoIterator<Item = String>) -> FacetOutput {
+        FacetOutput {
+            facets: names.into_iter().map(|n| (n, Vec::new())).collect(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds documents to facet `i`'s output, within the output limit.
+    pub fn keep(&mut self, i: usize, docs: impl IntoIterator<Item = Document>) -> Result<()> {
+        for d in docs {
+            self.bytes += crate::changestream::split::document_size(&d);
+            if self.bytes > FACET_MAX_OUTPUT_BYTES {
+                return Err(MongoError::with_code(
+                    4031700,
+                    format!(
+                        "document constructed by $facet is {} bytes, which exceeds the limit of \
+                         {FACET_MAX_OUTPUT_BYTES} bytes",
+                        self.bytes
+                    ),
+                ));
+            }
+            if let Some((_, out)) = self.facets.get_mut(i) {
+                out.push(Bson::Document(d));
+            }
+        }
+        Ok(())
+    }
+
+    /// The document: every facet's array under its name.
+    pub fn finish(self) -> Document {
+        self.facets
+            .into_iter()
+            .map(|(name, out)| (name, Bson::Array(out)))
+            .collect()
+    }
+}
+
 impl FacetSink {
     fn new(facets: &[(String, Pipeline)], env: &Env) -> FacetSink {
         FacetSink {
-            facets: facets
-                .iter()
-                .map(|(name, p)| Facet {
-                    name: name.clone(),
-                    run: Some(p.push_run(env)),
-                    out: Vec::new(),
-                })
-                .collect(),
-            bytes: 0,
+            runs: facets.iter().map(|(_, p)| Some(p.push_run(env))).collect(),
+            output: FacetOutput::new(facets.iter().map(|(name, _)| name.clone())),
         }
     }
 
@@ -529,57 +561,27 @@ impl FacetSink {
 
     fn push(&mut self, doc: Document) -> Result<()> {
         crate::interrupt::check()?;
-        for i in 0..self.facets.len() {
-            let Some(facet) = self.facets.get_mut(i) else {
-                continue;
-            };
-            let Some(run) = facet.run.as_mut() else {
+        for (i, slot) in self.runs.iter_mut().enumerate() {
+            let Some(run) = slot.as_mut() else {
                 continue;
             };
             let more = run.push(doc.clone())?;
-            let ready = run.take_ready();
+            self.output.keep(i, run.take_ready())?;
             if !more {
-                facet.run = None;
-            }
-            self.keep(i, ready)?;
-        }
-        Ok(())
-    }
-
-    /// Adds documents to facet `i`'s output, within the output limit.
-    fn keep(&mut self, i: usize, docs: impl IntoIterator<Item = Document>) -> Result<()> {
-        for d in docs {
-            self.bytes += crate::changestream::split::document_size(&d);
-            if self.bytes > FACET_MAX_OUTPUT_BYTES {
-                return Err(MongoError::with_code(
-                    4031700,
-                    format!(
-                        "document constructed by $facet is {} bytes, which exceeds the limit of \
-                         {FACET_MAX_OUTPUT_BYTES} bytes",
-                        self.bytes
-                    ),
-                ));
-            }
-            if let Some(facet) = self.facets.get_mut(i) {
-                facet.out.push(Bson::Document(d));
+                *slot = None;
             }
         }
         Ok(())
     }
 
     fn finish(mut self) -> Result<Document> {
-        for i in 0..self.facets.len() {
-            let Some(run) = self.facets.get_mut(i).and_then(|f| f.run.take()) else {
-                continue;
-            };
-            let rest = run.finish()?.collect::<Result<Vec<_>>>()?;
-            self.keep(i, rest)?;
+        for (i, slot) in self.runs.iter_mut().enumerate() {
+            if let Some(run) = slot.take() {
+                let rest = run.finish()?.collect::<Result<Vec<_>>>()?;
+                self.output.keep(i, rest)?;
+            }
         }
-        let mut out = Document::new();
-        for f in self.facets {
-            out.insert(f.name, f.out);
-        }
-        Ok(out)
+        Ok(self.output.finish())
     }
 }
 

@@ -893,14 +893,88 @@ fn a_pipeline_pushed_through_spilling_stages_gives_what_the_batch_run_gives() {
         .sort_spills
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(after > before, "the 16 KiB runs spilled");
-    // A window stage holds one partition at a time: one larger than the limit is refused.
+}
+
+/// A window stage holds one partition at a time. Under `allowDiskUse` a partition larger than
+/// the limit waits on disk while its functions compute, as MongoDB 7.0 spills it; what the
+/// functions themselves hold stops at the limit (5414201); without disk use the sort into
+/// partitions stops at it first (292).
+#[test]
+fn a_window_partition_past_the_limit_spills_and_its_functions_stop_at_it() {
+    let disk = Env {
+        allow_disk_use: true,
+        ..Env::default()
+    };
+    // 3,000 documents of ~100 bytes in one partition: ~300 KB against a 64 KiB limit, while
+    // the functions hold a sort value each (and a running sum).
     let one_partition = Pipeline::parse(&[doc! {"$setWindowFields": {
-        "sortBy": {"x": 1}, "output": {"n": {"$documentNumber": {}}},
+        "sortBy": {"x": 1},
+        "output": {
+            "n": {"$documentNumber": {}},
+            "run": {"$sum": "$x", "window": {"documents": ["unbounded", "current"]}},
+            "near": {"$push": "$g", "window": {"documents": [-2, 2]}},
+        },
     }}])
     .unwrap();
-    let e = pushed(&one_partition, &disk, 4_096).expect_err("one partition of 3,000");
+    let before = spill::counters()
+        .sort_spills
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let spilled = pushed(&one_partition, &disk, 64 * 1024).unwrap();
+    assert!(
+        spill::counters()
+            .sort_spills
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before
+    );
+    assert_eq!(
+        spilled,
+        one_partition.run_in(streaming_input(), &disk).unwrap()
+    );
+    assert_eq!(spilled.len(), 3_000);
+    // Functions whose inputs pass the limit: the 40-byte pads of 3,000 documents.
+    let padded = Pipeline::parse(&[doc! {"$setWindowFields": {
+        "sortBy": {"x": 1},
+        "output": {"pads": {"$push": "$pad", "window": {"documents": [-1, 1]}}},
+    }}])
+    .unwrap();
+    let e = pushed(&padded, &disk, 64 * 1024).expect_err("inputs of ~160 KB");
     assert_eq!(e.code, 5414201, "{e}");
-    assert!(pushed(&one_partition, &disk, usize::MAX).is_ok());
+    // Without disk use the sort into partitions stops first.
+    let e = pushed(&one_partition, &Env::default(), 64 * 1024).expect_err("a 300 KB partition");
+    assert_eq!(e.code, 292, "{e}");
+    assert!(pushed(&one_partition, &Env::default(), usize::MAX).is_ok());
+}
+
+/// A `$push` over wide windows makes values far larger than the partition (each document's
+/// array holds most of it): they are made as each document goes out, not all at once.
+#[test]
+fn a_window_accumulator_makes_each_value_as_its_document_goes_out() {
+    let wide = Pipeline::parse(&[doc! {"$setWindowFields": {
+        "sortBy": {"x": 1},
+        "output": {"before": {"$push": "$x", "window": {"documents": ["unbounded", "current"]}}},
+    }}])
+    .unwrap();
+    let mut run = wide.push_run(&Env::default());
+    for d in streaming_input() {
+        run.push(d).unwrap();
+    }
+    let mut out = run.finish().unwrap();
+    // The 3,000 arrays together hold 4.5 M values; the first three hold six.
+    let first: Vec<usize> = out
+        .by_ref()
+        .take(3)
+        .map(|d| d.unwrap().get_array("before").unwrap().len())
+        .collect();
+    assert_eq!(first, vec![1, 2, 3]);
+    assert_eq!(
+        out.last()
+            .unwrap()
+            .unwrap()
+            .get_array("before")
+            .unwrap()
+            .len(),
+        3_000
+    );
 }
 
 #[test]

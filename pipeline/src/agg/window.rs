@@ -33,7 +33,7 @@ use std::sync::Arc;
 use bson::{Bson, Document};
 
 use super::GroupKey;
-use super::spill::{Compare, Purpose, Sorted, Sorter};
+use super::spill::{Compare, Purpose, Sorted, Sorter, Spool, Spooled};
 use super::time_unit::TimeUnit;
 use crate::expr::{Env, Expr};
 use crate::sort::SortSpec;
@@ -294,7 +294,7 @@ impl SetWindowFields {
                     keys.push(sort.first().cloned().unwrap_or(Bson::Null));
                 }
             }
-            self.partition_output(part, &keys, env, &mut out)?;
+            self.partition_output(part, keys, env, &mut out)?;
             start = end;
         }
         Ok(out)
@@ -304,28 +304,35 @@ impl SetWindowFields {
     fn partition_output(
         &self,
         part: Vec<Document>,
-        keys: &[Bson],
+        keys: Vec<Bson>,
         env: &Env,
         out: &mut Vec<Document>,
     ) -> Result<()> {
-        let mut results = Vec::with_capacity(self.outputs.len());
-        for (_, f) in &self.outputs {
-            results.push(f.compute(&part, keys, env)?);
+        let mut gathered = Gathered::new(self, false);
+        for (d, key) in part.iter().zip(keys) {
+            gathered.add(d, key, env)?;
         }
-        for (j, mut d) in part.into_iter().enumerate() {
-            for ((path, _), vals) in self.outputs.iter().zip(&results) {
-                match vals.get(j).cloned().flatten() {
-                    Some(v) => {
-                        value::set_path(&mut d, path, v);
-                    }
-                    None => {
-                        value::remove_path(&mut d, path);
-                    }
-                }
-            }
+        let mut columns = gathered.columns()?;
+        for mut d in part {
+            self.set_outputs(&mut d, &mut columns, env);
             out.push(d);
         }
         Ok(())
+    }
+
+    /// Sets each output on the next document of a partition from the functions' columns: a
+    /// missing value removes the field.
+    fn set_outputs(&self, d: &mut Document, columns: &mut [Column], env: &Env) {
+        for ((path, _), column) in self.outputs.iter().zip(columns) {
+            match column.next(env) {
+                Some(v) => {
+                    value::set_path(d, path, v);
+                }
+                None => {
+                    value::remove_path(d, path);
+                }
+            }
+        }
     }
 
     fn partition_key(&self, d: &Document, env: &Env) -> Result<Bson> {
@@ -827,158 +834,160 @@ fn parse_bound<T>(v: Bson, at: impl Fn(Bson) -> Result<T>) -> Result<Bound<T>> {
 }
 
 impl Func {
-    /// The function's value for each document of a sorted partition (`None` = missing).
-    /// `keys` holds each document's first sortBy value.
-    fn compute(&self, part: &[Document], keys: &[Bson], env: &Env) -> Result<Vec<Option<Bson>>> {
-        let n = part.len();
+    /// What the function reads from each document: `None` for the rank functions, which read
+    /// only the sortBy values.
+    fn input(&self) -> Option<&Expr> {
         match self {
-            Func::Acc {
-                kind,
-                input,
-                bounds,
-            } => {
-                let inputs = evaluate_all(input, part, env)?;
-                let windows = windows(bounds, keys, n)?;
-                Ok(accumulate_windows(*kind, &inputs, &windows, env))
-            }
-            Func::Rank(kind) => {
-                let mut out = Vec::with_capacity(n);
-                let (mut rank, mut dense) = (0usize, 0usize);
-                for (i, k) in keys.iter().enumerate() {
-                    let new_value = i == 0 || keys.get(i - 1).is_none_or(|p| !value::equal(p, k));
-                    if new_value {
-                        rank = i + 1;
-                        dense += 1;
-                    }
-                    let r = match kind {
-                        RankKind::Rank => rank,
-                        RankKind::DenseRank => dense,
-                        RankKind::DocumentNumber => i + 1,
-                    };
-                    out.push(Some(int_or_long(r)));
-                }
-                Ok(out)
-            }
-            Func::Shift {
-                output,
-                by,
-                default,
-            } => {
-                let mut out = Vec::with_capacity(n);
-                for i in 0..n {
-                    let j = i64::try_from(i).ok().and_then(|i| i.checked_add(*by));
-                    match j
-                        .and_then(|j| usize::try_from(j).ok())
-                        .and_then(|j| part.get(j))
-                    {
-                        Some(d) => out.push(output.evaluate_in(d, env)?),
-                        None => out.push(Some(default.clone())),
-                    }
-                }
-                Ok(out)
-            }
-            Func::Locf(input) => {
-                let mut last = Bson::Null;
-                let mut out = Vec::with_capacity(n);
-                for d in part {
-                    match input.evaluate_in(d, env)? {
-                        None | Some(Bson::Null) | Some(Bson::Undefined) => {
-                            out.push(Some(last.clone()))
-                        }
-                        Some(v) => {
-                            last = v.clone();
-                            out.push(Some(v));
-                        }
-                    }
-                }
-                Ok(out)
-            }
-            Func::LinearFill(input) => linear_fill(&evaluate_all(input, part, env)?, keys),
-            Func::ExpMovingAvg { input, alpha } => {
-                let mut out = Vec::with_capacity(n);
-                let (mut avg, mut decimal) = (None::<f64>, false);
-                for d in part {
-                    if let Some(v) = input.evaluate_in(d, env)?.filter(value::is_number) {
-                        decimal |= matches!(v, Bson::Decimal128(_));
-                        let x = value::as_f64(&v).unwrap_or(f64::NAN);
-                        avg = Some(match avg {
-                            None => x,
-                            Some(prev) => alpha * x + (1.0 - alpha) * prev,
-                        });
-                    }
-                    out.push(Some(match avg {
-                        None => Bson::Null,
-                        Some(a) if decimal => Bson::Decimal128(value::f64_to_decimal(a)),
-                        Some(a) => Bson::Double(a),
-                    }));
-                }
-                Ok(out)
-            }
-            Func::Covariance {
-                input,
-                bounds,
-                sample,
-            } => {
-                let pairs: Vec<Option<(f64, f64)>> = evaluate_all(input, part, env)?
-                    .iter()
-                    .map(|v| match v {
-                        Some(Bson::Array(a)) => match a.as_slice() {
-                            [x, y] if value::is_number(x) && value::is_number(y) => {
-                                value::as_f64(x).zip(value::as_f64(y))
-                            }
-                            _ => None,
-                        },
-                        _ => None,
-                    })
-                    .collect();
-                let windows = windows(bounds, keys, n)?;
-                Ok(windows
-                    .into_iter()
-                    .map(|(lo, hi)| {
-                        let pts: Vec<(f64, f64)> = pairs
-                            .get(lo..hi.max(lo))
-                            .unwrap_or_default()
-                            .iter()
-                            .flatten()
-                            .copied()
-                            .collect();
-                        Some(covariance(&pts, *sample))
-                    })
-                    .collect())
-            }
-            Func::Derivative {
-                input,
-                unit,
-                bounds,
-            }
-            | Func::Integral {
-                input,
-                unit,
-                bounds,
-            } => {
-                let inputs = evaluate_all(input, part, env)?;
-                let windows = windows(bounds, keys, n)?;
-                let derivative = matches!(self, Func::Derivative { .. });
-                let name = if derivative {
-                    "$derivative"
-                } else {
-                    "$integral"
-                };
-                let xs = keys
-                    .iter()
-                    .map(|k| x_of(name, k, *unit))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut out = Vec::with_capacity(n);
-                for (lo, hi) in windows {
-                    out.push(Some(if derivative {
-                        derivative_of(&inputs, &xs, lo, hi)?
-                    } else {
-                        integral_of(&inputs, &xs, lo, hi)?
-                    }));
-                }
-                Ok(out)
-            }
+            Func::Acc { input, .. }
+            | Func::Derivative { input, .. }
+            | Func::Integral { input, .. }
+            | Func::ExpMovingAvg { input, .. }
+            | Func::Covariance { input, .. }
+            | Func::Locf(input)
+            | Func::LinearFill(input)
+            | Func::Shift { output: input, .. } => Some(input),
+            Func::Rank(_) => None,
         }
+    }
+
+    /// The function's values over a sorted partition (`None` = missing), from each document's
+    /// [`Func::input`] (`inputs`; empty for the rank functions) and first sortBy value (`keys`).
+    fn compute(&self, inputs: Vec<Option<Bson>>, keys: &[Bson]) -> Result<Column> {
+        let n = keys.len();
+        Ok(Column::Ready(
+            match self {
+                Func::Acc { kind, bounds, .. } => {
+                    return Ok(Column::Windows(Accumulation {
+                        kind: *kind,
+                        state: State::new(*kind),
+                        current: None,
+                        windows: windows(bounds, keys, n)?.into_iter(),
+                        inputs,
+                    }));
+                }
+                Func::Rank(kind) => {
+                    let mut out = Vec::with_capacity(n);
+                    let (mut rank, mut dense) = (0usize, 0usize);
+                    for (i, k) in keys.iter().enumerate() {
+                        let new_value =
+                            i == 0 || keys.get(i - 1).is_none_or(|p| !value::equal(p, k));
+                        if new_value {
+                            rank = i + 1;
+                            dense += 1;
+                        }
+                        let r = match kind {
+                            RankKind::Rank => rank,
+                            RankKind::DenseRank => dense,
+                            RankKind::DocumentNumber => i + 1,
+                        };
+                        out.push(Some(int_or_long(r)));
+                    }
+                    out
+                }
+                Func::Shift { by, default, .. } => {
+                    let mut out = Vec::with_capacity(n);
+                    for i in 0..n {
+                        let j = i64::try_from(i).ok().and_then(|i| i.checked_add(*by));
+                        match j
+                            .and_then(|j| usize::try_from(j).ok())
+                            .and_then(|j| inputs.get(j))
+                        {
+                            Some(v) => out.push(v.clone()),
+                            None => out.push(Some(default.clone())),
+                        }
+                    }
+                    out
+                }
+                Func::Locf(_) => {
+                    let mut last = Bson::Null;
+                    let mut out = Vec::with_capacity(n);
+                    for v in inputs {
+                        match v {
+                            None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                                out.push(Some(last.clone()))
+                            }
+                            Some(v) => {
+                                last = v.clone();
+                                out.push(Some(v));
+                            }
+                        }
+                    }
+                    out
+                }
+                Func::LinearFill(_) => linear_fill(&inputs, keys)?,
+                Func::ExpMovingAvg { alpha, .. } => {
+                    let mut out = Vec::with_capacity(n);
+                    let (mut avg, mut decimal) = (None::<f64>, false);
+                    for v in inputs {
+                        if let Some(v) = v.filter(value::is_number) {
+                            decimal |= matches!(v, Bson::Decimal128(_));
+                            let x = value::as_f64(&v).unwrap_or(f64::NAN);
+                            avg = Some(match avg {
+                                None => x,
+                                Some(prev) => alpha * x + (1.0 - alpha) * prev,
+                            });
+                        }
+                        out.push(Some(match avg {
+                            None => Bson::Null,
+                            Some(a) if decimal => Bson::Decimal128(value::f64_to_decimal(a)),
+                            Some(a) => Bson::Double(a),
+                        }));
+                    }
+                    out
+                }
+                Func::Covariance { bounds, sample, .. } => {
+                    let pairs: Vec<Option<(f64, f64)>> = inputs
+                        .iter()
+                        .map(|v| match v {
+                            Some(Bson::Array(a)) => match a.as_slice() {
+                                [x, y] if value::is_number(x) && value::is_number(y) => {
+                                    value::as_f64(x).zip(value::as_f64(y))
+                                }
+                                _ => None,
+                            },
+                            _ => None,
+                        })
+                        .collect();
+                    let windows = windows(bounds, keys, n)?;
+                    windows
+                        .into_iter()
+                        .map(|(lo, hi)| {
+                            let pts: Vec<(f64, f64)> = pairs
+                                .get(lo..hi.max(lo))
+                                .unwrap_or_default()
+                                .iter()
+                                .flatten()
+                                .copied()
+                                .collect();
+                            Some(covariance(&pts, *sample))
+                        })
+                        .collect()
+                }
+                Func::Derivative { unit, bounds, .. } | Func::Integral { unit, bounds, .. } => {
+                    let windows = windows(bounds, keys, n)?;
+                    let derivative = matches!(self, Func::Derivative { .. });
+                    let name = if derivative {
+                        "$derivative"
+                    } else {
+                        "$integral"
+                    };
+                    let xs = keys
+                        .iter()
+                        .map(|k| x_of(name, k, *unit))
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut out = Vec::with_capacity(n);
+                    for (lo, hi) in windows {
+                        out.push(Some(if derivative {
+                            derivative_of(&inputs, &xs, lo, hi)?
+                        } else {
+                            integral_of(&inputs, &xs, lo, hi)?
+                        }));
+                    }
+                    out
+                }
+            }
+            .into_iter(),
+        ))
     }
 }
 
@@ -997,8 +1006,139 @@ fn covariance(pts: &[(f64, f64)], sample: bool) -> Bson {
     Bson::Double(c / if sample { nf - 1.0 } else { nf })
 }
 
-fn evaluate_all(e: &Expr, part: &[Document], env: &Env) -> Result<Vec<Option<Bson>>> {
-    part.iter().map(|d| e.evaluate_in(d, env)).collect()
+/// A function's values for a partition's documents, given out in order, one per document.
+enum Column {
+    /// Computed ahead: values no larger than the function's inputs (numbers, ranks, or inputs
+    /// moved along).
+    Ready(std::vec::IntoIter<Option<Bson>>),
+    /// An accumulator's, computed as each document comes: over wide windows its values (a
+    /// `$push`'s arrays) together take far more than the partition.
+    Windows(Accumulation),
+}
+
+impl Column {
+    fn next(&mut self, env: &Env) -> Option<Bson> {
+        match self {
+            Column::Ready(values) => values.next().flatten(),
+            Column::Windows(acc) => acc.next(env),
+        }
+    }
+}
+
+/// An accumulator's value over each document's window in turn. A window that extends the
+/// previous one (same start, later end) adds only what is new, so `[unbounded, current]`
+/// windows are linear.
+struct Accumulation {
+    kind: AccKind,
+    inputs: Vec<Option<Bson>>,
+    windows: std::vec::IntoIter<(usize, usize)>,
+    state: State,
+    /// The window `state` holds.
+    current: Option<(usize, usize)>,
+}
+
+impl Accumulation {
+    fn next(&mut self, env: &Env) -> Option<Bson> {
+        let (lo, hi) = self.windows.next()?;
+        let hi = hi.max(lo);
+        let kind = self.kind;
+        if matches!(kind, AccKind::First | AccKind::Last) {
+            let at = if kind == AccKind::First {
+                Some(lo)
+            } else {
+                hi.checked_sub(1)
+            };
+            // An empty window is null; a missing value at the window's end stays missing.
+            return if lo < hi {
+                at.and_then(|i| self.inputs.get(i)).cloned().flatten()
+            } else {
+                Some(Bson::Null)
+            };
+        }
+        let from = match self.current {
+            Some((clo, chi)) if clo == lo && chi <= hi => chi,
+            _ => {
+                self.state = State::new(kind);
+                lo
+            }
+        };
+        for v in self.inputs.get(from..hi).unwrap_or_default() {
+            self.state.add(kind, v, env);
+        }
+        self.current = Some((lo, hi));
+        Some(self.state.value(kind))
+    }
+}
+
+/// What a partition's functions read, gathered document by document before they compute:
+/// each function's input and each document's first sortBy value, counted against the
+/// stage's memory limit (5414201 past it) together with the documents themselves when they
+/// are held in memory too.
+struct Gathered<'a> {
+    stage: &'a SetWindowFields,
+    inputs: Vec<Vec<Option<Bson>>>,
+    keys: Vec<Bson>,
+    bytes: usize,
+    /// Whether the documents are counted: not when they may wait on disk, nor when the caller
+    /// holds them already (a batch run).
+    count_documents: bool,
+}
+
+impl<'a> Gathered<'a> {
+    fn new(stage: &'a SetWindowFields, count_documents: bool) -> Gathered<'a> {
+        Gathered {
+            stage,
+            inputs: vec![Vec::new(); stage.outputs.len()],
+            keys: Vec::new(),
+            bytes: 0,
+            count_documents,
+        }
+    }
+
+    /// The next document of the partition, and its first sortBy value.
+    fn add(&mut self, d: &Document, key: Bson, env: &Env) -> Result<()> {
+        crate::interrupt::check()?;
+        let mut bytes = value_size(&key);
+        if self.count_documents {
+            bytes += crate::changestream::split::document_size(d);
+        }
+        for ((_, f), inputs) in self.stage.outputs.iter().zip(&mut self.inputs) {
+            if let Some(input) = f.input() {
+                let v = input.evaluate_in(d, env)?;
+                bytes += v.as_ref().map_or(0, value_size);
+                inputs.push(v);
+            }
+        }
+        self.bytes += bytes;
+        let limit = super::spill::sort_limit();
+        if self.bytes > limit {
+            return Err(MongoError::with_code(
+                5414201,
+                format!(
+                    "Exceeded memory limit in DocumentSourceSetWindowFields, used {} bytes but \
+                     max allowed is {limit}",
+                    self.bytes
+                ),
+            ));
+        }
+        self.keys.push(key);
+        Ok(())
+    }
+
+    /// Every function's column over the partition.
+    fn columns(self) -> Result<Vec<Column>> {
+        let keys = self.keys;
+        self.stage
+            .outputs
+            .iter()
+            .zip(self.inputs)
+            .map(|((_, f), inputs)| f.compute(inputs, &keys))
+            .collect()
+    }
+}
+
+fn value_size(v: &Bson) -> usize {
+    crate::changestream::split::value_size(v)
 }
 
 fn int_or_long(n: usize) -> Bson {
@@ -1188,49 +1328,6 @@ impl State {
     }
 }
 
-/// The accumulator's value over each window. A window that extends the previous one (same
-/// start, later end) is computed incrementally, so `[unbounded, current]` windows are linear.
-fn accumulate_windows(
-    kind: AccKind,
-    inputs: &[Option<Bson>],
-    windows: &[(usize, usize)],
-    env: &Env,
-) -> Vec<Option<Bson>> {
-    let mut out = Vec::with_capacity(windows.len());
-    let mut state = State::new(kind);
-    let mut cur: Option<(usize, usize)> = None;
-    for &(lo, hi) in windows {
-        let hi = hi.max(lo);
-        if matches!(kind, AccKind::First | AccKind::Last) {
-            let at = if kind == AccKind::First {
-                Some(lo)
-            } else {
-                hi.checked_sub(1)
-            };
-            // An empty window is null; a missing value at the window's end stays missing.
-            out.push(if lo < hi {
-                at.and_then(|i| inputs.get(i)).cloned().flatten()
-            } else {
-                Some(Bson::Null)
-            });
-            continue;
-        }
-        let from = match cur {
-            Some((clo, chi)) if clo == lo && chi <= hi => chi,
-            _ => {
-                state = State::new(kind);
-                lo
-            }
-        };
-        for v in inputs.get(from..hi).unwrap_or_default() {
-            state.add(kind, v, env);
-        }
-        cur = Some((lo, hi));
-        out.push(Some(state.value(kind)));
-    }
-    out
-}
-
 /// The x coordinate of a sortBy value for `name` (`$derivative`/`$integral`): numbers as they
 /// are without a unit, dates in `unit`s with one (MongoDB's 5624900-5624902 otherwise).
 fn x_of(name: &str, k: &Bson, unit: Option<TimeUnit>) -> Result<Option<f64>> {
@@ -1391,8 +1488,11 @@ mod tests;
 
 /// A `$setWindowFields` fed one document at a time: each goes to a sorter by partition and
 /// `sortBy` (holding its limit in memory, spilling under `allowDiskUse`, 292 past it without);
-/// at the end the partitions are read back one at a time, so memory holds one partition, up to
-/// `internalDocumentSourceSetWindowFieldsMaxMemoryBytes` (the sort limit; 5414201 past it).
+/// at the end the partitions are read back one at a time. A partition's documents wait in a
+/// spool (under `allowDiskUse` on disk past 16 MiB, as MongoDB 7.0's spills them) while its
+/// functions compute from their inputs; what the functions hold, and without `allowDiskUse`
+/// the documents too, stops at `internalDocumentSourceSetWindowFieldsMaxMemoryBytes` (the
+/// sort limit; 5414201 past it).
 pub(super) struct WindowSink {
     stage: SetWindowFields,
     env: Env,
@@ -1440,7 +1540,8 @@ impl WindowSink {
             stage: self.stage,
             env: self.env,
             records: self.sorter.finish()?.peekable(),
-            ready: std::collections::VecDeque::new(),
+            current: None,
+            failed: false,
         }))
     }
 }
@@ -1450,18 +1551,20 @@ struct Partitions {
     stage: SetWindowFields,
     env: Env,
     records: std::iter::Peekable<Sorted>,
-    ready: std::collections::VecDeque<Document>,
+    /// The partition being put out: its documents in order and each function's column.
+    current: Option<(Spooled, Vec<Column>)>,
+    failed: bool,
 }
 
 impl Partitions {
-    /// Reads the next partition and computes its outputs into `ready`.
-    fn next_partition(&mut self) -> Result<()> {
-        let limit = super::spill::sort_limit();
-        let (mut part, mut keys) = (Vec::new(), Vec::new());
-        let mut current: Option<Bson> = None;
-        let mut bytes = 0_usize;
+    /// Reads the next partition into a spool and computes its functions' columns.
+    fn next_partition(&mut self) -> Result<(Spooled, Vec<Column>)> {
+        let disk = self.env.allow_disk_use;
+        let mut docs = Spool::new("A $setWindowFields partition", disk);
+        let mut gathered = Gathered::new(&self.stage, !disk);
+        let mut partition: Option<Bson> = None;
         loop {
-            let same = match (self.records.peek(), &current) {
+            let same = match (self.records.peek(), &partition) {
                 (None, _) => false,
                 (Some(Err(_)), _) | (Some(Ok(_)), None) => true,
                 (Some(Ok(r)), Some(p)) => self.env.equal(r.get("p").unwrap_or(&Bson::Null), p),
@@ -1473,25 +1576,13 @@ impl Partitions {
                 break;
             };
             let (p, key, d) = record_parts(record)?;
-            bytes += crate::changestream::split::document_size(&d);
-            if bytes > limit {
-                return Err(MongoError::with_code(
-                    5414201,
-                    format!(
-                        "Exceeded memory limit in DocumentSourceSetWindowFields, used {bytes} \
-                         bytes but max allowed is {limit}"
-                    ),
-                ));
-            }
-            current.get_or_insert(p);
-            part.push(d);
-            keys.push(key);
+            // Without disk use the documents count in `gathered`, which stops them at the
+            // limit before the spool would.
+            gathered.add(&d, key, &self.env)?;
+            docs.push(d)?;
+            partition.get_or_insert(p);
         }
-        let mut out = Vec::with_capacity(part.len());
-        self.stage
-            .partition_output(part, &keys, &self.env, &mut out)?;
-        self.ready.extend(out);
-        Ok(())
+        Ok((docs.finish()?, gathered.columns()?))
     }
 }
 
@@ -1515,14 +1606,30 @@ impl Iterator for Partitions {
 
     fn next(&mut self) -> Option<Result<Document>> {
         loop {
-            if let Some(d) = self.ready.pop_front() {
-                return Some(Ok(d));
+            if self.failed {
+                return None;
+            }
+            if let Some((docs, columns)) = &mut self.current {
+                match docs.next() {
+                    Some(Ok(mut d)) => {
+                        self.stage.set_outputs(&mut d, columns, &self.env);
+                        return Some(Ok(d));
+                    }
+                    Some(Err(e)) => {
+                        self.failed = true;
+                        return Some(Err(e));
+                    }
+                    None => self.current = None,
+                }
             }
             self.records.peek()?;
-            if let Err(e) = self.next_partition() {
-                // Nothing after an error.
-                while self.records.next().is_some() {}
-                return Some(Err(e));
+            match self.next_partition() {
+                Ok(next) => self.current = Some(next),
+                Err(e) => {
+                    // Nothing after an error.
+                    self.failed = true;
+                    return Some(Err(e));
+                }
             }
         }
     }

@@ -12,13 +12,16 @@
 //! field with a `let` variable, reads only the foreign documents its input can join (by `$in`
 //! on the join values, which the shards answer through their indexes, routed by the foreign
 //! shard key); a `$unionWith` runs its sub-pipeline as an aggregate of its own over its
-//! collection (split between that collection's shards and the router); `$graphLookup` reads
-//! what its search reaches, level by level; other correlated lookups (and `$facet`s that read
-//! elsewhere) read their collections whole.
+//! collection (split between that collection's shards and the router), or over nothing when
+//! it starts with `$documents`; `$graphLookup` reads what its search reaches, level by level;
+//! a `$facet` that reads elsewhere reads those collections whole when they fit the limit
+//! together, and otherwise gathers its input once and runs each sub-pipeline over it as a
+//! pipeline of its own; other correlated lookups read their collections whole.
 //!
 //! Memory: the router holds a pipeline's documents as they wait for the next join in a
-//! `Spool` (in memory up to the sort limit, then on disk under `allowDiskUse`, 292 without),
-//! and the streaming stages between joins run as they are read. A `$lookup` or `$graphLookup`
+//! `Spool` (in memory up to the sort limit, then on disk under `allowDiskUse`, 292 without;
+//! a `$facet`'s input too, read again by each sub-pipeline), and the streaming stages between
+//! joins run as they are read. A `$lookup` or `$graphLookup`
 //! joins its input a chunk at a time (`lookup::CHUNK_DOCS`, `lookup::CHUNK_BYTES`), reading the foreign documents of that chunk only; what it reads of a
 //! foreign collection is held in memory up to the sort limit. Past it a `$lookup` runs each
 //! document's join as a query of its own on the shards (as MongoDB runs every one) when the
@@ -37,9 +40,9 @@
 use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
-use pipeline::agg::lookup::{self, Foreign, GraphPrefetch};
+use pipeline::agg::lookup::{self, Foreign, GraphPrefetch, UnionSource};
 use pipeline::agg::spill::{Spool, sort_limit};
-use pipeline::agg::{Docs, Pipeline, Stage, split};
+use pipeline::agg::{Docs, FacetOutput, Pipeline, Stage, split};
 use pipeline::changestream::split::document_size;
 use pipeline::expr::Env;
 use pipeline::sort::SortSpec;
@@ -87,42 +90,79 @@ pub(super) async fn run_stages(
             continue;
         }
         docs = Pipeline::from_stages(std::mem::take(&mut streaming)).stream(docs, env)?;
-        let mut out = Spool::new(GATHERED, env.allow_disk_use);
-        match stage {
-            Stage::Lookup(_) | Stage::GraphLookup(_) => loop {
-                let chunk = next_chunk(&mut docs)?;
-                if chunk.is_empty() {
-                    break;
+        docs = match stage {
+            Stage::Lookup(_) | Stage::GraphLookup(_) => {
+                let mut out = Spool::new(GATHERED, env.allow_disk_use);
+                loop {
+                    let chunk = next_chunk(&mut docs)?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    Box::pin(join_chunk(ctx, stage, chunk, env, &mut whole, &mut out)).await?;
                 }
-                Box::pin(join_chunk(ctx, stage, chunk, env, &mut whole, &mut out)).await?;
-            },
-            _ => {
-                // What the input passes on as it is, then what the stage adds: `$unionWith`
-                // (a `$facet` that reads elsewhere consumes the input).
-                if let Some((coll, stages)) = lookup::union_with_aggregate(stage) {
-                    out.extend(docs)?;
-                    out.extend(Box::pin(aggregate_of(ctx, coll, stages, env)).await?)?;
-                } else {
-                    let Some(foreign) = whole.read(ctx, stage, env).await? else {
-                        return Err(whole_too_large(stage));
-                    };
+                Box::new(out.finish()?)
+            }
+            Stage::UnionWith(_) => {
+                // What the input passes on as it is, then what the stage adds.
+                let mut out = Spool::new(GATHERED, env.allow_disk_use);
+                out.extend(docs)?;
+                let theirs = match lookup::union_source(stage) {
+                    Some(UnionSource::Collection(coll, stages)) => {
+                        Box::pin(aggregate_of(ctx, coll, stages, env)).await?
+                    }
+                    Some(UnionSource::Documents(made)) => {
+                        Box::pin(run_stages(ctx, made, Box::new(std::iter::empty()), env)).await?
+                    }
+                    None => return Err(MongoError::internal("a $unionWith reads nothing")),
+                };
+                out.extend(theirs)?;
+                Box::new(out.finish()?)
+            }
+            // A $facet whose other collections fit the limit streams its input through its
+            // sub-pipelines, as on a shard; past it, each sub-pipeline runs on its own.
+            Stage::Facet(facets) => match whole.read(ctx, stage, env).await? {
+                Some(foreign) => {
                     let env = Env {
                         foreign: Some(foreign),
                         ..env.clone()
                     };
-                    if matches!(stage, Stage::UnionWith(_)) {
-                        out.extend(docs)?;
-                        out.extend(stage.run_in(Vec::new(), &env)?.into_iter().map(Ok))?;
-                    } else {
-                        let one = Pipeline::from_stages(vec![stage.clone()]);
-                        out.extend(one.stream(docs, &env)?)?;
-                    }
+                    let one = Pipeline::from_stages(vec![stage.clone()]);
+                    let out = one.stream(docs, &env)?.collect::<Result<Vec<_>>>()?;
+                    Box::new(out.into_iter().map(Ok))
                 }
+                None => Box::pin(facet(ctx, facets, docs, env)).await?,
+            },
+            other => {
+                return Err(MongoError::internal(format!(
+                    "{} reads other collections but the router cannot run it",
+                    other.name()
+                )));
             }
-        }
-        docs = Box::new(out.finish()?);
+        };
     }
     Pipeline::from_stages(streaming).stream(docs, env)
+}
+
+/// A `$facet` whose sub-pipelines read more of other collections than the limit holds: its
+/// input is gathered once (on disk past the limit under `allowDiskUse`), and each
+/// sub-pipeline runs over all of it in turn as a pipeline of its own, its joins reading what
+/// they join.
+async fn facet(
+    ctx: &Ctx<'_>,
+    facets: &[(String, Pipeline)],
+    docs: Docs,
+    env: &Env,
+) -> Result<Docs> {
+    let mut input = Spool::new(GATHERED, env.allow_disk_use);
+    input.extend(docs)?;
+    let input = input.replay()?;
+    let mut output = FacetOutput::new(facets.iter().map(|(name, _)| name.clone()));
+    for (i, (_, sub)) in facets.iter().enumerate() {
+        for doc in run_stages(ctx, sub, Box::new(input.pass()), env).await? {
+            output.keep(i, [doc?])?;
+        }
+    }
+    Ok(Box::new(std::iter::once(Ok(output.finish()))))
 }
 
 /// The next chunk of a join's input (see `lookup::CHUNK_DOCS`); empty at the end.

@@ -2,7 +2,9 @@ use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
 
-use super::{Foreign, GraphPrefetch, foreign_collections, join_prefetch, union_with_aggregate};
+use super::{
+    Foreign, GraphPrefetch, UnionSource, foreign_collections, join_prefetch, union_source,
+};
 use crate::agg::Pipeline;
 use crate::expr::Env;
 
@@ -587,10 +589,17 @@ fn join_prefetch_reads_a_superset_of_what_the_join_needs_and_nothing_more() {
 }
 
 #[test]
-fn union_with_runs_alone_unless_its_pipeline_reads_elsewhere() {
+fn union_with_reads_its_collection_or_makes_its_documents() {
     let of = |stage: Document| {
         let parsed = Pipeline::parse(&[stage]).unwrap();
-        union_with_aggregate(&parsed.stages()[0]).map(|(c, s)| (c.to_string(), s.to_vec()))
+        match union_source(&parsed.stages()[0]) {
+            Some(UnionSource::Collection(c, s)) => Some((c.to_string(), s.to_vec())),
+            Some(UnionSource::Documents(p)) => Some((
+                "$documents".into(),
+                vec![doc! {"stages": p.stages().len() as i32}],
+            )),
+            None => None,
+        }
     };
     assert_eq!(of(doc! {"$unionWith": "inv"}), Some(("inv".into(), vec![])));
     assert_eq!(
@@ -602,15 +611,16 @@ fn union_with_runs_alone_unless_its_pipeline_reads_elsewhere() {
             vec![doc! {"$match": {"a": 1}}, doc! {"$count": "n"}]
         ))
     );
+    // A sub-pipeline that joins is an aggregate of its own all the same (its joins run on the
+    // router, reading what they join).
+    let lookup = doc! {"$lookup": {"from": "o", "localField": "a", "foreignField": "b", "as": "j"}};
     assert_eq!(
-        of(
-            doc! {"$unionWith": {"coll": "inv", "pipeline": [{"$lookup": {"from": "o", "localField": "a", "foreignField": "b", "as": "j"}}]}}
-        ),
-        None
+        of(doc! {"$unionWith": {"coll": "inv", "pipeline": [lookup.clone()]}}),
+        Some(("inv".into(), vec![lookup.clone()]))
     );
     assert_eq!(
-        of(doc! {"$unionWith": {"pipeline": [{"$documents": [{"a": 1}]}]}}),
-        None
+        of(doc! {"$unionWith": {"pipeline": [{"$documents": [{"a": 1}]}, lookup]}}),
+        Some(("$documents".into(), vec![doc! {"stages": 2}]))
     );
     assert_eq!(of(doc! {"$match": {"a": 1}}), None);
 }
