@@ -2,7 +2,7 @@
 
 Start Tributary (`tributary --port 29336 --dbpath DIR`, the embedded default), then
 `python3 scripts/router_join_rss.py <server pid> [mongodb://127.0.0.1:29336] [query]`, where
-`query` (`lookup`, `find`, `count`, `out`) runs that one alone (restart the server between
+`query` (`lookup`, `find`, `count`, `out`, `window`, `facet`) runs that one alone (restart the server between
 them: memory freed by one query stays in the process's RSS and hides the next one's).
 Loads 300 MiB (150,000 documents of 2 KiB) and a 100-document `groups` collection unless they
 are there, then runs, reading each result to the end:
@@ -10,7 +10,12 @@ are there, then runs, reading each result to the end:
   time and spools what waits),
 * a find sorted on an unindexed field with `allowDiskUse` (the shard's external sort),
 * `count` and `distinct` over the whole collection,
-* an `$out` copy of the collection without `allowDiskUse` (written a batch at a time).
+* an `$out` copy of the collection without `allowDiskUse` (written a batch at a time),
+* a `$setWindowFields` over the whole collection as one partition with `allowDiskUse` (its
+  documents wait on disk while the functions compute),
+* a `$facet` over `groups` whose sub-pipeline joins the whole collection with `allowDiskUse`
+  (more than the limit: each sub-pipeline runs over the spooled input, the `$lookup` per
+  document).
 Prints the server's RSS and peak RSS (VmHWM, reset before each) around each, the spill counters
 and the times (BENCHMARKS.md, issue 25).
 """
@@ -90,12 +95,43 @@ def out():
     return db.copy.estimated_document_count()
 
 
+def window():
+    n, run = 0, 0
+    pipeline = [
+        {"$setWindowFields": {"sortBy": {"k": 1}, "output": {
+            "n": {"$documentNumber": {}},
+            "run": {"$sum": "$g", "window": {"documents": ["unbounded", "current"]}},
+        }}},
+        {"$project": {"pad": 0}},
+    ]
+    for doc in coll.aggregate(pipeline, allowDiskUse=True, batchSize=1000):
+        n += 1
+        run += doc["g"]
+        assert doc["n"] == n and doc["k"] == n - 1 and doc["run"] == run, doc
+    return n
+
+
+def facet():
+    pipeline = [{"$facet": {
+        "sizes": [
+            {"$lookup": {"from": "big", "localField": "_id", "foreignField": "g", "as": "j"}},
+            {"$project": {"n": {"$size": "$j"}}},
+        ],
+        "count": [{"$count": "n"}],
+    }}]
+    [result] = list(db.groups.aggregate(pipeline, allowDiskUse=True))
+    assert all(d["n"] == N // 100 for d in result["sizes"]), result["sizes"][:3]
+    return len(result["sizes"])
+
+
 only = sys.argv[3] if len(sys.argv) > 3 else None
 for key, name, run in [
     ("lookup", "$lookup", lookup),
     ("find", "sorted find", sorted_find),
     ("count", "count, distinct", count_and_distinct),
     ("out", "$out", out),
+    ("window", "$setWindowFields", window),
+    ("facet", "$facet joining", facet),
 ]:
     if only in (None, key):
         measure(name, run)

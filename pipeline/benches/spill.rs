@@ -67,6 +67,14 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(|| input.clone(), |d| sort(d, limit), BatchSize::LargeInput)
         });
     }
+    // A sort of many runs (~1,000 at 16 KiB each): how its runs are merged on the way shows.
+    g.bench_function("sort/many_runs", |b| {
+        b.iter_batched(
+            || input.clone(),
+            |d| sort(d, 16 << 10),
+            BatchSize::LargeInput,
+        )
+    });
     // A $lookup on localField/foreignField, 1,000 documents at a time against the 100 groups.
     let mut groups = Foreign::default();
     groups.insert(

@@ -7,7 +7,9 @@
 //! one getMore at a time (a concurrent one gets `CursorInUse`); an exhausted or killed cursor is
 //! removed from the table, and its shard cursors are killed. A [`Run`] holds what its stages
 //! hold (a blocking stage up to its limit, spilling under `allowDiskUse`), the shards' current
-//! batches and one reply's worth of output, never its whole input or output.
+//! batches and one reply's worth of output, never its whole input or output. A reply to the
+//! client is assembled from each document's BSON bytes as it is taken (at most 16 MiB and one
+//! document), not from the batch parsed, which for small documents takes several times that.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -323,42 +325,79 @@ impl RouterCursor {
         n: usize,
         max_await_ms: Option<i64>,
     ) -> Result<(Vec<Document>, bool)> {
-        if let CursorState::Merge(m) = &mut self.state {
-            m.max_await_ms = max_await_ms;
-        }
+        self.set_await(max_await_ms);
         let mut out = Vec::new();
         let mut bytes = 0usize;
         while out.len() < n {
-            let next = match &mut self.state {
-                CursorState::Merge(m) => m.next(router).await?,
-                CursorState::Run(r) => r.next(router).await?,
-                CursorState::Buffered(b) => b.pop_front(),
-                CursorState::Spooled(s) => s.0.next().transpose()?,
-                CursorState::ChangeStream(_) => {
-                    return Err(MongoError::internal(
-                        "a change stream is read with its own getMore",
-                    ));
-                }
-            };
-            // Nothing more now: the end, or a tailable shard cursor with nothing new yet (it
-            // stays open, and the client asks again).
-            let Some(doc) = next else {
+            let Some(doc) = self.next_doc(router).await? else {
                 break;
             };
-            bytes += doc.to_vec().map(|v| v.len()).unwrap_or(0);
+            bytes += pipeline::changestream::split::document_size(&doc);
             out.push(doc);
             if bytes >= MAX_BATCH_BYTES {
                 break;
             }
         }
-        let exhausted = match &mut self.state {
+        Ok((out, self.exhausted()))
+    }
+
+    /// As [`RouterCursor::next_batch`], each document encoded as it is taken: what a reply to
+    /// the client holds is the batch's BSON bytes (at most [`MAX_BATCH_BYTES`] and one
+    /// document), not the batch parsed, which takes several times that.
+    pub async fn next_encoded_batch(
+        &mut self,
+        router: &Router,
+        n: usize,
+        max_await_ms: Option<i64>,
+    ) -> Result<(Vec<Vec<u8>>, bool)> {
+        self.set_await(max_await_ms);
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        while out.len() < n {
+            let Some(doc) = self.next_doc(router).await? else {
+                break;
+            };
+            let encoded = doc
+                .to_vec()
+                .map_err(|e| MongoError::internal(format!("encoding a result: {e}")))?;
+            bytes += encoded.len();
+            out.push(encoded);
+            if bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+        }
+        Ok((out, self.exhausted()))
+    }
+
+    fn set_await(&mut self, max_await_ms: Option<i64>) {
+        if let CursorState::Merge(m) = &mut self.state {
+            m.max_await_ms = max_await_ms;
+        }
+    }
+
+    /// The next document; `None` at the end, or from a tailable shard cursor with nothing new
+    /// yet (it stays open, and the client asks again).
+    async fn next_doc(&mut self, router: &Router) -> Result<Option<Document>> {
+        match &mut self.state {
+            CursorState::Merge(m) => m.next(router).await,
+            CursorState::Run(r) => r.next(router).await,
+            CursorState::Buffered(b) => Ok(b.pop_front()),
+            CursorState::Spooled(s) => s.0.next().transpose(),
+            CursorState::ChangeStream(_) => Err(MongoError::internal(
+                "a change stream is read with its own getMore",
+            )),
+        }
+    }
+
+    /// Whether nothing is left to read.
+    fn exhausted(&mut self) -> bool {
+        match &mut self.state {
             CursorState::Merge(m) => m.limit == Some(0) || m.sources.iter().all(Source::exhausted),
             CursorState::Run(r) => r.exhausted(),
             CursorState::Buffered(b) => b.is_empty(),
             CursorState::Spooled(s) => s.0.peek().is_none(),
             CursorState::ChangeStream(c) => c.is_closed(),
-        };
-        Ok((out, exhausted))
+        }
     }
 
     pub async fn kill(&mut self, router: &Router) {

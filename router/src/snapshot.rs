@@ -8,6 +8,7 @@
 //! by the client or chosen here as the router's current cluster time (everything the client can
 //! have seen is at or before it).
 
+use bson::raw::{RawBsonRef, RawDocument, RawDocumentBuf, cstr};
 use bson::{Bson, Document, Timestamp};
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
@@ -54,7 +55,8 @@ pub(crate) fn pin(
     Ok(Some((pinned, at)))
 }
 
-/// The reply with the read's `atClusterTime` in its cursor.
+/// The reply with the read's `atClusterTime` in its cursor (an encoded reply is copied
+/// element by element with it added, its batch not decoded).
 pub(crate) fn stamp(reply: Body, at: Timestamp) -> Body {
     match reply {
         Body::Document(mut d) => {
@@ -63,6 +65,30 @@ pub(crate) fn stamp(reply: Body, at: Timestamp) -> Body {
             }
             Body::Document(d)
         }
-        raw => raw,
+        Body::Raw(raw) => match stamp_raw(&raw, at) {
+            Ok(stamped) => Body::Raw(stamped),
+            Err(_) => Body::Raw(raw),
+        },
+        other => other,
     }
+}
+
+fn stamp_raw(reply: &RawDocument, at: Timestamp) -> bson::error::Result<RawDocumentBuf> {
+    let mut out = RawDocumentBuf::new();
+    for element in reply {
+        let (key, value) = element?;
+        match value {
+            RawBsonRef::Document(cursor) if key.as_str() == "cursor" => {
+                let mut stamped = RawDocumentBuf::new();
+                for field in cursor {
+                    let (k, v) = field?;
+                    stamped.append(k, v);
+                }
+                stamped.append(cstr!("atClusterTime"), at);
+                out.append(key, stamped);
+            }
+            _ => out.append(key, value),
+        }
+    }
+    Ok(out)
 }

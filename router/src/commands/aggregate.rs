@@ -46,6 +46,7 @@ use pipeline::agg::{Docs, FacetOutput, Pipeline, Stage, split};
 use pipeline::changestream::split::document_size;
 use pipeline::expr::Env;
 use pipeline::sort::SortSpec;
+use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
@@ -628,7 +629,7 @@ async fn drain(
 }
 
 /// `aggregate: 1` on a database: the first stage makes the documents.
-pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Document> {
+pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Body> {
     let Some(first) = stages.first() else {
         return Err(MongoError::new(
             ErrorCode::INVALID_NAMESPACE,
@@ -664,10 +665,10 @@ pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result
     };
     if let Some(sink) = &sink {
         super::out::write(ctx, sink, cursor).await?;
-        return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0});
+        return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0}.into());
     }
     let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::find::first_reply(ctx, ns, cursor, batch).await
+    super::find::first_reply(ctx, ns, cursor, batch, false).await
 }
 
 /// `$listLocalSessions: {}` (the caller's sessions), `{allUsers: true}` or

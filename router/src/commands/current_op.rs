@@ -9,6 +9,7 @@
 
 use bson::{Bson, Document, doc};
 use resume::token::ResumeTokenData;
+use wire::raw::Body;
 use wire::{MongoError, Result};
 
 use super::Ctx;
@@ -106,7 +107,7 @@ pub(super) fn current_op(ctx: &Ctx<'_>) -> Result<Document> {
 }
 
 /// `aggregate: 1` on `admin` with `$currentOp` first, then any document stages.
-pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Document> {
+pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Body> {
     admin_only(ctx)?;
     let Some(first) = stages
         .first()
@@ -126,5 +127,5 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Docu
         info: None,
     };
     let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::find::first_reply(ctx, ns, cursor, batch).await
+    super::find::first_reply(ctx, ns, cursor, batch, false).await
 }

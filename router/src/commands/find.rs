@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocumentBuf, doc};
 use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
@@ -18,7 +18,7 @@ use super::crud::{forwardable, shards_for_query, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::metadata::Placement;
 use crate::router::Router;
-use wire::raw::Body;
+use wire::raw::{Body, CursorReply};
 
 /// MongoDB's default first batch.
 const DEFAULT_BATCH: usize = 101;
@@ -72,27 +72,33 @@ fn cursor_reply(
     doc! {"cursor": {"firstBatch": batch, "id": id, "ns": ns}, "ok": 1.0}
 }
 
-/// Reads the first batch of a fresh router cursor and replies with it.
+/// Reads the first batch of a fresh router cursor and replies with it (each document encoded
+/// as it is taken, see [`RouterCursor::next_encoded_batch`]); a `singleBatch` read closes the
+/// cursor after it.
 pub(super) async fn first_reply(
     ctx: &Ctx<'_>,
     ns: String,
     mut cursor: RouterCursor,
     batch_size: usize,
-) -> Result<Document> {
-    let (batch, exhausted) = match cursor.next_batch(ctx.router, batch_size, None).await {
+    single_batch: bool,
+) -> Result<Body> {
+    let (batch, exhausted) = match cursor
+        .next_encoded_batch(ctx.router, batch_size, None)
+        .await
+    {
         Ok(read) => read,
         Err(e) => {
             cursor.kill(ctx.router).await;
             return Err(e);
         }
     };
-    let open = if exhausted {
+    let id = if exhausted || single_batch {
         cursor.kill(ctx.router).await;
-        None
+        0
     } else {
-        Some(cursor)
+        ctx.router.cursors.insert(cursor)
     };
-    Ok(cursor_reply(ctx.router, ns, batch, open))
+    Ok(Body::Raw(encoded_reply(&ns, id, true, &batch)))
 }
 
 pub(super) fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
@@ -109,7 +115,7 @@ pub(super) fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize
     }
 }
 
-pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
+pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Body> {
     let args = ctx.args();
     let coll = args.collection()?;
     validate_collection_name(ctx.db, coll)?;
@@ -145,7 +151,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
     if targets.is_empty() {
-        return Ok(cursor_reply(ctx.router, ns, vec![], None));
+        return Ok(cursor_reply(ctx.router, ns, vec![], None).into());
     }
     let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) =
         if targets.len() == 1 {
@@ -185,24 +191,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Document> {
         }),
         info: None,
     };
-    let mut reply = first_reply(ctx, ns, cursor, first).await?;
-    if single_batch {
-        close_cursor_in_reply(ctx.router, &mut reply).await;
-    }
-    Ok(reply)
-}
-
-/// Kills the cursor a reply opened and reports id 0 (for `singleBatch`).
-async fn close_cursor_in_reply(router: &Router, reply: &mut Document) {
-    let id = crate::router::cursor_id(reply);
-    if id != 0 {
-        if let Some(c) = router.cursors.remove(id) {
-            c.lock().await.kill(router).await;
-        }
-        if let Ok(cursor) = reply.get_document_mut("cursor") {
-            cursor.insert("id", 0_i64);
-        }
-    }
+    first_reply(ctx, ns, cursor, first, single_batch).await
 }
 
 pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
@@ -307,7 +296,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         return Ok(Body::Cursor(reply));
     }
     let max_await_ms = args.opt_i64("maxTimeMS")?.filter(|ms| *ms > 0);
-    let result = guard.next_batch(router, n, max_await_ms).await;
+    let result = guard.next_encoded_batch(router, n, max_await_ms).await;
     let (batch, exhausted) = match result {
         Ok(r) => r,
         Err(e) => {
@@ -324,8 +313,20 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
     } else {
         id
     };
-    let batch: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
-    Ok(doc! {"cursor": {"nextBatch": batch, "id": id, "ns": ns}, "ok": 1.0}.into())
+    Ok(Body::Raw(encoded_reply(&ns, id, false, &batch)))
+}
+
+/// `{cursor: {firstBatch | nextBatch, id, ns}, ok: 1}` around a batch of encoded documents.
+fn encoded_reply(ns: &str, id: i64, first: bool, batch: &[Vec<u8>]) -> RawDocumentBuf {
+    CursorReply {
+        ns,
+        id,
+        first,
+        batch,
+        post_batch_resume_token: None,
+        invalidated: false,
+    }
+    .write()
 }
 
 pub(super) async fn kill_cursors(ctx: &Ctx<'_>) -> Result<Document> {
@@ -448,16 +449,16 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
             .await
             .map(Body::Cursor);
     }
-    aggregate_documents(ctx).await.map(Body::Document)
+    aggregate_documents(ctx).await
 }
 
 /// `aggregate` over a collection's documents.
-async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
+async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
     let args = ctx.args();
     let stages = args.documents("pipeline")?;
     let cursor_opts = args.opt_doc("cursor")?;
     if args.opt_bool("explain")?.unwrap_or(false) {
-        return super::explain::aggregate(ctx).await;
+        return super::explain::aggregate(ctx).await.map(Body::from);
     }
     if cursor_opts.is_none() {
         return Err(MongoError::failed_to_parse(
@@ -512,7 +513,9 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
             .router
             .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
-        return pass_through(ctx, ns, targets[0], coll, reply, first).await;
+        return pass_through(ctx, ns, targets[0], coll, reply, first)
+            .await
+            .map(Body::from);
     }
     // The results stream from the shards as the client (or the sink) reads when no stage
     // reads another collection; otherwise the router spools them between its joins (and
@@ -541,9 +544,9 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Document> {
     };
     if let Some(sink) = &sink {
         super::out::write(ctx, sink, cursor).await?;
-        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None));
+        return Ok(cursor_reply(ctx.router, ns, Vec::new(), None).into());
     }
-    first_reply(ctx, ns, cursor, first).await
+    first_reply(ctx, ns, cursor, first, false).await
 }
 
 /// Wraps a shard's cursor reply in a router cursor (when it stays open).

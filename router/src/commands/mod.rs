@@ -379,20 +379,46 @@ fn with_write_concern_error(
     name: &str,
     cmd: &Document,
 ) -> Body {
-    let Body::Document(mut d) = reply else {
-        return reply;
-    };
     let mut labels = labels;
     if labels.is_empty() {
         let code = wce.get("code").and_then(Bson::as_i32).unwrap_or(0);
         let probe = failpoint::with_server_labels(MongoError::with_code(code, ""), name, cmd);
         labels = probe.labels;
     }
-    d.insert("writeConcernError", wce);
+    let mut fields = bson::doc! {"writeConcernError": wce};
     if !labels.is_empty() {
-        d.insert("errorLabels", labels);
+        fields.insert("errorLabels", labels);
     }
-    Body::Document(d)
+    match reply {
+        Body::Document(mut d) => {
+            d.extend(fields);
+            Body::Document(d)
+        }
+        Body::Raw(mut raw) => {
+            append_fields(&mut raw, &fields);
+            Body::Raw(raw)
+        }
+        Body::Cursor(mut c) => {
+            let mut raw = RawDocumentBuf::new();
+            append_fields(&mut raw, &fields);
+            for (key, value) in raw.iter().flatten() {
+                c.doc.append(key, value);
+            }
+            Body::Cursor(c)
+        }
+    }
+}
+
+/// Appends `fields` to an encoded reply.
+fn append_fields(raw: &mut RawDocumentBuf, fields: &Document) {
+    match RawDocumentBuf::try_from(fields) {
+        Ok(encoded) => {
+            for (key, value) in encoded.iter().flatten() {
+                raw.append(key, value);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "reply fields that do not encode"),
+    }
 }
 
 /// The `writeConcernError` a command's write concern earns on a deployment whose shards are
@@ -525,6 +551,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
     fields::check(ctx.name, ctx.cmd)?;
     let out = match ctx.name {
         "getMore" => find::get_more(ctx).await,
+        "find" => find::find(ctx).await,
         "aggregate" => find::aggregate(ctx).await,
         _ => dispatch_document(ctx).await.map(Body::Document),
     };
@@ -614,7 +641,6 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
         "update" => crud::update(ctx).await,
         "delete" => crud::delete(ctx).await,
         "findAndModify" | "findandmodify" => crud::find_and_modify(ctx).await,
-        "find" => find::find(ctx).await,
         "killCursors" => find::kill_cursors(ctx).await,
         "count" => find::count(ctx).await,
         "explain" => explain::explain(ctx).await,

@@ -9,6 +9,7 @@
 //! shard that has the collection, and `NamespaceNotFound` (26) when none has it.
 
 use bson::{Bson, DateTime, Document, doc};
+use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::crud::validate_collection_name;
@@ -142,7 +143,7 @@ pub(super) async fn coll_stats_stage(
     ctx: &Ctx<'_>,
     coll: &str,
     stages: &[Document],
-) -> Result<Document> {
+) -> Result<Body> {
     let Some(Ok(spec)) = stages.first().map(|s| s.get_document("$collStats")) else {
         return Err(MongoError::failed_to_parse(
             "the $collStats stage specification must be an object",
@@ -202,7 +203,7 @@ pub(super) async fn coll_stats_stage(
         info: None,
     };
     let batch = find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    find::first_reply(ctx, ns, cursor, batch).await
+    find::first_reply(ctx, ns, cursor, batch, false).await
 }
 
 /// `validate`: every shard that holds the collection checks its part; the collection is

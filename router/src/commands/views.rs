@@ -112,7 +112,10 @@ pub(super) async fn run(
     };
     let reply = match super::find::aggregate(&inner).await? {
         Body::Document(d) => d,
-        raw => return Ok(raw),
+        // The first batch, encoded: decoded to answer `count` and `distinct` and to name the
+        // view's namespace.
+        raw @ Body::Raw(_) => raw.into_document()?,
+        stream => return Ok(stream),
     };
     let view_ns = format!("{}.{}", ctx.db, args.collection().unwrap_or_default());
     match ctx.name {
