@@ -14,9 +14,8 @@
 //! shard key); a `$unionWith` runs its sub-pipeline as an aggregate of its own over its
 //! collection (split between that collection's shards and the router), or over nothing when
 //! it starts with `$documents`; `$graphLookup` reads what its search reaches, level by level;
-//! a `$facet` that reads elsewhere reads those collections whole when they fit the limit
-//! together, and otherwise gathers its input once and runs each sub-pipeline over it as a
-//! pipeline of its own; other correlated lookups read their collections whole.
+//! a `$facet` that reads elsewhere gathers its input once and runs each sub-pipeline over it
+//! as a pipeline of its own; other correlated lookups read their collections whole.
 //!
 //! Memory: the router holds a pipeline's documents as they wait for the next join in a
 //! `Spool` (in memory up to the sort limit, then on disk under `allowDiskUse`, 292 without;
@@ -119,20 +118,7 @@ pub(super) async fn run_stages(
                 out.extend(theirs)?;
                 Box::new(out.finish()?)
             }
-            // A $facet whose other collections fit the limit streams its input through its
-            // sub-pipelines, as on a shard; past it, each sub-pipeline runs on its own.
-            Stage::Facet(facets) => match whole.read(ctx, stage, env).await? {
-                Some(foreign) => {
-                    let env = Env {
-                        foreign: Some(foreign),
-                        ..env.clone()
-                    };
-                    let one = Pipeline::from_stages(vec![stage.clone()]);
-                    let out = one.stream(docs, &env)?.collect::<Result<Vec<_>>>()?;
-                    Box::new(out.into_iter().map(Ok))
-                }
-                None => Box::pin(facet(ctx, facets, docs, env)).await?,
-            },
+            Stage::Facet(facets) => Box::pin(facet(ctx, facets, docs, env)).await?,
             other => {
                 return Err(MongoError::internal(format!(
                     "{} reads other collections but the router cannot run it",
@@ -144,10 +130,9 @@ pub(super) async fn run_stages(
     Pipeline::from_stages(streaming).stream(docs, env)
 }
 
-/// A `$facet` whose sub-pipelines read more of other collections than the limit holds: its
-/// input is gathered once (on disk past the limit under `allowDiskUse`), and each
-/// sub-pipeline runs over all of it in turn as a pipeline of its own, its joins reading what
-/// they join.
+/// A `$facet` whose sub-pipelines read other collections: its input is gathered once (on
+/// disk past the limit under `allowDiskUse`), and each sub-pipeline runs over all of it in
+/// turn as a pipeline of its own, its joins reading what they join (not whole collections).
 async fn facet(
     ctx: &Ctx<'_>,
     facets: &[(String, Pipeline)],
