@@ -376,8 +376,13 @@ impl RouterCursor {
     }
 
     /// The next document; `None` at the end, or from a tailable shard cursor with nothing new
-    /// yet (it stays open, and the client asks again).
+    /// yet (it stays open, and the client asks again). Each document takes a unit of the task's
+    /// cooperative budget: a batch read from documents already at hand (a shard's buffered
+    /// reply, a spool) otherwise runs to 16 MiB without yielding, and a few such replies at
+    /// once kept every runtime thread from the other connections (a new connection's `ping`
+    /// waited 115 s behind eight 16 MiB finds).
     async fn next_doc(&mut self, router: &Router) -> Result<Option<Document>> {
+        tokio::task::coop::consume_budget().await;
         match &mut self.state {
             CursorState::Merge(m) => m.next(router).await,
             CursorState::Run(r) => r.next(router).await,

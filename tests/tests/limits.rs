@@ -1261,3 +1261,55 @@ async fn namespaces_are_bounded_at_255_bytes() -> anyhow::Result<()> {
     cluster.stop().await;
     Ok(())
 }
+
+/// Large batches leave the server to everyone else: each document of a batch the router reads
+/// from what it already holds takes a unit of its task's cooperative budget, so while six
+/// clients read 16 MiB batches of small documents, a new connection's `ping` is answered
+/// within seconds (before, eight such readers kept a `ping` waiting 115 s: a batch was built
+/// without yielding, and a few of them held every runtime thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_leave_room_for_a_new_connection() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "batches.tiny", doc! {"_id": "hashed"}).await?;
+    let c = client.database("batches").collection::<Document>("tiny");
+    const N: i32 = 300_000;
+    for start in (0..N).step_by(30_000) {
+        c.insert_many((start..start + 30_000).map(|i| doc! {"_id": i, "a": i % 7, "b": "xy"}))
+            .await?;
+    }
+    let readers: Vec<_> = (0..6)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut cursor = c.find(doc! {}).batch_size(1_000_000).await?;
+                let mut n = 0;
+                while cursor.try_next().await?.is_some() {
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let fresh = cluster.client().await?;
+        fresh
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await?;
+        worst = worst.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for reader in readers {
+        assert_eq!(reader.await??, N);
+    }
+    assert!(
+        worst < Duration::from_secs(5),
+        "a new connection's ping waited {worst:?} behind the readers"
+    );
+    cluster.stop().await;
+    Ok(())
+}

@@ -15,7 +15,7 @@ use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
 use super::crud::{forwardable, shards_for_query, validate_collection_name};
-use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::cursors::{CursorState, Merge, RouterCursor, SHARD_GET_MORE_DOCS, Source};
 use crate::metadata::Placement;
 use crate::router::Router;
 use wire::raw::{Body, CursorReply};
@@ -160,6 +160,10 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Body> {
             let mut cmd = routed.command(ctx.cmd);
             cmd.remove("skip");
             cmd.remove("singleBatch");
+            // The shards' first batches are held parsed, as their getMores' are: at most
+            // SHARD_GET_MORE_DOCS each, whatever the client's batch (the merge reads on).
+            let per_shard = i64::try_from(first).unwrap_or(i64::MAX);
+            cmd.insert("batchSize", per_shard.min(SHARD_GET_MORE_DOCS));
             if let Some(l) = limit {
                 cmd.insert("limit", (l + skip as u64) as i64);
             }
