@@ -106,6 +106,17 @@ pub fn oldest(txn: &dyn ReadTxn, coll: &CollectionEntry) -> StorageResult<Option
     Ok(found)
 }
 
+/// Refuses a document larger than the capped collection's `size`, as MongoDB's record store
+/// does (`BadValue`): it could only stay by evicting every other document and still be over.
+pub fn check_fits(coll: &CollectionEntry, doc: &Document) -> Result<(), wire::MongoError> {
+    match limits(coll) {
+        Some((size, _)) if crate::commands::write_ops::bson_size(doc) as i64 > size => Err(
+            wire::MongoError::bad_value("object to insert exceeds cappedMaxSize"),
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Records an inserted document in natural order, then deletes the oldest documents until
 /// the collection is within its limits.
 pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {

@@ -72,6 +72,16 @@ async fn capped_collections_keep_insertion_order_and_their_limits() -> anyhow::R
         left.len()
     );
     assert_eq!(ids(&left).last(), Some(&9));
+    // A document larger than the collection's size is refused, as MongoDB's record store
+    // refuses it; nothing is evicted for it.
+    let err = small
+        .insert_one(doc! {"_id": 99, "pad": "x".repeat(5000)})
+        .await
+        .expect_err("larger than the capped size");
+    assert_eq!(tests::scenarios::code_of(&err), Some(2), "{err}");
+    assert!(err.to_string().contains("exceeds cappedMaxSize"), "{err}");
+    let still: Vec<Document> = small.find(doc! {}).await?.try_collect().await?;
+    assert_eq!(ids(&still), ids(&left));
     // An update may resize a document (as since 6.0); the next insert makes room by the
     // documents' current sizes.
     small

@@ -265,6 +265,7 @@ pub fn insert_one(
 ) -> OpResult<ClusterTime> {
     ctx.check_not_held(coll, &doc)?;
     crate::validation::check(coll, None, &doc, ctx.bypass_validation, ctx.wall_ms)?;
+    crate::capped::check_fits(coll, &doc)?;
     check_unique(ctx, coll, &doc, None)?;
     ctx.put_doc(coll, &doc)?;
     crate::indexes::add(ctx.txn_mut(), coll, &doc)?;
