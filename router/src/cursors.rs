@@ -325,20 +325,10 @@ impl RouterCursor {
         n: usize,
         max_await_ms: Option<i64>,
     ) -> Result<(Vec<Document>, bool)> {
-        self.set_await(max_await_ms);
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        while out.len() < n {
-            let Some(doc) = self.next_doc(router).await? else {
-                break;
-            };
-            bytes += pipeline::changestream::split::document_size(&doc);
-            out.push(doc);
-            if bytes >= MAX_BATCH_BYTES {
-                break;
-            }
-        }
-        Ok((out, self.exhausted()))
+        self.take_batch(router, n, max_await_ms, |doc| {
+            Ok((pipeline::changestream::split::document_size(&doc), doc))
+        })
+        .await
     }
 
     /// As [`RouterCursor::next_batch`], each document encoded as it is taken: what a reply to
@@ -350,6 +340,24 @@ impl RouterCursor {
         n: usize,
         max_await_ms: Option<i64>,
     ) -> Result<(Vec<Vec<u8>>, bool)> {
+        self.take_batch(router, n, max_await_ms, |doc| {
+            let encoded = doc
+                .to_vec()
+                .map_err(|e| MongoError::internal(format!("encoding a result: {e}")))?;
+            Ok((encoded.len(), encoded))
+        })
+        .await
+    }
+
+    /// Up to `n` documents, each as `take` keeps it with its BSON size, until
+    /// [`MAX_BATCH_BYTES`]; and whether nothing is left.
+    async fn take_batch<T>(
+        &mut self,
+        router: &Router,
+        n: usize,
+        max_await_ms: Option<i64>,
+        mut take: impl FnMut(Document) -> Result<(usize, T)>,
+    ) -> Result<(Vec<T>, bool)> {
         self.set_await(max_await_ms);
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -357,11 +365,9 @@ impl RouterCursor {
             let Some(doc) = self.next_doc(router).await? else {
                 break;
             };
-            let encoded = doc
-                .to_vec()
-                .map_err(|e| MongoError::internal(format!("encoding a result: {e}")))?;
-            bytes += encoded.len();
-            out.push(encoded);
+            let (size, kept) = take(doc)?;
+            bytes += size;
+            out.push(kept);
             if bytes >= MAX_BATCH_BYTES {
                 break;
             }

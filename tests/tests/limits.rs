@@ -1065,20 +1065,15 @@ async fn router_joins_past_the_memory_limit_spool_to_disk_or_query_per_document(
         "joined": [{"n": PADDED / 10}],
         "pads": [{"_id": null, "bytes": PADDED * 2_000}],
     }];
-    let small = needs_disk(
-        &c,
-        facet_joining("groups"),
-        "the facet's input is eight times the limit",
-    )
-    .await?;
-    assert_eq!(small, expected);
-    let facets = needs_disk(
-        &c,
-        facet_joining("wide"),
-        "the facet's input is eight times the limit",
-    )
-    .await?;
-    assert_eq!(facets, expected);
+    for joined in ["groups", "wide"] {
+        let facets = needs_disk(
+            &c,
+            facet_joining(joined),
+            "the facet's input is eight times the limit",
+        )
+        .await?;
+        assert_eq!(facets, expected, "joining {joined}");
+    }
 
     // A $unionWith whose sub-pipeline joins runs it as an aggregate of its own: its $lookup
     // gathers eight times the limit, and spools it under allowDiskUse.
