@@ -12,7 +12,7 @@
 //!   encoder to append a CRC-32C, and on an incoming one says the checksum was present and matched.
 
 use bson::raw::RawIter;
-use bson::{Document, RawBsonRef, RawDocument, RawDocumentBuf};
+use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::error::{ErrorCode, MongoError};
 
@@ -246,7 +246,33 @@ impl Message {
 /// follows recurses at most `MAX_BSON_DEPTH` deep.
 pub fn to_document(raw: &RawDocument) -> Result<Document, MongoError> {
     check_document(raw)?;
-    Document::try_from(raw).map_err(|e| invalid_bson(&e.to_string()))
+    convert_document(raw).map_err(|e| invalid_bson(&e.to_string()))
+}
+
+/// The conversion of [`to_document`], with each array allocated at its exact length: the bson
+/// crate's own collects arrays by doubling, which holds up to twice their 112-byte values (a
+/// 16 MB array of small elements: ~180 MB instead of ~300 MB).
+fn convert_document(raw: &RawDocument) -> bson::error::Result<Document> {
+    let mut doc = Document::new();
+    for element in raw {
+        let (key, value) = element?;
+        doc.insert(key.as_str(), convert(value)?);
+    }
+    Ok(doc)
+}
+
+fn convert(value: RawBsonRef<'_>) -> bson::error::Result<Bson> {
+    Ok(match value {
+        RawBsonRef::Document(d) => Bson::Document(convert_document(d)?),
+        RawBsonRef::Array(a) => {
+            let mut items = Vec::with_capacity(a.into_iter().count());
+            for item in a {
+                items.push(convert(item?)?);
+            }
+            Bson::Array(items)
+        }
+        other => Bson::try_from(other)?,
+    })
 }
 
 /// The check half of [`to_document`]: `InvalidBSON` for malformed contents, `Overflow` when nested

@@ -149,6 +149,25 @@ fn message() -> impl Strategy<Value = Message> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
+    /// Invariant: a command's conversion is the bson crate's, with every array allocated at its
+    /// exact length.
+    #[test]
+    fn conversion_is_the_crates_with_exact_arrays(raw in document()) {
+        let ours = wire::message::to_document(&raw).unwrap();
+        prop_assert_eq!(&ours, &Document::try_from(raw.as_ref()).unwrap());
+        let mut pending: Vec<&Bson> = ours.values().collect();
+        while let Some(v) = pending.pop() {
+            match v {
+                Bson::Array(items) => {
+                    prop_assert_eq!(items.capacity(), items.len());
+                    pending.extend(items);
+                }
+                Bson::Document(d) => pending.extend(d.values()),
+                _ => {}
+            }
+        }
+    }
+
     /// Invariant: decode(encode(m)) == m, consuming exactly the encoded frame.
     #[test]
     fn encode_then_decode_is_identity(m in message()) {
