@@ -102,6 +102,12 @@ pub fn check_now() -> Result<()> {
     })
 }
 
+/// The operation being run on this thread (nothing to interrupt outside an [`Interruptible`]),
+/// for work it hands to another thread.
+pub fn current() -> Interrupt {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
 /// Runs `f` with `interrupt` as this thread's operation, restoring the one before.
 pub fn with<T>(interrupt: &Interrupt, f: impl FnOnce() -> T) -> T {
     let before = CURRENT.with(|c| c.replace(interrupt.clone()));

@@ -194,6 +194,17 @@ impl Sessions {
         map.retain(|_, t| now.duration_since(t.last_used) < SESSION_TIMEOUT);
     }
 
+    /// Counts the sessions `keys` as used now (`refreshSessions`).
+    pub fn refresh(&self, keys: &[Vec<u8>]) {
+        let mut map = self.lock();
+        let now = Instant::now();
+        for key in keys {
+            if let Some(txn) = map.get_mut(key) {
+                txn.last_used = now;
+            }
+        }
+    }
+
     /// Forgets the transactions of the sessions `killed` names.
     pub fn forget(&self, killed: &shard::txn::SessionFilter) {
         self.lock().retain(|key, _| !killed.matches(key));
@@ -494,8 +505,9 @@ mod tests {
         assert!(!is_retryable_write(&stmt(1, false)));
     }
 
-    #[test]
-    fn idle_sessions_are_forgotten_after_the_session_timeout() {
+    /// A session whose transaction was last used past the timeout ago (its key), then
+    /// `refreshed` or not, and a sweep (a transaction on another session, a minute on).
+    fn idle_session_then_sweep(refreshed: bool) -> (Sessions, Vec<u8>) {
         let s = Sessions::default();
         let t = ClusterTime::new(9, 1);
         s.admit("insert", &stmt(1, true), t).unwrap();
@@ -504,6 +516,9 @@ mod tests {
         if let Some(txn) = s.lock().get_mut(&key) {
             txn.last_used = long_ago;
         }
+        if refreshed {
+            s.refresh(std::slice::from_ref(&key));
+        }
         *s.swept.lock().unwrap() = None;
         let mut other = stmt(1, true);
         other.insert(
@@ -511,6 +526,18 @@ mod tests {
             doc! {"id": bson::Binary {subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![2; 16]}},
         );
         s.admit("insert", &other, t).unwrap();
+        (s, key)
+    }
+
+    #[test]
+    fn a_refreshed_session_is_not_idle() {
+        let (s, key) = idle_session_then_sweep(true);
+        assert!(s.lock().contains_key(&key), "the refreshed session stays");
+    }
+
+    #[test]
+    fn idle_sessions_are_forgotten_after_the_session_timeout() {
+        let (s, key) = idle_session_then_sweep(false);
         assert!(!s.lock().contains_key(&key), "the idle session is gone");
         assert_eq!(s.lock().len(), 1);
     }

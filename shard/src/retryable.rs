@@ -9,9 +9,10 @@
 //! * A `txnNumber` below the session's latest is rejected with `TransactionTooOld` (225); a
 //!   higher one starts a fresh record.
 //! * Oplog entries of a retryable write chain through `prevOpTime` within one `txnNumber`.
-//! * A record expires with its session: [`purge`] deletes the records whose last write is more
-//!   than [`SESSION_TIMEOUT`] old (`logicalSessionTimeoutMinutes`), as MongoDB reaps
-//!   `config.transactions` when a session expires. A statement retried after that is new.
+//! * A record expires with its session: [`purge`] deletes the records whose last write, or last
+//!   `refreshSessions` ([`refresh`]), is more than [`SESSION_TIMEOUT`] old
+//!   (`logicalSessionTimeoutMinutes`), as MongoDB reaps `config.transactions` when a session
+//!   expires. A statement retried after that is new.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use wire::{ErrorCode, MongoError};
 use crate::Shard;
 use crate::oplog::SessionFields;
 use crate::storage::{ReadTxn, StorageError, StorageResult, Table, WriteTxn};
+use crate::writer::{WriteCtx, WriteOutput};
 
 /// How long a session lives after its last write (`logicalSessionTimeoutMinutes`: 30).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -133,6 +135,8 @@ pub struct Record {
     pub committed_txn: bool,
     /// The wall-clock time of the record's last write (`lastWriteDate`), in milliseconds.
     pub last_write_ms: u64,
+    /// When a `refreshSessions` last named the session (`lastUse`), in milliseconds (0: never).
+    pub last_use_ms: u64,
 }
 
 impl Record {
@@ -161,18 +165,31 @@ impl Record {
         }
         let wall = i64::try_from(self.last_write_ms).unwrap_or(i64::MAX);
         d.insert("lastWriteDate", bson::DateTime::from_millis(wall));
+        if self.last_use_ms > 0 {
+            let used = i64::try_from(self.last_use_ms).unwrap_or(i64::MAX);
+            d.insert("lastUse", bson::DateTime::from_millis(used));
+        }
         d
+    }
+
+    /// When the session was last written or refreshed: it expires [`SESSION_TIMEOUT`] after.
+    fn last_active_ms(&self) -> u64 {
+        self.last_write_ms.max(self.last_use_ms)
     }
 
     /// The record as stored, written at wall-clock `wall_ms`.
     fn to_bytes(&self, wall_ms: u64) -> StorageResult<Vec<u8>> {
-        let stamped = Record {
+        Record {
             last_write_ms: wall_ms,
             ..self.clone()
-        };
+        }
+        .encode()
+    }
+
+    /// The record as stored, as it is.
+    fn encode(&self) -> StorageResult<Vec<u8>> {
         let mut buf = Vec::new();
-        stamped
-            .to_document()
+        self.to_document()
             .to_writer(&mut buf)
             .map_err(|e| StorageError::Engine(format!("a session record: {e}")))?;
         Ok(buf)
@@ -200,6 +217,9 @@ impl Record {
             // A record from before the field existed counts as written long ago.
             last_write_ms: d
                 .get_datetime("lastWriteDate")
+                .map_or(0, |t| u64::try_from(t.timestamp_millis()).unwrap_or(0)),
+            last_use_ms: d
+                .get_datetime("lastUse")
                 .map_or(0, |t| u64::try_from(t.timestamp_millis()).unwrap_or(0)),
         }
     }
@@ -302,6 +322,7 @@ pub fn save_committed_transaction(
         last_op: Some(ts),
         committed_txn: true,
         last_write_ms: wall_ms,
+        last_use_ms: 0,
     };
     txn.put(Table::Retryable, key, &record.to_bytes(wall_ms)?)
 }
@@ -323,13 +344,80 @@ pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
         PURGE_BATCH,
         move |_, v| {
             let last = Document::from_reader(v)
-                .map(|d| Record::from_document(&d).last_write_ms)
+                .map(|d| Record::from_document(&d).last_active_ms())
                 .unwrap_or(0);
             expired(last, now_ms)
         },
-        |w, k| Ok(expired(Record::load(w.txn(), k)?.last_write_ms, w.wall_ms)),
+        |w, k| {
+            Ok(expired(
+                Record::load(w.txn(), k)?.last_active_ms(),
+                w.wall_ms,
+            ))
+        },
     )
     .await
+}
+
+/// How many sessions one writer job of a `refreshSessions` touches.
+const REFRESH_BATCH: usize = 1_000;
+
+/// The session keys a `refreshSessions` names (`lsid.id`, then `lsid.uid` when given, as
+/// [`RetryInfo`] keys a session).
+pub fn refreshed_sessions(cmd: &Document) -> Result<Vec<Vec<u8>>, MongoError> {
+    let Ok(lsids) = cmd.get_array("refreshSessions") else {
+        return Err(MongoError::type_mismatch(
+            "BSON field 'refreshSessions.refreshSessions' is the wrong type, expected type 'array'",
+        ));
+    };
+    let mut keys = Vec::with_capacity(lsids.len());
+    for lsid in lsids {
+        let Bson::Document(lsid) = lsid else {
+            return Err(MongoError::type_mismatch(
+                "BSON field 'refreshSessions.refreshSessions' elements must be objects",
+            ));
+        };
+        let Some(Bson::Binary(id)) = lsid.get("id") else {
+            return Err(MongoError::new(
+                ErrorCode::NO_SUCH_KEY,
+                "BSON field 'refreshSessions.refreshSessions.id' is missing but a required field",
+            ));
+        };
+        let mut key = id.bytes.clone();
+        if let Some(Bson::Binary(uid)) = lsid.get("uid") {
+            key.extend_from_slice(&uid.bytes);
+        }
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+/// `refreshSessions`: the sessions `keys` were used now; the records of those that have one
+/// expire [`SESSION_TIMEOUT`] from now (their `lastWriteDate` stays). Writer jobs of at most
+/// [`REFRESH_BATCH`] sessions; returns how many records they touched.
+pub async fn refresh(shard: &Shard, keys: Vec<Vec<u8>>) -> Result<usize, MongoError> {
+    let mut touched = 0;
+    for batch in keys.chunks(REFRESH_BATCH) {
+        let batch = batch.to_vec();
+        let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+            let mut n = 0_i64;
+            for key in &batch {
+                if w.txn().get(Table::Retryable, key)?.is_none() {
+                    continue;
+                }
+                let mut record = Record::load(w.txn(), key)?;
+                record.last_use_ms = w.wall_ms;
+                w.txn_mut().put(Table::Retryable, key, &record.encode()?)?;
+                n += 1;
+            }
+            Ok(WriteOutput {
+                reply: doc! {"n": n, "ok": 1.0},
+                op_time: None,
+            })
+        };
+        let out = shard.writer().submit(Box::new(job)).await?;
+        touched += usize::try_from(out.reply.get_i64("n").unwrap_or(0)).unwrap_or(0);
+    }
+    Ok(touched)
 }
 
 fn session_display(lsid: &Document) -> String {

@@ -259,3 +259,48 @@ async fn session_records_and_finished_transactions_expire_with_their_session() {
     );
     s.shutdown().await;
 }
+
+/// `refreshSessions` keeps a session's retryable-write record alive for another timeout from
+/// the refresh, not from its last write; sessions it does not name expire as before.
+#[tokio::test]
+async fn a_refreshed_session_keeps_its_record_for_another_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = std::sync::Arc::new(shard::ManualClock::new(1_000_000_000_000));
+    let s = shard::Shard::open(options(dir.path(), clock.clone()))
+        .await
+        .unwrap();
+    let (refreshed, idle) = (Uuid::new(), Uuid::new());
+    let insert = |id: i32, lsid: Uuid| {
+        with(
+            doc! {"insert": "c", "documents": [{"_id": id}]},
+            session(lsid, 1),
+        )
+    };
+    ok(&s, "db", insert(1, refreshed)).await;
+    ok(&s, "db", insert(2, idle)).await;
+
+    clock.advance(25 * 60 * 1000);
+    ok(
+        &s,
+        "admin",
+        doc! {"refreshSessions": [{"id": refreshed}, {"id": Uuid::new()}]},
+    )
+    .await;
+    clock.advance(10 * 60 * 1000);
+    // 35 minutes after both writes, 10 after the refresh: only the idle session's record goes.
+    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 1);
+    let kept = ok(&s, "db", insert(1, refreshed)).await;
+    assert!(kept.contains_key("retriedStmtIds"), "{kept}");
+    let again = run(&s, "db", insert(2, idle)).await;
+    assert!(again.contains_key("writeErrors"), "a new write: {again}");
+
+    // The retry above was no write: the record goes 30 minutes after the refresh.
+    clock.advance(21 * 60 * 1000);
+    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 1);
+
+    let refused = run(&s, "admin", doc! {"refreshSessions": [{"uid": 1}]}).await;
+    assert_eq!(refused.get_i32("code").unwrap(), 4, "{refused}");
+    let refused = run(&s, "admin", doc! {"refreshSessions": 1}).await;
+    assert_eq!(refused.get_i32("code").unwrap(), 14, "{refused}");
+    s.shutdown().await;
+}

@@ -315,20 +315,32 @@ async fn max_time_ms_ends_a_long_command_with_max_time_ms_expired() -> anyhow::R
         } else {
             "c".into()
         };
-        let started = std::time::Instant::now();
-        let err = db
-            .run_command(
-                doc! {"aggregate": on, "pipeline": pipeline, "cursor": {}, "maxTimeMS": 300},
-            )
-            .await
-            .expect_err("minutes of work in 300 ms");
-        assert_eq!(code_of(&err), Some(50), "{err}");
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "stopped after {:?}",
-            started.elapsed()
-        );
+        expires_in_time(
+            &db,
+            doc! {"aggregate": on, "pipeline": pipeline, "cursor": {}, "maxTimeMS": 300},
+        )
+        .await;
     }
+    // A write: a multi-update whose new value takes minutes per document. It stops, and the
+    // shards' writers are free for the next write at once.
+    expires_in_time(
+        &db,
+        doc! {
+            "update": "c",
+            "updates": [{"q": {}, "u": [{"$set": {"x": slow.clone()}}], "multi": true}],
+            "maxTimeMS": 300,
+        },
+    )
+    .await;
+    let next = std::time::Instant::now();
+    db.collection::<Document>("c")
+        .insert_many((4..8).map(|i| doc! {"_id": i}))
+        .await?;
+    assert!(
+        next.elapsed() < Duration::from_secs(5),
+        "the next write waited {:?}",
+        next.elapsed()
+    );
     for bad in [
         mongodb::bson::Bson::Int32(-1),
         mongodb::bson::Bson::Double(1.5),
@@ -345,9 +357,24 @@ async fn max_time_ms_ends_a_long_command_with_max_time_ms_expired() -> anyhow::R
         .collection::<Document>("c")
         .count_documents(doc! {})
         .await?;
-    assert_eq!(n, 4);
+    assert_eq!(n, 8);
     cluster.stop().await;
     Ok(())
+}
+
+/// Runs `command` (minutes of work with a `maxTimeMS` of 300): it fails with 50 within 10 s.
+async fn expires_in_time(db: &mongodb::Database, command: Document) {
+    let started = std::time::Instant::now();
+    let err = db
+        .run_command(command)
+        .await
+        .expect_err("minutes of work in 300 ms");
+    assert_eq!(code_of(&err), Some(50), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopped after {:?}",
+        started.elapsed()
+    );
 }
 
 /// `killSessions` and `endSessions` end what a session holds on every shard: its running
@@ -1305,6 +1332,57 @@ async fn large_batches_leave_room_for_a_new_connection() -> anyhow::Result<()> {
         worst < Duration::from_secs(5),
         "a new connection's ping waited {worst:?} behind the readers"
     );
+    cluster.stop().await;
+    Ok(())
+}
+
+/// How many retryable-write records on the cluster's shards a `refreshSessions` has touched.
+fn refreshed_records(cluster: &EmbeddedCluster) -> anyhow::Result<usize> {
+    use shard::storage::{KeyRange, Scan, Table};
+    let mut n = 0;
+    for s in cluster.shards() {
+        let read = s.state().storage.begin_read()?;
+        read.scan(Table::Retryable, &KeyRange::all(), false, &mut |_, v| {
+            if Document::from_reader(v).is_ok_and(|d| d.contains_key("lastUse")) {
+                n += 1;
+            }
+            Scan::Continue
+        })?;
+    }
+    Ok(n)
+}
+
+/// `refreshSessions` through the router reaches the shards under the key the session's own
+/// writes used (its owner stamped by the router), so the session's retryable-write record
+/// lives on from the refresh; a malformed list is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_sessions_keeps_the_named_sessions_records_alive() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let c = client.database("refresh").collection::<Document>("c");
+    let mut session = client.start_session().await?;
+    c.insert_one(doc! {"_id": 1}).session(&mut session).await?;
+    assert_eq!(refreshed_records(&cluster)?, 0);
+    let admin = client.database("admin");
+    let other = doc! {"id": mongodb::bson::Uuid::new()};
+    admin
+        .run_command(doc! {"refreshSessions": [session.id().clone(), other]})
+        .await?;
+    assert_eq!(
+        refreshed_records(&cluster)?,
+        1,
+        "the session's record, on the shard it wrote to"
+    );
+    for (bad, code) in [
+        (Bson::Int32(1), 14),
+        (Bson::Array(vec![doc! {"x": 1}.into()]), 4),
+    ] {
+        let err = admin
+            .run_command(doc! {"refreshSessions": bad.clone()})
+            .await
+            .expect_err("a malformed list");
+        assert_eq!(code_of(&err), Some(code), "{bad}: {err}");
+    }
     cluster.stop().await;
     Ok(())
 }

@@ -267,19 +267,55 @@ pub(super) fn host_info() -> Result<Document> {
     })
 }
 
-/// Sessions are implicit: any `lsid` is accepted, so there is nothing to start or end.
-pub(super) fn sessions(ctx: &Ctx<'_>) -> Result<Document> {
-    if ctx.name == "startSession" {
-        let id = bson::Binary {
-            subtype: bson::spec::BinarySubtype::Uuid,
-            bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
-        };
-        ctx.router.local_sessions.touch(
-            id.clone(),
-            super::session_user(ctx.router, ctx.conn),
-            DateTime::now(),
-        );
-        return Ok(doc! {"id": {"id": id}, "timeoutMinutes": 30, "ok": 1.0});
+/// `startSession`: a new session id, noted as used by the caller. Sessions are implicit (any
+/// `lsid` is accepted), so nothing else starts.
+pub(super) fn start_session(ctx: &Ctx<'_>) -> Result<Document> {
+    let id = bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
+    };
+    ctx.router.local_sessions.touch(
+        id.clone(),
+        super::session_user(ctx.router, ctx.conn),
+        DateTime::now(),
+    );
+    Ok(doc! {"id": {"id": id}, "timeoutMinutes": 30, "ok": 1.0})
+}
+
+/// `refreshSessions`: the caller's named sessions count as used now, on this router and on
+/// every shard, where their retryable-write records then live another 30 minutes.
+pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
+    shard::retryable::refreshed_sessions(ctx.cmd)?;
+    let user = super::session_user(ctx.router, ctx.conn);
+    let uid = crate::local_sessions::uid(&user);
+    let now = DateTime::now();
+    let ids: Vec<bson::Binary> = ctx
+        .cmd
+        .get_array("refreshSessions")
+        .map(|a| {
+            a.iter()
+                .filter_map(crate::local_sessions::session_id)
+                .collect()
+        })
+        .unwrap_or_default();
+    for id in &ids {
+        ctx.router
+            .local_sessions
+            .touch(id.clone(), user.clone(), now);
+    }
+    let keys: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| [id.bytes.as_slice(), uid.bytes.as_slice()].concat())
+        .collect();
+    ctx.router.sessions.refresh(&keys);
+    let lsids: Vec<Bson> = ids
+        .into_iter()
+        .map(|id| Bson::Document(doc! {"id": id, "uid": uid.clone()}))
+        .collect();
+    let all: Vec<usize> = (0..ctx.router.shards.len()).collect();
+    let forward = doc! {"refreshSessions": lsids};
+    for reply in ctx.router.broadcast(&all, "admin", &forward).await {
+        reply?;
     }
     Ok(ok())
 }

@@ -634,7 +634,8 @@ async fn dispatch_document(ctx: &Ctx<'_>) -> Result<Document> {
             let own = router_auth_user(ctx).map(|user| ctx.router.local_sessions.ids_of(&user));
             crate::txn::kill_sessions(ctx.router, ctx.name, ctx.cmd, own).await
         }
-        "refreshSessions" | "startSession" => admin::sessions(ctx),
+        "refreshSessions" => admin::refresh_sessions(ctx).await,
+        "startSession" => admin::start_session(ctx),
         "listCommands" => admin::list_commands(),
         "getLog" => admin::get_log(ctx),
         "insert" => crud::insert(ctx).await,

@@ -158,7 +158,11 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             shard.transactions().kill_sessions(&killed);
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        "refreshSessions" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
+        "refreshSessions" => {
+            let keys = crate::retryable::refreshed_sessions(&ctx.cmd)?;
+            crate::retryable::refresh(shard, keys).await?;
+            Ok(Reply::read(bson::doc! {"ok": 1.0}))
+        }
         "getParameter" => hello::get_parameter(&ctx),
         "setParameter" => hello::set_parameter(&ctx),
         "serverStatus" => {
@@ -419,7 +423,15 @@ impl Ctx<'_> {
     pub async fn submit(&self, job: WriteFn) -> Result<WriteOutput, MongoError> {
         match &self.txn {
             Some(t) => self.shard.transactions().write(self.shard, t, job),
-            None => self.shard.writer().submit(job).await,
+            None => {
+                // The writer thread runs the job with this operation's deadline and kill flag:
+                // a write past its `maxTimeMS`, or killed, stops there too.
+                let interrupt = pipeline::interrupt::current();
+                let job: WriteFn = Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
+                    pipeline::interrupt::with(&interrupt, || job(w))
+                });
+                self.shard.writer().submit(job).await
+            }
         }
     }
 

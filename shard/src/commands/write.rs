@@ -592,6 +592,7 @@ pub async fn write(ctx: &Ctx<'_>, kind: Kind) -> Result<Reply, MongoError> {
     let reservations = &ctx.shard.state().reservations;
     let mut seen = reservations.generation();
     let mut out = kind.run(ctx).await?;
+    interrupted(&out.reply)?;
     let total = ctx.cmd.get_array(kind.list()).map_or(0, Vec::len);
     let ordered = ctx.bool_or("ordered", true)?;
     // `out`'s statements are the command's; a rerun's are `indexes` of them.
@@ -613,6 +614,7 @@ pub async fn write(ctx: &Ctx<'_>, kind: Kind) -> Result<Reply, MongoError> {
             snapshot_at: None,
         };
         let again = kind.run(&rerun).await?;
+        interrupted(&again.reply)?;
         let failed = match again.reply.get("ok") {
             Some(Bson::Double(ok)) => *ok != 1.0,
             Some(ok) => as_i64(ok) != Some(1),
@@ -628,6 +630,24 @@ pub async fn write(ctx: &Ctx<'_>, kind: Kind) -> Result<Reply, MongoError> {
         body: out.reply.into(),
         op_time: out.op_time,
     })
+}
+
+/// A statement stopped by the command's `maxTimeMS` or a kill ends the command with that error,
+/// as MongoDB reports an interruption (the statements before it keep their effects).
+fn interrupted(reply: &Document) -> Result<(), MongoError> {
+    let Ok(errors) = reply.get_array("writeErrors") else {
+        return Ok(());
+    };
+    for e in errors.iter().filter_map(Bson::as_document) {
+        let code = e.get("code").and_then(as_i64).unwrap_or(0);
+        if code == i64::from(ErrorCode::MAX_TIME_MS_EXPIRED.code)
+            || code == i64::from(ErrorCode::INTERRUPTED.code)
+        {
+            let errmsg = e.get_str("errmsg").unwrap_or("operation was interrupted");
+            return Err(MongoError::with_code(code as i32, errmsg));
+        }
+    }
+    Ok(())
 }
 
 /// The indexes of the statements of a write reply that met a hold.
