@@ -12,6 +12,8 @@ use router::{Presentation, RouterOptions, ShardPatience};
 /// jemalloc, with background threads that return freed memory to the system within its decay
 /// time (10 s): glibc's heap keeps what many streams' buffers once took (BENCHMARKS.md,
 /// "Memory after streams close").
+/// (The `system-allocator` feature leaves the system's, for heap profilers.)
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -30,8 +30,14 @@ const ROUTER_ONLY_FIELDS: &[&str] = &[
 
 /// The driver's command as it can be forwarded to a shard.
 pub(super) fn forwardable(cmd: &Document) -> Document {
+    forwardable_without(cmd, "")
+}
+
+/// [`forwardable`] without the field `left_out` (a write's statements, which the caller puts
+/// back as the shard's part of them: never copied whole for nothing).
+fn forwardable_without(cmd: &Document, left_out: &str) -> Document {
     cmd.iter()
-        .filter(|(k, _)| !ROUTER_ONLY_FIELDS.contains(&k.as_str()))
+        .filter(|(k, _)| !ROUTER_ONLY_FIELDS.contains(&k.as_str()) && k.as_str() != left_out)
         .map(|(k, v)| match (k.as_str(), v) {
             ("writeConcern", Bson::Document(wc)) => (
                 k.clone(),
@@ -175,7 +181,7 @@ fn sub_command(
     statements: Vec<Bson>,
     indexes: &[usize],
 ) -> Document {
-    let mut cmd = forwardable(ctx.cmd);
+    let mut cmd = forwardable_without(ctx.cmd, list_field);
     cmd.insert(list_field, statements);
     cmd.insert("shardVersion", version.clone());
     if crate::txn::is_retryable_write(ctx.cmd) {
