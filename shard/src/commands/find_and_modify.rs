@@ -149,7 +149,7 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
             }),
         }
     };
-    let out = ctx.submit(Box::new(job)).await?;
+    let out = ctx.submit_statements(Box::new(job)).await?;
     Ok(Reply {
         body: out.reply.into(),
         op_time: out.op_time,

@@ -423,16 +423,25 @@ impl Ctx<'_> {
     pub async fn submit(&self, job: WriteFn) -> Result<WriteOutput, MongoError> {
         match &self.txn {
             Some(t) => self.shard.transactions().write(self.shard, t, job),
-            None => {
-                // The writer thread runs the job with this operation's deadline and kill flag:
-                // a write past its `maxTimeMS`, or killed, stops there too.
-                let interrupt = pipeline::interrupt::current();
-                let job: WriteFn = Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
-                    pipeline::interrupt::with(&interrupt, || job(w))
-                });
-                self.shard.writer().submit(job).await
-            }
+            None => self.shard.writer().submit(job).await,
         }
+    }
+
+    /// [`Ctx::submit`] for a job of statements (insert, update, delete, findAndModify), which
+    /// the writer thread runs under the command's deadline and kill flag too: a statement past
+    /// its `maxTimeMS`, or killed, stops where it checks (its scans and expressions, before it
+    /// writes) and fails; the statements before it keep their effects, as MongoDB's do. Other
+    /// jobs (DDL, an ordered batch's phases) run to their end: stopped halfway, they would
+    /// commit half.
+    pub async fn submit_statements(&self, job: WriteFn) -> Result<WriteOutput, MongoError> {
+        if self.txn.is_some() {
+            return self.submit(job).await;
+        }
+        let interrupt = pipeline::interrupt::current();
+        let job: WriteFn = Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
+            pipeline::interrupt::with(&interrupt, || job(w))
+        });
+        self.shard.writer().submit(job).await
     }
 
     /// Runs `f` on what the command reads: its transaction's snapshot with the transaction's

@@ -126,7 +126,7 @@ async fn in_batches<R: Batched>(ctx: &Ctx<'_>, run: R) -> Result<WriteOutput, Mo
                 }),
             }
         };
-        let out = ctx.submit(Box::new(job)).await?;
+        let out = ctx.submit_statements(Box::new(job)).await?;
         let (done, held) = {
             let guard = slot.lock().unwrap_or_else(|e| e.into_inner());
             match guard.as_ref() {
@@ -389,7 +389,8 @@ impl InsertArgs {
 
 async fn insert(ctx: &Ctx<'_>) -> Result<WriteOutput, MongoError> {
     let args = InsertArgs::parse(ctx)?;
-    ctx.submit(insert_job(ctx.db.clone(), args, None)).await
+    ctx.submit_statements(insert_job(ctx.db.clone(), args, None))
+        .await
 }
 
 /// The writer job of an insert; `reservation`: the ordered batch whose held keys it writes.
