@@ -195,11 +195,7 @@ async fn a_session_moves_from_a_retried_insert_to_a_retried_update() {
 /// a record written since stays. Finished transactions are forgotten on the same schedule.
 #[tokio::test]
 async fn session_records_and_finished_transactions_expire_with_their_session() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = std::sync::Arc::new(shard::ManualClock::new(1_000_000_000_000));
-    let s = shard::Shard::open(options(dir.path(), clock.clone()))
-        .await
-        .unwrap();
+    let (_dir, clock, s) = on_manual_clock().await;
     let (old, recent, txn) = (Uuid::new(), Uuid::new(), Uuid::new());
     let insert = |id: i32, lsid: Uuid| {
         with(
@@ -260,15 +256,25 @@ async fn session_records_and_finished_transactions_expire_with_their_session() {
     s.shutdown().await;
 }
 
-/// `refreshSessions` keeps a session's retryable-write record alive for another timeout from
-/// the refresh, not from its last write; sessions it does not name expire as before.
-#[tokio::test]
-async fn a_refreshed_session_keeps_its_record_for_another_timeout() {
+/// A shard whose wall clock moves only when the test advances it (with its directory).
+async fn on_manual_clock() -> (
+    tempfile::TempDir,
+    std::sync::Arc<shard::ManualClock>,
+    std::sync::Arc<shard::Shard>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let clock = std::sync::Arc::new(shard::ManualClock::new(1_000_000_000_000));
     let s = shard::Shard::open(options(dir.path(), clock.clone()))
         .await
         .unwrap();
+    (dir, clock, s)
+}
+
+/// `refreshSessions` keeps a session's retryable-write record alive for another timeout from
+/// the refresh, not from its last write; sessions it does not name expire as before.
+#[tokio::test]
+async fn a_refreshed_session_keeps_its_record_for_another_timeout() {
+    let (_dir, clock, s) = on_manual_clock().await;
     let (refreshed, idle) = (Uuid::new(), Uuid::new());
     let insert = |id: i32, lsid: Uuid| {
         with(
