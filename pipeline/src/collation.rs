@@ -205,7 +205,7 @@ impl Collation {
         let Bson::Document(d) = v else {
             return Err(MongoError::type_mismatch(format!(
                 "BSON field 'collation' is the wrong type '{}', expected type 'object'",
-                crate::value::type_name(v)
+                crate::value::types::type_name(v)
             )));
         };
         Collation::parse_doc(d)
@@ -268,7 +268,7 @@ impl Collation {
         };
         let strength = match d.get("strength") {
             None => 3,
-            Some(v) => match crate::value::as_i64_exact(v) {
+            Some(v) => match crate::value::number::as_i64_exact(v) {
                 Some(n) if n < 1 => {
                     return Err(MongoError::with_code(
                         51024,
@@ -456,7 +456,7 @@ fn bcp47_of(locale: &str) -> Option<String> {
 fn wrong_type(field: &str, v: &Bson, expected: &str) -> MongoError {
     MongoError::type_mismatch(format!(
         "BSON field 'collation.{field}' is the wrong type '{}', expected type '{expected}'",
-        crate::value::type_name(v)
+        crate::value::types::type_name(v)
     ))
 }
 

@@ -18,7 +18,7 @@
 use bson::{Bson, Document, doc};
 use wire::ErrorCode;
 
-use crate::matcher::Re;
+use crate::re::Re;
 use crate::value;
 use crate::{MongoError, Result};
 

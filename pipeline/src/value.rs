@@ -14,179 +14,25 @@
 //!   decimal arithmetic goes through `f64` (bson 3.1 has no decimal arithmetic).
 //! * [`add_numbers`]/[`mul_numbers`]/[`sub_numbers`] never panic: int32 overflow promotes to
 //!   int64, int64 overflow to double; any double makes a double, any decimal a decimal.
+//!
+//! Type ranks, codes and names are in [`types`], reading and converting numbers in [`number`]
+//! (leaves, which collations use too); both are re-exported here.
 
 use std::cmp::Ordering;
 
-use bson::{Bson, Decimal128, Document};
+use bson::{Bson, Document};
 
 use crate::collation::Collation;
 
 pub mod decimal;
 pub mod hash;
+pub mod number;
+pub mod types;
 
-/// MongoDB's canonical type rank (`canonicalizeBSONType`): values of different ranks compare
-/// by rank; numbers share one rank, as do strings and symbols.
-pub fn canonical_type(v: &Bson) -> u8 {
-    match v {
-        Bson::MinKey => 0,
-        Bson::Undefined => 1,
-        Bson::Null => 5,
-        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) => 10,
-        Bson::String(_) | Bson::Symbol(_) => 15,
-        Bson::Document(_) => 20,
-        Bson::Array(_) => 25,
-        Bson::Binary(_) => 30,
-        Bson::ObjectId(_) => 35,
-        Bson::Boolean(_) => 40,
-        Bson::DateTime(_) => 45,
-        Bson::Timestamp(_) => 47,
-        Bson::RegularExpression(_) => 50,
-        Bson::DbPointer(_) => 55,
-        Bson::JavaScriptCode(_) => 60,
-        Bson::JavaScriptCodeWithScope(_) => 65,
-        Bson::MaxKey => 127,
-    }
-}
-
-/// The BSON type code (`$type` numbers): double 1, string 2, ..., minKey -1, maxKey 127.
-pub fn type_code(v: &Bson) -> i32 {
-    match v {
-        Bson::Double(_) => 1,
-        Bson::String(_) => 2,
-        Bson::Document(_) => 3,
-        Bson::Array(_) => 4,
-        Bson::Binary(_) => 5,
-        Bson::Undefined => 6,
-        Bson::ObjectId(_) => 7,
-        Bson::Boolean(_) => 8,
-        Bson::DateTime(_) => 9,
-        Bson::Null => 10,
-        Bson::RegularExpression(_) => 11,
-        Bson::DbPointer(_) => 12,
-        Bson::JavaScriptCode(_) => 13,
-        Bson::Symbol(_) => 14,
-        Bson::JavaScriptCodeWithScope(_) => 15,
-        Bson::Int32(_) => 16,
-        Bson::Timestamp(_) => 17,
-        Bson::Int64(_) => 18,
-        Bson::Decimal128(_) => 19,
-        Bson::MinKey => -1,
-        Bson::MaxKey => 127,
-    }
-}
-
-/// The type alias MongoDB uses in `$type` and error messages (`"double"`, `"objectId"`, ...).
-pub fn type_name(v: &Bson) -> &'static str {
-    type_name_of_code(type_code(v)).unwrap_or("unknown")
-}
-
-/// The alias of a BSON type code, if it is one.
-pub fn type_name_of_code(code: i32) -> Option<&'static str> {
-    TYPE_ALIASES
-        .iter()
-        .find(|(_, c)| *c == code)
-        .map(|(name, _)| *name)
-}
-
-/// The type code of an alias (`"int"` → 16); `"number"` is not a single type and is absent.
-pub fn type_code_of_name(name: &str) -> Option<i32> {
-    TYPE_ALIASES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, c)| *c)
-}
-
-const TYPE_ALIASES: &[(&str, i32)] = &[
-    ("double", 1),
-    ("string", 2),
-    ("object", 3),
-    ("array", 4),
-    ("binData", 5),
-    ("undefined", 6),
-    ("objectId", 7),
-    ("bool", 8),
-    ("date", 9),
-    ("null", 10),
-    ("regex", 11),
-    ("dbPointer", 12),
-    ("javascript", 13),
-    ("symbol", 14),
-    ("javascriptWithScope", 15),
-    ("int", 16),
-    ("timestamp", 17),
-    ("long", 18),
-    ("decimal", 19),
-    ("minKey", -1),
-    ("maxKey", 127),
-];
-
-/// Whether the value is one of the four numeric types.
-pub fn is_number(v: &Bson) -> bool {
-    matches!(
-        v,
-        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_)
-    )
-}
-
-/// The nearest `f64` of a numeric value; `None` for non-numbers.
-pub fn as_f64(v: &Bson) -> Option<f64> {
-    match v {
-        Bson::Double(d) => Some(*d),
-        Bson::Int32(i) => Some(f64::from(*i)),
-        Bson::Int64(i) => Some(*i as f64),
-        Bson::Decimal128(d) => Some(decimal_to_f64(d)),
-        _ => None,
-    }
-}
-
-/// The value as an `i64` when it is a number with an integral value that fits.
-pub fn as_i64_exact(v: &Bson) -> Option<i64> {
-    match v {
-        Bson::Int32(i) => Some(i64::from(*i)),
-        Bson::Int64(i) => Some(*i),
-        Bson::Double(_) | Bson::Decimal128(_) => {
-            let d = as_f64(v)?;
-            f64_to_i64_exact(d)
-        }
-        _ => None,
-    }
-}
-
-/// `d` as an `i64` when it is integral and within range.
-pub fn f64_to_i64_exact(d: f64) -> Option<i64> {
-    // 2^63 is exactly representable; the valid range is [-2^63, 2^63).
-    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
-    if d.is_finite() && d.fract() == 0.0 && (-TWO_63..TWO_63).contains(&d) {
-        Some(d as i64)
-    } else {
-        None
-    }
-}
-
-/// A Decimal128's nearest `f64` (through its string form).
-pub fn decimal_to_f64(d: &Decimal128) -> f64 {
-    let s = d.to_string();
-    match s.as_str() {
-        "NaN" | "-NaN" | "sNaN" | "-sNaN" => f64::NAN,
-        "Infinity" => f64::INFINITY,
-        "-Infinity" => f64::NEG_INFINITY,
-        _ => s.parse::<f64>().unwrap_or(f64::NAN),
-    }
-}
-
-/// A Decimal128 holding `d` (shortest round-trip digits).
-pub fn f64_to_decimal(d: f64) -> Decimal128 {
-    let s = if d.is_nan() {
-        "NaN".to_string()
-    } else if d.is_infinite() {
-        if d > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
-    } else {
-        format!("{d:e}")
-    };
-    s.parse::<Decimal128>()
-        .or_else(|_| "NaN".parse::<Decimal128>())
-        .unwrap_or(Decimal128::from_bytes([0; 16]))
-}
+pub use number::{
+    as_f64, as_i64_exact, decimal_to_f64, f64_to_decimal, f64_to_i64_exact, is_number,
+};
+pub use types::{canonical_type, type_code, type_code_of_name, type_name, type_name_of_code};
 
 /// MongoDB's truthiness (`$cond`, `$and`, `$expr`): false, null, undefined and numeric zero are
 /// false; everything else (including NaN, empty strings and empty arrays) is true.

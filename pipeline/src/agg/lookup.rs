@@ -3,9 +3,10 @@
 //!
 //! Collections are not read here: the caller reads every collection the pipeline names
 //! ([`foreign_collections`], nested pipelines included) and hands their documents in as a
-//! [`Foreign`] in the run environment ([`crate::expr::Env::foreign`]). A stage that names a
-//! collection the environment does not carry fails (CommandNotSupported, 115) rather than
-//! reading it as empty: only a caller that saw the whole cluster may run these stages.
+//! [`Foreign`] (a [`ForeignSource`]) in the run environment ([`crate::expr::Env::foreign`]).
+//! A stage that names a collection the environment does not carry fails (CommandNotSupported,
+//! 115) rather than reading it as empty: only a caller that saw the whole cluster may run these
+//! stages.
 //!
 //! Invariants:
 //! * `localField`/`foreignField` match as MongoDB's equality `$match` does: every value the
@@ -26,6 +27,7 @@ use bson::{Bson, Document, doc};
 use super::{Pipeline, Stage, stage_err};
 use crate::collation::Collation;
 use crate::expr::{Env, Expr};
+use crate::foreign::ForeignSource;
 use crate::matcher::Matcher;
 use crate::value::{self, compare};
 use crate::{MongoError, Result};
@@ -52,6 +54,12 @@ impl Foreign {
     /// A collection's documents, if they were read.
     pub fn get(&self, collection: &str) -> Option<&[Document]> {
         self.collections.get(collection).map(Vec::as_slice)
+    }
+}
+
+impl ForeignSource for Foreign {
+    fn documents(&self, collection: &str) -> Option<&[Document]> {
+        self.get(collection)
     }
 }
 
@@ -475,7 +483,7 @@ pub fn reads_other_collections(stage: &Stage) -> bool {
 fn foreign_docs<'e>(env: &'e Env, coll: &str, stage: &str) -> Result<&'e [Document]> {
     env.foreign
         .as_ref()
-        .and_then(|f| f.get(coll))
+        .and_then(|f| f.documents(coll))
         .ok_or_else(|| {
             MongoError::new(
                 wire::ErrorCode::COMMAND_NOT_SUPPORTED,

@@ -1,6 +1,7 @@
 //! Table-driven tests of the expression evaluator: each case is (expression, document, result).
 
 use bson::{Bson, Document, doc};
+use wire::ErrorCode;
 
 use super::*;
 
