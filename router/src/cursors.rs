@@ -22,7 +22,9 @@ use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
 use wire::{ErrorCode, MongoError, Result};
 
-use crate::router::{Router, cursor_id, next_batch};
+use crate::kernel::transport::Shards;
+use crate::kernel::transport::{cursor_id, next_batch};
+use crate::router::Router;
 
 /// Idle cursors are reaped after this long by default, as in MongoDB
 /// (`cursorTimeoutMillis`, which `setParameter` changes).
@@ -51,7 +53,7 @@ impl Source {
         Ok(Source {
             shard,
             cursor_id: cursor_id(reply),
-            buffer: crate::router::first_batch(reply)?.into(),
+            buffer: crate::kernel::transport::first_batch(reply)?.into(),
         })
     }
 
@@ -133,7 +135,9 @@ impl Merge {
         };
         let fetches = needy.iter().map(|&i| {
             let s = &self.sources[i];
-            router.shard_command(s.shard, &self.db, self.get_more(s.cursor_id))
+            router
+                .shards()
+                .command(s.shard, &self.db, self.get_more(s.cursor_id))
         });
         let replies = futures::future::join_all(fetches).await;
         for (i, reply) in needy.into_iter().zip(replies) {
@@ -165,7 +169,7 @@ impl Merge {
         for s in self.sources.iter_mut().filter(|s| s.cursor_id != 0) {
             let kill = doc! {"killCursors": &self.collection, "cursors": [s.cursor_id]};
             // Best effort: a shard that lost the cursor has nothing to clean up.
-            let _ = router.shard_command(s.shard, &self.db, kill).await;
+            let _ = router.shards().command(s.shard, &self.db, kill).await;
             s.cursor_id = 0;
         }
     }

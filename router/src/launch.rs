@@ -13,8 +13,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::kernel::shard_client::{LocalShard, RemoteShard, ShardClient};
 use crate::router::{Presentation, Router, RouterOptions};
-use crate::shard_client::{LocalShard, RemoteShard, ShardClient};
 
 /// A running component.
 pub struct Running {
@@ -62,10 +62,8 @@ impl Running {
             .with_context(|| format!("binding the metrics endpoint to {bind}"))?;
         let addr = listener.local_addr()?;
         let cancel = self.cancel.clone();
-        router
-            .tasks
-            .clone()
-            .spawn(crate::metrics::serve(router, listener, cancel));
+        let services = router.services.clone();
+        services.spawn("metrics", crate::metrics::serve(router, listener, cancel));
         tracing::info!(%addr, "metrics endpoint listening");
         Ok(addr)
     }

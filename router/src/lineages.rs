@@ -22,10 +22,12 @@ use std::time::Duration;
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use shard::lineage::Lineage;
-use tokio_util::sync::CancellationToken;
 use wire::Result;
 
-use crate::router::{Resend, Router};
+use crate::kernel::config::ConfigStore;
+use crate::kernel::services::{Service, Services};
+use crate::kernel::shard_client::TransportError;
+use crate::kernel::transport::{Resend, ShardTransport};
 
 const DB: &str = "config";
 const COLL: &str = "shardLineages";
@@ -114,11 +116,17 @@ fn entry_fields(e: &Entry) -> Document {
 
 /// One command to a shard that is not waited for: a shard that cannot be reached now is
 /// judged on a later pass (this runs before resumes, which must not wait on it).
-async fn ask(router: &Router, shard: usize, db: &str, cmd: Document) -> Result<Document> {
-    let reply = router
-        .send(shard, db, cmd, Duration::ZERO, Resend::Lost)
+async fn ask(
+    transport: &ShardTransport,
+    shard: usize,
+    db: &str,
+    cmd: Document,
+) -> Result<Document> {
+    let reply = transport
+        .send_body(shard, db, cmd, Duration::ZERO, Resend::Lost)
         .await
-        .map_err(crate::shard_client::TransportError::into_error)?;
+        .map_err(TransportError::into_error)?;
+    let reply = reply.into_document().unwrap_or_else(|e| e.to_document());
     match wire::MongoError::from_reply(&reply) {
         Some(e) => Err(e),
         None => Ok(reply),
@@ -126,14 +134,14 @@ async fn ask(router: &Router, shard: usize, db: &str, cmd: Document) -> Result<D
 }
 
 /// One pass over every shard.
-async fn verify(router: &Router) -> Result<()> {
-    let names = router.shard_names();
+async fn verify(transport: &ShardTransport) -> Result<()> {
+    let names = transport.names();
     let lineages = futures::future::join_all(
-        (0..names.len()).map(|i| ask(router, i, "admin", doc! {"_shardsvrLineage": 1})),
+        (0..names.len()).map(|i| ask(transport, i, "admin", doc! {"_shardsvrLineage": 1})),
     )
     .await;
     let reply = ask(
-        router,
+        transport,
         0,
         DB,
         doc! {"find": COLL, "filter": {}, "batchSize": i32::MAX},
@@ -169,10 +177,10 @@ async fn verify(router: &Router) -> Result<()> {
             // Every time the lost run handed out reached a client through a router, which
             // observed it: this router's clock is past all of it that this router gave out,
             // and past the newest entry the cluster saw.
-            let reached = (*reached).max(router.cluster_time());
+            let reached = (*reached).max(transport.clock().now());
             tracing::warn!(shard = %name, boot = %to, %reached, "shard came back with less history than the cluster had seen: marking the stretch lost");
             ask(
-                router,
+                transport,
                 i,
                 "admin",
                 doc! {"_shardsvrMarkLineageLost": 1, "to": ts(*to), "reached": ts(reached)},
@@ -198,137 +206,142 @@ async fn verify(router: &Router) -> Result<()> {
         // One commit for every shard's entry. A concurrent router's update makes one a
         // duplicate or a no-op: both fine, the next pass starts from what is stored.
         let update = doc! {"update": COLL, "updates": updates, "ordered": false};
-        let _ = ask(router, 0, DB, update).await;
+        let _ = ask(transport, 0, DB, update).await;
     }
     Ok(())
 }
 
-/// Serialises passes, so a caller waits for one that started after it asked; and the
-/// cluster's id.
-#[derive(Default)]
+/// The cluster's registry of shard histories as this router keeps it up to date, and the
+/// cluster's id. Passes are serialised, so a caller waits for one that started after it asked.
 pub struct Lineages {
+    transport: Arc<ShardTransport>,
+    config: ConfigStore,
+    /// How often [`Lineages::keep_up`] passes (zero: only before resumes).
+    interval: Duration,
     last_done: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     cluster_id: tokio::sync::OnceCell<bson::Uuid>,
 }
 
-/// The cluster's id: `config.version` `{_id: 1, clusterId}` on the config shard, as MongoDB
-/// keeps it, made by the first router that needs it (another router's racing insert loses
-/// and reads the winner's). Stamped on the high-water-mark tokens this cluster gives out.
-pub async fn cluster_id(router: &Router) -> Result<bson::Uuid> {
-    router
-        .lineages
-        .cluster_id
-        .get_or_try_init(|| async {
-            let find = doc! {"find": "version", "filter": {"_id": 1}, "limit": 1};
-            for attempt in 0..2 {
-                let reply = router.shard_command(0, DB, find.clone()).await?;
-                let found = reply
-                    .get_document("cursor")
-                    .and_then(|c| c.get_array("firstBatch"))
-                    .ok()
-                    .and_then(|b| b.first())
-                    .and_then(Bson::as_document)
-                    .and_then(|d| match d.get("clusterId") {
-                        Some(Bson::Binary(b)) => {
-                            Some(bson::Uuid::from_bytes(b.bytes.as_slice().try_into().ok()?))
-                        }
-                        _ => None,
-                    });
-                if let Some(id) = found {
-                    return Ok(id);
-                }
-                if attempt == 0 {
-                    let doc = doc! {"_id": 1, "clusterId": bson::Uuid::new()};
-                    let _ = router
-                        .shard_command(0, DB, doc! {"insert": "version", "documents": [doc]})
-                        .await?;
-                }
-            }
-            Err(wire::MongoError::internal(
-                "the cluster's id could not be made",
-            ))
-        })
-        .await
-        .copied()
-}
+impl Lineages {
+    pub fn new(transport: Arc<ShardTransport>, interval: Duration) -> Lineages {
+        Lineages {
+            config: ConfigStore::new(transport.clone()),
+            transport,
+            interval,
+            last_done: tokio::sync::Mutex::new(None),
+            cluster_id: tokio::sync::OnceCell::new(),
+        }
+    }
 
-/// The cluster's id if this router has learnt it ([`cluster_id`]).
-pub fn known_cluster_id(router: &Router) -> Option<bson::Uuid> {
-    router.lineages.cluster_id.get().copied()
-}
+    /// The cluster's id: `config.version` `{_id: 1, clusterId}` on the config shard, as
+    /// MongoDB keeps it, made by the first router that needs it (another router's racing
+    /// insert loses and reads the winner's). Stamped on the high-water-mark tokens this
+    /// cluster gives out.
+    pub async fn cluster_id(&self) -> Result<bson::Uuid> {
+        self.cluster_id
+            .get_or_try_init(|| async {
+                let ours = doc! {"_id": 1, "clusterId": bson::Uuid::new()};
+                let stored = self.config.get_or_insert(DB, "version", ours).await?;
+                match stored.get("clusterId") {
+                    Some(Bson::Binary(b)) => b
+                        .bytes
+                        .as_slice()
+                        .try_into()
+                        .map(bson::Uuid::from_bytes)
+                        .map_err(|_| wire::MongoError::internal("the cluster's id is not a UUID")),
+                    _ => Err(wire::MongoError::internal("the cluster's id is not a UUID")),
+                }
+            })
+            .await
+            .copied()
+    }
 
-/// `cmd` with a cluster-stamped resume token (`resumeAfter` / `startAfter`) in MongoDB's form
-/// again; `None` when it has none. A token stamped by another cluster is 280, non-resumable.
-pub async fn unstamp_start(router: &Router, cmd: &Document) -> Result<Option<Document>> {
-    let spec = cmd
-        .get_array("pipeline")
-        .ok()
-        .and_then(|p| p.first())
-        .and_then(Bson::as_document)
-        .and_then(|s| s.get_document("$changeStream").ok());
-    let Some(spec) = spec else { return Ok(None) };
-    for field in ["resumeAfter", "startAfter"] {
-        let Some(stamped) = spec
-            .get_document(field)
+    /// The cluster's id if this router has learnt it ([`Lineages::cluster_id`]).
+    pub fn known_cluster_id(&self) -> Option<bson::Uuid> {
+        self.cluster_id.get().copied()
+    }
+
+    /// `cmd` with a cluster-stamped resume token (`resumeAfter` / `startAfter`) in MongoDB's form
+    /// again; `None` when it has none. A token stamped by another cluster is 280, non-resumable.
+    pub async fn unstamp_start(&self, cmd: &Document) -> Result<Option<Document>> {
+        let spec = cmd
+            .get_array("pipeline")
             .ok()
-            .and_then(|t| resume::token::ResumeToken::from_document(t).ok())
-            .and_then(|t| t.unstamp())
-        else {
-            continue;
-        };
-        let (plain, stamp) = stamped;
-        let ours = cluster_id(router).await?;
-        if stamp != ours {
-            return Err(wire::MongoError::new(
-                wire::ErrorCode::CHANGE_STREAM_FATAL_ERROR,
-                format!(
-                    "cannot resume stream: the resume token comes from another cluster \
-                     (cluster id {stamp}; this cluster is {ours})"
-                ),
-            )
-            .with_label("NonResumableChangeStreamError"));
+            .and_then(|p| p.first())
+            .and_then(Bson::as_document)
+            .and_then(|s| s.get_document("$changeStream").ok());
+        let Some(spec) = spec else { return Ok(None) };
+        for field in ["resumeAfter", "startAfter"] {
+            let Some(stamped) = spec
+                .get_document(field)
+                .ok()
+                .and_then(|t| resume::token::ResumeToken::from_document(t).ok())
+                .and_then(|t| t.unstamp())
+            else {
+                continue;
+            };
+            let (plain, stamp) = stamped;
+            let ours = self.cluster_id().await?;
+            if stamp != ours {
+                return Err(wire::MongoError::new(
+                    wire::ErrorCode::CHANGE_STREAM_FATAL_ERROR,
+                    format!(
+                        "cannot resume stream: the resume token comes from another cluster \
+                         (cluster id {stamp}; this cluster is {ours})"
+                    ),
+                )
+                .with_label("NonResumableChangeStreamError"));
+            }
+            let mut cmd = cmd.clone();
+            if let Ok(pipeline) = cmd.get_array_mut("pipeline")
+                && let Some(Bson::Document(first)) = pipeline.first_mut()
+                && let Ok(spec) = first.get_document_mut("$changeStream")
+            {
+                spec.insert(field, plain.to_document());
+            }
+            return Ok(Some(cmd));
         }
-        let mut cmd = cmd.clone();
-        if let Ok(pipeline) = cmd.get_array_mut("pipeline")
-            && let Some(Bson::Document(first)) = pipeline.first_mut()
-            && let Ok(spec) = first.get_document_mut("$changeStream")
-        {
-            spec.insert(field, plain.to_document());
-        }
-        return Ok(Some(cmd));
+        Ok(None)
     }
-    Ok(None)
+
+    /// Brings the registry (and lost marks) up to date now: a pass that starts after this
+    /// call.
+    pub async fn verify_now(&self) -> Result<()> {
+        let asked = tokio::time::Instant::now();
+        let mut last = self.last_done.lock().await;
+        if last.is_some_and(|t| t > asked) {
+            return Ok(());
+        }
+        verify(&self.transport).await?;
+        *last = Some(tokio::time::Instant::now());
+        Ok(())
+    }
 }
 
-/// Brings the registry (and lost marks) up to date now: a pass that starts after this call.
-pub async fn verify_now(router: &Router) -> Result<()> {
-    let asked = tokio::time::Instant::now();
-    let mut last = router.lineages.last_done.lock().await;
-    if last.is_some_and(|t| t > asked) {
-        return Ok(());
+/// Starts keeping the registry up to date every interval (none when it is zero: then only
+/// before resumes), and learning the cluster's id.
+pub fn keep_up(services: &Services, lineages: &Arc<Lineages>) {
+    if !lineages.interval.is_zero() {
+        services.start(KeepUp(lineages.clone()));
     }
-    verify(router).await?;
-    *last = Some(tokio::time::Instant::now());
-    Ok(())
 }
 
-/// Runs [`verify_now`] every `lineage_interval` (the router's option; zero: only before
-/// resumes) until `cancel`.
-pub async fn keep_up(router: Arc<Router>, cancel: CancellationToken) {
-    let interval = router.options.lineage_interval;
-    if interval.is_zero() {
-        return;
+/// The registry's pass, as a service.
+struct KeepUp(Arc<Lineages>);
+
+impl Service for KeepUp {
+    const NAME: &'static str = "lineages";
+
+    fn period(&self) -> Duration {
+        self.0.interval
     }
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        if let Err(e) = verify_now(&router).await {
+
+    async fn pass(&mut self) {
+        if let Err(e) = self.0.verify_now().await {
             tracing::debug!(error = %e, "shard lineage registry not updated");
         }
-        if known_cluster_id(&router).is_none() {
-            let _ = cluster_id(&router).await;
+        if self.0.known_cluster_id().is_none() {
+            let _ = self.0.cluster_id().await;
         }
     }
 }

@@ -27,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::kernel::transport::Shards;
 use crate::router::Router;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -226,8 +227,9 @@ impl Metrics {
         self.events_delivered.inc_by(n);
     }
 
-    pub fn idle_shard_nudge(&self) {
-        self.idle_shard_nudges.inc();
+    /// The counter of idle shards' nudges, which change streams count into.
+    pub fn idle_shard_nudges(&self) -> Counter {
+        self.idle_shard_nudges.clone()
     }
 
     /// The metrics in Prometheus's text format, with the live figures read now.
@@ -240,7 +242,7 @@ impl Metrics {
         self.cursors.set(router.cursors.len() as i64);
         let streams = router.cursors.streams();
         self.change_stream_cursors.set(streams.len() as i64);
-        self.shared_merges.set(router.hubs.stats().0 as i64);
+        self.shared_merges.set(router.streams.hubs.stats().0 as i64);
         let now = router.cluster_time();
         let lag = streams
             .iter()
@@ -250,9 +252,11 @@ impl Metrics {
             .max()
             .unwrap_or(0);
         self.stream_lag_seconds.set(lag);
-        let names = router.shard_names();
-        let asks = router.all_shards().into_iter().map(|s| async move {
-            let ask = router.shard_command(s, "admin", doc! {"serverStatus": 1});
+        let names = router.transport.names();
+        let asks = router.transport.all().into_iter().map(|s| async move {
+            let ask = router
+                .shards()
+                .command(s, "admin", doc! {"serverStatus": 1});
             tokio::time::timeout(Duration::from_secs(1), ask).await
         });
         for (name, status) in names.iter().zip(futures::future::join_all(asks).await) {

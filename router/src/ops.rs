@@ -7,7 +7,7 @@
 //! Invariants: an operation is listed from just before its command runs until its reply is
 //! built (the [`Running`] guard removes it however the command ends); `killOp` cancels the
 //! operation's token, and the command then answers 11601 `Interrupted` at once. Every command
-//! the operation sends to a shard carries its `clientOperationKey` ([`OPERATION_KEY`]), and a
+//! the operation sends to a shard carries its `clientOperationKey` (`kernel::transport::OPERATION_KEY`), and a
 //! killed operation's key is sent to every shard (`_killOperations`), which stops its work
 //! there too, as mongos does.
 
@@ -22,20 +22,9 @@ use wire::server::ConnectionInfo;
 
 use wire::capped::CappedText;
 
-tokio::task_local! {
-    /// The `clientOperationKey` of the client operation this task runs: the router adds it to
-    /// every command it sends a shard for the operation.
-    pub static OPERATION_KEY: bson::Binary;
-}
-
 /// A new operation key (a UUID, as drivers and mongos make them).
 pub fn new_key() -> bson::Binary {
     bson::Binary::from_uuid(bson::Uuid::new())
-}
-
-/// The key of the operation the calling task runs, if it runs one.
-pub fn current_key() -> Option<bson::Binary> {
-    OPERATION_KEY.try_with(Clone::clone).ok()
 }
 
 struct Op {
@@ -171,7 +160,7 @@ pub struct Running<'a> {
     ops: &'a Ops,
     pub id: u64,
     pub cancel: CancellationToken,
-    /// The `clientOperationKey` its shard commands carry ([`OPERATION_KEY`]).
+    /// The `clientOperationKey` its shard commands carry (`kernel::transport::OPERATION_KEY`).
     pub key: bson::Binary,
 }
 

@@ -12,21 +12,20 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wire::server::{ConnectionInfo, Handler, Reply, Request};
 
+use crate::kernel::services::Service;
 use crate::router::Router;
 use wire::raw::Body;
 
 /// Serves drivers on `listener` until `cancel` fires.
 pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
-    let reaper = tokio::spawn(reap_idle_cursors(router.clone(), cancel.clone()));
-    // Tracked, so shutdown waits for a pass in progress (it holds the shards) to end.
-    router
-        .tasks
-        .spawn(crate::lineages::keep_up(router.clone(), cancel.clone()));
+    router.services.start(IdleCursors {
+        router: router.clone(),
+    });
+    crate::lineages::keep_up(&router.services, &router.lineages);
     let tls = router.options.tls.clone();
     let connections = router.connections.clone();
     let handler = Arc::new(RouterHandler { router });
     wire::server::serve_with(listener, handler, cancel, tls, connections).await;
-    reaper.abort();
 }
 
 struct RouterHandler {
@@ -149,17 +148,21 @@ fn number(v: &bson::Bson) -> Option<f64> {
 
 /// Kills cursors nobody has used for `cursorTimeoutMillis`, looking a few times per timeout
 /// (at least every second, so a new timeout takes effect at once).
-async fn reap_idle_cursors(router: Arc<Router>, cancel: CancellationToken) {
-    use std::time::Duration;
-    loop {
-        let pause = (router.cursors.idle_timeout() / 4)
-            .clamp(Duration::from_millis(100), Duration::from_secs(1));
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        for cursor in router.cursors.take_idle(std::time::Instant::now()) {
-            cursor.lock().await.kill(&router).await;
+struct IdleCursors {
+    router: Arc<Router>,
+}
+
+impl Service for IdleCursors {
+    const NAME: &'static str = "idle_cursors";
+
+    fn period(&self) -> Duration {
+        (self.router.cursors.idle_timeout() / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+
+    async fn pass(&mut self) {
+        for cursor in self.router.cursors.take_idle(Instant::now()) {
+            cursor.lock().await.kill(&self.router).await;
         }
     }
 }

@@ -20,13 +20,17 @@
 //! connection: the shard would run it twice); a session has one transaction here, its newest.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
+use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
+use crate::kernel::shard_client::TransportError;
+use crate::kernel::transport::{Resend, ShardTransport, Shards};
 use crate::router::Router;
 
 pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode =
@@ -100,14 +104,57 @@ fn session(cmd: &Document) -> Result<Option<(Vec<u8>, i64)>> {
     Ok(Some((key, n)))
 }
 
-/// Whether a command is a statement of a multi-document transaction.
-pub(crate) fn in_transaction(cmd: &Document) -> bool {
-    matches!(cmd.get("autocommit"), Some(Bson::Boolean(false)))
+pub(crate) use crate::kernel::transport::{in_transaction, is_retryable_write};
+
+/// The shard transport as a command sees it: a statement of a transaction enlists its shard
+/// before it leaves (the first one there starts the transaction on it, see
+/// [`Sessions::enlist`]) and is never sent twice. Everything else passes through unchanged.
+pub(crate) struct Enlisting {
+    transport: Arc<ShardTransport>,
+    sessions: Arc<Sessions>,
 }
 
-/// Whether a command is a retryable write: `txnNumber` outside a transaction.
-pub(crate) fn is_retryable_write(cmd: &Document) -> bool {
-    cmd.contains_key("txnNumber") && !cmd.contains_key("autocommit")
+impl Enlisting {
+    pub(crate) fn new(transport: Arc<ShardTransport>, sessions: Arc<Sessions>) -> Enlisting {
+        Enlisting {
+            transport,
+            sessions,
+        }
+    }
+}
+
+impl Shards for Enlisting {
+    fn send_body(
+        &self,
+        shard: usize,
+        db: &str,
+        mut cmd: Document,
+        patience: Duration,
+        mut resend: Resend,
+    ) -> impl Future<Output = std::result::Result<Body, TransportError>> + Send {
+        let finishing = matches!(
+            cmd.keys().next().map(String::as_str),
+            Some("commitTransaction" | "abortTransaction" | "coordinateCommitTransaction")
+        );
+        let enlisted = if in_transaction(&cmd) && !finishing {
+            resend = Resend::Unsent;
+            self.sessions.enlist(shard, &mut cmd)
+        } else {
+            Ok(())
+        };
+        async move {
+            if let Err(error) = enlisted {
+                return Err(TransportError::Unreachable { error, cmd });
+            }
+            self.transport
+                .send_body(shard, db, cmd, patience, resend)
+                .await
+        }
+    }
+
+    fn connect_patience(&self) -> Duration {
+        Shards::connect_patience(&*self.transport)
+    }
 }
 
 impl Sessions {
@@ -279,7 +326,7 @@ fn targets(router: &Router, cmd: &Document) -> Result<Targets> {
         .ok()
         .and_then(|t| t.get_str("recoveryShardId").ok());
     match recovery {
-        Some(name) => Ok(Targets::Recovery(router.shard_index(name)?)),
+        Some(name) => Ok(Targets::Recovery(router.transport.index(name)?)),
         None => Err(MongoError::new(
             ErrorCode::NO_SUCH_TRANSACTION,
             format!("Transaction with {{ txnNumber: {n} }} is not known to this router"),
@@ -316,24 +363,25 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
         Targets::Recovery(shard) => {
             let mut recover = finishing("coordinateCommitTransaction", cmd);
             recover.insert("participants", Vec::<Bson>::new());
-            return router.shard_idempotent(shard, "admin", recover).await;
+            return router.shards().idempotent(shard, "admin", recover).await;
         }
     };
     match participants.as_slice() {
         [] => Ok(doc! {"ok": 1.0}),
         [shard] => {
             router
-                .shard_idempotent(*shard, "admin", finishing("commitTransaction", cmd))
+                .shards()
+                .idempotent(*shard, "admin", finishing("commitTransaction", cmd))
                 .await
         }
         [coordinator, ..] => {
             // Two-phase commit, coordinated by the first participant.
-            let names = router.shard_names();
+            let names = router.transport.names();
             let participants: Vec<Bson> = participants
                 .iter()
                 .map(|&s| {
                     let mut p = doc! {"shardId": names.get(s).cloned().unwrap_or_default()};
-                    if let Some(host) = router.shard_host(s) {
+                    if let Some(host) = router.transport.host(s) {
                         p.insert("host", host);
                     }
                     Bson::Document(p)
@@ -342,7 +390,8 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
             let mut coordinate = finishing("coordinateCommitTransaction", cmd);
             coordinate.insert("participants", participants);
             router
-                .shard_idempotent(*coordinator, "admin", coordinate)
+                .shards()
+                .idempotent(*coordinator, "admin", coordinate)
                 .await
         }
     }
@@ -362,7 +411,11 @@ pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Docume
     }
     let abort = finishing("abortTransaction", cmd);
     let mut first_error = None;
-    for r in router.broadcast(&participants, "admin", &abort).await {
+    for r in router
+        .shards()
+        .broadcast(&participants, "admin", &abort)
+        .await
+    {
         if let Err(e) = r {
             first_error.get_or_insert(e);
         }
@@ -378,7 +431,10 @@ pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Docume
 pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
     if let Ok(Targets::Known(participants)) = targets(router, cmd) {
         let abort = finishing("abortTransaction", cmd);
-        let _ = router.broadcast(&participants, "admin", &abort).await;
+        let _ = router
+            .shards()
+            .broadcast(&participants, "admin", &abort)
+            .await;
     }
 }
 
@@ -414,8 +470,8 @@ pub(crate) async fn kill_sessions(
     for key in router.ops.kill_sessions(&killed) {
         crate::commands::kill_on_shards(router, key);
     }
-    let all: Vec<usize> = (0..router.shards.len()).collect();
-    for r in router.broadcast(&all, "admin", &forward).await {
+    let all: Vec<usize> = router.transport.all();
+    for r in router.shards().broadcast(&all, "admin", &forward).await {
         r?;
     }
     Ok(doc! {"ok": 1.0})
@@ -438,7 +494,7 @@ pub(crate) fn label(name: &str, e: MongoError) -> MongoError {
 /// The `recoveryToken` of a reply to a command in a transaction.
 pub(crate) fn recovery_token(router: &Router, cmd: &Document) -> Option<Document> {
     let shard = router.sessions.recovery_shard(cmd)?;
-    let name = router.shard_names().get(shard)?.clone();
+    let name = router.transport.names().get(shard)?.clone();
     Some(doc! {"recoveryShardId": name})
 }
 

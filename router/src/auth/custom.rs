@@ -19,6 +19,7 @@ use wire::{MongoError, Result};
 
 use super::roles::{self, Privilege};
 use super::{ADMIN_ONLY_ROLES, BUILT_IN_ROLES, USERS_DB, insert_new, write_users};
+use crate::kernel::transport::Shards;
 use crate::router::Router;
 
 const ROLES_COLL: &str = "system.roles";
@@ -57,7 +58,8 @@ fn role_not_found(role: &str, db: &str) -> MongoError {
 
 async fn find_roles(router: &Router, filter: Document) -> Result<Vec<Document>> {
     let reply = router
-        .shard_command(
+        .shards()
+        .command(
             0,
             USERS_DB,
             doc! {"find": ROLES_COLL, "filter": filter, "batchSize": i32::MAX},

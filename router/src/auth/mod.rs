@@ -35,6 +35,7 @@ use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
 use wire::server::ConnectionInfo;
 use wire::{ErrorCode, MongoError, Result};
 
+use crate::kernel::transport::Shards;
 use crate::router::Router;
 use wire::sasl::{self, auth_failed, binary, payload_of};
 use wire::scram::{Conversation, Credential, Mechanism};
@@ -303,7 +304,8 @@ fn check_cursors(
 
 async fn any_user(router: &Router) -> Result<bool> {
     let reply = router
-        .shard_command(
+        .shards()
+        .command(
             0,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": {}, "limit": 1, "batchSize": 1},
@@ -317,7 +319,8 @@ async fn any_user(router: &Router) -> Result<bool> {
 
 async fn find_user(router: &Router, user: &str, db: &str) -> Result<Option<Document>> {
     let reply = router
-        .shard_command(
+        .shards()
+        .command(
             0,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": {"_id": format!("{db}.{user}")}, "limit": 1},
@@ -537,7 +540,7 @@ fn password(cmd: &Document) -> Result<String> {
 
 /// Runs a write on the users collection and fails on its write errors.
 async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
-    let reply = router.shard_command(0, USERS_DB, cmd).await?;
+    let reply = router.shards().command(0, USERS_DB, cmd).await?;
     if let Some(e) = reply
         .get_array("writeErrors")
         .ok()
@@ -701,7 +704,8 @@ pub async fn users_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
     };
     let show = cmd.get_bool("showCredentials").unwrap_or(false);
     let reply = router
-        .shard_command(
+        .shards()
+        .command(
             0,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": filter, "batchSize": i32::MAX},

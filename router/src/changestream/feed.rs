@@ -8,7 +8,7 @@
 //! position, and carries on. Meanwhile the merge holds at that promise, so the client's
 //! getMores answer empty batches whose post-batch resume token does not pass anything the
 //! lost shard may still return: the stream pauses, and never skips or repeats an event.
-//! Past [`ShardPatience::stream_outage`](crate::ShardPatience) the feed hands over the error
+//! Past [`ShardPatience::stream_outage`] the feed hands over the error
 //! (resumable: the driver resumes) and stops.
 //!
 //! Invariants:
@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::batch::ShardBatch;
-use crate::router::{Resend, Router, backoff, sleep_before};
+use crate::kernel::transport::{Resend, ShardPatience, ShardTransport, backoff, sleep_before};
+use crate::lineages::Lineages;
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);
@@ -58,7 +59,10 @@ pub(super) struct FeedReply {
 
 /// What a feed needs to read one shard.
 pub(super) struct Feed {
-    pub router: Arc<Router>,
+    pub transport: Arc<ShardTransport>,
+    /// The shards' histories, judged before a re-open.
+    pub lineages: Arc<Lineages>,
+    pub patience: ShardPatience,
     /// The shard's index in the stream, and in the router.
     pub idx: usize,
     pub shard: usize,
@@ -90,8 +94,8 @@ impl Feed {
             let kill = doc! {"killCursors": &self.collection, "cursors": [self.cursor_id]};
             // Best effort: a shard that is down has dropped the cursor already.
             let _ = self
-                .router
-                .send(self.shard, &self.db, kill, Duration::ZERO, Resend::Unsent)
+                .transport
+                .send_body(self.shard, &self.db, kill, Duration::ZERO, Resend::Unsent)
                 .await;
         }
     }
@@ -109,7 +113,7 @@ impl Feed {
             // no reset); dropping the request drops its connection.
             let sent = tokio::time::timeout(
                 SHARD_AWAIT + SILENT_SHARD,
-                self.router.send_body(
+                self.transport.send_body(
                     self.shard,
                     &self.db,
                     get_more,
@@ -158,7 +162,7 @@ impl Feed {
     async fn reopen(&mut self, mut error: MongoError) -> bool {
         self.cursor_id = 0;
         let cmd = resume_command(&self.open, &self.position);
-        let patience = self.router.options.patience;
+        let patience = self.patience;
         let deadline = tokio::time::Instant::now() + patience.stream_outage;
         let mut pause = FIRST_PAUSE;
         loop {
@@ -173,11 +177,11 @@ impl Feed {
                 self.hand_over(Err(error), false).await;
                 return false;
             }
-            if let Err(e) = crate::lineages::verify_now(&self.router).await {
+            if let Err(e) = self.lineages.verify_now().await {
                 tracing::debug!(error = %e, "shard lineages not verified before a re-open");
             }
             let attempt = self
-                .router
+                .transport
                 .send_body(
                     self.shard,
                     &self.db,

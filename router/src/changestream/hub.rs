@@ -42,10 +42,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wire::{MongoError, Result};
 
+use super::Streams;
+use super::assembler::{BatchAssembler, Ready};
 use super::batch::RawEvent;
 use super::merged::{self, MergedStream};
 use super::{Batch, PostMerge};
-use crate::router::Router;
+use crate::kernel::transport::Shards;
 
 /// The default of [`RouterOptions::stream_replies_per_second`](crate::RouterOptions): about
 /// how many batches with events a hub sends per second, over all its clients.
@@ -199,7 +201,7 @@ impl Shared {
 
 /// The hub's task: reads the merged stream into the log until cancelled or the stream ends.
 async fn run(
-    router: Arc<Router>,
+    streams: Arc<Streams>,
     mut merged: MergedStream,
     shared: Arc<Shared>,
     cancel: CancellationToken,
@@ -224,7 +226,7 @@ async fn run(
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         let waited = tokio::select! {
-            r = merged.wait(&router, deadline) => r,
+            r = merged.wait(&streams, deadline) => r,
             _ = cancel.cancelled() => break,
         };
         if let Err(e) = waited {
@@ -279,7 +281,7 @@ impl HubClient {
     /// A shared stream for a client stream that starts now; `None` for one that cannot share
     /// (it has a start point of its own).
     pub async fn open(
-        router: &Arc<Router>,
+        streams: &Arc<Streams>,
         db: &str,
         coll: Option<&str>,
         stages: &[Bson],
@@ -289,15 +291,16 @@ impl HubClient {
             return Ok(None);
         }
         let key = key(db, coll, stages, parsed);
-        let start = merged::cluster_now(router).await?;
-        let (hub, next) = match router.hubs.join(&key, start) {
+        let start = merged::cluster_now(streams).await?;
+        let (hub, next) = match streams.hubs.join(&key, start) {
             Some(joined) => {
                 // The stream's events are those at or after `start`. A stream of its own tells
                 // every shard its start (the aggregate carries the router's clock), so a write
                 // made after it opened can never be older; a joining stream sends the clock
                 // around itself, or a shard whose clock lagged could still write below it.
-                for r in router
-                    .broadcast(&router.all_shards(), "admin", &doc! {"ping": 1})
+                let transport = &streams.transport;
+                for r in transport
+                    .broadcast(&transport.all(), "admin", &doc! {"ping": 1})
                     .await
                 {
                     r?;
@@ -305,19 +308,18 @@ impl HubClient {
                 joined
             }
             None => {
-                let merged = merged::open(router, db, coll, stages, parsed, Some(start)).await?;
+                let merged = merged::open(streams, db, coll, stages, parsed, Some(start)).await?;
                 let (changed, _) = watch::channel(0);
                 let shared = Arc::new(Shared {
                     log: Mutex::new(Log::new(start)),
                     changed,
-                    max_bytes: router.options.stream_buffer_bytes,
+                    max_bytes: streams.buffer_bytes,
                 });
-                let cancel = router.shutdown.child_token();
-                router
-                    .tasks
-                    .spawn(run(router.clone(), merged, shared.clone(), cancel.clone()));
+                let cancel = streams.services.shutdown().child_token();
+                let reader = run(streams.clone(), merged, shared.clone(), cancel.clone());
+                streams.services.spawn("hub", reader);
                 let hub = Arc::new(Hub { shared, cancel });
-                router.hubs.insert(key, &hub);
+                streams.hubs.insert(key, &hub);
                 (hub, 0)
             }
         };
@@ -341,14 +343,13 @@ impl HubClient {
     /// `None` when the client has fallen off the log's front (see [`HubClient::resume_stages`]).
     pub async fn next_batch(
         &mut self,
-        router: &Arc<Router>,
+        streams: &Arc<Streams>,
         n: usize,
         max_time: Duration,
     ) -> Result<Option<Batch>> {
         let deadline = tokio::time::Instant::now() + max_time;
         let mut changed = self.hub.shared.changed.subscribe();
-        let mut events = Vec::new();
-        let mut bytes = 0;
+        let mut batch = BatchAssembler::new(n);
         loop {
             changed.borrow_and_update();
             let (taken, caught_up, released, end) = {
@@ -357,7 +358,7 @@ impl HubClient {
                     return Ok(None);
                 }
                 let from = (self.next - log.base) as usize;
-                let want = n.saturating_sub(events.len());
+                let want = n.saturating_sub(batch.len());
                 let taken: Vec<Arc<RawEvent>> =
                     log.events.iter().skip(from).take(want).cloned().collect();
                 let caught_up = from + taken.len() == log.events.len();
@@ -372,15 +373,11 @@ impl HubClient {
             for logged in taken {
                 if logged.time >= self.start
                     && let Some(event) = self.post.given(&logged)?
+                    && batch.offer(event).is_err()
                 {
-                    let size = super::entry_size(&event);
-                    if !events.is_empty() && bytes + size > super::BATCH_BYTES {
-                        // The batch is full: this event starts the next one.
-                        full = true;
-                        break;
-                    }
-                    bytes += size;
-                    events.push(event);
+                    // The batch is full: this event starts the next one.
+                    full = true;
+                    break;
                 }
                 self.next += 1;
                 self.position = Some(logged.token.clone());
@@ -392,7 +389,7 @@ impl HubClient {
                     End::Invalidated(token) if n > 0 => {
                         self.closed = true;
                         return Ok(Some(Batch {
-                            events,
+                            events: batch.into_events(),
                             post_batch_resume_token: Some(token),
                             invalidated: true,
                         }));
@@ -402,33 +399,28 @@ impl HubClient {
             }
             let now = tokio::time::Instant::now();
             // A batch that is neither full nor past its client's pace waits for more events.
-            let wait_until = match self.last_sent {
-                Some(last) if !events.is_empty() && caught_up && events.len() < n => {
-                    let budget = router.options.stream_replies_per_second;
-                    let pace = last + linger(Arc::strong_count(&self.hub), budget);
-                    (pace > now).then(|| pace.min(deadline))
+            let budget = streams.replies_per_second;
+            let pace = self
+                .last_sent
+                .map(|last| last + linger(Arc::strong_count(&self.hub), budget));
+            let until = match batch.ready(now, deadline, !caught_up, pace) {
+                Ready::WaitUntil(until) => until,
+                Ready::Send => {
+                    if !batch.is_empty() {
+                        self.last_sent = Some(now);
+                    }
+                    let token = self.post_batch_resume_token(caught_up, released);
+                    return Ok(Some(Batch {
+                        events: batch.into_events(),
+                        post_batch_resume_token: token,
+                        invalidated: false,
+                    }));
                 }
-                _ => None,
             };
-            let send = match wait_until {
-                Some(_) => false,
-                None => !events.is_empty() || n == 0 || now >= deadline || !caught_up,
-            };
-            if send {
-                if !events.is_empty() {
-                    self.last_sent = Some(now);
-                }
-                let token = self.post_batch_resume_token(caught_up, released);
-                return Ok(Some(Batch {
-                    events,
-                    post_batch_resume_token: token,
-                    invalidated: false,
-                }));
-            }
             tokio::select! {
                 _ = changed.changed() => {}
-                _ = tokio::time::sleep_until(wait_until.unwrap_or(deadline)) => {
-                    if wait_until.is_some() {
+                _ = tokio::time::sleep_until(until) => {
+                    if !batch.is_empty() {
                         // Paced long enough: what has gathered goes out (after one more look).
                         self.last_sent = None;
                     }

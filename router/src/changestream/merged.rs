@@ -29,10 +29,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
+use super::Streams;
 use super::batch::{RawEvent, ShardBatch};
 use super::feed::{self, FeedReply};
 use super::label_resumable;
-use crate::router::{Resend, Router};
+use crate::kernel::transport::{Resend, Shards};
 
 /// Replies queued per shard before its feed waits for the reader (one more waits in the
 /// feed's hand, and one is in flight).
@@ -86,7 +87,7 @@ impl std::fmt::Debug for MergedStream {
 /// given, one tick after the cluster's current time, asked of the shards first so "now" is
 /// theirs too.
 pub(super) async fn open(
-    router: &Arc<Router>,
+    streams: &Arc<Streams>,
     db: &str,
     coll: Option<&str>,
     stages: &[Bson],
@@ -105,7 +106,7 @@ pub(super) async fn open(
     if parsed.spec.start == StartPoint::None {
         let start = match now {
             Some(t) => t,
-            None => cluster_now(router).await?,
+            None => cluster_now(streams).await?,
         };
         spec_doc.insert("startAtOperationTime", Bson::Timestamp(start.timestamp()));
     }
@@ -120,11 +121,11 @@ pub(super) async fn open(
         // The start is the router's "now", not a time a client brought from some history.
         shard_cmd.insert(shard::lineage::STARTS_NOW, true);
     }
-    let shards = router.all_shards();
+    let shards = streams.transport.all();
     let replies = futures::future::join_all(
         shards
             .iter()
-            .map(|&s| router.shard_read_body(s, db, shard_cmd.clone())),
+            .map(|&s| streams.transport.read_body(s, db, shard_cmd.clone())),
     )
     .await;
     let initial = match &parsed.spec.start {
@@ -145,7 +146,7 @@ pub(super) async fn open(
         unreleased: BTreeMap::new(),
         rx: Vec::with_capacity(shards.len()),
         turn: 0,
-        cancel: router.shutdown.child_token(),
+        cancel: streams.services.shutdown().child_token(),
         feeds: Vec::with_capacity(shards.len()),
         demand: Arc::new(AtomicI64::new(feed::SHARD_BATCH)),
     };
@@ -173,7 +174,9 @@ pub(super) async fn open(
         // The feed owns the shard cursor from here on (and kills it with the stream).
         if id != 0 {
             let feed = feed::Feed {
-                router: router.clone(),
+                transport: streams.transport.clone(),
+                lineages: streams.lineages.clone(),
+                patience: streams.patience,
                 idx,
                 shard,
                 db: cursor.db.clone(),
@@ -187,7 +190,7 @@ pub(super) async fn open(
             };
             cursor
                 .feeds
-                .push(shard::background::spawn(&router.tasks, feed.run()));
+                .push(streams.services.spawn_background("feed", feed.run()));
         }
         if let Err(e) = cursor.absorb(idx, batch) {
             failure.get_or_insert(e);
@@ -201,14 +204,15 @@ pub(super) async fn open(
 }
 
 /// The cluster's time, asked of the shards first so "now" is theirs too, plus one tick.
-pub(super) async fn cluster_now(router: &Arc<Router>) -> Result<ClusterTime> {
-    for r in router
-        .broadcast(&router.all_shards(), "admin", &doc! {"ping": 1})
+pub(super) async fn cluster_now(streams: &Arc<Streams>) -> Result<ClusterTime> {
+    let transport = &streams.transport;
+    for r in transport
+        .broadcast(&transport.all(), "admin", &doc! {"ping": 1})
         .await
     {
         r?;
     }
-    Ok(router.cluster_time().next())
+    Ok(transport.clock().now().next())
 }
 
 impl MergedStream {
@@ -282,10 +286,10 @@ impl MergedStream {
     /// holding less than a getMore's worth of unreleased events are read (see the invariants).
     pub async fn wait(
         &mut self,
-        router: &Arc<Router>,
+        streams: &Arc<Streams>,
         deadline: tokio::time::Instant,
     ) -> Result<()> {
-        self.nudge_laggards(router);
+        self.nudge_laggards(streams);
         let msg = tokio::select! {
             m = std::future::poll_fn(|cx| self.poll_reply(cx)) => m,
             _ = tokio::time::sleep_until(deadline) => return Ok(()),
@@ -339,7 +343,7 @@ impl MergedStream {
     }
 
     /// Asks every shard whose promise is below the oldest buffered event to promise past it.
-    fn nudge_laggards(&mut self, router: &Arc<Router>) {
+    fn nudge_laggards(&mut self, streams: &Arc<Streams>) {
         // A shard's promise passes an event at `ts` once it is a high-water mark above `ts`
         // (high-water marks sort before the events of their own time).
         let Some(floor) = self.unreleased.values().next().map(|ts| ts.next()) else {
@@ -352,14 +356,14 @@ impl MergedStream {
                 continue;
             }
             s.nudged = floor;
-            router.metrics.idle_shard_nudge();
-            let router = router.clone();
+            streams.idle_shard_nudges.inc();
+            let transport = streams.transport.clone();
             let (shard, id) = (s.shard, s.cursor_id);
-            router.tasks.clone().spawn(async move {
+            streams.services.spawn("nudge", async move {
                 let cmd = doc! {"_tributaryNudgeChangeStream": id, "floor": Bson::Timestamp(floor.timestamp())};
                 // A failed nudge only costs latency: the shard's getMore ends on its own (and a
                 // lost shard is its feed's business, so no waiting for a connection).
-                let _ = router.send(shard, "admin", cmd, Duration::ZERO, Resend::Unsent).await;
+                let _ = transport.send_body(shard, "admin", cmd, Duration::ZERO, Resend::Unsent).await;
             });
         }
     }

@@ -24,14 +24,16 @@
 //! whose token is not found, fails with the shard's (or the merge's) non-resumable error; a
 //! shard lost for longer than the router's patience fails the getMore with a resumable error.
 
+mod assembler;
 mod batch;
 mod feed;
 mod hub;
 mod merged;
+mod streams;
 
 pub(crate) use batch::held_bytes;
-pub(crate) use hub::Hubs;
 pub use hub::REPLIES_PER_SECOND;
+pub use streams::Streams;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,13 +49,8 @@ use resume::token::ResumeToken;
 use wire::raw::{CursorBody, CursorReply};
 use wire::{MongoError, Result};
 
+use self::assembler::{BatchAssembler, Ready};
 use crate::router::Router;
-
-/// A client batch stops before an event that would take it past this many bytes, so the
-/// whole reply stays within MongoDB's 16 MiB document limit (drivers read replies as one
-/// document; a message must also fit 48 MB). Each event counts its array entry too
-/// ([`entry_size`]); 4 KiB are left for the rest of the reply.
-pub(super) const BATCH_BYTES: usize = 16 * 1024 * 1024 - 4096;
 
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
@@ -88,7 +85,7 @@ pub(crate) async fn aggregate(
     cmd: &Document,
 ) -> Result<CursorBody> {
     // A token this cluster stamped, back in MongoDB's form (another cluster's is refused).
-    let plain = crate::lineages::unstamp_start(router, cmd).await?;
+    let plain = router.lineages.unstamp_start(cmd).await?;
     let ChangeStreamCommand {
         coll,
         stages,
@@ -98,16 +95,16 @@ pub(crate) async fn aggregate(
     if parsed.spec.start != pipeline::changestream::spec::StartPoint::None {
         // A resume is judged against the shards' histories as they are now (a shard just
         // restored from an older copy has its lost stretch marked before it is asked).
-        if let Err(e) = crate::lineages::verify_now(router).await {
+        if let Err(e) = router.lineages.verify_now().await {
             tracing::debug!(error = %e, "shard lineages not verified before a resume");
         }
     }
-    if let Err(e) = crate::lineages::cluster_id(router).await {
+    if let Err(e) = router.lineages.cluster_id().await {
         tracing::debug!(error = %e, "the cluster's id is not known yet");
     }
-    let mut cursor = ChangeStreamCursor::open(router, db, coll, stages, parsed).await?;
+    let mut cursor = ChangeStreamCursor::open(&router.streams, db, coll, stages, parsed).await?;
     let batch = cursor
-        .next_batch(router, batch_size, Duration::ZERO)
+        .next_batch(&router.streams, batch_size, Duration::ZERO)
         .await?;
     router.metrics.events_delivered(batch.events.len() as u64);
     let ns = match coll {
@@ -138,7 +135,7 @@ pub(crate) async fn aggregate(
 /// it already: a reply never waits for the config shard (without it the token goes out as
 /// MongoDB's, which is accepted too). Streams learn it when they open.
 pub(crate) fn stamp_of(router: &Router) -> Option<bson::Uuid> {
-    crate::lineages::known_cluster_id(router)
+    router.lineages.known_cluster_id()
 }
 
 /// The reply for a batch, with each event's shared bytes spliced in (no copy: the reply is
@@ -291,18 +288,18 @@ impl PostMerge {
 
 impl ChangeStreamCursor {
     async fn open(
-        router: &Arc<Router>,
+        streams: &Arc<Streams>,
         db: &str,
         coll: Option<&str>,
         stages: &[Bson],
         parsed: ChangeStreamPipeline,
     ) -> Result<ChangeStreamCursor> {
-        if let Some(client) = hub::HubClient::open(router, db, coll, stages, &parsed).await? {
+        if let Some(client) = hub::HubClient::open(streams, db, coll, stages, &parsed).await? {
             return Ok(ChangeStreamCursor {
                 inner: Inner::Shared(Box::new(client)),
             });
         }
-        let merged = merged::open(router, db, coll, stages, &parsed, None).await?;
+        let merged = merged::open(streams, db, coll, stages, &parsed, None).await?;
         Ok(ChangeStreamCursor {
             inner: PrivateStream::inner(merged, &parsed),
         })
@@ -311,12 +308,12 @@ impl ChangeStreamCursor {
     /// The next client batch: up to `n` events, waiting up to `max_time` for the first one.
     pub async fn next_batch(
         &mut self,
-        router: &Arc<Router>,
+        streams: &Arc<Streams>,
         n: usize,
         max_time: Duration,
     ) -> Result<Batch> {
         if let Inner::Shared(client) = &mut self.inner {
-            if let Some(batch) = client.next_batch(router, n, max_time).await? {
+            if let Some(batch) = client.next_batch(streams, n, max_time).await? {
                 return Ok(batch);
             }
             // It fell behind its hub: it goes on by itself from where it was.
@@ -329,7 +326,8 @@ impl ChangeStreamCursor {
                 standalone: false,
             };
             let parsed = parse_pipeline(&stages, &ctx)?;
-            let merged = merged::open(router, &db, coll.as_deref(), &stages, &parsed, None).await?;
+            let merged =
+                merged::open(streams, &db, coll.as_deref(), &stages, &parsed, None).await?;
             self.inner = PrivateStream::inner(merged, &parsed);
         }
         let Inner::Private(private) = &mut self.inner else {
@@ -346,11 +344,10 @@ impl ChangeStreamCursor {
         } = &mut **private;
         merged.set_demand(n);
         let deadline = tokio::time::Instant::now() + max_time;
-        let mut events = Vec::new();
-        let mut bytes = 0;
+        let mut batch = BatchAssembler::new(n);
         let mut invalidated = false;
         loop {
-            while events.len() < n {
+            while !batch.is_full() {
                 let (token, doc) = match held.take() {
                     Some(h) => h,
                     None => {
@@ -366,14 +363,13 @@ impl ChangeStreamCursor {
                         }
                     }
                 };
-                let size = entry_size(&doc);
-                if !events.is_empty() && bytes + size > BATCH_BYTES {
-                    *held = Some((token, doc));
-                    break;
+                match batch.offer(doc) {
+                    Ok(()) => *looked = Some(token),
+                    Err(doc) => {
+                        *held = Some((token, doc));
+                        break;
+                    }
                 }
-                bytes += size;
-                *looked = Some(token);
-                events.push(doc);
             }
             if held.is_some() {
                 break;
@@ -383,18 +379,12 @@ impl ChangeStreamCursor {
                 invalidated = true;
                 break;
             }
-            if !events.is_empty() || n == 0 {
-                break;
+            match batch.ready(tokio::time::Instant::now(), deadline, false, None) {
+                Ready::Send => break,
+                Ready::WaitUntil(until) => merged.wait(streams, until).await?,
             }
-            if merged.invalidated().is_some() {
-                invalidated = true;
-                break;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            merged.wait(router, deadline).await?;
         }
+        let events = batch.into_events();
         if invalidated {
             *closed = true;
         }
@@ -433,11 +423,6 @@ impl ChangeStreamCursor {
             Inner::Shared(client) => client.is_closed(),
         }
     }
-}
-
-/// What an encoded event adds to a batch array: its size, its type byte and its index key.
-pub(super) fn entry_size(event: &Bytes) -> usize {
-    event.len() + 8
 }
 
 /// An event as a client batch holds it.

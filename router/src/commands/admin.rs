@@ -8,6 +8,7 @@ use shard::preimages::CHANGE_STREAM_OPTIONS;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::{Ctx, ok};
+use crate::kernel::transport::Shards;
 
 /// Refuses a command sent to a database other than `admin` (13, as MongoDB).
 pub(super) fn admin_only(ctx: &Ctx<'_>) -> Result<()> {
@@ -53,7 +54,11 @@ pub(super) async fn set_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     shard::preimages::validate(options)?;
     let cmd = doc! {"_shardsvrSetClusterParameter": 1, CHANGE_STREAM_OPTIONS: options.clone()};
     let router = ctx.router;
-    for r in router.broadcast(&router.all_shards(), "admin", &cmd).await {
+    for r in router
+        .shards()
+        .broadcast(&router.transport.all(), "admin", &cmd)
+        .await
+    {
         r?;
     }
     Ok(ok())
@@ -80,7 +85,8 @@ pub(super) async fn get_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let reply = ctx
         .router
-        .shard_command(
+        .shards()
+        .command(
             0,
             "admin",
             doc! {"getClusterParameter": CHANGE_STREAM_OPTIONS},
@@ -111,9 +117,11 @@ pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
 /// error instead.
 pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
-    let names = router.shard_names();
-    let asks = router.all_shards().into_iter().map(|s| async move {
-        let ask = router.shard_command(s, "admin", doc! {"serverStatus": 1});
+    let names = router.transport.names();
+    let asks = router.transport.all().into_iter().map(|s| async move {
+        let ask = router
+            .shards()
+            .command(s, "admin", doc! {"serverStatus": 1});
         match tokio::time::timeout(std::time::Duration::from_secs(1), ask).await {
             Ok(Ok(mut d)) => {
                 for k in ["ok", "$clusterTime", "operationTime", "shard"] {
@@ -143,7 +151,7 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let uptime = router.started.elapsed();
     let connections = router.connections.counts();
-    let (merges, buffered) = router.hubs.stats();
+    let (merges, buffered) = router.streams.hubs.stats();
     Ok(doc! {
         "host": &router.options.advertised_host,
         "version": super::handshake::VERSION,
@@ -312,9 +320,9 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
         .into_iter()
         .map(|id| Bson::Document(doc! {"id": id, "uid": uid.clone()}))
         .collect();
-    let all: Vec<usize> = (0..ctx.router.shards.len()).collect();
+    let all: Vec<usize> = ctx.router.transport.all();
     let forward = doc! {"refreshSessions": lsids};
-    for reply in ctx.router.broadcast(&all, "admin", &forward).await {
+    for reply in ctx.router.shards().broadcast(&all, "admin", &forward).await {
         reply?;
     }
     Ok(ok())
@@ -323,7 +331,8 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
 pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
     let shards: Vec<Bson> = ctx
         .router
-        .shards
+        .transport
+        .shards()
         .iter()
         .map(|s| Bson::Document(doc! {"_id": &s.name, "host": s.client.describe(), "state": 1}))
         .collect();
@@ -435,7 +444,8 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let router = ctx.router;
     let replies = router
-        .broadcast_read(&router.all_shards(), "admin", &doc! {"listDatabases": 1})
+        .shards()
+        .broadcast_read(&router.transport.all(), "admin", &doc! {"listDatabases": 1})
         .await;
     let mut sizes: std::collections::BTreeMap<String, i64> = Default::default();
     for reply in replies {
@@ -510,10 +520,11 @@ pub(super) async fn set_shard_parameter(ctx: &Ctx<'_>) -> Result<Document> {
         .filter(|(k, _)| *k == "setParameter" || !k.starts_with('$') && *k != "lsid")
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let shards = ctx.router.all_shards();
+    let shards = ctx.router.transport.all();
     let mut was = Bson::Null;
     for (i, reply) in ctx
         .router
+        .shards()
         .broadcast(&shards, "admin", &cmd)
         .await
         .into_iter()

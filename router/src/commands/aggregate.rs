@@ -52,6 +52,7 @@ use super::Ctx;
 use super::crud::validate_collection_name;
 use super::find::{Targets, read_targets};
 use crate::cursors::{CursorState, Merge, RouterCursor, Run, Source};
+use crate::kernel::transport::Shards;
 use crate::local_sessions::Which;
 
 /// The command fields a shard read inherits: session, transaction, snapshot, variables.
@@ -559,7 +560,11 @@ async fn open_merge(
         }
     }
     let targets = &routed.shards;
-    let replies = ctx.router.broadcast_read(targets, ctx.db, &cmd).await;
+    let replies = ctx
+        .router
+        .shards()
+        .broadcast_read(targets, ctx.db, &cmd)
+        .await;
     let mut sources = Vec::with_capacity(targets.len());
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);

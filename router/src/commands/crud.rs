@@ -15,6 +15,7 @@ use bson::{Bson, Document, doc, oid::ObjectId};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
+use crate::kernel::transport::Shards;
 use crate::metadata::{Placement, ShardedCollection};
 use crate::router::Router;
 
@@ -259,9 +260,9 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
             continue;
         }
         let shard = match &placement {
-            Placement::Unsharded { primary } => router.shard_index(primary)?,
+            Placement::Unsharded { primary } => router.transport.index(primary)?,
             Placement::Sharded(sc) => match sc.key.key_of_document(&d) {
-                Ok(key) => router.shard_index(sc.chunks.shard_for(&key))?,
+                Ok(key) => router.transport.index(sc.chunks.shard_for(&key))?,
                 Err(e) => {
                     outcome.fail(i, &e);
                     if ordered {
@@ -294,7 +295,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     } else {
         let sends = batches.iter().map(|(shard, indexes, docs)| {
-            router.shard_write(
+            router.shards().write(
                 *shard,
                 ctx.db,
                 sub_command(ctx, &version, "documents", docs.clone(), indexes),
@@ -323,7 +324,8 @@ async fn insert_runs(
         let cmd = sub_command(ctx, version, "documents", docs, &indexes);
         let reply = ctx
             .router
-            .shard_write(shard, ctx.db, cmd)
+            .shards()
+            .write(shard, ctx.db, cmd)
             .await
             .map_err(|e| retryable(e, ctx))?;
         outcome.absorb(&reply, &indexes);
@@ -365,7 +367,7 @@ async fn insert_across_shards(
         {
             cmd.insert(k, v);
         }
-        router.shard_command(*shard, ctx.db, cmd)
+        router.shards().command(*shard, ctx.db, cmd)
     });
     let replies = futures::future::join_all(reserves).await;
     let reservation = |r: &Document| r.get("reservation").map(|id| int(Some(id)));
@@ -373,7 +375,7 @@ async fn insert_across_shards(
         let e = e.clone();
         let releases = parts.iter().zip(&replies).filter_map(|((shard, ..), r)| {
             let id = reservation(r.as_ref().ok()?)?;
-            Some(router.shard_command(
+            Some(router.shards().command(
                 *shard,
                 ctx.db,
                 doc! {"_shardsvrCommitReservation": id, "upTo": 0},
@@ -419,7 +421,7 @@ async fn insert_across_shards(
                 cmd.insert("bypassDocumentValidation", b.clone());
             }
             async move {
-                let reply = router.shard_command(*shard, ctx.db, cmd).await;
+                let reply = router.shards().command(*shard, ctx.db, cmd).await;
                 (reply, &indexes[..up_to])
             }
         });
@@ -515,12 +517,12 @@ pub(super) fn shards_for_query(
         .key_of_query(filter)
         .filter(|_| !collated || !pipeline::collation::has_string(&Bson::Document(filter.clone())));
     match key {
-        Some(key) => Ok(vec![router.shard_index(sc.chunks.shard_for(&key))?]),
+        Some(key) => Ok(vec![router.transport.index(sc.chunks.shard_for(&key))?]),
         None => sc
             .chunks
             .shards()
             .iter()
-            .map(|s| router.shard_index(s))
+            .map(|s| router.transport.index(s))
             .collect(),
     }
 }
@@ -557,11 +559,12 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             return Ok(outcome.into_reply());
         }
         Placement::Unsharded { primary } => {
-            let shard = router.shard_index(&primary)?;
+            let shard = router.transport.index(&primary)?;
             let mut cmd = forwardable(ctx.cmd);
             cmd.insert("shardVersion", version);
             let reply = router
-                .shard_write(shard, ctx.db, cmd)
+                .shards()
+                .write(shard, ctx.db, cmd)
                 .await
                 .map_err(|e| retryable(e, ctx))?;
             return Ok(reply);
@@ -602,7 +605,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         if shards.len() == 1 || multi {
             let sends = shards
                 .iter()
-                .map(|&s| router.shard_write(s, ctx.db, cmd.clone()));
+                .map(|&s| router.shards().write(s, ctx.db, cmd.clone()));
             let replies = futures::future::join_all(sends).await;
             for reply in replies {
                 match reply {
@@ -622,7 +625,8 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             // A single-document write without the shard key: the first shard that matches wins.
             for shard in shards {
                 let reply = router
-                    .shard_write(shard, ctx.db, cmd.clone())
+                    .shards()
+                    .write(shard, ctx.db, cmd.clone())
                     .await
                     .map_err(|e| retryable(e, ctx))?;
                 let matched = int(reply.get("n")) > 0 || reply.contains_key("writeErrors");
@@ -653,7 +657,7 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let mut cmd = forwardable(ctx.cmd);
     cmd.insert("shardVersion", placement.version());
     let shards = match placement {
-        Placement::Unsharded { primary } => vec![router.shard_index(&primary)?],
+        Placement::Unsharded { primary } => vec![router.transport.index(&primary)?],
         Placement::Sharded(sc) => shards_for_query(router, &sc, &query, ctx.cmd.get("collation"))?,
     };
     if shards.len() > 1 && upsert {
@@ -667,7 +671,8 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let mut last = None;
     for shard in shards {
         let reply = router
-            .shard_write(shard, ctx.db, cmd.clone())
+            .shards()
+            .write(shard, ctx.db, cmd.clone())
             .await
             .map_err(|e| retryable(e, ctx))?;
         let n = reply

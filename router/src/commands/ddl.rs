@@ -16,6 +16,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::Ctx;
 use super::crud::{forwardable, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::kernel::transport::Shards;
 use crate::metadata::{CONFIG_DB, Placement, ShardedCollection};
 use crate::routing::{ChunkTable, ShardKey};
 
@@ -39,7 +40,7 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
             sharded: false,
         },
         Placement::Unsharded { primary } => {
-            let p = router.shard_index(&primary)?;
+            let p = router.transport.index(&primary)?;
             Holders {
                 shards: vec![p],
                 primary: Some(p),
@@ -48,11 +49,11 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
         }
         Placement::Sharded(_) => {
             let primary = match router.database(ctx.db).await? {
-                Some(d) => Some(router.shard_index(&d.primary)?),
+                Some(d) => Some(router.transport.index(&d.primary)?),
                 None => None,
             };
             Holders {
-                shards: router.all_shards(),
+                shards: router.transport.all(),
                 primary,
                 sharded: true,
             }
@@ -77,7 +78,7 @@ async fn broadcast_ddl(
         if primary.is_some_and(|p| p != s) {
             cmd.insert("fromMigrate", true);
         }
-        router.shard_command(s, db, cmd)
+        router.shards().command(s, db, cmd)
     });
     futures::future::join_all(sends).await
 }
@@ -142,14 +143,16 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
     if sharded {
         let router = ctx.router;
         router
-            .shard_command(
+            .shards()
+            .command(
                 0,
                 CONFIG_DB,
                 doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]},
             )
             .await?;
         router
-            .shard_command(
+            .shards()
+            .command(
                 0,
                 CONFIG_DB,
                 doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]},
@@ -177,29 +180,32 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     let Some(entry) = router.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
     };
-    let primary = router.shard_index(&entry.primary)?;
+    let primary = router.transport.index(&entry.primary)?;
     let drop = doc! {"dropDatabase": 1};
-    for r in broadcast_ddl(router, db, &router.all_shards(), Some(primary), &drop).await {
+    for r in broadcast_ddl(router, db, &router.transport.all(), Some(primary), &drop).await {
         r?;
     }
     // Namespaces `db.*` are exactly the strings in ["db.", "db/"): '/' follows '.'.
     let in_db = doc! {"$gte": format!("{db}."), "$lt": format!("{db}/")};
     router
-        .shard_command(
+        .shards()
+        .command(
             0,
             CONFIG_DB,
             doc! {"delete": "chunks", "deletes": [{"q": {"ns": in_db.clone()}, "limit": 0}]},
         )
         .await?;
     router
-        .shard_command(
+        .shards()
+        .command(
             0,
             CONFIG_DB,
             doc! {"delete": "collections", "deletes": [{"q": {"_id": in_db}, "limit": 0}]},
         )
         .await?;
     router
-        .shard_command(
+        .shards()
+        .command(
             0,
             CONFIG_DB,
             doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]},
@@ -258,7 +264,7 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
         Some(t) => t,
         None => {
             router
-                .shard_command(
+                .shards().command(
                     0,
                     CONFIG_DB,
                     doc! {"insert": "databases", "documents": [{"_id": to_db, "primary": &source.primary}]},
@@ -273,9 +279,10 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
             format!("cannot rename across databases with different primary shards ({from} → {to})"),
         ));
     }
-    let shard = router.shard_index(&source.primary)?;
+    let shard = router.transport.index(&source.primary)?;
     router
-        .shard_command(shard, "admin", forwardable(ctx.cmd))
+        .shards()
+        .command(shard, "admin", forwardable(ctx.cmd))
         .await
 }
 
@@ -285,9 +292,10 @@ pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
     let Some(db) = router.database(ctx.db).await? else {
         return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
     };
-    let shard = router.shard_index(&db.primary)?;
+    let shard = router.transport.index(&db.primary)?;
     let reply = router
-        .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+        .shards()
+        .command(shard, ctx.db, forwardable(ctx.cmd))
         .await?;
     pass_cursor(ctx, shard, "$cmd.listCollections", reply)
 }
@@ -301,7 +309,8 @@ pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let reply = ctx
         .router
-        .shard_command(shard, ctx.db, forwardable(ctx.cmd))
+        .shards()
+        .command(shard, ctx.db, forwardable(ctx.cmd))
         .await?;
     pass_cursor(ctx, shard, coll, reply)
 }
@@ -465,17 +474,20 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let primary_name = router.ensure_database(db).await?.primary;
-    let primary = router.shard_index(&primary_name)?;
+    let primary = router.transport.index(&primary_name)?;
 
     // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
     let listed = router
-        .shard_command(
+        .shards()
+        .command(
             primary,
             db,
             doc! {"listCollections": 1, "filter": {"name": coll}},
         )
         .await?;
-    let existing = crate::router::first_batch(&listed)?.into_iter().next();
+    let existing = crate::kernel::transport::first_batch(&listed)?
+        .into_iter()
+        .next();
     if existing
         .as_ref()
         .is_some_and(|c| c.get_str("type").unwrap_or("collection") == "view")
@@ -513,7 +525,8 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         None => false,
         Some(_) => {
             let count = router
-                .shard_command(primary, db, doc! {"count": coll})
+                .shards()
+                .command(primary, db, doc! {"count": coll})
                 .await?;
             count
                 .get("n")
@@ -521,13 +534,14 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     let chunks = if key.is_hashed() && !has_data {
-        ChunkTable::presplit_hashed(&key, &router.shard_names(), HASHED_CHUNKS_PER_SHARD)
+        ChunkTable::presplit_hashed(&key, &router.transport.names(), HASHED_CHUNKS_PER_SHARD)
     } else {
         ChunkTable::single(&key, &primary_name)
     };
     // Create it everywhere first (the primary last: it writes the shardCollection event).
     let mut order: Vec<usize> = router
-        .all_shards()
+        .transport
+        .all()
         .into_iter()
         .filter(|&s| s != primary)
         .collect();
@@ -550,7 +564,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             "fromMigrate": shard != primary,
             "numInitialChunks": chunks.chunks().len() as i64,
         };
-        router.shard_command(shard, "admin", cmd).await?;
+        router.shards().command(shard, "admin", cmd).await?;
     }
     let sharded = ShardedCollection {
         ns: ns.to_string(),
@@ -566,14 +580,16 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         .map(Bson::Document)
         .collect();
     router
-        .shard_command(
+        .shards()
+        .command(
             0,
             CONFIG_DB,
             doc! {"insert": "chunks", "documents": chunk_docs},
         )
         .await?;
     router
-        .shard_command(
+        .shards()
+        .command(
             0,
             CONFIG_DB,
             doc! {"insert": "collections", "documents": [sharded.to_document()]},

@@ -13,6 +13,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::Ctx;
 use super::crud::validate_collection_name;
 use super::find::read_targets;
+use crate::kernel::transport::Shards;
 
 /// The documents an explained command's filter selects: `(collection, filter)`.
 fn target_of(name: &str, inner: &Document) -> Result<(String, Document)> {
@@ -137,14 +138,25 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
         None => inner.clone(),
     };
     let shard_cmd = doc! {"explain": routed.command(&shard_inner), "verbosity": verbosity};
-    let replies = ctx.router.broadcast_read(targets, ctx.db, &shard_cmd).await;
+    let replies = ctx
+        .router
+        .shards()
+        .broadcast_read(targets, ctx.db, &shard_cmd)
+        .await;
     let mut shards = Vec::with_capacity(targets.len());
     for (i, reply) in targets.iter().zip(replies) {
         let reply = reply?;
         if let Some(e) = MongoError::from_reply(&reply) {
             return Err(e);
         }
-        shards.push((ctx.router.shards[*i].name.clone(), reply));
+        shards.push((
+            ctx.router
+                .transport
+                .name(*i)
+                .unwrap_or_default()
+                .to_string(),
+            reply,
+        ));
     }
     let server_info = doc! {
         "host": ctx.router.options.advertised_host.clone(),

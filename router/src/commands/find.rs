@@ -16,6 +16,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::Ctx;
 use super::crud::{forwardable, shards_for_query, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, SHARD_GET_MORE_DOCS, Source};
+use crate::kernel::transport::Shards;
 use crate::metadata::Placement;
 use crate::router::Router;
 use wire::raw::{Body, CursorReply};
@@ -29,7 +30,7 @@ pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -
     let placement = ctx.router.placement(ctx.db, coll, false).await?;
     let shards = match &placement {
         Placement::Unsharded { primary } if primary.is_empty() => vec![],
-        Placement::Unsharded { primary } => vec![ctx.router.shard_index(primary)?],
+        Placement::Unsharded { primary } => vec![ctx.router.transport.index(primary)?],
         Placement::Sharded(sc) => {
             shards_for_query(ctx.router, sc, filter, ctx.cmd.get("collation"))?
         }
@@ -175,7 +176,11 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Body> {
             };
             (cmd, sort, skip as u64, limit, router_projection)
         };
-    let replies = ctx.router.broadcast_read(targets, ctx.db, &shard_cmd).await;
+    let replies = ctx
+        .router
+        .shards()
+        .broadcast_read(targets, ctx.db, &shard_cmd)
+        .await;
     let mut sources = Vec::with_capacity(targets.len());
     for (shard, reply) in targets.iter().zip(replies) {
         sources.push(Source::from_reply(*shard, &reply?)?);
@@ -259,16 +264,19 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         // only the CPU that writers leave.
         let (guard_back, batch) = {
             let router = router.clone();
-            let key = crate::ops::current_key().unwrap_or_else(crate::ops::new_key);
-            shard::background::run(crate::ops::OPERATION_KEY.scope(key, async move {
-                let batch = match &mut guard.state {
-                    CursorState::ChangeStream(stream) => {
-                        stream.next_batch(&router, n, max_time).await
-                    }
-                    _ => Err(MongoError::internal("a change-stream cursor changed kind")),
-                };
-                (guard, batch)
-            }))
+            let key = crate::kernel::transport::current_operation_key()
+                .unwrap_or_else(crate::ops::new_key);
+            shard::background::run(
+                crate::kernel::transport::OPERATION_KEY.scope(key, async move {
+                    let batch = match &mut guard.state {
+                        CursorState::ChangeStream(stream) => {
+                            stream.next_batch(&router.streams, n, max_time).await
+                        }
+                        _ => Err(MongoError::internal("a change-stream cursor changed kind")),
+                    };
+                    (guard, batch)
+                }),
+            )
             .await?
         };
         guard = guard_back;
@@ -381,14 +389,20 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     if targets.len() == 1 {
         return ctx
             .router
-            .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
+            .shards()
+            .read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await;
     }
     let mut cmd = routed.command(ctx.cmd);
     cmd.remove("skip");
     cmd.remove("limit");
     let mut total: u64 = 0;
-    for reply in ctx.router.broadcast_read(targets, ctx.db, &cmd).await {
+    for reply in ctx
+        .router
+        .shards()
+        .broadcast_read(targets, ctx.db, &cmd)
+        .await
+    {
         let reply = reply?;
         total += match reply.get("n") {
             Some(Bson::Int32(n)) => *n as u64,
@@ -421,6 +435,7 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
         .router
+        .shards()
         .broadcast_read(&routed.shards, ctx.db, &routed.command(ctx.cmd))
         .await
     {
@@ -515,7 +530,8 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
     if sink.is_none() && single_shard && !super::aggregate::needs_router(&parsed) {
         let reply = ctx
             .router
-            .shard_read(targets[0], ctx.db, routed.command(ctx.cmd))
+            .shards()
+            .read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
         return pass_through(ctx, ns, targets[0], coll, reply, first)
             .await

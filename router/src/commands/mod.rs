@@ -28,6 +28,7 @@ use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::failpoint::{self, Action};
+use crate::kernel::transport::Shards;
 use crate::router::Router;
 
 pub(crate) use args::Args;
@@ -77,7 +78,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         })
         .await;
     if injected.is_none() {
-        injected = crate::clock::check_read_times(&req.body, router.cluster_time()).err();
+        injected = crate::kernel::clock::check_read_times(&req.body, router.cluster_time()).err();
     }
     let mut write_concern_error = None;
     // An injected error whose fail point gave its labels gets no others.
@@ -195,7 +196,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
             // Listed by currentOp while it runs; killOp ends it, here and on the shards; so
             // does its maxTimeMS.
             let op = router.ops.start(conn, name, &req.db, &req.body);
-            let run = crate::ops::OPERATION_KEY.scope(op.key.clone(), run);
+            let run = crate::kernel::transport::OPERATION_KEY.scope(op.key.clone(), run);
             tokio::select! {
                 result = within_max_time(name, &req.body, run) => result,
                 () = op.cancel.cancelled() => {
@@ -259,11 +260,11 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
 /// Tells every shard to stop what it runs for a killed operation (`_killOperations`), in the
 /// background: the client's reply does not wait for it.
 pub(crate) fn kill_on_shards(router: &Arc<Router>, key: bson::Binary) {
-    let router = router.clone();
-    tokio::spawn(async move {
-        let all = router.all_shards();
+    let transport = router.transport.clone();
+    router.services.spawn("kill_on_shards", async move {
+        let all = transport.all();
         let cmd = bson::doc! {"_killOperations": 1, "operationKeys": [key]};
-        for reply in router.broadcast(&all, "admin", &cmd).await {
+        for reply in transport.broadcast(&all, "admin", &cmd).await {
             if let Err(e) = reply {
                 tracing::debug!(error = %e, "telling a shard of a killed operation");
             }

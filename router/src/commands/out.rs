@@ -562,7 +562,7 @@ async fn check_unique_on(ctx: &Ctx<'_>, db: &str, coll: &str, on: &[String]) -> 
     }
     let listed = command(ctx, db, doc! {"listIndexes": coll}).await;
     let indexes = match listed {
-        Ok(reply) => crate::router::first_batch(&reply)?,
+        Ok(reply) => crate::kernel::transport::first_batch(&reply)?,
         Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => Vec::new(),
         Err(e) => return Err(e),
     };

@@ -15,6 +15,7 @@ use wire::{ErrorCode, MongoError, Result};
 use super::crud::validate_collection_name;
 use super::{Ctx, find};
 use crate::cursors::{CursorState, RouterCursor};
+use crate::kernel::transport::Shards;
 use crate::metadata::Placement;
 
 fn number(v: Option<&Bson>) -> f64 {
@@ -34,9 +35,10 @@ fn for_shards(ctx: &Ctx<'_>) -> Document {
 /// Each shard's reply, by name, without `ok` and the gossip.
 async fn ask_every_shard(ctx: &Ctx<'_>, cmd: &Document) -> Result<Vec<(String, Document)>> {
     let router = ctx.router;
-    let names = router.shard_names();
+    let names = router.transport.names();
     let replies = router
-        .broadcast_read(&router.all_shards(), ctx.db, cmd)
+        .shards()
+        .broadcast_read(&router.transport.all(), ctx.db, cmd)
         .await;
     let mut out = Vec::with_capacity(names.len());
     for (name, reply) in names.into_iter().zip(replies) {
@@ -213,12 +215,13 @@ pub(super) async fn validate(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, &coll)?;
     let router = ctx.router;
     let replies = router
-        .broadcast_read(&router.all_shards(), ctx.db, &for_shards(ctx))
+        .shards()
+        .broadcast_read(&router.transport.all(), ctx.db, &for_shards(ctx))
         .await;
     let (mut raw, mut errors, mut warnings) = (Document::new(), Vec::new(), Vec::new());
     let (mut valid, mut records, mut invalid) = (true, 0i64, 0i64);
     let mut keys_per_index = Document::new();
-    for (name, reply) in router.shard_names().into_iter().zip(replies) {
+    for (name, reply) in router.transport.names().into_iter().zip(replies) {
         let mut reply = match reply {
             // This shard has no part of the collection.
             Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => continue,

@@ -1,0 +1,16 @@
+//! The router's kernel: the seams everything above is built on, importing nothing of the
+//! router outside this directory (checked by `tests/tests/layering.rs`).
+//!
+//! * [`shard_client`]: one shard's wire, in process or over TCP;
+//! * [`transport`]: the shards by index, with retries, clock gossip and the caller's
+//!   operation key ([`transport::ShardTransport`]), and the [`transport::Send`] conveniences
+//!   that a transaction's statements share through `txn::Enlisting`;
+//! * [`config`]: the config shard's collections as a store ([`config::ConfigStore`]);
+//! * [`services`]: background work, started, named, traced and stopped one way;
+//! * [`clock`]: the cluster time this router has seen, and its signing.
+
+pub mod clock;
+pub mod config;
+pub mod services;
+pub mod shard_client;
+pub mod transport;
