@@ -29,7 +29,7 @@ pub fn limits(coll: &CollectionEntry) -> Option<(i64, Option<i64>)> {
     let capped = coll
         .options
         .get("capped")
-        .and_then(crate::commands::as_bool)
+        .and_then(crate::args::as_bool)
         .unwrap_or(false);
     if !capped {
         return None;
@@ -110,7 +110,7 @@ pub fn oldest(txn: &dyn ReadTxn, coll: &CollectionEntry) -> StorageResult<Option
 /// does (`BadValue`): it could only stay by evicting every other document and still be over.
 pub fn check_fits(coll: &CollectionEntry, doc: &Document) -> Result<(), wire::MongoError> {
     match limits(coll) {
-        Some((size, _)) if crate::commands::write_ops::bson_size(doc) as i64 > size => Err(
+        Some((size, _)) if pipeline::changestream::split::document_size(doc) as i64 > size => Err(
             wire::MongoError::bad_value("object to insert exceeds cappedMaxSize"),
         ),
         _ => Ok(()),
@@ -131,7 +131,7 @@ pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) ->
     let _ = doc! {"_id": id.clone()}.to_writer(&mut buf);
     w.txn_mut().put(Table::Indexes, &key, &buf)?;
     s.next += 1;
-    s.bytes += crate::commands::write_ops::bson_size(doc) as i64;
+    s.bytes += pipeline::changestream::split::document_size(doc) as i64;
     s.count += 1;
     save(w, coll, &s)?;
     while s.bytes > size || max.is_some_and(|m| s.count > m) {
@@ -144,7 +144,7 @@ pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) ->
         let Some(old) = w.get_doc(coll, &oldest_id)? else {
             break;
         };
-        crate::commands::write_ops::delete_one(w, coll, &old, None, 0)?;
+        crate::write::ops::delete_one(w, coll, &old, None, 0)?;
         s = stats(w.txn(), coll)?;
     }
     Ok(())
@@ -161,7 +161,7 @@ pub fn updated(
     if limits(coll).is_none() {
         return Ok(());
     }
-    let size = |d: &Document| crate::commands::write_ops::bson_size(d) as i64;
+    let size = |d: &Document| pipeline::changestream::split::document_size(d) as i64;
     let grown = size(new) - size(old);
     if grown != 0 {
         let mut s = stats(w.txn(), coll)?;
@@ -198,7 +198,7 @@ pub fn deleted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) -> 
     if let Some(k) = doomed {
         w.txn_mut().delete(Table::Indexes, &k)?;
         let mut s = stats(w.txn(), coll)?;
-        s.bytes -= crate::commands::write_ops::bson_size(doc) as i64;
+        s.bytes -= pipeline::changestream::split::document_size(doc) as i64;
         s.count -= 1;
         save(w, coll, &s)?;
     }

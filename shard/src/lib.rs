@@ -18,6 +18,7 @@
 //! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
 //! clock starts above every high-water mark given out before.
 
+mod args;
 pub mod background;
 pub mod capped;
 pub mod catalog;
@@ -38,6 +39,7 @@ pub mod reservations;
 pub mod retention;
 pub mod retryable;
 pub mod server;
+mod services;
 pub mod shown;
 pub mod state;
 pub mod storage;
@@ -46,11 +48,11 @@ pub mod txn;
 pub mod update;
 pub mod validation;
 pub mod views;
+mod write;
 pub mod writer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bson::{Bson, Document, RawDocumentBuf, doc};
 use resume::ClusterTime;
@@ -206,9 +208,8 @@ impl Shard {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
-        // Housekeeping: keep the clock reservation ahead of the clock, reap idle cursors.
         // Transactions prepared before a restart wait for their decision again; decisions this
-        // shard coordinated are delivered again.
+        // shard coordinated are delivered again. Then the background services start.
         let prepared = shard
             .transactions
             .recover(&shard)
@@ -218,57 +219,7 @@ impl Shard {
         if prepared + coordinated > 0 {
             tracing::info!(prepared, coordinated, "recovered distributed transactions");
         }
-        let weak = Arc::downgrade(&shard);
-        let cancel = shard.cancel.clone();
-        shard.tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            let mut last_purge = tokio::time::Instant::now();
-            let mut last_ttl = tokio::time::Instant::now();
-            let mut last_sessions = tokio::time::Instant::now();
-            let mut last_ask = tokio::time::Instant::now();
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tick.tick() => {}
-                }
-                let Some(shard) = weak.upgrade() else { break };
-                shard.writer.renew();
-                shard.cursors.reap(shard.state.now_millis());
-                shard.change_streams.reap(shard.state.now_millis());
-                shard
-                    .transactions
-                    .reap(shard.state.now_millis(), txn::LIFETIME);
-                let now_secs = shard.state.now_millis() / 1000;
-                let oldest = now_secs.saturating_sub(history::WINDOW.as_secs());
-                shard.state.history.trim_before(ClusterTime::new(
-                    u32::try_from(oldest).unwrap_or(u32::MAX),
-                    0,
-                ));
-                if last_ask.elapsed() >= shard.transactions.ask_after() {
-                    last_ask = tokio::time::Instant::now();
-                    let asking = shard.clone();
-                    shard.spawn(async move { asking.transactions.ask_coordinators(&asking).await });
-                }
-                if last_ttl.elapsed() >= Duration::from_secs(shard.ttl_sleep.get()) {
-                    last_ttl = tokio::time::Instant::now();
-                    if let Err(e) = ttl::run(&shard).await {
-                        tracing::warn!(error = %e, "deleting expired TTL documents");
-                    }
-                }
-                if last_sessions.elapsed() >= retryable::PURGE_INTERVAL {
-                    last_sessions = tokio::time::Instant::now();
-                    if let Err(e) = retryable::purge(&shard).await {
-                        tracing::warn!(error = %e, "purging expired session records");
-                    }
-                }
-                if last_purge.elapsed() >= preimages::PURGE_INTERVAL {
-                    last_purge = tokio::time::Instant::now();
-                    if let Err(e) = preimages::purge(&shard).await {
-                        tracing::warn!(error = %e, "purging expired pre-images");
-                    }
-                }
-            }
-        });
+        services::start_all(&shard);
         Ok(shard)
     }
 
@@ -518,17 +469,6 @@ impl Shard {
     /// This shard, shared (`None` only while it is being dropped).
     pub(crate) fn shared(&self) -> Option<Arc<Shard>> {
         self.me.upgrade()
-    }
-
-    /// Runs a background task of the shard (stopped at shutdown).
-    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let cancel = self.cancel.clone();
-        self.tasks.spawn(async move {
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = task => {}
-            }
-        });
     }
 
     pub(crate) fn change_streams(&self) -> &Arc<ChangeStreams> {

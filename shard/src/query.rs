@@ -418,7 +418,7 @@ pub fn scan_page(
                 *skip -= 1;
                 return Scan::Continue;
             }
-            bytes += crate::commands::write_ops::bson_size(&d);
+            bytes += pipeline::changestream::split::document_size(&d);
             page.docs.push(d);
             if page.docs.len() >= max_docs || bytes >= max_bytes {
                 page.exhausted = false;

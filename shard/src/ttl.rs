@@ -18,8 +18,8 @@ use wire::MongoError;
 
 use crate::Shard;
 use crate::catalog::CollectionEntry;
-use crate::commands::batches::{BATCH, Cursor};
 use crate::query::Filter;
+use crate::write::batches::{BATCH, Cursor};
 use crate::writer::{OpError, WriteCtx, WriteOutput};
 
 /// The most documents one pass deletes.
@@ -131,7 +131,7 @@ fn expire(
     };
     let mut n = 0;
     for (_, d) in &batch.docs {
-        match crate::commands::write_ops::delete_one(w, coll, d, None, 0) {
+        match crate::write::ops::delete_one(w, coll, d, None, 0) {
             Ok(_) => n += 1,
             Err(OpError::Storage(e)) => return Err(e),
             // Held by a prepared transaction: the next pass tries again.

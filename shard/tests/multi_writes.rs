@@ -1,4 +1,4 @@
-//! Multi-document updates and deletes run in bounded batches (`commands::batches`): every
+//! Multi-document updates and deletes run in bounded batches (`write::batches`): every
 //! match is written exactly once, and other writes go in between the batches.
 
 mod common;

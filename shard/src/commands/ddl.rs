@@ -10,12 +10,12 @@ use bson::{Bson, Document, Uuid, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
-use super::write_ops::{create_collection, dup_key_error, ensure_collection, insert_one, lookup};
 use super::{Ctx, Reply, as_bool, cursor_reply};
 use crate::catalog::{CollectionEntry, check_coll_name, check_db_name};
 use crate::oplog::EntrySpec;
 use crate::query::Filter;
 use crate::storage::StorageResult;
+use crate::write::ops::{create_collection, dup_key_error, ensure_collection, insert_one, lookup};
 use crate::writer::{OpError, OpResult, WriteCtx, WriteOutput};
 
 /// Generic command fields that are not collection options.
@@ -243,7 +243,7 @@ fn drop_one(w: &mut WriteCtx<'_>, c: &CollectionEntry) -> OpResult<ClusterTime> 
         if let Some(views) = lookup(w, &c.db, "system.views") {
             let id = Bson::String(c.ns());
             if let Some(d) = w.get_doc(&views, &id)? {
-                return super::write_ops::delete_one(w, &views, &d, None, 0);
+                return crate::write::ops::delete_one(w, &views, &d, None, 0);
             }
         }
         return Ok(w.last_logged().unwrap_or_else(|| w.state().cluster_time()));

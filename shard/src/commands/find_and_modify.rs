@@ -8,12 +8,12 @@ use bson::{Bson, Document, doc};
 use wire::MongoError;
 
 use super::write::{begin_retry, build_update_stmt};
-use super::write_ops::{delete_one, lookup_writable, run_update, targets};
 use super::{Ctx, Reply};
 use crate::catalog::check_coll_name;
 use crate::query::{Filter, Sort};
 use crate::retryable::RetryInfo;
 use crate::storage::StorageResult;
+use crate::write::ops::{delete_one, lookup_writable, run_update, targets};
 use crate::writer::{OpError, WriteCtx, WriteOutput};
 
 pub async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {

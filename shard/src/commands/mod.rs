@@ -5,7 +5,6 @@
 //! job for the writer), then build the reply. Errors are [`MongoError`]s; nothing here panics
 //! on input.
 
-pub(crate) mod batches;
 mod changestream;
 mod ddl;
 pub mod explain;
@@ -17,8 +16,8 @@ mod stats;
 mod validate;
 mod write;
 
+pub use crate::args::{as_bool, as_i64};
 pub use ddl::check_index_key;
-pub(crate) mod write_ops;
 
 use bson::{Bson, Document};
 use resume::ClusterTime;
@@ -584,25 +583,6 @@ impl Ctx<'_> {
                 field
             ),
         )
-    }
-}
-
-pub fn as_bool(v: &Bson) -> Option<bool> {
-    match v {
-        Bson::Boolean(b) => Some(*b),
-        Bson::Int32(i) => Some(*i != 0),
-        Bson::Int64(i) => Some(*i != 0),
-        Bson::Double(d) => Some(*d != 0.0),
-        _ => None,
-    }
-}
-
-pub fn as_i64(v: &Bson) -> Option<i64> {
-    match v {
-        Bson::Int32(i) => Some(i64::from(*i)),
-        Bson::Int64(i) => Some(*i),
-        Bson::Double(d) if d.fract() == 0.0 && d.is_finite() => Some(*d as i64),
-        _ => None,
     }
 }
 

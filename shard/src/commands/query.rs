@@ -71,7 +71,7 @@ fn take_batch(docs: &mut VecDeque<Document>, n: Option<usize>) -> Vec<Document> 
         if n.is_some_and(|n| out.len() >= n) {
             break;
         }
-        let size = super::write_ops::bson_size(d);
+        let size = pipeline::changestream::split::document_size(d);
         if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
             break;
         }
@@ -1058,7 +1058,7 @@ fn piped_batch(
         while out.len() < n
             && let Some(d) = p.ready.front()
         {
-            let size = super::write_ops::bson_size(d);
+            let size = pipeline::changestream::split::document_size(d);
             if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
                 return Ok((out, true));
             }
@@ -1117,7 +1117,7 @@ fn take_stream_batch(
         let size = match docs.peek() {
             None => break,
             Some(Err(_)) => 0,
-            Some(Ok(d)) => super::write_ops::bson_size(d),
+            Some(Ok(d)) => pipeline::changestream::split::document_size(d),
         };
         if !out.is_empty() && bytes + size > MAX_BATCH_BYTES {
             break;

@@ -10,17 +10,17 @@ use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
-use super::batches::{self, Batch};
-use super::write_ops::{
-    UpdateOutcome, UpdateStmt, delete_one, ensure_collection, insert_one, lookup_writable,
-    prepare_insert, targets, update_batch,
-};
 use super::{Ctx, Reply, as_bool, as_i64};
 use crate::catalog::check_coll_name;
 use crate::query::Filter;
 use crate::retryable::{RetryInfo, RetryState};
 use crate::storage::StorageResult;
 use crate::update::UpdateSpec;
+use crate::write::batches::{self, Batch};
+use crate::write::ops::{
+    UpdateOutcome, UpdateStmt, delete_one, ensure_collection, insert_one, lookup_writable,
+    prepare_insert, targets, update_batch,
+};
 use crate::writer::{OpError, OpResult, WriteCtx, WriteFn, WriteOutput};
 
 /// MongoDB's `maxWriteBatchSize`.
@@ -461,7 +461,7 @@ pub async fn reserve_insert(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
         let mut reply = Document::new();
         // A collection this shard does not have yet gets its identity at the commit: keys
         // held now would not be its keys, so nothing is validated.
-        let exists = super::write_ops::lookup(w, &db, &coll).is_some();
+        let exists = crate::write::ops::lookup(w, &db, &coll).is_some();
         let (stop, keys) = w.dry_run(|d| -> StorageResult<(usize, Option<MongoError>)> {
             if !exists {
                 return Ok((0, Some(crate::writer::held_error())));

@@ -57,7 +57,7 @@ pub struct Index<'a> {
 
 fn flag(spec: &Document, field: &str) -> bool {
     spec.get(field)
-        .and_then(crate::commands::as_bool)
+        .and_then(crate::args::as_bool)
         .unwrap_or(false)
 }
 

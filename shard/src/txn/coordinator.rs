@@ -514,7 +514,7 @@ async fn deliver_for_a_while(
 /// long as the shard runs; a restart's [`recover`] takes over from there.
 fn deliver_in_background(shard: &Arc<Shard>, session: Vec<u8>, record: Record) {
     let weak = Arc::downgrade(shard);
-    shard.spawn(async move {
+    crate::services::spawn(shard, "deliver_decision", async move {
         let mut pause = Duration::from_millis(500);
         loop {
             let Some(shard) = weak.upgrade() else { return };

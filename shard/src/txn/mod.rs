@@ -1174,7 +1174,7 @@ fn chunks(ops: Vec<TxnOp>, limit: usize) -> Vec<Vec<TxnOp>> {
     let mut out: Vec<Vec<TxnOp>> = Vec::new();
     let mut size = 0;
     for op in ops {
-        let n = crate::commands::write_ops::bson_size(&op.entry);
+        let n = pipeline::changestream::split::document_size(&op.entry);
         match out.last_mut() {
             Some(last) if size + n <= limit => last.push(op),
             _ => {
@@ -1578,7 +1578,7 @@ mod tests {
             entry: doc! {"op": "i", "o": {"pad": "x".repeat(n)}},
             pre_image: None,
         };
-        let size = crate::commands::write_ops::bson_size(&op(100).entry);
+        let size = pipeline::changestream::split::document_size(&op(100).entry);
         let parts = chunks((0..10).map(|_| op(100)).collect(), size * 3);
         assert_eq!(
             parts.iter().map(Vec::len).collect::<Vec<_>>(),

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use bson::oid::ObjectId;
 use bson::{Bson, Document, Uuid, doc};
+use pipeline::changestream::split::document_size;
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
@@ -172,7 +173,7 @@ fn dollar_prefixed_name(v: &Bson) -> Option<&str> {
 }
 
 pub fn check_size(doc: &Document) -> Result<(), MongoError> {
-    let size = bson_size(doc);
+    let size = document_size(doc);
     if size > wire::MAX_BSON_OBJECT_SIZE {
         return Err(MongoError::new(
             ErrorCode::BSON_OBJECT_TOO_LARGE,
@@ -183,10 +184,6 @@ pub fn check_size(doc: &Document) -> Result<(), MongoError> {
         ));
     }
     Ok(())
-}
-
-pub fn bson_size(doc: &Document) -> usize {
-    pipeline::changestream::split::document_size(doc)
 }
 
 /// The duplicate-key error MongoDB returns.
@@ -539,7 +536,7 @@ fn check_update_size(doc: &Document) -> Result<(), MongoError> {
             format!("Document exceeds maximum nesting depth of {MAX_STORED_DEPTH}"),
         ));
     }
-    let size = bson_size(doc);
+    let size = document_size(doc);
     if size > wire::MAX_BSON_OBJECT_SIZE {
         return Err(MongoError::with_code(
             17419,
