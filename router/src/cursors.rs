@@ -253,7 +253,7 @@ pub enum CursorState {
     /// collections), read as the client asks.
     Spooled(Spooled),
     /// A change stream merged from every shard.
-    ChangeStream(Box<crate::changestream::ChangeStreamCursor>),
+    ChangeStream(Box<crate::streams::ChangeStreamCursor>),
 }
 
 impl CursorState {

@@ -5,30 +5,28 @@
 //! the middle modules (change streams, transactions, cursors, auth, lineages) →
 //! [`kernel`] (the shard transport, the config store, the clock), which imports nothing
 //! above it. [`router::Router`] is the composition root that builds the seams and hands
-//! them to the commands. [`routing`] is the pure shard-key and chunk logic.
+//! them to the commands. The pure shard-key and chunk logic is
+//! `shard::sharding`, shared with the shards.
 
 pub mod auth;
-pub mod changestream;
 mod commands;
 pub mod config_file;
 pub mod cursors;
 pub mod failpoint;
 pub mod kernel;
 pub mod launch;
-pub mod lineages;
 pub mod local_sessions;
 pub mod log_buffer;
-pub mod metadata;
 pub mod metrics;
 pub mod ops;
 pub mod parameters;
 pub mod router;
-pub mod routing;
 pub mod server;
 mod snapshot;
 pub mod stdout_log;
+pub mod streams;
 mod txn;
 
-pub use changestream::REPLIES_PER_SECOND;
 pub use kernel::shard_client::{LocalShard, RemoteShard, ShardClient, TransportError};
 pub use router::{Presentation, Router, RouterOptions, ShardPatience};
+pub use streams::REPLIES_PER_SECOND;

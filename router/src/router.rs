@@ -10,19 +10,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{Document, doc};
+use bson::doc;
 use resume::ClusterTime;
 use tokio_util::sync::CancellationToken;
-use wire::{ErrorCode, MongoError, Result};
+use wire::{MongoError, Result};
 
 use crate::cursors::CursorTable;
+use crate::kernel::catalog::Catalog;
 use crate::kernel::clock::ClusterClock;
 use crate::kernel::config::ConfigStore;
 use crate::kernel::services::Services;
 use crate::kernel::shard_client::ShardClient;
 pub use crate::kernel::transport::ShardPatience;
 use crate::kernel::transport::{Resend, ShardTransport};
-use crate::metadata::{CONFIG_DB, DatabaseEntry, MetadataCache, Placement, ShardedCollection};
 
 /// How the router presents itself to drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,7 +44,7 @@ pub struct RouterOptions {
     pub enable_test_commands: bool,
     pub patience: ShardPatience,
     /// Memory, in bytes, of released events a shared change-stream merge keeps for its slower
-    /// clients; a client further behind goes on by itself (see `changestream::hub`).
+    /// clients; a client further behind goes on by itself (see `streams::hub`).
     pub stream_buffer_bytes: usize,
     /// About how many batches with events a shared merge sends per second over all its
     /// clients: each client's replies are spaced `clients ÷ this` apart (at most 100 ms), so
@@ -84,14 +84,14 @@ impl Default for RouterOptions {
             enable_test_commands: false,
             patience: ShardPatience::default(),
             stream_buffer_bytes: 16 << 20,
-            stream_replies_per_second: crate::changestream::REPLIES_PER_SECOND,
+            stream_replies_per_second: crate::streams::REPLIES_PER_SECOND,
             slow_ms: 100,
             max_clock_drift: Duration::from_secs(365 * 24 * 3600),
             auth: false,
             tls: None,
             shard_tls: None,
             shard_key: None,
-            lineage_interval: crate::lineages::INTERVAL,
+            lineage_interval: crate::kernel::lineages::INTERVAL,
             client_limits: wire::limits::Limits::default(),
         }
     }
@@ -104,7 +104,8 @@ pub struct Router {
     pub(crate) config: ConfigStore,
     /// The cluster time this router has seen (the transport's, shared).
     pub(crate) clock: Arc<ClusterClock>,
-    pub(crate) metadata: MetadataCache,
+    /// Where data lives, and so which shards a command reaches.
+    pub(crate) catalog: Catalog,
     pub(crate) cursors: CursorTable,
     pub(crate) options: RouterOptions,
     /// The sessions' multi-document transactions.
@@ -118,7 +119,7 @@ pub struct Router {
     /// Background work, and the router's shutdown.
     pub(crate) services: Services,
     /// What change streams run on.
-    pub(crate) streams: Arc<crate::changestream::Streams>,
+    pub(crate) streams: Arc<crate::streams::Streams>,
     /// What `--metricsPort` shows.
     pub metrics: crate::metrics::Metrics,
     /// Who each connection authenticated as.
@@ -128,7 +129,7 @@ pub struct Router {
     /// The logical sessions this router has seen (`$listLocalSessions`).
     pub(crate) local_sessions: crate::local_sessions::LocalSessions,
     /// The registry of the shards' histories (`lineages`).
-    pub(crate) lineages: Arc<crate::lineages::Lineages>,
+    pub(crate) lineages: Arc<crate::kernel::lineages::Lineages>,
     /// The key that signs cluster times (`--auth`), loaded from the config shard when first
     /// needed.
     pub(crate) cluster_key: tokio::sync::OnceCell<crate::kernel::clock::ClusterKey>,
@@ -144,13 +145,13 @@ impl Router {
             options.patience.connect,
         ));
         let connections = Arc::new(wire::limits::Connections::new(options.client_limits));
-        let lineages = Arc::new(crate::lineages::Lineages::new(
+        let lineages = Arc::new(crate::kernel::lineages::Lineages::new(
             transport.clone(),
             options.lineage_interval,
         ));
         let metrics = crate::metrics::Metrics::default();
         let services = Services::default();
-        let streams = Arc::new(crate::changestream::Streams {
+        let streams = Arc::new(crate::streams::Streams {
             transport: transport.clone(),
             lineages: lineages.clone(),
             hubs: Default::default(),
@@ -160,13 +161,14 @@ impl Router {
             services: services.clone(),
             idle_shard_nudges: metrics.idle_shard_nudges(),
         });
+        let catalog = Catalog::new(ConfigStore::new(transport.clone()), transport.len());
         let sessions = Arc::new(crate::txn::Sessions::default());
         let enlisting = crate::txn::Enlisting::new(transport.clone(), sessions.clone());
         Arc::new(Router {
             config: ConfigStore::new(transport.clone()),
             transport,
             clock,
-            metadata: MetadataCache::default(),
+            catalog,
             cursors: CursorTable::default(),
             options,
             enlisting,
@@ -251,137 +253,4 @@ impl Router {
             tracing::debug!(error = %e.into_error(), "the config shard did not give its time");
         }
     }
-
-    // ----- metadata --------------------------------------------------------------------------
-
-    /// The database's entry, if it exists.
-    pub async fn database(&self, db: &str) -> Result<Option<DatabaseEntry>> {
-        if let Some(entry) = self.metadata.database(db, Instant::now()) {
-            return Ok(entry);
-        }
-        self.load_database(db).await
-    }
-
-    async fn load_database(&self, db: &str) -> Result<Option<DatabaseEntry>> {
-        let now = Instant::now();
-        let found = self
-            .config
-            .find_one(CONFIG_DB, "databases", doc! {"_id": db})
-            .await?;
-        let entry = found.map(|d| database_entry(db, &d));
-        self.metadata.set_database(db, entry.clone(), now);
-        Ok(entry)
-    }
-
-    /// The database's entry, creating it (with the least-loaded shard as primary) if needed.
-    pub async fn ensure_database(&self, db: &str) -> Result<DatabaseEntry> {
-        if let Some(entry) = self.database(db).await? {
-            return Ok(entry);
-        }
-        validate_db_name(db)?;
-        let primary = if db == CONFIG_DB || db == "admin" {
-            self.transport.name(0).unwrap_or_default().to_string()
-        } else {
-            self.least_loaded_shard().await?
-        };
-        // A concurrent router may win the race; its choice stands.
-        let ours = doc! {"_id": db, "primary": &primary};
-        let stored = self
-            .config
-            .get_or_insert(CONFIG_DB, "databases", ours)
-            .await?;
-        let entry = database_entry(db, &stored);
-        self.metadata
-            .set_database(db, Some(entry.clone()), Instant::now());
-        Ok(entry)
-    }
-
-    async fn least_loaded_shard(&self) -> Result<String> {
-        let mut counts = vec![0usize; self.transport.len()];
-        for d in self.config.find(CONFIG_DB, "databases", doc! {}).await? {
-            if let Ok(i) = self.transport.index(d.get_str("primary").unwrap_or("")) {
-                counts[i] += 1;
-            }
-        }
-        let best = (0..self.transport.len())
-            .min_by_key(|&i| (counts[i], i))
-            .unwrap_or(0);
-        Ok(self.transport.name(best).unwrap_or_default().to_string())
-    }
-
-    /// The sharded collection `ns`, if it is sharded.
-    pub async fn sharded_collection(&self, ns: &str) -> Result<Option<Arc<ShardedCollection>>> {
-        let now = Instant::now();
-        if let Some(entry) = self.metadata.collection(ns, now) {
-            return Ok(entry);
-        }
-        let entry = match self
-            .config
-            .find_one(CONFIG_DB, "collections", doc! {"_id": ns})
-            .await?
-        {
-            None => None,
-            Some(coll) => {
-                let chunks = self
-                    .config
-                    .find(CONFIG_DB, "chunks", doc! {"ns": ns})
-                    .await?;
-                Some(Arc::new(ShardedCollection::from_documents(&coll, &chunks)?))
-            }
-        };
-        self.metadata.set_collection(ns, entry.clone(), now);
-        Ok(entry)
-    }
-
-    /// Where `db.coll` lives. A database that does not exist yet is created when `create` is set
-    /// (writes), else reads go to shard 0 and find nothing.
-    pub async fn placement(&self, db: &str, coll: &str, create: bool) -> Result<Placement> {
-        let ns = format!("{db}.{coll}");
-        if let Some(sharded) = self.sharded_collection(&ns).await? {
-            return Ok(Placement::Sharded(sharded));
-        }
-        let primary = if create {
-            self.ensure_database(db).await?.primary
-        } else {
-            match self.database(db).await? {
-                Some(entry) => entry.primary,
-                None if db == CONFIG_DB || db == "admin" => {
-                    self.transport.name(0).unwrap_or_default().to_string()
-                }
-                None => {
-                    return Ok(Placement::Unsharded {
-                        primary: String::new(),
-                    });
-                }
-            }
-        };
-        Ok(Placement::Unsharded { primary })
-    }
-
-    pub(crate) fn remember_collection(&self, ns: &str, entry: Option<Arc<ShardedCollection>>) {
-        self.metadata.set_collection(ns, entry, Instant::now());
-    }
-
-    pub(crate) fn forget_database(&self, db: &str) {
-        self.metadata.forget_database(db);
-    }
-}
-
-/// A `config.databases` document as an entry.
-fn database_entry(db: &str, stored: &Document) -> DatabaseEntry {
-    DatabaseEntry {
-        name: db.to_string(),
-        primary: stored.get_str("primary").unwrap_or("shard0").to_string(),
-    }
-}
-
-pub(crate) fn validate_db_name(db: &str) -> Result<()> {
-    let bad = db.is_empty() || db.len() > 63 || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']);
-    if bad {
-        return Err(MongoError::new(
-            ErrorCode::INVALID_NAMESPACE,
-            format!("Invalid database name: '{db}'"),
-        ));
-    }
-    Ok(())
 }

@@ -21,7 +21,7 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
     router.services.start(IdleCursors {
         router: router.clone(),
     });
-    crate::lineages::keep_up(&router.services, &router.lineages);
+    crate::kernel::lineages::keep_up(&router.services, &router.lineages);
     let tls = router.options.tls.clone();
     let connections = router.connections.clone();
     let handler = Arc::new(RouterHandler { router });

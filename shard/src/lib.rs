@@ -40,6 +40,7 @@ pub mod retention;
 pub mod retryable;
 pub mod server;
 mod services;
+pub mod sharding;
 pub mod shown;
 pub mod state;
 pub mod storage;

@@ -16,13 +16,13 @@ use std::path::{Path, PathBuf};
 type Module = Vec<String>;
 
 /// Files in import cycles, per crate, at most (lower them as cycles are cut).
-const CYCLE_CEILING: &[(&str, usize)] = &[("router", 15), ("shard", 15), ("pipeline", 0)];
+const CYCLE_CEILING: &[(&str, usize)] = &[("router", 14), ("shard", 15), ("pipeline", 0)];
 
 /// Files that import a composition root other than those allowed to, per rule, at most.
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
     (
         "router: router.rs imported only by server.rs and launch.rs",
-        14,
+        11,
     ),
     (
         "router: commands/ imported only by server.rs and launch.rs",

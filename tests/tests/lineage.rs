@@ -29,7 +29,7 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
 }
 
 /// The registry on the config shard records how far each history reached about once a
-/// second (`router::lineages::INTERVAL`).
+/// second (`router::kernel::lineages::INTERVAL`).
 const REGISTRY_CATCH_UP: Duration = Duration::from_millis(2_500);
 /// A shard's clock reserves this far ahead (`shard::clock`, three seconds), and a bit more.
 const RESERVATION_WINDOW: Duration = Duration::from_millis(3_500);

@@ -179,7 +179,7 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
             "changeStreams": {
                 "sharedMerges": merges as i64,
                 "sharedBufferBytes": buffered as i64,
-                "heldReplyBytes": i64::try_from(crate::changestream::held_bytes()).unwrap_or(i64::MAX),
+                "heldReplyBytes": i64::try_from(crate::streams::held_bytes()).unwrap_or(i64::MAX),
                 "largeEventsSplit": split,
                 "largeEventsFailed": failed,
                 "showExpandedEvents": expanded,

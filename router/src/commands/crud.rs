@@ -15,9 +15,9 @@ use bson::{Bson, Document, doc, oid::ObjectId};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
+use crate::kernel::catalog::{Catalog, Placement, ShardedCollection};
 use crate::kernel::transport::Shards;
-use crate::metadata::{Placement, ShardedCollection};
-use crate::router::Router;
+use shard::sharding::ShardId;
 
 /// Fields of a driver's command that are the router's business, not the shard's.
 const ROUTER_ONLY_FIELDS: &[&str] = &[
@@ -51,7 +51,7 @@ fn forwardable_without(cmd: &Document, left_out: &str) -> Document {
 
 /// Checks the namespace a command targets.
 pub(super) fn validate_collection_name(db: &str, coll: &str) -> Result<()> {
-    crate::router::validate_db_name(db)?;
+    crate::kernel::catalog::validate_db_name(db)?;
     // MongoDB's limit on `db.coll`, checked before the name is used (or logged) anywhere.
     const MAX_NAMESPACE: usize = 255;
     if db.len() + 1 + coll.len() > MAX_NAMESPACE {
@@ -232,6 +232,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let placement = ctx
         .router
+        .catalog
         .placement(ctx.db, coll, true)
         .await
         .map_err(|e| retryable(e, ctx))?;
@@ -260,9 +261,9 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
             continue;
         }
         let shard = match &placement {
-            Placement::Unsharded { primary } => router.transport.index(primary)?,
+            Placement::Unsharded { primary } => written_primary(*primary)?,
             Placement::Sharded(sc) => match sc.key.key_of_document(&d) {
-                Ok(key) => router.transport.index(sc.chunks.shard_for(&key))?,
+                Ok(key) => sc.chunks.shard_for(&key).index(),
                 Err(e) => {
                     outcome.fail(i, &e);
                     if ordered {
@@ -497,34 +498,22 @@ fn with_id(d: &Document) -> Document {
     out
 }
 
-/// Which shards a query on a sharded collection must reach, under the query's `collation`
-/// (the command's or statement's field): the shard key orders strings by the simple
-/// collation, so under another one a key with strings may match on any shard.
+/// The shards (by index) a query on a sharded collection must reach, under the query's
+/// `collation` (the command's or statement's field; see [`Catalog::sharded_targets`]).
 pub(super) fn shards_for_query(
-    router: &Router,
     sc: &ShardedCollection,
     filter: &Document,
     collation: Option<&Bson>,
 ) -> Result<Vec<usize>> {
-    let collated = collation
-        .map(pipeline::collation::Collation::parse)
-        .transpose()?
-        .flatten()
-        .is_some();
-    // (Conservatively: a string anywhere in the filter; a hashed key no longer shows it.)
-    let key = sc
-        .key
-        .key_of_query(filter)
-        .filter(|_| !collated || !pipeline::collation::has_string(&Bson::Document(filter.clone())));
-    match key {
-        Some(key) => Ok(vec![router.transport.index(sc.chunks.shard_for(&key))?]),
-        None => sc
-            .chunks
-            .shards()
-            .iter()
-            .map(|s| router.transport.index(s))
-            .collect(),
-    }
+    let ids = Catalog::sharded_targets(sc, filter, collation)?;
+    Ok(ids.into_iter().map(ShardId::index).collect())
+}
+
+/// The primary of an unsharded namespace that a write placed (creating its database).
+fn written_primary(primary: Option<ShardId>) -> Result<usize> {
+    primary
+        .map(ShardId::index)
+        .ok_or_else(|| MongoError::internal("a write's database has no primary shard"))
 }
 
 pub(super) async fn update(ctx: &Ctx<'_>) -> Result<Document> {
@@ -544,12 +533,13 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
     let statements = args.documents(list_field)?;
     let router = ctx.router;
     let placement = router
+        .catalog
         .placement(ctx.db, coll, is_update)
         .await
         .map_err(|e| retryable(e, ctx))?;
     let version = placement.version();
     let sc = match placement {
-        Placement::Unsharded { primary } if primary.is_empty() => {
+        Placement::Unsharded { primary: None } => {
             // The database does not exist: nothing to update or delete.
             let mut outcome = WriteOutcome {
                 is_update,
@@ -558,8 +548,10 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             outcome.n = 0;
             return Ok(outcome.into_reply());
         }
-        Placement::Unsharded { primary } => {
-            let shard = router.transport.index(&primary)?;
+        Placement::Unsharded {
+            primary: Some(primary),
+        } => {
+            let shard = primary.index();
             let mut cmd = forwardable(ctx.cmd);
             cmd.insert("shardVersion", version);
             let reply = router
@@ -594,7 +586,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             )
         };
         let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
-        let shards = shards_for_query(router, &sc, &filter, stmt.get("collation"))?;
+        let shards = shards_for_query(&sc, &filter, stmt.get("collation"))?;
         let cmd = sub_command(
             ctx,
             &version,
@@ -651,14 +643,15 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     let upsert = args.opt_bool("upsert")?.unwrap_or(false);
     let router = ctx.router;
     let placement = router
+        .catalog
         .placement(ctx.db, coll, true)
         .await
         .map_err(|e| retryable(e, ctx))?;
     let mut cmd = forwardable(ctx.cmd);
     cmd.insert("shardVersion", placement.version());
     let shards = match placement {
-        Placement::Unsharded { primary } => vec![router.transport.index(&primary)?],
-        Placement::Sharded(sc) => shards_for_query(router, &sc, &query, ctx.cmd.get("collation"))?,
+        Placement::Unsharded { primary } => vec![written_primary(primary)?],
+        Placement::Sharded(sc) => shards_for_query(&sc, &query, ctx.cmd.get("collation"))?,
     };
     if shards.len() > 1 && upsert {
         return Err(MongoError::new(

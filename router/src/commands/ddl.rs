@@ -16,9 +16,9 @@ use wire::{ErrorCode, MongoError, Result};
 use super::Ctx;
 use super::crud::{forwardable, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
+use crate::kernel::catalog::{CONFIG_DB, Placement, ShardedCollection};
 use crate::kernel::transport::Shards;
-use crate::metadata::{CONFIG_DB, Placement, ShardedCollection};
-use crate::routing::{ChunkTable, ShardKey};
+use shard::sharding::{ChunkTable, ShardKey};
 
 /// Chunks per shard when a hashed key is pre-split.
 const HASHED_CHUNKS_PER_SHARD: usize = 2;
@@ -33,32 +33,34 @@ struct Holders {
 /// `db.coll` lives on its primary, or on every shard when it is sharded.
 async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> {
     let router = ctx.router;
-    Ok(match router.placement(ctx.db, coll, create_db).await? {
-        Placement::Unsharded { primary } if primary.is_empty() => Holders {
-            shards: vec![],
-            primary: None,
-            sharded: false,
-        },
-        Placement::Unsharded { primary } => {
-            let p = router.transport.index(&primary)?;
-            Holders {
-                shards: vec![p],
-                primary: Some(p),
+    Ok(
+        match router.catalog.placement(ctx.db, coll, create_db).await? {
+            Placement::Unsharded { primary: None } => Holders {
+                shards: vec![],
+                primary: None,
                 sharded: false,
+            },
+            Placement::Unsharded {
+                primary: Some(primary),
+            } => {
+                let p = primary.index();
+                Holders {
+                    shards: vec![p],
+                    primary: Some(p),
+                    sharded: false,
+                }
             }
-        }
-        Placement::Sharded(_) => {
-            let primary = match router.database(ctx.db).await? {
-                Some(d) => Some(router.transport.index(&d.primary)?),
-                None => None,
-            };
-            Holders {
-                shards: router.transport.all(),
-                primary,
-                sharded: true,
+            Placement::Sharded(_) => {
+                let primary = router.catalog.database(ctx.db).await?;
+                let primary = primary.map(|d| d.primary.index());
+                Holders {
+                    shards: router.transport.all(),
+                    primary,
+                    sharded: true,
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 /// Sends a DDL command (less the fields only the router reads) to every holder. The copies for
@@ -158,7 +160,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
                 doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]},
             )
             .await?;
-        router.remember_collection(&ns, None);
+        router.catalog.remember_collection(&ns, None);
     }
     let mut reply = doc! {"ns": ns};
     if let Some(Some(n)) = n_indexes_was {
@@ -177,10 +179,10 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let router = ctx.router;
-    let Some(entry) = router.database(db).await? else {
+    let Some(entry) = router.catalog.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
     };
-    let primary = router.transport.index(&entry.primary)?;
+    let primary = entry.primary.index();
     let drop = doc! {"dropDatabase": 1};
     for r in broadcast_ddl(router, db, &router.transport.all(), Some(primary), &drop).await {
         r?;
@@ -211,7 +213,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]},
         )
         .await?;
-    router.forget_database(db);
+    router.catalog.forget_database(db);
     Ok(doc! {"dropped": db, "ok": 1.0})
 }
 
@@ -245,41 +247,33 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
     let (to_db, to_coll) = split_ns(to)?;
     validate_collection_name(to_db, to_coll)?;
     let router = ctx.router;
-    if router.sharded_collection(from).await?.is_some()
-        || router.sharded_collection(to).await?.is_some()
+    if router.catalog.sharded_collection(from).await?.is_some()
+        || router.catalog.sharded_collection(to).await?.is_some()
     {
         return Err(MongoError::new(
             ErrorCode::ILLEGAL_OPERATION,
             format!("renaming a sharded collection is not supported: {from}"),
         ));
     }
-    let Some(source) = router.database(from_db).await? else {
+    let Some(source) = router.catalog.database(from_db).await? else {
         return Err(MongoError::new(
             ErrorCode::NAMESPACE_NOT_FOUND,
             "Source collection does not exist",
         ));
     };
     let _ = from_coll;
-    let target = match router.database(to_db).await? {
-        Some(t) => t,
-        None => {
-            router
-                .shards().command(
-                    0,
-                    CONFIG_DB,
-                    doc! {"insert": "databases", "documents": [{"_id": to_db, "primary": &source.primary}]},
-                )
-                .await?;
-            router.ensure_database(to_db).await?
-        }
-    };
+    // A new database is made on the source's primary, so the rename stays on one shard.
+    let target = router
+        .catalog
+        .ensure_database_on(to_db, source.primary)
+        .await?;
     if target.primary != source.primary {
         return Err(MongoError::new(
             ErrorCode::COMMAND_NOT_SUPPORTED,
             format!("cannot rename across databases with different primary shards ({from} → {to})"),
         ));
     }
-    let shard = router.transport.index(&source.primary)?;
+    let shard = source.primary.index();
     router
         .shards()
         .command(shard, "admin", forwardable(ctx.cmd))
@@ -289,10 +283,10 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
 pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
     let ns = format!("{}.$cmd.listCollections", ctx.db);
-    let Some(db) = router.database(ctx.db).await? else {
+    let Some(db) = router.catalog.database(ctx.db).await? else {
         return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
     };
-    let shard = router.transport.index(&db.primary)?;
+    let shard = db.primary.index();
     let reply = router
         .shards()
         .command(shard, ctx.db, forwardable(ctx.cmd))
@@ -368,7 +362,7 @@ pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
             shard::commands::check_index_key(key)?;
         }
     }
-    if let Placement::Sharded(meta) = ctx.router.placement(ctx.db, coll, false).await?
+    if let Placement::Sharded(meta) = ctx.router.catalog.placement(ctx.db, coll, false).await?
         && let Ok(specs) = ctx.cmd.get_array("indexes")
     {
         for spec in specs.iter().filter_map(Bson::as_document) {
@@ -435,8 +429,8 @@ pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
             ));
         }
     };
-    let entry = ctx.router.ensure_database(db).await?;
-    Ok(doc! {"primary": entry.primary, "ok": 1.0})
+    let entry = ctx.router.catalog.ensure_database(db).await?;
+    Ok(doc! {"primary": entry.primary.to_string(), "ok": 1.0})
 }
 
 pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
@@ -459,7 +453,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let router = ctx.router;
-    if let Some(existing) = router.sharded_collection(ns).await? {
+    if let Some(existing) = router.catalog.sharded_collection(ns).await? {
         if existing.key == key {
             return Ok(
                 doc! {"collectionsharded": ns, "collectionUUID": existing.uuid.clone(), "ok": 1.0},
@@ -473,8 +467,8 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             ),
         ));
     }
-    let primary_name = router.ensure_database(db).await?.primary;
-    let primary = router.transport.index(&primary_name)?;
+    let primary_id = router.catalog.ensure_database(db).await?.primary;
+    let primary = primary_id.index();
 
     // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
     let listed = router
@@ -534,9 +528,9 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     let chunks = if key.is_hashed() && !has_data {
-        ChunkTable::presplit_hashed(&key, &router.transport.names(), HASHED_CHUNKS_PER_SHARD)
+        ChunkTable::presplit_hashed(&key, &router.transport.ids(), HASHED_CHUNKS_PER_SHARD)
     } else {
-        ChunkTable::single(&key, &primary_name)
+        ChunkTable::single(&key, primary_id)
     };
     // Create it everywhere first (the primary last: it writes the shardCollection event).
     let mut order: Vec<usize> = router
@@ -595,6 +589,8 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"insert": "collections", "documents": [sharded.to_document()]},
         )
         .await?;
-    router.remember_collection(ns, Some(Arc::new(sharded)));
+    router
+        .catalog
+        .remember_collection(ns, Some(Arc::new(sharded)));
     Ok(doc! {"collectionsharded": ns, "collectionUUID": uuid, "ok": 1.0})
 }

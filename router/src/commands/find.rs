@@ -7,19 +7,22 @@
 //! A sharded aggregation is split (`super::aggregate`): the shards run a prefix, the router the rest.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bson::{Bson, Document, RawDocumentBuf, doc};
 use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
+use resume::token::ResumeToken;
+use shard::sharding::ShardId;
+use wire::raw::{Body, CursorBody, CursorReply};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
-use super::crud::{forwardable, shards_for_query, validate_collection_name};
+use super::crud::{forwardable, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, SHARD_GET_MORE_DOCS, Source};
+use crate::kernel::catalog::{Catalog, Placement};
 use crate::kernel::transport::Shards;
-use crate::metadata::Placement;
 use crate::router::Router;
-use wire::raw::{Body, CursorReply};
 
 /// MongoDB's default first batch.
 const DEFAULT_BATCH: usize = 101;
@@ -27,14 +30,9 @@ const DEFAULT_BATCH: usize = 101;
 /// The shards a read of `db.coll` with `filter` must reach; empty when the database does not
 /// exist.
 pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
-    let placement = ctx.router.placement(ctx.db, coll, false).await?;
-    let shards = match &placement {
-        Placement::Unsharded { primary } if primary.is_empty() => vec![],
-        Placement::Unsharded { primary } => vec![ctx.router.transport.index(primary)?],
-        Placement::Sharded(sc) => {
-            shards_for_query(ctx.router, sc, filter, ctx.cmd.get("collation"))?
-        }
-    };
+    let placement = ctx.router.catalog.placement(ctx.db, coll, false).await?;
+    let shards = Catalog::targets(&placement, filter, ctx.cmd.get("collation"))?;
+    let shards = shards.into_iter().map(ShardId::index).collect();
     Ok(Targets {
         shards,
         version: placement.version(),
@@ -250,7 +248,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         guard.kill(router).await;
         router.cursors.remove(id);
         return Err(if stream {
-            crate::changestream::label_resumable(e)
+            crate::streams::label_resumable(e)
         } else {
             e
         });
@@ -258,7 +256,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
     if matches!(guard.state, CursorState::ChangeStream(_)) {
         let max_time = match args.opt_i64("maxTimeMS")? {
             Some(ms) if ms > 0 => std::time::Duration::from_millis(ms as u64),
-            _ => crate::changestream::DEFAULT_AWAIT,
+            _ => crate::streams::DEFAULT_AWAIT,
         };
         // Served on the background lane, as the stream's feeds are: a reader far behind takes
         // only the CPU that writers leave.
@@ -285,7 +283,7 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
             Err(e) => {
                 guard.kill(router).await;
                 router.cursors.remove(id);
-                return Err(crate::changestream::label_resumable(e));
+                return Err(crate::streams::label_resumable(e));
             }
         };
         router.metrics.events_delivered(batch.events.len() as u64);
@@ -299,8 +297,8 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
                     .map(resume::token::ResumeToken::to_document),
             );
         }
-        let stamp = crate::changestream::stamp_of(router);
-        let reply = crate::changestream::cursor_reply(&guard.ns, id, batch, false, stamp);
+        let stamp = router.streams.stamp();
+        let reply = crate::streams::cursor_reply(&guard.ns, id, batch, false, stamp);
         if !keep {
             guard.kill(router).await;
             router.cursors.remove(id);
@@ -464,11 +462,41 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
 pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
     let args = ctx.args();
     if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
-        return crate::changestream::aggregate(ctx.router, ctx.db, ctx.cmd)
+        return open_change_stream(ctx.router, ctx.db, ctx.cmd)
             .await
             .map(Body::Cursor);
     }
     aggregate_documents(ctx).await
+}
+
+/// `aggregate` with `$changeStream` first: opens the stream, registers its cursor (unless its
+/// first batch ended it) and replies with the first batch.
+async fn open_change_stream(router: &Arc<Router>, db: &str, cmd: &Document) -> Result<CursorBody> {
+    let opened = router.streams.open(db, cmd).await?;
+    let batch = opened.batch;
+    router.metrics.events_delivered(batch.events.len() as u64);
+    let stamp = router.streams.stamp();
+    let Some(cursor) = opened.cursor else {
+        return Ok(crate::streams::cursor_reply(
+            &opened.ns, 0, batch, true, stamp,
+        ));
+    };
+    let mut info = crate::cursors::StreamInfo::new(&opened.ns, cmd);
+    info.replied(
+        batch.events.len(),
+        batch
+            .post_batch_resume_token
+            .as_ref()
+            .map(ResumeToken::to_document),
+    );
+    let id = router.cursors.insert(RouterCursor {
+        ns: opened.ns.clone(),
+        state: CursorState::ChangeStream(Box::new(cursor)),
+        info: Some(Arc::new(std::sync::Mutex::new(info))),
+    });
+    Ok(crate::streams::cursor_reply(
+        &opened.ns, id, batch, true, stamp,
+    ))
 }
 
 /// `aggregate` over a collection's documents.

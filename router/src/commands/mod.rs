@@ -184,7 +184,7 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
                 // recreated it): the shard refused before running anything. Reload and retry
                 // once.
                 Err(e) if e.code == ErrorCode::STALE_CONFIG.code => {
-                    router.forget_database(&req.db);
+                    router.catalog.forget_database(&req.db);
                     dispatch(&ctx).await
                 }
                 other => other,

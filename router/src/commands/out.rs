@@ -350,7 +350,7 @@ async fn next_batch(ctx: &Ctx<'_>, results: &mut RouterCursor) -> Result<Option<
 
 async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, results: &mut RouterCursor) -> Result<()> {
     let ns = format!("{db}.{coll}");
-    if ctx.router.sharded_collection(&ns).await?.is_some() {
+    if ctx.router.catalog.sharded_collection(&ns).await?.is_some() {
         return Err(MongoError::with_code(
             28769,
             format!("{ns} cannot be sharded"),

@@ -15,8 +15,8 @@ use wire::{ErrorCode, MongoError, Result};
 use super::crud::validate_collection_name;
 use super::{Ctx, find};
 use crate::cursors::{CursorState, RouterCursor};
+use crate::kernel::catalog::Placement;
 use crate::kernel::transport::Shards;
-use crate::metadata::Placement;
 
 fn number(v: Option<&Bson>) -> f64 {
     match v {
@@ -53,7 +53,7 @@ async fn ask_every_shard(ctx: &Ctx<'_>, cmd: &Document) -> Result<Vec<(String, D
 
 /// `dbStats`.
 pub(super) async fn db_stats(ctx: &Ctx<'_>) -> Result<Document> {
-    crate::router::validate_db_name(ctx.db)?;
+    crate::kernel::catalog::validate_db_name(ctx.db)?;
     let parts = ask_every_shard(ctx, &for_shards(ctx)).await?;
     let sum = |k: &str| parts.iter().map(|(_, p)| number(p.get(k))).sum::<f64>();
     let most = |k: &str| {
@@ -95,7 +95,7 @@ pub(super) async fn coll_stats(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, &coll)?;
     let parts = ask_every_shard(ctx, &for_shards(ctx)).await?;
     let sharded = matches!(
-        ctx.router.placement(ctx.db, &coll, false).await?,
+        ctx.router.catalog.placement(ctx.db, &coll, false).await?,
         Placement::Sharded(_)
     );
     let sum = |k: &str| {

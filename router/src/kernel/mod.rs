@@ -6,11 +6,15 @@
 //!   operation key ([`transport::ShardTransport`]), and the [`transport::Send`] conveniences
 //!   that a transaction's statements share through `txn::Enlisting`;
 //! * [`config`]: the config shard's collections as a store ([`config::ConfigStore`]);
+//! * [`catalog`]: where data lives (databases' primaries, sharded collections' chunks) and so
+//!   which shards a command reaches ([`catalog::Catalog`]);
 //! * [`services`]: background work, started, named, traced and stopped one way;
 //! * [`clock`]: the cluster time this router has seen, and its signing.
 
+pub mod catalog;
 pub mod clock;
 pub mod config;
+pub mod lineages;
 pub mod services;
 pub mod shard_client;
 pub mod transport;

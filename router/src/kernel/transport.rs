@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bson::{Bson, Document};
 use futures::future::join_all;
+use shard::sharding::ShardId;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
@@ -140,6 +141,11 @@ impl ShardTransport {
     /// Every shard's index, in order.
     pub fn all(&self) -> Vec<usize> {
         (0..self.shards.len()).collect()
+    }
+
+    /// Every shard's id, in order.
+    pub fn ids(&self) -> Vec<ShardId> {
+        (0..self.shards.len()).filter_map(ShardId::new).collect()
     }
 
     pub fn names(&self) -> Vec<String> {

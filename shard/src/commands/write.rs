@@ -1,6 +1,7 @@
 //! `insert`, `update` and `delete`: parse the statements, then run them as one job of the
 //! writer (one atomic commit with their oplog entries and retryable-write records), or, when a
-//! multi statement matches more than a batch, as one job per batch of it ([`batches`]).
+//! multi statement matches more than a batch, as one job per batch of it
+//! ([`batches`](crate::write::batches)).
 //!
 //! Per-statement failures become `writeErrors` (`ordered` stops at the first); earlier
 //! statements keep their effects, as in MongoDB. A retried statement (same `lsid`,
@@ -99,7 +100,7 @@ fn stmt_id(retry: &Option<RetryState>, i: usize) -> i32 {
 }
 
 /// A write command's statements, run in order as writer jobs: usually one, more when a
-/// multi statement writes more than one batch ([`batches`]).
+/// multi statement writes more than one batch ([`batches`](crate::write::batches)).
 trait Batched: Send + 'static {
     fn series(&self) -> &Series;
 

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 
 use super::hub::Hubs;
+use crate::kernel::lineages::Lineages;
 use crate::kernel::services::Services;
 use crate::kernel::transport::{ShardPatience, ShardTransport};
-use crate::lineages::Lineages;
 
 /// The seams of the router's change streams.
 pub struct Streams {

@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::batch::ShardBatch;
+use crate::kernel::lineages::Lineages;
 use crate::kernel::transport::{Resend, ShardPatience, ShardTransport, backoff, sleep_before};
-use crate::lineages::Lineages;
 
 /// awaitData wait of one shard getMore (mongos caps it at 1 s with several shards).
 const SHARD_AWAIT: Duration = Duration::from_millis(1000);

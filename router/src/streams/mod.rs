@@ -29,11 +29,11 @@ mod batch;
 mod feed;
 mod hub;
 mod merged;
-mod streams;
+mod seams;
 
 pub(crate) use batch::held_bytes;
 pub use hub::REPLIES_PER_SECOND;
-pub use streams::Streams;
+pub use seams::Streams;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +50,6 @@ use wire::raw::{CursorBody, CursorReply};
 use wire::{MongoError, Result};
 
 use self::assembler::{BatchAssembler, Ready};
-use crate::router::Router;
 
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
@@ -78,64 +77,66 @@ pub struct Batch {
     pub invalidated: bool,
 }
 
-/// `aggregate` with `$changeStream` first: opens the stream and returns the reply.
-pub(crate) async fn aggregate(
-    router: &Arc<Router>,
-    db: &str,
-    cmd: &Document,
-) -> Result<CursorBody> {
-    // A token this cluster stamped, back in MongoDB's form (another cluster's is refused).
-    let plain = router.lineages.unstamp_start(cmd).await?;
-    let ChangeStreamCommand {
-        coll,
-        stages,
-        pipeline: parsed,
-        batch_size,
-    } = parse_command(db, plain.as_ref().unwrap_or(cmd), true)?;
-    if parsed.spec.start != pipeline::changestream::spec::StartPoint::None {
-        // A resume is judged against the shards' histories as they are now (a shard just
-        // restored from an older copy has its lost stretch marked before it is asked).
-        if let Err(e) = router.lineages.verify_now().await {
-            tracing::debug!(error = %e, "shard lineages not verified before a resume");
-        }
-    }
-    if let Err(e) = router.lineages.cluster_id().await {
-        tracing::debug!(error = %e, "the cluster's id is not known yet");
-    }
-    let mut cursor = ChangeStreamCursor::open(&router.streams, db, coll, stages, parsed).await?;
-    let batch = cursor
-        .next_batch(&router.streams, batch_size, Duration::ZERO)
-        .await?;
-    router.metrics.events_delivered(batch.events.len() as u64);
-    let ns = match coll {
-        Some(c) => format!("{db}.{c}"),
-        None => format!("{db}.$cmd.aggregate"),
-    };
-    if batch.invalidated {
-        cursor.kill().await;
-        return Ok(cursor_reply(&ns, 0, batch, true, stamp_of(router)));
-    }
-    let mut info = crate::cursors::StreamInfo::new(&ns, cmd);
-    info.replied(
-        batch.events.len(),
-        batch
-            .post_batch_resume_token
-            .as_ref()
-            .map(ResumeToken::to_document),
-    );
-    let id = router.cursors.insert(crate::cursors::RouterCursor {
-        ns: ns.clone(),
-        state: crate::cursors::CursorState::ChangeStream(Box::new(cursor)),
-        info: Some(Arc::new(std::sync::Mutex::new(info))),
-    });
-    Ok(cursor_reply(&ns, id, batch, true, stamp_of(router)))
+/// A stream just opened by [`Streams::open`], with its first batch.
+pub(crate) struct Opened {
+    /// The cursor's namespace (`db.coll`, or `db.$cmd.aggregate`).
+    pub ns: String,
+    /// The stream, or `None` when its first batch ended it (an invalidate).
+    pub cursor: Option<ChangeStreamCursor>,
+    pub batch: Batch,
 }
 
-/// The cluster's id to stamp high-water-mark tokens with (`lineages`), when the router knows
-/// it already: a reply never waits for the config shard (without it the token goes out as
-/// MongoDB's, which is accepted too). Streams learn it when they open.
-pub(crate) fn stamp_of(router: &Router) -> Option<bson::Uuid> {
-    router.lineages.known_cluster_id()
+impl Streams {
+    /// Opens the stream an `aggregate` with `$changeStream` first asks for on `db`, and reads
+    /// its first batch (without waiting). The start point is the command's: a token this
+    /// cluster stamped is taken back to MongoDB's form (another cluster's is refused), and a
+    /// resume is judged against the shards' histories as they are now; a stream without one
+    /// starts now, sharing a hub.
+    pub(crate) async fn open(self: &Arc<Self>, db: &str, cmd: &Document) -> Result<Opened> {
+        let plain = self.lineages.unstamp_start(cmd).await?;
+        let ChangeStreamCommand {
+            coll,
+            stages,
+            pipeline: parsed,
+            batch_size,
+        } = parse_command(db, plain.as_ref().unwrap_or(cmd), true)?;
+        if parsed.spec.start != pipeline::changestream::spec::StartPoint::None {
+            // A shard just restored from an older copy has its lost stretch marked before it
+            // is asked.
+            if let Err(e) = self.lineages.verify_now().await {
+                tracing::debug!(error = %e, "shard lineages not verified before a resume");
+            }
+        }
+        if let Err(e) = self.lineages.cluster_id().await {
+            tracing::debug!(error = %e, "the cluster's id is not known yet");
+        }
+        let mut cursor = ChangeStreamCursor::open(self, db, coll, stages, parsed).await?;
+        let batch = cursor.next_batch(self, batch_size, Duration::ZERO).await?;
+        let ns = match coll {
+            Some(c) => format!("{db}.{c}"),
+            None => format!("{db}.$cmd.aggregate"),
+        };
+        if batch.invalidated {
+            cursor.kill().await;
+            return Ok(Opened {
+                ns,
+                cursor: None,
+                batch,
+            });
+        }
+        Ok(Opened {
+            ns,
+            cursor: Some(cursor),
+            batch,
+        })
+    }
+
+    /// The cluster's id to stamp high-water-mark tokens with (`lineages`), when the router
+    /// knows it already: a reply never waits for the config shard (without it the token goes
+    /// out as MongoDB's, which is accepted too). Streams learn it when they open.
+    pub(crate) fn stamp(&self) -> Option<bson::Uuid> {
+        self.lineages.known_cluster_id()
+    }
 }
 
 /// The reply for a batch, with each event's shared bytes spliced in (no copy: the reply is
