@@ -69,8 +69,8 @@ use crate::clock::Hlc;
 use crate::cursor::CursorRegistry;
 use crate::oplog::TailWindow;
 use crate::state::ShardState;
-use crate::storage::{KeyRange, Scan, Storage, StorageError, Table, WalStorage};
-use crate::writer::{RESERVATION_KEY, Writer};
+use crate::storage::{KeyRange, Scan, Storage, StorageError, StorageResult, Table, WalStorage};
+use crate::writer::{RESERVATION_KEY, WriteCtx, WriteOutput, Writer};
 
 /// Bytes of recent oplog entries kept in memory for tailing readers.
 pub const TAIL_WINDOW_BYTES: usize = 64 * 1024 * 1024;
@@ -117,6 +117,10 @@ pub struct Shard {
     fail_points: std::sync::Mutex<std::collections::HashSet<String>>,
     /// `ttlMonitorSleepSecs`: how often expired TTL documents are deleted.
     ttl_sleep: ttl::SleepSecs,
+    /// Held by [`Shard::mark_lineage_lost`] from its writer job to setting the lineage in
+    /// memory: one mark at a time, so the in-memory lineage a job starts from is the stored one
+    /// and marks are set in memory in the order the writer stored them.
+    lineage_marks: tokio::sync::Mutex<()>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     /// This shard, for background tasks that outlive the call that starts them.
@@ -179,6 +183,8 @@ impl Shard {
         let to = from.max(ClusterTime::new(wall_secs, 0));
         let mut lineage = lineage::Lineage::started(previous, had_data, from, to);
         lineage.prune(oplog_stats.truncated_through.next());
+        // The one write that does not pass the writer: it does not exist yet, so nothing else
+        // writes, and its first batch comes after this commit.
         let mut txn = storage.begin_write()?;
         lineage.save(&mut *txn)?;
         txn.commit()?;
@@ -206,6 +212,7 @@ impl Shard {
             test_commands: Default::default(),
             fail_points: Default::default(),
             ttl_sleep: Default::default(),
+            lineage_marks: Default::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -427,30 +434,37 @@ impl Shard {
 
     /// Marks this shard's boot that ended at `to` lost (the cluster's registry shows its
     /// history had gone past the boot's start: the data came back from an older copy) and
-    /// stores it; whether anything changed.
+    /// stores it; whether anything changed. A writer job decides and stores the mark, so it is
+    /// ordered with every other write and durable as they are; the lineage is set in memory
+    /// once it is.
     pub async fn mark_lineage_lost(
         &self,
         to: ClusterTime,
         reached: Option<ClusterTime>,
     ) -> Result<bool, wire::MongoError> {
-        let Some(mut lineage) = self.state.lineage() else {
+        let _one_at_a_time = self.lineage_marks.lock().await;
+        let (decided, marked) = tokio::sync::oneshot::channel();
+        let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+            if let Some(mut lineage) = w.state().lineage()
+                && let Some(end) = lineage.mark_lost(to, reached)
+            {
+                // Fence: nothing written after this job shares a time with the lost history.
+                w.state().observe(end);
+                lineage.save(w.txn_mut())?;
+                let _ = decided.send(lineage);
+            }
+            Ok(WriteOutput {
+                reply: doc! {"ok": 1.0},
+                op_time: None,
+            })
+        };
+        self.writer.submit(Box::new(job)).await.map_err(|e| {
+            wire::MongoError::internal(format!("storing the lineage: {}", e.errmsg))
+        })?;
+        // The job has run (and dropped its sender): a lineage came only if it marked one.
+        let Ok(lineage) = marked.await else {
             return Ok(false);
         };
-        let Some(end) = lineage.mark_lost(to, reached) else {
-            return Ok(false);
-        };
-        // Fence: nothing this run writes from now on shares a time with the lost history.
-        self.state.observe(end);
-        let storage = self.state.storage.clone();
-        let saved = lineage.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut txn = storage.begin_write()?;
-            saved.save(&mut *txn)?;
-            txn.commit()
-        })
-        .await
-        .map_err(|e| wire::MongoError::internal(format!("storing the lineage: {e}")))?
-        .map_err(|e| wire::MongoError::internal(format!("storing the lineage: {e}")))?;
         tracing::warn!(shard = %self.state.name, %to, "history lost: this shard's data was restored from an older copy");
         self.state.set_lineage(lineage);
         Ok(true)

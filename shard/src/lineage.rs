@@ -21,8 +21,8 @@
 //!   `ChangeStreamHistoryLost`, non-resumable; a token from before `began` with 280.
 //!
 //! Invariants: the record is in the `Meta` table (`lineage`), written at open in the same
-//! commit as nothing else (before the writer starts) and when a boot is marked lost; boots are
-//! in `to` order and `to` values are unique; the checks are pure.
+//! commit as nothing else (before the writer starts) and, by a writer job, when a boot is
+//! marked lost; boots are in `to` order and `to` values are unique; the checks are pure.
 //!
 //! The reservation window: times are whole seconds plus a counter, and a restarted clock
 //! starts at `max(wall clock, reservation)`. When the copy is taken, the lost run writes and

@@ -123,3 +123,64 @@ async fn a_copy_put_back_within_the_reservation_window_refuses_all_the_lost_run_
     assert_eq!(start_at(&s, written).await, 0);
     s.shutdown().await;
 }
+
+/// A mark is a writer job, one at a time: of concurrent marks of a boot exactly one changes
+/// it, marks of two boots racing both hold, in memory and in storage (a restart still has
+/// them).
+#[tokio::test]
+async fn racing_marks_each_change_a_boot_once_and_all_of_them_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let clock = Arc::new(ManualClock::new(1_000_000_000_000));
+    // Three runs, a minute apart: the second and the third are boots.
+    for _ in 0..2 {
+        let s = Shard::open(options(&data, clock.clone())).await.unwrap();
+        ok(&s, "db", doc! {"insert": "c", "documents": [{}]}).await;
+        s.shutdown().await;
+        drop(s);
+        clock.advance(60_000);
+    }
+    let s = Shard::open(options(&data, clock.clone())).await.unwrap();
+    let boots = |reply: &Document| -> Vec<(Bson, bool)> {
+        let lineage = reply.get_document("lineage").unwrap();
+        let boots = lineage.get_array("boots").unwrap();
+        boots
+            .iter()
+            .map(|b| {
+                let b = b.as_document().unwrap();
+                (b.get("to").cloned().unwrap(), b.get_bool("lost").unwrap())
+            })
+            .collect()
+    };
+    let before = boots(&lineage(&s).await);
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(before.iter().all(|(_, lost)| !lost));
+
+    let mut marks = Vec::new();
+    for i in 0..8 {
+        let (s, to) = (s.clone(), before[i % 2].0.clone());
+        marks.push(tokio::spawn(async move {
+            let reply = ok(&s, "admin", doc! {"_shardsvrMarkLineageLost": 1, "to": to}).await;
+            (i % 2, reply.get_bool("changed").unwrap())
+        }));
+    }
+    let mut changed = [0, 0];
+    for m in marks {
+        let (boot, did) = m.await.unwrap();
+        changed[boot] += usize::from(did);
+    }
+    assert_eq!(
+        changed,
+        [1, 1],
+        "each boot was marked by exactly one of its marks"
+    );
+    let marked = boots(&lineage(&s).await);
+    assert!(marked.iter().all(|(_, lost)| *lost), "{marked:?}");
+    s.shutdown().await;
+    drop(s);
+
+    let s = Shard::open(options(&data, clock.clone())).await.unwrap();
+    let after = boots(&lineage(&s).await);
+    assert_eq!(&after[..2], &marked[..], "the marks were stored");
+    s.shutdown().await;
+}
