@@ -65,6 +65,17 @@ impl Table {
         Table::PreImages,
     ];
 
+    /// The table's number on disk (write-ahead log records name tables by it): its position
+    /// in [`Table::ALL`], which never changes.
+    pub fn index(self) -> u8 {
+        self as u8
+    }
+
+    /// The table numbered `index` on disk.
+    pub fn from_index(index: u8) -> Option<Table> {
+        Table::ALL.get(usize::from(index)).copied()
+    }
+
     /// The table with this [`Table::name`].
     pub fn from_name(name: &str) -> Option<Table> {
         Table::ALL.into_iter().find(|t| t.name() == name)
@@ -574,6 +585,28 @@ mod tests {
         })
         .unwrap();
         out
+    }
+
+    #[test]
+    fn table_numbers_on_disk_never_change() {
+        let numbered: Vec<(u8, Table)> = Table::ALL.iter().map(|t| (t.index(), *t)).collect();
+        assert_eq!(
+            numbered,
+            vec![
+                (0, Table::Catalog),
+                (1, Table::Documents),
+                (2, Table::Oplog),
+                (3, Table::Retryable),
+                (4, Table::Meta),
+                (5, Table::Indexes),
+                (6, Table::Transactions),
+                (7, Table::PreImages),
+            ]
+        );
+        for (i, t) in numbered {
+            assert_eq!(Table::from_index(i), Some(t));
+        }
+        assert_eq!(Table::from_index(8), None);
     }
 
     #[test]

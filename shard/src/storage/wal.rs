@@ -17,9 +17,10 @@
 //! Invariants:
 //! * [`WriteTxn::commit`] returns `Ok` only after the transaction's record is on disk, and
 //!   readers see the transaction's writes only after that.
-//! * A record is physical redo: what each key was set to or that it was removed, in the order
-//!   written. Replaying the log, in order, over any state the database reached after the log's
-//!   checkpoint gives the state of the last acknowledged commit.
+//! * A record is physical redo, a [`WriteSet`] (its encoding and invariants are there): what each
+//!   key was set to or that it was removed, in the order written. Replaying the log, in order,
+//!   over any state the database reached after the log's checkpoint gives the state of the last
+//!   acknowledged commit.
 //! * A log belongs to one checkpoint: its header carries the epoch that checkpoint stored in
 //!   redb's Meta table, a new one at every checkpoint. A log with another epoch holds nothing
 //!   the database lacks (the crash fell between a checkpoint and the log's reset) or belongs
@@ -38,6 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{
     ReadTxn, RedbStorage, RedbWrite, Storage, StorageError, StorageResult, Table, WriteTxn, engine,
 };
+use crate::write::write_set::{Op, WriteSet};
 
 /// The log size past which a commit is followed by a checkpoint.
 pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
@@ -53,11 +55,9 @@ const EPOCH_KEY: &[u8] = b"wal.epoch";
 const MAGIC: &[u8; 8] = b"TRBWAL01";
 const HEADER_LEN: u64 = 16;
 
-/// A record's frame: payload length and CRC-32C of the payload, both little-endian u32.
+/// A record's frame: payload length and CRC-32C of the payload, both little-endian u32. The
+/// payload is a [`WriteSet`]'s encoding.
 const FRAME_LEN: usize = 8;
-
-const PUT: u8 = 1;
-const REMOVE: u8 = 0;
 
 /// redb behind a write-ahead log (see the module header).
 pub struct WalStorage(Arc<Shared>);
@@ -235,32 +235,19 @@ fn records_of<'a>(bytes: &'a [u8], epoch: Option<&[u8]>) -> Option<Vec<&'a [u8]>
 
 /// Applies one record's writes. A record that does not parse is damage the checksum missed:
 /// an error, not a guess.
-fn apply(txn: &mut RedbWrite, mut record: &[u8]) -> StorageResult<()> {
-    let bad = || StorageError::Engine("write-ahead log record does not parse".into());
-    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        let (head, tail) = bytes.split_at_checked(n)?;
-        *bytes = tail;
-        Some(head)
-    }
-    fn take_len(bytes: &mut &[u8]) -> Option<usize> {
-        let b = take(bytes, 4)?;
-        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    }
-    while !record.is_empty() {
-        let op = take(&mut record, 2).ok_or_else(bad)?;
-        let table = *Table::ALL.get(usize::from(op[0])).ok_or_else(bad)?;
-        let key_len = take_len(&mut record).ok_or_else(bad)?;
-        let key = take(&mut record, key_len).ok_or_else(bad)?;
-        match op[1] {
-            PUT => {
-                let value_len = take_len(&mut record).ok_or_else(bad)?;
-                let value = take(&mut record, value_len).ok_or_else(bad)?;
-                txn.put(table, key, value)?;
+fn apply(txn: &mut RedbWrite, record: &[u8]) -> StorageResult<()> {
+    let bad = |e: &dyn std::fmt::Display| {
+        StorageError::Engine(format!("write-ahead log record does not parse: {e}"))
+    };
+    let set = WriteSet::decode(record).map_err(|e| bad(&e))?;
+    for op in &set {
+        let table = Table::from_index(op.table)
+            .ok_or_else(|| bad(&format_args!("no table numbered {}", op.table)))?;
+        match op.value {
+            Some(value) => txn.put(table, op.key, value)?,
+            None => {
+                txn.delete(table, op.key)?;
             }
-            REMOVE => {
-                txn.delete(table, key)?;
-            }
-            _ => return Err(bad()),
         }
     }
     Ok(())
@@ -276,11 +263,9 @@ impl Storage for WalStorage {
     }
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
-        let mut record = Vec::with_capacity(256);
-        record.resize(FRAME_LEN, 0);
         Ok(Box::new(WalWrite {
             inner: RedbWrite(self.0.redb.begin(false)?),
-            record,
+            record: WriteSet::with_prefix(FRAME_LEN, 256),
             shared: self.0.clone(),
         }))
     }
@@ -297,28 +282,19 @@ impl Drop for WalStorage {
 /// A redb transaction that records its writes for the log.
 struct WalWrite {
     inner: RedbWrite,
-    /// The frame (filled in at commit) followed by the writes.
-    record: Vec<u8>,
+    /// The writes, behind room for the frame (filled in at commit).
+    record: WriteSet,
     shared: Arc<Shared>,
 }
 
 impl WalWrite {
     fn record(&mut self, table: Table, key: &[u8], value: Option<&[u8]>) -> StorageResult<()> {
-        let index = Table::ALL.iter().position(|t| *t == table).unwrap_or(0) as u8;
-        let len = |n: usize| {
-            u32::try_from(n)
-                .map(u32::to_le_bytes)
-                .map_err(|_| StorageError::Engine("key or value over 4 GiB".into()))
+        let op = Op {
+            table: table.index(),
+            key,
+            value,
         };
-        self.record
-            .extend_from_slice(&[index, if value.is_some() { PUT } else { REMOVE }]);
-        self.record.extend_from_slice(&len(key.len())?);
-        self.record.extend_from_slice(key);
-        if let Some(value) = value {
-            self.record.extend_from_slice(&len(value.len())?);
-            self.record.extend_from_slice(value);
-        }
-        Ok(())
+        self.record.push(op).map_err(engine)
     }
 }
 
@@ -357,11 +333,11 @@ impl WriteTxn for WalWrite {
             mut record,
             shared,
         } = *self;
-        if record.len() == FRAME_LEN {
+        if record.is_empty() {
             // Nothing written: nothing to log.
             return inner.0.commit().map_err(engine);
         }
-        let payload_len = u32::try_from(record.len() - FRAME_LEN)
+        let payload_len = u32::try_from(record.encoded().len())
             .map_err(|_| StorageError::Engine("transaction over 4 GiB".into()))?;
         let mut log = shared.log();
         if log.broken {
@@ -369,11 +345,13 @@ impl WriteTxn for WalWrite {
                 "the write-ahead log failed earlier; reopen the store".into(),
             ));
         }
-        let crc = checksum(&log.epoch, &record[FRAME_LEN..]);
-        record[..4].copy_from_slice(&payload_len.to_le_bytes());
-        record[4..FRAME_LEN].copy_from_slice(&crc.to_le_bytes());
+        let crc = checksum(&log.epoch, record.encoded());
+        let frame = record.prefix_mut();
+        frame[..4].copy_from_slice(&payload_len.to_le_bytes());
+        frame[4..].copy_from_slice(&crc.to_le_bytes());
+        let framed = record.prefixed();
         let at = log.len;
-        if let Err(e) = log.append(&record) {
+        if let Err(e) = log.append(framed) {
             log.broken = true;
             return Err(engine(e));
         }
@@ -388,7 +366,7 @@ impl WriteTxn for WalWrite {
             }
             return Err(engine(e));
         }
-        log.len = at + record.len() as u64;
+        log.len = at + framed.len() as u64;
         if log.len > CHECKPOINT_BYTES
             && let Err(e) = checkpoint(&shared.redb, &mut log)
         {
@@ -459,6 +437,20 @@ mod tests {
         let (bytes, epoch) = log_and_epoch(&s, &path);
         let records = records_of(&bytes, epoch.as_deref()).unwrap();
         assert_eq!(records.len(), 2);
+        // Each record is the commit's write set: what it wrote, in order.
+        let second = WriteSet::decode(records[1]).unwrap();
+        let written: Vec<_> = second
+            .ops()
+            .map(|op| (Table::from_index(op.table), op.key, op.value))
+            .collect();
+        let documents = Some(Table::Documents);
+        assert_eq!(
+            written,
+            vec![
+                (documents, &b"a"[..], None),
+                (documents, &b"c"[..], Some(&b"3"[..]))
+            ]
+        );
         // Cut the last record short: only the first remains.
         let end = HEADER_LEN as usize + 2 * FRAME_LEN + records[0].len() + records[1].len();
         let torn = &bytes[..end - 3];
