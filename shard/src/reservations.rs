@@ -16,7 +16,11 @@
 //!   prepare with `WriteConflict`; a reservation that meets one stops there without waiting,
 //!   so two batches can never wait on each other;
 //! * a reservation ends when it commits, is released, or expires after [`LIFETIME`] (its
-//!   router went away); every end wakes the writes waiting on holds.
+//!   router went away); every end wakes the writes waiting on holds;
+//! * ids are never reused across runs of the shard: each run numbers its reservations after a
+//!   random run number of its own ([`Reservations::of_this_run`]), so a router's commit of a
+//!   reservation from before a restart can never commit another batch's, and is told that
+//!   the restart ended it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -72,18 +76,40 @@ impl Drop for Taken<'_> {
 }
 
 /// The reservations of a shard.
-#[derive(Default)]
 pub struct Reservations {
     inner: Mutex<Inner>,
     /// Keys held (a cheap check for the common case of none).
     held: AtomicUsize,
+    /// This run's number, in the high bits of every id it gives (below 2^31: ids stay
+    /// positive as BSON longs).
+    run: u64,
     next_id: AtomicU64,
     /// How many reservations have ended: a write that met a hold waits for it to move.
     generation: AtomicU64,
     ended: tokio::sync::Notify,
 }
 
+impl Default for Reservations {
+    fn default() -> Reservations {
+        let run = u64::from(rand::random::<u32>() >> 1).max(1);
+        Reservations {
+            inner: Mutex::default(),
+            held: AtomicUsize::new(0),
+            run,
+            next_id: AtomicU64::new(run << 32),
+            generation: AtomicU64::new(0),
+            ended: tokio::sync::Notify::new(),
+        }
+    }
+}
+
 impl Reservations {
+    /// Whether `id` was given by this run of the shard (else an earlier run gave it, and the
+    /// restart ended it).
+    pub fn of_this_run(&self, id: u64) -> bool {
+        id >> 32 == self.run
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -247,6 +273,20 @@ mod tests {
         assert!(!r.any());
         r.release(id);
         assert_eq!(r.open(), 0);
+    }
+
+    #[test]
+    fn no_id_is_given_twice_across_runs() {
+        // Two runs of a shard (two tables): a router holding an id of the first can never
+        // commit a batch of the second, and the second knows the id is not its own.
+        let (first, second) = (Reservations::default(), Reservations::default());
+        let old = first.hold(batch(), vec![(Table::Documents, b"a".to_vec())]);
+        let new = second.hold(batch(), vec![(Table::Documents, b"b".to_vec())]);
+        assert_ne!(old, new);
+        assert!(first.of_this_run(old) && second.of_this_run(new));
+        assert!(!second.of_this_run(old), "an earlier run's id");
+        assert!(second.take(old).is_none());
+        assert!(i64::try_from(new).is_ok(), "ids stay positive BSON longs");
     }
 
     #[tokio::test]

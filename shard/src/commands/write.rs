@@ -529,6 +529,14 @@ pub async fn commit_reservation(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
     let reservations = &ctx.shard.state().reservations;
     let id = id as u64;
     let Some((mut batch, _taken)) = reservations.take(id) else {
+        if !reservations.of_this_run(id) {
+            // The shard restarted between the reservation and its commit: the batch's part
+            // here is not written, while other shards' parts may be.
+            return Err(MongoError::new(
+                ErrorCode::INTERRUPTED_AT_SHUTDOWN,
+                format!("the ordered batch's reservation {id} ended when this shard restarted"),
+            ));
+        }
         return Err(MongoError::new(
             ErrorCode::INTERRUPTED,
             format!("the ordered batch's reservation {id} expired or is unknown on this shard"),
