@@ -233,6 +233,21 @@ pub(super) fn index_of_array(a: &[Option<Bson>], env: &Env) -> Result<Option<Bso
     )))
 }
 
+/// The input array of `$map`, `$filter` or `$reduce`: `None` when it is missing or null (the
+/// operator's value is then null), else the operator's error `code`, its message naming the
+/// type found.
+fn array_input(
+    v: Option<Bson>,
+    code: i32,
+    message: impl FnOnce(&str) -> String,
+) -> Result<Option<Vec<Bson>>> {
+    match v {
+        None | Some(Bson::Null) | Some(Bson::Undefined) => Ok(None),
+        Some(Bson::Array(a)) => Ok(Some(a)),
+        Some(other) => Err(err(code, message(type_name(&other)))),
+    }
+}
+
 /// `$map`.
 pub(super) fn eval_map(
     input: &Node,
@@ -240,16 +255,11 @@ pub(super) fn eval_map(
     body: &Node,
     cx: &mut Cx<'_>,
 ) -> Result<Option<Bson>> {
-    let v = eval(input, cx)?;
-    let arr = match v {
-        None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
-        Some(Bson::Array(a)) => a,
-        Some(other) => {
-            return Err(err(
-                16883,
-                format!("input to $map must be an array not {}", type_name(&other)),
-            ));
-        }
+    let Some(arr) = array_input(eval(input, cx)?, 16883, |t| {
+        format!("input to $map must be an array not {t}")
+    })?
+    else {
+        return Ok(Some(Bson::Null));
     };
     let mut out = Vec::with_capacity(arr.len());
     let mut size = 0_usize;
@@ -276,19 +286,11 @@ pub(super) fn eval_filter(
     limit: Option<&Node>,
     cx: &mut Cx<'_>,
 ) -> Result<Option<Bson>> {
-    let v = eval(input, cx)?;
-    let arr = match v {
-        None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
-        Some(Bson::Array(a)) => a,
-        Some(other) => {
-            return Err(err(
-                28651,
-                format!(
-                    "input to $filter must be an array not {}",
-                    type_name(&other)
-                ),
-            ));
-        }
+    let Some(arr) = array_input(eval(input, cx)?, 28651, |t| {
+        format!("input to $filter must be an array not {t}")
+    })?
+    else {
+        return Ok(Some(Bson::Null));
     };
     let limit = match limit {
         None => None,
@@ -334,19 +336,11 @@ pub(super) fn eval_reduce(
     body: &Node,
     cx: &mut Cx<'_>,
 ) -> Result<Option<Bson>> {
-    let v = eval(input, cx)?;
-    let arr = match v {
-        None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
-        Some(Bson::Array(a)) => a,
-        Some(other) => {
-            return Err(err(
-                40080,
-                format!(
-                    "$reduce requires that 'input' be an array, found: {}",
-                    type_name(&other)
-                ),
-            ));
-        }
+    let Some(arr) = array_input(eval(input, cx)?, 40080, |t| {
+        format!("$reduce requires that 'input' be an array, found: {t}")
+    })?
+    else {
+        return Ok(Some(Bson::Null));
     };
     let mut acc = eval(initial, cx)?;
     for e in arr {
