@@ -163,6 +163,55 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time so far, in clock ticks: process `pid`'s background lane (its threads named
+/// `background`), the rest of it, and the machine's steal (time its virtual CPUs waited for
+/// the host). For the report: where the reading phases' cost went.
+fn cpu_ticks(pid: u32) -> [u64; 3] {
+    let mut out = [0; 3];
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+            let ticks: u64 = stat[close + 1..]
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|t| t.parse::<u64>().ok())
+                .sum();
+            out[usize::from(&stat[open + 1..close] != "background")] += ticks;
+        }
+    }
+    let machine = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    out[2] = machine
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    out
+}
+
+/// Per phase kind (quiet, reading): the mean share of one CPU, in percent, that each of
+/// [`cpu_ticks`]'s counters took, from samples at the start and the end of each phase.
+fn cpu_by_phase(samples: &[[u64; 3]]) -> [[u64; 3]; 2] {
+    const TICKS_PER_SECOND: u64 = 100; // USER_HZ on Linux
+    let mut ticks = [[0u64; 3]; 2];
+    let mut phases = [0u64; 2];
+    for (k, pair) in samples.windows(2).enumerate() {
+        phases[k % 2] += 1;
+        for (i, sum) in ticks[k % 2].iter_mut().enumerate() {
+            *sum += pair[1][i].saturating_sub(pair[0][i]);
+        }
+    }
+    let per_phase = PHASE.as_secs() * TICKS_PER_SECOND;
+    std::array::from_fn(|kind| ticks[kind].map(|t| t * 100 / (per_phase * phases[kind]).max(1)))
+}
+
 /// The largest resident and virtual sizes of process `pid` seen since the last `take`.
 struct MemoryPeak {
     pid: u32,
@@ -604,6 +653,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
             // At the end of each phase, in MB: the server's RSS, the shard replies its change
             // streams hold (`heldReplyBytes`) and the shards' bounded caches.
             let mut rss = Vec::with_capacity(PHASES);
+            let mut cpu = vec![cpu_ticks(pid)];
             for k in 1..=PHASES {
                 tokio::time::sleep_until((started + PHASE * k as u32).into()).await;
                 control
@@ -612,12 +662,13 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
                 let held = stream_replies_held(&admin).await.unwrap_or(u64::MAX);
                 let caches = shard_caches(&admin).await.unwrap_or(u64::MAX);
                 rss.push((status_bytes(pid, "VmRSS") >> 20, held >> 20, caches >> 20));
+                cpu.push(cpu_ticks(pid));
             }
-            rss
+            (rss, cpu_by_phase(&cpu))
         })
     };
     let during = write_for(&coll, 1_000_000_000, PHASE * PHASES as u32).await;
-    let phase_rss = phases.await?;
+    let (phase_rss, [quiet_cpu, reading_cpu]) = phases.await?;
     let (hostile_rss, hostile_virt) = peak.take();
     let hostile_caches = shard_caches(&admin).await?;
     control.stop.store(true, Ordering::Relaxed);
@@ -635,13 +686,16 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
          {counts:?}; the far-behind streams read {slow_read} events; {current} connections open; \
          the shards' bounded caches (oplog tail window, history, page cache) held {} MB after the baseline \
          and {} MB after the hostile phases; the server's RSS, the shard replies its change \
-         streams held and the shards' caches (MB) at the end of each phase {phase_rss:?}",
+         streams held and the shards' caches (MB) at the end of each phase {phase_rss:?}; \
+         CPU in % of one of the machine's {} (the server's background lane, the rest of the \
+         server, steal) in the quiet phases {quiet_cpu:?} and the reading ones {reading_cpu:?}",
         baseline_rss >> 20,
         baseline_virt >> 20,
         hostile_rss >> 20,
         hostile_virt >> 20,
         baseline_caches >> 20,
         hostile_caches >> 20,
+        std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get),
     );
 
     // The far-behind streams were served: at least a quarter of the batches they asked for
