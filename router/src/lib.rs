@@ -9,6 +9,7 @@
 //! `shard::sharding`, shared with the shards.
 
 pub mod auth;
+mod command;
 mod commands;
 pub mod config_file;
 pub mod cursors;

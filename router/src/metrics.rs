@@ -188,7 +188,7 @@ impl Metrics {
     /// Counts a command's outcome and time; `outcome` is `None` for success, else the
     /// error's `codeName`.
     pub fn command(&self, name: &str, outcome: Option<&str>, took: Duration) {
-        let command = if crate::commands::is_known(name) {
+        let command = if crate::command::Command::named(name).is_some() {
             name.to_string()
         } else {
             "other".to_string()

@@ -13,16 +13,15 @@ use bson::{Bson, Document, Timestamp};
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
-use crate::router::Router;
-
 /// The commands that take `readConcern: snapshot` outside a transaction.
 const SNAPSHOT_READS: &[&str] = &["find", "aggregate", "distinct"];
 
-/// For a snapshot read: the command with its `atClusterTime` fixed, and that time.
+/// For a snapshot read: the command with its `atClusterTime` fixed (the client's, else
+/// `now()`, the router's cluster time), and that time.
 pub(crate) fn pin(
-    router: &Router,
     name: &str,
     cmd: &Document,
+    now: impl FnOnce() -> Timestamp,
 ) -> Result<Option<(Document, Timestamp)>> {
     if crate::txn::in_transaction(cmd) {
         return Ok(None);
@@ -46,7 +45,7 @@ pub(crate) fn pin(
                 "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'",
             ));
         }
-        None => router.cluster_time().timestamp(),
+        None => now(),
     };
     let mut pinned = cmd.clone();
     let mut rc = rc.clone();

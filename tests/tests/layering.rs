@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 type Module = Vec<String>;
 
 /// Files in import cycles, per crate, at most (lower them as cycles are cut).
-const CYCLE_CEILING: &[(&str, usize)] = &[("router", 14), ("shard", 15), ("pipeline", 0)];
+const CYCLE_CEILING: &[(&str, usize)] = &[("router", 13), ("shard", 15), ("pipeline", 0)];
 
 /// Files that import a composition root other than those allowed to, per rule, at most.
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
@@ -26,7 +26,7 @@ const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
     ),
     (
         "router: commands/ imported only by server.rs and launch.rs",
-        2,
+        1,
     ),
     ("shard: commands/ imported only by lib.rs and server.rs", 0),
 ];
@@ -330,6 +330,12 @@ const RULES: &[Rule] = &[
         krate: "router",
         from: &["streams"],
         may: May::Only(&[&["kernel"], &["streams"]]),
+    },
+    // The command registry is a leaf: dispatch, auth and the field checks match on it.
+    Rule {
+        krate: "router",
+        from: &["command"],
+        may: May::Only(&[]),
     },
     // house.md §3: the pure sharding types, the key holds and the write set are leaves; the
     // log, apply and its observers import neither the executor nor commands.

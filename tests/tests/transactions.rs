@@ -465,6 +465,78 @@ async fn collections_and_their_indexes_are_created_inside_a_transaction() -> any
     Ok(())
 }
 
+/// The registry's transaction rule, through the driver: a command that is no statement of a
+/// transaction is refused inside one with 263, whether the router runs it alone
+/// (`listDatabases`) or a shard would (`count`), and the refusal aborts the transaction; the
+/// handshake commands MongoDB allows there still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_are_no_statement_are_refused_inside_a_transaction() -> anyhow::Result<()> {
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("rule");
+    let c = db.collection::<Document>("c");
+    c.insert_one(doc! {"_id": 0}).await?;
+    let mut s = client.start_session().await?;
+    for refused in [
+        doc! {"listDatabases": 1},
+        doc! {"count": "c"},
+        doc! {"serverStatus": 1},
+    ] {
+        s.start_transaction().await?;
+        c.insert_one(doc! {"_id": refused.keys().next().cloned()})
+            .session(&mut s)
+            .await?;
+        let on = if refused.contains_key("count") {
+            "rule"
+        } else {
+            "admin"
+        };
+        let err = client
+            .database(on)
+            .run_command(refused.clone())
+            .session(&mut s)
+            .await
+            .expect_err("not a statement of a transaction");
+        assert_eq!(
+            tests::scenarios::code_of(&err),
+            Some(263),
+            "{refused}: {err}"
+        );
+        let commit = s
+            .commit_transaction()
+            .await
+            .expect_err("the refusal aborted it");
+        assert_eq!(
+            tests::scenarios::code_of(&commit),
+            Some(251),
+            "{refused}: {commit}"
+        );
+    }
+    s.start_transaction().await?;
+    c.insert_one(doc! {"_id": "beside"}).session(&mut s).await?;
+    client
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .session(&mut s)
+        .await?;
+    s.commit_transaction().await?;
+    let ids: Vec<Bson> = c
+        .find(doc! {})
+        .await?
+        .try_collect::<Vec<_>>()
+        .await?
+        .into_iter()
+        .filter_map(|d| d.get("_id").cloned())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        2,
+        "only the first insert and the last transaction's: {ids:?}"
+    );
+    cluster.stop().await;
+    Ok(())
+}
+
 /// A transaction over 16 MB is written as a chain of `applyOps` entries (`partialTxn`, linked
 /// by `prevOpTime`) in one commit, and a change stream shows all of its operations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

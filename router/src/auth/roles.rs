@@ -7,14 +7,17 @@
 //! `userAdminAnyDatabase`, `root` on `admin`); the command → actions table and the matching of
 //! a privilege's resource (`{db, collection}`, `{cluster: true}`, `{anyResource: true}`).
 //!
-//! Invariants: pure; a command not in the tables needs `root` (a command added later is
-//! refused until it is classified, never allowed by accident; only `anyAction` on
-//! `anyResource` grants it by privilege); watching a collection or a database needs `read`
+//! Invariants: pure; both command tables match exhaustively on the registry's
+//! [`Command`](crate::command::Command), so a command added there fails to compile until it is
+//! classified here, never allowed by accident; a name the router does not run needs `root`
+//! (only `anyAction` on `anyResource` grants it by privilege); watching a collection or a database needs `read`
 //! there (`find` + `changeStream`), watching the whole cluster a role that reads every
 //! database; an empty `db` or `collection` in a resource means any, but never a `system.`
 //! collection, as in MongoDB.
 
 use bson::{Bson, Document};
+
+use crate::command::Command;
 
 /// What a command needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,19 +56,25 @@ pub fn need(name: &str, db: &str, cmd: &Document) -> Need {
 }
 
 fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
+    use Command::*;
     let on = |f: fn(String) -> Need| f(db.to_string());
-    match name {
-        "hello" | "isMaster" | "ismaster" | "saslStart" | "saslContinue" | "ping" | "buildInfo"
-        | "buildinfo" | "getnonce" | "endSessions" | "logout" | "connectionStatus"
-        | "whatsmyuri" | "listCommands" | "startSession" | "refreshSessions" | "killSessions"
-        | "commitTransaction" | "abortTransaction" | "getMore" | "killCursors"
-        | "listDatabases" => Need::Nothing,
-        "find" | "count" | "distinct" | "listCollections" | "listIndexes" | "collStats"
-        | "collstats" | "dbStats" | "dbstats" => on(Need::Read),
-        "aggregate" => aggregate_need(db, cmd),
-        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "create" | "drop"
-        | "createIndexes" | "dropIndexes" | "deleteIndexes" => on(Need::Write),
-        "renameCollection" => {
+    // A name the router does not run needs `root`: only it learns so (59, not 13).
+    let Some(command) = Command::named(name) else {
+        return Need::Root;
+    };
+    match command {
+        Hello | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions | Logout
+        | ConnectionStatus | WhatsMyUri | ListCommands | StartSession | RefreshSessions
+        | KillSessions | CommitTransaction | AbortTransaction | GetMore | KillCursors
+        | ListDatabases => Need::Nothing,
+        Find | Count | Distinct | ListCollections | ListIndexes | CollStats | DbStats => {
+            on(Need::Read)
+        }
+        Aggregate => aggregate_need(db, cmd),
+        Insert | Update | Delete | FindAndModify | Create | Drop | CreateIndexes | DropIndexes => {
+            on(Need::Write)
+        }
+        RenameCollection => {
             // Run on admin, naming its source: it writes there (and at the target).
             let source = cmd
                 .get_str("renameCollection")
@@ -74,44 +83,34 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
                 .map_or(db, |(d, _)| d);
             Need::Write(source.to_string())
         }
-        "explain" => match cmd.get_document("explain") {
+        Explain => match cmd.get_document("explain") {
             Ok(inner) => match inner.keys().next() {
                 Some(inner_name) if inner_name != "explain" => need(inner_name, db, inner),
                 _ => Need::Root,
             },
             Err(_) => Need::Root,
         },
-        "collMod" | "dropDatabase" | "validate" => on(Need::DbAdmin),
-        "createUser"
-        | "updateUser"
-        | "dropUser"
-        | "usersInfo"
-        | "grantRolesToUser"
-        | "revokeRolesFromUser"
-        | "createRole"
-        | "updateRole"
-        | "dropRole"
-        | "rolesInfo"
-        | "grantPrivilegesToRole"
-        | "revokePrivilegesFromRole"
-        | "grantRolesToRole"
-        | "revokeRolesFromRole" => on(Need::UserAdmin),
-        "serverStatus"
-        | "currentOp"
-        | "listShards"
-        | "getCmdLineOpts"
-        | "getLog"
-        | "hostInfo"
-        | "getParameter"
-        | "getClusterParameter" => Need::ClusterMonitor,
-        "shardCollection"
-        | "shardcollection"
-        | "enableSharding"
-        | "enablesharding"
-        | "setClusterParameter"
-        | "setParameter"
-        | "killOp" => Need::ClusterAdmin,
-        _ => Need::Root,
+        CollMod | DropDatabase | Validate => on(Need::DbAdmin),
+        CreateUser
+        | UpdateUser
+        | DropUser
+        | UsersInfo
+        | GrantRolesToUser
+        | RevokeRolesFromUser
+        | CreateRole
+        | UpdateRole
+        | DropRole
+        | RolesInfo
+        | GrantPrivilegesToRole
+        | RevokePrivilegesFromRole
+        | GrantRolesToRole
+        | RevokeRolesFromRole => on(Need::UserAdmin),
+        ServerStatus | CurrentOp | ListShards | GetCmdLineOpts | GetLog | HostInfo
+        | GetParameter | GetClusterParameter => Need::ClusterMonitor,
+        ShardCollection | EnableSharding | SetClusterParameter | SetParameter | KillOp => {
+            Need::ClusterAdmin
+        }
+        KillAllSessions | ConfigureFailPoint => Need::Root,
     }
 }
 
@@ -307,6 +306,7 @@ fn actions_ignoring_bypass(
     db: &str,
     cmd: &Document,
 ) -> Option<Vec<(&'static str, Resource)>> {
+    use Command::*;
     let coll = cmd.get_str(name).unwrap_or("").to_string();
     let ns = |c: &str| Resource::Namespace {
         db: db.to_string(),
@@ -320,20 +320,20 @@ fn actions_ignoring_bypass(
         Need::Root => return None,
         _ => {}
     }
-    match name {
-        "explain" => {
+    match Command::named(name)? {
+        Explain => {
             let inner = cmd.get_document("explain").ok()?;
             let inner_name = inner.keys().next()?;
             actions(inner_name, db, inner)
         }
-        "find" | "count" | "distinct" => on_ns(&["find"]),
-        "listCollections" => on_db(&["listCollections"]),
-        "listIndexes" => on_ns(&["listIndexes"]),
-        "collStats" | "collstats" => on_ns(&["collStats"]),
-        "dbStats" | "dbstats" => on_db(&["dbStats"]),
-        "validate" => on_ns(&["validate"]),
-        "insert" => on_ns(&["insert"]),
-        "update" => {
+        Find | Count | Distinct => on_ns(&["find"]),
+        ListCollections => on_db(&["listCollections"]),
+        ListIndexes => on_ns(&["listIndexes"]),
+        CollStats => on_ns(&["collStats"]),
+        DbStats => on_db(&["dbStats"]),
+        Validate => on_ns(&["validate"]),
+        Insert => on_ns(&["insert"]),
+        Update => {
             let upsert = cmd.get_array("updates").is_ok_and(|u| {
                 u.iter()
                     .filter_map(Bson::as_document)
@@ -345,8 +345,8 @@ fn actions_ignoring_bypass(
                 &["update"]
             })
         }
-        "delete" => on_ns(&["remove"]),
-        "findAndModify" | "findandmodify" => {
+        Delete => on_ns(&["remove"]),
+        FindAndModify => {
             if cmd.get_bool("remove").unwrap_or(false) {
                 on_ns(&["find", "remove"])
             } else if cmd.get_bool("upsert").unwrap_or(false) {
@@ -355,13 +355,13 @@ fn actions_ignoring_bypass(
                 on_ns(&["find", "update"])
             }
         }
-        "create" => on_ns(&["createCollection"]),
-        "drop" => on_ns(&["dropCollection"]),
-        "createIndexes" => on_ns(&["createIndex"]),
-        "dropIndexes" | "deleteIndexes" => on_ns(&["dropIndex"]),
-        "collMod" => on_ns(&["collMod"]),
-        "dropDatabase" => on_db(&["dropDatabase"]),
-        "renameCollection" => {
+        Create => on_ns(&["createCollection"]),
+        Drop => on_ns(&["dropCollection"]),
+        CreateIndexes => on_ns(&["createIndex"]),
+        DropIndexes => on_ns(&["dropIndex"]),
+        CollMod => on_ns(&["collMod"]),
+        DropDatabase => on_db(&["dropDatabase"]),
+        RenameCollection => {
             let source = cmd.get_str("renameCollection").unwrap_or("");
             let (sdb, scoll) = source.split_once('.').unwrap_or((db, source));
             Some(vec![(
@@ -372,36 +372,36 @@ fn actions_ignoring_bypass(
                 },
             )])
         }
-        "createUser" => on_db(&["createUser"]),
-        "dropUser" => on_db(&["dropUser"]),
-        "updateUser" => on_db(&[
+        CreateUser => on_db(&["createUser"]),
+        DropUser => on_db(&["dropUser"]),
+        UpdateUser => on_db(&[
             "changePassword",
             "changeCustomData",
             "grantRole",
             "revokeRole",
         ]),
-        "usersInfo" => on_db(&["viewUser"]),
-        "grantRolesToUser" | "grantRolesToRole" | "grantPrivilegesToRole" => on_db(&["grantRole"]),
-        "revokeRolesFromUser" | "revokeRolesFromRole" | "revokePrivilegesFromRole" => {
+        UsersInfo => on_db(&["viewUser"]),
+        GrantRolesToUser | GrantRolesToRole | GrantPrivilegesToRole => on_db(&["grantRole"]),
+        RevokeRolesFromUser | RevokeRolesFromRole | RevokePrivilegesFromRole => {
             on_db(&["revokeRole"])
         }
-        "createRole" => on_db(&["createRole"]),
-        "updateRole" => on_db(&["createRole", "dropRole", "grantRole", "revokeRole"]),
-        "dropRole" => on_db(&["dropRole"]),
-        "rolesInfo" => on_db(&["viewRole"]),
-        "serverStatus" => on_cluster("serverStatus"),
-        "currentOp" => on_cluster("inprog"),
-        "killOp" => on_cluster("killop"),
-        "listShards" => on_cluster("listShards"),
-        "getCmdLineOpts" => on_cluster("getCmdLineOpts"),
-        "getLog" => on_cluster("getLog"),
-        "hostInfo" => on_cluster("hostInfo"),
-        "getParameter" => on_cluster("getParameter"),
-        "setParameter" => on_cluster("setParameter"),
-        "getClusterParameter" => on_cluster("getClusterParameter"),
-        "setClusterParameter" => on_cluster("setClusterParameter"),
-        "enableSharding" | "enablesharding" => on_db(&["enableSharding"]),
-        "shardCollection" | "shardcollection" => {
+        CreateRole => on_db(&["createRole"]),
+        UpdateRole => on_db(&["createRole", "dropRole", "grantRole", "revokeRole"]),
+        DropRole => on_db(&["dropRole"]),
+        RolesInfo => on_db(&["viewRole"]),
+        ServerStatus => on_cluster("serverStatus"),
+        CurrentOp => on_cluster("inprog"),
+        KillOp => on_cluster("killop"),
+        ListShards => on_cluster("listShards"),
+        GetCmdLineOpts => on_cluster("getCmdLineOpts"),
+        GetLog => on_cluster("getLog"),
+        HostInfo => on_cluster("hostInfo"),
+        GetParameter => on_cluster("getParameter"),
+        SetParameter => on_cluster("setParameter"),
+        GetClusterParameter => on_cluster("getClusterParameter"),
+        SetClusterParameter => on_cluster("setClusterParameter"),
+        EnableSharding => on_db(&["enableSharding"]),
+        ShardCollection => {
             let target = cmd.get_str(name).unwrap_or("");
             let (tdb, tcoll) = target.split_once('.').unwrap_or((db, target));
             Some(vec![(
@@ -412,8 +412,13 @@ fn actions_ignoring_bypass(
                 },
             )])
         }
-        "aggregate" => aggregate_actions(db, cmd),
-        _ => None,
+        Aggregate => aggregate_actions(db, cmd),
+        // What their need says (above): nothing, or `root`.
+        Hello | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions | Logout
+        | ConnectionStatus | WhatsMyUri | ListCommands | StartSession | RefreshSessions
+        | KillSessions | CommitTransaction | AbortTransaction | GetMore | KillCursors
+        | ListDatabases => Some(Vec::new()),
+        KillAllSessions | ConfigureFailPoint => None,
     }
 }
 

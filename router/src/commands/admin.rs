@@ -339,83 +339,11 @@ pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
     Ok(doc! {"shards": shards, "ok": 1.0})
 }
 
-/// The commands the router runs (canonical names; `listCommands`).
-pub(super) const COMMANDS: &[&str] = &[
-    "abortTransaction",
-    "aggregate",
-    "buildInfo",
-    "collMod",
-    "collStats",
-    "commitTransaction",
-    "connectionStatus",
-    "count",
-    "create",
-    "createIndexes",
-    "createRole",
-    "createUser",
-    "currentOp",
-    "dbStats",
-    "delete",
-    "distinct",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-    "dropRole",
-    "dropUser",
-    "enableSharding",
-    "endSessions",
-    "explain",
-    "find",
-    "findAndModify",
-    "getClusterParameter",
-    "getCmdLineOpts",
-    "getLog",
-    "getMore",
-    "getParameter",
-    "grantPrivilegesToRole",
-    "grantRolesToRole",
-    "grantRolesToUser",
-    "hello",
-    "hostInfo",
-    "insert",
-    "isMaster",
-    "killAllSessions",
-    "killCursors",
-    "killOp",
-    "killSessions",
-    "listCollections",
-    "listCommands",
-    "listDatabases",
-    "listIndexes",
-    "listShards",
-    "logout",
-    "ping",
-    "refreshSessions",
-    "renameCollection",
-    "revokePrivilegesFromRole",
-    "revokeRolesFromRole",
-    "revokeRolesFromUser",
-    "rolesInfo",
-    "saslContinue",
-    "saslStart",
-    "serverStatus",
-    "setClusterParameter",
-    "setParameter",
-    "shardCollection",
-    "startSession",
-    "update",
-    "updateRole",
-    "updateUser",
-    "usersInfo",
-    "validate",
-    "whatsmyuri",
-];
-
+/// `listCommands`: the registry's listed names (`crate::command`).
 pub(super) fn list_commands() -> Result<Document> {
-    let names = COMMANDS;
     let mut commands = Document::new();
-    for n in names {
-        commands.insert(*n, doc! {});
+    for name in crate::command::Command::listed() {
+        commands.insert(name, doc! {});
     }
     Ok(doc! {"commands": commands, "ok": 1.0})
 }

@@ -11,6 +11,8 @@
 use bson::{Bson, Document};
 use wire::{ErrorCode, MongoError, Result};
 
+use crate::command::Command;
+
 /// `BSON field ... is an unknown field`.
 const UNKNOWN_FIELD: i32 = 40415;
 
@@ -66,11 +68,21 @@ const WRITE_BASE: &[&str] = &[
     "bypassEmptyTsReplacement",
 ];
 
-/// The fields of a strictly parsed command, beyond the generic ones; `None` for a command
-/// that ignores what it does not know.
-fn fields_of(command: &str) -> Option<&'static [&'static str]> {
-    Some(match command {
-        "find" => &[
+/// The top-level fields a command knows, beyond the generic ones.
+enum Known {
+    /// Parsed strictly: any other field is refused.
+    Strict(&'static [&'static str]),
+    /// A write command, parsed strictly: these and [`WRITE_BASE`].
+    StrictWrite(&'static [&'static str]),
+    /// Fields it does not know are ignored.
+    Lenient,
+}
+
+/// How `command` parses its top-level fields (every command classified: see `crate::command`).
+fn known(command: Command) -> Known {
+    use Command::*;
+    Known::Strict(match command {
+        Find => &[
             "filter",
             "projection",
             "sort",
@@ -106,7 +118,7 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "querySettings",
             "runtimeConstants",
         ],
-        "aggregate" => &[
+        Aggregate => &[
             "pipeline",
             "explain",
             "allowDiskUse",
@@ -139,7 +151,7 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "$_resumeAfter",
             "$_startAt",
         ],
-        "count" => &[
+        Count => &[
             "query",
             "limit",
             "skip",
@@ -151,7 +163,7 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "encryptionInformation",
             "includeQueryStatsMetrics",
         ],
-        "distinct" => &[
+        Distinct => &[
             "key",
             "query",
             "collation",
@@ -160,14 +172,14 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "mirrored",
             "includeQueryStatsMetrics",
         ],
-        "getMore" => &[
+        GetMore => &[
             "collection",
             "batchSize",
             "term",
             "lastKnownCommittedOpTime",
             "includeQueryStatsMetrics",
         ],
-        "findAndModify" | "findandmodify" => &[
+        FindAndModify => &[
             "query",
             "fields",
             "sort",
@@ -186,7 +198,7 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "sampleId",
             "isTimeseriesNamespace",
         ],
-        "create" => &[
+        Create => &[
             "capped",
             "autoIndexId",
             "idIndex",
@@ -209,30 +221,30 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "expireAfterSeconds",
             "encryptedFields",
         ],
-        "createIndexes" => &[
+        CreateIndexes => &[
             "indexes",
             "commitQuorum",
             "ignoreUnknownIndexOptions",
             "isTimeseriesNamespace",
             "collectionUUID",
         ],
-        "drop" => &["collectionUUID", "isTimeseriesNamespace"],
-        "dropIndexes" | "deleteIndexes" => &["index", "collectionUUID", "isTimeseriesNamespace"],
-        "listCollections" => &[
+        Drop => &["collectionUUID", "isTimeseriesNamespace"],
+        DropIndexes => &["index", "collectionUUID", "isTimeseriesNamespace"],
+        ListCollections => &[
             "filter",
             "nameOnly",
             "authorizedCollections",
             "cursor",
             "includePendingDrops",
         ],
-        "listIndexes" => &[
+        ListIndexes => &[
             "cursor",
             "includeBuildUUIDs",
             "includeIndexBuildInfo",
             "isTimeseriesNamespace",
             "collectionUUID",
         ],
-        "collMod" => &[
+        CollMod => &[
             "index",
             "validator",
             "validationLevel",
@@ -254,29 +266,72 @@ fn fields_of(command: &str) -> Option<&'static [&'static str]> {
             "clusteredIndex",
             "flags",
         ],
-        "killCursors" => &["cursors"],
-        _ => return None,
-    })
-}
-
-/// The command-specific fields of the write commands, beyond [`WRITE_BASE`].
-fn write_fields_of(command: &str) -> Option<&'static [&'static str]> {
-    Some(match command {
-        "insert" => &["documents"],
-        "update" => &["updates", "let", "runtimeConstants", "sampleId"],
-        "delete" => &["deletes", "let", "sampleId"],
-        _ => return None,
+        KillCursors => &["cursors"],
+        Insert => return Known::StrictWrite(&["documents"]),
+        Update => return Known::StrictWrite(&["updates", "let", "runtimeConstants", "sampleId"]),
+        Delete => return Known::StrictWrite(&["deletes", "let", "sampleId"]),
+        AbortTransaction
+        | BuildInfo
+        | CollStats
+        | CommitTransaction
+        | ConfigureFailPoint
+        | ConnectionStatus
+        | CreateRole
+        | CreateUser
+        | CurrentOp
+        | DbStats
+        | DropDatabase
+        | DropRole
+        | DropUser
+        | EnableSharding
+        | EndSessions
+        | Explain
+        | GetClusterParameter
+        | GetCmdLineOpts
+        | GetLog
+        | GetParameter
+        | GrantPrivilegesToRole
+        | GrantRolesToRole
+        | GrantRolesToUser
+        | Hello
+        | HostInfo
+        | KillAllSessions
+        | KillOp
+        | KillSessions
+        | ListCommands
+        | ListDatabases
+        | ListShards
+        | Logout
+        | Ping
+        | RefreshSessions
+        | RenameCollection
+        | RevokePrivilegesFromRole
+        | RevokeRolesFromRole
+        | RevokeRolesFromUser
+        | RolesInfo
+        | SaslContinue
+        | SaslStart
+        | ServerStatus
+        | SetClusterParameter
+        | SetParameter
+        | ShardCollection
+        | StartSession
+        | UpdateRole
+        | UpdateUser
+        | UsersInfo
+        | Validate
+        | WhatsMyUri => return Known::Lenient,
     })
 }
 
 /// Refuses the first top-level field of `cmd` that its command (`name`, its first field)
 /// does not know, when that command is parsed strictly.
-pub fn check(name: &str, cmd: &Document) -> Result<()> {
+pub fn check(command: Command, name: &str, cmd: &Document) -> Result<()> {
     write_concern(cmd)?;
-    let (own, write) = match (fields_of(name), write_fields_of(name)) {
-        (Some(own), _) => (own, false),
-        (None, Some(own)) => (own, true),
-        (None, None) => return Ok(()),
+    let (own, write) = match known(command) {
+        Known::Strict(own) => (own, false),
+        Known::StrictWrite(own) => (own, true),
+        Known::Lenient => return Ok(()),
     };
     let known =
         |f: &str| GENERIC.contains(&f) || own.contains(&f) || write && WRITE_BASE.contains(&f);
@@ -427,12 +482,16 @@ mod tests {
         );
     }
 
+    fn check_named(name: &str, cmd: &Document) -> Result<()> {
+        check(Command::named(name).expect("a command"), name, cmd)
+    }
+
     #[test]
     fn strict_commands_refuse_an_unknown_field_with_40415() {
-        let e = check("find", &doc! {"find": "c", "filer": {}}).expect_err("a typo");
+        let e = check_named("find", &doc! {"find": "c", "filer": {}}).expect_err("a typo");
         assert_eq!(e.code, 40415);
         assert_eq!(e.errmsg, "BSON field 'find.filer' is an unknown field.");
-        let e = check(
+        let e = check_named(
             "update",
             &doc! {"update": "c", "updates": [], "upsret": true},
         )
@@ -447,12 +506,12 @@ mod tests {
             "$clusterTime": {}, "$db": "d", "readConcern": {}, "maxTimeMS": 5,
             "comment": "x", "apiVersion": "1",
         };
-        assert!(check("find", &find).is_ok());
+        assert!(check_named("find", &find).is_ok());
         let insert = doc! {
             "insert": "c", "documents": [], "ordered": false, "txnNumber": 1_i64,
             "bypassDocumentValidation": true, "writeConcern": {"w": 1},
         };
-        assert!(check("insert", &insert).is_ok());
-        assert!(check("ping", &doc! {"ping": 1, "anything": 1}).is_ok());
+        assert!(check_named("insert", &insert).is_ok());
+        assert!(check_named("ping", &doc! {"ping": 1, "anything": 1}).is_ok());
     }
 }

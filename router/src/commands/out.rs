@@ -21,6 +21,7 @@ use bson::{Bson, Document, doc};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
+use crate::command::Command;
 use crate::cursors::RouterCursor;
 
 /// Where and how the results are written.
@@ -272,14 +273,19 @@ async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document>
     {
         cmd.insert("bypassDocumentValidation", true);
     }
+    let command = Command::named(&name)
+        .ok_or_else(|| MongoError::internal(format!("$out and $merge ran '{name}'")))?;
     let sub = Ctx {
         router: ctx.router,
         conn: ctx.conn,
         db,
         cmd: &cmd,
         name: &name,
+        command: Some(command),
     };
-    let reply = Box::pin(super::dispatch_document(&sub)).await?;
+    let reply = Box::pin(super::run_command(command, &sub))
+        .await?
+        .into_document()?;
     // A write's first error is the stage's error.
     if let Ok(errors) = reply.get_array("writeErrors")
         && let Some(Bson::Document(first)) = errors.first()

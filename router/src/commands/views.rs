@@ -13,6 +13,7 @@ use bson::{Bson, Document, doc};
 use wire::{MongoError, Result};
 
 use super::{Body, Ctx};
+use crate::command::Command;
 
 /// Fields of the original command the aggregation keeps beyond what every shard read
 /// inherits (`aggregate::INHERITED`).
@@ -108,6 +109,7 @@ pub(super) async fn run(
     let inner = Ctx {
         cmd: &agg,
         name: "aggregate",
+        command: Some(Command::Aggregate),
         ..*ctx
     };
     let reply = match super::find::aggregate(&inner).await? {
