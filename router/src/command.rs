@@ -13,39 +13,7 @@
 
 use wire::{ErrorCode, MongoError};
 
-/// Declares [`Command`], its names and [`Command::named`] from one list: `Variant: "listed",
-/// ... / "alias", ...`.
-macro_rules! registry {
-    ($($variant:ident: $($listed:literal),* $( / $($alias:literal),+)?;)+) => {
-        /// One command the router runs.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum Command {
-            $($variant),+
-        }
-
-        impl Command {
-            /// Every command.
-            pub const ALL: &[Command] = &[$(Command::$variant),+];
-
-            /// The names `listCommands` shows for this command (none for a test command).
-            pub fn listed_names(self) -> &'static [&'static str] {
-                match self {
-                    $(Command::$variant => &[$($listed),*]),+
-                }
-            }
-
-            /// The command a name denotes, listed name or alias.
-            pub fn named(name: &str) -> Option<Command> {
-                match name {
-                    $($($listed)|* $($(| $alias)+)? => Some(Command::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-registry! {
+wire::command_registry! {
     AbortTransaction: "abortTransaction";
     Aggregate: "aggregate";
     BuildInfo: "buildInfo" / "buildinfo";

@@ -24,6 +24,7 @@ pub mod capped;
 pub mod catalog;
 pub mod changestream;
 pub mod clock;
+pub mod command;
 pub mod commands;
 pub mod cursor;
 mod expiry;

@@ -331,9 +331,15 @@ const RULES: &[Rule] = &[
         from: &["streams"],
         may: May::Only(&[&["kernel"], &["streams"]]),
     },
-    // The command registry is a leaf: dispatch, auth and the field checks match on it.
+    // The command registries are leaves: dispatch, auth, the field checks and the transaction
+    // rule match on them.
     Rule {
         krate: "router",
+        from: &["command"],
+        may: May::Only(&[]),
+    },
+    Rule {
+        krate: "shard",
         from: &["command"],
         may: May::Only(&[]),
     },

@@ -20,6 +20,7 @@ pub mod error;
 pub mod frame;
 pub mod message;
 pub mod raw;
+pub mod registry;
 
 #[cfg(feature = "codec")]
 pub mod client;

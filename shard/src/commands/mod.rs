@@ -25,6 +25,7 @@ use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
 use crate::catalog::Catalog;
+use crate::command::Command;
 use crate::history::AsOf;
 use crate::storage::ReadTxn;
 use crate::txn::TxnArgs;
@@ -113,7 +114,8 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             ));
         }
     };
-    let txn = crate::txn::TxnArgs::from_command(&name, &cmd)?;
+    let command = Command::named(&name);
+    let txn = crate::txn::TxnArgs::from_command(command, &name, &cmd)?;
     let snapshot_at = read_concern_snapshot(&cmd)?;
     if let Some(t) = txn
         .as_ref()
@@ -122,8 +124,11 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
     {
         wait_for_time(shard, t).await?;
     }
-    let latest_read = matches!(name.as_str(), "find" | "count" | "distinct")
-        || name == "aggregate" && !changestream::is_change_stream(&cmd);
+    let latest_read = matches!(
+        command,
+        Some(Command::Find | Command::Count | Command::Distinct)
+    ) || command == Some(Command::Aggregate)
+        && !changestream::is_change_stream(&cmd);
     if latest_read && txn.is_none() && snapshot_at.is_none() {
         wait_while_prepared(shard, &db, &cmd).await?;
     }
@@ -134,42 +139,38 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         txn,
         snapshot_at,
     };
-    if matches!(
-        name.as_str(),
-        "insert"
-            | "_shardsvrReserveInsert"
-            | "update"
-            | "delete"
-            | "findAndModify"
-            | "find"
-            | "count"
-            | "distinct"
-            | "aggregate"
-    ) {
+    if command.is_some_and(Command::checks_shard_version) {
         routing::check_shard_version(&ctx)?;
     }
-    match name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello::hello(&ctx, &name),
-        "ping" => Ok(Reply::read(bson::doc! {"ok": 1.0})),
-        "buildInfo" | "buildinfo" => hello::build_info(),
-        "endSessions" | "killAllSessions" | "killSessions" => {
+    let Some(command) = command else {
+        return Err(MongoError::new(
+            ErrorCode::COMMAND_NOT_FOUND,
+            format!("no such command: '{name}'"),
+        ));
+    };
+    use Command::*;
+    match command {
+        Hello => hello::hello(&ctx, &name),
+        Ping => Ok(Reply::read(bson::doc! {"ok": 1.0})),
+        BuildInfo => hello::build_info(),
+        EndSessions | KillAllSessions | KillSessions => {
             let killed = crate::txn::SessionFilter::of(&name, &ctx.cmd)?;
             shard.transactions().kill_sessions(&killed);
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        "refreshSessions" => {
+        RefreshSessions => {
             let keys = crate::retryable::refreshed_sessions(&ctx.cmd)?;
             crate::retryable::refresh(shard, keys).await?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        "getParameter" => hello::get_parameter(&ctx),
-        "setParameter" => hello::set_parameter(&ctx),
-        "serverStatus" => {
+        GetParameter => hello::get_parameter(&ctx),
+        SetParameter => hello::set_parameter(&ctx),
+        ServerStatus => {
             let mut status = shard.status()?;
             status.insert("ok", 1.0);
             Ok(Reply::read(status))
         }
-        "_shardsvrLineage" => {
+        Lineage => {
             let lineage = shard.state().lineage().map(|l| l.to_document());
             let newest = shard.state().tail.visible();
             Ok(Reply::read(bson::doc! {
@@ -178,7 +179,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
                 "ok": 1.0,
             }))
         }
-        "_shardsvrMarkLineageLost" => {
+        MarkLineageLost => {
             let Some(Bson::Timestamp(to)) = ctx.cmd.get("to") else {
                 return Err(MongoError::type_mismatch("'to' must be a timestamp"));
             };
@@ -191,13 +192,13 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
                 .await?;
             Ok(Reply::read(bson::doc! {"changed": changed, "ok": 1.0}))
         }
-        "getClusterParameter" => {
+        GetClusterParameter => {
             let p = crate::preimages::parameter(shard)?;
             Ok(Reply::read(
                 bson::doc! {"clusterParameters": [p], "ok": 1.0},
             ))
         }
-        "_shardsvrSetClusterParameter" => {
+        SetClusterParameter => {
             let options = ctx
                 .cmd
                 .get_document(crate::preimages::CHANGE_STREAM_OPTIONS)
@@ -206,20 +207,20 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             crate::preimages::set_parameter(shard, options).await?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        "commitTransaction" => commit_transaction(&ctx).await,
-        "abortTransaction" => abort_transaction(&ctx).await,
-        "prepareTransaction" => prepare_transaction(&ctx).await,
-        "configureFailPoint" => {
+        CommitTransaction => commit_transaction(&ctx).await,
+        AbortTransaction => abort_transaction(&ctx).await,
+        PrepareTransaction => prepare_transaction(&ctx).await,
+        ConfigureFailPoint => {
             shard.configure_fail_point(&ctx.cmd)?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        "coordinateCommitTransaction" => coordinate_commit(&ctx).await,
-        "insert" => write::write(&ctx, write::Kind::Insert).await,
-        "update" => write::write(&ctx, write::Kind::Update).await,
-        "delete" => write::write(&ctx, write::Kind::Delete).await,
-        "_shardsvrReserveInsert" => write::reserve_insert(&ctx).await,
-        "_shardsvrCommitReservation" => write::commit_reservation(&ctx).await,
-        "findAndModify" | "findandmodify" => loop {
+        CoordinateCommitTransaction => coordinate_commit(&ctx).await,
+        Insert => write::write(&ctx, write::Kind::Insert).await,
+        Update => write::write(&ctx, write::Kind::Update).await,
+        Delete => write::write(&ctx, write::Kind::Delete).await,
+        ReserveInsert => write::reserve_insert(&ctx).await,
+        CommitReservation => write::commit_reservation(&ctx).await,
+        FindAndModify => loop {
             // A statement that met a key an ordered batch holds waits for it, then runs again.
             let reservations = &shard.state().reservations;
             let seen = reservations.generation();
@@ -228,35 +229,31 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
                 done => break done,
             }
         },
-        "find" => query::find(&ctx).await,
-        "getMore" if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
-        "getMore" => query::get_more(&ctx).await,
-        "killCursors" => changestream::kill_cursors(&ctx),
-        "_killOperations" => kill_operations(&ctx),
-        "_tributaryNudgeChangeStream" => changestream::nudge(&ctx),
-        "explain" => long_running(|| explain::explain(&ctx)),
-        "count" => long_running(|| query::count(&ctx)),
-        "distinct" => long_running(|| query::distinct(&ctx)),
-        "aggregate" if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
-        "aggregate" => long_running(|| query::aggregate(&ctx)),
-        "create" => ddl::create(&ctx).await,
-        "drop" => ddl::drop(&ctx).await,
-        "dropDatabase" => ddl::drop_database(&ctx).await,
-        "renameCollection" => ddl::rename_collection(&ctx).await,
-        "listCollections" => ddl::list_collections(&ctx),
-        "listDatabases" => ddl::list_databases(&ctx),
-        "collStats" => stats::coll_stats(&ctx),
-        "validate" => long_running(|| validate::validate(&ctx)),
-        "dbStats" => stats::db_stats(&ctx),
-        "createIndexes" => ddl::create_indexes(&ctx).await,
-        "dropIndexes" | "deleteIndexes" => ddl::drop_indexes(&ctx).await,
-        "listIndexes" => ddl::list_indexes(&ctx),
-        "collMod" => ddl::coll_mod(&ctx).await,
-        "_shardsvrShardCollection" => ddl::shard_collection(&ctx).await,
-        other => Err(MongoError::new(
-            ErrorCode::COMMAND_NOT_FOUND,
-            format!("no such command: '{other}'"),
-        )),
+        Find => query::find(&ctx).await,
+        GetMore if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
+        GetMore => query::get_more(&ctx).await,
+        KillCursors => changestream::kill_cursors(&ctx),
+        KillOperations => kill_operations(&ctx),
+        NudgeChangeStream => changestream::nudge(&ctx),
+        Explain => long_running(|| explain::explain(&ctx)),
+        Count => long_running(|| query::count(&ctx)),
+        Distinct => long_running(|| query::distinct(&ctx)),
+        Aggregate if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
+        Aggregate => long_running(|| query::aggregate(&ctx)),
+        Create => ddl::create(&ctx).await,
+        Drop => ddl::drop(&ctx).await,
+        DropDatabase => ddl::drop_database(&ctx).await,
+        RenameCollection => ddl::rename_collection(&ctx).await,
+        ListCollections => ddl::list_collections(&ctx),
+        ListDatabases => ddl::list_databases(&ctx),
+        CollStats => stats::coll_stats(&ctx),
+        Validate => long_running(|| validate::validate(&ctx)),
+        DbStats => stats::db_stats(&ctx),
+        CreateIndexes => ddl::create_indexes(&ctx).await,
+        DropIndexes => ddl::drop_indexes(&ctx).await,
+        ListIndexes => ddl::list_indexes(&ctx),
+        CollMod => ddl::coll_mod(&ctx).await,
+        ShardCollection => ddl::shard_collection(&ctx).await,
     }
 }
 

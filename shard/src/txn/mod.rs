@@ -43,6 +43,7 @@ use wire::{ErrorCode, MongoError};
 
 use crate::Shard;
 use crate::catalog::{Catalog, CollectionEntry};
+use crate::command::Command;
 use crate::history::AsOf;
 use crate::oplog::{EntrySpec, SessionFields};
 use crate::retryable::{self, RetryInfo};
@@ -53,26 +54,6 @@ use store::TxnStore;
 
 /// `transactionLifetimeLimitSeconds`: a transaction running longer is aborted.
 pub const LIFETIME: Duration = Duration::from_secs(60);
-
-/// The commands a transaction may run, as in MongoDB 7.0 (less what Tributary lacks inside one).
-const ALLOWED: &[&str] = &[
-    "insert",
-    "update",
-    "delete",
-    "findAndModify",
-    "findandmodify",
-    "find",
-    "getMore",
-    "distinct",
-    "aggregate",
-    "killCursors",
-    "commitTransaction",
-    "abortTransaction",
-    "prepareTransaction",
-    "coordinateCommitTransaction",
-    "create",
-    "createIndexes",
-];
 
 /// A key of one table.
 type Key = (Table, Vec<u8>);
@@ -106,7 +87,11 @@ pub struct TxnArgs {
 
 impl TxnArgs {
     /// `Some` for a command with `autocommit: false`; other commands are not in a transaction.
-    pub fn from_command(name: &str, cmd: &Document) -> Result<Option<TxnArgs>, MongoError> {
+    pub fn from_command(
+        command: Option<Command>,
+        name: &str,
+        cmd: &Document,
+    ) -> Result<Option<TxnArgs>, MongoError> {
         match cmd.get("autocommit") {
             None => {
                 if matches!(name, "commitTransaction" | "abortTransaction") {
@@ -136,7 +121,7 @@ impl TxnArgs {
                 "a transaction needs an lsid and a txnNumber",
             ));
         };
-        if !ALLOWED.contains(&name) {
+        if !command.is_some_and(Command::in_transaction) {
             return Err(MongoError::new(
                 OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
                 format!("Cannot run '{name}' in a multi-document transaction."),
