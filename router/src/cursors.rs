@@ -20,6 +20,7 @@ use bson::{Document, doc};
 use pipeline::agg::{Docs, PushRun};
 use pipeline::projection::Projection;
 use pipeline::sort::SortSpec;
+use shard::sharding::ShardId;
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::kernel::transport::Shards;
@@ -42,14 +43,14 @@ pub const SHARD_GET_MORE_DOCS: i64 = 1_000;
 /// One shard cursor feeding a router cursor.
 #[derive(Debug)]
 pub struct Source {
-    pub shard: usize,
+    pub shard: ShardId,
     pub cursor_id: i64,
     pub buffer: VecDeque<Document>,
 }
 
 impl Source {
     /// A source from a shard's first cursor reply.
-    pub fn from_reply(shard: usize, reply: &Document) -> Result<Source> {
+    pub fn from_reply(shard: ShardId, reply: &Document) -> Result<Source> {
         Ok(Source {
             shard,
             cursor_id: cursor_id(reply),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use resume::ClusterTime;
+use shard::sharding::ShardId;
 use tokio_util::sync::CancellationToken;
 use wire::{MongoError, Result};
 
@@ -98,7 +99,7 @@ impl Default for RouterOptions {
 }
 
 pub struct Router {
-    /// The shards, by index (shard 0 is the config shard).
+    /// The shards, by `ShardId` (`ShardId::CONFIG` is the config shard).
     pub(crate) transport: Arc<ShardTransport>,
     /// The config shard's collections.
     pub(crate) config: ConfigStore,
@@ -246,9 +247,9 @@ impl Router {
             return;
         }
         let ping = doc! {"ping": 1};
-        let sent = self
-            .transport
-            .send_body(0, "admin", ping, patience, Resend::Unsent);
+        let sent =
+            self.transport
+                .send_body(ShardId::CONFIG, "admin", ping, patience, Resend::Unsent);
         if let Err(e) = sent.await {
             tracing::debug!(error = %e.into_error(), "the config shard did not give its time");
         }

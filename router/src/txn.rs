@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
+use shard::sharding::ShardId;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
@@ -56,7 +57,7 @@ struct RouterTxn {
     last_used: Instant,
     read_concern: Option<Document>,
     /// Shard indexes, in the order the transaction first reached them.
-    participants: Vec<usize>,
+    participants: Vec<ShardId>,
 }
 
 /// How long a session's transaction is remembered without a statement
@@ -126,7 +127,7 @@ impl Enlisting {
 impl Shards for Enlisting {
     fn send_body(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         mut cmd: Document,
         patience: Duration,
@@ -259,7 +260,7 @@ impl Sessions {
 
     /// Makes `shard` a participant of the statement's transaction and fixes the statement's
     /// transaction fields for it: the first one sent to a shard starts the transaction there.
-    pub fn enlist(&self, shard: usize, cmd: &mut Document) -> Result<()> {
+    pub fn enlist(&self, shard: ShardId, cmd: &mut Document) -> Result<()> {
         let Some((key, n)) = session(cmd)? else {
             return Ok(());
         };
@@ -287,7 +288,7 @@ impl Sessions {
 
     /// The participants of the session's transaction `n` (`None`: this router does not know
     /// it).
-    fn participants(&self, key: &[u8], n: i64) -> Option<Vec<usize>> {
+    fn participants(&self, key: &[u8], n: i64) -> Option<Vec<ShardId>> {
         self.lock()
             .get(key)
             .filter(|t| t.txn_number == n)
@@ -295,7 +296,7 @@ impl Sessions {
     }
 
     /// The first participant, for the reply's `recoveryToken`.
-    fn recovery_shard(&self, cmd: &Document) -> Option<usize> {
+    fn recovery_shard(&self, cmd: &Document) -> Option<ShardId> {
         let (key, n) = session(cmd).ok()??;
         self.participants(&key, n)?.first().copied()
     }
@@ -304,9 +305,9 @@ impl Sessions {
 /// Whom a `commitTransaction` or `abortTransaction` goes to.
 enum Targets {
     /// The participants, as this router recorded them.
-    Known(Vec<usize>),
+    Known(Vec<ShardId>),
     /// This router does not know the transaction: the shard its `recoveryToken` names.
-    Recovery(usize),
+    Recovery(ShardId),
 }
 
 /// The participants a `commitTransaction` or `abortTransaction` goes to: the router's own
@@ -326,7 +327,7 @@ fn targets(router: &Router, cmd: &Document) -> Result<Targets> {
         .ok()
         .and_then(|t| t.get_str("recoveryShardId").ok());
     match recovery {
-        Some(name) => Ok(Targets::Recovery(router.transport.index(name)?)),
+        Some(name) => Ok(Targets::Recovery(router.transport.id(name)?)),
         None => Err(MongoError::new(
             ErrorCode::NO_SUCH_TRANSACTION,
             format!("Transaction with {{ txnNumber: {n} }} is not known to this router"),
@@ -376,11 +377,10 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
         }
         [coordinator, ..] => {
             // Two-phase commit, coordinated by the first participant.
-            let names = router.transport.names();
             let participants: Vec<Bson> = participants
                 .iter()
                 .map(|&s| {
-                    let mut p = doc! {"shardId": names.get(s).cloned().unwrap_or_default()};
+                    let mut p = doc! {"shardId": router.transport.name(s).unwrap_or_default()};
                     if let Some(host) = router.transport.host(s) {
                         p.insert("host", host);
                     }
@@ -470,7 +470,7 @@ pub(crate) async fn kill_sessions(
     for key in router.ops.kill_sessions(&killed) {
         crate::commands::kill_on_shards(router, key);
     }
-    let all: Vec<usize> = router.transport.all();
+    let all = router.transport.all();
     for r in router.shards().broadcast(&all, "admin", &forward).await {
         r?;
     }
@@ -494,7 +494,7 @@ pub(crate) fn label(name: &str, e: MongoError) -> MongoError {
 /// The `recoveryToken` of a reply to a command in a transaction.
 pub(crate) fn recovery_token(router: &Router, cmd: &Document) -> Option<Document> {
     let shard = router.sessions.recovery_shard(cmd)?;
-    let name = router.transport.names().get(shard)?.clone();
+    let name = router.transport.name(shard)?;
     Some(doc! {"recoveryShardId": name})
 }
 
@@ -517,13 +517,17 @@ mod tests {
         d
     }
 
+    fn shard(i: usize) -> ShardId {
+        ShardId::new(i).unwrap()
+    }
+
     #[test]
     fn the_first_statement_to_a_shard_starts_the_transaction_there() {
         let s = Sessions::default();
         s.admit("insert", &stmt(1, true), ClusterTime::new(9, 1))
             .unwrap();
         let mut first = stmt(1, false);
-        s.enlist(2, &mut first).unwrap();
+        s.enlist(shard(2), &mut first).unwrap();
         assert!(first.get_bool("startTransaction").unwrap());
         assert_eq!(
             first.get_document("readConcern").unwrap(),
@@ -531,17 +535,17 @@ mod tests {
             "every participant reads as of the transaction's start"
         );
         let mut again = stmt(1, true);
-        s.enlist(2, &mut again).unwrap();
+        s.enlist(shard(2), &mut again).unwrap();
         assert!(!again.contains_key("startTransaction"));
         assert!(!again.contains_key("readConcern"));
         let mut other = stmt(1, false);
-        s.enlist(0, &mut other).unwrap();
+        s.enlist(shard(0), &mut other).unwrap();
         assert!(
             other.get_bool("startTransaction").unwrap(),
             "a second shard starts too"
         );
         let key = session(&other).unwrap().unwrap().0;
-        assert_eq!(s.participants(&key, 1), Some(vec![2, 0]));
+        assert_eq!(s.participants(&key, 1), Some(vec![shard(2), shard(0)]));
     }
 
     #[test]

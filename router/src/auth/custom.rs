@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 
 use bson::{Bson, Document, doc};
+use shard::sharding::ShardId;
 use wire::{MongoError, Result};
 
 use super::roles::{self, Privilege};
@@ -60,7 +61,7 @@ async fn find_roles(router: &Router, filter: Document) -> Result<Vec<Document>> 
     let reply = router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             USERS_DB,
             doc! {"find": ROLES_COLL, "filter": filter, "batchSize": i32::MAX},
         )

@@ -32,6 +32,7 @@ use std::sync::Mutex;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bson::{Binary, Bson, Document, doc, spec::BinarySubtype};
+use shard::sharding::ShardId;
 use wire::server::ConnectionInfo;
 use wire::{ErrorCode, MongoError, Result};
 
@@ -306,7 +307,7 @@ async fn any_user(router: &Router) -> Result<bool> {
     let reply = router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": {}, "limit": 1, "batchSize": 1},
         )
@@ -321,7 +322,7 @@ async fn find_user(router: &Router, user: &str, db: &str) -> Result<Option<Docum
     let reply = router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": {"_id": format!("{db}.{user}")}, "limit": 1},
         )
@@ -540,7 +541,10 @@ fn password(cmd: &Document) -> Result<String> {
 
 /// Runs a write on the users collection and fails on its write errors.
 async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
-    let reply = router.shards().command(0, USERS_DB, cmd).await?;
+    let reply = router
+        .shards()
+        .command(ShardId::CONFIG, USERS_DB, cmd)
+        .await?;
     if let Some(e) = reply
         .get_array("writeErrors")
         .ok()
@@ -706,7 +710,7 @@ pub async fn users_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
     let reply = router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             USERS_DB,
             doc! {"find": USERS_COLL, "filter": filter, "batchSize": i32::MAX},
         )

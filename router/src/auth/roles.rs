@@ -8,7 +8,7 @@
 //! a privilege's resource (`{db, collection}`, `{cluster: true}`, `{anyResource: true}`).
 //!
 //! Invariants: pure; both command tables match exhaustively on the registry's
-//! [`Command`](crate::command::Command), so a command added there fails to compile until it is
+//! `crate::command::Command`, so a command added there fails to compile until it is
 //! classified here, never allowed by accident; a name the router does not run needs `root`
 //! (only `anyAction` on `anyResource` grants it by privilege); watching a collection or a database needs `read`
 //! there (`find` + `changeStream`), watching the whole cluster a role that reads every

@@ -5,6 +5,7 @@
 
 use bson::{Bson, DateTime, Document, doc};
 use shard::preimages::CHANGE_STREAM_OPTIONS;
+use shard::sharding::ShardId;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::{Ctx, ok};
@@ -87,7 +88,7 @@ pub(super) async fn get_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
         .router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             "admin",
             doc! {"getClusterParameter": CHANGE_STREAM_OPTIONS},
         )
@@ -320,7 +321,7 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
         .into_iter()
         .map(|id| Bson::Document(doc! {"id": id, "uid": uid.clone()}))
         .collect();
-    let all: Vec<usize> = ctx.router.transport.all();
+    let all = ctx.router.transport.all();
     let forward = doc! {"refreshSessions": lsids};
     for reply in ctx.router.shards().broadcast(&all, "admin", &forward).await {
         reply?;

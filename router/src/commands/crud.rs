@@ -15,7 +15,7 @@ use bson::{Bson, Document, doc, oid::ObjectId};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
-use crate::kernel::catalog::{Catalog, Placement, ShardedCollection};
+use crate::kernel::catalog::{Catalog, Placement};
 use crate::kernel::transport::Shards;
 use shard::sharding::ShardId;
 
@@ -240,7 +240,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     let router = ctx.router;
     // Group statements by shard. Ordered writes run consecutive same-shard runs one after the
     // other and stop at the first error; unordered ones run one batch per shard, concurrently.
-    let mut routed: Vec<(usize, usize, Document)> = Vec::with_capacity(docs.len());
+    let mut routed: Vec<Routed> = Vec::with_capacity(docs.len());
     for (i, d) in docs.iter_mut().enumerate() {
         let Some(d) = d.take() else { continue };
         let size = pipeline::changestream::split::document_size(&d);
@@ -263,7 +263,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         let shard = match &placement {
             Placement::Unsharded { primary } => written_primary(*primary)?,
             Placement::Sharded(sc) => match sc.key.key_of_document(&d) {
-                Ok(key) => sc.chunks.shard_for(&key).index(),
+                Ok(key) => sc.chunks.shard_for(&key),
                 Err(e) => {
                     outcome.fail(i, &e);
                     if ordered {
@@ -283,7 +283,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
     let batches = group(routed, ordered, stop_at);
     if ordered {
         let runs = batches;
-        let shards: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.0).collect();
+        let shards: std::collections::BTreeSet<ShardId> = runs.iter().map(|r| r.0).collect();
         // Inside a transaction nothing is visible before the commit anyway: runs it is.
         if shards.len() > 1 && !crate::txn::in_transaction(ctx.cmd) {
             insert_across_shards(ctx, &version, runs, &mut outcome).await?;
@@ -318,7 +318,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
 async fn insert_runs(
     ctx: &Ctx<'_>,
     version: &Document,
-    runs: Vec<(usize, Vec<usize>, Vec<Bson>)>,
+    runs: Vec<Batch>,
     outcome: &mut WriteOutcome,
 ) -> Result<()> {
     for (shard, indexes, docs) in runs {
@@ -346,11 +346,11 @@ async fn insert_runs(
 async fn insert_across_shards(
     ctx: &Ctx<'_>,
     version: &Document,
-    runs: Vec<(usize, Vec<usize>, Vec<Bson>)>,
+    runs: Vec<Batch>,
     outcome: &mut WriteOutcome,
 ) -> Result<()> {
     let router = ctx.router;
-    let mut parts: Vec<(usize, Vec<usize>, Vec<Bson>)> = Vec::new();
+    let mut parts: Vec<Batch> = Vec::new();
     for (shard, indexes, docs) in runs {
         match parts.iter_mut().find(|p| p.0 == shard) {
             Some(p) => {
@@ -439,7 +439,7 @@ async fn insert_across_shards(
         }
         Some((at, None)) => {
             // A hold: the rest runs as runs, whose writes wait for the holding batch.
-            let mut rest: Vec<(usize, usize, Document)> = parts
+            let mut rest: Vec<Routed> = parts
                 .into_iter()
                 .flat_map(|(shard, indexes, docs)| {
                     indexes
@@ -456,14 +456,16 @@ async fn insert_across_shards(
     }
 }
 
+/// A statement routed: its index in the driver's batch, its shard, the document.
+type Routed = (usize, ShardId, Document);
+
+/// A shard's batch: the shard, its statements' indexes in the driver's batch, the documents.
+type Batch = (ShardId, Vec<usize>, Vec<Bson>);
+
 /// Groups `(index, shard, doc)` into per-shard batches: runs of consecutive statements for an
 /// ordered write (up to `stop_at`), one batch per shard otherwise.
-fn group(
-    routed: Vec<(usize, usize, Document)>,
-    ordered: bool,
-    stop_at: Option<usize>,
-) -> Vec<(usize, Vec<usize>, Vec<Bson>)> {
-    let mut batches: Vec<(usize, Vec<usize>, Vec<Bson>)> = Vec::new();
+fn group(routed: Vec<Routed>, ordered: bool, stop_at: Option<usize>) -> Vec<Batch> {
+    let mut batches: Vec<Batch> = Vec::new();
     for (i, shard, d) in routed {
         if stop_at.is_some_and(|s| i > s) {
             break;
@@ -498,22 +500,9 @@ fn with_id(d: &Document) -> Document {
     out
 }
 
-/// The shards (by index) a query on a sharded collection must reach, under the query's
-/// `collation` (the command's or statement's field; see [`Catalog::sharded_targets`]).
-pub(super) fn shards_for_query(
-    sc: &ShardedCollection,
-    filter: &Document,
-    collation: Option<&Bson>,
-) -> Result<Vec<usize>> {
-    let ids = Catalog::sharded_targets(sc, filter, collation)?;
-    Ok(ids.into_iter().map(ShardId::index).collect())
-}
-
 /// The primary of an unsharded namespace that a write placed (creating its database).
-fn written_primary(primary: Option<ShardId>) -> Result<usize> {
-    primary
-        .map(ShardId::index)
-        .ok_or_else(|| MongoError::internal("a write's database has no primary shard"))
+fn written_primary(primary: Option<ShardId>) -> Result<ShardId> {
+    primary.ok_or_else(|| MongoError::internal("a write's database has no primary shard"))
 }
 
 pub(super) async fn update(ctx: &Ctx<'_>) -> Result<Document> {
@@ -551,7 +540,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         Placement::Unsharded {
             primary: Some(primary),
         } => {
-            let shard = primary.index();
+            let shard = primary;
             let mut cmd = forwardable(ctx.cmd);
             cmd.insert("shardVersion", version);
             let reply = router
@@ -586,7 +575,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             )
         };
         let upsert = matches!(stmt.get("upsert"), Some(Bson::Boolean(true)));
-        let shards = shards_for_query(&sc, &filter, stmt.get("collation"))?;
+        let shards = Catalog::sharded_targets(&sc, &filter, stmt.get("collation"))?;
         let cmd = sub_command(
             ctx,
             &version,
@@ -651,7 +640,7 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     cmd.insert("shardVersion", placement.version());
     let shards = match placement {
         Placement::Unsharded { primary } => vec![written_primary(primary)?],
-        Placement::Sharded(sc) => shards_for_query(&sc, &query, ctx.cmd.get("collation"))?,
+        Placement::Sharded(sc) => Catalog::sharded_targets(&sc, &query, ctx.cmd.get("collation"))?,
     };
     if shards.len() > 1 && upsert {
         return Err(MongoError::new(
@@ -684,26 +673,32 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
 mod tests {
     use super::*;
 
-    fn routed(shards: &[usize]) -> Vec<(usize, usize, Document)> {
+    fn routed(shards: &[usize]) -> Vec<Routed> {
         shards
             .iter()
             .enumerate()
-            .map(|(i, &s)| (i, s, doc! {"_id": i as i32}))
+            .map(|(i, &s)| (i, ShardId::new(s).unwrap(), doc! {"_id": i as i32}))
+            .collect()
+    }
+
+    /// Each batch's shard (as its index) and statement indexes.
+    fn shape(batches: Vec<Batch>) -> Vec<(usize, Vec<usize>)> {
+        batches
+            .into_iter()
+            .map(|(s, i, _)| (s.index(), i))
             .collect()
     }
 
     #[test]
     fn ordered_batches_keep_statement_order() {
         let b = group(routed(&[0, 0, 1, 0]), true, None);
-        let shape: Vec<(usize, Vec<usize>)> = b.into_iter().map(|(s, i, _)| (s, i)).collect();
-        assert_eq!(shape, vec![(0, vec![0, 1]), (1, vec![2]), (0, vec![3])]);
+        assert_eq!(shape(b), vec![(0, vec![0, 1]), (1, vec![2]), (0, vec![3])]);
     }
 
     #[test]
     fn unordered_batches_are_one_per_shard() {
         let b = group(routed(&[0, 1, 0, 1]), false, None);
-        let shape: Vec<(usize, Vec<usize>)> = b.into_iter().map(|(s, i, _)| (s, i)).collect();
-        assert_eq!(shape, vec![(0, vec![0, 2]), (1, vec![1, 3])]);
+        assert_eq!(shape(b), vec![(0, vec![0, 2]), (1, vec![1, 3])]);
     }
 
     #[test]

@@ -18,15 +18,15 @@ use super::crud::{forwardable, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::kernel::catalog::{CONFIG_DB, Placement, ShardedCollection};
 use crate::kernel::transport::Shards;
-use shard::sharding::{ChunkTable, ShardKey};
+use shard::sharding::{ChunkTable, ShardId, ShardKey};
 
 /// Chunks per shard when a hashed key is pre-split.
 const HASHED_CHUNKS_PER_SHARD: usize = 2;
 
 /// The shards holding `db.coll`, and which of them is its database's primary.
 struct Holders {
-    shards: Vec<usize>,
-    primary: Option<usize>,
+    shards: Vec<ShardId>,
+    primary: Option<ShardId>,
     sharded: bool,
 }
 
@@ -42,17 +42,14 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
             },
             Placement::Unsharded {
                 primary: Some(primary),
-            } => {
-                let p = primary.index();
-                Holders {
-                    shards: vec![p],
-                    primary: Some(p),
-                    sharded: false,
-                }
-            }
+            } => Holders {
+                shards: vec![primary],
+                primary: Some(primary),
+                sharded: false,
+            },
             Placement::Sharded(_) => {
                 let primary = router.catalog.database(ctx.db).await?;
-                let primary = primary.map(|d| d.primary.index());
+                let primary = primary.map(|d| d.primary);
                 Holders {
                     shards: router.transport.all(),
                     primary,
@@ -69,8 +66,8 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
 async fn broadcast_ddl(
     router: &crate::router::Router,
     db: &str,
-    shards: &[usize],
-    primary: Option<usize>,
+    shards: &[ShardId],
+    primary: Option<ShardId>,
     cmd: &Document,
 ) -> Vec<Result<Document>> {
     let sends = shards.iter().map(|&s| {
@@ -147,7 +144,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         router
             .shards()
             .command(
-                0,
+                ShardId::CONFIG,
                 CONFIG_DB,
                 doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]},
             )
@@ -155,7 +152,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         router
             .shards()
             .command(
-                0,
+                ShardId::CONFIG,
                 CONFIG_DB,
                 doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]},
             )
@@ -182,7 +179,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     let Some(entry) = router.catalog.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
     };
-    let primary = entry.primary.index();
+    let primary = entry.primary;
     let drop = doc! {"dropDatabase": 1};
     for r in broadcast_ddl(router, db, &router.transport.all(), Some(primary), &drop).await {
         r?;
@@ -192,7 +189,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             CONFIG_DB,
             doc! {"delete": "chunks", "deletes": [{"q": {"ns": in_db.clone()}, "limit": 0}]},
         )
@@ -200,7 +197,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             CONFIG_DB,
             doc! {"delete": "collections", "deletes": [{"q": {"_id": in_db}, "limit": 0}]},
         )
@@ -208,7 +205,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             CONFIG_DB,
             doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]},
         )
@@ -273,7 +270,7 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
             format!("cannot rename across databases with different primary shards ({from} → {to})"),
         ));
     }
-    let shard = source.primary.index();
+    let shard = source.primary;
     router
         .shards()
         .command(shard, "admin", forwardable(ctx.cmd))
@@ -286,7 +283,7 @@ pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
     let Some(db) = router.catalog.database(ctx.db).await? else {
         return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
     };
-    let shard = db.primary.index();
+    let shard = db.primary;
     let reply = router
         .shards()
         .command(shard, ctx.db, forwardable(ctx.cmd))
@@ -312,7 +309,7 @@ pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
 /// Registers a shard's open cursor as a router cursor and rewrites the id in the reply.
 fn pass_cursor(
     ctx: &Ctx<'_>,
-    shard: usize,
+    shard: ShardId,
     collection: &str,
     mut reply: Document,
 ) -> Result<Document> {
@@ -467,8 +464,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             ),
         ));
     }
-    let primary_id = router.catalog.ensure_database(db).await?.primary;
-    let primary = primary_id.index();
+    let primary = router.catalog.ensure_database(db).await?.primary;
 
     // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
     let listed = router
@@ -528,12 +524,12 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     let chunks = if key.is_hashed() && !has_data {
-        ChunkTable::presplit_hashed(&key, &router.transport.ids(), HASHED_CHUNKS_PER_SHARD)
+        ChunkTable::presplit_hashed(&key, &router.transport.all(), HASHED_CHUNKS_PER_SHARD)
     } else {
-        ChunkTable::single(&key, primary_id)
+        ChunkTable::single(&key, primary)
     };
     // Create it everywhere first (the primary last: it writes the shardCollection event).
-    let mut order: Vec<usize> = router
+    let mut order: Vec<ShardId> = router
         .transport
         .all()
         .into_iter()
@@ -576,7 +572,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
     router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             CONFIG_DB,
             doc! {"insert": "chunks", "documents": chunk_docs},
         )
@@ -584,7 +580,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
     router
         .shards()
         .command(
-            0,
+            ShardId::CONFIG,
             CONFIG_DB,
             doc! {"insert": "collections", "documents": [sharded.to_document()]},
         )

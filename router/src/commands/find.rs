@@ -32,7 +32,6 @@ const DEFAULT_BATCH: usize = 101;
 pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
     let placement = ctx.router.catalog.placement(ctx.db, coll, false).await?;
     let shards = Catalog::targets(&placement, filter, ctx.cmd.get("collation"))?;
-    let shards = shards.into_iter().map(ShardId::index).collect();
     Ok(Targets {
         shards,
         version: placement.version(),
@@ -42,7 +41,7 @@ pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -
 
 /// The shards a read goes to, and the routing it was based on.
 pub(super) struct Targets {
-    pub(super) shards: Vec<usize>,
+    pub(super) shards: Vec<ShardId>,
     pub(super) version: Document,
     pub(super) sharded: bool,
 }
@@ -601,7 +600,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
 async fn pass_through(
     ctx: &Ctx<'_>,
     ns: String,
-    shard: usize,
+    shard: ShardId,
     coll: &str,
     reply: Document,
     _first: usize,

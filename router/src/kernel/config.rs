@@ -11,12 +11,13 @@
 use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
+use shard::sharding::ShardId;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::transport::{ShardTransport, Shards, cursor_id, first_batch, next_batch};
 
 /// The config shard's index in the transport.
-const CONFIG_SHARD: usize = 0;
+const CONFIG_SHARD: ShardId = ShardId::CONFIG;
 
 /// The config shard's collections, over the transport.
 pub struct ConfigStore {

@@ -22,6 +22,7 @@ use std::time::Duration;
 use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use shard::lineage::Lineage;
+use shard::sharding::ShardId;
 use wire::Result;
 
 use crate::kernel::config::ConfigStore;
@@ -118,7 +119,7 @@ fn entry_fields(e: &Entry) -> Document {
 /// judged on a later pass (this runs before resumes, which must not wait on it).
 async fn ask(
     transport: &ShardTransport,
-    shard: usize,
+    shard: ShardId,
     db: &str,
     cmd: Document,
 ) -> Result<Document> {
@@ -135,14 +136,16 @@ async fn ask(
 
 /// One pass over every shard.
 async fn verify(transport: &ShardTransport) -> Result<()> {
+    let ids = transport.all();
     let names = transport.names();
     let lineages = futures::future::join_all(
-        (0..names.len()).map(|i| ask(transport, i, "admin", doc! {"_shardsvrLineage": 1})),
+        ids.iter()
+            .map(|&id| ask(transport, id, "admin", doc! {"_shardsvrLineage": 1})),
     )
     .await;
     let reply = ask(
         transport,
-        0,
+        ShardId::CONFIG,
         DB,
         doc! {"find": COLL, "filter": {}, "batchSize": i32::MAX},
     )
@@ -158,7 +161,7 @@ async fn verify(transport: &ShardTransport) -> Result<()> {
         })
         .unwrap_or_default();
     let mut updates = Vec::new();
-    for (i, (name, reply)) in names.iter().zip(lineages).enumerate() {
+    for ((&id, name), reply) in ids.iter().zip(&names).zip(lineages) {
         let Ok(reply) = reply else { continue };
         let Some(lineage) = reply
             .get_document("lineage")
@@ -181,7 +184,7 @@ async fn verify(transport: &ShardTransport) -> Result<()> {
             tracing::warn!(shard = %name, boot = %to, %reached, "shard came back with less history than the cluster had seen: marking the stretch lost");
             ask(
                 transport,
-                i,
+                id,
                 "admin",
                 doc! {"_shardsvrMarkLineageLost": 1, "to": ts(*to), "reached": ts(reached)},
             )
@@ -206,7 +209,7 @@ async fn verify(transport: &ShardTransport) -> Result<()> {
         // One commit for every shard's entry. A concurrent router's update makes one a
         // duplicate or a no-op: both fine, the next pass starts from what is stored.
         let update = doc! {"update": COLL, "updates": updates, "ordered": false};
-        let _ = ask(transport, 0, DB, update).await;
+        let _ = ask(transport, ShardId::CONFIG, DB, update).await;
     }
     Ok(())
 }

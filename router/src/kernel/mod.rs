@@ -2,8 +2,8 @@
 //! router outside this directory (checked by `tests/tests/layering.rs`).
 //!
 //! * [`shard_client`]: one shard's wire, in process or over TCP;
-//! * [`transport`]: the shards by index, with retries, clock gossip and the caller's
-//!   operation key ([`transport::ShardTransport`]), and the [`transport::Send`] conveniences
+//! * [`transport`]: the shards by `ShardId`, with retries, clock gossip and the caller's
+//!   operation key ([`transport::ShardTransport`]), and the [`transport::Shards`] conveniences
 //!   that a transaction's statements share through `txn::Enlisting`;
 //! * [`config`]: the config shard's collections as a store ([`config::ConfigStore`]);
 //! * [`catalog`]: where data lives (databases' primaries, sharded collections' chunks) and so

@@ -84,14 +84,15 @@ impl Default for ShardPatience {
     }
 }
 
-/// One shard: its name (`shard0`, ...) and its wire.
+/// One shard: its id, its name (`shard0`, ...) and its wire.
 pub struct Shard {
+    pub id: ShardId,
     pub name: String,
     pub client: Arc<dyn ShardClient>,
 }
 
-/// The shards of the cluster, by index (shard 0 is the config shard), and the router's clock
-/// that their traffic gossips.
+/// The shards of the cluster, by [`ShardId`] (`ShardId::CONFIG` is the config shard), and the
+/// router's clock that their traffic gossips.
 pub struct ShardTransport {
     shards: Vec<Shard>,
     clock: Arc<ClusterClock>,
@@ -109,9 +110,13 @@ impl ShardTransport {
         let shards = clients
             .into_iter()
             .enumerate()
-            .map(|(i, client)| Shard {
-                name: format!("shard{i}"),
-                client,
+            .map_while(|(i, client)| {
+                let id = ShardId::new(i)?;
+                Some(Shard {
+                    id,
+                    name: id.to_string(),
+                    client,
+                })
             })
             .collect();
         ShardTransport {
@@ -138,36 +143,37 @@ impl ShardTransport {
         self.shards.is_empty()
     }
 
-    /// Every shard's index, in order.
-    pub fn all(&self) -> Vec<usize> {
-        (0..self.shards.len()).collect()
-    }
-
     /// Every shard's id, in order.
-    pub fn ids(&self) -> Vec<ShardId> {
-        (0..self.shards.len()).filter_map(ShardId::new).collect()
+    pub fn all(&self) -> Vec<ShardId> {
+        self.shards.iter().map(|s| s.id).collect()
     }
 
     pub fn names(&self) -> Vec<String> {
         self.shards.iter().map(|s| s.name.clone()).collect()
     }
 
-    /// The name of the shard with index `shard` (`shard0`, ...).
-    pub fn name(&self, shard: usize) -> Option<&str> {
-        self.shards.get(shard).map(|s| s.name.as_str())
+    /// The shard `id`, if the cluster has it.
+    fn get(&self, id: ShardId) -> Option<&Shard> {
+        self.shards.get(id.index())
+    }
+
+    /// The name of shard `shard` (`shard0`, ...).
+    pub fn name(&self, shard: ShardId) -> Option<&str> {
+        self.get(shard).map(|s| s.name.as_str())
     }
 
     /// The `host:port` of a shard in another process (`None` for one in this process).
-    pub fn host(&self, shard: usize) -> Option<String> {
-        let d = self.shards.get(shard)?.client.describe();
+    pub fn host(&self, shard: ShardId) -> Option<String> {
+        let d = self.get(shard)?.client.describe();
         d.contains(':').then_some(d)
     }
 
-    /// The index of the shard named `name`, or `ShardNotFound`.
-    pub fn index(&self, name: &str) -> Result<usize> {
+    /// The shard named `name`, or `ShardNotFound`.
+    pub fn id(&self, name: &str) -> Result<ShardId> {
         self.shards
             .iter()
-            .position(|s| s.name == name)
+            .find(|s| s.name == name)
+            .map(|s| s.id)
             .ok_or_else(|| {
                 MongoError::new(
                     ErrorCode::SHARD_NOT_FOUND,
@@ -181,14 +187,14 @@ impl ShardTransport {
     /// reply comes as the shard gave it (change-stream batches come encoded and stay so).
     pub async fn send_body(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         mut cmd: Document,
         patience: Duration,
         resend: Resend,
     ) -> std::result::Result<Body, TransportError> {
-        let Some(target) = self.shards.get(shard) else {
-            let error = MongoError::internal(format!("no shard with index {shard}"));
+        let Some(target) = self.get(shard) else {
+            let error = MongoError::internal(format!("no shard {shard}"));
             return Err(TransportError::Unreachable { error, cmd });
         };
         if let Some(key) = current_operation_key()
@@ -248,7 +254,7 @@ pub trait Shards: Sync {
     /// [`ShardTransport::send_body`].
     fn send_body(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
         patience: Duration,
@@ -261,7 +267,7 @@ pub trait Shards: Sync {
     /// [`Shards::send_body`] with the reply as a document (an `ok: 0` one included).
     fn send(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
         patience: Duration,
@@ -277,7 +283,7 @@ pub trait Shards: Sync {
     /// or its error. The reply's cluster time is observed either way.
     fn command(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Document>> + Send {
@@ -289,7 +295,7 @@ pub trait Shards: Sync {
     /// failure.
     fn command_raw(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Document>> + Send {
@@ -306,7 +312,7 @@ pub trait Shards: Sync {
     /// recorded result, see `shard::retryable`).
     fn idempotent(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Document>> + Send {
@@ -322,7 +328,7 @@ pub trait Shards: Sync {
     /// [`Shards::idempotent`] for a read.
     fn read(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Document>> + Send {
@@ -333,7 +339,7 @@ pub trait Shards: Sync {
     /// if its shard restarts under it, as [`Shards::read`].
     fn read_body(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Body>> + Send {
@@ -347,7 +353,7 @@ pub trait Shards: Sync {
     /// A write: sent again after a loss only when it is a retryable write (`txnNumber`).
     fn write(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
     ) -> impl Future<Output = Result<Document>> + Send {
@@ -363,7 +369,7 @@ pub trait Shards: Sync {
     /// Sends one command to several shards at once; results in the order of `shards`.
     fn broadcast(
         &self,
-        shards: &[usize],
+        shards: &[ShardId],
         db: &str,
         cmd: &Document,
     ) -> impl Future<Output = Vec<Result<Document>>> + Send {
@@ -373,7 +379,7 @@ pub trait Shards: Sync {
     /// [`Shards::broadcast`] for reads: each is sent again if its shard restarts under it.
     fn broadcast_read(
         &self,
-        shards: &[usize],
+        shards: &[ShardId],
         db: &str,
         cmd: &Document,
     ) -> impl Future<Output = Vec<Result<Document>>> + Send {
@@ -384,7 +390,7 @@ pub trait Shards: Sync {
 impl Shards for ShardTransport {
     fn send_body(
         &self,
-        shard: usize,
+        shard: ShardId,
         db: &str,
         cmd: Document,
         patience: Duration,

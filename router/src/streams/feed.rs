@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
+use shard::sharding::ShardId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
@@ -50,7 +51,7 @@ const LOST_CODES: &[i32] = &[43, 91, 189, 10107, 11600, 11602, 13435, 13436];
 /// One shard's reply, as a feed hands it over.
 pub(super) struct FeedReply {
     /// The shard's index in the stream.
-    pub shard: usize,
+    pub idx: usize,
     pub reply: Result<ShardBatch>,
     /// The reply opens a new shard cursor (the stream was re-opened after a loss): its batch
     /// is `firstBatch`, its `cursor.id` the new cursor.
@@ -63,9 +64,9 @@ pub(super) struct Feed {
     /// The shards' histories, judged before a re-open.
     pub lineages: Arc<Lineages>,
     pub patience: ShardPatience,
-    /// The shard's index in the stream, and in the router.
+    /// The shard's index in the stream, and the shard.
     pub idx: usize,
-    pub shard: usize,
+    pub shard: ShardId,
     pub db: String,
     /// The `collection` of getMores: the collection, or `$cmd.aggregate`.
     pub collection: String,
@@ -126,7 +127,7 @@ impl Feed {
                 Err(_) => MongoError::new(
                     ErrorCode::NETWORK_TIMEOUT,
                     format!(
-                        "shard{} did not answer a getMore within {:?}",
+                        "{} did not answer a getMore within {:?}",
                         self.shard,
                         SHARD_AWAIT + SILENT_SHARD
                     ),
@@ -150,7 +151,7 @@ impl Feed {
                     }
                 },
             };
-            tracing::info!(shard = self.shard, error = %lost, "change stream lost its shard; re-opening");
+            tracing::info!(shard = %self.shard, error = %lost, "change stream lost its shard; re-opening");
             if !self.reopen(lost).await {
                 return;
             }
@@ -169,7 +170,7 @@ impl Feed {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 error.errmsg = format!(
-                    "shard{} has been unreachable for {}s: {}",
+                    "{} has been unreachable for {}s: {}",
                     self.shard,
                     patience.stream_outage.as_secs(),
                     error.errmsg
@@ -195,7 +196,7 @@ impl Feed {
                     Ok(batch) => {
                         self.cursor_id = batch.cursor_id;
                         let done = self.cursor_id == 0;
-                        tracing::info!(shard = self.shard, "change stream re-opened on its shard");
+                        tracing::info!(shard = %self.shard, "change stream re-opened on its shard");
                         return self.hand_over(Ok(batch), true).await && !done;
                     }
                     Err(e) if LOST_CODES.contains(&e.code) => error = e,
@@ -217,7 +218,7 @@ impl Feed {
             self.position = batch.post_batch_resume_token.to_document();
         }
         let msg = FeedReply {
-            shard: self.idx,
+            idx: self.idx,
             reply,
             reopened,
         };

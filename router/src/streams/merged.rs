@@ -25,6 +25,7 @@ use pipeline::changestream::Merger;
 use pipeline::changestream::spec::{ChangeStreamPipeline, StartPoint};
 use resume::ClusterTime;
 use resume::token::{ResumeToken, ResumeTokenData, TokenVersion};
+use shard::sharding::ShardId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wire::{ErrorCode, MongoError, Result};
@@ -41,7 +42,7 @@ const FEED_DEPTH: usize = 1;
 
 /// A shard cursor feeding the merge.
 struct ShardCursor {
-    shard: usize,
+    shard: ShardId,
     cursor_id: i64,
     /// The latest promise (post-batch resume token).
     promise: Option<ResumeToken>,
@@ -257,7 +258,7 @@ impl MergedStream {
             } else {
                 return Err(MongoError::new(
                     ErrorCode::CURSOR_KILLED,
-                    format!("shard{} closed its change stream cursor", shard.shard),
+                    format!("{} closed its change stream cursor", shard.shard),
                 ));
             }
         }
@@ -334,12 +335,12 @@ impl MergedStream {
     fn take(&mut self, msg: FeedReply) -> Result<()> {
         let batch = msg.reply.map_err(label_resumable)?;
         if msg.reopened {
-            let shard = &mut self.shards[msg.shard];
+            let shard = &mut self.shards[msg.idx];
             shard.cursor_id = batch.cursor_id;
             shard.nudged = ClusterTime::ZERO;
             shard.resumed_after = shard.promise.clone();
         }
-        self.absorb(msg.shard, batch)
+        self.absorb(msg.idx, batch)
     }
 
     /// Asks every shard whose promise is below the oldest buffered event to promise past it.
