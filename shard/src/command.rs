@@ -6,87 +6,60 @@
 //! Invariants: pure; every name denotes one command.
 
 wire::command_registry! {
-    Hello: "hello", "isMaster" / "ismaster";
-    Ping: "ping";
-    BuildInfo: "buildInfo" / "buildinfo";
-    EndSessions: "endSessions";
-    KillAllSessions: "killAllSessions";
-    KillSessions: "killSessions";
-    RefreshSessions: "refreshSessions";
-    GetParameter: "getParameter";
-    SetParameter: "setParameter";
-    ServerStatus: "serverStatus";
-    Lineage: "_shardsvrLineage";
-    MarkLineageLost: "_shardsvrMarkLineageLost";
-    GetClusterParameter: "getClusterParameter";
-    SetClusterParameter: "_shardsvrSetClusterParameter";
-    CommitTransaction: "commitTransaction";
-    AbortTransaction: "abortTransaction";
-    PrepareTransaction: "prepareTransaction";
-    CoordinateCommitTransaction: "coordinateCommitTransaction";
-    ConfigureFailPoint: "configureFailPoint";
-    Insert: "insert";
-    Update: "update";
-    Delete: "delete";
-    ReserveInsert: "_shardsvrReserveInsert";
-    CommitReservation: "_shardsvrCommitReservation";
-    FindAndModify: "findAndModify" / "findandmodify";
-    Find: "find";
-    GetMore: "getMore";
-    KillCursors: "killCursors";
-    KillOperations: "_killOperations";
-    NudgeChangeStream: "_tributaryNudgeChangeStream";
-    Explain: "explain";
-    Count: "count";
-    Distinct: "distinct";
-    Aggregate: "aggregate";
-    Create: "create";
-    Drop: "drop";
-    DropDatabase: "dropDatabase";
-    RenameCollection: "renameCollection";
-    ListCollections: "listCollections";
-    ListDatabases: "listDatabases";
-    CollStats: "collStats";
-    Validate: "validate";
-    DbStats: "dbStats";
-    CreateIndexes: "createIndexes";
-    DropIndexes: "dropIndexes" / "deleteIndexes";
-    ListIndexes: "listIndexes";
-    CollMod: "collMod";
-    ShardCollection: "_shardsvrShardCollection";
+    // `=> true`: it may be a statement of a multi-document transaction (MongoDB's
+    // `txnCmdAllowlist`); any other is refused there with 263.
+    in_transaction: bool;
+    Hello: "hello", "isMaster" / "ismaster" => false;
+    Ping: "ping" => false;
+    BuildInfo: "buildInfo" / "buildinfo" => false;
+    EndSessions: "endSessions" => false;
+    KillAllSessions: "killAllSessions" => false;
+    KillSessions: "killSessions" => false;
+    RefreshSessions: "refreshSessions" => false;
+    GetParameter: "getParameter" => false;
+    SetParameter: "setParameter" => false;
+    ServerStatus: "serverStatus" => false;
+    Lineage: "_shardsvrLineage" => false;
+    MarkLineageLost: "_shardsvrMarkLineageLost" => false;
+    GetClusterParameter: "getClusterParameter" => false;
+    SetClusterParameter: "_shardsvrSetClusterParameter" => false;
+    CommitTransaction: "commitTransaction" => true;
+    AbortTransaction: "abortTransaction" => true;
+    PrepareTransaction: "prepareTransaction" => true;
+    CoordinateCommitTransaction: "coordinateCommitTransaction" => true;
+    ConfigureFailPoint: "configureFailPoint" => false;
+    Insert: "insert" => true;
+    Update: "update" => true;
+    Delete: "delete" => true;
+    ReserveInsert: "_shardsvrReserveInsert" => false;
+    CommitReservation: "_shardsvrCommitReservation" => false;
+    FindAndModify: "findAndModify" / "findandmodify" => true;
+    Find: "find" => true;
+    GetMore: "getMore" => true;
+    KillCursors: "killCursors" => true;
+    KillOperations: "_killOperations" => false;
+    NudgeChangeStream: "_tributaryNudgeChangeStream" => false;
+    Explain: "explain" => false;
+    Count: "count" => false;
+    Distinct: "distinct" => true;
+    Aggregate: "aggregate" => true;
+    Create: "create" => true;
+    Drop: "drop" => false;
+    DropDatabase: "dropDatabase" => false;
+    RenameCollection: "renameCollection" => false;
+    ListCollections: "listCollections" => false;
+    ListDatabases: "listDatabases" => false;
+    CollStats: "collStats" => false;
+    Validate: "validate" => false;
+    DbStats: "dbStats" => false;
+    CreateIndexes: "createIndexes" => true;
+    DropIndexes: "dropIndexes" / "deleteIndexes" => false;
+    ListIndexes: "listIndexes" => false;
+    CollMod: "collMod" => false;
+    ShardCollection: "_shardsvrShardCollection" => false;
 }
 
 impl Command {
-    /// Whether it may be a statement of a multi-document transaction (MongoDB's
-    /// `txnCmdAllowlist`); any other is refused there with 263.
-    pub fn in_transaction(self) -> bool {
-        use Command::*;
-        match self {
-            Insert
-            | Update
-            | Delete
-            | FindAndModify
-            | Find
-            | GetMore
-            | Distinct
-            | Aggregate
-            | KillCursors
-            | CommitTransaction
-            | AbortTransaction
-            | PrepareTransaction
-            | CoordinateCommitTransaction
-            | Create
-            | CreateIndexes => true,
-            Hello | Ping | BuildInfo | EndSessions | KillAllSessions | KillSessions
-            | RefreshSessions | GetParameter | SetParameter | ServerStatus | Lineage
-            | MarkLineageLost | GetClusterParameter | SetClusterParameter | ConfigureFailPoint
-            | ReserveInsert | CommitReservation | KillOperations | NudgeChangeStream | Explain
-            | Count | Drop | DropDatabase | RenameCollection | ListCollections | ListDatabases
-            | CollStats | Validate | DbStats | DropIndexes | ListIndexes | CollMod
-            | ShardCollection => false,
-        }
-    }
-
     /// Whether the router sends it with the collection's `shardVersion`, which the shard
     /// checks before it runs (`commands::routing`).
     pub fn checks_shard_version(self) -> bool {
@@ -134,24 +107,5 @@ impl Command {
             | CollMod
             | ShardCollection => false,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_name_denotes_its_command() {
-        for command in Command::ALL {
-            for name in command.listed_names() {
-                assert_eq!(Command::named(name), Some(*command), "{name}");
-            }
-        }
-        assert_eq!(
-            Command::named("findandmodify"),
-            Some(Command::FindAndModify)
-        );
-        assert_eq!(Command::named("nosuchcommand"), None);
     }
 }
