@@ -1,28 +1,36 @@
 //! The durable write path: single-document inserts (sequential, and concurrent so the writer
 //! group-commits them) and batches of 100 documents per command, on both engines in the same
-//! run: `wal` (redb behind the write-ahead log, what shards run on: one log append and
-//! `fdatasync` per commit) and `redb` (every commit durable through redb itself).
+//! run: `wal` (redb behind the write-ahead log, `LocalLog`, what shards run on: one log append
+//! and `fdatasync` per commit) and `redb` (every commit durable through redb itself).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, doc};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use shard::storage::{RedbStorage, Storage, WalStorage};
+use shard::log::{LocalLog, Log, Unlogged};
+use shard::storage::RedbStorage;
 use shard::{Shard, ShardOptions, SystemClock};
 
 fn open(rt: &tokio::runtime::Runtime, dir: &std::path::Path, engine: &str) -> Arc<Shard> {
     let path = dir.join("bench.redb");
-    let storage: Arc<dyn Storage> = match engine {
-        "wal" => Arc::new(WalStorage::open(&path).expect("open")),
-        _ => Arc::new(RedbStorage::open(&path).expect("open")),
+    let (storage, log): (_, Arc<dyn Log>) = match engine {
+        "wal" => {
+            let redb = Arc::new(RedbStorage::open_behind_log(&path).expect("open"));
+            let log = LocalLog::open(&path, redb.clone()).expect("open log");
+            (redb, Arc::new(log))
+        }
+        _ => (
+            Arc::new(RedbStorage::open(&path).expect("open")),
+            Arc::new(Unlogged),
+        ),
     };
     let opts = ShardOptions {
         dbpath: dir.to_path_buf(),
         name: "bench".into(),
         clock: Arc::new(SystemClock),
     };
-    rt.block_on(Shard::open_with_storage(opts, storage))
+    rt.block_on(Shard::open_with_storage(opts, storage, log))
         .expect("open")
 }
 

@@ -117,12 +117,12 @@ pub fn check_fits(coll: &CollectionEntry, doc: &Document) -> Result<(), wire::Mo
     }
 }
 
-/// Records an inserted document in natural order, then deletes the oldest documents until
-/// the collection is within its limits.
+/// Records an inserted document in natural order. The caller then deletes the documents
+/// [`next_eviction`] names until the collection is within its limits.
 pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) -> OpResult<()> {
-    let Some((size, max)) = limits(coll) else {
+    if limits(coll).is_none() {
         return Ok(());
-    };
+    }
     let mut s = stats(w.txn(), coll)?;
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
     let mut key = entries_prefix(coll);
@@ -134,20 +134,30 @@ pub fn inserted(w: &mut WriteCtx<'_>, coll: &CollectionEntry, doc: &Document) ->
     s.bytes += pipeline::changestream::split::document_size(doc) as i64;
     s.count += 1;
     save(w, coll, &s)?;
-    while s.bytes > size || max.is_some_and(|m| s.count > m) {
-        let Some((_, oldest_id)) = oldest(w.txn(), coll)? else {
-            break;
-        };
-        if pipeline::value::equal(&oldest_id, &id) {
-            break;
-        }
-        let Some(old) = w.get_doc(coll, &oldest_id)? else {
-            break;
-        };
-        crate::write::ops::delete_one(w, coll, &old, None, 0)?;
-        s = stats(w.txn(), coll)?;
-    }
     Ok(())
+}
+
+/// The oldest document, while the collection is over its limits after inserting `inserted`
+/// (the `_id` just inserted, which is never evicted); `None` once it is within them.
+pub fn next_eviction(
+    w: &WriteCtx<'_>,
+    coll: &CollectionEntry,
+    inserted: &Bson,
+) -> OpResult<Option<Document>> {
+    let Some((size, max)) = limits(coll) else {
+        return Ok(None);
+    };
+    let s = stats(w.txn(), coll)?;
+    if s.bytes <= size && max.is_none_or(|m| s.count <= m) {
+        return Ok(None);
+    }
+    let Some((_, oldest_id)) = oldest(w.txn(), coll)? else {
+        return Ok(None);
+    };
+    if pipeline::value::equal(&oldest_id, inserted) {
+        return Ok(None);
+    }
+    Ok(w.get_doc(coll, &oldest_id)?)
 }
 
 /// Accounts for an updated document's new size (MongoDB 6.0+ lets updates resize documents

@@ -11,14 +11,15 @@
 use bson::doc;
 use wire::MongoError;
 
-use crate::Shard;
+use crate::state::ShardState;
 use crate::storage::{KeyRange, Scan, StorageError, StorageResult, Table};
-use crate::writer::{WriteCtx, WriteOutput};
+use crate::writer::{WriteCtx, WriteOutput, Writer};
 
 /// Deletes up to `limit` entries of `table` that `looks_expired` picks (by key and value, on
 /// a read snapshot) and `still_expired` confirms inside the writer job; how many it deleted.
 pub async fn purge_pass(
-    shard: &Shard,
+    state: &ShardState,
+    writer: &Writer,
     table: Table,
     limit: usize,
     mut looks_expired: impl FnMut(&[u8], &[u8]) -> bool,
@@ -27,7 +28,7 @@ pub async fn purge_pass(
     let storage = |e: StorageError| MongoError::internal(format!("storage: {e}"));
     let mut doomed = Vec::new();
     {
-        let read = shard.state().storage.begin_read().map_err(storage)?;
+        let read = state.storage.begin_read().map_err(storage)?;
         read.scan(table, &KeyRange::all(), false, &mut |k, v| {
             if looks_expired(k, v) {
                 doomed.push(k.to_vec());
@@ -55,6 +56,6 @@ pub async fn purge_pass(
             op_time: None,
         })
     };
-    let out = shard.writer().submit(Box::new(job)).await?;
+    let out = writer.submit(Box::new(job)).await?;
     Ok(usize::try_from(out.reply.get_i64("n").unwrap_or(0)).unwrap_or(0))
 }

@@ -5,10 +5,12 @@
 //! ([`Shard::run_command`]); [`server`] serves the same documents over the wire protocol.
 //!
 //! Layout:
-//! * [`storage`]: the engine seam (trait + redb behind a write-ahead log + fault injection).
+//! * [`storage`]: the engine seam (trait + redb + fault injection); [`log`]: where each batch's
+//!   write set becomes durable before it is applied (the write-ahead log).
 //! * [`catalog`], [`keys`], [`indexes`]: collections, document keys, unique index entries.
 //! * [`clock`]: injected wall clock and the hybrid logical clock (high-water mark, reservation).
-//! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread.
+//! * [`oplog`]: entry format and the tail window; [`writer`]: the group-commit thread, which
+//!   runs the write path (execute, log, apply: `apply` commits and runs the observers).
 //! * [`retryable`]: retryable-write records; [`cursor`]: cursor registry.
 //! * [`commands`]: one file per command family; [`update`]: pure update operators and diffs.
 //! * [`validation`]: collection validators (`validator`, `validationLevel`,
@@ -18,6 +20,7 @@
 //! and its oplog entry are one atomic commit; oplog `ts` strictly increases; after a restart the
 //! clock starts above every high-water mark given out before.
 
+mod apply;
 mod args;
 pub mod background;
 pub mod capped;
@@ -27,11 +30,14 @@ pub mod clock;
 pub mod command;
 pub mod commands;
 pub mod cursor;
+pub mod documents;
 mod expiry;
 pub mod history;
+pub mod holds;
 pub mod indexes;
 pub mod keys;
 pub mod lineage;
+pub mod log;
 pub mod operations;
 pub mod oplog;
 pub mod preimages;
@@ -41,6 +47,7 @@ pub mod retention;
 pub mod retryable;
 pub mod server;
 mod services;
+pub mod session;
 pub mod sharding;
 pub mod shown;
 pub mod state;
@@ -68,9 +75,10 @@ use crate::catalog::{Catalog, CollectionEntry};
 use crate::changestream::ChangeStreams;
 use crate::clock::Hlc;
 use crate::cursor::CursorRegistry;
+use crate::log::{LocalLog, Log};
 use crate::oplog::TailWindow;
-use crate::state::ShardState;
-use crate::storage::{KeyRange, Scan, Storage, StorageError, StorageResult, Table, WalStorage};
+use crate::state::{Recovered, ShardState};
+use crate::storage::{KeyRange, RedbStorage, Scan, Storage, StorageError, StorageResult, Table};
 use crate::writer::{RESERVATION_KEY, WriteCtx, WriteOutput, Writer};
 
 /// Bytes of recent oplog entries kept in memory for tailing readers.
@@ -130,20 +138,27 @@ pub struct Shard {
 
 impl Shard {
     /// Opens (or creates) the shard's data file `<dbpath>/<name>.redb` and its write-ahead log
-    /// `<name>.redb.wal`.
+    /// `<name>.redb.wal`, replaying the log.
     pub async fn open(opts: ShardOptions) -> Result<Arc<Shard>, ShardError> {
         std::fs::create_dir_all(&opts.dbpath)?;
         let path = opts.dbpath.join(format!("{}.redb", opts.name));
-        let storage = tokio::task::spawn_blocking(move || WalStorage::open(&path))
+        let engine = tokio::task::spawn_blocking(move || {
+            let redb = Arc::new(RedbStorage::open_behind_log(&path)?);
+            let log = LocalLog::open(&path, redb.clone())?;
+            Ok::<_, StorageError>((redb, log))
+        });
+        let (redb, log) = engine
             .await
             .map_err(|e| StorageError::Engine(e.to_string()))??;
-        Shard::open_with_storage(opts, Arc::new(storage)).await
+        Shard::open_with_storage(opts, redb, Arc::new(log)).await
     }
 
-    /// Opens a shard on a given engine (tests inject faulty ones).
+    /// Opens a shard on a given engine and log (tests inject faulty engines; an engine whose
+    /// commits are durable needs no log: [`log::Unlogged`]).
     pub async fn open_with_storage(
         opts: ShardOptions,
         storage: Arc<dyn Storage>,
+        log: Arc<dyn Log>,
     ) -> Result<Arc<Shard>, ShardError> {
         let read = storage.begin_read()?;
         let mut catalog = Catalog::default();
@@ -184,22 +199,36 @@ impl Shard {
         let to = from.max(ClusterTime::new(wall_secs, 0));
         let mut lineage = lineage::Lineage::started(previous, had_data, from, to);
         lineage.prune(oplog_stats.truncated_through.next());
-        // The one write that does not pass the writer: it does not exist yet, so nothing else
-        // writes, and its first batch comes after this commit.
-        let mut txn = storage.begin_write()?;
-        lineage.save(&mut *txn)?;
-        txn.commit()?;
         let state = Arc::new(ShardState::new(
             opts.name.clone(),
             storage,
+            log,
             opts.clock.clone(),
-            hlc,
-            catalog,
-            TailWindow::new(last, TAIL_WINDOW_BYTES),
-            oplog_stats,
+            Recovered {
+                hlc,
+                catalog,
+                tail: TailWindow::new(last, TAIL_WINDOW_BYTES),
+                oplog_stats,
+            },
         ));
-        state.set_lineage(lineage);
+        state.set_lineage(lineage.clone());
         let writer = Writer::start(state.clone());
+        // This run's lineage is the writer's first job: stored before anything else is written.
+        let saved = writer
+            .submit(Box::new(move |w: &mut WriteCtx<'_>| {
+                lineage.save(w.txn_mut())?;
+                Ok(WriteOutput {
+                    reply: Document::new(),
+                    op_time: None,
+                })
+            }))
+            .await;
+        if let Err(e) = saved {
+            if let Some(thread) = writer.stop() {
+                let _ = thread.join();
+            }
+            return Err(ShardError::Storage(StorageError::Engine(e.errmsg)));
+        }
         writer.renew();
         let shard = Arc::new_cyclic(|me| Shard {
             me: me.clone(),
@@ -323,7 +352,7 @@ impl Shard {
         &self.ttl_sleep
     }
 
-    pub(crate) fn writer(&self) -> &Writer {
+    pub fn writer(&self) -> &Writer {
         &self.writer
     }
 

@@ -129,7 +129,8 @@ pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
     let now_secs = state.now_millis() / 1000;
     // A pre-image's key never changes meaning: what looked expired still is.
     crate::expiry::purge_pass(
-        shard,
+        state,
+        shard.writer(),
         Table::PreImages,
         PURGE_BATCH,
         move |k, _| expired(k, oldest_needed, expire, now_secs),

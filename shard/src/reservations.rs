@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use bson::Document;
 
-use crate::retryable::RetryInfo;
+use crate::session::RetryInfo;
 use crate::storage::Table;
 
 /// How long a reservation lives without its commit or release.

@@ -21,10 +21,10 @@ use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use wire::{ErrorCode, MongoError};
 
-use crate::Shard;
 use crate::oplog::SessionFields;
+use crate::state::ShardState;
 use crate::storage::{ReadTxn, StorageError, StorageResult, Table, WriteTxn};
-use crate::writer::{WriteCtx, WriteOutput};
+use crate::writer::{WriteCtx, WriteOutput, Writer};
 
 /// How long a session lives after its last write (`logicalSessionTimeoutMinutes`: 30).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -40,90 +40,7 @@ pub const TRANSACTION_TOO_OLD: ErrorCode = ErrorCode {
     name: "TransactionTooOld",
 };
 
-/// The session fields of a write command.
-#[derive(Debug, Clone)]
-pub struct RetryInfo {
-    pub lsid: Document,
-    /// Storage key: the bytes of `lsid.id` (and `lsid.uid` when present).
-    pub key: Vec<u8>,
-    pub txn_number: i64,
-    pub stmt_ids: Option<Vec<i32>>,
-}
-
-impl RetryInfo {
-    /// `Some` when the command carries `lsid` and `txnNumber` outside a multi-document
-    /// transaction (a retryable write).
-    pub fn from_command(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
-        if cmd.contains_key("autocommit") {
-            return Ok(None);
-        }
-        RetryInfo::session_of(cmd)
-    }
-
-    /// The session fields (`lsid`, `txnNumber`, `stmtIds`) of any command that has them.
-    pub fn session_of(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
-        let (Some(lsid), Some(txn)) = (cmd.get("lsid"), cmd.get("txnNumber")) else {
-            return Ok(None);
-        };
-        let Bson::Document(lsid) = lsid else {
-            return Err(MongoError::type_mismatch(
-                "BSON field 'lsid' is the wrong type, expected type 'object'",
-            ));
-        };
-        let txn_number = match txn {
-            Bson::Int64(n) => *n,
-            Bson::Int32(n) => i64::from(*n),
-            _ => {
-                return Err(MongoError::type_mismatch(
-                    "BSON field 'txnNumber' is the wrong type, expected type 'long'",
-                ));
-            }
-        };
-        let mut key = Vec::new();
-        match lsid.get("id") {
-            Some(Bson::Binary(b)) => key.extend_from_slice(&b.bytes),
-            _ => {
-                return Err(MongoError::new(
-                    ErrorCode::NO_SUCH_KEY,
-                    "BSON field 'OperationSessionInfo.lsid.id' is missing but a required field",
-                ));
-            }
-        }
-        if let Some(Bson::Binary(b)) = lsid.get("uid") {
-            key.extend_from_slice(&b.bytes);
-        }
-        let stmt_ids = match cmd.get("stmtIds") {
-            Some(Bson::Array(a)) => Some(
-                a.iter()
-                    .map(|v| match v {
-                        Bson::Int32(i) => Ok(*i),
-                        Bson::Int64(i) => i32::try_from(*i)
-                            .map_err(|_| MongoError::bad_value("stmtId out of range")),
-                        _ => Err(MongoError::type_mismatch("stmtIds must be integers")),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            _ => None,
-        };
-        Ok(Some(RetryInfo {
-            lsid: lsid.clone(),
-            key,
-            txn_number,
-            stmt_ids,
-        }))
-    }
-
-    /// The statement id of the `i`-th statement.
-    pub fn stmt_id(&self, i: usize) -> i32 {
-        match &self.stmt_ids {
-            Some(ids) => ids
-                .get(i)
-                .copied()
-                .unwrap_or(i32::try_from(i).unwrap_or(i32::MAX)),
-            None => i32::try_from(i).unwrap_or(i32::MAX),
-        }
-    }
-}
+pub use crate::session::RetryInfo;
 
 /// The durable state of one session.
 #[derive(Debug, Clone, Default)]
@@ -336,10 +253,11 @@ fn expired(last_write_ms: u64, now_ms: u64) -> bool {
 /// One purge pass: deletes up to [`PURGE_BATCH`] expired session records in one writer job
 /// (each checked again inside it, so a session written in between keeps its record).
 /// Returns how many it deleted.
-pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
-    let now_ms = shard.state().now_millis();
+pub async fn purge(state: &ShardState, writer: &Writer) -> Result<usize, MongoError> {
+    let now_ms = state.now_millis();
     crate::expiry::purge_pass(
-        shard,
+        state,
+        writer,
         Table::Retryable,
         PURGE_BATCH,
         move |_, v| {
@@ -394,7 +312,7 @@ pub fn refreshed_sessions(cmd: &Document) -> Result<Vec<Vec<u8>>, MongoError> {
 /// `refreshSessions`: the sessions `keys` were used now; the records of those that have one
 /// expire [`SESSION_TIMEOUT`] from now (their `lastWriteDate` stays). Writer jobs of at most
 /// [`REFRESH_BATCH`] sessions; returns how many records they touched.
-pub async fn refresh(shard: &Shard, keys: Vec<Vec<u8>>) -> Result<usize, MongoError> {
+pub async fn refresh(writer: &Writer, keys: Vec<Vec<u8>>) -> Result<usize, MongoError> {
     let mut touched = 0;
     for batch in keys.chunks(REFRESH_BATCH) {
         let batch = batch.to_vec();
@@ -414,7 +332,7 @@ pub async fn refresh(shard: &Shard, keys: Vec<Vec<u8>>) -> Result<usize, MongoEr
                 op_time: None,
             })
         };
-        let out = shard.writer().submit(Box::new(job)).await?;
+        let out = writer.submit(Box::new(job)).await?;
         touched += usize::try_from(out.reply.get_i64("n").unwrap_or(0)).unwrap_or(0);
     }
     Ok(touched)

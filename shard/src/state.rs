@@ -12,6 +12,7 @@ use resume::ClusterTime;
 use crate::catalog::Catalog;
 use crate::clock::{Clock, Hlc};
 use crate::history::{self, History};
+use crate::log::Log;
 use crate::oplog::TailWindow;
 use crate::retention::{OplogStats, Retention};
 use crate::storage::Storage;
@@ -19,6 +20,8 @@ use crate::storage::Storage;
 pub struct ShardState {
     pub name: String,
     pub storage: Arc<dyn Storage>,
+    /// Where each batch's write set is made durable before it is applied.
+    pub log: Arc<dyn Log>,
     pub clock: Arc<dyn Clock>,
     hlc: Mutex<Hlc>,
     catalog: RwLock<Arc<Catalog>>,
@@ -30,7 +33,7 @@ pub struct ShardState {
     /// What the documents held before recent writes: reads as of a cluster time.
     pub history: Arc<History>,
     /// The keys prepared transactions hold: no other write may touch them until decided.
-    pub prepared: crate::txn::PreparedKeys,
+    pub prepared: crate::holds::PreparedKeys,
     /// The keys ordered batches hold between their validation and their commit.
     pub reservations: crate::reservations::Reservations,
     /// Counters `serverStatus` shows under `metrics.changeStreams`.
@@ -65,20 +68,33 @@ impl StreamMetrics {
     }
 }
 
+/// What opening a shard recovered from its storage: the state its in-memory parts start from.
+pub struct Recovered {
+    pub hlc: Hlc,
+    pub catalog: Catalog,
+    pub tail: TailWindow,
+    pub oplog_stats: OplogStats,
+}
+
 impl ShardState {
     pub fn new(
         name: String,
         storage: Arc<dyn Storage>,
+        log: Arc<dyn Log>,
         clock: Arc<dyn Clock>,
-        hlc: Hlc,
-        catalog: Catalog,
-        tail: TailWindow,
-        oplog_stats: OplogStats,
+        recovered: Recovered,
     ) -> Self {
+        let Recovered {
+            hlc,
+            catalog,
+            tail,
+            oplog_stats,
+        } = recovered;
         let history = Arc::new(History::new(tail.visible(), history::DEFAULT_MAX_BYTES));
         ShardState {
             name,
             storage,
+            log,
             clock,
             hlc: Mutex::new(hlc),
             catalog: RwLock::new(Arc::new(catalog)),

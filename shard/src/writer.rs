@@ -1,16 +1,26 @@
 //! The single writer: one thread per shard that group-commits every write.
 //!
 //! Write commands are closures sent over a channel. The writer takes whatever is queued (up to
-//! [`MAX_BATCH`] jobs), runs them in order inside ONE storage write transaction, renews the clock
-//! reservation in the same transaction when needed, commits once (fsync), then publishes the new
-//! catalog and oplog entries and acknowledges each job.
+//! [`MAX_BATCH`] jobs) and runs the write path on them (house.md §3):
+//!
+//! 1. **Execute**: the jobs run in order inside ONE storage write transaction, which records
+//!    every write as the batch's [`WriteSet`] (and what tracked keys held before, for the
+//!    history); the retention trim and, when needed, the clock reservation's renewal are writes
+//!    of the same transaction.
+//! 2. **Log**: the write set is appended to the shard's [`Log`](crate::log::Log), which makes
+//!    it durable (one `fdatasync` for a [`LocalLog`](crate::log::LocalLog)).
+//! 3. **Apply** ([`crate::apply`]): the storage commit, then the observers publish the new
+//!    catalog and oplog entries; then each job is acknowledged.
 //!
 //! Invariants:
-//! * A job is acknowledged only after its effects are durable.
+//! * A job is acknowledged only after its effects are durable and applied.
+//! * Every write of a shard passes here, decided by the writer: its data, its lineage marks,
+//!   its clock reservations and its retention trims. Nothing is recomputed when applying.
 //! * A job's client-visible failure (duplicate key, bad update) is detected before it writes
 //!   anything for that statement, so it leaves nothing behind and never fails its batch-mates.
-//! * A storage failure aborts the whole batch: every job in it gets an error and nothing of the
-//!   batch persists or becomes visible (catalog and tail window are published only after commit).
+//! * A storage or log failure aborts the whole batch: every job in it gets an error and nothing
+//!   of the batch persists or becomes visible (catalog and tail window are published only after
+//!   commit).
 //! * Oplog entries are published to the tail window in `ts` order, after commit, and the HLC's
 //!   in-flight hold on the high-water mark is released only after that.
 
@@ -23,11 +33,13 @@ use resume::ClusterTime;
 use tokio::sync::{mpsc, oneshot};
 use wire::MongoError;
 
+use crate::apply::Executed;
 use crate::catalog::{Catalog, CollectionEntry};
 use crate::keys;
 use crate::oplog::{EntrySpec, oplog_key};
 use crate::state::ShardState;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageError, StorageResult, Table, WriteTxn};
+use crate::write::write_set::{Op, WriteSet};
 
 /// The most jobs one commit carries.
 pub const MAX_BATCH: usize = 256;
@@ -42,35 +54,16 @@ pub struct WriteOutput {
     pub op_time: Option<ClusterTime>,
 }
 
-/// An error inside a write statement: client-visible, or a storage failure that dooms the batch.
-#[derive(Debug)]
-pub enum OpError {
-    Mongo(MongoError),
-    Storage(StorageError),
-}
-
-impl From<MongoError> for OpError {
-    fn from(e: MongoError) -> Self {
-        OpError::Mongo(e)
-    }
-}
-
-impl From<StorageError> for OpError {
-    fn from(e: StorageError) -> Self {
-        match e {
-            // An interrupted scan is the operation's own end, not a storage failure.
-            StorageError::Interrupted(e) => OpError::Mongo(e),
-            e => OpError::Storage(e),
-        }
-    }
-}
-
-pub type OpResult<T> = Result<T, OpError>;
+pub use crate::documents::{decode_doc, scan_collection};
+pub use crate::write::{OpError, OpResult};
 
 pub type WriteFn = Box<dyn FnOnce(&mut WriteCtx<'_>) -> StorageResult<WriteOutput> + Send>;
 
+/// Where a job's answer goes.
+type Ack = oneshot::Sender<Result<WriteOutput, MongoError>>;
+
 enum Job {
-    Write(WriteFn, oneshot::Sender<Result<WriteOutput, MongoError>>),
+    Write(WriteFn, Ack),
     Renew,
     Shutdown,
 }
@@ -148,12 +141,28 @@ impl Recorder {
 
 type Unstamped = (Table, Vec<u8>, Option<Vec<u8>>);
 
-/// The batch's storage transaction, handing what each tracked key held to the [`Recorder`].
+/// The batch's storage transaction: it records every write in the batch's [`WriteSet`] and
+/// hands what each tracked key held to the [`Recorder`].
 struct Recording<'r> {
     inner: Box<dyn WriteTxn>,
     recorder: &'r Recorder,
+    /// The batch's writes, in order, behind the room the log's record needs.
+    set: WriteSet,
     /// Whether anything was written: a batch of read-only jobs (validations) commits nothing.
     wrote: bool,
+}
+
+impl Recording<'_> {
+    fn record(&mut self, table: Table, key: &[u8], value: Option<&[u8]>) -> StorageResult<()> {
+        let op = Op {
+            table: table.index(),
+            key,
+            value,
+        };
+        self.set
+            .push(op)
+            .map_err(|e| StorageError::Engine(e.to_string()))
+    }
 }
 
 crate::storage::reads_through_inner!(Recording<'_>);
@@ -164,24 +173,28 @@ impl WriteTxn for Recording<'_> {
         if crate::history::TRACKED.contains(&table) {
             let before = self.inner.replace(table, key, Some(value))?;
             self.recorder.push(table, key, before);
-            Ok(())
         } else {
-            self.inner.put(table, key, value)
+            self.inner.put(table, key, value)?;
         }
+        self.record(table, key, Some(value))
     }
 
     fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
         self.wrote = true;
-        if crate::history::TRACKED.contains(&table) {
+        let existed = if crate::history::TRACKED.contains(&table) {
             let before = self.inner.replace(table, key, None)?;
             let existed = before.is_some();
             if existed {
                 self.recorder.push(table, key, before);
             }
-            Ok(existed)
+            existed
         } else {
-            self.inner.delete(table, key)
+            self.inner.delete(table, key)?
+        };
+        if existed {
+            self.record(table, key, None)?;
         }
+        Ok(existed)
     }
 
     fn commit(self: Box<Self>) -> StorageResult<()> {
@@ -491,35 +504,6 @@ impl<'a> WriteCtx<'a> {
     }
 }
 
-pub fn decode_doc(bytes: &[u8]) -> Option<Document> {
-    Document::from_reader(bytes).ok()
-}
-
-/// Visits a collection's documents in `_id` order through any transaction.
-pub fn scan_collection(
-    txn: &dyn ReadTxn,
-    coll: &CollectionEntry,
-    visit: &mut dyn FnMut(Document) -> Scan,
-) -> StorageResult<()> {
-    let range = KeyRange::prefix(&keys::collection_prefix(&coll.uuid));
-    let mut result = Ok(());
-    txn.scan(
-        Table::Documents,
-        &range,
-        false,
-        &mut |_, v| match decode_doc(v) {
-            Some(d) => visit(d),
-            None => {
-                result = Err(StorageError::Engine(
-                    "undecodable document in storage".into(),
-                ));
-                Scan::Stop
-            }
-        },
-    )?;
-    result
-}
-
 /// The handle commands use to submit writes.
 pub struct Writer {
     tx: mpsc::UnboundedSender<Job>,
@@ -607,6 +591,7 @@ fn writer_loop(state: Arc<ShardState>, mut rx: mpsc::UnboundedReceiver<Job>) {
     }
 }
 
+/// Runs the write path on one batch (see the module header).
 fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     let mut writes = Vec::new();
     for j in jobs {
@@ -619,21 +604,18 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     if writes.is_empty() && renewal.is_none() {
         return;
     }
-    let fail_all = |writes: Vec<(WriteFn, oneshot::Sender<Result<WriteOutput, MongoError>>)>,
-                    e: &StorageError| {
-        tracing::error!(error = %e, "write batch failed");
-        for (_, tx) in writes {
-            let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
-        }
-    };
     let recorder = Recorder::new(state.history.max_bytes());
     let mut txn = match state.storage.begin_write() {
-        Ok(inner) => Box::new(Recording {
+        Ok(inner) => Recording {
             inner,
             recorder: &recorder,
+            set: state.log.write_set(),
             wrote: false,
-        }),
-        Err(e) => return fail_all(writes, &e),
+        },
+        Err(e) => {
+            let acks = writes.into_iter().map(|(_, tx)| (tx, None)).collect();
+            return fail(state, acks, &e);
+        }
     };
     let mut catalog = state.catalog();
     let mut pending = Vec::new();
@@ -641,7 +623,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     let mut failure = None;
     {
         let mut ctx = WriteCtx {
-            txn: &mut *txn,
+            txn: &mut txn,
             catalog: &mut catalog,
             state,
             log: LogTo::Oplog(&mut pending, &recorder),
@@ -678,21 +660,16 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     // committed by now, or in a batch before this one.
     if failure.is_none() && !txn.wrote && pending.is_empty() && renewal.is_none() {
         drop(txn);
-        for (tx, out) in acks {
-            if let Some(out) = out {
-                let _ = tx.send(Ok(out));
-            }
-        }
-        return;
+        return acknowledge(acks);
     }
-    // Oplog accounting and retention, in this same commit.
+    // Oplog accounting and retention, in this same transaction.
     let mut stats = state.oplog_stats();
     if failure.is_none() {
         stats.bytes += pending.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         stats.entries += pending.len() as u64;
         let keep_from = pending.first().map(|(ts, _)| *ts);
         let trimmed = crate::retention::trim(
-            &mut *txn,
+            &mut txn,
             &mut stats,
             state.retention(),
             crate::clock::wall_secs(wall_ms),
@@ -703,7 +680,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             failure = Some(e);
         }
     }
-    // Renew the reservation in this same commit, covering every ts the batch handed out.
+    // Renew the reservation in this same transaction, covering every ts the batch handed out.
     let renewal = match failure {
         None => state.hlc().reservation_needed(wall_ms),
         Some(_) => None,
@@ -714,56 +691,47 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     {
         failure = Some(e);
     }
-    // The batch's history goes in before it commits: a reader whose snapshot has the batch
-    // finds it (and one whose snapshot does not never looks at it).
-    let committed = match failure {
-        Some(e) => Err(e),
-        None => {
-            let recorded = match recorder.finish(pending.last().map(|(ts, _)| *ts)) {
-                Ok(versions) => state.history.record(versions),
-                Err(last) => {
-                    // Too much to keep: what it replaced is not kept, so reads as of a time
-                    // before the batch cannot be answered (SnapshotTooOld), never misread.
-                    if let Some(ts) = last {
-                        state.history.trim_before(ts);
-                    }
-                    0
-                }
-            };
-            let done = txn.commit();
-            if done.is_err() {
-                state.history.forget_last(recorded);
-            }
-            done
-        }
+    if let Some(e) = failure {
+        return fail(state, acks, &e);
+    }
+    // Executed: the write set goes to the log, then the batch is applied.
+    let Recording { inner, mut set, .. } = txn;
+    let executed = Executed {
+        txn: inner,
+        history: recorder.finish(pending.last().map(|(ts, _)| *ts)),
+        entries: pending,
+        catalog,
+        stats,
+        reservation: renewal,
+        has_jobs: !acks.is_empty(),
     };
-    match committed {
-        Ok(()) => {
-            if !acks.is_empty() {
-                state.count_commit();
-            }
-            state.set_oplog_stats(stats);
-            state.publish_catalog(catalog);
-            if let Some(r) = renewal {
-                state.hlc().set_reserved(r);
-            }
-            state.tail.publish(pending);
-            state.hlc().clear_inflight();
-            for (tx, out) in acks {
-                if let Some(out) = out {
-                    let _ = tx.send(Ok(out));
-                }
-            }
+    let appended = match set.is_empty() {
+        true => Ok(None),
+        false => state.log.append(&mut set).map(Some),
+    };
+    match appended.and_then(|appended| crate::apply::apply(state, executed, appended)) {
+        Ok(()) => acknowledge(acks),
+        Err(e) => fail(state, acks, &e),
+    }
+}
+
+/// Answers every job of an applied batch.
+fn acknowledge(acks: Vec<(Ack, Option<WriteOutput>)>) {
+    for (tx, out) in acks {
+        if let Some(out) = out {
+            let _ = tx.send(Ok(out));
         }
-        Err(e) => {
-            // Nothing of the batch persisted; the ts values it ticked are simply skipped.
-            state.hlc().abandon_batch_holds();
-            state.hlc().clear_inflight();
-            tracing::error!(error = %e, "write batch failed");
-            for (tx, _) in acks {
-                let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
-            }
-        }
+    }
+}
+
+/// Fails every job of a batch of which nothing persisted; the `ts` values it ticked are simply
+/// skipped.
+fn fail(state: &ShardState, acks: Vec<(Ack, Option<WriteOutput>)>, e: &StorageError) {
+    state.hlc().abandon_batch_holds();
+    state.hlc().clear_inflight();
+    tracing::error!(error = %e, "write batch failed");
+    for (tx, _) in acks {
+        let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
     }
 }
 
@@ -773,17 +741,21 @@ mod tests {
     use crate::catalog::Catalog;
     use crate::clock::{Hlc, SystemClock};
     use crate::oplog::TailWindow;
+    use crate::state::Recovered;
     use crate::storage::RedbStorage;
 
     fn state(dir: &std::path::Path) -> Arc<ShardState> {
         Arc::new(ShardState::new(
             "t".into(),
             Arc::new(RedbStorage::open(&dir.join("w.redb")).unwrap()),
+            Arc::new(crate::log::Unlogged),
             Arc::new(SystemClock),
-            Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
-            Catalog::default(),
-            TailWindow::new(ClusterTime::ZERO, 1 << 20),
-            crate::retention::OplogStats::default(),
+            Recovered {
+                hlc: Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
+                catalog: Catalog::default(),
+                tail: TailWindow::new(ClusterTime::ZERO, 1 << 20),
+                oplog_stats: crate::retention::OplogStats::default(),
+            },
         ))
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bson::{Bson, doc};
 use common::*;
 use resume::ClusterTime;
+use shard::log::LocalLog;
 use shard::storage::{Faults, FaultyStorage, RedbStorage};
 use shard::{ManualClock, Shard, ShardOptions};
 
@@ -152,20 +153,19 @@ async fn a_failing_op_in_a_group_commit_batch_leaves_nothing_and_batch_mates_suc
 async fn a_storage_failure_aborts_the_batch_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let faults = Faults::new();
-    let storage = FaultyStorage::new(
-        RedbStorage::open(&dir.path().join("f.redb")).unwrap(),
-        faults.clone(),
-    );
-    let s = Shard::open_with_storage(
-        ShardOptions {
-            dbpath: dir.path().to_path_buf(),
-            name: "f".into(),
-            clock: Arc::new(shard::SystemClock),
-        },
-        Arc::new(storage),
-    )
-    .await
-    .unwrap();
+    // The engine shards run on (redb behind its write-ahead log), failing on command.
+    let path = dir.path().join("f.redb");
+    let redb = Arc::new(RedbStorage::open_behind_log(&path).unwrap());
+    let log = LocalLog::open(&path, redb.clone()).unwrap();
+    let opts = ShardOptions {
+        dbpath: dir.path().to_path_buf(),
+        name: "f".into(),
+        clock: Arc::new(shard::SystemClock),
+    };
+    let storage = FaultyStorage::new(redb, faults.clone());
+    let s = Shard::open_with_storage(opts.clone(), Arc::new(storage), Arc::new(log))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The second put of the batch (the oplog entry after the catalog entry) fails.
     faults.fail_put_after.store(1, Ordering::SeqCst);
@@ -174,15 +174,31 @@ async fn a_storage_failure_aborts_the_batch_and_leaves_nothing() {
     assert!(find(&s, "db", "c", doc! {}).await.is_empty());
     assert!(oplog_for(&s, "db").await.is_empty());
     assert!(first_batch(&ok(&s, "db", doc! {"listCollections": 1}).await).is_empty());
-    // A failing commit leaves nothing either.
+    // A failing commit leaves nothing either, though its write set reached the log first.
     faults.fail_commits.store(true, Ordering::SeqCst);
-    let r = run(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1}]}).await;
+    let r = run(
+        &s,
+        "db",
+        doc! {"insert": "c", "documents": [{"_id": 1, "failed": true}]},
+    )
+    .await;
     assert!(!is_ok(&r));
     faults.fail_commits.store(false, Ordering::SeqCst);
     assert!(oplog_for(&s, "db").await.is_empty());
     // Healthy again.
     ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 1}]}).await;
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 1);
+    s.shutdown().await;
+    drop(s);
+    // Replaying the log after a restart does not bring the failed batch back.
+    let s = Shard::open(opts).await.unwrap();
+    assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1}]);
+    let inserts = oplog_for(&s, "db")
+        .await
+        .into_iter()
+        .filter(|e| e.get_str("op").ok() == Some("i"))
+        .count();
+    assert_eq!(inserts, 1);
     s.shutdown().await;
 }
 

@@ -223,7 +223,9 @@ async fn session_records_and_finished_transactions_expire_with_their_session() {
     clock.advance(20 * 60 * 1000);
     ok(&s, "db", insert(2, recent)).await;
     assert_eq!(
-        shard::retryable::purge(&s).await.unwrap(),
+        shard::retryable::purge(s.state(), s.writer())
+            .await
+            .unwrap(),
         0,
         "nothing is old yet"
     );
@@ -232,7 +234,12 @@ async fn session_records_and_finished_transactions_expire_with_their_session() {
 
     clock.advance(11 * 60 * 1000);
     // The old session's record and the transaction's, not the recent one's.
-    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 2);
+    assert_eq!(
+        shard::retryable::purge(s.state(), s.writer())
+            .await
+            .unwrap(),
+        2
+    );
     let again = run(&s, "db", insert(1, old)).await;
     let errors = again.get_array("writeErrors").unwrap();
     assert_eq!(
@@ -294,7 +301,12 @@ async fn a_refreshed_session_keeps_its_record_for_another_timeout() {
     .await;
     clock.advance(10 * 60 * 1000);
     // 35 minutes after both writes, 10 after the refresh: only the idle session's record goes.
-    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 1);
+    assert_eq!(
+        shard::retryable::purge(s.state(), s.writer())
+            .await
+            .unwrap(),
+        1
+    );
     let kept = ok(&s, "db", insert(1, refreshed)).await;
     assert!(kept.contains_key("retriedStmtIds"), "{kept}");
     let again = run(&s, "db", insert(2, idle)).await;
@@ -302,7 +314,12 @@ async fn a_refreshed_session_keeps_its_record_for_another_timeout() {
 
     // The retry above was no write: the record goes 30 minutes after the refresh.
     clock.advance(21 * 60 * 1000);
-    assert_eq!(shard::retryable::purge(&s).await.unwrap(), 1);
+    assert_eq!(
+        shard::retryable::purge(s.state(), s.writer())
+            .await
+            .unwrap(),
+        1
+    );
 
     let refused = run(&s, "admin", doc! {"refreshSessions": [{"uid": 1}]}).await;
     assert_eq!(refused.get_i32("code").unwrap(), 4, "{refused}");

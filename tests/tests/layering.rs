@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 type Module = Vec<String>;
 
 /// Files in import cycles, per crate, at most (lower them as cycles are cut).
-const CYCLE_CEILING: &[(&str, usize)] = &[("router", 13), ("shard", 15), ("pipeline", 0)];
+const CYCLE_CEILING: &[(&str, usize)] = &[("router", 13), ("shard", 0), ("pipeline", 0)];
 
 /// Files that import a composition root other than those allowed to, per rule, at most.
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
@@ -343,8 +343,9 @@ const RULES: &[Rule] = &[
         from: &["command"],
         may: May::Only(&[]),
     },
-    // house.md §3: the pure sharding types, the key holds and the write set are leaves; the
-    // log, apply and its observers import neither the executor nor commands.
+    // house.md §3: the pure sharding types, the key holds (which name storage's tables), a
+    // command's session fields and the write set are leaves; the log, apply and its observers
+    // import neither the executor nor commands.
     Rule {
         krate: "shard",
         from: &["sharding"],
@@ -353,7 +354,12 @@ const RULES: &[Rule] = &[
     Rule {
         krate: "shard",
         from: &["holds"],
-        may: May::Only(&[&["sharding"]]),
+        may: May::Only(&[&["sharding"], &["storage"]]),
+    },
+    Rule {
+        krate: "shard",
+        from: &["session"],
+        may: May::Only(&[]),
     },
     Rule {
         krate: "shard",

@@ -160,7 +160,7 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
         }
         RefreshSessions => {
             let keys = crate::retryable::refreshed_sessions(&ctx.cmd)?;
-            crate::retryable::refresh(shard, keys).await?;
+            crate::retryable::refresh(shard.writer(), keys).await?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
         GetParameter => hello::get_parameter(&ctx),

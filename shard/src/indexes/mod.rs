@@ -390,7 +390,7 @@ pub fn find_conflict(
     txn: &dyn ReadTxn,
     coll: &CollectionEntry,
     doc: &Document,
-) -> Result<Option<Conflict>, crate::writer::OpError> {
+) -> Result<Option<Conflict>, crate::write::OpError> {
     let id = id_of(doc);
     for index in materialized(coll) {
         let (entries, _) = index.entries(coll, doc)?;
@@ -456,7 +456,7 @@ pub fn add(
     txn: &mut dyn WriteTxn,
     coll: &CollectionEntry,
     doc: &Document,
-) -> Result<(), crate::writer::OpError> {
+) -> Result<(), crate::write::OpError> {
     let id = id_of(doc);
     for (index, entries, multi) in doc_entries(coll, doc)? {
         if multi {
@@ -474,7 +474,7 @@ pub fn remove(
     txn: &mut dyn WriteTxn,
     coll: &CollectionEntry,
     doc: &Document,
-) -> Result<(), crate::writer::OpError> {
+) -> Result<(), crate::write::OpError> {
     for (_, entries, _) in doc_entries(coll, doc)? {
         for (key, _) in entries {
             txn.delete(Table::Indexes, &key)?;
@@ -489,7 +489,7 @@ pub fn update(
     coll: &CollectionEntry,
     old: &Document,
     new: &Document,
-) -> Result<(), crate::writer::OpError> {
+) -> Result<(), crate::write::OpError> {
     let id = id_of(new);
     let before = doc_entries(coll, old)?;
     for ((index, after, multi), (_, before, _)) in doc_entries(coll, new)?.into_iter().zip(before) {
@@ -544,11 +544,11 @@ pub fn drop_all(txn: &mut dyn WriteTxn, coll: &CollectionEntry) -> StorageResult
 pub enum BuildError {
     /// A unique index over documents sharing a key: that key, as `{field: value}`.
     Duplicate(Document),
-    Op(crate::writer::OpError),
+    Op(crate::write::OpError),
 }
 
-impl From<crate::writer::OpError> for BuildError {
-    fn from(e: crate::writer::OpError) -> Self {
+impl From<crate::write::OpError> for BuildError {
+    fn from(e: crate::write::OpError) -> Self {
         BuildError::Op(e)
     }
 }
@@ -577,7 +577,7 @@ pub fn build(
         return Ok(());
     };
     let mut docs = Vec::new();
-    crate::writer::scan_collection(&*txn, coll, &mut |d| {
+    crate::documents::scan_collection(&*txn, coll, &mut |d| {
         if covers(spec, index.pattern, &d) {
             docs.push(d);
         }

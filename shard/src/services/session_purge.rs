@@ -16,7 +16,7 @@ impl Service for SessionPurge {
     }
 
     async fn pass(&mut self, shard: &Arc<Shard>) {
-        if let Err(e) = retryable::purge(shard).await {
+        if let Err(e) = retryable::purge(shard.state(), shard.writer()).await {
             tracing::warn!(error = %e, "purging expired session records");
         }
     }

@@ -9,13 +9,15 @@
 //! Invariants:
 //! * A write transaction is all-or-nothing: nothing it wrote is visible to any reader before
 //!   [`WriteTxn::commit`] returns `Ok`, and after a crash either all of it or none of it exists.
-//! * [`WriteTxn::commit`] returning `Ok` means the data is durable (fsync'd).
+//! * [`WriteTxn::commit`] returning `Ok` means the data is durable (fsync'd), unless the engine
+//!   was opened behind a log ([`RedbStorage::open_behind_log`]), whose append made the
+//!   transaction's write set durable before the commit (see [`crate::log`]).
 //! * A write transaction reads its own writes; read transactions see one committed snapshot.
 //! * There is at most one write transaction at a time (the shard's writer thread).
 //!
-//! [`WalStorage`] (`wal`), redb behind a write-ahead log, is the engine shards run on;
-//! [`RedbStorage`] alone commits durably through redb itself. [`FaultyStorage`] wraps any
-//! engine and injects I/O errors, for tests.
+//! [`RedbStorage`] is the engine: behind a [`crate::log::LocalLog`] (what shards run on) its
+//! commits are visible at once and made durable by the log, alone each commit is durable through
+//! redb itself. [`FaultyStorage`] wraps any engine and injects I/O errors, for tests.
 
 use std::ops::Bound;
 use std::path::Path;
@@ -23,9 +25,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-
-mod wal;
-pub use wal::{CHECKPOINT_BYTES, WalStorage, log_path};
 
 /// The tables a shard keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,7 +125,7 @@ impl StorageError {
 
 pub type StorageResult<T> = std::result::Result<T, StorageError>;
 
-fn engine<E: std::fmt::Display>(e: E) -> StorageError {
+pub(crate) fn engine<E: std::fmt::Display>(e: E) -> StorageError {
     StorageError::Engine(e.to_string())
 }
 
@@ -334,20 +333,54 @@ pub trait Storage: Send + Sync + 'static {
     fn cache_bytes(&self) -> usize;
 }
 
+impl<S: Storage + ?Sized> Storage for Arc<S> {
+    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>> {
+        (**self).begin_read()
+    }
+
+    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        (**self).begin_write()
+    }
+
+    fn cache_bytes(&self) -> usize {
+        (**self).cache_bytes()
+    }
+}
+
 /// The bound of each shard's page cache (redb's), in bytes.
 pub const PAGE_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------
 // redb
 
-/// The redb engine: one file, quick repair on, `Durability::Immediate` commits (fsync).
+/// The redb engine: one file. Alone, its commits are durable (`Durability::Immediate`, quick
+/// repair on); behind a log, they are visible at once and persisted by the next durable commit
+/// (the log's checkpoint).
 pub struct RedbStorage {
     db: redb::Database,
+    /// Whether [`Storage::begin_write`]'s transactions commit durably.
+    durable: bool,
 }
 
 impl RedbStorage {
-    /// Opens (or creates) the database file and makes sure every table exists.
+    /// Opens (or creates) the database file, every commit durable.
     pub fn open(path: &Path) -> StorageResult<RedbStorage> {
+        Self::open_with(path, true)
+    }
+
+    /// Opens (or creates) the database file for use behind a log: commits are not durable by
+    /// themselves (the log's append was), until the log checkpoints ([`Self::begin_durable`]).
+    pub fn open_behind_log(path: &Path) -> StorageResult<RedbStorage> {
+        Self::open_with(path, false)
+    }
+
+    /// A write transaction whose commit is durable, and makes every commit before it durable.
+    pub fn begin_durable(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        Ok(Box::new(RedbWrite(self.begin(true)?)))
+    }
+
+    /// Opens (or creates) the database file and makes sure every table exists.
+    fn open_with(path: &Path, durable: bool) -> StorageResult<RedbStorage> {
         let mut builder = redb::Builder::new();
         // The page cache is a cap, not an allocation; several shards may share one process.
         builder.set_cache_size(PAGE_CACHE_BYTES);
@@ -355,7 +388,7 @@ impl RedbStorage {
         // (quick repair, set on each write transaction); the callback only has to let it run.
         builder.set_repair_callback(|_session| {});
         let db = builder.create(path).map_err(engine)?;
-        let storage = RedbStorage { db };
+        let storage = RedbStorage { db, durable };
         let mut txn = storage.db.begin_write().map_err(engine)?;
         txn.set_quick_repair(true);
         for t in Table::ALL {
@@ -386,7 +419,7 @@ impl Storage for RedbStorage {
     }
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
-        Ok(Box::new(RedbWrite(self.begin(true)?)))
+        Ok(Box::new(RedbWrite(self.begin(self.durable)?)))
     }
 
     fn cache_bytes(&self) -> usize {

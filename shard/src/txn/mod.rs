@@ -190,71 +190,9 @@ impl Decider {
     }
 }
 
+pub use crate::holds::PreparedKeys;
+
 pub const PREPARED_TRANSACTION_IN_PROGRESS: ErrorCode = ErrorCode::PREPARED_TRANSACTION_IN_PROGRESS;
-
-/// The keys prepared transactions hold: no other write may touch them until they are decided.
-#[derive(Default)]
-pub struct PreparedKeys {
-    keys: Mutex<HashMap<Key, usize>>,
-    count: std::sync::atomic::AtomicUsize,
-    /// How many prepared transactions have their keys here (a prepare holds the clock before
-    /// its keys are listed: while the clock has more holds than this, one is in between).
-    transactions: std::sync::atomic::AtomicUsize,
-}
-
-impl PreparedKeys {
-    /// Whether any transaction is prepared (cheap: writes check it first).
-    pub fn any(&self) -> bool {
-        self.count.load(std::sync::atomic::Ordering::Acquire) > 0
-    }
-
-    pub fn contains(&self, table: Table, key: &[u8]) -> bool {
-        self.any() && lock(&self.keys).contains_key(&(table, key.to_vec()))
-    }
-
-    /// Whether a prepared transaction holds a key that starts with `prefix` (a collection's:
-    /// its documents' and its index entries' keys start with its UUID).
-    pub fn holds_prefix(&self, prefix: &[u8]) -> bool {
-        self.any() && lock(&self.keys).keys().any(|(_, k)| k.starts_with(prefix))
-    }
-
-    /// How many prepared transactions have listed their keys.
-    pub fn transactions(&self) -> usize {
-        self.transactions.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// One prepared transaction's keys.
-    fn add(&self, keys: impl Iterator<Item = Key>) {
-        self.transactions
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let mut map = lock(&self.keys);
-        for k in keys {
-            *map.entry(k).or_default() += 1;
-        }
-        self.count
-            .store(map.len(), std::sync::atomic::Ordering::Release);
-    }
-
-    /// One decided transaction's keys.
-    fn remove(&self, keys: impl Iterator<Item = Key>) {
-        let _ = self.transactions.fetch_update(
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-            |n| n.checked_sub(1),
-        );
-        let mut map = lock(&self.keys);
-        for k in keys {
-            if let Some(n) = map.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&k);
-                }
-            }
-        }
-        self.count
-            .store(map.len(), std::sync::atomic::Ordering::Release);
-    }
-}
 
 /// A running transaction.
 struct Active {

@@ -276,6 +276,11 @@ pub fn insert_one(
     )?;
     if let Some(doc) = capped {
         crate::capped::inserted(ctx, coll, &doc)?;
+        // Evictions are ordinary deletes, logged after the insert that caused them.
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        while let Some(old) = crate::capped::next_eviction(ctx, coll, &id)? {
+            delete_one(ctx, coll, &old, None, 0)?;
+        }
     }
     Ok(ts)
 }

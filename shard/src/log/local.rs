@@ -1,12 +1,12 @@
-//! A write-ahead log in front of redb: the engine a shard runs on.
+//! [`LocalLog`]: a write-ahead log file in front of redb, what a single-copy shard runs on.
 //!
-//! A commit appends the transaction's writes (table, key, new value or removal) to the log file
-//! as one checksummed record and `fdatasync`s it, then commits the redb transaction without
-//! durability (`Durability::None`: visible to readers at once, persisted by a later durable
-//! commit). A durable commit is then one sequential append and one `fdatasync`, where redb's
-//! own durable commit writes its pages, the allocator state (quick repair) and syncs twice.
-//! A checkpoint (a durable redb commit, then an empty log) runs once the log passes
-//! [`CHECKPOINT_BYTES`], on every open and on close.
+//! An append writes the batch's write set to the log file as one checksummed record and
+//! `fdatasync`s it; the writer then commits the redb transaction without durability
+//! (`Durability::None`: visible to readers at once, persisted by a later durable commit). A
+//! durable batch is then one sequential append and one `fdatasync`, where redb's own durable
+//! commit writes its pages, the allocator state (quick repair) and syncs twice. A checkpoint (a
+//! durable redb commit, then an empty log) runs once the log passes [`CHECKPOINT_BYTES`], on
+//! every open and on close.
 //!
 //! The log file is reused, not truncated: a checkpoint rewrites its header, and appends
 //! overwrite the blocks the file already has (filled with zeros [`GROW_BYTES`] at a time when
@@ -14,20 +14,18 @@
 //! here: 133–161 µs for a 300-byte overwrite against 188–210 µs for an append). Each record's
 //! checksum is salted with the log's epoch, so an older epoch's records past the end fail it.
 //!
-//! Invariants:
-//! * [`WriteTxn::commit`] returns `Ok` only after the transaction's record is on disk, and
-//!   readers see the transaction's writes only after that.
-//! * A record is physical redo, a [`WriteSet`] (its encoding and invariants are there): what each
-//!   key was set to or that it was removed, in the order written. Replaying the log, in order,
-//!   over any state the database reached after the log's checkpoint gives the state of the last
-//!   acknowledged commit.
+//! Invariants (besides those of every [`Log`]):
+//! * A record is a [`WriteSet`] behind its frame. Replaying the log, in order, over any state
+//!   the database reached after the log's checkpoint gives the state of the last applied batch.
 //! * A log belongs to one checkpoint: its header carries the epoch that checkpoint stored in
 //!   redb's Meta table, a new one at every checkpoint. A log with another epoch holds nothing
 //!   the database lacks (the crash fell between a checkpoint and the log's reset) or belongs
 //!   to a later life of a database file put back from a copy; either way it is not replayed.
 //! * A record whose length or checksum (salted with the epoch) does not hold ends the log: a
 //!   torn tail was never acknowledged, and what follows it is zeros or an older epoch's.
-//! * After an I/O error on the log the engine refuses further writes until it is reopened: an
+//! * A retracted record's frame is zeroed (and synced) before the next append, so it ends the
+//!   log like a torn tail.
+//! * After an I/O error on the log every later append fails until the log is reopened: an
 //!   `fdatasync` that failed leaves the file's state unknown (the kernel may have dropped the
 //!   dirty pages), and reopening replays what did reach the disk.
 
@@ -36,12 +34,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{
-    ReadTxn, RedbStorage, RedbWrite, Storage, StorageError, StorageResult, Table, WriteTxn, engine,
-};
-use crate::write::write_set::{Op, WriteSet};
+use super::{Appended, Log};
+use crate::storage::{RedbStorage, Storage, StorageError, StorageResult, Table, engine};
+use crate::write::write_set::WriteSet;
 
-/// The log size past which a commit is followed by a checkpoint.
+/// The log size past which an applied batch is followed by a checkpoint.
 pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
 
 /// How much the log file grows by when a record does not fit (written as zeros, so later
@@ -59,17 +56,14 @@ const HEADER_LEN: u64 = 16;
 /// payload is a [`WriteSet`]'s encoding.
 const FRAME_LEN: usize = 8;
 
-/// redb behind a write-ahead log (see the module header).
-pub struct WalStorage(Arc<Shared>);
-
-/// What the store and its write transactions share.
-struct Shared {
-    redb: RedbStorage,
-    log: Mutex<Log>,
+/// A write-ahead log file in front of a redb database opened behind it (see the module header).
+pub struct LocalLog {
+    redb: Arc<RedbStorage>,
+    file: Mutex<LogFile>,
 }
 
 /// The open log file and where the next record goes.
-struct Log {
+struct LogFile {
     file: File,
     /// The epoch of the last checkpoint, which salts every record's checksum.
     epoch: [u8; 8],
@@ -77,15 +71,21 @@ struct Log {
     len: u64,
     /// The file's size: the blocks records can overwrite.
     allocated: u64,
-    /// Set after an I/O error on the log: every later commit fails.
+    /// Set after an I/O error on the log: every later append fails.
     broken: bool,
 }
 
-impl WalStorage {
-    /// Opens (or creates) the database file and its log `<path>.wal`, replays what the log
-    /// holds beyond the database's last checkpoint, and checkpoints.
-    pub fn open(path: &Path) -> StorageResult<WalStorage> {
-        let redb = RedbStorage::open(path)?;
+/// The log of the database file at `path`.
+pub fn log_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".wal");
+    PathBuf::from(name)
+}
+
+impl LocalLog {
+    /// Opens (or creates) the log `<path>.wal` of the database at `path`, replays into `redb`
+    /// what the log holds beyond the database's last checkpoint, and checkpoints.
+    pub fn open(path: &Path, redb: Arc<RedbStorage>) -> StorageResult<LocalLog> {
         let log_path = log_path(path);
         let file = OpenOptions::new()
             .read(true)
@@ -98,66 +98,123 @@ impl WalStorage {
             // The log's directory entry must survive a crash like its contents.
             File::open(dir).and_then(|d| d.sync_all()).map_err(engine)?;
         }
-        let storage = WalStorage(Arc::new(Shared {
+        let log = LocalLog {
             redb,
-            log: Mutex::new(Log {
+            file: Mutex::new(LogFile {
                 file,
                 epoch: [0; 8],
                 len: 0,
                 allocated: 0,
                 broken: false,
             }),
-        }));
-        storage.replay()?;
-        storage.checkpoint()?;
-        Ok(storage)
+        };
+        log.replay()?;
+        log.checkpoint()?;
+        Ok(log)
     }
 
     /// Applies the log's records over the database, if the log belongs to its last checkpoint.
     fn replay(&self) -> StorageResult<()> {
         let mut bytes = Vec::new();
         {
-            let log = self.0.log();
+            let log = self.file();
             let len = log.file.metadata().map_err(engine)?.len();
             bytes.resize(usize::try_from(len).map_err(engine)?, 0);
             log.file.read_exact_at(&mut bytes, 0).map_err(engine)?;
         }
-        let stored = self.0.redb.begin_read()?.get(Table::Meta, EPOCH_KEY)?;
+        let stored = self.redb.begin_read()?.get(Table::Meta, EPOCH_KEY)?;
         let Some(records) = records_of(&bytes, stored.as_deref()) else {
             return Ok(());
         };
-        let mut txn = RedbWrite(self.0.redb.begin(false)?);
+        let mut txn = self.redb.begin_write()?;
         for record in records {
-            apply(&mut txn, record)?;
+            let set = WriteSet::decode(record).map_err(|e| {
+                // Damage the checksum missed: an error, not a guess.
+                StorageError::Engine(format!("write-ahead log record does not parse: {e}"))
+            })?;
+            super::replay(&mut *txn, &set)?;
         }
-        txn.0.commit().map_err(engine)
+        txn.commit()
     }
 
-    /// Makes everything committed durable in redb under a new epoch, then empties the log.
+    /// Makes everything applied durable in redb under a new epoch, then empties the log.
     fn checkpoint(&self) -> StorageResult<()> {
-        let mut log = self.0.log();
-        checkpoint(&self.0.redb, &mut log)
+        checkpoint(&self.redb, &mut self.file())
+    }
+
+    fn file(&self) -> MutexGuard<'_, LogFile> {
+        self.file.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-impl Shared {
-    fn log(&self) -> MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+impl Log for LocalLog {
+    fn write_set(&self) -> WriteSet {
+        WriteSet::with_prefix(FRAME_LEN, 256)
+    }
+
+    fn append(&self, set: &mut WriteSet) -> StorageResult<Appended> {
+        let payload_len = u32::try_from(set.encoded().len())
+            .map_err(|_| StorageError::Engine("transaction over 4 GiB".into()))?;
+        let mut log = self.file();
+        if log.broken {
+            return Err(StorageError::Engine(
+                "the write-ahead log failed earlier; reopen the store".into(),
+            ));
+        }
+        let crc = checksum(&log.epoch, set.encoded());
+        let frame = set.prefix_mut();
+        frame[..4].copy_from_slice(&payload_len.to_le_bytes());
+        frame[4..].copy_from_slice(&crc.to_le_bytes());
+        let framed = set.prefixed();
+        let appended = Appended {
+            at: log.len,
+            len: framed.len() as u64,
+        };
+        if let Err(e) = log.write(framed) {
+            log.broken = true;
+            return Err(engine(e));
+        }
+        log.len = appended.at + appended.len;
+        Ok(appended)
+    }
+
+    fn retract(&self, appended: Appended) {
+        let mut log = self.file();
+        // The record must not outlive the batch it describes: zero its frame.
+        let undone = log
+            .file
+            .write_all_at(&[0; FRAME_LEN], appended.at)
+            .and_then(|()| log.file.sync_data());
+        if undone.is_err() {
+            log.broken = true;
+        }
+        log.len = appended.at;
+    }
+
+    fn applied(&self, _appended: Appended) {
+        let mut log = self.file();
+        if log.len > CHECKPOINT_BYTES
+            && let Err(e) = checkpoint(&self.redb, &mut log)
+        {
+            // The batch itself is durable in the log; the next one retries the checkpoint.
+            tracing::warn!(error = %e, "checkpoint failed");
+        }
     }
 }
 
-/// The log of the database file at `path`.
-pub fn log_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".wal");
-    PathBuf::from(name)
+impl Drop for LocalLog {
+    fn drop(&mut self) {
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint at close failed; the next open replays the log");
+        }
+    }
 }
 
-fn checkpoint(redb: &RedbStorage, log: &mut Log) -> StorageResult<()> {
+fn checkpoint(redb: &RedbStorage, log: &mut LogFile) -> StorageResult<()> {
     let epoch: [u8; 8] = rand::random();
-    let mut txn = RedbWrite(redb.begin(true)?);
+    let mut txn = redb.begin_durable()?;
     txn.put(Table::Meta, EPOCH_KEY, &epoch)?;
-    txn.0.commit().map_err(engine)?;
+    txn.commit()?;
     // Everything is in redb now: the log starts over under the new epoch, in the same file.
     let mut header = [0u8; HEADER_LEN as usize];
     header[..8].copy_from_slice(MAGIC);
@@ -193,9 +250,9 @@ fn checksum(epoch: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(epoch), payload)
 }
 
-impl Log {
+impl LogFile {
     /// Writes `record` at the end of the log and syncs it, growing the file first if needed.
-    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+    fn write(&mut self, record: &[u8]) -> std::io::Result<()> {
         let end = self.len + record.len() as u64;
         if end > self.allocated {
             let grown = end.div_ceil(GROW_BYTES) * GROW_BYTES;
@@ -233,183 +290,67 @@ fn records_of<'a>(bytes: &'a [u8], epoch: Option<&[u8]>) -> Option<Vec<&'a [u8]>
     Some(records)
 }
 
-/// Applies one record's writes. A record that does not parse is damage the checksum missed:
-/// an error, not a guess.
-fn apply(txn: &mut RedbWrite, record: &[u8]) -> StorageResult<()> {
-    let bad = |e: &dyn std::fmt::Display| {
-        StorageError::Engine(format!("write-ahead log record does not parse: {e}"))
-    };
-    let set = WriteSet::decode(record).map_err(|e| bad(&e))?;
-    for op in &set {
-        let table = Table::from_index(op.table)
-            .ok_or_else(|| bad(&format_args!("no table numbered {}", op.table)))?;
-        match op.value {
-            Some(value) => txn.put(table, op.key, value)?,
-            None => {
-                txn.delete(table, op.key)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-impl Storage for WalStorage {
-    fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>> {
-        self.0.redb.begin_read()
-    }
-
-    fn cache_bytes(&self) -> usize {
-        self.0.redb.cache_bytes()
-    }
-
-    fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
-        Ok(Box::new(WalWrite {
-            inner: RedbWrite(self.0.redb.begin(false)?),
-            record: WriteSet::with_prefix(FRAME_LEN, 256),
-            shared: self.0.clone(),
-        }))
-    }
-}
-
-impl Drop for WalStorage {
-    fn drop(&mut self) {
-        if let Err(e) = self.checkpoint() {
-            tracing::warn!(error = %e, "checkpoint at close failed; the next open replays the log");
-        }
-    }
-}
-
-/// A redb transaction that records its writes for the log.
-struct WalWrite {
-    inner: RedbWrite,
-    /// The writes, behind room for the frame (filled in at commit).
-    record: WriteSet,
-    shared: Arc<Shared>,
-}
-
-impl WalWrite {
-    fn record(&mut self, table: Table, key: &[u8], value: Option<&[u8]>) -> StorageResult<()> {
-        let op = Op {
-            table: table.index(),
-            key,
-            value,
-        };
-        self.record.push(op).map_err(engine)
-    }
-}
-
-super::reads_through_inner!(WalWrite);
-
-impl WriteTxn for WalWrite {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> StorageResult<()> {
-        self.inner.put(table, key, value)?;
-        self.record(table, key, Some(value))
-    }
-
-    fn delete(&mut self, table: Table, key: &[u8]) -> StorageResult<bool> {
-        let existed = self.inner.delete(table, key)?;
-        if existed {
-            self.record(table, key, None)?;
-        }
-        Ok(existed)
-    }
-
-    fn replace(
-        &mut self,
-        table: Table,
-        key: &[u8],
-        value: Option<&[u8]>,
-    ) -> StorageResult<Option<Vec<u8>>> {
-        let before = self.inner.replace(table, key, value)?;
-        if value.is_some() || before.is_some() {
-            self.record(table, key, value)?;
-        }
-        Ok(before)
-    }
-
-    fn commit(self: Box<Self>) -> StorageResult<()> {
-        let WalWrite {
-            inner,
-            mut record,
-            shared,
-        } = *self;
-        if record.is_empty() {
-            // Nothing written: nothing to log.
-            return inner.0.commit().map_err(engine);
-        }
-        let payload_len = u32::try_from(record.encoded().len())
-            .map_err(|_| StorageError::Engine("transaction over 4 GiB".into()))?;
-        let mut log = shared.log();
-        if log.broken {
-            return Err(StorageError::Engine(
-                "the write-ahead log failed earlier; reopen the store".into(),
-            ));
-        }
-        let crc = checksum(&log.epoch, record.encoded());
-        let frame = record.prefix_mut();
-        frame[..4].copy_from_slice(&payload_len.to_le_bytes());
-        frame[4..].copy_from_slice(&crc.to_le_bytes());
-        let framed = record.prefixed();
-        let at = log.len;
-        if let Err(e) = log.append(framed) {
-            log.broken = true;
-            return Err(engine(e));
-        }
-        if let Err(e) = inner.0.commit() {
-            // The record must not outlive the transaction it describes: zero its frame.
-            let undone = log
-                .file
-                .write_all_at(&[0; FRAME_LEN], at)
-                .and_then(|()| log.file.sync_data());
-            if undone.is_err() {
-                log.broken = true;
-            }
-            return Err(engine(e));
-        }
-        log.len = at + framed.len() as u64;
-        if log.len > CHECKPOINT_BYTES
-            && let Err(e) = checkpoint(&shared.redb, &mut log)
-        {
-            // The commit itself is durable in the log; the next one retries the checkpoint.
-            tracing::warn!(error = %e, "checkpoint failed");
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::write::write_set::Op;
 
-    fn get(s: &WalStorage, key: &[u8]) -> Option<Vec<u8>> {
-        s.begin_read().unwrap().get(Table::Documents, key).unwrap()
+    /// redb behind its log, as a shard opens them.
+    struct Store {
+        redb: Arc<RedbStorage>,
+        log: LocalLog,
     }
 
-    fn commit(s: &WalStorage, writes: &[(&[u8], Option<&[u8]>)]) {
-        let mut w = s.begin_write().unwrap();
-        for (k, v) in writes {
-            match v {
-                Some(v) => w.put(Table::Documents, k, v).unwrap(),
-                None => {
-                    w.delete(Table::Documents, k).unwrap();
-                }
-            }
+    fn open(path: &Path) -> Store {
+        let redb = Arc::new(RedbStorage::open_behind_log(path).unwrap());
+        let log = LocalLog::open(path, redb.clone()).unwrap();
+        Store { redb, log }
+    }
+
+    fn get(s: &Store, key: &[u8]) -> Option<Vec<u8>> {
+        s.redb
+            .begin_read()
+            .unwrap()
+            .get(Table::Documents, key)
+            .unwrap()
+    }
+
+    fn write_set(s: &Store, writes: &[(&[u8], Option<&[u8]>)]) -> WriteSet {
+        let mut set = s.log.write_set();
+        for &(key, value) in writes {
+            let table = Table::Documents.index();
+            set.push(Op { table, key, value }).unwrap();
         }
-        w.commit().unwrap();
+        set
+    }
+
+    /// One batch as the writer runs it: append, apply, tell the log.
+    fn commit(s: &Store, writes: &[(&[u8], Option<&[u8]>)]) {
+        let mut set = write_set(s, writes);
+        let appended = s.log.append(&mut set).unwrap();
+        let mut txn = s.redb.begin_write().unwrap();
+        crate::log::replay(&mut *txn, &set).unwrap();
+        txn.commit().unwrap();
+        s.log.applied(appended);
     }
 
     /// A new store in a temporary directory, and its file's path.
-    fn fresh() -> (tempfile::TempDir, PathBuf, WalStorage) {
+    fn fresh() -> (tempfile::TempDir, PathBuf, Store) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
-        let s = WalStorage::open(&path).unwrap();
+        let s = open(&path);
         (dir, path, s)
     }
 
     /// The log's bytes and the epoch of the store's last checkpoint.
-    fn log_and_epoch(s: &WalStorage, path: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
+    fn log_and_epoch(s: &Store, path: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
         let bytes = std::fs::read(log_path(path)).unwrap();
-        let epoch = s.begin_read().unwrap().get(Table::Meta, EPOCH_KEY).unwrap();
+        let epoch = s
+            .redb
+            .begin_read()
+            .unwrap()
+            .get(Table::Meta, EPOCH_KEY)
+            .unwrap();
         (bytes, epoch)
     }
 
@@ -417,7 +358,7 @@ mod tests {
     /// redb's close (which would persist its non-durable commits). The tests then open a copy
     /// of the files as a crash could leave them, under another name (this process still holds
     /// the forgotten store's lock).
-    fn crash(s: WalStorage) {
+    fn crash(s: Store) {
         std::mem::forget(s);
     }
 
@@ -437,7 +378,7 @@ mod tests {
         let (bytes, epoch) = log_and_epoch(&s, &path);
         let records = records_of(&bytes, epoch.as_deref()).unwrap();
         assert_eq!(records.len(), 2);
-        // Each record is the commit's write set: what it wrote, in order.
+        // Each record is the batch's write set: what it wrote, in order.
         let second = WriteSet::decode(records[1]).unwrap();
         let written: Vec<_> = second
             .ops()
@@ -465,11 +406,11 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_loses_nothing_committed() {
+    fn a_crash_loses_nothing_applied() {
         let (dir, path, s) = fresh();
         let saved = dir.path().join("saved");
         commit(&s, &[(b"gone", Some(b"x"))]);
-        // The database file as of the open's checkpoint... plus the first commit, which the
+        // The database file as of the open's checkpoint... plus the first batch, which the
         // copy may or may not hold (redb wrote its pages without syncing): replay must give
         // the same answer either way.
         std::fs::copy(&path, &saved).unwrap();
@@ -482,7 +423,7 @@ mod tests {
         crash(s);
         // After the crash: the database file as copied, the log as last synced.
         let path = restore(dir.path(), "after", &saved, &log);
-        let s = WalStorage::open(&path).unwrap();
+        let s = open(&path);
         assert_eq!(get(&s, b"a"), Some(b"3".to_vec()));
         assert_eq!(get(&s, b"b"), Some(b"2".to_vec()));
         assert_eq!(get(&s, b"gone"), None);
@@ -492,8 +433,31 @@ mod tests {
         assert!(bytes.len() as u64 >= GROW_BYTES);
         assert_eq!(records_of(&bytes, epoch.as_deref()), Some(vec![]));
         drop(s);
-        let s = WalStorage::open(&path).unwrap();
+        let s = open(&path);
         assert_eq!(get(&s, b"a"), Some(b"3".to_vec()));
+    }
+
+    #[test]
+    fn a_retracted_record_is_not_replayed() {
+        let (dir, path, s) = fresh();
+        let saved = dir.path().join("saved");
+        std::fs::copy(&path, &saved).unwrap();
+        commit(&s, &[(b"a", Some(b"1"))]);
+        // The next batch is durable in the log, but its commit failed: retracted.
+        let mut set = write_set(&s, &[(b"b", Some(b"2"))]);
+        let appended = s.log.append(&mut set).unwrap();
+        s.log.retract(appended);
+        let log = std::fs::read(log_path(&path)).unwrap();
+        let (_, epoch) = log_and_epoch(&s, &path);
+        assert_eq!(records_of(&log, epoch.as_deref()).unwrap().len(), 1);
+        crash(s);
+        let path = restore(dir.path(), "after", &saved, &log);
+        let s = open(&path);
+        assert_eq!(get(&s, b"a"), Some(b"1".to_vec()));
+        assert_eq!(get(&s, b"b"), None);
+        // And the place it had goes to the next batch.
+        commit(&s, &[(b"c", Some(b"3"))]);
+        assert_eq!(get(&s, b"c"), Some(b"3".to_vec()));
     }
 
     #[test]
@@ -504,12 +468,12 @@ mod tests {
         drop(s);
         std::fs::copy(&path, &copy).unwrap();
         // A later life writes and crashes; then the database file alone is put back.
-        let s = WalStorage::open(&path).unwrap();
+        let s = open(&path);
         commit(&s, &[(b"a", Some(b"2"))]);
         let log = std::fs::read(log_path(&path)).unwrap();
         crash(s);
         let path = restore(dir.path(), "restored", &copy, &log);
-        let s = WalStorage::open(&path).unwrap();
+        let s = open(&path);
         assert_eq!(get(&s, b"a"), Some(b"1".to_vec()));
     }
 }

@@ -1,0 +1,85 @@
+//! The log: where a batch's [`WriteSet`] becomes durable before the batch is applied.
+//!
+//! The writer executes a batch against the latest applied state, capturing its physical writes
+//! as a write set; it hands the set to [`Log::append`], then applies the batch (the storage
+//! commit and the observers, [`crate::apply`]). A log is what stands between "executed" and
+//! "visible": [`LocalLog`] is a write-ahead file on this machine; a replicated log will be the
+//! next implementation, and nothing else of the write path needs to change for it.
+//!
+//! Invariants every log keeps:
+//! * [`Log::append`] returns only once the set is durable, after every set appended before it;
+//!   replaying the appended sets in order over the storage's last durable state gives the state
+//!   of the last applied batch.
+//! * A set whose batch was not applied is [retracted](Log::retract) before the next append: it
+//!   is never replayed.
+//! * A log never reads a clock, an option or the catalog: what it replays is what the writer
+//!   decided.
+
+mod local;
+
+pub use local::{CHECKPOINT_BYTES, GROW_BYTES, LocalLog, log_path};
+
+use crate::storage::{StorageError, StorageResult, Table, WriteTxn};
+pub use crate::write::write_set::{DecodeError, Op, Ops, WriteSet};
+
+/// Where an appended set sits in its log, for [`Log::retract`] and [`Log::applied`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The record's first byte in the log.
+    pub at: u64,
+    /// The record's length, frame included.
+    pub len: u64,
+}
+
+/// A durable, ordered log of write sets (see the module header). Called from the writer thread
+/// only, once or twice per batch: plain calls, no async.
+pub trait Log: Send + Sync + 'static {
+    /// An empty write set with the room this log's record needs in front of the ops (its
+    /// frame), so appending it copies nothing.
+    fn write_set(&self) -> WriteSet;
+
+    /// Makes `set` durable after every set appended before it. After an error nothing of it
+    /// may be applied.
+    fn append(&self, set: &mut WriteSet) -> StorageResult<Appended>;
+
+    /// The set at `appended` was not applied (its commit failed): it must not be replayed.
+    fn retract(&self, appended: Appended);
+
+    /// The set at `appended` was applied; the log may drop what the storage now holds.
+    fn applied(&self, appended: Appended);
+}
+
+/// No log: the storage's own commit is durable (redb's durable commits, or a test's). Appends
+/// nothing and never fails.
+pub struct Unlogged;
+
+impl Log for Unlogged {
+    fn write_set(&self) -> WriteSet {
+        WriteSet::with_prefix(0, 256)
+    }
+
+    fn append(&self, _set: &mut WriteSet) -> StorageResult<Appended> {
+        Ok(Appended { at: 0, len: 0 })
+    }
+
+    fn retract(&self, _appended: Appended) {}
+
+    fn applied(&self, _appended: Appended) {}
+}
+
+/// Applies a write set's ops, in order, through `txn`: how a log is replayed over the storage
+/// (and how a replica will apply what its leader executed). It reads nothing but the set.
+pub fn replay(txn: &mut dyn WriteTxn, set: &WriteSet) -> StorageResult<()> {
+    for op in set {
+        let table = Table::from_index(op.table).ok_or_else(|| {
+            StorageError::Engine(format!("write set names no table numbered {}", op.table))
+        })?;
+        match op.value {
+            Some(value) => txn.put(table, op.key, value)?,
+            None => {
+                txn.delete(table, op.key)?;
+            }
+        }
+    }
+    Ok(())
+}
