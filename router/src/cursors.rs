@@ -25,7 +25,7 @@ use wire::{ErrorCode, MongoError, Result};
 
 use crate::kernel::transport::Shards;
 use crate::kernel::transport::{cursor_id, next_batch};
-use crate::router::Router;
+use crate::txn::Enlisting;
 
 /// Idle cursors are reaped after this long by default, as in MongoDB
 /// (`cursorTimeoutMillis`, which `setParameter` changes).
@@ -85,12 +85,12 @@ pub struct Merge {
 
 impl Merge {
     /// The next merged document, fetching from shards as needed; `None` at the end.
-    async fn next(&mut self, router: &Router) -> Result<Option<Document>> {
+    async fn next(&mut self, shards: &Enlisting) -> Result<Option<Document>> {
         loop {
             if self.limit == Some(0) {
                 return Ok(None);
             }
-            self.refill(router).await?;
+            self.refill(shards).await?;
             let pick = match &self.sort {
                 Some(spec) => self
                     .sources
@@ -121,7 +121,7 @@ impl Merge {
 
     /// Fetches the next batch of every source whose buffer is empty but whose cursor is open.
     /// With a sort every source needs a head; without one only the first open source does.
-    async fn refill(&mut self, router: &Router) -> Result<()> {
+    async fn refill(&mut self, shards: &Enlisting) -> Result<()> {
         let needy: Vec<usize> = match self.sort {
             Some(_) => (0..self.sources.len())
                 .filter(|&i| self.sources[i].buffer.is_empty() && self.sources[i].cursor_id != 0)
@@ -136,9 +136,7 @@ impl Merge {
         };
         let fetches = needy.iter().map(|&i| {
             let s = &self.sources[i];
-            router
-                .shards()
-                .command(s.shard, &self.db, self.get_more(s.cursor_id))
+            shards.command(s.shard, &self.db, self.get_more(s.cursor_id))
         });
         let replies = futures::future::join_all(fetches).await;
         for (i, reply) in needy.into_iter().zip(replies) {
@@ -166,11 +164,11 @@ impl Merge {
         get_more
     }
 
-    async fn kill(&mut self, router: &Router) {
+    async fn kill(&mut self, shards: &Enlisting) {
         for s in self.sources.iter_mut().filter(|s| s.cursor_id != 0) {
             let kill = doc! {"killCursors": &self.collection, "cursors": [s.cursor_id]};
             // Best effort: a shard that lost the cursor has nothing to clean up.
-            let _ = router.shards().command(s.shard, &self.db, kill).await;
+            let _ = shards.command(s.shard, &self.db, kill).await;
             s.cursor_id = 0;
         }
     }
@@ -211,7 +209,7 @@ impl Run {
     }
 
     /// The next output document, reading the shards as needed; `None` at the end.
-    async fn next(&mut self, router: &Router) -> Result<Option<Document>> {
+    async fn next(&mut self, shards: &Enlisting) -> Result<Option<Document>> {
         loop {
             if let Some(doc) = self.ready.pop_front() {
                 return Ok(Some(doc));
@@ -222,14 +220,14 @@ impl Run {
             let Some(push) = self.push.as_mut() else {
                 return Ok(None);
             };
-            let more = match self.merge.next(router).await? {
+            let more = match self.merge.next(shards).await? {
                 Some(doc) => push.push(doc)?,
                 None => false,
             };
             self.ready.extend(push.take_ready());
             if !more {
                 // The input ended, or nothing more of it can reach the output.
-                self.merge.kill(router).await;
+                self.merge.kill(shards).await;
                 if let Some(push) = self.push.take() {
                     self.out = Some(push.finish()?.peekable());
                 }
@@ -324,13 +322,13 @@ impl StreamInfo {
 impl RouterCursor {
     /// Up to `n` documents (and at most [`MAX_BATCH_BYTES`]); `exhausted` when nothing is left.
     /// `max_await_ms` is the getMore's `maxTimeMS` (an `awaitData` cursor's shards wait it).
-    pub async fn next_batch(
+    pub(crate) async fn next_batch(
         &mut self,
-        router: &Router,
+        shards: &Enlisting,
         n: usize,
         max_await_ms: Option<i64>,
     ) -> Result<(Vec<Document>, bool)> {
-        self.take_batch(router, n, max_await_ms, |doc| {
+        self.take_batch(shards, n, max_await_ms, |doc| {
             Ok((pipeline::changestream::split::document_size(&doc), doc))
         })
         .await
@@ -339,13 +337,13 @@ impl RouterCursor {
     /// As [`RouterCursor::next_batch`], each document encoded as it is taken: what a reply to
     /// the client holds is the batch's BSON bytes (at most [`MAX_BATCH_BYTES`] and one
     /// document), not the batch parsed, which takes several times that.
-    pub async fn next_encoded_batch(
+    pub(crate) async fn next_encoded_batch(
         &mut self,
-        router: &Router,
+        shards: &Enlisting,
         n: usize,
         max_await_ms: Option<i64>,
     ) -> Result<(Vec<Vec<u8>>, bool)> {
-        self.take_batch(router, n, max_await_ms, |doc| {
+        self.take_batch(shards, n, max_await_ms, |doc| {
             let encoded = doc
                 .to_vec()
                 .map_err(|e| MongoError::internal(format!("encoding a result: {e}")))?;
@@ -358,7 +356,7 @@ impl RouterCursor {
     /// [`MAX_BATCH_BYTES`]; and whether nothing is left.
     async fn take_batch<T>(
         &mut self,
-        router: &Router,
+        shards: &Enlisting,
         n: usize,
         max_await_ms: Option<i64>,
         mut take: impl FnMut(Document) -> Result<(usize, T)>,
@@ -367,7 +365,7 @@ impl RouterCursor {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         while out.len() < n {
-            let Some(doc) = self.next_doc(router).await? else {
+            let Some(doc) = self.next_doc(shards).await? else {
                 break;
             };
             let (size, kept) = take(doc)?;
@@ -392,11 +390,11 @@ impl RouterCursor {
     /// reply, a spool) otherwise runs to 16 MiB without yielding, and a few such replies at
     /// once kept every runtime thread from the other connections (a new connection's `ping`
     /// waited 115 s behind eight 16 MiB finds).
-    async fn next_doc(&mut self, router: &Router) -> Result<Option<Document>> {
+    async fn next_doc(&mut self, shards: &Enlisting) -> Result<Option<Document>> {
         tokio::task::coop::consume_budget().await;
         match &mut self.state {
-            CursorState::Merge(m) => m.next(router).await,
-            CursorState::Run(r) => r.next(router).await,
+            CursorState::Merge(m) => m.next(shards).await,
+            CursorState::Run(r) => r.next(shards).await,
             CursorState::Buffered(b) => Ok(b.pop_front()),
             CursorState::Spooled(s) => s.0.next().transpose(),
             CursorState::ChangeStream(_) => Err(MongoError::internal(
@@ -416,10 +414,10 @@ impl RouterCursor {
         }
     }
 
-    pub async fn kill(&mut self, router: &Router) {
+    pub(crate) async fn kill(&mut self, shards: &Enlisting) {
         match &mut self.state {
-            CursorState::Merge(m) => m.kill(router).await,
-            CursorState::Run(r) => r.merge.kill(router).await,
+            CursorState::Merge(m) => m.kill(shards).await,
+            CursorState::Run(r) => r.merge.kill(shards).await,
             CursorState::ChangeStream(c) => c.kill().await,
             CursorState::Buffered(_) | CursorState::Spooled(_) => {}
         }

@@ -63,7 +63,11 @@ impl Running {
         let addr = listener.local_addr()?;
         let cancel = self.cancel.clone();
         let services = router.services.clone();
-        services.spawn("metrics", crate::metrics::serve(router, listener, cancel));
+        let render = move || {
+            let router = router.clone();
+            async move { router.render_metrics().await }
+        };
+        services.spawn("metrics", crate::metrics::serve(render, listener, cancel));
         tracing::info!(%addr, "metrics endpoint listening");
         Ok(addr)
     }

@@ -13,22 +13,22 @@
 //! * a scrape never waits on a shard for more than a second (a shard that does not answer is
 //!   left out of that scrape) and never fails the router.
 
-use std::sync::Arc;
+use std::future::Future;
 use std::time::Duration;
 
-use bson::doc;
+use bson::{Document, doc};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use resume::ClusterTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::kernel::transport::Shards;
-use crate::router::Router;
+use crate::kernel::transport::{ShardTransport, Shards};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommandOutcome {
@@ -232,31 +232,28 @@ impl Metrics {
         self.idle_shard_nudges.clone()
     }
 
-    /// The metrics in Prometheus's text format, with the live figures read now.
-    pub async fn render(&self, router: &Router) -> String {
-        // The listener's count: connections still in their TLS handshake included, as
-        // `serverStatus.connections.current`.
-        let current = router.connections.counts().current;
+    /// The metrics in Prometheus's text format, with the `live` figures and each shard's
+    /// status (asked over `transport` now).
+    pub async fn render(&self, live: Live, transport: &ShardTransport) -> String {
         self.connections
-            .set(i64::try_from(current).unwrap_or(i64::MAX));
-        self.cursors.set(router.cursors.len() as i64);
-        let streams = router.cursors.streams();
-        self.change_stream_cursors.set(streams.len() as i64);
-        self.shared_merges.set(router.streams.hubs.stats().0 as i64);
-        let now = router.cluster_time();
-        let lag = streams
+            .set(i64::try_from(live.connections).unwrap_or(i64::MAX));
+        self.cursors
+            .set(i64::try_from(live.cursors).unwrap_or(i64::MAX));
+        self.change_stream_cursors
+            .set(i64::try_from(live.change_streams).unwrap_or(i64::MAX));
+        self.shared_merges
+            .set(i64::try_from(live.shared_merges).unwrap_or(i64::MAX));
+        let lag = live
+            .stream_tokens
             .iter()
-            .filter_map(|(_, info)| info.last_token.as_ref())
             .filter_map(|t| resume::token::ResumeTokenData::from_document(t).ok())
-            .map(|t| i64::from(now.secs.saturating_sub(t.cluster_time().secs)))
+            .map(|t| i64::from(live.now.secs.saturating_sub(t.cluster_time().secs)))
             .max()
             .unwrap_or(0);
         self.stream_lag_seconds.set(lag);
-        let names = router.transport.names();
-        let asks = router.transport.all().into_iter().map(|s| async move {
-            let ask = router
-                .shards()
-                .command(s, "admin", doc! {"serverStatus": 1});
+        let names = transport.names();
+        let asks = transport.all().into_iter().map(|s| async move {
+            let ask = transport.command(s, "admin", doc! {"serverStatus": 1});
             tokio::time::timeout(Duration::from_secs(1), ask).await
         });
         for (name, status) in names.iter().zip(futures::future::join_all(asks).await) {
@@ -295,8 +292,29 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `cancel` fires.
-pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
+/// What the router's other parts hold at a scrape, read by the router for [`Metrics::render`].
+pub struct Live {
+    /// The listener's count: connections still in their TLS handshake included, as
+    /// `serverStatus.connections.current`.
+    pub connections: u64,
+    /// Open router cursors, and how many of them are change streams.
+    pub cursors: usize,
+    pub change_streams: usize,
+    /// The resume tokens the change-stream cursors last returned.
+    pub stream_tokens: Vec<Document>,
+    /// Shared merges (hubs) serving change streams.
+    pub shared_merges: usize,
+    /// The router's cluster time.
+    pub now: ClusterTime,
+}
+
+/// Serves `GET /metrics` on `listener` until `cancel` fires; `render` makes each response's
+/// body.
+pub async fn serve<F, Fut>(render: F, listener: TcpListener, cancel: CancellationToken)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = String> + Send,
+{
     loop {
         let (mut stream, _) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -308,7 +326,7 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
                 }
             },
         };
-        let router = router.clone();
+        let render = render.clone();
         tokio::spawn(async move {
             let Ok(Ok(request)) =
                 tokio::time::timeout(Duration::from_secs(5), read_head(&mut stream)).await
@@ -317,7 +335,7 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
             };
             let response = match request_path(&request) {
                 Some("/metrics") => {
-                    let body = router.metrics.render(&router).await;
+                    let body = render().await;
                     http_response("200 OK", "text/plain; version=0.0.4; charset=utf-8", &body)
                 }
                 Some(_) => http_response("404 Not Found", "text/plain", "not found\n"),

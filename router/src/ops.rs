@@ -12,8 +12,8 @@
 //! there too, as mongos does.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bson::{Bson, DateTime, Document, doc};
@@ -21,6 +21,25 @@ use tokio_util::sync::CancellationToken;
 use wire::server::ConnectionInfo;
 
 use wire::capped::CappedText;
+
+use crate::kernel::services::Services;
+use crate::kernel::transport::{ShardTransport, Shards};
+use bson::Binary;
+
+/// Tells every shard to stop what it runs for a killed operation (`_killOperations`), in the
+/// background: the client's reply does not wait for it.
+pub(crate) fn kill_on_shards(transport: &Arc<ShardTransport>, services: &Services, key: Binary) {
+    let transport = transport.clone();
+    services.spawn("kill_on_shards", async move {
+        let all = transport.all();
+        let cmd = doc! {"_killOperations": 1, "operationKeys": [key]};
+        for reply in transport.broadcast(&all, "admin", &cmd).await {
+            if let Err(e) = reply {
+                tracing::debug!(error = %e, "telling a shard of a killed operation");
+            }
+        }
+    });
+}
 
 /// A new operation key (a UUID, as drivers and mongos make them).
 pub fn new_key() -> bson::Binary {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bson::{Bson, Document, doc};
 use wire::{ErrorCode, MongoError, Result};
 
-use crate::router::Router;
+use crate::cursors::CursorTable;
 
 /// The current `logLevel`.
 static LOG_LEVEL: AtomicI32 = AtomicI32::new(0);
@@ -46,12 +46,19 @@ fn set_log_level(level: i32) -> Result<()> {
     Ok(())
 }
 
+/// What the parameters stand for: the router's parts they read and set.
+pub struct Knobs<'a> {
+    pub cursors: &'a CursorTable,
+    pub enable_test_commands: bool,
+    pub max_clock_drift: Duration,
+}
+
 struct Parameter {
     name: &'static str,
     runtime: bool,
-    get: fn(&Router) -> Bson,
+    get: fn(&Knobs<'_>) -> Bson,
     /// Checks and applies a new value.
-    set: Option<fn(&Router, &Bson) -> Result<()>>,
+    set: Option<fn(&Knobs<'_>, &Bson) -> Result<()>>,
 }
 
 fn int(v: &Bson) -> Option<i64> {
@@ -92,7 +99,7 @@ const PARAMETERS: &[Parameter] = &[
     Parameter {
         name: "enableTestCommands",
         runtime: false,
-        get: |r| Bson::Boolean(r.options.enable_test_commands),
+        get: |r| Bson::Boolean(r.enable_test_commands),
         set: None,
     },
     Parameter {
@@ -127,7 +134,7 @@ const PARAMETERS: &[Parameter] = &[
     Parameter {
         name: "maxAcceptableLogicalClockDriftSecs",
         runtime: false,
-        get: |r| Bson::Int64(r.options.max_clock_drift.as_secs() as i64),
+        get: |r| Bson::Int64(r.max_clock_drift.as_secs() as i64),
         set: None,
     },
     Parameter {
@@ -152,7 +159,7 @@ fn is_envelope(field: &str) -> bool {
 }
 
 /// `getParameter: 1 | "*" | {showDetails, allParameters}` with the parameters named as fields.
-pub fn get(router: &Router, cmd: &Document) -> Result<Document> {
+pub fn get(knobs: &Knobs<'_>, cmd: &Document) -> Result<Document> {
     let (all, details) = match cmd.get("getParameter") {
         Some(Bson::String(s)) if s == "*" => (true, false),
         Some(Bson::Document(d)) => (
@@ -162,7 +169,7 @@ pub fn get(router: &Router, cmd: &Document) -> Result<Document> {
         _ => (false, false),
     };
     let shown = |p: &Parameter| {
-        let value = (p.get)(router);
+        let value = (p.get)(knobs);
         if details {
             Bson::Document(doc! {
                 "value": value,
@@ -197,7 +204,7 @@ pub fn get(router: &Router, cmd: &Document) -> Result<Document> {
 }
 
 /// `setParameter: 1, <name>: <value>`.
-pub fn set(router: &Router, cmd: &Document) -> Result<Document> {
+pub fn set(knobs: &Knobs<'_>, cmd: &Document) -> Result<Document> {
     let mut fields = cmd.iter().filter(|(f, _)| !is_envelope(f));
     let Some((name, value)) = fields.next() else {
         return Err(MongoError::new(
@@ -220,7 +227,7 @@ pub fn set(router: &Router, cmd: &Document) -> Result<Document> {
             "not allowed to change [{name}] at runtime"
         )));
     };
-    let was = (p.get)(router);
-    apply(router, value)?;
+    let was = (p.get)(knobs);
+    apply(knobs, value)?;
     Ok(doc! {"was": was, "ok": 1.0})
 }

@@ -234,6 +234,41 @@ impl Router {
         &self.enlisting
     }
 
+    /// What authentication and the user and role commands use.
+    pub(crate) fn auth_cx(&self) -> crate::auth::AuthCx<'_> {
+        crate::auth::AuthCx {
+            auth: &self.auth,
+            transport: &self.transport,
+            required: self.options.auth,
+        }
+    }
+
+    /// The parts `getParameter` and `setParameter` read and set.
+    pub(crate) fn knobs(&self) -> crate::parameters::Knobs<'_> {
+        crate::parameters::Knobs {
+            cursors: &self.cursors,
+            enable_test_commands: self.options.enable_test_commands,
+            max_clock_drift: self.options.max_clock_drift,
+        }
+    }
+
+    /// The `--metricsPort` page: the counters, with the figures read now.
+    pub async fn render_metrics(&self) -> String {
+        let streams = self.cursors.streams();
+        let live = crate::metrics::Live {
+            connections: self.connections.counts().current,
+            cursors: self.cursors.len(),
+            change_streams: streams.len(),
+            stream_tokens: streams
+                .into_iter()
+                .filter_map(|(_, info)| info.last_token)
+                .collect(),
+            shared_merges: self.streams.hubs.stats().0,
+            now: self.cluster_time(),
+        };
+        self.metrics.render(live, &self.transport).await
+    }
+
     pub fn cluster_time(&self) -> ClusterTime {
         self.clock.now()
     }

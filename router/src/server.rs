@@ -162,7 +162,7 @@ impl Service for IdleCursors {
 
     async fn pass(&mut self) {
         for cursor in self.router.cursors.take_idle(Instant::now()) {
-            cursor.lock().await.kill(&self.router).await;
+            cursor.lock().await.kill(self.router.shards()).await;
         }
     }
 }

@@ -30,9 +30,9 @@ use shard::sharding::ShardId;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
+use crate::kernel::services::Services;
 use crate::kernel::shard_client::TransportError;
 use crate::kernel::transport::{Resend, ShardTransport, Shards};
-use crate::router::Router;
 
 pub const OPERATION_NOT_SUPPORTED_IN_TRANSACTION: ErrorCode =
     ErrorCode::OPERATION_NOT_SUPPORTED_IN_TRANSACTION;
@@ -312,14 +312,14 @@ enum Targets {
 
 /// The participants a `commitTransaction` or `abortTransaction` goes to: the router's own
 /// record of the transaction, else the shard its `recoveryToken` names.
-fn targets(router: &Router, cmd: &Document) -> Result<Targets> {
+fn targets(shards: &Enlisting, cmd: &Document) -> Result<Targets> {
     let Some((key, n)) = session(cmd)? else {
         return Err(MongoError::new(
             ErrorCode::INVALID_OPTIONS,
             "a transaction needs an lsid and a txnNumber",
         ));
     };
-    if let Some(p) = router.sessions.participants(&key, n) {
+    if let Some(p) = shards.sessions.participants(&key, n) {
         return Ok(Targets::Known(p));
     }
     let recovery = cmd
@@ -327,7 +327,7 @@ fn targets(router: &Router, cmd: &Document) -> Result<Targets> {
         .ok()
         .and_then(|t| t.get_str("recoveryShardId").ok());
     match recovery {
-        Some(name) => Ok(Targets::Recovery(router.transport.id(name)?)),
+        Some(name) => Ok(Targets::Recovery(shards.transport.id(name)?)),
         None => Err(MongoError::new(
             ErrorCode::NO_SUCH_TRANSACTION,
             format!("Transaction with {{ txnNumber: {n} }} is not known to this router"),
@@ -358,20 +358,19 @@ fn finishing(name: &str, cmd: &Document) -> Document {
 /// alone (it would commit one shard's part of a transaction that spans more): it asks the
 /// named shard for the outcome (`coordinateCommitTransaction` without participants, as mongos
 /// does), which answers a coordinator's decision or that shard's own part.
-pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
-    let participants = match targets(router, cmd)? {
+pub(crate) async fn commit(shards: &Enlisting, cmd: &Document) -> Result<Document> {
+    let participants = match targets(shards, cmd)? {
         Targets::Known(p) => p,
         Targets::Recovery(shard) => {
             let mut recover = finishing("coordinateCommitTransaction", cmd);
             recover.insert("participants", Vec::<Bson>::new());
-            return router.shards().idempotent(shard, "admin", recover).await;
+            return shards.idempotent(shard, "admin", recover).await;
         }
     };
     match participants.as_slice() {
         [] => Ok(doc! {"ok": 1.0}),
         [shard] => {
-            router
-                .shards()
+            shards
                 .idempotent(*shard, "admin", finishing("commitTransaction", cmd))
                 .await
         }
@@ -380,8 +379,8 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
             let participants: Vec<Bson> = participants
                 .iter()
                 .map(|&s| {
-                    let mut p = doc! {"shardId": router.transport.name(s).unwrap_or_default()};
-                    if let Some(host) = router.transport.host(s) {
+                    let mut p = doc! {"shardId": shards.transport.name(s).unwrap_or_default()};
+                    if let Some(host) = shards.transport.host(s) {
                         p.insert("host", host);
                     }
                     Bson::Document(p)
@@ -389,17 +388,14 @@ pub(crate) async fn commit(router: &Arc<Router>, cmd: &Document) -> Result<Docum
                 .collect();
             let mut coordinate = finishing("coordinateCommitTransaction", cmd);
             coordinate.insert("participants", participants);
-            router
-                .shards()
-                .idempotent(*coordinator, "admin", coordinate)
-                .await
+            shards.idempotent(*coordinator, "admin", coordinate).await
         }
     }
 }
 
 /// `abortTransaction`: aborts it on every participant.
-pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Document> {
-    let participants = match targets(router, cmd)? {
+pub(crate) async fn abort(shards: &Enlisting, cmd: &Document) -> Result<Document> {
+    let participants = match targets(shards, cmd)? {
         Targets::Known(p) => p,
         Targets::Recovery(shard) => vec![shard],
     };
@@ -411,11 +407,7 @@ pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Docume
     }
     let abort = finishing("abortTransaction", cmd);
     let mut first_error = None;
-    for r in router
-        .shards()
-        .broadcast(&participants, "admin", &abort)
-        .await
-    {
+    for r in shards.broadcast(&participants, "admin", &abort).await {
         if let Err(e) = r {
             first_error.get_or_insert(e);
         }
@@ -428,13 +420,10 @@ pub(crate) async fn abort(router: &Arc<Router>, cmd: &Document) -> Result<Docume
 
 /// A refused statement aborts its transaction on the shards it reached, as a failed statement
 /// does on a shard.
-pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
-    if let Ok(Targets::Known(participants)) = targets(router, cmd) {
+pub(crate) async fn abort_after_refusal(shards: &Enlisting, cmd: &Document) {
+    if let Ok(Targets::Known(participants)) = targets(shards, cmd) {
         let abort = finishing("abortTransaction", cmd);
-        let _ = router
-            .shards()
-            .broadcast(&participants, "admin", &abort)
-            .await;
+        let _ = shards.broadcast(&participants, "admin", &abort).await;
     }
 }
 
@@ -443,7 +432,9 @@ pub(crate) async fn abort_after_refusal(router: &Arc<Router>, cmd: &Document) {
 /// forgets them. `killSessions: []` names the caller's own sessions when the router has
 /// authenticated users (`own`), every session otherwise.
 pub(crate) async fn kill_sessions(
-    router: &Arc<Router>,
+    shards: &Enlisting,
+    ops: &crate::ops::Ops,
+    services: &Services,
     name: &str,
     cmd: &Document,
     own: Option<Vec<Vec<u8>>>,
@@ -465,13 +456,13 @@ pub(crate) async fn kill_sessions(
     if killed == SessionFilter::Ids(Vec::new()) {
         return Ok(doc! {"ok": 1.0});
     }
-    router.sessions.forget(&killed);
+    shards.sessions.forget(&killed);
     // Their operations in flight stop, here and on the shards.
-    for key in router.ops.kill_sessions(&killed) {
-        crate::commands::kill_on_shards(router, key);
+    for key in ops.kill_sessions(&killed) {
+        crate::ops::kill_on_shards(&shards.transport, services, key);
     }
-    let all = router.transport.all();
-    for r in router.shards().broadcast(&all, "admin", &forward).await {
+    let all = shards.transport.all();
+    for r in shards.broadcast(&all, "admin", &forward).await {
         r?;
     }
     Ok(doc! {"ok": 1.0})
@@ -492,9 +483,9 @@ pub(crate) fn label(name: &str, e: MongoError) -> MongoError {
 }
 
 /// The `recoveryToken` of a reply to a command in a transaction.
-pub(crate) fn recovery_token(router: &Router, cmd: &Document) -> Option<Document> {
-    let shard = router.sessions.recovery_shard(cmd)?;
-    let name = router.transport.name(shard)?;
+pub(crate) fn recovery_token(shards: &Enlisting, cmd: &Document) -> Option<Document> {
+    let shard = shards.sessions.recovery_shard(cmd)?;
+    let name = shards.transport.name(shard)?;
     Some(doc! {"recoveryShardId": name})
 }
 

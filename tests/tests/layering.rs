@@ -15,18 +15,18 @@ use std::path::{Path, PathBuf};
 /// A module path inside a crate (`["commands", "crud"]`; the crate root is empty).
 type Module = Vec<String>;
 
-/// Files in import cycles, per crate, at most (lower them as cycles are cut).
-const CYCLE_CEILING: &[(&str, usize)] = &[("router", 13), ("shard", 0), ("pipeline", 0)];
+/// Files in import cycles, per crate, at most: none in any crate.
+const CYCLE_CEILING: &[(&str, usize)] = &[("router", 0), ("shard", 0), ("pipeline", 0)];
 
 /// Files that import a composition root other than those allowed to, per rule, at most.
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
     (
         "router: router.rs imported only by server.rs and launch.rs",
-        11,
+        4,
     ),
     (
         "router: commands/ imported only by server.rs and launch.rs",
-        1,
+        0,
     ),
     ("shard: commands/ imported only by lib.rs and server.rs", 0),
 ];

@@ -19,9 +19,8 @@ use shard::sharding::ShardId;
 use wire::{MongoError, Result};
 
 use super::roles::{self, Privilege};
-use super::{ADMIN_ONLY_ROLES, BUILT_IN_ROLES, USERS_DB, insert_new, write_users};
+use super::{ADMIN_ONLY_ROLES, AuthCx, BUILT_IN_ROLES, USERS_DB, insert_new, write_users};
 use crate::kernel::transport::Shards;
-use crate::router::Router;
 
 const ROLES_COLL: &str = "system.roles";
 
@@ -57,9 +56,9 @@ fn role_not_found(role: &str, db: &str) -> MongoError {
     MongoError::with_code(31, format!("Could not find role: {role}@{db}"))
 }
 
-async fn find_roles(router: &Router, filter: Document) -> Result<Vec<Document>> {
-    let reply = router
-        .shards()
+async fn find_roles(cx: &AuthCx<'_>, filter: Document) -> Result<Vec<Document>> {
+    let reply = cx
+        .transport
         .command(
             ShardId::CONFIG,
             USERS_DB,
@@ -73,8 +72,8 @@ async fn find_roles(router: &Router, filter: Document) -> Result<Vec<Document>> 
         .unwrap_or_default())
 }
 
-async fn find_role(router: &Router, role: &str, db: &str) -> Result<Option<Document>> {
-    Ok(find_roles(router, doc! {"_id": format!("{db}.{role}")})
+async fn find_role(cx: &AuthCx<'_>, role: &str, db: &str) -> Result<Option<Document>> {
+    Ok(find_roles(cx, doc! {"_id": format!("{db}.{role}")})
         .await?
         .into_iter()
         .next())
@@ -107,7 +106,7 @@ fn privileges_of(d: &Document) -> Vec<Privilege> {
 
 /// Expands `roles`: built-in ones are kept, custom ones give their privileges and what they
 /// inherit. A role that no longer exists grants nothing.
-pub async fn resolve(router: &Router, roles: Vec<(String, String)>) -> Result<Grants> {
+pub async fn resolve(cx: &AuthCx<'_>, roles: Vec<(String, String)>) -> Result<Grants> {
     let mut grants = Grants::default();
     let mut seen = HashSet::new();
     let mut todo = roles;
@@ -117,7 +116,7 @@ pub async fn resolve(router: &Router, roles: Vec<(String, String)>) -> Result<Gr
         }
         if is_built_in(&role, &db) {
             grants.roles.push((role, db));
-        } else if let Some(d) = find_role(router, &role, &db).await? {
+        } else if let Some(d) = find_role(cx, &role, &db).await? {
             grants.privileges.extend(privileges_of(&d));
             todo.extend(pairs(&d));
         }
@@ -127,7 +126,7 @@ pub async fn resolve(router: &Router, roles: Vec<(String, String)>) -> Result<Gr
 
 /// `[{role, db}]` from a command's `roles` (a name alone means a role on `db`); each must be a
 /// built-in role or an existing custom one.
-pub async fn parse_roles(router: &Router, v: Option<&Bson>, db: &str) -> Result<Vec<Bson>> {
+pub async fn parse_roles(cx: &AuthCx<'_>, v: Option<&Bson>, db: &str) -> Result<Vec<Bson>> {
     let Some(Bson::Array(list)) = v else {
         return Err(MongoError::failed_to_parse("roles must be an array"));
     };
@@ -149,7 +148,7 @@ pub async fn parse_roles(router: &Router, v: Option<&Bson>, db: &str) -> Result<
                 ));
             }
         };
-        if !is_built_in(&role, &role_db) && find_role(router, &role, &role_db).await?.is_none() {
+        if !is_built_in(&role, &role_db) && find_role(cx, &role, &role_db).await?.is_none() {
             return Err(role_not_found(&role, &role_db));
         }
         out.push(Bson::Document(doc! {"role": role, "db": role_db}));
@@ -182,7 +181,7 @@ fn role_name(cmd: &Document, field: &str) -> Result<String> {
 }
 
 /// Refuses inheriting `inherits` into `role@db` when that makes a cycle.
-async fn refuse_cycle(router: &Router, role: &str, db: &str, inherits: &[Bson]) -> Result<()> {
+async fn refuse_cycle(cx: &AuthCx<'_>, role: &str, db: &str, inherits: &[Bson]) -> Result<()> {
     let target = (role.to_string(), db.to_string());
     let mut seen = HashSet::new();
     let mut todo: Vec<(String, String)> = inherits
@@ -199,7 +198,7 @@ async fn refuse_cycle(router: &Router, role: &str, db: &str, inherits: &[Bson]) 
         }
         if seen.insert(next.clone())
             && !is_built_in(&next.0, &next.1)
-            && let Some(d) = find_role(router, &next.0, &next.1).await?
+            && let Some(d) = find_role(cx, &next.0, &next.1).await?
         {
             todo.extend(pairs(&d));
         }
@@ -208,7 +207,7 @@ async fn refuse_cycle(router: &Router, role: &str, db: &str, inherits: &[Bson]) 
 }
 
 /// `createRole`.
-pub async fn create_role(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn create_role(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let role = role_name(cmd, "createRole")?;
     if BUILT_IN_ROLES.contains(&role.as_str()) {
         return Err(MongoError::bad_value(
@@ -216,8 +215,8 @@ pub async fn create_role(router: &Router, db: &str, cmd: &Document) -> Result<Do
         ));
     }
     let privileges = parse_privileges(cmd.get("privileges"))?;
-    let inherits = parse_roles(router, cmd.get("roles"), db).await?;
-    refuse_cycle(router, &role, db, &inherits).await?;
+    let inherits = parse_roles(cx, cmd.get("roles"), db).await?;
+    refuse_cycle(cx, &role, db, &inherits).await?;
     let doc = doc! {
         "_id": format!("{db}.{role}"),
         "role": &role,
@@ -226,7 +225,7 @@ pub async fn create_role(router: &Router, db: &str, cmd: &Document) -> Result<Do
         "roles": inherits,
     };
     insert_new(
-        router,
+        cx,
         ROLES_COLL,
         doc,
         MongoError::with_code(51002, format!("Role \"{role}@{db}\" already exists")),
@@ -235,8 +234,8 @@ pub async fn create_role(router: &Router, db: &str, cmd: &Document) -> Result<Do
     Ok(doc! {"ok": 1.0})
 }
 
-async fn update_role_doc(router: &Router, role: &str, db: &str, update: Document) -> Result<()> {
-    let reply = write_users(router, doc! {"update": ROLES_COLL, "updates": [{"q": {"_id": format!("{db}.{role}")}, "u": update}]},
+async fn update_role_doc(cx: &AuthCx<'_>, role: &str, db: &str, update: Document) -> Result<()> {
+    let reply = write_users(cx, doc! {"update": ROLES_COLL, "updates": [{"q": {"_id": format!("{db}.{role}")}, "u": update}]},
     )
     .await?;
     if reply.get_i32("n").unwrap_or(0) == 0 {
@@ -246,15 +245,15 @@ async fn update_role_doc(router: &Router, role: &str, db: &str, update: Document
 }
 
 /// `updateRole`: replaces its privileges and/or the roles it inherits.
-pub async fn update_role(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn update_role(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let role = role_name(cmd, "updateRole")?;
     let mut set = Document::new();
     if cmd.contains_key("privileges") {
         set.insert("privileges", parse_privileges(cmd.get("privileges"))?);
     }
     if cmd.contains_key("roles") {
-        let inherits = parse_roles(router, cmd.get("roles"), db).await?;
-        refuse_cycle(router, &role, db, &inherits).await?;
+        let inherits = parse_roles(cx, cmd.get("roles"), db).await?;
+        refuse_cycle(cx, &role, db, &inherits).await?;
         set.insert("roles", inherits);
     }
     if set.is_empty() {
@@ -262,13 +261,13 @@ pub async fn update_role(router: &Router, db: &str, cmd: &Document) -> Result<Do
             "Must specify at least one field to update in updateRole",
         ));
     }
-    update_role_doc(router, &role, db, doc! {"$set": set}).await?;
+    update_role_doc(cx, &role, db, doc! {"$set": set}).await?;
     Ok(doc! {"ok": 1.0})
 }
 
 /// `grantPrivilegesToRole` and `revokePrivilegesFromRole`.
 pub async fn change_privileges(
-    router: &Router,
+    cx: &AuthCx<'_>,
     db: &str,
     cmd: &Document,
     grant: bool,
@@ -281,13 +280,13 @@ pub async fn change_privileges(
     let role = role_name(cmd, field)?;
     let privileges = parse_privileges(cmd.get("privileges"))?;
     let update = super::add_or_pull("privileges", privileges, grant);
-    update_role_doc(router, &role, db, update).await?;
+    update_role_doc(cx, &role, db, update).await?;
     Ok(doc! {"ok": 1.0})
 }
 
 /// `grantRolesToRole` and `revokeRolesFromRole`.
 pub async fn change_inherited(
-    router: &Router,
+    cx: &AuthCx<'_>,
     db: &str,
     cmd: &Document,
     grant: bool,
@@ -298,19 +297,19 @@ pub async fn change_inherited(
         "revokeRolesFromRole"
     };
     let role = role_name(cmd, field)?;
-    let inherits = parse_roles(router, cmd.get("roles"), db).await?;
+    let inherits = parse_roles(cx, cmd.get("roles"), db).await?;
     if grant {
-        refuse_cycle(router, &role, db, &inherits).await?;
+        refuse_cycle(cx, &role, db, &inherits).await?;
     }
     let update = super::add_or_pull("roles", inherits, grant);
-    update_role_doc(router, &role, db, update).await?;
+    update_role_doc(cx, &role, db, update).await?;
     Ok(doc! {"ok": 1.0})
 }
 
 /// `dropRole`: also taken from every user and role that had it, as MongoDB does.
-pub async fn drop_role(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn drop_role(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let role = role_name(cmd, "dropRole")?;
-    let reply = write_users(router, doc! {"delete": ROLES_COLL, "deletes": [{"q": {"_id": format!("{db}.{role}")}, "limit": 1}]},
+    let reply = write_users(cx, doc! {"delete": ROLES_COLL, "deletes": [{"q": {"_id": format!("{db}.{role}")}, "limit": 1}]},
     )
     .await?;
     if reply.get_i32("n").unwrap_or(0) == 0 {
@@ -318,7 +317,7 @@ pub async fn drop_role(router: &Router, db: &str, cmd: &Document) -> Result<Docu
     }
     let held = doc! {"role": &role, "db": db};
     for coll in [super::USERS_COLL, ROLES_COLL] {
-        write_users(router, doc! {"update": coll, "updates": [{"q": {"roles": &held}, "u": {"$pull": {"roles": &held}}, "multi": true}]},
+        write_users(cx, doc! {"update": coll, "updates": [{"q": {"roles": &held}, "u": {"$pull": {"roles": &held}}, "multi": true}]},
         )
         .await?;
     }
@@ -329,7 +328,7 @@ pub async fn drop_role(router: &Router, db: &str, cmd: &Document) -> Result<Docu
 /// sub-roles included) and every privilege it holds, its own and inherited, merged by
 /// resource: what `rolesInfo` shows as `inheritedRoles` and `inheritedPrivileges`.
 async fn inheritance(
-    router: &Router,
+    cx: &AuthCx<'_>,
     role: &Document,
 ) -> Result<(Vec<(String, String)>, Vec<Privilege>)> {
     let mut by_resource = std::collections::BTreeMap::new();
@@ -356,7 +355,7 @@ async fn inheritance(
                     reached.push(sub);
                 }
             }
-        } else if let Some(d) = find_role(router, name, db).await? {
+        } else if let Some(d) = find_role(cx, name, db).await? {
             grant(privileges_of(&d));
             todo.extend(pairs(&d));
         }
@@ -368,7 +367,7 @@ async fn inheritance(
 /// `rolesInfo`: `1` (every custom role of `db`), a name, `{role, db}`, or a list of those;
 /// with `showPrivileges`, each role's privileges and those it inherits, and
 /// `showBuiltinRoles` adds the built-in ones.
-pub async fn roles_info(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn roles_info(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let one = |v: &Bson| -> Result<(String, String)> {
         match v {
             Bson::String(r) => Ok((r.clone(), db.to_string())),
@@ -389,10 +388,10 @@ pub async fn roles_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
     };
     let show_privileges = matches!(cmd.get("showPrivileges"), Some(Bson::Boolean(true)));
     let mut found = if all {
-        find_roles(router, doc! {"db": db}).await?
+        find_roles(cx, doc! {"db": db}).await?
     } else {
         let ids: Vec<String> = named.iter().map(|(r, d)| format!("{d}.{r}")).collect();
-        find_roles(router, doc! {"_id": {"$in": ids}}).await?
+        find_roles(cx, doc! {"_id": {"$in": ids}}).await?
     };
     let mut out = Vec::new();
     let built_in: Vec<(String, String)> = if all {
@@ -444,7 +443,7 @@ pub async fn roles_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
     for d in found.drain(..) {
         let role = d.get_str("role").unwrap_or_default().to_string();
         let role_db = d.get_str("db").unwrap_or_default().to_string();
-        let (inherited_roles, inherited_privileges) = inheritance(router, &d).await?;
+        let (inherited_roles, inherited_privileges) = inheritance(cx, &d).await?;
         let mut shown = doc! {
             "_id": format!("{role_db}.{role}"),
             "role": &role,

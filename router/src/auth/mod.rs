@@ -36,8 +36,7 @@ use shard::sharding::ShardId;
 use wire::server::ConnectionInfo;
 use wire::{ErrorCode, MongoError, Result};
 
-use crate::kernel::transport::Shards;
-use crate::router::Router;
+use crate::kernel::transport::{ShardTransport, Shards};
 use wire::sasl::{self, auth_failed, binary, payload_of};
 use wire::scram::{Conversation, Credential, Mechanism};
 
@@ -241,33 +240,40 @@ impl Auth {
     }
 }
 
+/// What authentication and the user and role commands use of the router.
+pub struct AuthCx<'a> {
+    /// Who each connection authenticated as.
+    pub auth: &'a Auth,
+    /// How users and roles are read and written on the config shard.
+    pub transport: &'a ShardTransport,
+    /// Whether the router authenticates its clients (`--auth`).
+    pub required: bool,
+}
+
 /// Whether `name` may run on database `db` over `conn` now (with `--auth`).
 pub async fn check(
-    router: &Router,
+    cx: &AuthCx<'_>,
     conn: &ConnectionInfo,
     name: &str,
     db: &str,
     cmd: &Document,
 ) -> Result<()> {
-    if !router.options.auth || allowed_before_auth(name) {
+    if !cx.required || allowed_before_auth(name) {
         return Ok(());
     }
     let granted = {
-        let conns = router.auth.lock();
+        let conns = cx.auth.lock();
         conns
             .get(&conn.id)
             .filter(|c| !c.users.is_empty())
             .map(|c| c.grants.allow(name, db, cmd))
     };
     match granted {
-        Some(true) => check_cursors(router, conn, name, db, cmd),
+        Some(true) => check_cursors(cx, conn, name, db, cmd),
         Some(false) => Err(unauthorized(format!(
             "not authorized on {db} to execute command {{ {name}: ... }}"
         ))),
-        None if name == "createUser"
-            && conn.peer.ip().is_loopback()
-            && !any_user(router).await? =>
-        {
+        None if name == "createUser" && conn.peer.ip().is_loopback() && !any_user(cx).await? => {
             Ok(()) // the localhost exception
         }
         None => Err(unauthorized(format!(
@@ -278,7 +284,7 @@ pub async fn check(
 
 /// `getMore` and `killCursors` only on cursors the connection's users opened.
 fn check_cursors(
-    router: &Router,
+    cx: &AuthCx<'_>,
     conn: &ConnectionInfo,
     name: &str,
     db: &str,
@@ -292,10 +298,7 @@ fn check_cursors(
             .unwrap_or_default(),
         _ => return Ok(()),
     };
-    match ids
-        .iter()
-        .find(|id| !router.auth.may_use_cursor(conn.id, **id))
-    {
+    match ids.iter().find(|id| !cx.auth.may_use_cursor(conn.id, **id)) {
         None => Ok(()),
         Some(id) => Err(unauthorized(format!(
             "not authorized on {db} to use cursor {id}: another user opened it"
@@ -303,9 +306,9 @@ fn check_cursors(
     }
 }
 
-async fn any_user(router: &Router) -> Result<bool> {
-    let reply = router
-        .shards()
+async fn any_user(cx: &AuthCx<'_>) -> Result<bool> {
+    let reply = cx
+        .transport
         .command(
             ShardId::CONFIG,
             USERS_DB,
@@ -318,9 +321,9 @@ async fn any_user(router: &Router) -> Result<bool> {
         .is_ok_and(|b| !b.is_empty()))
 }
 
-async fn find_user(router: &Router, user: &str, db: &str) -> Result<Option<Document>> {
-    let reply = router
-        .shards()
+async fn find_user(cx: &AuthCx<'_>, user: &str, db: &str) -> Result<Option<Document>> {
+    let reply = cx
+        .transport
         .command(
             ShardId::CONFIG,
             USERS_DB,
@@ -373,26 +376,26 @@ fn credentials(user: &str, password: &str, mechanisms: &[Mechanism]) -> Result<D
 
 /// `saslStart` on database `db` (also the speculative one in `hello`).
 pub async fn sasl_start(
-    router: &Router,
+    cx: &AuthCx<'_>,
     conn: &ConnectionInfo,
     db: &str,
     cmd: &Document,
 ) -> Result<Document> {
     let (mechanism, first) = sasl::start_of(cmd)?;
-    let user = find_user(router, &first.user, db).await?;
+    let user = find_user(cx, &first.user, db).await?;
     let Some(credential) = user.as_ref().and_then(|u| credential_of(u, mechanism)) else {
         tracing::info!(user = %first.user, db, "authentication failed: no such user");
         return Err(auth_failed());
     };
     let roles = user.as_ref().map(custom::pairs).unwrap_or_default();
     let grants = match &user {
-        Some(_) => custom::resolve(router, roles.clone()).await?,
+        Some(_) => custom::resolve(cx, roles.clone()).await?,
         None => custom::Grants::default(),
     };
     let nonce: Vec<u8> = (0..24).map(|_| rand::random::<u8>()).collect();
     let (conversation, server_first) =
         Conversation::start(mechanism, first, &B64.encode(nonce), &credential);
-    let mut conns = router.auth.lock();
+    let mut conns = cx.auth.lock();
     let state = conns.entry(conn.id).or_default();
     // A connection has one conversation at a time, as in MongoDB: a new start ends the one
     // before, so clients that start and never finish hold no more than one each.
@@ -419,7 +422,7 @@ pub async fn sasl_start(
 }
 
 /// `saslContinue`.
-pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> Result<Document> {
+pub fn sasl_continue(cx: &AuthCx<'_>, conn: &ConnectionInfo, cmd: &Document) -> Result<Document> {
     let id = match cmd.get("conversationId") {
         Some(Bson::Int32(i)) => *i,
         Some(Bson::Int64(i)) => i32::try_from(*i).unwrap_or(-1),
@@ -430,7 +433,7 @@ pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> 
         }
     };
     let payload = payload_of(cmd)?;
-    let mut conns = router.auth.lock();
+    let mut conns = cx.auth.lock();
     let state = conns.entry(conn.id).or_default();
     let Some(mut pending) = state.pending.remove(&id) else {
         return Err(MongoError::new(
@@ -470,17 +473,17 @@ pub fn sasl_continue(router: &Router, conn: &ConnectionInfo, cmd: &Document) -> 
 /// What `hello` adds with `--auth`: the mechanisms a named user has (`saslSupportedMechs`)
 /// and the first step of a speculative conversation (`speculativeAuthenticate`).
 pub async fn augment_hello(
-    router: &Router,
+    cx: &AuthCx<'_>,
     conn: &ConnectionInfo,
     cmd: &Document,
     reply: &mut Document,
 ) -> Result<()> {
-    if !router.options.auth {
+    if !cx.required {
         return Ok(());
     }
     if let Ok(named) = cmd.get_str("saslSupportedMechs")
         && let Some((db, user)) = named.split_once('.')
-        && let Some(u) = find_user(router, user, db).await?
+        && let Some(u) = find_user(cx, user, db).await?
     {
         let mechs: Vec<Bson> = [Mechanism::Sha1, Mechanism::Sha256]
             .into_iter()
@@ -494,7 +497,7 @@ pub async fn augment_hello(
     {
         let db = spec.get_str("db").unwrap_or("admin").to_string();
         // A failed speculative start is not an error: the driver authenticates normally.
-        if let Ok(mut started) = sasl_start(router, conn, &db, spec).await {
+        if let Ok(mut started) = sasl_start(cx, conn, &db, spec).await {
             started.remove("ok");
             reply.insert("speculativeAuthenticate", started);
         }
@@ -503,8 +506,8 @@ pub async fn augment_hello(
 }
 
 /// `logout`.
-pub fn logout(router: &Router, conn: &ConnectionInfo) -> Document {
-    router.auth.logout(conn.id);
+pub fn logout(cx: &AuthCx<'_>, conn: &ConnectionInfo) -> Document {
+    cx.auth.logout(conn.id);
     doc! {"ok": 1.0}
 }
 
@@ -540,11 +543,8 @@ fn password(cmd: &Document) -> Result<String> {
 }
 
 /// Runs a write on the users collection and fails on its write errors.
-async fn write_users(router: &Router, cmd: Document) -> Result<Document> {
-    let reply = router
-        .shards()
-        .command(ShardId::CONFIG, USERS_DB, cmd)
-        .await?;
+async fn write_users(cx: &AuthCx<'_>, cmd: Document) -> Result<Document> {
+    let reply = cx.transport.command(ShardId::CONFIG, USERS_DB, cmd).await?;
     if let Some(e) = reply
         .get_array("writeErrors")
         .ok()
@@ -569,8 +569,8 @@ fn add_or_pull(field: &str, values: Vec<Bson>, grant: bool) -> Document {
 }
 
 /// Inserts a new user or role document into `coll`; `exists` when one with its `_id` is there.
-async fn insert_new(router: &Router, coll: &str, doc: Document, exists: MongoError) -> Result<()> {
-    match write_users(router, doc! {"insert": coll, "documents": [doc]}).await {
+async fn insert_new(cx: &AuthCx<'_>, coll: &str, doc: Document, exists: MongoError) -> Result<()> {
+    match write_users(cx, doc! {"insert": coll, "documents": [doc]}).await {
         Err(e) if e.code == 11000 => Err(exists),
         other => other.map(|_| ()),
     }
@@ -584,10 +584,10 @@ fn not_found(user: &str, db: &str) -> MongoError {
 }
 
 /// `createUser`.
-pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn create_user(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let user = user_name(cmd, "createUser")?;
     let pwd = password(cmd)?;
-    let roles = custom::parse_roles(router, cmd.get("roles"), db).await?;
+    let roles = custom::parse_roles(cx, cmd.get("roles"), db).await?;
     let mechanisms = mechanisms_of(cmd)?;
     let doc = doc! {
         "_id": format!("{db}.{user}"),
@@ -598,7 +598,7 @@ pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
         "roles": roles,
     };
     insert_new(
-        router,
+        cx,
         USERS_COLL,
         doc,
         MongoError::with_code(51003, format!("User \"{user}@{db}\" already exists")),
@@ -608,7 +608,7 @@ pub async fn create_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
 }
 
 /// `updateUser`: a new password and/or roles.
-pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn update_user(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let user = user_name(cmd, "updateUser")?;
     let mut set = Document::new();
     if cmd.contains_key("pwd") {
@@ -621,7 +621,7 @@ pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
     if cmd.contains_key("roles") {
         set.insert(
             "roles",
-            custom::parse_roles(router, cmd.get("roles"), db).await?,
+            custom::parse_roles(cx, cmd.get("roles"), db).await?,
         );
     }
     if set.is_empty() {
@@ -630,7 +630,7 @@ pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
         ));
     }
     let reply = write_users(
-        router,
+        cx,
         doc! {"update": USERS_COLL, "updates": [{"q": {"_id": format!("{db}.{user}")}, "u": {"$set": set}}]},
     )
     .await?;
@@ -642,7 +642,7 @@ pub async fn update_user(router: &Router, db: &str, cmd: &Document) -> Result<Do
 
 /// `grantRolesToUser` and `revokeRolesFromUser`.
 pub async fn change_roles(
-    router: &Router,
+    cx: &AuthCx<'_>,
     db: &str,
     cmd: &Document,
     grant: bool,
@@ -653,10 +653,10 @@ pub async fn change_roles(
         "revokeRolesFromUser"
     };
     let user = user_name(cmd, field)?;
-    let roles = custom::parse_roles(router, cmd.get("roles"), db).await?;
+    let roles = custom::parse_roles(cx, cmd.get("roles"), db).await?;
     let update = add_or_pull("roles", roles, grant);
     let reply = write_users(
-        router,
+        cx,
         doc! {"update": USERS_COLL, "updates": [{"q": {"_id": format!("{db}.{user}")}, "u": update}]},
     )
     .await?;
@@ -667,10 +667,10 @@ pub async fn change_roles(
 }
 
 /// `dropUser`.
-pub async fn drop_user(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn drop_user(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let user = user_name(cmd, "dropUser")?;
     let reply = write_users(
-        router,
+        cx,
         doc! {"delete": USERS_COLL, "deletes": [{"q": {"_id": format!("{db}.{user}")}, "limit": 1}]},
     )
     .await?;
@@ -681,7 +681,7 @@ pub async fn drop_user(router: &Router, db: &str, cmd: &Document) -> Result<Docu
 }
 
 /// `usersInfo`: `1` (every user of `db`), a name, `{user, db}`, or a list of those.
-pub async fn users_info(router: &Router, db: &str, cmd: &Document) -> Result<Document> {
+pub async fn users_info(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Document> {
     let one = |v: &Bson| -> Result<Document> {
         match v {
             Bson::String(u) => Ok(doc! {"_id": format!("{db}.{u}")}),
@@ -707,8 +707,8 @@ pub async fn users_info(router: &Router, db: &str, cmd: &Document) -> Result<Doc
         None => return Err(MongoError::bad_value("usersInfo needs a value")),
     };
     let show = cmd.get_bool("showCredentials").unwrap_or(false);
-    let reply = router
-        .shards()
+    let reply = cx
+        .transport
         .command(
             ShardId::CONFIG,
             USERS_DB,

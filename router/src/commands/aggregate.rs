@@ -1,4 +1,6 @@
-//! The aggregations the router runs itself, in whole or in part: pipelines over a collection
+//! `aggregate`: a change stream (`$changeStream` first) is opened on `crate::streams`; any other
+//! pipeline is forwarded whole to the one shard that can answer it, or run by the router, in
+//! whole or in part: pipelines over a collection
 //! split between the shards and the router, pipelines that read other collections (`$lookup`,
 //! `$unionWith`, `$graphLookup`), and `aggregate: 1` on a database (`$documents`,
 //! `$listLocalSessions`, `$currentOp`).
@@ -36,6 +38,7 @@
 //! * A pipeline that reads other collections never runs on a shard alone: a shard cannot see
 //!   other shards' collections.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bson::{Bson, Document, doc};
@@ -45,12 +48,14 @@ use pipeline::agg::{Docs, FacetOutput, Pipeline, Stage, split};
 use pipeline::changestream::split::document_size;
 use pipeline::expr::Env;
 use pipeline::sort::SortSpec;
-use wire::raw::Body;
+use resume::token::ResumeToken;
+use shard::sharding::ShardId;
+use wire::raw::{Body, CursorBody};
 use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
 use super::crud::validate_collection_name;
-use super::find::{Targets, read_targets};
+use super::reads::{Targets, batch_size, cursor_reply, first_reply, needs_router, read_targets};
 use crate::cursors::{CursorState, Merge, RouterCursor, Run, Source};
 use crate::kernel::transport::Shards;
 use crate::local_sessions::Which;
@@ -319,7 +324,7 @@ fn graph_too_large() -> MongoError {
 async fn aggregate_of(ctx: &Ctx<'_>, coll: &str, stages: &[Document], env: &Env) -> Result<Docs> {
     validate_collection_name(ctx.db, coll)?;
     let parsed = Pipeline::parse_with_vars(stages, &env.names())?;
-    let filter = super::explain::leading_match_of(stages);
+    let filter = super::reads::leading_match_of(stages);
     let routed = read_targets(ctx, coll, &filter).await?;
     if routed.shards.is_empty() {
         return run_stages(ctx, &parsed, Box::new(std::iter::empty()), env).await;
@@ -435,11 +440,6 @@ async fn read_view(
     }
     let docs: Docs = Box::new(spool.finish()?);
     Pipeline::parse_with_vars(pipeline, &env.names())?.stream(docs, env)
-}
-
-/// Whether the pipeline must run on the router even over one shard's collection.
-pub(super) fn needs_router(parsed: &Pipeline) -> bool {
-    parsed.stages().iter().any(lookup::reads_other_collections)
 }
 
 /// Runs `stages` over `coll`: the shards run their part, the router spools what they send and
@@ -595,11 +595,11 @@ async fn drain(
         info: None,
     };
     loop {
-        let read = all.next_batch(ctx.router, usize::MAX, None).await;
+        let read = all.next_batch(ctx.router.shards(), usize::MAX, None).await;
         let (batch, exhausted) = match read {
             Ok(read) => read,
             Err(e) => {
-                all.kill(ctx.router).await;
+                all.kill(ctx.router.shards()).await;
                 return Err(e);
             }
         };
@@ -607,7 +607,7 @@ async fn drain(
             match take(doc) {
                 Ok(true) => {}
                 stopped => {
-                    all.kill(ctx.router).await;
+                    all.kill(ctx.router.shards()).await;
                     return stopped;
                 }
             }
@@ -657,8 +657,8 @@ pub(super) async fn collectionless(ctx: &Ctx<'_>, stages: &[Document]) -> Result
         super::out::write(ctx, sink, cursor).await?;
         return Ok(doc! {"cursor": {"firstBatch": [], "id": 0_i64, "ns": ns}, "ok": 1.0}.into());
     }
-    let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::find::first_reply(ctx, ns, cursor, batch, false).await
+    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::reads::first_reply(ctx, ns, cursor, batch, false).await
 }
 
 /// `$listLocalSessions: {}` (the caller's sessions), `{allUsers: true}` or
@@ -723,4 +723,171 @@ fn list_local_sessions(ctx: &Ctx<'_>, stage: &Document) -> Result<Vec<Document>>
         .router
         .local_sessions
         .list(&which, bson::DateTime::now()))
+}
+
+pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
+    let args = ctx.args();
+    if pipeline::changestream::spec::is_change_stream(args.array("pipeline")?) {
+        return open_change_stream(ctx).await.map(Body::Cursor);
+    }
+    aggregate_documents(ctx).await
+}
+
+/// `aggregate` with `$changeStream` first: opens the stream, registers its cursor (unless its
+/// first batch ended it) and replies with the first batch.
+async fn open_change_stream(ctx: &Ctx<'_>) -> Result<CursorBody> {
+    let (router, db, cmd) = (ctx.router, ctx.db, ctx.cmd);
+    let opened = router.streams.open(db, cmd).await?;
+    let batch = opened.batch;
+    router.metrics.events_delivered(batch.events.len() as u64);
+    let stamp = router.streams.stamp();
+    let Some(cursor) = opened.cursor else {
+        return Ok(crate::streams::cursor_reply(
+            &opened.ns, 0, batch, true, stamp,
+        ));
+    };
+    let mut info = crate::cursors::StreamInfo::new(&opened.ns, cmd);
+    info.replied(
+        batch.events.len(),
+        batch
+            .post_batch_resume_token
+            .as_ref()
+            .map(ResumeToken::to_document),
+    );
+    let id = router.cursors.insert(RouterCursor {
+        ns: opened.ns.clone(),
+        state: CursorState::ChangeStream(Box::new(cursor)),
+        info: Some(Arc::new(std::sync::Mutex::new(info))),
+    });
+    Ok(crate::streams::cursor_reply(
+        &opened.ns, id, batch, true, stamp,
+    ))
+}
+
+/// `aggregate` over a collection's documents.
+async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
+    let args = ctx.args();
+    let stages = args.documents("pipeline")?;
+    let cursor_opts = args.opt_doc("cursor")?;
+    if args.opt_bool("explain")?.unwrap_or(false) {
+        return super::explain::aggregate(ctx).await.map(Body::from);
+    }
+    if cursor_opts.is_none() {
+        return Err(MongoError::failed_to_parse(
+            "The 'cursor' option is required, except for aggregate with the explain argument",
+        ));
+    }
+    let first = batch_size(ctx, cursor_opts)?;
+    let stage_docs: Vec<Document> = stages.iter().map(|d| (*d).clone()).collect();
+    let coll = match ctx.cmd.get("aggregate") {
+        Some(Bson::String(c)) => c.as_str(),
+        _ => return collectionless(ctx, &stage_docs).await,
+    };
+    validate_collection_name(ctx.db, coll)?;
+    let ns = format!("{}.{coll}", ctx.db);
+    if stage_docs
+        .first()
+        .is_some_and(|s| s.contains_key("$collStats"))
+    {
+        return super::stats::coll_stats_stage(ctx, coll, &stage_docs).await;
+    }
+    if let Some(name) = stage_docs
+        .first()
+        .and_then(|s| s.keys().next())
+        .filter(|n| {
+            matches!(
+                n.as_str(),
+                "$documents" | "$listLocalSessions" | "$currentOp"
+            )
+        })
+    {
+        return Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!(
+                "{name} must be run against the database with {{aggregate: 1}}, not a collection"
+            ),
+        ));
+    }
+    // A final $out or $merge writes the results instead of returning them.
+    let (stage_docs, sink) = super::out::split(&stage_docs, ctx.db)?;
+    if sink.is_some() {
+        super::out::check_allowed(ctx)?;
+    }
+    let env = pipeline::expr::Env::from_command(ctx.cmd)?;
+    let parsed = pipeline::agg::Pipeline::parse_with_vars(&stage_docs, &env.names())?;
+    // The leading $match stages select what the shards send.
+    let filter = super::reads::leading_match(ctx.cmd);
+    let routed = read_targets(ctx, coll, &filter).await?;
+    let targets = &routed.shards;
+    let single_shard = targets.len() == 1 && !routed.sharded;
+    if sink.is_none() && single_shard && !needs_router(&parsed) {
+        let reply = ctx
+            .router
+            .shards()
+            .read(targets[0], ctx.db, routed.command(ctx.cmd))
+            .await?;
+        return pass_through(ctx, ns, targets[0], coll, reply, first)
+            .await
+            .map(Body::from);
+    }
+    // The results stream from the shards as the client (or the sink) reads when no stage
+    // reads another collection; otherwise the router spools them between its joins (and
+    // before a `$merge` into the collection it reads).
+    let merges_into_source = sink.as_ref().is_some_and(|s| s.merges_into(ctx.db, coll));
+    let state = if !targets.is_empty() && !needs_router(&parsed) && !merges_into_source {
+        let run = open_run(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter).await?;
+        CursorState::Run(Box::new(run))
+    } else if targets.is_empty() {
+        let none = Box::new(std::iter::empty());
+        CursorState::spooled(run_stages(ctx, &parsed, none, &env).await?)
+    } else {
+        let run = run_split(ctx, coll, &stage_docs, &parsed, &env, &routed, &filter);
+        CursorState::spooled(run.await?)
+    };
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state,
+        info: None,
+    };
+    if let Some(sink) = &sink {
+        super::out::write(ctx, sink, cursor).await?;
+        return Ok(cursor_reply(&ctx.router.cursors, ns, Vec::new(), None).into());
+    }
+    first_reply(ctx, ns, cursor, first, false).await
+}
+
+/// Wraps a shard's cursor reply in a router cursor (when it stays open).
+async fn pass_through(
+    ctx: &Ctx<'_>,
+    ns: String,
+    shard: ShardId,
+    coll: &str,
+    reply: Document,
+    _first: usize,
+) -> Result<Document> {
+    let source = Source::from_reply(shard, &reply)?;
+    let batch: Vec<Document> = source.buffer.iter().cloned().collect();
+    if source.cursor_id == 0 {
+        return Ok(cursor_reply(&ctx.router.cursors, ns, batch, None));
+    }
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::merge(Merge {
+            db: ctx.db.to_string(),
+            collection: coll.to_string(),
+            sources: vec![Source {
+                shard,
+                cursor_id: source.cursor_id,
+                buffer: VecDeque::new(),
+            }],
+            sort: None,
+            skip: 0,
+            limit: None,
+            projection: None,
+            await_data: false,
+            max_await_ms: None,
+        }),
+        info: None,
+    };
+    Ok(cursor_reply(&ctx.router.cursors, ns, batch, Some(cursor)))
 }

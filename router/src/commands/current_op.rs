@@ -41,7 +41,7 @@ pub(super) fn kill_op(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     if let Some(key) = ctx.router.ops.kill(u64::try_from(id).unwrap_or(0)) {
-        super::kill_on_shards(ctx.router, key);
+        crate::ops::kill_on_shards(&ctx.router.transport, &ctx.router.services, key);
     }
     Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
 }
@@ -126,6 +126,6 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Body
         state: CursorState::Buffered(out.into()),
         info: None,
     };
-    let batch = super::find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::find::first_reply(ctx, ns, cursor, batch, false).await
+    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::reads::first_reply(ctx, ns, cursor, batch, false).await
 }

@@ -12,7 +12,7 @@ use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
 use super::crud::validate_collection_name;
-use super::find::read_targets;
+use super::reads::{leading_match, read_targets};
 use crate::kernel::transport::Shards;
 
 /// The documents an explained command's filter selects: `(collection, filter)`.
@@ -50,33 +50,6 @@ fn target_of(name: &str, inner: &Document) -> Result<(String, Document)> {
         }
     };
     Ok((coll, filter))
-}
-
-/// An aggregate's leading `$match` stages as one filter (what the shards are asked for).
-pub(super) fn leading_match(cmd: &Document) -> Document {
-    let stages: Vec<Document> = cmd
-        .get_array("pipeline")
-        .map(|p| p.as_slice())
-        .unwrap_or_default()
-        .iter()
-        .filter_map(Bson::as_document)
-        .cloned()
-        .collect();
-    leading_match_of(&stages)
-}
-
-/// The conjunction of a pipeline's leading `$match` stages (`{}` without one).
-pub(super) fn leading_match_of(stages: &[Document]) -> Document {
-    let leading: Vec<Bson> = stages
-        .iter()
-        .take_while(|s| s.len() == 1 && s.contains_key("$match"))
-        .filter_map(|s| s.get("$match").cloned())
-        .collect();
-    match leading.as_slice() {
-        [] => Document::new(),
-        [Bson::Document(m)] => m.clone(),
-        _ => doc! {"$and": leading},
-    }
 }
 
 /// `explain: {<command>}, verbosity`.
@@ -122,7 +95,7 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
         let (stages, _) = super::out::split(&stages, ctx.db)?;
         let env = pipeline::expr::Env::from_command(&inner)?;
         let parsed = pipeline::agg::Pipeline::parse_with_vars(&stages, &env.names())?;
-        let splits = routed.sharded || targets.len() > 1 || super::aggregate::needs_router(&parsed);
+        let splits = routed.sharded || targets.len() > 1 || super::reads::needs_router(&parsed);
         splits.then(|| pipeline::agg::split::split(&stages, &parsed))
     } else {
         None

@@ -202,7 +202,7 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
         // The fail point entered at the first statement, which fails: nothing runs.
         return Ok(Body::Document(bson::doc! {"n": 0, "ok": 1.0}));
     }
-    crate::auth::check(router, conn, name, &req.db, &req.body).await?;
+    crate::auth::check(&router.auth_cx(), conn, name, &req.db, &req.body).await?;
     if name.is_empty() {
         return Err(MongoError::new(
             ErrorCode::FAILED_TO_PARSE,
@@ -241,7 +241,7 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
                 && let Ok(id) = req.body.get_i64("getMore")
                 && let Some(cursor) = router.cursors.remove(id)
             {
-                cursor.lock().await.kill(router).await;
+                cursor.lock().await.kill(router.shards()).await;
             }
             Err(MongoError::new(
                 ErrorCode::INTERRUPTED,
@@ -269,7 +269,7 @@ pub(super) async fn after(
         && let Err(e) = &result
         && e.code == crate::txn::OPERATION_NOT_SUPPORTED_IN_TRANSACTION.code
     {
-        crate::txn::abort_after_refusal(router, &req.body).await;
+        crate::txn::abort_after_refusal(router.shards(), &req.body).await;
     }
     let result = match plan.pinned {
         Some((_, at)) => result.map(|r| crate::snapshot::stamp(r, at)),
@@ -431,7 +431,7 @@ fn unsatisfiable_write_concern(cmd: &Document) -> Option<Document> {
 
 /// An `ok` reply inside a transaction names the shard that can finish it (`recoveryToken`).
 fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
-    let Some(token) = crate::txn::recovery_token(router, cmd) else {
+    let Some(token) = crate::txn::recovery_token(router.shards(), cmd) else {
         return reply;
     };
     match reply {

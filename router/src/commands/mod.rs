@@ -16,6 +16,7 @@ mod find;
 mod handshake;
 mod layers;
 mod out;
+mod reads;
 mod stats;
 mod views;
 
@@ -28,7 +29,6 @@ use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::command::Command;
-use crate::kernel::transport::Shards;
 use crate::router::Router;
 
 pub(crate) use args::Args;
@@ -81,21 +81,6 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         layers::execute(&ctx, &plan, req).await
     };
     layers::after(router, conn, req, name, plan, result).await
-}
-
-/// Tells every shard to stop what it runs for a killed operation (`_killOperations`), in the
-/// background: the client's reply does not wait for it.
-pub(crate) fn kill_on_shards(router: &Arc<Router>, key: bson::Binary) {
-    let transport = router.transport.clone();
-    router.services.spawn("kill_on_shards", async move {
-        let all = transport.all();
-        let cmd = bson::doc! {"_killOperations": 1, "operationKeys": [key]};
-        for reply in transport.broadcast(&all, "admin", &cmd).await {
-            if let Err(e) = reply {
-                tracing::debug!(error = %e, "telling a shard of a killed operation");
-            }
-        }
-    });
 }
 
 /// The caller's `user@db` when the router authenticates its clients.
@@ -171,32 +156,34 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
     let document = match command {
         GetMore => return find::get_more(ctx).await,
         Find => return find::find(ctx).await,
-        Aggregate => return find::aggregate(ctx).await,
+        Aggregate => return aggregate::aggregate(ctx).await,
         Hello => {
             let mut reply = handshake::hello(ctx)?;
-            crate::auth::augment_hello(router, conn, cmd, &mut reply).await?;
+            crate::auth::augment_hello(&router.auth_cx(), conn, cmd, &mut reply).await?;
             Ok(reply)
         }
-        SaslStart => crate::auth::sasl_start(router, conn, db, cmd).await,
-        SaslContinue => crate::auth::sasl_continue(router, conn, cmd),
-        Logout => Ok(crate::auth::logout(router, conn)),
-        CreateUser => crate::auth::create_user(router, db, cmd).await,
-        UpdateUser => crate::auth::update_user(router, db, cmd).await,
-        DropUser => crate::auth::drop_user(router, db, cmd).await,
-        UsersInfo => crate::auth::users_info(router, db, cmd).await,
-        GrantRolesToUser => crate::auth::change_roles(router, db, cmd, true).await,
-        RevokeRolesFromUser => crate::auth::change_roles(router, db, cmd, false).await,
-        CreateRole => custom::create_role(router, db, cmd).await,
-        UpdateRole => custom::update_role(router, db, cmd).await,
-        DropRole => custom::drop_role(router, db, cmd).await,
-        RolesInfo => custom::roles_info(router, db, cmd).await,
-        GrantPrivilegesToRole => custom::change_privileges(router, db, cmd, true).await,
-        RevokePrivilegesFromRole => custom::change_privileges(router, db, cmd, false).await,
-        GrantRolesToRole => custom::change_inherited(router, db, cmd, true).await,
-        RevokeRolesFromRole => custom::change_inherited(router, db, cmd, false).await,
+        SaslStart => crate::auth::sasl_start(&router.auth_cx(), conn, db, cmd).await,
+        SaslContinue => crate::auth::sasl_continue(&router.auth_cx(), conn, cmd),
+        Logout => Ok(crate::auth::logout(&router.auth_cx(), conn)),
+        CreateUser => crate::auth::create_user(&router.auth_cx(), db, cmd).await,
+        UpdateUser => crate::auth::update_user(&router.auth_cx(), db, cmd).await,
+        DropUser => crate::auth::drop_user(&router.auth_cx(), db, cmd).await,
+        UsersInfo => crate::auth::users_info(&router.auth_cx(), db, cmd).await,
+        GrantRolesToUser => crate::auth::change_roles(&router.auth_cx(), db, cmd, true).await,
+        RevokeRolesFromUser => crate::auth::change_roles(&router.auth_cx(), db, cmd, false).await,
+        CreateRole => custom::create_role(&router.auth_cx(), db, cmd).await,
+        UpdateRole => custom::update_role(&router.auth_cx(), db, cmd).await,
+        DropRole => custom::drop_role(&router.auth_cx(), db, cmd).await,
+        RolesInfo => custom::roles_info(&router.auth_cx(), db, cmd).await,
+        GrantPrivilegesToRole => custom::change_privileges(&router.auth_cx(), db, cmd, true).await,
+        RevokePrivilegesFromRole => {
+            custom::change_privileges(&router.auth_cx(), db, cmd, false).await
+        }
+        GrantRolesToRole => custom::change_inherited(&router.auth_cx(), db, cmd, true).await,
+        RevokeRolesFromRole => custom::change_inherited(&router.auth_cx(), db, cmd, false).await,
         Ping => Ok(ok()),
         BuildInfo => handshake::build_info(),
-        GetParameter => crate::parameters::get(router, cmd),
+        GetParameter => crate::parameters::get(&router.knobs(), cmd),
         SetParameter => {
             admin::admin_only(ctx)?;
             let on_shards = cmd.contains_key("ttlMonitorSleepSecs")
@@ -204,7 +191,7 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
             if on_shards {
                 admin::set_shard_parameter(ctx).await
             } else {
-                crate::parameters::set(router, cmd)
+                crate::parameters::set(&router.knobs(), cmd)
             }
         }
         GetCmdLineOpts => admin::get_cmd_line_opts(ctx),
@@ -222,7 +209,15 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         Validate => stats::validate(ctx).await,
         EndSessions | KillAllSessions | KillSessions => {
             let own = router_auth_user(ctx).map(|user| router.local_sessions.ids_of(&user));
-            crate::txn::kill_sessions(router, ctx.name, cmd, own).await
+            crate::txn::kill_sessions(
+                router.shards(),
+                &router.ops,
+                &router.services,
+                ctx.name,
+                cmd,
+                own,
+            )
+            .await
         }
         RefreshSessions => admin::refresh_sessions(ctx).await,
         StartSession => admin::start_session(ctx),
@@ -248,8 +243,8 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         EnableSharding => ddl::enable_sharding(ctx).await,
         ShardCollection => ddl::shard_collection(ctx).await,
         ListShards => admin::list_shards(ctx),
-        CommitTransaction => crate::txn::commit(router, cmd).await,
-        AbortTransaction => crate::txn::abort(router, cmd).await,
+        CommitTransaction => crate::txn::commit(router.shards(), cmd).await,
+        AbortTransaction => crate::txn::abort(router.shards(), cmd).await,
         ConfigureFailPoint => admin::configure_fail_point(ctx),
     };
     document.map(Body::Document)

@@ -341,7 +341,7 @@ pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, mut results: RouterCursor)
         }
     };
     if written.is_err() {
-        results.kill(ctx.router).await;
+        results.kill(ctx.router.shards()).await;
     }
     written
 }
@@ -350,7 +350,9 @@ const WRITE_BATCH: usize = 1_000;
 
 /// The next batch of results (at most [`WRITE_BATCH`]); `None` at the end.
 async fn next_batch(ctx: &Ctx<'_>, results: &mut RouterCursor) -> Result<Option<Vec<Document>>> {
-    let (batch, _) = results.next_batch(ctx.router, WRITE_BATCH, None).await?;
+    let (batch, _) = results
+        .next_batch(ctx.router.shards(), WRITE_BATCH, None)
+        .await?;
     Ok((!batch.is_empty()).then_some(batch))
 }
 

@@ -12,8 +12,8 @@ use bson::{Bson, DateTime, Document, doc};
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError, Result};
 
+use super::Ctx;
 use super::crud::validate_collection_name;
-use super::{Ctx, find};
 use crate::cursors::{CursorState, RouterCursor};
 use crate::kernel::catalog::Placement;
 use crate::kernel::transport::Shards;
@@ -204,8 +204,8 @@ pub(super) async fn coll_stats_stage(
         state: CursorState::Buffered(out.into()),
         info: None,
     };
-    let batch = find::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    find::first_reply(ctx, ns, cursor, batch, false).await
+    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::reads::first_reply(ctx, ns, cursor, batch, false).await
 }
 
 /// `validate`: every shard that holds the collection checks its part; the collection is

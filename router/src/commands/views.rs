@@ -112,7 +112,7 @@ pub(super) async fn run(
         command: Some(Command::Aggregate),
         ..*ctx
     };
-    let reply = match super::find::aggregate(&inner).await? {
+    let reply = match super::aggregate::aggregate(&inner).await? {
         Body::Document(d) => d,
         // The first batch, encoded: decoded to answer `count` and `distinct` and to name the
         // view's namespace.
