@@ -290,19 +290,64 @@ pub fn metric_sample(metrics: &str, series: &str) -> Option<f64> {
         })
 }
 
-/// Waits until something accepts connections on `addr`.
-pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<()> {
+/// Waits until process `pid` listens on `addr` and accepts a connection there. Another
+/// process on the port does not count: two tests can pick the same free port at once, and the
+/// one whose server then fails to bind must not go on talking to the other's.
+pub async fn wait_for_listener(pid: u32, addr: SocketAddr, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        if listens(pid, addr.port()) && tokio::net::TcpStream::connect(addr).await.is_ok() {
             return Ok(());
         }
         anyhow::ensure!(
+            running(pid),
+            "process {pid} ended before listening on {addr} (was the port taken?)"
+        );
+        anyhow::ensure!(
             start.elapsed() < timeout,
-            "nothing listens on {addr} after {timeout:?}"
+            "process {pid} does not listen on {addr} after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4, from Linux's `/proc`).
+fn listens(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // Columns: sl, local address (hex ip:port), remote address, state (0A: listen), ...,
+    // inode (the tenth).
+    let listening: std::collections::HashSet<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+            (local_port == port && *fields.get(3)? == "0A").then_some(*fields.get(9)?)
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .is_some_and(|inode| listening.contains(inode))
+        })
+    })
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name's closing parenthesis.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// A child process killed (SIGKILL) when dropped.
@@ -324,7 +369,7 @@ impl Proc {
             .spawn()
             .with_context(|| format!("spawning tributary {args:?}"))?;
         let p = Proc { child, addr, args };
-        wait_for_port(addr, Duration::from_secs(20)).await?;
+        wait_for_listener(p.child.id(), addr, Duration::from_secs(20)).await?;
         Ok(p)
     }
 

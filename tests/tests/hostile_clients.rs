@@ -544,7 +544,7 @@ async fn hostile_clients_cost_the_others_little() -> anyhow::Result<()> {
     .spawn()?;
     let pid = server.id().expect("the server runs");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    tests::wait_for_port(addr, Duration::from_secs(60)).await?;
+    tests::wait_for_listener(pid, addr, Duration::from_secs(60)).await?;
     let writers = client(addr, 16).await?;
     let admin = writers.database("admin");
     tests::shard_collection(&writers, "hostile.c", doc! {"_id": "hashed"}).await?;

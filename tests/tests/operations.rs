@@ -16,7 +16,7 @@ async fn metrics_move_with_commands_writes_and_streams_and_show_each_shard() -> 
     let metrics = SocketAddr::from(([127, 0, 0, 1], port));
     let cluster =
         ProcessCluster::start_with_router_args(2, &["--metricsPort", &port.to_string()]).await?;
-    tests::wait_for_port(metrics, Duration::from_secs(10)).await?;
+    tests::wait_for_listener(cluster.router.child.id(), metrics, Duration::from_secs(10)).await?;
     let client = cluster.client().await?;
     let c = client.database("ops").collection::<Document>("c");
     let mut stream = c.watch().await?;
@@ -168,7 +168,8 @@ async fn json_logs_record_slow_operations() -> anyhow::Result<()> {
             .stdout(Stdio::piped())
             .spawn()?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    tests::wait_for_port(addr, Duration::from_secs(20)).await?;
+    let pid = child.id().expect("the server runs");
+    tests::wait_for_listener(pid, addr, Duration::from_secs(20)).await?;
     let client = tests::connect(addr).await?;
     client
         .database("logs")
@@ -346,7 +347,8 @@ async fn a_config_file_configures_the_cluster() -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    tests::wait_for_port(addr, Duration::from_secs(20)).await?;
+    let pid = child.id().expect("the server runs");
+    tests::wait_for_listener(pid, addr, Duration::from_secs(20)).await?;
     let client = tests::connect(addr).await?;
     let shards = client
         .database("admin")

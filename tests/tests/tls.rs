@@ -239,7 +239,7 @@ async fn connections_in_their_tls_handshake_are_counted() -> anyhow::Result<()> 
     let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
     let port_arg = metrics_port.to_string();
     let p = requiring_tls(dir.path(), &certs, &["--metricsPort", &port_arg]).await?;
-    tests::wait_for_port(metrics, Duration::from_secs(10)).await?;
+    tests::wait_for_listener(p.child.id(), metrics, Duration::from_secs(10)).await?;
     let gauge = || async {
         let (_, body) = tests::http_get(metrics, "/metrics").await?;
         anyhow::Ok(tests::metric_sample(&body, "tributary_connections").unwrap_or(0.0))
