@@ -3,7 +3,7 @@
 //! Owns each command's names (as `listCommands` shows them, then the aliases MongoDB also
 //! accepts) and whether it may run inside a multi-document transaction. The rest of what a
 //! command is lives beside the code that uses it, each an exhaustive `match` on [`Command`]:
-//! how it runs (`commands::dispatch`), how it parses (`commands::fields`, the top-level fields
+//! how it runs (`commands::run_command`), how it parses (`commands::fields`, the top-level fields
 //! it knows) and the privileges it needs (`auth::roles`). So a command added here fails to
 //! compile until every one of them has classified it: none can be dispatched yet missing from
 //! `listCommands`, or listed yet unclassified for authorisation.

@@ -20,6 +20,7 @@ pub mod local_sessions;
 pub mod log_buffer;
 pub mod metrics;
 pub mod ops;
+pub mod options;
 pub mod parameters;
 pub mod router;
 pub mod server;

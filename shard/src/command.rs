@@ -1,7 +1,7 @@
 //! The command registry: every command a shard runs, as one value of [`Command`], with its
 //! names and the facts the layers before dispatch read (may it run in a multi-document
 //! transaction; does it carry the router's `shardVersion`). How each runs is the exhaustive
-//! `match` in `commands::dispatch`, so a command added here fails to compile until it runs.
+//! `match` in `commands::execute`, so a command added here fails to compile until it runs.
 //!
 //! Invariants: pure; every name denotes one command.
 

@@ -63,7 +63,7 @@ pub mod writer;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bson::{Bson, Document, RawDocumentBuf, doc};
+use bson::{Bson, Document, doc};
 use resume::ClusterTime;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -278,38 +278,7 @@ impl Shard {
     /// come encoded (their events are written into the reply as bytes, once), the rest as
     /// documents.
     pub async fn run_command_body(&self, cmd: Document) -> Body {
-        if let Some(t) = incoming_cluster_time(&cmd) {
-            self.state.observe(t);
-        }
-        let (body, op_time) = match commands::dispatch_within_max_time(self, cmd).await {
-            Ok(r) => (r.body, r.op_time),
-            Err(e) => (Body::Document(e.to_document()), None),
-        };
-        let ct = self.state.cluster_time();
-        let op_time = op_time.unwrap_or(ct);
-        match body {
-            Body::Document(mut reply) => {
-                reply.insert("$clusterTime", cluster_time_doc(ct));
-                reply.insert("operationTime", op_time.timestamp());
-                Body::Document(reply)
-            }
-            Body::Raw(mut reply) => {
-                if let Ok(t) = RawDocumentBuf::try_from(&cluster_time_doc(ct)) {
-                    reply.append(bson::raw::cstr!("$clusterTime"), t);
-                }
-                reply.append(bson::raw::cstr!("operationTime"), op_time.timestamp());
-                Body::Raw(reply)
-            }
-            Body::Cursor(mut reply) => {
-                if let Ok(t) = RawDocumentBuf::try_from(&cluster_time_doc(ct)) {
-                    reply.doc.append(bson::raw::cstr!("$clusterTime"), t);
-                }
-                reply
-                    .doc
-                    .append(bson::raw::cstr!("operationTime"), op_time.timestamp());
-                Body::Cursor(reply)
-            }
-        }
+        commands::run(self, cmd).await
     }
 
     /// The shard's current cluster time.
@@ -534,15 +503,5 @@ pub fn cluster_time_doc(t: ClusterTime) -> Document {
             "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0u8; 20] },
             "keyId": 0_i64,
         }
-    }
-}
-
-fn incoming_cluster_time(cmd: &Document) -> Option<ClusterTime> {
-    match cmd.get("$clusterTime") {
-        Some(Bson::Document(d)) => match d.get("clusterTime") {
-            Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
-            _ => None,
-        },
-        _ => None,
     }
 }

@@ -22,7 +22,7 @@ const CYCLE_CEILING: &[(&str, usize)] = &[("router", 0), ("shard", 0), ("pipelin
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
     (
         "router: router.rs imported only by server.rs and launch.rs",
-        4,
+        2,
     ),
     (
         "router: commands/ imported only by server.rs and launch.rs",

@@ -18,6 +18,7 @@ use super::crud::{forwardable, validate_collection_name};
 use crate::cursors::{CursorState, Merge, RouterCursor, Source};
 use crate::kernel::catalog::{CONFIG_DB, Placement, ShardedCollection};
 use crate::kernel::transport::Shards;
+use crate::txn::Enlisting;
 use shard::sharding::{ChunkTable, ShardId, ShardKey};
 
 /// Chunks per shard when a hashed key is pre-split.
@@ -64,7 +65,7 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
 /// shards other than the primary carry `fromMigrate: true`, so change streams report the DDL
 /// once, from the primary.
 async fn broadcast_ddl(
-    router: &crate::router::Router,
+    transport: &Enlisting,
     db: &str,
     shards: &[ShardId],
     primary: Option<ShardId>,
@@ -77,7 +78,7 @@ async fn broadcast_ddl(
         if primary.is_some_and(|p| p != s) {
             cmd.insert("fromMigrate", true);
         }
-        router.shards().command(s, db, cmd)
+        transport.command(s, db, cmd)
     });
     futures::future::join_all(sends).await
 }
@@ -85,7 +86,7 @@ async fn broadcast_ddl(
 /// Runs the driver's command on the holders and returns the first reply (or first error).
 async fn on_shards(ctx: &Ctx<'_>, holders: &Holders) -> Result<Document> {
     let replies = broadcast_ddl(
-        ctx.router,
+        ctx.router.shards(),
         ctx.db,
         &holders.shards,
         holders.primary,
@@ -127,7 +128,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         primary,
         sharded,
     } = holders(ctx, coll, false).await?;
-    let replies = broadcast_ddl(ctx.router, ctx.db, &shards, primary, ctx.cmd).await;
+    let replies = broadcast_ddl(ctx.router.shards(), ctx.db, &shards, primary, ctx.cmd).await;
     let mut n_indexes_was = None;
     for r in replies {
         match r {
@@ -181,7 +182,15 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let primary = entry.primary;
     let drop = doc! {"dropDatabase": 1};
-    for r in broadcast_ddl(router, db, &router.transport.all(), Some(primary), &drop).await {
+    for r in broadcast_ddl(
+        router.shards(),
+        db,
+        &router.transport.all(),
+        Some(primary),
+        &drop,
+    )
+    .await
+    {
         r?;
     }
     // Namespaces `db.*` are exactly the strings in ["db.", "db/"): '/' follows '.'.

@@ -8,7 +8,7 @@ use bson::{Bson, DateTime, Document, doc};
 use wire::Result;
 
 use super::Ctx;
-use crate::router::Presentation;
+use crate::options::Presentation;
 
 pub const VERSION: &str = "7.0.0";
 pub const MAX_WIRE_VERSION: i32 = 21;

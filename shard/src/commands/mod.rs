@@ -10,6 +10,7 @@ mod ddl;
 pub mod explain;
 mod find_and_modify;
 mod hello;
+mod layers;
 mod query;
 pub mod routing;
 mod stats;
@@ -47,114 +48,21 @@ impl Reply {
     }
 }
 
-/// Runs one command within its `maxTimeMS` (50 when it runs out; a getMore's is how long an
-/// awaitData cursor waits): long loops check the deadline as they go
-/// (`pipeline::interrupt`), and a wait stops at it.
-pub async fn dispatch_within_max_time(
-    shard: &Shard,
-    mut cmd: Document,
-) -> Result<Reply, MongoError> {
-    use pipeline::interrupt::{Interrupt, Interruptible, max_time_expired, max_time_ms};
-    let name = cmd.keys().next().map(String::as_str).unwrap_or("");
-    let limit = match name {
-        "getMore" => None,
-        _ => max_time_ms(&cmd)?,
-    };
-    let name = name.to_string();
-    let operation =
-        crate::operations::take_key(&mut cmd).map(|k| shard.operations().start(k, &name));
-    if limit.is_none() && operation.is_none() {
-        return dispatch(shard, cmd).await;
-    }
-    let limit = limit.map(std::time::Duration::from_millis);
-    let interrupt = Interrupt {
-        deadline: limit.map(|l| std::time::Instant::now() + l),
-        killed: operation.as_ref().map(|o| o.flag()),
-    };
-    let run = Interruptible::new(interrupt, dispatch(shard, cmd));
-    let timed = async {
-        match limit {
-            Some(limit) => tokio::time::timeout(limit, run)
-                .await
-                .unwrap_or_else(|_| Err(max_time_expired())),
-            None => run.await,
-        }
-    };
-    match &operation {
-        Some(op) => tokio::select! {
-            result = timed => result,
-            () = op.killed() => Err(MongoError::new(
-                ErrorCode::INTERRUPTED,
-                "operation was interrupted by killOp",
-            )),
-        },
-        None => timed.await,
-    }
+/// Runs one command through the layers (`layers::run`, which call [`execute`] last).
+pub async fn run(shard: &Shard, cmd: Document) -> Body {
+    layers::run(shard, cmd).await
 }
 
-/// Runs one command.
-pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError> {
-    let Some(name) = cmd.keys().next().cloned() else {
-        return Err(MongoError::new(
-            ErrorCode::FAILED_TO_PARSE,
-            "Empty command document",
-        ));
-    };
-    let db = match cmd.get("$db") {
-        Some(Bson::String(s)) => s.clone(),
-        Some(_) => {
-            return Err(MongoError::type_mismatch(
-                "BSON field '$db' is the wrong type, expected type 'string'",
-            ));
-        }
-        None => {
-            return Err(MongoError::with_code(
-                40571,
-                "OP_MSG requests require a $db argument",
-            ));
-        }
-    };
-    let command = Command::named(&name);
-    let txn = crate::txn::TxnArgs::from_command(command, &name, &cmd)?;
-    let snapshot_at = read_concern_snapshot(&cmd)?;
-    if let Some(t) = txn
-        .as_ref()
-        .and_then(|t| t.at_cluster_time)
-        .or(snapshot_at.flatten())
-    {
-        wait_for_time(shard, t).await?;
-    }
-    let latest_read = matches!(
-        command,
-        Some(Command::Find | Command::Count | Command::Distinct)
-    ) || command == Some(Command::Aggregate)
-        && !changestream::is_change_stream(&cmd);
-    if latest_read && txn.is_none() && snapshot_at.is_none() {
-        wait_while_prepared(shard, &db, &cmd).await?;
-    }
-    let ctx = Ctx {
-        shard,
-        db,
-        cmd,
-        txn,
-        snapshot_at,
-    };
-    if command.is_some_and(Command::checks_shard_version) {
-        routing::check_shard_version(&ctx)?;
-    }
-    let Some(command) = command else {
-        return Err(MongoError::new(
-            ErrorCode::COMMAND_NOT_FOUND,
-            format!("no such command: '{name}'"),
-        ));
-    };
+/// Executes a parsed command: the registry's dispatch, one arm per [`Command`].
+async fn execute(ctx: &Ctx<'_>, command: Command, name: &str) -> Result<Reply, MongoError> {
+    let shard = ctx.shard;
     use Command::*;
     match command {
-        Hello => hello::hello(&ctx, &name),
+        Hello => hello::hello(ctx, name),
         Ping => Ok(Reply::read(bson::doc! {"ok": 1.0})),
         BuildInfo => hello::build_info(),
         EndSessions | KillAllSessions | KillSessions => {
-            let killed = crate::txn::SessionFilter::of(&name, &ctx.cmd)?;
+            let killed = crate::txn::SessionFilter::of(name, &ctx.cmd)?;
             shard.transactions().kill_sessions(&killed);
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
@@ -163,8 +71,8 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             crate::retryable::refresh(shard.writer(), keys).await?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        GetParameter => hello::get_parameter(&ctx),
-        SetParameter => hello::set_parameter(&ctx),
+        GetParameter => hello::get_parameter(ctx),
+        SetParameter => hello::set_parameter(ctx),
         ServerStatus => {
             let mut status = shard.status()?;
             status.insert("ok", 1.0);
@@ -207,53 +115,53 @@ pub async fn dispatch(shard: &Shard, cmd: Document) -> Result<Reply, MongoError>
             crate::preimages::set_parameter(shard, options).await?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        CommitTransaction => commit_transaction(&ctx).await,
-        AbortTransaction => abort_transaction(&ctx).await,
-        PrepareTransaction => prepare_transaction(&ctx).await,
+        CommitTransaction => commit_transaction(ctx).await,
+        AbortTransaction => abort_transaction(ctx).await,
+        PrepareTransaction => prepare_transaction(ctx).await,
         ConfigureFailPoint => {
             shard.configure_fail_point(&ctx.cmd)?;
             Ok(Reply::read(bson::doc! {"ok": 1.0}))
         }
-        CoordinateCommitTransaction => coordinate_commit(&ctx).await,
-        Insert => write::write(&ctx, write::Kind::Insert).await,
-        Update => write::write(&ctx, write::Kind::Update).await,
-        Delete => write::write(&ctx, write::Kind::Delete).await,
-        ReserveInsert => write::reserve_insert(&ctx).await,
-        CommitReservation => write::commit_reservation(&ctx).await,
+        CoordinateCommitTransaction => coordinate_commit(ctx).await,
+        Insert => write::write(ctx, write::Kind::Insert).await,
+        Update => write::write(ctx, write::Kind::Update).await,
+        Delete => write::write(ctx, write::Kind::Delete).await,
+        ReserveInsert => write::reserve_insert(ctx).await,
+        CommitReservation => write::commit_reservation(ctx).await,
         FindAndModify => loop {
             // A statement that met a key an ordered batch holds waits for it, then runs again.
             let reservations = &shard.state().reservations;
             let seen = reservations.generation();
-            match find_and_modify::find_and_modify(&ctx).await {
+            match find_and_modify::find_and_modify(ctx).await {
                 Err(e) if write::is_held(&e) => reservations.wait(seen).await,
                 done => break done,
             }
         },
-        Find => query::find(&ctx).await,
-        GetMore if changestream::owns_get_more(&ctx) => changestream::get_more(&ctx).await,
-        GetMore => query::get_more(&ctx).await,
-        KillCursors => changestream::kill_cursors(&ctx),
-        KillOperations => kill_operations(&ctx),
-        NudgeChangeStream => changestream::nudge(&ctx),
-        Explain => long_running(|| explain::explain(&ctx)),
-        Count => long_running(|| query::count(&ctx)),
-        Distinct => long_running(|| query::distinct(&ctx)),
-        Aggregate if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(&ctx),
-        Aggregate => long_running(|| query::aggregate(&ctx)),
-        Create => ddl::create(&ctx).await,
-        Drop => ddl::drop(&ctx).await,
-        DropDatabase => ddl::drop_database(&ctx).await,
-        RenameCollection => ddl::rename_collection(&ctx).await,
-        ListCollections => ddl::list_collections(&ctx),
-        ListDatabases => ddl::list_databases(&ctx),
-        CollStats => stats::coll_stats(&ctx),
-        Validate => long_running(|| validate::validate(&ctx)),
-        DbStats => stats::db_stats(&ctx),
-        CreateIndexes => ddl::create_indexes(&ctx).await,
-        DropIndexes => ddl::drop_indexes(&ctx).await,
-        ListIndexes => ddl::list_indexes(&ctx),
-        CollMod => ddl::coll_mod(&ctx).await,
-        ShardCollection => ddl::shard_collection(&ctx).await,
+        Find => query::find(ctx).await,
+        GetMore if changestream::owns_get_more(ctx) => changestream::get_more(ctx).await,
+        GetMore => query::get_more(ctx).await,
+        KillCursors => changestream::kill_cursors(ctx),
+        KillOperations => kill_operations(ctx),
+        NudgeChangeStream => changestream::nudge(ctx),
+        Explain => long_running(|| explain::explain(ctx)),
+        Count => long_running(|| query::count(ctx)),
+        Distinct => long_running(|| query::distinct(ctx)),
+        Aggregate if changestream::is_change_stream(&ctx.cmd) => changestream::aggregate(ctx),
+        Aggregate => long_running(|| query::aggregate(ctx)),
+        Create => ddl::create(ctx).await,
+        Drop => ddl::drop(ctx).await,
+        DropDatabase => ddl::drop_database(ctx).await,
+        RenameCollection => ddl::rename_collection(ctx).await,
+        ListCollections => ddl::list_collections(ctx),
+        ListDatabases => ddl::list_databases(ctx),
+        CollStats => stats::coll_stats(ctx),
+        Validate => long_running(|| validate::validate(ctx)),
+        DbStats => stats::db_stats(ctx),
+        CreateIndexes => ddl::create_indexes(ctx).await,
+        DropIndexes => ddl::drop_indexes(ctx).await,
+        ListIndexes => ddl::list_indexes(ctx),
+        CollMod => ddl::coll_mod(ctx).await,
+        ShardCollection => ddl::shard_collection(ctx).await,
     }
 }
 
@@ -267,104 +175,6 @@ pub struct Ctx<'a> {
     /// A read with `readConcern: {level: "snapshot"}` outside a transaction: `Some(None)`
     /// reads as of now, `Some(Some(t))` as of `atClusterTime` `t`.
     pub snapshot_at: Option<Option<ClusterTime>>,
-}
-
-/// The `readConcern: snapshot` of a command outside a transaction.
-fn read_concern_snapshot(cmd: &Document) -> Result<Option<Option<ClusterTime>>, MongoError> {
-    if cmd.contains_key("autocommit") {
-        return Ok(None);
-    }
-    let Ok(rc) = cmd.get_document("readConcern") else {
-        return Ok(None);
-    };
-    if !rc.get_str("level").is_ok_and(|l| l == "snapshot") {
-        if rc.contains_key("atClusterTime") {
-            return Err(MongoError::new(
-                ErrorCode::INVALID_OPTIONS,
-                "atClusterTime is only allowed with readConcern level snapshot",
-            ));
-        }
-        return Ok(None);
-    }
-    match rc.get("atClusterTime") {
-        None => Ok(Some(None)),
-        Some(Bson::Timestamp(t)) => Ok(Some(Some(ClusterTime::from(*t)))),
-        Some(_) => Err(MongoError::type_mismatch(
-            "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'",
-        )),
-    }
-}
-
-/// A read of the latest state waits while a prepared transaction that holds a key of what it
-/// reads is undecided here: it could commit at a time the read should see, and the read must
-/// not see it half applied. One that holds only other collections' keys does not hold it up.
-async fn wait_while_prepared(shard: &Shard, db: &str, cmd: &Document) -> Result<(), MongoError> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while prepared_holds_read(shard, db, cmd) {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(MongoError::new(
-                ErrorCode::MAX_TIME_MS_EXPIRED,
-                "timed out waiting for a prepared transaction to be decided",
-            ));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    Ok(())
-}
-
-/// Whether an undecided prepared transaction may hold what the read `cmd` reads: one holding a
-/// key of its collection, one whose keys are not listed yet (a prepare in flight), or any
-/// when the read is of a view (which reads another collection).
-fn prepared_holds_read(shard: &Shard, db: &str, cmd: &Document) -> bool {
-    if !shard.transactions().any_prepared(shard) {
-        return false;
-    }
-    let state = shard.state();
-    if state.hlc().hold_count() > state.prepared.transactions() {
-        return true;
-    }
-    let Some(Bson::String(coll)) = cmd.values().next() else {
-        return true;
-    };
-    match state.catalog().lookup(db, coll) {
-        Some(c) if !c.options.contains_key("viewOn") => state
-            .prepared
-            .holds_prefix(&crate::keys::collection_prefix(&c.uuid)),
-        Some(_) => true,
-        None => false,
-    }
-}
-
-/// Waits until everything at or before `t` is committed here (a read as of `t` must see all
-/// of it); the shard's clock moves to `t` first, so nothing new is written at or below it.
-/// A `t` ahead of the cluster time the command brought is refused: moving the clock there
-/// would put every later write in the future (the router refuses such times first).
-async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> {
-    let state = shard.state();
-    let now = state.cluster_time();
-    if t > now {
-        return Err(MongoError::new(
-            ErrorCode::INVALID_OPTIONS,
-            format!(
-                "readConcern atClusterTime value must not be greater than the current \
-                 clusterTime. Requested clusterTime: Timestamp({}, {}); current clusterTime: \
-                 Timestamp({}, {})",
-                t.secs, t.inc, now.secs, now.inc
-            ),
-        ));
-    }
-    state.observe(t);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while state.high_water_mark() < t {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(MongoError::new(
-                ErrorCode::EXCEEDED_TIME_LIMIT,
-                "timed out waiting for the writes before the read's cluster time",
-            ));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    Ok(())
 }
 
 fn transaction<'c>(ctx: &'c Ctx<'_>) -> Result<&'c TxnArgs, MongoError> {
