@@ -1,5 +1,9 @@
 //! Command dispatch and the argument helpers every command family uses.
 //!
+//! Every command runs through the steps of `layers`, in one order (clock, interrupt, parse, read
+//! time, routing), then `execute`, the registry's exhaustive dispatch, then the reply's
+//! stamp.
+//!
 //! Each family lives in its own file: `parse` the command document into typed arguments
 //! (rejecting bad input with MongoDB's codes), then execute (reads on a snapshot, writes as a
 //! job for the writer), then build the reply. Errors are [`MongoError`]s; nothing here panics
