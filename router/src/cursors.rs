@@ -84,6 +84,22 @@ pub struct Merge {
 }
 
 impl Merge {
+    /// A merge that hands on the sources' documents in order, unsorted, unlimited (a shard's
+    /// cursor passed through the router).
+    pub fn concat(db: &str, collection: &str, sources: Vec<Source>) -> Merge {
+        Merge {
+            db: db.to_string(),
+            collection: collection.to_string(),
+            sources,
+            sort: None,
+            skip: 0,
+            limit: None,
+            projection: None,
+            await_data: false,
+            max_await_ms: None,
+        }
+    }
+
     /// The next merged document, fetching from shards as needed; `None` at the end.
     async fn next(&mut self, shards: &Enlisting) -> Result<Option<Document>> {
         loop {
@@ -543,17 +559,8 @@ mod tests {
 
     #[test]
     fn shard_get_mores_ask_for_a_bounded_batch_and_pass_the_await() {
-        let mut merge = Merge {
-            db: "db".into(),
-            collection: "c".into(),
-            sources: Vec::new(),
-            sort: None,
-            skip: 0,
-            limit: None,
-            projection: None,
-            await_data: false,
-            max_await_ms: Some(500),
-        };
+        let mut merge = Merge::concat("db", "c", Vec::new());
+        merge.max_await_ms = Some(500);
         assert_eq!(
             merge.get_more(7),
             doc! {"getMore": 7_i64, "collection": "c", "batchSize": SHARD_GET_MORE_DOCS}

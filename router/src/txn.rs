@@ -78,31 +78,7 @@ pub(crate) struct Sessions {
 
 /// The session key and `txnNumber` of a command (`None` without them).
 fn session(cmd: &Document) -> Result<Option<(Vec<u8>, i64)>> {
-    let (Some(lsid), Some(n)) = (cmd.get("lsid"), cmd.get("txnNumber")) else {
-        return Ok(None);
-    };
-    let Bson::Document(lsid) = lsid else {
-        return Err(MongoError::type_mismatch(
-            "BSON field 'lsid' is the wrong type, expected type 'object'",
-        ));
-    };
-    let n = match n {
-        Bson::Int64(n) => *n,
-        Bson::Int32(n) => i64::from(*n),
-        _ => {
-            return Err(MongoError::type_mismatch(
-                "BSON field 'txnNumber' is the wrong type, expected type 'long'",
-            ));
-        }
-    };
-    let mut key = Vec::new();
-    if let Some(Bson::Binary(b)) = lsid.get("id") {
-        key.extend_from_slice(&b.bytes);
-    }
-    if let Some(Bson::Binary(b)) = lsid.get("uid") {
-        key.extend_from_slice(&b.bytes);
-    }
-    Ok(Some((key, n)))
+    Ok(shard::session::Session::of(cmd)?.map(|s| (s.key, s.txn_number)))
 }
 
 pub(crate) use crate::kernel::transport::{in_transaction, is_retryable_write};

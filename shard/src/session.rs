@@ -5,28 +5,19 @@
 use bson::{Bson, Document};
 use wire::{ErrorCode, MongoError};
 
-/// The session fields of a write command.
+/// A command's session and transaction number: what the router's transactions and the
+/// shard's retryable writes both key on.
 #[derive(Debug, Clone)]
-pub struct RetryInfo {
-    pub lsid: Document,
-    /// Storage key: the bytes of `lsid.id` (and `lsid.uid` when present).
+pub struct Session<'a> {
+    pub lsid: &'a Document,
+    /// The bytes of `lsid.id` (and `lsid.uid` when present).
     pub key: Vec<u8>,
     pub txn_number: i64,
-    pub stmt_ids: Option<Vec<i32>>,
 }
 
-impl RetryInfo {
-    /// `Some` when the command carries `lsid` and `txnNumber` outside a multi-document
-    /// transaction (a retryable write).
-    pub fn from_command(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
-        if cmd.contains_key("autocommit") {
-            return Ok(None);
-        }
-        RetryInfo::session_of(cmd)
-    }
-
-    /// The session fields (`lsid`, `txnNumber`, `stmtIds`) of any command that has them.
-    pub fn session_of(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
+impl Session<'_> {
+    /// `lsid` and `txnNumber` of `cmd`; `None` without both.
+    pub fn of(cmd: &Document) -> Result<Option<Session<'_>>, MongoError> {
         let (Some(lsid), Some(txn)) = (cmd.get("lsid"), cmd.get("txnNumber")) else {
             return Ok(None);
         };
@@ -57,6 +48,44 @@ impl RetryInfo {
         if let Some(Bson::Binary(b)) = lsid.get("uid") {
             key.extend_from_slice(&b.bytes);
         }
+        Ok(Some(Session {
+            lsid,
+            key,
+            txn_number,
+        }))
+    }
+}
+
+/// The session fields of a write command.
+#[derive(Debug, Clone)]
+pub struct RetryInfo {
+    pub lsid: Document,
+    /// Storage key: the bytes of `lsid.id` (and `lsid.uid` when present).
+    pub key: Vec<u8>,
+    pub txn_number: i64,
+    pub stmt_ids: Option<Vec<i32>>,
+}
+
+impl RetryInfo {
+    /// `Some` when the command carries `lsid` and `txnNumber` outside a multi-document
+    /// transaction (a retryable write).
+    pub fn from_command(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
+        if cmd.contains_key("autocommit") {
+            return Ok(None);
+        }
+        RetryInfo::session_of(cmd)
+    }
+
+    /// The session fields (`lsid`, `txnNumber`, `stmtIds`) of any command that has them.
+    pub fn session_of(cmd: &Document) -> Result<Option<RetryInfo>, MongoError> {
+        let Some(Session {
+            lsid,
+            key,
+            txn_number,
+        }) = Session::of(cmd)?
+        else {
+            return Ok(None);
+        };
         let stmt_ids = match cmd.get("stmtIds") {
             Some(Bson::Array(a)) => Some(
                 a.iter()

@@ -18,6 +18,15 @@ use shard::log::LocalLog;
 use shard::storage::{Faults, FaultyStorage, RedbStorage};
 use shard::{ManualClock, Shard, ShardOptions};
 
+/// How many insert entries the oplog holds for database `db`.
+async fn inserts(s: &Shard) -> usize {
+    oplog_for(s, "db")
+        .await
+        .into_iter()
+        .filter(|e| e.get_str("op").ok() == Some("i"))
+        .count()
+}
+
 fn ts_of(e: &bson::Document) -> ClusterTime {
     ClusterTime::from(e.get_timestamp("ts").unwrap())
 }
@@ -140,12 +149,7 @@ async fn a_failing_op_in_a_group_commit_batch_leaves_nothing_and_batch_mates_suc
     }
     assert_eq!(find(&s, "db", "c", doc! {}).await.len(), 64);
     assert!(find(&s, "db", "c", doc! {"i": 31}).await.is_empty());
-    let inserts = oplog_for(&s, "db")
-        .await
-        .into_iter()
-        .filter(|e| e.get_str("op").ok() == Some("i"))
-        .count();
-    assert_eq!(inserts, 64);
+    assert_eq!(inserts(&s).await, 64);
     s.shutdown().await;
 }
 
@@ -193,12 +197,7 @@ async fn a_storage_failure_aborts_the_batch_and_leaves_nothing() {
     // Replaying the log after a restart does not bring the failed batch back.
     let s = Shard::open(opts).await.unwrap();
     assert_eq!(find(&s, "db", "c", doc! {}).await, vec![doc! {"_id": 1}]);
-    let inserts = oplog_for(&s, "db")
-        .await
-        .into_iter()
-        .filter(|e| e.get_str("op").ok() == Some("i"))
-        .count();
-    assert_eq!(inserts, 1);
+    assert_eq!(inserts(&s).await, 1);
     s.shutdown().await;
 }
 

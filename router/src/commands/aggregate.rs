@@ -872,21 +872,15 @@ async fn pass_through(
     }
     let cursor = RouterCursor {
         ns: ns.clone(),
-        state: CursorState::merge(Merge {
-            db: ctx.db.to_string(),
-            collection: coll.to_string(),
-            sources: vec![Source {
+        state: CursorState::merge(Merge::concat(
+            ctx.db,
+            coll,
+            vec![Source {
                 shard,
                 cursor_id: source.cursor_id,
                 buffer: VecDeque::new(),
             }],
-            sort: None,
-            skip: 0,
-            limit: None,
-            projection: None,
-            await_data: false,
-            max_await_ms: None,
-        }),
+        )),
         info: None,
     };
     Ok(cursor_reply(&ctx.router.cursors, ns, batch, Some(cursor)))

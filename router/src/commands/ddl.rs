@@ -332,20 +332,14 @@ fn pass_cursor(
             .to_string();
         let id = ctx.router.cursors.insert(RouterCursor {
             ns,
-            state: CursorState::merge(Merge {
-                db: ctx.db.to_string(),
-                collection: collection.to_string(),
-                sources: vec![Source {
+            state: CursorState::merge(Merge::concat(
+                ctx.db,
+                collection,
+                vec![Source {
                     buffer: Default::default(),
                     ..source
                 }],
-                sort: None,
-                skip: 0,
-                limit: None,
-                projection: None,
-                await_data: false,
-                max_await_ms: None,
-            }),
+            )),
             info: None,
         });
         if let Ok(c) = reply.get_document_mut("cursor") {

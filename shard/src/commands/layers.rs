@@ -186,13 +186,23 @@ async fn read_time(ctx: &Ctx<'_>, command: Option<Command>) -> Result<(), MongoE
 /// reads is undecided here: it could commit at a time the read should see, and the read must
 /// not see it half applied. One that holds only other collections' keys does not hold it up.
 async fn wait_while_prepared(shard: &Shard, db: &str, cmd: &Document) -> Result<(), MongoError> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while prepared_holds_read(shard, db, cmd) {
+    let timed_out = MongoError::new(
+        ErrorCode::MAX_TIME_MS_EXPIRED,
+        "timed out waiting for a prepared transaction to be decided",
+    );
+    wait_until(|| !prepared_holds_read(shard, db, cmd), 30, timed_out).await
+}
+
+/// Polls `done` every millisecond for at most `secs` seconds; `timed_out` when it never holds.
+async fn wait_until(
+    mut done: impl FnMut() -> bool,
+    secs: u64,
+    timed_out: MongoError,
+) -> Result<(), MongoError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
         if tokio::time::Instant::now() >= deadline {
-            return Err(MongoError::new(
-                ErrorCode::MAX_TIME_MS_EXPIRED,
-                "timed out waiting for a prepared transaction to be decided",
-            ));
+            return Err(timed_out);
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
@@ -241,17 +251,11 @@ async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> 
         ));
     }
     state.observe(t);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while state.high_water_mark() < t {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(MongoError::new(
-                ErrorCode::EXCEEDED_TIME_LIMIT,
-                "timed out waiting for the writes before the read's cluster time",
-            ));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    Ok(())
+    let timed_out = MongoError::new(
+        ErrorCode::EXCEEDED_TIME_LIMIT,
+        "timed out waiting for the writes before the read's cluster time",
+    );
+    wait_until(|| state.high_water_mark() >= t, 10, timed_out).await
 }
 
 /// Stamp: the reply carries the shard's cluster time and the command's `operationTime` (its

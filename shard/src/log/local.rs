@@ -299,12 +299,14 @@ mod tests {
     struct Store {
         redb: Arc<RedbStorage>,
         log: LocalLog,
+        path: PathBuf,
     }
 
     fn open(path: &Path) -> Store {
         let redb = Arc::new(RedbStorage::open_behind_log(path).unwrap());
         let log = LocalLog::open(path, redb.clone()).unwrap();
-        Store { redb, log }
+        let path = path.to_path_buf();
+        Store { redb, log, path }
     }
 
     fn get(s: &Store, key: &[u8]) -> Option<Vec<u8>> {
@@ -362,12 +364,16 @@ mod tests {
         std::mem::forget(s);
     }
 
-    /// Puts `db` and `log` where a store opens them as `name` in `dir`.
-    fn restore(dir: &Path, name: &str, db: &Path, log: &[u8]) -> PathBuf {
+    /// Crashes `s` and opens, as `name` in `dir`, the database file `db` (a copy as the
+    /// crash may have left it) with the log as `s` last synced it.
+    fn crash_and_reopen(s: Store, dir: &Path, name: &str, db: &Path) -> (PathBuf, Store) {
+        let log = std::fs::read(log_path(&s.path)).unwrap();
+        crash(s);
         let path = dir.join(name);
         std::fs::copy(db, &path).unwrap();
         std::fs::write(log_path(&path), log).unwrap();
-        path
+        let s = open(&path);
+        (path, s)
     }
 
     #[test]
@@ -419,11 +425,8 @@ mod tests {
             &[(b"a", Some(b"1")), (b"b", Some(b"2")), (b"gone", None)],
         );
         commit(&s, &[(b"a", Some(b"3"))]);
-        let log = std::fs::read(log_path(&path)).unwrap();
-        crash(s);
         // After the crash: the database file as copied, the log as last synced.
-        let path = restore(dir.path(), "after", &saved, &log);
-        let s = open(&path);
+        let (path, s) = crash_and_reopen(s, dir.path(), "after", &saved);
         assert_eq!(get(&s, b"a"), Some(b"3".to_vec()));
         assert_eq!(get(&s, b"b"), Some(b"2".to_vec()));
         assert_eq!(get(&s, b"gone"), None);
@@ -450,9 +453,7 @@ mod tests {
         let log = std::fs::read(log_path(&path)).unwrap();
         let (_, epoch) = log_and_epoch(&s, &path);
         assert_eq!(records_of(&log, epoch.as_deref()).unwrap().len(), 1);
-        crash(s);
-        let path = restore(dir.path(), "after", &saved, &log);
-        let s = open(&path);
+        let (_, s) = crash_and_reopen(s, dir.path(), "after", &saved);
         assert_eq!(get(&s, b"a"), Some(b"1".to_vec()));
         assert_eq!(get(&s, b"b"), None);
         // And the place it had goes to the next batch.
@@ -470,10 +471,7 @@ mod tests {
         // A later life writes and crashes; then the database file alone is put back.
         let s = open(&path);
         commit(&s, &[(b"a", Some(b"2"))]);
-        let log = std::fs::read(log_path(&path)).unwrap();
-        crash(s);
-        let path = restore(dir.path(), "restored", &copy, &log);
-        let s = open(&path);
+        let (_, s) = crash_and_reopen(s, dir.path(), "restored", &copy);
         assert_eq!(get(&s, b"a"), Some(b"1".to_vec()));
     }
 }
