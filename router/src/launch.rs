@@ -62,7 +62,7 @@ impl Running {
             .with_context(|| format!("binding the metrics endpoint to {bind}"))?;
         let addr = listener.local_addr()?;
         let cancel = self.cancel.clone();
-        let services = router.services.clone();
+        let services = router.seams().services.clone();
         let render = move || {
             let router = router.clone();
             async move { router.render_metrics().await }

@@ -4,9 +4,9 @@
 //! Layers: [`server`] (bytes ↔ requests) → [`commands`] (one module per command family) →
 //! the middle modules (change streams, transactions, cursors, auth, lineages) →
 //! [`kernel`] (the shard transport, the config store, the clock), which imports nothing
-//! above it. [`router::Router`] is the composition root that builds the seams and hands
-//! them to the commands. The pure shard-key and chunk logic is
-//! `shard::sharding`, shared with the shards.
+//! above it. [`router::Router`] is the composition root: it builds the seams once, as one
+//! `seams::Seams` value the commands share, and only the launcher (`server`, `launch`) holds
+//! it. The pure shard-key and chunk logic is `shard::sharding`, shared with the shards.
 
 pub mod auth;
 mod command;
@@ -23,6 +23,7 @@ pub mod ops;
 pub mod options;
 pub mod parameters;
 pub mod router;
+mod seams;
 pub mod server;
 mod snapshot;
 pub mod stdout_log;

@@ -14,30 +14,32 @@ use wire::server::{ConnectionInfo, Handler, Reply, Request};
 
 use crate::kernel::services::Service;
 use crate::router::Router;
+use crate::seams::Seams;
 use wire::raw::Body;
 
 /// Serves drivers on `listener` until `cancel` fires.
 pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: CancellationToken) {
-    router.services.start(IdleCursors {
-        router: router.clone(),
+    let seams = router.seams().clone();
+    seams.services.start(IdleCursors {
+        seams: seams.clone(),
     });
-    crate::kernel::lineages::keep_up(&router.services, &router.lineages);
-    let tls = router.options.tls.clone();
-    let connections = router.connections.clone();
-    let handler = Arc::new(RouterHandler { router });
+    crate::kernel::lineages::keep_up(&seams.services, &seams.lineages);
+    let tls = seams.options.tls.clone();
+    let connections = seams.connections.clone();
+    let handler = Arc::new(RouterHandler { seams });
     wire::server::serve_with(listener, handler, cancel, tls, connections).await;
 }
 
 struct RouterHandler {
-    router: Arc<Router>,
+    seams: Arc<Seams>,
 }
 
 #[async_trait]
 impl Handler for RouterHandler {
     async fn handle(&self, conn: &ConnectionInfo, mut req: Request) -> Reply {
         let started = Instant::now();
-        crate::commands::stamp_session_owner(&self.router, conn, &mut req.body);
-        let Some(reply) = crate::commands::run(&self.router, conn, &req).await else {
+        crate::commands::stamp_session_owner(&self.seams, conn, &mut req.body);
+        let Some(reply) = crate::commands::run(&self.seams, conn, &req).await else {
             return Reply::CloseConnection;
         };
         self.account(&req, &reply, started.elapsed());
@@ -50,7 +52,7 @@ impl Handler for RouterHandler {
     }
 
     fn closed(&self, conn: &ConnectionInfo) {
-        self.router.auth.closed(conn.id);
+        self.seams.auth.closed(conn.id);
     }
 }
 
@@ -60,7 +62,7 @@ impl RouterHandler {
     fn account(&self, req: &Request, reply: &Body, took: Duration) {
         let name = req.body.keys().next().map_or("", String::as_str);
         let reply = reply_fields(reply);
-        let metrics = &self.router.metrics;
+        let metrics = &self.seams.metrics;
         metrics.command(name, reply.code_name.as_deref(), took);
         if reply.code_name.is_none() {
             let op = match name {
@@ -73,7 +75,7 @@ impl RouterHandler {
                 metrics.documents_written(op, reply.n);
             }
         }
-        let slow = self.router.options.slow_ms;
+        let slow = self.seams.options.slow_ms;
         if took >= Duration::from_millis(slow) && !is_awaiting(name, &req.body) {
             let ns = match req.body.values().next() {
                 Some(bson::Bson::String(coll)) => {
@@ -149,20 +151,20 @@ fn number(v: &bson::Bson) -> Option<f64> {
 /// Kills cursors nobody has used for `cursorTimeoutMillis`, looking a few times per timeout
 /// (at least every second, so a new timeout takes effect at once).
 struct IdleCursors {
-    router: Arc<Router>,
+    seams: Arc<Seams>,
 }
 
 impl Service for IdleCursors {
     const NAME: &'static str = "idle_cursors";
 
     fn period(&self) -> Duration {
-        (self.router.cursors.idle_timeout() / 4)
+        (self.seams.cursors.idle_timeout() / 4)
             .clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
 
     async fn pass(&mut self) {
-        for cursor in self.router.cursors.take_idle(Instant::now()) {
-            cursor.lock().await.kill(self.router.shards()).await;
+        for cursor in self.seams.cursors.take_idle(Instant::now()) {
+            cursor.lock().await.kill(self.seams.shards()).await;
         }
     }
 }

@@ -22,7 +22,7 @@ const CYCLE_CEILING: &[(&str, usize)] = &[("router", 0), ("shard", 0), ("pipelin
 const ROOT_IMPORT_CEILING: &[(&str, usize)] = &[
     (
         "router: router.rs imported only by server.rs and launch.rs",
-        2,
+        0,
     ),
     (
         "router: commands/ imported only by server.rs and launch.rs",
@@ -330,6 +330,12 @@ const RULES: &[Rule] = &[
         krate: "router",
         from: &["streams"],
         may: May::Only(&[&["kernel"], &["streams"]]),
+    },
+    // What commands run on is a value below them: it neither starts nor serves the router.
+    Rule {
+        krate: "router",
+        from: &["seams"],
+        may: May::Not(&[&["router"], &["commands"], &["server"], &["launch"]]),
     },
     // The command registries are leaves: dispatch, auth, the field checks and the transaction
     // rule match on them.

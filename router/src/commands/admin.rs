@@ -54,10 +54,10 @@ pub(super) async fn set_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
     };
     shard::preimages::validate(options)?;
     let cmd = doc! {"_shardsvrSetClusterParameter": 1, CHANGE_STREAM_OPTIONS: options.clone()};
-    let router = ctx.router;
-    for r in router
+    let seams = ctx.seams;
+    for r in seams
         .shards()
-        .broadcast(&router.transport.all(), "admin", &cmd)
+        .broadcast(&seams.transport.all(), "admin", &cmd)
         .await
     {
         r?;
@@ -85,7 +85,7 @@ pub(super) async fn get_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
         return Err(unknown_parameter(other));
     }
     let reply = ctx
-        .router
+        .seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -102,7 +102,7 @@ pub(super) async fn get_cluster_parameter(ctx: &Ctx<'_>) -> Result<Document> {
 
 pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
     let argv: Vec<Bson> = ctx
-        .router
+        .seams
         .options
         .argv
         .iter()
@@ -117,12 +117,10 @@ pub(super) fn get_cmd_line_opts(ctx: &Ctx<'_>) -> Result<Document> {
 /// `metrics.changeStreams` also sums). A shard that does not answer within a second shows its
 /// error instead.
 pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
-    let router = ctx.router;
-    let names = router.transport.names();
-    let asks = router.transport.all().into_iter().map(|s| async move {
-        let ask = router
-            .shards()
-            .command(s, "admin", doc! {"serverStatus": 1});
+    let seams = ctx.seams;
+    let names = seams.transport.names();
+    let asks = seams.transport.all().into_iter().map(|s| async move {
+        let ask = seams.shards().command(s, "admin", doc! {"serverStatus": 1});
         match tokio::time::timeout(std::time::Duration::from_secs(1), ask).await {
             Ok(Ok(mut d)) => {
                 for k in ["ok", "$clusterTime", "operationTime", "shard"] {
@@ -150,11 +148,11 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         }
         shards.insert(name.clone(), status);
     }
-    let uptime = router.started.elapsed();
-    let connections = router.connections.counts();
-    let (merges, buffered) = router.streams.hubs.stats();
+    let uptime = seams.started.elapsed();
+    let connections = seams.connections.counts();
+    let (merges, buffered) = seams.streams.hubs.stats();
     Ok(doc! {
-        "host": &router.options.advertised_host,
+        "host": &seams.options.advertised_host,
         "version": super::handshake::VERSION,
         "process": "mongos",
         "pid": i64::from(std::process::id()),
@@ -173,7 +171,7 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
         },
         "storageEngine": {"name": "redb", "supportsCommittedReads": true, "persistent": true},
         "metrics": {
-            "cursor": {"open": {"total": router.cursors.len() as i64}},
+            "cursor": {"open": {"total": seams.cursors.len() as i64}},
             // Merges shared by change streams with the same shard-side spec, the bytes their
             // logs count, and every shard reply any stream's events still hold (merges, logs,
             // replies being written); the shards' counters, summed.
@@ -225,14 +223,14 @@ pub(super) fn connection_status(ctx: &Ctx<'_>) -> Result<Document> {
             )));
         }
     };
-    let (users, roles) = ctx.router.auth.status_of(ctx.conn.id);
+    let (users, roles) = ctx.seams.auth.status_of(ctx.conn.id);
     let mut auth_info = doc! {
         "authenticatedUsers": pairs(users, "user"),
         "authenticatedUserRoles": pairs(roles, "role"),
     };
     if show_privileges {
         let privileges: Vec<Bson> = ctx
-            .router
+            .seams
             .auth
             .privileges_of(ctx.conn.id)
             .iter()
@@ -283,9 +281,9 @@ pub(super) fn start_session(ctx: &Ctx<'_>) -> Result<Document> {
         subtype: bson::spec::BinarySubtype::Uuid,
         bytes: uuid::Uuid::new_v4().as_bytes().to_vec(),
     };
-    ctx.router.local_sessions.touch(
+    ctx.seams.local_sessions.touch(
         id.clone(),
-        super::session_user(ctx.router, ctx.conn),
+        super::session_user(ctx.seams, ctx.conn),
         DateTime::now(),
     );
     Ok(doc! {"id": {"id": id}, "timeoutMinutes": 30, "ok": 1.0})
@@ -295,7 +293,7 @@ pub(super) fn start_session(ctx: &Ctx<'_>) -> Result<Document> {
 /// every shard, where their retryable-write records then live another 30 minutes.
 pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
     shard::retryable::refreshed_sessions(ctx.cmd)?;
-    let user = super::session_user(ctx.router, ctx.conn);
+    let user = super::session_user(ctx.seams, ctx.conn);
     let uid = crate::local_sessions::uid(&user);
     let now = DateTime::now();
     let ids: Vec<bson::Binary> = ctx
@@ -308,7 +306,7 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
         })
         .unwrap_or_default();
     for id in &ids {
-        ctx.router
+        ctx.seams
             .local_sessions
             .touch(id.clone(), user.clone(), now);
     }
@@ -316,14 +314,14 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
         .iter()
         .map(|id| [id.bytes.as_slice(), uid.bytes.as_slice()].concat())
         .collect();
-    ctx.router.sessions.refresh(&keys);
+    ctx.seams.sessions.refresh(&keys);
     let lsids: Vec<Bson> = ids
         .into_iter()
         .map(|id| Bson::Document(doc! {"id": id, "uid": uid.clone()}))
         .collect();
-    let all = ctx.router.transport.all();
+    let all = ctx.seams.transport.all();
     let forward = doc! {"refreshSessions": lsids};
-    for reply in ctx.router.shards().broadcast(&all, "admin", &forward).await {
+    for reply in ctx.seams.shards().broadcast(&all, "admin", &forward).await {
         reply?;
     }
     Ok(ok())
@@ -331,7 +329,7 @@ pub(super) async fn refresh_sessions(ctx: &Ctx<'_>) -> Result<Document> {
 
 pub(super) fn list_shards(ctx: &Ctx<'_>) -> Result<Document> {
     let shards: Vec<Bson> = ctx
-        .router
+        .seams
         .transport
         .shards()
         .iter()
@@ -356,8 +354,8 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
     let name_only = args.opt_bool("nameOnly")?.unwrap_or(false);
     // As mongod: a user without the `listDatabases` action sees the databases it has a role
     // or privilege on (`authorizedDatabases` defaults to that), and may not ask for all (13).
-    let shown = if ctx.router.options.auth {
-        ctx.router.auth.databases_listed(ctx.conn.id)
+    let shown = if ctx.seams.options.auth {
+        ctx.seams.auth.databases_listed(ctx.conn.id)
     } else {
         None
     };
@@ -371,10 +369,10 @@ pub(super) async fn list_databases(ctx: &Ctx<'_>) -> Result<Document> {
         Some(f) => Some(pipeline::Matcher::parse(f)?),
         None => None,
     };
-    let router = ctx.router;
-    let replies = router
+    let seams = ctx.seams;
+    let replies = seams
         .shards()
-        .broadcast_read(&router.transport.all(), "admin", &doc! {"listDatabases": 1})
+        .broadcast_read(&seams.transport.all(), "admin", &doc! {"listDatabases": 1})
         .await;
     let mut sizes: std::collections::BTreeMap<String, i64> = Default::default();
     for reply in replies {
@@ -436,7 +434,7 @@ pub(super) fn configure_fail_point(ctx: &Ctx<'_>) -> Result<Document> {
             "configureFailPoint may only be run against the admin database.",
         ));
     }
-    ctx.router.failpoints.configure(ctx.cmd)
+    ctx.seams.failpoints.configure(ctx.cmd)
 }
 
 /// `setParameter` of a parameter the shards own (`ttlMonitorSleepSecs`, the blocking stages'
@@ -449,10 +447,10 @@ pub(super) async fn set_shard_parameter(ctx: &Ctx<'_>) -> Result<Document> {
         .filter(|(k, _)| *k == "setParameter" || !k.starts_with('$') && *k != "lsid")
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let shards = ctx.router.transport.all();
+    let shards = ctx.seams.transport.all();
     let mut was = Bson::Null;
     for (i, reply) in ctx
-        .router
+        .seams
         .shards()
         .broadcast(&shards, "admin", &cmd)
         .await

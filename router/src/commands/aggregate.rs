@@ -217,7 +217,7 @@ async fn join_chunk(
 /// The foreign documents a chunk joins, read from collection `from`, as its stage takes them
 /// (and counted in the metrics as read for what joins).
 fn joined(ctx: &Ctx<'_>, from: String, docs: Vec<Document>) -> Arc<Foreign> {
-    ctx.router
+    ctx.seams
         .metrics
         .foreign_documents_read(true, docs.len() as u64);
     let mut foreign = Foreign::default();
@@ -290,7 +290,7 @@ impl Whole {
             let Some(docs) = read_foreign(ctx, &name, &[Document::new()], env, room).await? else {
                 return Ok(None);
             };
-            ctx.router
+            ctx.seams
                 .metrics
                 .foreign_documents_read(false, docs.len() as u64);
             self.bytes += docs.iter().map(document_size).sum::<usize>();
@@ -561,7 +561,7 @@ async fn open_merge(
     }
     let targets = &routed.shards;
     let replies = ctx
-        .router
+        .seams
         .shards()
         .broadcast_read(targets, ctx.db, &cmd)
         .await;
@@ -595,11 +595,11 @@ async fn drain(
         info: None,
     };
     loop {
-        let read = all.next_batch(ctx.router.shards(), usize::MAX, None).await;
+        let read = all.next_batch(ctx.seams.shards(), usize::MAX, None).await;
         let (batch, exhausted) = match read {
             Ok(read) => read,
             Err(e) => {
-                all.kill(ctx.router.shards()).await;
+                all.kill(ctx.seams.shards()).await;
                 return Err(e);
             }
         };
@@ -607,7 +607,7 @@ async fn drain(
             match take(doc) {
                 Ok(true) => {}
                 stopped => {
-                    all.kill(ctx.router.shards()).await;
+                    all.kill(ctx.seams.shards()).await;
                     return stopped;
                 }
             }
@@ -717,12 +717,9 @@ fn list_local_sessions(ctx: &Ctx<'_>, stage: &Document) -> Result<Vec<Document>>
         }
         (true, None) => Which::All,
         (false, Some(users)) => Which::Users(users),
-        (false, None) => Which::Users(vec![super::session_user(ctx.router, ctx.conn)]),
+        (false, None) => Which::Users(vec![super::session_user(ctx.seams, ctx.conn)]),
     };
-    Ok(ctx
-        .router
-        .local_sessions
-        .list(&which, bson::DateTime::now()))
+    Ok(ctx.seams.local_sessions.list(&which, bson::DateTime::now()))
 }
 
 pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
@@ -736,11 +733,11 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>) -> Result<Body> {
 /// `aggregate` with `$changeStream` first: opens the stream, registers its cursor (unless its
 /// first batch ended it) and replies with the first batch.
 async fn open_change_stream(ctx: &Ctx<'_>) -> Result<CursorBody> {
-    let (router, db, cmd) = (ctx.router, ctx.db, ctx.cmd);
-    let opened = router.streams.open(db, cmd).await?;
+    let (seams, db, cmd) = (ctx.seams, ctx.db, ctx.cmd);
+    let opened = seams.streams.open(db, cmd).await?;
     let batch = opened.batch;
-    router.metrics.events_delivered(batch.events.len() as u64);
-    let stamp = router.streams.stamp();
+    seams.metrics.events_delivered(batch.events.len() as u64);
+    let stamp = seams.streams.stamp();
     let Some(cursor) = opened.cursor else {
         return Ok(crate::streams::cursor_reply(
             &opened.ns, 0, batch, true, stamp,
@@ -754,7 +751,7 @@ async fn open_change_stream(ctx: &Ctx<'_>) -> Result<CursorBody> {
             .as_ref()
             .map(ResumeToken::to_document),
     );
-    let id = router.cursors.insert(RouterCursor {
+    let id = seams.cursors.insert(RouterCursor {
         ns: opened.ns.clone(),
         state: CursorState::ChangeStream(Box::new(cursor)),
         info: Some(Arc::new(std::sync::Mutex::new(info))),
@@ -822,7 +819,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
     let single_shard = targets.len() == 1 && !routed.sharded;
     if sink.is_none() && single_shard && !needs_router(&parsed) {
         let reply = ctx
-            .router
+            .seams
             .shards()
             .read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await?;
@@ -851,7 +848,7 @@ async fn aggregate_documents(ctx: &Ctx<'_>) -> Result<Body> {
     };
     if let Some(sink) = &sink {
         super::out::write(ctx, sink, cursor).await?;
-        return Ok(cursor_reply(&ctx.router.cursors, ns, Vec::new(), None).into());
+        return Ok(cursor_reply(&ctx.seams.cursors, ns, Vec::new(), None).into());
     }
     first_reply(ctx, ns, cursor, first, false).await
 }
@@ -868,7 +865,7 @@ async fn pass_through(
     let source = Source::from_reply(shard, &reply)?;
     let batch: Vec<Document> = source.buffer.iter().cloned().collect();
     if source.cursor_id == 0 {
-        return Ok(cursor_reply(&ctx.router.cursors, ns, batch, None));
+        return Ok(cursor_reply(&ctx.seams.cursors, ns, batch, None));
     }
     let cursor = RouterCursor {
         ns: ns.clone(),
@@ -883,5 +880,5 @@ async fn pass_through(
         )),
         info: None,
     };
-    Ok(cursor_reply(&ctx.router.cursors, ns, batch, Some(cursor)))
+    Ok(cursor_reply(&ctx.seams.cursors, ns, batch, Some(cursor)))
 }

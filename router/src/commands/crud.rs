@@ -231,13 +231,13 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     }
     let placement = ctx
-        .router
+        .seams
         .catalog
         .placement(ctx.db, coll, true)
         .await
         .map_err(|e| retryable(e, ctx))?;
     let version = placement.version();
-    let router = ctx.router;
+    let seams = ctx.seams;
     // Group statements by shard. Ordered writes run consecutive same-shard runs one after the
     // other and stop at the first error; unordered ones run one batch per shard, concurrently.
     let mut routed: Vec<Routed> = Vec::with_capacity(docs.len());
@@ -296,7 +296,7 @@ pub(super) async fn insert(ctx: &Ctx<'_>) -> Result<Document> {
         }
     } else {
         let sends = batches.iter().map(|(shard, indexes, docs)| {
-            router.shards().write(
+            seams.shards().write(
                 *shard,
                 ctx.db,
                 sub_command(ctx, &version, "documents", docs.clone(), indexes),
@@ -324,7 +324,7 @@ async fn insert_runs(
     for (shard, indexes, docs) in runs {
         let cmd = sub_command(ctx, version, "documents", docs, &indexes);
         let reply = ctx
-            .router
+            .seams
             .shards()
             .write(shard, ctx.db, cmd)
             .await
@@ -349,7 +349,7 @@ async fn insert_across_shards(
     runs: Vec<Batch>,
     outcome: &mut WriteOutcome,
 ) -> Result<()> {
-    let router = ctx.router;
+    let seams = ctx.seams;
     let mut parts: Vec<Batch> = Vec::new();
     for (shard, indexes, docs) in runs {
         match parts.iter_mut().find(|p| p.0 == shard) {
@@ -368,7 +368,7 @@ async fn insert_across_shards(
         {
             cmd.insert(k, v);
         }
-        router.shards().command(*shard, ctx.db, cmd)
+        seams.shards().command(*shard, ctx.db, cmd)
     });
     let replies = futures::future::join_all(reserves).await;
     let reservation = |r: &Document| r.get("reservation").map(|id| int(Some(id)));
@@ -376,7 +376,7 @@ async fn insert_across_shards(
         let e = e.clone();
         let releases = parts.iter().zip(&replies).filter_map(|((shard, ..), r)| {
             let id = reservation(r.as_ref().ok()?)?;
-            Some(router.shards().command(
+            Some(seams.shards().command(
                 *shard,
                 ctx.db,
                 doc! {"_shardsvrCommitReservation": id, "upTo": 0},
@@ -422,7 +422,7 @@ async fn insert_across_shards(
                 cmd.insert("bypassDocumentValidation", b.clone());
             }
             async move {
-                let reply = router.shards().command(*shard, ctx.db, cmd).await;
+                let reply = seams.shards().command(*shard, ctx.db, cmd).await;
                 (reply, &indexes[..up_to])
             }
         });
@@ -520,8 +520,8 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
     validate_collection_name(ctx.db, coll)?;
     let ordered = args.opt_bool("ordered")?.unwrap_or(true);
     let statements = args.documents(list_field)?;
-    let router = ctx.router;
-    let placement = router
+    let seams = ctx.seams;
+    let placement = seams
         .catalog
         .placement(ctx.db, coll, is_update)
         .await
@@ -543,7 +543,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
             let shard = primary;
             let mut cmd = forwardable(ctx.cmd);
             cmd.insert("shardVersion", version);
-            let reply = router
+            let reply = seams
                 .shards()
                 .write(shard, ctx.db, cmd)
                 .await
@@ -586,7 +586,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         if shards.len() == 1 || multi {
             let sends = shards
                 .iter()
-                .map(|&s| router.shards().write(s, ctx.db, cmd.clone()));
+                .map(|&s| seams.shards().write(s, ctx.db, cmd.clone()));
             let replies = futures::future::join_all(sends).await;
             for reply in replies {
                 match reply {
@@ -605,7 +605,7 @@ async fn write_statements(ctx: &Ctx<'_>, list_field: &str, is_update: bool) -> R
         } else {
             // A single-document write without the shard key: the first shard that matches wins.
             for shard in shards {
-                let reply = router
+                let reply = seams
                     .shards()
                     .write(shard, ctx.db, cmd.clone())
                     .await
@@ -630,8 +630,8 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, coll)?;
     let query = args.opt_doc("query")?.cloned().unwrap_or_default();
     let upsert = args.opt_bool("upsert")?.unwrap_or(false);
-    let router = ctx.router;
-    let placement = router
+    let seams = ctx.seams;
+    let placement = seams
         .catalog
         .placement(ctx.db, coll, true)
         .await
@@ -652,7 +652,7 @@ pub(super) async fn find_and_modify(ctx: &Ctx<'_>) -> Result<Document> {
     }
     let mut last = None;
     for shard in shards {
-        let reply = router
+        let reply = seams
             .shards()
             .write(shard, ctx.db, cmd.clone())
             .await

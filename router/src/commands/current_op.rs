@@ -18,8 +18,8 @@ use crate::cursors::{CursorState, RouterCursor};
 
 /// The `inprog` entries: one `idleCursor` per open change stream when `idle_cursors`.
 fn inprog(ctx: &Ctx<'_>, idle_cursors: bool) -> Vec<Document> {
-    let router = ctx.router;
-    let mut out = router.ops.active(&router.options.advertised_host);
+    let seams = ctx.seams;
+    let mut out = seams.ops.active(&seams.options.advertised_host);
     if idle_cursors {
         out.extend(idle_streams(ctx));
     }
@@ -40,17 +40,17 @@ pub(super) fn kill_op(ctx: &Ctx<'_>) -> Result<Document> {
             ));
         }
     };
-    if let Some(key) = ctx.router.ops.kill(u64::try_from(id).unwrap_or(0)) {
-        crate::ops::kill_on_shards(&ctx.router.transport, &ctx.router.services, key);
+    if let Some(key) = ctx.seams.ops.kill(u64::try_from(id).unwrap_or(0)) {
+        crate::ops::kill_on_shards(&ctx.seams.transport, &ctx.seams.services, key);
     }
     Ok(doc! {"info": "attempting to kill op", "ok": 1.0})
 }
 
 /// The open change-stream cursors as `idleCursor` entries.
 fn idle_streams(ctx: &Ctx<'_>) -> Vec<Document> {
-    let router = ctx.router;
-    let now = router.cluster_time();
-    router
+    let seams = ctx.seams;
+    let now = seams.cluster_time();
+    seams
         .cursors
         .streams()
         .into_iter()
@@ -62,7 +62,7 @@ fn idle_streams(ctx: &Ctx<'_>) -> Vec<Document> {
                 .map(|t| i64::from(now.secs.saturating_sub(t.cluster_time().secs)));
             doc! {
                 "type": "idleCursor",
-                "host": &router.options.advertised_host,
+                "host": &seams.options.advertised_host,
                 "ns": &info.ns,
                 "cursor": {
                     "cursorId": id,

@@ -33,9 +33,9 @@ struct Holders {
 
 /// `db.coll` lives on its primary, or on every shard when it is sharded.
 async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> {
-    let router = ctx.router;
+    let seams = ctx.seams;
     Ok(
-        match router.catalog.placement(ctx.db, coll, create_db).await? {
+        match seams.catalog.placement(ctx.db, coll, create_db).await? {
             Placement::Unsharded { primary: None } => Holders {
                 shards: vec![],
                 primary: None,
@@ -49,10 +49,10 @@ async fn holders(ctx: &Ctx<'_>, coll: &str, create_db: bool) -> Result<Holders> 
                 sharded: false,
             },
             Placement::Sharded(_) => {
-                let primary = router.catalog.database(ctx.db).await?;
+                let primary = seams.catalog.database(ctx.db).await?;
                 let primary = primary.map(|d| d.primary);
                 Holders {
-                    shards: router.transport.all(),
+                    shards: seams.transport.all(),
                     primary,
                     sharded: true,
                 }
@@ -86,7 +86,7 @@ async fn broadcast_ddl(
 /// Runs the driver's command on the holders and returns the first reply (or first error).
 async fn on_shards(ctx: &Ctx<'_>, holders: &Holders) -> Result<Document> {
     let replies = broadcast_ddl(
-        ctx.router.shards(),
+        ctx.seams.shards(),
         ctx.db,
         &holders.shards,
         holders.primary,
@@ -128,7 +128,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         primary,
         sharded,
     } = holders(ctx, coll, false).await?;
-    let replies = broadcast_ddl(ctx.router.shards(), ctx.db, &shards, primary, ctx.cmd).await;
+    let replies = broadcast_ddl(ctx.seams.shards(), ctx.db, &shards, primary, ctx.cmd).await;
     let mut n_indexes_was = None;
     for r in replies {
         match r {
@@ -141,8 +141,8 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         }
     }
     if sharded {
-        let router = ctx.router;
-        router
+        let seams = ctx.seams;
+        seams
             .shards()
             .command(
                 ShardId::CONFIG,
@@ -150,7 +150,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
                 doc! {"delete": "chunks", "deletes": [{"q": {"ns": &ns}, "limit": 0}]},
             )
             .await?;
-        router
+        seams
             .shards()
             .command(
                 ShardId::CONFIG,
@@ -158,7 +158,7 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
                 doc! {"delete": "collections", "deletes": [{"q": {"_id": &ns}, "limit": 0}]},
             )
             .await?;
-        router.catalog.remember_collection(&ns, None);
+        seams.catalog.remember_collection(&ns, None);
     }
     let mut reply = doc! {"ns": ns};
     if let Some(Some(n)) = n_indexes_was {
@@ -176,16 +176,16 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
             format!("Cannot drop '{db}' database through a router"),
         ));
     }
-    let router = ctx.router;
-    let Some(entry) = router.catalog.database(db).await? else {
+    let seams = ctx.seams;
+    let Some(entry) = seams.catalog.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
     };
     let primary = entry.primary;
     let drop = doc! {"dropDatabase": 1};
     for r in broadcast_ddl(
-        router.shards(),
+        seams.shards(),
         db,
-        &router.transport.all(),
+        &seams.transport.all(),
         Some(primary),
         &drop,
     )
@@ -195,7 +195,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
     }
     // Namespaces `db.*` are exactly the strings in ["db.", "db/"): '/' follows '.'.
     let in_db = doc! {"$gte": format!("{db}."), "$lt": format!("{db}/")};
-    router
+    seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -203,7 +203,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"delete": "chunks", "deletes": [{"q": {"ns": in_db.clone()}, "limit": 0}]},
         )
         .await?;
-    router
+    seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -211,7 +211,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"delete": "collections", "deletes": [{"q": {"_id": in_db}, "limit": 0}]},
         )
         .await?;
-    router
+    seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -219,7 +219,7 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"delete": "databases", "deletes": [{"q": {"_id": db}, "limit": 0}]},
         )
         .await?;
-    router.catalog.forget_database(db);
+    seams.catalog.forget_database(db);
     Ok(doc! {"dropped": db, "ok": 1.0})
 }
 
@@ -252,16 +252,16 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
     let (from_db, from_coll) = split_ns(from)?;
     let (to_db, to_coll) = split_ns(to)?;
     validate_collection_name(to_db, to_coll)?;
-    let router = ctx.router;
-    if router.catalog.sharded_collection(from).await?.is_some()
-        || router.catalog.sharded_collection(to).await?.is_some()
+    let seams = ctx.seams;
+    if seams.catalog.sharded_collection(from).await?.is_some()
+        || seams.catalog.sharded_collection(to).await?.is_some()
     {
         return Err(MongoError::new(
             ErrorCode::ILLEGAL_OPERATION,
             format!("renaming a sharded collection is not supported: {from}"),
         ));
     }
-    let Some(source) = router.catalog.database(from_db).await? else {
+    let Some(source) = seams.catalog.database(from_db).await? else {
         return Err(MongoError::new(
             ErrorCode::NAMESPACE_NOT_FOUND,
             "Source collection does not exist",
@@ -269,7 +269,7 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
     };
     let _ = from_coll;
     // A new database is made on the source's primary, so the rename stays on one shard.
-    let target = router
+    let target = seams
         .catalog
         .ensure_database_on(to_db, source.primary)
         .await?;
@@ -280,20 +280,20 @@ pub(super) async fn rename_collection(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let shard = source.primary;
-    router
+    seams
         .shards()
         .command(shard, "admin", forwardable(ctx.cmd))
         .await
 }
 
 pub(super) async fn list_collections(ctx: &Ctx<'_>) -> Result<Document> {
-    let router = ctx.router;
+    let seams = ctx.seams;
     let ns = format!("{}.$cmd.listCollections", ctx.db);
-    let Some(db) = router.catalog.database(ctx.db).await? else {
+    let Some(db) = seams.catalog.database(ctx.db).await? else {
         return Ok(doc! {"cursor": {"id": 0_i64, "ns": ns, "firstBatch": []}, "ok": 1.0});
     };
     let shard = db.primary;
-    let reply = router
+    let reply = seams
         .shards()
         .command(shard, ctx.db, forwardable(ctx.cmd))
         .await?;
@@ -308,7 +308,7 @@ pub(super) async fn list_indexes(ctx: &Ctx<'_>) -> Result<Document> {
         return Err(ns_not_found(&ns));
     };
     let reply = ctx
-        .router
+        .seams
         .shards()
         .command(shard, ctx.db, forwardable(ctx.cmd))
         .await?;
@@ -330,7 +330,7 @@ fn pass_cursor(
             .and_then(|c| c.get_str("ns").ok())
             .unwrap_or_default()
             .to_string();
-        let id = ctx.router.cursors.insert(RouterCursor {
+        let id = ctx.seams.cursors.insert(RouterCursor {
             ns,
             state: CursorState::merge(Merge::concat(
                 ctx.db,
@@ -362,7 +362,7 @@ pub(super) async fn create_indexes(ctx: &Ctx<'_>) -> Result<Document> {
             shard::commands::check_index_key(key)?;
         }
     }
-    if let Placement::Sharded(meta) = ctx.router.catalog.placement(ctx.db, coll, false).await?
+    if let Placement::Sharded(meta) = ctx.seams.catalog.placement(ctx.db, coll, false).await?
         && let Ok(specs) = ctx.cmd.get_array("indexes")
     {
         for spec in specs.iter().filter_map(Bson::as_document) {
@@ -429,7 +429,7 @@ pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
             ));
         }
     };
-    let entry = ctx.router.catalog.ensure_database(db).await?;
+    let entry = ctx.seams.catalog.ensure_database(db).await?;
     Ok(doc! {"primary": entry.primary.to_string(), "ok": 1.0})
 }
 
@@ -452,8 +452,8 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             "hashed shard keys cannot be declared unique.",
         ));
     }
-    let router = ctx.router;
-    if let Some(existing) = router.catalog.sharded_collection(ns).await? {
+    let seams = ctx.seams;
+    if let Some(existing) = seams.catalog.sharded_collection(ns).await? {
         if existing.key == key {
             return Ok(
                 doc! {"collectionsharded": ns, "collectionUUID": existing.uuid.clone(), "ok": 1.0},
@@ -467,10 +467,10 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             ),
         ));
     }
-    let primary = router.catalog.ensure_database(db).await?.primary;
+    let primary = seams.catalog.ensure_database(db).await?.primary;
 
     // Reuse the UUID of an existing unsharded collection; keep its data on the primary.
-    let listed = router
+    let listed = seams
         .shards()
         .command(
             primary,
@@ -499,7 +499,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
     {
         return Err(MongoError::bad_value(format!(
             "cannot shard {ns}: it has a non-simple default collation {default}, which this \
-             server's router does not apply; recreate it without one and name the collation \
+             server's seams does not apply; recreate it without one and name the collation \
              per operation"
         )));
     }
@@ -517,7 +517,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
     let has_data = match existing {
         None => false,
         Some(_) => {
-            let count = router
+            let count = seams
                 .shards()
                 .command(primary, db, doc! {"count": coll})
                 .await?;
@@ -527,12 +527,12 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     let chunks = if key.is_hashed() && !has_data {
-        ChunkTable::presplit_hashed(&key, &router.transport.all(), HASHED_CHUNKS_PER_SHARD)
+        ChunkTable::presplit_hashed(&key, &seams.transport.all(), HASHED_CHUNKS_PER_SHARD)
     } else {
         ChunkTable::single(&key, primary)
     };
     // Create it everywhere first (the primary last: it writes the shardCollection event).
-    let mut order: Vec<ShardId> = router
+    let mut order: Vec<ShardId> = seams
         .transport
         .all()
         .into_iter()
@@ -557,7 +557,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             "fromMigrate": shard != primary,
             "numInitialChunks": chunks.chunks().len() as i64,
         };
-        router.shards().command(shard, "admin", cmd).await?;
+        seams.shards().command(shard, "admin", cmd).await?;
     }
     let sharded = ShardedCollection {
         ns: ns.to_string(),
@@ -572,7 +572,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
         .into_iter()
         .map(Bson::Document)
         .collect();
-    router
+    seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -580,7 +580,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"insert": "chunks", "documents": chunk_docs},
         )
         .await?;
-    router
+    seams
         .shards()
         .command(
             ShardId::CONFIG,
@@ -588,7 +588,7 @@ pub(super) async fn shard_collection(ctx: &Ctx<'_>) -> Result<Document> {
             doc! {"insert": "collections", "documents": [sharded.to_document()]},
         )
         .await?;
-    router
+    seams
         .catalog
         .remember_collection(ns, Some(Arc::new(sharded)));
     Ok(doc! {"collectionsharded": ns, "collectionUUID": uuid, "ok": 1.0})

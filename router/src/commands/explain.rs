@@ -112,7 +112,7 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
     };
     let shard_cmd = doc! {"explain": routed.command(&shard_inner), "verbosity": verbosity};
     let replies = ctx
-        .router
+        .seams
         .shards()
         .broadcast_read(targets, ctx.db, &shard_cmd)
         .await;
@@ -123,16 +123,12 @@ async fn run(ctx: &Ctx<'_>, inner: Document, verbosity: &str) -> Result<Document
             return Err(e);
         }
         shards.push((
-            ctx.router
-                .transport
-                .name(*i)
-                .unwrap_or_default()
-                .to_string(),
+            ctx.seams.transport.name(*i).unwrap_or_default().to_string(),
             reply,
         ));
     }
     let server_info = doc! {
-        "host": ctx.router.options.advertised_host.clone(),
+        "host": ctx.seams.options.advertised_host.clone(),
         "version": "7.0.0",
         "gitVersion": "tributary",
     };
@@ -198,7 +194,7 @@ fn collectionless(ctx: &Ctx<'_>, inner: Document) -> Result<Document> {
         pipeline::agg::Pipeline::parse_with_vars(&rest, &env.names())?;
     }
     let server_info = doc! {
-        "host": ctx.router.options.advertised_host.clone(),
+        "host": ctx.seams.options.advertised_host.clone(),
         "version": "7.0.0",
         "gitVersion": "tributary",
     };

@@ -55,7 +55,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Body> {
     let routed = read_targets(ctx, coll, &filter).await?;
     let targets = &routed.shards;
     if targets.is_empty() {
-        return Ok(cursor_reply(&ctx.router.cursors, ns, vec![], None).into());
+        return Ok(cursor_reply(&ctx.seams.cursors, ns, vec![], None).into());
     }
     let (shard_cmd, merge_sort, router_skip, router_limit, router_projection) =
         if targets.len() == 1 {
@@ -80,7 +80,7 @@ pub(super) async fn find(ctx: &Ctx<'_>) -> Result<Body> {
             (cmd, sort, skip as u64, limit, router_projection)
         };
     let replies = ctx
-        .router
+        .seams
         .shards()
         .broadcast_read(targets, ctx.db, &shard_cmd)
         .await;
@@ -128,8 +128,8 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         Some(n) if n > 0 => n as usize,
         _ => usize::MAX,
     };
-    let router = ctx.router;
-    let cursor = router.cursors.get(id)?;
+    let seams = ctx.seams;
+    let cursor = seams.cursors.get(id)?;
     let Ok(mut guard) = cursor.try_lock_owned() else {
         return Err(MongoError::new(
             ErrorCode::CURSOR_IN_USE,
@@ -146,12 +146,12 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
             ),
         ));
     }
-    if router.options.enable_test_commands
-        && let Some(e) = router.failpoints.check_get_more()
+    if seams.options.enable_test_commands
+        && let Some(e) = seams.failpoints.check_get_more()
     {
         let stream = matches!(guard.state, CursorState::ChangeStream(_));
-        guard.kill(router.shards()).await;
-        router.cursors.remove(id);
+        guard.kill(seams.shards()).await;
+        seams.cursors.remove(id);
         return Err(if stream {
             crate::streams::label_resumable(e)
         } else {
@@ -166,14 +166,14 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         // Served on the background lane, as the stream's feeds are: a reader far behind takes
         // only the CPU that writers leave.
         let (guard_back, batch) = {
-            let router = router.clone();
+            let seams = seams.clone();
             let key = crate::kernel::transport::current_operation_key()
                 .unwrap_or_else(crate::ops::new_key);
             shard::background::run(
                 crate::kernel::transport::OPERATION_KEY.scope(key, async move {
                     let batch = match &mut guard.state {
                         CursorState::ChangeStream(stream) => {
-                            stream.next_batch(&router.streams, n, max_time).await
+                            stream.next_batch(&seams.streams, n, max_time).await
                         }
                         _ => Err(MongoError::internal("a change-stream cursor changed kind")),
                     };
@@ -186,12 +186,12 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
         let batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                guard.kill(router.shards()).await;
-                router.cursors.remove(id);
+                guard.kill(seams.shards()).await;
+                seams.cursors.remove(id);
                 return Err(crate::streams::label_resumable(e));
             }
         };
-        router.metrics.events_delivered(batch.events.len() as u64);
+        seams.metrics.events_delivered(batch.events.len() as u64);
         let keep = !batch.invalidated;
         if let Some(info) = &guard.info {
             info.lock().unwrap_or_else(|e| e.into_inner()).replied(
@@ -202,30 +202,30 @@ pub(super) async fn get_more(ctx: &Ctx<'_>) -> Result<Body> {
                     .map(resume::token::ResumeToken::to_document),
             );
         }
-        let stamp = router.streams.stamp();
+        let stamp = seams.streams.stamp();
         let reply = crate::streams::cursor_reply(&guard.ns, id, batch, false, stamp);
         if !keep {
-            guard.kill(router.shards()).await;
-            router.cursors.remove(id);
+            guard.kill(seams.shards()).await;
+            seams.cursors.remove(id);
         }
         return Ok(Body::Cursor(reply));
     }
     let max_await_ms = args.opt_i64("maxTimeMS")?.filter(|ms| *ms > 0);
     let result = guard
-        .next_encoded_batch(router.shards(), n, max_await_ms)
+        .next_encoded_batch(seams.shards(), n, max_await_ms)
         .await;
     let (batch, exhausted) = match result {
         Ok(r) => r,
         Err(e) => {
-            guard.kill(router.shards()).await;
-            router.cursors.remove(id);
+            guard.kill(seams.shards()).await;
+            seams.cursors.remove(id);
             return Err(e);
         }
     };
     let ns = guard.ns.clone();
     let id = if exhausted {
-        guard.kill(router.shards()).await;
-        router.cursors.remove(id);
+        guard.kill(seams.shards()).await;
+        seams.cursors.remove(id);
         0
     } else {
         id
@@ -250,9 +250,9 @@ pub(super) async fn kill_cursors(ctx: &Ctx<'_>) -> Result<Document> {
                 )));
             }
         };
-        match ctx.router.cursors.remove(id) {
+        match ctx.seams.cursors.remove(id) {
             Some(c) => {
-                c.lock().await.kill(ctx.router.shards()).await;
+                c.lock().await.kill(ctx.seams.shards()).await;
                 killed.push(Bson::Int64(id));
             }
             None => not_found.push(Bson::Int64(id)),
@@ -280,7 +280,7 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     let targets = &routed.shards;
     if targets.len() == 1 {
         return ctx
-            .router
+            .seams
             .shards()
             .read(targets[0], ctx.db, routed.command(ctx.cmd))
             .await;
@@ -290,7 +290,7 @@ pub(super) async fn count(ctx: &Ctx<'_>) -> Result<Document> {
     cmd.remove("limit");
     let mut total: u64 = 0;
     for reply in ctx
-        .router
+        .seams
         .shards()
         .broadcast_read(targets, ctx.db, &cmd)
         .await
@@ -326,7 +326,7 @@ pub(super) async fn distinct(ctx: &Ctx<'_>) -> Result<Document> {
     let routed = read_targets(ctx, coll, &query).await?;
     let mut values: Vec<Bson> = Vec::new();
     for reply in ctx
-        .router
+        .seams
         .shards()
         .broadcast_read(&routed.shards, ctx.db, &routed.command(ctx.cmd))
         .await

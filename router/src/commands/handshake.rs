@@ -26,12 +26,12 @@ pub(super) fn hello(ctx: &Ctx<'_>) -> Result<Document> {
         },
         true,
     );
-    match ctx.router.options.presentation {
+    match ctx.seams.options.presentation {
         Presentation::Mongos => {
             reply.insert("msg", "isdbgrid");
         }
         Presentation::ReplicaSet => {
-            let me = ctx.router.options.advertised_host.to_lowercase();
+            let me = ctx.seams.options.advertised_host.to_lowercase();
             reply.insert("setName", "tributary");
             reply.insert("setVersion", 1);
             reply.insert("secondary", false);
@@ -39,7 +39,7 @@ pub(super) fn hello(ctx: &Ctx<'_>) -> Result<Document> {
             reply.insert("primary", me.clone());
             reply.insert("me", me);
             reply.insert("electionId", bson::oid::ObjectId::from_bytes(ELECTION_ID));
-            let t = ctx.router.clock.now();
+            let t = ctx.seams.clock.now();
             reply.insert(
                 "lastWrite",
                 doc! {

@@ -26,7 +26,7 @@ use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
 use crate::failpoint::{self, Action, TransactionalWrite};
-use crate::router::Router;
+use crate::seams::Seams;
 
 /// What the layers before a command decided about it.
 #[derive(Default)]
@@ -70,32 +70,32 @@ impl Plan {
 /// The clock: a client's signed `$clusterTime` is verified (`--auth`) and observed, the
 /// router learns the config shard's time (a handshake does not wait for it), and a read's
 /// `afterClusterTime` / `atClusterTime` must not be in the future.
-pub(super) async fn clock(router: &Router, req: &Request, plan: &mut Plan) {
-    let mut failed = if router.options.auth {
-        match router.cluster_key().await {
-            Ok(key) => router.clock.verify_client(&req.body, key).err(),
+pub(super) async fn clock(seams: &Seams, req: &Request, plan: &mut Plan) {
+    let mut failed = if seams.options.auth {
+        match seams.cluster_key().await {
+            Ok(key) => seams.clock.verify_client(&req.body, key).err(),
             Err(e) => Some(e),
         }
     } else {
         None
     };
     if failed.is_none() {
-        failed = router
+        failed = seams
             .clock
-            .observe_client(&req.body, router.options.max_clock_drift)
+            .observe_client(&req.body, seams.options.max_clock_drift)
             .err();
     }
     // A handshake does not wait for an unreachable config shard (it answers with the time
     // it has); anything else waits as a command to it would.
-    router
+    seams
         .learn_cluster_time(if plan.handshake {
             std::time::Duration::ZERO
         } else {
-            router.options.patience.connect
+            seams.options.patience.connect
         })
         .await;
     if failed.is_none() {
-        failed = crate::kernel::clock::check_read_times(&req.body, router.cluster_time()).err();
+        failed = crate::kernel::clock::check_read_times(&req.body, seams.cluster_time()).err();
     }
     plan.injected = failed;
 }
@@ -104,22 +104,22 @@ pub(super) async fn clock(router: &Router, req: &Request, plan: &mut Plan) {
 /// own labels, add a `writeConcernError`, close the connection), `maxTimeAlwaysTimeOut` and
 /// `onPrimaryTransactionalWrite`. `Break` when the connection closes instead of a reply.
 pub(super) async fn fail_points(
-    router: &Router,
+    seams: &Seams,
     conn: &ConnectionInfo,
     req: &Request,
     name: &str,
     plan: &mut Plan,
 ) -> ControlFlow<()> {
-    if !router.options.enable_test_commands {
+    if !seams.options.enable_test_commands {
         plan.batch = failpoint::has_statement_list(&req.body);
         return ControlFlow::Continue(());
     }
     if plan.handshake {
-        router.failpoints.note_handshake(conn.id, &req.body);
+        seams.failpoints.note_handshake(conn.id, &req.body);
     }
-    if let Some(triggered) = router
+    if let Some(triggered) = seams
         .failpoints
-        .check_command(name, router.failpoints.app_name(conn.id).as_deref())
+        .check_command(name, seams.failpoints.app_name(conn.id).as_deref())
     {
         if let Some(d) = triggered.block {
             tokio::time::sleep(d).await;
@@ -143,11 +143,11 @@ pub(super) async fn fail_points(
     }
     // `onPrimaryTransactionalWrite`: the statements before the one it entered at run, that one
     // commits or fails (a write error), the rest do not run; the connection may then close.
-    if let Some(e) = router.failpoints.check_max_time(&req.body) {
+    if let Some(e) = seams.failpoints.check_max_time(&req.body) {
         plan.injected.get_or_insert(e);
     }
     if plan.injected.is_none() {
-        plan.cut = router.failpoints.check_transactional_write(&req.body);
+        plan.cut = seams.failpoints.check_transactional_write(&req.body);
     }
     // `findAndModify` has no statement list: a failure is the command's error.
     plan.batch = failpoint::has_statement_list(&req.body);
@@ -177,8 +177,8 @@ pub(super) fn write_concern(req: &Request, plan: &mut Plan) {
 }
 
 /// A snapshot read outside a transaction is pinned to a cluster time here.
-pub(super) fn snapshot(router: &Router, name: &str, req: &Request, plan: &mut Plan) {
-    match crate::snapshot::pin(name, &req.body, || router.cluster_time().timestamp()) {
+pub(super) fn snapshot(seams: &Seams, name: &str, req: &Request, plan: &mut Plan) {
+    match crate::snapshot::pin(name, &req.body, || seams.cluster_time().timestamp()) {
         Ok(pinned) => plan.pinned = pinned,
         Err(e) => {
             plan.injected.get_or_insert(e);
@@ -190,7 +190,7 @@ pub(super) fn snapshot(router: &Router, name: &str, req: &Request, plan: &mut Pl
 /// (but for the handshake) listed by `currentOp` and bounded by `maxTimeMS` and `killOp`,
 /// with one retry when a shard found the routing stale.
 pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result<Body> {
-    let (router, conn, name) = (ctx.router, ctx.conn, ctx.name);
+    let (seams, conn, name) = (ctx.seams, ctx.conn, ctx.name);
     if let Some(e) = &plan.injected {
         return Err(e.clone());
     }
@@ -202,24 +202,24 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
         // The fail point entered at the first statement, which fails: nothing runs.
         return Ok(Body::Document(bson::doc! {"n": 0, "ok": 1.0}));
     }
-    crate::auth::check(&router.auth_cx(), conn, name, &req.db, &req.body).await?;
+    crate::auth::check(&seams.auth_cx(), conn, name, &req.db, &req.body).await?;
     if name.is_empty() {
         return Err(MongoError::new(
             ErrorCode::FAILED_TO_PARSE,
             "empty command document",
         ));
     }
-    router
+    seams
         .sessions
-        .admit(name, &req.body, router.cluster_time())?;
-    note_session(router, conn, name, &req.body);
+        .admit(name, &req.body, seams.cluster_time())?;
+    note_session(seams, conn, name, &req.body);
     let run = async {
         match super::dispatch(ctx).await {
             // Another router changed the collection's routing (sharded it, or dropped and
             // recreated it): the shard refused before running anything. Reload and retry
             // once.
             Err(e) if e.code == ErrorCode::STALE_CONFIG.code => {
-                router.catalog.forget_database(&req.db);
+                seams.catalog.forget_database(&req.db);
                 super::dispatch(ctx).await
             }
             other => other,
@@ -230,7 +230,7 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
     }
     // Listed by currentOp while it runs; killOp ends it, here and on the shards; so does its
     // maxTimeMS.
-    let op = router.ops.start(conn, name, &req.db, &req.body);
+    let op = seams.ops.start(conn, name, &req.db, &req.body);
     let run = crate::kernel::transport::OPERATION_KEY.scope(op.key.clone(), run);
     tokio::select! {
         result = within_max_time(name, &req.body, run) => result,
@@ -239,9 +239,9 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
             // cursor ends with it, as a failed getMore's does.
             if name == "getMore"
                 && let Ok(id) = req.body.get_i64("getMore")
-                && let Some(cursor) = router.cursors.remove(id)
+                && let Some(cursor) = seams.cursors.remove(id)
             {
-                cursor.lock().await.kill(router.shards()).await;
+                cursor.lock().await.kill(seams.shards()).await;
             }
             Err(MongoError::new(
                 ErrorCode::INTERRUPTED,
@@ -257,7 +257,7 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
 /// transaction's reply gets its recovery token, its error the transaction labels; the reply
 /// gets the router's cluster time. `None` when the connection closes instead.
 pub(super) async fn after(
-    router: &Arc<Router>,
+    seams: &Arc<Seams>,
     conn: &ConnectionInfo,
     req: &Request,
     name: &str,
@@ -269,7 +269,7 @@ pub(super) async fn after(
         && let Err(e) = &result
         && e.code == crate::txn::OPERATION_NOT_SUPPORTED_IN_TRANSACTION.code
     {
-        crate::txn::abort_after_refusal(router.shards(), &req.body).await;
+        crate::txn::abort_after_refusal(seams.shards(), &req.body).await;
     }
     let result = match plan.pinned {
         Some((_, at)) => result.map(|r| crate::snapshot::stamp(r, at)),
@@ -291,20 +291,20 @@ pub(super) async fn after(
     if plan.cut.as_ref().is_some_and(|tw| tw.close_connection) {
         return None;
     }
-    if router.options.auth
+    if seams.options.auth
         && let Ok(reply) = &result
     {
-        note_cursor(router, conn, name, &req.body, reply);
+        note_cursor(seams, conn, name, &req.body, reply);
     }
     let reply = match result {
-        Ok(reply) if in_txn => with_recovery_token(router, &req.body, reply),
+        Ok(reply) if in_txn => with_recovery_token(seams, &req.body, reply),
         Ok(reply) => reply,
         Err(e) if in_txn && !plan.labelled => {
             Body::Document(crate::txn::label(name, e).to_document())
         }
         Err(e) => Body::Document(e.to_document()),
     };
-    Some(finish_reply(router, reply))
+    Some(finish_reply(seams, reply))
 }
 
 /// Runs a command within its `maxTimeMS` (50 when it runs out): the router's own work
@@ -334,21 +334,21 @@ async fn within_max_time(
 
 /// Keeps the router's session cache: a command's `lsid` is a use of that session;
 /// `endSessions` and `killAllSessions` forget sessions.
-fn note_session(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Document) {
+fn note_session(seams: &Seams, conn: &ConnectionInfo, name: &str, cmd: &Document) {
     use crate::local_sessions::session_id;
-    let sessions = &router.local_sessions;
+    let sessions = &seams.local_sessions;
     match name {
         "endSessions" => {
             let ids: Vec<_> = cmd
                 .get_array("endSessions")
                 .map(|a| a.iter().filter_map(session_id).collect())
                 .unwrap_or_default();
-            sessions.end(&ids, &super::session_user(router, conn));
+            sessions.end(&ids, &super::session_user(seams, conn));
         }
         "killAllSessions" => sessions.clear(),
         _ => {
             if let Some(id) = cmd.get("lsid").and_then(session_id) {
-                sessions.touch(id, super::session_user(router, conn), bson::DateTime::now());
+                sessions.touch(id, super::session_user(seams, conn), bson::DateTime::now());
             }
         }
     }
@@ -430,8 +430,8 @@ fn unsatisfiable_write_concern(cmd: &Document) -> Option<Document> {
 }
 
 /// An `ok` reply inside a transaction names the shard that can finish it (`recoveryToken`).
-fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
-    let Some(token) = crate::txn::recovery_token(router.shards(), cmd) else {
+fn with_recovery_token(seams: &Seams, cmd: &Document, reply: Body) -> Body {
+    let Some(token) = crate::txn::recovery_token(seams.shards(), cmd) else {
         return reply;
     };
     match reply {
@@ -462,11 +462,11 @@ fn with_recovery_token(router: &Router, cmd: &Document, reply: Body) -> Body {
 
 /// Replaces whatever time fields a shard put in the reply with the router's. An encoded reply
 /// is the router's own (it has `ok` and no time fields): they are appended.
-fn finish_reply(router: &Router, reply: Body) -> Body {
-    let now = router.clock.now();
-    let gossip = match router.cluster_key.get() {
-        Some(key) if router.options.auth => router.clock.gossip_signed(key),
-        _ => router.clock.gossip(),
+fn finish_reply(seams: &Seams, reply: Body) -> Body {
+    let now = seams.clock.now();
+    let gossip = match seams.cluster_key.get() {
+        Some(key) if seams.options.auth => seams.clock.gossip_signed(key),
+        _ => seams.clock.gossip(),
     };
     match reply {
         Body::Document(mut reply) => {
@@ -499,7 +499,7 @@ fn finish_reply(router: &Router, reply: Body) -> Body {
 }
 
 /// Records who opened the cursor a reply returns, and forgets the ones it ends (`--auth`).
-fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Document, reply: &Body) {
+fn note_cursor(seams: &Seams, conn: &ConnectionInfo, name: &str, cmd: &Document, reply: &Body) {
     let id = match reply {
         Body::Document(d) => d
             .get_document("cursor")
@@ -514,7 +514,7 @@ fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Documen
     match (name, id) {
         ("getMore", Some(0)) => {
             if let Ok(id) = cmd.get_i64("getMore") {
-                router.auth.closed_cursor(id);
+                seams.auth.closed_cursor(id);
             }
         }
         ("killCursors", _) => {
@@ -523,10 +523,10 @@ fn note_cursor(router: &Router, conn: &ConnectionInfo, name: &str, cmd: &Documen
                 .map(|c| c.iter().filter_map(Bson::as_i64).collect::<Vec<_>>())
                 .unwrap_or_default()
             {
-                router.auth.closed_cursor(id);
+                seams.auth.closed_cursor(id);
             }
         }
         ("getMore", _) | (_, None) | (_, Some(0)) => {}
-        (_, Some(id)) => router.auth.opened_cursor(conn.id, id, &router.cursors),
+        (_, Some(id)) => seams.auth.opened_cursor(conn.id, id, &seams.cursors),
     }
 }

@@ -29,13 +29,13 @@ use wire::server::{ConnectionInfo, Request};
 use wire::{ErrorCode, MongoError, Result};
 
 use crate::command::Command;
-use crate::router::Router;
+use crate::seams::Seams;
 
 pub(crate) use args::Args;
 
 /// What a command handler gets.
 pub(crate) struct Ctx<'a> {
-    pub router: &'a Arc<Router>,
+    pub seams: &'a Arc<Seams>,
     pub conn: &'a ConnectionInfo,
     pub db: &'a str,
     pub cmd: &'a Document,
@@ -56,22 +56,22 @@ impl Ctx<'_> {
 /// [`layers`], in this order, written only here: the clock, fail points, the write concern and
 /// the snapshot pin before; authorisation, sessions, `currentOp` and `maxTimeMS` and the
 /// stale-routing retry around [`dispatch`]; then what the reply gets.
-pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> Option<Body> {
+pub async fn run(seams: &Arc<Seams>, conn: &ConnectionInfo, req: &Request) -> Option<Body> {
     let name = req.body.keys().next().map(String::as_str).unwrap_or("");
     let command = Command::named(name);
     let mut plan = layers::Plan::new(command.is_some_and(Command::is_handshake));
-    layers::clock(router, req, &mut plan).await;
-    if layers::fail_points(router, conn, req, name, &mut plan)
+    layers::clock(seams, req, &mut plan).await;
+    if layers::fail_points(seams, conn, req, name, &mut plan)
         .await
         .is_break()
     {
         return None;
     }
     layers::write_concern(req, &mut plan);
-    layers::snapshot(router, name, req, &mut plan);
+    layers::snapshot(seams, name, req, &mut plan);
     let result = {
         let ctx = Ctx {
-            router,
+            seams,
             conn,
             db: &req.db,
             cmd: plan.command(&req.body),
@@ -80,21 +80,21 @@ pub async fn run(router: &Arc<Router>, conn: &ConnectionInfo, req: &Request) -> 
         };
         layers::execute(&ctx, &plan, req).await
     };
-    layers::after(router, conn, req, name, plan, result).await
+    layers::after(seams, conn, req, name, plan, result).await
 }
 
 /// The caller's `user@db` when the router authenticates its clients.
 fn router_auth_user(ctx: &Ctx<'_>) -> Option<String> {
-    ctx.router
+    ctx.seams
         .options
         .auth
-        .then(|| session_user(ctx.router, ctx.conn))
+        .then(|| session_user(ctx.seams, ctx.conn))
 }
 
 /// The user a connection's sessions belong to: `user@db` of its first authenticated user, or
 /// empty.
-pub(crate) fn session_user(router: &Router, conn: &ConnectionInfo) -> String {
-    router
+pub(crate) fn session_user(seams: &Seams, conn: &ConnectionInfo) -> String {
+    seams
         .auth
         .users_of(conn.id)
         .into_iter()
@@ -107,11 +107,11 @@ pub(crate) fn session_user(router: &Router, conn: &ConnectionInfo) -> String {
 /// of the connection's `user@db` (of the empty name without a user), whatever the client put
 /// there. Every shard then keys the session by who owns it, and `killAllSessions` of a user
 /// finds that user's transactions and operations, here and on the shards.
-pub(crate) fn stamp_session_owner(router: &Router, conn: &ConnectionInfo, cmd: &mut Document) {
+pub(crate) fn stamp_session_owner(seams: &Seams, conn: &ConnectionInfo, cmd: &mut Document) {
     if let Ok(lsid) = cmd.get_document_mut("lsid")
         && lsid.contains_key("id")
     {
-        let owner = crate::local_sessions::uid(&session_user(router, conn));
+        let owner = crate::local_sessions::uid(&session_user(seams, conn));
         lsid.insert("uid", Bson::Binary(owner));
     }
 }
@@ -121,7 +121,7 @@ pub(crate) fn stamp_session_owner(router: &Router, conn: &ConnectionInfo, cmd: &
 async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
     let command = ctx
         .command
-        .filter(|c| !c.test_only() || ctx.router.options.enable_test_commands)
+        .filter(|c| !c.test_only() || ctx.seams.options.enable_test_commands)
         .ok_or_else(|| {
             MongoError::new(
                 ErrorCode::COMMAND_NOT_FOUND,
@@ -152,38 +152,38 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
 async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
     use crate::auth::custom;
     use Command::*;
-    let (router, conn, db, cmd) = (ctx.router, ctx.conn, ctx.db, ctx.cmd);
+    let (seams, conn, db, cmd) = (ctx.seams, ctx.conn, ctx.db, ctx.cmd);
     let document = match command {
         GetMore => return find::get_more(ctx).await,
         Find => return find::find(ctx).await,
         Aggregate => return aggregate::aggregate(ctx).await,
         Hello => {
             let mut reply = handshake::hello(ctx)?;
-            crate::auth::augment_hello(&router.auth_cx(), conn, cmd, &mut reply).await?;
+            crate::auth::augment_hello(&seams.auth_cx(), conn, cmd, &mut reply).await?;
             Ok(reply)
         }
-        SaslStart => crate::auth::sasl_start(&router.auth_cx(), conn, db, cmd).await,
-        SaslContinue => crate::auth::sasl_continue(&router.auth_cx(), conn, cmd),
-        Logout => Ok(crate::auth::logout(&router.auth_cx(), conn)),
-        CreateUser => crate::auth::create_user(&router.auth_cx(), db, cmd).await,
-        UpdateUser => crate::auth::update_user(&router.auth_cx(), db, cmd).await,
-        DropUser => crate::auth::drop_user(&router.auth_cx(), db, cmd).await,
-        UsersInfo => crate::auth::users_info(&router.auth_cx(), db, cmd).await,
-        GrantRolesToUser => crate::auth::change_roles(&router.auth_cx(), db, cmd, true).await,
-        RevokeRolesFromUser => crate::auth::change_roles(&router.auth_cx(), db, cmd, false).await,
-        CreateRole => custom::create_role(&router.auth_cx(), db, cmd).await,
-        UpdateRole => custom::update_role(&router.auth_cx(), db, cmd).await,
-        DropRole => custom::drop_role(&router.auth_cx(), db, cmd).await,
-        RolesInfo => custom::roles_info(&router.auth_cx(), db, cmd).await,
-        GrantPrivilegesToRole => custom::change_privileges(&router.auth_cx(), db, cmd, true).await,
+        SaslStart => crate::auth::sasl_start(&seams.auth_cx(), conn, db, cmd).await,
+        SaslContinue => crate::auth::sasl_continue(&seams.auth_cx(), conn, cmd),
+        Logout => Ok(crate::auth::logout(&seams.auth_cx(), conn)),
+        CreateUser => crate::auth::create_user(&seams.auth_cx(), db, cmd).await,
+        UpdateUser => crate::auth::update_user(&seams.auth_cx(), db, cmd).await,
+        DropUser => crate::auth::drop_user(&seams.auth_cx(), db, cmd).await,
+        UsersInfo => crate::auth::users_info(&seams.auth_cx(), db, cmd).await,
+        GrantRolesToUser => crate::auth::change_roles(&seams.auth_cx(), db, cmd, true).await,
+        RevokeRolesFromUser => crate::auth::change_roles(&seams.auth_cx(), db, cmd, false).await,
+        CreateRole => custom::create_role(&seams.auth_cx(), db, cmd).await,
+        UpdateRole => custom::update_role(&seams.auth_cx(), db, cmd).await,
+        DropRole => custom::drop_role(&seams.auth_cx(), db, cmd).await,
+        RolesInfo => custom::roles_info(&seams.auth_cx(), db, cmd).await,
+        GrantPrivilegesToRole => custom::change_privileges(&seams.auth_cx(), db, cmd, true).await,
         RevokePrivilegesFromRole => {
-            custom::change_privileges(&router.auth_cx(), db, cmd, false).await
+            custom::change_privileges(&seams.auth_cx(), db, cmd, false).await
         }
-        GrantRolesToRole => custom::change_inherited(&router.auth_cx(), db, cmd, true).await,
-        RevokeRolesFromRole => custom::change_inherited(&router.auth_cx(), db, cmd, false).await,
+        GrantRolesToRole => custom::change_inherited(&seams.auth_cx(), db, cmd, true).await,
+        RevokeRolesFromRole => custom::change_inherited(&seams.auth_cx(), db, cmd, false).await,
         Ping => Ok(ok()),
         BuildInfo => handshake::build_info(),
-        GetParameter => crate::parameters::get(&router.knobs(), cmd),
+        GetParameter => crate::parameters::get(&seams.knobs(), cmd),
         SetParameter => {
             admin::admin_only(ctx)?;
             let on_shards = cmd.contains_key("ttlMonitorSleepSecs")
@@ -191,7 +191,7 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
             if on_shards {
                 admin::set_shard_parameter(ctx).await
             } else {
-                crate::parameters::set(&router.knobs(), cmd)
+                crate::parameters::set(&seams.knobs(), cmd)
             }
         }
         GetCmdLineOpts => admin::get_cmd_line_opts(ctx),
@@ -208,11 +208,11 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         CollStats => stats::coll_stats(ctx).await,
         Validate => stats::validate(ctx).await,
         EndSessions | KillAllSessions | KillSessions => {
-            let own = router_auth_user(ctx).map(|user| router.local_sessions.ids_of(&user));
+            let own = router_auth_user(ctx).map(|user| seams.local_sessions.ids_of(&user));
             crate::txn::kill_sessions(
-                router.shards(),
-                &router.ops,
-                &router.services,
+                seams.shards(),
+                &seams.ops,
+                &seams.services,
                 ctx.name,
                 cmd,
                 own,
@@ -243,8 +243,8 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         EnableSharding => ddl::enable_sharding(ctx).await,
         ShardCollection => ddl::shard_collection(ctx).await,
         ListShards => admin::list_shards(ctx),
-        CommitTransaction => crate::txn::commit(router.shards(), cmd).await,
-        AbortTransaction => crate::txn::abort(router.shards(), cmd).await,
+        CommitTransaction => crate::txn::commit(seams.shards(), cmd).await,
+        AbortTransaction => crate::txn::abort(seams.shards(), cmd).await,
         ConfigureFailPoint => admin::configure_fail_point(ctx),
     };
     document.map(Body::Document)

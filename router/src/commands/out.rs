@@ -276,7 +276,7 @@ async fn command(ctx: &Ctx<'_>, db: &str, mut cmd: Document) -> Result<Document>
     let command = Command::named(&name)
         .ok_or_else(|| MongoError::internal(format!("$out and $merge ran '{name}'")))?;
     let sub = Ctx {
-        router: ctx.router,
+        seams: ctx.seams,
         conn: ctx.conn,
         db,
         cmd: &cmd,
@@ -341,7 +341,7 @@ pub(super) async fn write(ctx: &Ctx<'_>, sink: &Sink, mut results: RouterCursor)
         }
     };
     if written.is_err() {
-        results.kill(ctx.router.shards()).await;
+        results.kill(ctx.seams.shards()).await;
     }
     written
 }
@@ -351,14 +351,14 @@ const WRITE_BATCH: usize = 1_000;
 /// The next batch of results (at most [`WRITE_BATCH`]); `None` at the end.
 async fn next_batch(ctx: &Ctx<'_>, results: &mut RouterCursor) -> Result<Option<Vec<Document>>> {
     let (batch, _) = results
-        .next_batch(ctx.router.shards(), WRITE_BATCH, None)
+        .next_batch(ctx.seams.shards(), WRITE_BATCH, None)
         .await?;
     Ok((!batch.is_empty()).then_some(batch))
 }
 
 async fn out(ctx: &Ctx<'_>, db: &str, coll: &str, results: &mut RouterCursor) -> Result<()> {
     let ns = format!("{db}.{coll}");
-    if ctx.router.catalog.sharded_collection(&ns).await?.is_some() {
+    if ctx.seams.catalog.sharded_collection(&ns).await?.is_some() {
         return Err(MongoError::with_code(
             28769,
             format!("{ns} cannot be sharded"),

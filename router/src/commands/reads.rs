@@ -21,7 +21,7 @@ pub(super) const DEFAULT_BATCH: usize = 101;
 /// The shards a read of `db.coll` with `filter` must reach; empty when the database does not
 /// exist.
 pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -> Result<Targets> {
-    let placement = ctx.router.catalog.placement(ctx.db, coll, false).await?;
+    let placement = ctx.seams.catalog.placement(ctx.db, coll, false).await?;
     let shards = Catalog::targets(&placement, filter, ctx.cmd.get("collation"))?;
     Ok(Targets {
         shards,
@@ -72,20 +72,20 @@ pub(super) async fn first_reply(
     single_batch: bool,
 ) -> Result<Body> {
     let (batch, exhausted) = match cursor
-        .next_encoded_batch(ctx.router.shards(), batch_size, None)
+        .next_encoded_batch(ctx.seams.shards(), batch_size, None)
         .await
     {
         Ok(read) => read,
         Err(e) => {
-            cursor.kill(ctx.router.shards()).await;
+            cursor.kill(ctx.seams.shards()).await;
             return Err(e);
         }
     };
     let id = if exhausted || single_batch {
-        cursor.kill(ctx.router.shards()).await;
+        cursor.kill(ctx.seams.shards()).await;
         0
     } else {
-        ctx.router.cursors.insert(cursor)
+        ctx.seams.cursors.insert(cursor)
     };
     Ok(Body::Raw(encoded_reply(&ns, id, true, &batch)))
 }

@@ -34,11 +34,11 @@ fn for_shards(ctx: &Ctx<'_>) -> Document {
 
 /// Each shard's reply, by name, without `ok` and the gossip.
 async fn ask_every_shard(ctx: &Ctx<'_>, cmd: &Document) -> Result<Vec<(String, Document)>> {
-    let router = ctx.router;
-    let names = router.transport.names();
-    let replies = router
+    let seams = ctx.seams;
+    let names = seams.transport.names();
+    let replies = seams
         .shards()
-        .broadcast_read(&router.transport.all(), ctx.db, cmd)
+        .broadcast_read(&seams.transport.all(), ctx.db, cmd)
         .await;
     let mut out = Vec::with_capacity(names.len());
     for (name, reply) in names.into_iter().zip(replies) {
@@ -95,7 +95,7 @@ pub(super) async fn coll_stats(ctx: &Ctx<'_>) -> Result<Document> {
     validate_collection_name(ctx.db, &coll)?;
     let parts = ask_every_shard(ctx, &for_shards(ctx)).await?;
     let sharded = matches!(
-        ctx.router.catalog.placement(ctx.db, &coll, false).await?,
+        ctx.seams.catalog.placement(ctx.db, &coll, false).await?,
         Placement::Sharded(_)
     );
     let sum = |k: &str| {
@@ -172,7 +172,7 @@ pub(super) async fn coll_stats_stage(
         let mut d = doc! {
             "ns": &ns,
             "shard": &name,
-            "host": &ctx.router.options.advertised_host,
+            "host": &ctx.seams.options.advertised_host,
             "localTime": DateTime::now(),
         };
         if spec.contains_key("storageStats") {
@@ -213,15 +213,15 @@ pub(super) async fn coll_stats_stage(
 pub(super) async fn validate(ctx: &Ctx<'_>) -> Result<Document> {
     let coll = ctx.args().collection()?.to_string();
     validate_collection_name(ctx.db, &coll)?;
-    let router = ctx.router;
-    let replies = router
+    let seams = ctx.seams;
+    let replies = seams
         .shards()
-        .broadcast_read(&router.transport.all(), ctx.db, &for_shards(ctx))
+        .broadcast_read(&seams.transport.all(), ctx.db, &for_shards(ctx))
         .await;
     let (mut raw, mut errors, mut warnings) = (Document::new(), Vec::new(), Vec::new());
     let (mut valid, mut records, mut invalid) = (true, 0i64, 0i64);
     let mut keys_per_index = Document::new();
-    for (name, reply) in router.transport.names().into_iter().zip(replies) {
+    for (name, reply) in seams.transport.names().into_iter().zip(replies) {
         let mut reply = match reply {
             // This shard has no part of the collection.
             Err(e) if e.code == ErrorCode::NAMESPACE_NOT_FOUND.code => continue,

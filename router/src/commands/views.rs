@@ -156,7 +156,7 @@ async fn renamed(ctx: &Ctx<'_>, mut reply: Document, view_ns: &str) -> Document 
         cursor.insert("ns", view_ns);
         if let Ok(id) = cursor.get_i64("id")
             && id != 0
-            && let Ok(c) = ctx.router.cursors.get(id)
+            && let Ok(c) = ctx.seams.cursors.get(id)
         {
             c.lock().await.ns = view_ns.to_string();
         }
