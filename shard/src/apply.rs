@@ -13,8 +13,9 @@
 //!   it; one whose snapshot does not never looks at it) and is taken out again if the commit
 //!   fails.
 //! * After the commit, the observers run in this order and no other: commit metrics, oplog
-//!   statistics, catalog, clock reservation, tail window, and last the clock's in-flight
-//!   release (the high-water mark may pass the batch only once its entries are published).
+//!   statistics, catalog, clock reservation, tail window, the prepared keys the batch listed,
+//!   and last the clock's in-flight release (the high-water mark may pass the batch only once
+//!   its entries are published).
 //! * A batch that failed to apply is retracted from the log before the next append; one that
 //!   applied is reported to the log (which may checkpoint).
 
@@ -97,6 +98,7 @@ pub(crate) fn apply(
         state.hlc().set_reserved(r);
     }
     state.tail.publish(entries);
+    state.prepared.keep_batch();
     state.hlc().clear_inflight();
     Ok(())
 }

@@ -6,6 +6,9 @@
 //! * A key is held while at least one prepared transaction listed it (counted per key).
 //! * [`PreparedKeys::any`] is false only when no key is held, so the common case costs writes
 //!   one atomic load.
+//! * A prepare lists its keys from inside its writer batch ([`PreparedKeys::add_in_batch`]),
+//!   so the next job, in the same batch or the next, finds them; they go again if the batch
+//!   fails ([`PreparedKeys::abandon_batch`]).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -24,9 +27,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct PreparedKeys {
     keys: Mutex<HashMap<Key, usize>>,
     count: std::sync::atomic::AtomicUsize,
-    /// How many prepared transactions have their keys here (a prepare holds the clock before
-    /// its keys are listed: while the clock has more holds than this, one is in between).
+    /// How many prepared transactions have their keys here (a prepare holds the clock and lists
+    /// its keys in the same job; a recovered one holds the clock just before: while the clock
+    /// has more holds than this, one is in between).
     transactions: std::sync::atomic::AtomicUsize,
+    /// The keys listed by the writer batch in flight, taken back if it fails.
+    tentative: Mutex<Vec<Vec<Key>>>,
 }
 
 impl PreparedKeys {
@@ -80,5 +86,26 @@ impl PreparedKeys {
         }
         self.count
             .store(map.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// One prepared transaction's keys, listed by its prepare job inside the writer's batch.
+    pub(crate) fn add_in_batch(&self, keys: Vec<Key>) {
+        self.add(keys.iter().cloned());
+        lock(&self.tentative).push(keys);
+    }
+
+    /// The writer's batch applied: the keys its prepares listed stay.
+    pub(crate) fn keep_batch(&self) {
+        let mut tentative = lock(&self.tentative);
+        if !tentative.is_empty() {
+            tentative.clear();
+        }
+    }
+
+    /// The writer's batch failed: its prepares never happened, so their keys go.
+    pub(crate) fn abandon_batch(&self) {
+        for keys in std::mem::take(&mut *lock(&self.tentative)) {
+            self.remove(keys.into_iter());
+        }
     }
 }

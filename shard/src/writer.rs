@@ -728,6 +728,7 @@ fn acknowledge(acks: Vec<(Ack, Option<WriteOutput>)>) {
 /// skipped.
 fn fail(state: &ShardState, acks: Vec<(Ack, Option<WriteOutput>)>, e: &StorageError) {
     state.hlc().abandon_batch_holds();
+    state.prepared.abandon_batch();
     state.hlc().clear_inflight();
     tracing::error!(error = %e, "write batch failed");
     for (tx, _) in acks {

@@ -213,3 +213,77 @@ async fn two_deliveries_of_a_decision_at_once_commit_it_once() {
     let latest = ok(&s, "bank", doc! {"find": "accounts", "filter": {"_id": 1}}).await;
     assert_eq!(first_batch(&latest)[0].get_i32("v").ok(), Some(1));
 }
+
+/// A plain write queued right behind a prepare, in the writer's next batch or in the same one,
+/// finds the prepared keys held: a prepare lists its keys while its batch runs, not after it
+/// was acknowledged (replication's design, "prepared-key race").
+#[tokio::test]
+async fn a_write_queued_behind_a_prepare_waits_for_the_decision() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = bank(dir.path(), doc! {"_id": 1, "v": 0}).await;
+    let mut update = doc! {
+        "update": "accounts",
+        "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 10}}}],
+        "startTransaction": true,
+    };
+    update.extend(session());
+    ok(&s, "bank", update).await;
+
+    // Hold the writer, queue the prepare and then the plain write behind it, let it go.
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let gate = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let job: shard::writer::WriteFn = Box::new(move |_w| {
+                let _ = gate_rx.recv_timeout(std::time::Duration::from_secs(10));
+                Ok(shard::writer::WriteOutput {
+                    reply: doc! {"ok": 1.0},
+                    op_time: None,
+                })
+            });
+            s.writer().submit(job).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let prepare = {
+        let s = s.clone();
+        let mut cmd = doc! {"prepareTransaction": 1};
+        cmd.extend(session());
+        tokio::spawn(async move { run(&s, "admin", cmd).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let plain = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            run(
+                &s,
+                "bank",
+                doc! {"update": "accounts", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}]},
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    gate_tx.send(()).expect("the gate job waits");
+    gate.await.expect("gate").expect("the gate job");
+    let prepared = prepare.await.expect("prepare");
+    assert!(is_ok(&prepared), "{prepared}");
+    let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
+
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        !plain.is_finished(),
+        "the plain write waits for the decision"
+    );
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
+    commit.extend(session());
+    ok(&s, "admin", commit).await;
+    let reply = plain.await.expect("the plain write");
+    assert!(is_ok(&reply), "{reply}");
+    let docs = find(&s, "bank", "accounts", doc! {}).await;
+    assert_eq!(
+        docs[0].get_i32("v").ok(),
+        Some(11),
+        "both applied, in order"
+    );
+}

@@ -577,11 +577,8 @@ impl Transactions {
         let mut g = lock(&p);
         match outcome {
             Ok(prepare_ts) => {
+                // The job listed these keys already (see `prepare_job`).
                 writes.append(&mut lock(&pre_images));
-                shard
-                    .state()
-                    .prepared
-                    .add(writes.iter().map(|(t, k, _)| (*t, k.clone())));
                 g.state = State::Prepared(Box::new(PreparedTxn {
                     writes,
                     prepare_ts,
@@ -1260,7 +1257,8 @@ fn decode_prepared(bytes: &[u8]) -> Option<(i64, PreparedTxn)> {
 }
 
 /// The writer job that prepares `active`: checks its writes as a commit would, writes the
-/// `prepare` entry and the durable record, and holds the high-water mark below the entry.
+/// `prepare` entry and the durable record, holds the high-water mark below the entry and lists
+/// the keys no other write may touch until the decision.
 /// The operations' pre-images join `writes` (in the record, and in `pre_images` for the
 /// caller): they are written when the transaction commits.
 fn prepare_job(
@@ -1285,6 +1283,7 @@ fn prepare_job(
             .collect();
         writes.extend(befores.iter().cloned());
         *lock(&pre_images) = befores;
+        let keys = writes.iter().map(|(t, k, _)| (*t, k.clone())).collect();
         let record = encode_prepared(
             args.txn_number,
             &PreparedTxn {
@@ -1295,7 +1294,9 @@ fn prepare_job(
         )?;
         w.txn_mut()
             .put(Table::Transactions, &participant_key(&args.key), &record)?;
+        // Held from this job on: the next write, in this batch or the next, finds the keys.
         w.state().hlc().hold_in_batch(ts);
+        w.state().prepared.add_in_batch(keys);
         Ok(WriteOutput {
             reply: doc! {"prepareTimestamp": ts.timestamp(), "ok": 1.0},
             op_time: Some(ts),
