@@ -45,6 +45,13 @@ async fn update_and_prepare(s: &shard::Shard, u: Document) -> Timestamp {
     prepared.get_timestamp("prepareTimestamp").expect("ts")
 }
 
+/// Commits the session's prepared transaction at `ts`, as its coordinator would.
+async fn commit_at(s: &shard::Shard, ts: Timestamp) {
+    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": ts};
+    commit.extend(session());
+    ok(s, "admin", commit).await;
+}
+
 async fn value_as_of(s: &shard::Shard, at: Timestamp) -> i32 {
     let r = ok(
         s,
@@ -70,9 +77,7 @@ async fn a_commit_at_a_later_participants_time_is_invisible_before_that_time() {
         time: p.time,
         increment: p.increment + 5,
     };
-    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": commit_ts};
-    commit.extend(session());
-    ok(&s, "admin", commit).await;
+    commit_at(&s, commit_ts).await;
 
     let entry = oplog(&s)
         .await
@@ -121,9 +126,7 @@ async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
     };
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(!plain.is_finished(), "the write waits for the decision");
-    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
-    commit.extend(session());
-    ok(&s, "admin", commit).await;
+    commit_at(&s, p).await;
     let reply = plain.await.expect("the plain write");
     assert!(is_ok(&reply), "{reply}");
     assert_eq!(reply.get_i32("nModified").ok(), Some(2), "{reply}");
@@ -166,9 +169,7 @@ async fn a_read_waits_only_for_a_prepared_transaction_on_its_collection() {
         !same.is_finished(),
         "a read of the prepared collection waits"
     );
-    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
-    commit.extend(session());
-    ok(&s, "admin", commit).await;
+    commit_at(&s, p).await;
     let docs = same.await.expect("the read");
     assert_eq!(
         docs[0].get_i32("v").ok(),
@@ -275,9 +276,7 @@ async fn a_write_queued_behind_a_prepare_waits_for_the_decision() {
         !plain.is_finished(),
         "the plain write waits for the decision"
     );
-    let mut commit = doc! {"commitTransaction": 1, "commitTimestamp": p};
-    commit.extend(session());
-    ok(&s, "admin", commit).await;
+    commit_at(&s, p).await;
     let reply = plain.await.expect("the plain write");
     assert!(is_ok(&reply), "{reply}");
     let docs = find(&s, "bank", "accounts", doc! {}).await;
