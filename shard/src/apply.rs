@@ -12,6 +12,9 @@
 //! * The batch's history goes in before the commit (a reader whose snapshot has the batch finds
 //!   it; one whose snapshot does not never looks at it) and is taken out again if the commit
 //!   fails.
+//! * The set is durable in the log before the batch is visible: appended, then committed; or,
+//!   for a log that applies what it appends (a replicated one), the executed transaction is
+//!   abandoned first (the storage has one writer) and the log's apply is the commit.
 //! * After the commit, the observers run in this order and no other: commit metrics, oplog
 //!   statistics, catalog, clock reservation, tail window, the prepared keys the batch listed,
 //!   and last the clock's in-flight release (the high-water mark may pass the batch only once
@@ -26,7 +29,7 @@ use resume::ClusterTime;
 
 use crate::catalog::Catalog;
 use crate::history::Version;
-use crate::log::Appended;
+use crate::log::WriteSet;
 use crate::retention::OplogStats;
 use crate::state::ShardState;
 use crate::storage::{StorageResult, WriteTxn};
@@ -51,14 +54,9 @@ pub(crate) struct Executed {
     pub has_jobs: bool,
 }
 
-/// Commits `batch` and runs the observers (see the module header). `appended` is where the
-/// log holds its write set (`None`: the set was empty); on failure it is retracted, and
-/// nothing of the batch is visible.
-pub(crate) fn apply(
-    state: &ShardState,
-    batch: Executed,
-    appended: Option<Appended>,
-) -> StorageResult<()> {
+/// Appends `set` (the batch's write set) to the log, commits `batch` and runs the observers
+/// (see the module header). On failure nothing of the batch is visible.
+pub(crate) fn apply(state: &ShardState, batch: Executed, set: &mut WriteSet) -> StorageResult<()> {
     let Executed {
         txn,
         entries,
@@ -79,15 +77,9 @@ pub(crate) fn apply(
             0
         }
     };
-    if let Err(e) = txn.commit() {
+    if let Err(e) = commit(state, txn, set) {
         state.history.forget_last(recorded);
-        if let Some(appended) = appended {
-            state.log.retract(appended);
-        }
         return Err(e);
-    }
-    if let Some(appended) = appended {
-        state.log.applied(appended);
     }
     if has_jobs {
         state.count_commit();
@@ -101,4 +93,27 @@ pub(crate) fn apply(
     state.prepared.keep_batch();
     state.hlc().clear_inflight();
     Ok(())
+}
+
+/// Makes the batch durable and visible: appends its set to the log, then commits `txn`; or,
+/// for a log that applies what it appends, abandons `txn` and lets the log apply the set.
+fn commit(state: &ShardState, txn: Box<dyn WriteTxn>, set: &mut WriteSet) -> StorageResult<()> {
+    if set.is_empty() {
+        return txn.commit();
+    }
+    if state.log.applies() {
+        drop(txn);
+        return state.log.append(set).map(|_| ());
+    }
+    let appended = state.log.append(set)?;
+    match txn.commit() {
+        Ok(()) => {
+            state.log.applied(appended);
+            Ok(())
+        }
+        Err(e) => {
+            state.log.retract(appended);
+            Err(e)
+        }
+    }
 }

@@ -42,6 +42,7 @@ pub mod operations;
 pub mod oplog;
 pub mod preimages;
 pub mod query;
+pub mod repl;
 pub mod reservations;
 pub mod retention;
 pub mod retryable;

@@ -8,9 +8,10 @@
 //!    history); the retention trim and, when needed, the clock reservation's renewal are writes
 //!    of the same transaction.
 //! 2. **Log**: the write set is appended to the shard's [`Log`](crate::log::Log), which makes
-//!    it durable (one `fdatasync` for a [`LocalLog`](crate::log::LocalLog)).
-//! 3. **Apply** ([`crate::apply`]): the storage commit, then the observers publish the new
-//!    catalog and oplog entries; then each job is acknowledged.
+//!    it durable (one `fdatasync` for a [`LocalLog`](crate::log::LocalLog); a majority of the
+//!    replica set for a replicated log).
+//! 3. **Apply** ([`crate::apply`], which also does step 2): the storage commit, then the
+//!    observers publish the new catalog and oplog entries; then each job is acknowledged.
 //!
 //! Invariants:
 //! * A job is acknowledged only after its effects are durable and applied.
@@ -705,11 +706,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
         reservation: renewal,
         has_jobs: !acks.is_empty(),
     };
-    let appended = match set.is_empty() {
-        true => Ok(None),
-        false => state.log.append(&mut set).map(Some),
-    };
-    match appended.and_then(|appended| crate::apply::apply(state, executed, appended)) {
+    match crate::apply::apply(state, executed, &mut set) {
         Ok(()) => acknowledge(acks),
         Err(e) => fail(state, acks, &e),
     }

@@ -382,6 +382,13 @@ const RULES: &[Rule] = &[
         from: &["apply"],
         may: May::Not(&[&["write", "executor"], &["commands"]]),
     },
+    // Replication (replication.md §3) sits beside the log: it applies write sets to a
+    // member's storage and never reaches up into execution or the commands.
+    Rule {
+        krate: "shard",
+        from: &["repl"],
+        may: May::Only(&[&["repl"], &["log"], &["storage"], &["write", "write_set"]]),
+    },
     Rule {
         krate: "shard",
         from: &["observers"],

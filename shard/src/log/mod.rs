@@ -3,8 +3,9 @@
 //! The writer executes a batch against the latest applied state, capturing its physical writes
 //! as a write set; it hands the set to [`Log::append`], then applies the batch (the storage
 //! commit and the observers, [`crate::apply`]). A log is what stands between "executed" and
-//! "visible": [`LocalLog`] is a write-ahead file on this machine; a replicated log will be the
-//! next implementation, and nothing else of the write path needs to change for it.
+//! "visible": [`LocalLog`] is a write-ahead file on this machine; `repl::RaftLog` replicates
+//! the set to a majority of the shard's replica set, whose state machine then applies it on
+//! every member ([`Log::applies`]).
 //!
 //! Invariants every log keeps:
 //! * [`Log::append`] returns only once the set is durable, after every set appended before it;
@@ -41,6 +42,13 @@ pub trait Log: Send + Sync + 'static {
     /// Makes `set` durable after every set appended before it. After an error nothing of it
     /// may be applied.
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended>;
+
+    /// Whether [`Log::append`] also applies the set to the storage, as a replicated log's state
+    /// machine does on every member, the leader included: the writer then abandons the
+    /// transaction it executed the batch in before appending, and apply commits nothing.
+    fn applies(&self) -> bool {
+        false
+    }
 
     /// The set at `appended` was not applied (its commit failed): it must not be replayed.
     fn retract(&self, appended: Appended);

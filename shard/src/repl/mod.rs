@@ -1,0 +1,321 @@
+//! Replication: one shard as a replica set of 1, 3 or 5 members on openraft
+//! (`design/replication.md`). This module owns the consensus half: the Raft log on disk, the
+//! state machine that applies committed write sets to a member's storage, and the peers'
+//! transport; the writer (which executes batches on the leader) proposes through [`Replica`].
+//!
+//! Invariants:
+//! * One Raft entry is one writer batch: its [`Proposal`] carries the batch's write set (the
+//!   physical redo record, `log::WriteSet`) and the term it was executed under. Only results
+//!   replicate, never commands: a follower replays bytes, it never re-executes a job.
+//! * Every member, the leader included, applies only committed entries, in log order, by
+//!   physical redo (`log::replay`); the applied log id is written in the same storage
+//!   transaction as the entry's writes, so after a crash an entry is applied again or not at
+//!   all, never half.
+//! * A proposal whose term is not its entry's term was executed by a leader that lost its term
+//!   before the entry was appended under it: every member skips its writes (the term fence),
+//!   and its jobs fail as not executed.
+//! * One leader per term (`leader_id_std`): the oplog's `t` names a single primary.
+//! * A log-store error (read or write) stops the member: openraft treats storage errors as
+//!   fatal, and so do we (a leader that read garbage must not send it: openraft #1795).
+//! * No openraft type leaves this module: the 0.10 alphas still move them.
+
+mod codec;
+mod log_store;
+mod network;
+mod raft_log;
+mod state_machine;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use serde::{Deserialize, Serialize};
+
+pub use network::LocalNet;
+pub use raft_log::RaftLog;
+
+use crate::storage::Storage;
+
+/// A member's id within its replica set (its position in `--peers`, from 0).
+pub type MemberId = u64;
+
+/// What one Raft entry asks every member to apply: one writer batch.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The term of the leader that executed the batch (the term fence).
+    pub term: u64,
+    /// The batch's write set ([`crate::log::WriteSet::encoded`]).
+    #[serde(with = "serde_bytes")]
+    pub ops: Vec<u8>,
+}
+
+impl fmt::Debug for Proposal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Proposal(term {}, {} bytes)", self.term, self.ops.len())
+    }
+}
+
+impl fmt::Display for Proposal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What applying an entry did, as the proposer learns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The entry's position in the log.
+    pub index: u64,
+    /// The term the entry was appended under.
+    pub term: u64,
+    /// Whether its writes were applied (false: the term fence skipped them).
+    pub executed: bool,
+}
+
+/// How a member is reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// `host:port` of the member's shard server.
+    pub addr: String,
+}
+
+openraft::declare_raft_types!(
+    /// Tributary's Raft: write sets in, application results out, one leader per term.
+    pub TypeConfig:
+        D = Proposal,
+        R = Applied,
+        NodeId = MemberId,
+        Node = Member,
+        LeaderId = openraft::impls::leader_id_std::LeaderId<u64, MemberId>,
+);
+
+type Raft = openraft::Raft<TypeConfig, state_machine::StateMachine>;
+
+/// Why a proposal did not apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplError {
+    /// This member is not the leader; the leader, when known. Nothing was appended.
+    #[error("not the primary (the primary is {leader:?})")]
+    NotLeader { leader: Option<MemberId> },
+    /// The entry was appended but leadership changed before it was known to commit: it may
+    /// or may not apply.
+    #[error("the primary changed while the write was replicating: its outcome is unknown")]
+    Unknown,
+    /// No majority answered in time: the entry may still commit.
+    #[error("no majority acknowledged the write within {0:?}")]
+    TimedOut(Duration),
+    /// The member stopped (a storage error, or shutdown).
+    #[error("the replica stopped: {0}")]
+    Stopped(String),
+}
+
+/// Timings of the set: how fast a dead leader is replaced.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    /// A follower that heard no leader for a random time in this range stands for election.
+    pub election: (Duration, Duration),
+}
+
+impl Default for Timing {
+    /// Heartbeats at 200 ms, elections after 1–1.5 s of silence (MongoDB's default is 10 s;
+    /// the goal is a new primary within 2 s at p50).
+    fn default() -> Self {
+        Timing {
+            heartbeat: Duration::from_millis(200),
+            election: (Duration::from_millis(1000), Duration::from_millis(1500)),
+        }
+    }
+}
+
+/// One member of a replica set: its Raft node over its log file and its storage.
+pub struct Replica {
+    id: MemberId,
+    raft: Raft,
+}
+
+impl Replica {
+    /// Opens (or creates) the member `id`'s Raft log at `log_path` over `storage`, talking to
+    /// its peers through `net`.
+    pub async fn open(
+        id: MemberId,
+        log_path: &Path,
+        storage: Arc<dyn Storage>,
+        net: Arc<LocalNet>,
+        timing: Timing,
+    ) -> Result<Replica, ReplError> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let config = openraft::Config {
+            cluster_name: "tributary".into(),
+            heartbeat_interval: ms(timing.heartbeat),
+            election_timeout_min: ms(timing.election.0),
+            election_timeout_max: ms(timing.election.1),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ReplError::Stopped(format!("replication settings: {e}")))?;
+        let log = log_store::LogStore::open(log_path)
+            .map_err(|e| ReplError::Stopped(format!("opening the Raft log: {e}")))?;
+        let sm = state_machine::StateMachine::open(storage)
+            .await
+            .map_err(|e| ReplError::Stopped(format!("reading the applied state: {e}")))?;
+        let raft = Raft::new(id, Arc::new(config), net.factory(id), log, sm)
+            .await
+            .map_err(|e| ReplError::Stopped(e.to_string()))?;
+        net.register(id, raft.clone());
+        Ok(Replica { id, raft })
+    }
+
+    pub fn id(&self) -> MemberId {
+        self.id
+    }
+
+    /// Makes a new set of `members` (this one among them) with this member as the first
+    /// leader candidate. Once per set, on one member; a member already part of a set refuses.
+    pub async fn initialize(&self, members: BTreeMap<MemberId, Member>) -> Result<(), ReplError> {
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| ReplError::Stopped(format!("initialising the set: {e}")))
+    }
+
+    /// The leader this member knows of now.
+    pub fn leader(&self) -> Option<MemberId> {
+        self.raft.metrics().borrow_watched().current_leader
+    }
+
+    /// Whether this member leads its set now.
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.id)
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow_watched().current_term
+    }
+
+    /// The index of the last entry applied to this member's storage.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.raft
+            .metrics()
+            .borrow_watched()
+            .last_applied
+            .as_ref()
+            .map(|id| id.index)
+    }
+
+    /// Replicates `proposal` and returns once a majority has it durably and this member has
+    /// applied it, or `patience` passed.
+    pub async fn propose(
+        &self,
+        proposal: Proposal,
+        patience: Duration,
+    ) -> Result<Applied, ReplError> {
+        use openraft::error::{ClientWriteError, RaftError};
+        let written = tokio::time::timeout(patience, self.raft.client_write(proposal)).await;
+        match written {
+            Err(_) => Err(ReplError::TimedOut(patience)),
+            Ok(Ok(response)) => Ok(response.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ReplError::NotLeader {
+                    leader: f.leader_id,
+                })
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)))) => {
+                Err(ReplError::Unknown)
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(ReplError::Stopped(e.to_string())),
+            Ok(Err(RaftError::Fatal(e))) => Err(ReplError::Stopped(e.to_string())),
+        }
+    }
+
+    /// Waits until this member leads its set and has applied the first entry of its term
+    /// (from then on it takes writes); false when `patience` passed first.
+    pub async fn wait_leading(&self, patience: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        tokio::time::timeout(patience, async {
+            loop {
+                {
+                    let m = metrics.borrow_watched();
+                    let leading = m.state == openraft::ServerState::Leader
+                        && m.last_applied
+                            .as_ref()
+                            .is_some_and(|id| id.leader_id.term == m.current_term);
+                    if leading {
+                        return;
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Waits until this member has applied the entry at `index` (or `patience` passed).
+    pub async fn wait_applied(&self, index: u64, patience: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        tokio::time::timeout(patience, async {
+            loop {
+                if metrics
+                    .borrow_watched()
+                    .last_applied
+                    .as_ref()
+                    .is_some_and(|id| id.index >= index)
+                {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Takes a snapshot of this member's storage and drops the log up to it: a member that
+    /// needs what was dropped is sent the snapshot instead.
+    pub async fn compact(&self, patience: Duration) -> Result<(), ReplError> {
+        let stopped = |e: openraft::error::Fatal<TypeConfig>| ReplError::Stopped(e.to_string());
+        let applied = self.applied_index();
+        self.raft.trigger().snapshot().await.map_err(stopped)?;
+        let mut metrics = self.raft.metrics();
+        let taken = tokio::time::timeout(patience, async {
+            loop {
+                let snapshot = metrics
+                    .borrow_watched()
+                    .snapshot
+                    .as_ref()
+                    .map(|id| id.index);
+                if snapshot.is_some() && snapshot >= applied {
+                    return snapshot;
+                }
+                if metrics.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await
+        .map_err(|_| ReplError::TimedOut(patience))?;
+        match taken {
+            Some(upto) => self.raft.trigger().purge_log(upto).await.map_err(stopped),
+            None => Err(ReplError::Stopped("the member stopped".into())),
+        }
+    }
+
+    /// Stops the member (its log and storage stay as they are on disk).
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, member = self.id, "the Raft node did not stop cleanly");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! The state machine: committed entries applied to a member's storage, and snapshots of it.
+//!
+//! Invariants:
+//! * The entries of one `apply` call go in one storage transaction, with the id of the last
+//!   of them and the membership they leave: what is applied and what says so commit together.
+//! * A normal entry's writes apply only under the term they were executed in (the term fence
+//!   of `repl`); a blank or membership entry writes nothing but the applied id.
+//! * A snapshot is every row of every table read in one read transaction, with the applied id
+//!   and membership read in that same transaction, as a write set of puts; installing one
+//!   replaces every table's rows with the snapshot's.
+
+use std::io;
+use std::sync::Arc;
+
+use futures::{Stream, TryStreamExt};
+use openraft::EntryPayload;
+use openraft::alias::{EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+
+use super::{Applied, TypeConfig, codec};
+use crate::log::{Op, WriteSet};
+use crate::storage::{KeyRange, ReadTxn, Scan, Storage, Table};
+
+/// `Meta` key of the last applied log id.
+const APPLIED_KEY: &[u8] = b"repl.applied";
+/// `Meta` key of the membership the applied entries leave.
+const MEMBERSHIP_KEY: &[u8] = b"repl.membership";
+
+type LogId = LogIdOf<TypeConfig>;
+type Membership = StoredMembershipOf<TypeConfig>;
+
+fn io_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// The applied id and membership as `txn` sees them.
+fn applied_state(txn: &dyn ReadTxn) -> io::Result<(Option<LogId>, Membership)> {
+    let applied = match txn.get(Table::Meta, APPLIED_KEY).map_err(io_error)? {
+        Some(bytes) => codec::decode(&bytes)?,
+        None => None,
+    };
+    let membership = match txn.get(Table::Meta, MEMBERSHIP_KEY).map_err(io_error)? {
+        Some(bytes) => codec::decode(&bytes)?,
+        None => Membership::default(),
+    };
+    Ok((applied, membership))
+}
+
+/// A member's storage as Raft's state machine.
+pub(super) struct StateMachine {
+    storage: Arc<dyn Storage>,
+    applied: Option<LogId>,
+    membership: Membership,
+}
+
+impl StateMachine {
+    pub(super) async fn open(storage: Arc<dyn Storage>) -> io::Result<StateMachine> {
+        let read = storage.clone();
+        let (applied, membership) = tokio::task::spawn_blocking(move || {
+            applied_state(read.begin_read().map_err(io_error)?.as_ref())
+        })
+        .await
+        .map_err(io_error)??;
+        Ok(StateMachine {
+            storage,
+            applied,
+            membership,
+        })
+    }
+}
+
+/// Applies `entries` in one transaction of `storage`; what each did, in order.
+fn apply_all(
+    storage: &dyn Storage,
+    entries: &[EntryOf<TypeConfig>],
+    mut membership: Membership,
+) -> io::Result<(Vec<Applied>, Membership)> {
+    let mut txn = storage.begin_write().map_err(io_error)?;
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let term = entry.log_id.leader_id.term;
+        let executed = match &entry.payload {
+            EntryPayload::Normal(p) if p.term == term => {
+                let set = WriteSet::decode(&p.ops).map_err(io_error)?;
+                crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+                true
+            }
+            EntryPayload::Normal(_) | EntryPayload::Blank => false,
+            EntryPayload::Membership(m) => {
+                membership = Membership::new(Some(entry.log_id), m.clone());
+                false
+            }
+        };
+        out.push(Applied {
+            index: entry.log_id.index,
+            term,
+            executed,
+        });
+    }
+    if let Some(last) = entries.last() {
+        txn.put(
+            Table::Meta,
+            APPLIED_KEY,
+            &codec::encode(&Some(last.log_id))?,
+        )
+        .map_err(io_error)?;
+        txn.put(Table::Meta, MEMBERSHIP_KEY, &codec::encode(&membership)?)
+            .map_err(io_error)?;
+    }
+    txn.commit().map_err(io_error)?;
+    Ok((out, membership))
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), io::Error> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + Send,
+    {
+        let mut batch = Vec::new();
+        let mut responders = Vec::new();
+        while let Some((entry, responder)) = entries.try_next().await? {
+            batch.push(entry);
+            responders.push(responder);
+        }
+        let Some(last) = batch.last().map(|e| e.log_id) else {
+            return Ok(());
+        };
+        let storage = self.storage.clone();
+        let membership = self.membership.clone();
+        let (applied, membership) =
+            tokio::task::spawn_blocking(move || apply_all(storage.as_ref(), &batch, membership))
+                .await
+                .map_err(io_error)??;
+        self.applied = Some(last);
+        self.membership = membership;
+        for (result, responder) in applied.into_iter().zip(responders) {
+            if let Some(responder) = responder {
+                responder.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            storage: self.storage.clone(),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMetaOf<TypeConfig>,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
+        let storage = self.storage.clone();
+        tokio::task::spawn_blocking(move || install(storage.as_ref(), &snapshot))
+            .await
+            .map_err(io_error)??;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    /// A snapshot of the storage as it is now (built afresh: the storage is the snapshot).
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+        let mut builder = self.get_snapshot_builder().await;
+        builder.build_snapshot().await.map(Some)
+    }
+}
+
+/// Replaces every table's rows with the snapshot's, in one transaction.
+fn install(storage: &dyn Storage, data: &[u8]) -> io::Result<()> {
+    let set = WriteSet::decode(data).map_err(io_error)?;
+    let mut txn = storage.begin_write().map_err(io_error)?;
+    for table in Table::ALL {
+        let mut keys = Vec::new();
+        txn.scan(table, &KeyRange::all(), false, &mut |k, _| {
+            keys.push(k.to_vec());
+            Scan::Continue
+        })
+        .map_err(io_error)?;
+        for k in keys {
+            txn.delete(table, &k).map_err(io_error)?;
+        }
+    }
+    crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+    txn.commit().map_err(io_error)
+}
+
+/// Builds a snapshot of a member's storage.
+pub(super) struct SnapshotBuilder {
+    storage: Arc<dyn Storage>,
+}
+
+/// Every row of every table as `txn` sees them, as a write set of puts.
+pub(super) fn dump(txn: &dyn ReadTxn) -> io::Result<WriteSet> {
+    let mut set = WriteSet::with_prefix(0, 1 << 16);
+    let mut refused = None;
+    for table in Table::ALL {
+        txn.scan(
+            table,
+            &KeyRange::all(),
+            false,
+            &mut |key, value| match set.push(Op {
+                table: table.index(),
+                key,
+                value: Some(value),
+            }) {
+                Ok(()) => Scan::Continue,
+                Err(e) => {
+                    refused = Some(e);
+                    Scan::Stop
+                }
+            },
+        )
+        .map_err(io_error)?;
+        if let Some(e) = refused.take() {
+            return Err(io_error(e));
+        }
+    }
+    Ok(set)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+        let storage = self.storage.clone();
+        let (applied, membership, set) = tokio::task::spawn_blocking(move || {
+            let txn = storage.begin_read().map_err(io_error)?;
+            let (applied, membership) = applied_state(txn.as_ref())?;
+            Ok::<_, io::Error>((applied, membership, dump(txn.as_ref())?))
+        })
+        .await
+        .map_err(io_error)??;
+        Ok(openraft::Snapshot {
+            meta: openraft::SnapshotMeta {
+                last_log_id: applied,
+                last_membership: membership,
+            },
+            snapshot: set.encoded().to_vec(),
+        })
+    }
+}

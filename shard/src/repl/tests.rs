@@ -1,0 +1,308 @@
+//! Three members in one process, on real files: what is committed reaches every member byte
+//! for byte, a cut-off leader commits nothing, a stale term's batch applies nowhere, and a
+//! member restarted from its disk catches up.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::log::{Op, WriteSet};
+use crate::storage::{RedbStorage, Storage, Table};
+
+/// Fast elections, so the tests take seconds.
+const FAST: Timing = Timing {
+    heartbeat: Duration::from_millis(50),
+    election: (Duration::from_millis(300), Duration::from_millis(500)),
+};
+const PATIENCE: Duration = Duration::from_secs(5);
+
+struct Set {
+    net: Arc<LocalNet>,
+    dir: tempfile::TempDir,
+    members: Vec<Option<(Replica, Arc<dyn Storage>)>>,
+}
+
+async fn open_member(
+    dir: &std::path::Path,
+    id: MemberId,
+    net: &Arc<LocalNet>,
+) -> (Replica, Arc<dyn Storage>) {
+    let storage: Arc<dyn Storage> =
+        Arc::new(RedbStorage::open(&dir.join(format!("m{id}.redb"))).expect("storage"));
+    let replica = Replica::open(
+        id,
+        &dir.join(format!("m{id}.raft")),
+        storage.clone(),
+        net.clone(),
+        FAST,
+    )
+    .await
+    .expect("replica");
+    (replica, storage)
+}
+
+impl Set {
+    async fn start(n: u64) -> Set {
+        let net = LocalNet::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut members = Vec::new();
+        for id in 0..n {
+            members.push(Some(open_member(dir.path(), id, &net).await));
+        }
+        let all: BTreeMap<MemberId, Member> = (0..n)
+            .map(|id| {
+                (
+                    id,
+                    Member {
+                        addr: format!("m{id}"),
+                    },
+                )
+            })
+            .collect();
+        members[0]
+            .as_ref()
+            .expect("member 0")
+            .0
+            .initialize(all)
+            .await
+            .expect("initialize");
+        Set { net, dir, members }
+    }
+
+    fn member(&self, id: MemberId) -> &Replica {
+        &self.members[id as usize]
+            .as_ref()
+            .expect("a running member")
+            .0
+    }
+
+    /// The leader the running members other than `except` agree on, once they do.
+    async fn leader(&self, except: Option<MemberId>) -> MemberId {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let running: Vec<&Replica> = self
+                .members
+                .iter()
+                .flatten()
+                .map(|(r, _)| r)
+                .filter(|r| Some(r.id()) != except)
+                .collect();
+            let first = running[0].leader();
+            if let Some(l) = first
+                && Some(l) != except
+                && running.iter().all(|r| r.leader() == Some(l))
+                && self.member(l).is_leader()
+            {
+                return l;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no leader within {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(&mut self, id: MemberId) {
+        if let Some((replica, _)) = self.members[id as usize].take() {
+            replica.shutdown().await;
+        }
+        self.net.remove(id);
+    }
+
+    async fn restart(&mut self, id: MemberId) {
+        self.members[id as usize] = Some(open_member(self.dir.path(), id, &self.net).await);
+    }
+
+    /// Every row of every table of member `id`.
+    fn dump(&self, id: MemberId) -> Vec<u8> {
+        let storage = &self.members[id as usize].as_ref().expect("running").1;
+        let txn = storage.begin_read().expect("read");
+        state_machine::dump(txn.as_ref())
+            .expect("dump")
+            .encoded()
+            .to_vec()
+    }
+
+    fn has(&self, id: MemberId, key: &[u8]) -> bool {
+        let storage = &self.members[id as usize].as_ref().expect("running").1;
+        let txn = storage.begin_read().expect("read");
+        txn.get(Table::Documents, key).expect("get").is_some()
+    }
+
+    async fn shutdown(mut self) {
+        for id in 0..self.members.len() as u64 {
+            self.stop(id).await;
+        }
+    }
+}
+
+/// A proposal that puts `key` in the documents table, executed in `term`.
+fn put(term: u64, key: &str) -> Proposal {
+    let mut set = WriteSet::with_prefix(0, 64);
+    set.push(Op {
+        table: Table::Documents.index(),
+        key: key.as_bytes(),
+        value: Some(b"value"),
+    })
+    .expect("a small op");
+    Proposal {
+        term,
+        ops: set.encoded().to_vec(),
+    }
+}
+
+async fn propose(set: &Set, leader: MemberId, key: &str) -> Applied {
+    let replica = set.member(leader);
+    replica
+        .propose(put(replica.term(), key), PATIENCE)
+        .await
+        .expect("committed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_write_sets_reach_every_member_byte_for_byte() {
+    let set = Set::start(3).await;
+    let leader = set.leader(None).await;
+    let mut last = 0;
+    for i in 0..20 {
+        let applied = propose(&set, leader, &format!("k{i}")).await;
+        assert!(applied.executed);
+        assert!(applied.index > last, "entries in log order");
+        last = applied.index;
+    }
+    for id in 0..3 {
+        assert!(
+            set.member(id).wait_applied(last, PATIENCE).await,
+            "member {id} applied"
+        );
+    }
+    let leader_rows = set.dump(leader);
+    for id in 0..3 {
+        assert_eq!(
+            set.dump(id),
+            leader_rows,
+            "member {id}'s tables are the leader's"
+        );
+    }
+    assert!(set.has(1, b"k19"));
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_majority_commits_nothing_and_is_replaced() {
+    let set = Set::start(3).await;
+    let old = set.leader(None).await;
+    propose(&set, old, "before").await;
+    set.net.isolate(old);
+    let cut_off = set.member(old);
+    let refused = cut_off
+        .propose(put(cut_off.term(), "lost"), Duration::from_secs(2))
+        .await;
+    assert!(
+        refused.is_err(),
+        "a leader without a majority commits nothing: {refused:?}"
+    );
+
+    let new = set.leader(Some(old)).await;
+    assert_ne!(new, old);
+    assert!(set.member(new).term() > cut_off.term() || !cut_off.is_leader());
+    let applied = propose(&set, new, "after").await;
+    set.net.heal();
+    for id in 0..3 {
+        assert!(
+            set.member(id).wait_applied(applied.index, PATIENCE).await,
+            "member {id}"
+        );
+    }
+    for id in 0..3 {
+        assert!(
+            set.has(id, b"before") && set.has(id, b"after"),
+            "member {id}"
+        );
+        assert!(
+            !set.has(id, b"lost"),
+            "member {id} applied an uncommitted write"
+        );
+    }
+    assert_eq!(
+        set.dump(old),
+        set.dump(new),
+        "the old leader's log was cut back to the new one's"
+    );
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_executed_in_an_earlier_term_applies_nowhere() {
+    let set = Set::start(3).await;
+    let leader = set.leader(None).await;
+    let term = set.member(leader).term();
+    let stale = set
+        .member(leader)
+        .propose(put(term - 1, "stale"), PATIENCE)
+        .await
+        .expect("committed");
+    assert!(!stale.executed, "the term fence skips it");
+    assert_eq!(stale.term, term);
+    for id in 0..3 {
+        assert!(set.member(id).wait_applied(stale.index, PATIENCE).await);
+        assert!(!set.has(id, b"stale"), "member {id}");
+    }
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_from_its_disk_catches_up() {
+    let mut set = Set::start(3).await;
+    let leader = set.leader(None).await;
+    propose(&set, leader, "a").await;
+    let follower = (leader + 1) % 3;
+    set.stop(follower).await;
+    let mut last = 0;
+    for i in 0..10 {
+        last = propose(&set, leader, &format!("b{i}")).await.index;
+    }
+    set.restart(follower).await;
+    assert!(
+        set.member(follower).wait_applied(last, PATIENCE).await,
+        "caught up"
+    );
+    assert_eq!(set.dump(follower), set.dump(leader));
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_behind_a_purged_log_catches_up_from_a_snapshot() {
+    let mut set = Set::start(3).await;
+    let leader = set.leader(None).await;
+    propose(&set, leader, "a").await;
+    let follower = (leader + 1) % 3;
+    set.stop(follower).await;
+    let mut last = 0;
+    for i in 0..10 {
+        last = propose(&set, leader, &format!("b{i}")).await.index;
+    }
+    set.member(leader)
+        .compact(PATIENCE)
+        .await
+        .expect("compacted");
+    set.restart(follower).await;
+    assert!(
+        set.member(follower).wait_applied(last, PATIENCE).await,
+        "caught up"
+    );
+    let installed = set
+        .member(follower)
+        .raft
+        .metrics()
+        .borrow_watched()
+        .snapshot;
+    assert!(
+        installed.is_some(),
+        "from the leader's snapshot, the log it needed being gone"
+    );
+    assert_eq!(set.dump(follower), set.dump(leader));
+    set.shutdown().await;
+}

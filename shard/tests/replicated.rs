@@ -1,0 +1,139 @@
+//! A shard whose writer runs on the leader of a three-member replica set in one process:
+//! every write it acknowledges is in every member's storage, byte for byte, oplog included
+//! (`repl::RaftLog`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::doc;
+use common::*;
+use shard::repl::{LocalNet, Member, MemberId, RaftLog, Replica, Timing};
+use shard::storage::{KeyRange, RedbStorage, Scan, Storage, Table};
+
+const FAST: Timing = Timing {
+    heartbeat: Duration::from_millis(50),
+    election: (Duration::from_millis(300), Duration::from_millis(500)),
+};
+const PATIENCE: Duration = Duration::from_secs(5);
+
+async fn member(dir: &Path, id: MemberId, net: &Arc<LocalNet>) -> (Arc<Replica>, Arc<dyn Storage>) {
+    let storage: Arc<dyn Storage> =
+        Arc::new(RedbStorage::open(&dir.join(format!("m{id}.redb"))).expect("storage"));
+    let replica = Replica::open(
+        id,
+        &dir.join(format!("m{id}.raft")),
+        storage.clone(),
+        net.clone(),
+        FAST,
+    )
+    .await
+    .expect("replica");
+    (Arc::new(replica), storage)
+}
+
+/// The rows of `table` in `storage`.
+fn rows(storage: &dyn Storage, table: Table) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let txn = storage.begin_read().expect("read");
+    let mut out = Vec::new();
+    txn.scan(table, &KeyRange::all(), false, &mut |k, v| {
+        out.push((k.to_vec(), v.to_vec()));
+        Scan::Continue
+    })
+    .expect("scan");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_leaders_shard_acknowledges_is_on_every_member() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let net = LocalNet::new();
+    let mut members = Vec::new();
+    for id in 0..3 {
+        members.push(member(dir.path(), id, &net).await);
+    }
+    let all: BTreeMap<MemberId, Member> = (0..3)
+        .map(|id| {
+            (
+                id,
+                Member {
+                    addr: format!("m{id}"),
+                },
+            )
+        })
+        .collect();
+    members[0].0.initialize(all).await.expect("initialize");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let leader = loop {
+        if let Some(l) = members.iter().find(|(r, _)| r.is_leader()) {
+            assert!(l.0.wait_leading(PATIENCE).await, "the leader takes writes");
+            break l.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let log = Arc::new(RaftLog::new(
+        leader.0.clone(),
+        tokio::runtime::Handle::current(),
+        PATIENCE,
+    ));
+    let shard_dir = dir.path().join("shard");
+    std::fs::create_dir_all(&shard_dir).expect("dir");
+    let s = shard::Shard::open_with_storage(
+        options(&shard_dir, Arc::new(shard::SystemClock)),
+        leader.1.clone(),
+        log,
+    )
+    .await
+    .expect("the shard opens over the leader");
+
+    for i in 0..30 {
+        ok(
+            &s,
+            "app",
+            doc! {"insert": "c", "documents": [{"_id": i, "v": i}]},
+        )
+        .await;
+    }
+    ok(
+        &s,
+        "app",
+        doc! {"update": "c", "updates": [{"q": {"_id": 3}, "u": {"$set": {"v": -3}}}]},
+    )
+    .await;
+    ok(
+        &s,
+        "app",
+        doc! {"delete": "c", "deletes": [{"q": {"_id": 4}, "limit": 1}]},
+    )
+    .await;
+    assert_eq!(find(&s, "app", "c", doc! {}).await.len(), 29);
+
+    let applied = leader.0.applied_index().expect("applied");
+    for (replica, _) in &members {
+        assert!(
+            replica.wait_applied(applied, PATIENCE).await,
+            "member {}",
+            replica.id()
+        );
+    }
+    for table in [Table::Documents, Table::Oplog, Table::Catalog, Table::Meta] {
+        let on_leader = rows(leader.1.as_ref(), table);
+        assert!(!on_leader.is_empty(), "{table:?} has rows");
+        for (replica, storage) in &members {
+            assert_eq!(
+                rows(storage.as_ref(), table),
+                on_leader,
+                "member {}'s {table:?}",
+                replica.id()
+            );
+        }
+    }
+    assert_eq!(rows(leader.1.as_ref(), Table::Documents).len(), 29);
+    for (replica, _) in &members {
+        replica.shutdown().await;
+    }
+}
