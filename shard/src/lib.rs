@@ -43,6 +43,7 @@ pub mod oplog;
 pub mod preimages;
 pub mod query;
 pub mod repl;
+pub mod replica_set;
 pub mod reservations;
 pub mod retention;
 pub mod retryable;

@@ -727,9 +727,15 @@ fn fail(state: &ShardState, acks: Vec<(Ack, Option<WriteOutput>)>, e: &StorageEr
     state.hlc().abandon_batch_holds();
     state.prepared.abandon_batch();
     state.hlc().clear_inflight();
-    tracing::error!(error = %e, "write batch failed");
+    let error = match e {
+        StorageError::Interrupted(answer) => answer.clone(),
+        other => {
+            tracing::error!(error = %other, "write batch failed");
+            MongoError::internal(format!("write failed: {other}"))
+        }
+    };
     for (tx, _) in acks {
-        let _ = tx.send(Err(MongoError::internal(format!("write failed: {e}"))));
+        let _ = tx.send(Err(error.clone()));
     }
 }
 

@@ -137,3 +137,104 @@ async fn what_the_leaders_shard_acknowledges_is_on_every_member() {
         replica.shutdown().await;
     }
 }
+
+/// Three members each following leadership (`replica_set`): the primary serves the shard; when
+/// it dies a new primary serves every acknowledged write within seconds, with its clock above
+/// every `ts` the old one handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_dies() {
+    use shard::replica_set::ReplicaSetMember;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let net = LocalNet::new();
+    let mut members = Vec::new();
+    for id in 0..3 {
+        let (replica, storage) = member(dir.path(), id, &net).await;
+        let home = dir.path().join(format!("shard{id}"));
+        std::fs::create_dir_all(&home).expect("dir");
+        let opts = options(&home, Arc::new(shard::SystemClock));
+        members.push(ReplicaSetMember::start(opts, replica, storage, PATIENCE));
+    }
+    let all: BTreeMap<MemberId, Member> = (0..3)
+        .map(|id| {
+            (
+                id,
+                Member {
+                    addr: format!("m{id}"),
+                },
+            )
+        })
+        .collect();
+    members[0]
+        .replica()
+        .initialize(all)
+        .await
+        .expect("initialize");
+    let primary =
+        |members: &[Arc<ReplicaSetMember>]| members.iter().position(|m| m.primary().is_some());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let old = loop {
+        if let Some(p) = primary(&members) {
+            break p;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for m in &members {
+        if !std::ptr::eq(m.as_ref(), members[old].as_ref()) {
+            let r = m.run_command(doc! {"find": "c", "$db": "app"}).await;
+            assert_eq!(r.get_i32("code").ok(), Some(10107), "{r}");
+        }
+    }
+    let mut last_ts = None;
+    for i in 0..20 {
+        let r = members[old]
+            .run_command(doc! {"insert": "c", "documents": [{"_id": i}], "$db": "app"})
+            .await;
+        assert!(is_ok(&r), "{r}");
+        last_ts = r.get_timestamp("operationTime").ok();
+    }
+
+    let died = std::time::Instant::now();
+    members[old].shutdown().await;
+    net.remove(old as MemberId);
+    let survivors: Vec<Arc<ReplicaSetMember>> = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != old)
+        .map(|(_, m)| m.clone())
+        .collect();
+    let (new, reply) = loop {
+        let mut written = None;
+        for m in &survivors {
+            let r = m
+                .run_command(doc! {"insert": "c", "documents": [{"_id": 100}], "$db": "app"})
+                .await;
+            if is_ok(&r) {
+                written = Some((m.clone(), r));
+                break;
+            }
+        }
+        if let Some(w) = written {
+            break w;
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(10),
+            "no new primary took a write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = died.elapsed();
+    println!("kill -> first acknowledged write on the new primary: {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let ts = reply.get_timestamp("operationTime").expect("operationTime");
+    assert!(
+        Some(ts) > last_ts,
+        "the new primary's clock is above the old one's"
+    );
+    let shard = new.primary().expect("serving");
+    let docs = find(&shard, "app", "c", doc! {}).await;
+    assert_eq!(docs.len(), 21, "every acknowledged write, and the new one");
+    for m in &survivors {
+        m.shutdown().await;
+    }
+}

@@ -232,18 +232,18 @@ impl Replica {
         }
     }
 
-    /// Waits until this member leads its set and has applied the first entry of its term
-    /// (from then on it takes writes); false when `patience` passed first.
+    /// Waits until this member leads its set and has applied every entry of its log, the first
+    /// of its term included (from then on it takes writes); false when `patience` passed first.
     pub async fn wait_leading(&self, patience: Duration) -> bool {
         let mut metrics = self.raft.metrics();
         tokio::time::timeout(patience, async {
             loop {
                 {
                     let m = metrics.borrow_watched();
+                    let applied = m.last_applied.as_ref();
                     let leading = m.state == openraft::ServerState::Leader
-                        && m.last_applied
-                            .as_ref()
-                            .is_some_and(|id| id.leader_id.term == m.current_term);
+                        && applied.is_some_and(|id| id.leader_id.term == m.current_term)
+                        && applied.map(|id| id.index) >= m.last_log_index;
                     if leading {
                         return;
                     }
@@ -255,6 +255,29 @@ impl Replica {
         })
         .await
         .is_ok()
+    }
+
+    /// The term this member leads now, if it does.
+    pub fn leading_term(&self) -> Option<u64> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        (m.state == openraft::ServerState::Leader).then_some(m.current_term)
+    }
+
+    /// Waits until this member no longer leads in `term` (it stepped down, or a later term
+    /// began), or stopped.
+    pub async fn wait_not_leading(&self, term: u64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let m = metrics.borrow_watched();
+                if m.state != openraft::ServerState::Leader || m.current_term != term {
+                    return;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Waits until this member has applied the entry at `index` (or `patience` passed).

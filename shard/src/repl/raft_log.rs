@@ -7,15 +7,19 @@
 //! * A set carries the term it was executed under: [`RaftLog::write_set`] writes the term in
 //!   the set's prefix when the batch starts, and the proposal takes it from there, so a batch
 //!   executed by a leader that lost its term in between applies nowhere (the term fence).
-//! * An append that did not apply is an error: not the leader (nothing was appended), a
-//!   fenced set, or an outcome not known in time (the entry may still apply; the writer's
-//!   in-memory state must then be rebuilt from storage before it is trusted, which the
-//!   followers' apply path will provide).
+//! * An append that did not apply is an error the jobs answer as MongoDB does: not the leader
+//!   or a fenced set (nothing applies: 10107), or an outcome not known in time (the entry may
+//!   still apply: 11602). After an unknown outcome the shard's in-memory state may lag its
+//!   storage; the member stops serving as primary when its term ends, and the next primary
+//!   recovers from storage (`replica_set`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::{Proposal, Replica};
+use wire::{ErrorCode, MongoError};
+
+use super::{Proposal, ReplError, Replica};
 use crate::log::{Appended, Log, WriteSet};
 use crate::storage::{StorageError, StorageResult};
 
@@ -25,6 +29,11 @@ const TERM_BYTES: usize = 8;
 /// A replicated shard's log (see the module header).
 pub struct RaftLog {
     replica: Arc<Replica>,
+    /// Set once an append's outcome was not known: this log takes no more appends (the
+    /// writer's next batch could not know what state it executes over), and the member
+    /// reopens its shard from storage ([`RaftLog::poisoned`]).
+    poisoned: AtomicBool,
+    poison: tokio::sync::Notify,
     /// The runtime the replica runs on: the writer thread blocks on it while a set replicates.
     runtime: tokio::runtime::Handle,
     /// How long an append waits for a majority.
@@ -35,9 +44,20 @@ impl RaftLog {
     pub fn new(replica: Arc<Replica>, runtime: tokio::runtime::Handle, patience: Duration) -> Self {
         RaftLog {
             replica,
+            poisoned: AtomicBool::new(false),
+            poison: tokio::sync::Notify::new(),
             runtime,
             patience,
         }
+    }
+
+    /// Returns once an append's outcome was not known (see `poisoned`).
+    pub async fn poisoned(&self) {
+        let notified = self.poison.notified();
+        if self.poisoned.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
     }
 }
 
@@ -60,14 +80,34 @@ impl Log for RaftLog {
             term,
             ops: set.encoded().to_vec(),
         };
-        let applied = self
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(StorageError::Interrupted(
+                MongoError::new(
+                    ErrorCode::NOT_WRITABLE_PRIMARY,
+                    "the primary is recovering its state after a write whose outcome it does not \
+                     know",
+                )
+                .with_label("RetryableWriteError"),
+            ));
+        }
+        let proposed = self
             .runtime
-            .block_on(self.replica.propose(proposal, self.patience))
-            .map_err(|e| StorageError::Engine(e.to_string()))?;
+            .block_on(self.replica.propose(proposal, self.patience));
+        if matches!(proposed, Err(ReplError::Unknown | ReplError::TimedOut(_))) {
+            self.poisoned.store(true, Ordering::Release);
+            self.poison.notify_waiters();
+        }
+        let applied = proposed.map_err(answer)?;
         if !applied.executed {
-            return Err(StorageError::Engine(format!(
-                "the batch was executed in term {term}, which ended before it replicated"
-            )));
+            return Err(StorageError::Interrupted(
+                MongoError::new(
+                    ErrorCode::NOT_WRITABLE_PRIMARY,
+                    format!(
+                        "the batch was executed in term {term}, which ended before it replicated"
+                    ),
+                )
+                .with_label("RetryableWriteError"),
+            ));
         }
         Ok(Appended {
             at: applied.index,
@@ -82,4 +122,20 @@ impl Log for RaftLog {
     fn retract(&self, _appended: Appended) {}
 
     fn applied(&self, _appended: Appended) {}
+}
+
+/// What the writer's jobs answer when their batch did not replicate: 10107 when nothing was
+/// appended (a client may resend it anywhere), 11602 when it may still apply (only a retryable
+/// write may be resent: its record makes the resend a no-op if it did), both labelled as
+/// MongoDB labels them.
+fn answer(e: ReplError) -> StorageError {
+    let (code, msg) = match &e {
+        ReplError::NotLeader { .. } => (ErrorCode::NOT_WRITABLE_PRIMARY, e.to_string()),
+        ReplError::Unknown | ReplError::TimedOut(_) => (
+            ErrorCode::INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+            e.to_string(),
+        ),
+        ReplError::Stopped(_) => return StorageError::Engine(e.to_string()),
+    };
+    StorageError::Interrupted(MongoError::new(code, msg).with_label("RetryableWriteError"))
 }

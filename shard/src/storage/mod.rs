@@ -107,8 +107,8 @@ pub enum StorageError {
     Engine(String),
     #[error("injected storage fault: {0}")]
     Injected(&'static str),
-    /// The operation scanning was interrupted (`maxTimeMS`, `killOp`): not a storage failure;
-    /// the operation answers this error.
+    /// Not a storage failure: the operation was interrupted (`maxTimeMS`, `killOp`), or its
+    /// write could not replicate (this member stopped being primary); it answers this error.
     #[error("{}", .0.errmsg)]
     Interrupted(wire::MongoError),
 }
