@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bson::doc;
 use common::*;
-use shard::repl::{LocalNet, Member, MemberId, RaftLog, Replica, Timing};
+use shard::repl::{LocalNet, Member, MemberId, Net, RaftLog, Replica, Timing};
 use shard::storage::{KeyRange, RedbStorage, Scan, Storage, Table};
 
 const FAST: Timing = Timing {
@@ -27,7 +27,7 @@ async fn member(dir: &Path, id: MemberId, net: &Arc<LocalNet>) -> (Arc<Replica>,
         id,
         &dir.join(format!("m{id}.raft")),
         storage.clone(),
-        net.clone(),
+        Net::Local(net.clone()),
         FAST,
     )
     .await
@@ -236,5 +236,155 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
     assert_eq!(docs.len(), 21, "every acknowledged write, and the new one");
     for m in &survivors {
         m.shutdown().await;
+    }
+}
+
+/// A member's server for its peers' messages only (the test's stand-in for the shard server).
+struct PeerServer(Arc<Replica>);
+
+#[async_trait::async_trait]
+impl wire::server::Handler for PeerServer {
+    async fn handle(
+        &self,
+        _conn: &wire::server::ConnectionInfo,
+        req: wire::server::Request,
+    ) -> wire::server::Reply {
+        let name = req.body.keys().next().cloned().unwrap_or_default();
+        let reply = match self.0.answer(&name, &req.body).await {
+            Ok(reply) => reply,
+            Err(e) => e.to_document(),
+        };
+        wire::server::Reply::Document(reply)
+    }
+}
+
+/// The same set over TCP: each member behind its own port, its Raft messages as OP_MSG
+/// commands (`_repl*`); what commits is on every member, and when the leader's process stops
+/// answering, the others elect a new one and go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_on_their_own_ports_replicate_and_elect_over_the_wire() {
+    use shard::storage::Table;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+        );
+    }
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect();
+    let net = Net::Wire(shard::repl::WireNet::new(None, None));
+    let mut members = Vec::new();
+    for (id, listener) in (0..3u64).zip(listeners) {
+        let storage: Arc<dyn Storage> =
+            Arc::new(RedbStorage::open(&dir.path().join(format!("m{id}.redb"))).expect("storage"));
+        let replica = Arc::new(
+            Replica::open(
+                id,
+                &dir.path().join(format!("m{id}.raft")),
+                storage.clone(),
+                net.clone(),
+                FAST,
+            )
+            .await
+            .expect("replica"),
+        );
+        let cancel = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(wire::server::serve(
+            listener,
+            Arc::new(PeerServer(replica.clone())),
+            cancel.clone(),
+        ));
+        members.push((replica, storage, cancel));
+    }
+    let all: BTreeMap<MemberId, Member> = (0..3u64)
+        .map(|id| {
+            (
+                id,
+                Member {
+                    addr: addrs[id as usize].clone(),
+                },
+            )
+        })
+        .collect();
+    members[0].0.initialize(all).await.expect("initialize");
+
+    async fn leader_among(members: &[&Arc<Replica>]) -> Arc<Replica> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(l) = members.iter().find(|r| r.is_leader())
+                && l.wait_leading(PATIENCE).await
+            {
+                return (*l).clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let put = |term: u64, key: &str| {
+        let mut set = shard::log::WriteSet::with_prefix(0, 64);
+        set.push(shard::log::Op {
+            table: Table::Documents.index(),
+            key: key.as_bytes(),
+            value: Some(b"v"),
+        })
+        .expect("op");
+        shard::repl::Proposal {
+            term,
+            ops: set.encoded().to_vec(),
+        }
+    };
+    let everyone: Vec<&Arc<Replica>> = members.iter().map(|(r, _, _)| r).collect();
+    let leader = leader_among(&everyone).await;
+    let mut last = 0;
+    for i in 0..10 {
+        last = leader
+            .propose(put(leader.term(), &format!("k{i}")), PATIENCE)
+            .await
+            .expect("committed")
+            .index;
+    }
+    for (replica, _, _) in &members {
+        assert!(
+            replica.wait_applied(last, PATIENCE).await,
+            "member {}",
+            replica.id()
+        );
+    }
+    let on_leader = rows(members[leader.id() as usize].1.as_ref(), Table::Documents);
+    assert_eq!(on_leader.len(), 10);
+    for (replica, storage, _) in &members {
+        assert_eq!(
+            rows(storage.as_ref(), Table::Documents),
+            on_leader,
+            "member {}",
+            replica.id()
+        );
+    }
+
+    // The leader's process stops answering: the others elect one of themselves.
+    let old = leader.id();
+    members[old as usize].2.cancel();
+    leader.shutdown().await;
+    let survivors: Vec<&Arc<Replica>> = members
+        .iter()
+        .map(|(r, _, _)| r)
+        .filter(|r| r.id() != old)
+        .collect();
+    let new = leader_among(&survivors).await;
+    assert_ne!(new.id(), old);
+    let applied = new
+        .propose(put(new.term(), "after"), PATIENCE)
+        .await
+        .expect("the new leader commits with the other survivor");
+    for r in &survivors {
+        assert!(r.wait_applied(applied.index, PATIENCE).await);
+    }
+    for r in survivors {
+        r.shutdown().await;
     }
 }

@@ -24,6 +24,7 @@ mod log_store;
 mod network;
 mod raft_log;
 mod state_machine;
+mod wire_net;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,8 +35,9 @@ use std::time::Duration;
 use openraft::async_runtime::WatchReceiver;
 use serde::{Deserialize, Serialize};
 
-pub use network::LocalNet;
+pub use network::{LocalNet, Net};
 pub use raft_log::RaftLog;
+pub use wire_net::{COMMANDS as PEER_COMMANDS, WireNet};
 
 use crate::storage::Storage;
 
@@ -144,7 +146,7 @@ impl Replica {
         id: MemberId,
         log_path: &Path,
         storage: Arc<dyn Storage>,
-        net: Arc<LocalNet>,
+        net: Net,
         timing: Timing,
     ) -> Result<Replica, ReplError> {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -165,7 +167,9 @@ impl Replica {
         let raft = Raft::new(id, Arc::new(config), net.factory(id), log, sm)
             .await
             .map_err(|e| ReplError::Stopped(e.to_string()))?;
-        net.register(id, raft.clone());
+        if let Net::Local(local) = &net {
+            local.register(id, raft.clone());
+        }
         Ok(Replica { id, raft })
     }
 
@@ -180,6 +184,15 @@ impl Replica {
             .initialize(members)
             .await
             .map_err(|e| ReplError::Stopped(format!("initialising the set: {e}")))
+    }
+
+    /// Answers a peer's message (`_repl*`, see `wire_net`).
+    pub async fn answer(
+        &self,
+        name: &str,
+        body: &bson::Document,
+    ) -> Result<bson::Document, wire::MongoError> {
+        wire_net::answer(&self.raft, name, body).await
     }
 
     /// The leader this member knows of now.

@@ -1,6 +1,6 @@
-//! The members' transport inside one process: each member's Raft reached by a direct call, with
-//! links that can be cut (one way or both) to partition a set. What the embedded cluster's
-//! `--replicas` and the consensus tests run on; shards on separate hosts use the wire transport.
+//! How members reach each other ([`Net`]): inside one process each member's Raft by a direct
+//! call, with links that can be cut (one way or both) to partition a set ([`LocalNet`]: the
+//! embedded cluster and the consensus tests); across processes over the wire (`wire_net`).
 //!
 //! Invariants:
 //! * A message crosses a link only while the link from its sender to its receiver is up; the
@@ -20,6 +20,7 @@ use openraft::raft::{
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 
+use super::wire_net::{WireNet, WirePeer};
 use super::{Member, MemberId, Raft, TypeConfig};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,13 +47,6 @@ impl LocalNet {
     /// The member `id` is gone (stopped): nothing reaches it until it registers again.
     pub fn remove(&self, id: MemberId) {
         lock(&self.members).remove(&id);
-    }
-
-    pub(super) fn factory(self: &Arc<Self>, from: MemberId) -> Factory {
-        Factory {
-            from,
-            net: self.clone(),
-        }
     }
 
     /// Cuts the link from `from` to `to` (one way).
@@ -112,32 +106,121 @@ impl LocalNet {
     }
 }
 
+/// How a member reaches the others: directly in this process, or over the wire.
+#[derive(Clone)]
+pub enum Net {
+    Local(Arc<LocalNet>),
+    Wire(Arc<WireNet>),
+}
+
+impl Net {
+    pub(super) fn factory(&self, from: MemberId) -> Factory {
+        Factory {
+            from,
+            net: self.clone(),
+        }
+    }
+}
+
 /// Makes the links out of one member.
 pub(super) struct Factory {
     from: MemberId,
-    net: Arc<LocalNet>,
+    net: Net,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Factory {
     type Network = Peer;
 
-    async fn new_client(&mut self, target: MemberId, _node: &Member) -> Peer {
-        Peer {
-            from: self.from,
-            to: target,
-            net: self.net.clone(),
+    async fn new_client(&mut self, target: MemberId, node: &Member) -> Peer {
+        match &self.net {
+            Net::Local(net) => Peer::Local(LocalPeer {
+                from: self.from,
+                to: target,
+                net: net.clone(),
+            }),
+            Net::Wire(net) => Peer::Wire(WirePeer {
+                to: target,
+                client: net.client(&node.addr),
+            }),
+        }
+    }
+}
+
+/// The link to one member.
+pub(super) enum Peer {
+    Local(LocalPeer),
+    Wire(WirePeer),
+}
+
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self {
+            Peer::Local(p) => p.append_entries(rpc, option).await,
+            Peer::Wire(p) => p.append_entries(rpc, option).await,
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self {
+            Peer::Local(p) => p.vote(rpc, option).await,
+            Peer::Wire(p) => p.vote(rpc, option).await,
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self {
+            Peer::Local(p) => p.pre_vote(rpc, option).await,
+            Peer::Wire(p) => p.pre_vote(rpc, option).await,
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: VoteOf<TypeConfig>,
+        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        match self {
+            Peer::Local(p) => p.full_snapshot(vote, snapshot, cancel, option).await,
+            Peer::Wire(p) => p.full_snapshot(vote, snapshot, cancel, option).await,
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self {
+            Peer::Local(p) => p.transfer_leader(req, option).await,
+            Peer::Wire(p) => p.transfer_leader(req, option).await,
         }
     }
 }
 
 /// The link from one member to another.
-pub(super) struct Peer {
+pub(super) struct LocalPeer {
     from: MemberId,
     to: MemberId,
     net: Arc<LocalNet>,
 }
 
-impl RaftNetworkV2<TypeConfig> for Peer {
+impl RaftNetworkV2<TypeConfig> for LocalPeer {
     type SnapshotData = Vec<u8>;
 
     async fn append_entries(

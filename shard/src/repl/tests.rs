@@ -34,7 +34,7 @@ async fn open_member(
         id,
         &dir.join(format!("m{id}.raft")),
         storage.clone(),
-        net.clone(),
+        Net::Local(net.clone()),
         FAST,
     )
     .await

@@ -1,0 +1,285 @@
+//! The members' transport across processes: each Raft message is one OP_MSG command on
+//! `admin`, sent with a pooled `wire::Client` (with the cluster's TLS and key-file login) and
+//! answered by the receiving member's [`Replica::answer`].
+//!
+//! | command | carries |
+//! |---|---|
+//! | `_replAppendEntries` | the request as JSON in `m`, its entries in `entries`, each a binary in `codec`'s entry frame (write sets travel as they are) |
+//! | `_replVote`, `_replPreVote` | the request as JSON in `m` |
+//! | `_replSnapshot` | the vote and the snapshot's meta as JSON in `m`, its rows in `data` |
+//! | `_replTransferLeader` | the request as JSON in `m` |
+//!
+//! The reply is `{ok: 1, m: <response as JSON>}`.
+//!
+//! Invariants:
+//! * Every call has the deadline openraft gives it (`RPCOption::hard_ttl`); a call without a
+//!   reply is `Unreachable`, so openraft retries it with its backoff.
+//! * A message that does not decode is refused with 2 `BadValue`, never applied in part.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use bson::{Bson, Document, doc};
+use openraft::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
+use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use wire::{ErrorCode, MongoError};
+
+use super::codec::{decode_entry, encode_entry};
+use super::{MemberId, Raft, TypeConfig};
+
+/// The commands a member answers for its peers.
+pub const COMMANDS: [&str; 5] = [
+    "_replAppendEntries",
+    "_replVote",
+    "_replPreVote",
+    "_replSnapshot",
+    "_replTransferLeader",
+];
+
+fn binary(bytes: Vec<u8>) -> Bson {
+    Bson::Binary(bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    })
+}
+
+fn json<T: Serialize>(value: &T) -> Result<Bson, MongoError> {
+    serde_json::to_vec(value)
+        .map(binary)
+        .map_err(|e| MongoError::internal(format!("encoding a Raft message: {e}")))
+}
+
+fn bad(e: impl std::fmt::Display) -> MongoError {
+    MongoError::new(
+        ErrorCode::BAD_VALUE,
+        format!("a malformed Raft message: {e}"),
+    )
+}
+
+fn bytes_of<'a>(d: &'a Document, field: &str) -> Result<&'a [u8], MongoError> {
+    match d.get(field) {
+        Some(Bson::Binary(b)) => Ok(&b.bytes),
+        _ => Err(bad(format!("no binary field {field}"))),
+    }
+}
+
+fn from_json<T: DeserializeOwned>(d: &Document, field: &str) -> Result<T, MongoError> {
+    serde_json::from_slice(bytes_of(d, field)?).map_err(bad)
+}
+
+/// The vote and meta of a snapshot message.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(bound = "")]
+struct SnapshotHead {
+    vote: VoteOf<TypeConfig>,
+    meta: SnapshotMetaOf<TypeConfig>,
+}
+
+/// Answers one peer message with `raft` (the server side; see the module header).
+pub(super) async fn answer(
+    raft: &Raft,
+    name: &str,
+    body: &Document,
+) -> Result<Document, MongoError> {
+    let failed = |e: &dyn std::fmt::Display| {
+        MongoError::new(
+            ErrorCode::INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+            format!("this member cannot answer {name}: {e}"),
+        )
+    };
+    let reply = match name {
+        "_replAppendEntries" => {
+            let mut rpc: AppendEntriesRequest<TypeConfig> = from_json(body, "m")?;
+            let entries = body.get_array("entries").map_err(bad)?;
+            rpc.entries = entries
+                .iter()
+                .map(|e| match e {
+                    Bson::Binary(b) => decode_entry(&b.bytes).map_err(bad),
+                    _ => Err(bad("an entry that is not binary")),
+                })
+                .collect::<Result<_, _>>()?;
+            json(&raft.append_entries(rpc).await.map_err(|e| failed(&e))?)?
+        }
+        "_replVote" => json(
+            &raft
+                .vote(from_json(body, "m")?)
+                .await
+                .map_err(|e| failed(&e))?,
+        )?,
+        "_replPreVote" => json(
+            &raft
+                .pre_vote(from_json(body, "m")?)
+                .await
+                .map_err(|e| failed(&e))?,
+        )?,
+        "_replSnapshot" => {
+            let head: SnapshotHead = from_json(body, "m")?;
+            let snapshot = openraft::Snapshot {
+                meta: head.meta,
+                snapshot: bytes_of(body, "data")?.to_vec(),
+            };
+            let reply = raft
+                .install_full_snapshot(head.vote, snapshot)
+                .await
+                .map_err(|e| failed(&e))?;
+            json(&reply)?
+        }
+        "_replTransferLeader" => {
+            let reply = raft
+                .handle_transfer_leader(from_json(body, "m")?)
+                .await
+                .map_err(|e| failed(&e))?;
+            json(&reply)?
+        }
+        other => {
+            return Err(MongoError::new(
+                ErrorCode::COMMAND_NOT_FOUND,
+                format!("no such command: '{other}'"),
+            ));
+        }
+    };
+    Ok(doc! {"ok": 1.0, "m": reply})
+}
+
+/// The other members' addresses and one pooled client to each.
+pub struct WireNet {
+    clients: Mutex<HashMap<String, Arc<wire::Client>>>,
+    tls: Option<wire::tls::ClientTls>,
+    key: Option<Arc<wire::keyfile::KeyFile>>,
+}
+
+impl WireNet {
+    pub fn new(
+        tls: Option<wire::tls::ClientTls>,
+        key: Option<Arc<wire::keyfile::KeyFile>>,
+    ) -> Arc<WireNet> {
+        Arc::new(WireNet {
+            clients: Mutex::default(),
+            tls,
+            key,
+        })
+    }
+
+    pub(super) fn client(&self, addr: &str) -> Arc<wire::Client> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients
+            .entry(addr.to_string())
+            .or_insert_with(|| {
+                Arc::new(
+                    wire::Client::with_tls(addr.to_string(), self.tls.clone())
+                        .with_key(self.key.clone()),
+                )
+            })
+            .clone()
+    }
+}
+
+/// The link to one member over the wire.
+pub(super) struct WirePeer {
+    pub(super) to: MemberId,
+    pub(super) client: Arc<wire::Client>,
+}
+
+impl WirePeer {
+    /// Sends `cmd` and decodes the reply's `m`, within `option`'s deadline.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        cmd: Document,
+        option: &RPCOption,
+    ) -> Result<T, Unreachable<TypeConfig>> {
+        let to = self.to;
+        let unreachable =
+            move |e: &dyn std::fmt::Display| Unreachable::from_string(format!("member {to}: {e}"));
+        let sent = tokio::time::timeout(option.hard_ttl(), self.client.command("admin", &cmd));
+        let reply = match sent.await {
+            Err(_) => return Err(unreachable(&"no reply within the deadline")),
+            Ok(Err(e)) => return Err(unreachable(&e)),
+            Ok(Ok(reply)) => reply,
+        };
+        if let Some(e) = MongoError::from_reply(&reply) {
+            return Err(unreachable(&e.errmsg));
+        }
+        from_json(&reply, "m").map_err(|e| unreachable(&e.errmsg))
+    }
+}
+
+fn command(name: &str, m: Bson) -> Document {
+    let mut cmd = Document::new();
+    cmd.insert(name, 1);
+    cmd.insert("m", m);
+    cmd
+}
+
+fn encoding(e: MongoError) -> Unreachable<TypeConfig> {
+    Unreachable::from_string(e.errmsg)
+}
+
+impl RaftNetworkV2<TypeConfig> for WirePeer {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let entries = std::mem::take(&mut rpc.entries)
+            .iter()
+            .map(|e| encode_entry(e).map(binary))
+            .collect::<Result<Vec<Bson>, _>>()
+            .map_err(|e| Unreachable::from_string(e.to_string()))?;
+        let mut cmd = command("_replAppendEntries", json(&rpc).map_err(encoding)?);
+        cmd.insert("entries", entries);
+        Ok(self.call(cmd, &option).await?)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let cmd = command("_replVote", json(&rpc).map_err(encoding)?);
+        Ok(self.call(cmd, &option).await?)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let cmd = command("_replPreVote", json(&rpc).map_err(encoding)?);
+        Ok(self.call(cmd, &option).await?)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: VoteOf<TypeConfig>,
+        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let head = SnapshotHead {
+            vote,
+            meta: snapshot.meta,
+        };
+        let mut cmd = command("_replSnapshot", json(&head).map_err(encoding)?);
+        cmd.insert("data", binary(snapshot.snapshot));
+        Ok(self.call(cmd, &option).await?)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let cmd = command("_replTransferLeader", json(&req).map_err(encoding)?);
+        Ok(self.call(cmd, &option).await?)
+    }
+}
