@@ -158,6 +158,18 @@ const SETTINGS: &[Setting] = &[
         on: &[Shard],
     },
     Setting {
+        path: "replication.replSetName",
+        flag: "--replSet",
+        kind: Kind::Value,
+        on: &[Shard],
+    },
+    Setting {
+        path: "tributary.peers",
+        flag: "--peers",
+        kind: Kind::List,
+        on: &[Shard],
+    },
+    Setting {
         path: "tributary.replSetMode",
         flag: "--replSetMode",
         kind: Kind::Switch,

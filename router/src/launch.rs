@@ -23,6 +23,8 @@ pub struct Running {
     pub cancel: CancellationToken,
     task: JoinHandle<()>,
     shards: Vec<Arc<shard::Shard>>,
+    /// A replica-set member served here (`tributary shard --replSet`).
+    member: Option<Arc<shard::replica_set::ReplicaSetMember>>,
     pub router: Option<Arc<Router>>,
 }
 
@@ -42,6 +44,9 @@ impl Running {
         }
         for s in self.shards {
             s.shutdown().await;
+        }
+        if let Some(member) = self.member {
+            member.shutdown().await;
         }
     }
 
@@ -211,6 +216,7 @@ async fn router_over(
         cancel,
         task,
         shards: Vec::new(),
+        member: None,
         router: Some(router),
     })
 }
@@ -276,6 +282,128 @@ pub async fn shard_secured(
         cancel,
         task,
         shards: vec![s],
+        member: None,
+        router: None,
+    })
+}
+
+/// A replica set's settings for one member (`--replSet NAME --peers h1:p1,h2:p2,...`).
+#[derive(Debug, Clone)]
+pub struct ReplSet {
+    pub name: String,
+    /// Every member's `host:port`, this one's included, in the same order on every member.
+    pub peers: Vec<String>,
+}
+
+/// Which of `peers` is the member bound to `addr`: the entry equal to its address, or to
+/// `localhost`, `127.0.0.1` or the bound IP with its port.
+fn member_id(peers: &[String], addr: SocketAddr) -> anyhow::Result<u64> {
+    let port = addr.port();
+    let mine = [
+        addr.to_string(),
+        advertised(addr),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+    ];
+    let position = peers
+        .iter()
+        .position(|p| mine.contains(p))
+        .with_context(|| {
+            format!(
+                "this member's address ({addr}) is not among --peers {}",
+                peers.join(",")
+            )
+        })?;
+    Ok(u64::try_from(position)?)
+}
+
+/// One member of a replicated shard serving on `bind`, storing under `dbpath`: it serves the
+/// shard while it leads its set, and its peers' Raft messages always. The first member of
+/// `peers` starts a new set when its log is empty.
+pub async fn shard_member(
+    bind: SocketAddr,
+    dbpath: PathBuf,
+    name: String,
+    set: ReplSet,
+    test_commands: bool,
+    security: ShardSecurity,
+) -> anyhow::Result<Running> {
+    use shard::repl::{Member, Net, Replica, Timing, WireNet};
+    anyhow::ensure!(
+        matches!(set.peers.len(), 1 | 3 | 5 | 7),
+        "a replica set has 1, 3, 5 or 7 members (--peers lists {})",
+        set.peers.len()
+    );
+    std::fs::create_dir_all(&dbpath)
+        .with_context(|| format!("creating shard directory {}", dbpath.display()))?;
+    let listener = TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding the shard to {bind}"))?;
+    let addr = listener.local_addr()?;
+    let me = member_id(&set.peers, addr)?;
+    let storage: Arc<dyn shard::storage::Storage> = Arc::new(
+        shard::storage::RedbStorage::open(&dbpath.join("member.redb"))
+            .map_err(|e| anyhow::anyhow!("opening {}: {e}", dbpath.display()))?,
+    );
+    let net = Net::Wire(WireNet::new(
+        security.peer_tls.clone(),
+        security.key.clone(),
+    ));
+    let replica = Replica::open(
+        me,
+        &dbpath.join("raft.redb"),
+        storage.clone(),
+        net,
+        Timing::default(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("opening the member's Raft log: {e}"))?;
+    let replica = Arc::new(replica);
+    if me == 0 {
+        let members = (0..)
+            .zip(&set.peers)
+            .map(|(id, addr)| (id, Member { addr: addr.clone() }))
+            .collect();
+        replica
+            .initialize_if_new(members)
+            .await
+            .map_err(|e| anyhow::anyhow!("starting replica set {}: {e}", set.name))?;
+    }
+    let opts = shard::ShardOptions {
+        dbpath: dbpath.clone(),
+        name,
+        clock: Arc::new(shard::SystemClock),
+    };
+    let info = shard::replica_set::SetInfo {
+        name: set.name,
+        hosts: set.peers,
+        me,
+    };
+    let member = shard::replica_set::ReplicaSetMember::start(
+        opts,
+        info,
+        replica,
+        storage,
+        std::time::Duration::from_secs(10),
+    );
+    if test_commands {
+        member.enable_test_commands();
+    }
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(shard::server::serve_any(
+        shard::server::Served::Member(member.clone()),
+        listener,
+        cancel.clone(),
+        security.server_tls,
+        security.key,
+    ));
+    tracing::info!(%addr, member = me, "replica-set member listening");
+    Ok(Running {
+        addr,
+        cancel,
+        task,
+        shards: Vec::new(),
+        member: Some(member),
         router: None,
     })
 }

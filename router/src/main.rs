@@ -247,6 +247,13 @@ enum Command {
         /// The shard's name in logs.
         #[arg(long, default_value = "shard")]
         name: String,
+        /// Run as one member of the replica set NAME (with `--peers`).
+        #[arg(long = "replSet", requires = "peers")]
+        repl_set: Option<String>,
+        /// Every member's HOST:PORT, this one's included, in the same order on every member
+        /// (comma-separated, or repeated).
+        #[arg(long, value_delimiter = ',', requires = "repl_set")]
+        peers: Vec<String>,
         /// Enable test-only commands (the shard's `configureFailPoint`).
         #[arg(long = "enableTestCommands")]
         enable_test_commands: bool,
@@ -333,7 +340,7 @@ async fn run() -> anyhow::Result<()> {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::util::SubscriberInitExt;
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
         // `setParameter: {logLevel}` replaces the filter while the process runs.
         let (filter, reload) = tracing_subscriber::reload::Layer::new(filter);
         router::parameters::install_log_reload(move |directive| {
@@ -396,6 +403,8 @@ async fn run() -> anyhow::Result<()> {
             bind_ip,
             dbpath,
             name,
+            repl_set,
+            peers,
             enable_test_commands,
             oplog,
             tls,
@@ -407,14 +416,21 @@ async fn run() -> anyhow::Result<()> {
                 peer_tls: tls.outgoing()?,
                 key: key_file.read()?,
             };
-            launch::shard_secured(
-                SocketAddr::new(bind_ip, port),
-                dbpath,
-                name,
-                enable_test_commands,
-                security,
-            )
-            .await?
+            let bind = SocketAddr::new(bind_ip, port);
+            match repl_set {
+                Some(name_of_set) => {
+                    let set = launch::ReplSet {
+                        name: name_of_set,
+                        peers,
+                    };
+                    launch::shard_member(bind, dbpath, name, set, enable_test_commands, security)
+                        .await?
+                }
+                None => {
+                    launch::shard_secured(bind, dbpath, name, enable_test_commands, security)
+                        .await?
+                }
+            }
         }
         Some(Command::Router {
             port,

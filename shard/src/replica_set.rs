@@ -14,25 +14,42 @@
 //! * A shard whose log lost track of a write (its outcome unknown) is closed and opened again
 //!   from storage once everything in the member's log is applied: its in-memory state never
 //!   lags what its storage holds while it takes writes.
-//! * A member that does not lead answers every command but `hello`-like ones with 10107
-//!   `NotWritablePrimary` (until secondaries serve reads): a client retries on the primary.
+//! * A member that does not lead answers every command but `hello` and its peers' Raft
+//!   messages with 10107 `NotWritablePrimary` (until secondaries serve reads): a client
+//!   retries on the primary. `hello` names the set, its hosts, the primary and this member,
+//!   and the primary's `electionId` (`7fffffff` + term), as a replica-set member's does.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::Document;
+use bson::{Bson, Document};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
-use crate::repl::{RaftLog, Replica};
+use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica};
 use crate::storage::Storage;
 use crate::{Shard, ShardOptions};
 
+/// Who a member is in its set, as `hello` reports it.
+#[derive(Debug, Clone)]
+pub struct SetInfo {
+    /// `--replSet`.
+    pub name: String,
+    /// Every member's `host:port`, in `--peers` order: a member's id is its position.
+    pub hosts: Vec<String>,
+    /// This member's id.
+    pub me: MemberId,
+}
+
 /// One member of a replica set (see the module header).
 pub struct ReplicaSetMember {
+    set: SetInfo,
     replica: Arc<Replica>,
     primary: watch::Receiver<Option<Arc<Shard>>>,
+    /// Whether each shard this member opens takes test commands.
+    test_commands: Arc<std::sync::atomic::AtomicBool>,
     cancel: CancellationToken,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -42,26 +59,40 @@ impl ReplicaSetMember {
     /// over `storage`, appending through the replica with `patience` for a majority.
     pub fn start(
         opts: ShardOptions,
+        set: SetInfo,
         replica: Arc<Replica>,
         storage: Arc<dyn Storage>,
         patience: Duration,
     ) -> Arc<ReplicaSetMember> {
         let (tx, rx) = watch::channel(None);
         let cancel = CancellationToken::new();
+        let test_commands = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = tokio::spawn(lead(
             opts,
             replica.clone(),
             storage,
             patience,
             tx,
+            test_commands.clone(),
             cancel.clone(),
         ));
         Arc::new(ReplicaSetMember {
+            set,
             replica,
             primary: rx,
+            test_commands,
             cancel,
             task: tokio::sync::Mutex::new(Some(task)),
         })
+    }
+
+    /// Every shard this member opens from now on takes test commands (`configureFailPoint`).
+    pub fn enable_test_commands(&self) {
+        self.test_commands
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(shard) = self.primary() {
+            shard.enable_test_commands();
+        }
     }
 
     pub fn replica(&self) -> &Arc<Replica> {
@@ -93,10 +124,70 @@ impl ReplicaSetMember {
 
     /// Runs a command on the primary's shard; on any other member, 10107.
     pub async fn run_command(&self, cmd: Document) -> Document {
-        match self.primary() {
-            Some(shard) => shard.run_command(cmd).await,
-            None => not_primary(self.replica.leader()).to_document(),
+        match self.run_command_body(cmd).await.into_document() {
+            Ok(reply) => reply,
+            Err(e) => e.to_document(),
         }
+    }
+
+    /// [`ReplicaSetMember::run_command`] as the server sends it: a peer's Raft message goes to
+    /// the replica, `hello` says where this member stands in its set, anything else runs on
+    /// the primary's shard or is refused with 10107.
+    pub async fn run_command_body(&self, cmd: Document) -> Body {
+        let name = cmd.keys().next().cloned().unwrap_or_default();
+        if PEER_COMMANDS.contains(&name.as_str()) {
+            return Body::Document(match self.replica.answer(&name, &cmd).await {
+                Ok(reply) => reply,
+                Err(e) => e.to_document(),
+            });
+        }
+        let primary = self.primary();
+        if matches!(name.as_str(), "hello" | "isMaster" | "ismaster") {
+            let base = match &primary {
+                Some(shard) => shard.run_command(cmd).await,
+                None => standalone_hello(&name, &cmd),
+            };
+            return Body::Document(self.hello(base, primary.is_some()));
+        }
+        match primary {
+            Some(shard) => shard.run_command_body(cmd).await,
+            None => Body::Document(not_primary(self.replica.leader()).to_document()),
+        }
+    }
+
+    /// `base` (a server's `hello`) with this member's place in its set.
+    fn hello(&self, mut base: Document, primary: bool) -> Document {
+        if base.get("ok") != Some(&Bson::Double(1.0)) {
+            return base;
+        }
+        let term = self.replica.term();
+        let writable = if base.contains_key("isWritablePrimary") {
+            "isWritablePrimary"
+        } else {
+            "ismaster"
+        };
+        base.insert(writable, primary);
+        base.insert("secondary", !primary);
+        base.insert("setName", self.set.name.clone());
+        base.insert("setVersion", 1_i32);
+        base.insert("hosts", self.set.hosts.clone());
+        if let Some(leader) = self.replica.leader()
+            && let Some(host) = usize::try_from(leader)
+                .ok()
+                .and_then(|l| self.set.hosts.get(l))
+        {
+            base.insert("primary", host.clone());
+        }
+        if let Some(me) = usize::try_from(self.set.me)
+            .ok()
+            .and_then(|m| self.set.hosts.get(m))
+        {
+            base.insert("me", me.clone());
+        }
+        if primary {
+            base.insert("electionId", election_id(term));
+        }
+        base
     }
 
     /// Stops serving (closing the shard if open) and stops the replica.
@@ -107,6 +198,42 @@ impl ReplicaSetMember {
         }
         self.replica.shutdown().await;
     }
+}
+
+/// MongoDB's `electionId` for a term: `7fffffff` then the term, big-endian.
+fn election_id(term: u64) -> bson::oid::ObjectId {
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&0x7fff_ffff_u32.to_be_bytes());
+    bytes[4..].copy_from_slice(&term.to_be_bytes());
+    bson::oid::ObjectId::from_bytes(bytes)
+}
+
+/// What a server without a shard to ask answers to `hello` (the handshake facts a driver
+/// needs before the set's fields).
+fn standalone_hello(name: &str, cmd: &Document) -> Document {
+    let mut d = Document::new();
+    if cmd.get_bool("helloOk").unwrap_or(false) {
+        d.insert("helloOk", true);
+    }
+    d.insert(
+        if name == "hello" {
+            "isWritablePrimary"
+        } else {
+            "ismaster"
+        },
+        false,
+    );
+    d.insert("maxBsonObjectSize", wire::MAX_BSON_OBJECT_SIZE as i32);
+    d.insert("maxMessageSizeBytes", wire::MAX_MESSAGE_SIZE as i32);
+    d.insert("maxWriteBatchSize", 100_000_i32);
+    d.insert("localTime", bson::DateTime::now());
+    d.insert("logicalSessionTimeoutMinutes", 30_i32);
+    d.insert("connectionId", 1_i32);
+    d.insert("minWireVersion", 0_i32);
+    d.insert("maxWireVersion", wire::MAX_WIRE_VERSION);
+    d.insert("readOnly", false);
+    d.insert("ok", 1.0);
+    d
 }
 
 fn not_primary(leader: Option<u64>) -> MongoError {
@@ -125,6 +252,7 @@ async fn lead(
     storage: Arc<dyn Storage>,
     patience: Duration,
     tx: watch::Sender<Option<Arc<Shard>>>,
+    test_commands: Arc<std::sync::atomic::AtomicBool>,
     cancel: CancellationToken,
 ) {
     const LOOK: Duration = Duration::from_millis(500);
@@ -149,6 +277,9 @@ async fn lead(
                 continue;
             }
         };
+        if test_commands.load(std::sync::atomic::Ordering::Acquire) {
+            shard.enable_test_commands();
+        }
         tracing::info!(term, member = replica.id(), "primary: serving the shard");
         tx.send_replace(Some(shard.clone()));
         tokio::select! {

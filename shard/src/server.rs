@@ -1,5 +1,6 @@
 //! Serves a shard's `run_command` over the MongoDB wire protocol (multi-process mode, and
-//! direct connections that tail `local.oplog.rs`).
+//! direct connections that tail `local.oplog.rs`), or a replica-set member's
+//! (`replica_set`: its shard while it leads, its peers' Raft messages always).
 //!
 //! A thin shell: the request body (with `$db`) goes to [`Shard::run_command_body`] unchanged; the
 //! connection id is filled into handshake replies; unacknowledged writes (`moreToCome`) get no
@@ -25,9 +26,26 @@ use wire::scram::Conversation;
 use wire::{ConnectionInfo, ErrorCode, Handler, MongoError, Reply, Request};
 
 use crate::Shard;
+use crate::replica_set::ReplicaSetMember;
+
+/// What a server serves: a shard, or a replica-set member (which serves its shard while it
+/// leads, and its peers' Raft messages always).
+pub enum Served {
+    Shard(Arc<Shard>),
+    Member(Arc<ReplicaSetMember>),
+}
+
+impl Served {
+    async fn run(&self, body: Document) -> Body {
+        match self {
+            Served::Shard(shard) => shard.run_command_body(body).await,
+            Served::Member(member) => member.run_command_body(body).await,
+        }
+    }
+}
 
 struct ShardHandler {
-    shard: Arc<Shard>,
+    served: Served,
     key: Option<Arc<KeyFile>>,
     logins: Mutex<HashMap<u64, Login>>,
 }
@@ -73,7 +91,7 @@ impl Handler for ShardHandler {
             && body
                 .get_str("saslSupportedMechs")
                 .is_ok_and(|named| named == format!("{SYSTEM_DB}.{SYSTEM_USER}"));
-        match self.shard.run_command_body(body).await {
+        match self.served.run(body).await {
             _ if req.more_to_come => Reply::NoReply,
             Body::Document(mut reply) => {
                 if is_hello && reply.contains_key("connectionId") {
@@ -180,8 +198,19 @@ pub async fn serve_secured(
     tls: Option<Arc<wire::tls::ServerTls>>,
     key: Option<Arc<KeyFile>>,
 ) {
+    serve_any(Served::Shard(shard), listener, cancel, tls, key).await;
+}
+
+/// [`serve_secured`] for a shard or a replica-set member.
+pub async fn serve_any(
+    served: Served,
+    listener: TcpListener,
+    cancel: CancellationToken,
+    tls: Option<Arc<wire::tls::ServerTls>>,
+    key: Option<Arc<KeyFile>>,
+) {
     let handler = ShardHandler {
-        shard,
+        served,
         key,
         logins: Mutex::new(HashMap::new()),
     };

@@ -152,7 +152,14 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
         let home = dir.path().join(format!("shard{id}"));
         std::fs::create_dir_all(&home).expect("dir");
         let opts = options(&home, Arc::new(shard::SystemClock));
-        members.push(ReplicaSetMember::start(opts, replica, storage, PATIENCE));
+        let set = shard::replica_set::SetInfo {
+            name: "rs".into(),
+            hosts: (0..3).map(|m| format!("m{m}")).collect(),
+            me: id,
+        };
+        members.push(ReplicaSetMember::start(
+            opts, set, replica, storage, PATIENCE,
+        ));
     }
     let all: BTreeMap<MemberId, Member> = (0..3)
         .map(|id| {

@@ -58,5 +58,7 @@ pub use server::{ConnectionInfo, Handler, Reply, Request, serve, serve_connectio
 pub const MAX_MESSAGE_SIZE: usize = 48_000_000;
 /// `maxBsonObjectSize` for user documents.
 pub const MAX_BSON_OBJECT_SIZE: usize = 16 * 1024 * 1024;
+/// The newest wire version a Tributary server speaks (MongoDB 7.0's), in every `hello`.
+pub const MAX_WIRE_VERSION: i32 = 21;
 /// Internal BSON limit (user limit + 16 KiB), used for replies and events.
 pub const MAX_INTERNAL_BSON_SIZE: usize = MAX_BSON_OBJECT_SIZE + 16 * 1024;

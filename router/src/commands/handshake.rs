@@ -11,7 +11,6 @@ use super::Ctx;
 use crate::options::Presentation;
 
 pub const VERSION: &str = "7.0.0";
-pub const MAX_WIRE_VERSION: i32 = 21;
 /// An arbitrary but stable election id for the replica-set presentation.
 const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
 
@@ -59,7 +58,7 @@ pub(super) fn hello(ctx: &Ctx<'_>) -> Result<Document> {
     reply.insert("logicalSessionTimeoutMinutes", 30);
     reply.insert("connectionId", ctx.conn.id as i64);
     reply.insert("minWireVersion", 0);
-    reply.insert("maxWireVersion", MAX_WIRE_VERSION);
+    reply.insert("maxWireVersion", wire::MAX_WIRE_VERSION);
     reply.insert("readOnly", false);
     reply.insert("ok", 1.0);
     Ok(reply)

@@ -10,8 +10,6 @@ use wire::MongoError;
 
 use super::{Ctx, Reply};
 
-pub const MAX_WIRE_VERSION: i32 = 21;
-
 pub fn hello(ctx: &Ctx<'_>, name: &str) -> Result<Reply, MongoError> {
     let now = ctx.shard.state().now_millis();
     let mut d = bson::Document::new();
@@ -33,7 +31,7 @@ pub fn hello(ctx: &Ctx<'_>, name: &str) -> Result<Reply, MongoError> {
     d.insert("logicalSessionTimeoutMinutes", 30_i32);
     d.insert("connectionId", 1_i32);
     d.insert("minWireVersion", 0_i32);
-    d.insert("maxWireVersion", MAX_WIRE_VERSION);
+    d.insert("maxWireVersion", wire::MAX_WIRE_VERSION);
     d.insert("readOnly", false);
     d.insert("ok", 1.0);
     Ok(Reply::read(d))

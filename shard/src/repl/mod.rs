@@ -195,6 +195,23 @@ impl Replica {
         wire_net::answer(&self.raft, name, body).await
     }
 
+    /// [`Replica::initialize`] unless this member's log already belongs to a set (after a
+    /// restart).
+    pub async fn initialize_if_new(
+        &self,
+        members: BTreeMap<MemberId, Member>,
+    ) -> Result<(), ReplError> {
+        if self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| ReplError::Stopped(e.to_string()))?
+        {
+            return Ok(());
+        }
+        self.initialize(members).await
+    }
+
     /// The leader this member knows of now.
     pub fn leader(&self) -> Option<MemberId> {
         self.raft.metrics().borrow_watched().current_leader
