@@ -32,6 +32,7 @@ pub mod commands;
 pub mod cursor;
 pub mod documents;
 mod expiry;
+pub mod handshake;
 pub mod history;
 pub mod holds;
 pub mod indexes;

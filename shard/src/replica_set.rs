@@ -211,29 +211,9 @@ fn election_id(term: u64) -> bson::oid::ObjectId {
 /// What a server without a shard to ask answers to `hello` (the handshake facts a driver
 /// needs before the set's fields).
 fn standalone_hello(name: &str, cmd: &Document) -> Document {
-    let mut d = Document::new();
-    if cmd.get_bool("helloOk").unwrap_or(false) {
-        d.insert("helloOk", true);
-    }
-    d.insert(
-        if name == "hello" {
-            "isWritablePrimary"
-        } else {
-            "ismaster"
-        },
-        false,
-    );
-    d.insert("maxBsonObjectSize", wire::MAX_BSON_OBJECT_SIZE as i32);
-    d.insert("maxMessageSizeBytes", wire::MAX_MESSAGE_SIZE as i32);
-    d.insert("maxWriteBatchSize", 100_000_i32);
-    d.insert("localTime", bson::DateTime::now());
-    d.insert("logicalSessionTimeoutMinutes", 30_i32);
-    d.insert("connectionId", 1_i32);
-    d.insert("minWireVersion", 0_i32);
-    d.insert("maxWireVersion", wire::MAX_WIRE_VERSION);
-    d.insert("readOnly", false);
-    d.insert("ok", 1.0);
-    d
+    let hello_ok = cmd.get_bool("helloOk").unwrap_or(false);
+    let now = u64::try_from(bson::DateTime::now().timestamp_millis()).unwrap_or(0);
+    crate::handshake::hello(name, hello_ok, false, now)
 }
 
 fn not_primary(leader: Option<u64>) -> MongoError {

@@ -35,6 +35,20 @@ async fn member(dir: &Path, id: MemberId, net: &Arc<LocalNet>) -> (Arc<Replica>,
     (Arc::new(replica), storage)
 }
 
+/// Members 0, 1 and 2, reached in process.
+fn three() -> BTreeMap<MemberId, Member> {
+    (0..3)
+        .map(|id| {
+            (
+                id,
+                Member {
+                    addr: format!("m{id}"),
+                },
+            )
+        })
+        .collect()
+}
+
 /// The rows of `table` in `storage`.
 fn rows(storage: &dyn Storage, table: Table) -> Vec<(Vec<u8>, Vec<u8>)> {
     let txn = storage.begin_read().expect("read");
@@ -55,17 +69,7 @@ async fn what_the_leaders_shard_acknowledges_is_on_every_member() {
     for id in 0..3 {
         members.push(member(dir.path(), id, &net).await);
     }
-    let all: BTreeMap<MemberId, Member> = (0..3)
-        .map(|id| {
-            (
-                id,
-                Member {
-                    addr: format!("m{id}"),
-                },
-            )
-        })
-        .collect();
-    members[0].0.initialize(all).await.expect("initialize");
+    members[0].0.initialize(three()).await.expect("initialize");
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let leader = loop {
         if let Some(l) = members.iter().find(|(r, _)| r.is_leader()) {
@@ -161,19 +165,9 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
             opts, set, replica, storage, PATIENCE,
         ));
     }
-    let all: BTreeMap<MemberId, Member> = (0..3)
-        .map(|id| {
-            (
-                id,
-                Member {
-                    addr: format!("m{id}"),
-                },
-            )
-        })
-        .collect();
     members[0]
         .replica()
-        .initialize(all)
+        .initialize(three())
         .await
         .expect("initialize");
     let primary =

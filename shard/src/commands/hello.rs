@@ -11,30 +11,11 @@ use wire::MongoError;
 use super::{Ctx, Reply};
 
 pub fn hello(ctx: &Ctx<'_>, name: &str) -> Result<Reply, MongoError> {
+    let hello_ok = ctx.cmd.get("helloOk").and_then(super::as_bool) == Some(true);
     let now = ctx.shard.state().now_millis();
-    let mut d = bson::Document::new();
-    if ctx.cmd.get("helloOk").and_then(super::as_bool) == Some(true) {
-        d.insert("helloOk", true);
-    }
-    if name == "hello" {
-        d.insert("isWritablePrimary", true);
-    } else {
-        d.insert("ismaster", true);
-    }
-    d.insert("maxBsonObjectSize", wire::MAX_BSON_OBJECT_SIZE as i32);
-    d.insert("maxMessageSizeBytes", wire::MAX_MESSAGE_SIZE as i32);
-    d.insert("maxWriteBatchSize", 100_000_i32);
-    d.insert(
-        "localTime",
-        bson::DateTime::from_millis(i64::try_from(now).unwrap_or(i64::MAX)),
-    );
-    d.insert("logicalSessionTimeoutMinutes", 30_i32);
-    d.insert("connectionId", 1_i32);
-    d.insert("minWireVersion", 0_i32);
-    d.insert("maxWireVersion", wire::MAX_WIRE_VERSION);
-    d.insert("readOnly", false);
-    d.insert("ok", 1.0);
-    Ok(Reply::read(d))
+    Ok(Reply::read(crate::handshake::hello(
+        name, hello_ok, true, now,
+    )))
 }
 
 pub fn build_info() -> Result<Reply, MongoError> {

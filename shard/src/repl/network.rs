@@ -152,6 +152,16 @@ pub(super) enum Peer {
     Wire(WirePeer),
 }
 
+/// Runs the same call on whichever link `peer` is.
+macro_rules! on_link {
+    ($peer:expr, $p:ident => $call:expr) => {
+        match $peer {
+            Peer::Local($p) => $call,
+            Peer::Wire($p) => $call,
+        }
+    };
+}
+
 impl RaftNetworkV2<TypeConfig> for Peer {
     type SnapshotData = Vec<u8>;
 
@@ -160,10 +170,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self {
-            Peer::Local(p) => p.append_entries(rpc, option).await,
-            Peer::Wire(p) => p.append_entries(rpc, option).await,
-        }
+        on_link!(self, p => p.append_entries(rpc, option).await)
     }
 
     async fn vote(
@@ -171,10 +178,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self {
-            Peer::Local(p) => p.vote(rpc, option).await,
-            Peer::Wire(p) => p.vote(rpc, option).await,
-        }
+        on_link!(self, p => p.vote(rpc, option).await)
     }
 
     async fn pre_vote(
@@ -182,10 +186,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self {
-            Peer::Local(p) => p.pre_vote(rpc, option).await,
-            Peer::Wire(p) => p.pre_vote(rpc, option).await,
-        }
+        on_link!(self, p => p.pre_vote(rpc, option).await)
     }
 
     async fn full_snapshot(
@@ -195,10 +196,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        match self {
-            Peer::Local(p) => p.full_snapshot(vote, snapshot, cancel, option).await,
-            Peer::Wire(p) => p.full_snapshot(vote, snapshot, cancel, option).await,
-        }
+        on_link!(self, p => p.full_snapshot(vote, snapshot, cancel, option).await)
     }
 
     async fn transfer_leader(
@@ -206,10 +204,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self {
-            Peer::Local(p) => p.transfer_leader(req, option).await,
-            Peer::Wire(p) => p.transfer_leader(req, option).await,
-        }
+        on_link!(self, p => p.transfer_leader(req, option).await)
     }
 }
 

@@ -131,6 +131,20 @@ impl Set {
         txn.get(Table::Documents, key).expect("get").is_some()
     }
 
+    /// Stops a follower, then commits ten more entries without it: (leader, follower, the
+    /// last entry's index).
+    async fn write_with_a_follower_down(&mut self) -> (MemberId, MemberId, u64) {
+        let leader = self.leader(None).await;
+        propose(self, leader, "a").await;
+        let follower = (leader + 1) % 3;
+        self.stop(follower).await;
+        let mut last = 0;
+        for i in 0..10 {
+            last = propose(self, leader, &format!("b{i}")).await.index;
+        }
+        (leader, follower, last)
+    }
+
     async fn shutdown(mut self) {
         for id in 0..self.members.len() as u64 {
             self.stop(id).await;
@@ -256,14 +270,7 @@ async fn a_batch_executed_in_an_earlier_term_applies_nowhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_restarted_from_its_disk_catches_up() {
     let mut set = Set::start(3).await;
-    let leader = set.leader(None).await;
-    propose(&set, leader, "a").await;
-    let follower = (leader + 1) % 3;
-    set.stop(follower).await;
-    let mut last = 0;
-    for i in 0..10 {
-        last = propose(&set, leader, &format!("b{i}")).await.index;
-    }
+    let (leader, follower, last) = set.write_with_a_follower_down().await;
     set.restart(follower).await;
     assert!(
         set.member(follower).wait_applied(last, PATIENCE).await,
@@ -276,14 +283,7 @@ async fn a_member_restarted_from_its_disk_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_behind_a_purged_log_catches_up_from_a_snapshot() {
     let mut set = Set::start(3).await;
-    let leader = set.leader(None).await;
-    propose(&set, leader, "a").await;
-    let follower = (leader + 1) % 3;
-    set.stop(follower).await;
-    let mut last = 0;
-    for i in 0..10 {
-        last = propose(&set, leader, &format!("b{i}")).await.index;
-    }
+    let (leader, follower, last) = set.write_with_a_follower_down().await;
     set.member(leader)
         .compact(PATIENCE)
         .await
