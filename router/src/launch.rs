@@ -341,23 +341,13 @@ pub async fn shard_member(
         .with_context(|| format!("binding the shard to {bind}"))?;
     let addr = listener.local_addr()?;
     let me = member_id(&set.peers, addr)?;
-    let storage: Arc<dyn shard::storage::Storage> = Arc::new(
-        shard::storage::RedbStorage::open(&dbpath.join("member.redb"))
-            .map_err(|e| anyhow::anyhow!("opening {}: {e}", dbpath.display()))?,
-    );
     let net = Net::Wire(WireNet::new(
         security.peer_tls.clone(),
         security.key.clone(),
     ));
-    let replica = Replica::open(
-        me,
-        &dbpath.join("raft.redb"),
-        storage.clone(),
-        net,
-        Timing::default(),
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("opening the member's Raft log: {e}"))?;
+    let (replica, storage) = Replica::open_in(&dbpath, me, net, Timing::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the member: {e}"))?;
     let replica = Arc::new(replica);
     if me == 0 {
         let members = (0..)

@@ -52,6 +52,20 @@ async fn commit_at(s: &shard::Shard, ts: Timestamp) {
     ok(s, "admin", commit).await;
 }
 
+/// Checks that `task` (a read or write of what the transaction prepared at `p` holds) is still
+/// waiting a while later, commits the transaction, and returns what `task` then answers.
+async fn after_the_decision<T>(
+    s: &shard::Shard,
+    p: Timestamp,
+    task: tokio::task::JoinHandle<T>,
+    what: &str,
+) -> T {
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!task.is_finished(), "{what} waits for the decision");
+    commit_at(s, p).await;
+    task.await.expect("the waiting task")
+}
+
 async fn value_as_of(s: &shard::Shard, at: Timestamp) -> i32 {
     let r = ok(
         s,
@@ -124,10 +138,7 @@ async fn a_plain_write_to_a_prepared_document_waits_for_the_decision() {
             .await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(!plain.is_finished(), "the write waits for the decision");
-    commit_at(&s, p).await;
-    let reply = plain.await.expect("the plain write");
+    let reply = after_the_decision(&s, p, plain, "the write").await;
     assert!(is_ok(&reply), "{reply}");
     assert_eq!(reply.get_i32("nModified").ok(), Some(2), "{reply}");
     assert!(!reply.contains_key("writeErrors"), "{reply}");
@@ -164,13 +175,7 @@ async fn a_read_waits_only_for_a_prepared_transaction_on_its_collection() {
         let s = s.clone();
         tokio::spawn(async move { find(&s, "bank", "accounts", doc! {}).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(
-        !same.is_finished(),
-        "a read of the prepared collection waits"
-    );
-    commit_at(&s, p).await;
-    let docs = same.await.expect("the read");
+    let docs = after_the_decision(&s, p, same, "a read of the prepared collection").await;
     assert_eq!(
         docs[0].get_i32("v").ok(),
         Some(10),
@@ -271,13 +276,7 @@ async fn a_write_queued_behind_a_prepare_waits_for_the_decision() {
     assert!(is_ok(&prepared), "{prepared}");
     let p = prepared.get_timestamp("prepareTimestamp").expect("ts");
 
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert!(
-        !plain.is_finished(),
-        "the plain write waits for the decision"
-    );
-    commit_at(&s, p).await;
-    let reply = plain.await.expect("the plain write");
+    let reply = after_the_decision(&s, p, plain, "the plain write").await;
     assert!(is_ok(&reply), "{reply}");
     let docs = find(&s, "bank", "accounts", doc! {}).await;
     assert_eq!(

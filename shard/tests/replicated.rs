@@ -12,7 +12,7 @@ use std::time::Duration;
 use bson::doc;
 use common::*;
 use shard::repl::{LocalNet, Member, MemberId, Net, RaftLog, Replica, Timing};
-use shard::storage::{KeyRange, RedbStorage, Scan, Storage, Table};
+use shard::storage::{KeyRange, Scan, Storage, Table};
 
 const FAST: Timing = Timing {
     heartbeat: Duration::from_millis(50),
@@ -21,17 +21,10 @@ const FAST: Timing = Timing {
 const PATIENCE: Duration = Duration::from_secs(5);
 
 async fn member(dir: &Path, id: MemberId, net: &Arc<LocalNet>) -> (Arc<Replica>, Arc<dyn Storage>) {
-    let storage: Arc<dyn Storage> =
-        Arc::new(RedbStorage::open(&dir.join(format!("m{id}.redb"))).expect("storage"));
-    let replica = Replica::open(
-        id,
-        &dir.join(format!("m{id}.raft")),
-        storage.clone(),
-        Net::Local(net.clone()),
-        FAST,
-    )
-    .await
-    .expect("replica");
+    let home = dir.join(format!("m{id}"));
+    let (replica, storage) = Replica::open_in(&home, id, Net::Local(net.clone()), FAST)
+        .await
+        .expect("replica");
     (Arc::new(replica), storage)
 }
 
@@ -281,19 +274,11 @@ async fn members_on_their_own_ports_replicate_and_elect_over_the_wire() {
     let net = Net::Wire(shard::repl::WireNet::new(None, None));
     let mut members = Vec::new();
     for (id, listener) in (0..3u64).zip(listeners) {
-        let storage: Arc<dyn Storage> =
-            Arc::new(RedbStorage::open(&dir.path().join(format!("m{id}.redb"))).expect("storage"));
-        let replica = Arc::new(
-            Replica::open(
-                id,
-                &dir.path().join(format!("m{id}.raft")),
-                storage.clone(),
-                net.clone(),
-                FAST,
-            )
+        let home = dir.path().join(format!("m{id}"));
+        let (replica, storage) = Replica::open_in(&home, id, net.clone(), FAST)
             .await
-            .expect("replica"),
-        );
+            .expect("replica");
+        let replica = Arc::new(replica);
         let cancel = tokio_util::sync::CancellationToken::new();
         tokio::spawn(wire::server::serve(
             listener,

@@ -173,6 +173,26 @@ impl Replica {
         Ok(Replica { id, raft })
     }
 
+    /// [`Replica::open`] for a member whose data lives in `dir`: its storage in
+    /// `dir/member.redb`, its Raft log in `dir/raft.redb`. Returns the storage too (the
+    /// member's shard runs over it while it leads).
+    pub async fn open_in(
+        dir: &Path,
+        id: MemberId,
+        net: Net,
+        timing: Timing,
+    ) -> Result<(Replica, Arc<dyn Storage>), ReplError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ReplError::Stopped(format!("creating {}: {e}", dir.display())))?;
+        let storage: Arc<dyn Storage> = Arc::new(
+            crate::storage::RedbStorage::open(&dir.join("member.redb"))
+                .map_err(|e| ReplError::Stopped(format!("opening {}: {e}", dir.display())))?,
+        );
+        let replica =
+            Replica::open(id, &dir.join("raft.redb"), storage.clone(), net, timing).await?;
+        Ok((replica, storage))
+    }
+
     pub fn id(&self) -> MemberId {
         self.id
     }

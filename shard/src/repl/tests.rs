@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::log::{Op, WriteSet};
-use crate::storage::{RedbStorage, Storage, Table};
+use crate::storage::{Storage, Table};
 
 /// Fast elections, so the tests take seconds.
 const FAST: Timing = Timing {
@@ -28,18 +28,14 @@ async fn open_member(
     id: MemberId,
     net: &Arc<LocalNet>,
 ) -> (Replica, Arc<dyn Storage>) {
-    let storage: Arc<dyn Storage> =
-        Arc::new(RedbStorage::open(&dir.join(format!("m{id}.redb"))).expect("storage"));
-    let replica = Replica::open(
+    Replica::open_in(
+        &dir.join(format!("m{id}")),
         id,
-        &dir.join(format!("m{id}.raft")),
-        storage.clone(),
         Net::Local(net.clone()),
         FAST,
     )
     .await
-    .expect("replica");
-    (replica, storage)
+    .expect("replica")
 }
 
 impl Set {
