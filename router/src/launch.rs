@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::kernel::replica_set::ReplicaSetShard;
 use crate::kernel::shard_client::{LocalShard, RemoteShard, ShardClient};
 use crate::router::{Presentation, Router, RouterOptions};
 
@@ -155,7 +156,8 @@ pub async fn router_beside(
     router_over(bind, clients, options).await
 }
 
-/// A router on `bind` over shards at `shard_addrs` (`host:port`).
+/// A router on `bind` over shards at `shard_addrs`: `host:port` for a one-member shard,
+/// `NAME/h1:p1,h2:p2,...` for a replica set.
 pub async fn router(
     bind: SocketAddr,
     shard_addrs: Vec<String>,
@@ -183,11 +185,13 @@ pub async fn router_with(
     let clients = shard_addrs
         .into_iter()
         .map(|a| {
-            Arc::new(RemoteShard::secured(
-                a,
-                options.shard_tls.clone(),
-                options.shard_key.clone(),
-            )) as Arc<dyn ShardClient>
+            let (tls, key) = (options.shard_tls.clone(), options.shard_key.clone());
+            match wire::replset::SetSpec::parse(&a) {
+                Some(set) => {
+                    Arc::new(ReplicaSetShard::start(set, tls, key)) as Arc<dyn ShardClient>
+                }
+                None => Arc::new(RemoteShard::secured(a, tls, key)),
+            }
         })
         .collect();
     router_over(bind, clients, options).await

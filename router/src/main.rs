@@ -273,8 +273,9 @@ enum Command {
         /// Address the router binds to.
         #[arg(long = "bind-ip", default_value = "127.0.0.1")]
         bind_ip: IpAddr,
-        /// A shard's HOST:PORT; repeat for each shard, in the same order on every router
-        /// (the first is the config shard).
+        /// A shard's HOST:PORT, or NAME/HOST:PORT,HOST:PORT,... for a replicated shard (its
+        /// members, as their --peers list them); repeat for each shard, in the same order on
+        /// every router (the first is the config shard).
         #[arg(long = "shard", required = true)]
         shards: Vec<String>,
         /// Present the router to drivers as a single-node replica set instead of a mongos.

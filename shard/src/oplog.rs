@@ -152,8 +152,8 @@ impl EntrySpec {
         d
     }
 
-    /// The full entry, in MongoDB's field order.
-    pub fn build(self, ts: ClusterTime, wall_millis: u64) -> Document {
+    /// The full entry, in MongoDB's field order; `term` is its `t`.
+    pub fn build(self, ts: ClusterTime, term: i64, wall_millis: u64) -> Document {
         let mut d = Document::new();
         if let Some(s) = &self.session {
             d.insert("lsid", s.lsid.clone());
@@ -172,7 +172,7 @@ impl EntrySpec {
             d.insert("stmtId", id);
         }
         d.insert("ts", ts.timestamp());
-        d.insert("t", 1_i64);
+        d.insert("t", term);
         d.insert("v", 2_i64);
         d.insert(
             "wall",
@@ -361,8 +361,11 @@ mod tests {
     #[test]
     fn entries_have_mongodb_field_order() {
         let ui = Uuid::new();
-        let e = EntrySpec::insert("d.c".into(), ui, doc! {"_id": 1}, doc! {"_id": 1})
-            .build(ClusterTime::new(5, 2), 5_000);
+        let e = EntrySpec::insert("d.c".into(), ui, doc! {"_id": 1}, doc! {"_id": 1}).build(
+            ClusterTime::new(5, 2),
+            1,
+            5_000,
+        );
         let keys: Vec<&str> = e.keys().map(String::as_str).collect();
         assert_eq!(keys, ["op", "ns", "ui", "o", "o2", "ts", "t", "v", "wall"]);
         assert_eq!(e.get_i64("t").unwrap(), 1);

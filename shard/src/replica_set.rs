@@ -22,13 +22,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{Bson, Document};
+use bson::oid::ObjectId;
+use bson::{Bson, Document, doc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
-use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica};
+use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica, Role, SetStatus};
 use crate::storage::Storage;
 use crate::{Shard, ShardOptions};
 
@@ -50,9 +51,19 @@ pub struct ReplicaSetMember {
     primary: watch::Receiver<Option<Arc<Shard>>>,
     /// Whether each shard this member opens takes test commands.
     test_commands: Arc<std::sync::atomic::AtomicBool>,
+    /// `topologyVersion`: this process's id, and how often the member's place changed.
+    process_id: ObjectId,
+    topology: watch::Sender<i64>,
     cancel: CancellationToken,
-    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    tasks: tokio::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
+
+/// The longest an awaitable `hello` waits (drivers ask for 10 s).
+const MAX_AWAIT: Duration = Duration::from_secs(600);
+/// How long `replSetStepDown` waits, by default, for a secondary to catch up.
+const CATCH_UP: Duration = Duration::from_secs(10);
+/// How long a step-down waits for the new leader's election.
+const HAND_OVER: Duration = Duration::from_secs(10);
 
 impl ReplicaSetMember {
     /// Starts following `replica`'s leadership: while it leads, a shard named by `opts` runs
@@ -67,7 +78,8 @@ impl ReplicaSetMember {
         let (tx, rx) = watch::channel(None);
         let cancel = CancellationToken::new();
         let test_commands = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let task = tokio::spawn(lead(
+        let topology = watch::channel(0).0;
+        let lead = tokio::spawn(lead(
             opts,
             replica.clone(),
             storage,
@@ -76,13 +88,21 @@ impl ReplicaSetMember {
             test_commands.clone(),
             cancel.clone(),
         ));
+        let follow = tokio::spawn(follow_topology(
+            replica.clone(),
+            rx.clone(),
+            topology.clone(),
+            cancel.clone(),
+        ));
         Arc::new(ReplicaSetMember {
             set,
             replica,
             primary: rx,
             test_commands,
+            process_id: ObjectId::new(),
+            topology,
             cancel,
-            task: tokio::sync::Mutex::new(Some(task)),
+            tasks: tokio::sync::Mutex::new(vec![lead, follow]),
         })
     }
 
@@ -141,15 +161,26 @@ impl ReplicaSetMember {
                 Err(e) => e.to_document(),
             });
         }
-        let primary = self.primary();
         if matches!(name.as_str(), "hello" | "isMaster" | "ismaster") {
+            if let Err(e) = self.await_topology(&cmd).await {
+                return Body::Document(e.to_document());
+            }
+            let primary = self.primary();
             let base = match &primary {
                 Some(shard) => shard.run_command(cmd).await,
                 None => standalone_hello(&name, &cmd),
             };
             return Body::Document(self.hello(base, primary.is_some()));
         }
-        match primary {
+        let reply = match name.as_str() {
+            "replSetGetStatus" => Some(Ok(self.status())),
+            "replSetStepDown" => Some(self.step_down(&cmd).await),
+            _ => None,
+        };
+        if let Some(reply) = reply {
+            return Body::Document(reply.unwrap_or_else(|e| e.to_document()));
+        }
+        match self.primary() {
             Some(shard) => shard.run_command_body(cmd).await,
             None => Body::Document(not_primary(self.replica.leader()).to_document()),
         }
@@ -187,17 +218,268 @@ impl ReplicaSetMember {
         if primary {
             base.insert("electionId", election_id(term));
         }
+        base.insert(
+            "topologyVersion",
+            doc! {"processId": self.process_id, "counter": *self.topology.borrow()},
+        );
         base
+    }
+
+    /// For an awaitable `hello`: waits until the topology differs from the client's, or its
+    /// `maxAwaitTimeMS` passed (MongoDB's checks and codes).
+    async fn await_topology(&self, cmd: &Document) -> Result<(), MongoError> {
+        let theirs = cmd.get("topologyVersion");
+        let wait = cmd.get("maxAwaitTimeMS");
+        let (theirs, wait) = match (theirs, wait) {
+            (None, None) => return Ok(()),
+            (Some(Bson::Document(t)), Some(w)) => (t, w),
+            (Some(_), Some(_)) => {
+                return Err(MongoError::new(
+                    ErrorCode::TYPE_MISMATCH,
+                    "topologyVersion must be an object",
+                ));
+            }
+            (t, _) => {
+                let why = if t.is_some() {
+                    "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'"
+                } else {
+                    "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'"
+                };
+                return Err(MongoError::with_code(31368, why));
+            }
+        };
+        let wait = match wait {
+            Bson::Int32(n) => i64::from(*n),
+            Bson::Int64(n) => *n,
+            Bson::Double(f) if f.is_finite() && f.fract() == 0.0 => *f as i64,
+            _ => {
+                return Err(MongoError::new(
+                    ErrorCode::TYPE_MISMATCH,
+                    "maxAwaitTimeMS must be an integer",
+                ));
+            }
+        };
+        if wait < 0 {
+            return Err(MongoError::with_code(
+                31373,
+                "maxAwaitTimeMS must be a non-negative integer",
+            ));
+        }
+        let counter = match theirs.get("counter") {
+            Some(Bson::Int64(c)) => *c,
+            Some(Bson::Int32(c)) => i64::from(*c),
+            _ => -1,
+        };
+        if theirs.get_object_id("processId").ok() != Some(self.process_id) {
+            return Ok(());
+        }
+        let mut rx = self.topology.subscribe();
+        let ours = *rx.borrow_and_update();
+        if counter > ours {
+            return Err(MongoError::with_code(
+                31382,
+                format!(
+                    "Received a topology version with the same process ID and a higher counter \
+                     ({counter}) than this member's ({ours})"
+                ),
+            ));
+        }
+        if counter < ours {
+            return Ok(());
+        }
+        let wait = Duration::from_millis(wait.unsigned_abs()).min(MAX_AWAIT);
+        let _ = tokio::time::timeout(wait, async {
+            tokio::select! {
+                _ = rx.changed() => {}
+                () = self.cancel.cancelled() => {}
+            }
+        })
+        .await;
+        Ok(())
+    }
+
+    /// `replSetGetStatus`: each member's state, term, and positions in the log as this member
+    /// knows them (the primary knows every member's; a secondary its own and the primary's).
+    fn status(&self) -> Document {
+        let status = self.replica.status();
+        let members: Vec<Bson> = status
+            .members
+            .iter()
+            .map(|m| Bson::Document(member_status(&status, m, &self.set.hosts)))
+            .collect();
+        let voters = status.members.iter().filter(|m| m.voter).count();
+        let majority = i32::try_from(voters / 2 + 1).unwrap_or(i32::MAX);
+        let (state, _) = state_of(&status, status.me);
+        let mut optimes = Document::new();
+        optimes.insert("lastCommittedOpTime", position(status.committed));
+        optimes.insert("appliedOpTime", position(status.applied));
+        doc! {
+            "set": &self.set.name,
+            "date": bson::DateTime::now(),
+            "myState": state,
+            "term": i64::try_from(status.term).unwrap_or(i64::MAX),
+            "heartbeatIntervalMillis": 200_i64,
+            "majorityVoteCount": majority,
+            "writeMajorityCount": majority,
+            "votingMembersCount": i32::try_from(voters).unwrap_or(i32::MAX),
+            "optimes": optimes,
+            "members": members,
+            "ok": 1.0,
+        }
+    }
+
+    /// `replSetStepDown`: hands leadership to the most caught-up voter once it holds every
+    /// entry of this member's log (within `secondaryCatchUpPeriodSecs`, 10 by default; with
+    /// `force`, to the most caught-up one whatever it holds), then waits for its election.
+    async fn step_down(&self, cmd: &Document) -> Result<Document, MongoError> {
+        let Some(term) = self.replica.leading_term() else {
+            return Err(MongoError::new(
+                ErrorCode::NOT_WRITABLE_PRIMARY,
+                "not primary so can't step down",
+            ));
+        };
+        let force = cmd.get_bool("force").unwrap_or(false);
+        let catch_up = match cmd.get("secondaryCatchUpPeriodSecs") {
+            None => CATCH_UP,
+            Some(Bson::Int32(n)) if *n >= 0 => Duration::from_secs(n.unsigned_abs().into()),
+            Some(Bson::Int64(n)) if *n >= 0 => Duration::from_secs(n.unsigned_abs()).min(MAX_AWAIT),
+            Some(Bson::Double(f)) if f.is_finite() && *f >= 0.0 => {
+                Duration::from_secs_f64(f.min(MAX_AWAIT.as_secs_f64()))
+            }
+            Some(_) => {
+                return Err(MongoError::new(
+                    ErrorCode::BAD_VALUE,
+                    "secondaryCatchUpPeriodSecs must be a non-negative number",
+                ));
+            }
+        };
+        let deadline = tokio::time::Instant::now() + catch_up;
+        let successor = loop {
+            let status = self.replica.status();
+            let best = status
+                .members
+                .iter()
+                .filter(|m| m.voter && m.id != status.me)
+                .max_by_key(|m| m.matched);
+            let caught_up = best.filter(|m| m.matched.map(|(i, _)| i) >= status.last_log);
+            if let Some(m) = caught_up.or(best.filter(|_| force)) {
+                break m.id;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(MongoError::new(
+                    ErrorCode::EXCEEDED_TIME_LIMIT,
+                    "No electable secondaries caught up as of the step-down deadline",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        self.replica
+            .transfer_leadership(successor)
+            .await
+            .map_err(|e| MongoError::internal(format!("handing over leadership: {e}")))?;
+        let stepped = tokio::time::timeout(HAND_OVER, self.replica.wait_not_leading(term)).await;
+        if stepped.is_err() {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_TIME_LIMIT,
+                format!("member {successor} was not elected within {HAND_OVER:?}"),
+            ));
+        }
+        Ok(doc! {"ok": 1.0})
     }
 
     /// Stops serving (closing the shard if open) and stops the replica.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        if let Some(task) = self.task.lock().await.take() {
+        for task in std::mem::take(&mut *self.tasks.lock().await) {
             let _ = task.await;
         }
         self.replica.shutdown().await;
     }
+}
+
+/// Counts each change of the leader, the term, or whether this member serves, in `topology`.
+async fn follow_topology(
+    replica: Arc<Replica>,
+    mut primary: watch::Receiver<Option<Arc<Shard>>>,
+    topology: watch::Sender<i64>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let (leader, term) = (replica.leader(), replica.term());
+        tokio::select! {
+            () = replica.wait_leader_change(leader, term) => {}
+            changed = primary.changed() => if changed.is_err() { return },
+            () = cancel.cancelled() => return,
+        }
+        topology.send_modify(|c| *c += 1);
+    }
+}
+
+/// MongoDB's member state and its name for member `id` in `status` (as `id` is seen from the
+/// member that made it).
+fn state_of(status: &SetStatus, id: MemberId) -> (i32, &'static str) {
+    if id == status.me {
+        return match status.role {
+            Role::Leader => (1, "PRIMARY"),
+            Role::Follower => (2, "SECONDARY"),
+            Role::Candidate => (2, "SECONDARY"),
+            Role::Learner => (5, "STARTUP2"),
+            Role::Stopped => (8, "DOWN"),
+        };
+    }
+    let voter = status.members.iter().any(|m| m.id == id && m.voter);
+    match (status.leader == Some(id), status.role, voter) {
+        (true, _, _) => (1, "PRIMARY"),
+        (false, Role::Leader, true) => (2, "SECONDARY"),
+        (false, Role::Leader, false) => (5, "STARTUP2"),
+        _ => (6, "UNKNOWN"),
+    }
+}
+
+/// A log position as `{index, t}` (a Raft index stands for MongoDB's `ts`).
+fn position(p: Option<(u64, u64)>) -> Document {
+    let (index, term) = p.unwrap_or((0, 0));
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    doc! {"index": n(index), "t": n(term)}
+}
+
+/// One entry of `replSetGetStatus.members`.
+fn member_status(status: &SetStatus, m: &crate::repl::MemberStatus, hosts: &[String]) -> Document {
+    let (state, state_str) = state_of(status, m.id);
+    let me = m.id == status.me;
+    let name = usize::try_from(m.id)
+        .ok()
+        .and_then(|i| hosts.get(i))
+        .cloned()
+        .unwrap_or_else(|| m.addr.clone());
+    let mut d = doc! {
+        "_id": i64::try_from(m.id).unwrap_or(i64::MAX),
+        "name": name,
+        "health": if me || m.heard.is_some() || state == 1 { 1.0 } else { 0.0 },
+        "state": state,
+        "stateStr": state_str,
+        "votingMember": m.voter,
+    };
+    let held = if me { status.applied } else { m.matched };
+    if me || held.is_some() {
+        d.insert("optime", position(held));
+    }
+    if let (Some((held, _)), Some((committed, _))) = (held, status.committed) {
+        d.insert(
+            "lagEntries",
+            i64::try_from(committed.saturating_sub(held)).unwrap_or(i64::MAX),
+        );
+    }
+    if let Some(heard) = m.heard {
+        d.insert(
+            "lastHeartbeatMillisAgo",
+            i64::try_from(heard.as_millis()).unwrap_or(i64::MAX),
+        );
+    }
+    if me {
+        d.insert("self", true);
+    }
+    d
 }
 
 /// MongoDB's `electionId` for a term: `7fffffff` then the term, big-endian.

@@ -336,7 +336,7 @@ impl<'a> WriteCtx<'a> {
             self.txn
                 .put(Table::PreImages, &keys::pre_image_key(&ui, ts, 0), &bytes)?;
         }
-        let mut entry = spec.build(ts, self.wall_ms);
+        let mut entry = spec.build(ts, self.state.log.term(), self.wall_ms);
         if self.from_migrate {
             entry.insert("fromMigrate", true);
         }

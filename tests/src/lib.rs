@@ -22,6 +22,7 @@ use tempfile::TempDir;
 
 pub mod fsm;
 pub mod fuzz;
+pub mod replicated;
 pub mod restarts;
 pub mod scenarios;
 pub mod streams;

@@ -3,13 +3,14 @@
 //! `hello`; `kill -9` of the primary is followed within seconds by a new one that has every
 //! acknowledged write; the killed member, restarted, comes back as a secondary.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
-use tests::Proc;
+use futures::StreamExt;
+use tests::replicated::{ReplicaSetProcs, ReplicatedCluster};
 
-/// The member whose `hello` says it is the writable primary, once one does (within `patience`).
+/// The member of `clients` whose `hello` says it is the writable primary, once one does
+/// (within `patience`).
 async fn primary_among(
     clients: &[Option<wire::Client>],
     patience: Duration,
@@ -37,30 +38,8 @@ fn ok(reply: &Document) -> bool {
 async fn a_killed_primary_is_replaced_within_seconds_with_every_acknowledged_write()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let ports: Vec<u16> = (0..3)
-        .map(|_| tests::free_port())
-        .collect::<anyhow::Result<_>>()?;
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let peers = hosts.join(",");
-    let mut procs = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let args: Vec<String> = [
-            "shard",
-            "--port",
-            &port.to_string(),
-            "--dbpath",
-            &dir.path().join(format!("m{i}")).display().to_string(),
-            "--replSet",
-            "rs",
-            "--peers",
-            &peers,
-        ]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-        let addr: SocketAddr = hosts[i].parse()?;
-        procs.push(Proc::spawn(args, addr).await?);
-    }
+    let set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let (hosts, mut procs) = (set.hosts.clone(), set.members);
     let mut clients: Vec<Option<wire::Client>> = hosts
         .iter()
         .map(|h| Some(wire::Client::new(h.clone())))
@@ -161,5 +140,233 @@ async fn a_killed_primary_is_replaced_within_seconds_with_every_acknowledged_wri
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok(())
+}
+
+/// What a writer saw of one insert: when it was acknowledged.
+struct Acked {
+    id: i64,
+    at: Instant,
+}
+
+/// Inserts `{_id: id}` through the router until it is acknowledged (a repeat after an
+/// unknown outcome may find it written already: duplicate key), within 30 s.
+async fn insert_until_acked(
+    coll: &mongodb::Collection<Document>,
+    id: i64,
+) -> anyhow::Result<Acked> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match coll.insert_one(doc! {"_id": id}).await {
+            Ok(_) => {
+                return Ok(Acked {
+                    id,
+                    at: Instant::now(),
+                });
+            }
+            Err(e) if e.to_string().contains("E11000") => {
+                return Ok(Acked {
+                    id,
+                    at: Instant::now(),
+                });
+            }
+            Err(e) => {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "insert {id} not acknowledged: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_router_follows_a_failover_losing_no_write_and_no_event_repeating_none()
+-> anyhow::Result<()> {
+    let mut cluster = ReplicatedCluster::start(1, 3).await?;
+    let client = cluster.client().await?;
+    let coll = client.database("app").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": -1}).await?;
+
+    // A watcher, from before the first write below, collecting each event's _id.
+    let mut stream = coll.watch().await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else { break };
+            let id = event.document_key.and_then(|k| k.get_i64("_id").ok());
+            if tx.send((id, Instant::now())).is_err() {
+                break;
+            }
+        }
+    });
+
+    let (before, after) = (30, 60);
+    let mut acked = Vec::new();
+    for id in 0..before {
+        acked.push(insert_until_acked(&coll, id).await?);
+    }
+    let set = &mut cluster.sets[0];
+    let old = set.primary(&[], Duration::from_secs(10)).await?;
+    let killed = Instant::now();
+    set.members[old].kill();
+    for id in before..after {
+        acked.push(insert_until_acked(&coll, id).await?);
+    }
+    let first_ack = acked[usize::try_from(before)?].at - killed;
+
+    // Every acknowledged write is there, on the new primary.
+    let found: Vec<Document> = coll
+        .find(doc! {"_id": {"$gte": 0}})
+        .await?
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let ids: Vec<i64> = found.iter().filter_map(|d| d.get_i64("_id").ok()).collect();
+    assert_eq!(
+        ids,
+        (0..after).collect::<Vec<_>>(),
+        "every acknowledged insert"
+    );
+
+    // The stream saw each insert once, in order.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < acked.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some(event)) => seen.push(event),
+            _ => anyhow::bail!(
+                "the stream delivered {} of {} events",
+                seen.len(),
+                acked.len()
+            ),
+        }
+    }
+    let seen_ids: Vec<Option<i64>> = seen.iter().map(|(id, _)| *id).collect();
+    let expected: Vec<Option<i64>> = acked.iter().map(|a| Some(a.id)).collect();
+    assert_eq!(
+        seen_ids, expected,
+        "no event missing, repeated or out of order"
+    );
+    let first_event = seen[usize::try_from(before)?].1 - killed;
+    println!(
+        "kill -9 of the primary -> first acknowledged write through the router {first_ack:?}, \
+         its event delivered {first_event:?}"
+    );
+    assert!(first_ack < Duration::from_secs(10), "{first_ack:?}");
+    watcher.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_member_reports_its_set_steps_down_on_request_and_wakes_awaitable_hellos()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let old = set.primary(&[], Duration::from_secs(20)).await?;
+    let primary = set.client(old);
+    let r = primary
+        .command("app", &doc! {"insert": "c", "documents": [{"_id": 1}]})
+        .await?;
+    assert!(ok(&r), "{r}");
+
+    // replSetGetStatus on the primary: every member, each in its state, with positions.
+    let status = primary
+        .command("admin", &doc! {"replSetGetStatus": 1})
+        .await?;
+    assert!(ok(&status), "{status}");
+    assert_eq!(status.get_str("set")?, "rs");
+    assert_eq!(status.get_i32("myState")?, 1, "{status}");
+    let members = status.get_array("members")?;
+    assert_eq!(members.len(), 3, "{status}");
+    let states: Vec<&str> = members
+        .iter()
+        .filter_map(|m| m.as_document()?.get_str("stateStr").ok())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == "PRIMARY").count(),
+        1,
+        "{status}"
+    );
+    assert_eq!(
+        states.iter().filter(|s| **s == "SECONDARY").count(),
+        2,
+        "{status}"
+    );
+    let applied = status
+        .get_document("optimes")?
+        .get_document("appliedOpTime")?
+        .get_i64("index")?;
+    assert!(applied > 0, "{status}");
+
+    // An awaitable hello waits out its time while nothing changes...
+    let hello = set
+        .client((old + 1) % 3)
+        .command("admin", &doc! {"hello": 1})
+        .await?;
+    let topology = hello.get_document("topologyVersion")?.clone();
+    let waited = Instant::now();
+    let again = set
+        .client((old + 1) % 3)
+        .command(
+            "admin",
+            &doc! {"hello": 1, "topologyVersion": topology.clone(), "maxAwaitTimeMS": 300},
+        )
+        .await?;
+    assert!(waited.elapsed() >= Duration::from_millis(300), "{again}");
+    assert_eq!(again.get_document("topologyVersion")?, &topology);
+
+    // ... and answers as soon as the primary steps down.
+    let watcher = set.client((old + 1) % 3);
+    let awaiting = tokio::spawn(async move {
+        let cmd = doc! {"hello": 1, "topologyVersion": topology, "maxAwaitTimeMS": 20_000};
+        let started = Instant::now();
+        let reply = watcher.command("admin", &cmd).await;
+        (reply, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stepped = primary
+        .command(
+            "admin",
+            &doc! {"replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 10},
+        )
+        .await?;
+    assert!(ok(&stepped), "{stepped}");
+    let (woken, took) = awaiting.await?;
+    let woken = woken?;
+    assert!(took < Duration::from_secs(10), "{took:?}: {woken}");
+    let counter = |h: &Document| -> anyhow::Result<i64> {
+        Ok(h.get_document("topologyVersion")?.get_i64("counter")?)
+    };
+    assert!(counter(&woken)? > counter(&hello)?, "{woken}");
+    let new = set.primary(&[], Duration::from_secs(10)).await?;
+    assert_ne!(new, old, "leadership moved to another member");
+    let refused = primary
+        .command("app", &doc! {"insert": "c", "documents": [{"_id": 2}]})
+        .await?;
+    assert_eq!(refused.get_i32("code")?, 10107, "{refused}");
+
+    // Bad awaitable hellos are refused with MongoDB's codes.
+    let lone = set.client(new);
+    let r = lone
+        .command("admin", &doc! {"hello": 1, "maxAwaitTimeMS": 10})
+        .await?;
+    assert_eq!(r.get_i32("code")?, 31368, "{r}");
+    let r = lone
+        .command(
+            "admin",
+            &doc! {"hello": 1, "topologyVersion": hello.get_document("topologyVersion")?.clone(), "maxAwaitTimeMS": -1},
+        )
+        .await?;
+    assert_eq!(r.get_i32("code")?, 31373, "{r}");
+    // A secondary cannot step down.
+    let r = set
+        .client((new + 1) % 3)
+        .command("admin", &doc! {"replSetStepDown": 60})
+        .await?;
+    assert_eq!(r.get_i32("code")?, 10107, "{r}");
     Ok(())
 }

@@ -32,6 +32,8 @@ pub mod connection;
 pub mod keyfile;
 #[cfg(feature = "codec")]
 pub mod limits;
+#[cfg(feature = "codec")]
+pub mod replset;
 #[cfg(feature = "scram")]
 pub mod sasl;
 #[cfg(feature = "scram")]

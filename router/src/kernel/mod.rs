@@ -2,6 +2,7 @@
 //! router outside this directory (checked by `tests/tests/layering.rs`).
 //!
 //! * [`shard_client`]: one shard's wire, in process or over TCP;
+//! * [`replica_set`]: a replicated shard's wire: its primary's, following its elections;
 //! * [`transport`]: the shards by `ShardId`, with retries, clock gossip and the caller's
 //!   operation key ([`transport::ShardTransport`]), and the [`transport::Shards`] conveniences
 //!   that a transaction's statements share through `txn::Enlisting`;
@@ -15,6 +16,7 @@ pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod lineages;
+pub mod replica_set;
 pub mod services;
 pub mod shard_client;
 pub mod transport;

@@ -172,10 +172,10 @@ impl RemoteShard {
     }
 }
 
-#[async_trait]
-impl ShardClient for RemoteShard {
-    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
-        let reply = match self.call(db, &cmd).await {
+impl RemoteShard {
+    /// Runs `cmd`, which stays the caller's: the reply, or how the call failed.
+    pub async fn send(&self, db: &str, cmd: &Document) -> Result<Body, Failed> {
+        let reply = match self.call(db, cmd).await {
             Ok(reply) => reply,
             Err(overdue) => {
                 let why = match overdue {
@@ -191,28 +191,53 @@ impl ShardClient for RemoteShard {
                     ErrorCode::NETWORK_TIMEOUT,
                     format!("shard {} timed out: {why}", self.addr),
                 );
-                return Err(TransportError::Lost { error, cmd });
+                return Err(Failed::Lost(error));
             }
         };
         match reply {
             Ok(reply) => Ok(Body::Raw(reply)),
+            Err(e) if matches!(e, wire::ClientError::Refused { .. }) => {
+                Err(Failed::Refused(e.to_mongo_error()))
+            }
             Err(e) => {
                 let error = MongoError::new(
                     ErrorCode::HOST_UNREACHABLE,
                     format!("error talking to shard {}: {e}", self.addr),
                 );
-                Err(if matches!(e, wire::ClientError::Refused { .. }) {
-                    TransportError::Refused {
-                        error: e.to_mongo_error(),
-                        cmd,
-                    }
-                } else if e.is_unsent() {
-                    TransportError::Unreachable { error, cmd }
+                Err(if e.is_unsent() {
+                    Failed::Unsent(error)
                 } else {
-                    TransportError::Lost { error, cmd }
+                    Failed::Lost(error)
                 })
             }
         }
+    }
+}
+
+/// How a call to a remote server failed, the command left with the caller: the
+/// [`TransportError`] it becomes once the command is handed back.
+#[derive(Debug)]
+pub enum Failed {
+    Unsent(MongoError),
+    Lost(MongoError),
+    Refused(MongoError),
+}
+
+impl Failed {
+    /// The transport error, with `cmd` handed back.
+    pub fn with(self, cmd: Document) -> TransportError {
+        match self {
+            Failed::Unsent(error) => TransportError::Unreachable { error, cmd },
+            Failed::Lost(error) => TransportError::Lost { error, cmd },
+            Failed::Refused(error) => TransportError::Refused { error, cmd },
+        }
+    }
+}
+
+#[async_trait]
+impl ShardClient for RemoteShard {
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        self.send(db, &cmd).await.map_err(|f| f.with(cmd))
     }
 
     fn describe(&self) -> String {

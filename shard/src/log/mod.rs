@@ -43,6 +43,13 @@ pub trait Log: Send + Sync + 'static {
     /// may be applied.
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended>;
 
+    /// The term the entries of the next write set are written under (the oplog's `t`): the
+    /// leader's Raft term for a replicated log, 1 for a single copy (as a MongoDB standalone
+    /// replica set that never held an election).
+    fn term(&self) -> i64 {
+        1
+    }
+
     /// Whether [`Log::append`] also applies the set to the storage, as a replicated log's state
     /// machine does on every member, the leader included: the writer then abandons the
     /// transaction it executed the batch in before appending, and apply commits nothing.

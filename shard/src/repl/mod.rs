@@ -133,6 +133,41 @@ impl Default for Timing {
     }
 }
 
+/// What a member plays in its set now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Stopped,
+}
+
+/// One member as [`Replica::status`] sees it.
+#[derive(Debug, Clone)]
+pub struct MemberStatus {
+    pub id: MemberId,
+    pub addr: String,
+    pub voter: bool,
+    /// On the leader: the last entry (index, term) this member is known to hold.
+    pub matched: Option<(u64, u64)>,
+    /// On the leader: how long ago this member last answered a heartbeat.
+    pub heard: Option<Duration>,
+}
+
+/// A member's view of its set (see [`Replica::status`]); positions are (index, term).
+#[derive(Debug, Clone)]
+pub struct SetStatus {
+    pub me: MemberId,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<MemberId>,
+    pub last_log: Option<u64>,
+    pub applied: Option<(u64, u64)>,
+    pub committed: Option<(u64, u64)>,
+    pub members: Vec<MemberStatus>,
+}
+
 /// One member of a replica set: its Raft node over its log file and its storage.
 pub struct Replica {
     id: MemberId,
@@ -330,6 +365,23 @@ impl Replica {
         }
     }
 
+    /// Waits until the leader this member knows of, or the term, is no longer `leader` in
+    /// `term` (or the member stopped).
+    pub async fn wait_leader_change(&self, leader: Option<MemberId>, term: u64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let m = metrics.borrow_watched();
+                if m.current_leader != leader || m.current_term != term {
+                    return;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Waits until this member has applied the entry at `index` (or `patience` passed).
     pub async fn wait_applied(&self, index: u64, patience: Duration) -> bool {
         let mut metrics = self.raft.metrics();
@@ -380,6 +432,57 @@ impl Replica {
             Some(upto) => self.raft.trigger().purge_log(upto).await.map_err(stopped),
             None => Err(ReplError::Stopped("the member stopped".into())),
         }
+    }
+
+    /// Where this member and, as far as it knows, the others stand (`replSetGetStatus`).
+    pub fn status(&self) -> SetStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let position = |id: &Option<openraft::type_config::alias::LogIdOf<TypeConfig>>| {
+            id.as_ref().map(|id| (id.index, id.leader_id.term))
+        };
+        let membership = m.membership_config.membership();
+        let voters: Vec<MemberId> = membership.voter_ids().collect();
+        let matched = m.replication.clone().unwrap_or_default();
+        let heard = m.heartbeat.clone().unwrap_or_default();
+        let members = membership
+            .nodes()
+            .map(|(&id, node)| MemberStatus {
+                id,
+                addr: node.addr.clone(),
+                voter: voters.contains(&id),
+                matched: matched.get(&id).and_then(&position),
+                heard: heard
+                    .get(&id)
+                    .and_then(|t| t.map(|t| openraft::Instant::elapsed(&t.into_inner()))),
+            })
+            .collect();
+        let role = match m.state {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Follower => Role::Follower,
+            openraft::ServerState::Candidate => Role::Candidate,
+            openraft::ServerState::Learner => Role::Learner,
+            openraft::ServerState::Shutdown => Role::Stopped,
+        };
+        SetStatus {
+            me: self.id,
+            role,
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log: m.last_log_index,
+            applied: position(&m.last_applied),
+            committed: position(&m.local_committed),
+            members,
+        }
+    }
+
+    /// Hands leadership to `to` (a caught-up voter): this member stops leading once `to` has
+    /// been elected, which the caller waits for ([`Replica::wait_not_leading`]).
+    pub async fn transfer_leadership(&self, to: MemberId) -> Result<(), ReplError> {
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ReplError::Stopped(e.to_string()))
     }
 
     /// Stops the member (its log and storage stay as they are on disk).

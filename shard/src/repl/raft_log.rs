@@ -69,6 +69,10 @@ impl Log for RaftLog {
         set
     }
 
+    fn term(&self) -> i64 {
+        i64::try_from(self.replica.term()).unwrap_or(i64::MAX)
+    }
+
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended> {
         let term = set
             .prefixed()

@@ -85,11 +85,12 @@ impl Peer {
 type Reply<'a> = Pin<Box<dyn Future<Output = Result<Document, MongoError>> + Send + 'a>>;
 
 /// How a shard reaches the other participants: shards in this process by name, others over
-/// TCP at their host.
+/// TCP at their host, a replicated one (`NAME/h1:p1,h2:p2,...`) at its primary.
 #[derive(Default)]
 pub struct Peers {
     local: Mutex<HashMap<String, Weak<Shard>>>,
     remote: Mutex<HashMap<String, Arc<wire::Client>>>,
+    sets: Mutex<HashMap<String, Arc<SetPeer>>>,
     /// TLS to remote peers, when the cluster speaks it.
     tls: Mutex<Option<wire::tls::ClientTls>>,
     /// The cluster's key, when the peers want a key file login.
@@ -146,6 +147,19 @@ impl Peers {
                             format!("no address for participant {}", peer.name),
                         ));
                     };
+                    if let Some(spec) = wire::replset::SetSpec::parse(host) {
+                        let set = lock(&self.sets)
+                            .entry(host.clone())
+                            .or_insert_with(|| {
+                                Arc::new(SetPeer::start(
+                                    spec,
+                                    lock(&self.tls).clone(),
+                                    lock(&self.key).clone(),
+                                ))
+                            })
+                            .clone();
+                        return set.command(&cmd).await;
+                    }
                     let client = lock(&self.remote)
                         .entry(host.clone())
                         .or_insert_with(|| {
@@ -165,6 +179,68 @@ impl Peers {
                 None => Ok(reply),
             }
         })
+    }
+}
+
+/// A participant that is a replica set: its members, and which of them is primary.
+struct SetPeer {
+    monitor: Arc<wire::replset::SetMonitor>,
+    members: Vec<wire::Client>,
+}
+
+impl SetPeer {
+    fn start(
+        spec: wire::replset::SetSpec,
+        tls: Option<wire::tls::ClientTls>,
+        key: Option<Arc<wire::keyfile::KeyFile>>,
+    ) -> SetPeer {
+        let members = spec
+            .hosts
+            .iter()
+            .map(|h| wire::Client::with_tls(h.clone(), tls.clone()).with_key(key.clone()))
+            .collect();
+        SetPeer {
+            monitor: wire::replset::SetMonitor::start(spec, tls, key),
+            members,
+        }
+    }
+
+    /// Runs `cmd` on `admin` at the set's primary, following elections: a member that is not
+    /// the primary refuses before running anything, so the command goes to the next one (the
+    /// caller's deadline bounds the whole).
+    async fn command(&self, cmd: &Document) -> Result<Document, MongoError> {
+        const PAUSE: Duration = Duration::from_millis(100);
+        loop {
+            let Some(primary) = self.monitor.wait_primary(PEER_REPLY_TIMEOUT).await else {
+                return Err(MongoError::new(
+                    ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
+                    format!("no primary for replica set {}", self.monitor.spec()),
+                ));
+            };
+            let Some(member) = self.members.get(primary) else {
+                return Err(MongoError::internal(format!("no member {primary}")));
+            };
+            let reply = match member.command("admin", cmd).await {
+                Ok(reply) => reply,
+                Err(e) if e.is_unsent() => {
+                    self.monitor.suspect(primary);
+                    tokio::time::sleep(PAUSE).await;
+                    continue;
+                }
+                Err(e) => {
+                    self.monitor.suspect(primary);
+                    return Err(e.to_mongo_error());
+                }
+            };
+            match MongoError::from_reply(&reply) {
+                None => return Ok(reply),
+                Some(e) if wire::replset::NOT_PRIMARY_UNRUN.contains(&e.code) => {
+                    self.monitor.suspect(primary);
+                    tokio::time::sleep(PAUSE).await;
+                }
+                Some(e) => return Err(e),
+            }
+        }
     }
 }
 

@@ -1,0 +1,132 @@
+//! A replicated shard as the router reaches it (`--shard NAME/h1:p1,h2:p2,h3:p3`): a
+//! [`RemoteShard`] per member and a [`SetMonitor`] that follows the set's elections; every
+//! command goes to the member the monitor takes for the primary.
+//!
+//! What a member answers decides whether the transport may send the command again
+//! (`design/replication.md`, "Router"), and the answer comes back to the transport as the
+//! [`TransportError`] that says so:
+//! * 10107, 13435, 13436 (not the primary): the member refused the command before running it,
+//!   so it is [`TransportError::Unreachable`], sent again to the new primary whatever it is;
+//! * 11602, 189, 91, 11600 (stepped down or shut down while running it): it may have run, so
+//!   it is [`TransportError::Lost`], sent again only when it may run twice (reads, retryable
+//!   writes); otherwise the client gets the member's error with its labels;
+//! * a command still waiting on a member when another is elected was sent to a deposed (paused
+//!   or cut-off) primary: it is given up as lost at once, not after the liveness check.
+//!
+//! Invariants: a command is sent to one member at a time, and only to the one believed primary
+//! when it is sent; a member that refuses or cannot be reached is reported to the monitor,
+//! which looks again at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::Document;
+use wire::raw::Body;
+use wire::replset::{NOT_PRIMARY_MAYBE_RUN, NOT_PRIMARY_UNRUN, SetMonitor, SetSpec, reply_code};
+use wire::{ErrorCode, MongoError};
+
+use super::shard_client::{Failed, RemoteShard, ShardClient, TransportError};
+
+/// How long a command waits for the set to have a known primary before it counts as not
+/// sent (the transport then decides, within its patience, whether to try again): about one
+/// election.
+const ELECTION_WAIT: Duration = Duration::from_millis(1500);
+
+/// One replicated shard (see the module header).
+pub struct ReplicaSetShard {
+    monitor: Arc<SetMonitor>,
+    members: Vec<RemoteShard>,
+}
+
+impl ReplicaSetShard {
+    /// Follows the set `spec`, over TLS and with the cluster's key when given.
+    pub fn start(
+        spec: SetSpec,
+        tls: Option<wire::tls::ClientTls>,
+        key: Option<Arc<wire::keyfile::KeyFile>>,
+    ) -> ReplicaSetShard {
+        let members = spec
+            .hosts
+            .iter()
+            .map(|h| RemoteShard::secured(h.clone(), tls.clone(), key.clone()))
+            .collect();
+        ReplicaSetShard {
+            monitor: SetMonitor::start(spec, tls, key),
+            members,
+        }
+    }
+}
+
+#[async_trait]
+impl ShardClient for ReplicaSetShard {
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        let Some(primary) = self.monitor.wait_primary(ELECTION_WAIT).await else {
+            let error = MongoError::new(
+                ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
+                format!(
+                    "no primary found for replica set {} within {ELECTION_WAIT:?}",
+                    self.monitor.spec()
+                ),
+            );
+            return Err(TransportError::Unreachable { error, cmd });
+        };
+        let Some(member) = self.members.get(primary) else {
+            let error = MongoError::internal(format!("no member {primary}"));
+            return Err(TransportError::Unreachable { error, cmd });
+        };
+        let reply = tokio::select! {
+            reply = member.send(db, &cmd) => reply,
+            () = self.monitor.deposed(primary) => {
+                let error = MongoError::new(
+                    ErrorCode::NETWORK_TIMEOUT,
+                    format!("{} was deposed while the command waited on it", member.describe()),
+                );
+                return Err(TransportError::Lost { error, cmd });
+            }
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(failed) => {
+                if !matches!(failed, Failed::Refused(_)) {
+                    self.monitor.suspect(primary);
+                }
+                return Err(failed.with(cmd));
+            }
+        };
+        let code = match &reply {
+            Body::Raw(raw) => reply_code(raw),
+            _ => None,
+        };
+        match code {
+            Some(code) if NOT_PRIMARY_UNRUN.contains(&code) => {
+                self.monitor.suspect(primary);
+                Err(TransportError::Unreachable {
+                    error: member_error(reply),
+                    cmd,
+                })
+            }
+            Some(code) if NOT_PRIMARY_MAYBE_RUN.contains(&code) => {
+                self.monitor.suspect(primary);
+                Err(TransportError::Lost {
+                    error: member_error(reply),
+                    cmd,
+                })
+            }
+            _ => Ok(reply),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.monitor.spec().to_string()
+    }
+}
+
+/// A member's error reply as the error a client sees (its code, message and labels).
+fn member_error(reply: Body) -> MongoError {
+    match reply.into_document() {
+        Ok(d) => MongoError::from_reply(&d)
+            .unwrap_or_else(|| MongoError::internal("a member's error reply without an error")),
+        Err(e) => e,
+    }
+}
