@@ -545,7 +545,11 @@ async fn lead(
         tracing::info!(term, member = replica.id(), "primary: serving the shard");
         tx.send_replace(Some(shard.clone()));
         tokio::select! {
-            () = replica.wait_not_leading(term) => {}
+            () = replica.wait_quorum_lost(term) => {
+                if replica.leading_term() == Some(term) {
+                    tracing::warn!(term, "no majority within the leader lease: stepping down");
+                }
+            }
             () = log.poisoned() => {
                 tracing::warn!(term, "a write's outcome is unknown: the shard reopens from storage");
             }
