@@ -138,18 +138,19 @@ async fn what_the_leaders_shard_acknowledges_is_on_every_member() {
 /// Three members each following leadership (`replica_set`): the primary serves the shard; when
 /// it dies a new primary serves every acknowledged write within seconds, with its clock above
 /// every `ts` the old one handed out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_dies() {
-    use shard::replica_set::ReplicaSetMember;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let net = LocalNet::new();
+/// Three members serving a shard while they lead, the first initialising the set.
+async fn three_members(
+    dir: &Path,
+    net: &Arc<LocalNet>,
+) -> Vec<Arc<shard::replica_set::ReplicaSetMember>> {
+    use shard::replica_set::{ReplicaSetMember, SetInfo};
     let mut members = Vec::new();
     for id in 0..3 {
-        let (replica, storage) = member(dir.path(), id, &net).await;
-        let home = dir.path().join(format!("shard{id}"));
+        let (replica, storage) = member(dir, id, net).await;
+        let home = dir.join(format!("shard{id}"));
         std::fs::create_dir_all(&home).expect("dir");
         let opts = options(&home, Arc::new(shard::SystemClock));
-        let set = shard::replica_set::SetInfo {
+        let set = SetInfo {
             name: "rs".into(),
             hosts: (0..3).map(|m| format!("m{m}")).collect(),
             me: id,
@@ -163,16 +164,32 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
         .initialize(three())
         .await
         .expect("initialize");
-    let primary =
-        |members: &[Arc<ReplicaSetMember>]| members.iter().position(|m| m.primary().is_some());
+    members
+}
+
+/// The member serving as primary, once one does (not one of `skip`), within [`PATIENCE`].
+async fn wait_primary(
+    members: &[Arc<shard::replica_set::ReplicaSetMember>],
+    skip: &[usize],
+) -> usize {
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    let old = loop {
-        if let Some(p) = primary(&members) {
-            break p;
+    loop {
+        let serving = (0..members.len())
+            .find(|i| !skip.contains(i) && members[*i].primary().is_some());
+        if let Some(p) = serving {
+            return p;
         }
         assert!(tokio::time::Instant::now() < deadline, "no primary");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_dies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let net = LocalNet::new();
+    let members = three_members(dir.path(), &net).await;
+    let old = wait_primary(&members, &[]).await;
     for m in &members {
         if !std::ptr::eq(m.as_ref(), members[old].as_ref()) {
             let r = m.run_command(doc! {"find": "c", "$db": "app"}).await;
@@ -191,7 +208,7 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
     let died = std::time::Instant::now();
     members[old].shutdown().await;
     net.remove(old as MemberId);
-    let survivors: Vec<Arc<ReplicaSetMember>> = members
+    let survivors: Vec<Arc<shard::replica_set::ReplicaSetMember>> = members
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != old)
@@ -372,5 +389,55 @@ async fn members_on_their_own_ports_replicate_and_elect_over_the_wire() {
     }
     for r in survivors {
         r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_its_majority_stops_serving_and_the_majority_elects_another() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let net = LocalNet::new();
+    let members = three_members(dir.path(), &net).await;
+    let old = wait_primary(&members, &[]).await;
+    let r = members[old]
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "app"})
+        .await;
+    assert!(is_ok(&r), "{r}");
+    let old_term = members[old].replica().term();
+
+    net.isolate(old as MemberId);
+    let cut = std::time::Instant::now();
+    let new = wait_primary(&members, &[old]).await;
+    // The old primary steps down once its lease passes without a majority.
+    while members[old].primary().is_some() {
+        assert!(cut.elapsed() < PATIENCE, "the cut-off primary kept serving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = members[old]
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 2}], "$db": "app"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(10107), "{r}");
+    let r = members[new]
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 3}], "$db": "app"})
+        .await;
+    assert!(is_ok(&r), "{r}");
+
+    // The new primary's entries carry its term as `t`.
+    let term = members[new].replica().term();
+    assert!(term > old_term, "{term} > {old_term}");
+    let shard = members[new].primary().expect("serving");
+    let entries = find(&shard, "local", "oplog.rs", doc! {"o._id": {"$in": [1, 3]}}).await;
+    let terms: Vec<i64> = entries.iter().filter_map(|e| e.get_i64("t").ok()).collect();
+    assert_eq!(terms, [i64::try_from(old_term).unwrap(), i64::try_from(term).unwrap()]);
+
+    // Back in touch, the old primary follows the new one.
+    net.heal();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while members[old].replica().leader() != Some(new as MemberId) {
+        assert!(std::time::Instant::now() < deadline, "the old primary did not rejoin");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(members[old].primary().is_none());
+    for m in &members {
+        m.shutdown().await;
     }
 }
