@@ -13,9 +13,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::kernel::replica_set::ReplicaSetShard;
+use crate::kernel::replica_set::{LocalSet, ReplicaSetShard};
 use crate::kernel::shard_client::{LocalShard, RemoteShard, ShardClient};
 use crate::router::{Presentation, Router, RouterOptions};
+use shard::replica_set::ReplicaSetMember;
 
 /// A running component.
 pub struct Running {
@@ -24,8 +25,8 @@ pub struct Running {
     pub cancel: CancellationToken,
     task: JoinHandle<()>,
     shards: Vec<Arc<shard::Shard>>,
-    /// A replica-set member served here (`tributary shard --replSet`).
-    member: Option<Arc<shard::replica_set::ReplicaSetMember>>,
+    /// Replica-set members run here (`tributary shard --replSet`, or `--replicas N`).
+    members: Vec<Arc<ReplicaSetMember>>,
     pub router: Option<Arc<Router>>,
 }
 
@@ -46,14 +47,33 @@ impl Running {
         for s in self.shards {
             s.shutdown().await;
         }
-        if let Some(member) = self.member {
+        for member in self.members {
             member.shutdown().await;
         }
     }
 
-    /// The in-process shards (empty for a router over remote shards).
+    /// The in-process shards of one copy each (empty for a router over remote shards, and for
+    /// replicated ones: see [`Running::on_each_shard`]).
     pub fn shards(&self) -> &[Arc<shard::Shard>] {
         &self.shards
+    }
+
+    /// The replica-set members run in this process, shard by shard.
+    pub fn members(&self) -> &[Arc<ReplicaSetMember>] {
+        &self.members
+    }
+
+    /// Does `f` to every shard in this process: the plain ones now, and each replica-set
+    /// member's whenever it opens one as primary.
+    pub fn on_each_shard(&self, f: impl Fn(&Arc<shard::Shard>) + Send + Sync + 'static) {
+        let f = Arc::new(f);
+        for s in &self.shards {
+            f(s);
+        }
+        for m in &self.members {
+            let f = f.clone();
+            m.on_open(move |s| f(s));
+        }
     }
 
     /// Serves the router's Prometheus metrics on `bind` (`GET /metrics`) until shutdown;
@@ -115,7 +135,27 @@ pub async fn embedded_with(
     dbpath: PathBuf,
     options: RouterOptions,
 ) -> anyhow::Result<Running> {
+    embedded_replicated(bind, n_shards, 1, dbpath, options).await
+}
+
+/// [`embedded_with`], every shard a replica set of `replicas` members in this process (one:
+/// plain shards), talking to each other directly; each shard's members store under
+/// `dbpath/shard<i>/m<j>`.
+pub async fn embedded_replicated(
+    bind: SocketAddr,
+    n_shards: usize,
+    replicas: usize,
+    dbpath: PathBuf,
+    options: RouterOptions,
+) -> anyhow::Result<Running> {
     anyhow::ensure!(n_shards >= 1, "a cluster needs at least one shard");
+    anyhow::ensure!(
+        matches!(replicas, 1 | 3 | 5 | 7),
+        "--replicas is 1, 3, 5 or 7 (not {replicas})"
+    );
+    if replicas > 1 {
+        return embedded_sets(bind, n_shards, replicas, dbpath, options).await;
+    }
     let mut shards = Vec::with_capacity(n_shards);
     let mut clients: Vec<Arc<dyn ShardClient>> = Vec::with_capacity(n_shards);
     for i in 0..n_shards {
@@ -134,6 +174,97 @@ pub async fn embedded_with(
     }
     let mut running = router_over(bind, clients, options).await?;
     running.shards = shards;
+    Ok(running)
+}
+
+/// The embedded cluster with every shard a replica set of `replicas` members in this process.
+async fn embedded_sets(
+    bind: SocketAddr,
+    n_shards: usize,
+    replicas: usize,
+    dbpath: PathBuf,
+    options: RouterOptions,
+) -> anyhow::Result<Running> {
+    use shard::repl::{LocalNet, Member, Net, Replica, Timing};
+    let mut sets: Vec<Vec<Arc<ReplicaSetMember>>> = Vec::with_capacity(n_shards);
+    for i in 0..n_shards {
+        let name = format!("shard{i}");
+        let net = LocalNet::new();
+        let hosts: Vec<String> = (0..replicas).map(|j| format!("{name}-m{j}")).collect();
+        let mut members = Vec::with_capacity(replicas);
+        for (j, host) in (0..).zip(&hosts) {
+            let home = dbpath.join(&name).join(format!("m{j}"));
+            let (replica, storage) =
+                Replica::open_in(&home, j, Net::Local(net.clone()), Timing::default())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("opening {host}: {e}"))?;
+            let replica = Arc::new(replica);
+            if j == 0 {
+                let all = (0..)
+                    .zip(&hosts)
+                    .map(|(id, addr)| (id, Member { addr: addr.clone() }))
+                    .collect();
+                replica
+                    .initialize_if_new(all)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("starting replica set {name}: {e}"))?;
+            }
+            let opts = shard::ShardOptions {
+                dbpath: home,
+                name: name.clone(),
+                clock: Arc::new(shard::SystemClock),
+            };
+            let info = shard::replica_set::SetInfo {
+                name: name.clone(),
+                hosts: hosts.clone(),
+                me: j,
+            };
+            members.push(ReplicaSetMember::start(
+                opts,
+                info,
+                replica,
+                storage,
+                std::time::Duration::from_secs(10),
+            ));
+        }
+        sets.push(members);
+    }
+    // Each member's shard reaches the other sets' primaries directly (a two-phase commit's
+    // coordinator), and takes test commands when the router does.
+    let primaries: Vec<(String, shard::txn::coordinator::PrimaryOf)> = sets
+        .iter()
+        .enumerate()
+        .map(|(i, members)| {
+            let weak: Vec<_> = members.iter().map(Arc::downgrade).collect();
+            let primary: shard::txn::coordinator::PrimaryOf = Arc::new(move || {
+                weak.iter()
+                    .filter_map(std::sync::Weak::upgrade)
+                    .find_map(|m| m.primary())
+            });
+            (format!("shard{i}"), primary)
+        })
+        .collect();
+    let test_commands = options.enable_test_commands;
+    for member in sets.iter().flatten() {
+        let primaries = primaries.clone();
+        member.on_open(move |s| {
+            if test_commands {
+                s.enable_test_commands();
+            }
+            for (name, primary) in &primaries {
+                s.peers().register_set(name, primary.clone());
+            }
+        });
+    }
+    let clients = sets
+        .iter()
+        .enumerate()
+        .map(|(i, members)| {
+            Arc::new(LocalSet::new(format!("shard{i}"), members.clone())) as Arc<dyn ShardClient>
+        })
+        .collect();
+    let mut running = router_over(bind, clients, options).await?;
+    running.members = sets.into_iter().flatten().collect();
     Ok(running)
 }
 
@@ -220,7 +351,7 @@ async fn router_over(
         cancel,
         task,
         shards: Vec::new(),
-        member: None,
+        members: Vec::new(),
         router: Some(router),
     })
 }
@@ -286,7 +417,7 @@ pub async fn shard_secured(
         cancel,
         task,
         shards: vec![s],
-        member: None,
+        members: Vec::new(),
         router: None,
     })
 }
@@ -383,6 +514,16 @@ pub async fn shard_member(
     if test_commands {
         member.enable_test_commands();
     }
+    // The shard it opens as primary reaches the other shards as a plain one does.
+    let (peer_tls, peer_key) = (security.peer_tls.clone(), security.key.clone());
+    member.on_open(move |s| {
+        if let Some(tls) = &peer_tls {
+            s.peers().use_tls(tls.clone());
+        }
+        if let Some(key) = &peer_key {
+            s.peers().use_key(key.clone());
+        }
+    });
     let cancel = CancellationToken::new();
     let task = tokio::spawn(shard::server::serve_any(
         shard::server::Served::Member(member.clone()),
@@ -397,7 +538,7 @@ pub async fn shard_member(
         cancel,
         task,
         shards: Vec::new(),
-        member: Some(member),
+        members: vec![member],
         router: None,
     })
 }

@@ -65,6 +65,10 @@ struct EmbeddedArgs {
     /// Directory for the shards' data (one subdirectory per shard).
     #[arg(long, default_value = "./tributary-data")]
     dbpath: PathBuf,
+    /// Members per shard: 1 (one copy), or 3, 5 or 7 to make every in-process shard a
+    /// replica set on Raft, its members in this process.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// Present the router to drivers as a single-node replica set instead of a mongos.
     #[arg(long = "replSetMode")]
     repl_set_mode: bool,
@@ -391,9 +395,10 @@ async fn run() -> anyhow::Result<()> {
                 client_limits: e.limits.limits(),
                 ..RouterOptions::default()
             };
-            launch::embedded_with(
+            launch::embedded_replicated(
                 SocketAddr::new(e.bind_ip, e.port),
                 e.shards,
+                e.replicas,
                 e.dbpath,
                 options,
             )
@@ -471,9 +476,7 @@ async fn run() -> anyhow::Result<()> {
             launch::router_with(SocketAddr::new(bind_ip, port), shards, options).await?
         }
     };
-    for s in running.shards() {
-        s.set_oplog_retention(retention);
-    }
+    running.on_each_shard(move |s| s.set_oplog_retention(retention));
     if let Some(addr) = metrics {
         running.serve_metrics(addr).await?;
     }

@@ -49,14 +49,18 @@ pub struct ReplicaSetMember {
     set: SetInfo,
     replica: Arc<Replica>,
     primary: watch::Receiver<Option<Arc<Shard>>>,
-    /// Whether each shard this member opens takes test commands.
-    test_commands: Arc<std::sync::atomic::AtomicBool>,
+    /// What is done to each shard this member opens, before it serves (test commands, oplog
+    /// retention, how it reaches its transactions' other participants).
+    on_open: Arc<std::sync::Mutex<Vec<OnOpen>>>,
     /// `topologyVersion`: this process's id, and how often the member's place changed.
     process_id: ObjectId,
     topology: watch::Sender<i64>,
     cancel: CancellationToken,
     tasks: tokio::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
+
+/// Something done to each shard a member opens ([`ReplicaSetMember::on_open`]).
+pub type OnOpen = Arc<dyn Fn(&Arc<Shard>) + Send + Sync>;
 
 /// The longest an awaitable `hello` waits (drivers ask for 10 s).
 const MAX_AWAIT: Duration = Duration::from_secs(600);
@@ -77,7 +81,7 @@ impl ReplicaSetMember {
     ) -> Arc<ReplicaSetMember> {
         let (tx, rx) = watch::channel(None);
         let cancel = CancellationToken::new();
-        let test_commands = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let on_open = Arc::new(std::sync::Mutex::new(Vec::new()));
         let topology = watch::channel(0).0;
         let lead = tokio::spawn(lead(
             opts,
@@ -85,7 +89,7 @@ impl ReplicaSetMember {
             storage,
             patience,
             tx,
-            test_commands.clone(),
+            on_open.clone(),
             cancel.clone(),
         ));
         let follow = tokio::spawn(follow_topology(
@@ -98,7 +102,7 @@ impl ReplicaSetMember {
             set,
             replica,
             primary: rx,
-            test_commands,
+            on_open,
             process_id: ObjectId::new(),
             topology,
             cancel,
@@ -106,13 +110,18 @@ impl ReplicaSetMember {
         })
     }
 
+    /// Does `f` to the shard this member serves now, if any, and to each it opens from now on.
+    pub fn on_open(&self, f: impl Fn(&Arc<Shard>) + Send + Sync + 'static) {
+        let f: OnOpen = Arc::new(f);
+        lock(&self.on_open).push(f.clone());
+        if let Some(shard) = self.primary() {
+            f(&shard);
+        }
+    }
+
     /// Every shard this member opens from now on takes test commands (`configureFailPoint`).
     pub fn enable_test_commands(&self) {
-        self.test_commands
-            .store(true, std::sync::atomic::Ordering::Release);
-        if let Some(shard) = self.primary() {
-            shard.enable_test_commands();
-        }
+        self.on_open(|shard| shard.enable_test_commands());
     }
 
     pub fn replica(&self) -> &Arc<Replica> {
@@ -482,6 +491,10 @@ fn member_status(status: &SetStatus, m: &crate::repl::MemberStatus, hosts: &[Str
     d
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// MongoDB's `electionId` for a term: `7fffffff` then the term, big-endian.
 fn election_id(term: u64) -> bson::oid::ObjectId {
     let mut bytes = [0u8; 12];
@@ -514,7 +527,7 @@ async fn lead(
     storage: Arc<dyn Storage>,
     patience: Duration,
     tx: watch::Sender<Option<Arc<Shard>>>,
-    test_commands: Arc<std::sync::atomic::AtomicBool>,
+    on_open: Arc<std::sync::Mutex<Vec<OnOpen>>>,
     cancel: CancellationToken,
 ) {
     const LOOK: Duration = Duration::from_millis(500);
@@ -539,8 +552,9 @@ async fn lead(
                 continue;
             }
         };
-        if test_commands.load(std::sync::atomic::Ordering::Acquire) {
-            shard.enable_test_commands();
+        let hooks = lock(&on_open).clone();
+        for f in hooks {
+            f(&shard);
         }
         tracing::info!(term, member = replica.id(), "primary: serving the shard");
         tx.send_replace(Some(shard.clone()));

@@ -174,8 +174,8 @@ async fn wait_primary(
 ) -> usize {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let serving = (0..members.len())
-            .find(|i| !skip.contains(i) && members[*i].primary().is_some());
+        let serving =
+            (0..members.len()).find(|i| !skip.contains(i) && members[*i].primary().is_some());
         if let Some(p) = serving {
             return p;
         }
@@ -427,13 +427,22 @@ async fn a_primary_cut_off_from_its_majority_stops_serving_and_the_majority_elec
     let shard = members[new].primary().expect("serving");
     let entries = find(&shard, "local", "oplog.rs", doc! {"o._id": {"$in": [1, 3]}}).await;
     let terms: Vec<i64> = entries.iter().filter_map(|e| e.get_i64("t").ok()).collect();
-    assert_eq!(terms, [i64::try_from(old_term).unwrap(), i64::try_from(term).unwrap()]);
+    assert_eq!(
+        terms,
+        [
+            i64::try_from(old_term).unwrap(),
+            i64::try_from(term).unwrap()
+        ]
+    );
 
     // Back in touch, the old primary follows the new one.
     net.heal();
     let deadline = std::time::Instant::now() + PATIENCE;
     while members[old].replica().leader() != Some(new as MemberId) {
-        assert!(std::time::Instant::now() < deadline, "the old primary did not rejoin");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old primary did not rejoin"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(members[old].primary().is_none());

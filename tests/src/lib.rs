@@ -61,6 +61,15 @@ pub async fn connect_uri(uri: &str) -> Result<Client> {
     Ok(Client::with_options(opts)?)
 }
 
+/// Members per in-process shard in the tests' embedded clusters: `TRIBUTARY_TEST_REPLICAS`
+/// (1, 3, 5 or 7), 1 by default. With more than one, the suites run over replicated shards.
+pub fn test_replicas() -> usize {
+    std::env::var("TRIBUTARY_TEST_REPLICAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
 /// A router with in-process shards, started in this process.
 pub struct EmbeddedCluster {
     pub dir: TempDir,
@@ -95,9 +104,10 @@ impl EmbeddedCluster {
         init_tracing();
         let presentation = options.presentation;
         let dir = tempfile::tempdir()?;
-        let running = launch::embedded_with(
+        let running = launch::embedded_replicated(
             "127.0.0.1:0".parse()?,
             n_shards,
+            test_replicas(),
             dir.path().to_path_buf(),
             options,
         )
@@ -126,12 +136,17 @@ impl EmbeddedCluster {
         if let Some(r) = self.running.take() {
             r.shutdown().await;
         }
-        let running = launch::embedded(
+        let options = router::RouterOptions {
+            presentation: self.presentation,
+            argv: vec!["tributary".into()],
+            ..router::RouterOptions::default()
+        };
+        let running = launch::embedded_replicated(
             "127.0.0.1:0".parse()?,
             self.n_shards,
+            test_replicas(),
             self.dir.path().to_path_buf(),
-            self.presentation,
-            vec!["tributary".into()],
+            options,
         )
         .await?;
         self.addr = running.addr;

@@ -370,3 +370,79 @@ async fn a_member_reports_its_set_steps_down_on_request_and_wakes_awaitable_hell
     assert_eq!(r.get_i32("code")?, 10107, "{r}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_cluster_with_three_replicas_per_shard_commits_across_shards_and_fails_over()
+-> anyhow::Result<()> {
+    tests::init_tracing();
+    let dir = tempfile::tempdir()?;
+    let options = router::RouterOptions {
+        argv: vec!["tributary".into()],
+        enable_test_commands: true,
+        ..router::RouterOptions::default()
+    };
+    let running = router::launch::embedded_replicated(
+        "127.0.0.1:0".parse()?,
+        2,
+        3,
+        dir.path().to_path_buf(),
+        options,
+    )
+    .await?;
+    assert_eq!(running.members().len(), 6);
+    let client = tests::connect(running.addr).await?;
+    tests::shard_collection(&client, "app.c", doc! {"_id": "hashed"}).await?;
+    let coll = client.database("app").collection::<Document>("c");
+    let mut stream = coll.watch().await?;
+
+    // A transaction across both shards: a two-phase commit between replicated shards.
+    let mut session = client.start_session().await?;
+    session.start_transaction().await?;
+    for id in 0..10_i64 {
+        coll.insert_one(doc! {"_id": id})
+            .session(&mut session)
+            .await?;
+    }
+    session.commit_transaction().await?;
+
+    // Shard 0's primary steps down; writes and the stream go on.
+    let members = running.members();
+    let old = members[..3]
+        .iter()
+        .position(|m| m.primary().is_some())
+        .expect("shard0 has a primary");
+    let stepped = members[old]
+        .run_command(doc! {"replSetStepDown": 60, "$db": "admin"})
+        .await;
+    assert_eq!(stepped.get_f64("ok").ok(), Some(1.0), "{stepped}");
+    for id in 10..20_i64 {
+        insert_until_acked(&coll, id).await?;
+    }
+    let new = members[..3]
+        .iter()
+        .position(|m| m.primary().is_some())
+        .expect("shard0 has a new primary");
+    assert_ne!(new, old);
+    let mut seen = Vec::new();
+    while seen.len() < 20 {
+        let event = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await?
+            .expect("the stream goes on")?;
+        seen.push(event.document_key.expect("documentKey").get_i64("_id")?);
+    }
+    let (mut first, mut second) = (seen[..10].to_vec(), seen[10..].to_vec());
+    first.sort_unstable();
+    second.sort_unstable();
+    assert_eq!(
+        first,
+        (0..10).collect::<Vec<_>>(),
+        "the transaction's events, once each"
+    );
+    assert_eq!(
+        second,
+        (10..20).collect::<Vec<_>>(),
+        "the later inserts, once each"
+    );
+    running.shutdown().await;
+    Ok(())
+}

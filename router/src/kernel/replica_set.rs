@@ -1,6 +1,7 @@
-//! A replicated shard as the router reaches it (`--shard NAME/h1:p1,h2:p2,h3:p3`): a
-//! [`RemoteShard`] per member and a [`SetMonitor`] that follows the set's elections; every
-//! command goes to the member the monitor takes for the primary.
+//! A replicated shard as the router reaches it: over TCP (`--shard NAME/h1:p1,h2:p2,h3:p3`), a
+//! [`RemoteShard`] per member and a [`SetMonitor`] that follows the set's elections, every
+//! command going to the member the monitor takes for the primary ([`ReplicaSetShard`]); in
+//! process (`--replicas N`), the member that serves as primary now ([`LocalSet`]).
 //!
 //! What a member answers decides whether the transport may send the command again
 //! (`design/replication.md`, "Router"), and the answer comes back to the transport as the
@@ -25,6 +26,8 @@ use bson::Document;
 use wire::raw::Body;
 use wire::replset::{NOT_PRIMARY_MAYBE_RUN, NOT_PRIMARY_UNRUN, SetMonitor, SetSpec, reply_code};
 use wire::{ErrorCode, MongoError};
+
+use shard::replica_set::ReplicaSetMember;
 
 use super::shard_client::{Failed, RemoteShard, ShardClient, TransportError};
 
@@ -94,31 +97,86 @@ impl ShardClient for ReplicaSetShard {
                 return Err(failed.with(cmd));
             }
         };
-        let code = match &reply {
-            Body::Raw(raw) => reply_code(raw),
-            _ => None,
-        };
-        match code {
-            Some(code) if NOT_PRIMARY_UNRUN.contains(&code) => {
-                self.monitor.suspect(primary);
-                Err(TransportError::Unreachable {
-                    error: member_error(reply),
-                    cmd,
-                })
-            }
-            Some(code) if NOT_PRIMARY_MAYBE_RUN.contains(&code) => {
-                self.monitor.suspect(primary);
-                Err(TransportError::Lost {
-                    error: member_error(reply),
-                    cmd,
-                })
-            }
-            _ => Ok(reply),
+        let judged = judge(reply, cmd);
+        if judged.is_err() {
+            self.monitor.suspect(primary);
         }
+        judged
     }
 
     fn describe(&self) -> String {
         self.monitor.spec().to_string()
+    }
+}
+
+/// A replicated shard whose members run in this process.
+pub struct LocalSet {
+    name: String,
+    members: Vec<Arc<ReplicaSetMember>>,
+}
+
+impl LocalSet {
+    pub fn new(name: String, members: Vec<Arc<ReplicaSetMember>>) -> LocalSet {
+        LocalSet { name, members }
+    }
+
+    /// The member serving as primary, waiting up to [`ELECTION_WAIT`] for one.
+    async fn primary(&self) -> Option<&ReplicaSetMember> {
+        let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
+        loop {
+            if let Some(m) = self.members.iter().find(|m| m.primary().is_some()) {
+                return Some(m);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl ShardClient for LocalSet {
+    async fn command(&self, db: &str, mut cmd: Document) -> Result<Body, TransportError> {
+        let Some(member) = self.primary().await else {
+            let error = MongoError::new(
+                ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
+                format!(
+                    "no primary found for replica set {} within {ELECTION_WAIT:?}",
+                    self.name
+                ),
+            );
+            return Err(TransportError::Unreachable { error, cmd });
+        };
+        cmd.insert("$db", db);
+        let reply = member.run_command_body(cmd.clone()).await;
+        cmd.remove("$db");
+        judge(reply, cmd)
+    }
+
+    fn describe(&self) -> String {
+        format!("in-process replica set {}", self.name)
+    }
+}
+
+/// A member's reply as the transport takes it: an error that says the member is not (or no
+/// longer) the primary becomes the [`TransportError`] that says whether it may have run.
+fn judge(reply: Body, cmd: Document) -> Result<Body, TransportError> {
+    let code = match &reply {
+        Body::Raw(raw) => reply_code(raw),
+        Body::Document(d) => MongoError::from_reply(d).map(|e| e.code),
+        Body::Cursor(_) => None,
+    };
+    match code {
+        Some(code) if NOT_PRIMARY_UNRUN.contains(&code) => Err(TransportError::Unreachable {
+            error: member_error(reply),
+            cmd,
+        }),
+        Some(code) if NOT_PRIMARY_MAYBE_RUN.contains(&code) => Err(TransportError::Lost {
+            error: member_error(reply),
+            cmd,
+        }),
+        _ => Ok(reply),
     }
 }
 

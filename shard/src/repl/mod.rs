@@ -351,8 +351,7 @@ impl Replica {
                     }
                 }
                 // The quorum's acknowledgement ages without a change of metrics: look again.
-                let changed =
-                    tokio::time::timeout(QUORUM_LOOK, metrics.changed()).await;
+                let changed = tokio::time::timeout(QUORUM_LOOK, metrics.changed()).await;
                 if matches!(changed, Ok(Err(_))) {
                     return;
                 }
@@ -379,8 +378,7 @@ impl Replica {
         loop {
             {
                 let m = metrics.borrow_watched();
-                let leading =
-                    m.state == openraft::ServerState::Leader && m.current_term == term;
+                let leading = m.state == openraft::ServerState::Leader && m.current_term == term;
                 if !leading || !self.quorum_heard(&m) {
                     return;
                 }

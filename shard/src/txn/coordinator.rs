@@ -84,11 +84,16 @@ impl Peer {
 
 type Reply<'a> = Pin<Box<dyn Future<Output = Result<Document, MongoError>> + Send + 'a>>;
 
+/// Finds a replica set's primary shard in this process.
+pub type PrimaryOf = Arc<dyn Fn() -> Option<Arc<Shard>> + Send + Sync>;
+
 /// How a shard reaches the other participants: shards in this process by name, others over
 /// TCP at their host, a replicated one (`NAME/h1:p1,h2:p2,...`) at its primary.
 #[derive(Default)]
 pub struct Peers {
     local: Mutex<HashMap<String, Weak<Shard>>>,
+    /// Replicated participants in this process: their current primary's shard, if any.
+    local_sets: Mutex<HashMap<String, PrimaryOf>>,
     remote: Mutex<HashMap<String, Arc<wire::Client>>>,
     sets: Mutex<HashMap<String, Arc<SetPeer>>>,
     /// TLS to remote peers, when the cluster speaks it.
@@ -106,6 +111,12 @@ impl Peers {
     /// Logs in to remote peers with the cluster's key from now on.
     pub fn use_key(&self, key: Arc<wire::keyfile::KeyFile>) {
         *lock(&self.key) = Some(key);
+    }
+
+    /// Makes the replica set `name` in this process reachable at its primary, which `primary`
+    /// finds (`None` while it has none).
+    pub fn register_set(&self, name: &str, primary: PrimaryOf) {
+        lock(&self.local_sets).insert(name.to_string(), primary);
     }
 
     /// Makes `shard` reachable by `name` from this process.
@@ -134,6 +145,10 @@ impl Peers {
 
     fn command_once<'a>(&'a self, peer: &'a Peer, mut cmd: Document) -> Reply<'a> {
         Box::pin(async move {
+            let set = lock(&self.local_sets).get(&peer.name).cloned();
+            if let Some(primary) = set {
+                return local_set_command(&primary, cmd).await;
+            }
             let local = lock(&self.local).get(&peer.name).and_then(Weak::upgrade);
             let reply = match local {
                 Some(shard) => {
@@ -179,6 +194,27 @@ impl Peers {
                 None => Ok(reply),
             }
         })
+    }
+}
+
+/// Runs `cmd` on `admin` at the primary `primary` finds, following elections (the caller's
+/// deadline bounds the whole).
+async fn local_set_command(primary: &PrimaryOf, mut cmd: Document) -> Result<Document, MongoError> {
+    const PAUSE: Duration = Duration::from_millis(20);
+    cmd.insert("$db", "admin");
+    loop {
+        let Some(shard) = primary() else {
+            tokio::time::sleep(PAUSE).await;
+            continue;
+        };
+        let reply = shard.run_command(cmd.clone()).await;
+        match MongoError::from_reply(&reply) {
+            None => return Ok(reply),
+            Some(e) if wire::replset::NOT_PRIMARY_UNRUN.contains(&e.code) => {
+                tokio::time::sleep(PAUSE).await;
+            }
+            Some(e) => return Err(e),
+        }
     }
 }
 
