@@ -161,6 +161,8 @@ impl ShardClient for LocalSet {
 
 /// A member's reply as the transport takes it: an error that says the member is not (or no
 /// longer) the primary becomes the [`TransportError`] that says whether it may have run.
+// The error is what `ShardClient::command` returns, the command handed back whole.
+#[allow(clippy::result_large_err)]
 fn judge(reply: Body, cmd: Document) -> Result<Body, TransportError> {
     let code = match &reply {
         Body::Raw(raw) => reply_code(raw),
