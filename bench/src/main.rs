@@ -50,6 +50,10 @@ struct Cli {
     /// Shards of the embedded cluster (without --uri).
     #[arg(long, default_value_t = 3)]
     shards: usize,
+    /// Members of each shard of the embedded cluster (1, or 3, 5 or 7: replica sets on Raft
+    /// in the one process).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// The server's process id, to read its CPU and memory (known when the bench starts it).
     #[arg(long)]
     server_pid: Option<u32>,
@@ -181,7 +185,7 @@ async fn run(cli: Cli) -> Result<()> {
     let (uri, pid) = match &cli.uri {
         Some(u) => (u.clone(), cli.server_pid),
         None => {
-            let s = EmbeddedServer::start(cli.shards).await?;
+            let s = EmbeddedServer::start(cli.shards, cli.replicas).await?;
             let uri = s.uri.clone();
             let pid = s.child.id();
             server = Some(s);
@@ -655,7 +659,7 @@ struct EmbeddedServer {
 }
 
 impl EmbeddedServer {
-    async fn start(shards: usize) -> Result<EmbeddedServer> {
+    async fn start(shards: usize, replicas: usize) -> Result<EmbeddedServer> {
         let binary = match std::env::var_os("TRIBUTARY_BIN") {
             Some(b) => PathBuf::from(b),
             None => std::env::current_exe()?
@@ -667,6 +671,7 @@ impl EmbeddedServer {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new(&binary)
             .args(["--port", &port.to_string(), "--shards", &shards.to_string()])
+            .args(["--replicas", &replicas.to_string()])
             .arg("--dbpath")
             .arg(dir.path())
             .env("RUST_LOG", "warn")

@@ -25,8 +25,10 @@ pub struct Running {
     pub cancel: CancellationToken,
     task: JoinHandle<()>,
     shards: Vec<Arc<shard::Shard>>,
-    /// Replica-set members run here (`tributary shard --replSet`, or `--replicas N`).
+    /// Replica-set members run here (`tributary shard --replSet`, or `--replicas N`: shard by
+    /// shard, `replicas` each).
     members: Vec<Arc<ReplicaSetMember>>,
+    replicas: usize,
     pub router: Option<Arc<Router>>,
 }
 
@@ -61,6 +63,11 @@ impl Running {
     /// The replica-set members run in this process, shard by shard.
     pub fn members(&self) -> &[Arc<ReplicaSetMember>] {
         &self.members
+    }
+
+    /// The members of each replicated shard in this process, in shard order.
+    pub fn sets(&self) -> impl Iterator<Item = &[Arc<ReplicaSetMember>]> {
+        self.members.chunks(self.replicas.max(1))
     }
 
     /// Does `f` to every shard in this process: the plain ones now, and each replica-set
@@ -265,6 +272,7 @@ async fn embedded_sets(
         .collect();
     let mut running = router_over(bind, clients, options).await?;
     running.members = sets.into_iter().flatten().collect();
+    running.replicas = replicas;
     Ok(running)
 }
 
@@ -276,14 +284,24 @@ pub async fn router_beside(
     options: RouterOptions,
 ) -> anyhow::Result<Running> {
     anyhow::ensure!(
-        !running.shards.is_empty(),
+        !running.shards.is_empty() || running.replicas > 1,
         "a router beside another needs its in-process shards"
     );
-    let clients = running
-        .shards
-        .iter()
-        .map(|s| Arc::new(LocalShard::new(s.clone())) as Arc<dyn ShardClient>)
-        .collect();
+    let clients = if running.replicas > 1 {
+        running
+            .sets()
+            .enumerate()
+            .map(|(i, set)| {
+                Arc::new(LocalSet::new(format!("shard{i}"), set.to_vec())) as Arc<dyn ShardClient>
+            })
+            .collect()
+    } else {
+        running
+            .shards
+            .iter()
+            .map(|s| Arc::new(LocalShard::new(s.clone())) as Arc<dyn ShardClient>)
+            .collect()
+    };
     router_over(bind, clients, options).await
 }
 
@@ -352,6 +370,7 @@ async fn router_over(
         task,
         shards: Vec::new(),
         members: Vec::new(),
+        replicas: 1,
         router: Some(router),
     })
 }
@@ -418,6 +437,7 @@ pub async fn shard_secured(
         task,
         shards: vec![s],
         members: Vec::new(),
+        replicas: 1,
         router: None,
     })
 }
@@ -539,6 +559,7 @@ pub async fn shard_member(
         task,
         shards: Vec::new(),
         members: vec![member],
+        replicas: 1,
         router: None,
     })
 }

@@ -113,22 +113,60 @@ impl EmbeddedCluster {
         )
         .await?;
         let addr = running.addr;
-        Ok(EmbeddedCluster {
+        let cluster = EmbeddedCluster {
             dir,
             running: Some(running),
             n_shards,
             presentation,
             addr,
-        })
+        };
+        cluster.wait_for_primaries().await?;
+        Ok(cluster)
     }
 
     pub async fn client(&self) -> Result<Client> {
         connect(self.addr).await
     }
 
-    /// The in-process shards, for checking where documents landed.
-    pub fn shards(&self) -> &[Arc<shard::Shard>] {
-        self.running.as_ref().map(|r| r.shards()).unwrap_or(&[])
+    /// The in-process shards, for checking where documents landed: with replicated shards,
+    /// each set's primary now (a set without one is left out).
+    pub fn shards(&self) -> Vec<Arc<shard::Shard>> {
+        let Some(running) = &self.running else {
+            return Vec::new();
+        };
+        if running.members().is_empty() {
+            return running.shards().to_vec();
+        }
+        running
+            .sets()
+            .filter_map(|set| set.iter().find_map(|m| m.primary()))
+            .collect()
+    }
+
+    /// With replicated shards: waits (up to 20 s) until every set has a primary.
+    pub async fn wait_for_primaries(&self) -> Result<()> {
+        let Some(running) = &self.running else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while running
+            .sets()
+            .any(|set| !set.is_empty() && set.iter().all(|m| m.primary().is_none()))
+        {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "a shard has no primary after 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Does `f` to every shard in this process, now and (replicated) each one a member opens.
+    pub fn on_each_shard(&self, f: impl Fn(&Arc<shard::Shard>) + Send + Sync + 'static) {
+        if let Some(running) = &self.running {
+            running.on_each_shard(f);
+        }
     }
 
     /// Stops the cluster and starts it again on the same data (a new port).
@@ -151,7 +189,7 @@ impl EmbeddedCluster {
         .await?;
         self.addr = running.addr;
         self.running = Some(running);
-        Ok(())
+        self.wait_for_primaries().await
     }
 
     pub async fn stop(mut self) {

@@ -263,7 +263,7 @@ async fn validate_checks_documents_and_index_entries() -> anyhow::Result<()> {
     // Take one index entry away behind the store's back: validate finds it.
     let shard = cluster
         .shards()
-        .iter()
+        .into_iter()
         .find(|s| s.state().catalog().lookup("app", "c").is_some())
         .expect("a shard holds app.c");
     let entry = shard

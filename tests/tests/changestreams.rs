@@ -137,9 +137,7 @@ async fn resuming_past_truncated_history_is_history_lost() -> anyhow::Result<()>
     let mut stream = coll.watch().await?.with_type::<Document>();
     coll.insert_one(doc! {"_id": 1}).await?;
     let old = streams::token_of(&streams::next_event(&mut stream).await?)?;
-    for s in cluster.shards() {
-        s.set_oplog_retention(shard::retention::Retention::bytes(4096));
-    }
+    cluster.on_each_shard(|s| s.set_oplog_retention(shard::retention::Retention::bytes(4096)));
     for i in 2..200 {
         coll.insert_one(doc! {"_id": i, "pad": "x".repeat(200)})
             .await?;

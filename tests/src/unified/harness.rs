@@ -252,7 +252,12 @@ fn report(kind: &str, topology: &str, lines: &[String]) {
     {
         let dir = target.join("spec-results");
         let _ = std::fs::create_dir_all(&dir);
-        let file = format!("{kind}-{topology}.txt").replace(' ', "-");
+        // Runs over replicated shards keep their own results.
+        let replicas = match crate::test_replicas() {
+            1 => String::new(),
+            n => format!("-{n}-members"),
+        };
+        let file = format!("{kind}-{topology}{replicas}.txt").replace(' ', "-");
         let _ = std::fs::write(dir.join(file), text);
     }
 }
