@@ -446,3 +446,35 @@ async fn the_embedded_cluster_with_three_replicas_per_shard_commits_across_shard
     running.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_driver_given_the_set_writes_to_its_primary_and_follows_a_failover() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let uri = format!(
+        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
+        set.hosts.join(",")
+    );
+    let client = tests::connect_uri(&uri).await?;
+    let coll = client.database("app").collection::<Document>("c");
+    for id in 0..10 {
+        insert_until_acked(&coll, id).await?;
+    }
+    let old = set.primary(&[], Duration::from_secs(10)).await?;
+    set.members[old].kill();
+    for id in 10..20 {
+        insert_until_acked(&coll, id).await?;
+    }
+    let found: Vec<Document> = coll
+        .find(doc! {})
+        .await?
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let mut ids: Vec<i64> = found.iter().filter_map(|d| d.get_i64("_id").ok()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..20).collect::<Vec<_>>(), "every acknowledged insert, once");
+    Ok(())
+}

@@ -4,7 +4,8 @@
 //! Invariants:
 //! * Every change (append, vote, truncation, purge) is one durable redb commit, made before
 //!   openraft is told: an appended entry is acknowledged to the leader only once it is on
-//!   disk, and a vote is never forgotten after a crash.
+//!   disk, and a vote is never forgotten after a crash. The commit point alone is saved
+//!   without an fsync (openraft needs it only to re-apply sooner after a restart).
 //! * Entries are stored in `codec`'s frame; a record that does not decode is an I/O error,
 //!   which stops the member (see the module header of `repl`).
 //! * The file is touched from blocking threads only (`spawn_blocking`), never from the
@@ -78,11 +79,21 @@ impl LogStore {
         }
     }
 
-    /// Stores `value` under `key` in one durable commit.
-    async fn put_meta<T: Serialize>(&self, key: &'static str, value: &T) -> io::Result<()> {
+    /// Stores `value` under `key` in one commit: durable, or (`durable` false) persisted by the
+    /// next durable one.
+    async fn put_meta<T: Serialize>(
+        &self,
+        key: &'static str,
+        value: &T,
+        durable: bool,
+    ) -> io::Result<()> {
         let bytes = encode(value)?;
         self.blocking(move |db| {
-            let txn = db.begin_write().map_err(io_error)?;
+            let mut txn = db.begin_write().map_err(io_error)?;
+            if !durable {
+                txn.set_durability(redb::Durability::None)
+                    .map_err(io_error)?;
+            }
             txn.open_table(META)
                 .map_err(io_error)?
                 .insert(key, bytes.as_slice())
@@ -147,11 +158,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.put_meta(VOTE, vote).await
+        self.put_meta(VOTE, vote, true).await
     }
 
+    /// Not durable by itself (the next append's commit persists it): after a crash an older
+    /// commit point only means re-applying entries the leader confirms again.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        self.put_meta(COMMITTED, &committed).await
+        self.put_meta(COMMITTED, &committed, false).await
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {

@@ -226,7 +226,8 @@ impl Replica {
 
     /// [`Replica::open`] for a member whose data lives in `dir`: its storage in
     /// `dir/member.redb`, its Raft log in `dir/raft.redb`. Returns the storage too (the
-    /// member's shard runs over it while it leads).
+    /// member's shard runs over it while it leads). The storage sits behind the Raft log: its
+    /// commits are not durable by themselves (see `state_machine`'s checkpoints).
     pub async fn open_in(
         dir: &Path,
         id: MemberId,
@@ -236,7 +237,7 @@ impl Replica {
         std::fs::create_dir_all(dir)
             .map_err(|e| ReplError::Stopped(format!("creating {}: {e}", dir.display())))?;
         let storage: Arc<dyn Storage> = Arc::new(
-            crate::storage::RedbStorage::open(&dir.join("member.redb"))
+            crate::storage::RedbStorage::open_behind_log(&dir.join("member.redb"))
                 .map_err(|e| ReplError::Stopped(format!("opening {}: {e}", dir.display())))?,
         );
         let replica =

@@ -8,6 +8,11 @@
 //! * A snapshot is every row of every table read in one read transaction, with the applied id
 //!   and membership read in that same transaction, as a write set of puts; installing one
 //!   replaces every table's rows with the snapshot's.
+//! * Applies commit without an fsync: the storage sits behind the Raft log, which holds every
+//!   entry durably. A crash loses only applies whose entries the log still has, and openraft
+//!   applies them again from the applied id on disk (redo is idempotent). The log is purged
+//!   only up to a snapshot, and a snapshot is taken after a durable checkpoint (an installed
+//!   one is committed durably), so nothing purged exists only in memory.
 
 use std::io;
 use std::sync::Arc;
@@ -180,7 +185,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 /// Replaces every table's rows with the snapshot's, in one transaction.
 fn install(storage: &dyn Storage, data: &[u8]) -> io::Result<()> {
     let set = WriteSet::decode(data).map_err(io_error)?;
-    let mut txn = storage.begin_write().map_err(io_error)?;
+    // Durable: the log before the snapshot may be purged once it is installed.
+    let mut txn = storage.begin_durable().map_err(io_error)?;
     for table in Table::ALL {
         let mut keys = Vec::new();
         txn.scan(table, &KeyRange::all(), false, &mut |k, _| {
@@ -236,6 +242,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
         let storage = self.storage.clone();
         let (applied, membership, set) = tokio::task::spawn_blocking(move || {
+            // A checkpoint first: the log up to the snapshot may be purged once it is taken,
+            // so what it holds must be on disk, not only visible.
+            storage
+                .begin_durable()
+                .and_then(|t| t.commit())
+                .map_err(io_error)?;
             let txn = storage.begin_read().map_err(io_error)?;
             let (applied, membership) = applied_state(txn.as_ref())?;
             Ok::<_, io::Error>((applied, membership, dump(txn.as_ref())?))

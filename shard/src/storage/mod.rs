@@ -329,6 +329,12 @@ pub trait WriteTxn: ReadTxn {
 pub trait Storage: Send + Sync + 'static {
     fn begin_read(&self) -> StorageResult<Box<dyn ReadTxn>>;
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>>;
+    /// A write transaction whose commit is durable and makes every commit before it durable
+    /// (a checkpoint of an engine behind a log); an engine whose commits are all durable gives
+    /// an ordinary one.
+    fn begin_durable(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        self.begin_write()
+    }
     /// The bytes the engine's page cache holds now (at most [`PAGE_CACHE_BYTES`]).
     fn cache_bytes(&self) -> usize;
 }
@@ -340,6 +346,10 @@ impl<S: Storage + ?Sized> Storage for Arc<S> {
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
         (**self).begin_write()
+    }
+
+    fn begin_durable(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        (**self).begin_durable()
     }
 
     fn cache_bytes(&self) -> usize {
@@ -372,11 +382,6 @@ impl RedbStorage {
     /// themselves (the log's append was), until the log checkpoints ([`Self::begin_durable`]).
     pub fn open_behind_log(path: &Path) -> StorageResult<RedbStorage> {
         Self::open_with(path, false)
-    }
-
-    /// A write transaction whose commit is durable, and makes every commit before it durable.
-    pub fn begin_durable(&self) -> StorageResult<Box<dyn WriteTxn>> {
-        Ok(Box::new(RedbWrite(self.begin(true)?)))
     }
 
     /// Opens (or creates) the database file and makes sure every table exists.
@@ -420,6 +425,10 @@ impl Storage for RedbStorage {
 
     fn begin_write(&self) -> StorageResult<Box<dyn WriteTxn>> {
         Ok(Box::new(RedbWrite(self.begin(self.durable)?)))
+    }
+
+    fn begin_durable(&self) -> StorageResult<Box<dyn WriteTxn>> {
+        Ok(Box::new(RedbWrite(self.begin(true)?)))
     }
 
     fn cache_bytes(&self) -> usize {

@@ -24,6 +24,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio_util_free::CancelFlag;
 
+use crate::replicated::ReplicaSetProcs;
 use crate::{Proc, connect, free_port};
 
 /// When the whole cluster was down (a `RestartCluster`): from the kill to the last router
@@ -68,6 +69,11 @@ pub struct FixtureSpec {
     /// `mongos` or `replica_set`.
     #[serde(default = "mongos")]
     pub presentation: String,
+    /// Members per shard of a `ProcessCluster`: 1 (one `tributary shard` process), or 3 or 5
+    /// (a replica set of `tributary shard --replSet` processes, the router following its
+    /// elections; `KillShard` then kills a set's primary).
+    #[serde(default = "one")]
+    pub members_per_shard: usize,
 }
 
 fn three() -> usize {
@@ -91,7 +97,10 @@ pub enum Fixture {
     },
     Process {
         dir: TempDir,
+        /// One process per shard (one member each), or none when the shards are `sets`.
         shards: Vec<Proc>,
+        /// The replicated shards, when there are.
+        sets: Vec<ReplicaSetProcs>,
         routers: Vec<Proc>,
     },
 }
@@ -132,7 +141,18 @@ impl Fixture {
             }
             "ProcessCluster" => {
                 let mut shards = Vec::new();
+                let mut sets = Vec::new();
+                let members = spec.members_per_shard;
+                ensure!(
+                    matches!(members, 1 | 3 | 5),
+                    "members_per_shard is 1, 3 or 5"
+                );
                 for i in 0..spec.num_shards {
+                    if members > 1 {
+                        let name = format!("shard{i}");
+                        sets.push(ReplicaSetProcs::start(dir.path(), &name, members, &[]).await?);
+                        continue;
+                    }
                     let port = free_port()?;
                     let dbpath = dir.path().join(format!("shard{i}"));
                     let args = vec![
@@ -154,6 +174,10 @@ impl Fixture {
                         args.push("--shard".into());
                         args.push(s.addr.to_string());
                     }
+                    for set in &sets {
+                        args.push("--shard".into());
+                        args.push(set.spec());
+                    }
                     if presentation == Presentation::ReplicaSet {
                         args.push("--replSetMode".into());
                     }
@@ -163,6 +187,7 @@ impl Fixture {
                 Ok(Fixture::Process {
                     dir,
                     shards,
+                    sets,
                     routers,
                 })
             }
@@ -184,7 +209,7 @@ impl Fixture {
     pub fn n_shards(&self) -> usize {
         match self {
             Fixture::Embedded { n_shards, .. } => *n_shards,
-            Fixture::Process { shards, .. } => shards.len(),
+            Fixture::Process { shards, sets, .. } => shards.len() + sets.len(),
         }
     }
 
@@ -192,11 +217,20 @@ impl Fixture {
         self.router_addrs().len()
     }
 
-    /// `kill -9` of shard `i`, then (after `down`) a restart on the same port and data.
+    /// `kill -9` of shard `i` (a replicated shard's primary), then (after `down`) a restart
+    /// on the same port and data.
     pub async fn kill_shard(&mut self, i: usize, down: Duration) -> Result<()> {
-        let Fixture::Process { shards, .. } = self else {
+        let Fixture::Process { shards, sets, .. } = self else {
             bail!("killing a shard needs a ProcessCluster fixture");
         };
+        if !sets.is_empty() {
+            let set = sets.get_mut(i).context("no such shard")?;
+            let primary = set.primary(&[], Duration::from_secs(20)).await?;
+            let m = &mut set.members[primary];
+            m.kill();
+            tokio::time::sleep(down).await;
+            return m.restart().await;
+        }
         let s = shards.get_mut(i).context("no such shard")?;
         s.kill();
         tokio::time::sleep(down).await;
@@ -252,16 +286,22 @@ impl Fixture {
                 Ok(())
             }
             Fixture::Process {
-                shards, routers, ..
+                shards,
+                sets,
+                routers,
+                ..
             } => {
                 for r in routers.iter_mut() {
                     r.kill();
                 }
-                for s in shards.iter_mut() {
-                    s.kill();
+                let members = sets.iter_mut().flat_map(|s| s.members.iter_mut());
+                let all: Vec<&mut Proc> = shards.iter_mut().chain(members).collect();
+                for p in all {
+                    p.kill();
                 }
-                for s in shards.iter_mut() {
-                    s.restart().await?;
+                let members = sets.iter_mut().flat_map(|s| s.members.iter_mut());
+                for p in shards.iter_mut().chain(members) {
+                    p.restart().await?;
                 }
                 for r in routers.iter_mut() {
                     r.restart().await?;
@@ -313,9 +353,15 @@ impl Fixture {
                     out.push((s.name().to_string(), times));
                 }
             }
-            Fixture::Process { shards, .. } => {
-                for (i, s) in shards.iter().enumerate() {
-                    let client = connect(s.addr).await?;
+            Fixture::Process { shards, sets, .. } => {
+                // A replicated shard's oplog is read on its primary (the members' are the same).
+                let mut addrs: Vec<SocketAddr> = shards.iter().map(|s| s.addr).collect();
+                for set in sets {
+                    let primary = set.primary(&[], Duration::from_secs(20)).await?;
+                    addrs.push(set.hosts[primary].parse()?);
+                }
+                for (i, addr) in addrs.into_iter().enumerate() {
+                    let client = connect(addr).await?;
                     let coll = client.database("local").collection::<Document>("oplog.rs");
                     let docs: Vec<Document> = coll
                         .find(doc! {})
