@@ -64,6 +64,9 @@ cargo build --bin resmoke --bin tributary --bin fuzz
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_parallel
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill
+# The same over replicated shards: 3 shards of 3 member processes, 2 routers, primaries and
+# routers killed (about a minute).
+TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_kill_replicated
 # A shard down 40 s at a time, longer than a coordinator's 30 s of delivery, under transfers.
 TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_fsm_long_outage
 
