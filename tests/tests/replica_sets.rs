@@ -475,6 +475,10 @@ async fn a_driver_given_the_set_writes_to_its_primary_and_follows_a_failover() -
         .collect::<Result<_, _>>()?;
     let mut ids: Vec<i64> = found.iter().filter_map(|d| d.get_i64("_id").ok()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, (0..20).collect::<Vec<_>>(), "every acknowledged insert, once");
+    assert_eq!(
+        ids,
+        (0..20).collect::<Vec<_>>(),
+        "every acknowledged insert, once"
+    );
     Ok(())
 }
