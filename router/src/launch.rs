@@ -160,9 +160,27 @@ pub async fn embedded_replicated(
         matches!(replicas, 1 | 3 | 5 | 7),
         "--replicas is 1, 3, 5 or 7 (not {replicas})"
     );
-    if replicas > 1 {
-        return embedded_sets(bind, n_shards, replicas, dbpath, options).await;
-    }
+    let (clients, shards, members) = if replicas > 1 {
+        let (clients, members) = in_process_sets(n_shards, replicas, &dbpath, &options).await?;
+        (clients, Vec::new(), members)
+    } else {
+        let (clients, shards) = in_process_shards(n_shards, &dbpath, &options).await?;
+        (clients, shards, Vec::new())
+    };
+    let mut running = router_over(bind, clients, options).await?;
+    running.shards = shards;
+    running.members = members;
+    running.replicas = replicas;
+    Ok(running)
+}
+
+/// `n_shards` shards of one copy under `dbpath`, reaching each other directly (a two-phase
+/// commit's coordinator), and the router's clients to them.
+async fn in_process_shards(
+    n_shards: usize,
+    dbpath: &std::path::Path,
+    options: &RouterOptions,
+) -> anyhow::Result<(Vec<Arc<dyn ShardClient>>, Vec<Arc<shard::Shard>>)> {
     let mut shards = Vec::with_capacity(n_shards);
     let mut clients: Vec<Arc<dyn ShardClient>> = Vec::with_capacity(n_shards);
     for i in 0..n_shards {
@@ -170,7 +188,6 @@ pub async fn embedded_replicated(
         clients.push(Arc::new(LocalShard::new(s.clone())));
         shards.push(s);
     }
-    // Shards in one process reach each other directly (a two-phase commit's coordinator).
     for s in &shards {
         if options.enable_test_commands {
             s.enable_test_commands();
@@ -179,19 +196,17 @@ pub async fn embedded_replicated(
             s.peers().register(&format!("shard{j}"), peer);
         }
     }
-    let mut running = router_over(bind, clients, options).await?;
-    running.shards = shards;
-    Ok(running)
+    Ok((clients, shards))
 }
 
-/// The embedded cluster with every shard a replica set of `replicas` members in this process.
-async fn embedded_sets(
-    bind: SocketAddr,
+/// `n_shards` replica sets of `replicas` members each in this process, shard by shard, and the
+/// router's clients to them.
+async fn in_process_sets(
     n_shards: usize,
     replicas: usize,
-    dbpath: PathBuf,
-    options: RouterOptions,
-) -> anyhow::Result<Running> {
+    dbpath: &std::path::Path,
+    options: &RouterOptions,
+) -> anyhow::Result<(Vec<Arc<dyn ShardClient>>, Vec<Arc<ReplicaSetMember>>)> {
     use shard::repl::{LocalNet, Member, Net, Replica, Timing};
     let mut sets: Vec<Vec<Arc<ReplicaSetMember>>> = Vec::with_capacity(n_shards);
     for i in 0..n_shards {
@@ -270,10 +285,7 @@ async fn embedded_sets(
             Arc::new(LocalSet::new(format!("shard{i}"), members.clone())) as Arc<dyn ShardClient>
         })
         .collect();
-    let mut running = router_over(bind, clients, options).await?;
-    running.members = sets.into_iter().flatten().collect();
-    running.replicas = replicas;
-    Ok(running)
+    Ok((clients, sets.into_iter().flatten().collect()))
 }
 
 /// Another router on `bind` over the in-process shards of an embedded cluster (`running`):

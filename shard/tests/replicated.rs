@@ -167,6 +167,20 @@ async fn three_members(
     members
 }
 
+/// Three members in a fresh directory, and which of them serves as primary.
+async fn serving_set() -> (
+    tempfile::TempDir,
+    Arc<LocalNet>,
+    Vec<Arc<shard::replica_set::ReplicaSetMember>>,
+    usize,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let net = LocalNet::new();
+    let members = three_members(dir.path(), &net).await;
+    let old = wait_primary(&members, &[]).await;
+    (dir, net, members, old)
+}
+
 /// The member serving as primary, once one does (not one of `skip`), within [`PATIENCE`].
 async fn wait_primary(
     members: &[Arc<shard::replica_set::ReplicaSetMember>],
@@ -186,10 +200,7 @@ async fn wait_primary(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_dies() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let net = LocalNet::new();
-    let members = three_members(dir.path(), &net).await;
-    let old = wait_primary(&members, &[]).await;
+    let (_dir, net, members, old) = serving_set().await;
     for m in &members {
         if !std::ptr::eq(m.as_ref(), members[old].as_ref()) {
             let r = m.run_command(doc! {"find": "c", "$db": "app"}).await;
@@ -394,10 +405,7 @@ async fn members_on_their_own_ports_replicate_and_elect_over_the_wire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_cut_off_from_its_majority_stops_serving_and_the_majority_elects_another() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let net = LocalNet::new();
-    let members = three_members(dir.path(), &net).await;
-    let old = wait_primary(&members, &[]).await;
+    let (_dir, net, members, old) = serving_set().await;
     let r = members[old]
         .run_command(doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "app"})
         .await;
