@@ -18,6 +18,8 @@
 //!   messages with 10107 `NotWritablePrimary` (until secondaries serve reads): a client
 //!   retries on the primary. `hello` names the set, its hosts, the primary and this member,
 //!   and the primary's `electionId` (`7fffffff` + term), as a replica-set member's does.
+//! * A write with `w: N` is answered once N members hold every entry the primary's log had
+//!   when the write returned (a majority holds it already), or with a `writeConcernError`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
-use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica, Role, SetStatus};
-use crate::storage::Storage;
+use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica, Replicated, Role, SetStatus};
+use crate::storage::{KeyRange, Scan, Storage, Table};
 use crate::{Shard, ShardOptions};
 
 /// Who a member is in its set, as `hello` reports it.
@@ -48,6 +50,8 @@ pub struct SetInfo {
 pub struct ReplicaSetMember {
     set: SetInfo,
     replica: Arc<Replica>,
+    /// What it applies committed entries to (its `hello` reads its last write there).
+    storage: Arc<dyn Storage>,
     primary: watch::Receiver<Option<Arc<Shard>>>,
     /// What is done to each shard this member opens, before it serves (test commands, oplog
     /// retention, how it reaches its transactions' other participants).
@@ -68,6 +72,53 @@ const MAX_AWAIT: Duration = Duration::from_secs(600);
 const CATCH_UP: Duration = Duration::from_secs(10);
 /// How long a step-down waits for the new leader's election.
 const HAND_OVER: Duration = Duration::from_secs(10);
+/// How long a write waits for `w: N` members without a `wtimeout` (MongoDB waits for ever;
+/// nothing here waits without a deadline).
+const MEMBERS_WAIT: Duration = Duration::from_secs(60);
+
+/// A write concern's `w: N` (N > 1) and `wtimeout`: the members a write must reach.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MembersWanted {
+    members: usize,
+    /// `wtimeout`, when positive.
+    timeout: Option<Duration>,
+}
+
+impl MembersWanted {
+    /// What `cmd`'s `writeConcern` asks beyond the majority every write gets: `None` for no
+    /// write concern, `w` of 0 or 1, `majority` or a tag.
+    fn of(cmd: &Document) -> Option<MembersWanted> {
+        let wc = cmd.get_document("writeConcern").ok()?;
+        let number = |v: &Bson| match v {
+            Bson::Int32(n) => Some(f64::from(*n)),
+            Bson::Int64(n) => Some(*n as f64),
+            Bson::Double(n) => Some(*n),
+            _ => None,
+        };
+        let w = number(wc.get("w")?)?;
+        if w.is_nan() || w <= 1.0 {
+            return None;
+        }
+        let timeout = wc
+            .get("wtimeout")
+            .and_then(number)
+            .filter(|ms| *ms >= 1.0)
+            .map(|ms| Duration::from_millis(ms.min(u64::MAX as f64) as u64));
+        Some(MembersWanted {
+            members: w.min(usize::MAX as f64) as usize,
+            timeout,
+        })
+    }
+
+    fn as_document(&self) -> Document {
+        let mut d = doc! {"w": i64::try_from(self.members).unwrap_or(i64::MAX)};
+        if let Some(t) = self.timeout {
+            d.insert("wtimeout", i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        }
+        d.insert("provenance", "clientSupplied");
+        d
+    }
+}
 
 impl ReplicaSetMember {
     /// Starts following `replica`'s leadership: while it leads, a shard named by `opts` runs
@@ -86,7 +137,7 @@ impl ReplicaSetMember {
         let lead = tokio::spawn(lead(
             opts,
             replica.clone(),
-            storage,
+            storage.clone(),
             patience,
             tx,
             on_open.clone(),
@@ -101,6 +152,7 @@ impl ReplicaSetMember {
         Arc::new(ReplicaSetMember {
             set,
             replica,
+            storage,
             primary: rx,
             on_open,
             process_id: ObjectId::new(),
@@ -190,9 +242,70 @@ impl ReplicaSetMember {
             return Body::Document(reply.unwrap_or_else(|e| e.to_document()));
         }
         match self.primary() {
-            Some(shard) => shard.run_command_body(cmd).await,
+            Some(shard) => {
+                let wanted = MembersWanted::of(&cmd);
+                let body = shard.run_command_body(cmd).await;
+                match wanted {
+                    Some(wanted) => self.await_members(body, wanted).await,
+                    None => body,
+                }
+            }
             None => Body::Document(not_primary(self.replica.leader()).to_document()),
         }
+    }
+
+    /// A command's reply once `w: N` members hold what it wrote: every entry of the log at the
+    /// time it returned (its own are among them). A write is acknowledged once a majority
+    /// holds it, which meets any `N` up to a majority at once; a larger `N` waits for more,
+    /// up to `wtimeout` (else [`MEMBERS_WAIT`]), and the reply gets MongoDB's
+    /// `writeConcernError` when they do not come: 64 `WriteConcernFailed` at the deadline,
+    /// 189 `PrimarySteppedDown` when this member stops leading, 100
+    /// `UnsatisfiableWriteConcern` when the set has fewer members than `N`.
+    async fn await_members(&self, body: Body, wanted: MembersWanted) -> Body {
+        let error = if wanted.members > self.set.hosts.len() {
+            Some(MongoError::new(
+                ErrorCode::UNSATISFIABLE_WRITE_CONCERN,
+                "Not enough data-bearing nodes",
+            ))
+        } else {
+            let Some(index) = self.replica.last_log_index() else {
+                return body;
+            };
+            let patience = wanted.timeout.unwrap_or(MEMBERS_WAIT);
+            match self
+                .replica
+                .wait_replicated(index, wanted.members, patience)
+                .await
+            {
+                Replicated::Held => None,
+                Replicated::TimedOut => Some(
+                    MongoError::new(
+                        ErrorCode::WRITE_CONCERN_FAILED,
+                        "waiting for replication timed out",
+                    )
+                    .with_extra(
+                        doc! {"errInfo": {"wtimeout": true, "writeConcern": wanted.as_document()}},
+                    ),
+                ),
+                Replicated::NotLeading => Some(MongoError::new(
+                    ErrorCode::PRIMARY_STEPPED_DOWN,
+                    "Primary stepped down while waiting for replication",
+                )),
+            }
+        };
+        let Some(error) = error else { return body };
+        let Ok(mut reply) = body.into_document() else {
+            return Body::Document(error.to_document());
+        };
+        if reply.get("ok") == Some(&Bson::Double(1.0)) {
+            let mut wce =
+                doc! {"code": error.code, "codeName": &error.code_name, "errmsg": &error.errmsg};
+            if let Some(extra) = &error.extra {
+                wce.extend(extra.clone());
+            }
+            reply.insert("writeConcernError", wce);
+        }
+        Body::Document(reply)
     }
 
     /// `base` (a server's `hello`) with this member's place in its set.
@@ -227,11 +340,37 @@ impl ReplicaSetMember {
         if primary {
             base.insert("electionId", election_id(term));
         }
+        if let Some(last_write) = self.last_write() {
+            base.insert("lastWrite", last_write);
+        }
         base.insert(
             "topologyVersion",
             doc! {"processId": self.process_id, "counter": *self.topology.borrow()},
         );
         base
+    }
+
+    /// `hello`'s `lastWrite`: the op time and wall time of the last oplog entry this member
+    /// applied. A member applies only committed entries, so its majority op time is the same
+    /// (drivers read `lastWriteDate` for `maxStalenessSeconds`).
+    fn last_write(&self) -> Option<Document> {
+        let read = self.storage.begin_read().ok()?;
+        let mut last = None;
+        read.scan(Table::Oplog, &KeyRange::all(), true, &mut |_, entry| {
+            last = Some(entry.to_vec());
+            Scan::Stop
+        })
+        .ok()?;
+        let last = last?;
+        let entry = bson::RawDocument::from_bytes(&last).ok()?;
+        let op_time = doc! {"ts": entry.get_timestamp("ts").ok()?, "t": entry.get_i64("t").ok()?};
+        let wall = entry.get_datetime("wall").ok()?;
+        Some(doc! {
+            "opTime": op_time.clone(),
+            "lastWriteDate": wall,
+            "majorityOpTime": op_time,
+            "majorityWriteDate": wall,
+        })
     }
 
     /// For an awaitable `hello`: waits until the topology differs from the client's, or its
@@ -576,5 +715,53 @@ async fn lead(
             "no longer primary: the shard closes"
         );
         shard.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(wc: Document) -> Option<MembersWanted> {
+        MembersWanted::of(&doc! {"insert": "c", "writeConcern": wc})
+    }
+
+    #[test]
+    fn only_a_number_of_members_above_one_is_waited_for() {
+        assert_eq!(MembersWanted::of(&doc! {"insert": "c"}), None);
+        for w in [
+            Bson::Int32(0),
+            Bson::Int32(1),
+            Bson::Double(1.0),
+            "majority".into(),
+            "tag".into(),
+        ] {
+            assert_eq!(wanted(doc! {"w": w.clone()}), None, "w: {w}");
+        }
+        assert_eq!(wanted(doc! {"w": f64::NAN}), None);
+        assert_eq!(
+            wanted(doc! {"w": 3_i64, "wtimeout": 250}),
+            Some(MembersWanted {
+                members: 3,
+                timeout: Some(Duration::from_millis(250))
+            })
+        );
+        // wtimeout 0 (or none) is MongoDB's "no timeout": the member's own deadline then.
+        assert_eq!(
+            wanted(doc! {"w": 2.0, "wtimeout": 0}),
+            Some(MembersWanted {
+                members: 2,
+                timeout: None
+            })
+        );
+        assert_eq!(
+            wanted(doc! {"w": 2, "wtimeout": 100})
+                .map(|w| w.as_document())
+                .as_ref()
+                .map(Document::to_string),
+            Some(
+                doc! {"w": 2_i64, "wtimeout": 100_i64, "provenance": "clientSupplied"}.to_string()
+            )
+        );
     }
 }

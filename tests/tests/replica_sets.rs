@@ -273,6 +273,36 @@ async fn a_member_reports_its_set_steps_down_on_request_and_wakes_awaitable_hell
         .await?;
     assert!(ok(&r), "{r}");
 
+    // Every member's hello has its last write: at or past the insert's op time (a member
+    // applies only committed entries, so its majority op time is the same), in a term.
+    let op_time = |hello: &Document| -> Option<((u32, u32), i64)> {
+        let last = hello.get_document("lastWrite").ok()?;
+        let op = last.get_document("opTime").ok()?;
+        last.get_datetime("lastWriteDate").ok()?;
+        assert_eq!(
+            last.get_document("majorityOpTime").ok(),
+            Some(op),
+            "{hello}"
+        );
+        let ts = op.get_timestamp("ts").ok()?;
+        Some(((ts.time, ts.increment), op.get_i64("t").ok()?))
+    };
+    let wrote = r.get_timestamp("operationTime")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for m in 0..3 {
+        loop {
+            let hello = set.client(m).command("admin", &doc! {"hello": 1}).await?;
+            if let Some((ts, t)) = op_time(&hello)
+                && ts >= (wrote.time, wrote.increment)
+            {
+                assert!(t >= 1, "{hello}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "member {m}: {hello}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     // replSetGetStatus on the primary: every member, each in its state, with positions.
     let status = primary
         .command("admin", &doc! {"replSetGetStatus": 1})
@@ -480,5 +510,77 @@ async fn a_driver_given_the_set_writes_to_its_primary_and_follows_a_failover() -
         (0..20).collect::<Vec<_>>(),
         "every acknowledged insert, once"
     );
+    Ok(())
+}
+
+/// A write concern's `writeConcernError`, if the reply has one: (code, codeName, errInfo).
+fn write_concern_error(reply: &Document) -> Option<(i32, String, Option<Document>)> {
+    let wce = reply.get_document("writeConcernError").ok()?;
+    Some((
+        wce.get_i32("code").ok()?,
+        wce.get_str("codeName").ok()?.to_string(),
+        wce.get_document("errInfo").ok().cloned(),
+    ))
+}
+
+#[tokio::test]
+async fn w_n_waits_for_n_members_and_says_so_when_they_do_not_come() -> anyhow::Result<()> {
+    let mut cluster = ReplicatedCluster::start(1, 3).await?;
+    let client = cluster.client().await?;
+    let db = client.database("app");
+    let insert = |id: i64, w: Bson, wtimeout: i32| {
+        doc! {"insert": "c", "documents": [{"_id": id}], "writeConcern": {"w": w, "wtimeout": wtimeout}}
+    };
+
+    // Every member up: w up to the set's size is met, with nothing to report.
+    for (id, w) in [
+        (1, Bson::Int32(2)),
+        (2, Bson::Int32(3)),
+        (3, Bson::String("majority".into())),
+    ] {
+        let reply = db.run_command(insert(id, w.clone(), 10_000)).await?;
+        assert_eq!(reply.get_i32("n")?, 1, "w: {w}");
+        assert_eq!(write_concern_error(&reply), None, "w: {w}: {reply}");
+    }
+    // More than the set has: the write is made, the write concern is unsatisfiable (100).
+    let reply = db.run_command(insert(4, Bson::Int32(4), 1_000)).await?;
+    assert_eq!(reply.get_i32("n")?, 1);
+    let (code, name, _) = write_concern_error(&reply).expect("a writeConcernError");
+    assert_eq!((code, name.as_str()), (100, "UnsatisfiableWriteConcern"));
+
+    // A secondary down: w: 2 is still met at once; w: 3 times out after its wtimeout with
+    // MongoDB's writeConcernError, the write made all the same.
+    let set = &mut cluster.sets[0];
+    let primary = set.primary(&[], Duration::from_secs(10)).await?;
+    let secondary = (primary + 1) % 3;
+    set.members[secondary].kill();
+    let reply = db.run_command(insert(5, Bson::Int32(2), 10_000)).await?;
+    assert_eq!(write_concern_error(&reply), None, "{reply}");
+    let started = Instant::now();
+    let reply = db.run_command(insert(6, Bson::Int32(3), 500)).await?;
+    let waited = started.elapsed();
+    assert_eq!(reply.get_i32("n")?, 1, "{reply}");
+    let (code, name, info) = write_concern_error(&reply).expect("a writeConcernError");
+    assert_eq!((code, name.as_str()), (64, "WriteConcernFailed"), "{reply}");
+    let info = info.expect("errInfo");
+    assert!(info.get_bool("wtimeout")?, "{info}");
+    assert_eq!(
+        info.get_document("writeConcern")?.get_i64("w")?,
+        3,
+        "{info}"
+    );
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(5),
+        "waited {waited:?} for a wtimeout of 500 ms"
+    );
+    let ids: Vec<Document> = db
+        .collection::<Document>("c")
+        .find(doc! {})
+        .await?
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(ids.len(), 6, "every write was made: {ids:?}");
     Ok(())
 }

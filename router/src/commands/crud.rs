@@ -84,6 +84,8 @@ struct WriteOutcome {
     n_modified: i64,
     upserted: Vec<(usize, Bson)>,
     write_errors: BTreeMap<usize, Document>,
+    /// The first shard's `writeConcernError` (a replicated shard whose `w: N` was not met).
+    write_concern_error: Option<Document>,
     is_update: bool,
 }
 
@@ -93,6 +95,11 @@ impl WriteOutcome {
     fn absorb(&mut self, reply: &Document, indexes: &[usize]) {
         self.n += int(reply.get("n"));
         self.n_modified += int(reply.get("nModified"));
+        if self.write_concern_error.is_none()
+            && let Ok(wce) = reply.get_document("writeConcernError")
+        {
+            self.write_concern_error = Some(wce.clone());
+        }
         for u in reply
             .get_array("upserted")
             .map(Vec::as_slice)
@@ -153,6 +160,9 @@ impl WriteOutcome {
                 .map(Bson::Document)
                 .collect();
             reply.insert("writeErrors", errs);
+        }
+        if let Some(wce) = self.write_concern_error {
+            reply.insert("writeConcernError", wce);
         }
         reply.insert("ok", 1.0);
         reply

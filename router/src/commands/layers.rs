@@ -168,11 +168,19 @@ pub(super) async fn fail_points(
 }
 
 /// A write concern no deployment of this router can satisfy gets its `writeConcernError`
-/// (unless a fail point gave one).
-pub(super) fn write_concern(req: &Request, plan: &mut Plan) {
+/// (unless a fail point gave one). A `w` the shards can meet goes to them with the write: a
+/// replicated shard's primary waits for that many members.
+pub(super) fn write_concern(seams: &Seams, req: &Request, plan: &mut Plan) {
     if plan.write_concern_error.is_none() {
+        let members = seams
+            .transport
+            .shards()
+            .iter()
+            .map(|s| s.client.members())
+            .min()
+            .unwrap_or(1);
         plan.write_concern_error =
-            unsatisfiable_write_concern(&req.body).map(|wce| (wce, Vec::new()));
+            unsatisfiable_write_concern(&req.body, members).map(|wce| (wce, Vec::new()));
     }
 }
 
@@ -279,7 +287,11 @@ pub(super) async fn after(
         Some((wce, labels)) => {
             result.map(|r| with_write_concern_error(r, wce, labels, name, &req.body))
         }
-        None => result,
+        // A shard's (a replicated shard's `w: N` not met) gets the server's labels.
+        None => result.map(|r| match shard_write_concern_error(&r) {
+            Some(wce) => with_write_concern_error(r, wce, Vec::new(), name, &req.body),
+            None => r,
+        }),
     };
     let result = match &plan.cut {
         Some(tw) if plan.batch => match &tw.fail_before_commit {
@@ -354,6 +366,16 @@ fn note_session(seams: &Seams, conn: &ConnectionInfo, name: &str, cmd: &Document
     }
 }
 
+/// The `writeConcernError` a shard put in a reply the router built, if any.
+fn shard_write_concern_error(reply: &Body) -> Option<Document> {
+    match reply {
+        Body::Document(d) if !d.contains_key("errorLabels") => {
+            d.get_document("writeConcernError").ok().cloned()
+        }
+        _ => None,
+    }
+}
+
 /// A reply with an injected `writeConcernError` (the command ran): the fail point's labels,
 /// else the server's own (a retryable write's retryable code is `RetryableWriteError`).
 fn with_write_concern_error(
@@ -405,11 +427,10 @@ fn append_fields(raw: &mut RawDocumentBuf, fields: &Document) {
     }
 }
 
-/// The `writeConcernError` a command's write concern earns on a deployment whose shards are
-/// one data-bearing node each, as a one-node replica set answers it: the command runs, and
-/// `w` above one node is `UnsatisfiableWriteConcern`, a tag other than `majority`
-/// `UnknownReplWriteConcern`.
-fn unsatisfiable_write_concern(cmd: &Document) -> Option<Document> {
+/// The `writeConcernError` a command's write concern earns on a deployment whose smallest
+/// shard has `members` data-bearing members: the command runs, and a `w` above them is
+/// `UnsatisfiableWriteConcern`, a tag other than `majority` `UnknownReplWriteConcern`.
+fn unsatisfiable_write_concern(cmd: &Document, members: usize) -> Option<Document> {
     let w = cmd.get_document("writeConcern").ok()?.get("w")?;
     let error = match w {
         Bson::String(tag) if tag != "majority" => MongoError::new(
@@ -417,7 +438,7 @@ fn unsatisfiable_write_concern(cmd: &Document) -> Option<Document> {
             format!("No write concern mode named '{tag}' found in replica set configuration"),
         ),
         Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)
-            if pipeline::value::as_f64(w).is_some_and(|n| n > 1.0) =>
+            if pipeline::value::as_f64(w).is_some_and(|n| n > members as f64) =>
         {
             MongoError::new(
                 ErrorCode::UNSATISFIABLE_WRITE_CONCERN,

@@ -67,7 +67,7 @@ pub async fn run(seams: &Arc<Seams>, conn: &ConnectionInfo, req: &Request) -> Op
     {
         return None;
     }
-    layers::write_concern(req, &mut plan);
+    layers::write_concern(seams, req, &mut plan);
     layers::snapshot(seams, name, req, &mut plan);
     let result = {
         let ctx = Ctx {

@@ -107,6 +107,10 @@ impl ShardClient for ReplicaSetShard {
     fn describe(&self) -> String {
         self.monitor.spec().to_string()
     }
+
+    fn members(&self) -> usize {
+        self.members.len()
+    }
 }
 
 /// A replicated shard whose members run in this process.
@@ -156,6 +160,10 @@ impl ShardClient for LocalSet {
 
     fn describe(&self) -> String {
         format!("in-process replica set {}", self.name)
+    }
+
+    fn members(&self) -> usize {
+        self.members.len()
     }
 }
 

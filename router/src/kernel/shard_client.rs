@@ -55,6 +55,11 @@ pub trait ShardClient: Send + Sync + 'static {
 
     /// The address or name shown in diagnostics.
     fn describe(&self) -> String;
+
+    /// How many members hold the shard's data: the most a write concern's `w` can ask.
+    fn members(&self) -> usize {
+        1
+    }
 }
 
 /// A shard running in this process.

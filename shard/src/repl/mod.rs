@@ -158,6 +158,14 @@ pub struct MemberStatus {
     pub heard: Option<Duration>,
 }
 
+/// How a wait for `w: N` members ended ([`Replica::wait_replicated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicated {
+    Held,
+    TimedOut,
+    NotLeading,
+}
+
 /// A member's view of its set (see [`Replica::status`]); positions are (index, term).
 #[derive(Debug, Clone)]
 pub struct SetStatus {
@@ -307,6 +315,48 @@ impl Replica {
             .last_applied
             .as_ref()
             .map(|id| id.index)
+    }
+
+    /// On the leader: waits until `members` members, itself included, hold every entry up to
+    /// `index` in their logs (what `w: N` asks), or `patience` passed, or it stopped leading.
+    pub async fn wait_replicated(
+        &self,
+        index: u64,
+        members: usize,
+        patience: Duration,
+    ) -> Replicated {
+        let mut metrics = self.raft.metrics();
+        let waited = tokio::time::timeout(patience, async {
+            loop {
+                {
+                    let m = metrics.borrow_watched();
+                    if m.current_leader != Some(self.id) {
+                        return Replicated::NotLeading;
+                    }
+                    // The leader's progress of every member, its own (its log's durable end)
+                    // included.
+                    let holding = m.replication.as_ref().map_or(0, |progress| {
+                        progress
+                            .values()
+                            .filter(|p| p.as_ref().is_some_and(|id| id.index >= index))
+                            .count()
+                    });
+                    if holding >= members {
+                        return Replicated::Held;
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return Replicated::NotLeading;
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or(Replicated::TimedOut)
+    }
+
+    /// The index of the last entry in this member's log.
+    pub fn last_log_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow_watched().last_log_index
     }
 
     /// Replicates `proposal` and returns once a majority has it durably and this member has
