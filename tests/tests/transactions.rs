@@ -782,6 +782,93 @@ async fn a_recovered_commit_is_answered_once_the_participants_have_it() -> anyho
     Ok(())
 }
 
+/// A two-phase commit is acknowledged with a cluster time past every participant's commit
+/// entry, even a participant whose clock ran ahead of the coordinator's (each writes its
+/// commit entry at its own time): the client's next write, which carries that time, follows
+/// the whole transaction in every change stream wherever it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_acknowledged_past_every_participants_commit_entry() -> anyhow::Result<()> {
+    let (cluster, _, c) = hashed_process_cluster(2, "gossip").await?;
+    let docs: Vec<Document> = (0..13).map(|i| doc! {"_id": i, "n": 0}).collect();
+    c.insert_many(docs).await?;
+    let coordinator = shard_of(&cluster, "gossip", 0).await?;
+    let mut other = None;
+    for id in 1..13 {
+        let at = shard_of(&cluster, "gossip", id).await?;
+        if at != coordinator {
+            other = Some((id, at));
+            break;
+        }
+    }
+    let Some((id, participant)) = other else {
+        anyhow::bail!("every document hashed to one shard");
+    };
+    let router = wire::Client::new(cluster.router.addr.to_string());
+    let lsid = doc! {"id": Bson::Binary(mongodb::bson::Binary {
+        subtype: mongodb::bson::spec::BinarySubtype::Uuid,
+        bytes: vec![44; 16],
+    })};
+    let txn = doc! {"lsid": lsid.clone(), "txnNumber": 1_i64, "autocommit": false};
+    for (k, filter) in [doc! {"_id": 0}, doc! {"_id": id}].into_iter().enumerate() {
+        let mut update = doc! {"update": "c", "updates": [{"q": filter, "u": {"$set": {"n": 1}}}]};
+        update.extend(txn.clone());
+        if k == 0 {
+            update.insert("startTransaction", true);
+        }
+        let reply = router.command("gossip", &update).await?;
+        assert_eq!(reply.get_i32("nModified").ok(), Some(1), "{reply}");
+    }
+    let mut commit = doc! {"commitTransaction": 1};
+    commit.extend(txn);
+    // The coordinator holds after its decision; meanwhile the participant's clock runs ahead.
+    fail_point(&cluster, true).await?;
+    let committing = tokio::spawn(async move { router.command("admin", &commit).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let ahead = mongodb::bson::Timestamp {
+        time: u32::try_from(std::time::UNIX_EPOCH.elapsed()?.as_secs())? + 100,
+        increment: 1,
+    };
+    wire::Client::new(cluster.shards[participant].addr.to_string())
+        .command(
+            "admin",
+            &doc! {"ping": 1, "$clusterTime": {"clusterTime": ahead, "signature": {
+                "hash": mongodb::bson::Binary {
+                    subtype: mongodb::bson::spec::BinarySubtype::Generic,
+                    bytes: vec![0; 20],
+                },
+                "keyId": 0_i64,
+            }}},
+        )
+        .await?;
+    fail_point(&cluster, false).await?;
+    let reply = tokio::time::timeout(Duration::from_secs(60), committing).await???;
+    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply}");
+    let acknowledged = reply
+        .get_document("$clusterTime")?
+        .get_timestamp("clusterTime")?;
+    let entry = cluster
+        .shard_client(participant)
+        .await?
+        .database("local")
+        .collection::<Document>("oplog.rs")
+        .find_one(doc! {"o.commitTransaction": 1})
+        .sort(doc! {"$natural": -1})
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no commit entry on the participant"))?;
+    let committed = entry.get_timestamp("ts")?;
+    let at = |t: mongodb::bson::Timestamp| (t.time, t.increment);
+    assert!(
+        at(committed) > at(ahead),
+        "the participant committed after its clock ran ahead: {committed:?}"
+    );
+    assert!(
+        at(acknowledged) >= at(committed),
+        "acknowledged at {acknowledged:?}, before the participant's commit entry {committed:?}"
+    );
+    drop(cluster);
+    Ok(())
+}
+
 /// `kill -9` between a two-phase commit's decision and its delivery, of the coordinator or of
 /// another participant (multi-process cluster): after the restart the transaction is committed
 /// on every shard, and a watcher sees every one of its operations.

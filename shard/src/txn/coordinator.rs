@@ -280,6 +280,31 @@ impl SetPeer {
     }
 }
 
+/// Runs `cmd` at `peer` as any message between shards goes: it carries this shard's cluster
+/// time, and the reply's moves this shard's clock. So the coordinator's answer to the router
+/// is stamped past every participant's commit entry, and the client's next write, which
+/// carries that time, comes after all of them in every change stream (a participant's clock
+/// may be ahead of the coordinator's: its commit entry's time is its own).
+pub(crate) async fn exchange(
+    shard: &Shard,
+    peer: &Peer,
+    mut cmd: Document,
+) -> Result<Document, MongoError> {
+    cmd.insert(
+        "$clusterTime",
+        crate::cluster_time_doc(shard.state().cluster_time()),
+    );
+    let reply = shard.peers().command(peer, cmd).await;
+    if let Ok(reply) = &reply
+        && let Ok(t) = reply
+            .get_document("$clusterTime")
+            .and_then(|c| c.get_timestamp("clusterTime"))
+    {
+        shard.state().observe(ClusterTime::from(t));
+    }
+    reply
+}
+
 /// A coordinator's decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Decision {
@@ -445,7 +470,7 @@ pub async fn coordinate(
         record
             .participants
             .iter()
-            .map(|p| shard.peers().command(p, prepare.clone())),
+            .map(|p| exchange(shard, p, prepare.clone())),
     )
     .await;
     let mut decision = Decision::Commit(ClusterTime::ZERO);
@@ -587,12 +612,9 @@ async fn deliver_for_a_while(
         return false;
     }
     while !pending.is_empty() {
-        let replies = futures::future::join_all(
-            pending
-                .iter()
-                .map(|p| shard.peers().command(p, message.clone())),
-        )
-        .await;
+        let replies =
+            futures::future::join_all(pending.iter().map(|p| exchange(shard, p, message.clone())))
+                .await;
         let mut left = Vec::new();
         for (p, r) in pending.into_iter().zip(replies) {
             match r {

@@ -924,7 +924,7 @@ impl Transactions {
             "participants": [],
             "fromParticipant": true,
         };
-        let answer = match shard.peers().command(&d.coordinator, question).await {
+        let answer = match coordinator::exchange(shard, &d.coordinator, question).await {
             Ok(answer) => answer,
             Err(e) => {
                 tracing::info!(coordinator = %d.coordinator.name, txn_number, error = %e,
