@@ -497,8 +497,9 @@ pub async fn shard_member(
 ) -> anyhow::Result<Running> {
     use shard::repl::{Member, Net, Replica, Timing, WireNet};
     anyhow::ensure!(
-        matches!(set.peers.len(), 1 | 3 | 5 | 7),
-        "a replica set has 1, 3, 5 or 7 members (--peers lists {})",
+        (1..=wire::replset::MAX_MEMBERS).contains(&set.peers.len()),
+        "a replica set has 1 to {} members (--peers lists {})",
+        wire::replset::MAX_MEMBERS,
         set.peers.len()
     );
     std::fs::create_dir_all(&dbpath)
@@ -517,6 +518,13 @@ pub async fn shard_member(
         .map_err(|e| anyhow::anyhow!("opening the member: {e}"))?;
     let replica = Arc::new(replica);
     if me == 0 {
+        // The first member starts the set (when its log is empty) with every listed member a
+        // voter; members added later (`replSetReconfig`) list themselves anywhere but first.
+        anyhow::ensure!(
+            set.peers.len() <= 7,
+            "a new replica set starts with at most 7 voting members (--peers lists {})",
+            set.peers.len()
+        );
         let members = (0..)
             .zip(&set.peers)
             .map(|(id, addr)| (id, Member { addr: addr.clone() }))

@@ -31,16 +31,21 @@ use tokio_util::sync::CancellationToken;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
-use crate::repl::{MemberId, PEER_COMMANDS, RaftLog, Replica, Replicated, Role, SetStatus};
+use crate::repl::{
+    MemberId, PEER_COMMANDS, RaftLog, ReplError, Replica, Replicated, Role, SetStatus,
+};
 use crate::storage::{KeyRange, Scan, Storage, Table};
 use crate::{Shard, ShardOptions};
+
+mod config;
 
 /// Who a member is in its set, as `hello` reports it.
 #[derive(Debug, Clone)]
 pub struct SetInfo {
     /// `--replSet`.
     pub name: String,
-    /// Every member's `host:port`, in `--peers` order: a member's id is its position.
+    /// Every member's `host:port`, in `--peers` order: a member's id is its position. The
+    /// set's members are its Raft configuration's from then on (`replSetReconfig`).
     pub hosts: Vec<String>,
     /// This member's id.
     pub me: MemberId,
@@ -235,6 +240,11 @@ impl ReplicaSetMember {
         }
         let reply = match name.as_str() {
             "replSetGetStatus" => Some(Ok(self.status())),
+            "replSetGetConfig" => Some(Ok(doc! {
+                "config": config::document(&self.set.name, &self.replica.config(), self.replica.term()),
+                "ok": 1.0,
+            })),
+            "replSetReconfig" => Some(self.reconfigure(&cmd).await),
             "replSetStepDown" => Some(self.step_down(&cmd).await),
             _ => None,
         };
@@ -262,7 +272,7 @@ impl ReplicaSetMember {
     /// 189 `PrimarySteppedDown` when this member stops leading, 100
     /// `UnsatisfiableWriteConcern` when the set has fewer members than `N`.
     async fn await_members(&self, body: Body, wanted: MembersWanted) -> Body {
-        let error = if wanted.members > self.set.hosts.len() {
+        let error = if wanted.members > self.replica.config().members.len() {
             Some(MongoError::new(
                 ErrorCode::UNSATISFIABLE_WRITE_CONCERN,
                 "Not enough data-bearing nodes",
@@ -322,20 +332,42 @@ impl ReplicaSetMember {
         base.insert(writable, primary);
         base.insert("secondary", !primary);
         base.insert("setName", self.set.name.clone());
-        base.insert("setVersion", 1_i32);
-        base.insert("hosts", self.set.hosts.clone());
-        if let Some(leader) = self.replica.leader()
-            && let Some(host) = usize::try_from(leader)
-                .ok()
-                .and_then(|l| self.set.hosts.get(l))
-        {
-            base.insert("primary", host.clone());
+        let config = self.replica.config();
+        base.insert(
+            "setVersion",
+            i64::try_from(config.version).unwrap_or(i64::MAX),
+        );
+        let hosts = |voter: bool| -> Vec<String> {
+            config
+                .members
+                .iter()
+                .filter(|m| m.voter == voter)
+                .map(|m| m.addr.clone())
+                .collect()
+        };
+        base.insert("hosts", hosts(true));
+        let passives = hosts(false);
+        if !passives.is_empty() {
+            base.insert("passives", passives);
         }
-        if let Some(me) = usize::try_from(self.set.me)
-            .ok()
-            .and_then(|m| self.set.hosts.get(m))
+        if let Some(host) = self.replica.leader().and_then(|l| config.addr(l)) {
+            base.insert("primary", host);
+        }
+        let me = config.addr(self.set.me).or_else(|| {
+            usize::try_from(self.set.me)
+                .ok()
+                .and_then(|m| self.set.hosts.get(m))
+                .map(String::as_str)
+        });
+        if let Some(me) = me {
+            base.insert("me", me);
+        }
+        if config
+            .members
+            .iter()
+            .any(|m| m.id == self.set.me && !m.voter)
         {
-            base.insert("me", me.clone());
+            base.insert("passive", true);
         }
         if primary {
             base.insert("electionId", election_id(term));
@@ -453,7 +485,7 @@ impl ReplicaSetMember {
         let members: Vec<Bson> = status
             .members
             .iter()
-            .map(|m| Bson::Document(member_status(&status, m, &self.set.hosts)))
+            .map(|m| Bson::Document(member_status(&status, m)))
             .collect();
         let voters = status.members.iter().filter(|m| m.voter).count();
         let majority = i32::try_from(voters / 2 + 1).unwrap_or(i32::MAX);
@@ -473,6 +505,69 @@ impl ReplicaSetMember {
             "optimes": optimes,
             "members": members,
             "ok": 1.0,
+        }
+    }
+
+    /// `replSetReconfig`: on the primary, makes the set's members the configuration's (see
+    /// `config` for what it checks). New members join as learners and vote once they hold the
+    /// primary's log (`newlyAdded`); the voters change by joint consensus, so, unlike
+    /// MongoDB, any number of them may change at once. Answers once the configuration is
+    /// committed, or when a new member has not caught up within `maxTimeMS` (else 60 s; it
+    /// stays a member without a vote). `force` (a set that lost its majority) is refused:
+    /// Raft cannot safely change a configuration without one.
+    async fn reconfigure(&self, cmd: &Document) -> Result<Document, MongoError> {
+        if cmd.get_bool("force").unwrap_or(false) {
+            return Err(MongoError::new(
+                ErrorCode::BAD_VALUE,
+                "a forced reconfig is not supported: a set that lost its majority cannot change \
+                 its members safely",
+            ));
+        }
+        if self.replica.leading_term().is_none() {
+            return Err(MongoError::new(
+                ErrorCode::NOT_WRITABLE_PRIMARY,
+                "replSetReconfig should only be run on a writable PRIMARY",
+            ));
+        }
+        let members = config::parse(
+            cmd.get("replSetReconfig"),
+            &self.set.name,
+            &self.replica.config(),
+            self.set.me,
+        )?;
+        let patience = match cmd.get("maxTimeMS") {
+            Some(Bson::Int32(n)) if *n > 0 => Duration::from_millis(n.unsigned_abs().into()),
+            Some(Bson::Int64(n)) if *n > 0 => Duration::from_millis(n.unsigned_abs()),
+            _ => MEMBERS_WAIT,
+        };
+        match self.replica.reconfigure(&members, patience).await {
+            Ok(()) => Ok(doc! {"ok": 1.0}),
+            Err(ReplError::NotLeader { .. }) => Err(MongoError::new(
+                ErrorCode::NOT_WRITABLE_PRIMARY,
+                "this member stopped being primary during the reconfig",
+            )),
+            Err(ReplError::Reconfig { busy: true, reason }) => Err(MongoError::new(
+                ErrorCode::CONFIGURATION_IN_PROGRESS,
+                format!("a reconfig is already in progress: {reason}"),
+            )),
+            Err(ReplError::Reconfig {
+                busy: false,
+                reason,
+            }) => Err(MongoError::new(
+                ErrorCode::NEW_REPLICA_SET_CONFIGURATION_INCOMPATIBLE,
+                reason,
+            )),
+            Err(ReplError::TimedOut(t)) => Err(MongoError::new(
+                ErrorCode::EXCEEDED_TIME_LIMIT,
+                format!(
+                    "the new configuration was not in force within {t:?} (a new member that has \
+                     not caught up stays without a vote)"
+                ),
+            )),
+            Err(e @ (ReplError::Unknown | ReplError::Stopped(_))) => Err(MongoError::new(
+                ErrorCode::INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+                e.to_string(),
+            )),
         }
     }
 
@@ -545,7 +640,8 @@ impl ReplicaSetMember {
     }
 }
 
-/// Counts each change of the leader, the term, or whether this member serves, in `topology`.
+/// Counts each change of the leader, the term, the configuration, or whether this member
+/// serves, in `topology`.
 async fn follow_topology(
     replica: Arc<Replica>,
     mut primary: watch::Receiver<Option<Arc<Shard>>>,
@@ -554,8 +650,10 @@ async fn follow_topology(
 ) {
     loop {
         let (leader, term) = (replica.leader(), replica.term());
+        let version = replica.config().version;
         tokio::select! {
             () = replica.wait_leader_change(leader, term) => {}
+            () = replica.wait_config_change(version) => {}
             changed = primary.changed() => if changed.is_err() { return },
             () = cancel.cancelled() => return,
         }
@@ -592,17 +690,12 @@ fn position(p: Option<(u64, u64)>) -> Document {
 }
 
 /// One entry of `replSetGetStatus.members`.
-fn member_status(status: &SetStatus, m: &crate::repl::MemberStatus, hosts: &[String]) -> Document {
+fn member_status(status: &SetStatus, m: &crate::repl::MemberStatus) -> Document {
     let (state, state_str) = state_of(status, m.id);
     let me = m.id == status.me;
-    let name = usize::try_from(m.id)
-        .ok()
-        .and_then(|i| hosts.get(i))
-        .cloned()
-        .unwrap_or_else(|| m.addr.clone());
     let mut d = doc! {
         "_id": i64::try_from(m.id).unwrap_or(i64::MAX),
-        "name": name,
+        "name": &m.addr,
         "health": if me || m.heard.is_some() || state == 1 { 1.0 } else { 0.0 },
         "state": state,
         "stateStr": state_str,

@@ -580,3 +580,165 @@ async fn w_n_waits_for_n_members_and_says_so_when_they_do_not_come() -> anyhow::
     assert_eq!(written, 6, "every write was made");
     Ok(())
 }
+
+/// The `replSetGetConfig` document of `client`'s member.
+async fn set_config(client: &wire::Client) -> anyhow::Result<Document> {
+    let reply = client
+        .command("admin", &doc! {"replSetGetConfig": 1})
+        .await?;
+    Ok(reply.get_document("config")?.clone())
+}
+
+/// `replSetReconfig` adds a member, which catches up as a learner and then votes, and removes
+/// another: `replSetGetConfig`, `hello` and `replSetGetStatus` follow, `w: 4` counts the new
+/// member, a driver given the set follows, and the new member, elected after the primary is
+/// killed, holds every acknowledged write.
+#[tokio::test]
+async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let uri = format!(
+        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
+        set.hosts.join(",")
+    );
+    let client = tests::connect_uri(&uri).await?;
+    let coll = client.database("app").collection::<Document>("c");
+    for id in 0..50 {
+        insert_until_acked(&coll, id).await?;
+    }
+
+    // A fourth member, started to join: it lists the set and itself, last.
+    let port = tests::free_port()?;
+    let host = format!("127.0.0.1:{port}");
+    let peers = format!("{},{host}", set.hosts.join(","));
+    let dbpath = dir.path().join("rs-m3").display().to_string();
+    let args: Vec<String> = [
+        "shard",
+        "--port",
+        &port.to_string(),
+        "--dbpath",
+        &dbpath,
+        "--name",
+        "rs",
+        "--replSet",
+        "rs",
+        "--peers",
+        &peers,
+        "--enableTestCommands",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    let joined = tests::Proc::spawn(args, host.parse()?).await?;
+    let fresh = wire::Client::new(host.clone());
+
+    let primary = set.primary(&[], Duration::from_secs(10)).await?;
+    let config = set_config(&set.client(primary)).await?;
+    let version = config.get_i64("version")?;
+    let mut members = config.get_array("members")?.clone();
+    assert_eq!(members.len(), 3, "{config}");
+    members.push(Bson::Document(doc! {"_id": 3, "host": &host}));
+    let reconfig = |members: Vec<Bson>, version: i64| {
+        doc! {"replSetReconfig": {"_id": "rs", "version": version, "members": members}}
+    };
+    let reply = set
+        .client(primary)
+        .command("admin", &reconfig(members.clone(), version + 1))
+        .await?;
+    assert!(ok(&reply), "{reply}");
+    // Its version is now above what was sent: sending the same again is refused.
+    let again = set
+        .client(primary)
+        .command("admin", &reconfig(members.clone(), version + 1))
+        .await?;
+    assert_eq!(again.get_i32("code").ok(), Some(103), "{again}");
+
+    let config = set_config(&set.client(primary)).await?;
+    assert!(config.get_i64("version")? > version, "{config}");
+    let voters = config
+        .get_array("members")?
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter(|m| m.get_i32("votes").ok() == Some(1))
+        .count();
+    assert_eq!(voters, 4, "the new member votes once caught up: {config}");
+    // The new member learns the configuration as it applies the log.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let hello = loop {
+        let hello = fresh.command("admin", &doc! {"hello": 1}).await?;
+        if hello.get_array("hosts")?.len() == 4 || Instant::now() > deadline {
+            break hello;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(hello.get_array("hosts")?.len(), 4, "{hello}");
+    assert_eq!(hello.get_str("me")?, host, "{hello}");
+    assert!(hello.get_bool("secondary")?, "{hello}");
+
+    // w: 4 is met with the new member, which holds what the others hold.
+    let reply = client
+        .database("app")
+        .run_command(doc! {"insert": "c", "documents": [{"_id": 50}],
+        "writeConcern": {"w": 4, "wtimeout": 10_000}})
+        .await?;
+    assert_eq!(reply.get_i32("n")?, 1, "{reply}");
+    assert!(!reply.contains_key("writeConcernError"), "{reply}");
+    let status = set
+        .client(primary)
+        .command("admin", &doc! {"replSetGetStatus": 1})
+        .await?;
+    let listed: Vec<&Document> = status
+        .get_array("members")?
+        .iter()
+        .filter_map(Bson::as_document)
+        .collect();
+    assert_eq!(listed.len(), 4, "{status}");
+    assert!(
+        listed
+            .iter()
+            .any(|m| m.get_str("name").ok() == Some(host.as_str())
+                && m.get_i32("state").ok() == Some(2)),
+        "the new member is a secondary: {status}"
+    );
+
+    // A secondary removed: three voters are left, the new member among them.
+    let removed = (0..3).find(|&i| i != primary).unwrap_or(0);
+    let kept: Vec<Bson> = members
+        .iter()
+        .filter(|m| {
+            m.as_document()
+                .and_then(|m| m.get_str("host").ok())
+                .is_some_and(|h| h != set.hosts[removed])
+        })
+        .cloned()
+        .collect();
+    let version = set_config(&set.client(primary)).await?.get_i64("version")?;
+    let reply = set
+        .client(primary)
+        .command("admin", &reconfig(kept, version + 1))
+        .await?;
+    assert!(ok(&reply), "{reply}");
+    let hello = set
+        .client(primary)
+        .command("admin", &doc! {"hello": 1})
+        .await?;
+    let hosts: Vec<&str> = hello
+        .get_array("hosts")?
+        .iter()
+        .filter_map(Bson::as_str)
+        .collect();
+    assert_eq!(hosts.len(), 3, "{hello}");
+    assert!(!hosts.contains(&set.hosts[removed].as_str()), "{hello}");
+    assert!(hosts.contains(&host.as_str()), "{hello}");
+    set.members[removed].kill();
+
+    // The primary killed: of the two voters left, one is elected, and the driver writes on.
+    set.members[primary].kill();
+    for id in 51..60 {
+        insert_until_acked(&coll, id).await?;
+    }
+    let written = coll.count_documents(doc! {}).await?;
+    assert_eq!(written, 60, "every acknowledged write, once");
+    drop(joined);
+    Ok(())
+}

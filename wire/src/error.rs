@@ -121,6 +121,10 @@ codes! {
     SOCKET_EXCEPTION = 9001, "SocketException";
     EXCEEDED_TIME_LIMIT = 262, "ExceededTimeLimit";
     ELECTION_IN_PROGRESS = 216, "ElectionInProgress";
+    NODE_NOT_FOUND = 74, "NodeNotFound";
+    INVALID_REPLICA_SET_CONFIG = 93, "InvalidReplicaSetConfig";
+    NEW_REPLICA_SET_CONFIGURATION_INCOMPATIBLE = 103, "NewReplicaSetConfigurationIncompatible";
+    CONFIGURATION_IN_PROGRESS = 109, "ConfigurationInProgress";
     CLOSE_CHANGE_STREAM = 222, "CloseChangeStream";
     NO_MATCHING_DOCUMENT = 47, "NoMatchingDocument";
     MAX_SUB_PIPELINE_DEPTH_EXCEEDED = 232, "MaxSubPipelineDepthExceeded";

@@ -112,6 +112,10 @@ pub enum ReplError {
     /// The member stopped (a storage error, or shutdown).
     #[error("the replica stopped: {0}")]
     Stopped(String),
+    /// A change of the set's members that cannot be made now (another is under way) or at
+    /// all; `busy` says which.
+    #[error("{reason}")]
+    Reconfig { busy: bool, reason: String },
 }
 
 /// Timings of the set: how fast a dead leader is replaced.
@@ -177,6 +181,34 @@ pub struct SetStatus {
     pub applied: Option<(u64, u64)>,
     pub committed: Option<(u64, u64)>,
     pub members: Vec<MemberStatus>,
+}
+
+/// One member of the set's configuration (`replSetGetConfig`'s `members`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMember {
+    pub id: MemberId,
+    pub addr: String,
+    /// A voter, or a learner (MongoDB's `votes: 0, priority: 0`): it holds every entry but
+    /// neither votes nor counts toward a majority.
+    pub voter: bool,
+}
+
+/// The set's configuration as this member knows it: its members, and its version (the log
+/// index of the entry that made it, so it only grows, on every member alike).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetConfig {
+    pub version: u64,
+    pub members: Vec<ConfigMember>,
+}
+
+impl SetConfig {
+    /// The address of member `id`, if it is one.
+    pub fn addr(&self, id: MemberId) -> Option<&str> {
+        self.members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.addr.as_str())
+    }
 }
 
 /// How often a leader's quorum acknowledgement is looked at when nothing else changes.
@@ -481,6 +513,27 @@ impl Replica {
         }
     }
 
+    /// Waits until the configuration's version is no longer `version` (or the member stopped).
+    pub async fn wait_config_change(&self, version: u64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let m = metrics.borrow_watched();
+                let now = m
+                    .membership_config
+                    .log_id()
+                    .as_ref()
+                    .map_or(0, |id| id.index);
+                if now != version {
+                    return;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Waits until this member has applied the entry at `index` (or `patience` passed).
     pub async fn wait_applied(&self, index: u64, patience: Duration) -> bool {
         let mut metrics = self.raft.metrics();
@@ -574,6 +627,109 @@ impl Replica {
         }
     }
 
+    /// The set's configuration as this member knows it now (the latest it holds, committed or
+    /// not, as Raft uses it).
+    pub fn config(&self) -> SetConfig {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let stored = &m.membership_config;
+        let membership = stored.membership();
+        let voters: Vec<MemberId> = membership.voter_ids().collect();
+        SetConfig {
+            version: stored.log_id().as_ref().map_or(0, |id| id.index),
+            members: membership
+                .nodes()
+                .map(|(&id, node)| ConfigMember {
+                    id,
+                    addr: node.addr.clone(),
+                    voter: voters.contains(&id),
+                })
+                .collect(),
+        }
+    }
+
+    /// On the leader: makes `wanted` the set's members, as MongoDB's `replSetReconfig` does
+    /// with `newlyAdded` members. A new member joins as a learner first and becomes a voter
+    /// only once it holds the leader's log (or `patience` passes: then nothing else changes);
+    /// the voters change through joint consensus, so a majority of the old and of the new
+    /// voters agree; members left out go last. A member keeps its address: one that moves is
+    /// removed and added under a new id.
+    pub async fn reconfigure(
+        &self,
+        wanted: &[ConfigMember],
+        patience: Duration,
+    ) -> Result<(), ReplError> {
+        use openraft::ChangeMembers;
+        use std::collections::BTreeSet;
+        let now = self.config();
+        for m in wanted {
+            match now.addr(m.id) {
+                Some(addr) if addr == m.addr => {}
+                Some(addr) => {
+                    return Err(ReplError::Reconfig {
+                        busy: false,
+                        reason: format!(
+                            "member {} is at {addr}: a member cannot move (remove it, and add \
+                             the new address under a new _id)",
+                            m.id
+                        ),
+                    });
+                }
+                None => {
+                    let added = self.raft.add_learner(
+                        m.id,
+                        Member {
+                            addr: m.addr.clone(),
+                        },
+                        true,
+                    );
+                    match tokio::time::timeout(patience, added).await {
+                        Ok(done) => {
+                            done.map_err(write_error)?;
+                        }
+                        Err(_) => return Err(ReplError::TimedOut(patience)),
+                    }
+                }
+            }
+        }
+        let voters: BTreeSet<MemberId> = wanted.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        let voting_now: BTreeSet<MemberId> = now
+            .members
+            .iter()
+            .filter(|m| m.voter)
+            .map(|m| m.id)
+            .collect();
+        if voters != voting_now {
+            let changed = self
+                .raft
+                .change_membership(ChangeMembers::ReplaceAllVoters(voters), true);
+            match tokio::time::timeout(patience, changed).await {
+                Ok(done) => {
+                    done.map_err(write_error)?;
+                }
+                Err(_) => return Err(ReplError::TimedOut(patience)),
+            }
+        }
+        let gone: BTreeSet<MemberId> = self
+            .config()
+            .members
+            .iter()
+            .map(|m| m.id)
+            .filter(|id| !wanted.iter().any(|w| w.id == *id))
+            .collect();
+        if !gone.is_empty() {
+            let removed = self
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes(gone), false);
+            match tokio::time::timeout(patience, removed).await {
+                Ok(done) => {
+                    done.map_err(write_error)?;
+                }
+                Err(_) => return Err(ReplError::TimedOut(patience)),
+            }
+        }
+        Ok(())
+    }
+
     /// Hands leadership to `to` (a caught-up voter): this member stops leading once `to` has
     /// been elected, which the caller waits for ([`Replica::wait_not_leading`]).
     pub async fn transfer_leadership(&self, to: MemberId) -> Result<(), ReplError> {
@@ -589,6 +745,28 @@ impl Replica {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, member = self.id, "the Raft node did not stop cleanly");
         }
+    }
+}
+
+/// A refused membership change as a [`ReplError`].
+fn write_error(
+    e: openraft::error::RaftError<TypeConfig, openraft::error::ClientWriteError<TypeConfig>>,
+) -> ReplError {
+    use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ReplError::NotLeader {
+            leader: f.leader_id,
+        },
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => ReplError::Unknown,
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => ReplError::Reconfig {
+            busy: matches!(c, ChangeMembershipError::InProgress(_)),
+            reason: c.to_string(),
+        },
+        RaftError::APIError(e) => ReplError::Reconfig {
+            busy: false,
+            reason: e.to_string(),
+        },
+        RaftError::Fatal(e) => ReplError::Stopped(e.to_string()),
     }
 }
 

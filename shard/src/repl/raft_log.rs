@@ -139,7 +139,9 @@ fn answer(e: ReplError) -> StorageError {
             ErrorCode::INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
             e.to_string(),
         ),
-        ReplError::Stopped(_) => return StorageError::Engine(e.to_string()),
+        ReplError::Stopped(_) | ReplError::Reconfig { .. } => {
+            return StorageError::Engine(e.to_string());
+        }
     };
     StorageError::Interrupted(MongoError::new(code, msg).with_label("RetryableWriteError"))
 }
