@@ -139,7 +139,8 @@ fn member(entry: &Bson) -> Result<ConfigMember, String> {
             _ => return Err(format!("member {id}'s priority must be from 0 to 1000")),
         },
     };
-    if votes == 0 && priority.is_some_and(|p| p != 0.0) {
+    // A member's priority is 1 unless it says otherwise.
+    if votes == 0 && priority.unwrap_or(1.0) != 0.0 {
         return Err(format!(
             "member {id}: priority must be 0 when non-voting (votes:0)"
         ));
