@@ -606,6 +606,8 @@ async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyho
     for id in 0..50 {
         insert_until_acked(&coll, id).await?;
     }
+    // A router given the first three members only.
+    let router = ReplicatedCluster::router_over(std::slice::from_ref(&set)).await?;
 
     // A fourth member, started to join: it lists the set and itself, last.
     let port = tests::free_port()?;
@@ -732,13 +734,43 @@ async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyho
     assert!(hosts.contains(&host.as_str()), "{hello}");
     set.members[removed].kill();
 
-    // The primary killed: of the two voters left, one is elected, and the driver writes on.
-    set.members[primary].kill();
+    // Leadership handed to the new member (a step-down picks the most caught-up voter, the
+    // last listed on a tie): the router, given only the first three members, finds it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let hello = fresh.command("admin", &doc! {"hello": 1}).await?;
+        if hello.get_bool("isWritablePrimary").unwrap_or(false) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the new member was never elected"
+        );
+        let now = set.primary(&[removed], Duration::from_secs(10)).await?;
+        let _ = set
+            .client(now)
+            .command(
+                "admin",
+                &doc! {"replSetStepDown": 10, "secondaryCatchUpPeriodSecs": 5},
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let routed = tests::connect(router.addr)
+        .await?
+        .database("app")
+        .collection::<Document>("c");
     for id in 51..60 {
+        insert_until_acked(&routed, id).await?;
+    }
+
+    // The old primary killed: of the two voters left, one leads, and the driver writes on.
+    set.members[primary].kill();
+    for id in 60..70 {
         insert_until_acked(&coll, id).await?;
     }
-    let written = coll.count_documents(doc! {}).await?;
-    assert_eq!(written, 60, "every acknowledged write, once");
+    let written = routed.count_documents(doc! {}).await?;
+    assert_eq!(written, 70, "every acknowledged write, once");
     drop(joined);
     Ok(())
 }

@@ -8,6 +8,12 @@
 //! deposed primary that has not yet noticed). Used by the router for a replicated shard and by
 //! a two-phase commit's coordinator for a participant that is a replica set.
 //!
+//! The members are the seed list's and then every host a member of the set names in its
+//! `hello` (`hosts` and `passives`), as drivers discover them: a member added by
+//! `replSetReconfig` is found, and can be followed as primary. A member's position never
+//! changes; one removed from the set stays listed (it says it is not primary, or does not
+//! answer), up to [`MAX_MEMBERS`].
+//!
 //! Invariants:
 //! * every `hello` has a deadline ([`HELLO_TIMEOUT`]): a paused or cut-off member cannot stall
 //!   the monitor, and a primary that stops answering is replaced as soon as another member
@@ -17,7 +23,7 @@
 //!   is elected; callers waiting on a member's deposition ([`SetMonitor::deposed`]) wake only
 //!   for a different primary, never for a moment of doubt.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
@@ -105,8 +111,12 @@ pub fn reply_code(reply: &bson::RawDocument) -> Option<i32> {
 /// Follows which member of a set is primary (see the module header).
 pub struct SetMonitor {
     spec: SetSpec,
+    /// Every member's host, in the order found (the seed list first); only grows.
+    hosts: Mutex<Vec<String>>,
     /// One client per member for the monitor's `hello`s, apart from the callers' connections.
-    members: Vec<Client>,
+    members: PerMember<Client>,
+    /// How many members the primary's `hello` names (`hosts` and `passives`).
+    size: std::sync::atomic::AtomicUsize,
     primary: watch::Sender<Option<usize>>,
     /// Wakes the monitor before its next heartbeat.
     wake: Notify,
@@ -120,12 +130,12 @@ impl SetMonitor {
         tls: Option<ClientTls>,
         key: Option<Arc<KeyFile>>,
     ) -> Arc<SetMonitor> {
-        let members = spec
-            .hosts
-            .iter()
-            .map(|h| Client::with_tls(h.clone(), tls.clone()).with_key(key.clone()))
-            .collect();
+        let members = PerMember::new(move |h: &str| {
+            Client::with_tls(h.to_string(), tls.clone()).with_key(key.clone())
+        });
         let monitor = Arc::new(SetMonitor {
+            hosts: Mutex::new(spec.hosts.clone()),
+            size: spec.hosts.len().into(),
             spec,
             members,
             primary: watch::channel(None).0,
@@ -139,7 +149,17 @@ impl SetMonitor {
         &self.spec
     }
 
-    /// The member believed primary now, by its position in the spec.
+    /// The host of the member at `position`.
+    pub fn host(&self, position: usize) -> Option<String> {
+        lock(&self.hosts).get(position).cloned()
+    }
+
+    /// How many members the set has, as its primary last said (the seed list's until then).
+    pub fn size(&self) -> usize {
+        self.size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The member believed primary now, by its position (see [`SetMonitor::host`]).
     pub fn primary(&self) -> Option<usize> {
         *self.primary.borrow()
     }
@@ -181,29 +201,56 @@ impl SetMonitor {
     /// One round: every member's `hello`, and the primary they show.
     async fn look(&self) {
         let hello = doc! {"hello": 1};
-        let replies = join_all(self.members.iter().map(|m| async {
+        let n = lock(&self.hosts).len();
+        let members: Vec<Arc<Client>> = (0..n).filter_map(|i| self.members.get(self, i)).collect();
+        let replies = join_all(members.iter().map(|m| async {
             match tokio::time::timeout(HELLO_TIMEOUT, m.command("admin", &hello)).await {
                 Ok(Ok(reply)) => Some(reply),
                 _ => None,
             }
         }))
         .await;
+        for reply in replies.iter().flatten() {
+            self.learn_hosts(reply);
+        }
         let claims = replies
             .iter()
             .enumerate()
             .filter_map(|(i, r)| Some((i, r.as_ref()?)))
             .filter(|(_, r)| self.claims_primary(r));
-        let primary = claims.max_by_key(|(_, r)| election_id(r)).map(|(i, _)| i);
+        let primary = claims.max_by_key(|(_, r)| election_id(r));
+        if let Some((_, hello)) = primary {
+            let size = named_hosts(hello).count();
+            if size > 0 {
+                self.size.store(size, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let primary = primary.map(|(i, _)| i);
         self.primary.send_if_modified(|p| {
             let changed = *p != primary;
             if changed {
-                let host = |i: Option<usize>| i.and_then(|i| self.spec.hosts.get(i));
+                let host = |i: Option<usize>| i.and_then(|i| self.host(i));
                 tracing::info!(set = %self.spec.name, from = ?host(*p), to = ?host(primary),
                     "replica set primary changed");
                 *p = primary;
             }
             changed
         });
+    }
+
+    /// Adds the hosts a member of this set names that are not listed yet (up to
+    /// [`MAX_MEMBERS`]).
+    fn learn_hosts(&self, hello: &Document) {
+        if hello.get_str("setName").ok() != Some(self.spec.name.as_str()) {
+            return;
+        }
+        let mut hosts = lock(&self.hosts);
+        for host in named_hosts(hello) {
+            if hosts.len() < MAX_MEMBERS && !hosts.iter().any(|h| h == host) {
+                tracing::info!(set = %self.spec.name, host, "a new member of the replica set");
+                hosts.push(host.to_string());
+            }
+        }
     }
 
     /// Whether `hello` says its member is this set's writable primary.
@@ -213,6 +260,46 @@ impl SetMonitor {
             .any(|f| hello.get_bool(f).is_ok_and(|w| w));
         writable && hello.get_str("setName").is_ok_and(|n| n == self.spec.name)
     }
+}
+
+/// The members a `hello` names: `hosts`, then `passives`.
+fn named_hosts(hello: &Document) -> impl Iterator<Item = &str> {
+    ["hosts", "passives"]
+        .into_iter()
+        .filter_map(|f| hello.get_array(f).ok())
+        .flatten()
+        .filter_map(Bson::as_str)
+        .filter(|h| !h.is_empty() && !h.contains(['/', ',']))
+}
+
+/// Something per member of a set (a client, a pool), made when first needed and kept by the
+/// member's position in its [`SetMonitor`].
+pub struct PerMember<T> {
+    made: Mutex<Vec<Arc<T>>>,
+    make: Box<dyn Fn(&str) -> T + Send + Sync>,
+}
+
+impl<T> PerMember<T> {
+    pub fn new(make: impl Fn(&str) -> T + Send + Sync + 'static) -> PerMember<T> {
+        PerMember {
+            made: Mutex::new(Vec::new()),
+            make: Box::new(make),
+        }
+    }
+
+    /// The one for the member at `position` in `monitor`, if the monitor lists it.
+    pub fn get(&self, monitor: &SetMonitor, position: usize) -> Option<Arc<T>> {
+        let mut made = lock(&self.made);
+        while made.len() <= position {
+            let host = monitor.host(made.len())?;
+            made.push(Arc::new((self.make)(&host)));
+        }
+        made.get(position).cloned()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A `hello`'s `electionId` as comparable bytes (none sorts first).

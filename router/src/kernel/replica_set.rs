@@ -24,7 +24,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::Document;
 use wire::raw::Body;
-use wire::replset::{NOT_PRIMARY_MAYBE_RUN, NOT_PRIMARY_UNRUN, SetMonitor, SetSpec, reply_code};
+use wire::replset::{
+    NOT_PRIMARY_MAYBE_RUN, NOT_PRIMARY_UNRUN, PerMember, SetMonitor, SetSpec, reply_code,
+};
 use wire::{ErrorCode, MongoError};
 
 use shard::replica_set::ReplicaSetMember;
@@ -39,7 +41,9 @@ const ELECTION_WAIT: Duration = Duration::from_millis(1500);
 /// One replicated shard (see the module header).
 pub struct ReplicaSetShard {
     monitor: Arc<SetMonitor>,
-    members: Vec<RemoteShard>,
+    /// A connection pool per member, by its position in the monitor (members added to the
+    /// set are found by the monitor).
+    members: PerMember<RemoteShard>,
 }
 
 impl ReplicaSetShard {
@@ -49,15 +53,11 @@ impl ReplicaSetShard {
         tls: Option<wire::tls::ClientTls>,
         key: Option<Arc<wire::keyfile::KeyFile>>,
     ) -> ReplicaSetShard {
-        let members = spec
-            .hosts
-            .iter()
-            .map(|h| RemoteShard::secured(h.clone(), tls.clone(), key.clone()))
-            .collect();
-        ReplicaSetShard {
-            monitor: SetMonitor::start(spec, tls, key),
-            members,
-        }
+        let monitor = SetMonitor::start(spec, tls.clone(), key.clone());
+        let members = PerMember::new(move |h: &str| {
+            RemoteShard::secured(h.to_string(), tls.clone(), key.clone())
+        });
+        ReplicaSetShard { monitor, members }
     }
 }
 
@@ -74,7 +74,7 @@ impl ShardClient for ReplicaSetShard {
             );
             return Err(TransportError::Unreachable { error, cmd });
         };
-        let Some(member) = self.members.get(primary) else {
+        let Some(member) = self.members.get(&self.monitor, primary) else {
             let error = MongoError::internal(format!("no member {primary}"));
             return Err(TransportError::Unreachable { error, cmd });
         };
@@ -109,7 +109,7 @@ impl ShardClient for ReplicaSetShard {
     }
 
     fn members(&self) -> usize {
-        self.members.len()
+        self.monitor.size()
     }
 }
 

@@ -221,7 +221,7 @@ async fn local_set_command(primary: &PrimaryOf, mut cmd: Document) -> Result<Doc
 /// A participant that is a replica set: its members, and which of them is primary.
 struct SetPeer {
     monitor: Arc<wire::replset::SetMonitor>,
-    members: Vec<wire::Client>,
+    members: wire::replset::PerMember<wire::Client>,
 }
 
 impl SetPeer {
@@ -230,15 +230,11 @@ impl SetPeer {
         tls: Option<wire::tls::ClientTls>,
         key: Option<Arc<wire::keyfile::KeyFile>>,
     ) -> SetPeer {
-        let members = spec
-            .hosts
-            .iter()
-            .map(|h| wire::Client::with_tls(h.clone(), tls.clone()).with_key(key.clone()))
-            .collect();
-        SetPeer {
-            monitor: wire::replset::SetMonitor::start(spec, tls, key),
-            members,
-        }
+        let monitor = wire::replset::SetMonitor::start(spec, tls.clone(), key.clone());
+        let members = wire::replset::PerMember::new(move |h: &str| {
+            wire::Client::with_tls(h.to_string(), tls.clone()).with_key(key.clone())
+        });
+        SetPeer { monitor, members }
     }
 
     /// Runs `cmd` on `admin` at the set's primary, following elections: a member that is not
@@ -253,7 +249,7 @@ impl SetPeer {
                     format!("no primary for replica set {}", self.monitor.spec()),
                 ));
             };
-            let Some(member) = self.members.get(primary) else {
+            let Some(member) = self.members.get(&self.monitor, primary) else {
                 return Err(MongoError::internal(format!("no member {primary}")));
             };
             let reply = match member.command("admin", cmd).await {
