@@ -14,10 +14,12 @@
 //! * A shard whose log lost track of a write (its outcome unknown) is closed and opened again
 //!   from storage once everything in the member's log is applied: its in-memory state never
 //!   lags what its storage holds while it takes writes.
-//! * A member that does not lead answers every command but `hello` and its peers' Raft
-//!   messages with 10107 `NotWritablePrimary` (until secondaries serve reads): a client
+//! * A member that does not lead answers every command but `hello`, the `replSet*` status
+//!   and configuration commands and its peers' Raft messages with 10107 `NotWritablePrimary` (until secondaries serve reads): a client
 //!   retries on the primary. `hello` names the set, its hosts, the primary and this member,
 //!   and the primary's `electionId` (`7fffffff` + term), as a replica-set member's does.
+//! * The set's members are its Raft configuration's (`replSetReconfig`, `config`), not the
+//!   `--peers` it started with: `hello` names them, and `w: N` counts them.
 //! * A write with `w: N` is answered once N members hold every entry the primary's log had
 //!   when the write returned (a majority holds it already), or with a `writeConcernError`.
 
