@@ -77,6 +77,8 @@ pub type OnOpen = Arc<dyn Fn(&Arc<Shard>) + Send + Sync>;
 const MAX_AWAIT: Duration = Duration::from_secs(600);
 /// How long `replSetStepDown` waits, by default, for a secondary to catch up.
 const CATCH_UP: Duration = Duration::from_secs(10);
+/// How long a primary that stepped down is not electable, by default (MongoDB's 60 s).
+const STEP_DOWN_FREEZE: Duration = Duration::from_secs(60);
 /// How long a step-down waits for the new leader's election.
 const HAND_OVER: Duration = Duration::from_secs(10);
 /// How long a write waits for `w: N` members without a `wtimeout` (MongoDB waits for ever;
@@ -248,6 +250,7 @@ impl ReplicaSetMember {
             })),
             "replSetReconfig" => Some(self.reconfigure(&cmd).await),
             "replSetStepDown" => Some(self.step_down(&cmd).await),
+            "replSetFreeze" => Some(self.freeze(&cmd)),
             _ => None,
         };
         if let Some(reply) = reply {
@@ -495,6 +498,14 @@ impl ReplicaSetMember {
         let mut optimes = Document::new();
         optimes.insert("lastCommittedOpTime", position(status.committed));
         optimes.insert("appliedOpTime", position(status.applied));
+        // Tributary's: what this member's snapshot covers and what its log no longer holds (a
+        // member that needs a purged entry is sent the snapshot).
+        if status.snapshot.is_some() {
+            optimes.insert("snapshotOpTime", position(status.snapshot));
+        }
+        if status.purged.is_some() {
+            optimes.insert("purgedOpTime", position(status.purged));
+        }
         doc! {
             "set": &self.set.name,
             "date": bson::DateTime::now(),
@@ -584,6 +595,10 @@ impl ReplicaSetMember {
             ));
         };
         let force = cmd.get_bool("force").unwrap_or(false);
+        let frozen_for = match cmd.get("replSetStepDown") {
+            Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => seconds(v)?,
+            _ => STEP_DOWN_FREEZE,
+        };
         let catch_up = match cmd.get("secondaryCatchUpPeriodSecs") {
             None => CATCH_UP,
             Some(Bson::Int32(n)) if *n >= 0 => Duration::from_secs(n.unsigned_abs().into()),
@@ -598,6 +613,12 @@ impl ReplicaSetMember {
                 ));
             }
         };
+        if frozen_for < catch_up {
+            return Err(MongoError::new(
+                ErrorCode::BAD_VALUE,
+                "stepdown period must be longer than secondaryCatchUpPeriodSecs",
+            ));
+        }
         let deadline = tokio::time::Instant::now() + catch_up;
         let successor = loop {
             let status = self.replica.status();
@@ -628,6 +649,29 @@ impl ReplicaSetMember {
                 ErrorCode::EXCEEDED_TIME_LIMIT,
                 format!("member {successor} was not elected within {HAND_OVER:?}"),
             ));
+        }
+        // Not electable again for the step-down period, as MongoDB's stepped-down primary.
+        self.replica.freeze(frozen_for);
+        Ok(doc! {"ok": 1.0})
+    }
+
+    /// `replSetFreeze: <seconds>`: a secondary does not stand for election for that long
+    /// (0 lifts a freeze). It still votes, and a primary's step-down may still hand it the
+    /// role.
+    fn freeze(&self, cmd: &Document) -> Result<Document, MongoError> {
+        let period = match cmd.get("replSetFreeze") {
+            Some(v) => seconds(v)?,
+            None => Duration::ZERO,
+        };
+        if self.replica.leading_term().is_some() {
+            return Err(MongoError::new(
+                ErrorCode::NOT_SECONDARY,
+                "cannot freeze node when primary or running for election. state: Primary",
+            ));
+        }
+        self.replica.freeze(period);
+        if period.is_zero() {
+            return Ok(doc! {"info": "unfreezing", "ok": 1.0});
         }
         Ok(doc! {"ok": 1.0})
     }
@@ -723,6 +767,29 @@ fn member_status(status: &SetStatus, m: &crate::repl::MemberStatus) -> Document 
         d.insert("self", true);
     }
     d
+}
+
+/// A number of seconds (`replSetFreeze`, `replSetStepDown`): not negative, at most a day.
+fn seconds(v: &Bson) -> Result<Duration, MongoError> {
+    const MOST: f64 = 86_400.0;
+    let secs = match v {
+        Bson::Int32(n) => f64::from(*n),
+        Bson::Int64(n) => *n as f64,
+        Bson::Double(f) if f.is_finite() => *f,
+        _ => {
+            return Err(MongoError::new(
+                ErrorCode::TYPE_MISMATCH,
+                "a number of seconds is expected",
+            ));
+        }
+    };
+    if secs < 0.0 {
+        return Err(MongoError::new(
+            ErrorCode::BAD_VALUE,
+            "the number of seconds must not be negative",
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs.min(MOST)))
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

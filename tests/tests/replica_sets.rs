@@ -265,7 +265,7 @@ async fn a_router_follows_a_failover_losing_no_write_and_no_event_repeating_none
 async fn a_member_reports_its_set_steps_down_on_request_and_wakes_awaitable_hellos()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
     let old = set.primary(&[], Duration::from_secs(20)).await?;
     let primary = set.client(old);
     let r = primary
@@ -398,6 +398,36 @@ async fn a_member_reports_its_set_steps_down_on_request_and_wakes_awaitable_hell
         .command("admin", &doc! {"replSetStepDown": 60})
         .await?;
     assert_eq!(r.get_i32("code")?, 10107, "{r}");
+
+    // The old primary is not electable for its 60 s; the third member frozen too, and the
+    // primary killed, nobody stands; the freeze lifted, the third is elected.
+    let third = (0..3).find(|&m| m != old && m != new).unwrap_or(0);
+    let r = set
+        .client(third)
+        .command("admin", &doc! {"replSetFreeze": 60})
+        .await?;
+    assert!(ok(&r), "{r}");
+    let r = lone.command("admin", &doc! {"replSetFreeze": 60}).await?;
+    assert_eq!(r.get_i32("code")?, 95, "a primary cannot freeze: {r}");
+    set.members[new].kill();
+    let quiet = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < quiet {
+        for m in [old, third] {
+            let hello = set.client(m).command("admin", &doc! {"hello": 1}).await?;
+            assert!(
+                !hello.get_bool("isWritablePrimary")?,
+                "member {m} was elected while frozen: {hello}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = set
+        .client(third)
+        .command("admin", &doc! {"replSetFreeze": 0})
+        .await?;
+    assert_eq!(r.get_str("info").ok(), Some("unfreezing"), "{r}");
+    let elected = set.primary(&[new], Duration::from_secs(10)).await?;
+    assert_eq!(elected, third, "the member no longer frozen is elected");
     Ok(())
 }
 
@@ -772,5 +802,93 @@ async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyho
     let written = routed.count_documents(doc! {}).await?;
     assert_eq!(written, 70, "every acknowledged write, once");
     drop(joined);
+    Ok(())
+}
+
+/// The `{index, t}` of `optimes.<field>` in a member's `replSetGetStatus`, if it has one.
+async fn optime(client: &wire::Client, field: &str) -> anyhow::Result<Option<(i64, i64)>> {
+    let status = client
+        .command("admin", &doc! {"replSetGetStatus": 1})
+        .await?;
+    let optimes = status.get_document("optimes")?;
+    Ok(optimes
+        .get_document(field)
+        .ok()
+        .map(|p| (p.get_i64("index").unwrap_or(0), p.get_i64("t").unwrap_or(0))))
+}
+
+/// A member whose data directory was wiped rejoins from the primary's snapshot, its log having
+/// been purged past the start by then (a snapshot every 5,000 entries, 1,000 kept). The
+/// snapshot is over 100 MB, twice the largest message, so it travels in pieces; the member
+/// ends holding the primary's last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_rejoins_from_a_snapshot_larger_than_a_message() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let uri = format!(
+        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
+        set.hosts.join(",")
+    );
+    let client = tests::connect_uri(&uri).await?;
+    let coll = client.database("app").collection::<Document>("c");
+    let pad = "x".repeat(1 << 20);
+    for id in 0..60 {
+        coll.insert_one(doc! {"_id": id, "pad": &pad}).await?;
+    }
+    // Enough entries for a snapshot and a purge: one write after another, each its own entry.
+    for id in 1_000..6_200 {
+        coll.insert_one(doc! {"_id": id}).await?;
+    }
+    let primary = set.primary(&[], Duration::from_secs(10)).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let purged = loop {
+        if let Some((index, _)) = optime(&set.client(primary), "purgedOpTime").await? {
+            break index;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the primary never purged its log"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The first member when it is a secondary: the one that starts the set when its log is
+    // empty, and must not start another.
+    let victim = if primary == 0 { 1 } else { 0 };
+    set.members[victim].kill();
+    std::fs::remove_dir_all(dir.path().join(format!("rs-m{victim}")))?;
+    set.members[victim].restart().await?;
+    coll.insert_one(doc! {"_id": "after"}).await?;
+    let wanted = set
+        .client(primary)
+        .command("admin", &doc! {"hello": 1})
+        .await?
+        .get_document("lastWrite")?
+        .get_document("opTime")?
+        .clone();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let hello = set
+            .client(victim)
+            .command("admin", &doc! {"hello": 1})
+            .await?;
+        let op_time = hello
+            .get_document("lastWrite")
+            .and_then(|w| w.get_document("opTime"))
+            .ok();
+        if op_time == Some(&wanted) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the wiped member did not catch up: {op_time:?}, the primary at {wanted}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let snapshot = optime(&set.client(victim), "snapshotOpTime").await?;
+    assert!(
+        snapshot.is_some_and(|(index, _)| index > purged),
+        "the member's state came from a snapshot past the purged log ({purged}): {snapshot:?}"
+    );
     Ok(())
 }

@@ -122,6 +122,7 @@ codes! {
     EXCEEDED_TIME_LIMIT = 262, "ExceededTimeLimit";
     ELECTION_IN_PROGRESS = 216, "ElectionInProgress";
     NODE_NOT_FOUND = 74, "NodeNotFound";
+    NOT_SECONDARY = 95, "NotSecondary";
     INVALID_REPLICA_SET_CONFIG = 93, "InvalidReplicaSetConfig";
     NEW_REPLICA_SET_CONFIGURATION_INCOMPATIBLE = 103, "NewReplicaSetConfigurationIncompatible";
     CONFIGURATION_IN_PROGRESS = 109, "ConfigurationInProgress";

@@ -180,6 +180,9 @@ pub struct SetStatus {
     pub last_log: Option<u64>,
     pub applied: Option<(u64, u64)>,
     pub committed: Option<(u64, u64)>,
+    /// The last entry this member's snapshot covers, and the last it purged from its log.
+    pub snapshot: Option<(u64, u64)>,
+    pub purged: Option<(u64, u64)>,
     pub members: Vec<MemberStatus>,
 }
 
@@ -218,6 +221,10 @@ const QUORUM_LOOK: Duration = Duration::from_millis(100);
 pub struct Replica {
     id: MemberId,
     raft: Raft,
+    /// Until when this member does not stand for election (`replSetFreeze`, a step-down).
+    frozen_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    /// The pieces of a snapshot a peer is sending (`wire_net`).
+    incoming: std::sync::Mutex<wire_net::Incoming>,
     /// How long a leader's quorum acknowledgement stays good (openraft's leader lease: the
     /// longest election timeout).
     lease: Duration,
@@ -260,6 +267,8 @@ impl Replica {
         Ok(Replica {
             id,
             raft,
+            frozen_until: Arc::default(),
+            incoming: std::sync::Mutex::default(),
             lease: timing.election.1,
         })
     }
@@ -304,7 +313,7 @@ impl Replica {
         name: &str,
         body: &bson::Document,
     ) -> Result<bson::Document, wire::MongoError> {
-        wire_net::answer(&self.raft, name, body).await
+        wire_net::answer(&self.raft, &self.incoming, name, body).await
     }
 
     /// [`Replica::initialize`] unless this member's log already belongs to a set (after a
@@ -623,6 +632,8 @@ impl Replica {
             last_log: m.last_log_index,
             applied: position(&m.last_applied),
             committed: position(&m.local_committed),
+            snapshot: position(&m.snapshot),
+            purged: position(&m.purged),
             members,
         }
     }
@@ -730,6 +741,27 @@ impl Replica {
         Ok(())
     }
 
+    /// Keeps this member from standing for election for `period` (zero: it may stand again at
+    /// once); a later freeze replaces an earlier one. A frozen member still votes, and takes a
+    /// leadership handed to it.
+    pub fn freeze(&self, period: Duration) {
+        let until = (!period.is_zero()).then(|| tokio::time::Instant::now() + period);
+        *lock(&self.frozen_until) = until;
+        self.raft.runtime_config().elect(until.is_none());
+        if let Some(until) = until {
+            let raft = self.raft.clone();
+            let frozen = self.frozen_until.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(until).await;
+                let mut frozen = lock(&frozen);
+                if *frozen == Some(until) {
+                    *frozen = None;
+                    raft.runtime_config().elect(true);
+                }
+            });
+        }
+    }
+
     /// Hands leadership to `to` (a caught-up voter): this member stops leading once `to` has
     /// been elected, which the caller waits for ([`Replica::wait_not_leading`]).
     pub async fn transfer_leadership(&self, to: MemberId) -> Result<(), ReplError> {
@@ -746,6 +778,10 @@ impl Replica {
             tracing::warn!(error = %e, member = self.id, "the Raft node did not stop cleanly");
         }
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A refused membership change as a [`ReplError`].

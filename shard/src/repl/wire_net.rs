@@ -6,12 +6,16 @@
 //! |---|---|
 //! | `_replAppendEntries` | the request as JSON in `m`, its entries in `entries`, each a binary in `codec`'s entry frame (write sets travel as they are) |
 //! | `_replVote`, `_replPreVote` | the request as JSON in `m` |
-//! | `_replSnapshot` | the vote and the snapshot's meta as JSON in `m`, its rows in `data` |
+//! | `_replSnapshot` | the vote and the snapshot's meta as JSON in `m`, a piece of its rows in `data` at `offset`, `done` on the last |
 //! | `_replTransferLeader` | the request as JSON in `m` |
 //!
-//! The reply is `{ok: 1, m: <response as JSON>}`.
+//! The reply is `{ok: 1, m: <response as JSON>}` (a snapshot's pieces but the last answer
+//! `null`).
 //!
 //! Invariants:
+//! * A snapshot travels in pieces of [`SNAPSHOT_PIECE`] bytes, in order, each one message well
+//!   under the 48 MB message limit; the receiver keeps one snapshot's pieces (a piece that does
+//!   not continue them starts over or is refused) and installs it at the last.
 //! * Every call has the deadline openraft gives it (`RPCOption::hard_ttl`); a call without a
 //!   reply is `Unreachable`, so openraft retries it with its backoff.
 //! * A message that does not decode is refused with 2 `BadValue`, never applied in part.
@@ -34,6 +38,13 @@ use wire::{ErrorCode, MongoError};
 
 use super::codec::{decode_entry, encode_entry};
 use super::{MemberId, Raft, TypeConfig};
+
+/// The most of a snapshot's bytes one message carries.
+pub const SNAPSHOT_PIECE: usize = 8 << 20;
+
+/// A snapshot being received: its message head (the vote and meta as sent) and its bytes so far.
+#[derive(Default)]
+pub(super) struct Incoming(Option<(Vec<u8>, Vec<u8>)>);
 
 /// The commands a member answers for its peers.
 pub const COMMANDS: [&str; 5] = [
@@ -86,6 +97,7 @@ struct SnapshotHead {
 /// Answers one peer message with `raft` (the server side; see the module header).
 pub(super) async fn answer(
     raft: &Raft,
+    incoming: &Mutex<Incoming>,
     name: &str,
     body: &Document,
 ) -> Result<Document, MongoError> {
@@ -122,15 +134,18 @@ pub(super) async fn answer(
         )?,
         "_replSnapshot" => {
             let head: SnapshotHead = from_json(body, "m")?;
+            let Some(data) = piece(incoming, body)? else {
+                return Ok(doc! {"ok": 1.0, "m": json(&None::<SnapshotResponse<TypeConfig>>)?});
+            };
             let snapshot = openraft::Snapshot {
                 meta: head.meta,
-                snapshot: bytes_of(body, "data")?.to_vec(),
+                snapshot: data,
             };
             let reply = raft
                 .install_full_snapshot(head.vote, snapshot)
                 .await
                 .map_err(|e| failed(&e))?;
-            json(&reply)?
+            json(&Some(reply))?
         }
         "_replTransferLeader" => {
             let reply = raft
@@ -147,6 +162,42 @@ pub(super) async fn answer(
         }
     };
     Ok(doc! {"ok": 1.0, "m": reply})
+}
+
+/// Takes one piece of a snapshot into `incoming`: the whole snapshot once this is the last
+/// piece, `None` before. A piece at offset 0 starts a snapshot (dropping any other's pieces);
+/// any other must continue the snapshot being received, or it is refused and that snapshot
+/// dropped (the sender starts over).
+fn piece(incoming: &Mutex<Incoming>, body: &Document) -> Result<Option<Vec<u8>>, MongoError> {
+    let head = bytes_of(body, "m")?;
+    let data = bytes_of(body, "data")?;
+    let offset = match body.get("offset") {
+        None => 0,
+        Some(Bson::Int64(o)) => u64::try_from(*o).map_err(bad)?,
+        Some(_) => return Err(bad("a snapshot piece's offset is a long")),
+    };
+    let done = body.get_bool("done").unwrap_or(true);
+    let mut slot = incoming.lock().unwrap_or_else(|e| e.into_inner());
+    if offset == 0 {
+        slot.0 = Some((head.to_vec(), Vec::new()));
+    }
+    let continues = slot
+        .0
+        .as_ref()
+        .is_some_and(|(h, so_far)| h == head && so_far.len() as u64 == offset);
+    if !continues {
+        slot.0 = None;
+        return Err(bad(format!(
+            "a snapshot piece at offset {offset} that does not continue the snapshot received"
+        )));
+    }
+    if let Some((_, so_far)) = slot.0.as_mut() {
+        so_far.extend_from_slice(data);
+    }
+    if !done {
+        return Ok(None);
+    }
+    Ok(slot.0.take().map(|(_, data)| data))
 }
 
 /// The other members' addresses and one pooled client to each.
@@ -269,9 +320,27 @@ impl RaftNetworkV2<TypeConfig> for WirePeer {
             vote,
             meta: snapshot.meta,
         };
-        let mut cmd = command("_replSnapshot", json(&head).map_err(encoding)?);
-        cmd.insert("data", binary(snapshot.snapshot));
-        Ok(self.call(cmd, &option).await?)
+        let head = json(&head).map_err(encoding)?;
+        let data = snapshot.snapshot;
+        let mut offset = 0;
+        loop {
+            let end = data.len().min(offset + SNAPSHOT_PIECE);
+            let mut cmd = command("_replSnapshot", head.clone());
+            cmd.insert("offset", i64::try_from(offset).unwrap_or(i64::MAX));
+            cmd.insert("data", binary(data[offset..end].to_vec()));
+            cmd.insert("done", end == data.len());
+            let reply: Option<SnapshotResponse<TypeConfig>> = self.call(cmd, &option).await?;
+            match reply {
+                Some(reply) => return Ok(reply),
+                None if end < data.len() => offset = end,
+                None => {
+                    return Err(Unreachable::from_string(
+                        "the snapshot's last piece was not answered",
+                    )
+                    .into());
+                }
+            }
+        }
     }
 
     async fn transfer_leader(
@@ -281,5 +350,60 @@ impl RaftNetworkV2<TypeConfig> for WirePeer {
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         let cmd = command("_replTransferLeader", json(&req).map_err(encoding)?);
         Ok(self.call(cmd, &option).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn message(head: &[u8], offset: i64, data: &[u8], done: bool) -> Document {
+        doc! {"_replSnapshot": 1, "m": binary(head.to_vec()), "offset": offset,
+        "data": binary(data.to_vec()), "done": done}
+    }
+
+    #[test]
+    fn a_snapshot_is_assembled_from_its_pieces_in_order_and_only_so() {
+        let incoming = Mutex::new(Incoming::default());
+        assert_eq!(
+            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
+            None
+        );
+        assert_eq!(
+            piece(&incoming, &message(b"a", 2, b"34", false)).unwrap(),
+            None
+        );
+        assert_eq!(
+            piece(&incoming, &message(b"a", 4, b"5", true)).unwrap(),
+            Some(b"12345".to_vec())
+        );
+        // A gap, a repeat or another snapshot's piece is refused, and what was taken is dropped.
+        assert_eq!(
+            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
+            None
+        );
+        assert!(piece(&incoming, &message(b"a", 3, b"4", false)).is_err());
+        assert!(
+            piece(&incoming, &message(b"a", 2, b"34", true)).is_err(),
+            "dropped"
+        );
+        assert_eq!(
+            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
+            None
+        );
+        assert!(piece(&incoming, &message(b"b", 2, b"34", true)).is_err());
+        // A new snapshot starts over; a message without pieces is a whole snapshot.
+        assert_eq!(
+            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
+            None
+        );
+        assert_eq!(
+            piece(&incoming, &message(b"c", 0, b"xyz", true)).unwrap(),
+            Some(b"xyz".to_vec())
+        );
+        let whole =
+            doc! {"_replSnapshot": 1, "m": binary(b"d".to_vec()), "data": binary(b"w".to_vec())};
+        assert_eq!(piece(&incoming, &whole).unwrap(), Some(b"w".to_vec()));
     }
 }
