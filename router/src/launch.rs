@@ -517,7 +517,47 @@ pub async fn shard_member(
         .await
         .map_err(|e| anyhow::anyhow!("opening the member: {e}"))?;
     let replica = Arc::new(replica);
-    if me == 0 {
+    let peers: Vec<(u64, Arc<wire::Client>)> = (0..)
+        .zip(&set.peers)
+        .filter(|(id, _)| *id != me)
+        .map(|(id, addr)| {
+            let client = wire::Client::with_tls(addr.clone(), security.peer_tls.clone())
+                .with_key(security.key.clone());
+            (id, Arc::new(client))
+        })
+        .collect();
+    let is_new = replica
+        .is_new()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the member's log: {e}"))?;
+    if is_new && set_has_history(&peers).await {
+        // Back without its data (or new to a set that already runs): the leader takes it back.
+        tracing::warn!(
+            member = me,
+            "this member's log is empty but its set has history: rejoining"
+        );
+        let askers = peers.clone();
+        replica.rejoin(move || {
+            let askers = askers.clone();
+            async move {
+                let ask =
+                    bson::doc! {"_replRejoin": 1, "member": i64::try_from(me).unwrap_or(i64::MAX)};
+                for (_, peer) in &askers {
+                    let reply = tokio::time::timeout(
+                        std::time::Duration::from_secs(2),
+                        peer.command("admin", &ask),
+                    )
+                    .await;
+                    if let Ok(Ok(reply)) = reply
+                        && wire::MongoError::from_reply(&reply).is_none()
+                    {
+                        return true;
+                    }
+                }
+                false
+            }
+        });
+    } else if me == 0 {
         // The first member starts the set (when its log is empty) with every listed member a
         // voter; members added later (`replSetReconfig`) list themselves anywhere but first.
         anyhow::ensure!(
@@ -582,6 +622,36 @@ pub async fn shard_member(
         replicas: 1,
         router: None,
     })
+}
+
+/// Whether any of `peers` says its set has committed entries (a few tries, about a second in
+/// all): a member whose log is empty then lost its data, or is new to a running set, and must
+/// rejoin rather than start the set or vote (`Replica::rejoin`). A member whose peers cannot be
+/// reached at all assumes a new set.
+async fn set_has_history(peers: &[(u64, Arc<wire::Client>)]) -> bool {
+    let status = bson::doc! {"replSetGetStatus": 1};
+    for _ in 0..3 {
+        for (_, peer) in peers {
+            let reply = tokio::time::timeout(
+                std::time::Duration::from_millis(500),
+                peer.command("admin", &status),
+            )
+            .await;
+            let committed = reply.ok().and_then(Result::ok).and_then(|r| {
+                r.get_document("optimes")
+                    .ok()?
+                    .get_document("lastCommittedOpTime")
+                    .ok()?
+                    .get_i64("index")
+                    .ok()
+            });
+            if committed.is_some_and(|i| i > 0) {
+                return true;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    false
 }
 
 /// The `host:port` drivers should dial, as the replica-set presentation lists it in `hosts`:

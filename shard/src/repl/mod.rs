@@ -214,6 +214,11 @@ impl SetConfig {
     }
 }
 
+/// [`Replica::rejoin`]'s states: not rejoining, asking the leader, catching up.
+const REJOIN_DONE: u8 = 0;
+const REJOIN_ASKING: u8 = 1;
+const REJOIN_CATCHING_UP: u8 = 2;
+
 /// How often a leader's quorum acknowledgement is looked at when nothing else changes.
 const QUORUM_LOOK: Duration = Duration::from_millis(100);
 
@@ -223,6 +228,8 @@ pub struct Replica {
     raft: Raft,
     /// Until when this member does not stand for election (`replSetFreeze`, a step-down).
     frozen_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    /// Where a member that came back without its data stands (see [`Replica::rejoin`]).
+    rejoin: Arc<std::sync::atomic::AtomicU8>,
     /// The pieces of a snapshot a peer is sending (`wire_net`).
     incoming: std::sync::Mutex<wire_net::Incoming>,
     /// How long a leader's quorum acknowledgement stays good (openraft's leader lease: the
@@ -268,6 +275,7 @@ impl Replica {
             id,
             raft,
             frozen_until: Arc::default(),
+            rejoin: Arc::default(),
             incoming: std::sync::Mutex::default(),
             lease: timing.election.1,
         })
@@ -307,13 +315,120 @@ impl Replica {
             .map_err(|e| ReplError::Stopped(format!("initialising the set: {e}")))
     }
 
-    /// Answers a peer's message (`_repl*`, see `wire_net`).
+    /// Answers a peer's message (`_repl*`, see `wire_net`). A member rejoining without its
+    /// data takes nothing until the leader agreed to take it back, and votes for nobody until
+    /// it caught up (see [`Replica::rejoin`]).
     pub async fn answer(
         &self,
         name: &str,
         body: &bson::Document,
     ) -> Result<bson::Document, wire::MongoError> {
+        use std::sync::atomic::Ordering;
+        let refuse = match self.rejoin.load(Ordering::Acquire) {
+            REJOIN_ASKING => name != "_replRejoin",
+            REJOIN_CATCHING_UP => matches!(name, "_replVote" | "_replPreVote"),
+            _ => false,
+        };
+        if refuse {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::NOT_PRIMARY_OR_SECONDARY,
+                format!(
+                    "member {} lost its data and is rejoining its set: it neither takes entries \
+                     before the leader agrees nor votes before it caught up",
+                    self.id
+                ),
+            ));
+        }
+        if name == "_replRejoin" {
+            let member = body
+                .get("member")
+                .and_then(|m| match m {
+                    bson::Bson::Int64(n) => u64::try_from(*n).ok(),
+                    bson::Bson::Int32(n) => u64::try_from(*n).ok(),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    wire::MongoError::new(wire::ErrorCode::BAD_VALUE, "_replRejoin needs member")
+                })?;
+            return self
+                .take_back(member)
+                .await
+                .map(|()| bson::doc! {"ok": 1.0});
+        }
         wire_net::answer(&self.raft, &self.incoming, name, body).await
+    }
+
+    /// Whether this member's log belongs to no set yet (a new member, or one whose data was
+    /// lost).
+    pub async fn is_new(&self) -> Result<bool, ReplError> {
+        self.raft
+            .is_initialized()
+            .await
+            .map(|initialized| !initialized)
+            .map_err(|e| ReplError::Stopped(e.to_string()))
+    }
+
+    /// This member came back without its data to a set that has committed entries (its
+    /// peers say so): its log is empty where the leader's record says it held entries, and
+    /// Raft's safety rests on a voter never forgetting what it acknowledged. So it asks the
+    /// leader (through `ask`, until one agrees) to replicate to it from the start, taking
+    /// nothing before; and it votes for nobody until it holds everything the leader had
+    /// committed when it first heard from it, so it never helps elect a member that lacks a
+    /// write it once acknowledged.
+    pub fn rejoin<F, Fut>(&self, ask: F)
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
+        use std::sync::atomic::Ordering;
+        self.rejoin.store(REJOIN_ASKING, Ordering::Release);
+        let state = self.rejoin.clone();
+        let mut metrics = self.raft.metrics();
+        tokio::spawn(async move {
+            while !ask().await {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            state.store(REJOIN_CATCHING_UP, Ordering::Release);
+            let mut wanted = None;
+            loop {
+                {
+                    let m = metrics.borrow_watched();
+                    let applied = m.last_applied.as_ref().map(|id| id.index);
+                    if m.current_leader.is_some()
+                        && let Some(committed) = m.local_committed.as_ref().map(|id| id.index)
+                    {
+                        let target = *wanted.get_or_insert(committed);
+                        if applied >= Some(target) {
+                            state.store(REJOIN_DONE, Ordering::Release);
+                            tracing::info!(applied = ?applied, "rejoined the set: voting again");
+                            return;
+                        }
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// On the leader: replication to `member`, which lost its data, starts over from its empty
+    /// log (Raft otherwise takes a log that went back for a fault and stops).
+    async fn take_back(&self, member: MemberId) -> Result<(), wire::MongoError> {
+        if !self.is_leader() {
+            return Err(wire::MongoError::new(
+                wire::ErrorCode::NOT_WRITABLE_PRIMARY,
+                "not the primary: only the leader takes a member back",
+            ));
+        }
+        match self.raft.trigger().allow_next_revert(&member, true).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(wire::MongoError::new(
+                wire::ErrorCode::NOT_WRITABLE_PRIMARY,
+                format!("cannot take member {member} back: {e}"),
+            )),
+            Err(e) => Err(wire::MongoError::internal(e.to_string())),
+        }
     }
 
     /// [`Replica::initialize`] unless this member's log already belongs to a set (after a

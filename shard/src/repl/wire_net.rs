@@ -8,6 +8,7 @@
 //! | `_replVote`, `_replPreVote` | the request as JSON in `m` |
 //! | `_replSnapshot` | the vote and the snapshot's meta as JSON in `m`, a piece of its rows in `data` at `offset`, `done` on the last |
 //! | `_replTransferLeader` | the request as JSON in `m` |
+//! | `_replRejoin` | `member`: a member that lost its data asks the leader to take it back (see `Replica::rejoin`) |
 //!
 //! The reply is `{ok: 1, m: <response as JSON>}` (a snapshot's pieces but the last answer
 //! `null`).
@@ -47,12 +48,13 @@ pub const SNAPSHOT_PIECE: usize = 8 << 20;
 pub(super) struct Incoming(Option<(Vec<u8>, Vec<u8>)>);
 
 /// The commands a member answers for its peers.
-pub const COMMANDS: [&str; 5] = [
+pub const COMMANDS: [&str; 6] = [
     "_replAppendEntries",
     "_replVote",
     "_replPreVote",
     "_replSnapshot",
     "_replTransferLeader",
+    "_replRejoin",
 ];
 
 fn binary(bytes: Vec<u8>) -> Bson {
