@@ -44,9 +44,9 @@ pub struct SessionFields {
 }
 
 /// `{ts, t}` as MongoDB writes an OpTime; the null OpTime is `{ts: Timestamp(0, 0), t: -1}`.
-pub fn op_time_doc(ts: Option<ClusterTime>) -> Document {
-    match ts {
-        Some(ts) => doc! {"ts": ts.timestamp(), "t": 1_i64},
+pub fn op_time_doc(op_time: Option<(ClusterTime, i64)>) -> Document {
+    match op_time {
+        Some((ts, t)) => doc! {"ts": ts.timestamp(), "t": t},
         None => doc! {"ts": Timestamp { time: 0, increment: 0 }, "t": -1_i64},
     }
 }
@@ -153,7 +153,9 @@ impl EntrySpec {
     }
 
     /// The full entry, in MongoDB's field order; `term` is its `t`.
-    pub fn build(self, ts: ClusterTime, term: i64, wall_millis: u64) -> Document {
+    /// The entry at `ts` in `term`; `prev_term` is the term of the entry its `prevOpTime`
+    /// names (the writer reads it from the oplog).
+    pub fn build(self, ts: ClusterTime, term: i64, wall_millis: u64, prev_term: i64) -> Document {
         let mut d = Document::new();
         if let Some(s) = &self.session {
             d.insert("lsid", s.lsid.clone());
@@ -179,7 +181,10 @@ impl EntrySpec {
             bson::DateTime::from_millis(i64::try_from(wall_millis).unwrap_or(i64::MAX)),
         );
         if let Some(s) = &self.session {
-            d.insert("prevOpTime", op_time_doc(s.prev_op_time));
+            d.insert(
+                "prevOpTime",
+                op_time_doc(s.prev_op_time.map(|prev| (prev, prev_term))),
+            );
         }
         d
     }
@@ -365,10 +370,41 @@ mod tests {
             ClusterTime::new(5, 2),
             1,
             5_000,
+            1,
         );
         let keys: Vec<&str> = e.keys().map(String::as_str).collect();
         assert_eq!(keys, ["op", "ns", "ui", "o", "o2", "ts", "t", "v", "wall"]);
         assert_eq!(e.get_i64("t").unwrap(), 1);
         assert_eq!(e.get_i64("v").unwrap(), 2);
+    }
+
+    #[test]
+    fn a_retryable_write_s_prev_op_time_names_its_entry_s_term() {
+        let ui = Uuid::new();
+        let mut spec = EntrySpec::insert("d.c".into(), ui, doc! {"_id": 1}, doc! {"_id": 1});
+        spec.session = Some(SessionFields {
+            lsid: doc! {"id": 1},
+            txn_number: 4,
+            stmt_id: Some(1),
+            prev_op_time: Some(ClusterTime::new(5, 1)),
+        });
+        let e = spec.build(ClusterTime::new(9, 1), 7, 5_000, 6);
+        assert_eq!(
+            e.get_document("prevOpTime").unwrap(),
+            &doc! {"ts": ClusterTime::new(5, 1).timestamp(), "t": 6_i64}
+        );
+        assert_eq!(e.get_i64("t").unwrap(), 7);
+        let mut first = EntrySpec::insert("d.c".into(), ui, doc! {"_id": 2}, doc! {"_id": 2});
+        first.session = Some(SessionFields {
+            lsid: doc! {"id": 1},
+            txn_number: 4,
+            stmt_id: Some(0),
+            prev_op_time: None,
+        });
+        let e = first.build(ClusterTime::new(9, 2), 7, 5_000, 7);
+        assert_eq!(
+            e.get_document("prevOpTime").unwrap(),
+            &doc! {"ts": bson::Timestamp { time: 0, increment: 0 }, "t": -1_i64}
+        );
     }
 }

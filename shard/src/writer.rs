@@ -336,7 +336,18 @@ impl<'a> WriteCtx<'a> {
             self.txn
                 .put(Table::PreImages, &keys::pre_image_key(&ui, ts, 0), &bytes)?;
         }
-        let mut entry = spec.build(ts, self.state.log.term(), self.wall_ms);
+        let term = self.state.log.term();
+        // `prevOpTime.t`: the term the previous entry of the session was written in (it may
+        // be an earlier primary's), read from the oplog; this term if it has been truncated.
+        let prev_term = match spec.session.as_ref().and_then(|s| s.prev_op_time) {
+            Some(prev) => self
+                .txn
+                .get(Table::Oplog, &oplog_key(prev))?
+                .and_then(|b| bson::RawDocument::from_bytes(&b).ok()?.get_i64("t").ok())
+                .unwrap_or(term),
+            None => term,
+        };
+        let mut entry = spec.build(ts, term, self.wall_ms, prev_term);
         if self.from_migrate {
             entry.insert("fromMigrate", true);
         }

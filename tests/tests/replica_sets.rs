@@ -123,6 +123,40 @@ async fn a_killed_primary_is_replaced_within_seconds_with_every_acknowledged_wri
     let batch = found.get_document("cursor")?.get_array("firstBatch")?;
     assert_eq!(batch.len(), 51, "every acknowledged write, and the new one");
 
+    // A retryable write of two statements in the new term: the second entry's prevOpTime
+    // names the first by its ts and its term.
+    let primary = clients[new].as_ref().expect("running");
+    let lsid = doc! {"id": Bson::Binary(bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: vec![7; 16],
+    })};
+    let r = primary
+        .command(
+            "app",
+            &doc! {"insert": "c", "documents": [{"_id": "r1"}, {"_id": "r2"}],
+            "lsid": lsid.clone(), "txnNumber": 1_i64},
+        )
+        .await?;
+    assert!(ok(&r), "{r}");
+    let chain = primary
+        .command(
+            "local",
+            &doc! {"find": "oplog.rs", "filter": {"lsid": lsid, "txnNumber": 1_i64},
+            "sort": {"$natural": 1}},
+        )
+        .await?;
+    let chain = chain.get_document("cursor")?.get_array("firstBatch")?;
+    let entry = |i: usize| chain.get(i).and_then(Bson::as_document);
+    let (Some(first), Some(second)) = (entry(0), entry(1)) else {
+        anyhow::bail!("two entries of the retryable write: {chain:?}");
+    };
+    assert!(first.get_i64("t")? > 1, "a later term: {first}");
+    assert_eq!(
+        second.get_document("prevOpTime")?,
+        &doc! {"ts": first.get_timestamp("ts")?, "t": first.get_i64("t")?},
+        "{second}"
+    );
+
     // The killed member comes back as a secondary of the new primary.
     procs[old].restart().await?;
     clients[old] = Some(wire::Client::new(hosts[old].clone()));
