@@ -433,17 +433,12 @@ impl ReplicaSetMember {
                 return Err(MongoError::with_code(31368, why));
             }
         };
-        let wait = match wait {
-            Bson::Int32(n) => i64::from(*n),
-            Bson::Int64(n) => *n,
-            Bson::Double(f) if f.is_finite() && f.fract() == 0.0 => *f as i64,
-            _ => {
-                return Err(MongoError::new(
-                    ErrorCode::TYPE_MISMATCH,
-                    "maxAwaitTimeMS must be an integer",
-                ));
-            }
-        };
+        let wait = config::whole(wait).ok_or_else(|| {
+            MongoError::new(
+                ErrorCode::TYPE_MISMATCH,
+                "maxAwaitTimeMS must be an integer",
+            )
+        })?;
         if wait < 0 {
             return Err(MongoError::with_code(
                 31373,
@@ -601,17 +596,7 @@ impl ReplicaSetMember {
         };
         let catch_up = match cmd.get("secondaryCatchUpPeriodSecs") {
             None => CATCH_UP,
-            Some(Bson::Int32(n)) if *n >= 0 => Duration::from_secs(n.unsigned_abs().into()),
-            Some(Bson::Int64(n)) if *n >= 0 => Duration::from_secs(n.unsigned_abs()).min(MAX_AWAIT),
-            Some(Bson::Double(f)) if f.is_finite() && *f >= 0.0 => {
-                Duration::from_secs_f64(f.min(MAX_AWAIT.as_secs_f64()))
-            }
-            Some(_) => {
-                return Err(MongoError::new(
-                    ErrorCode::BAD_VALUE,
-                    "secondaryCatchUpPeriodSecs must be a non-negative number",
-                ));
-            }
+            Some(v) => seconds(v)?.min(MAX_AWAIT),
         };
         if frozen_for < catch_up {
             return Err(MongoError::new(

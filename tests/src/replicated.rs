@@ -33,25 +33,7 @@ impl ReplicaSetProcs {
         let peers = hosts.join(",");
         let mut members = Vec::with_capacity(n);
         for (i, port) in ports.iter().enumerate() {
-            let dbpath = dir.join(format!("{name}-m{i}")).display().to_string();
-            let args: Vec<String> = [
-                "shard",
-                "--port",
-                &port.to_string(),
-                "--dbpath",
-                &dbpath,
-                "--name",
-                name,
-                "--replSet",
-                name,
-                "--peers",
-                &peers,
-                "--enableTestCommands",
-            ]
-            .iter()
-            .chain(extra)
-            .map(ToString::to_string)
-            .collect();
+            let args = member_args(dir, name, i, *port, &peers, extra);
             let addr: SocketAddr = hosts[i].parse()?;
             members.push(Proc::spawn(args, addr).await?);
         }
@@ -60,6 +42,26 @@ impl ReplicaSetProcs {
             hosts,
             members,
         })
+    }
+
+    /// A new member, started to join the set (`replSetReconfig` adds it): it lists the set's
+    /// members and then itself, and stores under `dir/NAME-m<n>`. Returns it and its host.
+    pub async fn join(&self, dir: &Path) -> Result<(Proc, String)> {
+        let port = free_port()?;
+        let host = format!("127.0.0.1:{port}");
+        let peers = format!("{},{host}", self.hosts.join(","));
+        let args = member_args(dir, &self.name, self.hosts.len(), port, &peers, &[]);
+        Ok((Proc::spawn(args, host.parse()?).await?, host))
+    }
+
+    /// A driver client of the set (`?replicaSet=NAME`): it finds the primary itself.
+    pub async fn driver(&self) -> Result<mongodb::Client> {
+        crate::connect_uri(&format!(
+            "mongodb://{}/?replicaSet={}&serverSelectionTimeoutMS=20000",
+            self.hosts.join(","),
+            self.name
+        ))
+        .await
     }
 
     /// `NAME/h1:p1,h2:p2,...`, as a router's `--shard` takes it.
@@ -93,6 +95,36 @@ impl ReplicaSetProcs {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The arguments of member `i` of set `name` on `port`, listing `peers`.
+fn member_args(
+    dir: &Path,
+    name: &str,
+    i: usize,
+    port: u16,
+    peers: &str,
+    extra: &[&str],
+) -> Vec<String> {
+    let dbpath = dir.join(format!("{name}-m{i}")).display().to_string();
+    [
+        "shard",
+        "--port",
+        &port.to_string(),
+        "--dbpath",
+        &dbpath,
+        "--name",
+        name,
+        "--replSet",
+        name,
+        "--peers",
+        peers,
+        "--enableTestCommands",
+    ]
+    .iter()
+    .chain(extra)
+    .map(ToString::to_string)
+    .collect()
 }
 
 /// Replicated shards and one router over them.

@@ -546,11 +546,7 @@ async fn a_driver_given_the_set_writes_to_its_primary_and_follows_a_failover() -
 {
     let dir = tempfile::tempdir()?;
     let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
-    let uri = format!(
-        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
-        set.hosts.join(",")
-    );
-    let client = tests::connect_uri(&uri).await?;
+    let client = set.driver().await?;
     let coll = client.database("app").collection::<Document>("c");
     for id in 0..10 {
         insert_until_acked(&coll, id).await?;
@@ -661,11 +657,7 @@ async fn set_config(client: &wire::Client) -> anyhow::Result<Document> {
 async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
-    let uri = format!(
-        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
-        set.hosts.join(",")
-    );
-    let client = tests::connect_uri(&uri).await?;
+    let client = set.driver().await?;
     let coll = client.database("app").collection::<Document>("c");
     for id in 0..50 {
         insert_until_acked(&coll, id).await?;
@@ -674,28 +666,7 @@ async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyho
     let router = ReplicatedCluster::router_over(std::slice::from_ref(&set)).await?;
 
     // A fourth member, started to join: it lists the set and itself, last.
-    let port = tests::free_port()?;
-    let host = format!("127.0.0.1:{port}");
-    let peers = format!("{},{host}", set.hosts.join(","));
-    let dbpath = dir.path().join("rs-m3").display().to_string();
-    let args: Vec<String> = [
-        "shard",
-        "--port",
-        &port.to_string(),
-        "--dbpath",
-        &dbpath,
-        "--name",
-        "rs",
-        "--replSet",
-        "rs",
-        "--peers",
-        &peers,
-        "--enableTestCommands",
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    let joined = tests::Proc::spawn(args, host.parse()?).await?;
+    let (joined, host) = set.join(dir.path()).await?;
     let fresh = wire::Client::new(host.clone());
 
     let primary = set.primary(&[], Duration::from_secs(10)).await?;
@@ -859,11 +830,7 @@ async fn optime(client: &wire::Client, field: &str) -> anyhow::Result<Option<(i6
 async fn a_wiped_member_rejoins_from_a_snapshot_larger_than_a_message() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
-    let uri = format!(
-        "mongodb://{}/?replicaSet=rs&serverSelectionTimeoutMS=20000",
-        set.hosts.join(",")
-    );
-    let client = tests::connect_uri(&uri).await?;
+    let client = set.driver().await?;
     let coll = client.database("app").collection::<Document>("c");
     let pad = "x".repeat(1 << 20);
     for id in 0..60 {

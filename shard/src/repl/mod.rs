@@ -801,19 +801,9 @@ impl Replica {
                     });
                 }
                 None => {
-                    let added = self.raft.add_learner(
-                        m.id,
-                        Member {
-                            addr: m.addr.clone(),
-                        },
-                        true,
-                    );
-                    match tokio::time::timeout(patience, added).await {
-                        Ok(done) => {
-                            done.map_err(write_error)?;
-                        }
-                        Err(_) => return Err(ReplError::TimedOut(patience)),
-                    }
+                    let addr = m.addr.clone();
+                    membership_change(patience, self.raft.add_learner(m.id, Member { addr }, true))
+                        .await?;
                 }
             }
         }
@@ -828,12 +818,7 @@ impl Replica {
             let changed = self
                 .raft
                 .change_membership(ChangeMembers::ReplaceAllVoters(voters), true);
-            match tokio::time::timeout(patience, changed).await {
-                Ok(done) => {
-                    done.map_err(write_error)?;
-                }
-                Err(_) => return Err(ReplError::TimedOut(patience)),
-            }
+            membership_change(patience, changed).await?;
         }
         let gone: BTreeSet<MemberId> = self
             .config()
@@ -846,12 +831,7 @@ impl Replica {
             let removed = self
                 .raft
                 .change_membership(ChangeMembers::RemoveNodes(gone), false);
-            match tokio::time::timeout(patience, removed).await {
-                Ok(done) => {
-                    done.map_err(write_error)?;
-                }
-                Err(_) => return Err(ReplError::TimedOut(patience)),
-            }
+            membership_change(patience, removed).await?;
         }
         Ok(())
     }
@@ -897,6 +877,22 @@ impl Replica {
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Waits up to `patience` for one step of a membership change.
+async fn membership_change<R>(
+    patience: Duration,
+    change: impl std::future::Future<
+        Output = Result<
+            R,
+            openraft::error::RaftError<TypeConfig, openraft::error::ClientWriteError<TypeConfig>>,
+        >,
+    >,
+) -> Result<R, ReplError> {
+    match tokio::time::timeout(patience, change).await {
+        Ok(done) => done.map_err(write_error),
+        Err(_) => Err(ReplError::TimedOut(patience)),
+    }
 }
 
 /// A refused membership change as a [`ReplError`].

@@ -367,43 +367,39 @@ mod tests {
 
     #[test]
     fn a_snapshot_is_assembled_from_its_pieces_in_order_and_only_so() {
+        /// What taking a piece gives: nothing yet, the whole snapshot, or a refusal.
+        enum Then {
+            More,
+            Whole(&'static [u8]),
+            Refused,
+        }
+        use Then::*;
+        let steps: [(&[u8], i64, &[u8], bool, Then); 11] = [
+            (b"a", 0, b"12", false, More),
+            (b"a", 2, b"34", false, More),
+            (b"a", 4, b"5", true, Whole(b"12345")),
+            // A gap, a repeat or another snapshot's piece is refused, and what was taken is
+            // dropped.
+            (b"a", 0, b"12", false, More),
+            (b"a", 3, b"4", false, Refused),
+            (b"a", 2, b"34", true, Refused),
+            (b"a", 0, b"12", false, More),
+            (b"b", 2, b"34", true, Refused),
+            // A new snapshot starts over.
+            (b"a", 0, b"12", false, More),
+            (b"c", 0, b"xy", false, More),
+            (b"c", 2, b"z", true, Whole(b"xyz")),
+        ];
         let incoming = Mutex::new(Incoming::default());
-        assert_eq!(
-            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
-            None
-        );
-        assert_eq!(
-            piece(&incoming, &message(b"a", 2, b"34", false)).unwrap(),
-            None
-        );
-        assert_eq!(
-            piece(&incoming, &message(b"a", 4, b"5", true)).unwrap(),
-            Some(b"12345".to_vec())
-        );
-        // A gap, a repeat or another snapshot's piece is refused, and what was taken is dropped.
-        assert_eq!(
-            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
-            None
-        );
-        assert!(piece(&incoming, &message(b"a", 3, b"4", false)).is_err());
-        assert!(
-            piece(&incoming, &message(b"a", 2, b"34", true)).is_err(),
-            "dropped"
-        );
-        assert_eq!(
-            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
-            None
-        );
-        assert!(piece(&incoming, &message(b"b", 2, b"34", true)).is_err());
-        // A new snapshot starts over; a message without pieces is a whole snapshot.
-        assert_eq!(
-            piece(&incoming, &message(b"a", 0, b"12", false)).unwrap(),
-            None
-        );
-        assert_eq!(
-            piece(&incoming, &message(b"c", 0, b"xyz", true)).unwrap(),
-            Some(b"xyz".to_vec())
-        );
+        for (i, (head, offset, data, done, then)) in steps.into_iter().enumerate() {
+            let got = piece(&incoming, &message(head, offset, data, done));
+            match then {
+                More => assert_eq!(got.unwrap(), None, "step {i}"),
+                Whole(all) => assert_eq!(got.unwrap().as_deref(), Some(all), "step {i}"),
+                Refused => assert!(got.is_err(), "step {i}"),
+            }
+        }
+        // A message without pieces is a whole snapshot.
         let whole =
             doc! {"_replSnapshot": 1, "m": binary(b"d".to_vec()), "data": binary(b"w".to_vec())};
         assert_eq!(piece(&incoming, &whole).unwrap(), Some(b"w".to_vec()));

@@ -153,7 +153,7 @@ fn member(entry: &Bson) -> Result<ConfigMember, String> {
 }
 
 /// A whole number of any BSON numeric type.
-fn whole(v: &Bson) -> Option<i64> {
+pub(super) fn whole(v: &Bson) -> Option<i64> {
     match v {
         Bson::Int32(n) => Some(i64::from(*n)),
         Bson::Int64(n) => Some(*n),
