@@ -879,15 +879,14 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Why openraft refused a write or a membership change.
+type WriteRefused =
+    openraft::error::RaftError<TypeConfig, openraft::error::ClientWriteError<TypeConfig>>;
+
 /// Waits up to `patience` for one step of a membership change.
 async fn membership_change<R>(
     patience: Duration,
-    change: impl std::future::Future<
-        Output = Result<
-            R,
-            openraft::error::RaftError<TypeConfig, openraft::error::ClientWriteError<TypeConfig>>,
-        >,
-    >,
+    change: impl std::future::Future<Output = Result<R, WriteRefused>>,
 ) -> Result<R, ReplError> {
     match tokio::time::timeout(patience, change).await {
         Ok(done) => done.map_err(write_error),
@@ -896,9 +895,7 @@ async fn membership_change<R>(
 }
 
 /// A refused membership change as a [`ReplError`].
-fn write_error(
-    e: openraft::error::RaftError<TypeConfig, openraft::error::ClientWriteError<TypeConfig>>,
-) -> ReplError {
+fn write_error(e: WriteRefused) -> ReplError {
     use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ReplError::NotLeader {

@@ -374,7 +374,9 @@ mod tests {
             Refused,
         }
         use Then::*;
-        let steps: [(&[u8], i64, &[u8], bool, Then); 11] = [
+        /// A piece (its head, offset, bytes, whether it is the last) and what it gives.
+        type Step = (&'static [u8], i64, &'static [u8], bool, Then);
+        let steps: [Step; 11] = [
             (b"a", 0, b"12", false, More),
             (b"a", 2, b"34", false, More),
             (b"a", 4, b"5", true, Whole(b"12345")),
