@@ -307,12 +307,15 @@ impl StreamCursor {
         }
     }
 
-    /// After reading everything visible at or below `hwm`: promise `hwm + 1`.
-    fn promise(&mut self, hwm: ClusterTime) {
+    /// After reading everything visible at or below `hwm`: promise `hwm + 1` (a direct reader
+    /// whose resume token was not found there gets 280 instead).
+    fn promise(&mut self, hwm: ClusterTime) -> Result<()> {
         if self.pending.is_empty() && self.reading.stream.invalidated().is_none() && !self.closed {
-            let t = ResumeTokenData::high_water_mark(hwm.next(), TokenVersion::default()).encode();
-            self.raise(&t);
+            let t = ResumeTokenData::high_water_mark(hwm.next(), TokenVersion::default());
+            self.reading.stream.check_promise(&t)?;
+            self.raise(&t.encode());
         }
+        Ok(())
     }
 
     fn reply(&self, id: i64, batch: Vec<Bytes>, first: bool) -> RawDocumentBuf {
@@ -378,11 +381,14 @@ impl ChangeStreams {
         let mut fresh = parsed.clone();
         fresh.spec.start = StartPoint::None;
         let share = shared::key(db, cmd).map(|key| (key, ShardStream::from_pipeline(fresh)));
+        // A driver reading this shard's replica set directly gets the resume proof a router
+        // would make (MongoDB's routers say `fromRouter`).
+        let mut stream = ShardStream::from_pipeline(parsed);
+        if !cmd.get_bool("fromRouter").unwrap_or(false) {
+            stream = stream.ensuring_resume_token();
+        }
         let mut cursor = StreamCursor {
-            reading: Reading {
-                stream: ShardStream::from_pipeline(parsed),
-                position,
-            },
+            reading: Reading { stream, position },
             shared: None,
             share,
             ns,
@@ -396,7 +402,7 @@ impl ChangeStreams {
             let read_through = cursor.advance(state, &self.readers, n)?;
             let batch = cursor.take_batch(n);
             if read_through {
-                cursor.promise(hwm);
+                cursor.promise(hwm)?;
             }
             return self.register(state, cursor, batch);
         }
@@ -482,7 +488,7 @@ impl ChangeStreams {
             let hwm = state.high_water_mark();
             read_through = cursor.advance(state, &self.readers, n)?.then_some(hwm);
             if let Some(h) = read_through {
-                cursor.promise(h);
+                cursor.promise(h)?;
             }
             if !cursor.pending.is_empty() || cursor.reading.stream.invalidated().is_some() {
                 break;
@@ -503,7 +509,7 @@ impl ChangeStreams {
         }
         let batch = cursor.take_batch(n);
         if let Some(h) = read_through {
-            cursor.promise(h);
+            cursor.promise(h)?;
         }
         let reply = cursor.reply(id, batch, false);
         cursor.reported = cursor.pbrt.clone();

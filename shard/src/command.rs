@@ -108,4 +108,58 @@ impl Command {
             | ShardCollection => false,
         }
     }
+
+    /// Whether a replica-set member that does not lead runs it (on its read-only follower),
+    /// as MongoDB's secondaries do.
+    pub fn on_secondary(self) -> OnSecondary {
+        use Command::*;
+        match self {
+            // Facts about the server, and what belongs to a cursor or an operation already
+            // running there.
+            Hello | Ping | BuildInfo | EndSessions | GetParameter | ServerStatus | Lineage
+            | GetClusterParameter | GetMore | KillCursors | KillOperations | NudgeChangeStream => {
+                OnSecondary::Always
+            }
+            // Reads: only for a client that accepts a secondary's answer.
+            Find | Count | Distinct | Aggregate | Explain | ListCollections | ListDatabases
+            | CollStats | Validate | DbStats | ListIndexes => OnSecondary::SecondaryOk,
+            // Writes, transactions and whatever changes this server's state: the primary's.
+            Insert
+            | ReserveInsert
+            | Update
+            | Delete
+            | FindAndModify
+            | KillAllSessions
+            | KillSessions
+            | RefreshSessions
+            | SetParameter
+            | MarkLineageLost
+            | SetClusterParameter
+            | CommitTransaction
+            | AbortTransaction
+            | PrepareTransaction
+            | CoordinateCommitTransaction
+            | ConfigureFailPoint
+            | CommitReservation
+            | Create
+            | Drop
+            | DropDatabase
+            | RenameCollection
+            | CreateIndexes
+            | DropIndexes
+            | CollMod
+            | ShardCollection => OnSecondary::Never,
+        }
+    }
+}
+
+/// Where a command may run in a replica set ([`Command::on_secondary`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnSecondary {
+    /// On any member.
+    Always,
+    /// On a secondary when the client allows it (`$readPreference` other than `primary`).
+    SecondaryOk,
+    /// Only on the primary (10107 elsewhere).
+    Never,
 }

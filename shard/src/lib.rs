@@ -32,6 +32,7 @@ pub mod commands;
 pub mod cursor;
 pub mod documents;
 mod expiry;
+mod follower;
 pub mod handshake;
 pub mod history;
 pub mod holds;
@@ -139,6 +140,59 @@ pub struct Shard {
     me: std::sync::Weak<Shard>,
 }
 
+/// What a shard's in-memory state starts from, as one read of its storage finds it.
+struct Stored {
+    catalog: Catalog,
+    /// The clock reservation.
+    reserved: ClusterTime,
+    /// The last oplog entry's `ts`.
+    last: ClusterTime,
+    oplog_stats: retention::OplogStats,
+    lineage: Option<lineage::Lineage>,
+}
+
+impl Stored {
+    fn load(read: &dyn storage::ReadTxn) -> Result<Stored, ShardError> {
+        let reserved = match read.get(Table::Meta, RESERVATION_KEY)? {
+            Some(b) => {
+                let arr: [u8; 8] = b
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| ShardError::Corrupt("clock reservation"))?;
+                ClusterTime::from_u64(u64::from_be_bytes(arr))
+            }
+            None => ClusterTime::ZERO,
+        };
+        Ok(Stored {
+            catalog: load_catalog(read)?,
+            reserved,
+            last: oplog::last_ts_in_storage(read)?.unwrap_or(ClusterTime::ZERO),
+            oplog_stats: retention::OplogStats::load(read)?,
+            lineage: lineage::Lineage::load(read)?,
+        })
+    }
+}
+
+/// The catalog as `read` sees it.
+fn load_catalog(read: &dyn storage::ReadTxn) -> Result<Catalog, ShardError> {
+    let mut catalog = Catalog::default();
+    let mut bad = false;
+    read.scan(Table::Catalog, &KeyRange::all(), false, &mut |_, v| {
+        match Document::from_reader(v)
+            .ok()
+            .and_then(|d| CollectionEntry::from_document(&d))
+        {
+            Some(e) => catalog.put(e),
+            None => bad = true,
+        }
+        Scan::Continue
+    })?;
+    if bad {
+        return Err(ShardError::Corrupt("catalog entry"));
+    }
+    Ok(catalog)
+}
+
 impl Shard {
     /// Opens (or creates) the shard's data file `<dbpath>/<name>.redb` and its write-ahead log
     /// `<name>.redb.wal`, replaying the log.
@@ -163,37 +217,14 @@ impl Shard {
         storage: Arc<dyn Storage>,
         log: Arc<dyn Log>,
     ) -> Result<Arc<Shard>, ShardError> {
-        let read = storage.begin_read()?;
-        let mut catalog = Catalog::default();
-        let mut bad = false;
-        read.scan(Table::Catalog, &KeyRange::all(), false, &mut |_, v| {
-            match Document::from_reader(v)
-                .ok()
-                .and_then(|d| CollectionEntry::from_document(&d))
-            {
-                Some(e) => catalog.put(e),
-                None => bad = true,
-            }
-            Scan::Continue
-        })?;
-        if bad {
-            return Err(ShardError::Corrupt("catalog entry"));
-        }
-        let reserved = match read.get(Table::Meta, RESERVATION_KEY)? {
-            Some(b) => {
-                let arr: [u8; 8] = b
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| ShardError::Corrupt("clock reservation"))?;
-                ClusterTime::from_u64(u64::from_be_bytes(arr))
-            }
-            None => ClusterTime::ZERO,
-        };
-        let last = oplog::last_ts_in_storage(&*read)?.unwrap_or(ClusterTime::ZERO);
-        let oplog_stats = retention::OplogStats::load(&*read)?;
-        let previous = lineage::Lineage::load(&*read)?;
+        let Stored {
+            catalog,
+            reserved,
+            last,
+            oplog_stats,
+            lineage: previous,
+        } = Stored::load(&*storage.begin_read()?)?;
         let had_data = last > ClusterTime::ZERO || catalog.collections().next().is_some();
-        drop(read);
         let hlc = Hlc::recover(reserved, last);
         // This run's boot: the last run may have handed out anything up to `from`; this one's
         // clock starts at `to`.
@@ -426,6 +457,11 @@ impl Shard {
                 "pageCacheBound": storage::PAGE_CACHE_BYTES as i64,
             },
             "metrics": {
+                // MongoDB's `metrics.cursor.open.total`: find and aggregate cursors, change
+                // streams included.
+                "cursor": {"open": {
+                    "total": (self.cursors.len() + self.change_streams.len()) as i64,
+                }},
                 "changeStreams": state.stream_metrics.to_document(),
                 // The process's: in the embedded default, every shard's and the router's.
                 "query": pipeline::agg::spill::counters().to_document(),

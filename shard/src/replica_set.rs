@@ -14,10 +14,14 @@
 //! * A shard whose log lost track of a write (its outcome unknown) is closed and opened again
 //!   from storage once everything in the member's log is applied: its in-memory state never
 //!   lags what its storage holds while it takes writes.
-//! * A member that does not lead answers every command but `hello`, the `replSet*` status
-//!   and configuration commands and its peers' Raft messages with 10107 `NotWritablePrimary` (until secondaries serve reads): a client
-//!   retries on the primary. `hello` names the set, its hosts, the primary and this member,
-//!   and the primary's `electionId` (`7fffffff` + term), as a replica-set member's does.
+//! * A member that does not lead serves reads as a secondary, on a read-only shard over its
+//!   storage that catches up after every apply (`follower`): the commands any member runs,
+//!   and reads from clients whose `$readPreference` accepts a secondary (13435
+//!   `NotPrimaryNoSecondaryOk` otherwise). Writes, transactions and everything else get 10107
+//!   `NotWritablePrimary`: a client retries them on the primary. A member that rejoins or has
+//!   not caught up once serves nothing until it has. `hello` names the set, its hosts, the
+//!   primary and this member, and the primary's `electionId` (`7fffffff` + term), as a
+//!   replica-set member's does; `secondary` is true while it serves reads.
 //! * The set's members are its Raft configuration's (`replSetReconfig`, `config`), not the
 //!   `--peers` it started with: `hello` names them, and `w: N` counts them.
 //! * A write with `w: N` is answered once N members hold every entry the primary's log had
@@ -33,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use wire::raw::Body;
 use wire::{ErrorCode, MongoError};
 
+use crate::command::{Command, OnSecondary};
 use crate::repl::{
     MemberId, PEER_COMMANDS, RaftLog, ReplError, Replica, Replicated, Role, SetStatus,
 };
@@ -60,6 +65,8 @@ pub struct ReplicaSetMember {
     /// What it applies committed entries to (its `hello` reads its last write there).
     storage: Arc<dyn Storage>,
     primary: watch::Receiver<Option<Arc<Shard>>>,
+    /// The read-only shard it serves as a secondary, while it does not lead (`follower`).
+    secondary: watch::Receiver<Option<Arc<Shard>>>,
     /// What is done to each shard this member opens, before it serves (test commands, oplog
     /// retention, how it reaches its transactions' other participants).
     on_open: Arc<std::sync::Mutex<Vec<OnOpen>>>,
@@ -144,12 +151,20 @@ impl ReplicaSetMember {
         let on_open = Arc::new(std::sync::Mutex::new(Vec::new()));
         let topology = watch::channel(0).0;
         let lead = tokio::spawn(lead(
-            opts,
+            opts.clone(),
             replica.clone(),
             storage.clone(),
             patience,
             tx,
             on_open.clone(),
+            cancel.clone(),
+        ));
+        let (secondary_tx, secondary) = watch::channel(None);
+        let serve_reads = tokio::spawn(serve_reads(
+            opts,
+            replica.clone(),
+            storage.clone(),
+            secondary_tx,
             cancel.clone(),
         ));
         let follow = tokio::spawn(follow_topology(
@@ -163,11 +178,12 @@ impl ReplicaSetMember {
             replica,
             storage,
             primary: rx,
+            secondary,
             on_open,
             process_id: ObjectId::new(),
             topology,
             cancel,
-            tasks: tokio::sync::Mutex::new(vec![lead, follow]),
+            tasks: tokio::sync::Mutex::new(vec![lead, serve_reads, follow]),
         })
     }
 
@@ -192,6 +208,11 @@ impl ReplicaSetMember {
     /// The shard this member serves as primary now, if it leads.
     pub fn primary(&self) -> Option<Arc<Shard>> {
         self.primary.borrow().clone()
+    }
+
+    /// The read-only shard this member serves as a secondary now, if it does.
+    pub fn secondary(&self) -> Option<Arc<Shard>> {
+        self.secondary.borrow().clone()
     }
 
     /// Waits until this member serves as primary, for at most `patience`.
@@ -256,17 +277,22 @@ impl ReplicaSetMember {
         if let Some(reply) = reply {
             return Body::Document(reply.unwrap_or_else(|e| e.to_document()));
         }
-        match self.primary() {
-            Some(shard) => {
-                let wanted = MembersWanted::of(&cmd);
-                let body = shard.run_command_body(cmd).await;
-                match wanted {
-                    Some(wanted) => self.await_members(body, wanted).await,
-                    None => body,
-                }
-            }
-            None => Body::Document(not_primary(self.replica.leader()).to_document()),
+        if let Some(shard) = self.primary() {
+            let wanted = MembersWanted::of(&cmd);
+            let body = shard.run_command_body(cmd).await;
+            return match wanted {
+                Some(wanted) => self.await_members(body, wanted).await,
+                None => body,
+            };
         }
+        let refused = match self.secondary() {
+            Some(shard) => match secondary_runs(&cmd) {
+                Ok(()) => return shard.run_command_body(cmd).await,
+                Err(refused) => refused,
+            },
+            None => Refused::NotPrimary,
+        };
+        Body::Document(refused.error(self.replica.leader()).to_document())
     }
 
     /// A command's reply once `w: N` members hold what it wrote: every entry of the log at the
@@ -335,7 +361,7 @@ impl ReplicaSetMember {
             "ismaster"
         };
         base.insert(writable, primary);
-        base.insert("secondary", !primary);
+        base.insert("secondary", !primary && self.secondary().is_some());
         base.insert("setName", self.set.name.clone());
         let config = self.replica.config();
         base.insert(
@@ -797,6 +823,81 @@ fn standalone_hello(name: &str, cmd: &Document) -> Document {
     crate::handshake::hello(name, hello_ok, false, now)
 }
 
+/// Why a member that does not lead refuses a command ([`secondary_runs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The primary's: a write, a transaction, a change to the server's state.
+    NotPrimary,
+    /// A read from a client that asked for the primary.
+    NoSecondaryOk,
+    /// A read as of a cluster time (`snapshot`): secondaries keep no history to serve it yet.
+    Snapshot,
+}
+
+impl Refused {
+    fn error(self, leader: Option<u64>) -> MongoError {
+        match self {
+            Refused::NotPrimary => not_primary(leader),
+            Refused::NoSecondaryOk => MongoError::new(
+                ErrorCode::NOT_PRIMARY_NO_SECONDARY_OK,
+                "not primary and secondaryOk=false: this read asks for the primary",
+            ),
+            Refused::Snapshot => MongoError::new(
+                ErrorCode::SNAPSHOT_UNAVAILABLE,
+                "readConcern snapshot is served by the primary only: a secondary keeps no \
+                 history of the documents to read as of a cluster time",
+            ),
+        }
+    }
+}
+
+/// Whether a member that does not lead runs `cmd` on its read-only shard, as a MongoDB
+/// secondary would: commands any member runs ([`OnSecondary::Always`]), and reads from a client
+/// whose `$readPreference` accepts a secondary, outside transactions, writing nowhere
+/// (`$out`, `$merge`) and not as of a cluster time. Pure.
+fn secondary_runs(cmd: &Document) -> Result<(), Refused> {
+    let name = cmd.keys().next().map_or("", String::as_str);
+    let Some(command) = Command::named(name) else {
+        // Its follower answers CommandNotFound, as any member would.
+        return Ok(());
+    };
+    if cmd.contains_key("autocommit") || cmd.contains_key("startTransaction") {
+        return Err(Refused::NotPrimary);
+    }
+    match command.on_secondary() {
+        OnSecondary::Always => return Ok(()),
+        OnSecondary::Never => return Err(Refused::NotPrimary),
+        OnSecondary::SecondaryOk => {}
+    }
+    let writes = cmd.get_array("pipeline").is_ok_and(|stages| {
+        stages.iter().any(|s| {
+            s.as_document()
+                .and_then(|s| s.keys().next())
+                .is_some_and(|k| k == "$out" || k == "$merge")
+        })
+    });
+    if writes {
+        return Err(Refused::NotPrimary);
+    }
+    let mode = cmd
+        .get_document("$readPreference")
+        .ok()
+        .and_then(|p| p.get_str("mode").ok())
+        .unwrap_or("primary");
+    if mode == "primary" {
+        return Err(Refused::NoSecondaryOk);
+    }
+    match cmd
+        .get_document("readConcern")
+        .ok()
+        .and_then(|rc| rc.get_str("level").ok())
+    {
+        Some("snapshot") => Err(Refused::Snapshot),
+        Some("linearizable") => Err(Refused::NotPrimary),
+        _ => Ok(()),
+    }
+}
+
 fn not_primary(leader: Option<u64>) -> MongoError {
     let known = leader.map_or_else(|| "not known".to_string(), |l| format!("member {l}"));
     MongoError::new(
@@ -804,6 +905,53 @@ fn not_primary(leader: Option<u64>) -> MongoError {
         format!("not primary: this member does not lead its replica set (the primary is {known})"),
     )
     .with_label("RetryableWriteError")
+}
+
+/// While `replica` does not lead (and holds the set's data: it is not rejoining), serves a
+/// read-only shard over `storage`, caught up after every apply, and publishes it on `tx`.
+async fn serve_reads(
+    opts: ShardOptions,
+    replica: Arc<Replica>,
+    storage: Arc<dyn Storage>,
+    tx: watch::Sender<Option<Arc<Shard>>>,
+    cancel: CancellationToken,
+) {
+    // How often the member's role is looked at when nothing is applied.
+    const LOOK: Duration = Duration::from_millis(100);
+    let mut seen = None;
+    while !cancel.is_cancelled() {
+        let serves = replica.serves_reads();
+        let open = tx.borrow().clone();
+        match (serves, open) {
+            (true, None) => match Shard::open_follower(opts.clone(), storage.clone()).await {
+                Ok(shard) => {
+                    tracing::info!(member = replica.id(), "secondary: serving reads");
+                    tx.send_replace(Some(shard));
+                }
+                Err(e) => tracing::warn!(error = %e, "the secondary could not open its shard"),
+            },
+            (false, Some(shard)) => {
+                tx.send_replace(None);
+                shard.shutdown().await;
+            }
+            (true, Some(shard)) => {
+                if let Err(e) = shard.catch_up() {
+                    tracing::warn!(error = %e, "the secondary could not catch up with its storage");
+                    tx.send_replace(None);
+                    shard.shutdown().await;
+                }
+            }
+            (false, None) => {}
+        }
+        tokio::select! {
+            applied = replica.wait_applied_past(seen) => seen = applied,
+            () = tokio::time::sleep(LOOK) => {}
+            () = cancel.cancelled() => {}
+        }
+    }
+    if let Some(shard) = tx.send_replace(None) {
+        shard.shutdown().await;
+    }
 }
 
 /// While `replica` leads, serves a shard over `storage` and publishes it on `tx`.

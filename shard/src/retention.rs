@@ -101,6 +101,14 @@ impl OplogStats {
     }
 
     /// Loads the stats, counting what an older file did not record by a scan.
+    /// The statistics as stored by the last commit (exact or not), without counting the oplog.
+    pub fn stored(txn: &dyn ReadTxn) -> StorageResult<Option<OplogStats>> {
+        Ok(txn
+            .get(Table::Meta, STATS_KEY)?
+            .and_then(|b| OplogStats::decode(&b))
+            .map(|(s, _)| s))
+    }
+
     pub fn load(txn: &dyn ReadTxn) -> StorageResult<OplogStats> {
         let stored = txn
             .get(Table::Meta, STATS_KEY)?

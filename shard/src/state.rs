@@ -40,6 +40,9 @@ pub struct ShardState {
     pub stream_metrics: StreamMetrics,
     /// Which history the oplog belongs to (`lineage`); set when the shard opens.
     lineage: Mutex<Option<crate::lineage::Lineage>>,
+    /// On a replica-set member that does not lead (`follower`): its high-water mark, derived
+    /// from what it applied ([`ClusterTime::as_u64`]). It writes nothing and never ticks.
+    follower: std::sync::OnceLock<AtomicU64>,
 }
 
 /// Change-stream counters of a shard (`serverStatus.metrics.changeStreams`).
@@ -107,6 +110,7 @@ impl ShardState {
             reservations: Default::default(),
             stream_metrics: StreamMetrics::default(),
             lineage: Mutex::new(None),
+            follower: std::sync::OnceLock::new(),
         }
     }
 
@@ -175,9 +179,31 @@ impl ShardState {
         self.hlc().observe(t);
     }
 
+    /// `H`: every oplog entry made visible from now on has `ts > H`. A follower's is what its
+    /// applied entries let it promise (`follower`), never its clock's.
     pub fn high_water_mark(&self) -> ClusterTime {
+        if let Some(mark) = self.follower.get() {
+            return ClusterTime::from_u64(mark.load(Ordering::Acquire));
+        }
         let wall = self.now_millis();
         self.hlc().high_water_mark(wall)
+    }
+
+    /// Whether this is a follower's read-only state (`follower`).
+    pub fn follows(&self) -> bool {
+        self.follower.get().is_some()
+    }
+
+    /// Makes this a follower's state, whose high-water mark starts at `mark`.
+    pub(crate) fn make_follower(&self, mark: ClusterTime) {
+        let _ = self.follower.set(AtomicU64::new(mark.as_u64()));
+    }
+
+    /// A follower's high-water mark moves up to `mark` (never down: a promise given stays).
+    pub(crate) fn raise_follower_mark(&self, mark: ClusterTime) {
+        if let Some(m) = self.follower.get() {
+            m.fetch_max(mark.as_u64(), Ordering::AcqRel);
+        }
     }
 
     /// The catalog of the last committed state.

@@ -611,17 +611,32 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             writes.push((f, tx));
         }
     }
+    if state.follows() {
+        // A follower's storage has one writer, its member's applier (`follower`).
+        for (_, tx) in writes {
+            let refused = MongoError::new(
+                wire::ErrorCode::NOT_WRITABLE_PRIMARY,
+                "not primary: this member does not lead its replica set",
+            )
+            .with_label("RetryableWriteError");
+            let _ = tx.send(Err(refused));
+        }
+        return;
+    }
     let wall_ms = state.now_millis();
     let renewal = state.hlc().reservation_needed(wall_ms);
     if writes.is_empty() && renewal.is_none() {
         return;
     }
+    // What this shard promises before the batch: every entry from here on has a greater `ts`
+    // (a replicated log carries it to the members that apply the batch).
+    let promise = state.hlc().high_water_mark(wall_ms);
     let recorder = Recorder::new(state.history.max_bytes());
     let mut txn = match state.storage.begin_write() {
         Ok(inner) => Recording {
             inner,
             recorder: &recorder,
-            set: state.log.write_set(),
+            set: state.log.write_set(promise),
             wrote: false,
         },
         Err(e) => {

@@ -27,8 +27,8 @@ struct Copying {
 }
 
 impl Log for Copying {
-    fn write_set(&self) -> WriteSet {
-        Unlogged.write_set()
+    fn write_set(&self, promise: resume::ClusterTime) -> WriteSet {
+        Unlogged.write_set(promise)
     }
 
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended> {

@@ -893,3 +893,287 @@ async fn a_wiped_member_rejoins_from_a_snapshot_larger_than_a_message() -> anyho
     );
     Ok(())
 }
+
+/// The error code of a reply, if it is an error.
+fn code(reply: &Document) -> Option<i32> {
+    (reply.get("ok") != Some(&Bson::Double(1.0))).then(|| reply.get_i32("code").unwrap_or(0))
+}
+
+/// A change stream's events and position on one member: `getMore`s of `cursor` on `client`
+/// until `n` events came (within 20 s); returns their ids, their tokens and the last
+/// post-batch resume token.
+async fn stream_events(
+    client: &wire::Client,
+    cursor: i64,
+    n: usize,
+) -> anyhow::Result<(Vec<Bson>, Vec<Document>, Document)> {
+    let (mut ids, mut tokens) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let more = client
+            .command(
+                "app",
+                &doc! {"getMore": cursor, "collection": "c", "maxTimeMS": 200},
+            )
+            .await?;
+        anyhow::ensure!(code(&more).is_none(), "getMore: {more}");
+        let c = more.get_document("cursor")?;
+        for event in c.get_array("nextBatch")? {
+            let event = event.as_document().expect("an event");
+            ids.push(
+                event
+                    .get_document("documentKey")?
+                    .get("_id")
+                    .cloned()
+                    .unwrap_or(Bson::Null),
+            );
+            tokens.push(event.get_document("_id")?.clone());
+        }
+        if ids.len() >= n {
+            return Ok((ids, tokens, c.get_document("postBatchResumeToken")?.clone()));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {n} events: {ids:?}",
+            ids.len()
+        );
+    }
+}
+
+/// Opens a change stream on `db.c` on `client` (as a secondary is asked, with a read
+/// preference that accepts one), from `start`, with an empty first batch; returns its cursor
+/// id.
+async fn open_stream(client: &wire::Client, start: Document) -> anyhow::Result<i64> {
+    let opened = client
+        .command(
+            "app",
+            &doc! {
+                "aggregate": "c",
+                "pipeline": [{"$changeStream": start}],
+                "cursor": {"batchSize": 0},
+                "$readPreference": {"mode": "secondaryPreferred"},
+            },
+        )
+        .await?;
+    anyhow::ensure!(code(&opened).is_none(), "aggregate: {opened}");
+    Ok(opened.get_document("cursor")?.get_i64("id")?)
+}
+
+#[tokio::test]
+async fn a_secondary_serves_reads_and_streams_whose_tokens_resume_on_any_member()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let p = set.primary(&[], Duration::from_secs(20)).await?;
+    let (s, other) = ((p + 1) % 3, (p + 2) % 3);
+    let (primary, secondary) = (set.client(p), set.client(s));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !secondary
+        .command("admin", &doc! {"hello": 1})
+        .await?
+        .get_bool("secondary")
+        .unwrap_or(false)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "member {s} never said it is a secondary"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stream = open_stream(&secondary, doc! {}).await?;
+
+    let mut wrote = None;
+    for id in 0..5 {
+        let r = primary
+            .command("app", &doc! {"insert": "c", "documents": [{"_id": id}]})
+            .await?;
+        assert!(ok(&r), "{r}");
+        wrote = Some(r.get_timestamp("operationTime")?);
+    }
+    let secondary_read = |rc: Document| {
+        doc! {
+            "find": "c",
+            "readConcern": rc,
+            "$readPreference": {"mode": "secondary"},
+        }
+    };
+    // A read after the last write's time waits until this member applied it: all five.
+    let found = secondary
+        .command("app", &secondary_read(doc! {"afterClusterTime": wrote}))
+        .await?;
+    assert_eq!(code(&found), None, "{found}");
+    let batch = found.get_document("cursor")?.get_array("firstBatch")?;
+    assert_eq!(
+        batch.len(),
+        5,
+        "a causally consistent read on a secondary: {found}"
+    );
+    // What a secondary refuses, with MongoDB's codes.
+    let refused = |cmd: Document, expected: i32| {
+        let secondary = &secondary;
+        async move {
+            let r = secondary.command("app", &cmd).await?;
+            anyhow::ensure!(code(&r) == Some(expected), "{cmd} answered {r}");
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    refused(doc! {"find": "c"}, 13435).await?;
+    refused(
+        doc! {"insert": "c", "documents": [{"_id": 9}], "$readPreference": {"mode": "secondary"}},
+        10107,
+    )
+    .await?;
+    refused(secondary_read(doc! {"level": "snapshot"}), 246).await?;
+    refused(
+        doc! {"aggregate": "c", "pipeline": [{"$out": "d"}], "cursor": {}, "$readPreference": {"mode": "secondary"}},
+        10107,
+    )
+    .await?;
+
+    // The secondary's stream has the five events, in order; its cursor is the secondary's.
+    let (ids, tokens, _) = stream_events(&secondary, stream, 5).await?;
+    assert_eq!(ids, (0..5).map(Bson::Int32).collect::<Vec<_>>());
+    let status = secondary
+        .command("admin", &doc! {"serverStatus": 1})
+        .await?;
+    let open = status
+        .get_document("metrics")?
+        .get_document("cursor")?
+        .get_document("open")?
+        .get_i64("total")?;
+    assert!(
+        open >= 1,
+        "the stream's cursor is on the secondary: {status}"
+    );
+
+    // Its tokens resume on the primary and on the other secondary, at the next event.
+    let on_primary = open_stream(&primary, doc! {"resumeAfter": tokens[1].clone()}).await?;
+
+    let (ids, resumed, _) = stream_events(&primary, on_primary, 3).await?;
+    assert_eq!(ids, (2..5).map(Bson::Int32).collect::<Vec<_>>());
+    assert_eq!(
+        resumed,
+        tokens[2..].to_vec(),
+        "the same tokens on every member"
+    );
+    let third = set.client(other);
+    let on_other = open_stream(&third, doc! {"resumeAfter": tokens[3].clone()}).await?;
+    let (ids, _, _) = stream_events(&third, on_other, 1).await?;
+    assert_eq!(ids, vec![Bson::Int32(4)]);
+
+    // With nothing written, the secondary's stream still moves on: the primary's clock
+    // renewals carry its promises to the members that apply them.
+    let (_, _, before) = stream_events(&secondary, stream, 0).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, _, after) = stream_events(&secondary, stream, 0).await?;
+    let data = |t: &Document| t.get_str("_data").map(str::to_string);
+    assert!(
+        data(&after)? > data(&before)?,
+        "an idle set's secondary stream advanced: {before} then {after}"
+    );
+    Ok(())
+}
+
+/// How many cursors the members of `set` other than its primary hold open.
+async fn secondaries_cursors(set: &ReplicaSetProcs) -> anyhow::Result<i64> {
+    let p = set.primary(&[], Duration::from_secs(10)).await?;
+    let mut total = 0;
+    for m in (0..set.hosts.len()).filter(|&m| m != p) {
+        let status = set
+            .client(m)
+            .command("admin", &doc! {"serverStatus": 1})
+            .await?;
+        total += status
+            .get_document("metrics")?
+            .get_document("cursor")?
+            .get_document("open")?
+            .get_i64("total")?;
+    }
+    Ok(total)
+}
+
+#[tokio::test]
+async fn a_router_reads_and_watches_on_the_secondaries_a_client_prefers() -> anyhow::Result<()> {
+    let cluster = ReplicatedCluster::start(1, 3).await?;
+    let set = &cluster.sets[0];
+    let router = wire::Client::new(cluster.router.addr.to_string());
+    let secondary = doc! {"mode": "secondary"};
+    let r = router
+        .command("app", &doc! {"insert": "c", "documents": [{"_id": -1}]})
+        .await?;
+    assert!(ok(&r), "{r}");
+    let cursors_before = secondaries_cursors(set).await?;
+    let opened = router
+        .command(
+            "app",
+            &doc! {
+                "aggregate": "c",
+                "pipeline": [{"$changeStream": {}}],
+                "cursor": {},
+                "$readPreference": secondary.clone(),
+            },
+        )
+        .await?;
+    assert_eq!(code(&opened), None, "{opened}");
+    let stream = opened.get_document("cursor")?.get_i64("id")?;
+    assert_eq!(
+        secondaries_cursors(set).await?,
+        cursors_before + 1,
+        "the stream reads the shard on a secondary"
+    );
+    let mut wrote = None;
+    for id in 0..5 {
+        let r = router
+            .command("app", &doc! {"insert": "c", "documents": [{"_id": id}]})
+            .await?;
+        assert!(ok(&r), "{r}");
+        wrote = Some(r.get_timestamp("operationTime")?);
+    }
+    let (ids, _, _) = stream_events(&router, stream, 5).await?;
+    assert_eq!(ids, (0..5).map(Bson::Int32).collect::<Vec<_>>());
+
+    // A find on a secondary, in batches of one: its getMores go to the member holding its
+    // cursor.
+    let found = router
+        .command(
+            "app",
+            &doc! {
+                "find": "c",
+                "filter": {"_id": {"$gte": 0}},
+                "sort": {"_id": 1},
+                "batchSize": 1,
+                "readConcern": {"afterClusterTime": wrote},
+                "$readPreference": secondary.clone(),
+            },
+        )
+        .await?;
+    assert_eq!(code(&found), None, "{found}");
+    let cursor = found.get_document("cursor")?;
+    let mut ids: Vec<Bson> = cursor.get_array("firstBatch")?.clone();
+    let id = cursor.get_i64("id")?;
+    assert_eq!(
+        secondaries_cursors(set).await?,
+        cursors_before + 2,
+        "the find's cursor is on a secondary"
+    );
+    let more = router
+        .command("app", &doc! {"getMore": id, "collection": "c"})
+        .await?;
+    assert_eq!(code(&more), None, "{more}");
+    ids.extend(
+        more.get_document("cursor")?
+            .get_array("nextBatch")?
+            .iter()
+            .cloned(),
+    );
+    let ids: Vec<i32> = ids
+        .iter()
+        .filter_map(|d| d.as_document()?.get_i32("_id").ok())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![0, 1, 2, 3, 4],
+        "every document, through the pinned getMores"
+    );
+    Ok(())
+}

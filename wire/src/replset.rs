@@ -1,6 +1,6 @@
 //! A replica set as its clients see it: its name and members ([`SetSpec`], written
 //! `NAME/h1:p1,h2:p2,h3:p3` as in a MongoDB seed list), which member is primary now
-//! ([`SetMonitor`]), and which error codes say that a member is not (or no longer) the primary.
+//! and which serve reads as secondaries ([`SetMonitor`]), and which error codes say that a member is not (or no longer) the primary.
 //!
 //! The monitor asks every member `hello` every [`HEARTBEAT`], and at once when a caller reports
 //! a member it could not use ([`SetMonitor::suspect`]). The primary is the member that says it
@@ -118,6 +118,8 @@ pub struct SetMonitor {
     /// How many members the primary's `hello` names (`hosts` and `passives`).
     size: std::sync::atomic::AtomicUsize,
     primary: watch::Sender<Option<usize>>,
+    /// The members whose last `hello` said they serve reads as secondaries, by position.
+    secondaries: Mutex<Vec<usize>>,
     /// Wakes the monitor before its next heartbeat.
     wake: Notify,
 }
@@ -139,6 +141,7 @@ impl SetMonitor {
             spec,
             members,
             primary: watch::channel(None).0,
+            secondaries: Mutex::new(Vec::new()),
             wake: Notify::new(),
         });
         tokio::spawn(follow(Arc::downgrade(&monitor)));
@@ -162,6 +165,18 @@ impl SetMonitor {
     /// The member believed primary now, by its position (see [`SetMonitor::host`]).
     pub fn primary(&self) -> Option<usize> {
         *self.primary.borrow()
+    }
+
+    /// The members serving reads as secondaries, as their last `hello`s said.
+    pub fn secondaries(&self) -> Vec<usize> {
+        lock(&self.secondaries).clone()
+    }
+
+    /// `member` could not serve a read as a secondary: it is not offered for one until its
+    /// next `hello` says it can.
+    pub fn suspect_secondary(&self, member: usize) {
+        lock(&self.secondaries).retain(|&m| m != member);
+        self.wake.notify_one();
     }
 
     /// The primary, waiting up to `patience` for one to be known.
@@ -218,6 +233,14 @@ impl SetMonitor {
             .enumerate()
             .filter_map(|(i, r)| Some((i, r.as_ref()?)))
             .filter(|(_, r)| self.claims_primary(r));
+        let secondaries = replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i, r.as_ref()?)))
+            .filter(|(_, r)| self.claims_secondary(r))
+            .map(|(i, _)| i)
+            .collect();
+        *lock(&self.secondaries) = secondaries;
         let primary = claims.max_by_key(|(_, r)| election_id(r));
         if let Some((_, hello)) = primary {
             let size = named_hosts(hello).count();
@@ -251,6 +274,12 @@ impl SetMonitor {
                 hosts.push(host.to_string());
             }
         }
+    }
+
+    /// Whether `hello` says its member serves reads as a secondary of this set.
+    fn claims_secondary(&self, hello: &Document) -> bool {
+        hello.get_bool("secondary").is_ok_and(|s| s)
+            && hello.get_str("setName").is_ok_and(|n| n == self.spec.name)
     }
 
     /// Whether `hello` says its member is this set's writable primary.

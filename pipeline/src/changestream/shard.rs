@@ -15,6 +15,10 @@
 //!   the user's stages, so a user `$match` cannot hide it from the router's resume proof; this
 //!   is how `startAfter` an invalidate token works under a filter that hides `invalidate`s
 //!   (MongoDB throws that event past the user's stages for the same reason);
+//! * read directly (a driver connected to the shard's replica set, not through a router), the
+//!   shard is the whole stream and proves the resume itself, as a replica set's mongod does
+//!   ([`ShardStream::ensuring_resume_token`]): the resume-point event is swallowed, and an
+//!   event or a promise past the client's token without it fails with 280;
 //! * after an invalidate the stream yields nothing more and [`ShardStream::invalidated`] gives
 //!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
 
@@ -28,7 +32,7 @@ use super::images::{self, ImageSource};
 use super::invalidate::CheckInvalidate;
 use super::oplog_match;
 use super::post_merge::UserPipeline;
-use super::resumability::CheckResumability;
+use super::resumability::{CheckResumability, EnsureResumeTokenPresent};
 use super::spec::{ChangeStreamPipeline, ChangeStreamSpec, UserStage};
 use super::split::{check_encoded_size, check_size, split_event};
 use super::transform::{EncodedEvent, EntryFields, Transformer, is_classic_type};
@@ -46,6 +50,8 @@ pub struct ShardStream {
     resume_point: Option<ResumeToken>,
     /// `$changeStreamSplitLargeEvent` ends the pipeline.
     split_large_events: bool,
+    /// Read directly, not through a router: the resume proof a router would make.
+    ensure: Option<EnsureResumeTokenPresent>,
 }
 
 impl ShardStream {
@@ -59,7 +65,25 @@ impl ShardStream {
             user: UserPipeline::new(user_stages),
             resume_point: None,
             split_large_events: false,
+            ensure: None,
             spec,
+        }
+    }
+
+    /// The stream of a client reading this shard directly (see the module header): it swallows
+    /// the resume-point event and fails with 280 past the client's token without it.
+    pub fn ensuring_resume_token(mut self) -> ShardStream {
+        self.ensure = Some(EnsureResumeTokenPresent::new(&self.spec.start));
+        self
+    }
+
+    /// Whether the shard may promise `promise` (its next post-batch resume token when it has
+    /// read everything before it): a direct reader's client token that sorts before it and was
+    /// not found never will be (280).
+    pub fn check_promise(&self, promise: &ResumeTokenData) -> Result<()> {
+        match &self.ensure {
+            Some(ensure) => ensure.check_promise(promise),
+            None => Ok(()),
         }
     }
 
@@ -129,6 +153,13 @@ impl ShardStream {
                 Some(ResumeStatus::FoundToken) => self.resume_point = Some(e.token.clone()),
                 _ => {}
             }
+            let e = match &mut self.ensure {
+                Some(ensure) => match ensure.process(e)? {
+                    Some(e) => e,
+                    None => continue,
+                },
+                None => e,
+            };
             if !self.spec.options.show_expanded_events
                 && !is_classic_type(e.operation_type())
                 && status != Some(ResumeStatus::FoundToken)

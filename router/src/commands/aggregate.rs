@@ -551,7 +551,7 @@ async fn open_merge(
             cmd.insert("cursor", doc! {"batchSize": i32::MAX});
         }
     }
-    cmd.insert("shardVersion", routed.version.clone());
+    routed.route(&mut cmd);
     for field in INHERITED {
         if let Some(v) = ctx.cmd.get(*field)
             && !cmd.contains_key(*field)

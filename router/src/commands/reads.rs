@@ -27,6 +27,7 @@ pub(super) async fn read_targets(ctx: &Ctx<'_>, coll: &str, filter: &Document) -
         shards,
         version: placement.version(),
         sharded: matches!(placement, Placement::Sharded(_)),
+        read_preference: crate::kernel::replica_set::secondary_ok(ctx.cmd),
     })
 }
 
@@ -35,14 +36,26 @@ pub(super) struct Targets {
     pub(super) shards: Vec<ShardId>,
     pub(super) version: Document,
     pub(super) sharded: bool,
+    /// The client's `$readPreference`, when it accepts secondaries
+    /// ([`crate::kernel::replica_set::secondary_ok`]).
+    pub(super) read_preference: Option<Bson>,
 }
 
 impl Targets {
     /// The driver's command for the shards, with the routing it was based on.
     pub(super) fn command(&self, cmd: &Document) -> Document {
         let mut cmd = forwardable(cmd);
-        cmd.insert("shardVersion", self.version.clone());
+        self.route(&mut cmd);
         cmd
+    }
+
+    /// Adds the routing to a command for the shards: the collection's version, and the
+    /// client's read preference when it accepts secondaries.
+    pub(super) fn route(&self, cmd: &mut Document) {
+        cmd.insert("shardVersion", self.version.clone());
+        if let Some(p) = &self.read_preference {
+            cmd.insert("$readPreference", p.clone());
+        }
     }
 }
 

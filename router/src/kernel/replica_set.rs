@@ -14,15 +14,25 @@
 //! * a command still waiting on a member when another is elected was sent to a deposed (paused
 //!   or cut-off) primary: it is given up as lost at once, not after the liveness check.
 //!
-//! Invariants: a command is sent to one member at a time, and only to the one believed primary
-//! when it is sent; a member that refuses or cannot be reached is reported to the monitor,
-//! which looks again at once.
+//! A read whose command carries a `$readPreference` other than `primary` (the router keeps the
+//! client's on the reads it forwards) goes to the members that mode names, in turn
+//! ([`ReadMode::candidates`]): a member that cannot be reached or no longer serves reads is
+//! passed over for the next, and when none is left the read is not sent
+//! (`FailedToSatisfyReadPreference`, which the transport waits out within its patience). The
+//! cursor such a read opens stays on its member: its `getMore`s and `killCursors` go there
+//! ([`Pins`]).
+//!
+//! Invariants: a command is sent to one member at a time, and, unless its read preference or
+//! its cursor names others, only to the one believed primary when it is sent; a member that
+//! refuses or cannot be reached is reported to the monitor, which looks again at once.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::Document;
+use bson::{Bson, Document};
 use wire::raw::Body;
 use wire::replset::{
     NOT_PRIMARY_MAYBE_RUN, NOT_PRIMARY_UNRUN, PerMember, SetMonitor, SetSpec, reply_code,
@@ -44,6 +54,9 @@ pub struct ReplicaSetShard {
     /// A connection pool per member, by its position in the monitor (members added to the
     /// set are found by the monitor).
     members: PerMember<RemoteShard>,
+    pins: Pins,
+    /// Where the next read on secondaries starts among them.
+    turn: AtomicUsize,
 }
 
 impl ReplicaSetShard {
@@ -57,13 +70,71 @@ impl ReplicaSetShard {
         let members = PerMember::new(move |h: &str| {
             RemoteShard::secured(h.to_string(), tls.clone(), key.clone())
         });
-        ReplicaSetShard { monitor, members }
+        ReplicaSetShard {
+            monitor,
+            members,
+            pins: Pins::default(),
+            turn: AtomicUsize::new(0),
+        }
     }
-}
 
-#[async_trait]
-impl ShardClient for ReplicaSetShard {
-    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+    /// Sends `cmd` to the member at `position`, as a read on it: its refusal or silence is the
+    /// transport's error, and the monitor hears of it.
+    async fn on_member(
+        &self,
+        position: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Body, TransportError> {
+        let Some(member) = self.members.get(&self.monitor, position) else {
+            let error = MongoError::internal(format!("no member {position}"));
+            return Err(TransportError::Unreachable { error, cmd });
+        };
+        match member.send(db, &cmd).await {
+            Ok(reply) => match refusal(&reply) {
+                Some(_) => {
+                    self.monitor.suspect_secondary(position);
+                    Err(TransportError::Unreachable {
+                        error: member_error(reply),
+                        cmd,
+                    })
+                }
+                None => Ok(reply),
+            },
+            Err(failed) => {
+                self.monitor.suspect_secondary(position);
+                Err(failed.with(cmd))
+            }
+        }
+    }
+
+    /// A read with a `$readPreference` other than `primary` (see the module header).
+    async fn read(&self, mode: ReadMode, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let order = mode.candidates(self.monitor.primary(), &self.monitor.secondaries(), turn);
+        let mut cmd = cmd;
+        let mut last = None;
+        for position in order {
+            match self.on_member(position, db, cmd).await {
+                Ok(reply) => {
+                    self.pins.opened(position, &reply);
+                    return Ok(reply);
+                }
+                Err(e) => {
+                    let (error, back) = e.into_parts();
+                    last = Some(error);
+                    cmd = back;
+                }
+            }
+        }
+        Err(TransportError::Unreachable {
+            error: unsatisfied(mode, &self.monitor.spec().to_string(), last),
+            cmd,
+        })
+    }
+
+    /// The command on the primary, as every command but reads elsewhere.
+    async fn on_primary(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
         let Some(primary) = self.monitor.wait_primary(ELECTION_WAIT).await else {
             let error = MongoError::new(
                 ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
@@ -103,6 +174,21 @@ impl ShardClient for ReplicaSetShard {
         }
         judged
     }
+}
+
+#[async_trait]
+impl ShardClient for ReplicaSetShard {
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        if let Some(pinned) = self.pins.route(&cmd) {
+            let reply = self.on_member(pinned.member, db, cmd).await;
+            self.pins.answered(&pinned, &reply);
+            return reply;
+        }
+        match ReadMode::of(&cmd) {
+            ReadMode::Primary => self.on_primary(db, cmd).await,
+            mode => self.read(mode, db, cmd).await,
+        }
+    }
 
     fn describe(&self) -> String {
         self.monitor.spec().to_string()
@@ -117,11 +203,19 @@ impl ShardClient for ReplicaSetShard {
 pub struct LocalSet {
     name: String,
     members: Vec<Arc<ReplicaSetMember>>,
+    pins: Pins,
+    /// Where the next read on secondaries starts among them.
+    turn: AtomicUsize,
 }
 
 impl LocalSet {
     pub fn new(name: String, members: Vec<Arc<ReplicaSetMember>>) -> LocalSet {
-        LocalSet { name, members }
+        LocalSet {
+            name,
+            members,
+            pins: Pins::default(),
+            turn: AtomicUsize::new(0),
+        }
     }
 
     /// The member serving as primary, waiting up to [`ELECTION_WAIT`] for one.
@@ -139,9 +233,60 @@ impl LocalSet {
     }
 }
 
-#[async_trait]
-impl ShardClient for LocalSet {
-    async fn command(&self, db: &str, mut cmd: Document) -> Result<Body, TransportError> {
+impl LocalSet {
+    /// `cmd` on the member at `position`, as a read on it (refused: the transport's error).
+    async fn on_member(
+        &self,
+        position: usize,
+        db: &str,
+        mut cmd: Document,
+    ) -> Result<Body, TransportError> {
+        let Some(member) = self.members.get(position) else {
+            let error = MongoError::internal(format!("no member {position}"));
+            return Err(TransportError::Unreachable { error, cmd });
+        };
+        cmd.insert("$db", db);
+        let reply = member.run_command_body(cmd.clone()).await;
+        cmd.remove("$db");
+        match refusal(&reply) {
+            Some(_) => Err(TransportError::Unreachable {
+                error: member_error(reply),
+                cmd,
+            }),
+            None => Ok(reply),
+        }
+    }
+
+    /// A read with a `$readPreference` other than `primary` (see the module header).
+    async fn read(&self, mode: ReadMode, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        let primary = self.members.iter().position(|m| m.primary().is_some());
+        let secondaries: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].secondary().is_some())
+            .collect();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let mut cmd = cmd;
+        let mut last = None;
+        for position in mode.candidates(primary, &secondaries, turn) {
+            match self.on_member(position, db, cmd).await {
+                Ok(reply) => {
+                    self.pins.opened(position, &reply);
+                    return Ok(reply);
+                }
+                Err(e) => {
+                    let (error, back) = e.into_parts();
+                    last = Some(error);
+                    cmd = back;
+                }
+            }
+        }
+        Err(TransportError::Unreachable {
+            error: unsatisfied(mode, &self.name, last),
+            cmd,
+        })
+    }
+
+    /// The command on the primary, as every command but reads elsewhere.
+    async fn on_primary(&self, db: &str, mut cmd: Document) -> Result<Body, TransportError> {
         let Some(member) = self.primary().await else {
             let error = MongoError::new(
                 ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
@@ -157,6 +302,21 @@ impl ShardClient for LocalSet {
         cmd.remove("$db");
         judge(reply, cmd)
     }
+}
+
+#[async_trait]
+impl ShardClient for LocalSet {
+    async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
+        if let Some(pinned) = self.pins.route(&cmd) {
+            let reply = self.on_member(pinned.member, db, cmd).await;
+            self.pins.answered(&pinned, &reply);
+            return reply;
+        }
+        match ReadMode::of(&cmd) {
+            ReadMode::Primary => self.on_primary(db, cmd).await,
+            mode => self.read(mode, db, cmd).await,
+        }
+    }
 
     fn describe(&self) -> String {
         format!("in-process replica set {}", self.name)
@@ -164,6 +324,223 @@ impl ShardClient for LocalSet {
 
     fn members(&self) -> usize {
         self.members.len()
+    }
+}
+
+/// The client's `$readPreference` when it accepts a secondary's answer: the router's commands
+/// for the shards carry it on, and a replicated shard serves them from the members it names.
+pub fn secondary_ok(cmd: &Document) -> Option<Bson> {
+    let preference = cmd.get("$readPreference")?;
+    let mode = preference.as_document()?.get_str("mode").ok()?;
+    (mode != "primary").then(|| preference.clone())
+}
+
+/// A read's `$readPreference` mode, as the command the router forwards carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    Primary,
+    PrimaryPreferred,
+    Secondary,
+    SecondaryPreferred,
+    Nearest,
+}
+
+impl ReadMode {
+    /// The mode `cmd`'s `$readPreference` names (`primary` when it names none).
+    pub fn of(cmd: &Document) -> ReadMode {
+        let mode = cmd
+            .get_document("$readPreference")
+            .ok()
+            .and_then(|p| p.get_str("mode").ok());
+        match mode {
+            Some("primaryPreferred") => ReadMode::PrimaryPreferred,
+            Some("secondary") => ReadMode::Secondary,
+            Some("secondaryPreferred") => ReadMode::SecondaryPreferred,
+            Some("nearest") => ReadMode::Nearest,
+            _ => ReadMode::Primary,
+        }
+    }
+
+    /// The members a read of this mode tries, in order: the primary (when known) and the
+    /// members serving as secondaries, these starting at `turn` (reads spread over them).
+    /// Every member is equally near here, so `nearest` spreads over all of them.
+    pub fn candidates(
+        self,
+        primary: Option<usize>,
+        secondaries: &[usize],
+        turn: usize,
+    ) -> Vec<usize> {
+        let mut others: Vec<usize> = secondaries
+            .iter()
+            .copied()
+            .filter(|&s| Some(s) != primary)
+            .collect();
+        if !others.is_empty() {
+            let at = turn % others.len();
+            others.rotate_left(at);
+        }
+        let primary: Vec<usize> = primary.into_iter().collect();
+        match self {
+            ReadMode::Primary => primary,
+            ReadMode::PrimaryPreferred => [primary, others].concat(),
+            ReadMode::Secondary => others,
+            ReadMode::SecondaryPreferred => [others, primary].concat(),
+            ReadMode::Nearest => {
+                let mut all = [primary, others].concat();
+                if !all.is_empty() {
+                    let at = turn % all.len();
+                    all.rotate_left(at);
+                }
+                all
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ReadMode::Primary => "primary",
+            ReadMode::PrimaryPreferred => "primaryPreferred",
+            ReadMode::Secondary => "secondary",
+            ReadMode::SecondaryPreferred => "secondaryPreferred",
+            ReadMode::Nearest => "nearest",
+        }
+    }
+}
+
+/// The error of a read no member could serve: 133 `FailedToSatisfyReadPreference`, with the
+/// last member's reason.
+fn unsatisfied(mode: ReadMode, set: &str, last: Option<MongoError>) -> MongoError {
+    let why = last.map_or_else(
+        || "no member serves it now".to_string(),
+        |e| format!("the last member tried said: {}", e.errmsg),
+    );
+    MongoError::new(
+        ErrorCode::FAILED_TO_SATISFY_READ_PREFERENCE,
+        format!(
+            "could not find a member of replica set {set} for readPreference {}: {why}",
+            mode.name()
+        ),
+    )
+}
+
+/// A member's refusal of a command it did not run because of its role (10107, 13435, 13436).
+fn refusal(reply: &Body) -> Option<i32> {
+    reply_error_code(reply).filter(|c| NOT_PRIMARY_UNRUN.contains(c))
+}
+
+fn reply_error_code(reply: &Body) -> Option<i32> {
+    match reply {
+        Body::Raw(raw) => reply_code(raw),
+        Body::Document(d) => MongoError::from_reply(d).map(|e| e.code),
+        Body::Cursor(_) => None,
+    }
+}
+
+/// The cursor a reply leaves open (its `cursor.id`, when not 0).
+fn open_cursor(reply: &Body) -> Option<i64> {
+    let id = match reply {
+        Body::Cursor(c) => Some(c.id),
+        Body::Raw(raw) => raw
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_i64("id").ok()),
+        Body::Document(d) => d
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_i64("id").ok()),
+    };
+    id.filter(|&id| id != 0)
+}
+
+/// The most cursors kept pinned to the members that opened them; past it the oldest pins go
+/// (a getMore of such a cursor reaches the primary and finds no cursor: 43, as after a
+/// failover).
+const MAX_PINS: usize = 65_536;
+
+/// Which member holds each cursor opened by a read away from the primary (see the module
+/// header). Bounded by [`MAX_PINS`].
+#[derive(Default)]
+struct Pins {
+    inner: Mutex<PinsInner>,
+}
+
+#[derive(Default)]
+struct PinsInner {
+    member: HashMap<i64, usize>,
+    /// Pinned ids, oldest first (some may be unpinned already).
+    order: VecDeque<i64>,
+}
+
+/// A command for a pinned cursor: the member holding it.
+struct Pinned {
+    member: usize,
+    /// The cursors the command names (a getMore's one, or killCursors' list).
+    cursors: Vec<i64>,
+    /// It ends them (`killCursors`).
+    kills: bool,
+}
+
+impl Pins {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PinsInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A read on `member` answered `reply`: the cursor it opened stays there.
+    fn opened(&self, member: usize, reply: &Body) {
+        let Some(id) = open_cursor(reply) else { return };
+        let mut pins = self.lock();
+        pins.member.insert(id, member);
+        pins.order.push_back(id);
+        if pins.order.len() > 2 * pins.member.len() + 64 {
+            // Mostly cursors unpinned since: drop them, so only live pins are ever evicted.
+            let PinsInner { member, order } = &mut *pins;
+            order.retain(|id| member.contains_key(id));
+        }
+        while pins.order.len() > MAX_PINS {
+            if let Some(old) = pins.order.pop_front() {
+                pins.member.remove(&old);
+            }
+        }
+    }
+
+    /// Where `cmd` goes when it is a `getMore` or `killCursors` of a pinned cursor.
+    fn route(&self, cmd: &Document) -> Option<Pinned> {
+        let (cursors, kills) = match cmd.keys().next().map(String::as_str) {
+            Some("getMore") => (vec![cmd.get_i64("getMore").ok()?], false),
+            Some("killCursors") => (
+                cmd.get_array("cursors")
+                    .ok()?
+                    .iter()
+                    .filter_map(Bson::as_i64)
+                    .collect(),
+                true,
+            ),
+            _ => return None,
+        };
+        let pins = self.lock();
+        let member = cursors.iter().find_map(|id| pins.member.get(id).copied())?;
+        Some(Pinned {
+            member,
+            cursors,
+            kills,
+        })
+    }
+
+    /// The pinned command got `reply`: cursors it killed, exhausted or lost are unpinned.
+    fn answered(&self, pinned: &Pinned, reply: &Result<Body, TransportError>) {
+        let ended = pinned.kills
+            || match reply {
+                Ok(body) => reply_error_code(body).is_some() || open_cursor(body).is_none(),
+                Err(_) => true,
+            };
+        if ended {
+            let mut pins = self.lock();
+            for id in &pinned.cursors {
+                pins.member.remove(id);
+            }
+        }
     }
 }
 

@@ -36,10 +36,15 @@ pub enum TransportError {
 
 impl TransportError {
     pub fn into_error(self) -> MongoError {
+        self.into_parts().0
+    }
+
+    /// The error, and the command handed back.
+    pub fn into_parts(self) -> (MongoError, Document) {
         match self {
-            TransportError::Unreachable { error, .. }
-            | TransportError::Lost { error, .. }
-            | TransportError::Refused { error, .. } => error,
+            TransportError::Unreachable { error, cmd }
+            | TransportError::Lost { error, cmd }
+            | TransportError::Refused { error, cmd } => (error, cmd),
         }
     }
 }

@@ -257,10 +257,18 @@ pub(crate) struct HubClient {
     db: String,
     coll: Option<String>,
     stages: Vec<Bson>,
+    /// The client's read preference, when it accepts secondaries.
+    read: Option<Bson>,
 }
 
 /// The hub key: the shard-side command without its start time.
-fn key(db: &str, coll: Option<&str>, stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<u8> {
+fn key(
+    db: &str,
+    coll: Option<&str>,
+    stages: &[Bson],
+    parsed: &ChangeStreamPipeline,
+    read: Option<&Bson>,
+) -> Vec<u8> {
     let spec = match stages.first() {
         Some(Bson::Document(first)) => first
             .get_document("$changeStream")
@@ -273,6 +281,7 @@ fn key(db: &str, coll: Option<&str>, stages: &[Bson], parsed: &ChangeStreamPipel
         "coll": coll.map(Bson::from).unwrap_or(Bson::Null),
         "spec": spec,
         "pushedDown": super::shard_stages(stages, parsed),
+        "readPreference": read.cloned().unwrap_or(Bson::Null),
     };
     key.to_vec().unwrap_or_default()
 }
@@ -286,11 +295,12 @@ impl HubClient {
         coll: Option<&str>,
         stages: &[Bson],
         parsed: &ChangeStreamPipeline,
+        read: Option<Bson>,
     ) -> Result<Option<HubClient>> {
         if parsed.spec.start != StartPoint::None {
             return Ok(None);
         }
-        let key = key(db, coll, stages, parsed);
+        let key = key(db, coll, stages, parsed, read.as_ref());
         let start = merged::cluster_now(streams).await?;
         let (hub, next) = match streams.hubs.join(&key, start) {
             Some(joined) => {
@@ -308,7 +318,16 @@ impl HubClient {
                 joined
             }
             None => {
-                let merged = merged::open(streams, db, coll, stages, parsed, Some(start)).await?;
+                let merged = merged::open(
+                    streams,
+                    db,
+                    coll,
+                    stages,
+                    parsed,
+                    Some(start),
+                    read.as_ref(),
+                )
+                .await?;
                 let (changed, _) = watch::channel(0);
                 let shared = Arc::new(Shared {
                     log: Mutex::new(Log::new(start)),
@@ -336,6 +355,7 @@ impl HubClient {
             db: db.to_string(),
             coll: coll.map(str::to_string),
             stages: stages.to_vec(),
+            read,
         }))
     }
 
@@ -445,7 +465,7 @@ impl HubClient {
 
     /// For a client that fell off the log's front: its pipeline, resumed after the last event
     /// it was given (or at its start), to go on by itself on a stream of its own.
-    pub fn resume_stages(&self) -> (String, Option<String>, Vec<Bson>) {
+    pub fn resume_stages(&self) -> (String, Option<String>, Vec<Bson>, Option<Bson>) {
         let mut stages = self.stages.clone();
         if let Some(Bson::Document(first)) = stages.first_mut()
             && let Ok(spec) = first.get_document_mut("$changeStream")
@@ -458,7 +478,12 @@ impl HubClient {
                 ),
             };
         }
-        (self.db.clone(), self.coll.clone(), stages)
+        (
+            self.db.clone(),
+            self.coll.clone(),
+            stages,
+            self.read.clone(),
+        )
     }
 
     pub async fn kill(&mut self) {

@@ -86,7 +86,7 @@ impl std::fmt::Debug for MergedStream {
 /// Opens the shard cursors of a stream: `stages` as the client sent them, parsed as `parsed`.
 /// A stream without a start point starts at `now`, the same time on every shard: when not
 /// given, one tick after the cluster's current time, asked of the shards first so "now" is
-/// theirs too.
+/// theirs too. `read` is the client's read preference when it accepts secondaries.
 pub(super) async fn open(
     streams: &Arc<Streams>,
     db: &str,
@@ -94,6 +94,7 @@ pub(super) async fn open(
     stages: &[Bson],
     parsed: &ChangeStreamPipeline,
     now: Option<ClusterTime>,
+    read: Option<&Bson>,
 ) -> Result<MergedStream> {
     let Some(Bson::Document(first)) = stages.first() else {
         return Err(MongoError::internal(
@@ -117,7 +118,15 @@ pub(super) async fn open(
         Some(c) => Bson::String(c.to_string()),
         None => Bson::Int32(1),
     };
-    let mut shard_cmd = doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}};
+    // `fromRouter`: the shard leaves the resume proof to the router (`EnsureResumeTokenPresent`
+    // runs after the merge), as MongoDB's shards do for mongos.
+    let mut shard_cmd =
+        doc! {"aggregate": target, "pipeline": pipeline, "cursor": {}, "fromRouter": true};
+    if let Some(read) = read {
+        // Replicated shards serve it from the members the client's preference names; the
+        // re-opened cursors of a lost shard keep it (`feed`).
+        shard_cmd.insert("$readPreference", read.clone());
+    }
     if parsed.spec.start == StartPoint::None {
         // The start is the router's "now", not a time a client brought from some history.
         shard_cmd.insert(shard::lineage::STARTS_NOW, true);

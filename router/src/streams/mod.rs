@@ -110,7 +110,8 @@ impl Streams {
         if let Err(e) = self.lineages.cluster_id().await {
             tracing::debug!(error = %e, "the cluster's id is not known yet");
         }
-        let mut cursor = ChangeStreamCursor::open(self, db, coll, stages, parsed).await?;
+        let read = crate::kernel::replica_set::secondary_ok(cmd);
+        let mut cursor = ChangeStreamCursor::open(self, db, coll, stages, parsed, read).await?;
         let batch = cursor.next_batch(self, batch_size, Duration::ZERO).await?;
         let ns = match coll {
             Some(c) => format!("{db}.{c}"),
@@ -294,13 +295,16 @@ impl ChangeStreamCursor {
         coll: Option<&str>,
         stages: &[Bson],
         parsed: ChangeStreamPipeline,
+        read: Option<Bson>,
     ) -> Result<ChangeStreamCursor> {
-        if let Some(client) = hub::HubClient::open(streams, db, coll, stages, &parsed).await? {
+        if let Some(client) =
+            hub::HubClient::open(streams, db, coll, stages, &parsed, read.clone()).await?
+        {
             return Ok(ChangeStreamCursor {
                 inner: Inner::Shared(Box::new(client)),
             });
         }
-        let merged = merged::open(streams, db, coll, stages, &parsed, None).await?;
+        let merged = merged::open(streams, db, coll, stages, &parsed, None, read.as_ref()).await?;
         Ok(ChangeStreamCursor {
             inner: PrivateStream::inner(merged, &parsed),
         })
@@ -318,7 +322,7 @@ impl ChangeStreamCursor {
                 return Ok(batch);
             }
             // It fell behind its hub: it goes on by itself from where it was.
-            let (db, coll, stages) = client.resume_stages();
+            let (db, coll, stages, read) = client.resume_stages();
             tracing::info!(%db, "a change stream fell behind its hub's log; it goes on by itself");
             let ctx = RequestContext {
                 db: &db,
@@ -327,8 +331,16 @@ impl ChangeStreamCursor {
                 standalone: false,
             };
             let parsed = parse_pipeline(&stages, &ctx)?;
-            let merged =
-                merged::open(streams, &db, coll.as_deref(), &stages, &parsed, None).await?;
+            let merged = merged::open(
+                streams,
+                &db,
+                coll.as_deref(),
+                &stages,
+                &parsed,
+                None,
+                read.as_ref(),
+            )
+            .await?;
             self.inner = PrivateStream::inner(merged, &parsed);
         }
         let Inner::Private(private) = &mut self.inner else {

@@ -4,12 +4,13 @@
 //! 2. **interrupt**: the rest runs within `maxTimeMS` and until a kill of its operation key;
 //! 3. **parse**: the command's name and `$db`, its transaction arguments and its snapshot;
 //! 4. **read time**: a read as of a cluster time waits until everything before it is
-//!    committed here; a read of the latest state waits out the prepared transactions that hold
-//!    what it reads;
+//!    committed here, and so does, on a secondary, a read after one; a read of the latest
+//!    state waits out the prepared transactions that hold what it reads;
 //! 5. **routing**: a command that carries the router's `shardVersion` is checked against this
 //!    shard's placement (`StaleConfig` otherwise);
 //! 6. **execute**: the registry's dispatch ([`super::execute`]);
-//! 7. **stamp**: the reply gets `$clusterTime` and `operationTime`.
+//! 7. **stamp**: the reply gets `$clusterTime` and `operationTime` (on a secondary, the time
+//!    it applied everything up to).
 //!
 //! Invariants: an error at any step is the command's reply (stamped like any reply); no step
 //! waits without a deadline.
@@ -171,6 +172,11 @@ async fn read_time(ctx: &Ctx<'_>, command: Option<Command>) -> Result<(), MongoE
     {
         wait_for_time(shard, t).await?;
     }
+    if shard.state().follows()
+        && let Some(t) = after_cluster_time(&ctx.cmd)
+    {
+        wait_for_follower(shard, t).await?;
+    }
     let latest_read = matches!(
         command,
         Some(Command::Find | Command::Count | Command::Distinct)
@@ -258,11 +264,47 @@ async fn wait_for_time(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> 
     wait_until(|| state.high_water_mark() >= t, 10, timed_out).await
 }
 
+/// A read's `readConcern.afterClusterTime`.
+fn after_cluster_time(cmd: &Document) -> Option<ClusterTime> {
+    match cmd
+        .get_document("readConcern")
+        .ok()?
+        .get("afterClusterTime")?
+    {
+        Bson::Timestamp(t) => Some(ClusterTime::from(*t)),
+        _ => None,
+    }
+}
+
+/// On a secondary (`follower`), a read after a cluster time waits until the member applied
+/// everything up to it: a client that wrote at `t` reads its write (causal consistency). Within
+/// the command's `maxTimeMS` (the interrupt layer), and never longer than 10 s.
+async fn wait_for_follower(shard: &Shard, t: ClusterTime) -> Result<(), MongoError> {
+    let state = shard.state();
+    let timed_out = MongoError::new(
+        ErrorCode::EXCEEDED_TIME_LIMIT,
+        format!(
+            "this secondary had not applied the writes up to the read's afterClusterTime \
+             Timestamp({}, {}) within 10 s",
+            t.secs, t.inc
+        ),
+    );
+    wait_until(|| state.high_water_mark() >= t, 10, timed_out).await
+}
+
 /// Stamp: the reply carries the shard's cluster time and the command's `operationTime` (its
 /// last write's, else the cluster time).
 fn stamp(shard: &Shard, body: Body, op_time: Option<ClusterTime>) -> Body {
-    let ct = shard.state().cluster_time();
-    let op_time = op_time.unwrap_or(ct);
+    let state = shard.state();
+    let ct = state.cluster_time();
+    // A secondary's read is as of what it applied, not of its clock.
+    let op_time = op_time.unwrap_or_else(|| {
+        if state.follows() {
+            state.high_water_mark()
+        } else {
+            ct
+        }
+    });
     match body {
         Body::Document(mut reply) => {
             reply.insert("$clusterTime", crate::cluster_time_doc(ct));

@@ -34,6 +34,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use resume::ClusterTime;
+
 use super::{Appended, Log};
 use crate::storage::{RedbStorage, Storage, StorageError, StorageResult, Table, engine};
 use crate::write::write_set::WriteSet;
@@ -148,7 +150,7 @@ impl LocalLog {
 }
 
 impl Log for LocalLog {
-    fn write_set(&self) -> WriteSet {
+    fn write_set(&self, _promise: ClusterTime) -> WriteSet {
         WriteSet::with_prefix(FRAME_LEN, 256)
     }
 
@@ -318,7 +320,7 @@ mod tests {
     }
 
     fn write_set(s: &Store, writes: &[(&[u8], Option<&[u8]>)]) -> WriteSet {
-        let mut set = s.log.write_set();
+        let mut set = s.log.write_set(ClusterTime::ZERO);
         for &(key, value) in writes {
             let table = Table::Documents.index();
             set.push(Op { table, key, value }).unwrap();

@@ -20,6 +20,8 @@ mod local;
 
 pub use local::{CHECKPOINT_BYTES, GROW_BYTES, LocalLog, log_path};
 
+use resume::ClusterTime;
+
 use crate::storage::{StorageError, StorageResult, Table, WriteTxn};
 pub use crate::write::write_set::{DecodeError, Op, Ops, WriteSet};
 
@@ -36,8 +38,9 @@ pub struct Appended {
 /// only, once or twice per batch: plain calls, no async.
 pub trait Log: Send + Sync + 'static {
     /// An empty write set with the room this log's record needs in front of the ops (its
-    /// frame), so appending it copies nothing.
-    fn write_set(&self) -> WriteSet;
+    /// frame), so appending it copies nothing. `promise` is the writer's high-water mark as
+    /// the batch starts: a replicated log carries it to the members that apply the set.
+    fn write_set(&self, promise: ClusterTime) -> WriteSet;
 
     /// Makes `set` durable after every set appended before it. After an error nothing of it
     /// may be applied.
@@ -69,7 +72,7 @@ pub trait Log: Send + Sync + 'static {
 pub struct Unlogged;
 
 impl Log for Unlogged {
-    fn write_set(&self) -> WriteSet {
+    fn write_set(&self, _promise: ClusterTime) -> WriteSet {
         WriteSet::with_prefix(0, 256)
     }
 

@@ -1,7 +1,7 @@
 //! How the Raft log and the state machine store openraft's values.
 //!
 //! * An entry is a frame of its own: `term: u64, index: u64, kind: u8` (big-endian), then for
-//!   a normal entry the proposal's term (`u64`) and its write set's bytes as they are, for a
+//!   a normal entry the proposal's term and promise (`u64` each) and its write set's bytes as they are, for a
 //!   membership entry the membership as JSON, for a blank entry nothing. Write sets are most
 //!   of the log's bytes, so they are stored without any re-encoding.
 //! * Everything else (votes, log ids, memberships) is small: JSON, which keeps openraft's
@@ -44,9 +44,10 @@ pub(super) fn encode_entry(entry: &Entry) -> io::Result<Vec<u8>> {
     match &entry.payload {
         EntryPayload::Blank => out.push(BLANK),
         EntryPayload::Normal(p) => {
-            out.reserve(9 + p.ops.len());
+            out.reserve(17 + p.ops.len());
             out.push(NORMAL);
             out.extend_from_slice(&p.term.to_be_bytes());
+            out.extend_from_slice(&p.promise.to_be_bytes());
             out.extend_from_slice(&p.ops);
         }
         EntryPayload::Membership(m) => {
@@ -75,7 +76,8 @@ pub(super) fn decode_entry(bytes: &[u8]) -> io::Result<Entry> {
         BLANK => EntryPayload::Blank,
         NORMAL => EntryPayload::Normal(Proposal {
             term: u64_at(bytes, 17)?,
-            ops: bytes[25..].to_vec(),
+            promise: u64_at(bytes, 25)?,
+            ops: bytes[33..].to_vec(),
         }),
         MEMBERSHIP => EntryPayload::Membership(decode(&bytes[17..])?),
         other => return Err(corrupt(format!("an entry of kind {other}"))),
@@ -96,12 +98,13 @@ mod tests {
             log_id: openraft::LogId::new_term_index(3, 17),
             payload: EntryPayload::Normal(Proposal {
                 term: 3,
+                promise: 42,
                 ops: vec![1, 2, 3],
             }),
         };
         let bytes = encode_entry(&normal).expect("encode");
         assert_eq!(decode_entry(&bytes).expect("decode"), normal);
-        for cut in 0..25 {
+        for cut in 0..33 {
             assert!(decode_entry(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         let blank: Entry = openraft::Entry {

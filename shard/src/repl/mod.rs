@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 pub use network::{LocalNet, Net};
 pub use raft_log::RaftLog;
+pub use state_machine::applied_promise;
 pub use wire_net::{COMMANDS as PEER_COMMANDS, WireNet};
 
 use crate::storage::Storage;
@@ -49,6 +50,12 @@ pub type MemberId = u64;
 pub struct Proposal {
     /// The term of the leader that executed the batch (the term fence).
     pub term: u64,
+    /// The leader's high-water mark when the batch started ([`ClusterTime::as_u64`]): every
+    /// entry after this one in the log has a greater `ts`, so a member that applied it may
+    /// promise as much (`follower`).
+    ///
+    /// [`ClusterTime::as_u64`]: resume::ClusterTime::as_u64
+    pub promise: u64,
     /// The batch's write set ([`crate::log::WriteSet::encoded`]).
     #[serde(with = "serde_bytes")]
     pub ops: Vec<u8>,
@@ -56,7 +63,13 @@ pub struct Proposal {
 
 impl fmt::Debug for Proposal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Proposal(term {}, {} bytes)", self.term, self.ops.len())
+        write!(
+            f,
+            "Proposal(term {}, promise {}, {} bytes)",
+            self.term,
+            resume::ClusterTime::from_u64(self.promise),
+            self.ops.len()
+        )
     }
 }
 
@@ -448,6 +461,23 @@ impl Replica {
         self.initialize(members).await
     }
 
+    /// Whether this member may serve reads as a secondary: it does not lead, is a member of
+    /// the set (a voter or a learner), and holds the set's data (it is not rejoining after
+    /// losing it).
+    pub fn serves_reads(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let state = self.raft.metrics().borrow_watched().state;
+        let member = matches!(
+            state,
+            openraft::ServerState::Follower
+                | openraft::ServerState::Candidate
+                | openraft::ServerState::Learner
+        );
+        member
+            && self.rejoin.load(Ordering::Acquire) == REJOIN_DONE
+            && self.applied_index().is_some()
+    }
+
     /// The leader this member knows of now.
     pub fn leader(&self) -> Option<MemberId> {
         self.raft.metrics().borrow_watched().current_leader
@@ -576,6 +606,22 @@ impl Replica {
         voters <= 1
             || m.last_quorum_acked
                 .is_some_and(|t| openraft::Instant::elapsed(&t.into_inner()) < self.lease)
+    }
+
+    /// Waits until this member has applied past `seen` (the applied index it last saw), or
+    /// stopped; returns the index applied now.
+    pub async fn wait_applied_past(&self, seen: Option<u64>) -> Option<u64> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let applied = metrics
+                .borrow_watched()
+                .last_applied
+                .as_ref()
+                .map(|id| id.index);
+            if applied > seen || metrics.changed().await.is_err() {
+                return applied;
+            }
+        }
     }
 
     /// Waits until this member no longer leads in `term`, or no longer hears from a majority

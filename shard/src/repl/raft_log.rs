@@ -19,12 +19,16 @@ use std::time::Duration;
 
 use wire::{ErrorCode, MongoError};
 
+use resume::ClusterTime;
+
 use super::{Proposal, ReplError, Replica};
 use crate::log::{Appended, Log, WriteSet};
 use crate::storage::{StorageError, StorageResult};
 
-/// The prefix of a set: the term it is executed under (big-endian).
+/// The prefix of a set: the term it is executed under, then the writer's promise (both
+/// big-endian `u64`s).
 const TERM_BYTES: usize = 8;
+const PREFIX_BYTES: usize = 16;
 
 /// A replicated shard's log (see the module header).
 pub struct RaftLog {
@@ -62,10 +66,11 @@ impl RaftLog {
 }
 
 impl Log for RaftLog {
-    fn write_set(&self) -> WriteSet {
-        let mut set = WriteSet::with_prefix(TERM_BYTES, 256);
-        set.prefix_mut()
-            .copy_from_slice(&self.replica.term().to_be_bytes());
+    fn write_set(&self, promise: ClusterTime) -> WriteSet {
+        let mut set = WriteSet::with_prefix(PREFIX_BYTES, 256);
+        let prefix = set.prefix_mut();
+        prefix[..TERM_BYTES].copy_from_slice(&self.replica.term().to_be_bytes());
+        prefix[TERM_BYTES..].copy_from_slice(&promise.as_u64().to_be_bytes());
         set
     }
 
@@ -74,14 +79,17 @@ impl Log for RaftLog {
     }
 
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended> {
-        let term = set
-            .prefixed()
-            .get(..TERM_BYTES)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_be_bytes)
-            .ok_or_else(|| StorageError::Engine("a write set without its term".into()))?;
+        let prefix = |at: usize| {
+            set.prefixed()
+                .get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| StorageError::Engine("a write set without its prefix".into()))
+        };
+        let (term, promise) = (prefix(0)?, prefix(TERM_BYTES)?);
         let proposal = Proposal {
             term,
+            promise,
             ops: set.encoded().to_vec(),
         };
         if self.poisoned.load(Ordering::Acquire) {

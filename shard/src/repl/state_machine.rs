@@ -30,6 +30,20 @@ use crate::storage::{KeyRange, ReadTxn, Scan, Storage, Table};
 const APPLIED_KEY: &[u8] = b"repl.applied";
 /// `Meta` key of the membership the applied entries leave.
 const MEMBERSHIP_KEY: &[u8] = b"repl.membership";
+/// `Meta` key of the highest promise the applied entries carried ([`super::Proposal`]'s
+/// `promise`; big-endian), what a member that does not lead may promise once it applied them.
+const PROMISE_KEY: &[u8] = b"repl.promise";
+
+/// The highest promise of the entries applied to what `txn` sees ([`PROMISE_KEY`]): every entry
+/// not applied yet has a greater `ts`.
+pub fn applied_promise(txn: &dyn ReadTxn) -> io::Result<resume::ClusterTime> {
+    let stored = txn.get(Table::Meta, PROMISE_KEY).map_err(io_error)?;
+    Ok(match stored.as_deref().map(<[u8; 8]>::try_from) {
+        Some(Ok(bytes)) => resume::ClusterTime::from_u64(u64::from_be_bytes(bytes)),
+        Some(Err(_)) => return Err(io_error("a corrupt applied promise")),
+        None => resume::ClusterTime::ZERO,
+    })
+}
 
 type LogId = LogIdOf<TypeConfig>;
 type Membership = StoredMembershipOf<TypeConfig>;
@@ -82,12 +96,14 @@ fn apply_all(
 ) -> io::Result<(Vec<Applied>, Membership)> {
     let mut txn = storage.begin_write().map_err(io_error)?;
     let mut out = Vec::with_capacity(entries.len());
+    let mut promise = None;
     for entry in entries {
         let term = entry.log_id.leader_id.term;
         let executed = match &entry.payload {
             EntryPayload::Normal(p) if p.term == term => {
                 let set = WriteSet::decode(&p.ops).map_err(io_error)?;
                 crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+                promise = promise.max(Some(p.promise));
                 true
             }
             EntryPayload::Normal(_) | EntryPayload::Blank => false,
@@ -111,6 +127,15 @@ fn apply_all(
         .map_err(io_error)?;
         txn.put(Table::Meta, MEMBERSHIP_KEY, &codec::encode(&membership)?)
             .map_err(io_error)?;
+    }
+    if let Some(promise) = promise {
+        // Promises of later leaders may be lower (each starts from its own clock); every one
+        // given stays true, so the highest is kept.
+        let kept = applied_promise(&*txn)?.as_u64();
+        if promise > kept {
+            txn.put(Table::Meta, PROMISE_KEY, &promise.to_be_bytes())
+                .map_err(io_error)?;
+        }
     }
     txn.commit().map_err(io_error)?;
     Ok((out, membership))

@@ -159,6 +159,7 @@ fn put(term: u64, key: &str) -> Proposal {
     .expect("a small op");
     Proposal {
         term,
+        promise: 0,
         ops: set.encoded().to_vec(),
     }
 }

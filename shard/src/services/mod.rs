@@ -54,6 +54,12 @@ pub(crate) fn start_all(shard: &Arc<Shard>) {
     start(shard, preimage_purge::PreImagePurge);
 }
 
+/// Starts the services of a read-only follower (`follower`): only the reapers of what its
+/// clients leave idle; every other service writes, which is the primary's to do.
+pub(crate) fn start_follower(shard: &Arc<Shard>) {
+    start(shard, reapers::Reapers);
+}
+
 /// Runs `service` on `shard` until the shard stops.
 fn start<S: Service>(shard: &Arc<Shard>, mut service: S) {
     let weak = Arc::downgrade(shard);

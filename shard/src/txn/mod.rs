@@ -1186,6 +1186,32 @@ fn take_prepared(p: &Mutex<Participant>) -> Option<Box<PreparedTxn>> {
 /// Storage key prefix of a prepared participant's record in [`Table::Transactions`].
 const PARTICIPANT_PREFIX: &[u8] = b"p";
 
+/// The lowest prepare timestamp of the undecided prepared transactions `read` holds (a
+/// follower's high-water mark stays below it); `Err` for a record that does not decode.
+pub(crate) fn lowest_prepare(read: &dyn ReadTxn) -> Result<Option<ClusterTime>, MongoError> {
+    let mut lowest: Option<ClusterTime> = None;
+    let mut corrupt = false;
+    read.scan(
+        Table::Transactions,
+        &crate::storage::KeyRange::prefix(PARTICIPANT_PREFIX),
+        false,
+        &mut |_, v| {
+            match decode_prepared(v) {
+                Some((_, p)) => lowest = Some(lowest.map_or(p.prepare_ts, |l| l.min(p.prepare_ts))),
+                None => corrupt = true,
+            }
+            crate::storage::Scan::Continue
+        },
+    )
+    .map_err(storage_error)?;
+    if corrupt {
+        return Err(MongoError::internal(
+            "a corrupt prepared transaction record",
+        ));
+    }
+    Ok(lowest)
+}
+
 fn participant_key(session: &[u8]) -> Vec<u8> {
     let mut k = PARTICIPANT_PREFIX.to_vec();
     k.extend_from_slice(session);
