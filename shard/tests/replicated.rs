@@ -203,8 +203,18 @@ async fn a_new_primary_serves_every_acknowledged_write_soon_after_the_old_one_di
     let (_dir, net, members, old) = serving_set().await;
     for m in &members {
         if !std::ptr::eq(m.as_ref(), members[old].as_ref()) {
-            let r = m.run_command(doc! {"find": "c", "$db": "app"}).await;
+            // A secondary refuses writes, and reads from clients that ask for the primary.
+            let r = m
+                .run_command(doc! {"insert": "c", "documents": [{"_id": -1}], "$db": "app"})
+                .await;
             assert_eq!(r.get_i32("code").ok(), Some(10107), "{r}");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while m.secondary().is_none() {
+                assert!(tokio::time::Instant::now() < deadline, "no secondary");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let r = m.run_command(doc! {"find": "c", "$db": "app"}).await;
+            assert_eq!(r.get_i32("code").ok(), Some(13435), "{r}");
         }
     }
     let mut last_ts = None;
@@ -349,6 +359,7 @@ async fn members_on_their_own_ports_replicate_and_elect_over_the_wire() {
         .expect("op");
         shard::repl::Proposal {
             term,
+            promise: 0,
             ops: set.encoded().to_vec(),
         }
     };

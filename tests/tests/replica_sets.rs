@@ -49,7 +49,15 @@ async fn a_killed_primary_is_replaced_within_seconds_with_every_acknowledged_wri
     // What a secondary says of its set, and what it refuses.
     let secondary = (old + 1) % 3;
     let other = clients[secondary].as_ref().expect("running");
-    let hello = other.command("admin", &doc! {"hello": 1}).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let hello = loop {
+        // A member says it is a secondary once it serves reads (its storage open).
+        let hello = other.command("admin", &doc! {"hello": 1}).await?;
+        if hello.get_bool("secondary")? || Instant::now() > deadline {
+            break hello;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(hello.get_str("setName")?, "rs", "{hello}");
     assert!(!hello.get_bool("isWritablePrimary")?);
     assert!(hello.get_bool("secondary")?);
@@ -157,15 +165,17 @@ async fn a_killed_primary_is_replaced_within_seconds_with_every_acknowledged_wri
         "{second}"
     );
 
-    // The killed member comes back as a secondary of the new primary.
+    // The killed member comes back as a secondary of the new primary (one that serves reads
+    // once it has opened its storage again).
     procs[old].restart().await?;
     clients[old] = Some(wire::Client::new(hosts[old].clone()));
     let back = clients[old].as_ref().expect("running");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let hello = back.command("admin", &doc! {"hello": 1}).await?;
-        if hello.get_str("primary").ok() == Some(hosts[new].as_str()) {
-            assert!(hello.get_bool("secondary")?, "{hello}");
+        if hello.get_str("primary").ok() == Some(hosts[new].as_str())
+            && hello.get_bool("secondary")?
+        {
             break;
         }
         anyhow::ensure!(
@@ -703,7 +713,8 @@ async fn a_reconfig_adds_a_member_that_catches_up_and_removes_another() -> anyho
     let deadline = Instant::now() + Duration::from_secs(10);
     let hello = loop {
         let hello = fresh.command("admin", &doc! {"hello": 1}).await?;
-        if hello.get_array("hosts")?.len() == 4 || Instant::now() > deadline {
+        let serving = hello.get_bool("secondary").unwrap_or(false);
+        if hello.get_array("hosts")?.len() == 4 && serving || Instant::now() > deadline {
             break hello;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
