@@ -23,11 +23,8 @@
 use std::sync::Arc;
 
 use resume::ClusterTime;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::clock::Hlc;
-use crate::cursor::CursorRegistry;
 use crate::log::Unlogged;
 use crate::oplog::{self, TailWindow};
 use crate::state::{Recovered, ShardState};
@@ -70,22 +67,7 @@ impl Shard {
         if let Some(lineage) = lineage {
             state.set_lineage(lineage);
         }
-        let shard = Arc::new_cyclic(|me| Shard {
-            me: me.clone(),
-            writer: Writer::start(state.clone()),
-            state,
-            cursors: CursorRegistry::default(),
-            change_streams: Arc::default(),
-            transactions: crate::txn::Transactions::default(),
-            operations: Default::default(),
-            peers: Default::default(),
-            test_commands: Default::default(),
-            fail_points: Default::default(),
-            ttl_sleep: Default::default(),
-            lineage_marks: Default::default(),
-            cancel: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-        });
+        let shard = Shard::assemble(state.clone(), Writer::start(state));
         shard.catch_up()?;
         crate::services::start_follower(&shard);
         Ok(shard)

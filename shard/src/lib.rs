@@ -264,7 +264,25 @@ impl Shard {
             return Err(ShardError::Storage(StorageError::Engine(e.errmsg)));
         }
         writer.renew();
-        let shard = Arc::new_cyclic(|me| Shard {
+        let shard = Shard::assemble(state, writer);
+        // Transactions prepared before a restart wait for their decision again; decisions this
+        // shard coordinated are delivered again. Then the background services start.
+        let prepared = shard
+            .transactions
+            .recover(&shard)
+            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
+        let coordinated = txn::coordinator::recover(&shard)
+            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
+        if prepared + coordinated > 0 {
+            tracing::info!(prepared, coordinated, "recovered distributed transactions");
+        }
+        services::start_all(&shard);
+        Ok(shard)
+    }
+
+    /// A shard over `state`, written by `writer`, with nothing running yet.
+    fn assemble(state: Arc<ShardState>, writer: Writer) -> Arc<Shard> {
+        Arc::new_cyclic(|me| Shard {
             me: me.clone(),
             state,
             writer,
@@ -279,20 +297,7 @@ impl Shard {
             lineage_marks: Default::default(),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
-        });
-        // Transactions prepared before a restart wait for their decision again; decisions this
-        // shard coordinated are delivered again. Then the background services start.
-        let prepared = shard
-            .transactions
-            .recover(&shard)
-            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
-        let coordinated = txn::coordinator::recover(&shard)
-            .map_err(|e| ShardError::Storage(StorageError::Engine(e.errmsg)))?;
-        if prepared + coordinated > 0 {
-            tracing::info!(prepared, coordinated, "recovered distributed transactions");
-        }
-        services::start_all(&shard);
-        Ok(shard)
+        })
     }
 
     pub fn name(&self) -> &str {

@@ -1022,6 +1022,50 @@ mod tests {
     }
 
     #[test]
+    fn a_secondary_runs_what_a_mongodb_secondary_runs() {
+        let secondary = doc! {"mode": "secondaryPreferred"};
+        let read = |mut cmd: Document| {
+            cmd.insert("$readPreference", secondary.clone());
+            secondary_runs(&cmd)
+        };
+        assert_eq!(secondary_runs(&doc! {"ping": 1}), Ok(()));
+        assert_eq!(secondary_runs(&doc! {"getMore": 5_i64}), Ok(()));
+        assert_eq!(secondary_runs(&doc! {"noSuchCommand": 1}), Ok(()));
+        assert_eq!(read(doc! {"find": "c"}), Ok(()));
+        assert_eq!(
+            read(doc! {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}),
+            Ok(())
+        );
+        assert_eq!(
+            secondary_runs(&doc! {"find": "c"}),
+            Err(Refused::NoSecondaryOk)
+        );
+        let primary = doc! {"find": "c", "$readPreference": {"mode": "primary"}};
+        assert_eq!(secondary_runs(&primary), Err(Refused::NoSecondaryOk));
+        assert_eq!(read(doc! {"insert": "c"}), Err(Refused::NotPrimary));
+        assert_eq!(
+            read(doc! {"aggregate": "c", "pipeline": [{"$merge": "d"}]}),
+            Err(Refused::NotPrimary)
+        );
+        assert_eq!(
+            read(doc! {"find": "c", "autocommit": false}),
+            Err(Refused::NotPrimary)
+        );
+        assert_eq!(
+            read(doc! {"find": "c", "readConcern": {"level": "snapshot"}}),
+            Err(Refused::Snapshot)
+        );
+        assert_eq!(
+            read(doc! {"find": "c", "readConcern": {"level": "linearizable"}}),
+            Err(Refused::NotPrimary)
+        );
+        assert_eq!(
+            read(doc! {"find": "c", "readConcern": {"level": "majority"}}),
+            Ok(())
+        );
+    }
+
+    #[test]
     fn only_a_number_of_members_above_one_is_waited_for() {
         assert_eq!(MembersWanted::of(&doc! {"insert": "c"}), None);
         for w in [

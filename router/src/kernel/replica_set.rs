@@ -112,25 +112,11 @@ impl ReplicaSetShard {
     async fn read(&self, mode: ReadMode, db: &str, cmd: Document) -> Result<Body, TransportError> {
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         let order = mode.candidates(self.monitor.primary(), &self.monitor.secondaries(), turn);
-        let mut cmd = cmd;
-        let mut last = None;
-        for position in order {
-            match self.on_member(position, db, cmd).await {
-                Ok(reply) => {
-                    self.pins.opened(position, &reply);
-                    return Ok(reply);
-                }
-                Err(e) => {
-                    let (error, back) = e.into_parts();
-                    last = Some(error);
-                    cmd = back;
-                }
-            }
-        }
-        Err(TransportError::Unreachable {
-            error: unsatisfied(mode, &self.monitor.spec().to_string(), last),
-            cmd,
+        let set = self.monitor.spec().to_string();
+        read_in_turn(mode, &set, order, &self.pins, cmd, |m, cmd| {
+            self.on_member(m, db, cmd)
         })
+        .await
     }
 
     /// The command on the primary, as every command but reads elsewhere.
@@ -264,25 +250,11 @@ impl LocalSet {
             .filter(|&i| self.members[i].secondary().is_some())
             .collect();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        let mut cmd = cmd;
-        let mut last = None;
-        for position in mode.candidates(primary, &secondaries, turn) {
-            match self.on_member(position, db, cmd).await {
-                Ok(reply) => {
-                    self.pins.opened(position, &reply);
-                    return Ok(reply);
-                }
-                Err(e) => {
-                    let (error, back) = e.into_parts();
-                    last = Some(error);
-                    cmd = back;
-                }
-            }
-        }
-        Err(TransportError::Unreachable {
-            error: unsatisfied(mode, &self.name, last),
-            cmd,
+        let order = mode.candidates(primary, &secondaries, turn);
+        read_in_turn(mode, &self.name, order, &self.pins, cmd, |m, cmd| {
+            self.on_member(m, db, cmd)
         })
+        .await
     }
 
     /// The command on the primary, as every command but reads elsewhere.
@@ -405,6 +377,41 @@ impl ReadMode {
             ReadMode::Nearest => "nearest",
         }
     }
+}
+
+/// Sends the read `cmd` to the members of `order` in turn, through `on_member`, until one
+/// serves it, and pins the cursor it opens there; when none does, the read was not sent
+/// ([`unsatisfied`]).
+async fn read_in_turn<F, Fut>(
+    mode: ReadMode,
+    set: &str,
+    order: Vec<usize>,
+    pins: &Pins,
+    mut cmd: Document,
+    on_member: F,
+) -> Result<Body, TransportError>
+where
+    F: Fn(usize, Document) -> Fut,
+    Fut: std::future::Future<Output = Result<Body, TransportError>>,
+{
+    let mut last = None;
+    for position in order {
+        match on_member(position, cmd).await {
+            Ok(reply) => {
+                pins.opened(position, &reply);
+                return Ok(reply);
+            }
+            Err(e) => {
+                let (error, back) = e.into_parts();
+                last = Some(error);
+                cmd = back;
+            }
+        }
+    }
+    Err(TransportError::Unreachable {
+        error: unsatisfied(mode, set, last),
+        cmd,
+    })
 }
 
 /// The error of a read no member could serve: 133 `FailedToSatisfyReadPreference`, with the
@@ -573,5 +580,109 @@ fn member_error(reply: Body) -> MongoError {
         Ok(d) => MongoError::from_reply(&d)
             .unwrap_or_else(|| MongoError::internal("a member's error reply without an error")),
         Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+
+    #[test]
+    fn each_mode_tries_the_members_it_names_in_its_order() {
+        let (primary, secondaries) = (Some(0), [1, 2]);
+        let order = |mode: ReadMode, turn| mode.candidates(primary, &secondaries, turn);
+        assert_eq!(order(ReadMode::Primary, 0), vec![0]);
+        assert_eq!(order(ReadMode::Secondary, 0), vec![1, 2]);
+        // Reads spread over the secondaries, turn by turn.
+        assert_eq!(order(ReadMode::Secondary, 1), vec![2, 1]);
+        assert_eq!(order(ReadMode::SecondaryPreferred, 1), vec![2, 1, 0]);
+        assert_eq!(order(ReadMode::PrimaryPreferred, 0), vec![0, 1, 2]);
+        assert_eq!(order(ReadMode::Nearest, 2), vec![2, 0, 1]);
+        // No primary known, or none serving reads.
+        assert_eq!(
+            ReadMode::PrimaryPreferred.candidates(None, &[2], 0),
+            vec![2]
+        );
+        assert_eq!(
+            ReadMode::Secondary.candidates(Some(0), &[], 0),
+            Vec::<usize>::new()
+        );
+        // A member that is the primary now is not taken for a secondary.
+        assert_eq!(ReadMode::Secondary.candidates(Some(1), &[1, 2], 0), vec![2]);
+    }
+
+    #[test]
+    fn the_mode_is_the_read_preferences_and_primary_without_one() {
+        let with = |mode: &str| doc! {"find": "c", "$readPreference": {"mode": mode}};
+        assert_eq!(ReadMode::of(&doc! {"find": "c"}), ReadMode::Primary);
+        assert_eq!(ReadMode::of(&with("nearest")), ReadMode::Nearest);
+        assert_eq!(ReadMode::of(&with("bogus")), ReadMode::Primary);
+        assert_eq!(secondary_ok(&with("primary")), None);
+        assert!(secondary_ok(&with("secondaryPreferred")).is_some());
+    }
+
+    #[test]
+    fn a_cursor_stays_on_its_member_until_exhausted_killed_or_lost() {
+        let pins = Pins::default();
+        let open =
+            |id: i64| Body::Document(doc! {"cursor": {"id": id, "firstBatch": []}, "ok": 1.0});
+        pins.opened(2, &open(7));
+        pins.opened(1, &open(0));
+        let get_more = |id: i64| doc! {"getMore": id, "collection": "c"};
+        let pinned = pins.route(&get_more(7)).expect("pinned");
+        assert_eq!(pinned.member, 2);
+        assert!(
+            pins.route(&get_more(8)).is_none(),
+            "not a cursor of a secondary"
+        );
+        assert!(pins.route(&doc! {"find": "c"}).is_none());
+        // A batch that leaves it open keeps it there; the last one unpins it.
+        let more = |id: i64| {
+            Ok(Body::Document(
+                doc! {"cursor": {"id": id, "nextBatch": []}, "ok": 1.0},
+            ))
+        };
+        pins.answered(&pinned, &more(7));
+        assert!(pins.route(&get_more(7)).is_some());
+        pins.answered(&pinned, &more(0));
+        assert!(pins.route(&get_more(7)).is_none());
+        // killCursors goes to the member and unpins.
+        pins.opened(1, &open(9));
+        let kill = doc! {"killCursors": "c", "cursors": [9_i64]};
+        let pinned = pins.route(&kill).expect("pinned");
+        assert_eq!(pinned.member, 1);
+        pins.answered(&pinned, &Ok(Body::Document(doc! {"ok": 1.0})));
+        assert!(pins.route(&kill).is_none());
+        // An error (the member lost the cursor) unpins too.
+        pins.opened(1, &open(11));
+        let pinned = pins.route(&get_more(11)).expect("pinned");
+        let lost = Body::Document(doc! {"ok": 0.0, "code": 43, "errmsg": "cursor not found"});
+        pins.answered(&pinned, &Ok(lost));
+        assert!(pins.route(&get_more(11)).is_none());
+    }
+
+    #[test]
+    fn pins_are_bounded_and_evict_only_live_ones() {
+        let pins = Pins::default();
+        let open =
+            |id: i64| Body::Document(doc! {"cursor": {"id": id, "firstBatch": []}, "ok": 1.0});
+        let done = Ok(Body::Document(
+            doc! {"cursor": {"id": 0_i64, "nextBatch": []}, "ok": 1.0},
+        ));
+        pins.opened(1, &open(-1));
+        for id in 1..=(3 * MAX_PINS as i64) {
+            pins.opened(1, &open(id));
+            let pinned = pins.route(&doc! {"getMore": id}).expect("pinned");
+            pins.answered(&pinned, &done);
+        }
+        assert!(
+            pins.route(&doc! {"getMore": -1_i64}).is_some(),
+            "the long-lived pin stays"
+        );
+        let inner = pins.lock();
+        assert!(inner.order.len() <= MAX_PINS, "{}", inner.order.len());
+        assert_eq!(inner.member.len(), 1);
     }
 }
