@@ -18,9 +18,10 @@ if [ "${CI:-}" = "true" ]; then
 fi
 
 step "installing test dependencies"
-# The TLS tests make their certificates with the openssl command.
-if ! command -v openssl >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq openssl) >/dev/null
+# The TLS tests make their certificates with the openssl command; the partition test cuts
+# links between network namespaces with nft.
+if ! command -v openssl >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq openssl nftables) >/dev/null
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then

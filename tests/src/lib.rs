@@ -22,6 +22,7 @@ use tempfile::TempDir;
 
 pub mod fsm;
 pub mod fuzz;
+pub mod netns;
 pub mod replicated;
 pub mod restarts;
 pub mod scenarios;
@@ -365,9 +366,10 @@ pub async fn wait_for_listener(pid: u32, addr: SocketAddr, timeout: Duration) ->
     }
 }
 
-/// Whether process `pid` holds a TCP socket listening on `port` (IPv4, from Linux's `/proc`).
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4, from Linux's `/proc`,
+/// as its network namespace sees it).
 fn listens(pid: u32, port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
         return false;
     };
     // Columns: sl, local address (hex ip:port), remote address, state (0A: listen), ...,
@@ -409,11 +411,32 @@ pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
     pub args: Vec<String>,
+    /// The network namespace it runs in (`netns`), if not this process's.
+    pub netns: Option<String>,
 }
 
 impl Proc {
     pub async fn spawn(args: Vec<String>, addr: SocketAddr) -> Result<Proc> {
-        let child = Command::new(tributary_binary()?)
+        Proc::spawn_in(None, args, addr).await
+    }
+
+    /// [`Proc::spawn`] in network namespace `netns` (`ip netns exec`, which becomes the
+    /// process: signals reach it).
+    pub async fn spawn_in(
+        netns: Option<String>,
+        args: Vec<String>,
+        addr: SocketAddr,
+    ) -> Result<Proc> {
+        let binary = tributary_binary()?;
+        let mut command = match &netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .args(&args)
             .env(
                 "RUST_LOG",
@@ -422,7 +445,12 @@ impl Proc {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawning tributary {args:?}"))?;
-        let p = Proc { child, addr, args };
+        let p = Proc {
+            child,
+            addr,
+            args,
+            netns,
+        };
         wait_for_listener(p.child.id(), addr, Duration::from_secs(20)).await?;
         Ok(p)
     }
@@ -448,7 +476,7 @@ impl Proc {
     /// Starts the same command again (same port, same data).
     pub async fn restart(&mut self) -> Result<()> {
         self.kill();
-        *self = Proc::spawn(self.args.clone(), self.addr).await?;
+        *self = Proc::spawn_in(self.netns.clone(), self.args.clone(), self.addr).await?;
         Ok(())
     }
 }

@@ -553,7 +553,19 @@ impl Replica {
         patience: Duration,
     ) -> Result<Applied, ReplError> {
         use openraft::error::{ClientWriteError, RaftError};
-        let written = tokio::time::timeout(patience, self.raft.client_write(proposal)).await;
+        let term = proposal.term;
+        let write = tokio::time::timeout(patience, self.raft.client_write(proposal));
+        // A leader that loses its majority (or its term) while the entry waits for one does not
+        // know whether it will commit (a new leader may have it): it says so at once rather
+        // than at the end of its patience. (A member that does not lead is told so by Raft.)
+        let written = if self.leading_term() == Some(term) {
+            tokio::select! {
+                written = write => written,
+                () = self.wait_quorum_lost(term) => return Err(ReplError::Unknown),
+            }
+        } else {
+            write.await
+        };
         match written {
             Err(_) => Err(ReplError::TimedOut(patience)),
             Ok(Ok(response)) => Ok(response.data),
