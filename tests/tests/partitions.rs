@@ -228,7 +228,8 @@ async fn open(router: &wire::Client, token: Option<&Document>) -> Result<(i64, D
 /// Follows `app.c` through the router from `position` (a token) until it sees `{_id: end}`,
 /// resuming from its last post-batch resume token after every error, as drivers do.
 async fn watcher(router: wire::Client, mut position: Document, end: i64, seen: Seen) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(900);
+    // The faults' rounds (a soak's included), then ten minutes.
+    let deadline = Instant::now() + soak().unwrap_or_default() + Duration::from_secs(600);
     let mut cursor = None;
     loop {
         ensure!(
@@ -326,6 +327,14 @@ async fn oplog(client: &wire::Client) -> Result<Vec<Document>> {
         .iter()
         .filter_map(|e| e.as_document().cloned())
         .collect())
+}
+
+/// How long the faults repeat (`TRIBUTARY_SOAK_SECONDS`); one round without it.
+fn soak() -> Option<Duration> {
+    std::env::var("TRIBUTARY_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
 }
 
 /// One round of every fault, each followed by a return to a whole set.
@@ -447,10 +456,7 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
     let member_clients: Vec<wire::Client> = (0..3).map(|i| cluster.client(i)).collect();
     let monitoring = tokio::spawn(monitor(member_clients, stop.clone()));
 
-    let soak = std::env::var("TRIBUTARY_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let soak = soak();
     let began = Instant::now();
     let mut rounds = 0;
     loop {
