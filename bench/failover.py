@@ -14,7 +14,6 @@ the p50, p99 and max of both.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,29 +23,9 @@ import time
 import pymongo
 from pymongo.errors import PyMongoError
 
+from procs import free_port, percentile, wait_listening
+
 BIN = os.environ.get("TRIBUTARY_BIN", "target/release/tributary")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, seconds=30):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def main():

@@ -14,7 +14,6 @@ for 10 s); then find() on the secondary right after a write in a causally consis
 """
 
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -24,29 +23,9 @@ import time
 
 import pymongo
 
+from procs import free_port, percentile, wait_listening
+
 BIN = os.environ.get("TRIBUTARY_BIN", "target/release/tributary")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, seconds=30):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def token_secs(token):
