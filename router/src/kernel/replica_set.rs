@@ -77,6 +77,12 @@ impl ReplicaSetShard {
             turn: AtomicUsize::new(0),
         }
     }
+}
+
+impl Routes for ReplicaSetShard {
+    fn pins(&self) -> &Pins {
+        &self.pins
+    }
 
     /// Sends `cmd` to the member at `position`, as a read on it: its refusal or silence is the
     /// transport's error, and the monitor hears of it.
@@ -165,15 +171,7 @@ impl ReplicaSetShard {
 #[async_trait]
 impl ShardClient for ReplicaSetShard {
     async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
-        if let Some(pinned) = self.pins.route(&cmd) {
-            let reply = self.on_member(pinned.member, db, cmd).await;
-            self.pins.answered(&pinned, &reply);
-            return reply;
-        }
-        match ReadMode::of(&cmd) {
-            ReadMode::Primary => self.on_primary(db, cmd).await,
-            mode => self.read(mode, db, cmd).await,
-        }
+        route(self, db, cmd).await
     }
 
     fn describe(&self) -> String {
@@ -219,7 +217,13 @@ impl LocalSet {
     }
 }
 
-impl LocalSet {
+impl LocalSet {}
+
+impl Routes for LocalSet {
+    fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
     /// `cmd` on the member at `position`, as a read on it (refused: the transport's error).
     async fn on_member(
         &self,
@@ -279,15 +283,7 @@ impl LocalSet {
 #[async_trait]
 impl ShardClient for LocalSet {
     async fn command(&self, db: &str, cmd: Document) -> Result<Body, TransportError> {
-        if let Some(pinned) = self.pins.route(&cmd) {
-            let reply = self.on_member(pinned.member, db, cmd).await;
-            self.pins.answered(&pinned, &reply);
-            return reply;
-        }
-        match ReadMode::of(&cmd) {
-            ReadMode::Primary => self.on_primary(db, cmd).await,
-            mode => self.read(mode, db, cmd).await,
-        }
+        route(self, db, cmd).await
     }
 
     fn describe(&self) -> String {
@@ -305,6 +301,40 @@ pub fn secondary_ok(cmd: &Document) -> Option<Bson> {
     let preference = cmd.get("$readPreference")?;
     let mode = preference.as_document()?.get_str("mode").ok()?;
     (mode != "primary").then(|| preference.clone())
+}
+
+/// How a replicated shard's client reaches its members: the one command path both kinds share
+/// ([`route`]).
+trait Routes {
+    fn pins(&self) -> &Pins;
+
+    /// `cmd` on the member at `position`, as a read on it (refused: the transport's error).
+    async fn on_member(
+        &self,
+        position: usize,
+        db: &str,
+        cmd: Document,
+    ) -> Result<Body, TransportError>;
+
+    /// A read with a `$readPreference` other than `primary` (see the module header).
+    async fn read(&self, mode: ReadMode, db: &str, cmd: Document) -> Result<Body, TransportError>;
+
+    /// The command on the primary, as every command but reads elsewhere.
+    async fn on_primary(&self, db: &str, cmd: Document) -> Result<Body, TransportError>;
+}
+
+/// A command for a replicated shard: a pinned cursor's to its member, a read that accepts
+/// secondaries to the members its mode names, anything else to the primary.
+async fn route<S: Routes>(set: &S, db: &str, cmd: Document) -> Result<Body, TransportError> {
+    if let Some(pinned) = set.pins().route(&cmd) {
+        let reply = set.on_member(pinned.member, db, cmd).await;
+        set.pins().answered(&pinned, &reply);
+        return reply;
+    }
+    match ReadMode::of(&cmd) {
+        ReadMode::Primary => set.on_primary(db, cmd).await,
+        mode => set.read(mode, db, cmd).await,
+    }
 }
 
 /// A read's `$readPreference` mode, as the command the router forwards carries it.
