@@ -1,17 +1,21 @@
-//! A replicated shard under network faults, each process on a host of its own (`netns`): three
-//! members and a router, each in a network namespace, links cut with nftables. Writers insert
-//! through the router with retryable writes, a watcher follows the collection through the
-//! router and resumes from its last token after every error, and a monitor asks every member
-//! `hello` all along. The faults, in turn: the primary cut off from the other members and the
-//! router (its clients still reach it); the primary and the router cut off together from the
-//! others; the primary's packets to the others dropped one way; the primary paused (`SIGSTOP`)
-//! past an election; `kill -9` of the primary; a secondary's data directory wiped. Then the
-//! checks: no acknowledged write lost; every one delivered to the watcher once, in token
-//! order, and nothing else; the members' oplogs byte for byte the same; one primary per term;
-//! tokens recorded along the way resume to the exact rest of the stream.
+//! The Jepsen-style test: three replicated shards of three members and two routers, every
+//! process on a host of its own (`netns`), links cut with nftables. Through the routers,
+//! writers insert with retryable writes, a bank moves money between accounts on different
+//! shards in transactions (committed through the routers' two-phase commit), a reader takes
+//! snapshot reads of every account, two watchers follow the inserts (one resuming after every
+//! error, one closing its cursor and resuming from its token after every event), and a monitor
+//! asks every member `hello` all along. The faults, in turn, each on the next set: its primary
+//! cut off from every other host (its clients still reach it); its primary and a router cut
+//! off together from the set's other members; its primary's packets to them dropped one way;
+//! its primary paused (`SIGSTOP`) past an election; `kill -9` of its primary and of a router;
+//! a secondary's data directory wiped. Then the checks: no acknowledged write lost; every one
+//! delivered to each watcher once, in token order, and nothing else; every snapshot read, and
+//! the end, holding the bank's whole total; each set's oplogs byte for byte the same on its
+//! members; one primary per set and term; tokens recorded along the way resume to the exact
+//! rest of the stream.
 //!
-//! The faults run once each here (about two minutes); `TRIBUTARY_SOAK_SECONDS` runs them over
-//! and over for that long (the soak).
+//! The faults run once each here (a few minutes); `TRIBUTARY_SOAK_SECONDS` runs them over and
+//! over for that long (the soak).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
@@ -21,14 +25,25 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use bson::{Bson, Document, doc};
+use rand::Rng;
 use tests::Proc;
 use tests::netns::{End, Network};
 
-/// Every member and the router listen on these ports, each on its own host.
+/// Replica sets, members in each, routers.
+const SETS: usize = 3;
+const MEMBERS: usize = 3;
+const ROUTERS: usize = 2;
+/// Every member and router listens on one of these ports, each on its own host.
 const MEMBER_PORT: u16 = 27018;
 const ROUTER_PORT: u16 = 27017;
 /// How long one request may take before the test counts it as lost (a cut link drops it).
 const REQUEST: Duration = Duration::from_secs(5);
+/// The bank's accounts (`_id`s `0..ACCOUNTS` in a hashed collection, so most transfers span
+/// shards), each opening with `BALANCE`.
+const ACCOUNTS: i64 = 12;
+const BALANCE: i64 = 100;
+/// The watchers stop at this insert, made after everything else.
+const END: i64 = -1;
 
 /// A request with the test's deadline.
 async fn ask(client: &wire::Client, db: &str, cmd: &Document) -> Result<Document> {
@@ -42,119 +57,155 @@ fn ok(reply: &Document) -> bool {
     reply.get("ok") == Some(&Bson::Double(1.0)) && !reply.contains_key("writeErrors")
 }
 
-/// The set and its router, each on a host of `net` (members on hosts 0..3, the router on 3).
+fn has_label(reply: &Document, label: &str) -> bool {
+    reply
+        .get_array("errorLabels")
+        .is_ok_and(|labels| labels.iter().any(|l| l.as_str() == Some(label)))
+}
+
+/// A new logical session id.
+fn lsid() -> Document {
+    doc! {"id": bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: rand::random::<[u8; 16]>().to_vec(),
+    }}
+}
+
+/// The host of member `m` of set `s`.
+fn member_host(s: usize, m: usize) -> usize {
+    s * MEMBERS + m
+}
+
+/// The host of router `r`.
+fn router_host(r: usize) -> usize {
+    SETS * MEMBERS + r
+}
+
+/// The sets and the routers, each process on a host of `net`.
 struct Cluster {
     net: Network,
-    members: Vec<Proc>,
-    router: Proc,
+    /// Each set's members, in host order.
+    sets: Vec<Vec<Proc>>,
+    routers: Vec<Proc>,
     dir: tempfile::TempDir,
 }
 
 impl Cluster {
     async fn start() -> Result<Cluster> {
         tests::init_tracing();
-        let net = Network::create(4)?;
+        let net = Network::create(SETS * MEMBERS + ROUTERS)?;
         let dir = tempfile::tempdir()?;
-        let hosts: Vec<String> = (0..3)
-            .map(|i| format!("{}:{MEMBER_PORT}", net.host(i).ip))
-            .collect();
-        let mut members = Vec::new();
-        for i in 0..3 {
-            members.push(Self::member(&net, &dir, &hosts, i).await?);
+        let mut sets = Vec::new();
+        let mut specs = Vec::new();
+        for s in 0..SETS {
+            let hosts: Vec<String> = (0..MEMBERS)
+                .map(|m| format!("{}:{MEMBER_PORT}", net.host(member_host(s, m)).ip))
+                .collect();
+            let mut members = Vec::new();
+            for m in 0..MEMBERS {
+                members.push(Self::member(&net, &dir, &hosts, s, m).await?);
+            }
+            specs.push(format!("rs{s}/{}", hosts.join(",")));
+            sets.push(members);
         }
-        let router_ip = net.host(3).ip;
-        let router = Proc::spawn_in(
-            Some(net.host(3).ns.clone()),
-            [
-                "router",
-                "--port",
-                &ROUTER_PORT.to_string(),
-                "--bind-ip",
-                &router_ip.to_string(),
-                "--shard",
-                &format!("rs/{}", hosts.join(",")),
-            ]
-            .map(String::from)
-            .to_vec(),
-            SocketAddr::from((router_ip, ROUTER_PORT)),
-        )
-        .await?;
+        let mut routers = Vec::new();
+        for r in 0..ROUTERS {
+            let host = net.host(router_host(r));
+            let mut args = vec![
+                "router".to_string(),
+                "--port".into(),
+                ROUTER_PORT.to_string(),
+                "--bind-ip".into(),
+                host.ip.to_string(),
+            ];
+            for spec in &specs {
+                args.extend(["--shard".to_string(), spec.clone()]);
+            }
+            let addr = SocketAddr::from((host.ip, ROUTER_PORT));
+            routers.push(Proc::spawn_in(Some(host.ns.clone()), args, addr).await?);
+        }
         Ok(Cluster {
             net,
-            members,
-            router,
+            sets,
+            routers,
             dir,
         })
     }
 
+    /// Member `m` of set `s`, whose set is `hosts`.
     async fn member(
         net: &Network,
         dir: &tempfile::TempDir,
         hosts: &[String],
-        i: usize,
+        s: usize,
+        m: usize,
     ) -> Result<Proc> {
-        let ip = net.host(i).ip;
+        let host = net.host(member_host(s, m));
+        let name = format!("rs{s}");
         let args = [
             "shard",
             "--port",
             &MEMBER_PORT.to_string(),
             "--bind-ip",
-            &ip.to_string(),
+            &host.ip.to_string(),
             "--dbpath",
-            &dir.path().join(format!("m{i}")).display().to_string(),
+            &Self::dbpath(dir, s, m),
             "--name",
-            "rs",
+            &name,
             "--replSet",
-            "rs",
+            &name,
             "--peers",
             &hosts.join(","),
         ]
         .map(String::from)
         .to_vec();
-        Proc::spawn_in(
-            Some(net.host(i).ns.clone()),
-            args,
-            SocketAddr::from((ip, MEMBER_PORT)),
-        )
-        .await
+        let addr = SocketAddr::from((host.ip, MEMBER_PORT));
+        Proc::spawn_in(Some(host.ns.clone()), args, addr).await
     }
 
-    fn client(&self, i: usize) -> wire::Client {
-        wire::Client::new(self.members[i].addr.to_string())
+    fn dbpath(dir: &tempfile::TempDir, s: usize, m: usize) -> String {
+        dir.path().join(format!("rs{s}-m{m}")).display().to_string()
     }
 
-    fn router(&self) -> wire::Client {
-        wire::Client::new(self.router.addr.to_string())
+    fn member_client(&self, s: usize, m: usize) -> wire::Client {
+        wire::Client::new(self.sets[s][m].addr.to_string())
     }
 
-    /// The member that says it is the writable primary, once one does (within 20 s).
-    async fn primary(&self) -> Result<usize> {
+    fn router(&self, r: usize) -> wire::Client {
+        wire::Client::new(self.routers[r].addr.to_string())
+    }
+
+    /// The member of set `s` that says it is the writable primary, once one does (within 20 s).
+    async fn primary(&self, s: usize) -> Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            for i in 0..3 {
-                if let Ok(hello) = ask(&self.client(i), "admin", &doc! {"hello": 1}).await
+            for m in 0..MEMBERS {
+                if let Ok(hello) = ask(&self.member_client(s, m), "admin", &doc! {"hello": 1}).await
                     && hello.get_bool("isWritablePrimary").unwrap_or(false)
                 {
-                    return Ok(i);
+                    return Ok(m);
                 }
             }
-            ensure!(Instant::now() < deadline, "no primary within 20 s");
+            ensure!(
+                Instant::now() < deadline,
+                "set {s} has no primary after 20 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// Waits until member `i` serves as a secondary of a primary other than itself.
-    async fn secondary(&self, i: usize) -> Result<()> {
+    /// Waits until member `m` of set `s` serves as a secondary of a primary other than itself.
+    async fn secondary(&self, s: usize, m: usize) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(hello) = ask(&self.client(i), "admin", &doc! {"hello": 1}).await
+            if let Ok(hello) = ask(&self.member_client(s, m), "admin", &doc! {"hello": 1}).await
                 && hello.get_bool("secondary").unwrap_or(false)
             {
                 return Ok(());
             }
             ensure!(
                 Instant::now() < deadline,
-                "member {i} is no secondary after 30 s"
+                "member {m} of set {s} is no secondary after 30 s"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -164,7 +215,7 @@ impl Cluster {
 /// A writer's acknowledged inserts (`_id`s).
 type Acked = Arc<std::sync::Mutex<BTreeSet<i64>>>;
 
-/// Inserts `{_id}`s `first, first + stride, ...` through the router until `stop`, each a
+/// Inserts `{_id}`s `first, first + stride, ...` through `router` until `stop`, each a
 /// retryable write sent again (same `txnNumber`) until acknowledged or 30 s passed.
 async fn writer(
     router: wire::Client,
@@ -173,10 +224,7 @@ async fn writer(
     acked: Acked,
     stop: Arc<AtomicBool>,
 ) {
-    let lsid = doc! {"id": bson::Binary {
-        subtype: bson::spec::BinarySubtype::Uuid,
-        bytes: rand::random::<[u8; 16]>().to_vec(),
-    }};
+    let lsid = lsid();
     let mut id = first;
     let mut txn_number = 0_i64;
     while !stop.load(Ordering::Relaxed) {
@@ -201,7 +249,122 @@ async fn writer(
     }
 }
 
-/// What the watcher saw: each insert's `_id` and token, in order.
+/// What a bank's transfers came to.
+#[derive(Debug, Default)]
+struct Transfers {
+    committed: u64,
+    aborted: u64,
+    /// Commits whose outcome the bank never learned (each retried for 60 s).
+    unknown: u64,
+}
+
+/// Moves money between two random accounts in one transaction through `router`, over and over
+/// until `stop`. A commit whose outcome is unknown (`UnknownTransactionCommitResult`, no
+/// reply) is retried, as drivers do; whatever each outcome, the total stays whole.
+async fn bank(router: wire::Client, stop: Arc<AtomicBool>) -> Transfers {
+    let lsid = lsid();
+    let mut tally = Transfers::default();
+    let mut txn_number = 0_i64;
+    while !stop.load(Ordering::Relaxed) {
+        txn_number += 1;
+        let (from, to, amount) = {
+            let mut rng = rand::rng();
+            let from = rng.random_range(0..ACCOUNTS);
+            let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
+            (from, to, rng.random_range(1..=10_i64))
+        };
+        let step = |id: i64, delta: i64, first: bool| {
+            let mut cmd = doc! {
+                "update": "accounts",
+                "updates": [{"q": {"_id": id}, "u": {"$inc": {"balance": delta}}}],
+                "lsid": lsid.clone(),
+                "txnNumber": txn_number,
+                "autocommit": false,
+            };
+            if first {
+                cmd.insert("startTransaction", true);
+            }
+            cmd
+        };
+        let mut staged = true;
+        for cmd in [step(from, -amount, true), step(to, amount, false)] {
+            let done = ask(&router, "app", &cmd).await;
+            if !done.is_ok_and(|r| ok(&r) && r.get_i32("n").ok() == Some(1)) {
+                staged = false;
+                break;
+            }
+        }
+        let end = |verb: &str| doc! {verb: 1, "lsid": lsid.clone(), "txnNumber": txn_number, "autocommit": false};
+        if !staged {
+            let _ = ask(&router, "admin", &end("abortTransaction")).await;
+            tally.aborted += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match ask(&router, "admin", &end("commitTransaction")).await {
+                Ok(r) if ok(&r) => {
+                    tally.committed += 1;
+                    break;
+                }
+                Ok(r) if !has_label(&r, "UnknownTransactionCommitResult") => {
+                    tally.aborted += 1;
+                    break;
+                }
+                _ if Instant::now() >= deadline => {
+                    tally.unknown += 1;
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    tally
+}
+
+/// The bank's accounts in one snapshot read through `router`, if the read succeeded.
+async fn accounts(router: &wire::Client) -> Option<Vec<i64>> {
+    let cmd = doc! {
+        "find": "accounts",
+        "batchSize": 1_000,
+        "readConcern": {"level": "snapshot"},
+    };
+    let reply = ask(router, "app", &cmd).await.ok().filter(ok)?;
+    let batch = reply
+        .get_document("cursor")
+        .ok()?
+        .get_array("firstBatch")
+        .ok()?;
+    batch
+        .iter()
+        .map(|d| d.as_document()?.get_i64("balance").ok())
+        .collect()
+}
+
+/// Snapshot reads of every account through the routers in turn until `stop`: each must hold
+/// the whole total (a transaction seen in part would not). Returns how many succeeded.
+async fn reader(routers: Vec<wire::Client>, stop: Arc<AtomicBool>) -> Result<u64> {
+    let mut reads = 0;
+    for router in routers.iter().cycle() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        // A read may fail under a fault (or find its snapshot too old after a restart).
+        if let Some(balances) = accounts(router).await {
+            ensure!(
+                balances.len() == ACCOUNTS as usize
+                    && balances.iter().sum::<i64>() == ACCOUNTS * BALANCE,
+                "a snapshot read saw {balances:?}: a transaction in part"
+            );
+            reads += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(reads)
+}
+
+/// What a watcher saw: each insert's `_id` and token, in order.
 type Seen = Arc<std::sync::Mutex<Vec<(i64, Document)>>>;
 
 /// Opens a change stream on `app.c` through `router` (after `token` when given); returns its
@@ -225,9 +388,22 @@ async fn open(router: &wire::Client, token: Option<&Document>) -> Result<(i64, D
     ))
 }
 
-/// Follows `app.c` through the router from `position` (a token) until it sees `{_id: end}`,
-/// resuming from its last post-batch resume token after every error, as drivers do.
-async fn watcher(router: wire::Client, mut position: Document, end: i64, seen: Seen) -> Result<()> {
+/// How a watcher follows the stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resume {
+    /// One cursor, resumed from its last post-batch token after an error (as drivers do).
+    AfterErrors,
+    /// A new cursor after every event, resumed from the event's token.
+    AfterEachEvent,
+}
+
+/// Follows `app.c` through `router` from `position` (a token) until it sees `{_id: end}`.
+async fn watcher(
+    router: wire::Client,
+    mut position: Document,
+    resume: Resume,
+    seen: Seen,
+) -> Result<()> {
     // The faults' rounds (a soak's included), then ten minutes.
     let deadline = Instant::now() + soak().unwrap_or_default() + Duration::from_secs(600);
     let mut cursor = None;
@@ -247,13 +423,11 @@ async fn watcher(router: wire::Client, mut position: Document, end: i64, seen: S
             },
         };
         cursor = Some(id);
-        let more = ask(
-            &router,
-            "app",
-            &doc! {"getMore": id, "collection": "c", "maxTimeMS": 500},
-        )
-        .await;
-        let reply = match more {
+        let mut more = doc! {"getMore": id, "collection": "c", "maxTimeMS": 500};
+        if resume == Resume::AfterEachEvent {
+            more.insert("batchSize", 1);
+        }
+        let reply = match ask(&router, "app", &more).await {
             Ok(reply) if ok(&reply) => reply,
             _ => {
                 cursor = None;
@@ -262,31 +436,38 @@ async fn watcher(router: wire::Client, mut position: Document, end: i64, seen: S
         };
         let batch = reply.get_document("cursor")?;
         let events = batch.get_array("nextBatch")?.clone();
-        let next = batch.get_document("postBatchResumeToken")?.clone();
+        let mut next = batch.get_document("postBatchResumeToken")?.clone();
         for event in events {
             let event = event.as_document().context("an event")?;
             ensure!(event.get_str("operationType")? == "insert", "{event}");
             let id = event.get_document("documentKey")?.get_i64("_id")?;
+            let token = event.get_document("_id")?.clone();
             seen.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((id, event.get_document("_id")?.clone()));
-            if id == end {
+                .push((id, token.clone()));
+            if id == END {
                 return Ok(());
+            }
+            if resume == Resume::AfterEachEvent {
+                let kill = doc! {"killCursors": "c", "cursors": [id]};
+                let _ = ask(&router, "app", &kill).await;
+                cursor = None;
+                next = token;
             }
         }
         position = next;
     }
 }
 
-/// Every member's `hello` every 100 ms until `stop`: which hosts said they were the writable
-/// primary under each `electionId`.
+/// Every member's `hello` every 100 ms until `stop`: which members of which set said they were
+/// the writable primary under each `electionId`.
 async fn monitor(
-    clients: Vec<wire::Client>,
+    clients: Vec<(usize, usize, wire::Client)>,
     stop: Arc<AtomicBool>,
-) -> BTreeMap<bson::oid::ObjectId, BTreeSet<usize>> {
-    let mut claims: BTreeMap<bson::oid::ObjectId, BTreeSet<usize>> = BTreeMap::new();
+) -> BTreeMap<(usize, bson::oid::ObjectId), BTreeSet<usize>> {
+    let mut claims: BTreeMap<_, BTreeSet<usize>> = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
-        for (i, c) in clients.iter().enumerate() {
+        for (s, m, c) in &clients {
             let Ok(Ok(hello)) = tokio::time::timeout(
                 Duration::from_millis(300),
                 c.command("admin", &doc! {"hello": 1}),
@@ -298,7 +479,7 @@ async fn monitor(
             if hello.get_bool("isWritablePrimary").unwrap_or(false)
                 && let Ok(id) = hello.get_object_id("electionId")
             {
-                claims.entry(id).or_default().insert(i);
+                claims.entry((*s, id)).or_default().insert(*m);
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -306,7 +487,7 @@ async fn monitor(
     claims
 }
 
-/// Member `i`'s oplog, read on it (on a secondary, as a secondary may be read).
+/// A member's oplog, read on it (on a secondary, as a secondary may be read).
 async fn oplog(client: &wire::Client) -> Result<Vec<Document>> {
     let found = ask(
         client,
@@ -337,22 +518,24 @@ fn soak() -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// One round of every fault, each followed by a return to a whole set.
-async fn faults(cluster: &mut Cluster) -> Result<()> {
-    let net = &cluster.net;
-    let others = |p: usize| (0..4).filter(move |&h| h != p).map(End::Host);
+/// Round `round` of every fault, each on the next set and followed by a return to whole sets.
+async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
+    let set = |k: usize| (round + k) % SETS;
 
-    // The primary cut off from the other members and the router; its clients still reach it,
-    // and it stops taking writes once it hears no majority.
-    let p = cluster.primary().await?;
-    for other in others(p) {
-        net.cut(End::Host(p), other)?;
+    // A primary cut off from every other host; its clients still reach it, and it stops
+    // taking writes once it hears no majority.
+    let s = set(0);
+    let p = cluster.primary(s).await?;
+    for h in (0..SETS * MEMBERS + ROUTERS).filter(|&h| h != member_host(s, p)) {
+        cluster
+            .net
+            .cut(End::Host(member_host(s, p)), End::Host(h))?;
     }
     // (A write it took before it noticed waits for a majority, and fails when it steps down.)
     let cut = Instant::now();
     loop {
         let cmd = doc! {"insert": "direct", "documents": [{"x": 1}]};
-        let reply = ask(&cluster.client(p), "app", &cmd).await;
+        let reply = ask(&cluster.member_client(s, p), "app", &cmd).await;
         match &reply {
             Ok(r) if r.get_i32("code").ok() == Some(10107) => break,
             Ok(r) => ensure!(!ok(r), "a primary without a majority took a write: {r}"),
@@ -365,62 +548,105 @@ async fn faults(cluster: &mut Cluster) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!(
-        "the cut-off primary refused writes {:?} after the cut",
+        "set {s}: the cut-off primary refused writes {:?} after the cut",
         cut.elapsed()
     );
     ensure!(
-        cluster.primary().await? != p,
+        cluster.primary(s).await? != p,
         "the majority elected another primary"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    net.heal()?;
-    cluster.secondary(p).await?;
+    cluster.net.heal()?;
+    cluster.secondary(s, p).await?;
 
-    // The primary and the router together, cut off from the other members.
-    let p = cluster.primary().await?;
-    for m in (0..3).filter(|&m| m != p) {
-        net.cut(End::Host(p), End::Host(m))?;
-        net.cut(End::Host(3), End::Host(m))?;
+    // A primary and a router together, cut off from the set's other members (the router still
+    // reaches the other sets).
+    let s = set(1);
+    let p = cluster.primary(s).await?;
+    let r = router_host(round % ROUTERS);
+    for m in (0..MEMBERS).filter(|&m| m != p) {
+        for side in [member_host(s, p), r] {
+            cluster
+                .net
+                .cut(End::Host(side), End::Host(member_host(s, m)))?;
+        }
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
-    net.heal()?;
-    cluster.secondary(p).await?;
+    cluster.net.heal()?;
+    cluster.secondary(s, p).await?;
 
-    // The primary's packets to the other members dropped, theirs to it arriving.
-    let p = cluster.primary().await?;
-    for m in (0..3).filter(|&m| m != p) {
-        net.cut_one_way(End::Host(p), End::Host(m))?;
+    // A primary's packets to the set's other members dropped, theirs to it arriving.
+    let s = set(2);
+    let p = cluster.primary(s).await?;
+    for m in (0..MEMBERS).filter(|&m| m != p) {
+        cluster
+            .net
+            .cut_one_way(End::Host(member_host(s, p)), End::Host(member_host(s, m)))?;
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
-    net.heal()?;
-    cluster.secondary(p).await?;
+    cluster.net.heal()?;
+    cluster.secondary(s, p).await?;
 
-    // The primary paused past an election, then resumed.
-    let p = cluster.primary().await?;
-    cluster.members[p].freeze(true)?;
+    // A primary paused past an election, then resumed.
+    let s = set(3);
+    let p = cluster.primary(s).await?;
+    cluster.sets[s][p].freeze(true)?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    cluster.members[p].freeze(false)?;
-    cluster.secondary(p).await?;
+    cluster.sets[s][p].freeze(false)?;
+    cluster.secondary(s, p).await?;
 
-    // kill -9 of the primary, restarted on its data.
-    let p = cluster.primary().await?;
-    cluster.members[p].kill();
+    // kill -9 of a primary and of a router, each restarted on its data.
+    let s = set(4);
+    let p = cluster.primary(s).await?;
+    let r = (round + 1) % ROUTERS;
+    cluster.sets[s][p].kill();
+    cluster.routers[r].kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    cluster.members[p].restart().await?;
-    cluster.secondary(p).await?;
+    cluster.sets[s][p].restart().await?;
+    cluster.routers[r].restart().await?;
+    cluster.secondary(s, p).await?;
 
     // A secondary's data directory lost: it rejoins from the others.
-    let p = cluster.primary().await?;
-    let s = (p + 1) % 3;
-    cluster.members[s].kill();
-    std::fs::remove_dir_all(cluster.dir.path().join(format!("m{s}")))?;
-    cluster.members[s].restart().await?;
-    cluster.secondary(s).await?;
+    let s = set(5);
+    let p = cluster.primary(s).await?;
+    let m = (p + 1) % MEMBERS;
+    cluster.sets[s][m].kill();
+    std::fs::remove_dir_all(Cluster::dbpath(&cluster.dir, s, m))?;
+    cluster.sets[s][m].restart().await?;
+    cluster.secondary(s, m).await?;
+    Ok(())
+}
+
+/// The events `seen` are the `stored` writes, each once, in token order.
+fn check_events(name: &str, seen: &[(i64, Document)], stored: &BTreeSet<i64>) -> Result<()> {
+    let ids: Vec<i64> = seen
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != END)
+        .collect();
+    let unique: HashSet<i64> = ids.iter().copied().collect();
+    ensure!(
+        unique.len() == ids.len(),
+        "{name}: an event delivered twice"
+    );
+    ensure!(
+        unique == stored.iter().copied().collect::<HashSet<_>>(),
+        "{name}: the events are not the stored writes: {} events, {} stored",
+        unique.len(),
+        stored.len()
+    );
+    let data = |t: &Document| t.get_str("_data").map(str::to_string);
+    for pair in seen.windows(2) {
+        ensure!(
+            data(&pair[0].1)? < data(&pair[1].1)?,
+            "{name}: tokens out of order: {pair:?}"
+        );
+    }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_repeats_nothing()
+async fn replicated_shards_under_partitions_pauses_kills_and_wipes_lose_and_repeat_nothing()
 -> Result<()> {
     if !Network::available() {
         ensure!(
@@ -431,9 +657,26 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
         return Ok(());
     }
     let mut cluster = Cluster::start().await?;
-    let router = cluster.router();
-    cluster.primary().await?;
-    // The stream starts before the first write.
+    for s in 0..SETS {
+        cluster.primary(s).await?;
+    }
+    let router = cluster.router(0);
+    for coll in ["c", "accounts"] {
+        let cmd = doc! {"shardCollection": format!("app.{coll}"), "key": {"_id": "hashed"}};
+        let reply = ask(&router, "admin", &cmd).await?;
+        ensure!(ok(&reply), "shardCollection: {reply}");
+    }
+    let opening: Vec<Document> = (0..ACCOUNTS)
+        .map(|id| doc! {"_id": id, "balance": BALANCE})
+        .collect();
+    let reply = ask(
+        &router,
+        "app",
+        &doc! {"insert": "accounts", "documents": opening},
+    )
+    .await?;
+    ensure!(ok(&reply), "opening the accounts: {reply}");
+    // The streams start before the first insert.
     let (_, start) = open(&router, None).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -441,27 +684,44 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
     const WRITERS: i64 = 2;
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
-            tokio::spawn(writer(
-                cluster.router(),
-                w,
-                WRITERS,
-                acked.clone(),
-                stop.clone(),
-            ))
+            let router = cluster.router(w as usize % ROUTERS);
+            tokio::spawn(writer(router, w, WRITERS, acked.clone(), stop.clone()))
         })
         .collect();
-    let seen: Seen = Arc::default();
-    const END: i64 = -1;
-    let watching = tokio::spawn(watcher(cluster.router(), start.clone(), END, seen.clone()));
-    let member_clients: Vec<wire::Client> = (0..3).map(|i| cluster.client(i)).collect();
-    let monitoring = tokio::spawn(monitor(member_clients, stop.clone()));
+    let banks: Vec<_> = (0..ROUTERS)
+        .map(|r| tokio::spawn(bank(cluster.router(r), stop.clone())))
+        .collect();
+    let reading = tokio::spawn(reader(
+        (0..ROUTERS).map(|r| cluster.router(r)).collect(),
+        stop.clone(),
+    ));
+    let (continuous, each): (Seen, Seen) = Default::default();
+    let watchers = [
+        tokio::spawn(watcher(
+            cluster.router(0),
+            start.clone(),
+            Resume::AfterErrors,
+            continuous.clone(),
+        )),
+        tokio::spawn(watcher(
+            cluster.router(1 % ROUTERS),
+            start.clone(),
+            Resume::AfterEachEvent,
+            each.clone(),
+        )),
+    ];
+    let members = (0..SETS)
+        .flat_map(|s| (0..MEMBERS).map(move |m| (s, m)))
+        .map(|(s, m)| (s, m, cluster.member_client(s, m)))
+        .collect();
+    let monitoring = tokio::spawn(monitor(members, stop.clone()));
 
     let soak = soak();
     let began = Instant::now();
     let mut rounds = 0;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        faults(&mut cluster).await?;
+        faults(&mut cluster, rounds).await?;
         rounds += 1;
         if soak.is_none_or(|s| began.elapsed() >= s) {
             break;
@@ -472,6 +732,14 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
     for w in writers {
         w.await?;
     }
+    let mut transfers = Transfers::default();
+    for b in banks {
+        let t = b.await?;
+        transfers.committed += t.committed;
+        transfers.aborted += t.aborted;
+        transfers.unknown += t.unknown;
+    }
+    let reads = reading.await??;
     let end = doc! {"insert": "c", "documents": [{"_id": END}]};
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ask(&router, "app", &end).await.is_ok_and(|r| ok(&r)) {
@@ -481,16 +749,24 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    watching.await??;
+    for w in watchers {
+        w.await??;
+    }
     let claims = monitoring.await?;
     let acked = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let continuous = continuous.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let each = each.lock().unwrap_or_else(|p| p.into_inner()).clone();
     eprintln!(
-        "{rounds} rounds of faults in {:?}: {} writes acknowledged, {} events, {} terms with a primary",
+        "{rounds} rounds of faults in {:?}: {} inserts acknowledged, {} events to each \
+         watcher, transfers {transfers:?}, {reads} snapshot reads, {} terms with a primary",
         began.elapsed(),
         acked.len(),
-        seen.len(),
+        continuous.len(),
         claims.len()
+    );
+    ensure!(
+        transfers.committed > 0 && reads > 0,
+        "no transfer committed or no snapshot read succeeded"
     );
 
     // No acknowledged write lost.
@@ -500,8 +776,10 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
         &doc! {"find": "c", "filter": {"_id": {"$gte": 0}}, "batchSize": 1_000_000},
     )
     .await?;
-    let stored: BTreeSet<i64> = found
-        .get_document("cursor")?
+    ensure!(ok(&found), "{found}");
+    let cursor = found.get_document("cursor")?;
+    ensure!(cursor.get_i64("id")? == 0, "more inserts than one batch");
+    let stored: BTreeSet<i64> = cursor
         .get_array("firstBatch")?
         .iter()
         .filter_map(|d| d.as_document()?.get_i64("_id").ok())
@@ -510,72 +788,78 @@ async fn a_replicated_shard_under_partitions_pauses_kills_and_a_wipe_loses_and_r
     ensure!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
 
     // Every stored write delivered once, in token order, and nothing else (a write that was
-    // not acknowledged may have been made: then it is delivered too).
-    let ids: Vec<i64> = seen
-        .iter()
-        .map(|(id, _)| *id)
-        .filter(|id| *id != END)
-        .collect();
-    let unique: HashSet<i64> = ids.iter().copied().collect();
-    ensure!(unique.len() == ids.len(), "an event delivered twice");
-    ensure!(
-        unique == stored.iter().copied().collect::<HashSet<_>>(),
-        "the events are not the stored writes: {} events, {} stored",
-        unique.len(),
-        stored.len()
-    );
-    let data = |t: &Document| t.get_str("_data").map(str::to_string);
-    for pair in seen.windows(2) {
-        ensure!(
-            data(&pair[0].1)? < data(&pair[1].1)?,
-            "tokens out of order: {pair:?}"
-        );
-    }
+    // not acknowledged may have been made: then it is delivered too); both watchers saw the
+    // same stream, token for token.
+    check_events("the resuming-after-errors watcher", &continuous, &stored)?;
+    check_events("the resuming-after-each-event watcher", &each, &stored)?;
+    ensure!(continuous == each, "the watchers saw different streams");
 
-    // One primary per term.
-    for (election, hosts) in &claims {
-        ensure!(
-            hosts.len() == 1,
-            "members {hosts:?} were both primary under {election}"
-        );
-    }
-
-    // The members' oplogs, once they hold the same, are the same bytes.
+    // The bank's total is whole.
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let logs = [
-            oplog(&cluster.client(0)).await?,
-            oplog(&cluster.client(1)).await?,
-            oplog(&cluster.client(2)).await?,
-        ];
-        if logs[0] == logs[1] && logs[1] == logs[2] {
-            break;
+    let balances = loop {
+        if let Some(b) = accounts(&router).await {
+            break b;
         }
-        ensure!(
-            Instant::now() < deadline,
-            "the members' oplogs differ: {} / {} / {} entries",
-            logs[0].len(),
-            logs[1].len(),
-            logs[2].len()
-        );
+        ensure!(Instant::now() < deadline, "the accounts cannot be read");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    ensure!(
+        balances.iter().sum::<i64>() == ACCOUNTS * BALANCE,
+        "the bank's total is not whole: {balances:?}"
+    );
+
+    // One primary per set and term.
+    for ((s, election), members) in &claims {
+        ensure!(
+            members.len() == 1,
+            "members {members:?} of set {s} were both primary under {election}"
+        );
     }
 
-    // Recorded tokens resume to the exact rest of the stream.
-    for at in [
+    // Each set's oplogs, once its members hold the same, are the same bytes.
+    for s in 0..SETS {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut logs = Vec::new();
+            for m in 0..MEMBERS {
+                logs.push(oplog(&cluster.member_client(s, m)).await?);
+            }
+            if logs.windows(2).all(|w| w[0] == w[1]) {
+                break;
+            }
+            let lens: Vec<usize> = logs.iter().map(Vec::len).collect();
+            ensure!(
+                Instant::now() < deadline,
+                "set {s}: the members' oplogs differ: {lens:?} entries"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    // Recorded tokens resume to the exact rest of the stream, through either router.
+    for (k, at) in [
         0,
-        seen.len() / 3,
-        seen.len() / 2,
-        seen.len().saturating_sub(2),
-    ] {
-        let Some((_, token)) = seen.get(at) else {
+        each.len() / 3,
+        each.len() / 2,
+        each.len().saturating_sub(2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let Some((_, token)) = each.get(at) else {
             continue;
         };
         let rest: Seen = Arc::default();
-        watcher(cluster.router(), token.clone(), END, rest.clone()).await?;
+        watcher(
+            cluster.router(k % ROUTERS),
+            token.clone(),
+            Resume::AfterErrors,
+            rest.clone(),
+        )
+        .await?;
         let rest = rest.lock().unwrap_or_else(|p| p.into_inner()).clone();
         ensure!(
-            rest == seen[at + 1..],
+            rest == each[at + 1..],
             "resuming after event {at} gave another suffix"
         );
     }
