@@ -120,7 +120,7 @@ fi
 if [ "${TRIBUTARY_SOAK:-0}" = "1" ]; then
   step "soak: change_stream_soak (30 minutes, kill -9 hooks)"
   TRIBUTARY_BIN="$PWD/target/debug/tributary" ./target/debug/resmoke --suite change_stream_soak
-  step "soak: a replicated shard under partitions, pauses, kills and wipes (30 minutes)"
+  step "soak: replicated shards under partitions, pauses, kills and wipes (30 minutes)"
   TRIBUTARY_SOAK_SECONDS=1800 cargo nextest run -p tests --test partitions --no-capture
   # A random seed each time (printed first, and with every failure); TRIBUTARY_FUZZ_SECONDS
   # overrides the hour.

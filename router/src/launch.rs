@@ -4,9 +4,11 @@
 //! Invariant: a started component runs until its [`Running::shutdown`] (or the cancellation
 //! token) stops it; shutdown waits for the servers to stop and the shards to close cleanly.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -486,7 +488,7 @@ fn member_id(peers: &[String], addr: SocketAddr) -> anyhow::Result<u64> {
 
 /// One member of a replicated shard serving on `bind`, storing under `dbpath`: it serves the
 /// shard while it leads its set, and its peers' Raft messages always. The first member of
-/// `peers` starts a new set when its log is empty.
+/// `peers` starts a new set when its log is empty and its peers say the set is new.
 pub async fn shard_member(
     bind: SocketAddr,
     dbpath: PathBuf,
@@ -530,55 +532,34 @@ pub async fn shard_member(
         .is_new()
         .await
         .map_err(|e| anyhow::anyhow!("reading the member's log: {e}"))?;
-    if is_new && set_has_history(&peers).await {
-        // Back without its data (or new to a set that already runs): the leader takes it back.
-        tracing::warn!(
-            member = me,
-            "this member's log is empty but its set has history: rejoining"
-        );
-        let askers = peers.clone();
-        replica.rejoin(move || {
-            let askers = askers.clone();
-            async move {
-                let ask =
-                    bson::doc! {"_replRejoin": 1, "member": i64::try_from(me).unwrap_or(i64::MAX)};
-                for (_, peer) in &askers {
-                    let reply = tokio::time::timeout(
-                        std::time::Duration::from_secs(2),
-                        peer.command("admin", &ask),
-                    )
-                    .await;
-                    if let Ok(Ok(reply)) = reply
-                        && wire::MongoError::from_reply(&reply).is_none()
-                    {
-                        return true;
-                    }
-                }
-                false
-            }
-        });
-    } else if me == 0 {
-        // The first member starts the set (when its log is empty) with every listed member a
-        // voter; members added later (`replSetReconfig`) list themselves anywhere but first.
+    // An empty log may be new or lost: the member takes no part in its set until its peers
+    // tell which (`join_set`, once it serves: they may be finding out the same of it).
+    let first = if is_new {
+        replica.hold();
+        // The first member starts a new set with every listed member a voter; members added
+        // later (`replSetReconfig`) list themselves anywhere but first.
+        (me == 0).then(|| {
+            (0..)
+                .zip(&set.peers)
+                .map(|(id, addr)| (id, Member { addr: addr.clone() }))
+                .collect()
+        })
+    } else {
+        None
+    };
+    if first.is_some() {
         anyhow::ensure!(
             set.peers.len() <= 7,
             "a new replica set starts with at most 7 voting members (--peers lists {})",
             set.peers.len()
         );
-        let members = (0..)
-            .zip(&set.peers)
-            .map(|(id, addr)| (id, Member { addr: addr.clone() }))
-            .collect();
-        replica
-            .initialize_if_new(members)
-            .await
-            .map_err(|e| anyhow::anyhow!("starting replica set {}: {e}", set.name))?;
     }
     let opts = shard::ShardOptions {
         dbpath: dbpath.clone(),
         name,
         clock: Arc::new(shard::SystemClock),
     };
+    let set_name = set.name.clone();
     let info = shard::replica_set::SetInfo {
         name: set.name,
         hosts: set.peers,
@@ -587,7 +568,7 @@ pub async fn shard_member(
     let member = shard::replica_set::ReplicaSetMember::start(
         opts,
         info,
-        replica,
+        replica.clone(),
         storage,
         std::time::Duration::from_secs(10),
     );
@@ -613,6 +594,9 @@ pub async fn shard_member(
         security.key,
     ));
     tracing::info!(%addr, member = me, "replica-set member listening");
+    if is_new {
+        tokio::spawn(join_set(replica, peers, me, first, set_name));
+    }
     Ok(Running {
         addr,
         cancel,
@@ -624,34 +608,123 @@ pub async fn shard_member(
     })
 }
 
-/// Whether any of `peers` says its set has committed entries (a few tries, about a second in
-/// all): a member whose log is empty then lost its data, or is new to a running set, and must
-/// rejoin rather than start the set or vote (`Replica::rejoin`). A member whose peers cannot be
-/// reached at all assumes a new set.
+/// An empty member held out of its set (`Replica::hold`) finds out from its peers whether the
+/// set has history ([`set_has_history`]): then it rejoins (`Replica::rejoin`: the leader takes
+/// it back from the start, and it votes once it caught up); else the set is new and it takes
+/// part, the first member (`first`, its members) starting it.
+async fn join_set(
+    replica: Arc<shard::repl::Replica>,
+    peers: Vec<(u64, Arc<wire::Client>)>,
+    me: u64,
+    first: Option<BTreeMap<u64, shard::repl::Member>>,
+    set: String,
+) {
+    if !set_has_history(&peers).await {
+        replica.release();
+        if let Some(members) = first
+            && let Err(e) = replica.initialize_if_new(members).await
+        {
+            tracing::error!(%set, "starting the replica set: {e}");
+        }
+        return;
+    }
+    // Back without its data (or new to a set that already runs): the leader takes it back.
+    tracing::warn!(
+        member = me,
+        "this member's log is empty but its set has history: rejoining"
+    );
+    replica.rejoin(move || {
+        let peers = peers.clone();
+        async move {
+            let ask =
+                bson::doc! {"_replRejoin": 1, "member": i64::try_from(me).unwrap_or(i64::MAX)};
+            for (_, peer) in &peers {
+                let reply =
+                    tokio::time::timeout(Duration::from_secs(2), peer.command("admin", &ask)).await;
+                if let Ok(Ok(reply)) = reply
+                    && wire::MongoError::from_reply(&reply).is_none()
+                {
+                    return true;
+                }
+            }
+            false
+        }
+    });
+}
+
+/// Whether an empty member's set has history, asked of its peers until the answer is certain.
+/// A peer whose log holds an entry past the set's first (the membership its first member
+/// starts it with, at index 0) proves history. Its absence is proven only by enough peers
+/// answering without it ([`peers_to_prove_new`]); until then the member asks again, so one
+/// whose peers are down or cut off waits for them instead of taking part with a lost log.
 async fn set_has_history(peers: &[(u64, Arc<wire::Client>)]) -> bool {
+    let needed = peers_to_prove_new(peers.len() + 1);
     let status = bson::doc! {"replSetGetStatus": 1};
-    for _ in 0..3 {
-        for (_, peer) in peers {
-            let reply = tokio::time::timeout(
-                std::time::Duration::from_millis(500),
-                peer.command("admin", &status),
-            )
-            .await;
-            let committed = reply.ok().and_then(Result::ok).and_then(|r| {
-                r.get_document("optimes")
-                    .ok()?
-                    .get_document("lastCommittedOpTime")
-                    .ok()?
-                    .get_i64("index")
-                    .ok()
-            });
-            if committed.is_some_and(|i| i > 0) {
-                return true;
+    let mut without = std::collections::BTreeSet::new();
+    for round in 1_u64.. {
+        let asked = peers.iter().map(|(id, peer)| {
+            let status = &status;
+            async move {
+                let reply =
+                    tokio::time::timeout(Duration::from_millis(500), peer.command("admin", status))
+                        .await;
+                (*id, reply.ok().and_then(Result::ok))
+            }
+        });
+        for (id, reply) in futures::future::join_all(asked).await {
+            match reply.as_ref().and_then(holds_history) {
+                Some(true) => return true,
+                Some(false) => {
+                    without.insert(id);
+                }
+                None => {}
             }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        if without.len() >= needed {
+            return false;
+        }
+        if round % 40 == 0 {
+            tracing::warn!(
+                heard = without.len(),
+                needed,
+                "this member's log is empty: waiting for its peers to tell whether its set has \
+                 history before it takes part"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    false
+    unreachable!("the rounds never end")
+}
+
+/// How many of an `n`-member set's peers must answer without history before an empty member
+/// may take its set for new: a committed entry is in the logs of a majority, of which at most
+/// this member's is lost, so at least `n / 2` peers hold it, and more than `n − 1 − n / 2`
+/// answers reach one of them. (A one-member set has no one to ask.)
+fn peers_to_prove_new(n: usize) -> usize {
+    if n <= 1 { 0 } else { n - n / 2 }
+}
+
+/// What a peer's `replSetGetStatus` says: whether its log holds an entry past the set's first
+/// (`None`: no answer, an error).
+fn holds_history(reply: &bson::Document) -> Option<bool> {
+    if wire::MongoError::from_reply(reply).is_some() {
+        return None;
+    }
+    let optimes = reply.get_document("optimes").ok()?;
+    let index = |name: &str| {
+        optimes
+            .get_document(name)
+            .ok()
+            .and_then(|p| p.get_i64("index").ok())
+            .unwrap_or(0)
+    };
+    let last = optimes.get_i64("lastLogIndex").unwrap_or(0);
+    Some(
+        last > 0
+            || ["lastCommittedOpTime", "snapshotOpTime"]
+                .into_iter()
+                .any(|name| index(name) > 0),
+    )
 }
 
 /// The `host:port` drivers should dial, as the replica-set presentation lists it in `hosts`:
@@ -662,5 +735,48 @@ fn advertised(addr: SocketAddr) -> String {
         ip if ip.is_unspecified() => format!("localhost:{}", addr.port()),
         std::net::IpAddr::V4(ip) => format!("{ip}:{}", addr.port()),
         std::net::IpAddr::V6(ip) => format!("[{ip}]:{}", addr.port()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_member_needs_answers_from_peers_that_must_include_a_holder_of_any_commit() {
+        // A commit is on a majority; without this member's lost copy at least n / 2 peers hold
+        // it, and the answers needed always reach one of them.
+        for n in 1_usize..=7 {
+            let (needed, peers) = (peers_to_prove_new(n), n - 1);
+            // Every committed entry's majority, less this member.
+            let holders = (n / 2 + 1) - 1;
+            assert!(
+                needed <= peers,
+                "{n} members: needs {needed} of {peers} peers"
+            );
+            assert!(
+                n == 1 || needed + holders > peers,
+                "{n} members: {needed} answers may all miss the {holders} holders"
+            );
+        }
+        assert_eq!(peers_to_prove_new(3), 2);
+        assert_eq!(peers_to_prove_new(5), 3);
+    }
+
+    #[test]
+    fn a_peer_holds_history_when_its_log_passes_the_first_entry() {
+        let status = |durable: i64, committed: i64| {
+            bson::doc! {"ok": 1.0, "optimes": {
+                "lastCommittedOpTime": {"index": committed, "t": 1_i64},
+                "appliedOpTime": {"index": committed, "t": 1_i64},
+                "lastLogIndex": durable,
+            }}
+        };
+        assert_eq!(holds_history(&status(0, 0)), Some(false));
+        assert_eq!(holds_history(&status(3, 0)), Some(true));
+        assert_eq!(holds_history(&status(3, 3)), Some(true));
+        let refused =
+            bson::doc! {"ok": 0.0, "code": 13, "codeName": "Unauthorized", "errmsg": "no"};
+        assert_eq!(holds_history(&refused), None);
     }
 }

@@ -519,6 +519,12 @@ impl ReplicaSetMember {
         let mut optimes = Document::new();
         optimes.insert("lastCommittedOpTime", position(status.committed));
         optimes.insert("appliedOpTime", position(status.applied));
+        // Tributary's: the index of the last entry in its log, durable once there (an empty
+        // member's peers tell by it whether their set has history).
+        let last = status
+            .last_log
+            .map_or(0, |i| i64::try_from(i).unwrap_or(i64::MAX));
+        optimes.insert("lastLogIndex", last);
         // Tributary's: what this member's snapshot covers and what its log no longer holds (a
         // member that needs a purged entry is sent the snapshot).
         if status.snapshot.is_some() {

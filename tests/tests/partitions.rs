@@ -8,11 +8,11 @@
 //! cut off from every other host (its clients still reach it); its primary and a router cut
 //! off together from the set's other members; its primary's packets to them dropped one way;
 //! its primary paused (`SIGSTOP`) past an election; `kill -9` of its primary and of a router;
-//! a secondary's data directory wiped. Then the checks: no acknowledged write lost; every one
-//! delivered to each watcher once, in token order, and nothing else; every snapshot read, and
-//! the end, holding the bank's whole total; each set's oplogs byte for byte the same on its
-//! members; one primary per set and term; tokens recorded along the way resume to the exact
-//! rest of the stream.
+//! a secondary's data directory wiped, the member back while cut off from its set. Then the
+//! checks: no acknowledged write lost; every one delivered to each watcher once, in token
+//! order, and nothing else; every snapshot read, and the end, holding the bank's whole total;
+//! each set's oplogs byte for byte the same on its members; one primary per set and term;
+//! tokens recorded along the way resume to the exact rest of the stream.
 //!
 //! The faults run once each here (a few minutes); `TRIBUTARY_SOAK_SECONDS` runs them over and
 //! over for that long (the soak).
@@ -44,6 +44,10 @@ const ACCOUNTS: i64 = 12;
 const BALANCE: i64 = 100;
 /// The watchers stop at this insert, made after everything else.
 const END: i64 = -1;
+/// A writer's pause between inserts: the watcher that opens a new cursor after every event
+/// (three shards' cursors each time) keeps up with two writers at this pace in a debug build
+/// beside the eleven processes, so a soak ends with it caught up.
+const PACE: Duration = Duration::from_millis(200);
 
 /// A request with the test's deadline.
 async fn ask(client: &wire::Client, db: &str, cmd: &Document) -> Result<Document> {
@@ -215,8 +219,9 @@ impl Cluster {
 /// A writer's acknowledged inserts (`_id`s).
 type Acked = Arc<std::sync::Mutex<BTreeSet<i64>>>;
 
-/// Inserts `{_id}`s `first, first + stride, ...` through `router` until `stop`, each a
-/// retryable write sent again (same `txnNumber`) until acknowledged or 30 s passed.
+/// Inserts `{_id}`s `first, first + stride, ...` through `router` until `stop`, one per
+/// [`PACE`], each a retryable write sent again (same `txnNumber`) until acknowledged or 30 s
+/// passed.
 async fn writer(
     router: wire::Client,
     first: i64,
@@ -246,6 +251,7 @@ async fn writer(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         id += stride;
+        tokio::time::sleep(PACE).await;
     }
 }
 
@@ -440,12 +446,12 @@ async fn watcher(
         for event in events {
             let event = event.as_document().context("an event")?;
             ensure!(event.get_str("operationType")? == "insert", "{event}");
-            let id = event.get_document("documentKey")?.get_i64("_id")?;
+            let key = event.get_document("documentKey")?.get_i64("_id")?;
             let token = event.get_document("_id")?.clone();
             seen.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((id, token.clone()));
-            if id == END {
+                .push((key, token.clone()));
+            if key == END {
                 return Ok(());
             }
             if resume == Resume::AfterEachEvent {
@@ -606,13 +612,28 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     cluster.routers[r].restart().await?;
     cluster.secondary(s, p).await?;
 
-    // A secondary's data directory lost: it rejoins from the others.
+    // A secondary's data directory lost, and the member back while cut off from its set: it
+    // takes no part until it hears from its peers, then rejoins from them.
     let s = set(5);
     let p = cluster.primary(s).await?;
     let m = (p + 1) % MEMBERS;
     cluster.sets[s][m].kill();
     std::fs::remove_dir_all(Cluster::dbpath(&cluster.dir, s, m))?;
+    for other in (0..MEMBERS).filter(|&o| o != m) {
+        cluster.net.cut(
+            End::Host(member_host(s, m)),
+            End::Host(member_host(s, other)),
+        )?;
+    }
     cluster.sets[s][m].restart().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let hello = ask(&cluster.member_client(s, m), "admin", &doc! {"hello": 1}).await?;
+    ensure!(
+        !hello.get_bool("isWritablePrimary").unwrap_or(false)
+            && !hello.get_bool("secondary").unwrap_or(false),
+        "a wiped member cut off from its set serves: {hello}"
+    );
+    cluster.net.heal()?;
     cluster.secondary(s, m).await?;
     Ok(())
 }

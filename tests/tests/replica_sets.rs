@@ -905,6 +905,63 @@ async fn a_wiped_member_rejoins_from_a_snapshot_larger_than_a_message() -> anyho
     Ok(())
 }
 
+/// A member whose data directory was wiped, restarted while its peers are down, waits for
+/// them before it takes any part in its set: when they come, the one it hears from has history,
+/// so it rejoins and votes only once caught up. Otherwise it would vote with a log that forgot
+/// what it had acknowledged, and could elect a member that lacks an acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_never_helps_elect_a_member_that_lacks_an_acknowledged_write()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut set = ReplicaSetProcs::start(dir.path(), "rs", 3, &[]).await?;
+    let primary = set.primary(&[], Duration::from_secs(20)).await?;
+    let (lagging, holder) = ((primary + 1) % 3, (primary + 2) % 3);
+    let insert = |id: i32, w: Bson| {
+        doc! {"insert": "c", "documents": [{"_id": id}], "writeConcern": {"w": w}}
+    };
+    let reply = set
+        .client(primary)
+        .command("app", &insert(0, Bson::Int32(3)))
+        .await?;
+    anyhow::ensure!(ok(&reply), "{reply}");
+    // A write on the primary and `holder` only; then both go down, the primary losing its data.
+    set.members[lagging].kill();
+    let reply = set
+        .client(primary)
+        .command("app", &insert(1, Bson::String("majority".into())))
+        .await?;
+    anyhow::ensure!(ok(&reply), "{reply}");
+    set.members[holder].kill();
+    set.members[primary].kill();
+    std::fs::remove_dir_all(dir.path().join(format!("rs-m{primary}")))?;
+
+    // The wiped member alone first (no peer answers it), then the member lacking the write.
+    set.members[primary].restart().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set.members[lagging].restart().await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        for m in [lagging, primary] {
+            let hello = set.client(m).command("admin", &doc! {"hello": 1}).await?;
+            anyhow::ensure!(
+                !hello.get_bool("isWritablePrimary").unwrap_or(false),
+                "member {m} became primary while the write's only copy was down"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    set.members[holder].restart().await?;
+    let now = set.primary(&[], Duration::from_secs(30)).await?;
+    let found = set
+        .client(now)
+        .command("app", &doc! {"find": "c", "filter": {"_id": 1}})
+        .await?;
+    let batch = found.get_document("cursor")?.get_array("firstBatch")?;
+    anyhow::ensure!(batch.len() == 1, "the acknowledged write was lost: {found}");
+    Ok(())
+}
+
 /// The error code of a reply, if it is an error.
 fn code(reply: &Document) -> Option<i32> {
     (reply.get("ok") != Some(&Bson::Double(1.0))).then(|| reply.get_i32("code").unwrap_or(0))

@@ -190,6 +190,7 @@ pub struct SetStatus {
     pub role: Role,
     pub term: u64,
     pub leader: Option<MemberId>,
+    /// The index of the last entry in this member's log (durable once there).
     pub last_log: Option<u64>,
     pub applied: Option<(u64, u64)>,
     pub committed: Option<(u64, u64)>,
@@ -227,10 +228,12 @@ impl SetConfig {
     }
 }
 
-/// [`Replica::rejoin`]'s states: not rejoining, asking the leader, catching up.
+/// [`Replica::rejoin`]'s states: not rejoining, asking the leader, catching up; and before it,
+/// [`Replica::hold`]'s: an empty member finding out whether its set has history.
 const REJOIN_DONE: u8 = 0;
 const REJOIN_ASKING: u8 = 1;
 const REJOIN_CATCHING_UP: u8 = 2;
+const REJOIN_DECIDING: u8 = 3;
 
 /// How often a leader's quorum acknowledgement is looked at when nothing else changes.
 const QUORUM_LOOK: Duration = Duration::from_millis(100);
@@ -338,6 +341,16 @@ impl Replica {
     ) -> Result<bson::Document, wire::MongoError> {
         use std::sync::atomic::Ordering;
         let refuse = match self.rejoin.load(Ordering::Acquire) {
+            REJOIN_DECIDING => {
+                return Err(wire::MongoError::new(
+                    wire::ErrorCode::NOT_PRIMARY_OR_SECONDARY,
+                    format!(
+                        "member {} has an empty log and is finding out whether its set has \
+                         history: it takes no part in the set until it knows",
+                        self.id
+                    ),
+                ));
+            }
             REJOIN_ASKING => name != "_replRejoin",
             REJOIN_CATCHING_UP => matches!(name, "_replVote" | "_replPreVote"),
             _ => false,
@@ -379,6 +392,21 @@ impl Replica {
             .await
             .map(|initialized| !initialized)
             .map_err(|e| ReplError::Stopped(e.to_string()))
+    }
+
+    /// Holds this member out of its set (it answers no vote and takes no entry) while it finds
+    /// out whether its empty log is new or lost (`launch` asks its peers); [`Replica::rejoin`]
+    /// or [`Replica::release`] ends the hold. Granting a vote with a lost log could elect a
+    /// member that lacks a write this one had acknowledged.
+    pub fn hold(&self) {
+        self.rejoin
+            .store(REJOIN_DECIDING, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Ends [`Replica::hold`]: the set is new, so this member's empty log lost nothing.
+    pub fn release(&self) {
+        self.rejoin
+            .store(REJOIN_DONE, std::sync::atomic::Ordering::Release);
     }
 
     /// This member came back without its data to a set that has committed entries (its
