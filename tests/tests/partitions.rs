@@ -638,8 +638,14 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     Ok(())
 }
 
-/// The events `seen` are the `stored` writes, each once, in token order.
-fn check_events(name: &str, seen: &[(i64, Document)], stored: &BTreeSet<i64>) -> Result<()> {
+/// The events `seen` are the `stored` writes, each once, in token order; a failure shows each
+/// missing event's neighbours in `reference` (another watcher's stream), with their tokens.
+fn check_events(
+    name: &str,
+    seen: &[(i64, Document)],
+    reference: &[(i64, Document)],
+    stored: &BTreeSet<i64>,
+) -> Result<()> {
     let ids: Vec<i64> = seen
         .iter()
         .map(|(id, _)| *id)
@@ -650,11 +656,28 @@ fn check_events(name: &str, seen: &[(i64, Document)], stored: &BTreeSet<i64>) ->
         unique.len() == ids.len(),
         "{name}: an event delivered twice"
     );
+    let missing: Vec<i64> = stored
+        .iter()
+        .copied()
+        .filter(|id| !unique.contains(id))
+        .collect();
+    let extra: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !stored.contains(id))
+        .collect();
     ensure!(
-        unique == stored.iter().copied().collect::<HashSet<_>>(),
-        "{name}: the events are not the stored writes: {} events, {} stored",
+        missing.is_empty() && extra.is_empty(),
+        "{name}: the events are not the stored writes: {} events, {} stored; missing {}, \
+         not stored {extra:?}",
         unique.len(),
-        stored.len()
+        stored.len(),
+        missing
+            .iter()
+            .take(10)
+            .map(|id| around(id, reference, seen))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     let data = |t: &Document| t.get_str("_data").map(str::to_string);
     for pair in seen.windows(2) {
@@ -664,6 +687,26 @@ fn check_events(name: &str, seen: &[(i64, Document)], stored: &BTreeSet<i64>) ->
         );
     }
     Ok(())
+}
+
+/// Insert `id` with its neighbours in `reference`: each `_id`, its token's `_data`, and
+/// whether `seen` has it.
+fn around(id: &i64, reference: &[(i64, Document)], seen: &[(i64, Document)]) -> String {
+    let Some(at) = reference.iter().position(|(r, _)| r == id) else {
+        return format!("{id} (in neither stream)");
+    };
+    let shown: Vec<String> = reference[at.saturating_sub(2)..(at + 3).min(reference.len())]
+        .iter()
+        .map(|(r, token)| {
+            let has = seen.iter().any(|(s, _)| s == r);
+            format!(
+                "{r} {} {}",
+                token.get_str("_data").unwrap_or("?"),
+                if has { "seen" } else { "MISSED" }
+            )
+        })
+        .collect();
+    format!("{id}: [{}]", shown.join(", "))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -811,8 +854,18 @@ async fn replicated_shards_under_partitions_pauses_kills_and_wipes_lose_and_repe
     // Every stored write delivered once, in token order, and nothing else (a write that was
     // not acknowledged may have been made: then it is delivered too); both watchers saw the
     // same stream, token for token.
-    check_events("the resuming-after-errors watcher", &continuous, &stored)?;
-    check_events("the resuming-after-each-event watcher", &each, &stored)?;
+    check_events(
+        "the resuming-after-errors watcher",
+        &continuous,
+        &each,
+        &stored,
+    )?;
+    check_events(
+        "the resuming-after-each-event watcher",
+        &each,
+        &continuous,
+        &stored,
+    )?;
     ensure!(continuous == each, "the watchers saw different streams");
 
     // The bank's total is whole.
