@@ -72,7 +72,8 @@ def run(data, members, seconds):
         out = f"{data}/bench.json"
         subprocess.run([BENCH, "--uri", f"mongodb://127.0.0.1:{router_port}/",
                         "--writers", "16", "--watchers", "1", "--seconds", str(seconds),
-                        "--json", out], check=True, stdout=subprocess.DEVNULL)
+                        "--json", out], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
         after = {name: cpu_seconds(p.pid) for name, p in procs.items()}
         with open(out) as f:
             summary = json.load(f)
