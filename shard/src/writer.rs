@@ -23,7 +23,9 @@
 //!   of the batch persists or becomes visible (catalog and tail window are published only after
 //!   commit).
 //! * Oplog entries are published to the tail window in `ts` order, after commit, and the HLC's
-//!   in-flight hold on the high-water mark is released only after that.
+//!   in-flight hold on the high-water mark is released only after that, or after a failure
+//!   that leaves nothing to show; never after one whose outcome is unknown (a replicated set
+//!   another leader may still commit).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -748,11 +750,15 @@ fn acknowledge(acks: Vec<(Ack, Option<WriteOutput>)>) {
 }
 
 /// Fails every job of a batch of which nothing persisted; the `ts` values it ticked are simply
-/// skipped.
+/// skipped. Unless the log is in doubt ([`Log::in_doubt`](crate::log::Log::in_doubt)): a set whose outcome is unknown may
+/// still become visible, so what was ticked stays in flight (and its holds stay), keeping the
+/// high-water mark, and every promise a change stream gives here, below it.
 fn fail(state: &ShardState, acks: Vec<(Ack, Option<WriteOutput>)>, e: &StorageError) {
-    state.hlc().abandon_batch_holds();
     state.prepared.abandon_batch();
-    state.hlc().clear_inflight();
+    if !state.log.in_doubt() {
+        state.hlc().abandon_batch_holds();
+        state.hlc().clear_inflight();
+    }
     let error = match e {
         StorageError::Interrupted(answer) => answer.clone(),
         other => {
@@ -809,6 +815,85 @@ mod tests {
         writer.submit(put_job(b"after")).await.unwrap();
         let r = st.storage.begin_read().unwrap();
         assert!(r.get(Table::Meta, b"after").unwrap().is_some());
+        if let Some(h) = writer.stop() {
+            h.join().unwrap();
+        }
+    }
+
+    /// A replicated log whose appends' outcomes are never known (the entry may commit through
+    /// another leader), as when a leader loses its majority mid-append.
+    struct InDoubt(std::sync::atomic::AtomicBool);
+
+    impl crate::log::Log for InDoubt {
+        fn write_set(&self, _promise: ClusterTime) -> WriteSet {
+            WriteSet::with_prefix(0, 256)
+        }
+
+        fn append(&self, _set: &mut WriteSet) -> StorageResult<crate::log::Appended> {
+            self.0.store(true, std::sync::atomic::Ordering::Release);
+            Err(StorageError::Interrupted(MongoError::new(
+                wire::ErrorCode::INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+                "outcome unknown",
+            )))
+        }
+
+        fn applies(&self) -> bool {
+            true
+        }
+
+        fn in_doubt(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::Acquire)
+        }
+
+        fn retract(&self, _appended: crate::log::Appended) {}
+
+        fn applied(&self, _appended: crate::log::Appended) {}
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_outcome_is_unknown_keeps_the_high_water_mark_below_it_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Arc::new(ShardState::new(
+            "t".into(),
+            Arc::new(RedbStorage::open(&dir.path().join("w.redb")).unwrap()),
+            Arc::new(InDoubt(Default::default())),
+            Arc::new(SystemClock),
+            Recovered {
+                hlc: Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
+                catalog: Catalog::default(),
+                tail: TailWindow::new(ClusterTime::ZERO, 1 << 20),
+                oplog_stats: crate::retention::OplogStats::default(),
+            },
+        ));
+        // A reservation well ahead, as a leader's renewals keep it: only the hold bounds `H`.
+        let wall = crate::clock::wall_secs(st.now_millis());
+        st.hlc().set_reserved(ClusterTime::new(wall + 60, 0));
+        let writer = Writer::start(st.clone());
+        let ticked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let insert = |ticked: Arc<std::sync::Mutex<Vec<ClusterTime>>>| -> WriteFn {
+            Box::new(move |w: &mut WriteCtx<'_>| {
+                let spec = EntrySpec::insert(
+                    "db.c".into(),
+                    bson::Uuid::new(),
+                    bson::doc! {"_id": 1},
+                    bson::doc! {"_id": 1},
+                );
+                ticked.lock().unwrap().push(w.log(spec)?);
+                Ok(WriteOutput {
+                    reply: Document::new(),
+                    op_time: None,
+                })
+            })
+        };
+        assert!(writer.submit(insert(ticked.clone())).await.is_err());
+        // A later batch fails too (the log takes no more), and time passes.
+        assert!(writer.submit(insert(ticked.clone())).await.is_err());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let first = ticked.lock().unwrap()[0];
+        assert!(
+            st.high_water_mark() < first,
+            "a change stream could be promised past {first}, which may still commit"
+        );
         if let Some(h) = writer.stop() {
             h.join().unwrap();
         }

@@ -60,6 +60,13 @@ pub trait Log: Send + Sync + 'static {
         false
     }
 
+    /// Whether an append's outcome was not known (a replicated log's entry may still commit
+    /// through another leader): what the writer ticked since may yet become visible, so its
+    /// times stay in flight and the high-water mark never passes them again on this log.
+    fn in_doubt(&self) -> bool {
+        false
+    }
+
     /// The set at `appended` was not applied (its commit failed): it must not be replayed.
     fn retract(&self, appended: Appended);
 

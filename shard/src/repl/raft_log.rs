@@ -10,8 +10,10 @@
 //! * An append that did not apply is an error the jobs answer as MongoDB does: not the leader
 //!   or a fenced set (nothing applies: 10107), or an outcome not known in time (the entry may
 //!   still apply: 11602). After an unknown outcome the shard's in-memory state may lag its
-//!   storage; the member stops serving as primary when its term ends, and the next primary
-//!   recovers from storage (`replica_set`).
+//!   storage, and its high-water mark stays below the set in doubt for good
+//!   ([`Log::in_doubt`]: a new leader may commit it, so no change stream may be promised past
+//!   it); the member reopens the shard from storage once everything it holds is applied
+//!   (`replica_set`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,6 +131,10 @@ impl Log for RaftLog {
 
     fn applies(&self) -> bool {
         true
+    }
+
+    fn in_doubt(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
     }
 
     fn retract(&self, _appended: Appended) {}
