@@ -902,7 +902,24 @@ async fn a_wiped_member_rejoins_from_a_snapshot_larger_than_a_message() -> anyho
         snapshot.is_some_and(|(index, _)| index > purged),
         "the member's state came from a snapshot past the purged log ({purged}): {snapshot:?}"
     );
+    let peak = |m: usize| peak_rss_mb(set.members[m].child.id());
+    eprintln!(
+        "peak RSS: primary {} MB, rejoined member {} MB",
+        peak(primary)?,
+        peak(victim)?
+    );
     Ok(())
+}
+
+/// The most resident memory process `pid` has held (`VmHWM`), in MB.
+fn peak_rss_mb(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM for {pid}"))?;
+    Ok(kb / 1024)
 }
 
 /// A member whose data directory was wiped, restarted while its peers are down, waits for

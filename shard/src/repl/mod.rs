@@ -23,6 +23,7 @@ mod codec;
 mod log_store;
 mod network;
 mod raft_log;
+mod snapshot;
 mod state_machine;
 mod wire_net;
 
@@ -292,7 +293,9 @@ impl Replica {
             raft,
             frozen_until: Arc::default(),
             rejoin: Arc::default(),
-            incoming: std::sync::Mutex::default(),
+            incoming: std::sync::Mutex::new(wire_net::Incoming::new(
+                log_path.parent().unwrap_or(Path::new(".")),
+            )),
             lease: timing.election.1,
         })
     }

@@ -20,6 +20,7 @@ use openraft::raft::{
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 
+use super::snapshot::Snapshot;
 use super::wire_net::{WireNet, WirePeer};
 use super::{Member, MemberId, Raft, TypeConfig};
 
@@ -163,7 +164,7 @@ macro_rules! on_link {
 }
 
 impl RaftNetworkV2<TypeConfig> for Peer {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = Snapshot;
 
     async fn append_entries(
         &mut self,
@@ -192,7 +193,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        snapshot: SnapshotOf<TypeConfig, Snapshot>,
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
@@ -216,7 +217,7 @@ pub(super) struct LocalPeer {
 }
 
 impl RaftNetworkV2<TypeConfig> for LocalPeer {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = Snapshot;
 
     async fn append_entries(
         &mut self,
@@ -265,7 +266,7 @@ impl RaftNetworkV2<TypeConfig> for LocalPeer {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        snapshot: SnapshotOf<TypeConfig, Snapshot>,
         _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {

@@ -6,8 +6,9 @@
 //! * A normal entry's writes apply only under the term they were executed in (the term fence
 //!   of `repl`); a blank or membership entry writes nothing but the applied id.
 //! * A snapshot is every row of every table read in one read transaction, with the applied id
-//!   and membership read in that same transaction, as a write set of puts; installing one
-//!   replaces every table's rows with the snapshot's.
+//!   and membership read in that same transaction, in pieces (`snapshot`); installing one
+//!   replaces every table's rows with the snapshot's, in one durable transaction, a piece at a
+//!   time.
 //! * Applies commit without an fsync: the storage sits behind the Raft log, which holds every
 //!   entry durably. A crash loses only applies whose entries the log still has, and openraft
 //!   applies them again from the applied id on disk (redo is idempotent). The log is purged
@@ -22,9 +23,14 @@ use openraft::EntryPayload;
 use openraft::alias::{EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 
+use super::snapshot::{Rows, Snapshot};
 use super::{Applied, TypeConfig, codec};
-use crate::log::{Op, WriteSet};
+use crate::log::WriteSet;
 use crate::storage::{KeyRange, ReadTxn, Scan, Storage, Table};
+
+/// Rows deleted per scan while an installed snapshot clears the tables (the keys are held
+/// until deleted).
+const CLEAR_BATCH: usize = 4096;
 
 /// `Meta` key of the last applied log id.
 const APPLIED_KEY: &[u8] = b"repl.applied";
@@ -142,7 +148,7 @@ fn apply_all(
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = Snapshot;
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), io::Error> {
@@ -187,10 +193,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaOf<TypeConfig>,
-        snapshot: Vec<u8>,
+        snapshot: Snapshot,
     ) -> Result<(), io::Error> {
         let storage = self.storage.clone();
-        tokio::task::spawn_blocking(move || install(storage.as_ref(), &snapshot))
+        tokio::task::spawn_blocking(move || install(storage.as_ref(), snapshot))
             .await
             .map_err(io_error)??;
         self.applied = meta.last_log_id;
@@ -201,29 +207,39 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     /// A snapshot of the storage as it is now (built afresh: the storage is the snapshot).
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+    ) -> Result<Option<SnapshotOf<TypeConfig, Snapshot>>, io::Error> {
         let mut builder = self.get_snapshot_builder().await;
         builder.build_snapshot().await.map(Some)
     }
 }
 
-/// Replaces every table's rows with the snapshot's, in one transaction.
-fn install(storage: &dyn Storage, data: &[u8]) -> io::Result<()> {
-    let set = WriteSet::decode(data).map_err(io_error)?;
+/// Replaces every table's rows with the snapshot's, in one transaction, a piece at a time.
+fn install(storage: &dyn Storage, mut snapshot: Snapshot) -> io::Result<()> {
     // Durable: the log before the snapshot may be purged once it is installed.
     let mut txn = storage.begin_durable().map_err(io_error)?;
     for table in Table::ALL {
-        let mut keys = Vec::new();
-        txn.scan(table, &KeyRange::all(), false, &mut |k, _| {
-            keys.push(k.to_vec());
-            Scan::Continue
-        })
-        .map_err(io_error)?;
-        for k in keys {
-            txn.delete(table, &k).map_err(io_error)?;
+        loop {
+            let mut keys = Vec::new();
+            txn.scan(table, &KeyRange::all(), false, &mut |k, _| {
+                keys.push(k.to_vec());
+                if keys.len() < CLEAR_BATCH {
+                    Scan::Continue
+                } else {
+                    Scan::Stop
+                }
+            })
+            .map_err(io_error)?;
+            for k in &keys {
+                txn.delete(table, k).map_err(io_error)?;
+            }
+            if keys.len() < CLEAR_BATCH {
+                break;
+            }
         }
     }
-    crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+    while let Some(piece) = snapshot.next_piece()? {
+        crate::log::replay(txn.as_mut(), &piece).map_err(io_error)?;
+    }
     txn.commit().map_err(io_error)
 }
 
@@ -232,41 +248,14 @@ pub(super) struct SnapshotBuilder {
     storage: Arc<dyn Storage>,
 }
 
-/// Every row of every table as `txn` sees them, as a write set of puts.
-pub(super) fn dump(txn: &dyn ReadTxn) -> io::Result<WriteSet> {
-    let mut set = WriteSet::with_prefix(0, 1 << 16);
-    let mut refused = None;
-    for table in Table::ALL {
-        txn.scan(
-            table,
-            &KeyRange::all(),
-            false,
-            &mut |key, value| match set.push(Op {
-                table: table.index(),
-                key,
-                value: Some(value),
-            }) {
-                Ok(()) => Scan::Continue,
-                Err(e) => {
-                    refused = Some(e);
-                    Scan::Stop
-                }
-            },
-        )
-        .map_err(io_error)?;
-        if let Some(e) = refused.take() {
-            return Err(io_error(e));
-        }
-    }
-    Ok(set)
-}
-
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = Snapshot;
 
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+    /// A read transaction over the storage as it is now, with the applied id and membership it
+    /// sees: its rows are read as the snapshot is sent or installed.
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Snapshot>, io::Error> {
         let storage = self.storage.clone();
-        let (applied, membership, set) = tokio::task::spawn_blocking(move || {
+        let (applied, membership, txn) = tokio::task::spawn_blocking(move || {
             // A checkpoint first: the log up to the snapshot may be purged once it is taken,
             // so what it holds must be on disk, not only visible.
             storage
@@ -275,7 +264,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 .map_err(io_error)?;
             let txn = storage.begin_read().map_err(io_error)?;
             let (applied, membership) = applied_state(txn.as_ref())?;
-            Ok::<_, io::Error>((applied, membership, dump(txn.as_ref())?))
+            Ok::<_, io::Error>((applied, membership, txn))
         })
         .await
         .map_err(io_error)??;
@@ -284,7 +273,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 last_log_id: applied,
                 last_membership: membership,
             },
-            snapshot: set.encoded().to_vec(),
+            snapshot: Snapshot::Rows(Rows::new(txn)),
         })
     }
 }

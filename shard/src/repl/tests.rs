@@ -114,11 +114,12 @@ impl Set {
     /// Every row of every table of member `id`.
     fn dump(&self, id: MemberId) -> Vec<u8> {
         let storage = &self.members[id as usize].as_ref().expect("running").1;
-        let txn = storage.begin_read().expect("read");
-        state_machine::dump(txn.as_ref())
-            .expect("dump")
-            .encoded()
-            .to_vec()
+        let mut rows = super::snapshot::Rows::new(storage.begin_read().expect("read"));
+        let mut all = Vec::new();
+        while let Some(piece) = rows.next_piece().expect("read a piece") {
+            all.extend_from_slice(piece.encoded());
+        }
+        all
     }
 
     fn has(&self, id: MemberId, key: &[u8]) -> bool {

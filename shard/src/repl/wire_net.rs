@@ -14,9 +14,11 @@
 //! `null`).
 //!
 //! Invariants:
-//! * A snapshot travels in pieces of [`SNAPSHOT_PIECE`] bytes, in order, each one message well
-//!   under the 48 MB message limit; the receiver keeps one snapshot's pieces (a piece that does
-//!   not continue them starts over or is refused) and installs it at the last.
+//! * A snapshot travels in its pieces (`snapshot`: about 8 MB each, or one row), in order,
+//!   each one message under the 48 MB message limit, read from the sender's storage one piece
+//!   ahead of the one in flight; the receiver writes one snapshot's pieces to a file (a piece
+//!   that does not continue them starts over or is refused; one that does not decode is
+//!   refused) and installs it from there at the last. Neither holds the snapshot in memory.
 //! * Every call has the deadline openraft gives it (`RPCOption::hard_ttl`); a call without a
 //!   reply is `Unreachable`, so openraft retries it with its backoff.
 //! * A message that does not decode is refused with 2 `BadValue`, never applied in part.
@@ -38,14 +40,26 @@ use serde::de::DeserializeOwned;
 use wire::{ErrorCode, MongoError};
 
 use super::codec::{decode_entry, encode_entry};
+use super::snapshot::{Received, Receiving, Snapshot};
 use super::{MemberId, Raft, TypeConfig};
+use crate::log::WriteSet;
 
-/// The most of a snapshot's bytes one message carries.
-pub const SNAPSHOT_PIECE: usize = 8 << 20;
+/// A snapshot being received: where its pieces go, and the one in progress with its message
+/// head (the vote and meta as sent).
+pub(super) struct Incoming {
+    dir: std::path::PathBuf,
+    receiving: Option<(Vec<u8>, Receiving)>,
+}
 
-/// A snapshot being received: its message head (the vote and meta as sent) and its bytes so far.
-#[derive(Default)]
-pub(super) struct Incoming(Option<(Vec<u8>, Vec<u8>)>);
+impl Incoming {
+    /// Received snapshots are written to files in `dir`.
+    pub(super) fn new(dir: &std::path::Path) -> Incoming {
+        Incoming {
+            dir: dir.to_path_buf(),
+            receiving: None,
+        }
+    }
+}
 
 /// The commands a member answers for its peers.
 pub const COMMANDS: [&str; 6] = [
@@ -141,7 +155,7 @@ pub(super) async fn answer(
             };
             let snapshot = openraft::Snapshot {
                 meta: head.meta,
-                snapshot: data,
+                snapshot: Snapshot::Received(data),
             };
             let reply = raft
                 .install_full_snapshot(head.vote, snapshot)
@@ -169,37 +183,47 @@ pub(super) async fn answer(
 /// Takes one piece of a snapshot into `incoming`: the whole snapshot once this is the last
 /// piece, `None` before. A piece at offset 0 starts a snapshot (dropping any other's pieces);
 /// any other must continue the snapshot being received, or it is refused and that snapshot
-/// dropped (the sender starts over).
-fn piece(incoming: &Mutex<Incoming>, body: &Document) -> Result<Option<Vec<u8>>, MongoError> {
+/// dropped (the sender starts over). A piece that does not decode as a write set is refused.
+fn piece(incoming: &Mutex<Incoming>, body: &Document) -> Result<Option<Received>, MongoError> {
     let head = bytes_of(body, "m")?;
-    let data = bytes_of(body, "data")?;
+    let data = WriteSet::decode(bytes_of(body, "data")?).map_err(bad)?;
     let offset = match body.get("offset") {
         None => 0,
         Some(Bson::Int64(o)) => u64::try_from(*o).map_err(bad)?,
         Some(_) => return Err(bad("a snapshot piece's offset is a long")),
     };
     let done = body.get_bool("done").unwrap_or(true);
+    let stored = |e: std::io::Error| {
+        MongoError::internal(format!("keeping a snapshot's piece on disk: {e}"))
+    };
     let mut slot = incoming.lock().unwrap_or_else(|e| e.into_inner());
     if offset == 0 {
-        slot.0 = Some((head.to_vec(), Vec::new()));
+        slot.receiving = None;
+        slot.receiving = Some((head.to_vec(), Receiving::start(&slot.dir).map_err(stored)?));
     }
     let continues = slot
-        .0
+        .receiving
         .as_ref()
-        .is_some_and(|(h, so_far)| h == head && so_far.len() as u64 == offset);
+        .is_some_and(|(h, so_far)| h == head && so_far.received == offset);
     if !continues {
-        slot.0 = None;
+        slot.receiving = None;
         return Err(bad(format!(
             "a snapshot piece at offset {offset} that does not continue the snapshot received"
         )));
     }
-    if let Some((_, so_far)) = slot.0.as_mut() {
-        so_far.extend_from_slice(data);
+    if let Some((_, so_far)) = slot.receiving.as_mut()
+        && let Err(e) = so_far.take(&data)
+    {
+        slot.receiving = None;
+        return Err(stored(e));
     }
     if !done {
         return Ok(None);
     }
-    Ok(slot.0.take().map(|(_, data)| data))
+    match slot.receiving.take() {
+        Some((_, receiving)) => receiving.finish().map(Some).map_err(stored),
+        None => Ok(None),
+    }
 }
 
 /// The other members' addresses and one pooled client to each.
@@ -276,7 +300,7 @@ fn encoding(e: MongoError) -> Unreachable<TypeConfig> {
 }
 
 impl RaftNetworkV2<TypeConfig> for WirePeer {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = Snapshot;
 
     async fn append_entries(
         &mut self,
@@ -314,7 +338,7 @@ impl RaftNetworkV2<TypeConfig> for WirePeer {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        snapshot: SnapshotOf<TypeConfig, Snapshot>,
         _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
@@ -323,19 +347,35 @@ impl RaftNetworkV2<TypeConfig> for WirePeer {
             meta: snapshot.meta,
         };
         let head = json(&head).map_err(encoding)?;
-        let data = snapshot.snapshot;
-        let mut offset = 0;
+        let unreadable = |e: std::io::Error| {
+            Unreachable::from_string(format!("reading the snapshot to send: {e}"))
+        };
+        // One piece read ahead of the one sent, so the last is known as it goes.
+        let (rows, first) = snapshot
+            .snapshot
+            .next_piece_off_runtime()
+            .await
+            .map_err(unreadable)?;
+        let mut rows = rows;
+        let mut piece = first.unwrap_or_default();
+        let mut offset: u64 = 0;
         loop {
-            let end = data.len().min(offset + SNAPSHOT_PIECE);
+            let (rest, next) = rows.next_piece_off_runtime().await.map_err(unreadable)?;
+            rows = rest;
+            let done = next.is_none();
+            let len = piece.encoded().len() as u64;
             let mut cmd = command("_replSnapshot", head.clone());
             cmd.insert("offset", i64::try_from(offset).unwrap_or(i64::MAX));
-            cmd.insert("data", binary(data[offset..end].to_vec()));
-            cmd.insert("done", end == data.len());
+            cmd.insert("data", binary(piece.encoded().to_vec()));
+            cmd.insert("done", done);
             let reply: Option<SnapshotResponse<TypeConfig>> = self.call(cmd, &option).await?;
-            match reply {
-                Some(reply) => return Ok(reply),
-                None if end < data.len() => offset = end,
-                None => {
+            match (reply, next) {
+                (Some(reply), _) => return Ok(reply),
+                (None, Some(next)) => {
+                    offset += len;
+                    piece = next;
+                }
+                (None, None) => {
                     return Err(Unreachable::from_string(
                         "the snapshot's last piece was not answered",
                     )
@@ -365,45 +405,81 @@ mod tests {
         "data": binary(data.to_vec()), "done": done}
     }
 
+    /// A piece: one row `key` of table 1 set to `value`.
+    fn row(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut set = WriteSet::with_prefix(0, 64);
+        set.push(crate::log::Op {
+            table: 1,
+            key,
+            value: Some(value),
+        })
+        .unwrap();
+        set.encoded().to_vec()
+    }
+
+    /// Every piece of a received snapshot, concatenated.
+    fn contents(received: Received) -> Vec<u8> {
+        let mut snapshot = Snapshot::Received(received);
+        let mut all = Vec::new();
+        while let Some(piece) = snapshot.next_piece().unwrap() {
+            all.extend_from_slice(piece.encoded());
+        }
+        all
+    }
+
     #[test]
     fn a_snapshot_is_assembled_from_its_pieces_in_order_and_only_so() {
-        /// What taking a piece gives: nothing yet, the whole snapshot, or a refusal.
+        /// What taking a piece gives: nothing yet, the whole snapshot (its pieces' keys), or a
+        /// refusal.
         enum Then {
             More,
-            Whole(&'static [u8]),
+            Whole(&'static [&'static [u8]]),
             Refused,
         }
         use Then::*;
-        /// A piece (its head, offset, bytes, whether it is the last) and what it gives.
-        type Step = (&'static [u8], i64, &'static [u8], bool, Then);
+        let (a, b, c) = (row(b"a", b"1"), row(b"b", b"2"), row(b"c", b"3"));
+        let n = a.len() as i64;
+        /// A piece (its head, offset, row, whether it is the last) and what it gives.
+        type Step<'a> = (&'static [u8], i64, &'a [u8], bool, Then);
         let steps: [Step; 11] = [
-            (b"a", 0, b"12", false, More),
-            (b"a", 2, b"34", false, More),
-            (b"a", 4, b"5", true, Whole(b"12345")),
+            (b"h", 0, &a, false, More),
+            (b"h", n, &b, false, More),
+            (b"h", 2 * n, &c, true, Whole(&[b"a", b"b", b"c"])),
             // A gap, a repeat or another snapshot's piece is refused, and what was taken is
             // dropped.
-            (b"a", 0, b"12", false, More),
-            (b"a", 3, b"4", false, Refused),
-            (b"a", 2, b"34", true, Refused),
-            (b"a", 0, b"12", false, More),
-            (b"b", 2, b"34", true, Refused),
+            (b"h", 0, &a, false, More),
+            (b"h", 2 * n, &c, false, Refused),
+            (b"h", n, &b, true, Refused),
+            (b"h", 0, &a, false, More),
+            (b"g", n, &b, true, Refused),
             // A new snapshot starts over.
-            (b"a", 0, b"12", false, More),
-            (b"c", 0, b"xy", false, More),
-            (b"c", 2, b"z", true, Whole(b"xyz")),
+            (b"h", 0, &a, false, More),
+            (b"k", 0, &c, false, More),
+            (b"k", n, &b, true, Whole(&[b"c", b"b"])),
         ];
-        let incoming = Mutex::new(Incoming::default());
+        let dir = tempfile::tempdir().unwrap();
+        let incoming = Mutex::new(Incoming::new(dir.path()));
         for (i, (head, offset, data, done, then)) in steps.into_iter().enumerate() {
             let got = piece(&incoming, &message(head, offset, data, done));
             match then {
-                More => assert_eq!(got.unwrap(), None, "step {i}"),
-                Whole(all) => assert_eq!(got.unwrap().as_deref(), Some(all), "step {i}"),
+                More => assert!(got.unwrap().is_none(), "step {i}"),
+                Whole(keys) => {
+                    let all = contents(got.unwrap().expect("the whole snapshot"));
+                    let set = WriteSet::decode(&all).unwrap();
+                    let got: Vec<&[u8]> = set.ops().map(|op| op.key).collect();
+                    assert_eq!(got, keys, "step {i}");
+                }
                 Refused => assert!(got.is_err(), "step {i}"),
             }
         }
         // A message without pieces is a whole snapshot.
         let whole =
-            doc! {"_replSnapshot": 1, "m": binary(b"d".to_vec()), "data": binary(b"w".to_vec())};
-        assert_eq!(piece(&incoming, &whole).unwrap(), Some(b"w".to_vec()));
+            doc! {"_replSnapshot": 1, "m": binary(b"d".to_vec()), "data": binary(a.clone())};
+        assert_eq!(contents(piece(&incoming, &whole).unwrap().unwrap()), a);
+        // A piece that is not a write set is refused.
+        let garbage = message(b"h", 0, &[9, 9, 9], true);
+        assert!(piece(&incoming, &garbage).is_err());
+        // No file is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

@@ -122,12 +122,20 @@ impl WriteSet {
 
     /// The set `bytes` encode (without a prefix).
     pub fn decode(bytes: &[u8]) -> Result<WriteSet, DecodeError> {
-        let mut decoder = Decoder { rest: bytes, at: 0 };
+        WriteSet::from_vec(bytes.to_vec())
+    }
+
+    /// [`WriteSet::decode`] taking the bytes as they are, without a copy.
+    pub fn from_vec(bytes: Vec<u8>) -> Result<WriteSet, DecodeError> {
+        let mut decoder = Decoder {
+            rest: &bytes,
+            at: 0,
+        };
         while !decoder.rest.is_empty() {
             decoder.op()?;
         }
         Ok(WriteSet {
-            buf: bytes.to_vec(),
+            buf: bytes,
             prefix: 0,
         })
     }
