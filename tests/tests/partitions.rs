@@ -524,6 +524,15 @@ fn soak() -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// Logs a fault as it starts, with the wall clock's seconds: a token's cluster time is those
+/// seconds too, so a failed check's events can be set beside the faults around them.
+fn log_fault(round: usize, s: usize, what: &str) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    eprintln!("[{secs}] round {round}, set {s}: {what}");
+}
+
 /// Round `round` of every fault, each on the next set and followed by a return to whole sets.
 async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     let set = |k: usize| (round + k) % SETS;
@@ -532,6 +541,7 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     // taking writes once it hears no majority.
     let s = set(0);
     let p = cluster.primary(s).await?;
+    log_fault(round, s, &format!("primary {p} cut off from every host"));
     for h in (0..SETS * MEMBERS + ROUTERS).filter(|&h| h != member_host(s, p)) {
         cluster
             .net
@@ -570,6 +580,14 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     let s = set(1);
     let p = cluster.primary(s).await?;
     let r = router_host(round % ROUTERS);
+    log_fault(
+        round,
+        s,
+        &format!(
+            "primary {p} and router {} cut off from the set",
+            round % ROUTERS
+        ),
+    );
     for m in (0..MEMBERS).filter(|&m| m != p) {
         for side in [member_host(s, p), r] {
             cluster
@@ -584,6 +602,11 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     // A primary's packets to the set's other members dropped, theirs to it arriving.
     let s = set(2);
     let p = cluster.primary(s).await?;
+    log_fault(
+        round,
+        s,
+        &format!("primary {p}'s packets to the set dropped"),
+    );
     for m in (0..MEMBERS).filter(|&m| m != p) {
         cluster
             .net
@@ -596,6 +619,7 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     // A primary paused past an election, then resumed.
     let s = set(3);
     let p = cluster.primary(s).await?;
+    log_fault(round, s, &format!("primary {p} paused"));
     cluster.sets[s][p].freeze(true)?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.sets[s][p].freeze(false)?;
@@ -605,6 +629,7 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     let s = set(4);
     let p = cluster.primary(s).await?;
     let r = (round + 1) % ROUTERS;
+    log_fault(round, s, &format!("kill -9 of primary {p} and router {r}"));
     cluster.sets[s][p].kill();
     cluster.routers[r].kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -617,6 +642,7 @@ async fn faults(cluster: &mut Cluster, round: usize) -> Result<()> {
     let s = set(5);
     let p = cluster.primary(s).await?;
     let m = (p + 1) % MEMBERS;
+    log_fault(round, s, &format!("member {m} wiped and restarted cut off"));
     cluster.sets[s][m].kill();
     std::fs::remove_dir_all(Cluster::dbpath(&cluster.dir, s, m))?;
     for other in (0..MEMBERS).filter(|&o| o != m) {
@@ -689,7 +715,8 @@ fn check_events(
     Ok(())
 }
 
-/// Insert `id` with its neighbours in `reference`: each `_id`, its token's `_data`, and
+/// Insert `id` with its neighbours in `reference`: each `_id`, its token's `_data` (whose
+/// first 4 bytes after `82` are the event's cluster time in seconds, as the fault log's), and
 /// whether `seen` has it.
 fn around(id: &i64, reference: &[(i64, Document)], seen: &[(i64, Document)]) -> String {
     let Some(at) = reference.iter().position(|(r, _)| r == id) else {
