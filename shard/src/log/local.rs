@@ -27,7 +27,9 @@
 //!   log like a torn tail.
 //! * After an I/O error on the log every later append fails until the log is reopened: an
 //!   `fdatasync` that failed leaves the file's state unknown (the kernel may have dropped the
-//!   dirty pages), and reopening replays what did reach the disk.
+//!   dirty pages), and reopening replays what did reach the disk. Until then the log is in
+//!   doubt ([`Log::in_doubt`]): the failed batch may come back at the reopen, so the shard's
+//!   high-water mark stays below it and no change stream is promised past it.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -178,6 +180,10 @@ impl Log for LocalLog {
         }
         log.len = appended.at + appended.len;
         Ok(appended)
+    }
+
+    fn in_doubt(&self) -> bool {
+        self.file().broken
     }
 
     fn retract(&self, appended: Appended) {
