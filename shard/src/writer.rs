@@ -781,10 +781,15 @@ mod tests {
     use crate::storage::RedbStorage;
 
     fn state(dir: &std::path::Path) -> Arc<ShardState> {
+        state_with_log(dir, Arc::new(crate::log::Unlogged))
+    }
+
+    /// A fresh shard's state in `dir`, writing through `log`.
+    fn state_with_log(dir: &std::path::Path, log: Arc<dyn crate::log::Log>) -> Arc<ShardState> {
         Arc::new(ShardState::new(
             "t".into(),
             Arc::new(RedbStorage::open(&dir.join("w.redb")).unwrap()),
-            Arc::new(crate::log::Unlogged),
+            log,
             Arc::new(SystemClock),
             Recovered {
                 hlc: Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
@@ -853,18 +858,7 @@ mod tests {
     #[tokio::test]
     async fn a_batch_whose_outcome_is_unknown_keeps_the_high_water_mark_below_it_for_good() {
         let dir = tempfile::tempdir().unwrap();
-        let st = Arc::new(ShardState::new(
-            "t".into(),
-            Arc::new(RedbStorage::open(&dir.path().join("w.redb")).unwrap()),
-            Arc::new(InDoubt(Default::default())),
-            Arc::new(SystemClock),
-            Recovered {
-                hlc: Hlc::recover(ClusterTime::ZERO, ClusterTime::ZERO),
-                catalog: Catalog::default(),
-                tail: TailWindow::new(ClusterTime::ZERO, 1 << 20),
-                oplog_stats: crate::retention::OplogStats::default(),
-            },
-        ));
+        let st = state_with_log(dir.path(), Arc::new(InDoubt(Default::default())));
         // A reservation well ahead, as a leader's renewals keep it: only the hold bounds `H`.
         let wall = crate::clock::wall_secs(st.now_millis());
         st.hlc().set_reserved(ClusterTime::new(wall + 60, 0));
