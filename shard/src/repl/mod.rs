@@ -23,6 +23,7 @@ mod codec;
 mod log_store;
 mod network;
 mod raft_log;
+mod segments;
 mod snapshot;
 mod state_machine;
 mod wire_net;

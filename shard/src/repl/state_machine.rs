@@ -204,10 +204,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    /// A snapshot of the storage as it is now (built afresh: the storage is the snapshot).
+    /// A snapshot of the storage as it is now (built afresh: the storage is the snapshot);
+    /// none before anything was applied.
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<SnapshotOf<TypeConfig, Snapshot>>, io::Error> {
+        if self.applied.is_none() {
+            return Ok(None);
+        }
         let mut builder = self.get_snapshot_builder().await;
         builder.build_snapshot().await.map(Some)
     }

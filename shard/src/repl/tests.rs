@@ -89,6 +89,9 @@ impl Set {
                 && Some(l) != except
                 && running.iter().all(|r| r.leader() == Some(l))
                 && self.member(l).is_leader()
+                // Leading in a term, with a majority heard from: it takes proposals (until a
+                // majority acknowledged it, a proposal's outcome would be unknown at once).
+                && self.member(l).wait_leading(PATIENCE).await
             {
                 return l;
             }
@@ -303,4 +306,48 @@ async fn a_member_behind_a_purged_log_catches_up_from_a_snapshot() {
     );
     assert_eq!(set.dump(follower), set.dump(leader));
     set.shutdown().await;
+}
+
+/// A member's log and state machine on fresh files, for openraft's storage suite.
+struct Stores;
+
+impl
+    openraft::testing::log::StoreBuilder<
+        TypeConfig,
+        log_store::LogStore,
+        state_machine::StateMachine,
+        tempfile::TempDir,
+    > for Stores
+{
+    async fn build(
+        &self,
+    ) -> Result<
+        (
+            tempfile::TempDir,
+            log_store::LogStore,
+            state_machine::StateMachine,
+        ),
+        openraft::StorageError<TypeConfig>,
+    > {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage: Arc<dyn Storage> = Arc::new(
+            crate::storage::RedbStorage::open_behind_log(&dir.path().join("member.redb"))
+                .expect("storage"),
+        );
+        let log = log_store::LogStore::open(&dir.path().join("raft.redb")).expect("log");
+        let sm = state_machine::StateMachine::open(storage)
+            .await
+            .expect("state machine");
+        Ok((dir, log, sm))
+    }
+}
+
+/// openraft's own checks of a log store and state machine: appends, votes, truncation,
+/// purging, membership and applied state as its core expects them, with appends answered by
+/// the log's writer thread after their fsync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_and_state_machine_keep_openrafts_storage_contract() {
+    openraft::testing::log::Suite::test_all(Stores)
+        .await
+        .expect("openraft's storage suite");
 }
