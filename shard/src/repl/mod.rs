@@ -302,8 +302,9 @@ impl Replica {
     }
 
     /// [`Replica::open`] for a member whose data lives in `dir`: its storage in
-    /// `dir/member.redb`, its Raft log in `dir/raft.redb`. Returns the storage too (the
-    /// member's shard runs over it while it leads). The storage sits behind the Raft log: its
+    /// `dir/member.redb`, its Raft log in `dir/raft.redb` (vote, purge point) and
+    /// `dir/raft.segments/` (entries). Returns the storage too (the member's shard runs over
+    /// it while it leads). The storage sits behind the Raft log: its
     /// commits are not durable by themselves (see `state_machine`'s checkpoints).
     pub async fn open_in(
         dir: &Path,
