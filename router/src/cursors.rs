@@ -31,6 +31,13 @@ use crate::txn::Enlisting;
 /// (`cursorTimeoutMillis`, which `setParameter` changes).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The shard replies change streams may hold on the router by default before the streams
+/// read least recently are parked (`changeStreamHeldReplyBytesLimit`).
+pub const STREAM_HELD_BYTES: usize = 256 * 1024 * 1024;
+
+/// How long a change stream goes unread before it may be parked.
+pub const PARK_AFTER: Duration = Duration::from_secs(5);
+
 /// The reply size budget for one batch (MongoDB's 16 MiB reply cap).
 pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
 
@@ -430,6 +437,16 @@ impl RouterCursor {
         }
     }
 
+    /// Parks a change stream until it is read again; what it held is freed by stopping the
+    /// result (see [`crate::streams::ChangeStreamCursor::park`]). `None` for any other cursor,
+    /// or when there is nothing to free.
+    pub(crate) fn park(&mut self) -> Option<crate::streams::Stopping> {
+        match &mut self.state {
+            CursorState::ChangeStream(c) => c.park(),
+            _ => None,
+        }
+    }
+
     pub(crate) async fn kill(&mut self, shards: &Enlisting) {
         match &mut self.state {
             CursorState::Merge(m) => m.kill(shards).await,
@@ -451,6 +468,8 @@ pub struct CursorTable {
     cursors: Mutex<HashMap<i64, Entry>>,
     /// `cursorTimeoutMillis`.
     idle_timeout_ms: AtomicU64,
+    /// `changeStreamHeldReplyBytesLimit`.
+    stream_held_bytes: AtomicU64,
 }
 
 impl Default for CursorTable {
@@ -458,6 +477,7 @@ impl Default for CursorTable {
         CursorTable {
             cursors: Mutex::default(),
             idle_timeout_ms: AtomicU64::new(IDLE_TIMEOUT.as_millis() as u64),
+            stream_held_bytes: AtomicU64::new(STREAM_HELD_BYTES as u64),
         }
     }
 }
@@ -538,6 +558,30 @@ impl CursorTable {
             .filter_map(|id| map.remove(&id))
             .map(|e| e.cursor)
             .collect()
+    }
+
+    /// The shard replies change streams may hold before idle ones are parked.
+    pub fn stream_held_bytes(&self) -> usize {
+        usize::try_from(self.stream_held_bytes.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+    }
+
+    pub fn set_stream_held_bytes(&self, bytes: u64) {
+        self.stream_held_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The change streams unread for longer than `idle`, the least recently read first.
+    pub fn idle_streams(
+        &self,
+        idle: Duration,
+        now: Instant,
+    ) -> Vec<Arc<tokio::sync::Mutex<RouterCursor>>> {
+        let map = lock(&self.cursors);
+        let mut idle: Vec<&Entry> = map
+            .values()
+            .filter(|e| e.info.is_some() && now.duration_since(e.last_used) > idle)
+            .collect();
+        idle.sort_by_key(|e| e.last_used);
+        idle.into_iter().map(|e| e.cursor.clone()).collect()
     }
 
     pub fn len(&self) -> usize {

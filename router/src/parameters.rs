@@ -83,6 +83,20 @@ const PARAMETERS: &[Parameter] = &[
         set: None,
     },
     Parameter {
+        name: "changeStreamHeldReplyBytesLimit",
+        runtime: true,
+        get: |r| limit(r.cursors.stream_held_bytes()),
+        set: Some(|r, v| match int(v) {
+            Some(bytes) if bytes > 0 => {
+                r.cursors.set_stream_held_bytes(bytes as u64);
+                Ok(())
+            }
+            _ => Err(MongoError::bad_value(
+                "changeStreamHeldReplyBytesLimit must be a positive integer",
+            )),
+        }),
+    },
+    Parameter {
         name: "cursorTimeoutMillis",
         runtime: true,
         get: |r| Bson::Int64(r.cursors.idle_timeout().as_millis() as i64),

@@ -23,6 +23,9 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
     seams.services.start(IdleCursors {
         seams: seams.clone(),
     });
+    seams.services.start(StreamMemory {
+        seams: seams.clone(),
+    });
     crate::kernel::lineages::keep_up(&seams.services, &seams.lineages);
     let tls = seams.options.tls.clone();
     let connections = seams.connections.clone();
@@ -145,6 +148,46 @@ fn number(v: &bson::Bson) -> Option<f64> {
         bson::Bson::Int32(i) => Some(f64::from(*i)),
         bson::Bson::Int64(i) => Some(*i as f64),
         _ => None,
+    }
+}
+
+/// Keeps the shard replies change streams hold on the router under
+/// `changeStreamHeldReplyBytesLimit`: past it, streams unread for [`PARK_AFTER`] are parked,
+/// the least recently read first, until three quarters of the limit is held (a parked stream
+/// holds nothing and re-opens where its client stands when it is read again). A stream in
+/// use is never parked.
+///
+/// [`PARK_AFTER`]: crate::cursors::PARK_AFTER
+struct StreamMemory {
+    seams: Arc<Seams>,
+}
+
+impl Service for StreamMemory {
+    const NAME: &'static str = "stream_memory";
+
+    fn period(&self) -> Duration {
+        Duration::from_millis(250)
+    }
+
+    async fn pass(&mut self) {
+        let limit = self.seams.cursors.stream_held_bytes();
+        if crate::streams::held_bytes() <= limit {
+            return;
+        }
+        let target = limit / 4 * 3;
+        let idle = self
+            .seams
+            .cursors
+            .idle_streams(crate::cursors::PARK_AFTER, Instant::now());
+        for cursor in idle {
+            if crate::streams::held_bytes() <= target {
+                break;
+            }
+            let stopping = cursor.try_lock().ok().and_then(|mut c| c.park());
+            if let Some(stopping) = stopping {
+                stopping.stop().await;
+            }
+        }
     }
 }
 

@@ -310,6 +310,7 @@ async fn parameters_are_read_and_set_at_runtime() -> anyhow::Result<()> {
     );
     let all = admin.run_command(doc! {"getParameter": "*"}).await?;
     assert!(all.contains_key("maxAcceptableLogicalClockDriftSecs"));
+    assert_eq!(all.get_i64("changeStreamHeldReplyBytesLimit")?, 256 << 20);
 
     // A shorter cursor timeout reaps an idle cursor.
     let set = admin
@@ -347,6 +348,10 @@ async fn parameters_are_read_and_set_at_runtime() -> anyhow::Result<()> {
         (doc! {"setParameter": 1, "logLevel": 9}, 2),
         (doc! {"setParameter": 1, "enableTestCommands": true}, 2),
         (doc! {"setParameter": 1, "noSuchParameter": 1}, 2),
+        (
+            doc! {"setParameter": 1, "changeStreamHeldReplyBytesLimit": 0},
+            2,
+        ),
         (doc! {"setParameter": 1}, 72),
         (doc! {"getParameter": 1, "noSuchParameter": 1}, 72),
     ] {

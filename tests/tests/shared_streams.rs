@@ -318,3 +318,91 @@ async fn a_lagging_watcher_costs_a_bounded_amount() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Streams nobody reads stop holding the router's memory once their replies pass
+/// `changeStreamHeldReplyBytesLimit`: the least recently read are parked (their shard cursors
+/// killed, their events dropped) and, when read again, re-open where their client stands, so
+/// each still gets every event once, in order, with post-batch resume tokens that never go
+/// back. (Before, only the 10-minute idle timeout bounded them: 1,773 abandoned streams held
+/// 1.75 GB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_nobody_reads_are_parked_past_the_memory_limit_and_lose_nothing()
+-> anyhow::Result<()> {
+    const STREAMS: usize = 12;
+    const EVENTS: i64 = 3_000;
+    const LIMIT: i64 = 4 << 20;
+    let cluster = EmbeddedCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    admin
+        .run_command(doc! {"setParameter": 1, "changeStreamHeldReplyBytesLimit": LIMIT})
+        .await?;
+    let db = client.database("parking");
+    db.create_collection("c").await?;
+    let coll = db.collection::<Document>("c");
+    let opened = tests::open_change_stream(&db, "c", doc! {}).await?;
+    let at = opened.get_timestamp("operationTime")?;
+    // Streams of their own (each has a start point), every one given its first batch.
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        let r = tests::open_change_stream(&db, "c", doc! {"startAtOperationTime": at}).await?;
+        streams.push(r.get_document("cursor")?.get_i64("id")?);
+    }
+    let pad = "x".repeat(1_000);
+    for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(500) {
+        let docs: Vec<Document> = chunk
+            .iter()
+            .map(|&i| doc! {"_id": i, "pad": &pad})
+            .collect();
+        coll.insert_many(docs).await?;
+    }
+    let metrics = || async { tests::change_stream_metrics(&admin).await };
+    // Every stream's feeds fill up with events nobody reads, then the idle ones are parked.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = metrics().await?;
+        if m.get_i64("parked")? > 0 && m.get_i64("heldReplyBytes")? <= LIMIT {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the streams still hold {} bytes, {} parked",
+            m.get_i64("heldReplyBytes")?,
+            m.get_i64("parked")?
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for id in streams {
+        let mut next = 0_i64;
+        let mut last_token: Option<Document> = None;
+        while next < EVENTS {
+            let reply = db
+                .run_command(doc! {"getMore": id, "collection": "c", "batchSize": 700, "maxTimeMS": 1000_i64})
+                .await?;
+            let cursor = reply.get_document("cursor")?;
+            for event in cursor.get_array("nextBatch")? {
+                let Bson::Document(event) = event else {
+                    anyhow::bail!("an event that is not a document");
+                };
+                let key = event.get_document("documentKey")?;
+                let got = match key.get("_id") {
+                    Some(Bson::Int64(i)) => *i,
+                    Some(Bson::Int32(i)) => i64::from(*i),
+                    other => anyhow::bail!("unexpected _id {other:?}"),
+                };
+                anyhow::ensure!(got == next, "stream {id}: event {got} where {next} belongs");
+                next += 1;
+            }
+            let token = cursor.get_document("postBatchResumeToken")?.clone();
+            if let Some(last) = &last_token {
+                anyhow::ensure!(
+                    token.get_str("_data")? >= last.get_str("_data")?,
+                    "stream {id}: the post-batch resume token went back"
+                );
+            }
+            last_token = Some(token);
+        }
+    }
+    anyhow::ensure!(metrics().await?.get_i64("parked")? > 0);
+    Ok(())
+}

@@ -179,6 +179,9 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
                 "sharedMerges": merges as i64,
                 "sharedBufferBytes": buffered as i64,
                 "heldReplyBytes": i64::try_from(crate::streams::held_bytes()).unwrap_or(i64::MAX),
+                // Streams that stopped holding anything until read again, past
+                // `changeStreamHeldReplyBytesLimit` (`server::StreamMemory`).
+                "parked": i64::try_from(crate::streams::parked_streams()).unwrap_or(i64::MAX),
                 "largeEventsSplit": split,
                 "largeEventsFailed": failed,
                 "showExpandedEvents": expanded,

@@ -465,7 +465,7 @@ impl HubClient {
 
     /// For a client that fell off the log's front: its pipeline, resumed after the last event
     /// it was given (or at its start), to go on by itself on a stream of its own.
-    pub fn resume_stages(&self) -> (String, Option<String>, Vec<Bson>, Option<Bson>) {
+    pub fn resume_stages(&self) -> super::Resume {
         let mut stages = self.stages.clone();
         if let Some(Bson::Document(first)) = stages.first_mut()
             && let Ok(spec) = first.get_document_mut("$changeStream")
@@ -478,12 +478,12 @@ impl HubClient {
                 ),
             };
         }
-        (
-            self.db.clone(),
-            self.coll.clone(),
+        super::Resume {
+            db: self.db.clone(),
+            coll: self.coll.clone(),
             stages,
-            self.read.clone(),
-        )
+            read: self.read.clone(),
+        }
     }
 
     pub async fn kill(&mut self) {

@@ -51,6 +51,13 @@ use wire::{MongoError, Result};
 
 use self::assembler::{BatchAssembler, Ready};
 
+/// Streams parked to free the router's memory since it started ([`ChangeStreamCursor::park`]).
+static PARKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn parked_streams() -> u64 {
+    PARKED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The client getMore's awaitData wait when it gives no `maxTimeMS`.
 pub const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 
@@ -204,14 +211,91 @@ fn pushed_down_matches(stages: &[Bson], parsed: &ChangeStreamPipeline) -> Vec<Bs
 }
 
 /// A router change-stream cursor: a stream of its own, or a client of a hub that shares one
-/// merge among every stream with the same shard-side spec.
+/// merge among every stream with the same shard-side spec, or a stream parked to free the
+/// router's memory, re-opened where its client stands at its next `getMore`.
 pub struct ChangeStreamCursor {
     inner: Inner,
+    /// What the stream was opened with (its start as the client gave it).
+    origin: Resume,
+    /// The post-batch resume token of the last batch given: the next is never lower, even
+    /// from a stream re-opened behind it.
+    given: Option<ResumeToken>,
 }
 
 enum Inner {
     Private(Box<PrivateStream>),
     Shared(Box<hub::HubClient>),
+    Parked,
+}
+
+/// A parked stream's merge (or seat in a hub), to stop: its shard cursors killed, its events
+/// dropped.
+pub struct Stopping(Inner);
+
+impl Stopping {
+    pub async fn stop(mut self) {
+        match &mut self.0 {
+            Inner::Private(p) => p.merged.kill().await,
+            Inner::Shared(client) => client.kill().await,
+            Inner::Parked => {}
+        }
+    }
+}
+
+/// A change stream's pipeline and where it is read (`$readPreference`), to open it by.
+#[derive(Clone)]
+pub(super) struct Resume {
+    pub db: String,
+    pub coll: Option<String>,
+    pub stages: Vec<Bson>,
+    pub read: Option<Bson>,
+}
+
+impl Resume {
+    /// The same stream, resumed at `token` (after its event; at a high-water mark, from its
+    /// time; after an invalidate, with `startAfter`, the only way to pass one).
+    fn at(&self, token: &ResumeToken) -> Result<Resume> {
+        let mut stages = self.stages.clone();
+        let field = if token.decode()?.from_invalidate() {
+            "startAfter"
+        } else {
+            "resumeAfter"
+        };
+        if let Some(Bson::Document(first)) = stages.first_mut()
+            && let Ok(spec) = first.get_document_mut("$changeStream")
+        {
+            for start in ["resumeAfter", "startAfter", "startAtOperationTime"] {
+                spec.remove(start);
+            }
+            spec.insert(field, token.to_document());
+        }
+        Ok(Resume {
+            stages,
+            ..self.clone()
+        })
+    }
+
+    /// Opens the stream with a merge of its own.
+    async fn open(&self, streams: &Arc<Streams>) -> Result<Inner> {
+        let ctx = RequestContext {
+            db: &self.db,
+            coll: self.coll.as_deref(),
+            through_router: true,
+            standalone: false,
+        };
+        let parsed = parse_pipeline(&self.stages, &ctx)?;
+        let merged = merged::open(
+            streams,
+            &self.db,
+            self.coll.as_deref(),
+            &self.stages,
+            &parsed,
+            None,
+            self.read.as_ref(),
+        )
+        .await?;
+        Ok(PrivateStream::inner(merged, &parsed))
+    }
 }
 
 /// A stream with a merge of its own.
@@ -243,6 +327,7 @@ impl std::fmt::Debug for ChangeStreamCursor {
         match &self.inner {
             Inner::Private(p) => p.merged.fmt(f),
             Inner::Shared(_) => f.write_str("ChangeStreamCursor(shared)"),
+            Inner::Parked => f.write_str("ChangeStreamCursor(parked)"),
         }
     }
 }
@@ -297,21 +382,80 @@ impl ChangeStreamCursor {
         parsed: ChangeStreamPipeline,
         read: Option<Bson>,
     ) -> Result<ChangeStreamCursor> {
-        if let Some(client) =
-            hub::HubClient::open(streams, db, coll, stages, &parsed, read.clone()).await?
-        {
-            return Ok(ChangeStreamCursor {
-                inner: Inner::Shared(Box::new(client)),
-            });
-        }
-        let merged = merged::open(streams, db, coll, stages, &parsed, None, read.as_ref()).await?;
+        let origin = Resume {
+            db: db.to_string(),
+            coll: coll.map(str::to_string),
+            stages: stages.to_vec(),
+            read: read.clone(),
+        };
+        let inner = match hub::HubClient::open(streams, db, coll, stages, &parsed, read).await? {
+            Some(client) => Inner::Shared(Box::new(client)),
+            None => {
+                let merged = merged::open(
+                    streams,
+                    db,
+                    coll,
+                    stages,
+                    &parsed,
+                    None,
+                    origin.read.as_ref(),
+                )
+                .await?;
+                PrivateStream::inner(merged, &parsed)
+            }
+        };
         Ok(ChangeStreamCursor {
-            inner: PrivateStream::inner(merged, &parsed),
+            inner,
+            origin,
+            given: None,
         })
+    }
+
+    /// Parks the stream: it stops reading the shards and drops every event it holds, to be
+    /// re-opened at the next `getMore` from the last post-batch resume token its client was
+    /// given (which passes no event the client was not given). Returns what must be stopped,
+    /// outside the cursor's lock (a `getMore` meanwhile is not refused as `CursorInUse`);
+    /// `None` when there is nothing to free: the stream is parked or closed already, or its
+    /// client was never given a token.
+    pub fn park(&mut self) -> Option<Stopping> {
+        self.given.as_ref()?;
+        let open = match &self.inner {
+            Inner::Private(p) => !p.closed,
+            Inner::Shared(client) => !client.is_closed(),
+            Inner::Parked => false,
+        };
+        if !open {
+            return None;
+        }
+        PARKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(Stopping(std::mem::replace(&mut self.inner, Inner::Parked)))
     }
 
     /// The next client batch: up to `n` events, waiting up to `max_time` for the first one.
     pub async fn next_batch(
+        &mut self,
+        streams: &Arc<Streams>,
+        n: usize,
+        max_time: Duration,
+    ) -> Result<Batch> {
+        if matches!(self.inner, Inner::Parked)
+            && let Some(given) = &self.given
+        {
+            self.inner = self.origin.at(given)?.open(streams).await?;
+        }
+        let mut batch = self.next_batch_inner(streams, n, max_time).await?;
+        if let (Some(given), Some(token)) = (&self.given, &batch.post_batch_resume_token)
+            && token < given
+        {
+            batch.post_batch_resume_token = Some(given.clone());
+        }
+        if batch.post_batch_resume_token.is_some() {
+            self.given.clone_from(&batch.post_batch_resume_token);
+        }
+        Ok(batch)
+    }
+
+    async fn next_batch_inner(
         &mut self,
         streams: &Arc<Streams>,
         n: usize,
@@ -322,26 +466,9 @@ impl ChangeStreamCursor {
                 return Ok(batch);
             }
             // It fell behind its hub: it goes on by itself from where it was.
-            let (db, coll, stages, read) = client.resume_stages();
-            tracing::info!(%db, "a change stream fell behind its hub's log; it goes on by itself");
-            let ctx = RequestContext {
-                db: &db,
-                coll: coll.as_deref(),
-                through_router: true,
-                standalone: false,
-            };
-            let parsed = parse_pipeline(&stages, &ctx)?;
-            let merged = merged::open(
-                streams,
-                &db,
-                coll.as_deref(),
-                &stages,
-                &parsed,
-                None,
-                read.as_ref(),
-            )
-            .await?;
-            self.inner = PrivateStream::inner(merged, &parsed);
+            let resume = client.resume_stages();
+            tracing::info!(db = %resume.db, "a change stream fell behind its hub's log; it goes on by itself");
+            self.inner = resume.open(streams).await?;
         }
         let Inner::Private(private) = &mut self.inner else {
             return Err(MongoError::internal(
@@ -427,6 +554,7 @@ impl ChangeStreamCursor {
         match &mut self.inner {
             Inner::Private(p) => p.merged.kill().await,
             Inner::Shared(client) => client.kill().await,
+            Inner::Parked => {}
         }
     }
 
@@ -434,6 +562,7 @@ impl ChangeStreamCursor {
         match &self.inner {
             Inner::Private(p) => p.closed,
             Inner::Shared(client) => client.is_closed(),
+            Inner::Parked => false,
         }
     }
 }

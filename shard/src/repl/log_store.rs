@@ -52,7 +52,7 @@ const PURGED: &str = "purged";
 
 /// Bytes of durable entries the [`Tail`] keeps in memory for readers (replication to a
 /// follower a little behind, the state machine's apply) besides the ones not yet durable.
-const TAIL_BYTES: usize = 32 << 20;
+const TAIL_BYTES: usize = 8 << 20;
 
 /// The most changes one commit of the writer takes.
 const GROUP: usize = 1024;

@@ -63,7 +63,11 @@ impl Segment {
 
     /// The record of entry `index` (which this segment holds).
     fn read(&self, index: u64) -> io::Result<Entry> {
-        let at = usize::try_from(index - self.first).map_err(corrupt)?;
+        let at = index
+            .checked_sub(self.first)
+            .and_then(|at| usize::try_from(at).ok())
+            .filter(|&at| at < self.offsets.len())
+            .ok_or_else(|| corrupt(format!("entry {index} read from the wrong segment")))?;
         let start = self.offsets[at];
         let end = self.offsets.get(at + 1).copied().unwrap_or(self.len);
         let mut record = vec![0; usize::try_from(end - start).map_err(corrupt)?];
@@ -225,7 +229,10 @@ impl Segments {
             && s.end() > from
         {
             let keep = usize::try_from(from - s.first).map_err(corrupt)?;
-            s.len = s.offsets[keep];
+            s.len = *s
+                .offsets
+                .get(keep)
+                .ok_or_else(|| corrupt("a truncation past the end"))?;
             s.offsets.truncate(keep);
             s.file.set_len(s.len)?;
             s.file.sync_all()?;
