@@ -284,17 +284,22 @@ impl Resume {
             standalone: false,
         };
         let parsed = parse_pipeline(&self.stages, &ctx)?;
+        self.merge(streams, &parsed).await
+    }
+
+    /// Opens the stream, whose pipeline parsed to `parsed`, with a merge of its own.
+    async fn merge(&self, streams: &Arc<Streams>, parsed: &ChangeStreamPipeline) -> Result<Inner> {
         let merged = merged::open(
             streams,
             &self.db,
             self.coll.as_deref(),
             &self.stages,
-            &parsed,
+            parsed,
             None,
             self.read.as_ref(),
         )
         .await?;
-        Ok(PrivateStream::inner(merged, &parsed))
+        Ok(PrivateStream::inner(merged, parsed))
     }
 }
 
@@ -390,19 +395,7 @@ impl ChangeStreamCursor {
         };
         let inner = match hub::HubClient::open(streams, db, coll, stages, &parsed, read).await? {
             Some(client) => Inner::Shared(Box::new(client)),
-            None => {
-                let merged = merged::open(
-                    streams,
-                    db,
-                    coll,
-                    stages,
-                    &parsed,
-                    None,
-                    origin.read.as_ref(),
-                )
-                .await?;
-                PrivateStream::inner(merged, &parsed)
-            }
+            None => origin.merge(streams, &parsed).await?,
         };
         Ok(ChangeStreamCursor {
             inner,
