@@ -6,15 +6,23 @@
 //! named after the index of its first entry; past [`SEGMENT_BYTES`] the next append starts a
 //! new one, so purging the log's front deletes whole files.
 //!
+//! A segment grows by [`GROW_BYTES`] of written zeros at a time, and records overwrite them:
+//! an `fdatasync` then flushes data only, not the file's size and block map as well (one
+//! synchronous write fewer per flush, as in the single copy's write-ahead log).
+//!
 //! Invariants:
 //! * The segments hold consecutive indexes, segment after segment, from the first entry not
 //!   purged to the last written. Truncating deletes later segments before shortening the one
 //!   it ends in, and purging deletes only segments wholly at or below the purge point, so a
 //!   crash between two steps leaves a log that still holds consecutive indexes.
-//! * A record is `len: u32, crc32c: u32` (little-endian), then the entry in `codec`'s frame.
-//!   On open, a record that does not hold ends the newest segment (a torn write that was never
-//!   acknowledged, cut off there); anywhere else it is corruption, an error that stops the
-//!   member, as is a record whose index is not the next one.
+//! * A record is `len: u32, crc32c: u32` (little-endian), then the entry in `codec`'s frame;
+//!   its length is never 0, so a zero frame is where a segment's records end. On open, a
+//!   record that does not hold ends the newest segment (a torn write that was never
+//!   acknowledged); anywhere else it is corruption, an error that stops the member, as is a
+//!   record whose index is not the next one.
+//! * Nothing follows the newest segment's last record but zeros: on open, whatever follows it
+//!   (a torn write's bytes, the zeros not yet used) is cut off, and a truncation cuts the file
+//!   where it ends, so no record of an older write can ever follow a newer one.
 //! * Nothing is acknowledged from here: the caller syncs ([`Segments::sync`]) before telling
 //!   openraft an append is durable.
 
@@ -33,6 +41,9 @@ use super::codec::decode_entry;
 
 /// The size past which the next append starts a new segment.
 pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// How much a segment grows by when a record does not fit (written as zeros).
+const GROW_BYTES: u64 = 4 << 20;
 
 /// The largest record read back: a longer length field is a torn or corrupt record. A
 /// batch's write set is far smaller (a reply's 16 MiB documents, several times over at most).
@@ -53,12 +64,27 @@ struct Segment {
     path: PathBuf,
     file: Arc<File>,
     offsets: Vec<u64>,
+    /// Where its records end.
     len: u64,
+    /// The file's size: zeros from `len` on.
+    size: u64,
 }
 
 impl Segment {
     fn end(&self) -> u64 {
         self.first + self.offsets.len() as u64
+    }
+
+    /// Writes zeros past the file's end until `need` bytes fit, [`GROW_BYTES`] at a time.
+    fn grow(&mut self, need: u64) -> io::Result<()> {
+        const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let target = need.div_ceil(GROW_BYTES) * GROW_BYTES;
+        while self.size < target {
+            let n = (target - self.size).min(ZEROS.len() as u64);
+            self.file.write_all_at(&ZEROS[..n as usize], self.size)?;
+            self.size += n;
+        }
+        Ok(())
     }
 
     /// The record of entry `index` (which this segment holds).
@@ -186,6 +212,7 @@ impl Segments {
                     file: Arc::new(file),
                     offsets: Vec::new(),
                     len: 0,
+                    size: 0,
                 });
             }
             let Some(segment) = self.segments.back_mut() else {
@@ -196,6 +223,10 @@ impl Segments {
             record.extend_from_slice(&len.to_le_bytes());
             record.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
             record.extend_from_slice(payload);
+            let end = segment.len + record.len() as u64;
+            if end > segment.size {
+                segment.grow(end)?;
+            }
             segment.file.write_all_at(&record, segment.len)?;
             segment.offsets.push(segment.len);
             segment.len += record.len() as u64;
@@ -236,6 +267,7 @@ impl Segments {
             s.offsets.truncate(keep);
             s.file.set_len(s.len)?;
             s.file.sync_all()?;
+            s.size = s.len;
         }
         self.unsynced
             .retain(|f| self.segments.iter().any(|s| Arc::ptr_eq(f, &s.file)));
@@ -278,8 +310,9 @@ impl Segments {
     }
 }
 
-/// Reads the segment at `path` whose first entry is `first`; a bad record ends it when it is
-/// the newest segment (`newest`: cut off there), and is an error anywhere else.
+/// Reads the segment at `path` whose first entry is `first`: its records end at a zero frame;
+/// a bad record ends it when it is the newest segment, and is an error anywhere else. The
+/// newest segment is cut off where its records end (see the module header).
 fn scan(path: PathBuf, first: u64, newest: bool) -> io::Result<(Segment, Option<LogId>)> {
     let file = OpenOptions::new().read(true).write(true).open(&path)?;
     let size = file.metadata()?.len();
@@ -295,6 +328,9 @@ fn scan(path: PathBuf, first: u64, newest: bool) -> io::Result<(Segment, Option<
             break Some("a torn frame");
         }
         file.read_exact_at(&mut frame, at)?;
+        if frame == [0; FRAME] {
+            break None;
+        }
         let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
         let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
         if len == 0 || len > MAX_RECORD || size - at - (FRAME as u64) < len as u64 {
@@ -318,12 +354,16 @@ fn scan(path: PathBuf, first: u64, newest: bool) -> io::Result<(Segment, Option<
         offsets.push(at);
         at += (FRAME + len) as u64;
     };
-    if let Some(why) = torn {
-        if !newest {
-            return Err(corrupt(format!("{}: {why} at {at}", path.display())));
-        }
+    if let Some(why) = torn
+        && !newest
+    {
+        return Err(corrupt(format!("{}: {why} at {at}", path.display())));
+    }
+    let mut size = size;
+    if newest && size > at {
         file.set_len(at)?;
         file.sync_all()?;
+        size = at;
     }
     let segment = Segment {
         first,
@@ -331,6 +371,7 @@ fn scan(path: PathBuf, first: u64, newest: bool) -> io::Result<(Segment, Option<
         file: Arc::new(file),
         offsets,
         len: at,
+        size,
     };
     Ok((segment, last))
 }
@@ -402,10 +443,10 @@ mod tests {
         let mut log = Segments::open(dir.path(), None).expect("open");
         write(&mut log, 1, 1..=3, 100);
         let path = log.segments[0].path.clone();
+        let end = log.segments[0].len;
         drop(log);
-        // Half of a fourth record, as a crash mid-write leaves it.
+        // Half of a fourth record where the records end, as a crash mid-write leaves it.
         let file = OpenOptions::new().write(true).open(&path).expect("open");
-        let size = file.metadata().expect("size").len();
         let (_, torn) = record(1, 4, 100);
         file.write_all_at(
             &[
@@ -414,28 +455,63 @@ mod tests {
                 &torn[..20],
             ]
             .concat(),
-            size,
+            end,
         )
         .expect("write");
         let mut log = Segments::open(dir.path(), None).expect("reopen");
         assert_eq!(indexes(&log), vec![1, 2, 3]);
         assert_eq!(
             std::fs::metadata(&path).expect("size").len(),
-            size,
+            end,
             "cut off"
         );
         write(&mut log, 1, 4..=4, 100);
         assert_eq!(indexes(&log), vec![1, 2, 3, 4]);
+        let fourth = log.segments[0].offsets[3];
         drop(log);
 
         // The same damage in a segment that is not the newest is corruption.
         let later = dir.path().join(segment_name(5));
         std::fs::write(&later, b"").expect("segment");
         let mut bytes = std::fs::read(&path).expect("read");
-        let last = bytes.len() - 1;
-        bytes[last] ^= 0xff;
+        bytes[fourth as usize + FRAME + 5] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
         assert!(Segments::open(dir.path(), None).is_err());
+    }
+
+    #[test]
+    fn segments_grow_by_zeros_and_nothing_past_the_records_survives_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = Segments::open(dir.path(), None).expect("open");
+        write(&mut log, 1, 1..=3, 100);
+        let path = log.segments[0].path.clone();
+        let end = log.segments[0].len;
+        assert_eq!(
+            std::fs::metadata(&path).expect("size").len(),
+            GROW_BYTES,
+            "records overwrite zeros written ahead"
+        );
+        drop(log);
+        // A whole record written past a hole (a torn write whose first blocks never landed):
+        // it follows no record, so it is cut off with the zeros.
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        let (_, stray) = record(1, 5, 100);
+        let stray = [
+            &(stray.len() as u32).to_le_bytes()[..],
+            &crc32c::crc32c(&stray).to_le_bytes(),
+            &stray,
+        ]
+        .concat();
+        file.write_all_at(&stray, end + 4096).expect("write");
+        let mut log = Segments::open(dir.path(), None).expect("reopen");
+        assert_eq!(indexes(&log), vec![1, 2, 3]);
+        assert_eq!(std::fs::metadata(&path).expect("size").len(), end);
+        // Appends go on where the records end, the file growing again.
+        write(&mut log, 2, 4..=6, 100);
+        drop(log);
+        let log = Segments::open(dir.path(), None).expect("reopen");
+        assert_eq!(indexes(&log), vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(log.read(5, 6).expect("read")[0].log_id.leader_id.term, 2);
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //!   and membership read in that same transaction, in pieces (`snapshot`); installing one
 //!   replaces every table's rows with the snapshot's, in one durable transaction, a piece at a
 //!   time.
+//! * An apply of at most [`INLINE_APPLY_BYTES`] of write sets runs on the task that asks for
+//!   it (a redb commit without an fsync: tens of microseconds, where a hand-off to a blocking
+//!   thread and back costs two thread wake-ups); a larger one on a blocking thread, so no
+//!   runtime thread is held for long.
 //! * Applies commit without an fsync: the storage sits behind the Raft log, which holds every
 //!   entry durably. A crash loses only applies whose entries the log still has, and openraft
 //!   applies them again from the applied id on disk (redo is idempotent). The log is purged
@@ -31,6 +35,9 @@ use crate::storage::{KeyRange, ReadTxn, Scan, Storage, Table};
 /// Rows deleted per scan while an installed snapshot clears the tables (the keys are held
 /// until deleted).
 const CLEAR_BATCH: usize = 4096;
+
+/// The most write-set bytes one apply runs without leaving its task (see the module header).
+const INLINE_APPLY_BYTES: usize = 64 << 10;
 
 /// `Meta` key of the last applied log id.
 const APPLIED_KEY: &[u8] = b"repl.applied";
@@ -168,12 +175,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let Some(last) = batch.last().map(|e| e.log_id) else {
             return Ok(());
         };
-        let storage = self.storage.clone();
+        let bytes: usize = batch
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(p) => p.ops.len(),
+                _ => 0,
+            })
+            .sum();
         let membership = self.membership.clone();
-        let (applied, membership) =
+        let (applied, membership) = if bytes <= INLINE_APPLY_BYTES {
+            apply_all(self.storage.as_ref(), &batch, membership)?
+        } else {
+            let storage = self.storage.clone();
             tokio::task::spawn_blocking(move || apply_all(storage.as_ref(), &batch, membership))
                 .await
-                .map_err(io_error)??;
+                .map_err(io_error)??
+        };
         self.applied = Some(last);
         self.membership = membership;
         for (result, responder) in applied.into_iter().zip(responders) {
