@@ -13,8 +13,9 @@
 //!   it; one whose snapshot does not never looks at it) and is taken out again if the commit
 //!   fails.
 //! * The set is durable in the log before the batch is visible: appended, then committed; or,
-//!   for a log that applies what it appends (a replicated one), the executed transaction is
-//!   abandoned first (the storage has one writer) and the log's apply is the commit.
+//!   for a log that applies what it appends (a replicated one), the executed transaction goes
+//!   to the log with the set, and the log's apply is the commit (of that transaction, or of
+//!   the set replayed).
 //! * After the commit, the observers run in this order and no other: commit metrics, oplog
 //!   statistics, catalog, clock reservation, tail window, the prepared keys the batch listed,
 //!   and last the clock's in-flight release (the high-water mark may pass the batch only once
@@ -96,14 +97,13 @@ pub(crate) fn apply(state: &ShardState, batch: Executed, set: &mut WriteSet) -> 
 }
 
 /// Makes the batch durable and visible: appends its set to the log, then commits `txn`; or,
-/// for a log that applies what it appends, abandons `txn` and lets the log apply the set.
+/// for a log that applies what it appends, hands `txn` to the log with the set.
 fn commit(state: &ShardState, txn: Box<dyn WriteTxn>, set: &mut WriteSet) -> StorageResult<()> {
     if set.is_empty() {
         return txn.commit();
     }
     if state.log.applies() {
-        drop(txn);
-        return state.log.append(set).map(|_| ());
+        return state.log.append_applying(set, txn).map(|_| ());
     }
     let appended = state.log.append(set)?;
     match txn.commit() {

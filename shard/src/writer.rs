@@ -634,7 +634,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
     // (a replicated log carries it to the members that apply the batch).
     let promise = state.hlc().high_water_mark(wall_ms);
     let recorder = Recorder::new(state.history.max_bytes());
-    let mut txn = match state.storage.begin_write() {
+    let mut txn = match state.log.begin(&*state.storage) {
         Ok(inner) => Recording {
             inner,
             recorder: &recorder,

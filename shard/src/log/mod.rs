@@ -22,7 +22,7 @@ pub use local::{CHECKPOINT_BYTES, GROW_BYTES, LocalLog, log_path};
 
 use resume::ClusterTime;
 
-use crate::storage::{StorageError, StorageResult, Table, WriteTxn};
+use crate::storage::{Storage, StorageError, StorageResult, Table, WriteTxn};
 pub use crate::write::write_set::{DecodeError, Op, Ops, WriteSet};
 
 /// Where an appended set sits in its log, for [`Log::retract`] and [`Log::applied`].
@@ -54,10 +54,27 @@ pub trait Log: Send + Sync + 'static {
     }
 
     /// Whether [`Log::append`] also applies the set to the storage, as a replicated log's state
-    /// machine does on every member, the leader included: the writer then abandons the
-    /// transaction it executed the batch in before appending, and apply commits nothing.
+    /// machine does on every member, the leader included: the writer then hands the transaction
+    /// it executed the batch in to [`Log::append_applying`] and commits nothing itself.
     fn applies(&self) -> bool {
         false
+    }
+
+    /// Begins the storage transaction a batch executes in.
+    fn begin(&self, storage: &dyn Storage) -> StorageResult<Box<dyn WriteTxn>> {
+        storage.begin_write()
+    }
+
+    /// For a log that applies what it appends: appends `set`, whose batch executed in `txn`
+    /// (from [`Log::begin`]), and returns once it is applied. The log may apply the batch by
+    /// committing `txn` itself; by default it drops `txn` and the set is replayed.
+    fn append_applying(
+        &self,
+        set: &mut WriteSet,
+        txn: Box<dyn WriteTxn>,
+    ) -> StorageResult<Appended> {
+        drop(txn);
+        self.append(set)
     }
 
     /// Whether an append's outcome was not known (a replicated log's entry may still commit

@@ -20,6 +20,7 @@
 //! * No openraft type leaves this module: the 0.10 alphas still move them.
 
 mod codec;
+mod handover;
 mod log_store;
 mod network;
 mod raft_log;
@@ -37,6 +38,7 @@ use std::time::Duration;
 use openraft::async_runtime::WatchReceiver;
 use serde::{Deserialize, Serialize};
 
+pub use handover::Handover;
 pub use network::{LocalNet, Net};
 pub use raft_log::RaftLog;
 pub use state_machine::applied_promise;
@@ -250,6 +252,8 @@ pub struct Replica {
     rejoin: Arc<std::sync::atomic::AtomicU8>,
     /// The pieces of a snapshot a peer is sending (`wire_net`).
     incoming: std::sync::Mutex<wire_net::Incoming>,
+    /// The leader's batch transactions on their way to its state machine.
+    handover: Arc<Handover>,
     /// How long a leader's quorum acknowledgement stays good (openraft's leader lease: the
     /// longest election timeout).
     lease: Duration,
@@ -280,7 +284,8 @@ impl Replica {
         .map_err(|e| ReplError::Stopped(format!("replication settings: {e}")))?;
         let log = log_store::LogStore::open(log_path)
             .map_err(|e| ReplError::Stopped(format!("opening the Raft log: {e}")))?;
-        let sm = state_machine::StateMachine::open(storage)
+        let handover = Handover::new();
+        let sm = state_machine::StateMachine::open(storage, handover.clone())
             .await
             .map_err(|e| ReplError::Stopped(format!("reading the applied state: {e}")))?;
         let raft = Raft::new(id, Arc::new(config), net.factory(id), log, sm)
@@ -297,6 +302,7 @@ impl Replica {
             incoming: std::sync::Mutex::new(wire_net::Incoming::new(
                 log_path.parent().unwrap_or(Path::new(".")),
             )),
+            handover,
             lease: timing.election.1,
         })
     }
@@ -325,6 +331,11 @@ impl Replica {
 
     pub fn id(&self) -> MemberId {
         self.id
+    }
+
+    /// Where this member's writer hands its batches' transactions to its state machine.
+    pub fn handover(&self) -> &Arc<Handover> {
+        &self.handover
     }
 
     /// Makes a new set of `members` (this one among them) with this member as the first

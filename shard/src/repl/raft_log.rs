@@ -1,7 +1,7 @@
 //! [`RaftLog`]: the [`Log`] of a shard whose writer runs on its replica set's leader. Appending
 //! a batch's write set proposes it and returns once a majority holds it and this member's
-//! state machine applied it; the writer's own transaction was abandoned before (see
-//! [`Log::applies`]).
+//! state machine applied it, by committing the writer's own transaction, handed over with the
+//! proposal (`handover`), or by replaying the set (see [`Log::applies`]).
 //!
 //! Invariants:
 //! * A set carries the term it was executed under: [`RaftLog::write_set`] writes the term in
@@ -25,7 +25,7 @@ use resume::ClusterTime;
 
 use super::{Proposal, ReplError, Replica};
 use crate::log::{Appended, Log, WriteSet};
-use crate::storage::{StorageError, StorageResult};
+use crate::storage::{Storage, StorageError, StorageResult, WriteTxn};
 
 /// The prefix of a set: the term it is executed under, then the writer's promise (both
 /// big-endian `u64`s).
@@ -81,6 +81,42 @@ impl Log for RaftLog {
     }
 
     fn append(&self, set: &mut WriteSet) -> StorageResult<Appended> {
+        self.propose(set, None)
+    }
+
+    fn begin(&self, storage: &dyn Storage) -> StorageResult<Box<dyn WriteTxn>> {
+        self.replica.handover().begin(storage)
+    }
+
+    fn append_applying(
+        &self,
+        set: &mut WriteSet,
+        txn: Box<dyn WriteTxn>,
+    ) -> StorageResult<Appended> {
+        self.propose(set, Some(txn))
+    }
+
+    fn applies(&self) -> bool {
+        true
+    }
+
+    fn in_doubt(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    fn retract(&self, _appended: Appended) {}
+
+    fn applied(&self, _appended: Appended) {}
+}
+
+impl RaftLog {
+    /// Proposes `set`, handing `txn` (the transaction it was executed in) over to this member's
+    /// state machine; returns once the entry is applied here.
+    fn propose(
+        &self,
+        set: &mut WriteSet,
+        txn: Option<Box<dyn WriteTxn>>,
+    ) -> StorageResult<Appended> {
         let prefix = |at: usize| {
             set.prefixed()
                 .get(at..at + 8)
@@ -104,9 +140,15 @@ impl Log for RaftLog {
                 .with_label("RetryableWriteError"),
             ));
         }
+        let handover = self.replica.handover();
+        if let Some(txn) = txn {
+            handover.hand(proposal.clone(), txn);
+        }
         let proposed = self
             .runtime
             .block_on(self.replica.propose(proposal, self.patience));
+        // Applied, the transaction was taken (committed or dropped); not applied, it is dropped.
+        drop(handover.take_back());
         if matches!(proposed, Err(ReplError::Unknown | ReplError::TimedOut(_))) {
             self.poisoned.store(true, Ordering::Release);
             self.poison.notify_waiters();
@@ -128,18 +170,6 @@ impl Log for RaftLog {
             len: 0,
         })
     }
-
-    fn applies(&self) -> bool {
-        true
-    }
-
-    fn in_doubt(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
-    }
-
-    fn retract(&self, _appended: Appended) {}
-
-    fn applied(&self, _appended: Appended) {}
 }
 
 /// What the writer's jobs answer when their batch did not replicate: 10107 when nothing was

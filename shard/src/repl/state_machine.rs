@@ -5,6 +5,9 @@
 //!   of them and the membership they leave: what is applied and what says so commit together.
 //! * A normal entry's writes apply only under the term they were executed in (the term fence
 //!   of `repl`); a blank or membership entry writes nothing but the applied id.
+//! * On the leader, the entry of its own batch is applied by committing the transaction its
+//!   writer executed the batch in (`handover`), when that is the first entry of the apply
+//!   that writes: the same writes over the same storage, made once.
 //! * A snapshot is every row of every table read in one read transaction, with the applied id
 //!   and membership read in that same transaction, in pieces (`snapshot`); installing one
 //!   replaces every table's rows with the snapshot's, in one durable transaction, a piece at a
@@ -27,6 +30,7 @@ use openraft::EntryPayload;
 use openraft::alias::{EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 
+use super::handover::{Handed, Handover};
 use super::snapshot::{Rows, Snapshot};
 use super::{Applied, TypeConfig, codec};
 use crate::log::WriteSet;
@@ -81,12 +85,16 @@ fn applied_state(txn: &dyn ReadTxn) -> io::Result<(Option<LogId>, Membership)> {
 /// A member's storage as Raft's state machine.
 pub(super) struct StateMachine {
     storage: Arc<dyn Storage>,
+    handover: Arc<Handover>,
     applied: Option<LogId>,
     membership: Membership,
 }
 
 impl StateMachine {
-    pub(super) async fn open(storage: Arc<dyn Storage>) -> io::Result<StateMachine> {
+    pub(super) async fn open(
+        storage: Arc<dyn Storage>,
+        handover: Arc<Handover>,
+    ) -> io::Result<StateMachine> {
         let read = storage.clone();
         let (applied, membership) = tokio::task::spawn_blocking(move || {
             applied_state(read.begin_read().map_err(io_error)?.as_ref())
@@ -95,27 +103,48 @@ impl StateMachine {
         .map_err(io_error)??;
         Ok(StateMachine {
             storage,
+            handover,
             applied,
             membership,
         })
     }
 }
 
-/// Applies `entries` in one transaction of `storage`; what each did, in order.
+/// The proposal of `entry` when it writes: a normal entry under the term it was executed in.
+fn writes(entry: &EntryOf<TypeConfig>) -> Option<&super::Proposal> {
+    match &entry.payload {
+        EntryPayload::Normal(p) if p.term == entry.log_id.leader_id.term => Some(p),
+        _ => None,
+    }
+}
+
+/// Applies `entries` in one transaction of `storage` (or, when the first of them that writes
+/// is the batch `handed` was executed for, in that batch's transaction); what each did, in
+/// order.
 fn apply_all(
     storage: &dyn Storage,
     entries: &[EntryOf<TypeConfig>],
     mut membership: Membership,
+    handed: Option<Handed>,
 ) -> io::Result<(Vec<Applied>, Membership)> {
-    let mut txn = storage.begin_write().map_err(io_error)?;
+    let own = handed.and_then(|h| {
+        let first = entries.iter().position(|e| writes(e).is_some())?;
+        (writes(&entries[first]) == Some(&h.proposal)).then_some((first, h.txn))
+    });
+    let (mut txn, own) = match own {
+        Some((at, txn)) => (txn, Some(at)),
+        None => (storage.begin_write().map_err(io_error)?, None),
+    };
     let mut out = Vec::with_capacity(entries.len());
     let mut promise = None;
-    for entry in entries {
+    for (at, entry) in entries.iter().enumerate() {
         let term = entry.log_id.leader_id.term;
         let executed = match &entry.payload {
             EntryPayload::Normal(p) if p.term == term => {
-                let set = WriteSet::decode(&p.ops).map_err(io_error)?;
-                crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+                if own != Some(at) {
+                    let set = WriteSet::decode(&p.ops).map_err(io_error)?;
+                    crate::log::replay(txn.as_mut(), &set).map_err(io_error)?;
+                }
                 promise = promise.max(Some(p.promise));
                 true
             }
@@ -183,13 +212,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             })
             .sum();
         let membership = self.membership.clone();
-        let (applied, membership) = if bytes <= INLINE_APPLY_BYTES {
-            apply_all(self.storage.as_ref(), &batch, membership)?
-        } else {
-            let storage = self.storage.clone();
-            tokio::task::spawn_blocking(move || apply_all(storage.as_ref(), &batch, membership))
+        let inline = (bytes <= INLINE_APPLY_BYTES)
+            .then(|| self.handover.try_start_apply())
+            .flatten();
+        let (applied, membership) = match inline {
+            Some(mut applying) => {
+                let handed = applying.handed.take();
+                apply_all(self.storage.as_ref(), &batch, membership, handed)?
+            }
+            None => {
+                // A large apply, or one that waits for the batch executing now.
+                let (storage, handover) = (self.storage.clone(), self.handover.clone());
+                tokio::task::spawn_blocking(move || {
+                    let mut applying = handover.start_apply();
+                    let handed = applying.handed.take();
+                    apply_all(storage.as_ref(), &batch, membership, handed)
+                })
                 .await
                 .map_err(io_error)??
+            }
         };
         self.applied = Some(last);
         self.membership = membership;
@@ -204,6 +245,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
             storage: self.storage.clone(),
+            handover: self.handover.clone(),
         }
     }
 
@@ -212,10 +254,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMetaOf<TypeConfig>,
         snapshot: Snapshot,
     ) -> Result<(), io::Error> {
-        let storage = self.storage.clone();
-        tokio::task::spawn_blocking(move || install(storage.as_ref(), snapshot))
-            .await
-            .map_err(io_error)??;
+        let (storage, handover) = (self.storage.clone(), self.handover.clone());
+        tokio::task::spawn_blocking(move || {
+            // Whatever a writer handed over is dropped before the install's transaction begins.
+            let _applying = handover.start_other();
+            install(storage.as_ref(), snapshot)
+        })
+        .await
+        .map_err(io_error)??;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())
@@ -267,6 +313,7 @@ fn install(storage: &dyn Storage, mut snapshot: Snapshot) -> io::Result<()> {
 /// Builds a snapshot of a member's storage.
 pub(super) struct SnapshotBuilder {
     storage: Arc<dyn Storage>,
+    handover: Arc<Handover>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -275,14 +322,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     /// A read transaction over the storage as it is now, with the applied id and membership it
     /// sees: its rows are read as the snapshot is sent or installed.
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Snapshot>, io::Error> {
-        let storage = self.storage.clone();
+        let (storage, handover) = (self.storage.clone(), self.handover.clone());
         let (applied, membership, txn) = tokio::task::spawn_blocking(move || {
             // A checkpoint first: the log up to the snapshot may be purged once it is taken,
             // so what it holds must be on disk, not only visible.
+            let applying = handover.start_other();
             storage
                 .begin_durable()
                 .and_then(|t| t.commit())
                 .map_err(io_error)?;
+            drop(applying);
             let txn = storage.begin_read().map_err(io_error)?;
             let (applied, membership) = applied_state(txn.as_ref())?;
             Ok::<_, io::Error>((applied, membership, txn))
@@ -296,5 +345,188 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             },
             snapshot: Snapshot::Rows(Rows::new(txn)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::log::Op;
+    use crate::repl::Proposal;
+    use crate::storage::RedbStorage;
+
+    fn storage() -> (tempfile::TempDir, Arc<dyn Storage>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = RedbStorage::open_behind_log(&dir.path().join("member.redb")).expect("open");
+        (dir, Arc::new(storage))
+    }
+
+    /// A normal entry at `index` of term 1 whose set puts `value` at `key` in `Documents`.
+    fn entry(index: u64, key: &[u8], value: &[u8]) -> EntryOf<TypeConfig> {
+        let mut set = WriteSet::with_prefix(0, 64);
+        set.push(Op {
+            table: Table::Documents.index(),
+            key,
+            value: Some(value),
+        })
+        .expect("push");
+        openraft::Entry {
+            log_id: openraft::LogId::new_term_index(1, index),
+            payload: EntryPayload::Normal(Proposal {
+                term: 1,
+                promise: index,
+                ops: set.encoded().to_vec(),
+            }),
+        }
+    }
+
+    fn proposal(e: &EntryOf<TypeConfig>) -> Proposal {
+        match &e.payload {
+            EntryPayload::Normal(p) => p.clone(),
+            _ => unreachable!("a normal entry"),
+        }
+    }
+
+    fn get(storage: &dyn Storage, key: &[u8]) -> Option<Vec<u8>> {
+        let read = storage.begin_read().expect("read");
+        read.get(Table::Documents, key).expect("get")
+    }
+
+    /// A writer's transaction, handed over for `e`, that wrote `value` at `key` (another value
+    /// than `e`'s set, so the test sees which of the two was applied).
+    fn hand(
+        handover: &Arc<Handover>,
+        storage: &dyn Storage,
+        e: &EntryOf<TypeConfig>,
+        key: &[u8],
+        value: &[u8],
+    ) {
+        let mut txn = handover.begin(storage).expect("begin");
+        txn.put(Table::Documents, key, value).expect("put");
+        handover.hand(proposal(e), txn);
+    }
+
+    #[test]
+    fn the_leaders_entry_commits_the_transaction_it_was_executed_in() {
+        let (_dir, storage) = storage();
+        let handover = Handover::new();
+        let own = entry(1, b"k", b"from the set");
+        hand(&handover, &*storage, &own, b"k", b"executed");
+        let mut applying = handover.start_apply();
+        let (applied, _) = apply_all(
+            &*storage,
+            &[own],
+            Membership::default(),
+            applying.handed.take(),
+        )
+        .expect("apply");
+        drop(applying);
+        assert!(applied[0].executed);
+        assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"executed"[..]));
+        let read = storage.begin_read().expect("read");
+        assert_eq!(
+            applied_state(&*read).expect("state").0.map(|l| l.index),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn an_entry_that_writes_before_the_leaders_own_makes_it_replay() {
+        let (_dir, storage) = storage();
+        let handover = Handover::new();
+        let before = entry(1, b"a", b"before");
+        let own = entry(2, b"k", b"from the set");
+        hand(&handover, &*storage, &own, b"k", b"executed");
+        let mut applying = handover.start_apply();
+        apply_all(
+            &*storage,
+            &[before, own],
+            Membership::default(),
+            applying.handed.take(),
+        )
+        .expect("apply");
+        drop(applying);
+        assert_eq!(get(&*storage, b"a").as_deref(), Some(&b"before"[..]));
+        assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"from the set"[..]));
+    }
+
+    #[test]
+    fn a_transaction_handed_over_for_another_entry_is_dropped() {
+        let (_dir, storage) = storage();
+        let handover = Handover::new();
+        let other = entry(1, b"k", b"other");
+        let own = entry(2, b"k", b"own");
+        hand(&handover, &*storage, &own, b"x", b"executed");
+        let mut applying = handover.start_apply();
+        apply_all(
+            &*storage,
+            &[other],
+            Membership::default(),
+            applying.handed.take(),
+        )
+        .expect("apply");
+        drop(applying);
+        assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"other"[..]));
+        assert_eq!(
+            get(&*storage, b"x"),
+            None,
+            "nothing of the dropped transaction"
+        );
+        // Its entry, when it comes, is replayed.
+        apply_all(&*storage, &[own], Membership::default(), None).expect("apply");
+        assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"own"[..]));
+    }
+
+    #[test]
+    fn batches_and_applies_wait_for_each_other_and_a_failed_proposal_is_taken_back() {
+        let (_dir, storage) = storage();
+        let handover = Handover::new();
+        // An apply waits while a batch executes...
+        let txn = handover.begin(&*storage).expect("begin");
+        assert!(handover.try_start_apply().is_none());
+        let waiting = {
+            let handover = handover.clone();
+            std::thread::spawn(move || drop(handover.start_apply()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiting.is_finished());
+        drop(txn); // a batch that wrote nothing frees the handover
+        waiting.join().expect("apply");
+        // ...and a batch waits while an apply runs.
+        let applying = handover.start_apply();
+        let beginning = {
+            let (handover, storage) = (handover.clone(), storage.clone());
+            std::thread::spawn(move || handover.begin(&*storage).map(drop).is_ok())
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!beginning.is_finished());
+        drop(applying);
+        assert!(beginning.join().expect("begin"));
+        // A proposal that failed: its transaction comes back, and the storage is free again.
+        let own = entry(1, b"k", b"v");
+        hand(&handover, &*storage, &own, b"k", b"v");
+        assert!(handover.take_back().is_some());
+        assert!(handover.take_back().is_none());
+        assert!(handover.try_start_apply().is_some());
+        drop(storage.begin_write().expect("the storage is free"));
+
+        // A write that is not an apply (a checkpoint, an installed snapshot) drops what was
+        // handed over before it begins its own transaction.
+        hand(&handover, &*storage, &own, b"k", b"v");
+        let other = handover.start_other();
+        storage
+            .begin_durable()
+            .and_then(|t| t.commit())
+            .expect("the storage is free");
+        drop(other);
+        // A transaction left handed over is dropped when the next batch begins, which keeps the
+        // handover until it goes.
+        hand(&handover, &*storage, &own, b"k", b"v");
+        let next = handover.begin(&*storage).expect("begin");
+        assert!(handover.try_start_apply().is_none(), "a batch is executing");
+        drop(next);
+        assert!(handover.try_start_apply().is_some());
     }
 }

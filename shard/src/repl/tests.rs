@@ -335,7 +335,7 @@ impl
                 .expect("storage"),
         );
         let log = log_store::LogStore::open(&dir.path().join("raft.redb")).expect("log");
-        let sm = state_machine::StateMachine::open(storage)
+        let sm = state_machine::StateMachine::open(storage, handover::Handover::new())
             .await
             .expect("state machine");
         Ok((dir, log, sm))
