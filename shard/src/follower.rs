@@ -3,9 +3,9 @@
 //! secondaries").
 //!
 //! The member's applier is the storage's only writer; a follower reads what it committed and
-//! catches its in-memory parts up after each apply ([`Shard::catch_up`]): the catalog, the
-//! lineage, the oplog's statistics, the tail window (every entry after the last it published),
-//! and last its high-water mark.
+//! catches its in-memory parts up after each apply ([`Shard::catch_up`]): the catalog (loaded
+//! again only when its rows changed), the lineage, the oplog's statistics, the tail window
+//! (every entry after the last it published), and last its high-water mark.
 //!
 //! Invariants:
 //! * A follower writes nothing: its writer refuses every job (10107) before it opens a storage
@@ -28,7 +28,7 @@ use crate::clock::Hlc;
 use crate::log::Unlogged;
 use crate::oplog::{self, TailWindow};
 use crate::state::{Recovered, ShardState};
-use crate::storage::Storage;
+use crate::storage::{KeyRange, ReadTxn, Scan, Storage, StorageResult, Table};
 use crate::writer::Writer;
 use crate::{Shard, ShardError, ShardOptions, Stored, TAIL_WINDOW_BYTES};
 
@@ -84,7 +84,17 @@ impl Shard {
         let promise = crate::repl::applied_promise(&*read).map_err(|e| {
             ShardError::Storage(crate::storage::StorageError::Engine(e.to_string()))
         })?;
-        state.publish_catalog(Arc::new(crate::load_catalog(&*read)?));
+        let rows = catalog_rows(&*read)?;
+        {
+            let mut loaded = state
+                .follower_catalog
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *loaded != rows {
+                state.publish_catalog(Arc::new(crate::load_catalog(&*read)?));
+                *loaded = rows;
+            }
+        }
         if let Some(lineage) = crate::lineage::Lineage::load(&*read)? {
             state.set_lineage(lineage);
         }
@@ -105,4 +115,18 @@ impl Shard {
         state.raise_follower_mark(held.map_or(mark, |p| mark.min(p.prev())));
         Ok(())
     }
+}
+
+/// The catalog table's rows as one byte string, each key and value behind its length: equal
+/// strings are equal catalogs.
+fn catalog_rows(read: &dyn ReadTxn) -> StorageResult<Vec<u8>> {
+    let mut rows = Vec::new();
+    read.scan(Table::Catalog, &KeyRange::all(), false, &mut |k, v| {
+        for part in [k, v] {
+            rows.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            rows.extend_from_slice(part);
+        }
+        Scan::Continue
+    })?;
+    Ok(rows)
 }

@@ -43,6 +43,9 @@ pub struct ShardState {
     /// On a replica-set member that does not lead (`follower`): its high-water mark, derived
     /// from what it applied ([`ClusterTime::as_u64`]). It writes nothing and never ticks.
     follower: std::sync::OnceLock<AtomicU64>,
+    /// On a follower: the catalog's rows as it last loaded them (`follower`), so a catch-up
+    /// that finds the same rows keeps the catalog it has.
+    pub(crate) follower_catalog: Mutex<Vec<u8>>,
 }
 
 /// Change-stream counters of a shard (`serverStatus.metrics.changeStreams`).
@@ -111,6 +114,7 @@ impl ShardState {
             stream_metrics: StreamMetrics::default(),
             lineage: Mutex::new(None),
             follower: std::sync::OnceLock::new(),
+            follower_catalog: Mutex::new(Vec::new()),
         }
     }
 

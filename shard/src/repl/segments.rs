@@ -77,7 +77,7 @@ impl Segment {
 
     /// Writes zeros past the file's end until `need` bytes fit, [`GROW_BYTES`] at a time.
     fn grow(&mut self, need: u64) -> io::Result<()> {
-        const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
         let target = need.div_ceil(GROW_BYTES) * GROW_BYTES;
         while self.size < target {
             let n = (target - self.size).min(ZEROS.len() as u64);
