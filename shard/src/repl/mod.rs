@@ -8,9 +8,10 @@
 //!   physical redo record, `log::WriteSet`) and the term it was executed under. Only results
 //!   replicate, never commands: a follower replays bytes, it never re-executes a job.
 //! * Every member, the leader included, applies only committed entries, in log order, by
-//!   physical redo (`log::replay`); the applied log id is written in the same storage
-//!   transaction as the entry's writes, so after a crash an entry is applied again or not at
-//!   all, never half.
+//!   physical redo (`log::replay`), or on the leader by committing the transaction its writer
+//!   executed the entry's batch in, which holds exactly those writes (`handover`); the applied
+//!   log id is written in the same storage transaction as the entry's writes, so after a crash
+//!   an entry is applied again or not at all, never half.
 //! * A proposal whose term is not its entry's term was executed by a leader that lost its term
 //!   before the entry was appended under it: every member skips its writes (the term fence),
 //!   and its jobs fail as not executed.
