@@ -437,14 +437,19 @@ mod tests {
         assert_eq!(log.last().map(|l| l.index()), Some(4));
     }
 
-    #[test]
-    fn a_torn_tail_is_cut_off_and_a_bad_record_elsewhere_is_an_error() {
+    /// A log of three records in one segment, closed: its directory, the segment's path and
+    /// where its records end.
+    fn three_records() -> (tempfile::TempDir, PathBuf, u64) {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut log = Segments::open(dir.path(), None).expect("open");
         write(&mut log, 1, 1..=3, 100);
-        let path = log.segments[0].path.clone();
-        let end = log.segments[0].len;
-        drop(log);
+        let (path, end) = (log.segments[0].path.clone(), log.segments[0].len);
+        (dir, path, end)
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_off_and_a_bad_record_elsewhere_is_an_error() {
+        let (dir, path, end) = three_records();
         // Half of a fourth record where the records end, as a crash mid-write leaves it.
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         let (_, torn) = record(1, 4, 100);
@@ -481,17 +486,12 @@ mod tests {
 
     #[test]
     fn segments_grow_by_zeros_and_nothing_past_the_records_survives_a_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = Segments::open(dir.path(), None).expect("open");
-        write(&mut log, 1, 1..=3, 100);
-        let path = log.segments[0].path.clone();
-        let end = log.segments[0].len;
+        let (dir, path, end) = three_records();
         assert_eq!(
             std::fs::metadata(&path).expect("size").len(),
             GROW_BYTES,
             "records overwrite zeros written ahead"
         );
-        drop(log);
         // A whole record written past a hole (a torn write whose first blocks never landed):
         // it follows no record, so it is cut off with the zeros.
         let file = OpenOptions::new().write(true).open(&path).expect("open");

@@ -408,21 +408,29 @@ mod tests {
         handover.hand(proposal(e), txn);
     }
 
+    /// Applies `entries` as the state machine does, with what was handed over.
+    fn apply_handed(
+        handover: &Arc<Handover>,
+        storage: &dyn Storage,
+        entries: &[EntryOf<TypeConfig>],
+    ) -> (Vec<Applied>, Membership) {
+        let mut applying = handover.start_apply();
+        apply_all(
+            storage,
+            entries,
+            Membership::default(),
+            applying.handed.take(),
+        )
+        .expect("apply")
+    }
+
     #[test]
     fn the_leaders_entry_commits_the_transaction_it_was_executed_in() {
         let (_dir, storage) = storage();
         let handover = Handover::new();
         let own = entry(1, b"k", b"from the set");
         hand(&handover, &*storage, &own, b"k", b"executed");
-        let mut applying = handover.start_apply();
-        let (applied, _) = apply_all(
-            &*storage,
-            &[own],
-            Membership::default(),
-            applying.handed.take(),
-        )
-        .expect("apply");
-        drop(applying);
+        let (applied, _) = apply_handed(&handover, &*storage, &[own]);
         assert!(applied[0].executed);
         assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"executed"[..]));
         let read = storage.begin_read().expect("read");
@@ -439,15 +447,7 @@ mod tests {
         let before = entry(1, b"a", b"before");
         let own = entry(2, b"k", b"from the set");
         hand(&handover, &*storage, &own, b"k", b"executed");
-        let mut applying = handover.start_apply();
-        apply_all(
-            &*storage,
-            &[before, own],
-            Membership::default(),
-            applying.handed.take(),
-        )
-        .expect("apply");
-        drop(applying);
+        apply_handed(&handover, &*storage, &[before, own]);
         assert_eq!(get(&*storage, b"a").as_deref(), Some(&b"before"[..]));
         assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"from the set"[..]));
     }
@@ -459,15 +459,7 @@ mod tests {
         let other = entry(1, b"k", b"other");
         let own = entry(2, b"k", b"own");
         hand(&handover, &*storage, &own, b"x", b"executed");
-        let mut applying = handover.start_apply();
-        apply_all(
-            &*storage,
-            &[other],
-            Membership::default(),
-            applying.handed.take(),
-        )
-        .expect("apply");
-        drop(applying);
+        apply_handed(&handover, &*storage, &[other]);
         assert_eq!(get(&*storage, b"k").as_deref(), Some(&b"other"[..]));
         assert_eq!(
             get(&*storage, b"x"),
