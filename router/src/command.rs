@@ -16,7 +16,9 @@ use wire::{ErrorCode, MongoError};
 wire::command_registry! {
     in_transaction: InTransaction;
     AbortTransaction: "abortTransaction" => InTransaction::Statement;
+    AckSubscription: "ackSubscription" => InTransaction::Refused;
     Aggregate: "aggregate" => InTransaction::Statement;
+    AlterSubscription: "alterSubscription" => InTransaction::Refused;
     BuildInfo: "buildInfo" / "buildinfo" => InTransaction::Beside;
     CollMod: "collMod" => InTransaction::Refused;
     CollStats: "collStats" / "collstats" => InTransaction::Refused;
@@ -27,6 +29,7 @@ wire::command_registry! {
     Create: "create" => InTransaction::Statement;
     CreateIndexes: "createIndexes" => InTransaction::Statement;
     CreateRole: "createRole" => InTransaction::Refused;
+    CreateSubscription: "createSubscription" => InTransaction::Refused;
     CreateUser: "createUser" => InTransaction::Refused;
     CurrentOp: "currentOp" => InTransaction::Refused;
     DbStats: "dbStats" / "dbstats" => InTransaction::Refused;
@@ -36,6 +39,7 @@ wire::command_registry! {
     DropDatabase: "dropDatabase" => InTransaction::Refused;
     DropIndexes: "dropIndexes" / "deleteIndexes" => InTransaction::Refused;
     DropRole: "dropRole" => InTransaction::Refused;
+    DropSubscription: "dropSubscription" => InTransaction::Refused;
     DropUser: "dropUser" => InTransaction::Refused;
     EnableSharding: "enableSharding" / "enablesharding" => InTransaction::Refused;
     EndSessions: "endSessions" => InTransaction::Refused;
@@ -62,8 +66,11 @@ wire::command_registry! {
     ListDatabases: "listDatabases" => InTransaction::Refused;
     ListIndexes: "listIndexes" => InTransaction::Refused;
     ListShards: "listShards" => InTransaction::Refused;
+    ListSubscriptions: "listSubscriptions" => InTransaction::Refused;
     Logout: "logout" => InTransaction::Beside;
+    NackSubscription: "nackSubscription" => InTransaction::Refused;
     Ping: "ping" => InTransaction::Beside;
+    ReadSubscription: "readSubscription" => InTransaction::Refused;
     RefreshSessions: "refreshSessions" => InTransaction::Refused;
     RenameCollection: "renameCollection" => InTransaction::Refused;
     RevokePrivilegesFromRole: "revokePrivilegesFromRole" => InTransaction::Refused;

@@ -28,6 +28,7 @@ pub mod server;
 mod snapshot;
 pub mod stdout_log;
 pub mod streams;
+pub mod subscriptions;
 mod txn;
 
 pub use kernel::shard_client::{LocalShard, RemoteShard, ShardClient, TransportError};

@@ -56,6 +56,8 @@ impl Router {
         let catalog = Catalog::new(ConfigStore::new(transport.clone()), transport.len());
         let sessions = Arc::new(crate::txn::Sessions::default());
         let enlisting = crate::txn::Enlisting::new(transport.clone(), sessions.clone());
+        let subscriptions =
+            crate::subscriptions::Subscriptions::new(streams.clone(), transport.clone());
         let seams = Seams {
             config: ConfigStore::new(transport.clone()),
             transport,
@@ -69,6 +71,7 @@ impl Router {
             connections,
             failpoints: Default::default(),
             services,
+            subscriptions,
             streams,
             metrics,
             auth: Default::default(),

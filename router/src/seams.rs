@@ -47,6 +47,8 @@ pub(crate) struct Seams {
     pub(crate) services: Services,
     /// What change streams run on.
     pub(crate) streams: Arc<crate::streams::Streams>,
+    /// The consumers of subscriptions this router serves.
+    pub(crate) subscriptions: Arc<crate::subscriptions::Subscriptions>,
     /// What `--metricsPort` shows.
     pub(crate) metrics: crate::metrics::Metrics,
     /// Who each connection authenticated as.

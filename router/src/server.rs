@@ -27,6 +27,10 @@ pub async fn serve(router: Arc<Router>, listener: TcpListener, cancel: Cancellat
         seams: seams.clone(),
     });
     crate::kernel::lineages::keep_up(&seams.services, &seams.lineages);
+    if let Ok(addr) = listener.local_addr() {
+        seams.subscriptions.set_router_id(addr.to_string());
+    }
+    seams.subscriptions.start(&seams.services);
     let tls = seams.options.tls.clone();
     let connections = seams.connections.clone();
     let handler = Arc::new(RouterHandler { seams });

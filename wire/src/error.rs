@@ -151,6 +151,16 @@ codes! {
     ILLEGAL_OP_MSG_FLAG = 223, "IllegalOpMsgFlag";
     CHECKSUM_MISMATCH = 288, "ChecksumMismatch";
     UNSUPPORTED_OP_QUERY_COMMAND = 352, "UnsupportedOpQueryCommand";
+    EXCEEDED_MEMORY_LIMIT = 146, "ExceededMemoryLimit";
+    NOT_IMPLEMENTED = 238, "NotImplemented";
+    // Tributary's own, for subscriptions (router/src/subscriptions/errors.rs).
+    SUBSCRIPTION_NOT_FOUND = 9100, "SubscriptionNotFound";
+    CONSUMER_NOT_FOUND = 9101, "ConsumerNotFound";
+    SUBSCRIPTION_EXISTS = 9102, "SubscriptionExists";
+    SUBSCRIPTION_EXPIRED = 9103, "SubscriptionExpired";
+    SUBSCRIPTION_RESET_REQUIRED = 9104, "SubscriptionResetRequired";
+    RESERVED_NAMESPACE = 9105, "ReservedNamespace";
+    CONSUMER_LEASE_MOVED = 9106, "ConsumerLeaseMoved";
 }
 
 impl ErrorCode {

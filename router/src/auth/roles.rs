@@ -71,6 +71,16 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
             on(Need::Read)
         }
         Aggregate => aggregate_need(db, cmd),
+        // Reading a subscription needs what watching its stream does; managing one, the right
+        // to change the database.
+        ReadSubscription | AckSubscription | NackSubscription | ListSubscriptions => {
+            if db == "admin" {
+                Need::ReadAll
+            } else {
+                on(Need::Read)
+            }
+        }
+        CreateSubscription | AlterSubscription | DropSubscription => on(Need::Write),
         Insert | Update | Delete | FindAndModify | Create | Drop | CreateIndexes | DropIndexes => {
             on(Need::Write)
         }
@@ -327,6 +337,12 @@ fn actions_ignoring_bypass(
             actions(inner_name, db, inner)
         }
         Find | Count | Distinct => on_ns(&["find"]),
+        ReadSubscription | AckSubscription | NackSubscription | ListSubscriptions => {
+            on_db(&["changeStream", "find"])
+        }
+        CreateSubscription | AlterSubscription | DropSubscription => {
+            on_db(&["changeStream", "find", "insert", "update", "remove"])
+        }
         ListCollections => on_db(&["listCollections"]),
         ListIndexes => on_ns(&["listIndexes"]),
         CollStats => on_ns(&["collStats"]),

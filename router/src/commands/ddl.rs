@@ -177,6 +177,8 @@ pub(super) async fn drop_database(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let seams = ctx.seams;
+    // A dropped database's subscriptions go with it (and stop pinning its history).
+    seams.subscriptions.drop_database(db).await?;
     let Some(entry) = seams.catalog.database(db).await? else {
         return Ok(doc! {"ok": 1.0});
     };

@@ -18,6 +18,7 @@ mod layers;
 mod out;
 mod reads;
 mod stats;
+mod subscriptions;
 mod views;
 
 use std::sync::Arc;
@@ -129,6 +130,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
             )
         })?;
     fields::check(command, ctx.name, ctx.cmd)?;
+    refuse_reserved(command, ctx)?;
     if crate::txn::in_transaction(ctx.cmd) {
         command.check_transaction(ctx.name)?;
     }
@@ -148,6 +150,28 @@ async fn dispatch(ctx: &Ctx<'_>) -> Result<Body> {
     }
 }
 
+/// The subscriptions' state collections are read-only to users (9105): their writes and DDL
+/// are refused.
+fn refuse_reserved(command: Command, ctx: &Ctx<'_>) -> Result<()> {
+    use crate::subscriptions::spec::is_reserved;
+    use Command::*;
+    let target = match command {
+        Insert | Update | Delete | FindAndModify | Create | Drop | CreateIndexes | DropIndexes
+        | CollMod => ctx.cmd.get_str(ctx.name).ok().map(|c| (ctx.db, c)),
+        RenameCollection => ["renameCollection", "to"]
+            .iter()
+            .filter_map(|f| ctx.cmd.get_str(f).ok()?.split_once('.'))
+            .find(|(db, coll)| is_reserved(db, coll)),
+        _ => None,
+    };
+    match target {
+        Some((db, coll)) if is_reserved(db, coll) => Err(crate::subscriptions::errors::reserved(
+            &format!("{db}.{coll}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// How each command runs: every [`Command`] has its arm.
 async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
     use crate::auth::custom;
@@ -155,6 +179,13 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
     let (seams, conn, db, cmd) = (ctx.seams, ctx.conn, ctx.db, ctx.cmd);
     let document = match command {
         GetMore => return find::get_more(ctx).await,
+        ReadSubscription => return subscriptions::read(ctx).await,
+        CreateSubscription => subscriptions::create(ctx).await,
+        AckSubscription => subscriptions::ack(ctx).await,
+        NackSubscription => subscriptions::nack(ctx).await,
+        AlterSubscription => subscriptions::alter(ctx).await,
+        DropSubscription => subscriptions::drop(ctx).await,
+        ListSubscriptions => subscriptions::list(ctx).await,
         Find => return find::find(ctx).await,
         Aggregate => return aggregate::aggregate(ctx).await,
         Hello => {

@@ -1,0 +1,141 @@
+//! The subscription commands, parsed here and run by `crate::subscriptions`.
+
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use wire::raw::Body;
+use wire::{MongoError, Result};
+
+use super::Ctx;
+use crate::subscriptions::spec::{self, check_name};
+
+pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
+    ctx.seams.subscriptions.create(ctx.db, ctx.cmd).await
+}
+
+/// The subscription a command names (its first field) and the consumer it gives.
+fn target(ctx: &Ctx<'_>) -> Result<(String, String)> {
+    let name = check_name(ctx.cmd.get(ctx.name), ctx.name)?;
+    let consumer = check_name(ctx.cmd.get("consumer"), "consumer")?;
+    Ok((name, consumer))
+}
+
+pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
+    let (name, consumer) = target(ctx)?;
+    let max = spec::positive(ctx.cmd, "max", spec::MAX_READ_MAX)?.unwrap_or(spec::DEFAULT_READ_MAX);
+    let wait = match ctx.cmd.get("waitMS") {
+        None | Some(Bson::Null) => 0,
+        _ => match spec::positive(ctx.cmd, "waitMS", spec::MAX_WAIT_MS) {
+            Ok(v) => v.unwrap_or(0),
+            // 0 is allowed: no wait.
+            Err(_) if ctx.args().opt_i64("waitMS")? == Some(0) => 0,
+            Err(e) => return Err(e),
+        },
+    };
+    let read = ctx
+        .seams
+        .subscriptions
+        .read(
+            ctx.db,
+            &name,
+            &consumer,
+            max as usize,
+            Duration::from_millis(wait as u64),
+        )
+        .await?;
+    Ok(Body::Raw(read.reply()?))
+}
+
+/// A command's `deliveryIds`: strings, at most `spec::MAX_IDS` of them.
+fn ids(ctx: &Ctx<'_>) -> Result<Vec<String>> {
+    let ids = ctx.args().array("deliveryIds")?;
+    if ids.len() > spec::MAX_IDS {
+        return Err(MongoError::bad_value(format!(
+            "at most {} deliveryIds per call",
+            spec::MAX_IDS
+        )));
+    }
+    ids.iter()
+        .map(|v| match v {
+            Bson::String(s) => Ok(s.clone()),
+            _ => Err(MongoError::type_mismatch("deliveryIds must be strings")),
+        })
+        .collect()
+}
+
+pub(super) async fn ack(ctx: &Ctx<'_>) -> Result<Document> {
+    let (name, consumer) = target(ctx)?;
+    let args = ctx.args();
+    let in_progress = args.opt_bool("inProgress")?.unwrap_or(false);
+    let wait_durable = args.opt_bool("waitDurable")?.unwrap_or(false);
+    ctx.seams
+        .subscriptions
+        .ack(
+            ctx.db,
+            &name,
+            &consumer,
+            &ids(ctx)?,
+            in_progress,
+            wait_durable,
+        )
+        .await
+}
+
+pub(super) async fn nack(ctx: &Ctx<'_>) -> Result<Document> {
+    let (name, consumer) = target(ctx)?;
+    let args = ctx.args();
+    let retry = match args.opt_i64("retryInMS")? {
+        None => None,
+        Some(ms) if (0..=spec::MAX_BACKOFF_MS).contains(&ms) => {
+            Some(Duration::from_millis(ms as u64))
+        }
+        Some(ms) => {
+            return Err(MongoError::bad_value(format!(
+                "'retryInMS' must be from 0 to {}, not {ms}",
+                spec::MAX_BACKOFF_MS
+            )));
+        }
+    };
+    let dead_letter = args.opt_bool("deadLetter")?.unwrap_or(false);
+    ctx.seams
+        .subscriptions
+        .nack(ctx.db, &name, &consumer, &ids(ctx)?, retry, dead_letter)
+        .await
+}
+
+pub(super) async fn alter(ctx: &Ctx<'_>) -> Result<Document> {
+    let name = check_name(ctx.cmd.get(ctx.name), ctx.name)?;
+    ctx.seams.subscriptions.alter(ctx.db, &name, ctx.cmd).await
+}
+
+pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
+    let name = check_name(ctx.cmd.get(ctx.name), ctx.name)?;
+    ctx.seams
+        .subscriptions
+        .drop_subscription(ctx.db, &name)
+        .await
+}
+
+/// `listSubscriptions`: one batch (the rows of one database's subscriptions, or of all on
+/// `admin`), at most 16 MiB of them.
+pub(super) async fn list(ctx: &Ctx<'_>) -> Result<Document> {
+    let filter = ctx.args().opt_doc("filter")?;
+    let rows = ctx.seams.subscriptions.list(ctx.db, filter).await?;
+    let mut bytes = 0usize;
+    for row in &rows {
+        bytes += row.to_vec().map_or(0, |v| v.len());
+        if bytes > crate::subscriptions::REPLY_BUDGET {
+            return Err(MongoError::bad_value(
+                "the listing passes 16 MiB: narrow it with a filter",
+            ));
+        }
+    }
+    Ok(doc! {
+        "cursor": {
+            "id": 0i64,
+            "ns": format!("{}.$cmd.listSubscriptions", ctx.db),
+            "firstBatch": rows,
+        },
+        "ok": 1.0,
+    })
+}

@@ -1,0 +1,1076 @@
+//! One consumer's deliveries, as a pure state machine: no I/O, the wall clock passed in as
+//! [`Millis`], outputs returned as values the caller carries out (send, dead-letter, persist).
+//!
+//! A consumer takes messages from its feed in token (commit) order. Each message taken sits in
+//! the **window** until it is *done* (acked or dead-lettered); the **floor** is the token below
+//! which everything is done, and so the consumer's durable resume point. A message in the
+//! window is out (delivered, its ack deadline running), due (to be delivered again at a time:
+//! after a timeout, a nack, or a restart) or done. Redelivered dead letters (`redrive`) sit
+//! beside the window, below the floor, and complete the same way.
+//!
+//! Invariants: every message taken ends done (acked or dead-lettered) or stays in the window;
+//! first deliveries happen in token order; a message is never delivered again before its
+//! deadline has passed (or a nack asked for it); a delivery count never exceeds
+//! `max_deliveries` (the delivery that would pass it dead-letters the message instead); the
+//! floor only rises within an epoch; `delivered = acked + dead_lettered + in_flight`, every
+//! counter counting messages, not deliveries (`redelivered` counts the extra deliveries); a
+//! `deliveryId` names its message and its epoch, so acking twice, late or from before a reset
+//! is a no-op that is reported, never an error; the window holds at most
+//! [`WINDOW_FACTOR`] × `max_in_flight` messages and at most `max_in_flight` that are not done.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use resume::token::ResumeToken;
+
+/// Wall-clock milliseconds since the Unix epoch: persisted due times are in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub u64);
+
+impl Millis {
+    pub fn after(self, d: Duration) -> Millis {
+        Millis(
+            self.0
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    pub fn until(self, later: Millis) -> Duration {
+        Duration::from_millis(later.0.saturating_sub(self.0))
+    }
+}
+
+/// How many messages the window may hold per message allowed in flight: done messages above an
+/// unacked one wait there for the floor to pass them.
+pub const WINDOW_FACTOR: usize = 4;
+
+/// The most bytes of events not yet done that a consumer holds (at least one message always
+/// fits): with `max_in_flight` this bounds a consumer's memory whatever its events' sizes.
+pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+
+/// A subscription's delivery settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub ack_timeout: Duration,
+    /// The delivery that would exceed it dead-letters the message instead.
+    pub max_deliveries: u32,
+    /// The wait before delivery `n + 1` after delivery `n` timed out or was nacked without
+    /// `retryInMS`: entry `n - 1`, the last one for every later delivery; none without a
+    /// schedule.
+    pub backoff: Vec<Duration>,
+    pub max_in_flight: usize,
+}
+
+impl Limits {
+    fn backoff_after(&self, deliveries: u32) -> Duration {
+        let i = (deliveries as usize).saturating_sub(1);
+        self.backoff
+            .get(i)
+            .or(self.backoff.last())
+            .copied()
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A change event as the subscription delivers it: its resume token and its encoded bytes
+/// (exactly what `watch()` returns), shared by every consumer that holds it.
+#[derive(Debug)]
+pub struct Message {
+    pub token: ResumeToken,
+    pub event: Bytes,
+}
+
+/// One delivery to hand a reader.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: String,
+    pub count: u32,
+    pub message: Arc<Message>,
+}
+
+/// Why a message was set aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadReason {
+    /// Its deliveries reached `maxDeliveries` unacked.
+    MaxDeliveries,
+    /// A reader nacked it with `deadLetter: true`.
+    Nacked,
+}
+
+impl DeadReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::MaxDeliveries => "maxDeliveries",
+            DeadReason::Nacked => "nack",
+        }
+    }
+}
+
+/// A message to set aside as a dead letter.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub message: Arc<Message>,
+    pub deliveries: u32,
+    pub reason: DeadReason,
+}
+
+#[derive(Debug, Clone)]
+enum Slot {
+    /// Delivered `deliveries` times; the last delivery's ack is due by `deadline`.
+    Out {
+        message: Arc<Message>,
+        deliveries: u32,
+        deadline: Millis,
+    },
+    /// Delivered `deliveries` times (perhaps none, after a restart); to deliver again at `at`.
+    Due {
+        message: Arc<Message>,
+        deliveries: u32,
+        at: Millis,
+    },
+    Done,
+}
+
+impl Slot {
+    fn is_done(&self) -> bool {
+        matches!(self, Slot::Done)
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Slot::Out { message, .. } | Slot::Due { message, .. } => message.event.len(),
+            Slot::Done => 0,
+        }
+    }
+
+    fn deliveries(&self) -> u32 {
+        match self {
+            Slot::Out { deliveries, .. } | Slot::Due { deliveries, .. } => *deliveries,
+            Slot::Done => 0,
+        }
+    }
+}
+
+/// What the persisted state remembers of a message above the floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remembered {
+    Done,
+    /// Delivered this many times; due again no earlier than `at` (a nack's delay).
+    Delivered {
+        deliveries: u32,
+        at: Option<Millis>,
+    },
+}
+
+/// A consumer's counters (messages, not deliveries, except `redelivered`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    pub dead_lettered: u64,
+    pub late: u64,
+}
+
+/// What an ack, extension or nack did, per id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Messages this call completed, extended or nacked.
+    pub applied: u32,
+    /// Ids whose message was done already, or whose deadline had passed when acked (the ack
+    /// still completes it).
+    pub late: u32,
+    /// Ids of another epoch (from before a reset) or of no message this consumer holds.
+    pub unknown: u32,
+}
+
+/// A parsed `deliveryId`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryId {
+    pub epoch: u32,
+    pub token: ResumeToken,
+}
+
+impl DeliveryId {
+    pub fn format(epoch: u32, token: &ResumeToken) -> String {
+        format!("{epoch}.{}", URL_SAFE_NO_PAD.encode(token.data()))
+    }
+
+    /// `None` when `id` is not one this server formats.
+    pub fn parse(id: &str) -> Option<DeliveryId> {
+        let (epoch, token) = id.split_once('.')?;
+        if token.len() > 4096 {
+            return None;
+        }
+        let data = URL_SAFE_NO_PAD.decode(token).ok()?;
+        Some(DeliveryId {
+            epoch: epoch.parse().ok()?,
+            token: ResumeToken::from_parts(data, Vec::new()),
+        })
+    }
+}
+
+/// One consumer's deliveries.
+#[derive(Debug)]
+pub struct Consumer {
+    limits: Limits,
+    epoch: u32,
+    /// Every message up to it is done; `None` before the first one (the subscription's start).
+    floor: Option<ResumeToken>,
+    /// The newest token taken from the feed or scanned past (≥ the floor).
+    horizon: Option<ResumeToken>,
+    window: BTreeMap<ResumeToken, Slot>,
+    /// Redriven dead letters, below the floor.
+    redriven: BTreeMap<ResumeToken, Slot>,
+    /// What the persisted state says of messages above the floor not taken again yet.
+    remembered: HashMap<ResumeToken, Remembered>,
+    /// Messages out or due (not done), and their bytes.
+    in_flight: usize,
+    in_flight_bytes: usize,
+    paused: bool,
+    pub counters: Counters,
+}
+
+impl Consumer {
+    pub fn new(limits: Limits, epoch: u32, floor: Option<ResumeToken>) -> Consumer {
+        Consumer {
+            limits,
+            epoch,
+            horizon: floor.clone(),
+            floor,
+            window: BTreeMap::new(),
+            redriven: BTreeMap::new(),
+            remembered: HashMap::new(),
+            in_flight: 0,
+            in_flight_bytes: 0,
+            paused: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// A consumer restored from its persisted state: messages above the floor the state
+    /// remembers come back as done, or with their delivery counts and nack delays, when the
+    /// feed brings them again.
+    pub fn restored(
+        limits: Limits,
+        epoch: u32,
+        floor: Option<ResumeToken>,
+        remembered: HashMap<ResumeToken, Remembered>,
+        counters: Counters,
+    ) -> Consumer {
+        let mut c = Consumer::new(limits, epoch, floor);
+        c.remembered = remembered;
+        c.counters = counters;
+        // What was in flight when the state was written comes again, uncounted as new.
+        c.counters.delivered = c.counters.acked + c.counters.dead_lettered;
+        c
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    pub fn floor(&self) -> Option<&ResumeToken> {
+        self.floor.as_ref()
+    }
+
+    pub fn horizon(&self) -> Option<&ResumeToken> {
+        self.horizon.as_ref()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    pub fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+    }
+
+    /// What the persisted state must remember above the floor: done messages, and delivery
+    /// counts and nack delays of the others (bounded by the window).
+    pub fn remembered(&self) -> Vec<(ResumeToken, Remembered)> {
+        let mut out: Vec<(ResumeToken, Remembered)> = self
+            .window
+            .iter()
+            .map(|(token, slot)| {
+                let r = match slot {
+                    Slot::Done => Remembered::Done,
+                    Slot::Out { deliveries, .. } => Remembered::Delivered {
+                        deliveries: *deliveries,
+                        at: None,
+                    },
+                    Slot::Due { deliveries, at, .. } => Remembered::Delivered {
+                        deliveries: *deliveries,
+                        at: Some(*at),
+                    },
+                };
+                (token.clone(), r)
+            })
+            .collect();
+        // What the feed has not brought back yet since a restore is still owed.
+        out.extend(self.remembered.iter().map(|(t, r)| (t.clone(), *r)));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Messages due for delivery again now, in token order (redriven dead letters first), at
+    /// most `max` of them and `budget` bytes (one at least); a message whose deliveries reached `max_deliveries` is dead-lettered
+    /// instead. Out messages whose deadline passed become due after the backoff.
+    pub fn take_due(
+        &mut self,
+        now: Millis,
+        max: usize,
+        budget: usize,
+    ) -> (Vec<Delivery>, Vec<DeadLetter>) {
+        let mut out: Vec<Delivery> = Vec::new();
+        let mut bytes = 0usize;
+        let mut dead = Vec::new();
+        if self.paused {
+            return (out, dead);
+        }
+        for redriven in [true, false] {
+            let map = if redriven {
+                &mut self.redriven
+            } else {
+                &mut self.window
+            };
+            for (token, slot) in map.iter_mut() {
+                if out.len() >= max {
+                    break;
+                }
+                if let Slot::Out {
+                    message,
+                    deliveries,
+                    deadline,
+                } = slot
+                    && *deadline <= now
+                {
+                    let at = deadline.after(self.limits.backoff_after(*deliveries));
+                    *slot = Slot::Due {
+                        message: message.clone(),
+                        deliveries: *deliveries,
+                        at,
+                    };
+                }
+                let Slot::Due {
+                    message,
+                    deliveries,
+                    at,
+                } = slot
+                else {
+                    continue;
+                };
+                if *at > now {
+                    continue;
+                }
+                if *deliveries >= self.limits.max_deliveries {
+                    dead.push(DeadLetter {
+                        message: message.clone(),
+                        deliveries: *deliveries,
+                        reason: DeadReason::MaxDeliveries,
+                    });
+                    self.in_flight -= 1;
+                    self.in_flight_bytes -= message.event.len();
+                    self.counters.dead_lettered += 1;
+                    *slot = Slot::Done;
+                    continue;
+                }
+                if !out.is_empty() && bytes + message.event.len() > budget {
+                    continue;
+                }
+                bytes += message.event.len();
+                let count = *deliveries + 1;
+                if count > 1 {
+                    self.counters.redelivered += 1;
+                }
+                out.push(Delivery {
+                    id: DeliveryId::format(self.epoch, token),
+                    count,
+                    message: message.clone(),
+                });
+                *slot = Slot::Out {
+                    message: message.clone(),
+                    deliveries: count,
+                    deadline: now.after(self.limits.ack_timeout),
+                };
+            }
+        }
+        self.redriven.retain(|_, s| !s.is_done());
+        self.advance_floor();
+        (out, dead)
+    }
+
+    /// How many new messages the consumer may take now.
+    pub fn room(&self) -> usize {
+        if self.paused || self.in_flight_bytes >= MAX_IN_FLIGHT_BYTES {
+            return 0;
+        }
+        let window = (WINDOW_FACTOR * self.limits.max_in_flight).saturating_sub(self.window.len());
+        self.limits
+            .max_in_flight
+            .saturating_sub(self.in_flight)
+            .min(window)
+    }
+
+    /// Takes the feed's next message (its token above the horizon, or it is ignored: the
+    /// feed may bring again what a re-opened stream passed): delivered now, unless the
+    /// persisted state remembers it done or nacked until later.
+    pub fn offer(&mut self, message: Arc<Message>, now: Millis) -> Option<Delivery> {
+        if self.horizon.as_ref().is_some_and(|h| message.token <= *h) {
+            return None;
+        }
+        self.horizon = Some(message.token.clone());
+        // What the state remembers before this message, the feed no longer brings.
+        self.remembered.retain(|t, _| *t >= message.token);
+        let (deliveries, at) = match self.remembered.remove(&message.token) {
+            Some(Remembered::Done) => {
+                self.window.insert(message.token.clone(), Slot::Done);
+                self.advance_floor();
+                return None;
+            }
+            Some(Remembered::Delivered { deliveries, at }) => (deliveries, at),
+            None => (0, None),
+        };
+        self.counters.delivered += 1;
+        self.in_flight += 1;
+        self.in_flight_bytes += message.event.len();
+        if deliveries > 0 || at.is_some_and(|at| at > now) {
+            // Owed again from a restore: due at once (or after its nack's delay), through
+            // `take_due`, which dead-letters it if its deliveries are spent.
+            self.window.insert(
+                message.token.clone(),
+                Slot::Due {
+                    message,
+                    deliveries,
+                    at: at.unwrap_or(now),
+                },
+            );
+            return None;
+        }
+        let token = message.token.clone();
+        self.window.insert(
+            token.clone(),
+            Slot::Out {
+                message: message.clone(),
+                deliveries: 1,
+                deadline: now.after(self.limits.ack_timeout),
+            },
+        );
+        Some(Delivery {
+            id: DeliveryId::format(self.epoch, &token),
+            count: 1,
+            message,
+        })
+    }
+
+    /// The feed has read through `token` (a post-batch resume token) with nothing more for
+    /// this consumer: the horizon moves there, and with nothing in the window so does the
+    /// floor, so a rarely matching stream does not hold the consumer far back.
+    pub fn scanned(&mut self, token: &ResumeToken) {
+        if self.horizon.as_ref().is_some_and(|h| token <= h) {
+            return;
+        }
+        self.horizon = Some(token.clone());
+        self.remembered.retain(|t, _| t > token);
+        self.advance_floor();
+    }
+
+    /// Acks `ids`: each completes its message (if not done already).
+    pub fn ack(&mut self, ids: &[DeliveryId], now: Millis) -> (Outcome, Vec<ResumeToken>) {
+        let mut outcome = Outcome::default();
+        let mut redriven_done = Vec::new();
+        for id in ids {
+            if self.passed(id) {
+                outcome.late += 1;
+                continue;
+            }
+            let Some((slot, redriven)) = self.slot_mut(id) else {
+                outcome.unknown += 1;
+                continue;
+            };
+            let (late, bytes) = match slot {
+                Slot::Done => {
+                    outcome.late += 1;
+                    continue;
+                }
+                Slot::Out { deadline, .. } => (*deadline <= now, slot.bytes()),
+                Slot::Due { .. } => (true, slot.bytes()),
+            };
+            *slot = Slot::Done;
+            if redriven {
+                redriven_done.push(id.token.clone());
+            }
+            self.in_flight -= 1;
+            self.in_flight_bytes -= bytes;
+            self.counters.acked += 1;
+            outcome.applied += 1;
+            if late {
+                outcome.late += 1;
+                self.counters.late += 1;
+            }
+        }
+        self.redriven.retain(|_, s| !s.is_done());
+        self.advance_floor();
+        (outcome, redriven_done)
+    }
+
+    /// Extends the deadline of each out message named (`inProgress`).
+    pub fn extend(&mut self, ids: &[DeliveryId], now: Millis) -> Outcome {
+        let mut outcome = Outcome::default();
+        let deadline_now = now.after(self.limits.ack_timeout);
+        for id in ids {
+            if self.passed(id) {
+                outcome.late += 1;
+                continue;
+            }
+            match self.slot_mut(id) {
+                None => outcome.unknown += 1,
+                Some((Slot::Out { deadline, .. }, _)) => {
+                    *deadline = deadline_now;
+                    outcome.applied += 1;
+                }
+                Some(_) => outcome.late += 1,
+            }
+        }
+        outcome
+    }
+
+    /// Nacks `ids`: each out message is due again after `retry` (the backoff schedule
+    /// without one), or is dead-lettered now.
+    pub fn nack(
+        &mut self,
+        ids: &[DeliveryId],
+        now: Millis,
+        retry: Option<Duration>,
+        dead_letter: bool,
+    ) -> (Outcome, Vec<DeadLetter>) {
+        let mut outcome = Outcome::default();
+        let mut dead = Vec::new();
+        let backoff = self.limits.clone();
+        for id in ids {
+            if self.passed(id) {
+                outcome.late += 1;
+                continue;
+            }
+            let Some((slot, _)) = self.slot_mut(id) else {
+                outcome.unknown += 1;
+                continue;
+            };
+            let Slot::Out {
+                message,
+                deliveries,
+                ..
+            } = slot
+            else {
+                outcome.late += 1;
+                continue;
+            };
+            outcome.applied += 1;
+            if dead_letter {
+                dead.push(DeadLetter {
+                    message: message.clone(),
+                    deliveries: *deliveries,
+                    reason: DeadReason::Nacked,
+                });
+                let bytes = message.event.len();
+                *slot = Slot::Done;
+                self.in_flight -= 1;
+                self.in_flight_bytes -= bytes;
+                self.counters.dead_lettered += 1;
+                continue;
+            }
+            let wait = retry.unwrap_or_else(|| backoff.backoff_after(*deliveries));
+            *slot = Slot::Due {
+                message: message.clone(),
+                deliveries: *deliveries,
+                at: now.after(wait),
+            };
+        }
+        self.redriven.retain(|_, s| !s.is_done());
+        self.advance_floor();
+        (outcome, dead)
+    }
+
+    /// Puts dead letters back: each is delivered again (its count restarting) before any new
+    /// message, and its ack removes it from the dead letters (the caller's part).
+    pub fn redrive(&mut self, messages: Vec<Arc<Message>>, now: Millis) {
+        for message in messages {
+            if self.redriven.contains_key(&message.token)
+                || self.window.contains_key(&message.token)
+            {
+                continue;
+            }
+            self.in_flight += 1;
+            self.in_flight_bytes += message.event.len();
+            self.counters.delivered += 1;
+            self.counters.dead_lettered = self.counters.dead_lettered.saturating_sub(1);
+            self.redriven.insert(
+                message.token.clone(),
+                Slot::Due {
+                    message,
+                    deliveries: 0,
+                    at: now,
+                },
+            );
+        }
+    }
+
+    /// Starts over at `floor` in a new epoch: everything held is dropped (ids of the old epoch
+    /// ack nothing), the counters of messages in flight leave with them.
+    pub fn reset(&mut self, floor: Option<ResumeToken>) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.floor = floor.clone();
+        self.horizon = floor;
+        self.window.clear();
+        self.redriven.clear();
+        self.remembered.clear();
+        self.in_flight = 0;
+        self.in_flight_bytes = 0;
+        self.counters.delivered = self.counters.acked + self.counters.dead_lettered;
+    }
+
+    /// When the next out message's deadline passes or a due one comes due: a waiting read
+    /// wakes then.
+    pub fn next_timer(&self) -> Option<Millis> {
+        self.window
+            .values()
+            .chain(self.redriven.values())
+            .filter_map(|slot| match slot {
+                Slot::Out { deadline, .. } => Some(*deadline),
+                Slot::Due { at, .. } => Some(*at),
+                Slot::Done => None,
+            })
+            .min()
+    }
+
+    /// Whether nothing is due and nothing new may be taken now (a read would wait).
+    pub fn has_due(&self, now: Millis) -> bool {
+        !self.paused && self.next_timer().is_some_and(|t| t <= now)
+    }
+
+    /// Whether `id` names a message of this epoch the floor has passed (done already).
+    fn passed(&self, id: &DeliveryId) -> bool {
+        id.epoch == self.epoch
+            && !self.redriven.contains_key(&id.token)
+            && self.floor.as_ref().is_some_and(|f| id.token <= *f)
+    }
+
+    fn slot_mut(&mut self, id: &DeliveryId) -> Option<(&mut Slot, bool)> {
+        if id.epoch != self.epoch {
+            return None;
+        }
+        if let Some(slot) = self.redriven.get_mut(&id.token) {
+            return Some((slot, true));
+        }
+        if let Some(slot) = self.window.get_mut(&id.token) {
+            return Some((slot, false));
+        }
+        None
+    }
+
+    /// Pops done messages off the window's front; an empty window lets the floor reach the
+    /// horizon.
+    fn advance_floor(&mut self) {
+        while let Some(entry) = self.window.first_entry() {
+            if !entry.get().is_done() {
+                return;
+            }
+            let (token, _) = entry.remove_entry();
+            self.floor = Some(token);
+        }
+        if self.remembered.is_empty() && self.horizon > self.floor {
+            self.floor.clone_from(&self.horizon);
+        }
+    }
+
+    /// Deliveries made of the message `token` (0 when it is not held or done): for tests and
+    /// the consumer's listing.
+    pub fn deliveries_of(&self, token: &ResumeToken) -> u32 {
+        self.window
+            .get(token)
+            .or_else(|| self.redriven.get(token))
+            .map_or(0, Slot::deliveries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn token(n: u64) -> ResumeToken {
+        ResumeToken::from_parts(n.to_be_bytes().to_vec(), Vec::new())
+    }
+
+    fn message(n: u64) -> Arc<Message> {
+        Arc::new(Message {
+            token: token(n),
+            event: Bytes::from(vec![0u8; 10]),
+        })
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            ack_timeout: Duration::from_secs(30),
+            max_deliveries: 3,
+            backoff: Vec::new(),
+            max_in_flight: 10,
+        }
+    }
+
+    fn id(c: &Consumer, n: u64) -> DeliveryId {
+        DeliveryId {
+            epoch: c.epoch(),
+            token: token(n),
+        }
+    }
+
+    const T0: Millis = Millis(1_000_000);
+
+    #[test]
+    fn delivery_ids_round_trip_and_refuse_garbage() {
+        let t = token(42);
+        let id = DeliveryId::format(7, &t);
+        assert_eq!(
+            DeliveryId::parse(&id),
+            Some(DeliveryId { epoch: 7, token: t })
+        );
+        for bad in ["", "7", "x.AA", "7.!!", &"7.".repeat(3000)] {
+            assert_eq!(DeliveryId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn acks_move_the_floor_over_the_acked_prefix_only() {
+        let mut c = Consumer::new(limits(), 0, None);
+        for n in 1..=3 {
+            assert!(c.offer(message(n), T0).is_some());
+        }
+        let (o, _) = c.ack(&[id(&c, 2)], T0);
+        assert_eq!(o.applied, 1);
+        assert_eq!(c.floor(), None, "1 is unacked: the floor stays");
+        c.ack(&[id(&c, 1)], T0);
+        assert_eq!(c.floor(), Some(&token(2)));
+        let (again, _) = c.ack(&[id(&c, 1), id(&c, 2)], T0);
+        assert_eq!((again.applied, again.late), (0, 2), "acking twice is late");
+        c.ack(&[id(&c, 3)], T0);
+        assert_eq!(c.floor(), Some(&token(3)));
+        assert_eq!(c.counters.acked, 3);
+    }
+
+    #[test]
+    fn an_unacked_message_comes_again_after_its_timeout_and_not_before() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.offer(message(1), T0);
+        let just_before = T0.after(Duration::from_millis(29_999));
+        assert!(c.take_due(just_before, 10, usize::MAX).0.is_empty());
+        let (again, _) = c.take_due(T0.after(Duration::from_secs(30)), 10, usize::MAX);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].count, 2);
+        assert_eq!(c.counters.redelivered, 1);
+    }
+
+    #[test]
+    fn the_delivery_past_max_deliveries_dead_letters_the_message() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.offer(message(1), T0);
+        c.offer(message(2), T0);
+        c.ack(&[id(&c, 2)], T0);
+        let mut now = T0;
+        for expected in 2..=3 {
+            now = now.after(Duration::from_secs(30));
+            let (d, dead) = c.take_due(now, 10, usize::MAX);
+            assert_eq!((d.len(), dead.len()), (1, 0));
+            assert_eq!(d[0].count, expected);
+        }
+        now = now.after(Duration::from_secs(30));
+        let (d, dead) = c.take_due(now, 10, usize::MAX);
+        assert!(d.is_empty());
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].deliveries, 3);
+        assert_eq!(dead[0].reason, DeadReason::MaxDeliveries);
+        assert_eq!(
+            c.floor(),
+            Some(&token(2)),
+            "a dead letter no longer holds the floor"
+        );
+        assert_eq!(c.counters.dead_lettered, 1);
+    }
+
+    #[test]
+    fn nacks_redeliver_at_once_after_retry_in_or_by_the_backoff_schedule() {
+        let mut l = limits();
+        l.backoff = vec![Duration::from_secs(1), Duration::from_secs(5)];
+        let mut c = Consumer::new(l, 0, None);
+        c.offer(message(1), T0);
+        let (o, _) = c.nack(&[id(&c, 1)], T0, None, false);
+        assert_eq!(o.applied, 1);
+        assert!(
+            c.take_due(T0.after(Duration::from_millis(999)), 10, usize::MAX)
+                .0
+                .is_empty()
+        );
+        assert_eq!(
+            c.take_due(T0.after(Duration::from_secs(1)), 10, usize::MAX)
+                .0
+                .len(),
+            1
+        );
+        let t1 = T0.after(Duration::from_secs(1));
+        c.nack(&[id(&c, 1)], t1, Some(Duration::from_millis(10)), false);
+        assert_eq!(
+            c.take_due(t1.after(Duration::from_millis(10)), 10, usize::MAX)
+                .0
+                .len(),
+            1
+        );
+        // The third delivery times out: the schedule's last entry applies after the deadline.
+        let t2 = t1.after(Duration::from_millis(10));
+        let deadline = t2.after(Duration::from_secs(30));
+        assert!(
+            c.take_due(deadline.after(Duration::from_millis(4_999)), 10, usize::MAX)
+                .0
+                .is_empty()
+        );
+        let (d, dead) = c.take_due(deadline.after(Duration::from_secs(5)), 10, usize::MAX);
+        assert!(d.is_empty(), "the fourth delivery would pass maxDeliveries");
+        assert_eq!(dead.len(), 1);
+    }
+
+    #[test]
+    fn nack_with_dead_letter_sets_aside_at_once_and_redrive_brings_it_back() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.offer(message(1), T0);
+        let (_, dead) = c.nack(&[id(&c, 1)], T0, None, true);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, DeadReason::Nacked);
+        assert_eq!(c.floor(), Some(&token(1)));
+        c.redrive(vec![dead[0].message.clone()], T0);
+        let (d, _) = c.take_due(T0, 10, usize::MAX);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].count, 1, "a redriven message's count starts over");
+        let (o, done) = c.ack(&[id(&c, 1)], T0);
+        assert_eq!(o.applied, 1);
+        assert_eq!(done, vec![token(1)]);
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn in_progress_extends_the_deadline() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.offer(message(1), T0);
+        let t = T0.after(Duration::from_secs(20));
+        assert_eq!(c.extend(&[id(&c, 1)], t).applied, 1);
+        assert!(
+            c.take_due(T0.after(Duration::from_secs(49)), 10, usize::MAX)
+                .0
+                .is_empty()
+        );
+        assert_eq!(
+            c.take_due(T0.after(Duration::from_secs(50)), 10, usize::MAX)
+                .0
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn ids_from_before_a_reset_ack_nothing() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.offer(message(1), T0);
+        let old = id(&c, 1);
+        c.reset(Some(token(0)));
+        c.offer(message(1), T0);
+        let (o, _) = c.ack(&[old], T0);
+        assert_eq!((o.applied, o.unknown), (0, 1));
+        assert_eq!(c.in_flight(), 1);
+    }
+
+    #[test]
+    fn max_in_flight_and_the_window_bound_the_room() {
+        let mut l = limits();
+        l.max_in_flight = 2;
+        let mut c = Consumer::new(l, 0, None);
+        assert_eq!(c.room(), 2);
+        c.offer(message(1), T0);
+        c.offer(message(2), T0);
+        assert_eq!(c.room(), 0);
+        c.ack(&[id(&c, 2)], T0);
+        assert_eq!(c.room(), 1, "2 is done but 1 holds the floor");
+        for n in 3..=8 {
+            let d = c.offer(message(n), T0).expect("delivered");
+            c.ack(&[DeliveryId::parse(&d.id).unwrap()], T0);
+        }
+        assert_eq!(c.room(), 0, "the window holds 4 × maxInFlight");
+        c.set_paused(true);
+        c.ack(&[id(&c, 1)], T0);
+        assert_eq!(c.room(), 0, "a paused consumer takes nothing");
+        c.set_paused(false);
+        assert_eq!(c.room(), 2);
+    }
+
+    #[test]
+    fn a_restored_consumer_skips_what_was_done_and_keeps_counts_and_delays() {
+        let later = T0.after(Duration::from_secs(60));
+        let remembered = HashMap::from([
+            (token(2), Remembered::Done),
+            (
+                token(3),
+                Remembered::Delivered {
+                    deliveries: 2,
+                    at: Some(later),
+                },
+            ),
+        ]);
+        let mut c =
+            Consumer::restored(limits(), 4, Some(token(1)), remembered, Counters::default());
+        assert!(c.offer(message(1), T0).is_none(), "at the floor: passed");
+        assert!(c.offer(message(2), T0).is_none(), "done before the restart");
+        assert_eq!(c.floor(), Some(&token(2)));
+        assert!(c.offer(message(3), T0).is_none(), "nacked until later");
+        assert!(c.take_due(T0, 10, usize::MAX).0.is_empty());
+        let (d, _) = c.take_due(later, 10, usize::MAX);
+        assert_eq!((d.len(), d[0].count), (1, 3));
+        assert!(d[0].id.starts_with("4."));
+    }
+
+    #[test]
+    fn scanning_past_with_nothing_held_moves_the_floor() {
+        let mut c = Consumer::new(limits(), 0, None);
+        c.scanned(&token(5));
+        assert_eq!(c.floor(), Some(&token(5)));
+        c.offer(message(6), T0);
+        c.scanned(&token(9));
+        assert_eq!(c.floor(), Some(&token(5)), "6 is out");
+        c.ack(&[id(&c, 6)], T0);
+        assert_eq!(c.floor(), Some(&token(9)));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Take(usize),
+        Ack(usize),
+        Nack(usize, Option<u16>, bool),
+        Extend(usize),
+        Tick(u32),
+        Reset,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..6).prop_map(Op::Take),
+            (0usize..20).prop_map(Op::Ack),
+            (0usize..20, proptest::option::of(0u16..5000), any::<bool>())
+                .prop_map(|(i, r, d)| Op::Nack(i, r, d)),
+            (0usize..20).prop_map(Op::Extend),
+            (0u32..40_000).prop_map(Op::Tick),
+            Just(Op::Reset),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Random reads, acks, nacks, extensions and clock steps: first deliveries in token
+        /// order, no redelivery before a deadline or a nack, counts within maxDeliveries, the
+        /// floor monotone within an epoch, the counters balanced, and at the end, with time
+        /// run on and every delivery acked, everything is done.
+        #[test]
+        fn deliveries_keep_their_invariants(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut c = Consumer::new(Limits {
+                ack_timeout: Duration::from_secs(10),
+                max_deliveries: 4,
+                backoff: vec![Duration::from_millis(100), Duration::from_secs(2)],
+                max_in_flight: 5,
+            }, 0, None);
+            let mut now = T0;
+            let mut next = 1u64;
+            let mut last_first = 0u64;
+            // Per token: the earliest time it may be delivered again.
+            let mut not_before: HashMap<u64, Millis> = HashMap::new();
+            let mut out: Vec<(u64, String)> = Vec::new();
+            let mut floor = None;
+            let n_of = |t: &ResumeToken| u64::from_be_bytes(t.data().try_into().unwrap());
+            for op in ops {
+                match op {
+                    Op::Take(n) => {
+                        let (again, _) = c.take_due(now, n, usize::MAX);
+                        for d in again {
+                            let t = n_of(&d.message.token);
+                            prop_assert!(now >= not_before[&t], "redelivered early");
+                            prop_assert!(d.count <= 4);
+                            not_before.insert(t, now.after(Duration::from_secs(10)));
+                            out.push((t, d.id));
+                        }
+                        for _ in 0..c.room().min(n) {
+                            let Some(d) = c.offer(message(next), now) else { break };
+                            prop_assert!(next > last_first, "first deliveries in order");
+                            last_first = next;
+                            not_before.insert(next, now.after(Duration::from_secs(10)));
+                            out.push((next, d.id));
+                            next += 1;
+                        }
+                    }
+                    Op::Ack(i) if !out.is_empty() => {
+                        let (_, id) = &out[i % out.len()];
+                        c.ack(&[DeliveryId::parse(id).unwrap()], now);
+                    }
+                    Op::Nack(i, retry, dead) if !out.is_empty() => {
+                        let (t, id) = out[i % out.len()].clone();
+                        let retry = retry.map(|ms| Duration::from_millis(u64::from(ms)));
+                        let (o, _) = c.nack(&[DeliveryId::parse(&id).unwrap()], now, retry, dead);
+                        if o.applied == 1 {
+                            // Due at once at the earliest (a nack asked for it).
+                            not_before.insert(t, now);
+                        }
+                    }
+                    Op::Extend(i) if !out.is_empty() => {
+                        let (t, id) = out[i % out.len()].clone();
+                        if c.extend(&[DeliveryId::parse(&id).unwrap()], now).applied == 1 {
+                            not_before.insert(t, now.after(Duration::from_secs(10)));
+                        }
+                    }
+                    Op::Tick(ms) => now = now.after(Duration::from_millis(u64::from(ms))),
+                    Op::Reset => {
+                        let at = c.horizon().cloned();
+                        c.reset(at.clone());
+                        floor = at;
+                        out.clear();
+                        not_before.clear();
+                    }
+                    _ => {}
+                }
+                prop_assert!(c.floor() >= floor.as_ref(), "the floor went back");
+                floor = c.floor().cloned();
+                let k = c.counters;
+                prop_assert_eq!(k.delivered, k.acked + k.dead_lettered + c.in_flight() as u64);
+            }
+            // Drain: run time on and ack everything delivered.
+            for _ in 0..10 {
+                now = now.after(Duration::from_secs(60));
+                let (again, _) = c.take_due(now, usize::MAX, usize::MAX);
+                let ids: Vec<DeliveryId> =
+                    again.iter().map(|d| DeliveryId::parse(&d.id).unwrap()).collect();
+                c.ack(&ids, now);
+            }
+            prop_assert_eq!(c.in_flight(), 0);
+            prop_assert_eq!(c.floor(), c.horizon());
+        }
+    }
+}

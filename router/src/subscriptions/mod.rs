@@ -1,0 +1,1060 @@
+//! Subscriptions: named, server-tracked change streams whose consumers the server remembers,
+//! with acks, redelivery and dead letters (`createSubscription`, `readSubscription`,
+//! `ackSubscription`, `nackSubscription`, `alterSubscription`, `listSubscriptions`,
+//! `dropSubscription`).
+//!
+//! * [`spec`]: a subscription's definition, checked and bounded;
+//! * [`delivery`]: one consumer's deliveries, a pure state machine;
+//! * [`feed`]: the change stream a consumer reads, from where it stands;
+//! * [`state`]: the durable state on the config shard, written in batches, and the leases.
+//!
+//! Invariants: a consumer is served by one router at a time, the holder of its lease; a read
+//! holds the consumer's lock only to pick its messages, never across a wait; an event is
+//! delivered as the exact bytes `watch()` returns; a consumer's durable position is its ack
+//! floor, so after a restart or a takeover it resumes there and what was delivered but not
+//! acked comes again; the number of consumers a router serves is bounded ([`MAX_LIVE`]).
+
+pub mod delivery;
+pub mod errors;
+pub mod feed;
+pub mod spec;
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{Bson, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
+use resume::token::ResumeToken;
+use wire::{ErrorCode, MongoError, Result};
+
+use self::delivery::{Consumer, DeadLetter, Delivery, DeliveryId, Message, Millis, Outcome};
+use self::feed::Feed;
+use self::spec::{CONSUMERS, DEAD_LETTERS, DEFINITIONS, Definition, STATE_DB, StartAsked};
+use self::state::{LEASE, RENEW_BEFORE, Status, Stored, Written, consumer_id};
+use crate::kernel::config::ConfigStore;
+use crate::kernel::services::Services;
+use crate::kernel::transport::{ShardTransport, Shards};
+use crate::streams::Streams;
+
+/// The most consumers one router serves at once.
+pub const MAX_LIVE: usize = 10_000;
+
+/// The most bytes of events one `readSubscription` reply carries (one event at least).
+pub const REPLY_BUDGET: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// How long an ack with `waitDurable` waits for its batch to be stored.
+const DURABLE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The wall clock, as delivery times are kept.
+pub fn wall_clock() -> Millis {
+    Millis(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+/// The router's subscriptions: the consumers it serves, and what they run on.
+pub struct Subscriptions {
+    streams: Arc<Streams>,
+    transport: Arc<ShardTransport>,
+    config: ConfigStore,
+    /// This router's name in leases: its address once it listens (a router restarted on the
+    /// same address takes its consumers back at once), else a random one.
+    router_id: std::sync::OnceLock<String>,
+    live: Mutex<HashMap<(String, String), Arc<Live>>>,
+    /// Loads (and their lease takeovers) one at a time.
+    loading: tokio::sync::Mutex<()>,
+}
+
+/// A consumer this router serves.
+pub struct Live {
+    pub sub: String,
+    pub consumer: String,
+    /// The lease generation this router holds.
+    pub generation: i64,
+    def: Mutex<Arc<Definition>>,
+    machine: Mutex<Machine>,
+    feed: tokio::sync::Mutex<Feed>,
+    /// Woken when an ack, a nack or a resume may let a waiting read go on.
+    freed: tokio::sync::Notify,
+}
+
+struct Machine {
+    consumer: Consumer,
+    status: Status,
+    why: String,
+    /// The consumer's own pause (the subscription's is in its definition).
+    paused: bool,
+    dirty: bool,
+    dead: Vec<DeadLetter>,
+    redriven_done: Vec<ResumeToken>,
+    durable: Vec<tokio::sync::oneshot::Sender<()>>,
+    last_read: Millis,
+    lease_until: Millis,
+}
+
+impl Live {
+    fn def(&self) -> Arc<Definition> {
+        self.def.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn machine(&self) -> std::sync::MutexGuard<'_, Machine> {
+        self.machine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its share of a state pass, if it changed or its lease is due for renewal.
+    fn take_changes(self: &Arc<Self>, router: &str, now: Millis) -> Option<Written> {
+        let mut m = self.machine();
+        let renew = m.lease_until.0.saturating_sub(now.0) < RENEW_BEFORE.as_millis() as u64;
+        if !m.dirty && !renew {
+            return None;
+        }
+        let lease_until = now.after(LEASE);
+        let mut fields = state::consumer_fields(&m.consumer, m.status, m.last_read, lease_until);
+        fields.insert("paused", m.paused);
+        let update = doc! {
+            "q": {"_id": consumer_id(&self.sub, &self.consumer), "owner": router, "gen": self.generation},
+            "u": {"$set": fields},
+        };
+        m.dirty = false;
+        let old_lease = std::mem::replace(&mut m.lease_until, lease_until);
+        Some(Written {
+            old_lease,
+            live: self.clone(),
+            update,
+            dead: std::mem::take(&mut m.dead),
+            redriven_done: std::mem::take(&mut m.redriven_done),
+            durable: std::mem::take(&mut m.durable),
+        })
+    }
+
+    /// A pass that failed: its changes wait for the next one.
+    fn take_back(
+        &self,
+        dead: Vec<DeadLetter>,
+        done: Vec<ResumeToken>,
+        durable: Vec<tokio::sync::oneshot::Sender<()>>,
+        lease_until: Millis,
+    ) {
+        let mut m = self.machine();
+        m.dirty = true;
+        m.lease_until = lease_until;
+        m.dead.extend(dead);
+        m.redriven_done.extend(done);
+        m.durable.extend(durable);
+    }
+
+    fn check(&self, m: &Machine) -> Result<()> {
+        match m.status {
+            Status::Active => Ok(()),
+            Status::Expired => Err(errors::expired(&self.sub, &self.consumer)),
+            Status::ResetRequired => Err(errors::reset_required(&self.sub, &self.consumer, &m.why)),
+        }
+    }
+}
+
+/// What `readSubscription` returns.
+pub struct Read {
+    pub messages: Vec<Delivery>,
+    pub caught_up: bool,
+}
+
+impl Read {
+    /// The reply: `{messages: [{deliveryId, deliveryCount, event}], caughtUp, ok: 1}`.
+    pub fn reply(self) -> Result<RawDocumentBuf> {
+        let mut messages = RawArrayBuf::new();
+        for d in self.messages {
+            let event = RawDocumentBuf::from_bytes(d.message.event.to_vec())
+                .map_err(|e| MongoError::internal(format!("a stored event: {e}")))?;
+            messages.push(rawdoc! {
+                "deliveryId": d.id,
+                "deliveryCount": i64::from(d.count),
+                "event": event,
+            });
+        }
+        Ok(rawdoc! {"messages": messages, "caughtUp": self.caught_up, "ok": 1.0})
+    }
+}
+
+impl Subscriptions {
+    pub fn new(streams: Arc<Streams>, transport: Arc<ShardTransport>) -> Arc<Subscriptions> {
+        Arc::new(Subscriptions {
+            config: ConfigStore::new(transport.clone()),
+            streams,
+            transport,
+            router_id: std::sync::OnceLock::new(),
+            live: Mutex::new(HashMap::new()),
+            loading: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Names this router in leases (before it serves a consumer).
+    pub fn set_router_id(&self, id: String) {
+        let _ = self.router_id.set(id);
+    }
+
+    pub(super) fn router_id(&self) -> &str {
+        self.router_id
+            .get_or_init(|| format!("router-{}", uuid::Uuid::new_v4()))
+    }
+
+    /// Starts the state writer.
+    pub fn start(self: &Arc<Self>, services: &Services) {
+        services.start(state::StateWriter { subs: self.clone() });
+    }
+
+    fn all_live(&self) -> Vec<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn cached(&self, sub: &str, consumer: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(sub.to_string(), consumer.to_string()))
+            .cloned()
+    }
+
+    /// Stops serving a consumer: its stream closed, its waiting acks failed.
+    async fn unload(&self, live: &Arc<Live>) {
+        let removed = {
+            let mut map = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (live.sub.clone(), live.consumer.clone());
+            match map.get(&key) {
+                Some(l) if Arc::ptr_eq(l, live) => map.remove(&key),
+                _ => None,
+            }
+        };
+        if removed.is_some() {
+            live.machine().durable.clear();
+            live.freed.notify_waiters();
+            live.feed.lock().await.close().await;
+        }
+    }
+
+    async fn definition(&self, sub: &str) -> Result<Definition> {
+        let found = self
+            .config
+            .find_one(STATE_DB, DEFINITIONS, doc! {"_id": sub})
+            .await?
+            .ok_or_else(|| errors::not_found(sub))?;
+        Definition::from_document(&found)
+    }
+
+    /// The consumer, served here: loaded from its state under a lease taken over if it lapsed,
+    /// or created at the subscription's start (`create`).
+    async fn live(&self, db: &str, name: &str, consumer: &str, create: bool) -> Result<Arc<Live>> {
+        let sub = spec::sub_id(db, name);
+        let now = wall_clock();
+        if let Some(live) = self.cached(&sub, consumer) {
+            if live.machine().lease_until > now {
+                return Ok(live);
+            }
+            // The config shard has not renewed the lease in time: take it again.
+            self.unload(&live).await;
+        }
+        let _loading = self.loading.lock().await;
+        if let Some(live) = self.cached(&sub, consumer) {
+            return Ok(live);
+        }
+        if self.live.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_LIVE {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_MEMORY_LIMIT,
+                format!("this router serves {MAX_LIVE} consumers already"),
+            ));
+        }
+        let def = self.definition(&sub).await?;
+        let id = consumer_id(&sub, consumer);
+        let found = self
+            .config
+            .find_one(STATE_DB, CONSUMERS, doc! {"_id": id.clone()})
+            .await?;
+        let stored = match found {
+            Some(d) => Stored::parse(&d)?,
+            None if create => {
+                let fresh = doc! {
+                    "_id": id.clone(), "subscription": &sub, "consumer": consumer,
+                    "epoch": 0i64, "floor": Bson::Null, "status": "active",
+                    "owner": self.router_id(), "gen": 0i64, "leaseUntil": 0i64,
+                    "lastRead": now.0 as i64,
+                };
+                Stored::parse(
+                    &self
+                        .config
+                        .get_or_insert(STATE_DB, CONSUMERS, fresh)
+                        .await?,
+                )?
+            }
+            None => return Err(errors::consumer_not_found(&sub, consumer)),
+        };
+        if let Some(owner) = &stored.owner
+            && owner != self.router_id()
+            && stored.lease_until > now
+        {
+            return Err(errors::lease_moved(
+                &sub,
+                consumer,
+                owner,
+                stored.lease_until.0 - now.0,
+            ));
+        }
+        let generation = stored.generation + 1;
+        let lease_until = now.after(LEASE);
+        let took = self
+            .config
+            .cas(
+                STATE_DB,
+                CONSUMERS,
+                doc! {"_id": id.clone(), "gen": stored.generation},
+                doc! {"$set": {"owner": self.router_id(), "gen": generation, "leaseUntil": lease_until.0 as i64}},
+            )
+            .await?;
+        if !took {
+            return Err(errors::lease_moved(
+                &sub,
+                consumer,
+                "another router",
+                LEASE.as_millis() as u64,
+            ));
+        }
+        let mut c = Consumer::restored(
+            def.limits.clone(),
+            stored.epoch,
+            stored.floor,
+            stored.remembered,
+            stored.counters,
+        );
+        c.set_paused(def.paused || stored.paused);
+        // Dead letters redriven and not acked yet come again.
+        let redriven = self
+            .config
+            .find(
+                STATE_DB,
+                DEAD_LETTERS,
+                doc! {"_id.s": &sub, "_id.c": consumer, "redriven": true},
+            )
+            .await?;
+        c.redrive(
+            redriven.iter().filter_map(dead_letter_message).collect(),
+            now,
+        );
+        let live = Arc::new(Live {
+            sub: sub.clone(),
+            consumer: consumer.to_string(),
+            generation,
+            def: Mutex::new(Arc::new(def)),
+            machine: Mutex::new(Machine {
+                consumer: c,
+                status: stored.status,
+                why: "its history was found discontinuous".into(),
+                paused: stored.paused,
+                dirty: false,
+                dead: Vec::new(),
+                redriven_done: Vec::new(),
+                durable: Vec::new(),
+                last_read: now,
+                lease_until,
+            }),
+            feed: tokio::sync::Mutex::new(Feed::default()),
+            freed: tokio::sync::Notify::new(),
+        });
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((sub, consumer.to_string()), live.clone());
+        Ok(live)
+    }
+
+    /// `createSubscription`: stores the definition, its start resolved now; creating it again
+    /// with the same definition is a no-op.
+    pub async fn create(&self, db: &str, cmd: &Document) -> Result<Document> {
+        let asked = StartAsked::parse(cmd.get("start"), "start")?;
+        // Checked before the start is resolved (a placeholder start meanwhile).
+        let probe = Definition::parse(
+            db,
+            cmd,
+            spec::at_time(bson::Timestamp {
+                time: 0,
+                increment: 1,
+            }),
+        )?;
+        let start = self.resolve(&probe, asked).await?;
+        let def = Definition { start, ..probe };
+        let stored = self
+            .config
+            .get_or_insert(STATE_DB, DEFINITIONS, def.to_document())
+            .await?;
+        let existing = Definition::from_document(&stored)?;
+        if existing != def {
+            let same_but_start = Definition {
+                start: def.start.clone(),
+                ..existing.clone()
+            } == def;
+            if !same_but_start {
+                return Err(errors::exists(&def.id()));
+            }
+        }
+        Ok(doc! {"subscription": existing.id(), "start": existing.start.to_document(), "ok": 1.0})
+    }
+
+    /// The token a start point resolves to, now.
+    async fn resolve(&self, def: &Definition, asked: StartAsked) -> Result<ResumeToken> {
+        match asked {
+            StartAsked::After(token) => Ok(token),
+            StartAsked::At(ts) => Ok(spec::at_time(ts)),
+            StartAsked::Now => {
+                // The stream opened now says where now is: its first post-batch resume token.
+                let opened = self
+                    .streams
+                    .open(&def.db, &def.aggregate_from(None)?)
+                    .await?;
+                if let Some(mut cursor) = opened.cursor {
+                    cursor.kill().await;
+                }
+                opened
+                    .batch
+                    .post_batch_resume_token
+                    .ok_or_else(|| MongoError::internal("a stream opened without a resume token"))
+            }
+            StartAsked::Earliest => {
+                // The oldest time every shard still has history from.
+                let mut earliest = bson::Timestamp {
+                    time: 0,
+                    increment: 1,
+                };
+                for s in self.transport.all() {
+                    let status = self
+                        .transport
+                        .command(s, "admin", doc! {"serverStatus": 1})
+                        .await?;
+                    if let Ok(Bson::Timestamp(oldest)) = status
+                        .get_document("oplog")
+                        .map(|o| o.get("oldest").cloned().unwrap_or(Bson::Null))
+                        && (oldest.time, oldest.increment) > (earliest.time, earliest.increment)
+                    {
+                        earliest = oldest;
+                    }
+                }
+                Ok(spec::at_time(earliest))
+            }
+            StartAsked::Snapshot => Err(MongoError::new(
+                ErrorCode::NOT_IMPLEMENTED,
+                "start: \"snapshot\" is not supported yet",
+            )),
+        }
+    }
+
+    /// `readSubscription`: due redeliveries first, then new messages; waits up to `wait` for
+    /// the first one, holding no lock meanwhile.
+    pub async fn read(
+        &self,
+        db: &str,
+        name: &str,
+        consumer: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Read> {
+        let live = self.live(db, name, consumer, true).await?;
+        let deadline = Instant::now() + wait;
+        let mut out: Vec<Delivery> = Vec::new();
+        let mut bytes = 0usize;
+        let mut caught_up;
+        loop {
+            let now = wall_clock();
+            let room = {
+                let mut m = live.machine();
+                live.check(&m)?;
+                m.last_read = now;
+                m.dirty = true;
+                let (due, dead) =
+                    m.consumer
+                        .take_due(now, max - out.len(), REPLY_BUDGET.saturating_sub(bytes));
+                bytes += due.iter().map(|d| d.message.event.len()).sum::<usize>();
+                out.extend(due);
+                m.dead.extend(dead);
+                m.consumer.room().min(max - out.len())
+            };
+            caught_up = false;
+            if room > 0 && bytes < REPLY_BUDGET {
+                let def = live.def();
+                let mut feed = live.feed.lock().await;
+                self.offer(&live, &mut feed, &mut out, &mut bytes, max, now);
+                let room = live.machine().consumer.room().min(max - out.len());
+                if room > 0 && !feed.has_lookahead() && bytes < REPLY_BUDGET {
+                    let wait = if out.is_empty() {
+                        let until = live.machine().consumer.next_timer();
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        until.map_or(left, |t| left.min(now.until(t)))
+                    } else {
+                        Duration::ZERO
+                    };
+                    let from = live.machine().consumer.horizon().cloned();
+                    match feed
+                        .fetch(&self.streams, &def, from.as_ref(), room, wait)
+                        .await
+                    {
+                        Ok(fetched) => {
+                            self.offer(&live, &mut feed, &mut out, &mut bytes, max, wall_clock());
+                            caught_up = fetched.at_head && !feed.has_lookahead();
+                        }
+                        Err(e) if feed::needs_reset(&e) => {
+                            feed.restart().await;
+                            let mut m = live.machine();
+                            m.status = Status::ResetRequired;
+                            m.why = e.errmsg.clone();
+                            m.dirty = true;
+                            drop(m);
+                            if out.is_empty() {
+                                return Err(errors::reset_required(
+                                    &live.sub,
+                                    &live.consumer,
+                                    &e.errmsg,
+                                ));
+                            }
+                        }
+                        Err(e) => {
+                            // A pause (a shard lost, the config shard away): not the reader's
+                            // error. The stream opens again at the next read.
+                            tracing::debug!(error = %e, consumer = %live.consumer, "subscription feed paused");
+                            feed.restart().await;
+                            if out.is_empty() {
+                                let left = deadline.saturating_duration_since(Instant::now());
+                                tokio::time::sleep(left.min(Duration::from_millis(100))).await;
+                            }
+                        }
+                    }
+                }
+            }
+            if !out.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            if room == 0 {
+                // Full (maxInFlight) or paused: wait for an ack, a nack, a timer or the deadline.
+                let timer = live.machine().consumer.next_timer();
+                let left = deadline.saturating_duration_since(Instant::now());
+                let wait = timer.map_or(left, |t| left.min(wall_clock().until(t)));
+                let freed = live.freed.notified();
+                tokio::select! {
+                    () = freed => {}
+                    () = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+                }
+            }
+        }
+        let m = live.machine();
+        let caught_up = caught_up && out.len() < max && !m.consumer.has_due(wall_clock());
+        Ok(Read {
+            messages: out,
+            caught_up,
+        })
+    }
+
+    /// Offers the feed's lookahead to the consumer while it has room and the reply has space.
+    fn offer(
+        &self,
+        live: &Live,
+        feed: &mut Feed,
+        out: &mut Vec<Delivery>,
+        bytes: &mut usize,
+        max: usize,
+        now: Millis,
+    ) {
+        let mut m = live.machine();
+        while out.len() < max && m.consumer.room() > 0 {
+            let Some(next) = feed.peek() else { break };
+            if !out.is_empty() && *bytes + next.event.len() > REPLY_BUDGET {
+                break;
+            }
+            let Some(message) = feed.pop() else { break };
+            let len = message.event.len();
+            if let Some(d) = m.consumer.offer(message, now) {
+                *bytes += len;
+                out.push(d);
+            }
+            m.dirty = true;
+        }
+        if let Some(t) = feed.scanned() {
+            m.consumer.scanned(t);
+        }
+    }
+
+    /// `ackSubscription` (or its `inProgress` extension).
+    pub async fn ack(
+        &self,
+        db: &str,
+        name: &str,
+        consumer: &str,
+        ids: &[String],
+        in_progress: bool,
+        wait_durable: bool,
+    ) -> Result<Document> {
+        let ids = parse_ids(ids)?;
+        let live = self.live(db, name, consumer, false).await?;
+        let now = wall_clock();
+        let (outcome, rx) = {
+            let mut m = live.machine();
+            let outcome = if in_progress {
+                m.consumer.extend(&ids, now)
+            } else {
+                let (o, done) = m.consumer.ack(&ids, now);
+                m.redriven_done.extend(done);
+                o
+            };
+            m.dirty = true;
+            let rx = wait_durable.then(|| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                m.durable.push(tx);
+                rx
+            });
+            (outcome, rx)
+        };
+        live.freed.notify_waiters();
+        if let Some(rx) = rx {
+            wait_stored(rx, &live).await?;
+        }
+        let mut reply = outcome_reply(outcome, if in_progress { "extended" } else { "acked" });
+        reply.insert("ok", 1.0);
+        Ok(reply)
+    }
+
+    /// `nackSubscription`.
+    pub async fn nack(
+        &self,
+        db: &str,
+        name: &str,
+        consumer: &str,
+        ids: &[String],
+        retry: Option<Duration>,
+        dead_letter: bool,
+    ) -> Result<Document> {
+        let ids = parse_ids(ids)?;
+        let live = self.live(db, name, consumer, false).await?;
+        let outcome = {
+            let mut m = live.machine();
+            let (o, dead) = m.consumer.nack(&ids, wall_clock(), retry, dead_letter);
+            m.dead.extend(dead);
+            m.dirty = true;
+            o
+        };
+        live.freed.notify_waiters();
+        let mut reply = outcome_reply(outcome, "nacked");
+        reply.insert("ok", 1.0);
+        Ok(reply)
+    }
+
+    /// `alterSubscription`: pause, resume, reset, dropConsumer, redrive, or new delivery
+    /// settings.
+    pub async fn alter(&self, db: &str, name: &str, cmd: &Document) -> Result<Document> {
+        let sub = spec::sub_id(db, name);
+        let mut def = self.definition(&sub).await?;
+        let consumer = match cmd.get("consumer") {
+            None => None,
+            v => Some(spec::check_name(v, "consumer")?),
+        };
+        let mut reply = doc! {};
+        // New delivery settings, for the subscription.
+        let limits = spec::parse_limits(cmd, Some(&def.limits))?;
+        let pause = match (cmd.get("pause"), cmd.get("resume")) {
+            (Some(Bson::Boolean(p)), None) => Some(*p),
+            (None, Some(Bson::Boolean(true))) => Some(false),
+            (None, None) => None,
+            _ => {
+                return Err(MongoError::bad_value(
+                    "'pause' and 'resume' take true (pause: false resumes), one of them",
+                ));
+            }
+        };
+        if limits != def.limits || (pause.is_some() && consumer.is_none()) {
+            def.limits = limits;
+            if consumer.is_none()
+                && let Some(p) = pause
+            {
+                def.paused = p;
+            }
+            self.config
+                .cas(
+                    STATE_DB,
+                    DEFINITIONS,
+                    doc! {"_id": &sub},
+                    doc! {"$set": def.to_document()},
+                )
+                .await?;
+            for live in self.all_live().into_iter().filter(|l| l.sub == sub) {
+                *live.def.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(def.clone());
+                let mut m = live.machine();
+                m.consumer.set_limits(def.limits.clone());
+                let paused = def.paused || m.paused;
+                m.consumer.set_paused(paused);
+                m.dirty = true;
+                drop(m);
+                live.freed.notify_waiters();
+            }
+        }
+        if let (Some(p), Some(c)) = (pause, &consumer) {
+            let live = self.live(db, name, c, false).await?;
+            let mut m = live.machine();
+            m.paused = p;
+            m.consumer.set_paused(p || def.paused);
+            m.dirty = true;
+            drop(m);
+            live.freed.notify_waiters();
+        }
+        if let Some(reset) = cmd.get("reset") {
+            let Bson::Document(reset) = reset else {
+                return Err(MongoError::type_mismatch(
+                    "'reset' must be a document {to, consumer?}",
+                ));
+            };
+            let to = StartAsked::parse(reset.get("to"), "reset.to")?;
+            let target = match reset.get("consumer") {
+                None => consumer.clone(),
+                v => Some(spec::check_name(v, "reset.consumer")?),
+            };
+            let token = self.resolve(&def, to).await?;
+            let names = match target {
+                Some(c) => vec![c],
+                None => {
+                    // Every consumer, and the subscription's start for new ones.
+                    def.start = token.clone();
+                    self.config
+                        .cas(
+                            STATE_DB,
+                            DEFINITIONS,
+                            doc! {"_id": &sub},
+                            doc! {"$set": {"start": token.to_document()}},
+                        )
+                        .await?;
+                    self.consumer_names(&sub).await?
+                }
+            };
+            for c in &names {
+                let live = self.live(db, name, c, true).await?;
+                let mut feed = live.feed.lock().await;
+                feed.restart().await;
+                let mut m = live.machine();
+                m.consumer.reset(Some(token.clone()));
+                m.status = Status::Active;
+                m.dead.clear();
+                m.dirty = true;
+                drop(m);
+                live.freed.notify_waiters();
+            }
+            reply.insert("reset", names.len() as i64);
+        }
+        if let Some(v) = cmd.get("dropConsumer") {
+            let c = spec::check_name(Some(v), "dropConsumer")?;
+            self.drop_consumer(&sub, &c).await?;
+            reply.insert("droppedConsumer", c);
+        }
+        if let Some(v) = cmd.get("redrive") {
+            let Bson::Document(r) = v else {
+                return Err(MongoError::type_mismatch(
+                    "'redrive' must be a document {consumer, ids?}",
+                ));
+            };
+            let c = spec::check_name(r.get("consumer"), "redrive.consumer")?;
+            let mut filter = doc! {"_id.s": &sub, "_id.c": &c, "redriven": false};
+            if let Ok(ids) = r.get_array("ids") {
+                let strs: Vec<String> = ids
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect();
+                let tokens: Vec<Bson> = parse_ids(&strs)?
+                    .into_iter()
+                    .map(|id| {
+                        bson::Bson::Binary(bson::Binary {
+                            subtype: bson::spec::BinarySubtype::Generic,
+                            bytes: id.token.data().to_vec(),
+                        })
+                    })
+                    .collect();
+                filter.insert("_id.t", doc! {"$in": tokens});
+            }
+            let live = self.live(db, name, &c, false).await?;
+            let letters = self
+                .config
+                .find(STATE_DB, DEAD_LETTERS, filter.clone())
+                .await?;
+            let messages: Vec<Arc<Message>> =
+                letters.iter().filter_map(dead_letter_message).collect();
+            let n = messages.len();
+            if n > 0 {
+                self.config_write(
+                    DEAD_LETTERS,
+                    "update",
+                    "updates",
+                    vec![doc! {"q": filter, "u": {"$set": {"redriven": true}}, "multi": true}],
+                )
+                .await?;
+                let mut m = live.machine();
+                m.consumer.redrive(messages, wall_clock());
+                m.dirty = true;
+                drop(m);
+                live.freed.notify_waiters();
+            }
+            reply.insert("redriven", n as i64);
+        }
+        reply.insert("ok", 1.0);
+        Ok(reply)
+    }
+
+    async fn consumer_names(&self, sub: &str) -> Result<Vec<String>> {
+        Ok(self
+            .config
+            .find(STATE_DB, CONSUMERS, doc! {"_id.s": sub})
+            .await?
+            .iter()
+            .filter_map(|d| d.get_str("consumer").ok().map(str::to_string))
+            .collect())
+    }
+
+    async fn drop_consumer(&self, sub: &str, consumer: &str) -> Result<()> {
+        if let Some(live) = self.cached(sub, consumer) {
+            self.unload(&live).await;
+        }
+        self.config_write(
+            CONSUMERS,
+            "delete",
+            "deletes",
+            vec![doc! {"q": {"_id": consumer_id(sub, consumer)}, "limit": 0}],
+        )
+        .await?;
+        self.config_write(
+            DEAD_LETTERS,
+            "delete",
+            "deletes",
+            vec![doc! {"q": {"_id.s": sub, "_id.c": consumer}, "limit": 0}],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `dropSubscription`: its definition, consumers and dead letters.
+    pub async fn drop_subscription(&self, db: &str, name: &str) -> Result<Document> {
+        let sub = spec::sub_id(db, name);
+        self.definition(&sub).await?;
+        self.drop_all(&[sub]).await?;
+        Ok(doc! {"ok": 1.0})
+    }
+
+    /// Drops the subscriptions named (a dropped database's).
+    pub async fn drop_all(&self, subs: &[String]) -> Result<()> {
+        for live in self.all_live() {
+            if subs.contains(&live.sub) {
+                self.unload(&live).await;
+            }
+        }
+        let ids: Vec<Bson> = subs.iter().cloned().map(Bson::String).collect();
+        self.config_write(
+            DEFINITIONS,
+            "delete",
+            "deletes",
+            vec![doc! {"q": {"_id": {"$in": ids.clone()}}, "limit": 0}],
+        )
+        .await?;
+        self.config_write(
+            CONSUMERS,
+            "delete",
+            "deletes",
+            vec![doc! {"q": {"_id.s": {"$in": ids.clone()}}, "limit": 0}],
+        )
+        .await?;
+        self.config_write(
+            DEAD_LETTERS,
+            "delete",
+            "deletes",
+            vec![doc! {"q": {"_id.s": {"$in": ids}}, "limit": 0}],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Drops every subscription of a database being dropped.
+    pub async fn drop_database(&self, db: &str) -> Result<()> {
+        let subs: Vec<String> = self
+            .config
+            .find(STATE_DB, DEFINITIONS, doc! {"db": db})
+            .await?
+            .iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+            .collect();
+        if subs.is_empty() {
+            return Ok(());
+        }
+        self.drop_all(&subs).await
+    }
+
+    /// `listSubscriptions`: a row per consumer (and one per subscription without any), with
+    /// what this router knows of the consumers it serves fresher than what is stored.
+    pub async fn list(&self, db: &str, filter: Option<&Document>) -> Result<Vec<Document>> {
+        let matcher = filter.map(pipeline::matcher::Matcher::parse).transpose()?;
+        let defs_filter = if db == "admin" {
+            doc! {}
+        } else {
+            doc! {"db": db}
+        };
+        let defs = self.config.find(STATE_DB, DEFINITIONS, defs_filter).await?;
+        let now = wall_clock();
+        let mut rows = Vec::new();
+        for d in &defs {
+            let def = Definition::from_document(d)?;
+            let sub = def.id();
+            let consumers = self
+                .config
+                .find(STATE_DB, CONSUMERS, doc! {"_id.s": &sub})
+                .await?;
+            let base = doc! {
+                "subscription": &def.name,
+                "db": &def.db,
+                "collection": def.collection.clone().map_or(Bson::Null, Bson::String),
+                "paused": def.paused,
+            };
+            if consumers.is_empty() {
+                let mut row = base.clone();
+                row.insert("consumer", Bson::Null);
+                rows.push(row);
+            }
+            for c in consumers {
+                let mut row = base.clone();
+                let name = c.get_str("consumer").unwrap_or("").to_string();
+                let stored = Stored::parse(&c)?;
+                let (floor, counters, in_flight, status, paused, last_read) =
+                    match self.cached(&sub, &name) {
+                        Some(live) => {
+                            let m = live.machine();
+                            (
+                                m.consumer.floor().cloned(),
+                                m.consumer.counters,
+                                m.consumer.in_flight() as i64,
+                                m.status,
+                                m.paused,
+                                m.last_read,
+                            )
+                        }
+                        None => (
+                            stored.floor.clone(),
+                            stored.counters,
+                            c.get_i64("inFlight").unwrap_or(0),
+                            stored.status,
+                            stored.paused,
+                            stored.last_read,
+                        ),
+                    };
+                let state = if status != Status::Active {
+                    status.as_str()
+                } else if paused || def.paused {
+                    "paused"
+                } else {
+                    "active"
+                };
+                let position = floor.as_ref().unwrap_or(&def.start);
+                let lag_secs = position
+                    .decode()
+                    .map(|t| {
+                        (now.0 / 1000).saturating_sub(u64::from(t.cluster_time().timestamp().time))
+                    })
+                    .unwrap_or(0);
+                row.insert("consumer", name);
+                row.insert("state", state);
+                row.insert("position", position.to_document());
+                row.insert("lagSecs", lag_secs as i64);
+                row.insert("inFlight", in_flight);
+                row.insert("delivered", counters.delivered as i64);
+                row.insert("acked", counters.acked as i64);
+                row.insert("redelivered", counters.redelivered as i64);
+                row.insert("deadLettered", counters.dead_lettered as i64);
+                row.insert("late", counters.late as i64);
+                row.insert("lastRead", bson::DateTime::from_millis(last_read.0 as i64));
+                row.insert(
+                    "owner",
+                    stored.owner.clone().map_or(Bson::Null, Bson::String),
+                );
+                rows.push(row);
+            }
+        }
+        if let Some(m) = matcher {
+            rows.retain(|r| m.matches(r));
+        }
+        Ok(rows)
+    }
+
+    /// Drops consumers nobody read for their subscription's `consumerIdleTimeoutSecs`.
+    pub(super) async fn expire_idle(&self) {
+        let now = wall_clock();
+        for live in self.all_live() {
+            let Some(idle) = live.def().idle_timeout else {
+                continue;
+            };
+            let last = live.machine().last_read;
+            if now.0.saturating_sub(last.0) >= idle.as_millis() as u64
+                && let Err(e) = self.drop_consumer(&live.sub, &live.consumer).await
+            {
+                tracing::warn!(error = %e, consumer = %live.consumer, "an idle consumer not dropped");
+            }
+        }
+    }
+}
+
+/// Waits until the state pass that stored an ack confirms it.
+async fn wait_stored(rx: tokio::sync::oneshot::Receiver<()>, live: &Live) -> Result<()> {
+    match tokio::time::timeout(DURABLE_PATIENCE, rx).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(errors::lease_moved(
+            &live.sub,
+            &live.consumer,
+            "another router",
+            LEASE.as_millis() as u64,
+        )),
+        Err(_) => Err(MongoError::new(
+            ErrorCode::EXCEEDED_TIME_LIMIT,
+            format!(
+                "the ack was not stored within {} s (the config shard is away); it may be \
+                 stored later",
+                DURABLE_PATIENCE.as_secs()
+            ),
+        )),
+    }
+}
+
+fn outcome_reply(o: Outcome, applied: &str) -> Document {
+    let mut d = Document::new();
+    d.insert(applied, i64::from(o.applied));
+    d.insert("late", i64::from(o.late));
+    d.insert("unknown", i64::from(o.unknown));
+    d
+}
+
+/// Delivery ids as a command gives them: at most [`spec::MAX_IDS`], each one this server
+/// formatted.
+fn parse_ids(ids: &[String]) -> Result<Vec<DeliveryId>> {
+    if ids.len() > spec::MAX_IDS {
+        return Err(MongoError::bad_value(format!(
+            "at most {} delivery ids per call",
+            spec::MAX_IDS
+        )));
+    }
+    ids.iter()
+        .map(|id| {
+            DeliveryId::parse(id)
+                .ok_or_else(|| MongoError::bad_value(format!("'{id}' is not a deliveryId")))
+        })
+        .collect()
+}
+
+/// A stored dead letter as a message again.
+fn dead_letter_message(d: &Document) -> Option<Arc<Message>> {
+    let token = ResumeToken::from_document(d.get_document("token").ok()?).ok()?;
+    let event = d.get_document("event").ok()?;
+    let mut bytes = Vec::new();
+    event.to_writer(&mut bytes).ok()?;
+    Some(Arc::new(Message {
+        token,
+        event: bytes::Bytes::from(bytes),
+    }))
+}
