@@ -1,0 +1,188 @@
+"""Subscriptions through pymongo: server-tracked consumers with acks, redelivery and dead letters.
+
+Run against a router started with default options:
+
+    python3 tests/py/subscriptions.py mongodb://127.0.0.1:27017/
+
+Each check names the behaviour it asserts; the script exits non-zero on the first failure.
+"""
+
+import sys
+import time
+import uuid
+
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main(uri):
+    client = MongoClient(uri)
+    db = client[f"subs_{uuid.uuid4().hex[:8]}"]
+    coll = db.orders
+
+    def read(name, consumer, **kw):
+        return db.command("readSubscription", name, consumer=consumer, **kw)
+
+    def ack(name, consumer, ids, **kw):
+        return db.command("ackSubscription", name, consumer=consumer, deliveryIds=ids, **kw)
+
+    def nack(name, consumer, ids, **kw):
+        return db.command("nackSubscription", name, consumer=consumer, deliveryIds=ids, **kw)
+
+    # --- the README's consumer loop: read, handle, ack ---
+    db.command("createSubscription", "audit", collection="orders", ackTimeoutSecs=2, maxDeliveries=3)
+    coll.insert_many([{"_id": i, "n": i} for i in range(5)])
+    seen = []
+    while len(seen) < 5:
+        reply = read("audit", "billing", max=100, waitMS=2000)
+        for m in reply["messages"]:
+            seen.append(m["event"]["documentKey"]["_id"])
+        ack("audit", "billing", [m["deliveryId"] for m in reply["messages"]])
+    check(seen == list(range(5)), f"one consumer gets every change in commit order: {seen}")
+    reply = read("audit", "billing", max=100)
+    check(reply["messages"] == [] and reply["caughtUp"], f"nothing more, caught up: {reply}")
+
+    # --- the event is exactly what watch() returns ---
+    with coll.watch(start_after=None) as stream:
+        coll.insert_one({"_id": 100, "x": "same"})
+        watched = stream.next()
+    got = read("audit", "billing", waitMS=2000)["messages"]
+    check(len(got) == 1 and got[0]["event"] == watched, f"event equals watch()'s: {got} vs {watched}")
+    check(got[0]["deliveryCount"] == 1, "a first delivery counts 1")
+    ack("audit", "billing", [got[0]["deliveryId"]])
+
+    # --- a second consumer is independent and starts at the subscription's start ---
+    other = read("audit", "reports", max=100)["messages"]
+    check([m["event"]["documentKey"]["_id"] for m in other] == [0, 1, 2, 3, 4, 100],
+          f"a new consumer starts at the start point: {other}")
+
+    # --- acking twice, late, or garbage ---
+    first = other[0]["deliveryId"]
+    r = ack("audit", "reports", [first])
+    check(r["acked"] == 1 and r["late"] == 0, f"ack: {r}")
+    r = ack("audit", "reports", [first])
+    check(r["acked"] == 0 and r["late"] == 1, f"acking twice is a reported no-op: {r}")
+    try:
+        ack("audit", "reports", ["not-an-id"])
+        check(False, "a malformed id is refused")
+    except OperationFailure as e:
+        check(e.code == 2, f"BadValue for a malformed id: {e}")
+
+    # --- redelivery after the ack timeout, then a dead letter after maxDeliveries ---
+    rest = [m["deliveryId"] for m in other[1:]]
+    ack("audit", "reports", rest[1:])  # leave one unacked
+    counts = []
+    for _ in range(2):
+        again = read("audit", "reports", waitMS=4000)["messages"]
+        check(len(again) == 1, f"the unacked message comes again after the timeout: {again}")
+        counts.append(again[0]["deliveryCount"])
+    check(counts == [2, 3], f"delivery counts grow by one per redelivery: {counts}")
+    # maxDeliveries is 3: when the third delivery times out, the message is set aside.
+    r = read("audit", "reports", waitMS=4000)
+    check(r["messages"] == [], f"no fourth delivery: {r}")
+    time.sleep(0.5)
+    letters = list(client.config.subscriptionDeadLetters.find({"subscription": f"{db.name}.audit", "consumer": "reports"}))
+    check(len(letters) == 1 and letters[0]["deliveryCount"] == 3, f"one dead letter: {letters}")
+    check(letters[0]["event"]["documentKey"]["_id"] == 1, "the dead letter holds its event")
+
+    # --- redrive brings it back, and its ack clears it ---
+    r = db.command("alterSubscription", "audit", redrive={"consumer": "reports"})
+    check(r["redriven"] == 1, f"redrive: {r}")
+    again = read("audit", "reports", waitMS=1000)["messages"]
+    check(len(again) == 1 and again[0]["deliveryCount"] == 1, f"redriven message: {again}")
+    ack("audit", "reports", [again[0]["deliveryId"]])
+    time.sleep(0.5)
+    check(client.config.subscriptionDeadLetters.count_documents({"subscription": f"{db.name}.audit", "consumer": "reports"}) == 0,
+          "an acked redriven message leaves the dead letters")
+
+    # --- nack with a delay, and nack to the dead letters ---
+    coll.insert_one({"_id": 200})
+    m = read("audit", "billing", waitMS=2000)["messages"]
+    nack("audit", "billing", [m[0]["deliveryId"]], retryInMS=500)
+    check(read("audit", "billing")["messages"] == [], "a delayed nack is not redelivered early")
+    again = read("audit", "billing", waitMS=2000)["messages"]
+    check(len(again) == 1 and again[0]["deliveryCount"] == 2, f"redelivered after retryInMS: {again}")
+    r = nack("audit", "billing", [again[0]["deliveryId"]], deadLetter=True)
+    check(r["nacked"] == 1, f"nack to dead letter: {r}")
+
+    # --- inProgress extends the deadline ---
+    coll.insert_one({"_id": 201})
+    m = read("audit", "billing", waitMS=2000)["messages"]
+    for _ in range(3):
+        time.sleep(1)
+        ack("audit", "billing", [m[0]["deliveryId"]], inProgress=True)
+    check(read("audit", "billing")["messages"] == [], "an extended message is not redelivered")
+    r = ack("audit", "billing", [m[0]["deliveryId"]], waitDurable=True)
+    check(r["acked"] == 1 and r["late"] == 0, f"a durable ack: {r}")
+
+    # --- a work queue: two readers of one consumer split the messages ---
+    db.command("createSubscription", "jobs", collection="orders")
+    coll.insert_many([{"_id": 300 + i} for i in range(10)])
+    a = read("jobs", "workers", max=5, waitMS=2000)["messages"]
+    b = read("jobs", "workers", max=5, waitMS=2000)["messages"]
+    ids_a = {m["event"]["documentKey"]["_id"] for m in a}
+    ids_b = {m["event"]["documentKey"]["_id"] for m in b}
+    check(len(ids_a) == 5 and len(ids_b) == 5 and not ids_a & ids_b, "readers split the work")
+
+    # --- pause, resume, reset ---
+    db.command("alterSubscription", "jobs", pause=True)
+    coll.insert_one({"_id": 400})
+    check(read("jobs", "workers")["messages"] == [], "a paused subscription delivers nothing")
+    db.command("alterSubscription", "jobs", resume=True)
+    got = read("jobs", "workers", waitMS=2000)["messages"]
+    check([m["event"]["documentKey"]["_id"] for m in got] == [400], f"resumed: {got}")
+    db.command("alterSubscription", "jobs", reset={"to": "now", "consumer": "workers"})
+    r = ack("jobs", "workers", [got[0]["deliveryId"]])
+    check(r["unknown"] == 1, f"an id from before a reset acks nothing: {r}")
+    coll.insert_one({"_id": 401})
+    got = read("jobs", "workers", waitMS=2000)["messages"]
+    check([m["event"]["documentKey"]["_id"] for m in got] == [401], f"after reset to now: {got}")
+
+    # --- listSubscriptions ---
+    rows = db.command("listSubscriptions", 1)["cursor"]["firstBatch"]
+    by = {(r["subscription"], r["consumer"]): r for r in rows}
+    check(("audit", "billing") in by and ("jobs", "workers") in by, f"one row per consumer: {rows}")
+    check(by[("audit", "reports")]["deadLettered"] == 0 and by[("audit", "reports")]["acked"] >= 6,
+          f"counters: {by[('audit', 'reports')]}")
+    rows = db.command("listSubscriptions", 1, filter={"consumer": "billing"})["cursor"]["firstBatch"]
+    check(len(rows) == 1, f"filtered: {rows}")
+
+    # --- errors ---
+    for cmd, code in [
+        ({"readSubscription": "nope", "consumer": "c"}, 9100),
+        ({"ackSubscription": "audit", "consumer": "nobody", "deliveryIds": []}, 9101),
+        ({"createSubscription": "audit", "collection": "other"}, 9102),
+        ({"readSubscription": "audit", "consumer": "c", "waitMS": 25001}, 2),
+        ({"createSubscription": "bad", "maxDeliveries": 0}, 2),
+    ]:
+        try:
+            db.command(cmd)
+            check(False, f"{cmd} is refused")
+        except OperationFailure as e:
+            check(e.code == code, f"{cmd}: code {e.code}, wanted {code}: {e}")
+    try:
+        client.config.subscriptionConsumers.insert_one({"x": 1})
+        check(False, "user writes to the state are refused")
+    except OperationFailure as e:
+        check(e.code == 9105, f"ReservedNamespace: {e}")
+
+    # --- drop ---
+    db.command("dropSubscription", "jobs")
+    try:
+        read("jobs", "workers")
+        check(False, "a dropped subscription is gone")
+    except OperationFailure as e:
+        check(e.code == 9100, f"dropped: {e}")
+    client.drop_database(db.name)
+    check(db.command("listSubscriptions", 1)["cursor"]["firstBatch"] == [],
+          "dropping a database drops its subscriptions")
+    print("subscriptions: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "mongodb://127.0.0.1:27017/")
