@@ -450,9 +450,10 @@ impl Consumer {
         self.counters.delivered += 1;
         self.in_flight += 1;
         self.in_flight_bytes += message.event.len();
-        if deliveries > 0 || at.is_some_and(|at| at > now) {
-            // Owed again from a restore: due at once (or after its nack's delay), through
-            // `take_due`, which dead-letters it if its deliveries are spent.
+        let waits = at.is_some_and(|at| at > now);
+        if waits || deliveries >= self.limits.max_deliveries {
+            // Owed again from a restore after its nack's delay, or to dead-letter: through
+            // `take_due`.
             self.window.insert(
                 message.token.clone(),
                 Slot::Due {
@@ -463,18 +464,24 @@ impl Consumer {
             );
             return None;
         }
+        // Delivered now: for the first time, or again after a restore (in token order, so
+        // before anything newer).
+        let count = deliveries + 1;
+        if count > 1 {
+            self.counters.redelivered += 1;
+        }
         let token = message.token.clone();
         self.window.insert(
             token.clone(),
             Slot::Out {
                 message: message.clone(),
-                deliveries: 1,
+                deliveries: count,
                 deadline: now.after(self.limits.ack_timeout),
             },
         );
         Some(Delivery {
             id: DeliveryId::format(self.epoch, &token),
-            count: 1,
+            count,
             message,
         })
     }
@@ -937,6 +944,13 @@ mod tests {
                     at: Some(later),
                 },
             ),
+            (
+                token(4),
+                Remembered::Delivered {
+                    deliveries: 1,
+                    at: None,
+                },
+            ),
         ]);
         let mut c =
             Consumer::restored(limits(), 4, Some(token(1)), remembered, Counters::default());
@@ -944,9 +958,17 @@ mod tests {
         assert!(c.offer(message(2), T0).is_none(), "done before the restart");
         assert_eq!(c.floor(), Some(&token(2)));
         assert!(c.offer(message(3), T0).is_none(), "nacked until later");
+        let again = c
+            .offer(message(4), T0)
+            .expect("owed again: delivered in token order");
+        assert_eq!(again.count, 2, "its delivery count goes on");
         assert!(c.take_due(T0, 10, usize::MAX).0.is_empty());
         let (d, _) = c.take_due(later, 10, usize::MAX);
-        assert_eq!((d.len(), d[0].count), (1, 3));
+        assert_eq!(
+            (d.len(), d[0].count),
+            (2, 3),
+            "3 after its delay, 4 after its timeout"
+        );
         assert!(d[0].id.starts_with("4."));
     }
 

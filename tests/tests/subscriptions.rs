@@ -1,0 +1,138 @@
+//! Subscriptions across real process kills: a consumer's position is the server's, so a router
+//! killed with `kill -9` (or a lease moved to another router) loses nothing acknowledged and
+//! delivers again only what was not.
+
+use std::time::{Duration, Instant};
+
+use mongodb::Database;
+use mongodb::bson::{Bson, Document, doc};
+use tests::ProcessCluster;
+
+async fn read(
+    db: &Database,
+    consumer: &str,
+    max: i32,
+    wait_ms: i32,
+) -> anyhow::Result<Vec<Document>> {
+    let reply = db
+        .run_command(
+            doc! {"readSubscription": "s", "consumer": consumer, "max": max, "waitMS": wait_ms},
+        )
+        .await?;
+    Ok(reply
+        .get_array("messages")?
+        .iter()
+        .filter_map(Bson::as_document)
+        .cloned()
+        .collect())
+}
+
+fn key(m: &Document) -> i32 {
+    m.get_document("event")
+        .and_then(|e| e.get_document("documentKey"))
+        .and_then(|k| k.get_i32("_id"))
+        .expect("an insert event")
+}
+
+fn id(m: &Document) -> Bson {
+    Bson::String(m.get_str("deliveryId").expect("deliveryId").to_string())
+}
+
+/// Reads until `want` messages arrived or `patience` ran out.
+async fn read_all(
+    db: &Database,
+    consumer: &str,
+    want: usize,
+    patience: Duration,
+) -> anyhow::Result<Vec<Document>> {
+    let until = Instant::now() + patience;
+    let mut got = Vec::new();
+    while got.len() < want && Instant::now() < until {
+        let max = (want - got.len()).min(100) as i32;
+        match read(db, consumer, max, 1000).await {
+            Ok(batch) => got.extend(batch),
+            // The lease of a killed router has not lapsed yet.
+            Err(e)
+                if e.to_string().contains("9106")
+                    || e.to_string().contains("ConsumerLeaseMoved") =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_router_s_consumer_resumes_after_its_last_durable_ack() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
+        .await?;
+    let docs: Vec<Document> = (0..100).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let first = read_all(&db, "a", 50, Duration::from_secs(20)).await?;
+    assert_eq!(
+        first.iter().map(key).collect::<Vec<_>>(),
+        (0..50).collect::<Vec<_>>()
+    );
+    let acked: Vec<Bson> = first[..30].iter().map(id).collect();
+    let reply = db
+        .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": acked, "waitDurable": true})
+        .await?;
+    assert_eq!(reply.get_i64("acked")?, 30);
+    cluster.router.restart().await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    let again = read_all(&db, "a", 70, Duration::from_secs(30)).await?;
+    let keys: Vec<i32> = again.iter().map(key).collect();
+    assert_eq!(
+        keys,
+        (30..100).collect::<Vec<_>>(),
+        "nothing acked durably comes again; everything else does, in commit order"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_is_served_by_one_router_and_taken_over_when_its_lease_lapses()
+-> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
+        .await?;
+    let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let got = read_all(&db, "a", 10, Duration::from_secs(20)).await?;
+    let acked: Vec<Bson> = got[..4].iter().map(id).collect();
+    db.run_command(
+        doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": acked, "waitDurable": true},
+    )
+    .await?;
+
+    let other = cluster.start_extra_router().await?;
+    let other_client = tests::connect(other.addr).await?;
+    let other_db = other_client.database("subs");
+    let err = read(&other_db, "a", 10, 0)
+        .await
+        .expect_err("another router serves it");
+    assert!(err.to_string().contains("ConsumerLeaseMoved"), "{err}");
+
+    // The first router dies: its lease lapses and the other takes the consumer over.
+    let started = Instant::now();
+    cluster.router.kill();
+    let again = read_all(&other_db, "a", 6, Duration::from_secs(30)).await?;
+    assert_eq!(
+        again.iter().map(key).collect::<Vec<_>>(),
+        (4..10).collect::<Vec<_>>()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "taken over after the lease ({:?})",
+        started.elapsed()
+    );
+    Ok(())
+}
