@@ -331,6 +331,12 @@ const RULES: &[Rule] = &[
         from: &["streams"],
         may: May::Only(&[&["kernel"], &["streams"]]),
     },
+    // subscriptions.md §3: subscriptions run on the kernel and the streams, never the router.
+    Rule {
+        krate: "router",
+        from: &["subscriptions"],
+        may: May::Only(&[&["kernel"], &["streams"], &["subscriptions"]]),
+    },
     // What commands run on is a value below them: it neither starts nor serves the router.
     Rule {
         krate: "router",

@@ -60,13 +60,3 @@ pub fn lease_moved(id: &str, consumer: &str, owner: &str, for_ms: u64) -> MongoE
         ),
     )
 }
-
-pub fn invalid_name(field: &str) -> MongoError {
-    MongoError::new(
-        ErrorCode::INVALID_NAMESPACE,
-        format!(
-            "'{field}' must be a name of 1 to {} bytes without NUL",
-            super::spec::MAX_NAME_LEN
-        ),
-    )
-}

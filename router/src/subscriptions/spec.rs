@@ -14,7 +14,6 @@ use resume::token::ResumeToken;
 use wire::{ErrorCode, MongoError, Result};
 
 use super::delivery::Limits;
-use super::errors;
 
 /// The database the subscriptions' state lives in, and its collections.
 pub const STATE_DB: &str = "config";
@@ -273,7 +272,10 @@ pub fn check_name(v: Option<&Bson>, field: &str) -> Result<String> {
         Some(Bson::String(s)) if !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.contains('\0') => {
             Ok(s.clone())
         }
-        Some(Bson::String(_)) => Err(errors::invalid_name(field)),
+        Some(Bson::String(_)) => Err(MongoError::new(
+            ErrorCode::INVALID_NAMESPACE,
+            format!("'{field}' must be a name of 1 to {MAX_NAME_LEN} bytes without NUL"),
+        )),
         Some(_) => Err(MongoError::type_mismatch(format!(
             "'{field}' must be a string"
         ))),
