@@ -136,3 +136,76 @@ async fn a_consumer_is_served_by_one_router_and_taken_over_when_its_lease_lapses
     );
     Ok(())
 }
+
+/// F1: the config shard (which also holds data) is killed for a few seconds while a writer
+/// inserts and a consumer reads and acks, some acks with `waitDurable`: reads pause instead of
+/// failing, and afterwards every insert has been delivered, first deliveries in commit order,
+/// and nothing acked durably was delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c", "ackTimeoutSecs": 60})
+        .await?;
+    const N: i32 = 600;
+    let writer = {
+        let coll = db.collection::<Document>("c");
+        tokio::spawn(async move {
+            let mut i = 0;
+            while i < N {
+                match coll.insert_one(doc! {"_id": i}).await {
+                    Ok(_) => i += 1,
+                    Err(e) if e.to_string().contains("E11000") => i += 1,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let mut firsts: Vec<i32> = Vec::new();
+    let mut durable: std::collections::HashSet<i32> = Default::default();
+    let mut redelivered_durable = Vec::new();
+    let mut read_errors = Vec::new();
+    let mut killed = false;
+    let started = Instant::now();
+    while firsts.len() < N as usize && started.elapsed() < Duration::from_secs(120) {
+        if !killed && firsts.len() >= 100 {
+            cluster.shards[0].kill();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            cluster.shards[0].restart().await?;
+            killed = true;
+        }
+        let batch = match read(&db, "a", 50, 500).await {
+            Ok(b) => b,
+            Err(e) => {
+                read_errors.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for m in &batch {
+            let k = key(m);
+            if m.get_i64("deliveryCount")? == 1 {
+                firsts.push(k);
+            } else if durable.contains(&k) {
+                redelivered_durable.push(k);
+            }
+        }
+        let ids: Vec<Bson> = batch.iter().map(id).collect();
+        let wait_durable = firsts.len() % 2 == 0;
+        let ack = db
+            .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": wait_durable})
+            .await;
+        if ack.is_ok() && wait_durable {
+            durable.extend(batch.iter().map(key));
+        }
+    }
+    writer.await?;
+    assert!(killed, "the config shard was killed mid-run");
+    assert_eq!(firsts, (0..N).collect::<Vec<_>>(), "every insert delivered first in commit order");
+    assert!(redelivered_durable.is_empty(), "durably acked, delivered again: {redelivered_durable:?}");
+    // The router's connection to the shard drops: at most the read that was in flight fails.
+    assert!(read_errors.len() <= 3, "reads failed: {read_errors:?}");
+    Ok(())
+}
