@@ -21,6 +21,7 @@ wire::command_registry! {
     ServerStatus: "serverStatus" => false;
     Lineage: "_shardsvrLineage" => false;
     MarkLineageLost: "_shardsvrMarkLineageLost" => false;
+    RetentionPins: "_shardsvrRetentionPins" => false;
     GetClusterParameter: "getClusterParameter" => false;
     SetClusterParameter: "_shardsvrSetClusterParameter" => false;
     CommitTransaction: "commitTransaction" => true;
@@ -78,6 +79,7 @@ impl Command {
             | SetParameter
             | ServerStatus
             | Lineage
+            | RetentionPins
             | MarkLineageLost
             | GetClusterParameter
             | SetClusterParameter
@@ -134,6 +136,7 @@ impl Command {
             | RefreshSessions
             | SetParameter
             | MarkLineageLost
+            | RetentionPins
             | SetClusterParameter
             | CommitTransaction
             | AbortTransaction

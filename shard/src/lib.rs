@@ -42,6 +42,7 @@ pub mod lineage;
 pub mod log;
 pub mod operations;
 pub mod oplog;
+pub mod pins;
 pub mod preimages;
 pub mod query;
 pub mod repl;
@@ -511,6 +512,45 @@ impl Shard {
         tracing::warn!(shard = %self.state.name, %to, "history lost: this shard's data was restored from an older copy");
         self.state.set_lineage(lineage);
         Ok(true)
+    }
+
+    /// Sets and drops retention pins (`pins`), in one writer batch; returns the pins `ids`
+    /// name as they are now (a pin set at or below the truncation point comes back expired).
+    pub async fn change_pins(
+        &self,
+        set: Vec<(String, pins::Pin)>,
+        drop: Vec<String>,
+        ids: Vec<String>,
+    ) -> Result<Vec<(String, pins::Pin)>, wire::MongoError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = move |w: &mut WriteCtx<'_>| -> StorageResult<WriteOutput> {
+            let mut pins = pins::Pins::load(w.txn_mut())?;
+            for id in &drop {
+                pins.0.remove(id);
+            }
+            let truncated = w.state().oplog_truncated_through();
+            for (id, mut pin) in set {
+                pin.expired = pin.from <= truncated;
+                if pins.0.len() < pins::MAX_PINS || pins.0.contains_key(&id) {
+                    pins.0.insert(id, pin);
+                }
+            }
+            pins.save(w.txn_mut())?;
+            let now: Vec<(String, pins::Pin)> = ids
+                .iter()
+                .filter_map(|id| pins.0.get(id).map(|p| (id.clone(), *p)))
+                .collect();
+            let _ = tx.send(now);
+            Ok(WriteOutput {
+                reply: doc! {"ok": 1.0},
+                op_time: None,
+            })
+        };
+        self.writer.submit(Box::new(job)).await.map_err(|e| {
+            wire::MongoError::internal(format!("storing retention pins: {}", e.errmsg))
+        })?;
+        rx.await
+            .map_err(|_| wire::MongoError::internal("the pins job did not answer"))
     }
 
     /// Runs one purge of expired change-stream pre-images now (it also runs every

@@ -13,6 +13,7 @@
 use resume::ClusterTime;
 
 use crate::oplog::ts_of_key;
+use crate::pins::Pins;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, WriteTxn};
 
 /// Meta-table key of the persisted [`OplogStats`].
@@ -131,16 +132,21 @@ impl OplogStats {
 }
 
 /// Truncates the front of the oplog per `retention`, never touching entries at or after
-/// `keep_from`; updates `stats`.
+/// `keep_from` or the oldest live pin (`pins`, unless it is further behind than its maxLag
+/// allows: then it expires and trimming goes on); updates `stats`. Returns whether a pin
+/// expired (the caller stores `pins` in the same transaction).
 pub fn trim(
     txn: &mut dyn WriteTxn,
     stats: &mut OplogStats,
     retention: Retention,
     wall_secs: u32,
     keep_from: Option<ClusterTime>,
-) -> StorageResult<()> {
+    pins: &mut Pins,
+) -> StorageResult<bool> {
     let mut doomed = Vec::new();
     let mut bytes = stats.bytes;
+    let mut changed = pins.expire_by_age(wall_secs);
+    let mut pinned = pins.keep_from();
     txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |k, v| {
         let Some(ts) = ts_of_key(k) else {
             return Scan::Stop;
@@ -158,6 +164,14 @@ pub fn trim(
         if !(too_big || too_old) {
             return Scan::Stop;
         }
+        // A consumer needs this entry: keep it, unless its pin lags past its bound.
+        while pinned.is_some_and(|p| ts >= p) {
+            if !pins.expire_by_size(bytes) {
+                return Scan::Stop;
+            }
+            changed = true;
+            pinned = pins.keep_from();
+        }
         bytes = bytes.saturating_sub(v.len() as u64);
         doomed.push((k.to_vec(), ts));
         Scan::Continue
@@ -168,7 +182,7 @@ pub fn trim(
         stats.entries = stats.entries.saturating_sub(1);
     }
     stats.bytes = bytes;
-    Ok(())
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -697,14 +697,22 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
         stats.bytes += pending.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         stats.entries += pending.len() as u64;
         let keep_from = pending.first().map(|(ts, _)| *ts);
-        let trimmed = crate::retention::trim(
-            &mut txn,
-            &mut stats,
-            state.retention(),
-            crate::clock::wall_secs(wall_ms),
-            keep_from,
-        )
-        .and_then(|()| txn.put(Table::Meta, crate::retention::STATS_KEY, &stats.encode()));
+        let trimmed = crate::pins::Pins::load(&txn)
+            .and_then(|mut pins| {
+                let expired = crate::retention::trim(
+                    &mut txn,
+                    &mut stats,
+                    state.retention(),
+                    crate::clock::wall_secs(wall_ms),
+                    keep_from,
+                    &mut pins,
+                )?;
+                if expired {
+                    pins.save(&mut txn)?;
+                }
+                Ok(())
+            })
+            .and_then(|()| txn.put(Table::Meta, crate::retention::STATS_KEY, &stats.encode()));
         if let Err(e) = trimmed {
             failure = Some(e);
         }

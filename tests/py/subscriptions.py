@@ -44,7 +44,7 @@ def main(uri):
             seen.append(m["event"]["documentKey"]["_id"])
         ack("audit", "billing", [m["deliveryId"] for m in reply["messages"]])
     check(seen == list(range(5)), f"one consumer gets every change in commit order: {seen}")
-    reply = read("audit", "billing", max=100)
+    reply = read("audit", "billing", max=100, waitMS=1000)
     check(reply["messages"] == [] and reply["caughtUp"], f"nothing more, caught up: {reply}")
 
     # --- the event is exactly what watch() returns ---

@@ -203,9 +203,109 @@ async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::R
     }
     writer.await?;
     assert!(killed, "the config shard was killed mid-run");
-    assert_eq!(firsts, (0..N).collect::<Vec<_>>(), "every insert delivered first in commit order");
-    assert!(redelivered_durable.is_empty(), "durably acked, delivered again: {redelivered_durable:?}");
+    assert_eq!(
+        firsts,
+        (0..N).collect::<Vec<_>>(),
+        "every insert delivered first in commit order"
+    );
+    assert!(
+        redelivered_durable.is_empty(),
+        "durably acked, delivered again: {redelivered_durable:?}"
+    );
     // The router's connection to the shard drops: at most the read that was in flight fails.
     assert!(read_errors.len() <= 3, "reads failed: {read_errors:?}");
+    Ok(())
+}
+
+/// An embedded cluster keeping 1 MB of oplog per shard.
+async fn small_oplog_cluster() -> anyhow::Result<(tempfile::TempDir, tests::Proc)> {
+    let dir = tempfile::tempdir()?;
+    let port = tests::free_port()?;
+    let args = [
+        "--port",
+        &port.to_string(),
+        "--dbpath",
+        &dir.path().display().to_string(),
+        "--oplogSizeMB",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let proc = tests::Proc::spawn(args, std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    Ok((dir, proc))
+}
+
+async fn insert_big(db: &Database, from: i32, n: i32) -> anyhow::Result<()> {
+    let pad = "x".repeat(20_000);
+    for chunk in (from..from + n).collect::<Vec<_>>().chunks(10) {
+        let docs: Vec<Document> = chunk
+            .iter()
+            .map(|i| doc! {"_id": *i, "pad": &pad})
+            .collect();
+        db.collection::<Document>("c").insert_many(docs).await?;
+    }
+    Ok(())
+}
+
+/// A consumer pins the oplog it has not acknowledged: with 1 MB of oplog and 4 MB written
+/// meanwhile, a consumer that has read nothing still gets every event; a subscription with
+/// `maxLagBytes` lets its laggard expire instead (9103 until a reset), and a reset consumer
+/// goes on from where it was reset to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_pin_the_oplog_and_max_lag_expires_a_laggard() -> anyhow::Result<()> {
+    let (_dir, server) = small_oplog_cluster().await?;
+    let client = tests::connect(server.addr).await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
+        .await?;
+    db.run_command(
+        doc! {"createSubscription": "lag", "collection": "c", "maxLagBytes": 500_000i64},
+    )
+    .await?;
+    // Each consumer exists (and is pinned) before the writes.
+    assert!(read(&db, "a", 1, 0).await?.is_empty());
+    let lag_read = db
+        .run_command(doc! {"readSubscription": "lag", "consumer": "slow", "max": 1})
+        .await?;
+    assert!(lag_read.get_array("messages")?.is_empty());
+    insert_big(&db, 0, 200).await?;
+    let all = read_all(&db, "a", 200, Duration::from_secs(60)).await?;
+    assert_eq!(
+        all.iter().map(key).collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>(),
+        "every event, though the oplog is 1 MB and 4 MB were written"
+    );
+    // Once `a` acks, its pin moves on (within a second), and the next writes trim past the
+    // laggard, which expires instead of holding more than 500 KB.
+    let ids: Vec<Bson> = all.iter().map(id).collect();
+    db.run_command(
+        doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": true},
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    insert_big(&db, 200, 60).await?;
+    let until = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match db
+            .run_command(doc! {"readSubscription": "lag", "consumer": "slow", "max": 1})
+            .await
+        {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(r) => anyhow::bail!("the laggard never expired: {r}"),
+        }
+    };
+    assert!(err.to_string().contains("SubscriptionExpired"), "{err}");
+    db.run_command(doc! {"alterSubscription": "lag", "reset": {"to": "now", "consumer": "slow"}})
+        .await?;
+    insert_big(&db, 1000, 1).await?;
+    let got = db
+        .run_command(
+            doc! {"readSubscription": "lag", "consumer": "slow", "max": 10, "waitMS": 5000},
+        )
+        .await?;
+    let msgs = got.get_array("messages")?;
+    assert_eq!(msgs.len(), 1, "after the reset it goes on: {got}");
     Ok(())
 }

@@ -17,6 +17,7 @@
 pub mod delivery;
 pub mod errors;
 pub mod feed;
+pub mod pins;
 pub mod spec;
 pub mod state;
 
@@ -93,6 +94,8 @@ struct Machine {
     durable: Vec<tokio::sync::oneshot::Sender<()>>,
     last_read: Millis,
     lease_until: Millis,
+    /// The time its pin was last pushed to the shards as (`from`).
+    pinned: Option<bson::Timestamp>,
 }
 
 impl Live {
@@ -202,7 +205,10 @@ impl Subscriptions {
 
     /// Starts the state writer.
     pub fn start(self: &Arc<Self>, services: &Services) {
-        services.start(state::StateWriter { subs: self.clone() });
+        services.start(state::StateWriter {
+            subs: self.clone(),
+            passes: 0,
+        });
     }
 
     fn all_live(&self) -> Vec<Arc<Live>> {
@@ -294,6 +300,12 @@ impl Subscriptions {
             }
             None => return Err(errors::consumer_not_found(&sub, consumer)),
         };
+        if stored.generation == 0 && stored.floor.is_none() {
+            // A new consumer: pinned at the start before the subscription's own pin, which
+            // holds the start only until its first consumer comes, lets go.
+            self.pin_consumer(&def, consumer, &def.start).await?;
+            self.unpin(vec![pins::pin_id(&sub, pins::START)]).await?;
+        }
         if let Some(owner) = &stored.owner
             && owner != self.router_id()
             && stored.lease_until > now
@@ -361,6 +373,7 @@ impl Subscriptions {
                 durable: Vec::new(),
                 last_read: now,
                 lease_until,
+                pinned: None,
             }),
             feed: tokio::sync::Mutex::new(Feed::default()),
             freed: tokio::sync::Notify::new(),
@@ -392,6 +405,8 @@ impl Subscriptions {
             .get_or_insert(STATE_DB, DEFINITIONS, def.to_document())
             .await?;
         let existing = Definition::from_document(&stored)?;
+        // Its consumers-to-be start there: every shard keeps its history from there on.
+        self.pin_start(&existing).await?;
         if existing != def {
             let same_but_start = Definition {
                 start: def.start.clone(),
@@ -462,6 +477,8 @@ impl Subscriptions {
         wait: Duration,
     ) -> Result<Read> {
         let live = self.live(db, name, consumer, true).await?;
+        // Caught up means: read through everything this router knew of when the read began.
+        let head = self.transport.clock().now();
         let deadline = Instant::now() + wait;
         let mut out: Vec<Delivery> = Vec::new();
         let mut bytes = 0usize;
@@ -548,7 +565,13 @@ impl Subscriptions {
             }
         }
         let m = live.machine();
-        let caught_up = caught_up && out.len() < max && !m.consumer.has_due(wall_clock());
+        let through = m
+            .consumer
+            .horizon()
+            .and_then(|t| t.decode().ok())
+            .is_some_and(|t| t.cluster_time() >= head);
+        let caught_up =
+            caught_up && through && out.len() < max && !m.consumer.has_due(wall_clock());
         Ok(Read {
             messages: out,
             caught_up,
@@ -722,6 +745,7 @@ impl Subscriptions {
                 None => {
                     // Every consumer, and the subscription's start for new ones.
                     def.start = token.clone();
+                    self.pin_start(&def).await?;
                     self.config
                         .cas(
                             STATE_DB,
@@ -734,11 +758,13 @@ impl Subscriptions {
                 }
             };
             for c in &names {
+                self.pin_consumer(&def, c, &token).await?;
                 let live = self.live(db, name, c, true).await?;
                 let mut feed = live.feed.lock().await;
                 feed.restart().await;
                 let mut m = live.machine();
                 m.consumer.reset(Some(token.clone()));
+                m.pinned = Some(pins::from_of(&token)?);
                 m.status = Status::Active;
                 m.dead.clear();
                 m.dirty = true;
@@ -818,6 +844,7 @@ impl Subscriptions {
         if let Some(live) = self.cached(sub, consumer) {
             self.unload(&live).await;
         }
+        self.unpin(vec![pins::pin_id(sub, consumer)]).await?;
         self.config_write(
             CONSUMERS,
             "delete",
@@ -851,6 +878,16 @@ impl Subscriptions {
             }
         }
         let ids: Vec<Bson> = subs.iter().cloned().map(Bson::String).collect();
+        let mut pinned: Vec<String> = subs.iter().map(|s| pins::pin_id(s, pins::START)).collect();
+        for sub in subs {
+            pinned.extend(
+                self.consumer_names(sub)
+                    .await?
+                    .iter()
+                    .map(|c| pins::pin_id(sub, c)),
+            );
+        }
+        self.unpin(pinned).await?;
         self.config_write(
             DEFINITIONS,
             "delete",

@@ -207,7 +207,11 @@ pub fn dead_letter_doc(sub: &str, consumer: &str, d: &DeadLetter, now: Millis) -
 /// Writes changed consumers, their dead letters and renewed leases, every [`PERIOD`].
 pub struct StateWriter {
     pub subs: Arc<Subscriptions>,
+    pub passes: u64,
 }
+
+/// Pins are pushed to the shards every this many passes (about once a second).
+const PIN_EVERY: u64 = 10;
 
 impl Service for StateWriter {
     const NAME: &'static str = "subscription_state";
@@ -220,7 +224,13 @@ impl Service for StateWriter {
         if let Err(e) = self.subs.write_state().await {
             tracing::warn!(error = %e, "subscription state not written; trying again");
         }
-        self.subs.expire_idle().await;
+        self.passes += 1;
+        if self.passes % PIN_EVERY == 0 {
+            if let Err(e) = self.subs.push_pins().await {
+                tracing::warn!(error = %e, "subscription pins not pushed; trying again");
+            }
+            self.subs.expire_idle().await;
+        }
     }
 }
 

@@ -104,6 +104,7 @@ async fn execute(ctx: &Ctx<'_>, command: Command, name: &str) -> Result<Reply, M
                 .await?;
             Ok(Reply::read(bson::doc! {"changed": changed, "ok": 1.0}))
         }
+        RetentionPins => retention_pins(ctx).await,
         GetClusterParameter => {
             let p = crate::preimages::parameter(shard)?;
             Ok(Reply::read(
@@ -422,3 +423,63 @@ fn kill_operations(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 }
 
 pub(crate) use wire::server::long_running;
+
+/// `_shardsvrRetentionPins: 1, set: [{id, from: Timestamp, maxLagBytes?, maxLagSecs?}],
+/// drop: [id]`: the router's subscriptions hold this shard's oplog (`crate::pins`). Replies
+/// with the set pins as they are now: `{pins: [{id, expired}]}`.
+async fn retention_pins(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let strings = |field: &str| -> Result<Vec<String>, MongoError> {
+        Ok(ctx
+            .cmd
+            .get_array(field)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    let drop = strings("drop")?;
+    let mut set = Vec::new();
+    for p in ctx.cmd.get_array("set").map(Vec::as_slice).unwrap_or(&[]) {
+        let Some(p) = p.as_document() else {
+            return Err(MongoError::type_mismatch("each pin must be a document"));
+        };
+        let (Ok(id), Ok(from)) = (p.get_str("id"), p.get_timestamp("from")) else {
+            return Err(MongoError::failed_to_parse(
+                "a pin needs 'id' and 'from' (a Timestamp)",
+            ));
+        };
+        let num = |f: &str| match p.get(f) {
+            Some(Bson::Int64(v)) if *v > 0 => Some(*v as u64),
+            Some(Bson::Int32(v)) if *v > 0 => Some(*v as u64),
+            _ => None,
+        };
+        set.push((
+            id.to_string(),
+            crate::pins::Pin {
+                from: ClusterTime::from(from),
+                max_lag_bytes: num("maxLagBytes"),
+                max_lag_secs: num("maxLagSecs").map(|s| s.min(u64::from(u32::MAX)) as u32),
+                expired: false,
+            },
+        ));
+    }
+    if set.len() + drop.len() > crate::pins::MAX_PINS {
+        return Err(MongoError::bad_value(format!(
+            "at most {} pins per call",
+            crate::pins::MAX_PINS
+        )));
+    }
+    let ids: Vec<String> = set
+        .iter()
+        .map(|(id, _)| id.clone())
+        .chain(strings("get")?)
+        .collect();
+    let now = ctx.shard.change_pins(set, drop, ids).await?;
+    let pins: Vec<Bson> = now
+        .into_iter()
+        .map(|(id, p)| Bson::Document(bson::doc! {"id": id, "expired": p.expired}))
+        .collect();
+    Ok(Reply::read(bson::doc! {"pins": pins, "ok": 1.0}))
+}
