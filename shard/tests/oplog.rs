@@ -523,3 +523,78 @@ async fn a_tail_cursor_overtaken_by_truncation_gets_capped_position_lost() {
     );
     s.shutdown().await;
 }
+
+/// Retention pins (`_shardsvrRetentionPins`): the trim keeps every entry from the oldest live
+/// pin on; a pin that lags past its `maxLagBytes` expires in the trim's own transaction and
+/// trimming goes on; a pin set at or below the truncation point is expired at once; dropped,
+/// a pin holds nothing.
+#[tokio::test]
+async fn the_trim_keeps_what_live_pins_need_and_expires_a_lagging_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    ok(&s, "db", doc! {"insert": "c", "documents": [{"_id": 0}]}).await;
+    let from = s.cluster_time().timestamp();
+    let pin = |id: &str, lag: Option<i64>| {
+        let mut p = doc! {"id": id, "from": from};
+        if let Some(l) = lag {
+            p.insert("maxLagBytes", l);
+        }
+        p
+    };
+    let r = ok(
+        &s,
+        "admin",
+        doc! {"_shardsvrRetentionPins": 1, "set": [pin("holds", None), pin("lags", Some(2_000))]},
+    )
+    .await;
+    assert_eq!(r.get_array("pins").unwrap().len(), 2);
+    s.set_oplog_retention(shard::retention::Retention::bytes(300));
+    insert_padded(&s, 1..40, 100).await;
+    let truncated = s.state().oplog_truncated_through();
+    assert!(truncated < from.into(), "the live pin holds the oplog");
+    assert_eq!(
+        pin_states(&s, vec!["holds", "lags"]).await,
+        vec![("holds".into(), false), ("lags".into(), true)],
+        "the pin past its 2,000 bytes expired; the other holds"
+    );
+    ok(
+        &s,
+        "admin",
+        doc! {"_shardsvrRetentionPins": 1, "drop": ["holds"]},
+    )
+    .await;
+    insert_padded(&s, 40..45, 100).await;
+    let after = s.state().oplog_truncated_through();
+    assert!(after >= from.into(), "without pins the trim goes on");
+    let r = ok(
+        &s,
+        "admin",
+        doc! {"_shardsvrRetentionPins": 1, "set": [pin("late", None)]},
+    )
+    .await;
+    let late = r.get_array("pins").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert!(
+        late.get_bool("expired").unwrap(),
+        "a pin below the truncation point: {late}"
+    );
+    s.shutdown().await;
+}
+
+/// `(id, expired)` of the pins named.
+async fn pin_states(s: &shard::Shard, ids: Vec<&str>) -> Vec<(String, bool)> {
+    let r = ok(s, "admin", doc! {"_shardsvrRetentionPins": 1, "get": ids}).await;
+    r.get_array("pins")
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let p = p.as_document().unwrap();
+            (
+                p.get_str("id").unwrap().to_string(),
+                p.get_bool("expired").unwrap(),
+            )
+        })
+        .collect()
+}
