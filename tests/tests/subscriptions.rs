@@ -193,7 +193,7 @@ async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::R
             }
         }
         let ids: Vec<Bson> = batch.iter().map(id).collect();
-        let wait_durable = firsts.len() % 2 == 0;
+        let wait_durable = firsts.len().is_multiple_of(2);
         let ack = db
             .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": wait_durable})
             .await;
@@ -307,5 +307,42 @@ async fn consumers_pin_the_oplog_and_max_lag_expires_a_laggard() -> anyhow::Resu
         .await?;
     let msgs = got.get_array("messages")?;
     assert_eq!(msgs.len(), 1, "after the reset it goes on: {got}");
+    Ok(())
+}
+
+/// Consumers of one subscription share one stream on their router: twenty consumers, each
+/// getting every event, hold one change-stream cursor on the shard, as one consumer does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_of_a_subscription_share_one_stream() -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
+        .await?;
+    let open_cursors = || -> anyhow::Result<i64> {
+        let status = cluster.shards()[0].status()?;
+        Ok(status
+            .get_document("metrics")?
+            .get_document("cursor")?
+            .get_document("open")?
+            .get_i64("total")?)
+    };
+    let before = open_cursors()?;
+    let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    for c in 0..20 {
+        let got = read_all(&db, &format!("c{c}"), 10, Duration::from_secs(20)).await?;
+        assert_eq!(
+            got.iter().map(key).collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>()
+        );
+    }
+    let during = open_cursors()?;
+    assert_eq!(
+        during - before,
+        1,
+        "twenty consumers hold one stream cursor on the shard"
+    );
+    cluster.stop().await;
     Ok(())
 }

@@ -56,6 +56,11 @@ impl Feed {
         }
     }
 
+    /// Whether its stream is open.
+    pub fn is_open(&self) -> bool {
+        self.cursor.is_some()
+    }
+
     pub fn has_lookahead(&self) -> bool {
         !self.lookahead.is_empty()
     }

@@ -18,6 +18,7 @@ pub mod delivery;
 pub mod errors;
 pub mod feed;
 pub mod pins;
+pub mod shared;
 pub mod spec;
 pub mod state;
 
@@ -65,6 +66,8 @@ pub struct Subscriptions {
     /// same address takes its consumers back at once), else a random one.
     router_id: std::sync::OnceLock<String>,
     live: Mutex<HashMap<(String, String), Arc<Live>>>,
+    /// Each subscription's shared log, for the consumers served here.
+    shared: Mutex<HashMap<String, Arc<shared::Shared>>>,
     /// Loads (and their lease takeovers) one at a time.
     loading: tokio::sync::Mutex<()>,
 }
@@ -77,6 +80,9 @@ pub struct Live {
     pub generation: i64,
     def: Mutex<Arc<Definition>>,
     machine: Mutex<Machine>,
+    /// The subscription's log shared by the consumers served here.
+    shared: Arc<shared::Shared>,
+    /// The consumer's own stream, while it is behind the shared log.
     feed: tokio::sync::Mutex<Feed>,
     /// Woken when an ack, a nack or a resume may let a waiting read go on.
     freed: tokio::sync::Notify,
@@ -189,6 +195,7 @@ impl Subscriptions {
             transport,
             router_id: std::sync::OnceLock::new(),
             live: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
         })
     }
@@ -242,6 +249,19 @@ impl Subscriptions {
             live.machine().durable.clear();
             live.freed.notify_waiters();
             live.feed.lock().await.close().await;
+            // The last consumer served here of its subscription takes the shared log along.
+            let last = {
+                let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+                let others = self.all_live().iter().any(|l| l.sub == live.sub);
+                if others {
+                    None
+                } else {
+                    shared.remove(&live.sub)
+                }
+            };
+            if let Some(log) = last {
+                log.close().await;
+            }
         }
     }
 
@@ -375,6 +395,13 @@ impl Subscriptions {
                 lease_until,
                 pinned: None,
             }),
+            shared: self
+                .shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(sub.clone())
+                .or_default()
+                .clone(),
             feed: tokio::sync::Mutex::new(Feed::default()),
             freed: tokio::sync::Notify::new(),
         });
@@ -501,50 +528,39 @@ impl Subscriptions {
             caught_up = false;
             if room > 0 && bytes < REPLY_BUDGET {
                 let def = live.def();
-                let mut feed = live.feed.lock().await;
-                self.offer(&live, &mut feed, &mut out, &mut bytes, max, now);
-                let room = live.machine().consumer.room().min(max - out.len());
-                if room > 0 && !feed.has_lookahead() && bytes < REPLY_BUDGET {
-                    let wait = if out.is_empty() {
-                        let until = live.machine().consumer.next_timer();
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        until.map_or(left, |t| left.min(now.until(t)))
-                    } else {
-                        Duration::ZERO
-                    };
-                    let from = live.machine().consumer.horizon().cloned();
-                    match feed
-                        .fetch(&self.streams, &def, from.as_ref(), room, wait)
-                        .await
-                    {
-                        Ok(fetched) => {
-                            self.offer(&live, &mut feed, &mut out, &mut bytes, max, wall_clock());
-                            caught_up = fetched.at_head && !feed.has_lookahead();
+                let got = match self
+                    .read_shared(&live, &def, &mut out, &mut bytes, max, deadline, now)
+                    .await
+                {
+                    Some(got) => got,
+                    None => {
+                        self.read_own(&live, &def, &mut out, &mut bytes, max, deadline, now)
+                            .await
+                    }
+                };
+                match got {
+                    Ok(at_head) => caught_up = at_head,
+                    Err(e) if feed::needs_reset(&e) => {
+                        let mut m = live.machine();
+                        m.status = Status::ResetRequired;
+                        m.why = e.errmsg.clone();
+                        m.dirty = true;
+                        drop(m);
+                        if out.is_empty() {
+                            return Err(errors::reset_required(
+                                &live.sub,
+                                &live.consumer,
+                                &e.errmsg,
+                            ));
                         }
-                        Err(e) if feed::needs_reset(&e) => {
-                            feed.restart().await;
-                            let mut m = live.machine();
-                            m.status = Status::ResetRequired;
-                            m.why = e.errmsg.clone();
-                            m.dirty = true;
-                            drop(m);
-                            if out.is_empty() {
-                                return Err(errors::reset_required(
-                                    &live.sub,
-                                    &live.consumer,
-                                    &e.errmsg,
-                                ));
-                            }
-                        }
-                        Err(e) => {
-                            // A pause (a shard lost, the config shard away): not the reader's
-                            // error. The stream opens again at the next read.
-                            tracing::debug!(error = %e, consumer = %live.consumer, "subscription feed paused");
-                            feed.restart().await;
-                            if out.is_empty() {
-                                let left = deadline.saturating_duration_since(Instant::now());
-                                tokio::time::sleep(left.min(Duration::from_millis(100))).await;
-                            }
+                    }
+                    Err(e) => {
+                        // A pause (a shard lost, the config shard away): not the reader's
+                        // error. The stream opens again at the next read.
+                        tracing::debug!(error = %e, consumer = %live.consumer, "subscription feed paused");
+                        if out.is_empty() {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            tokio::time::sleep(left.min(Duration::from_millis(100))).await;
                         }
                     }
                 }
@@ -576,6 +592,134 @@ impl Subscriptions {
             messages: out,
             caught_up,
         })
+    }
+
+    /// How long a read may wait for new messages now: nothing when it has some, else until
+    /// its deadline or the consumer's next timer.
+    fn wait_for(live: &Live, out: &[Delivery], deadline: Instant, now: Millis) -> Duration {
+        if !out.is_empty() {
+            return Duration::ZERO;
+        }
+        let until = live.machine().consumer.next_timer();
+        let left = deadline.saturating_duration_since(Instant::now());
+        until.map_or(left, |t| left.min(now.until(t)))
+    }
+
+    /// New messages from the subscription's shared log, extending it (or waiting for it) when
+    /// the consumer has read it all; `None` when the consumer is behind the log (it reads by
+    /// itself). `Ok(true)`: the stream had nothing newer.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_shared(
+        &self,
+        live: &Arc<Live>,
+        def: &Definition,
+        out: &mut Vec<Delivery>,
+        bytes: &mut usize,
+        max: usize,
+        deadline: Instant,
+        now: Millis,
+    ) -> Option<Result<bool>> {
+        let position = |live: &Live| {
+            live.machine()
+                .consumer
+                .horizon()
+                .cloned()
+                .unwrap_or_else(|| def.start.clone())
+        };
+        if !live.shared.covers(&position(live)) {
+            return None;
+        }
+        // Back on the shared log: its own stream is no longer needed.
+        if let Ok(mut own) = live.feed.try_lock()
+            && own.is_open()
+        {
+            own.restart().await;
+        }
+        let mut extended = false;
+        loop {
+            let at = position(live);
+            let room = live.machine().consumer.room().min(max - out.len());
+            let taken = live
+                .shared
+                .after(&at, room, REPLY_BUDGET.saturating_sub(*bytes));
+            if let Some(taken) = &taken {
+                let mut m = live.machine();
+                for message in &taken.messages {
+                    let len = message.event.len();
+                    if let Some(d) = m.consumer.offer(message.clone(), now) {
+                        *bytes += len;
+                        out.push(d);
+                    }
+                }
+                if let Some(end) = &taken.end {
+                    m.consumer.scanned(end);
+                }
+                m.dirty = true;
+            }
+            let at_head = taken.as_ref().is_some_and(|t| t.at_head && t.end.is_some());
+            let got = taken.as_ref().is_some_and(|t| !t.messages.is_empty());
+            if got || extended || room == 0 {
+                return Some(Ok(at_head));
+            }
+            if taken.is_none() && !live.shared.covers(&at) {
+                return None;
+            }
+            let wait = Self::wait_for(live, out, deadline, now);
+            let passed = self.passed_by_all(&live.sub);
+            if let Err(e) = live
+                .shared
+                .extend(&self.streams, def, &at, passed.as_ref(), room.max(64), wait)
+                .await
+            {
+                return Some(Err(e));
+            }
+            extended = true;
+        }
+    }
+
+    /// The oldest position among the consumers of `sub` served here.
+    fn passed_by_all(&self, sub: &str) -> Option<ResumeToken> {
+        self.all_live()
+            .into_iter()
+            .filter(|l| l.sub == sub)
+            .map(|l| l.machine().consumer.horizon().cloned())
+            .min()
+            .flatten()
+    }
+
+    /// New messages from the consumer's own stream (it is behind the shared log).
+    #[allow(clippy::too_many_arguments)]
+    async fn read_own(
+        &self,
+        live: &Arc<Live>,
+        def: &Definition,
+        out: &mut Vec<Delivery>,
+        bytes: &mut usize,
+        max: usize,
+        deadline: Instant,
+        now: Millis,
+    ) -> Result<bool> {
+        let mut feed = live.feed.lock().await;
+        self.offer(live, &mut feed, out, bytes, max, now);
+        let room = live.machine().consumer.room().min(max - out.len());
+        if room == 0 || feed.has_lookahead() || *bytes >= REPLY_BUDGET {
+            return Ok(false);
+        }
+        let wait = Self::wait_for(live, out, deadline, now);
+        let from = live.machine().consumer.horizon().cloned();
+        match feed
+            .fetch(&self.streams, def, from.as_ref(), room, wait)
+            .await
+        {
+            Ok(fetched) => {
+                self.offer(live, &mut feed, out, bytes, max, wall_clock());
+                Ok(fetched.at_head && !feed.has_lookahead())
+            }
+            Err(e) => {
+                feed.restart().await;
+                Err(e)
+            }
+        }
     }
 
     /// Offers the feed's lookahead to the consumer while it has room and the reply has space.
@@ -876,6 +1020,13 @@ impl Subscriptions {
             if subs.contains(&live.sub) {
                 self.unload(&live).await;
             }
+        }
+        let logs: Vec<Arc<shared::Shared>> = {
+            let mut map = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            subs.iter().filter_map(|s| map.remove(s)).collect()
+        };
+        for log in logs {
+            log.close().await;
         }
         let ids: Vec<Bson> = subs.iter().cloned().map(Bson::String).collect();
         let mut pinned: Vec<String> = subs.iter().map(|s| pins::pin_id(s, pins::START)).collect();

@@ -225,7 +225,7 @@ impl Service for StateWriter {
             tracing::warn!(error = %e, "subscription state not written; trying again");
         }
         self.passes += 1;
-        if self.passes % PIN_EVERY == 0 {
+        if self.passes.is_multiple_of(PIN_EVERY) {
             if let Err(e) = self.subs.push_pins().await {
                 tracing::warn!(error = %e, "subscription pins not pushed; trying again");
             }
