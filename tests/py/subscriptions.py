@@ -171,6 +171,36 @@ def main(uri):
     except OperationFailure as e:
         check(e.code == 9105, f"ReservedNamespace: {e}")
 
+    # --- a waiting read ends at killOp, and idle consumers are dropped ---
+    import threading
+    db.command("createSubscription", "idle", collection="orders", consumerIdleTimeoutSecs=1)
+    read("idle", "gone")
+    failure = []
+
+    def waiting_read():
+        try:
+            read("idle", "waiter", waitMS=20000)
+        except OperationFailure as e:
+            failure.append(e.code)
+
+    t = threading.Thread(target=waiting_read)
+    t0 = time.time()
+    t.start()
+    op = None
+    for _ in range(50):
+        ops = client.admin.command("currentOp", {"command.readSubscription": "idle"})["inprog"]
+        if ops:
+            op = ops[0]["opid"]
+            break
+        time.sleep(0.1)
+    check(op is not None, "a waiting read is listed by currentOp")
+    client.admin.command("killOp", op=op)
+    t.join(timeout=10)
+    check(failure == [11601] and time.time() - t0 < 10, f"killOp ends a waiting read: {failure}")
+    time.sleep(3)
+    rows = db.command("listSubscriptions", 1, filter={"subscription": "idle"})["cursor"]["firstBatch"]
+    check(all(r["consumer"] not in ("gone",) for r in rows), f"an idle consumer is dropped: {rows}")
+
     # --- drop ---
     db.command("dropSubscription", "jobs")
     try:

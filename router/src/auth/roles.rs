@@ -661,6 +661,57 @@ mod tests {
     }
 
     #[test]
+    fn reading_a_subscription_needs_what_watching_does_and_managing_one_needs_write() {
+        let read = doc! {"readSubscription": "s", "consumer": "c"};
+        let create = doc! {"createSubscription": "s"};
+        assert!(may(
+            &[("read", "app")],
+            "readSubscription",
+            "app",
+            read.clone()
+        ));
+        assert!(may(&[("read", "app")], "ackSubscription", "app", doc! {}));
+        assert!(!may(
+            &[("read", "app")],
+            "readSubscription",
+            "other",
+            read.clone()
+        ));
+        assert!(!may(
+            &[("read", "app")],
+            "createSubscription",
+            "app",
+            create.clone()
+        ));
+        assert!(may(
+            &[("readWrite", "app")],
+            "createSubscription",
+            "app",
+            create
+        ));
+        assert!(!may(
+            &[("readWrite", "app")],
+            "dropSubscription",
+            "other",
+            doc! {}
+        ));
+        // A cluster subscription lives on admin: reading it needs a role that reads every
+        // database, as watching the cluster does.
+        assert!(!may(
+            &[("read", "admin")],
+            "readSubscription",
+            "admin",
+            read.clone()
+        ));
+        assert!(may(
+            &[("readAnyDatabase", "admin")],
+            "readSubscription",
+            "admin",
+            read
+        ));
+    }
+
+    #[test]
     fn cluster_roles_and_the_unknown() {
         assert!(may(
             &[("clusterMonitor", "admin")],

@@ -39,6 +39,9 @@ use crate::kernel::services::Services;
 use crate::kernel::transport::{ShardTransport, Shards};
 use crate::streams::Streams;
 
+/// The most subscriptions a cluster has.
+pub const MAX_SUBSCRIPTIONS: usize = 10_000;
+
 /// The most consumers one router serves at once.
 pub const MAX_LIVE: usize = 10_000;
 
@@ -427,6 +430,30 @@ impl Subscriptions {
         )?;
         let start = self.resolve(&probe, asked).await?;
         let def = Definition { start, ..probe };
+        let count = self
+            .transport
+            .command(
+                shard::sharding::ShardId::CONFIG,
+                STATE_DB,
+                doc! {"count": DEFINITIONS, "limit": MAX_SUBSCRIPTIONS as i64 + 1},
+            )
+            .await?;
+        let existing = self
+            .config
+            .find_one(STATE_DB, DEFINITIONS, doc! {"_id": def.id()})
+            .await?;
+        let count = match count.get("n") {
+            Some(Bson::Int32(n)) => *n as usize,
+            Some(Bson::Int64(n)) => *n as usize,
+            Some(Bson::Double(n)) => *n as usize,
+            _ => 0,
+        };
+        if existing.is_none() && count >= MAX_SUBSCRIPTIONS {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_MEMORY_LIMIT,
+                format!("the cluster has {MAX_SUBSCRIPTIONS} subscriptions already"),
+            ));
+        }
         let stored = self
             .config
             .get_or_insert(STATE_DB, DEFINITIONS, def.to_document())
@@ -580,7 +607,9 @@ impl Subscriptions {
                 }
             }
         }
-        let m = live.machine();
+        let mut m = live.machine();
+        // A read that waited long is not idle: it counts from its end.
+        m.last_read = wall_clock();
         let through = m
             .consumer
             .horizon()

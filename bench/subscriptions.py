@@ -1,0 +1,301 @@
+"""Subscriptions side by side with NATS JetStream pull consumers and Redis Streams consumer
+groups, one harness, servers on core 0 and this client on core 1.
+
+    cargo build --release --bin tributary
+    apt-get install nats-server redis-server && pip install nats-py redis pymongo
+    python3 bench/subscriptions.py --bin target/release/tributary [--messages 20000] [--rounds 3]
+
+Tests, each run `--rounds` times with the systems rotated (medians reported):
+  one      one consumer drains N queued messages: read up to 100, ack the batch
+  fanout   10 consumers each drain the same N messages (one thread each)
+  latency  a writer at ~1,000 messages/s for 5 s, one long-polling consumer: time from before
+           the write to the delivery, p50 / p99 / p99.9
+Server CPU is read from /proc/<pid>/stat before and after each test.
+
+Durability as run: Tributary fsyncs each commit, consumer state within ~100 ms; JetStream (file
+storage) as its version defaults (2.9 syncs every 2 minutes); Redis with AOF `everysec`.
+"""
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from procs import free_port, percentile, wait_listening  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAYLOAD = "x" * 100
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def start(cmd, port):
+    proc = subprocess.Popen(["taskset", "-c", "0", *cmd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_listening(port)
+    return proc
+
+
+# --- Tributary -------------------------------------------------------------------------------
+
+class Tributary:
+    name = "tributary"
+
+    def __init__(self, binary):
+        self.binary = binary
+
+    def __enter__(self):
+        from pymongo import MongoClient
+        self.dir = tempfile.mkdtemp()
+        self.port = free_port()
+        self.proc = start([self.binary, "--port", str(self.port), "--dbpath", self.dir], self.port)
+        self.client = MongoClient(f"mongodb://127.0.0.1:{self.port}/")
+        self.db = self.client.bench
+        self.n = 0
+        return self
+
+    def __exit__(self, *exc):
+        self.client.close()
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def setup(self, consumers):
+        self.n += 1
+        self.sub = f"s{self.n}"
+        self.coll = f"c{self.n}"
+        self.db.command("createSubscription", self.sub, collection=self.coll, maxInFlight=10_000)
+        for c in consumers:
+            self.db.command("readSubscription", self.sub, consumer=c, max=1)
+
+    def publish(self, docs):
+        self.db[self.coll].insert_many(docs, ordered=False)
+
+    def drain(self, consumer, n, on_message=None):
+        from pymongo import MongoClient
+        db = MongoClient(f"mongodb://127.0.0.1:{self.port}/").bench
+        got = 0
+        while got < n:
+            r = db.command("readSubscription", self.sub, consumer=consumer, max=100, waitMS=1000)
+            msgs = r["messages"]
+            if on_message:
+                for m in msgs:
+                    on_message(m["event"]["fullDocument"])
+            if msgs:
+                db.command("ackSubscription", self.sub, consumer=consumer,
+                           deliveryIds=[m["deliveryId"] for m in msgs])
+            got += len(msgs)
+        db.client.close()
+
+
+# --- NATS JetStream --------------------------------------------------------------------------
+
+class JetStream:
+    name = "jetstream"
+
+    def __enter__(self):
+        self.dir = tempfile.mkdtemp()
+        self.port = free_port()
+        self.proc = start(["nats-server", "-js", "-sd", self.dir, "-p", str(self.port)], self.port)
+        self.n = 0
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def _nc(self):
+        import nats
+        nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+        return nc, nc.jetstream()
+
+    def setup(self, consumers):
+        from nats.js.api import AckPolicy, ConsumerConfig
+        self.n += 1
+        self.stream = f"S{self.n}"
+
+        async def go():
+            nc, js = await self._nc()
+            await js.add_stream(name=self.stream, subjects=[f"{self.stream}.>"])
+            for c in consumers:
+                await js.add_consumer(self.stream, ConsumerConfig(
+                    durable_name=c, ack_policy=AckPolicy.ALL, max_ack_pending=10_000))
+            await nc.close()
+        asyncio.run(go())
+
+    def publish(self, docs):
+        import json
+
+        async def go():
+            nc, js = await self._nc()
+            acks = [js.publish(f"{self.stream}.c", json.dumps(d).encode()) for d in docs]
+            for i in range(0, len(acks), 500):
+                await asyncio.gather(*acks[i:i + 500])
+            await nc.close()
+        asyncio.run(go())
+
+    def drain(self, consumer, n, on_message=None):
+        import json
+
+        async def go():
+            nc, js = await self._nc()
+            sub = await js.pull_subscribe_bind(consumer, self.stream)
+            got = 0
+            while got < n:
+                try:
+                    msgs = await sub.fetch(100, timeout=1)
+                except asyncio.TimeoutError:
+                    continue
+                if on_message:
+                    for m in msgs:
+                        on_message(json.loads(m.data))
+                await msgs[-1].ack_sync()  # AckAll: the batch
+                got += len(msgs)
+            await nc.close()
+        asyncio.run(go())
+
+
+# --- Redis Streams ---------------------------------------------------------------------------
+
+class Redis:
+    name = "redis"
+
+    def __enter__(self):
+        import redis
+        self.dir = tempfile.mkdtemp()
+        self.port = free_port()
+        self.proc = start(["redis-server", "--port", str(self.port), "--dir", self.dir,
+                           "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
+                          self.port)
+        self.r = redis.Redis(port=self.port)
+        self.n = 0
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def setup(self, consumers):
+        self.n += 1
+        self.stream = f"s{self.n}"
+        for c in consumers:
+            self.r.xgroup_create(self.stream, c, id="0", mkstream=True)
+
+    def publish(self, docs):
+        import json
+        for i in range(0, len(docs), 500):
+            p = self.r.pipeline(transaction=False)
+            for d in docs[i:i + 500]:
+                p.xadd(self.stream, {"d": json.dumps(d)})
+            p.execute()
+
+    def drain(self, consumer, n, on_message=None):
+        import json
+        import redis
+        r = redis.Redis(port=self.port)
+        got = 0
+        while got < n:
+            res = r.xreadgroup(consumer, "c", {self.stream: ">"}, count=100, block=1000)
+            if not res:
+                continue
+            entries = res[0][1]
+            if on_message:
+                for _, fields in entries:
+                    on_message(json.loads(fields[b"d"]))
+            r.xack(self.stream, consumer, *[e[0] for e in entries])
+            got += len(entries)
+        r.close()
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+def docs(n, start=0):
+    return [{"_id": start + i, "p": PAYLOAD} for i in range(n)]
+
+
+def test_drain(system, n, consumers):
+    system.setup(consumers)
+    system.publish(docs(n))
+    cpu0, t0 = cpu_seconds(system.proc.pid), time.time()
+    threads = [threading.Thread(target=system.drain, args=(c, n)) for c in consumers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed, cpu = time.time() - t0, cpu_seconds(system.proc.pid) - cpu0
+    total = n * len(consumers)
+    return {"acked_per_s": total / elapsed, "cpu_us_per_ack": cpu / total * 1e6}
+
+
+def test_latency(system, seconds=5, rate=1000):
+    system.setup(["lat"])
+    n = seconds * rate
+    latencies = []
+    done = threading.Event()
+
+    def on_message(doc):
+        latencies.append(time.time() - doc["t"])
+
+    reader = threading.Thread(target=lambda: (system.drain("lat", n, on_message), done.set()))
+    reader.start()
+    start_t = time.time()
+    for i in range(n):
+        due = start_t + i / rate
+        pause = due - time.time()
+        if pause > 0:
+            time.sleep(pause)
+        system.publish([{"_id": 10_000_000 + i, "t": time.time(), "p": PAYLOAD}])
+    reader.join(timeout=60)
+    ms = [x * 1000 for x in latencies]
+    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
+            "p999_ms": percentile(ms, 99.9)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/tributary")
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--systems", default="tributary,jetstream,redis")
+    ap.add_argument("--tests", default="one,fanout,latency")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {1})
+    makers = {"tributary": lambda: Tributary(args.bin), "jetstream": JetStream, "redis": Redis}
+    systems = args.systems.split(",")
+    results = {}
+    for r in range(args.rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for name in order:
+            with makers[name]() as system:
+                for test in args.tests.split(","):
+                    if test == "one":
+                        res = test_drain(system, args.messages, ["c0"])
+                    elif test == "fanout":
+                        res = test_drain(system, args.messages // 4,
+                                         [f"c{i}" for i in range(10)])
+                    else:
+                        res = test_latency(system)
+                    print(f"round {r} {name:9} {test:7} " +
+                          " ".join(f"{k}={v:.3f}" for k, v in res.items()), flush=True)
+                    for k, v in res.items():
+                        results.setdefault((test, name, k), []).append(v)
+    print("\nmedians:")
+    for (test, name, k), vs in sorted(results.items()):
+        print(f"  {test:7} {name:9} {k:15} {statistics.median(vs):12.3f}")
+
+
+if __name__ == "__main__":
+    main()
