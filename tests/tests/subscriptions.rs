@@ -399,7 +399,12 @@ async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantee
             let batch: Vec<Document> = (next_insert..(next_insert + 20).min(N))
                 .map(|i| doc! {"_id": i})
                 .collect();
-            if db.collection::<Document>("c").insert_many(batch).await.is_ok() {
+            if db
+                .collection::<Document>("c")
+                .insert_many(batch)
+                .await
+                .is_ok()
+            {
                 next_insert = (next_insert + 20).min(N);
             }
         }
@@ -421,14 +426,17 @@ async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantee
                     let k = key(m);
                     let count = m.get_i64("deliveryCount")?;
                     if !(1..=100).contains(&count) {
-                        s.violations.push(format!("{k} delivered with count {count}"));
+                        s.violations
+                            .push(format!("{k} delivered with count {count}"));
                     }
                     if s.durable.contains(&k) {
-                        s.violations.push(format!("{k} came again after a durable ack"));
+                        s.violations
+                            .push(format!("{k} came again after a durable ack"));
                     }
                     if s.any.insert(k) {
                         if s.first.last().is_some_and(|last| *last > k) {
-                            s.violations.push(format!("{k} first delivered after {:?}", s.first.last()));
+                            s.violations
+                                .push(format!("{k} first delivered after {:?}", s.first.last()));
                         }
                         s.first.push(k);
                     }
@@ -463,8 +471,16 @@ async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantee
     }
     for (name, _) in readers {
         let s = seen.entry(name).or_default();
-        assert!(s.violations.is_empty(), "seed {seed}, consumer {name}: {:?}", s.violations);
-        assert_eq!(s.acked.len(), N as usize, "seed {seed}: consumer {name} acked every insert");
+        assert!(
+            s.violations.is_empty(),
+            "seed {seed}, consumer {name}: {:?}",
+            s.violations
+        );
+        assert_eq!(
+            s.acked.len(),
+            N as usize,
+            "seed {seed}: consumer {name} acked every insert"
+        );
     }
     Ok(())
 }

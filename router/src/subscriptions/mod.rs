@@ -1003,6 +1003,18 @@ impl Subscriptions {
         Ok(reply)
     }
 
+    /// Deletes every document of a state collection matching `filter`.
+    async fn config_delete(&self, coll: &str, filter: Document) -> Result<()> {
+        self.config_write(
+            coll,
+            "delete",
+            "deletes",
+            vec![doc! {"q": filter, "limit": 0}],
+        )
+        .await
+        .map(|_| ())
+    }
+
     async fn consumer_names(&self, sub: &str) -> Result<Vec<String>> {
         Ok(self
             .config
@@ -1018,20 +1030,10 @@ impl Subscriptions {
             self.unload(&live).await;
         }
         self.unpin(vec![pins::pin_id(sub, consumer)]).await?;
-        self.config_write(
-            CONSUMERS,
-            "delete",
-            "deletes",
-            vec![doc! {"q": {"_id": consumer_id(sub, consumer)}, "limit": 0}],
-        )
-        .await?;
-        self.config_write(
-            DEAD_LETTERS,
-            "delete",
-            "deletes",
-            vec![doc! {"q": {"_id.s": sub, "_id.c": consumer}, "limit": 0}],
-        )
-        .await?;
+        self.config_delete(CONSUMERS, doc! {"_id": consumer_id(sub, consumer)})
+            .await?;
+        self.config_delete(DEAD_LETTERS, doc! {"_id.s": sub, "_id.c": consumer})
+            .await?;
         Ok(())
     }
 
@@ -1068,27 +1070,12 @@ impl Subscriptions {
             );
         }
         self.unpin(pinned).await?;
-        self.config_write(
-            DEFINITIONS,
-            "delete",
-            "deletes",
-            vec![doc! {"q": {"_id": {"$in": ids.clone()}}, "limit": 0}],
-        )
-        .await?;
-        self.config_write(
-            CONSUMERS,
-            "delete",
-            "deletes",
-            vec![doc! {"q": {"_id.s": {"$in": ids.clone()}}, "limit": 0}],
-        )
-        .await?;
-        self.config_write(
-            DEAD_LETTERS,
-            "delete",
-            "deletes",
-            vec![doc! {"q": {"_id.s": {"$in": ids}}, "limit": 0}],
-        )
-        .await?;
+        self.config_delete(DEFINITIONS, doc! {"_id": {"$in": ids.clone()}})
+            .await?;
+        self.config_delete(CONSUMERS, doc! {"_id.s": {"$in": ids.clone()}})
+            .await?;
+        self.config_delete(DEAD_LETTERS, doc! {"_id.s": {"$in": ids}})
+            .await?;
         Ok(())
     }
 
