@@ -271,7 +271,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--systems", default="tributary,jetstream,redis")
     ap.add_argument("--tests", default="one,fanout,latency")
+    ap.add_argument("--fanout-cpu", action="store_true",
+                    help="only: server CPU per written document, 100 consumers vs 1")
     args = ap.parse_args()
+    if args.fanout_cpu:
+        os.sched_setaffinity(0, {1})
+        for r in range(args.rounds):
+            one = fanout_cpu(args.bin, 1)
+            hundred = fanout_cpu(args.bin, 100)
+            print(f"round {r}: server CPU per written doc: 1 consumer {one:.1f} us, "
+                  f"100 consumers {hundred:.1f} us, ratio {hundred / one:.2f}", flush=True)
+        return
     os.sched_setaffinity(0, {1})
     makers = {"tributary": lambda: Tributary(args.bin), "jetstream": JetStream, "redis": Redis}
     systems = args.systems.split(",")
@@ -295,6 +305,24 @@ def main():
     print("\nmedians:")
     for (test, name, k), vs in sorted(results.items()):
         print(f"  {test:7} {name:9} {k:15} {statistics.median(vs):12.3f}")
+
+
+
+def fanout_cpu(binary, consumers, n=5000):
+    """Server CPU per written document while `consumers` consumers of one subscription read and
+    ack everything a writer inserts (acks in batches of up to 100)."""
+    with Tributary(binary) as t:
+        names = [f"c{i}" for i in range(consumers)]
+        t.setup(names)
+        cpu0 = cpu_seconds(t.proc.pid)
+        threads = [threading.Thread(target=t.drain, args=(c, n)) for c in names]
+        for th in threads:
+            th.start()
+        for i in range(0, n, 100):
+            t.publish(docs(100, i))
+        for th in threads:
+            th.join()
+        return (cpu_seconds(t.proc.pid) - cpu0) / n * 1e6
 
 
 if __name__ == "__main__":

@@ -101,12 +101,15 @@ pub async fn set_parameter(shard: &Shard, options: Document) -> Result<(), Mongo
     shard.writer().submit(Box::new(job)).await.map(|_| ())
 }
 
-/// Whether the pre-image under `key` (collection UUID ++ ts ++ index) has expired.
+/// Whether the pre-image under `key` (collection UUID ++ ts ++ index) has expired: its entry
+/// is truncated, or it is older than `expire_after` and no retention pin holds it (its ts is
+/// before `pinned_from`, the oldest live pin's).
 pub fn expired(
     key: &[u8],
     oldest_needed: ClusterTime,
     expire_after: Option<u64>,
     now_secs: u64,
+    pinned_from: Option<ClusterTime>,
 ) -> bool {
     let Some(ts) = key
         .get(16..24)
@@ -115,8 +118,10 @@ pub fn expired(
     else {
         return true;
     };
+    let pinned = pinned_from.is_some_and(|p| ts >= p);
     ts < oldest_needed
-        || expire_after.is_some_and(|n| u64::from(ts.secs).saturating_add(n) < now_secs)
+        || (!pinned
+            && expire_after.is_some_and(|n| u64::from(ts.secs).saturating_add(n) < now_secs))
 }
 
 /// One purge pass: deletes up to [`PURGE_BATCH`] expired pre-images in one writer job.
@@ -127,13 +132,21 @@ pub async fn purge(shard: &Shard) -> Result<usize, MongoError> {
     // Entries at or before the truncation point are gone: their pre-images can never be read.
     let oldest_needed = state.oplog_truncated_through().next();
     let now_secs = state.now_millis() / 1000;
+    // A subscription's consumer still needs the pre-images its pin holds: age alone does
+    // not remove them (the oplog's truncation, which the pin holds too, does).
+    let pinned_from = {
+        let read = state.storage.begin_read().map_err(storage)?;
+        crate::pins::Pins::load(&*read)
+            .map_err(storage)?
+            .keep_from()
+    };
     // A pre-image's key never changes meaning: what looked expired still is.
     crate::expiry::purge_pass(
         state,
         shard.writer(),
         Table::PreImages,
         PURGE_BATCH,
-        move |k, _| expired(k, oldest_needed, expire, now_secs),
+        move |k, _| expired(k, oldest_needed, expire, now_secs, pinned_from),
         |_, _| Ok(true),
     )
     .await
@@ -171,12 +184,28 @@ mod tests {
     #[test]
     fn a_pre_image_expires_past_the_oplog_or_past_its_age() {
         let oldest = ClusterTime::new(100, 5);
-        assert!(expired(&key(100, 4), oldest, None, 1_000));
-        assert!(!expired(&key(100, 5), oldest, None, 1_000));
-        assert!(!expired(&key(900, 1), oldest, None, 1_000));
-        assert!(expired(&key(900, 1), oldest, Some(60), 1_000));
-        assert!(!expired(&key(950, 1), oldest, Some(60), 1_000));
-        assert!(expired(b"short", oldest, None, 0), "a damaged key goes");
+        assert!(expired(&key(100, 4), oldest, None, 1_000, None));
+        assert!(!expired(&key(100, 5), oldest, None, 1_000, None));
+        assert!(!expired(&key(900, 1), oldest, None, 1_000, None));
+        assert!(expired(&key(900, 1), oldest, Some(60), 1_000, None));
+        assert!(!expired(&key(950, 1), oldest, Some(60), 1_000, None));
+        let pin = Some(ClusterTime::new(900, 1));
+        assert!(
+            !expired(&key(900, 1), oldest, Some(60), 1_000, pin),
+            "a pinned pre-image outlives expireAfterSeconds"
+        );
+        assert!(
+            expired(&key(899, 1), oldest, Some(60), 1_000, pin),
+            "older than the pin"
+        );
+        assert!(
+            expired(&key(100, 4), oldest, None, 1_000, pin),
+            "truncated: gone whatever pins"
+        );
+        assert!(
+            expired(b"short", oldest, None, 0, None),
+            "a damaged key goes"
+        );
     }
 
     #[test]
