@@ -484,3 +484,45 @@ async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantee
     }
     Ok(())
 }
+
+/// A consumer whose router died is dropped by another router once its lease lapsed and it has
+/// been idle past `consumerIdleTimeoutSecs`, and its pin with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_idle_consumer_is_dropped_by_another_router() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(1).await?;
+    let db = cluster.client().await?.database("subs");
+    db.run_command(
+        doc! {"createSubscription": "s", "collection": "c", "consumerIdleTimeoutSecs": 1},
+    )
+    .await?;
+    read(&db, "gone", 1, 0).await?;
+    let other = cluster.start_extra_router().await?;
+    cluster.router.kill();
+    let other_db = tests::connect(other.addr).await?.database("subs");
+    let consumers = |rows: &Document| -> anyhow::Result<Vec<String>> {
+        Ok(rows
+            .get_document("cursor")?
+            .get_array("firstBatch")?
+            .iter()
+            .filter_map(|r| {
+                r.as_document()?
+                    .get_str("consumer")
+                    .ok()
+                    .map(str::to_string)
+            })
+            .collect())
+    };
+    let until = Instant::now() + Duration::from_secs(45);
+    loop {
+        let rows = other_db.run_command(doc! {"listSubscriptions": 1}).await?;
+        if consumers(&rows)?.is_empty() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "the abandoned consumer is still there: {rows}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}

@@ -1203,6 +1203,45 @@ impl Subscriptions {
             }
         }
     }
+
+    /// Drops idle consumers no router serves (their router died): those whose lease lapsed
+    /// and whose last read is older than their subscription's `consumerIdleTimeoutSecs`.
+    pub(super) async fn expire_abandoned(&self) -> Result<()> {
+        let now = wall_clock();
+        let defs = self
+            .config
+            .find(
+                STATE_DB,
+                DEFINITIONS,
+                doc! {"consumerIdleTimeoutSecs": {"$exists": true}},
+            )
+            .await?;
+        for d in defs {
+            let def = Definition::from_document(&d)?;
+            let Some(idle) = def.idle_timeout else {
+                continue;
+            };
+            let before = now.0.saturating_sub(idle.as_millis() as u64) as i64;
+            let abandoned = self
+                .config
+                .find(
+                    STATE_DB,
+                    CONSUMERS,
+                    doc! {
+                        "_id.s": def.id(),
+                        "leaseUntil": {"$lt": now.0 as i64},
+                        "lastRead": {"$lt": before},
+                    },
+                )
+                .await?;
+            for c in abandoned {
+                if let Ok(name) = c.get_str("consumer") {
+                    self.drop_consumer(&def.id(), name).await?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Waits until the state pass that stored an ack confirms it.

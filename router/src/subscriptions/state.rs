@@ -213,6 +213,9 @@ pub struct StateWriter {
 /// Pins are pushed to the shards every this many passes (about once a second).
 const PIN_EVERY: u64 = 10;
 
+/// Idle consumers no router serves are looked for every this many passes (15 s).
+const ABANDONED_EVERY: u64 = 150;
+
 impl Service for StateWriter {
     const NAME: &'static str = "subscription_state";
 
@@ -230,6 +233,12 @@ impl Service for StateWriter {
                 tracing::warn!(error = %e, "subscription pins not pushed; trying again");
             }
             self.subs.expire_idle().await;
+        }
+        // Consumers whose router died are looked for far less often.
+        if self.passes.is_multiple_of(ABANDONED_EVERY)
+            && let Err(e) = self.subs.expire_abandoned().await
+        {
+            tracing::warn!(error = %e, "abandoned consumers not looked for");
         }
     }
 }
