@@ -47,9 +47,24 @@ def start(cmd, port):
     return proc
 
 
+class Server:
+    """A server process on core 0 with a data directory of its own, stopped and removed on exit."""
+
+    def launch(self, cmd_for):
+        self.dir = tempfile.mkdtemp()
+        self.port = free_port()
+        self.proc = start(cmd_for(self.dir, self.port), self.port)
+        self.n = 0
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # --- Tributary -------------------------------------------------------------------------------
 
-class Tributary:
+class Tributary(Server):
     name = "tributary"
 
     def __init__(self, binary):
@@ -57,19 +72,14 @@ class Tributary:
 
     def __enter__(self):
         from pymongo import MongoClient
-        self.dir = tempfile.mkdtemp()
-        self.port = free_port()
-        self.proc = start([self.binary, "--port", str(self.port), "--dbpath", self.dir], self.port)
+        self.launch(lambda d, p: [self.binary, "--port", str(p), "--dbpath", d])
         self.client = MongoClient(f"mongodb://127.0.0.1:{self.port}/")
         self.db = self.client.bench
-        self.n = 0
         return self
 
     def __exit__(self, *exc):
         self.client.close()
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__exit__(*exc)
 
     def setup(self, consumers):
         self.n += 1
@@ -101,20 +111,12 @@ class Tributary:
 
 # --- NATS JetStream --------------------------------------------------------------------------
 
-class JetStream:
+class JetStream(Server):
     name = "jetstream"
 
     def __enter__(self):
-        self.dir = tempfile.mkdtemp()
-        self.port = free_port()
-        self.proc = start(["nats-server", "-js", "-sd", self.dir, "-p", str(self.port)], self.port)
-        self.n = 0
+        self.launch(lambda d, p: ["nats-server", "-js", "-sd", d, "-p", str(p)])
         return self
-
-    def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     async def _nc(self):
         import nats
@@ -169,24 +171,15 @@ class JetStream:
 
 # --- Redis Streams ---------------------------------------------------------------------------
 
-class Redis:
+class Redis(Server):
     name = "redis"
 
     def __enter__(self):
         import redis
-        self.dir = tempfile.mkdtemp()
-        self.port = free_port()
-        self.proc = start(["redis-server", "--port", str(self.port), "--dir", self.dir,
-                           "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-                          self.port)
+        self.launch(lambda d, p: ["redis-server", "--port", str(p), "--dir", d, "--appendonly",
+                                  "yes", "--appendfsync", "everysec", "--save", ""])
         self.r = redis.Redis(port=self.port)
-        self.n = 0
         return self
-
-    def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def setup(self, consumers):
         self.n += 1

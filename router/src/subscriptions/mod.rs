@@ -167,6 +167,48 @@ impl Live {
     }
 }
 
+/// What a read has gathered so far, and its bounds: at most `max` messages and
+/// [`REPLY_BUDGET`] bytes (one message at least), by `deadline`.
+struct Gathered {
+    out: Vec<Delivery>,
+    bytes: usize,
+    max: usize,
+    deadline: Instant,
+}
+
+impl Gathered {
+    /// How many more messages the reply takes.
+    fn room(&self) -> usize {
+        self.max - self.out.len()
+    }
+
+    /// How many more bytes of events the reply takes.
+    fn budget(&self) -> usize {
+        REPLY_BUDGET.saturating_sub(self.bytes)
+    }
+
+    /// Whether an event of `len` bytes still fits.
+    fn fits(&self, len: usize) -> bool {
+        self.out.is_empty() || self.bytes + len <= REPLY_BUDGET
+    }
+
+    fn push(&mut self, d: Delivery) {
+        self.bytes += d.message.event.len();
+        self.out.push(d);
+    }
+
+    /// How long the read may wait for new messages now: not at all once it has some, else
+    /// until its deadline or the consumer's next timer.
+    fn wait(&self, live: &Live, now: Millis) -> Duration {
+        if !self.out.is_empty() {
+            return Duration::ZERO;
+        }
+        let until = live.machine().consumer.next_timer();
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        until.map_or(left, |t| left.min(now.until(t)))
+    }
+}
+
 /// What `readSubscription` returns.
 pub struct Read {
     pub messages: Vec<Delivery>,
@@ -533,9 +575,12 @@ impl Subscriptions {
         let live = self.live(db, name, consumer, true).await?;
         // Caught up means: read through everything this router knew of when the read began.
         let head = self.transport.clock().now();
-        let deadline = Instant::now() + wait;
-        let mut out: Vec<Delivery> = Vec::new();
-        let mut bytes = 0usize;
+        let mut got = Gathered {
+            out: Vec::new(),
+            bytes: 0,
+            max,
+            deadline: Instant::now() + wait,
+        };
         let mut caught_up;
         loop {
             let now = wall_clock();
@@ -544,28 +589,19 @@ impl Subscriptions {
                 live.check(&m)?;
                 m.last_read = now;
                 m.dirty = true;
-                let (due, dead) =
-                    m.consumer
-                        .take_due(now, max - out.len(), REPLY_BUDGET.saturating_sub(bytes));
-                bytes += due.iter().map(|d| d.message.event.len()).sum::<usize>();
-                out.extend(due);
+                let (due, dead) = m.consumer.take_due(now, got.room(), got.budget());
+                due.into_iter().for_each(|d| got.push(d));
                 m.dead.extend(dead);
-                m.consumer.room().min(max - out.len())
+                m.consumer.room().min(got.room())
             };
             caught_up = false;
-            if room > 0 && bytes < REPLY_BUDGET {
+            if room > 0 && got.budget() > 0 {
                 let def = live.def();
-                let got = match self
-                    .read_shared(&live, &def, &mut out, &mut bytes, max, deadline, now)
-                    .await
-                {
-                    Some(got) => got,
-                    None => {
-                        self.read_own(&live, &def, &mut out, &mut bytes, max, deadline, now)
-                            .await
-                    }
+                let read = match self.read_shared(&live, &def, &mut got, now).await {
+                    Some(read) => read,
+                    None => self.read_own(&live, &def, &mut got, now).await,
                 };
-                match got {
+                match read {
                     Ok(at_head) => caught_up = at_head,
                     Err(e) if feed::needs_reset(&e) => {
                         let mut m = live.machine();
@@ -573,7 +609,7 @@ impl Subscriptions {
                         m.why = e.errmsg.clone();
                         m.dirty = true;
                         drop(m);
-                        if out.is_empty() {
+                        if got.out.is_empty() {
                             return Err(errors::reset_required(
                                 &live.sub,
                                 &live.consumer,
@@ -585,20 +621,20 @@ impl Subscriptions {
                         // A pause (a shard lost, the config shard away): not the reader's
                         // error. The stream opens again at the next read.
                         tracing::debug!(error = %e, consumer = %live.consumer, "subscription feed paused");
-                        if out.is_empty() {
-                            let left = deadline.saturating_duration_since(Instant::now());
+                        if got.out.is_empty() {
+                            let left = got.deadline.saturating_duration_since(Instant::now());
                             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
                         }
                     }
                 }
             }
-            if !out.is_empty() || Instant::now() >= deadline {
+            if !got.out.is_empty() || Instant::now() >= got.deadline {
                 break;
             }
             if room == 0 {
                 // Full (maxInFlight) or paused: wait for an ack, a nack, a timer or the deadline.
                 let timer = live.machine().consumer.next_timer();
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = got.deadline.saturating_duration_since(Instant::now());
                 let wait = timer.map_or(left, |t| left.min(wall_clock().until(t)));
                 let freed = live.freed.notified();
                 tokio::select! {
@@ -615,37 +651,21 @@ impl Subscriptions {
             .horizon()
             .and_then(|t| t.decode().ok())
             .is_some_and(|t| t.cluster_time() >= head);
-        let caught_up =
-            caught_up && through && out.len() < max && !m.consumer.has_due(wall_clock());
+        let caught_up = caught_up && through && got.room() > 0 && !m.consumer.has_due(wall_clock());
         Ok(Read {
-            messages: out,
+            messages: got.out,
             caught_up,
         })
-    }
-
-    /// How long a read may wait for new messages now: nothing when it has some, else until
-    /// its deadline or the consumer's next timer.
-    fn wait_for(live: &Live, out: &[Delivery], deadline: Instant, now: Millis) -> Duration {
-        if !out.is_empty() {
-            return Duration::ZERO;
-        }
-        let until = live.machine().consumer.next_timer();
-        let left = deadline.saturating_duration_since(Instant::now());
-        until.map_or(left, |t| left.min(now.until(t)))
     }
 
     /// New messages from the subscription's shared log, extending it (or waiting for it) when
     /// the consumer has read it all; `None` when the consumer is behind the log (it reads by
     /// itself). `Ok(true)`: the stream had nothing newer.
-    #[allow(clippy::too_many_arguments)]
     async fn read_shared(
         &self,
         live: &Arc<Live>,
         def: &Definition,
-        out: &mut Vec<Delivery>,
-        bytes: &mut usize,
-        max: usize,
-        deadline: Instant,
+        got: &mut Gathered,
         now: Millis,
     ) -> Option<Result<bool>> {
         let position = |live: &Live| {
@@ -667,17 +687,13 @@ impl Subscriptions {
         let mut extended = false;
         loop {
             let at = position(live);
-            let room = live.machine().consumer.room().min(max - out.len());
-            let taken = live
-                .shared
-                .after(&at, room, REPLY_BUDGET.saturating_sub(*bytes));
+            let room = live.machine().consumer.room().min(got.room());
+            let taken = live.shared.after(&at, room, got.budget());
             if let Some(taken) = &taken {
                 let mut m = live.machine();
                 for message in &taken.messages {
-                    let len = message.event.len();
                     if let Some(d) = m.consumer.offer(message.clone(), now) {
-                        *bytes += len;
-                        out.push(d);
+                        got.push(d);
                     }
                 }
                 if let Some(end) = &taken.end {
@@ -686,14 +702,14 @@ impl Subscriptions {
                 m.dirty = true;
             }
             let at_head = taken.as_ref().is_some_and(|t| t.at_head && t.end.is_some());
-            let got = taken.as_ref().is_some_and(|t| !t.messages.is_empty());
-            if got || extended || room == 0 {
+            let some = taken.as_ref().is_some_and(|t| !t.messages.is_empty());
+            if some || extended || room == 0 {
                 return Some(Ok(at_head));
             }
             if taken.is_none() && !live.shared.covers(&at) {
                 return None;
             }
-            let wait = Self::wait_for(live, out, deadline, now);
+            let wait = got.wait(live, now);
             let passed = self.passed_by_all(&live.sub);
             if let Err(e) = live
                 .shared
@@ -717,31 +733,27 @@ impl Subscriptions {
     }
 
     /// New messages from the consumer's own stream (it is behind the shared log).
-    #[allow(clippy::too_many_arguments)]
     async fn read_own(
         &self,
         live: &Arc<Live>,
         def: &Definition,
-        out: &mut Vec<Delivery>,
-        bytes: &mut usize,
-        max: usize,
-        deadline: Instant,
+        got: &mut Gathered,
         now: Millis,
     ) -> Result<bool> {
         let mut feed = live.feed.lock().await;
-        self.offer(live, &mut feed, out, bytes, max, now);
-        let room = live.machine().consumer.room().min(max - out.len());
-        if room == 0 || feed.has_lookahead() || *bytes >= REPLY_BUDGET {
+        Self::offer(live, &mut feed, got, now);
+        let room = live.machine().consumer.room().min(got.room());
+        if room == 0 || feed.has_lookahead() || got.budget() == 0 {
             return Ok(false);
         }
-        let wait = Self::wait_for(live, out, deadline, now);
+        let wait = got.wait(live, now);
         let from = live.machine().consumer.horizon().cloned();
         match feed
             .fetch(&self.streams, def, from.as_ref(), room, wait)
             .await
         {
             Ok(fetched) => {
-                self.offer(live, &mut feed, out, bytes, max, wall_clock());
+                Self::offer(live, &mut feed, got, wall_clock());
                 Ok(fetched.at_head && !feed.has_lookahead())
             }
             Err(e) => {
@@ -752,26 +764,16 @@ impl Subscriptions {
     }
 
     /// Offers the feed's lookahead to the consumer while it has room and the reply has space.
-    fn offer(
-        &self,
-        live: &Live,
-        feed: &mut Feed,
-        out: &mut Vec<Delivery>,
-        bytes: &mut usize,
-        max: usize,
-        now: Millis,
-    ) {
+    fn offer(live: &Live, feed: &mut Feed, got: &mut Gathered, now: Millis) {
         let mut m = live.machine();
-        while out.len() < max && m.consumer.room() > 0 {
+        while got.room() > 0 && m.consumer.room() > 0 {
             let Some(next) = feed.peek() else { break };
-            if !out.is_empty() && *bytes + next.event.len() > REPLY_BUDGET {
+            if !got.fits(next.event.len()) {
                 break;
             }
             let Some(message) = feed.pop() else { break };
-            let len = message.event.len();
             if let Some(d) = m.consumer.offer(message, now) {
-                *bytes += len;
-                out.push(d);
+                got.push(d);
             }
             m.dirty = true;
         }
