@@ -201,6 +201,55 @@ def main(uri):
     rows = db.command("listSubscriptions", 1, filter={"subscription": "idle"})["cursor"]["firstBatch"]
     check(all(r["consumer"] not in ("gone",) for r in rows), f"an idle consumer is dropped: {rows}")
 
+    # --- selectors: a trigger queue, one message per document per transaction ---
+    client.admin.command("shardCollection", f"{db.name}.tasks", key={"_id": "hashed"})
+    tasks = db.tasks
+    tasks.insert_many([{"_id": i, "status": "new", "note": ""} for i in range(8)])
+    db.command("createSubscription", "triggers", collection="tasks", selectors=[
+        {"operations": ["update"], "changedFields": ["status"]},
+        {"operations": ["delete"]},
+    ])
+    with client.start_session() as s:
+        with s.start_transaction():
+            for i in range(8):  # over both shards (hashed _id)
+                tasks.update_one({"_id": i}, {"$set": {"status": "open"}}, session=s)
+                tasks.update_one({"_id": i}, {"$set": {"note": "x"}}, session=s)
+                tasks.update_one({"_id": i}, {"$set": {"status": "done"}}, session=s)
+    tasks.update_one({"_id": 0}, {"$set": {"note": "not a trigger"}})
+    tasks.delete_one({"_id": 1})
+    got = []
+    for _ in range(20):
+        reply = read("triggers", "t", max=100, waitMS=1000)
+        got.extend(reply["messages"])
+        if len(got) >= 9:
+            break
+    keys = [m["event"]["documentKey"]["_id"] for m in got]
+    check(sorted(keys[:8]) == list(range(8)) and keys[8:] == [1],
+          f"one message per document per transaction, then the delete: {keys}")
+    for m in got[:8]:
+        fields = [list(c["updateDescription"]["updatedFields"]) for c in m["changes"]]
+        check(fields == [["status"], ["status"]],
+              f"changes lists the document's matching changes in the transaction: {fields}")
+        check(m["event"] == m["changes"][0], "event is the first matching change")
+        check(m["event"]["updateDescription"]["updatedFields"] == {"status": "open"},
+              f"the first change: {m['event']}")
+    check(got[8]["changes"] == [got[8]["event"]], "a change outside a transaction is its own message")
+    # A consumer that acks part of the transaction's messages and crashes meets the rest again,
+    # grouped the same, never split.
+    db.command("createSubscription", "triggers2", collection="tasks", start=got[0]["event"]["_id"],
+               selectors=[{"changedFields": ["status"]}])
+    first = read("triggers2", "c", max=3, waitMS=2000)["messages"]
+    check([m["event"]["_id"] for m in first] == [m["event"]["_id"] for m in got[1:4]] and
+          all(len(m["changes"]) == 2 for m in first),
+          f"a start inside a transaction gives the messages after it whole: {first}")
+    ack("triggers2", "c", [m["deliveryId"] for m in first[:2]], waitDurable=True)
+    db.command("alterSubscription", "triggers2", reset={"to": first[1]["event"]["_id"], "consumer": "d"})
+    rest = read("triggers2", "d", max=100, waitMS=2000)["messages"]
+    expected = [m["event"]["_id"] for m in got[3:8]]
+    check([m["event"]["_id"] for m in rest[:5]] == expected and
+          all(len(m["changes"]) == 2 for m in rest[:5]),
+          f"resuming inside a transaction gives its remaining messages whole: {rest}")
+
     # --- drop ---
     db.command("dropSubscription", "jobs")
     try:

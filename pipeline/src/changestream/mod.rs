@@ -31,6 +31,7 @@ pub mod merge;
 pub mod oplog_match;
 pub mod post_merge;
 pub mod resumability;
+pub mod selectors;
 pub mod shard;
 pub mod spec;
 pub mod split;

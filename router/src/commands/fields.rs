@@ -256,6 +256,7 @@ fn known(command: Command) -> Known {
             "maxLagBytes",
             "maxLagSecs",
             "consumerIdleTimeoutSecs",
+            "selectors",
         ],
         ReadSubscription => &["consumer", "max", "waitMS"],
         AckSubscription => &["consumer", "deliveryIds", "inProgress", "waitDurable"],

@@ -82,6 +82,24 @@ impl Limits {
 pub struct Message {
     pub token: ResumeToken,
     pub event: Bytes,
+    /// A selector subscription's message: every matching change of its document in its
+    /// transaction, `event` first; empty otherwise.
+    pub changes: Vec<Bytes>,
+}
+
+impl Message {
+    pub fn new(token: ResumeToken, event: Bytes) -> Message {
+        Message {
+            token,
+            event,
+            changes: Vec::new(),
+        }
+    }
+
+    /// The bytes it adds to a reply.
+    pub fn len(&self) -> usize {
+        self.event.len() + self.changes.iter().map(Bytes::len).sum::<usize>()
+    }
 }
 
 /// One delivery to hand a reader.
@@ -142,7 +160,7 @@ impl Slot {
 
     fn bytes(&self) -> usize {
         match self {
-            Slot::Out { message, .. } | Slot::Due { message, .. } => message.event.len(),
+            Slot::Out { message, .. } | Slot::Due { message, .. } => message.len(),
             Slot::Done => 0,
         }
     }
@@ -386,15 +404,15 @@ impl Consumer {
                         reason: DeadReason::MaxDeliveries,
                     });
                     self.in_flight -= 1;
-                    self.in_flight_bytes -= message.event.len();
+                    self.in_flight_bytes -= message.len();
                     self.counters.dead_lettered += 1;
                     *slot = Slot::Done;
                     continue;
                 }
-                if !out.is_empty() && bytes + message.event.len() > budget {
+                if !out.is_empty() && bytes + message.len() > budget {
                     continue;
                 }
-                bytes += message.event.len();
+                bytes += message.len();
                 let count = *deliveries + 1;
                 if count > 1 {
                     self.counters.redelivered += 1;
@@ -449,7 +467,7 @@ impl Consumer {
         };
         self.counters.delivered += 1;
         self.in_flight += 1;
-        self.in_flight_bytes += message.event.len();
+        self.in_flight_bytes += message.len();
         let waits = at.is_some_and(|at| at > now);
         if waits || deliveries >= self.limits.max_deliveries {
             // Owed again from a restore after its nack's delay, or to dead-letter: through
@@ -595,7 +613,7 @@ impl Consumer {
                     deliveries: *deliveries,
                     reason: DeadReason::Nacked,
                 });
-                let bytes = message.event.len();
+                let bytes = message.len();
                 *slot = Slot::Done;
                 self.in_flight -= 1;
                 self.in_flight_bytes -= bytes;
@@ -624,7 +642,7 @@ impl Consumer {
                 continue;
             }
             self.in_flight += 1;
-            self.in_flight_bytes += message.event.len();
+            self.in_flight_bytes += message.len();
             self.counters.delivered += 1;
             self.counters.dead_lettered = self.counters.dead_lettered.saturating_sub(1);
             self.redriven.insert(
@@ -726,10 +744,7 @@ mod tests {
     }
 
     fn message(n: u64) -> Arc<Message> {
-        Arc::new(Message {
-            token: token(n),
-            event: Bytes::from(vec![0u8; 10]),
-        })
+        Arc::new(Message::new(token(n), Bytes::from(vec![0u8; 10])))
     }
 
     fn limits() -> Limits {

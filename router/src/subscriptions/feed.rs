@@ -19,8 +19,10 @@ use bytes::Bytes;
 use resume::token::ResumeToken;
 use wire::{ErrorCode, MongoError, Result};
 
+use pipeline::changestream::selectors::{Group, Grouper};
+
 use super::delivery::Message;
-use super::spec::Definition;
+use super::spec::{Definition, at_time};
 use crate::streams::{ChangeStreamCursor, Streams};
 
 /// What a fetch brought.
@@ -33,8 +35,14 @@ pub struct Fetched {
 pub struct Feed {
     cursor: Option<ChangeStreamCursor>,
     lookahead: VecDeque<Arc<Message>>,
-    /// Where the stream has read to (a post-batch resume token), past the lookahead.
+    /// Where the stream has read to (a post-batch resume token), past the lookahead and what
+    /// the grouper holds.
     scanned: Option<ResumeToken>,
+    /// A selector subscription's transactions being grouped.
+    grouper: Grouper<Bytes>,
+    /// Where the stream was opened to follow: a selector stream regroups the transaction
+    /// there and meets messages at or before it again, which it passes over.
+    after: Option<ResumeToken>,
 }
 
 impl Feed {
@@ -77,11 +85,12 @@ impl Feed {
     ) -> Result<Fetched> {
         if self.cursor.is_none() {
             let start = from.unwrap_or(&def.start);
+            self.after = Some(start.clone());
             let opened = streams
                 .open(&def.db, &def.aggregate_from(Some(start))?)
                 .await?;
             self.cursor = opened.cursor;
-            self.take(opened.batch)?;
+            self.take(def, opened.batch)?;
             if self.cursor.is_none() {
                 return Ok(Fetched { at_head: false });
             }
@@ -93,7 +102,7 @@ impl Feed {
         };
         let batch = cursor.next_batch(streams, n, wait).await?;
         let full = batch.events.len() >= n;
-        let invalidated = self.take(batch)?;
+        let invalidated = self.take(def, batch)?;
         if invalidated {
             self.close().await;
             return Ok(Fetched { at_head: false });
@@ -101,22 +110,55 @@ impl Feed {
         Ok(Fetched { at_head: !full })
     }
 
-    /// Takes a batch into the lookahead; returns whether it ended with an invalidate.
-    fn take(&mut self, batch: crate::streams::Batch) -> Result<bool> {
+    /// Takes a batch into the lookahead (with selectors: the matching events, grouped);
+    /// returns whether it ended with an invalidate.
+    fn take(&mut self, def: &Definition, batch: crate::streams::Batch) -> Result<bool> {
         let count = batch.events.len();
         for (i, event) in batch.events.into_iter().enumerate() {
             let token = event_token(&event)?;
             if batch.invalidated && i + 1 == count {
-                // The stream goes on after it (`startAfter`): not a message.
+                // The stream goes on after it (`startAfter`): not a message. Nothing of this
+                // stream follows it, so what is grouped is complete.
+                let held = self.grouper.finish();
+                self.keep(held);
                 self.scanned = Some(token);
                 return Ok(true);
             }
-            self.lookahead.push_back(Arc::new(Message { token, event }));
+            let Some(selectors) = &def.selectors else {
+                self.lookahead
+                    .push_back(Arc::new(Message::new(token, event)));
+                continue;
+            };
+            let matched = bson::RawDocument::from_bytes(&event)
+                .map(|doc| selectors.matches(doc))
+                .map_err(|e| MongoError::internal(format!("a change event: {e}")))?;
+            if matched {
+                let done = self.grouper.push(token, event)?;
+                self.keep(done);
+            }
         }
         if let Some(t) = batch.post_batch_resume_token {
-            self.scanned = Some(t);
+            let done = self.grouper.release(&t);
+            self.keep(done);
+            // Never past a transaction still being grouped: a reader resumes at its start.
+            self.scanned = Some(match self.grouper.holding() {
+                Some(held) => at_time(held.into()).min(t),
+                None => t,
+            });
         }
         Ok(batch.invalidated)
+    }
+
+    /// Complete groups into the lookahead, but for those at or before where the stream was
+    /// opened to follow.
+    fn keep(&mut self, groups: Vec<Group<Bytes>>) {
+        let after = self.after.as_ref();
+        self.lookahead.extend(
+            groups
+                .into_iter()
+                .filter(|g| after.is_none_or(|a| g.token > *a))
+                .map(grouped),
+        );
     }
 
     /// Stops the stream (its shard cursors killed); the lookahead stays.
@@ -132,7 +174,18 @@ impl Feed {
         self.close().await;
         self.lookahead.clear();
         self.scanned = None;
+        self.grouper = Grouper::default();
+        self.after = None;
     }
+}
+
+/// A selector subscription's message: the document's first matching change, and all of them.
+fn grouped(group: Group<Bytes>) -> Arc<Message> {
+    Arc::new(Message {
+        token: group.token,
+        event: group.changes.first().cloned().unwrap_or_default(),
+        changes: group.changes,
+    })
 }
 
 /// An event's resume token (its `_id`).

@@ -193,7 +193,7 @@ impl Gathered {
     }
 
     fn push(&mut self, d: Delivery) {
-        self.bytes += d.message.event.len();
+        self.bytes += d.message.len();
         self.out.push(d);
     }
 
@@ -216,17 +216,28 @@ pub struct Read {
 }
 
 impl Read {
-    /// The reply: `{messages: [{deliveryId, deliveryCount, event}], caughtUp, ok: 1}`.
+    /// The reply: `{messages: [{deliveryId, deliveryCount, event, changes?}], caughtUp,
+    /// ok: 1}`.
     pub fn reply(self) -> Result<RawDocumentBuf> {
+        let raw = |bytes: &bytes::Bytes| {
+            RawDocumentBuf::from_bytes(bytes.to_vec())
+                .map_err(|e| MongoError::internal(format!("a stored event: {e}")))
+        };
         let mut messages = RawArrayBuf::new();
         for d in self.messages {
-            let event = RawDocumentBuf::from_bytes(d.message.event.to_vec())
-                .map_err(|e| MongoError::internal(format!("a stored event: {e}")))?;
-            messages.push(rawdoc! {
+            let mut m = rawdoc! {
                 "deliveryId": d.id,
                 "deliveryCount": i64::from(d.count),
-                "event": event,
-            });
+                "event": raw(&d.message.event)?,
+            };
+            if !d.message.changes.is_empty() {
+                let mut changes = RawArrayBuf::new();
+                for c in &d.message.changes {
+                    changes.push(raw(c)?);
+                }
+                m.append(bson::cstr!("changes"), changes);
+            }
+            messages.push(m);
         }
         Ok(rawdoc! {"messages": messages, "caughtUp": self.caught_up, "ok": 1.0})
     }
@@ -768,7 +779,7 @@ impl Subscriptions {
         let mut m = live.machine();
         while got.room() > 0 && m.consumer.room() > 0 {
             let Some(next) = feed.peek() else { break };
-            if !got.fits(next.event.len()) {
+            if !got.fits(next.len()) {
                 break;
             }
             let Some(message) = feed.pop() else { break };
@@ -1295,11 +1306,22 @@ fn parse_ids(ids: &[String]) -> Result<Vec<DeliveryId>> {
 /// A stored dead letter as a message again.
 fn dead_letter_message(d: &Document) -> Option<Arc<Message>> {
     let token = ResumeToken::from_document(d.get_document("token").ok()?).ok()?;
-    let event = d.get_document("event").ok()?;
-    let mut bytes = Vec::new();
-    event.to_writer(&mut bytes).ok()?;
+    let encode = |d: &Document| {
+        let mut bytes = Vec::new();
+        d.to_writer(&mut bytes).ok()?;
+        Some(bytes::Bytes::from(bytes))
+    };
+    let event = encode(d.get_document("event").ok()?)?;
+    let changes = match d.get_array("changes") {
+        Ok(changes) => changes
+            .iter()
+            .map(|c| c.as_document().and_then(encode))
+            .collect::<Option<Vec<_>>>()?,
+        Err(_) => Vec::new(),
+    };
     Some(Arc::new(Message {
         token,
-        event: bytes::Bytes::from(bytes),
+        event,
+        changes,
     }))
 }

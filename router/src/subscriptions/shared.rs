@@ -54,7 +54,7 @@ impl Log {
             let Some(m) = self.messages.pop_front() else {
                 break;
             };
-            self.bytes -= m.event.len();
+            self.bytes -= m.len();
             self.base = Some(m.token.clone());
         }
     }
@@ -99,10 +99,10 @@ impl Shared {
         let mut messages = Vec::new();
         let mut bytes = 0usize;
         for m in log.messages.iter().skip(first).take(n) {
-            if !messages.is_empty() && bytes + m.event.len() > budget {
+            if !messages.is_empty() && bytes + m.len() > budget {
                 break;
             }
-            bytes += m.event.len();
+            bytes += m.len();
             messages.push(m.clone());
         }
         let reached = first + messages.len() == log.messages.len();
@@ -153,7 +153,7 @@ impl Shared {
         {
             let mut log = self.log();
             while let Some(m) = feed.pop() {
-                log.bytes += m.event.len();
+                log.bytes += m.len();
                 log.end = Some(m.token.clone());
                 log.messages.push_back(m);
             }
@@ -188,12 +188,7 @@ mod tests {
     fn log_of(base: u64, ns: &[u64], end: u64) -> Log {
         let messages: VecDeque<Arc<Message>> = ns
             .iter()
-            .map(|n| {
-                Arc::new(Message {
-                    token: token(*n),
-                    event: Bytes::from(vec![0u8; 100]),
-                })
-            })
+            .map(|n| Arc::new(Message::new(token(*n), Bytes::from(vec![0u8; 100]))))
             .collect();
         Log {
             base: Some(token(base)),

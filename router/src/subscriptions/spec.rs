@@ -13,6 +13,8 @@ use bson::{Bson, Document, Timestamp, doc};
 use resume::token::ResumeToken;
 use wire::{ErrorCode, MongoError, Result};
 
+use pipeline::changestream::selectors::{Selectors, regroup_from};
+
 use super::delivery::Limits;
 
 /// The database the subscriptions' state lives in, and its collections.
@@ -116,6 +118,9 @@ pub struct Definition {
     pub max_lag_secs: Option<i64>,
     pub idle_timeout: Option<Duration>,
     pub paused: bool,
+    /// With selectors, a trigger queue: only matching changes, one message per document per
+    /// transaction.
+    pub selectors: Option<Selectors>,
 }
 
 /// `<db>.<name>`: a subscription's id.
@@ -175,6 +180,19 @@ impl Definition {
                 ));
             }
         };
+        let selectors = match cmd.get("selectors") {
+            None | Some(Bson::Null) => None,
+            Some(v) => Some(Selectors::parse(v)?),
+        };
+        let splits = pipeline.iter().any(|stage| {
+            matches!(stage, Bson::Document(d) if d.contains_key("$changeStreamSplitLargeEvent"))
+        });
+        if selectors.is_some() && splits {
+            return Err(MongoError::bad_value(
+                "'selectors' group whole events: a subscription with selectors does not take \
+                 $changeStreamSplitLargeEvent",
+            ));
+        }
         let def = Definition {
             db: db.to_string(),
             name,
@@ -188,16 +206,23 @@ impl Definition {
             idle_timeout: positive(cmd, "consumerIdleTimeoutSecs", i64::MAX / 1000)?
                 .map(|s| Duration::from_secs(s as u64)),
             paused: false,
+            selectors,
         };
         // The stream must be one `watch()` could open.
         pipeline::changestream::spec::parse_command(db, &def.aggregate_from(None)?, true)?;
         Ok(def)
     }
 
-    /// The `aggregate` that opens this subscription's stream after `start` (now without one).
+    /// The `aggregate` that opens this subscription's stream to meet what follows `start`
+    /// (now without one): after it, or with selectors from the start of a message's cluster
+    /// time, whose transaction is grouped anew.
     pub fn aggregate_from(&self, start: Option<&ResumeToken>) -> Result<Document> {
         let mut spec = self.change_stream.clone();
-        if let Some(start) = start {
+        let regrouped = start
+            .filter(|_| self.selectors.is_some())
+            .and_then(regroup_from)
+            .map(|ct| at_time(ct.into()));
+        if let Some(start) = regrouped.as_ref().or(start) {
             let (field, value) = start_field(start)?;
             spec.insert(field, value);
         }
@@ -222,6 +247,9 @@ impl Definition {
             "paused": self.paused,
         };
         limits_into(&self.limits, &mut d);
+        if let Some(s) = &self.selectors {
+            d.insert("selectors", s.to_bson());
+        }
         for (field, v) in [
             ("maxLagBytes", self.max_lag_bytes),
             ("maxLagSecs", self.max_lag_secs),
@@ -257,6 +285,7 @@ impl Definition {
             max_lag_secs: get_i64("maxLagSecs"),
             idle_timeout: get_i64("consumerIdleTimeoutSecs").map(|s| Duration::from_secs(s as u64)),
             paused: d.get_bool("paused").unwrap_or(false),
+            selectors: d.get("selectors").map(Selectors::parse).transpose()?,
         })
     }
 }

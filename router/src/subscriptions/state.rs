@@ -187,11 +187,14 @@ pub fn consumer_fields(
 
 /// A dead letter's document.
 pub fn dead_letter_doc(sub: &str, consumer: &str, d: &DeadLetter, now: Millis) -> Document {
-    let event = bson::RawDocument::from_bytes(&d.message.event)
-        .ok()
-        .and_then(|raw| Document::try_from(raw).ok())
-        .map_or(Bson::Null, Bson::Document);
-    doc! {
+    let decode = |bytes: &[u8]| {
+        bson::RawDocument::from_bytes(bytes)
+            .ok()
+            .and_then(|raw| Document::try_from(raw).ok())
+            .map_or(Bson::Null, Bson::Document)
+    };
+    let event = decode(&d.message.event);
+    let mut letter = doc! {
         "_id": {"s": sub, "c": consumer, "t": binary(d.message.token.data())},
         "subscription": sub,
         "consumer": consumer,
@@ -201,7 +204,14 @@ pub fn dead_letter_doc(sub: &str, consumer: &str, d: &DeadLetter, now: Millis) -
         "reason": d.reason.as_str(),
         "at": bson::DateTime::from_millis(now.0 as i64),
         "redriven": false,
+    };
+    // A trigger queue's changes, when they fit beside the event in one document (else the
+    // letter keeps the first change only).
+    if !d.message.changes.is_empty() && d.message.len() < 15 << 20 {
+        let changes: Vec<Bson> = d.message.changes.iter().map(|c| decode(c)).collect();
+        letter.insert("changes", changes);
     }
+    letter
 }
 
 /// Writes changed consumers, their dead letters and renewed leases, every [`PERIOD`].
