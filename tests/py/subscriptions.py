@@ -7,6 +7,7 @@ Run against a router started with default options:
 Each check names the behaviour it asserts; the script exits non-zero on the first failure.
 """
 
+import random
 import sys
 import time
 import uuid
@@ -249,6 +250,75 @@ def main(uri):
     check([m["event"]["_id"] for m in rest[:5]] == expected and
           all(len(m["changes"]) == 2 for m in rest[:5]),
           f"resuming inside a transaction gives its remaining messages whole: {rest}")
+
+    # --- start: "snapshot": the data as of one cluster time, then the changes after it ---
+    client.admin.command("shardCollection", f"{db.name}.stock", key={"_id": "hashed"})
+    stock = db.stock
+    stock.insert_many([{"_id": i, "v": 0} for i in range(500)])
+    stop = threading.Event()
+    inserted = []
+
+    def writer():
+        w = MongoClient(uri)[db.name].stock
+        n, rng = 500, random.Random(7)
+        while not stop.is_set():
+            n += 1
+            w.insert_one({"_id": n, "v": 0})
+            inserted.append(n)
+            w.replace_one({"_id": rng.randrange(n)}, {"v": rng.randrange(1000)})
+            w.delete_one({"_id": rng.randrange(500)})  # never one inserted here
+        w.database.client.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(0.5)
+    created = db.command("createSubscription", "copy", collection="stock", start="snapshot")
+    time.sleep(0.5)
+    stop.set()
+    t.join()
+    copy, from_snapshot, from_inserts = {}, [], []
+    while True:
+        reply = read("copy", "mirror", max=1000, waitMS=500)
+        for m in reply["messages"]:
+            e = m["event"]
+            key = e["documentKey"]["_id"]
+            if e.get("snapshot"):
+                from_snapshot.append(key)
+                copy[key] = e["fullDocument"]
+            elif e["operationType"] in ("insert", "replace"):
+                if e["operationType"] == "insert":
+                    from_inserts.append(key)
+                copy[key] = e["fullDocument"]
+            elif e["operationType"] == "delete":
+                copy.pop(key, None)
+        ack("copy", "mirror", [m["deliveryId"] for m in reply["messages"]])
+        if reply["caughtUp"] and not reply["messages"]:
+            break
+    check(copy == {d["_id"]: d for d in stock.find()},
+          "the snapshot, then the changes after it, equal the collection")
+    check(not set(from_snapshot) & set(from_inserts),
+          "nothing is both in the snapshot and inserted after it (no overlap)")
+    missing = [i for i in inserted if i not in from_snapshot and i not in from_inserts]
+    check(inserted and not missing,
+          f"every insert reaches the consumer, by the snapshot or after it (no gap): {missing[:5]}")
+    check(len(from_snapshot) == len(set(from_snapshot)) and from_snapshot,
+          f"the snapshot delivers each document once: {len(from_snapshot)}")
+    check(created["start"] is not None, "the reply gives the start")
+    db.command("alterSubscription", "copy", reset={"to": "snapshot"})
+    again = {}
+    while True:
+        reply = read("copy", "mirror", max=1000, waitMS=500)
+        again.update({m["event"]["documentKey"]["_id"]: m["event"]["fullDocument"]
+                      for m in reply["messages"] if m["event"].get("snapshot")})
+        ack("copy", "mirror", [m["deliveryId"] for m in reply["messages"]])
+        if reply["caughtUp"] and not reply["messages"]:
+            break
+    check(again == {d["_id"]: d for d in stock.find()}, "a reset to a new snapshot copies again")
+    try:
+        db.command("alterSubscription", "audit", reset={"to": "snapshot", "consumer": "billing"})
+        check(False, "one consumer cannot take a snapshot of its own")
+    except OperationFailure as e:
+        check(e.code == 2, f"BadValue: {e}")
 
     # --- drop ---
     db.command("dropSubscription", "jobs")

@@ -97,7 +97,7 @@ impl Message {
     }
 
     /// The bytes it adds to a reply.
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.event.len() + self.changes.iter().map(Bytes::len).sum::<usize>()
     }
 }
@@ -160,7 +160,7 @@ impl Slot {
 
     fn bytes(&self) -> usize {
         match self {
-            Slot::Out { message, .. } | Slot::Due { message, .. } => message.len(),
+            Slot::Out { message, .. } | Slot::Due { message, .. } => message.size(),
             Slot::Done => 0,
         }
     }
@@ -404,15 +404,15 @@ impl Consumer {
                         reason: DeadReason::MaxDeliveries,
                     });
                     self.in_flight -= 1;
-                    self.in_flight_bytes -= message.len();
+                    self.in_flight_bytes -= message.size();
                     self.counters.dead_lettered += 1;
                     *slot = Slot::Done;
                     continue;
                 }
-                if !out.is_empty() && bytes + message.len() > budget {
+                if !out.is_empty() && bytes + message.size() > budget {
                     continue;
                 }
-                bytes += message.len();
+                bytes += message.size();
                 let count = *deliveries + 1;
                 if count > 1 {
                     self.counters.redelivered += 1;
@@ -467,7 +467,7 @@ impl Consumer {
         };
         self.counters.delivered += 1;
         self.in_flight += 1;
-        self.in_flight_bytes += message.len();
+        self.in_flight_bytes += message.size();
         let waits = at.is_some_and(|at| at > now);
         if waits || deliveries >= self.limits.max_deliveries {
             // Owed again from a restore after its nack's delay, or to dead-letter: through
@@ -613,7 +613,7 @@ impl Consumer {
                     deliveries: *deliveries,
                     reason: DeadReason::Nacked,
                 });
-                let bytes = message.len();
+                let bytes = message.size();
                 *slot = Slot::Done;
                 self.in_flight -= 1;
                 self.in_flight_bytes -= bytes;
@@ -642,7 +642,7 @@ impl Consumer {
                 continue;
             }
             self.in_flight += 1;
-            self.in_flight_bytes += message.len();
+            self.in_flight_bytes += message.size();
             self.counters.delivered += 1;
             self.counters.dead_lettered = self.counters.dead_lettered.saturating_sub(1);
             self.redriven.insert(

@@ -22,8 +22,17 @@ use wire::{ErrorCode, MongoError, Result};
 use pipeline::changestream::selectors::{Group, Grouper};
 
 use super::delivery::Message;
+use super::snapshot;
 use super::spec::{Definition, at_time};
+use crate::kernel::config::ConfigStore;
 use crate::streams::{ChangeStreamCursor, Streams};
+
+/// Where feeds read: the streams, and the config shard (for snapshots).
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    pub streams: &'a Arc<Streams>,
+    pub config: &'a ConfigStore,
+}
 
 /// What a fetch brought.
 pub struct Fetched {
@@ -77,7 +86,7 @@ impl Feed {
     /// the stream opens at `from` (the consumer's horizon), or at the subscription's start.
     pub async fn fetch(
         &mut self,
-        streams: &Arc<Streams>,
+        source: Source<'_>,
         def: &Definition,
         from: Option<&ResumeToken>,
         n: usize,
@@ -85,8 +94,20 @@ impl Feed {
     ) -> Result<Fetched> {
         if self.cursor.is_none() {
             let start = from.unwrap_or(&def.start);
+            if let Some(snap) = def.snapshot
+                && let Some(next) = snap.next(start)
+            {
+                // Inside the snapshot: its copy, a page at a time.
+                let page = snapshot::page(source.config, &def.id(), snap, next, n).await?;
+                for message in page {
+                    self.scanned = Some(message.token.clone());
+                    self.take_one(def, message.token.clone(), message.event.clone())?;
+                }
+                return Ok(Fetched { at_head: false });
+            }
             self.after = Some(start.clone());
-            let opened = streams
+            let opened = source
+                .streams
                 .open(&def.db, &def.aggregate_from(Some(start))?)
                 .await?;
             self.cursor = opened.cursor;
@@ -100,7 +121,7 @@ impl Feed {
                 "a subscription feed without its stream",
             ));
         };
-        let batch = cursor.next_batch(streams, n, wait).await?;
+        let batch = cursor.next_batch(source.streams, n, wait).await?;
         let full = batch.events.len() >= n;
         let invalidated = self.take(def, batch)?;
         if invalidated {
@@ -124,18 +145,7 @@ impl Feed {
                 self.scanned = Some(token);
                 return Ok(true);
             }
-            let Some(selectors) = &def.selectors else {
-                self.lookahead
-                    .push_back(Arc::new(Message::new(token, event)));
-                continue;
-            };
-            let matched = bson::RawDocument::from_bytes(&event)
-                .map(|doc| selectors.matches(doc))
-                .map_err(|e| MongoError::internal(format!("a change event: {e}")))?;
-            if matched {
-                let done = self.grouper.push(token, event)?;
-                self.keep(done);
-            }
+            self.take_one(def, token, event)?;
         }
         if let Some(t) = batch.post_batch_resume_token {
             let done = self.grouper.release(&t);
@@ -147,6 +157,23 @@ impl Feed {
             });
         }
         Ok(batch.invalidated)
+    }
+
+    /// One event into the lookahead, or (with selectors) into its group if it matches.
+    fn take_one(&mut self, def: &Definition, token: ResumeToken, event: Bytes) -> Result<()> {
+        let Some(selectors) = &def.selectors else {
+            self.lookahead
+                .push_back(Arc::new(Message::new(token, event)));
+            return Ok(());
+        };
+        let matched = bson::RawDocument::from_bytes(&event)
+            .map(|doc| selectors.matches(doc))
+            .map_err(|e| MongoError::internal(format!("a change event: {e}")))?;
+        if matched {
+            let done = self.grouper.push(token, event)?;
+            self.keep(done);
+        }
+        Ok(())
     }
 
     /// Complete groups into the lookahead, but for those at or before where the stream was

@@ -19,6 +19,7 @@ pub mod errors;
 pub mod feed;
 pub mod pins;
 pub mod shared;
+pub mod snapshot;
 pub mod spec;
 pub mod state;
 
@@ -193,7 +194,7 @@ impl Gathered {
     }
 
     fn push(&mut self, d: Delivery) {
-        self.bytes += d.message.len();
+        self.bytes += d.message.size();
         self.out.push(d);
     }
 
@@ -254,6 +255,13 @@ impl Subscriptions {
             shared: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
         })
+    }
+
+    fn source(&self) -> feed::Source<'_> {
+        feed::Source {
+            streams: &self.streams,
+            config: &self.config,
+        }
     }
 
     /// Names this router in leases (before it serves a consumer).
@@ -481,8 +489,6 @@ impl Subscriptions {
                 increment: 1,
             }),
         )?;
-        let start = self.resolve(&probe, asked).await?;
-        let def = Definition { start, ..probe };
         let count = self
             .transport
             .command(
@@ -493,8 +499,10 @@ impl Subscriptions {
             .await?;
         let existing = self
             .config
-            .find_one(STATE_DB, DEFINITIONS, doc! {"_id": def.id()})
-            .await?;
+            .find_one(STATE_DB, DEFINITIONS, doc! {"_id": probe.id()})
+            .await?
+            .map(|d| Definition::from_document(&d))
+            .transpose()?;
         let count = match count.get("n") {
             Some(Bson::Int32(n)) => *n as usize,
             Some(Bson::Int64(n)) => *n as usize,
@@ -507,21 +515,47 @@ impl Subscriptions {
                 format!("the cluster has {MAX_SUBSCRIPTIONS} subscriptions already"),
             ));
         }
+        let def = match (asked, &existing) {
+            // Created already: its start and copy stand (compared below without them).
+            (_, Some(found)) => Definition {
+                start: found.start.clone(),
+                snapshot: found.snapshot,
+                ..probe
+            },
+            (StartAsked::Snapshot, None) => {
+                let snap = self.take_snapshot(&probe).await?;
+                Definition {
+                    start: spec::at_time(snap.at),
+                    snapshot: Some(snap),
+                    ..probe
+                }
+            }
+            (asked, None) => Definition {
+                start: self.resolve(&probe, asked).await?,
+                ..probe
+            },
+        };
         let stored = self
             .config
             .get_or_insert(STATE_DB, DEFINITIONS, def.to_document())
             .await?;
         let existing = Definition::from_document(&stored)?;
+        if let Some(ours) = def.snapshot
+            && existing.snapshot.map(|s| s.at) != Some(ours.at)
+        {
+            // Another router created it first: our copy is not its.
+            self.discard_snapshot(&def.id(), Some(ours.at), true)
+                .await?;
+        }
         // Its consumers-to-be start there: every shard keeps its history from there on.
         self.pin_start(&existing).await?;
-        if existing != def {
-            let same_but_start = Definition {
-                start: def.start.clone(),
-                ..existing.clone()
-            } == def;
-            if !same_but_start {
-                return Err(errors::exists(&def.id()));
-            }
+        let same_but_start = Definition {
+            start: def.start.clone(),
+            snapshot: def.snapshot,
+            ..existing.clone()
+        } == def;
+        if !same_but_start {
+            return Err(errors::exists(&def.id()));
         }
         Ok(doc! {"subscription": existing.id(), "start": existing.start.to_document(), "ok": 1.0})
     }
@@ -566,9 +600,9 @@ impl Subscriptions {
                 }
                 Ok(spec::at_time(earliest))
             }
-            StartAsked::Snapshot => Err(MongoError::new(
-                ErrorCode::NOT_IMPLEMENTED,
-                "start: \"snapshot\" is not supported yet",
+            // A snapshot is taken (`take_snapshot`), not resolved.
+            StartAsked::Snapshot => Err(MongoError::internal(
+                "a snapshot start reached the start resolver",
             )),
         }
     }
@@ -724,7 +758,7 @@ impl Subscriptions {
             let passed = self.passed_by_all(&live.sub);
             if let Err(e) = live
                 .shared
-                .extend(&self.streams, def, &at, passed.as_ref(), room.max(64), wait)
+                .extend(self.source(), def, &at, passed.as_ref(), room.max(64), wait)
                 .await
             {
                 return Some(Err(e));
@@ -760,7 +794,7 @@ impl Subscriptions {
         let wait = got.wait(live, now);
         let from = live.machine().consumer.horizon().cloned();
         match feed
-            .fetch(&self.streams, def, from.as_ref(), room, wait)
+            .fetch(self.source(), def, from.as_ref(), room, wait)
             .await
         {
             Ok(fetched) => {
@@ -779,7 +813,7 @@ impl Subscriptions {
         let mut m = live.machine();
         while got.room() > 0 && m.consumer.room() > 0 {
             let Some(next) = feed.peek() else { break };
-            if !got.fits(next.len()) {
+            if !got.fits(next.size()) {
                 break;
             }
             let Some(message) = feed.pop() else { break };
@@ -894,16 +928,7 @@ impl Subscriptions {
                     doc! {"$set": def.to_document()},
                 )
                 .await?;
-            for live in self.all_live().into_iter().filter(|l| l.sub == sub) {
-                *live.def.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(def.clone());
-                let mut m = live.machine();
-                m.consumer.set_limits(def.limits.clone());
-                let paused = def.paused || m.paused;
-                m.consumer.set_paused(paused);
-                m.dirty = true;
-                drop(m);
-                live.freed.notify_waiters();
-            }
+            self.apply_definition(&def).await;
         }
         if let (Some(p), Some(c)) = (pause, &consumer) {
             let live = self.live(db, name, c, false).await?;
@@ -925,7 +950,34 @@ impl Subscriptions {
                 None => consumer.clone(),
                 v => Some(spec::check_name(v, "reset.consumer")?),
             };
-            let token = self.resolve(&def, to).await?;
+            let token = match (&to, &target) {
+                (StartAsked::Snapshot, None) => {
+                    // Every consumer starts over from a new copy.
+                    let snap = self.take_snapshot(&def).await?;
+                    def.snapshot = Some(snap);
+                    self.config
+                        .cas(
+                            STATE_DB,
+                            DEFINITIONS,
+                            doc! {"_id": &sub},
+                            doc! {"$set": {"snapshot": snap.to_document()}},
+                        )
+                        .await?;
+                    self.discard_snapshot(&sub, Some(snap.at), false).await?;
+                    spec::at_time(snap.at)
+                }
+                (StartAsked::Snapshot, Some(_)) => match def.snapshot {
+                    // One consumer starts over from the subscription's copy.
+                    Some(snap) => spec::at_time(snap.at),
+                    None => {
+                        return Err(MongoError::bad_value(
+                            "the subscription has no snapshot: reset every consumer to \
+                             \"snapshot\" to take one",
+                        ));
+                    }
+                },
+                _ => self.resolve(&def, to).await?,
+            };
             let names = match target {
                 Some(c) => vec![c],
                 None => {
@@ -943,6 +995,7 @@ impl Subscriptions {
                     self.consumer_names(&sub).await?
                 }
             };
+            self.apply_definition(&def).await;
             for c in &names {
                 self.pin_consumer(&def, c, &token).await?;
                 let live = self.live(db, name, c, true).await?;
@@ -1016,6 +1069,55 @@ impl Subscriptions {
         Ok(reply)
     }
 
+    /// Applies a definition to the consumers of it served here (new settings, a pause, a new
+    /// start or snapshot: the shared log then starts over).
+    async fn apply_definition(&self, def: &Definition) {
+        let sub = def.id();
+        let mut moved = false;
+        for live in self.all_live().into_iter().filter(|l| l.sub == sub) {
+            let old = live.def();
+            if *old == *def {
+                continue;
+            }
+            moved |= old.start != def.start || old.snapshot != def.snapshot;
+            *live.def.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(def.clone());
+            let mut m = live.machine();
+            m.consumer.set_limits(def.limits.clone());
+            let paused = def.paused || m.paused;
+            m.consumer.set_paused(paused);
+            m.dirty = true;
+            drop(m);
+            live.freed.notify_waiters();
+        }
+        let log = self
+            .shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&sub)
+            .cloned();
+        if moved && let Some(log) = log {
+            log.close().await;
+        }
+    }
+
+    /// Applies the definitions another router changed to the consumers served here.
+    pub(super) async fn refresh_definitions(&self) -> Result<()> {
+        let mut subs: Vec<String> = self.all_live().iter().map(|l| l.sub.clone()).collect();
+        subs.sort();
+        subs.dedup();
+        if subs.is_empty() {
+            return Ok(());
+        }
+        let found = self
+            .config
+            .find(STATE_DB, DEFINITIONS, doc! {"_id": {"$in": subs}})
+            .await?;
+        for d in found {
+            self.apply_definition(&Definition::from_document(&d)?).await;
+        }
+        Ok(())
+    }
+
     /// Deletes every document of a state collection matching `filter`.
     async fn config_delete(&self, coll: &str, filter: Document) -> Result<()> {
         self.config_write(
@@ -1087,7 +1189,9 @@ impl Subscriptions {
             .await?;
         self.config_delete(CONSUMERS, doc! {"_id.s": {"$in": ids.clone()}})
             .await?;
-        self.config_delete(DEAD_LETTERS, doc! {"_id.s": {"$in": ids}})
+        self.config_delete(DEAD_LETTERS, doc! {"_id.s": {"$in": ids.clone()}})
+            .await?;
+        self.config_delete(spec::SNAPSHOTS, doc! {"_id.s": {"$in": ids}})
             .await?;
         Ok(())
     }

@@ -20,9 +20,8 @@ use resume::token::ResumeToken;
 use wire::Result;
 
 use super::delivery::Message;
-use super::feed::Feed;
+use super::feed::{Feed, Source};
 use super::spec::Definition;
-use crate::streams::Streams;
 
 pub const MAX_LOG_BYTES: usize = 32 << 20;
 pub const MAX_LOG_MESSAGES: usize = 100_000;
@@ -54,7 +53,7 @@ impl Log {
             let Some(m) = self.messages.pop_front() else {
                 break;
             };
-            self.bytes -= m.len();
+            self.bytes -= m.size();
             self.base = Some(m.token.clone());
         }
     }
@@ -99,10 +98,10 @@ impl Shared {
         let mut messages = Vec::new();
         let mut bytes = 0usize;
         for m in log.messages.iter().skip(first).take(n) {
-            if !messages.is_empty() && bytes + m.len() > budget {
+            if !messages.is_empty() && bytes + m.size() > budget {
                 break;
             }
-            bytes += m.len();
+            bytes += m.size();
             messages.push(m.clone());
         }
         let reached = first + messages.len() == log.messages.len();
@@ -118,7 +117,7 @@ impl Shared {
     /// not; `passed`: what every consumer served here has passed (trimmed off).
     pub async fn extend(
         &self,
-        streams: &Arc<Streams>,
+        source: Source<'_>,
         def: &Definition,
         at: &ResumeToken,
         passed: Option<&ResumeToken>,
@@ -140,7 +139,7 @@ impl Shared {
             }
             log.end.clone()
         };
-        let fetched = feed.fetch(streams, def, from.as_ref(), n, wait).await;
+        let fetched = feed.fetch(source, def, from.as_ref(), n, wait).await;
         let fetched = match fetched {
             Ok(f) => f,
             Err(e) => {
@@ -153,7 +152,7 @@ impl Shared {
         {
             let mut log = self.log();
             while let Some(m) = feed.pop() {
-                log.bytes += m.len();
+                log.bytes += m.size();
                 log.end = Some(m.token.clone());
                 log.messages.push_back(m);
             }

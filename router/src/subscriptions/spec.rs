@@ -16,16 +16,18 @@ use wire::{ErrorCode, MongoError, Result};
 use pipeline::changestream::selectors::{Selectors, regroup_from};
 
 use super::delivery::Limits;
+use super::snapshot::Snapshot;
 
 /// The database the subscriptions' state lives in, and its collections.
 pub const STATE_DB: &str = "config";
 pub const DEFINITIONS: &str = "subscriptions";
 pub const CONSUMERS: &str = "subscriptionConsumers";
 pub const DEAD_LETTERS: &str = "subscriptionDeadLetters";
+pub const SNAPSHOTS: &str = "subscriptionSnapshots";
 
 /// Whether `db.coll` is one of the subscriptions' own collections (users may read them).
 pub fn is_reserved(db: &str, coll: &str) -> bool {
-    db == STATE_DB && [DEFINITIONS, CONSUMERS, DEAD_LETTERS].contains(&coll)
+    db == STATE_DB && [DEFINITIONS, CONSUMERS, DEAD_LETTERS, SNAPSHOTS].contains(&coll)
 }
 
 /// The longest subscription or consumer name.
@@ -121,6 +123,8 @@ pub struct Definition {
     /// With selectors, a trigger queue: only matching changes, one message per document per
     /// transaction.
     pub selectors: Option<Selectors>,
+    /// The copy a `start: "snapshot"` took: consumers read it before the stream.
+    pub snapshot: Option<Snapshot>,
 }
 
 /// `<db>.<name>`: a subscription's id.
@@ -207,6 +211,7 @@ impl Definition {
                 .map(|s| Duration::from_secs(s as u64)),
             paused: false,
             selectors,
+            snapshot: None,
         };
         // The stream must be one `watch()` could open.
         pipeline::changestream::spec::parse_command(db, &def.aggregate_from(None)?, true)?;
@@ -214,15 +219,20 @@ impl Definition {
     }
 
     /// The `aggregate` that opens this subscription's stream to meet what follows `start`
-    /// (now without one): after it, or with selectors from the start of a message's cluster
-    /// time, whose transaction is grouped anew.
+    /// (now without one): after it; just after the snapshot's time while `start` is in it;
+    /// with selectors from the start of a message's cluster time, whose transaction is grouped
+    /// anew.
     pub fn aggregate_from(&self, start: Option<&ResumeToken>) -> Result<Document> {
         let mut spec = self.change_stream.clone();
-        let regrouped = start
-            .filter(|_| self.selectors.is_some())
-            .and_then(regroup_from)
-            .map(|ct| at_time(ct.into()));
-        if let Some(start) = regrouped.as_ref().or(start) {
+        let moved = match (start, self.snapshot) {
+            // What is at or before a snapshot's time is the copy's.
+            (Some(at), Some(snap)) if snap.covers(at) => Some(snap.follow()),
+            (Some(at), _) if self.selectors.is_some() => {
+                regroup_from(at).map(|ct| at_time(ct.into()))
+            }
+            _ => None,
+        };
+        if let Some(start) = moved.as_ref().or(start) {
             let (field, value) = start_field(start)?;
             spec.insert(field, value);
         }
@@ -249,6 +259,9 @@ impl Definition {
         limits_into(&self.limits, &mut d);
         if let Some(s) = &self.selectors {
             d.insert("selectors", s.to_bson());
+        }
+        if let Some(s) = self.snapshot {
+            d.insert("snapshot", s.to_document());
         }
         for (field, v) in [
             ("maxLagBytes", self.max_lag_bytes),
@@ -286,6 +299,10 @@ impl Definition {
             idle_timeout: get_i64("consumerIdleTimeoutSecs").map(|s| Duration::from_secs(s as u64)),
             paused: d.get_bool("paused").unwrap_or(false),
             selectors: d.get("selectors").map(Selectors::parse).transpose()?,
+            snapshot: d
+                .get_document("snapshot")
+                .ok()
+                .and_then(Snapshot::from_document),
         })
     }
 }

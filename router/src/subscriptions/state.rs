@@ -207,7 +207,7 @@ pub fn dead_letter_doc(sub: &str, consumer: &str, d: &DeadLetter, now: Millis) -
     };
     // A trigger queue's changes, when they fit beside the event in one document (else the
     // letter keeps the first change only).
-    if !d.message.changes.is_empty() && d.message.len() < 15 << 20 {
+    if !d.message.changes.is_empty() && d.message.size() < 15 << 20 {
         let changes: Vec<Bson> = d.message.changes.iter().map(|c| decode(c)).collect();
         letter.insert("changes", changes);
     }
@@ -243,6 +243,9 @@ impl Service for StateWriter {
                 tracing::warn!(error = %e, "subscription pins not pushed; trying again");
             }
             self.subs.expire_idle().await;
+            if let Err(e) = self.subs.refresh_definitions().await {
+                tracing::warn!(error = %e, "subscription definitions not refreshed");
+            }
         }
         // Consumers whose router died are looked for far less often.
         if self.passes.is_multiple_of(ABANDONED_EVERY)
