@@ -311,9 +311,10 @@ async fn consumers_pin_the_oplog_and_max_lag_expires_a_laggard() -> anyhow::Resu
 }
 
 /// Consumers of one subscription share one stream on their router: twenty consumers, each
-/// getting every event, hold one change-stream cursor on the shard, as one consumer does.
+/// getting every event, hold one change-stream cursor on the shard, as one consumer does; so do
+/// the consumers of a second subscription to the same stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consumers_of_a_subscription_share_one_stream() -> anyhow::Result<()> {
+async fn consumers_of_subscriptions_to_one_stream_share_it() -> anyhow::Result<()> {
     let cluster = tests::EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
     let db = client.database("subs");
@@ -343,19 +344,53 @@ async fn consumers_of_a_subscription_share_one_stream() -> anyhow::Result<()> {
         1,
         "twenty consumers hold one stream cursor on the shard"
     );
+    // A second subscription to the same stream shares it too.
+    db.run_command(doc! {"createSubscription": "s2", "collection": "c"})
+        .await?;
+    let docs: Vec<Document> = (10..20).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while got.len() < 10 && Instant::now() < until {
+        let reply = db
+            .run_command(doc! {"readSubscription": "s2", "consumer": "x", "waitMS": 1000})
+            .await?;
+        got.extend(
+            reply
+                .get_array("messages")?
+                .iter()
+                .filter_map(Bson::as_document)
+                .map(key),
+        );
+    }
+    assert_eq!(
+        got,
+        (10..20).collect::<Vec<_>>(),
+        "the second subscription's consumer"
+    );
+    let first = read_all(&db, "c0", 10, Duration::from_secs(20)).await?;
+    assert_eq!(
+        first.iter().map(key).collect::<Vec<_>>(),
+        (10..20).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        open_cursors()? - before,
+        1,
+        "two subscriptions to one stream hold one cursor on the shard"
+    );
     cluster.stop().await;
     Ok(())
 }
 
 /// The randomized workload: a writer inserts while three consumers (one of them a work queue
 /// of two readers) read, ack (some with `waitDurable`), nack and drop deliveries at random,
-/// and the router is killed with `kill -9` every few seconds. Checked at the end: every insert
+/// and every few seconds a random fault strikes: `kill -9` of the router, of the config shard,
+/// of the other shard or of the whole cluster, or the config shard frozen for 3 s. Checked at the end: every insert
 /// was acked by every consumer (at least once, nothing lost); per consumer, first deliveries
 /// came in commit order; nothing acked with `waitDurable` came again; delivery counts stayed
 /// within `maxDeliveries`. The seed is printed; `TRIBUTARY_SUBS_SEED` replays one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantees()
--> anyhow::Result<()> {
+async fn consumers_under_random_acks_nacks_and_kills_keep_their_guarantees() -> anyhow::Result<()> {
     use rand::{Rng, SeedableRng};
     let seed: u64 = std::env::var("TRIBUTARY_SUBS_SEED")
         .ok()
@@ -409,7 +444,26 @@ async fn consumers_under_random_acks_nacks_and_router_kills_keep_their_guarantee
             }
         }
         if last_kill.elapsed() > Duration::from_secs(4) && next_insert < N {
-            cluster.router.restart().await?;
+            // The kill hooks: the router, the config shard (shard 0), the other shard, the
+            // whole cluster, or the config shard frozen (SIGSTOP) for three seconds.
+            let fault = rng.random_range(0..5);
+            println!("fault {fault} at insert {next_insert}");
+            match fault {
+                0 => cluster.router.restart().await?,
+                1 | 2 => cluster.shards[fault - 1].restart().await?,
+                3 => {
+                    cluster.router.kill();
+                    for shard in &mut cluster.shards {
+                        shard.restart().await?;
+                    }
+                    cluster.router.restart().await?;
+                }
+                _ => {
+                    cluster.shards[0].freeze(true)?;
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    cluster.shards[0].freeze(false)?;
+                }
+            }
             db = cluster.client().await?.database("subs");
             last_kill = Instant::now();
         }
@@ -524,5 +578,97 @@ async fn an_abandoned_idle_consumer_is_dropped_by_another_router() -> anyhow::Re
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    Ok(())
+}
+
+/// Runs a driver script against `uri`: it passes or this fails with its output.
+async fn run_script(program: &str, script: &str, uri: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let path = format!("{}/{script}", env!("CARGO_MANIFEST_DIR"));
+    let child = tokio::process::Command::new(program)
+        .args([path.as_str(), uri])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("running {program} (scripts/test.sh installs the drivers)"))?;
+    let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
+        .await
+        .with_context(|| format!("{script} did not finish"))??;
+    anyhow::ensure!(
+        out.status.success(),
+        "{script} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Everything the driver scripts check (pymongo, the Node driver, mongosh, the README's
+/// consumer) holds on a multi-process cluster too: a router, a config shard and two shards,
+/// each its own process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_scripts_pass_on_a_multi_process_cluster() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(2).await?;
+    let uri = format!("mongodb://{}/", cluster.router.addr);
+    run_script("python3", "py/subscriptions.py", &uri).await?;
+    run_script("python3", "py/readme_consumer.py", &uri).await?;
+    run_script("node", "js/subscriptions.js", &uri).await?;
+    Ok(())
+}
+
+/// State commits stay at about ten a second per router whatever the ack rate: a consumer that
+/// reads and acks one message at a time, as fast as it can, with dead letters and `waitDurable`
+/// acks among them, costs the config shard no more commits than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_commits_stay_at_ten_a_second_whatever_the_ack_rate() -> anyhow::Result<()> {
+    let cluster = tests::EmbeddedCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c", "maxDeliveries": 1})
+        .await?;
+    read(&db, "a", 1, 0).await?;
+    let docs: Vec<Document> = (0..5000).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let commits = || async {
+        let status = client
+            .database("admin")
+            .run_command(doc! {"serverStatus": 1})
+            .await?;
+        anyhow::Ok(
+            status
+                .get_document("metrics")?
+                .get_document("subscriptions")?
+                .get_i64("stateCommits")?,
+        )
+    };
+    let before = commits().await?;
+    let started = Instant::now();
+    let mut acks = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let batch = read(&db, "a", 1, 1000).await?;
+        let ids: Vec<Bson> = batch.iter().map(id).collect();
+        if acks % 5 == 4 {
+            // A dead letter (maxDeliveries 1): a write of its own.
+            db.run_command(
+                doc! {"nackSubscription": "s", "consumer": "a", "deliveryIds": ids, "deadLetter": true},
+            )
+            .await?;
+        } else {
+            let durable = acks % 7 == 0;
+            db.run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": durable})
+                .await?;
+        }
+        acks += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let made = commits().await? - before;
+    println!("{acks} acks and nacks in {elapsed:.1} s: {made} state commits");
+    assert!(acks > 100, "the consumer acked at speed: {acks}");
+    assert!(
+        (made as f64) <= 10.0 * elapsed + 3.0,
+        "{made} state commits in {elapsed:.1} s for {acks} acks"
+    );
+    cluster.stop().await;
     Ok(())
 }

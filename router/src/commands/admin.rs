@@ -186,6 +186,7 @@ pub(super) async fn server_status(ctx: &Ctx<'_>) -> Result<Document> {
                 "largeEventsFailed": failed,
                 "showExpandedEvents": expanded,
             },
+            "subscriptions": seams.subscriptions.status(),
             // The router process's spills (in the embedded default, the shards' too; a shard
             // process shows its own under `shards`).
             "query": pipeline::agg::spill::counters().to_document(),

@@ -70,10 +70,13 @@ pub struct Subscriptions {
     /// same address takes its consumers back at once), else a random one.
     router_id: std::sync::OnceLock<String>,
     live: Mutex<HashMap<(String, String), Arc<Live>>>,
-    /// Each subscription's shared log, for the consumers served here.
-    shared: Mutex<HashMap<String, Arc<shared::Shared>>>,
+    /// The shared logs of the consumers served here: one per stream (subscriptions that read
+    /// the same stream share one, [`Definition::stream_key`]).
+    shared: Mutex<HashMap<Vec<u8>, Arc<shared::Shared>>>,
     /// Loads (and their lease takeovers) one at a time.
     loading: tokio::sync::Mutex<()>,
+    /// Writes to the state collections so far (each one commit on the config shard).
+    commits: std::sync::atomic::AtomicU64,
 }
 
 /// A consumer this router serves.
@@ -84,8 +87,9 @@ pub struct Live {
     pub generation: i64,
     def: Mutex<Arc<Definition>>,
     machine: Mutex<Machine>,
-    /// The subscription's log shared by the consumers served here.
+    /// The log shared by the consumers served here that read its stream, and its key.
     shared: Arc<shared::Shared>,
+    stream_key: Vec<u8>,
     /// The consumer's own stream, while it is behind the shared log.
     feed: tokio::sync::Mutex<Feed>,
     /// Woken when an ack, a nack or a resume may let a waiting read go on.
@@ -254,6 +258,7 @@ impl Subscriptions {
             live: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
+            commits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -279,7 +284,22 @@ impl Subscriptions {
         services.start(state::StateWriter {
             subs: self.clone(),
             passes: 0,
+            owed: 0,
         });
+    }
+
+    /// `serverStatus`'s `metrics.subscriptions`: the consumers served here and the state
+    /// commits made so far.
+    pub fn status(&self) -> Document {
+        let consumers = self.live.lock().unwrap_or_else(|e| e.into_inner()).len();
+        doc! {
+            "consumers": consumers as i64,
+            "stateCommits": self.state_commits() as i64,
+        }
+    }
+
+    pub(super) fn state_commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn all_live(&self) -> Vec<Arc<Live>> {
@@ -313,14 +333,18 @@ impl Subscriptions {
             live.machine().durable.clear();
             live.freed.notify_waiters();
             live.feed.lock().await.close().await;
-            // The last consumer served here of its subscription takes the shared log along.
+            // The last consumer served here of its stream takes the shared log along.
             let last = {
                 let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-                let others = self.all_live().iter().any(|l| l.sub == live.sub);
-                if others {
-                    None
-                } else {
-                    shared.remove(&live.sub)
+                let others = self
+                    .all_live()
+                    .iter()
+                    .any(|l| Arc::ptr_eq(&l.shared, &live.shared));
+                match shared.get(&live.stream_key) {
+                    Some(log) if !others && Arc::ptr_eq(log, &live.shared) => {
+                        shared.remove(&live.stream_key)
+                    }
+                    _ => None,
                 }
             };
             if let Some(log) = last {
@@ -441,6 +465,7 @@ impl Subscriptions {
             redriven.iter().filter_map(dead_letter_message).collect(),
             now,
         );
+        let stream_key = def.stream_key();
         let live = Arc::new(Live {
             sub: sub.clone(),
             consumer: consumer.to_string(),
@@ -463,9 +488,10 @@ impl Subscriptions {
                 .shared
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .entry(sub.clone())
+                .entry(stream_key.clone())
                 .or_default()
                 .clone(),
+            stream_key,
             feed: tokio::sync::Mutex::new(Feed::default()),
             freed: tokio::sync::Notify::new(),
         });
@@ -755,7 +781,7 @@ impl Subscriptions {
                 return None;
             }
             let wait = got.wait(live, now);
-            let passed = self.passed_by_all(&live.sub);
+            let passed = self.passed_by_all(live);
             if let Err(e) = live
                 .shared
                 .extend(self.source(), def, &at, passed.as_ref(), room.max(64), wait)
@@ -767,11 +793,11 @@ impl Subscriptions {
         }
     }
 
-    /// The oldest position among the consumers of `sub` served here.
-    fn passed_by_all(&self, sub: &str) -> Option<ResumeToken> {
+    /// The oldest position among the consumers served here that share `live`'s log.
+    fn passed_by_all(&self, live: &Live) -> Option<ResumeToken> {
         self.all_live()
             .into_iter()
-            .filter(|l| l.sub == sub)
+            .filter(|l| Arc::ptr_eq(&l.shared, &live.shared))
             .map(|l| l.machine().consumer.horizon().cloned())
             .min()
             .flatten()
@@ -1073,13 +1099,17 @@ impl Subscriptions {
     /// start or snapshot: the shared log then starts over).
     async fn apply_definition(&self, def: &Definition) {
         let sub = def.id();
-        let mut moved = false;
+        let mut moved: Vec<Arc<shared::Shared>> = Vec::new();
         for live in self.all_live().into_iter().filter(|l| l.sub == sub) {
             let old = live.def();
             if *old == *def {
                 continue;
             }
-            moved |= old.start != def.start || old.snapshot != def.snapshot;
+            if (old.start != def.start || old.snapshot != def.snapshot)
+                && !moved.iter().any(|log| Arc::ptr_eq(log, &live.shared))
+            {
+                moved.push(live.shared.clone());
+            }
             *live.def.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(def.clone());
             let mut m = live.machine();
             m.consumer.set_limits(def.limits.clone());
@@ -1089,13 +1119,7 @@ impl Subscriptions {
             drop(m);
             live.freed.notify_waiters();
         }
-        let log = self
-            .shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&sub)
-            .cloned();
-        if moved && let Some(log) = log {
+        for log in moved {
             log.close().await;
         }
     }
@@ -1166,13 +1190,6 @@ impl Subscriptions {
             if subs.contains(&live.sub) {
                 self.unload(&live).await;
             }
-        }
-        let logs: Vec<Arc<shared::Shared>> = {
-            let mut map = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-            subs.iter().filter_map(|s| map.remove(s)).collect()
-        };
-        for log in logs {
-            log.close().await;
         }
         let ids: Vec<Bson> = subs.iter().cloned().map(Bson::String).collect();
         let mut pinned: Vec<String> = subs.iter().map(|s| pins::pin_id(s, pins::START)).collect();

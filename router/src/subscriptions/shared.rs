@@ -2,9 +2,9 @@
 //! serves, so a hundred consumers of a subscription cost about what one does.
 //!
 //! The log holds every message after `base` up to `end` (the stream's position), in token
-//! order. A consumer whose position lies in `[base, end]` reads from it; one further behind
-//! reads by itself (its own [`Feed`]) until it reaches the log, and one at its end waits for it
-//! to grow. One reader at a time extends the log; the others wait for it without holding any
+//! order. A consumer whose position is at or after `base` reads from it (one at or past its
+//! end waits for it to grow, or grows it); one further behind reads by itself (its own
+//! [`Feed`]) until it reaches the log. One reader at a time extends the log; the others wait for it without holding any
 //! lock.
 //!
 //! Invariants: the log is contiguous (nothing after `base` and at or before `end` is missing);
@@ -38,8 +38,10 @@ struct Log {
 }
 
 impl Log {
+    /// Whether a consumer at `at` reads from the log: at or after its base (one ahead of its
+    /// end extends it, taking only what follows its position).
     fn covers(&self, at: &ResumeToken) -> bool {
-        matches!((&self.base, &self.end), (Some(b), Some(e)) if b <= at && at <= e)
+        self.base.as_ref().is_some_and(|b| b <= at)
     }
 
     /// Drops what every consumer has passed (`passed`), and the oldest past the bounds.
@@ -88,7 +90,7 @@ impl Shared {
     }
 
     /// Up to `n` messages after `at` and `budget` bytes (one at least); `None` when the log
-    /// does not cover `at`.
+    /// does not cover `at` (it is before the base).
     pub fn after(&self, at: &ResumeToken, n: usize, budget: usize) -> Option<Taken> {
         let log = self.log();
         if !log.covers(at) {
@@ -213,9 +215,10 @@ mod tests {
             shared.after(&token(0), 10, usize::MAX).is_none(),
             "before the base"
         );
+        let ahead = shared.after(&token(8), 10, usize::MAX).expect("covered");
         assert!(
-            shared.after(&token(8), 10, usize::MAX).is_none(),
-            "past the end"
+            ahead.messages.is_empty(),
+            "past the end: nothing yet, it waits for the log or grows it"
         );
         let t = shared.after(&token(1), 10, 150).expect("covered");
         assert_eq!(

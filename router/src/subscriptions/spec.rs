@@ -245,6 +245,25 @@ impl Definition {
         Ok(doc! {"aggregate": target, "pipeline": stages, "cursor": {"batchSize": 0}})
     }
 
+    /// What names the stream this subscription reads: subscriptions with the same key read the
+    /// same events (their starts apart), so a router shares one log among their consumers. A
+    /// snapshot's copy is its subscription's own.
+    pub fn stream_key(&self) -> Vec<u8> {
+        let mut d = doc! {
+            "db": &self.db,
+            "collection": self.collection.clone().map_or(Bson::Null, Bson::String),
+            "changeStream": self.change_stream.clone(),
+            "pipeline": self.pipeline.clone(),
+        };
+        if let Some(s) = &self.selectors {
+            d.insert("selectors", s.to_bson());
+        }
+        if self.snapshot.is_some() {
+            d.insert("copy", self.id());
+        }
+        d.to_vec().unwrap_or_default()
+    }
+
     pub fn to_document(&self) -> Document {
         let mut d = doc! {
             "_id": self.id(),

@@ -218,6 +218,9 @@ pub fn dead_letter_doc(sub: &str, consumer: &str, d: &DeadLetter, now: Millis) -
 pub struct StateWriter {
     pub subs: Arc<Subscriptions>,
     pub passes: u64,
+    /// Passes to skip: a pass that made `k` commits (dead letters, redriven letters done,
+    /// consumers) owes `k - 1`, so the state costs at most one commit per [`PERIOD`].
+    pub owed: u64,
 }
 
 /// Pins are pushed to the shards every this many passes (about once a second).
@@ -234,8 +237,14 @@ impl Service for StateWriter {
     }
 
     async fn pass(&mut self) {
-        if let Err(e) = self.subs.write_state().await {
-            tracing::warn!(error = %e, "subscription state not written; trying again");
+        if self.owed > 0 {
+            self.owed -= 1;
+        } else {
+            let before = self.subs.state_commits();
+            if let Err(e) = self.subs.write_state().await {
+                tracing::warn!(error = %e, "subscription state not written; trying again");
+            }
+            self.owed = (self.subs.state_commits() - before).saturating_sub(1);
         }
         self.passes += 1;
         if self.passes.is_multiple_of(PIN_EVERY) {
@@ -383,6 +392,8 @@ impl Subscriptions {
         let mut cmd = doc! {command: coll};
         cmd.insert(field, items);
         cmd.insert("ordered", false);
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reply = self
             .transport
             .command(shard::sharding::ShardId::CONFIG, STATE_DB, cmd)
