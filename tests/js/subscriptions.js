@@ -1,5 +1,6 @@
 // Subscriptions through the Node.js driver and mongosh (`db.runCommand`), against a live
-// Tributary router: create, read, ack, nack with a delay, list and drop.
+// Tributary router: create, read, ack, nack with a delay, list, selectors, a snapshot start
+// and drop.
 //
 // Usage: node tests/js/subscriptions.js mongodb://127.0.0.1:PORT/
 // The last line is "N passed, N failed"; the exit status is non-zero if any check failed.
@@ -79,6 +80,47 @@ print('mongosh subscriptions ok');
     const mongosh = path.join(__dirname, 'node_modules', '.bin', 'mongosh');
     const out = execFileSync(mongosh, [uri, '--quiet', '--eval', script], { encoding: 'utf8' });
     assert.match(out, /mongosh subscriptions ok/);
+  });
+
+  await check('node: selectors give one message per document per transaction', async () => {
+    await db.collection('t').insertMany([{ _id: 1, s: 'a' }, { _id: 2, s: 'a' }]);
+    await db.command({
+      createSubscription: 'triggers', collection: 't',
+      selectors: [{ operations: ['update'], changedFields: ['s'] }],
+    });
+    const session = client.startSession();
+    await session.withTransaction(async () => {
+      for (const id of [1, 2]) {
+        await db.collection('t').updateOne({ _id: id }, { $set: { s: 'b' } }, { session });
+        await db.collection('t').updateOne({ _id: id }, { $set: { other: 1 } }, { session });
+        await db.collection('t').updateOne({ _id: id }, { $set: { s: 'c' } }, { session });
+      }
+    });
+    await session.endSession();
+    const reply = await db.command({ readSubscription: 'triggers', consumer: 'n', waitMS: 5000 });
+    assert.deepEqual(reply.messages.map((m) => m.event.documentKey._id), [1, 2]);
+    for (const m of reply.messages) {
+      assert.deepEqual(m.changes.map((c) => c.updateDescription.updatedFields.s), ['b', 'c']);
+    }
+  });
+
+  await check('mongosh: start "snapshot" gives the documents, then the changes', async () => {
+    await db.collection('snap').insertMany([{ _id: 1 }, { _id: 2 }]);
+    const script = `
+const d = db.getSiblingDB('${db.databaseName}');
+d.runCommand({ createSubscription: 'copy', collection: 'snap', start: 'snapshot' });
+d.snap.insertOne({ _id: 3 });
+const seen = [];
+for (let i = 0; i < 20 && seen.length < 3; i++) {
+  const r = d.runCommand({ readSubscription: 'copy', consumer: 'sh', waitMS: 1000 });
+  r.messages.forEach((m) => seen.push((m.event.snapshot ? 's' : 'c') + m.event.documentKey._id));
+}
+if (seen.join() !== 's1,s2,c3') throw new Error('seen ' + seen.join());
+print('mongosh snapshot ok');
+`;
+    const mongosh = path.join(__dirname, 'node_modules', '.bin', 'mongosh');
+    const out = execFileSync(mongosh, [uri, '--quiet', '--eval', script], { encoding: 'utf8' });
+    assert.match(out, /mongosh snapshot ok/);
   });
 
   await check('node: dropSubscription removes it', async () => {
