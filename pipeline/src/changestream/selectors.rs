@@ -26,6 +26,8 @@ use resume::time::ClusterTime;
 use resume::token::ResumeToken;
 use wire::{MongoError, Result};
 
+use super::transform::is_classic_type;
+
 /// The most selectors a subscription has.
 pub const MAX_SELECTORS: usize = 100;
 /// The most operation types or field paths one selector lists.
@@ -33,15 +35,8 @@ pub const MAX_SELECTOR_ITEMS: usize = 100;
 /// The most bytes of changes one group holds.
 pub const MAX_GROUP_BYTES: usize = 8 << 20;
 
-const OPERATIONS: &[&str] = &[
-    "insert",
-    "update",
-    "replace",
-    "delete",
-    "drop",
-    "rename",
-    "dropDatabase",
-    "invalidate",
+/// The operation types a selector may name past the classic ones (expanded events).
+const EXPANDED: &[&str] = &[
     "create",
     "createIndexes",
     "dropIndexes",
@@ -124,7 +119,10 @@ impl Selector {
                 },
                 "operations" => {
                     let ops = strings(v, "selectors.operations")?;
-                    if let Some(bad) = ops.iter().find(|o| !OPERATIONS.contains(&o.as_str())) {
+                    if let Some(bad) = ops
+                        .iter()
+                        .find(|o| !is_classic_type(o) && !EXPANDED.contains(&o.as_str()))
+                    {
                         return Err(MongoError::bad_value(format!(
                             "'selectors.operations': '{bad}' is not a change event's operationType"
                         )));

@@ -981,15 +981,6 @@ impl Subscriptions {
                     // Every consumer starts over from a new copy.
                     let snap = self.take_snapshot(&def).await?;
                     def.snapshot = Some(snap);
-                    self.config
-                        .cas(
-                            STATE_DB,
-                            DEFINITIONS,
-                            doc! {"_id": &sub},
-                            doc! {"$set": {"snapshot": snap.to_document()}},
-                        )
-                        .await?;
-                    self.discard_snapshot(&sub, Some(snap.at), false).await?;
                     spec::at_time(snap.at)
                 }
                 (StartAsked::Snapshot, Some(_)) => match def.snapshot {
@@ -1010,14 +1001,22 @@ impl Subscriptions {
                     // Every consumer, and the subscription's start for new ones.
                     def.start = token.clone();
                     self.pin_start(&def).await?;
+                    let mut set = doc! {"start": token.to_document()};
+                    if let Some(snap) = def.snapshot {
+                        set.insert("snapshot", snap.to_document());
+                    }
                     self.config
                         .cas(
                             STATE_DB,
                             DEFINITIONS,
                             doc! {"_id": &sub},
-                            doc! {"$set": {"start": token.to_document()}},
+                            doc! {"$set": set},
                         )
                         .await?;
+                    if let Some(snap) = def.snapshot {
+                        // The copies before this one are no one's now.
+                        self.discard_snapshot(&sub, Some(snap.at), false).await?;
+                    }
                     self.consumer_names(&sub).await?
                 }
             };
