@@ -43,7 +43,7 @@ pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
             Duration::from_millis(wait as u64),
         )
         .await?;
-    Ok(Body::Raw(read.reply()?))
+    Ok(Body::Raw(read.reply()))
 }
 
 /// A command's `deliveryIds`: strings, at most `spec::MAX_IDS` of them.

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document, RawArrayBuf, RawDocumentBuf, doc, rawdoc};
+use bson::{Bson, Document, RawDocumentBuf, doc};
 use resume::token::ResumeToken;
 use wire::{ErrorCode, MongoError, Result};
 
@@ -48,6 +48,10 @@ pub const MAX_LIVE: usize = 10_000;
 
 /// The most bytes of events one `readSubscription` reply carries (one event at least).
 pub const REPLY_BUDGET: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// How often a consumer's moved position (plain acks, deliveries) is written at most: a
+/// crash delivers again at most this much of what was acked without `waitDurable`.
+pub const POSITION_EVERY: Duration = Duration::from_secs(1);
 
 /// How long an ack with `waitDurable` waits for its batch to be stored.
 const DURABLE_PATIENCE: Duration = Duration::from_secs(30);
@@ -102,7 +106,12 @@ struct Machine {
     why: String,
     /// The consumer's own pause (the subscription's is in its definition).
     paused: bool,
+    /// Changed since its last write; `urgent`: by more than its position (a reset, a pause, a
+    /// status, a redrive), written at the next pass rather than within [`POSITION_EVERY`].
     dirty: bool,
+    urgent: bool,
+    /// When its state was last written.
+    written: Millis,
     dead: Vec<DeadLetter>,
     redriven_done: Vec<ResumeToken>,
     durable: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -110,6 +119,14 @@ struct Machine {
     lease_until: Millis,
     /// The time its pin was last pushed to the shards as (`from`).
     pinned: Option<bson::Timestamp>,
+}
+
+impl Machine {
+    /// Something changed: its position and counters (`urgent: false`), or more.
+    fn mark(&mut self, urgent: bool) {
+        self.dirty = true;
+        self.urgent |= urgent;
+    }
 }
 
 impl Live {
@@ -125,7 +142,13 @@ impl Live {
     fn take_changes(self: &Arc<Self>, router: &str, now: Millis) -> Option<Written> {
         let mut m = self.machine();
         let renew = m.lease_until.0.saturating_sub(now.0) < RENEW_BEFORE.as_millis() as u64;
-        if !m.dirty && !renew {
+        // A moved position waits up to POSITION_EVERY; what someone waits for does not.
+        let waited_for =
+            m.urgent || !m.durable.is_empty() || !m.dead.is_empty() || !m.redriven_done.is_empty();
+        let due = m.dirty
+            && (waited_for
+                || now.0.saturating_sub(m.written.0) >= POSITION_EVERY.as_millis() as u64);
+        if !due && !renew {
             return None;
         }
         let lease_until = now.after(LEASE);
@@ -136,6 +159,8 @@ impl Live {
             "u": {"$set": fields},
         };
         m.dirty = false;
+        m.urgent = false;
+        m.written = now;
         let old_lease = std::mem::replace(&mut m.lease_until, lease_until);
         Some(Written {
             old_lease,
@@ -156,7 +181,7 @@ impl Live {
         lease_until: Millis,
     ) {
         let mut m = self.machine();
-        m.dirty = true;
+        m.mark(true);
         m.lease_until = lease_until;
         m.dead.extend(dead);
         m.redriven_done.extend(done);
@@ -223,28 +248,30 @@ pub struct Read {
 impl Read {
     /// The reply: `{messages: [{deliveryId, deliveryCount, event, changes?}], caughtUp,
     /// ok: 1}`.
-    pub fn reply(self) -> Result<RawDocumentBuf> {
-        let raw = |bytes: &bytes::Bytes| {
-            RawDocumentBuf::from_bytes(bytes.to_vec())
-                .map_err(|e| MongoError::internal(format!("a stored event: {e}")))
-        };
-        let mut messages = RawArrayBuf::new();
-        for d in self.messages {
-            let mut m = rawdoc! {
-                "deliveryId": d.id,
-                "deliveryCount": i64::from(d.count),
-                "event": raw(&d.message.event)?,
-            };
+    pub fn reply(self) -> RawDocumentBuf {
+        let size: usize = self.messages.iter().map(|d| d.message.size() + 128).sum();
+        let mut w = wire::raw::Writer::with_capacity(size + 64);
+        w.begin_document(None);
+        w.begin_array("messages");
+        for (i, d) in self.messages.iter().enumerate() {
+            // Each event's bytes copied once, straight from the shared message.
+            w.begin_document(Some(&i.to_string()));
+            w.string("deliveryId", &d.id);
+            w.int64("deliveryCount", i64::from(d.count));
+            w.document_bytes("event", &d.message.event);
             if !d.message.changes.is_empty() {
-                let mut changes = RawArrayBuf::new();
-                for c in &d.message.changes {
-                    changes.push(raw(c)?);
+                w.begin_array("changes");
+                for (j, c) in d.message.changes.iter().enumerate() {
+                    w.document_bytes(&j.to_string(), c);
                 }
-                m.append(bson::cstr!("changes"), changes);
+                w.end();
             }
-            messages.push(m);
+            w.end();
         }
-        Ok(rawdoc! {"messages": messages, "caughtUp": self.caught_up, "ok": 1.0})
+        w.end();
+        w.boolean("caughtUp", self.caught_up);
+        w.double("ok", 1.0);
+        w.finish()
     }
 }
 
@@ -477,6 +504,8 @@ impl Subscriptions {
                 why: "its history was found discontinuous".into(),
                 paused: stored.paused,
                 dirty: false,
+                urgent: false,
+                written: now,
                 dead: Vec::new(),
                 redriven_done: Vec::new(),
                 durable: Vec::new(),
@@ -658,9 +687,12 @@ impl Subscriptions {
             let room = {
                 let mut m = live.machine();
                 live.check(&m)?;
+                // A read alone changes nothing worth a write (its time goes with the next).
                 m.last_read = now;
-                m.dirty = true;
                 let (due, dead) = m.consumer.take_due(now, got.room(), got.budget());
+                if !due.is_empty() || !dead.is_empty() {
+                    m.mark(false);
+                }
                 due.into_iter().for_each(|d| got.push(d));
                 m.dead.extend(dead);
                 m.consumer.room().min(got.room())
@@ -678,7 +710,7 @@ impl Subscriptions {
                         let mut m = live.machine();
                         m.status = Status::ResetRequired;
                         m.why = e.errmsg.clone();
-                        m.dirty = true;
+                        m.mark(true);
                         drop(m);
                         if got.out.is_empty() {
                             return Err(errors::reset_required(
@@ -770,7 +802,7 @@ impl Subscriptions {
                 if let Some(end) = &taken.end {
                     m.consumer.scanned(end);
                 }
-                m.dirty = true;
+                m.mark(false);
             }
             let at_head = taken.as_ref().is_some_and(|t| t.at_head && t.end.is_some());
             let some = taken.as_ref().is_some_and(|t| !t.messages.is_empty());
@@ -846,7 +878,7 @@ impl Subscriptions {
             if let Some(d) = m.consumer.offer(message, now) {
                 got.push(d);
             }
-            m.dirty = true;
+            m.mark(false);
         }
         if let Some(t) = feed.scanned() {
             m.consumer.scanned(t);
@@ -875,7 +907,7 @@ impl Subscriptions {
                 m.redriven_done.extend(done);
                 o
             };
-            m.dirty = true;
+            m.mark(false);
             let rx = wait_durable.then(|| {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 m.durable.push(tx);
@@ -908,7 +940,7 @@ impl Subscriptions {
             let mut m = live.machine();
             let (o, dead) = m.consumer.nack(&ids, wall_clock(), retry, dead_letter);
             m.dead.extend(dead);
-            m.dirty = true;
+            m.mark(false);
             o
         };
         live.freed.notify_waiters();
@@ -961,7 +993,7 @@ impl Subscriptions {
             let mut m = live.machine();
             m.paused = p;
             m.consumer.set_paused(p || def.paused);
-            m.dirty = true;
+            m.mark(true);
             drop(m);
             live.freed.notify_waiters();
         }
@@ -1031,7 +1063,7 @@ impl Subscriptions {
                 m.pinned = Some(pins::from_of(&token)?);
                 m.status = Status::Active;
                 m.dead.clear();
-                m.dirty = true;
+                m.mark(true);
                 drop(m);
                 live.freed.notify_waiters();
             }
@@ -1084,7 +1116,7 @@ impl Subscriptions {
                 .await?;
                 let mut m = live.machine();
                 m.consumer.redrive(messages, wall_clock());
-                m.dirty = true;
+                m.mark(true);
                 drop(m);
                 live.freed.notify_waiters();
             }
@@ -1114,7 +1146,7 @@ impl Subscriptions {
             m.consumer.set_limits(def.limits.clone());
             let paused = def.paused || m.paused;
             m.consumer.set_paused(paused);
-            m.dirty = true;
+            m.mark(true);
             drop(m);
             live.freed.notify_waiters();
         }

@@ -123,7 +123,7 @@ impl Subscriptions {
                 if m.status != Status::Expired {
                     tracing::info!(consumer = %live.consumer, subscription = %live.sub, "consumer expired: it fell further behind than its maxLag");
                     m.status = Status::Expired;
-                    m.dirty = true;
+                    m.mark(true);
                 }
             }
         }
