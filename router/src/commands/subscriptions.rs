@@ -1,4 +1,8 @@
 //! The subscription commands, parsed here and run by `crate::subscriptions`.
+//!
+//! A consumer's read, ack or nack that reaches a router other than the one holding its lease
+//! is forwarded there, once (`forwardedBy` marks it; a forwarded command that meets another
+//! owner answers ConsumerLeaseMoved), so any router answers for any consumer.
 
 use std::time::Duration;
 
@@ -42,8 +46,62 @@ pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
             max as usize,
             Duration::from_millis(wait as u64),
         )
-        .await?;
-    Ok(Body::Raw(read.reply()))
+        .await;
+    match read {
+        Ok(read) => Ok(Body::Raw(read.reply())),
+        Err(e) => at_owner(ctx, e, Duration::from_millis(wait as u64))
+            .await
+            .map(Body::Document),
+    }
+}
+
+/// The fields a forwarded command keeps: its own (no session, no cluster time).
+const FORWARDED: &[&str] = &[
+    "readSubscription",
+    "ackSubscription",
+    "nackSubscription",
+    "consumer",
+    "max",
+    "waitMS",
+    "deliveryIds",
+    "inProgress",
+    "waitDurable",
+    "retryInMS",
+    "deadLetter",
+];
+
+/// The reply of the router holding the consumer's lease when `e` names it (the command sent
+/// there once), else `e`. `wait`: how long the command may wait there.
+async fn at_owner(ctx: &Ctx<'_>, e: MongoError, wait: Duration) -> Result<Document> {
+    let subs = &ctx.seams.subscriptions;
+    let Some(owner) = crate::subscriptions::errors::owner_of(&e) else {
+        return Err(e);
+    };
+    if owner == subs.router_id() || ctx.cmd.contains_key("forwardedBy") {
+        return Err(e);
+    }
+    let mut cmd: Document = ctx
+        .cmd
+        .iter()
+        .filter(|(k, _)| FORWARDED.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    cmd.insert("forwardedBy", subs.router_id());
+    let options = &ctx.seams.options;
+    let peer = subs.peer(owner, options.shard_tls.clone(), options.shard_key.clone());
+    let patience = wait + Duration::from_secs(10);
+    let reply = match tokio::time::timeout(patience, peer.command(ctx.db, &cmd)).await {
+        Ok(Ok(reply)) => reply,
+        // The owner cannot be reached: the client learns who holds the lease, and for how long.
+        Ok(Err(_)) | Err(_) => return Err(e),
+    };
+    if let Some(err) = MongoError::from_reply(&reply) {
+        return Err(err);
+    }
+    Ok(reply
+        .into_iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "$clusterTime" | "operationTime"))
+        .collect())
 }
 
 /// A command's `deliveryIds`: strings, at most `spec::MAX_IDS` of them.
@@ -68,7 +126,8 @@ pub(super) async fn ack(ctx: &Ctx<'_>) -> Result<Document> {
     let args = ctx.args();
     let in_progress = args.opt_bool("inProgress")?.unwrap_or(false);
     let wait_durable = args.opt_bool("waitDurable")?.unwrap_or(false);
-    ctx.seams
+    let acked = ctx
+        .seams
         .subscriptions
         .ack(
             ctx.db,
@@ -78,7 +137,11 @@ pub(super) async fn ack(ctx: &Ctx<'_>) -> Result<Document> {
             in_progress,
             wait_durable,
         )
-        .await
+        .await;
+    match acked {
+        Err(e) => at_owner(ctx, e, Duration::from_secs(30)).await,
+        ok => ok,
+    }
 }
 
 pub(super) async fn nack(ctx: &Ctx<'_>) -> Result<Document> {
@@ -97,10 +160,15 @@ pub(super) async fn nack(ctx: &Ctx<'_>) -> Result<Document> {
         }
     };
     let dead_letter = args.opt_bool("deadLetter")?.unwrap_or(false);
-    ctx.seams
+    let nacked = ctx
+        .seams
         .subscriptions
         .nack(ctx.db, &name, &consumer, &ids(ctx)?, retry, dead_letter)
-        .await
+        .await;
+    match nacked {
+        Err(e) => at_owner(ctx, e, Duration::ZERO).await,
+        ok => ok,
+    }
 }
 
 pub(super) async fn alter(ctx: &Ctx<'_>) -> Result<Document> {

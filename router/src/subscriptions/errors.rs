@@ -60,3 +60,24 @@ pub fn lease_moved(id: &str, consumer: &str, owner: &str, for_ms: u64) -> MongoE
         ),
     )
 }
+
+/// [`lease_moved`] naming the owner's address (`errInfo.owner`): the router that got the
+/// command may forward it there.
+pub fn lease_held_at(id: &str, consumer: &str, owner: &str, for_ms: u64) -> MongoError {
+    lease_moved(id, consumer, owner, for_ms).with_extra(bson::doc! {
+        "errInfo": {"owner": owner, "retryAfterMS": for_ms as i64},
+    })
+}
+
+/// The address of the router holding a consumer's lease, from a [`lease_held_at`] error.
+pub fn owner_of(e: &MongoError) -> Option<&str> {
+    if e.code != ErrorCode::CONSUMER_LEASE_MOVED.code {
+        return None;
+    }
+    e.extra
+        .as_ref()?
+        .get_document("errInfo")
+        .ok()?
+        .get_str("owner")
+        .ok()
+}

@@ -81,7 +81,12 @@ pub struct Subscriptions {
     loading: tokio::sync::Mutex<()>,
     /// Writes to the state collections so far (each one commit on the config shard).
     commits: std::sync::atomic::AtomicU64,
+    /// Clients to the other routers that hold consumers' leases (commands forwarded there).
+    peers: Mutex<HashMap<String, Arc<wire::Client>>>,
 }
+
+/// The most other routers a router keeps a client to.
+const MAX_PEERS: usize = 64;
 
 /// A consumer this router serves.
 pub struct Live {
@@ -286,6 +291,7 @@ impl Subscriptions {
             shared: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
             commits: std::sync::atomic::AtomicU64::new(0),
+            peers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -301,7 +307,7 @@ impl Subscriptions {
         let _ = self.router_id.set(id);
     }
 
-    pub(super) fn router_id(&self) -> &str {
+    pub fn router_id(&self) -> &str {
         self.router_id
             .get_or_init(|| format!("router-{}", uuid::Uuid::new_v4()))
     }
@@ -327,6 +333,25 @@ impl Subscriptions {
 
     pub(super) fn state_commits(&self) -> u64 {
         self.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A client to the router at `addr` (with the cluster's TLS and key).
+    pub fn peer(
+        &self,
+        addr: &str,
+        tls: Option<wire::tls::ClientTls>,
+        key: Option<Arc<wire::keyfile::KeyFile>>,
+    ) -> Arc<wire::Client> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if peers.len() >= MAX_PEERS && !peers.contains_key(addr) {
+            peers.clear();
+        }
+        peers
+            .entry(addr.to_string())
+            .or_insert_with(|| {
+                Arc::new(wire::Client::with_tls(addr.to_string(), tls).with_key(key))
+            })
+            .clone()
     }
 
     fn all_live(&self) -> Vec<Arc<Live>> {
@@ -445,7 +470,7 @@ impl Subscriptions {
             && owner != self.router_id()
             && stored.lease_until > now
         {
-            return Err(errors::lease_moved(
+            return Err(errors::lease_held_at(
                 &sub,
                 consumer,
                 owner,
