@@ -200,6 +200,21 @@ impl EmbeddedCluster {
     }
 }
 
+/// Copies a directory tree (a stopped process's data directory, whole).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
 /// `shardCollection` through a router: `ns` sharded on `key` (e.g. `{_id: "hashed"}`).
 pub async fn shard_collection(
     client: &Client,

@@ -3,26 +3,11 @@
 //! one at the same address. Tokens and times from the history they lost are refused with a
 //! non-resumable error that says so; fresh streams work; an ordinary restart refuses nothing.
 
-use std::path::Path;
 use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
-use tests::ProcessCluster;
 use tests::streams::{next_event, next_events, token_of};
-
-fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
-}
+use tests::{ProcessCluster, copy_dir};
 
 fn code(e: &mongodb::error::Error) -> Option<i32> {
     tests::scenarios::code_of(e)

@@ -705,3 +705,103 @@ async fn state_commits_stay_at_ten_a_second_whatever_the_ack_rate() -> anyhow::R
     cluster.stop().await;
     Ok(())
 }
+
+/// F6: a shard put back from an older copy of its data directory. A consumer whose position
+/// lies in the history the shard lost fails with SubscriptionResetRequired (9104) instead of
+/// going on, and stays so until reset; one whose position is wholly before the copy goes on;
+/// after a reset the failed one reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_past_a_restored_shards_history_must_be_reset() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    tests::shard_collection(&client, "subs.c", doc! {"_id": "hashed"}).await?;
+    let db = client.database("subs");
+    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
+        .await?;
+    let coll = db.collection::<Document>("c");
+    let ack_all = |consumer: &'static str, got: Vec<Document>| {
+        let db = db.clone();
+        async move {
+            let ids: Vec<Bson> = got.iter().map(id).collect();
+            db.run_command(doc! {"ackSubscription": "s", "consumer": consumer, "deliveryIds": ids, "waitDurable": true})
+                .await
+        }
+    };
+    coll.insert_many((0..10).map(|i| doc! {"_id": i})).await?;
+    for consumer in ["behind", "past"] {
+        let got = read_all(&db, consumer, 10, Duration::from_secs(20)).await?;
+        assert_eq!(got.len(), 10, "{consumer}");
+        ack_all(consumer, got).await?;
+    }
+    // Copy shard 1 (stopped, so the copy is whole); the history after it will be lost.
+    let dbpath = cluster.dir.path().join("shard1");
+    let backup = cluster.dir.path().join("shard1-copy");
+    cluster.shards[1].kill();
+    tests::copy_dir(&dbpath, &backup)?;
+    cluster.shards[1].restart().await?;
+    // Past the copy's clock reservation (three seconds), as in `lineage.rs`.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    coll.insert_many((100..120).map(|i| doc! {"_id": i}))
+        .await?;
+    let lost = read_all(&db, "past", 20, Duration::from_secs(20)).await?;
+    assert_eq!(lost.len(), 20);
+    ack_all("past", lost).await?;
+    // The registry learns how far the lost history reached (about once a second).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    cluster.shards[1].kill();
+    std::fs::remove_dir_all(&dbpath)?;
+    tests::copy_dir(&backup, &dbpath)?;
+    cluster.shards[1].restart().await?;
+
+    let until = Instant::now() + Duration::from_secs(30);
+    let failure = loop {
+        match read(&db, "past", 100, 500).await {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < until => {}
+            Ok(got) => anyhow::bail!("the consumer past the copy goes on: {got:?}"),
+        }
+    };
+    assert!(
+        failure.to_string().contains("9104") || failure.to_string().contains("ResetRequired"),
+        "{failure}"
+    );
+    let again = read(&db, "past", 100, 0).await.expect_err("until reset");
+    assert!(again.to_string().contains("ResetRequired"), "{again}");
+    // The consumer wholly before the copy goes on: the lost stretch's events that still
+    // exist (shard 0's), then what comes next.
+    coll.insert_one(doc! {"_id": "after"}).await?;
+    let mut keys = Vec::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until && !keys.contains(&Bson::String("after".into())) {
+        for m in read(&db, "behind", 100, 1000).await? {
+            keys.push(
+                m.get_document("event")?
+                    .get_document("documentKey")?
+                    .get("_id")
+                    .cloned()
+                    .unwrap_or(Bson::Null),
+            );
+        }
+    }
+    assert!(keys.contains(&Bson::String("after".into())), "{keys:?}");
+    assert!(
+        keys.len() < 21,
+        "not the lost history's events from shard 1: {keys:?}"
+    );
+    // A reset lets the failed consumer go on.
+    db.run_command(doc! {"alterSubscription": "s", "reset": {"to": "now", "consumer": "past"}})
+        .await?;
+    coll.insert_one(doc! {"_id": "later"}).await?;
+    let got = read_all(&db, "past", 1, Duration::from_secs(20)).await?;
+    assert_eq!(
+        got.first().and_then(|m| m
+            .get_document("event")
+            .ok()?
+            .get_document("documentKey")
+            .ok()?
+            .get("_id")
+            .cloned()),
+        Some(Bson::String("later".into()))
+    );
+    Ok(())
+}

@@ -7,6 +7,11 @@
 //! [`Feed`]) until it reaches the log. One reader at a time extends the log; the others wait for it without holding any
 //! lock.
 //!
+//! A stream error that means "cannot go on from here" (lost history) is the error of the
+//! consumers at or past where the log's stream failed; the others see a pause, and the log
+//! starts again at the position of the next one to read, so none of them is failed for a
+//! history it never reached.
+//!
 //! Invariants: the log is contiguous (nothing after `base` and at or before `end` is missing);
 //! `base` and `end` only rise until the log is restarted (after a stream error); the log holds
 //! at most [`MAX_LOG_BYTES`] and [`MAX_LOG_MESSAGES`], and nothing every consumer served here
@@ -17,10 +22,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use resume::token::ResumeToken;
-use wire::Result;
+use wire::{MongoError, Result};
 
 use super::delivery::Message;
-use super::feed::{Feed, Source};
+use super::feed::{Feed, Source, needs_reset};
 use super::spec::Definition;
 
 pub const MAX_LOG_BYTES: usize = 32 << 20;
@@ -148,6 +153,14 @@ impl Shared {
                 feed.restart().await;
                 *self.log() = Log::default();
                 self.grew.notify_waiters();
+                // The stream failed at `from`: only a consumer at or past it cannot go on
+                // (lost history, say); one behind it reopens the log at its own position.
+                if needs_reset(&e) && from.as_ref().is_some_and(|f| at < f) {
+                    return Err(MongoError::internal(format!(
+                        "the shared stream starts again ({})",
+                        e.errmsg
+                    )));
+                }
                 return Err(e);
             }
         };

@@ -26,7 +26,9 @@ use wire::{ErrorCode, MongoError, Result};
 
 use super::Subscriptions;
 use super::delivery::Message;
-use super::spec::{Definition, SNAPSHOTS, STATE_DB, at_time};
+#[cfg(test)]
+use super::spec::at_time;
+use super::spec::{Definition, SNAPSHOTS, STATE_DB, Snapshot};
 use crate::kernel::config::ConfigStore;
 use crate::kernel::transport::{Shards, cursor_id, first_batch, next_batch};
 
@@ -36,63 +38,6 @@ pub const MAX_DOCUMENTS: u32 = resume::token::MAX_TXN_OP_INDEX;
 /// Documents per write into the copy, and their bytes.
 const WRITE_BATCH: usize = 1000;
 const WRITE_BYTES: usize = 8 << 20;
-
-/// A subscription's snapshot: its time and how many documents it holds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Snapshot {
-    pub at: Timestamp,
-    pub count: u32,
-}
-
-impl Snapshot {
-    pub fn to_document(self) -> Document {
-        doc! {"at": self.at, "count": i64::from(self.count)}
-    }
-
-    pub fn from_document(d: &Document) -> Option<Snapshot> {
-        Some(Snapshot {
-            at: d.get_timestamp("at").ok()?,
-            count: u32::try_from(d.get_i64("count").ok()?).ok()?,
-        })
-    }
-
-    /// Where a stream resumes to follow it: just after `T`.
-    pub fn follow(self) -> ResumeToken {
-        let next = match self.at.increment.checked_add(1) {
-            Some(increment) => Timestamp {
-                increment,
-                ..self.at
-            },
-            None => Timestamp {
-                time: self.at.time.saturating_add(1),
-                increment: 0,
-            },
-        };
-        at_time(next)
-    }
-
-    /// The place in the copy of the next message after `position`, while it is inside it.
-    pub fn next(self, position: &ResumeToken) -> Option<u32> {
-        let d = position.decode().ok()?;
-        if d.cluster_time().timestamp() != self.at {
-            return None;
-        }
-        let next = if d.is_high_water_mark() {
-            0
-        } else {
-            d.txn_op_index() + 1
-        };
-        (next < self.count).then_some(next)
-    }
-
-    /// Whether a stream resuming at `position` must start just after `T` instead (what is at
-    /// or before `T` is the copy's).
-    pub fn covers(self, position: &ResumeToken) -> bool {
-        position
-            .decode()
-            .is_ok_and(|d| d.cluster_time().timestamp() <= self.at)
-    }
-}
 
 /// Up to `n` messages of `sub`'s snapshot from place `from` on, in copy order.
 pub async fn page(

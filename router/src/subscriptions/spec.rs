@@ -16,7 +16,6 @@ use wire::{ErrorCode, MongoError, Result};
 use pipeline::changestream::selectors::{Selectors, regroup_from};
 
 use super::delivery::Limits;
-use super::snapshot::Snapshot;
 
 /// The database the subscriptions' state lives in, and its collections.
 pub const STATE_DB: &str = "config";
@@ -442,6 +441,63 @@ fn limits_into(limits: &Limits, d: &mut Document) {
             .collect::<Vec<_>>(),
     );
     d.insert("maxInFlight", limits.max_in_flight as i64);
+}
+
+/// A subscription's snapshot: its time and how many documents it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    pub at: Timestamp,
+    pub count: u32,
+}
+
+impl Snapshot {
+    pub fn to_document(self) -> Document {
+        doc! {"at": self.at, "count": i64::from(self.count)}
+    }
+
+    pub fn from_document(d: &Document) -> Option<Snapshot> {
+        Some(Snapshot {
+            at: d.get_timestamp("at").ok()?,
+            count: u32::try_from(d.get_i64("count").ok()?).ok()?,
+        })
+    }
+
+    /// Where a stream resumes to follow it: just after `T`.
+    pub fn follow(self) -> ResumeToken {
+        let next = match self.at.increment.checked_add(1) {
+            Some(increment) => Timestamp {
+                increment,
+                ..self.at
+            },
+            None => Timestamp {
+                time: self.at.time.saturating_add(1),
+                increment: 0,
+            },
+        };
+        at_time(next)
+    }
+
+    /// The place in the copy of the next message after `position`, while it is inside it.
+    pub fn next(self, position: &ResumeToken) -> Option<u32> {
+        let d = position.decode().ok()?;
+        if d.cluster_time().timestamp() != self.at {
+            return None;
+        }
+        let next = if d.is_high_water_mark() {
+            0
+        } else {
+            d.txn_op_index() + 1
+        };
+        (next < self.count).then_some(next)
+    }
+
+    /// Whether a stream resuming at `position` must start just after `T` instead (what is at
+    /// or before `T` is the copy's).
+    pub fn covers(self, position: &ResumeToken) -> bool {
+        position
+            .decode()
+            .is_ok_and(|d| d.cluster_time().timestamp() <= self.at)
+    }
 }
 
 #[cfg(test)]

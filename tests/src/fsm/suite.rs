@@ -454,6 +454,7 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
             "continuous" => Some(Mode::Continuous),
             "resume_each" => Some(Mode::ResumeEach),
             "driver_resume" => Some(Mode::DriverResume),
+            "subscription" => Some(Mode::Subscription),
             _ => None,
         })
         .collect();
@@ -461,6 +462,10 @@ async fn run_workload<W: Workload>(w: Arc<W>, rc: &RunCtx<'_>) -> Result<Workloa
     let mut watchers = Vec::new();
     for (n, spec) in w.watch_specs(db).into_iter().enumerate() {
         for (m, mode) in modes.iter().enumerate() {
+            // Subscriptions of a database or collection go with the teardown's dropDatabase.
+            if *mode == Mode::Subscription && spec.scope != Scope::Cluster {
+                continue;
+            }
             let spec = spec.clone();
             let mode = *mode;
             let (clients, token_less) = match mode {

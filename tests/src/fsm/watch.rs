@@ -31,6 +31,11 @@ pub enum Mode {
     /// One stream on a client with default options over every router (retryable reads on):
     /// the driver resumes by itself, and any error it lets through is a failure.
     DriverResume,
+    /// A consumer of a subscription to the cluster stream (`readSubscription`), over every
+    /// router in turn, acking, nacking and dropping deliveries at random: its first deliveries
+    /// must be the stream, in order (checked like the others); a first delivery out of token
+    /// order is an application error.
+    Subscription,
 }
 
 /// Where a stream starts.
@@ -155,6 +160,17 @@ pub struct Watcher {
     /// Where to resume: the token of the last event returned, or of the stream's start.
     resume: Start,
     end_marker: String,
+    /// [`Mode::Subscription`]'s consumer.
+    consumer: Option<Consumer>,
+}
+
+/// A subscription consumer's state: its subscription, the deliveries seen (by token), the
+/// last first delivery's token, and the randomness of its acks.
+struct Consumer {
+    name: String,
+    seen: std::collections::HashSet<String>,
+    last: Option<String>,
+    rng: rand::rngs::StdRng,
 }
 
 impl Watcher {
@@ -175,19 +191,51 @@ impl Watcher {
         let token = stream
             .resume_token()
             .context("no resume token after opening")?;
+        let consumer = if mode == Mode::Subscription {
+            // The subscription starts where the stream opened: it sees everything after here.
+            let name = format!("fsm_{db}_{first}");
+            let mut change_stream = mongodb::bson::doc! {
+                "allChangesForCluster": true, "showExpandedEvents": spec.expanded,
+            };
+            if spec.images {
+                change_stream.insert("fullDocument", "required");
+                change_stream.insert("fullDocumentBeforeChange", "required");
+            }
+            let start = mongodb::bson::serialize_to_bson(&token)?;
+            client
+                .database("admin")
+                .run_command(mongodb::bson::doc! {
+                    "createSubscription": &name, "changeStream": change_stream,
+                    "start": start, "ackTimeoutSecs": 2, "maxDeliveries": 1000,
+                })
+                .await?;
+            use rand::SeedableRng;
+            Some(Consumer {
+                name,
+                seen: Default::default(),
+                last: None,
+                rng: rand::rngs::StdRng::seed_from_u64(first as u64),
+            })
+        } else {
+            None
+        };
         Ok(Watcher {
             spec,
             mode,
             next_client: first + 1,
             clients,
-            stream: Some(stream),
+            stream: (mode != Mode::Subscription).then_some(stream),
             resume: Start::ResumeAfter(token),
             end_marker: cluster_end_marker(db),
+            consumer,
         })
     }
 
     /// Reads until the stream's end, or until no event came for `idle` (then incomplete).
     pub async fn run(mut self, idle: Duration, deadline: tokio::time::Instant) -> Observed {
+        if self.consumer.is_some() {
+            return self.consume(idle, deadline).await;
+        }
         let mut out = Observed::default();
         let mut last_progress = tokio::time::Instant::now();
         loop {
@@ -264,6 +312,100 @@ impl Watcher {
                         self.stream = None;
                     }
                 }
+            }
+        }
+    }
+}
+
+impl Watcher {
+    /// [`Mode::Subscription`]: reads the subscription until the end marker's first delivery,
+    /// or until nothing new came for `idle`.
+    async fn consume(mut self, idle: Duration, deadline: tokio::time::Instant) -> Observed {
+        use mongodb::bson::doc;
+        use rand::Rng;
+        let mut out = Observed::default();
+        let Some(mut c) = self.consumer.take() else {
+            return out;
+        };
+        let mut last_progress = tokio::time::Instant::now();
+        let mut ended = false;
+        loop {
+            let now = tokio::time::Instant::now();
+            if ended || now >= deadline || now.duration_since(last_progress) > idle {
+                out.complete = ended;
+                return out;
+            }
+            let Some(client) = self
+                .clients
+                .get(self.next_client % self.clients.len().max(1))
+            else {
+                return out;
+            };
+            let admin = client.database("admin");
+            let max = c.rng.random_range(1..100);
+            let read = admin
+                .run_command(
+                    doc! {"readSubscription": &c.name, "consumer": "c", "max": max, "waitMS": 500},
+                )
+                .await;
+            let messages: Vec<Document> = match read
+                .map_err(anyhow::Error::from)
+                .and_then(|r| Ok(r.get_array("messages")?.clone()))
+            {
+                Ok(m) => m
+                    .into_iter()
+                    .filter_map(|m| m.as_document().cloned())
+                    .collect(),
+                Err(e) => {
+                    // A router killed or a lease moving: the next router, a little later.
+                    out.resumed_errors.push(e.to_string());
+                    self.next_client += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let (mut ack, mut nack) = (Vec::new(), Vec::new());
+            for m in messages {
+                let (Ok(id), Ok(event)) = (m.get_str("deliveryId"), m.get_document("event")) else {
+                    continue;
+                };
+                let token = event
+                    .get_document("_id")
+                    .and_then(|t| t.get_str("_data"))
+                    .unwrap_or("")
+                    .to_string();
+                if c.seen.insert(token.clone()) {
+                    if c.last.as_ref().is_some_and(|l| *l > token) {
+                        out.application_errors.push(AppError::new(
+                            format!(
+                                "a first delivery out of token order after {} events",
+                                out.events.len()
+                            ),
+                            false,
+                        ));
+                    }
+                    c.last = Some(token);
+                    last_progress = tokio::time::Instant::now();
+                    ended |= is_end(&self.spec, event, &self.end_marker);
+                    out.events.push(event.clone());
+                }
+                match c.rng.random_range(0..10) {
+                    0..8 => ack.push(Bson::String(id.to_string())),
+                    8 => nack.push(Bson::String(id.to_string())),
+                    _ => {} // dropped: delivered again after the ack timeout
+                }
+            }
+            // Failed acks and nacks only bring deliveries again.
+            if !nack.is_empty() {
+                let _ = admin
+                    .run_command(doc! {"nackSubscription": &c.name, "consumer": "c", "deliveryIds": nack, "retryInMS": 50})
+                    .await;
+            }
+            if !ack.is_empty() {
+                let durable = c.rng.random_bool(0.2);
+                let _ = admin
+                    .run_command(doc! {"ackSubscription": &c.name, "consumer": "c", "deliveryIds": ack, "waitDurable": durable})
+                    .await;
             }
         }
     }
