@@ -643,7 +643,21 @@ impl Subscriptions {
     /// The token a start point resolves to, now.
     async fn resolve(&self, def: &Definition, asked: StartAsked) -> Result<ResumeToken> {
         match asked {
-            StartAsked::After(token) => Ok(token),
+            // A high-water mark handed out by a stream carries this cluster's stamp: a
+            // subscription starts from MongoDB's form of it (another cluster's is refused).
+            StartAsked::After(token) => match token.unstamp() {
+                Some((plain, stamp)) => {
+                    let ours = self.streams.lineages.cluster_id().await?;
+                    if stamp != ours {
+                        return Err(MongoError::bad_value(format!(
+                            "the start token comes from another cluster (cluster id {stamp}; \
+                             this cluster is {ours})"
+                        )));
+                    }
+                    Ok(plain)
+                }
+                None => Ok(token),
+            },
             StartAsked::At(ts) => Ok(spec::at_time(ts)),
             StartAsked::Now => {
                 // The stream opened now says where now is: its first post-batch resume token.

@@ -180,7 +180,7 @@ impl Suite {
         for m in &self.executor.config.watch_modes {
             if !matches!(
                 m.as_str(),
-                "continuous" | "resume_each" | "driver_resume" | "prefix"
+                "continuous" | "resume_each" | "driver_resume" | "prefix" | "subscription"
             ) {
                 bail!("unknown watch mode {m}");
             }
