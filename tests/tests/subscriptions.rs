@@ -27,6 +27,16 @@ async fn read(
         .collect())
 }
 
+/// The database `subs` with the subscription `s` to its collection `c`, created with `options`
+/// (every test here reads `s`).
+async fn subscribed(client: &mongodb::Client, options: Document) -> anyhow::Result<Database> {
+    let db = client.database("subs");
+    let mut create = doc! {"createSubscription": "s", "collection": "c"};
+    create.extend(options);
+    db.run_command(create).await?;
+    Ok(db)
+}
+
 fn key(m: &Document) -> i32 {
     m.get_document("event")
         .and_then(|e| e.get_document("documentKey"))
@@ -68,9 +78,7 @@ async fn read_all(
 async fn a_killed_router_s_consumer_resumes_after_its_last_durable_ack() -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::start(2).await?;
     let client = cluster.client().await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
-        .await?;
+    let db = subscribed(&client, doc! {}).await?;
     let docs: Vec<Document> = (0..100).map(|i| doc! {"_id": i}).collect();
     db.collection::<Document>("c").insert_many(docs).await?;
     let first = read_all(&db, "a", 50, Duration::from_secs(20)).await?;
@@ -104,9 +112,7 @@ async fn a_consumer_is_served_by_one_router_and_taken_over_when_its_lease_lapses
 -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::start(1).await?;
     let client = cluster.client().await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
-        .await?;
+    let db = subscribed(&client, doc! {}).await?;
     let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i}).collect();
     db.collection::<Document>("c").insert_many(docs).await?;
     let got = read_all(&db, "a", 10, Duration::from_secs(20)).await?;
@@ -175,9 +181,7 @@ async fn a_consumer_is_served_by_one_router_and_taken_over_when_its_lease_lapses
 async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::start(2).await?;
     let client = cluster.client().await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c", "ackTimeoutSecs": 60})
-        .await?;
+    let db = subscribed(&client, doc! {"ackTimeoutSecs": 60}).await?;
     const N: i32 = 600;
     let writer = {
         let coll = db.collection::<Document>("c");
@@ -286,9 +290,7 @@ async fn insert_big(db: &Database, from: i32, n: i32) -> anyhow::Result<()> {
 async fn consumers_pin_the_oplog_and_max_lag_expires_a_laggard() -> anyhow::Result<()> {
     let (_dir, server) = small_oplog_cluster().await?;
     let client = tests::connect(server.addr).await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
-        .await?;
+    let db = subscribed(&client, doc! {}).await?;
     db.run_command(
         doc! {"createSubscription": "lag", "collection": "c", "maxLagBytes": 500_000i64},
     )
@@ -347,9 +349,7 @@ async fn consumers_pin_the_oplog_and_max_lag_expires_a_laggard() -> anyhow::Resu
 async fn consumers_of_subscriptions_to_one_stream_share_it() -> anyhow::Result<()> {
     let cluster = tests::EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
-        .await?;
+    let db = subscribed(&client, doc! {}).await?;
     let open_cursors = || -> anyhow::Result<i64> {
         let status = cluster.shards()[0].status()?;
         Ok(status
@@ -429,11 +429,8 @@ async fn consumers_under_random_acks_nacks_and_kills_keep_their_guarantees() -> 
     println!("seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut cluster = ProcessCluster::start(2).await?;
-    let db = cluster.client().await?.database("subs");
-    db.run_command(doc! {
-        "createSubscription": "s", "collection": "c", "ackTimeoutSecs": 2, "maxDeliveries": 100,
-    })
-    .await?;
+    let client = cluster.client().await?;
+    let db = subscribed(&client, doc! {"ackTimeoutSecs": 2, "maxDeliveries": 100}).await?;
     const N: i32 = 400;
     // Each consumer, and its readers (b is a work queue of two).
     let readers: [(&str, usize); 3] = [("a", 1), ("b", 2), ("c", 1)];
@@ -574,11 +571,8 @@ async fn consumers_under_random_acks_nacks_and_kills_keep_their_guarantees() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_idle_consumer_is_dropped_by_another_router() -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::start(1).await?;
-    let db = cluster.client().await?.database("subs");
-    db.run_command(
-        doc! {"createSubscription": "s", "collection": "c", "consumerIdleTimeoutSecs": 1},
-    )
-    .await?;
+    let client = cluster.client().await?;
+    let db = subscribed(&client, doc! {"consumerIdleTimeoutSecs": 1}).await?;
     read(&db, "gone", 1, 0).await?;
     let other = cluster.start_extra_router().await?;
     cluster.router.kill();
@@ -654,9 +648,7 @@ async fn the_driver_scripts_pass_on_a_multi_process_cluster() -> anyhow::Result<
 async fn state_commits_stay_at_ten_a_second_whatever_the_ack_rate() -> anyhow::Result<()> {
     let cluster = tests::EmbeddedCluster::start(1).await?;
     let client = cluster.client().await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c", "maxDeliveries": 1})
-        .await?;
+    let db = subscribed(&client, doc! {"maxDeliveries": 1}).await?;
     read(&db, "a", 1, 0).await?;
     let docs: Vec<Document> = (0..5000).map(|i| doc! {"_id": i}).collect();
     db.collection::<Document>("c").insert_many(docs).await?;
@@ -715,9 +707,7 @@ async fn a_consumer_past_a_restored_shards_history_must_be_reset() -> anyhow::Re
     let mut cluster = ProcessCluster::start(2).await?;
     let client = cluster.client().await?;
     tests::shard_collection(&client, "subs.c", doc! {"_id": "hashed"}).await?;
-    let db = client.database("subs");
-    db.run_command(doc! {"createSubscription": "s", "collection": "c"})
-        .await?;
+    let db = subscribed(&client, doc! {}).await?;
     let coll = db.collection::<Document>("c");
     let ack_all = |consumer: &'static str, got: Vec<Document>| {
         let db = db.clone();
