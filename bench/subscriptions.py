@@ -6,13 +6,16 @@ groups, one harness, servers on core 0 and this client on core 1.
     python3 bench/subscriptions.py --bin target/release/tributary [--messages 20000] [--rounds 3]
 
 Tests, each run `--rounds` times with the systems rotated (medians reported):
-  one      one consumer drains N queued messages: read up to 100, ack the batch
+  one      one consumer drains N queued messages: read up to 100, ack the batch (Tributary and
+           JetStream with one cumulative ack through the batch's last message, Redis with
+           XACK of every id; --ack-ids: Tributary names every delivery too)
   fanout   10 consumers each drain the same N messages (one thread each)
   latency  a writer at ~1,000 messages/s for 5 s, one long-polling consumer: time from before
            the write to the delivery, p50 / p99 / p99.9
 Server CPU is read from /proc/<pid>/stat before and after each test.
 
-Durability as run: Tributary fsyncs each commit, consumer state within ~100 ms; JetStream (file
+Durability as run: Tributary fsyncs each commit, a consumer's position within a second (an ack
+with `waitDurable` at once); JetStream (file
 storage) as its version defaults (2.9 syncs every 2 minutes); Redis with AOF `everysec`.
 """
 
@@ -64,6 +67,11 @@ class Server:
 
 # --- Tributary -------------------------------------------------------------------------------
 
+# Tributary's consumers ack a batch by naming every delivery (`deliveryIds`) rather than with
+# one cumulative `through` (--ack-ids).
+ACK_BY_IDS = False
+
+
 class Tributary(Server):
     name = "tributary"
 
@@ -102,9 +110,13 @@ class Tributary(Server):
             if on_message:
                 for m in msgs:
                     on_message(m["event"]["fullDocument"])
-            if msgs:
+            if msgs and ACK_BY_IDS:
                 db.command("ackSubscription", self.sub, consumer=consumer,
                            deliveryIds=[m["deliveryId"] for m in msgs])
+            elif msgs:
+                # Cumulative, as JetStream's AckAll below.
+                db.command("ackSubscription", self.sub, consumer=consumer,
+                           through=msgs[-1]["deliveryId"])
             got += len(msgs)
         db.client.close()
 
@@ -264,9 +276,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--systems", default="tributary,jetstream,redis")
     ap.add_argument("--tests", default="one,fanout,latency")
+    ap.add_argument("--ack-ids", action="store_true",
+                    help="Tributary acks each delivery by id rather than through the last")
     ap.add_argument("--fanout-cpu", action="store_true",
                     help="only: server CPU per written document, 100 consumers vs 1")
     args = ap.parse_args()
+    global ACK_BY_IDS
+    ACK_BY_IDS = args.ack_ids
     if args.fanout_cpu:
         os.sched_setaffinity(0, {1})
         for r in range(args.rounds):

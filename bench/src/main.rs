@@ -14,6 +14,7 @@
 //! mode) → writers run for `--seconds` or `--docs` → watchers read up to every acknowledged
 //! write (or, in drain mode, open now at the time the writes began and read them all).
 
+mod consumers;
 mod procstat;
 mod report;
 mod watchers;
@@ -137,6 +138,14 @@ struct Cli {
     /// Write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of writers and watchers: subscription consumers, for each count given in turn
+    /// (e.g. `1,100`), each reading every one of `--docs` documents (default 5,000) one
+    /// writer inserts in batches of `--batch` (`bench/src/consumers.rs`).
+    #[arg(long, value_delimiter = ',')]
+    consumers: Vec<usize>,
+    /// With --consumers: ack a batch by naming every delivery, not through its last one.
+    #[arg(long, requires = "consumers")]
+    ack_ids: bool,
     /// The database to use (dropped first).
     #[arg(long, default_value = "bench")]
     db: String,
@@ -193,7 +202,22 @@ async fn run(cli: Cli) -> Result<()> {
         }
     };
     let mut opts = ClientOptions::parse(&uri).await?;
-    opts.max_pool_size = Some((cli.writers + cli.watchers + cli.stalled + 8) as u32);
+    let most_consumers = cli.consumers.iter().copied().max().unwrap_or(0);
+    opts.max_pool_size =
+        Some((cli.writers + cli.watchers + cli.stalled + most_consumers + 8) as u32);
+    if !cli.consumers.is_empty() {
+        let client = Client::with_options(opts)?;
+        let spec = consumers::Spec {
+            counts: cli.consumers.clone(),
+            docs: cli.docs.unwrap_or(5_000),
+            batch: cli.batch as usize,
+            payload: cli.payload,
+            ack_ids: cli.ack_ids,
+        };
+        let result = consumers::run(&client, &cli.db, pid, &spec).await;
+        drop(server);
+        return result;
+    }
     let client = Client::with_options(opts.clone())?;
     let side = WatcherSide::new(cli.watcher_nice, &client, opts)?;
     let result = bench(

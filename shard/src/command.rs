@@ -22,6 +22,7 @@ wire::command_registry! {
     Lineage: "_shardsvrLineage" => false;
     MarkLineageLost: "_shardsvrMarkLineageLost" => false;
     RetentionPins: "_shardsvrRetentionPins" => false;
+    OplogBytesSince: "_shardsvrOplogBytesSince" => false;
     GetClusterParameter: "getClusterParameter" => false;
     SetClusterParameter: "_shardsvrSetClusterParameter" => false;
     CommitTransaction: "commitTransaction" => true;
@@ -80,6 +81,7 @@ impl Command {
             | ServerStatus
             | Lineage
             | RetentionPins
+            | OplogBytesSince
             | MarkLineageLost
             | GetClusterParameter
             | SetClusterParameter
@@ -137,6 +139,7 @@ impl Command {
             | SetParameter
             | MarkLineageLost
             | RetentionPins
+            | OplogBytesSince
             | SetClusterParameter
             | CommitTransaction
             | AbortTransaction

@@ -185,6 +185,39 @@ pub fn trim(
     Ok(changed)
 }
 
+/// The bytes of the oplog's entries at or after each of `froms` (a consumer's lag in bytes),
+/// in one scan from the oldest of them on.
+pub fn bytes_since(txn: &dyn ReadTxn, froms: &[ClusterTime]) -> StorageResult<Vec<u64>> {
+    let mut sorted: Vec<ClusterTime> = froms.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let Some(&oldest) = sorted.first() else {
+        return Ok(Vec::new());
+    };
+    // `bucket[i]`: the bytes of entries at or after `sorted[i]` and before `sorted[i + 1]`.
+    let mut bucket = vec![0u64; sorted.len()];
+    let range = KeyRange {
+        start: std::ops::Bound::Included(crate::oplog::oplog_key(oldest).to_vec()),
+        end: std::ops::Bound::Unbounded,
+    };
+    txn.scan(Table::Oplog, &range, false, &mut |k, v| {
+        if let Some(ts) = ts_of_key(k) {
+            let reached = sorted.partition_point(|f| *f <= ts);
+            if let Some(b) = reached.checked_sub(1).and_then(|i| bucket.get_mut(i)) {
+                *b += v.len() as u64;
+            }
+        }
+        Scan::Continue
+    })?;
+    for i in (0..bucket.len().saturating_sub(1)).rev() {
+        bucket[i] += bucket[i + 1];
+    }
+    Ok(froms
+        .iter()
+        .map(|f| bucket[sorted.partition_point(|s| s < f)])
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

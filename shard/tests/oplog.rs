@@ -583,6 +583,45 @@ async fn the_trim_keeps_what_live_pins_need_and_expires_a_lagging_one() {
     s.shutdown().await;
 }
 
+/// `_shardsvrOplogBytesSince`: for each time, the bytes of the oplog's entries from it on (in
+/// the order asked, repeats and times before the oldest entry included).
+#[tokio::test]
+async fn the_oplog_bytes_since_a_time_are_what_was_logged_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path()).await;
+    let start = s.cluster_time().timestamp();
+    insert_padded(&s, 0..10, 100).await;
+    let middle = s.cluster_time().timestamp();
+    insert_padded(&s, 10..30, 100).await;
+    let end = s.cluster_time().timestamp();
+    let r = ok(
+        &s,
+        "admin",
+        doc! {"_shardsvrOplogBytesSince": [middle, start, end, middle, bson::Timestamp {time: 0, increment: 1}]},
+    )
+    .await;
+    let bytes: Vec<i64> = r
+        .get_array("bytes")
+        .unwrap()
+        .iter()
+        .map(|b| b.as_i64().unwrap())
+        .collect();
+    let (from_middle, from_start, from_end, again, all) =
+        (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4]);
+    assert_eq!(from_middle, again);
+    assert!(from_end < 400, "at most the last write's entry: {bytes:?}");
+    assert!(
+        from_middle > 20 * 100 && from_middle < 20 * 400,
+        "twenty padded inserts: {bytes:?}"
+    );
+    assert!(
+        from_start > from_middle + 10 * 100 && from_start < from_middle + 10 * 400,
+        "{bytes:?}"
+    );
+    assert!(all >= from_start, "{bytes:?}");
+    s.shutdown().await;
+}
+
 /// `(id, expired)` of the pins named.
 async fn pin_states(s: &shard::Shard, ids: Vec<&str>) -> Vec<(String, bool)> {
     let r = ok(s, "admin", doc! {"_shardsvrRetentionPins": 1, "get": ids}).await;

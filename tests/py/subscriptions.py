@@ -152,6 +152,35 @@ def main(uri):
           f"counters: {by[('audit', 'reports')]}")
     rows = db.command("listSubscriptions", 1, filter={"consumer": "billing"})["cursor"]["firstBatch"]
     check(len(rows) == 1, f"filtered: {rows}")
+    # Lag in bytes: the oplog a consumer's position holds on every shard.
+    db.command("createSubscription", "lag", collection="lagging")
+    read("lag", "l", max=1)
+    db.lagging.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(20)])
+
+    def lag_row():
+        return db.command("listSubscriptions", 1, filter={"subscription": "lag"})["cursor"]["firstBatch"][0]
+    behind = lag_row()
+    check(behind["lagBytes"] >= 20 * 1000, f"twenty 1 KB inserts unacknowledged: {behind}")
+    got = []
+    while len(got) < 20:
+        batch = read("lag", "l", max=100, waitMS=2000)["messages"]
+        check(batch, "the lagging consumer reads its 20 messages")
+        got += batch
+    # A cumulative ack: every delivery through the last one.
+    r = db.command("ackSubscription", "lag", consumer="l", through=got[-1]["deliveryId"])
+    check(r["acked"] == 20 and r["unknown"] == 0, f"acked through the last: {r}")
+    r = db.command("ackSubscription", "lag", consumer="l", through=got[-1]["deliveryId"])
+    check(r["acked"] == 0 and r["late"] == 1, f"acked through again: late {r}")
+    try:
+        db.command("ackSubscription", "lag", consumer="l", through=got[-1]["deliveryId"],
+                   inProgress=True)
+        check(False, "through with inProgress is refused")
+    except OperationFailure as e:
+        check(e.code == 2, f"BadValue: {e}")
+    caught_up = lag_row()
+    check(caught_up["lagBytes"] < behind["lagBytes"] - 15 * 1000,
+          f"acknowledged, the lag shrinks: {behind['lagBytes']} -> {caught_up}")
+    db.command("dropSubscription", "lag")
 
     # --- errors ---
     for cmd, code in [

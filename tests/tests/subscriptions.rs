@@ -173,6 +173,83 @@ async fn a_consumer_is_served_by_one_router_and_taken_over_when_its_lease_lapses
     Ok(())
 }
 
+/// Alterations reach consumers wherever they are served: a consumer's pause, reset and drop
+/// sent to a router that does not hold its lease are forwarded to the one that does, and a
+/// reset of every consumer reaches the consumers of both routers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alterations_reach_consumers_served_by_other_routers() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = subscribed(&client, doc! {}).await?;
+    let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let other = cluster.start_extra_router().await?;
+    let other_client = tests::connect(other.addr).await?;
+    let other_db = other_client.database("subs");
+    // `a` is served by the first router, `b` by the other; both have 0..10 in flight.
+    assert_eq!(
+        read_all(&db, "a", 10, Duration::from_secs(20)).await?.len(),
+        10
+    );
+    assert_eq!(
+        read_all(&other_db, "b", 10, Duration::from_secs(20))
+            .await?
+            .len(),
+        10
+    );
+
+    let alter = |more: Document| {
+        let mut cmd = doc! {"alterSubscription": "s"};
+        cmd.extend(more);
+        cmd
+    };
+    // A pause sent to the other router pauses `a` where it is served.
+    other_db
+        .run_command(alter(doc! {"consumer": "a", "pause": true}))
+        .await?;
+    db.collection::<Document>("c")
+        .insert_one(doc! {"_id": 10})
+        .await?;
+    assert!(read(&db, "a", 10, 500).await?.is_empty(), "paused");
+    other_db
+        .run_command(alter(doc! {"consumer": "a", "resume": true}))
+        .await?;
+    let next = read_all(&db, "a", 1, Duration::from_secs(10)).await?;
+    assert_eq!(next.iter().map(key).collect::<Vec<_>>(), [10]);
+
+    // A reset of every consumer, sent to the other router, starts both over (the first
+    // router learns of it within a second).
+    let reply = other_db
+        .run_command(alter(doc! {"reset": {"to": "earliest"}}))
+        .await?;
+    assert_eq!(reply.get_i64("reset")?, 2, "{reply:?}");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for (db, consumer) in [(&db, "a"), (&other_db, "b")] {
+        let again = read_all(db, consumer, 11, Duration::from_secs(20)).await?;
+        assert_eq!(
+            again.iter().map(key).collect::<Vec<_>>(),
+            (0..11).collect::<Vec<_>>(),
+            "{consumer} starts over"
+        );
+    }
+
+    // Dropping `a` through the other router drops it where it is served.
+    other_db
+        .run_command(alter(doc! {"dropConsumer": "a"}))
+        .await?;
+    let rows = other_db
+        .run_command(doc! {"listSubscriptions": 1})
+        .await?
+        .get_document("cursor")?
+        .get_array("firstBatch")?
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter_map(|r| r.get_str("consumer").ok().map(str::to_string))
+        .collect::<Vec<_>>();
+    assert_eq!(rows, ["b"]);
+    Ok(())
+}
+
 /// F1: the config shard (which also holds data) is killed for a few seconds while a writer
 /// inserts and a consumer reads and acks, some acks with `waitDurable`: reads pause instead of
 /// failing, and afterwards every insert has been delivered, first deliveries in commit order,
@@ -279,6 +356,41 @@ async fn insert_big(db: &Database, from: i32, n: i32) -> anyhow::Result<()> {
             .collect();
         db.collection::<Document>("c").insert_many(docs).await?;
     }
+    Ok(())
+}
+
+/// F3: a data shard killed with `kill -9` under a pinned laggard. The laggard's pin is stored
+/// with the shard's data, so after the restart the shard's trim still keeps everything the
+/// laggard has not read: with 1 MB of oplog per shard and 4 MB written across the kill, it
+/// still gets every insert, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_shard_killed_under_a_laggard_keeps_its_pinned_history() -> anyhow::Result<()> {
+    let mut cluster = ProcessCluster::start_with_args(2, &["--oplogSizeMB", "1"], &[]).await?;
+    let client = cluster.client().await?;
+    client
+        .database("admin")
+        .run_command(doc! {"shardCollection": "subs.c", "key": {"_id": "hashed"}})
+        .await?;
+    let db = subscribed(&client, doc! {}).await?;
+    // The laggard exists, and is pinned on both shards, before the writes.
+    assert!(read(&db, "slow", 1, 0).await?.is_empty());
+    insert_big(&db, 0, 100).await?;
+    cluster.shards[1].restart().await?;
+    // Written once the router reaches the shard again (a read of both shards answers).
+    let until = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = db.collection::<Document>("c").count_documents(doc! {}).await {
+        anyhow::ensure!(Instant::now() < until, "the shard did not come back: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    insert_big(&db, 100, 100).await?;
+    let got = read_all(&db, "slow", 200, Duration::from_secs(60)).await?;
+    let mut keys: Vec<i32> = got.iter().map(key).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        (0..200).collect::<Vec<_>>(),
+        "every insert once, though each shard keeps 1 MB and 4 MB were written"
+    );
     Ok(())
 }
 

@@ -262,6 +262,7 @@ fn known(command: Command) -> Known {
         AckSubscription => &[
             "consumer",
             "deliveryIds",
+            "through",
             "inProgress",
             "waitDurable",
             "forwardedBy",
@@ -284,6 +285,7 @@ fn known(command: Command) -> Known {
             "maxDeliveries",
             "retryBackoffMS",
             "maxInFlight",
+            "forwardedBy",
         ],
         ListSubscriptions => &["filter"],
         DropSubscription => &[],

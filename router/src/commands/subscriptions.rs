@@ -1,7 +1,7 @@
 //! The subscription commands, parsed here and run by `crate::subscriptions`.
 //!
-//! A consumer's read, ack or nack that reaches a router other than the one holding its lease
-//! is forwarded there, once (`forwardedBy` marks it; a forwarded command that meets another
+//! A consumer's read, ack, nack or alteration that reaches a router other than the one
+//! holding its lease is forwarded there, once (`forwardedBy` marks it; a forwarded command that meets another
 //! owner answers ConsumerLeaseMoved), so any router answers for any consumer.
 
 use std::time::Duration;
@@ -64,10 +64,21 @@ const FORWARDED: &[&str] = &[
     "max",
     "waitMS",
     "deliveryIds",
+    "through",
     "inProgress",
     "waitDurable",
     "retryInMS",
     "deadLetter",
+    "alterSubscription",
+    "pause",
+    "resume",
+    "reset",
+    "dropConsumer",
+    "redrive",
+    "ackTimeoutSecs",
+    "maxDeliveries",
+    "retryBackoffMS",
+    "maxInFlight",
 ];
 
 /// The reply of the router holding the consumer's lease when `e` names it (the command sent
@@ -104,8 +115,12 @@ async fn at_owner(ctx: &Ctx<'_>, e: MongoError, wait: Duration) -> Result<Docume
         .collect())
 }
 
-/// A command's `deliveryIds`: strings, at most `spec::MAX_IDS` of them.
-fn ids(ctx: &Ctx<'_>) -> Result<Vec<String>> {
+/// A command's `deliveryIds`: strings, at most `spec::MAX_IDS` of them (none when `optional`
+/// and absent).
+fn ids(ctx: &Ctx<'_>, optional: bool) -> Result<Vec<String>> {
+    if optional && !ctx.cmd.contains_key("deliveryIds") {
+        return Ok(Vec::new());
+    }
     let ids = ctx.args().array("deliveryIds")?;
     if ids.len() > spec::MAX_IDS {
         return Err(MongoError::bad_value(format!(
@@ -124,19 +139,28 @@ fn ids(ctx: &Ctx<'_>) -> Result<Vec<String>> {
 pub(super) async fn ack(ctx: &Ctx<'_>) -> Result<Document> {
     let (name, consumer) = target(ctx)?;
     let args = ctx.args();
+    let through = match ctx.cmd.get("through") {
+        None => None,
+        Some(Bson::String(id)) => Some(id.as_str()),
+        Some(_) => return Err(MongoError::type_mismatch("'through' must be a deliveryId")),
+    };
     let in_progress = args.opt_bool("inProgress")?.unwrap_or(false);
-    let wait_durable = args.opt_bool("waitDurable")?.unwrap_or(false);
+    if in_progress && through.is_some() {
+        return Err(MongoError::bad_value(
+            "'through' acknowledges: it does not go with 'inProgress'",
+        ));
+    }
+    let ids = ids(ctx, through.is_some())?;
+    let ack = crate::subscriptions::Ack {
+        ids: &ids,
+        through,
+        in_progress,
+        wait_durable: args.opt_bool("waitDurable")?.unwrap_or(false),
+    };
     let acked = ctx
         .seams
         .subscriptions
-        .ack(
-            ctx.db,
-            &name,
-            &consumer,
-            &ids(ctx)?,
-            in_progress,
-            wait_durable,
-        )
+        .ack(ctx.db, &name, &consumer, ack)
         .await;
     match acked {
         Err(e) => at_owner(ctx, e, Duration::from_secs(30)).await,
@@ -163,7 +187,14 @@ pub(super) async fn nack(ctx: &Ctx<'_>) -> Result<Document> {
     let nacked = ctx
         .seams
         .subscriptions
-        .nack(ctx.db, &name, &consumer, &ids(ctx)?, retry, dead_letter)
+        .nack(
+            ctx.db,
+            &name,
+            &consumer,
+            &ids(ctx, false)?,
+            retry,
+            dead_letter,
+        )
         .await;
     match nacked {
         Err(e) => at_owner(ctx, e, Duration::ZERO).await,
@@ -173,7 +204,12 @@ pub(super) async fn nack(ctx: &Ctx<'_>) -> Result<Document> {
 
 pub(super) async fn alter(ctx: &Ctx<'_>) -> Result<Document> {
     let name = check_name(ctx.cmd.get(ctx.name), ctx.name)?;
-    ctx.seams.subscriptions.alter(ctx.db, &name, ctx.cmd).await
+    match ctx.seams.subscriptions.alter(ctx.db, &name, ctx.cmd).await {
+        // What it does to the subscription is done here; what it does to a consumer served
+        // by another router is done there (the subscription's part again: a no-op).
+        Err(e) => at_owner(ctx, e, Duration::ZERO).await,
+        ok => ok,
+    }
 }
 
 pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {

@@ -19,6 +19,7 @@
 //! [`WINDOW_FACTOR`] × `max_in_flight` messages and at most `max_in_flight` that are not done.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,15 +86,34 @@ pub struct Message {
     /// A selector subscription's message: every matching change of its document in its
     /// transaction, `event` first; empty otherwise.
     pub changes: Vec<Bytes>,
+    /// The token's part of its `deliveryId`s, encoded once for every consumer.
+    id_part: std::sync::OnceLock<Box<str>>,
 }
 
 impl Message {
     pub fn new(token: ResumeToken, event: Bytes) -> Message {
+        Message::grouped(token, event, Vec::new())
+    }
+
+    /// A message carrying `changes` (a selector subscription's).
+    pub fn grouped(token: ResumeToken, event: Bytes, changes: Vec<Bytes>) -> Message {
         Message {
             token,
             event,
-            changes: Vec::new(),
+            changes,
+            id_part: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its `deliveryId` in `epoch`.
+    pub fn delivery_id(&self, epoch: u32) -> String {
+        let part = self
+            .id_part
+            .get_or_init(|| URL_SAFE_NO_PAD.encode(self.token.data()).into());
+        let mut id = String::with_capacity(11 + part.len());
+        let _ = write!(id, "{epoch}.");
+        id.push_str(part);
+        id
     }
 
     /// The bytes it adds to a reply.
@@ -206,6 +226,24 @@ pub struct Outcome {
     pub unknown: u32,
 }
 
+/// A message just acked: its bytes, and whether its deadline had passed.
+struct Completed {
+    bytes: usize,
+    late: bool,
+}
+
+/// Marks an out or due message done; `None` when it was done already.
+fn complete(slot: &mut Slot, now: Millis) -> Option<Completed> {
+    let late = match slot {
+        Slot::Done => return None,
+        Slot::Out { deadline, .. } => *deadline <= now,
+        Slot::Due { .. } => true,
+    };
+    let bytes = slot.bytes();
+    *slot = Slot::Done;
+    Some(Completed { bytes, late })
+}
+
 /// A parsed `deliveryId`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryId {
@@ -214,6 +252,7 @@ pub struct DeliveryId {
 }
 
 impl DeliveryId {
+    #[cfg(test)]
     pub fn format(epoch: u32, token: &ResumeToken) -> String {
         format!("{epoch}.{}", URL_SAFE_NO_PAD.encode(token.data()))
     }
@@ -368,7 +407,7 @@ impl Consumer {
             } else {
                 &mut self.window
             };
-            for (token, slot) in map.iter_mut() {
+            for slot in map.values_mut() {
                 if out.len() >= max {
                     break;
                 }
@@ -418,7 +457,7 @@ impl Consumer {
                     self.counters.redelivered += 1;
                 }
                 out.push(Delivery {
-                    id: DeliveryId::format(self.epoch, token),
+                    id: message.delivery_id(self.epoch),
                     count,
                     message: message.clone(),
                 });
@@ -455,8 +494,15 @@ impl Consumer {
         }
         self.horizon = Some(message.token.clone());
         // What the state remembers before this message, the feed no longer brings.
-        self.remembered.retain(|t, _| *t >= message.token);
-        let (deliveries, at) = match self.remembered.remove(&message.token) {
+        if !self.remembered.is_empty() {
+            self.remembered.retain(|t, _| *t >= message.token);
+        }
+        let remembered = if self.remembered.is_empty() {
+            None
+        } else {
+            self.remembered.remove(&message.token)
+        };
+        let (deliveries, at) = match remembered {
             Some(Remembered::Done) => {
                 self.window.insert(message.token.clone(), Slot::Done);
                 self.advance_floor();
@@ -498,7 +544,7 @@ impl Consumer {
             },
         );
         Some(Delivery {
-            id: DeliveryId::format(self.epoch, &token),
+            id: message.delivery_id(self.epoch),
             count,
             message,
         })
@@ -529,30 +575,60 @@ impl Consumer {
                 outcome.unknown += 1;
                 continue;
             };
-            let (late, bytes) = match slot {
-                Slot::Done => {
-                    outcome.late += 1;
-                    continue;
-                }
-                Slot::Out { deadline, .. } => (*deadline <= now, slot.bytes()),
-                Slot::Due { .. } => (true, slot.bytes()),
+            let Some(done) = complete(slot, now) else {
+                outcome.late += 1;
+                continue;
             };
-            *slot = Slot::Done;
             if redriven {
                 redriven_done.push(id.token.clone());
             }
-            self.in_flight -= 1;
-            self.in_flight_bytes -= bytes;
-            self.counters.acked += 1;
-            outcome.applied += 1;
-            if late {
-                outcome.late += 1;
-                self.counters.late += 1;
-            }
+            self.count_acked(done, &mut outcome);
         }
         self.redriven.retain(|_, s| !s.is_done());
         self.advance_floor();
         (outcome, redriven_done)
+    }
+
+    /// Acks every message of the window out or due at or before `through` (a cumulative ack,
+    /// for a consumer read by one reader at a time); redriven dead letters are acked by id.
+    pub fn ack_through(&mut self, through: &DeliveryId, now: Millis) -> Outcome {
+        let mut outcome = Outcome::default();
+        if through.epoch != self.epoch {
+            outcome.unknown = 1;
+            return outcome;
+        }
+        let mut acked = Vec::new();
+        let range = (
+            std::ops::Bound::Unbounded,
+            std::ops::Bound::Included(&through.token),
+        );
+        for (_, slot) in self.window.range_mut::<ResumeToken, _>(range) {
+            acked.extend(complete(slot, now));
+        }
+        for done in acked {
+            self.count_acked(done, &mut outcome);
+        }
+        if outcome.applied == 0 {
+            // Everything through it was done already, or it names nothing held.
+            if self.passed(through) {
+                outcome.late = 1;
+            } else {
+                outcome.unknown = 1;
+            }
+        }
+        self.advance_floor();
+        outcome
+    }
+
+    fn count_acked(&mut self, done: Completed, outcome: &mut Outcome) {
+        self.in_flight -= 1;
+        self.in_flight_bytes -= done.bytes;
+        self.counters.acked += 1;
+        outcome.applied += 1;
+        if done.late {
+            outcome.late += 1;
+            self.counters.late += 1;
+        }
     }
 
     /// Extends the deadline of each out message named (`inProgress`).
@@ -797,6 +873,34 @@ mod tests {
     }
 
     #[test]
+    fn an_ack_through_a_message_acks_everything_out_or_due_up_to_it() {
+        let mut c = Consumer::new(limits(), 0, None);
+        for n in 1..=5 {
+            assert!(c.offer(message(n), T0).is_some());
+        }
+        c.ack(&[id(&c, 2)], T0);
+        c.nack(&[id(&c, 3)], T0, None, false);
+        let o = c.ack_through(&id(&c, 4), T0);
+        assert_eq!(
+            (o.applied, o.late, o.unknown),
+            (3, 1, 0),
+            "1, 3 (due: late) and 4"
+        );
+        assert_eq!(c.floor(), Some(&token(4)));
+        assert_eq!((c.in_flight(), c.counters.acked), (1, 4));
+        let again = c.ack_through(&id(&c, 4), T0);
+        assert_eq!((again.applied, again.late), (0, 1), "done already: late");
+        let stale = DeliveryId {
+            epoch: c.epoch() + 1,
+            token: token(5),
+        };
+        assert_eq!(c.ack_through(&stale, T0).unknown, 1, "another epoch's id");
+        assert_eq!(c.in_flight(), 1, "5 is still out");
+        assert_eq!(c.ack_through(&id(&c, 9), T0).applied, 1);
+        assert_eq!(c.floor(), Some(&token(5)));
+    }
+
+    #[test]
     fn an_unacked_message_comes_again_after_its_timeout_and_not_before() {
         let mut c = Consumer::new(limits(), 0, None);
         c.offer(message(1), T0);
@@ -1003,6 +1107,7 @@ mod tests {
     enum Op {
         Take(usize),
         Ack(usize),
+        AckThrough(usize),
         Nack(usize, Option<u16>, bool),
         Extend(usize),
         Tick(u32),
@@ -1013,6 +1118,7 @@ mod tests {
         prop_oneof![
             (1usize..6).prop_map(Op::Take),
             (0usize..20).prop_map(Op::Ack),
+            (0usize..20).prop_map(Op::AckThrough),
             (0usize..20, proptest::option::of(0u16..5000), any::<bool>())
                 .prop_map(|(i, r, d)| Op::Nack(i, r, d)),
             (0usize..20).prop_map(Op::Extend),
@@ -1067,6 +1173,16 @@ mod tests {
                     Op::Ack(i) if !out.is_empty() => {
                         let (_, id) = &out[i % out.len()];
                         c.ack(&[DeliveryId::parse(id).unwrap()], now);
+                    }
+                    Op::AckThrough(i) if !out.is_empty() => {
+                        let (t, id) = &out[i % out.len()];
+                        let in_flight = c.in_flight();
+                        let o = c.ack_through(&DeliveryId::parse(id).unwrap(), now);
+                        prop_assert_eq!(in_flight - c.in_flight(), o.applied as usize);
+                        prop_assert!(
+                            c.floor().is_some_and(|f| n_of(f) >= *t),
+                            "the floor passed what was acked through"
+                        );
                     }
                     Op::Nack(i, retry, dead) if !out.is_empty() => {
                         let (t, id) = out[i % out.len()].clone();

@@ -208,11 +208,8 @@ impl Feed {
 
 /// A selector subscription's message: the document's first matching change, and all of them.
 fn grouped(group: Group<Bytes>) -> Arc<Message> {
-    Arc::new(Message {
-        token: group.token,
-        event: group.changes.first().cloned().unwrap_or_default(),
-        changes: group.changes,
-    })
+    let event = group.changes.first().cloned().unwrap_or_default();
+    Arc::new(Message::grouped(group.token, event, group.changes))
 }
 
 /// An event's resume token (its `_id`).

@@ -124,6 +124,8 @@ struct Machine {
     lease_until: Millis,
     /// The time its pin was last pushed to the shards as (`from`).
     pinned: Option<bson::Timestamp>,
+    /// The resets of every consumer (`Definition::resets`) it has applied.
+    resets: i64,
 }
 
 impl Machine {
@@ -159,6 +161,7 @@ impl Live {
         let lease_until = now.after(LEASE);
         let mut fields = state::consumer_fields(&m.consumer, m.status, m.last_read, lease_until);
         fields.insert("paused", m.paused);
+        fields.insert("resets", m.resets);
         let update = doc! {
             "q": {"_id": consumer_id(&self.sub, &self.consumer), "owner": router, "gen": self.generation},
             "u": {"$set": fields},
@@ -449,7 +452,7 @@ impl Subscriptions {
                     "_id": id.clone(), "subscription": &sub, "consumer": consumer,
                     "epoch": 0i64, "floor": Bson::Null, "status": "active",
                     "owner": self.router_id(), "gen": 0i64, "leaseUntil": 0i64,
-                    "lastRead": now.0 as i64,
+                    "lastRead": now.0 as i64, "resets": def.resets,
                 };
                 Stored::parse(
                     &self
@@ -517,6 +520,17 @@ impl Subscriptions {
             redriven.iter().filter_map(dead_letter_message).collect(),
             now,
         );
+        let (mut status, mut resets, mut pinned) = (stored.status, stored.resets, None);
+        let reset = stored.resets < def.resets;
+        if reset {
+            // Every consumer was reset while this one was served nowhere: it starts over at
+            // the subscription's start, pinned there first.
+            self.pin_consumer(&def, consumer, &def.start).await?;
+            c.reset(Some(def.start.clone()));
+            status = Status::Active;
+            resets = def.resets;
+            pinned = Some(pins::from_of(&def.start)?);
+        }
         let stream_key = def.stream_key();
         let live = Arc::new(Live {
             sub: sub.clone(),
@@ -525,18 +539,19 @@ impl Subscriptions {
             def: Mutex::new(Arc::new(def)),
             machine: Mutex::new(Machine {
                 consumer: c,
-                status: stored.status,
+                status,
                 why: "its history was found discontinuous".into(),
                 paused: stored.paused,
-                dirty: false,
-                urgent: false,
+                dirty: reset,
+                urgent: reset,
                 written: now,
                 dead: Vec::new(),
                 redriven_done: Vec::new(),
                 durable: Vec::new(),
                 last_read: now,
                 lease_until,
-                pinned: None,
+                pinned,
+                resets,
             }),
             shared: self
                 .shared
@@ -554,6 +569,49 @@ impl Subscriptions {
             .unwrap_or_else(|e| e.into_inner())
             .insert((sub, consumer.to_string()), live.clone());
         Ok(live)
+    }
+
+    /// Starts a consumer served here over after `token`: pinned there first, its window and
+    /// dead letters cleared, a new epoch.
+    async fn start_over(&self, live: &Live, def: &Definition, token: &ResumeToken) -> Result<()> {
+        self.pin_consumer(def, &live.consumer, token).await?;
+        let mut feed = live.feed.lock().await;
+        feed.restart().await;
+        let mut m = live.machine();
+        m.consumer.reset(Some(token.clone()));
+        m.pinned = Some(pins::from_of(token)?);
+        m.status = Status::Active;
+        m.dead.clear();
+        m.mark(true);
+        drop(m);
+        drop(feed);
+        live.freed.notify_waiters();
+        Ok(())
+    }
+
+    /// Fails with the owner's address when another router holds the consumer's lease.
+    async fn not_held_elsewhere(&self, sub: &str, consumer: &str) -> Result<()> {
+        if self.cached(sub, consumer).is_some() {
+            return Ok(());
+        }
+        let found = self
+            .config
+            .find_one(
+                STATE_DB,
+                CONSUMERS,
+                doc! {"_id": consumer_id(sub, consumer)},
+            )
+            .await?;
+        let Some(stored) = found.as_ref().map(Stored::parse).transpose()? else {
+            return Ok(());
+        };
+        let now = wall_clock();
+        match &stored.owner {
+            Some(owner) if owner != self.router_id() && stored.lease_until > now => Err(
+                errors::lease_held_at(sub, consumer, owner, stored.lease_until.0 - now.0),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// `createSubscription`: stores the definition, its start resolved now; creating it again
@@ -600,6 +658,7 @@ impl Subscriptions {
             (_, Some(found)) => Definition {
                 start: found.start.clone(),
                 snapshot: found.snapshot,
+                resets: found.resets,
                 ..probe
             },
             (StartAsked::Snapshot, None) => {
@@ -632,6 +691,7 @@ impl Subscriptions {
         let same_but_start = Definition {
             start: def.start.clone(),
             snapshot: def.snapshot,
+            resets: def.resets,
             ..existing.clone()
         } == def;
         if !same_but_start {
@@ -924,30 +984,37 @@ impl Subscriptions {
         }
     }
 
-    /// `ackSubscription` (or its `inProgress` extension).
+    /// `ackSubscription` (or its `inProgress` extension): the ids named, and with `through`
+    /// every message of the window at or before it.
     pub async fn ack(
         &self,
         db: &str,
         name: &str,
         consumer: &str,
-        ids: &[String],
-        in_progress: bool,
-        wait_durable: bool,
+        ack: Ack<'_>,
     ) -> Result<Document> {
-        let ids = parse_ids(ids)?;
+        let ids = parse_ids(ack.ids)?;
+        let through = ack.through.map(parse_id).transpose()?;
         let live = self.live(db, name, consumer, false).await?;
         let now = wall_clock();
+        let in_progress = ack.in_progress;
         let (outcome, rx) = {
             let mut m = live.machine();
             let outcome = if in_progress {
                 m.consumer.extend(&ids, now)
             } else {
-                let (o, done) = m.consumer.ack(&ids, now);
+                let (mut o, done) = m.consumer.ack(&ids, now);
                 m.redriven_done.extend(done);
+                if let Some(through) = &through {
+                    let t = m.consumer.ack_through(through, now);
+                    o.applied += t.applied;
+                    o.late += t.late;
+                    o.unknown += t.unknown;
+                }
                 o
             };
             m.mark(false);
-            let rx = wait_durable.then(|| {
+            let rx = ack.wait_durable.then(|| {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 m.durable.push(tx);
                 rx
@@ -1066,50 +1133,59 @@ impl Subscriptions {
                 },
                 _ => self.resolve(&def, to).await?,
             };
-            let names = match target {
-                Some(c) => vec![c],
+            let reset = match target {
+                Some(c) => {
+                    let live = self.live(db, name, &c, true).await?;
+                    self.start_over(&live, &def, &token).await?;
+                    1
+                }
                 None => {
-                    // Every consumer, and the subscription's start for new ones.
+                    // Every consumer, and the subscription's start for new ones: each owner
+                    // starts its consumers over when it learns of the new count (here at
+                    // once, elsewhere within a second), one served nowhere when loaded.
                     def.start = token.clone();
                     self.pin_start(&def).await?;
-                    let mut set = doc! {"start": token.to_document()};
+                    let names = self.consumer_names(&sub).await?;
+                    let at = pins::from_of(&token)?;
+                    let pins = names
+                        .iter()
+                        .map(|c| pins::pin_doc(&pins::pin_id(&sub, c), at, &def))
+                        .collect();
+                    self.send_pins(pins, Vec::new(), Vec::new()).await?;
+                    let mut set = doc! {"start": token.to_document(), "resets": def.resets + 1};
                     if let Some(snap) = def.snapshot {
                         set.insert("snapshot", snap.to_document());
                     }
-                    self.config
+                    let took = self
+                        .config
                         .cas(
                             STATE_DB,
                             DEFINITIONS,
-                            doc! {"_id": &sub},
+                            doc! {"_id": &sub, "resets": def.resets},
                             doc! {"$set": set},
                         )
                         .await?;
+                    if !took {
+                        return Err(MongoError::new(
+                            ErrorCode::WRITE_CONFLICT,
+                            "the subscription was reset meanwhile: retry",
+                        )
+                        .with_label("TransientTransactionError"));
+                    }
+                    def.resets += 1;
                     if let Some(snap) = def.snapshot {
                         // The copies before this one are no one's now.
                         self.discard_snapshot(&sub, Some(snap.at), false).await?;
                     }
-                    self.consumer_names(&sub).await?
+                    self.apply_definition(&def).await;
+                    names.len()
                 }
             };
-            self.apply_definition(&def).await;
-            for c in &names {
-                self.pin_consumer(&def, c, &token).await?;
-                let live = self.live(db, name, c, true).await?;
-                let mut feed = live.feed.lock().await;
-                feed.restart().await;
-                let mut m = live.machine();
-                m.consumer.reset(Some(token.clone()));
-                m.pinned = Some(pins::from_of(&token)?);
-                m.status = Status::Active;
-                m.dead.clear();
-                m.mark(true);
-                drop(m);
-                live.freed.notify_waiters();
-            }
-            reply.insert("reset", names.len() as i64);
+            reply.insert("reset", reset as i64);
         }
         if let Some(v) = cmd.get("dropConsumer") {
             let c = spec::check_name(Some(v), "dropConsumer")?;
+            self.not_held_elsewhere(&sub, &c).await?;
             self.drop_consumer(&sub, &c).await?;
             reply.insert("droppedConsumer", c);
         }
@@ -1181,12 +1257,23 @@ impl Subscriptions {
                 moved.push(live.shared.clone());
             }
             *live.def.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(def.clone());
-            let mut m = live.machine();
-            m.consumer.set_limits(def.limits.clone());
-            let paused = def.paused || m.paused;
-            m.consumer.set_paused(paused);
-            m.mark(true);
-            drop(m);
+            let reset = {
+                let mut m = live.machine();
+                m.consumer.set_limits(def.limits.clone());
+                let paused = def.paused || m.paused;
+                m.consumer.set_paused(paused);
+                m.mark(true);
+                m.resets < def.resets
+            };
+            if reset {
+                if let Err(e) = self.start_over(&live, def, &def.start).await {
+                    // Tried again at the next refresh (its count is unchanged).
+                    tracing::warn!(error = %e, consumer = %live.consumer, "resetting a consumer");
+                    *live.def.lock().unwrap_or_else(|e| e.into_inner()) = old;
+                    continue;
+                }
+                live.machine().resets = def.resets;
+            }
             live.freed.notify_waiters();
         }
         for log in moved {
@@ -1310,6 +1397,7 @@ impl Subscriptions {
         let defs = self.config.find(STATE_DB, DEFINITIONS, defs_filter).await?;
         let now = wall_clock();
         let mut rows = Vec::new();
+        let mut lagging: Vec<(usize, bson::Timestamp)> = Vec::new();
         for d in &defs {
             let def = Definition::from_document(d)?;
             let sub = def.id();
@@ -1372,6 +1460,11 @@ impl Subscriptions {
                 row.insert("state", state);
                 row.insert("position", position.to_document());
                 row.insert("lagSecs", lag_secs as i64);
+                // Filled in below, from every shard at once.
+                row.insert("lagBytes", Bson::Null);
+                if let Ok(from) = pins::from_of(position) {
+                    lagging.push((rows.len(), from));
+                }
                 row.insert("inFlight", in_flight);
                 row.insert("delivered", counters.delivered as i64);
                 row.insert("acked", counters.acked as i64);
@@ -1386,10 +1479,49 @@ impl Subscriptions {
                 rows.push(row);
             }
         }
+        let froms: Vec<bson::Timestamp> = lagging.iter().map(|(_, t)| *t).collect();
+        match self.oplog_bytes_since(&froms).await {
+            Ok(bytes) => {
+                for ((row, _), b) in lagging.iter().zip(bytes) {
+                    rows[*row].insert("lagBytes", b);
+                }
+            }
+            // A shard away: the lag in bytes is unknown (null) for now.
+            Err(e) => tracing::debug!(error = %e, "listSubscriptions: lag in bytes"),
+        }
         if let Some(m) = matcher {
             rows.retain(|r| m.matches(r));
         }
         Ok(rows)
+    }
+
+    /// For each time, the bytes of every shard's oplog from it on: what a consumer at that
+    /// position has not acknowledged yet, as its pins hold it.
+    async fn oplog_bytes_since(&self, froms: &[bson::Timestamp]) -> Result<Vec<i64>> {
+        let mut total = vec![0i64; froms.len()];
+        for shard in self.transport.all() {
+            for (n, chunk) in froms.chunks(shard::pins::MAX_PINS).enumerate() {
+                let reply = self
+                    .transport
+                    .command(
+                        shard,
+                        "admin",
+                        doc! {"_shardsvrOplogBytesSince": chunk.to_vec()},
+                    )
+                    .await?;
+                let bytes = reply.get_array("bytes").map_err(|_| {
+                    MongoError::internal("_shardsvrOplogBytesSince answered without 'bytes'")
+                })?;
+                for (i, b) in bytes.iter().enumerate() {
+                    if let (Some(t), Some(b)) =
+                        (total.get_mut(n * shard::pins::MAX_PINS + i), b.as_i64())
+                    {
+                        *t = t.saturating_add(b);
+                    }
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// Drops consumers nobody read for their subscription's `consumerIdleTimeoutSecs`.
@@ -1486,12 +1618,23 @@ fn parse_ids(ids: &[String]) -> Result<Vec<DeliveryId>> {
             spec::MAX_IDS
         )));
     }
-    ids.iter()
-        .map(|id| {
-            DeliveryId::parse(id)
-                .ok_or_else(|| MongoError::bad_value(format!("'{id}' is not a deliveryId")))
-        })
-        .collect()
+    ids.iter().map(|id| parse_id(id)).collect()
+}
+
+fn parse_id(id: &str) -> Result<DeliveryId> {
+    DeliveryId::parse(id)
+        .ok_or_else(|| MongoError::bad_value(format!("'{id}' is not a deliveryId")))
+}
+
+/// What `ackSubscription` asks.
+pub struct Ack<'a> {
+    pub ids: &'a [String],
+    /// A cumulative ack: every message out or due at or before this one.
+    pub through: Option<&'a str>,
+    /// Extends the deadlines of `ids` instead.
+    pub in_progress: bool,
+    /// Answers once the ack is stored.
+    pub wait_durable: bool,
 }
 
 /// A stored dead letter as a message again.
@@ -1510,9 +1653,5 @@ fn dead_letter_message(d: &Document) -> Option<Arc<Message>> {
             .collect::<Option<Vec<_>>>()?,
         Err(_) => Vec::new(),
     };
-    Some(Arc::new(Message {
-        token,
-        event,
-        changes,
-    }))
+    Some(Arc::new(Message::grouped(token, event, changes)))
 }

@@ -36,7 +36,7 @@ pub fn from_of(token: &ResumeToken) -> Result<Timestamp> {
     Ok(token.decode()?.cluster_time().timestamp())
 }
 
-fn pin_doc(id: &str, from: Timestamp, def: &Definition) -> Document {
+pub(super) fn pin_doc(id: &str, from: Timestamp, def: &Definition) -> Document {
     let mut d = doc! {"id": id, "from": from};
     if let Some(b) = def.max_lag_bytes {
         d.insert("maxLagBytes", b);

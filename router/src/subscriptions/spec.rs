@@ -124,6 +124,10 @@ pub struct Definition {
     pub selectors: Option<Selectors>,
     /// The copy a `start: "snapshot"` took: consumers read it before the stream.
     pub snapshot: Option<Snapshot>,
+    /// How many times every consumer was reset to `start`: a consumer that has applied fewer
+    /// (served by another router, or by none) starts over at `start` when its owner learns of
+    /// it (within a second) or when it is next loaded.
+    pub resets: i64,
 }
 
 /// `<db>.<name>`: a subscription's id.
@@ -211,6 +215,7 @@ impl Definition {
             paused: false,
             selectors,
             snapshot: None,
+            resets: 0,
         };
         // The stream must be one `watch()` could open.
         pipeline::changestream::spec::parse_command(db, &def.aggregate_from(None)?, true)?;
@@ -273,6 +278,7 @@ impl Definition {
             "pipeline": self.pipeline.clone(),
             "start": self.start.to_document(),
             "paused": self.paused,
+            "resets": self.resets,
         };
         limits_into(&self.limits, &mut d);
         if let Some(s) = &self.selectors {
@@ -321,6 +327,7 @@ impl Definition {
                 .get_document("snapshot")
                 .ok()
                 .and_then(Snapshot::from_document),
+            resets: get_i64("resets").unwrap_or(0),
         })
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! `config.subscriptionConsumers` holds one document per consumer: its epoch, ack floor (a
 //! resume token), what it remembers above the floor (done messages, delivery counts, nack
-//! delays), counters, status, lease (`owner`, `gen`, `leaseUntil`) and last read.
+//! delays; packed in one binary value), counters, status, lease (`owner`, `gen`, `leaseUntil`) and last read.
 //! `config.subscriptionDeadLetters` holds each dead letter with its event.
 //!
 //! Invariants: state is written in batches ([`PERIOD`]), never on the commit path of a user's
@@ -76,6 +76,52 @@ fn binary(bytes: &[u8]) -> Bson {
     })
 }
 
+/// What a consumer remembers above its floor, packed into one binary value (the whole window
+/// is written with every moved position, so its encoding is kept cheap for the config shard
+/// to store): per message, the token's length (u16 LE) and bytes, then `0` (done) or `1`
+/// (delivered) with its deliveries (u32 LE) and the time it is due again (u64 LE ms, 0: not
+/// set).
+fn pack_remembered(entries: &[(ResumeToken, Remembered)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.iter().map(|(t, _)| t.data().len() + 15).sum());
+    for (t, r) in entries {
+        let data = &t.data()[..t.data().len().min(usize::from(u16::MAX))];
+        out.extend_from_slice(&(data.len() as u16).to_le_bytes());
+        out.extend_from_slice(data);
+        match r {
+            Remembered::Done => out.extend_from_slice(&[0; 13]),
+            Remembered::Delivered { deliveries, at } => {
+                out.push(1);
+                out.extend_from_slice(&deliveries.to_le_bytes());
+                out.extend_from_slice(&at.map_or(0, |at| at.0).to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// [`pack_remembered`]'s entries; `None` when the bytes are not such a packing.
+fn unpack_remembered(mut b: &[u8]) -> Option<HashMap<ResumeToken, Remembered>> {
+    let mut out = HashMap::new();
+    while !b.is_empty() {
+        let len = usize::from(u16::from_le_bytes(b.get(..2)?.try_into().ok()?));
+        let token = b.get(2..2 + len)?;
+        let rest = b.get(2 + len..2 + len + 13)?;
+        let deliveries = u32::from_le_bytes(rest[1..5].try_into().ok()?);
+        let at = u64::from_le_bytes(rest[5..13].try_into().ok()?);
+        let r = match rest[0] {
+            0 => Remembered::Done,
+            1 => Remembered::Delivered {
+                deliveries,
+                at: (at > 0).then_some(Millis(at)),
+            },
+            _ => return None,
+        };
+        out.insert(ResumeToken::from_parts(token.to_vec(), Vec::new()), r);
+        b = &b[2 + len + 13..];
+    }
+    Some(out)
+}
+
 /// What a consumer document restores.
 pub struct Stored {
     pub epoch: u32,
@@ -88,6 +134,8 @@ pub struct Stored {
     pub generation: i64,
     pub lease_until: Millis,
     pub last_read: Millis,
+    /// The resets of every consumer it has applied (`Definition::resets`).
+    pub resets: i64,
 }
 
 impl Stored {
@@ -102,6 +150,12 @@ impl Stored {
             Err(_) => None,
         };
         let mut remembered = HashMap::new();
+        if let Ok(packed) = d.get_binary_generic("remembered") {
+            remembered = unpack_remembered(packed).ok_or_else(|| {
+                MongoError::internal("a stored consumer whose 'remembered' does not decode")
+            })?;
+        }
+        // The form written before it was packed: an array of documents.
         for r in d.get_array("remembered").map(Vec::as_slice).unwrap_or(&[]) {
             let Some(r) = r.as_document() else { continue };
             let Ok(t) = r.get_binary_generic("t") else {
@@ -138,6 +192,7 @@ impl Stored {
             generation: int(d, "gen"),
             lease_until: Millis(u64::try_from(int(d, "leaseUntil")).unwrap_or(0)),
             last_read: Millis(u64::try_from(int(d, "lastRead")).unwrap_or(0)),
+            resets: int(d, "resets"),
         })
     }
 }
@@ -149,22 +204,7 @@ pub fn consumer_fields(
     last_read: Millis,
     lease_until: Millis,
 ) -> Document {
-    let remembered: Vec<Bson> = c
-        .remembered()
-        .into_iter()
-        .map(|(t, r)| {
-            Bson::Document(match r {
-                Remembered::Done => doc! {"t": binary(t.data()), "done": true},
-                Remembered::Delivered { deliveries, at } => {
-                    let mut d = doc! {"t": binary(t.data()), "n": i64::from(deliveries)};
-                    if let Some(at) = at {
-                        d.insert("at", at.0 as i64);
-                    }
-                    d
-                }
-            })
-        })
-        .collect();
+    let remembered = binary(&pack_remembered(&c.remembered()));
     let k = c.counters;
     doc! {
         "epoch": i64::from(c.epoch()),
@@ -411,5 +451,49 @@ impl Subscriptions {
             ));
         }
         Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembered_messages_pack_and_unpack_and_garbage_is_refused() {
+        let t = |n: u8| ResumeToken::from_parts(vec![n; usize::from(n)], Vec::new());
+        let entries = vec![
+            (t(1), Remembered::Done),
+            (
+                t(40),
+                Remembered::Delivered {
+                    deliveries: 3,
+                    at: None,
+                },
+            ),
+            (
+                t(7),
+                Remembered::Delivered {
+                    deliveries: 1,
+                    at: Some(Millis(1_700_000_000_000)),
+                },
+            ),
+        ];
+        let packed = pack_remembered(&entries);
+        let back = unpack_remembered(&packed).expect("decodes");
+        assert_eq!(back, entries.into_iter().collect::<HashMap<_, _>>());
+        assert_eq!(unpack_remembered(&[]), Some(HashMap::new()));
+        assert_eq!(
+            unpack_remembered(&packed[..packed.len() - 1]),
+            None,
+            "cut short"
+        );
+        assert_eq!(
+            unpack_remembered(&[0xff, 0xff, 1]),
+            None,
+            "a length past the end"
+        );
+        let mut bad_kind = pack_remembered(&[(t(2), Remembered::Done)]);
+        bad_kind[4] = 9;
+        assert_eq!(unpack_remembered(&bad_kind), None);
     }
 }

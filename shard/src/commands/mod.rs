@@ -105,6 +105,7 @@ async fn execute(ctx: &Ctx<'_>, command: Command, name: &str) -> Result<Reply, M
             Ok(Reply::read(bson::doc! {"changed": changed, "ok": 1.0}))
         }
         RetentionPins => retention_pins(ctx).await,
+        OplogBytesSince => oplog_bytes_since(ctx),
         GetClusterParameter => {
             let p = crate::preimages::parameter(shard)?;
             Ok(Reply::read(
@@ -423,6 +424,36 @@ fn kill_operations(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
 }
 
 pub(crate) use wire::server::long_running;
+
+/// `_shardsvrOplogBytesSince: [Timestamp]` → `{bytes: [long]}`: for each time, the bytes of
+/// this shard's oplog from it on (a subscription consumer's lag; at most
+/// `crate::pins::MAX_PINS` times per call).
+fn oplog_bytes_since(ctx: &Ctx<'_>) -> Result<Reply, MongoError> {
+    let Some(Bson::Array(times)) = ctx.cmd.get("_shardsvrOplogBytesSince") else {
+        return Err(MongoError::type_mismatch(
+            "_shardsvrOplogBytesSince takes an array of Timestamps",
+        ));
+    };
+    if times.len() > crate::pins::MAX_PINS {
+        return Err(MongoError::bad_value(format!(
+            "at most {} times per call",
+            crate::pins::MAX_PINS
+        )));
+    }
+    let froms = times
+        .iter()
+        .map(|t| match t {
+            Bson::Timestamp(t) => Ok(ClusterTime::from(*t)),
+            _ => Err(MongoError::type_mismatch("each time must be a Timestamp")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = ctx.read_now(|txn, _| {
+        crate::retention::bytes_since(txn, &froms)
+            .map_err(|e| MongoError::internal(format!("storage: {e}")))
+    })?;
+    let bytes: Vec<Bson> = bytes.into_iter().map(|b| Bson::Int64(b as i64)).collect();
+    Ok(Reply::read(bson::doc! {"bytes": bytes, "ok": 1.0}))
+}
 
 /// `_shardsvrRetentionPins: 1, set: [{id, from: Timestamp, maxLagBytes?, maxLagSecs?}],
 /// drop: [id]`: the router's subscriptions hold this shard's oplog (`crate::pins`). Replies

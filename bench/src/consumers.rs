@@ -1,0 +1,146 @@
+//! Subscription consumers (`--consumers 1,100`): for each count in turn, that many consumers of
+//! one new subscription each read every document one writer inserts (`readSubscription` of up
+//! to 100, then one ack of the batch: through its last delivery, or naming every one with
+//! `--ack-ids`), and the bench reports acked deliveries/s and the server's CPU per acked
+//! delivery and per written document, with each count's CPU per document over the first's.
+//!
+//! Invariant: a round ends only when every consumer has had every document; the CPU is the
+//! server's from just before the first write to just after the last ack.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bson::{Bson, Document, doc};
+use mongodb::{Client, Database};
+
+use crate::procstat;
+
+pub struct Spec {
+    pub counts: Vec<usize>,
+    pub docs: u64,
+    pub batch: usize,
+    pub payload: usize,
+    pub ack_ids: bool,
+}
+
+/// One round's figures.
+struct Round {
+    consumers: usize,
+    deliveries: u64,
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
+pub async fn run(client: &Client, db_name: &str, pid: Option<u32>, spec: &Spec) -> Result<()> {
+    let db = client.database(db_name);
+    db.drop().await.context("dropping the bench database")?;
+    let ticks = procstat::ticks_per_second();
+    let mut first_per_doc = None;
+    for (n, &consumers) in spec.counts.iter().enumerate() {
+        let round = round(&db, n, consumers, spec, pid, ticks).await?;
+        let secs = round.elapsed.as_secs_f64();
+        println!(
+            "consumers {:>4}: {} acked deliveries in {secs:.2} s ({:.0}/s)",
+            round.consumers,
+            round.deliveries,
+            round.deliveries as f64 / secs
+        );
+        if let Some(cpu) = round.cpu {
+            let us = cpu.as_secs_f64() * 1e6;
+            let per_doc = us / spec.docs as f64;
+            let ratio = *first_per_doc.get_or_insert(per_doc);
+            println!(
+                "  server CPU: {:.2} µs per acked delivery, {per_doc:.1} µs per written document ({:.2}× the first count's)",
+                us / round.deliveries as f64,
+                per_doc / ratio
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn round(
+    db: &Database,
+    n: usize,
+    consumers: usize,
+    spec: &Spec,
+    pid: Option<u32>,
+    ticks: u64,
+) -> Result<Round> {
+    let sub = format!("sub{n}");
+    let coll = format!("load{n}");
+    db.run_command(doc! {"createSubscription": &sub, "collection": &coll, "maxInFlight": 10_000})
+        .await
+        .context("createSubscription")?;
+    // Each consumer exists (at the subscription's start) before the first write.
+    for c in 0..consumers {
+        read(db, &sub, c, 1, 0).await?;
+    }
+    let cpu0 = pid.and_then(|p| procstat::sample(p, ticks));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..consumers {
+        let (db, sub, want, ack_ids) = (db.clone(), sub.clone(), spec.docs, spec.ack_ids);
+        tasks.push(tokio::spawn(async move {
+            drain(&db, &sub, c, want, ack_ids).await
+        }));
+    }
+    let filler = "x".repeat(spec.payload);
+    let target = db.collection::<Document>(&coll);
+    let mut written = 0u64;
+    while written < spec.docs {
+        let k = (spec.docs - written).min(spec.batch as u64);
+        let docs: Vec<Document> = (written..written + k)
+            .map(|i| doc! {"_id": i as i64, "payload": &filler})
+            .collect();
+        target.insert_many(docs).await.context("inserting")?;
+        written += k;
+    }
+    let mut deliveries = 0;
+    for t in tasks {
+        deliveries += t.await.context("a consumer task")??;
+    }
+    let elapsed = started.elapsed();
+    let cpu1 = pid.and_then(|p| procstat::sample(p, ticks));
+    db.run_command(doc! {"dropSubscription": &sub}).await?;
+    Ok(Round {
+        consumers,
+        deliveries,
+        elapsed,
+        cpu: cpu0.zip(cpu1).map(|(a, b)| b.cpu.saturating_sub(a.cpu)),
+    })
+}
+
+async fn read(db: &Database, sub: &str, c: usize, max: i32, wait_ms: i32) -> Result<Vec<Bson>> {
+    let reply = db
+        .run_command(doc! {
+            "readSubscription": sub, "consumer": format!("c{c}"), "max": max, "waitMS": wait_ms,
+        })
+        .await
+        .context("readSubscription")?;
+    Ok(reply.get_array("messages")?.clone())
+}
+
+/// Reads and acks until `want` messages came; returns how many.
+async fn drain(db: &Database, sub: &str, c: usize, want: u64, ack_ids: bool) -> Result<u64> {
+    let mut got = 0u64;
+    while got < want {
+        let messages = read(db, sub, c, 100, 1000).await?;
+        let ids: Vec<Bson> = messages
+            .iter()
+            .filter_map(|m| m.as_document()?.get("deliveryId").cloned())
+            .collect();
+        let Some(last) = ids.last().cloned() else {
+            continue;
+        };
+        let mut ack = doc! {"ackSubscription": sub, "consumer": format!("c{c}")};
+        if ack_ids {
+            ack.insert("deliveryIds", ids.clone());
+        } else {
+            ack.insert("through", last);
+        }
+        db.run_command(ack).await.context("ackSubscription")?;
+        got += ids.len() as u64;
+    }
+    Ok(got)
+}
