@@ -328,6 +328,67 @@ async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::R
     Ok(())
 }
 
+/// F5: the config shard frozen (`SIGSTOP`) for longer than a consumer's lease. The router
+/// cannot renew the lease or load the consumer again meanwhile: its reads come back empty,
+/// never failed, and once the config shard is back the consumer goes on from its last durable
+/// ack, losing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_come_back_empty_while_the_config_shard_is_away_past_the_lease() -> anyhow::Result<()>
+{
+    let cluster = ProcessCluster::start(2).await?;
+    let client = cluster.client().await?;
+    let db = subscribed(&client, doc! {}).await?;
+    let docs: Vec<Document> = (0..20).map(|i| doc! {"_id": i}).collect();
+    db.collection::<Document>("c").insert_many(docs).await?;
+    let first = read_all(&db, "a", 10, Duration::from_secs(20)).await?;
+    let acked: Vec<Bson> = first.iter().map(id).collect();
+    db.run_command(
+        doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": acked, "waitDurable": true},
+    )
+    .await?;
+
+    cluster.shards[0].freeze(true)?;
+    let frozen = Instant::now();
+    let mut got = Vec::new();
+    let mut errors = Vec::new();
+    while frozen.elapsed() < Duration::from_secs(14) {
+        let started = Instant::now();
+        match read(&db, "a", 10, 1000).await {
+            Ok(batch) => got.extend(batch),
+            Err(e) => errors.push(e.to_string()),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a read waited {:?}",
+            started.elapsed()
+        );
+    }
+    cluster.shards[0].freeze(false)?;
+    assert!(
+        errors.is_empty(),
+        "reads failed while the config shard was away: {errors:?}"
+    );
+
+    let until = Instant::now() + Duration::from_secs(40);
+    let mut keys: std::collections::BTreeSet<i32> = got.iter().map(key).collect();
+    while keys.len() < 10 && Instant::now() < until {
+        match read(&db, "a", 10, 1000).await {
+            Ok(batch) => keys.extend(batch.iter().map(key)),
+            // Served again once the lease it held lapses.
+            Err(e) if e.to_string().contains("ConsumerLeaseMoved") => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    assert_eq!(
+        keys.into_iter().collect::<Vec<_>>(),
+        (10..20).collect::<Vec<_>>(),
+        "everything after the durable ack, and nothing before it"
+    );
+    Ok(())
+}
+
 /// An embedded cluster keeping 1 MB of oplog per shard.
 async fn small_oplog_cluster() -> anyhow::Result<(tempfile::TempDir, tests::Proc)> {
     let dir = tempfile::tempdir()?;
@@ -378,7 +439,11 @@ async fn a_data_shard_killed_under_a_laggard_keeps_its_pinned_history() -> anyho
     cluster.shards[1].restart().await?;
     // Written once the router reaches the shard again (a read of both shards answers).
     let until = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = db.collection::<Document>("c").count_documents(doc! {}).await {
+    while let Err(e) = db
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await
+    {
         anyhow::ensure!(Instant::now() < until, "the shard did not come back: {e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -67,8 +67,14 @@ const RESUMABLE_CODES: &[i32] = &[
     6, 7, 63, 89, 91, 133, 150, 189, 202, 234, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436,
 ];
 
+/// Whether `e` says a server was away or stepping down (what a driver resumes a stream on),
+/// not that the request was wrong.
+pub(crate) fn is_resumable(e: &MongoError) -> bool {
+    RESUMABLE_CODES.contains(&e.code) && !e.has_label("NonResumableChangeStreamError")
+}
+
 pub(crate) fn label_resumable(e: MongoError) -> MongoError {
-    if RESUMABLE_CODES.contains(&e.code) && !e.has_label("NonResumableChangeStreamError") {
+    if is_resumable(&e) {
         e.with_label("ResumableChangeStreamError")
     } else {
         e

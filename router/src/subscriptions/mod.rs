@@ -771,7 +771,24 @@ impl Subscriptions {
         max: usize,
         wait: Duration,
     ) -> Result<Read> {
-        let live = self.live(db, name, consumer, true).await?;
+        // The config shard away (the consumer's state cannot be loaded, its lease not taken
+        // or renewed) is not the reader's error: the read waits and comes back empty, as a
+        // read with nothing new does, and the consumer is served again once it is back.
+        let away = || Read {
+            messages: Vec::new(),
+            caught_up: false,
+        };
+        let patience = wait.max(Duration::from_secs(1));
+        let live = match tokio::time::timeout(patience, self.live(db, name, consumer, true)).await {
+            Ok(Ok(live)) => live,
+            Ok(Err(e)) if crate::streams::is_resumable(&e) => {
+                tracing::debug!(error = %e, %consumer, "subscription state away");
+                tokio::time::sleep(wait).await;
+                return Ok(away());
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(away()),
+        };
         // Caught up means: read through everything this router knew of when the read began.
         let head = self.transport.clock().now();
         let mut got = Gathered {
