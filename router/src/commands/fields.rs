@@ -369,6 +369,15 @@ fn known(command: Command) -> Known {
     })
 }
 
+/// The top-level fields `command` itself knows (none listed for a lenient one), generic ones
+/// aside.
+pub fn own(command: Command) -> &'static [&'static str] {
+    match known(command) {
+        Known::Strict(own) | Known::StrictWrite(own) => own,
+        Known::Lenient => &[],
+    }
+}
+
 /// Refuses the first top-level field of `cmd` that its command (`name`, its first field)
 /// does not know, when that command is parsed strictly.
 pub fn check(command: Command, name: &str, cmd: &Document) -> Result<()> {

@@ -55,32 +55,6 @@ pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
     }
 }
 
-/// The fields a forwarded command keeps: its own (no session, no cluster time).
-const FORWARDED: &[&str] = &[
-    "readSubscription",
-    "ackSubscription",
-    "nackSubscription",
-    "consumer",
-    "max",
-    "waitMS",
-    "deliveryIds",
-    "through",
-    "inProgress",
-    "waitDurable",
-    "retryInMS",
-    "deadLetter",
-    "alterSubscription",
-    "pause",
-    "resume",
-    "reset",
-    "dropConsumer",
-    "redrive",
-    "ackTimeoutSecs",
-    "maxDeliveries",
-    "retryBackoffMS",
-    "maxInFlight",
-];
-
 /// The reply of the router holding the consumer's lease when `e` names it (the command sent
 /// there once), else `e`. `wait`: how long the command may wait there.
 async fn at_owner(ctx: &Ctx<'_>, e: MongoError, wait: Duration) -> Result<Document> {
@@ -91,11 +65,14 @@ async fn at_owner(ctx: &Ctx<'_>, e: MongoError, wait: Duration) -> Result<Docume
     if owner == subs.router_id() || ctx.cmd.contains_key("forwardedBy") {
         return Err(e);
     }
+    // Its own fields (no session, no cluster time).
+    let own = ctx.command.map_or(&[][..], super::fields::own);
     let mut cmd: Document = ctx
         .cmd
         .iter()
-        .filter(|(k, _)| FORWARDED.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .enumerate()
+        .filter(|(i, (k, _))| *i == 0 || own.contains(&k.as_str()))
+        .map(|(_, (k, v))| (k.clone(), v.clone()))
         .collect();
     cmd.insert("forwardedBy", subs.router_id());
     let options = &ctx.seams.options;
