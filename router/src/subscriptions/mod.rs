@@ -1160,15 +1160,10 @@ impl Subscriptions {
                     // Every consumer, and the subscription's start for new ones: each owner
                     // starts its consumers over when it learns of the new count (here at
                     // once, elsewhere within a second), one served nowhere when loaded.
+                    // The new start is held (the subscription's own pin) before any
+                    // consumer may start there.
                     def.start = token.clone();
                     self.pin_start(&def).await?;
-                    let names = self.consumer_names(&sub).await?;
-                    let at = pins::from_of(&token)?;
-                    let pins = names
-                        .iter()
-                        .map(|c| pins::pin_doc(&pins::pin_id(&sub, c), at, &def))
-                        .collect();
-                    self.send_pins(pins, Vec::new(), Vec::new()).await?;
                     let mut set = doc! {"start": token.to_document(), "resets": def.resets + 1};
                     if let Some(snap) = def.snapshot {
                         set.insert("snapshot", snap.to_document());
@@ -1183,6 +1178,8 @@ impl Subscriptions {
                         )
                         .await?;
                     if !took {
+                        // The other reset's start is the one to hold.
+                        self.pin_start(&self.definition(&sub).await?).await?;
                         return Err(MongoError::new(
                             ErrorCode::WRITE_CONFLICT,
                             "the subscription was reset meanwhile: retry",
@@ -1190,6 +1187,15 @@ impl Subscriptions {
                         .with_label("TransientTransactionError"));
                     }
                     def.resets += 1;
+                    // Each consumer's pin moves there too (a consumer served nowhere keeps
+                    // it until it is loaded and starts over).
+                    let names = self.consumer_names(&sub).await?;
+                    let at = pins::from_of(&token)?;
+                    let pins = names
+                        .iter()
+                        .map(|c| pins::pin_doc(&pins::pin_id(&sub, c), at, &def))
+                        .collect();
+                    self.send_pins(pins, Vec::new(), Vec::new()).await?;
                     if let Some(snap) = def.snapshot {
                         // The copies before this one are no one's now.
                         self.discard_snapshot(&sub, Some(snap.at), false).await?;
