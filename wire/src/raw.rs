@@ -278,10 +278,17 @@ impl Writer {
     }
 
     pub fn string(&mut self, key: &str, s: &str) {
+        self.string_of(key, &[s]);
+    }
+
+    /// A string given as the parts it is the concatenation of.
+    pub fn string_of(&mut self, key: &str, parts: &[&str]) {
         self.key(ElementType::String, key);
-        self.buf
-            .extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
-        self.buf.extend_from_slice(s.as_bytes());
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.buf.extend_from_slice(&(len as i32 + 1).to_le_bytes());
+        for part in parts {
+            self.buf.extend_from_slice(part.as_bytes());
+        }
         self.buf.push(0);
     }
 

@@ -17,8 +17,13 @@
 //! `deliveryId` names its message and its epoch, so acking twice, late or from before a reset
 //! is a no-op that is reported, never an error; the window holds at most
 //! [`WINDOW_FACTOR`] × `max_in_flight` messages and at most `max_in_flight` that are not done.
+//!
+//! The window is a queue in token order (the feed brings tokens in order): a message joins at
+//! the back without a copy of its token, a cumulative ack pops the front, and a done message
+//! keeps only its token (its bytes are released). No out or due message's timer is earlier
+//! than `timers_from`, so a read with nothing due does not scan the window.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,13 +112,17 @@ impl Message {
 
     /// Its `deliveryId` in `epoch`.
     pub fn delivery_id(&self, epoch: u32) -> String {
-        let part = self
-            .id_part
-            .get_or_init(|| URL_SAFE_NO_PAD.encode(self.token.data()).into());
+        let part = self.id_part();
         let mut id = String::with_capacity(11 + part.len());
         let _ = write!(id, "{epoch}.");
         id.push_str(part);
         id
+    }
+
+    /// The token's part of its `deliveryId`s (after `<epoch>.`).
+    pub fn id_part(&self) -> &str {
+        self.id_part
+            .get_or_init(|| URL_SAFE_NO_PAD.encode(self.token.data()).into())
     }
 
     /// The bytes it adds to a reply.
@@ -122,12 +131,18 @@ impl Message {
     }
 }
 
-/// One delivery to hand a reader.
+/// One delivery to hand a reader: its `deliveryId` is the message's in `epoch`.
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    pub id: String,
+    pub epoch: u32,
     pub count: u32,
     pub message: Arc<Message>,
+}
+
+impl Delivery {
+    pub fn id(&self) -> String {
+        self.message.delivery_id(self.epoch)
+    }
 }
 
 /// Why a message was set aside.
@@ -170,27 +185,64 @@ enum Slot {
         deliveries: u32,
         at: Millis,
     },
-    Done,
+    /// Acked or dead-lettered: its token alone is kept.
+    Done(ResumeToken),
 }
 
 impl Slot {
+    fn token(&self) -> &ResumeToken {
+        match self {
+            Slot::Out { message, .. } | Slot::Due { message, .. } => &message.token,
+            Slot::Done(token) => token,
+        }
+    }
+
     fn is_done(&self) -> bool {
-        matches!(self, Slot::Done)
+        matches!(self, Slot::Done(_))
     }
 
     fn bytes(&self) -> usize {
         match self {
             Slot::Out { message, .. } | Slot::Due { message, .. } => message.size(),
-            Slot::Done => 0,
+            Slot::Done(_) => 0,
         }
     }
 
     fn deliveries(&self) -> u32 {
         match self {
             Slot::Out { deliveries, .. } | Slot::Due { deliveries, .. } => *deliveries,
-            Slot::Done => 0,
+            Slot::Done(_) => 0,
         }
     }
+
+    /// When it is next due: its ack deadline or its redelivery time.
+    fn timer(&self) -> Option<Millis> {
+        match self {
+            Slot::Out { deadline, .. } => Some(*deadline),
+            Slot::Due { at, .. } => Some(*at),
+            Slot::Done(_) => None,
+        }
+    }
+}
+
+/// A position: a token, or the message that carries it (so moving it copies nothing).
+#[derive(Debug, Clone)]
+enum Mark {
+    Token(ResumeToken),
+    Message(Arc<Message>),
+}
+
+impl Mark {
+    fn token(&self) -> &ResumeToken {
+        match self {
+            Mark::Token(token) => token,
+            Mark::Message(message) => &message.token,
+        }
+    }
+}
+
+fn token_of(mark: &Option<Mark>) -> Option<&ResumeToken> {
+    mark.as_ref().map(Mark::token)
 }
 
 /// What the persisted state remembers of a message above the floor.
@@ -232,15 +284,24 @@ struct Completed {
     late: bool,
 }
 
+impl Completed {
+    fn of(message: &Message, late: bool) -> Completed {
+        Completed {
+            bytes: message.size(),
+            late,
+        }
+    }
+}
+
 /// Marks an out or due message done; `None` when it was done already.
 fn complete(slot: &mut Slot, now: Millis) -> Option<Completed> {
     let late = match slot {
-        Slot::Done => return None,
+        Slot::Done(_) => return None,
         Slot::Out { deadline, .. } => *deadline <= now,
         Slot::Due { .. } => true,
     };
     let bytes = slot.bytes();
-    *slot = Slot::Done;
+    *slot = Slot::Done(slot.token().clone());
     Some(Completed { bytes, late })
 }
 
@@ -277,10 +338,13 @@ pub struct Consumer {
     limits: Limits,
     epoch: u32,
     /// Every message up to it is done; `None` before the first one (the subscription's start).
-    floor: Option<ResumeToken>,
+    floor: Option<Mark>,
     /// The newest token taken from the feed or scanned past (≥ the floor).
-    horizon: Option<ResumeToken>,
-    window: BTreeMap<ResumeToken, Slot>,
+    horizon: Option<Mark>,
+    /// Messages taken above the floor, in token order.
+    window: VecDeque<Slot>,
+    /// No timer of an out or due message (of the window or redriven) is earlier.
+    timers_from: Millis,
     /// Redriven dead letters, below the floor.
     redriven: BTreeMap<ResumeToken, Slot>,
     /// What the persisted state says of messages above the floor not taken again yet.
@@ -294,12 +358,14 @@ pub struct Consumer {
 
 impl Consumer {
     pub fn new(limits: Limits, epoch: u32, floor: Option<ResumeToken>) -> Consumer {
+        let floor = floor.map(Mark::Token);
         Consumer {
             limits,
             epoch,
             horizon: floor.clone(),
             floor,
-            window: BTreeMap::new(),
+            window: VecDeque::new(),
+            timers_from: Millis(u64::MAX),
             redriven: BTreeMap::new(),
             remembered: HashMap::new(),
             in_flight: 0,
@@ -332,11 +398,11 @@ impl Consumer {
     }
 
     pub fn floor(&self) -> Option<&ResumeToken> {
-        self.floor.as_ref()
+        token_of(&self.floor)
     }
 
     pub fn horizon(&self) -> Option<&ResumeToken> {
-        self.horizon.as_ref()
+        token_of(&self.horizon)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -365,9 +431,9 @@ impl Consumer {
         let mut out: Vec<(ResumeToken, Remembered)> = self
             .window
             .iter()
-            .map(|(token, slot)| {
+            .map(|slot| {
                 let r = match slot {
-                    Slot::Done => Remembered::Done,
+                    Slot::Done(_) => Remembered::Done,
                     Slot::Out { deliveries, .. } => Remembered::Delivered {
                         deliveries: *deliveries,
                         at: None,
@@ -377,7 +443,7 @@ impl Consumer {
                         at: Some(*at),
                     },
                 };
-                (token.clone(), r)
+                (slot.token().clone(), r)
             })
             .collect();
         // What the feed has not brought back yet since a restore is still owed.
@@ -387,8 +453,9 @@ impl Consumer {
     }
 
     /// Messages due for delivery again now, in token order (redriven dead letters first), at
-    /// most `max` of them and `budget` bytes (one at least); a message whose deliveries reached `max_deliveries` is dead-lettered
-    /// instead. Out messages whose deadline passed become due after the backoff.
+    /// most `max` of them and `budget` bytes (one at least); a message whose deliveries reached
+    /// `max_deliveries` is dead-lettered instead. Out messages whose deadline passed become
+    /// due after the backoff.
     pub fn take_due(
         &mut self,
         now: Millis,
@@ -396,78 +463,85 @@ impl Consumer {
         budget: usize,
     ) -> (Vec<Delivery>, Vec<DeadLetter>) {
         let mut out: Vec<Delivery> = Vec::new();
-        let mut bytes = 0usize;
         let mut dead = Vec::new();
-        if self.paused {
+        if self.paused || self.timers_from > now {
             return (out, dead);
         }
-        for redriven in [true, false] {
-            let map = if redriven {
-                &mut self.redriven
-            } else {
-                &mut self.window
-            };
-            for slot in map.values_mut() {
-                if out.len() >= max {
-                    break;
-                }
-                if let Slot::Out {
-                    message,
-                    deliveries,
-                    deadline,
-                } = slot
-                    && *deadline <= now
-                {
-                    let at = deadline.after(self.limits.backoff_after(*deliveries));
-                    *slot = Slot::Due {
-                        message: message.clone(),
-                        deliveries: *deliveries,
-                        at,
-                    };
-                }
-                let Slot::Due {
-                    message,
-                    deliveries,
+        let mut bytes = 0usize;
+        // The earliest timer left, found on the way (the bound is exact after a whole scan).
+        let mut soonest = Millis(u64::MAX);
+        let epoch = self.epoch;
+        let limits = &self.limits;
+        let slots = self.redriven.values_mut().chain(self.window.iter_mut());
+        for slot in slots {
+            if out.len() >= max {
+                // What was not looked at may be due already: the next call looks.
+                soonest = Millis(0);
+                break;
+            }
+            if let Slot::Out {
+                message,
+                deliveries,
+                deadline,
+            } = slot
+                && *deadline <= now
+            {
+                let at = deadline.after(limits.backoff_after(*deliveries));
+                *slot = Slot::Due {
+                    message: message.clone(),
+                    deliveries: *deliveries,
                     at,
-                } = slot
-                else {
-                    continue;
-                };
-                if *at > now {
-                    continue;
-                }
-                if *deliveries >= self.limits.max_deliveries {
-                    dead.push(DeadLetter {
-                        message: message.clone(),
-                        deliveries: *deliveries,
-                        reason: DeadReason::MaxDeliveries,
-                    });
-                    self.in_flight -= 1;
-                    self.in_flight_bytes -= message.size();
-                    self.counters.dead_lettered += 1;
-                    *slot = Slot::Done;
-                    continue;
-                }
-                if !out.is_empty() && bytes + message.size() > budget {
-                    continue;
-                }
-                bytes += message.size();
-                let count = *deliveries + 1;
-                if count > 1 {
-                    self.counters.redelivered += 1;
-                }
-                out.push(Delivery {
-                    id: message.delivery_id(self.epoch),
-                    count,
-                    message: message.clone(),
-                });
-                *slot = Slot::Out {
-                    message: message.clone(),
-                    deliveries: count,
-                    deadline: now.after(self.limits.ack_timeout),
                 };
             }
+            let Slot::Due {
+                message,
+                deliveries,
+                at,
+            } = slot
+            else {
+                soonest = soonest.min(slot.timer().unwrap_or(Millis(u64::MAX)));
+                continue;
+            };
+            if *at > now {
+                soonest = soonest.min(*at);
+                continue;
+            }
+            if *deliveries >= limits.max_deliveries {
+                dead.push(DeadLetter {
+                    message: message.clone(),
+                    deliveries: *deliveries,
+                    reason: DeadReason::MaxDeliveries,
+                });
+                self.in_flight -= 1;
+                self.in_flight_bytes -= message.size();
+                self.counters.dead_lettered += 1;
+                *slot = Slot::Done(message.token.clone());
+                continue;
+            }
+            if !out.is_empty() && bytes + message.size() > budget {
+                soonest = soonest.min(*at);
+                continue;
+            }
+            bytes += message.size();
+            let count = *deliveries + 1;
+            if count > 1 {
+                self.counters.redelivered += 1;
+            }
+            let message = message.clone();
+            let deadline = now.after(limits.ack_timeout);
+            soonest = soonest.min(deadline);
+            *slot = Slot::Out {
+                message: message.clone(),
+                deliveries: count,
+                deadline,
+            };
+            out.push(Delivery {
+                epoch,
+                count,
+                message,
+            });
         }
+        self.timers_from = soonest;
         self.redriven.retain(|_, s| !s.is_done());
         self.advance_floor();
         (out, dead)
@@ -489,10 +563,10 @@ impl Consumer {
     /// feed may bring again what a re-opened stream passed): delivered now, unless the
     /// persisted state remembers it done or nacked until later.
     pub fn offer(&mut self, message: Arc<Message>, now: Millis) -> Option<Delivery> {
-        if self.horizon.as_ref().is_some_and(|h| message.token <= *h) {
+        if self.horizon().is_some_and(|h| message.token <= *h) {
             return None;
         }
-        self.horizon = Some(message.token.clone());
+        self.horizon = Some(Mark::Message(message.clone()));
         // What the state remembers before this message, the feed no longer brings.
         if !self.remembered.is_empty() {
             self.remembered.retain(|t, _| *t >= message.token);
@@ -504,7 +578,7 @@ impl Consumer {
         };
         let (deliveries, at) = match remembered {
             Some(Remembered::Done) => {
-                self.window.insert(message.token.clone(), Slot::Done);
+                self.window.push_back(Slot::Done(message.token.clone()));
                 self.advance_floor();
                 return None;
             }
@@ -518,14 +592,13 @@ impl Consumer {
         if waits || deliveries >= self.limits.max_deliveries {
             // Owed again from a restore after its nack's delay, or to dead-letter: through
             // `take_due`.
-            self.window.insert(
-                message.token.clone(),
-                Slot::Due {
-                    message,
-                    deliveries,
-                    at: at.unwrap_or(now),
-                },
-            );
+            let at = at.unwrap_or(now);
+            self.timers_from = self.timers_from.min(at);
+            self.window.push_back(Slot::Due {
+                message,
+                deliveries,
+                at,
+            });
             return None;
         }
         // Delivered now: for the first time, or again after a restore (in token order, so
@@ -534,17 +607,15 @@ impl Consumer {
         if count > 1 {
             self.counters.redelivered += 1;
         }
-        let token = message.token.clone();
-        self.window.insert(
-            token.clone(),
-            Slot::Out {
-                message: message.clone(),
-                deliveries: count,
-                deadline: now.after(self.limits.ack_timeout),
-            },
-        );
+        let deadline = now.after(self.limits.ack_timeout);
+        self.timers_from = self.timers_from.min(deadline);
+        self.window.push_back(Slot::Out {
+            message: message.clone(),
+            deliveries: count,
+            deadline,
+        });
         Some(Delivery {
-            id: message.delivery_id(self.epoch),
+            epoch: self.epoch,
             count,
             message,
         })
@@ -554,10 +625,10 @@ impl Consumer {
     /// this consumer: the horizon moves there, and with nothing in the window so does the
     /// floor, so a rarely matching stream does not hold the consumer far back.
     pub fn scanned(&mut self, token: &ResumeToken) {
-        if self.horizon.as_ref().is_some_and(|h| token <= h) {
+        if self.horizon().is_some_and(|h| token <= h) {
             return;
         }
-        self.horizon = Some(token.clone());
+        self.horizon = Some(Mark::Token(token.clone()));
         self.remembered.retain(|t, _| t > token);
         self.advance_floor();
     }
@@ -597,16 +668,30 @@ impl Consumer {
             outcome.unknown = 1;
             return outcome;
         }
-        let mut acked = Vec::new();
-        let range = (
-            std::ops::Bound::Unbounded,
-            std::ops::Bound::Included(&through.token),
-        );
-        for (_, slot) in self.window.range_mut::<ResumeToken, _>(range) {
-            acked.extend(complete(slot, now));
-        }
-        for done in acked {
-            self.count_acked(done, &mut outcome);
+        // The window's prefix at or before `through`: all of it done, it leaves the window
+        // and the floor passes it.
+        while self
+            .window
+            .front()
+            .is_some_and(|s| *s.token() <= through.token)
+        {
+            let Some(slot) = self.window.pop_front() else {
+                break;
+            };
+            self.floor = Some(match slot {
+                Slot::Out {
+                    message, deadline, ..
+                } => {
+                    let late = deadline <= now;
+                    self.count_acked(Completed::of(&message, late), &mut outcome);
+                    Mark::Message(message)
+                }
+                Slot::Due { message, .. } => {
+                    self.count_acked(Completed::of(&message, true), &mut outcome);
+                    Mark::Message(message)
+                }
+                Slot::Done(token) => Mark::Token(token),
+            });
         }
         if outcome.applied == 0 {
             // Everything through it was done already, or it names nothing held.
@@ -664,6 +749,7 @@ impl Consumer {
         let mut outcome = Outcome::default();
         let mut dead = Vec::new();
         let backoff = self.limits.clone();
+        let mut soonest = self.timers_from;
         for id in ids {
             if self.passed(id) {
                 outcome.late += 1;
@@ -690,19 +776,22 @@ impl Consumer {
                     reason: DeadReason::Nacked,
                 });
                 let bytes = message.size();
-                *slot = Slot::Done;
+                *slot = Slot::Done(message.token.clone());
                 self.in_flight -= 1;
                 self.in_flight_bytes -= bytes;
                 self.counters.dead_lettered += 1;
                 continue;
             }
             let wait = retry.unwrap_or_else(|| backoff.backoff_after(*deliveries));
+            let at = now.after(wait);
+            soonest = soonest.min(at);
             *slot = Slot::Due {
                 message: message.clone(),
                 deliveries: *deliveries,
-                at: now.after(wait),
+                at,
             };
         }
+        self.timers_from = soonest;
         self.redriven.retain(|_, s| !s.is_done());
         self.advance_floor();
         (outcome, dead)
@@ -712,8 +801,7 @@ impl Consumer {
     /// message, and its ack removes it from the dead letters (the caller's part).
     pub fn redrive(&mut self, messages: Vec<Arc<Message>>, now: Millis) {
         for message in messages {
-            if self.redriven.contains_key(&message.token)
-                || self.window.contains_key(&message.token)
+            if self.redriven.contains_key(&message.token) || self.position(&message.token).is_some()
             {
                 continue;
             }
@@ -721,6 +809,7 @@ impl Consumer {
             self.in_flight_bytes += message.size();
             self.counters.delivered += 1;
             self.counters.dead_lettered = self.counters.dead_lettered.saturating_sub(1);
+            self.timers_from = self.timers_from.min(now);
             self.redriven.insert(
                 message.token.clone(),
                 Slot::Due {
@@ -736,9 +825,10 @@ impl Consumer {
     /// ack nothing), the counters of messages in flight leave with them.
     pub fn reset(&mut self, floor: Option<ResumeToken>) {
         self.epoch = self.epoch.wrapping_add(1);
-        self.floor = floor.clone();
-        self.horizon = floor;
+        self.floor = floor.map(Mark::Token);
+        self.horizon = self.floor.clone();
         self.window.clear();
+        self.timers_from = Millis(u64::MAX);
         self.redriven.clear();
         self.remembered.clear();
         self.in_flight = 0;
@@ -746,21 +836,13 @@ impl Consumer {
         self.counters.delivered = self.counters.acked + self.counters.dead_lettered;
     }
 
-    /// When the next out message's deadline passes or a due one comes due: a waiting read
-    /// wakes then.
+    /// No out message's deadline passes, and no due one comes due, before it (it may be
+    /// earlier than the next one: a waiting read wakes then and finds out).
     pub fn next_timer(&self) -> Option<Millis> {
-        self.window
-            .values()
-            .chain(self.redriven.values())
-            .filter_map(|slot| match slot {
-                Slot::Out { deadline, .. } => Some(*deadline),
-                Slot::Due { at, .. } => Some(*at),
-                Slot::Done => None,
-            })
-            .min()
+        (self.timers_from.0 != u64::MAX).then_some(self.timers_from)
     }
 
-    /// Whether nothing is due and nothing new may be taken now (a read would wait).
+    /// Whether a message may be due now (a read would not wait).
     pub fn has_due(&self, now: Millis) -> bool {
         !self.paused && self.next_timer().is_some_and(|t| t <= now)
     }
@@ -768,34 +850,35 @@ impl Consumer {
     /// Whether `id` names a message of this epoch the floor has passed (done already).
     fn passed(&self, id: &DeliveryId) -> bool {
         id.epoch == self.epoch
+            && self.floor().is_some_and(|f| id.token <= *f)
             && !self.redriven.contains_key(&id.token)
-            && self.floor.as_ref().is_some_and(|f| id.token <= *f)
+    }
+
+    /// Where the message `token` is in the window.
+    fn position(&self, token: &ResumeToken) -> Option<usize> {
+        self.window.binary_search_by(|s| s.token().cmp(token)).ok()
     }
 
     fn slot_mut(&mut self, id: &DeliveryId) -> Option<(&mut Slot, bool)> {
         if id.epoch != self.epoch {
             return None;
         }
-        if let Some(slot) = self.redriven.get_mut(&id.token) {
-            return Some((slot, true));
+        if self.redriven.contains_key(&id.token) {
+            return self.redriven.get_mut(&id.token).map(|slot| (slot, true));
         }
-        if let Some(slot) = self.window.get_mut(&id.token) {
-            return Some((slot, false));
-        }
-        None
+        let i = self.position(&id.token)?;
+        Some((&mut self.window[i], false))
     }
 
     /// Pops done messages off the window's front; an empty window lets the floor reach the
     /// horizon.
     fn advance_floor(&mut self) {
-        while let Some(entry) = self.window.first_entry() {
-            if !entry.get().is_done() {
-                return;
+        while self.window.front().is_some_and(Slot::is_done) {
+            if let Some(Slot::Done(token)) = self.window.pop_front() {
+                self.floor = Some(Mark::Token(token));
             }
-            let (token, _) = entry.remove_entry();
-            self.floor = Some(token);
         }
-        if self.remembered.is_empty() && self.horizon > self.floor {
+        if self.window.is_empty() && self.remembered.is_empty() && self.horizon() > self.floor() {
             self.floor.clone_from(&self.horizon);
         }
     }
@@ -803,8 +886,8 @@ impl Consumer {
     /// Deliveries made of the message `token` (0 when it is not held or done): for tests and
     /// the consumer's listing.
     pub fn deliveries_of(&self, token: &ResumeToken) -> u32 {
-        self.window
-            .get(token)
+        self.position(token)
+            .map(|i| &self.window[i])
             .or_else(|| self.redriven.get(token))
             .map_or(0, Slot::deliveries)
     }
@@ -1041,7 +1124,7 @@ mod tests {
         assert_eq!(c.room(), 1, "2 is done but 1 holds the floor");
         for n in 3..=8 {
             let d = c.offer(message(n), T0).expect("delivered");
-            c.ack(&[DeliveryId::parse(&d.id).unwrap()], T0);
+            c.ack(&[DeliveryId::parse(&d.id()).unwrap()], T0);
         }
         assert_eq!(c.room(), 0, "the window holds 4 × maxInFlight");
         c.set_paused(true);
@@ -1088,7 +1171,7 @@ mod tests {
             (2, 3),
             "3 after its delay, 4 after its timeout"
         );
-        assert!(d[0].id.starts_with("4."));
+        assert!(d[0].id().starts_with("4."));
     }
 
     #[test]
@@ -1128,7 +1211,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(1024))]
 
         /// Random reads, acks, nacks, extensions and clock steps: first deliveries in token
         /// order, no redelivery before a deadline or a nack, counts within maxDeliveries, the
@@ -1159,14 +1242,14 @@ mod tests {
                             prop_assert!(now >= not_before[&t], "redelivered early");
                             prop_assert!(d.count <= 4);
                             not_before.insert(t, now.after(Duration::from_secs(10)));
-                            out.push((t, d.id));
+                            out.push((t, d.id()));
                         }
                         for _ in 0..c.room().min(n) {
                             let Some(d) = c.offer(message(next), now) else { break };
                             prop_assert!(next > last_first, "first deliveries in order");
                             last_first = next;
                             not_before.insert(next, now.after(Duration::from_secs(10)));
-                            out.push((next, d.id));
+                            out.push((next, d.id()));
                             next += 1;
                         }
                     }
@@ -1210,6 +1293,14 @@ mod tests {
                     _ => {}
                 }
                 prop_assert!(c.floor() >= floor.as_ref(), "the floor went back");
+                let soonest = c.window.iter().chain(c.redriven.values()).filter_map(Slot::timer).min();
+                if let Some(t) = soonest {
+                    prop_assert!(c.next_timer().is_some_and(|b| b <= t), "a timer before the bound");
+                }
+                prop_assert!(
+                    c.window.iter().zip(c.window.iter().skip(1)).all(|(a, b)| a.token() < b.token()),
+                    "the window out of token order"
+                );
                 floor = c.floor().cloned();
                 let k = c.counters;
                 prop_assert_eq!(k.delivered, k.acked + k.dead_lettered + c.in_flight() as u64);
@@ -1219,7 +1310,7 @@ mod tests {
                 now = now.after(Duration::from_secs(60));
                 let (again, _) = c.take_due(now, usize::MAX, usize::MAX);
                 let ids: Vec<DeliveryId> =
-                    again.iter().map(|d| DeliveryId::parse(&d.id).unwrap()).collect();
+                    again.iter().map(|d| DeliveryId::parse(&d.id()).unwrap()).collect();
                 c.ack(&ids, now);
             }
             prop_assert_eq!(c.in_flight(), 0);

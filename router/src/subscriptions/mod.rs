@@ -259,18 +259,22 @@ impl Read {
     pub fn reply(self) -> RawDocumentBuf {
         let size: usize = self.messages.iter().map(|d| d.message.size() + 128).sum();
         let mut w = wire::raw::Writer::with_capacity(size + 64);
+        let (mut index, mut epoch) = (itoa::Buffer::new(), itoa::Buffer::new());
         w.begin_document(None);
         w.begin_array("messages");
         for (i, d) in self.messages.iter().enumerate() {
             // Each event's bytes copied once, straight from the shared message.
-            w.begin_document(Some(&i.to_string()));
-            w.string("deliveryId", &d.id);
+            w.begin_document(Some(index.format(i)));
+            w.string_of(
+                "deliveryId",
+                &[epoch.format(d.epoch), ".", d.message.id_part()],
+            );
             w.int64("deliveryCount", i64::from(d.count));
             w.document_bytes("event", &d.message.event);
             if !d.message.changes.is_empty() {
                 w.begin_array("changes");
                 for (j, c) in d.message.changes.iter().enumerate() {
-                    w.document_bytes(&j.to_string(), c);
+                    w.document_bytes(index.format(j), c);
                 }
                 w.end();
             }
