@@ -1,6 +1,6 @@
 //! Subscription consumers (`--consumers 1,100`): for each count in turn, that many consumers of
 //! one new subscription each read every document one writer inserts (`readSubscription` of up
-//! to 100, then one ack of the batch: through its last delivery, or naming every one with
+//! to `--read-max` (100), then one ack of the batch: through its last delivery, or naming every one with
 //! `--ack-ids`), and the bench reports acked deliveries/s and the server's CPU per acked
 //! delivery and per written document, with each count's CPU per document over the first's.
 //!
@@ -21,6 +21,7 @@ pub struct Spec {
     pub batch: usize,
     pub payload: usize,
     pub ack_ids: bool,
+    pub read_max: i32,
 }
 
 /// One round's figures.
@@ -80,9 +81,10 @@ async fn round(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..consumers {
-        let (db, sub, want, ack_ids) = (db.clone(), sub.clone(), spec.docs, spec.ack_ids);
+        let (db, sub, want) = (db.clone(), sub.clone(), spec.docs);
+        let (ack_ids, read_max) = (spec.ack_ids, spec.read_max);
         tasks.push(tokio::spawn(async move {
-            drain(&db, &sub, c, want, ack_ids).await
+            drain(&db, &sub, c, want, ack_ids, read_max).await
         }));
     }
     let filler = "x".repeat(spec.payload);
@@ -122,10 +124,17 @@ async fn read(db: &Database, sub: &str, c: usize, max: i32, wait_ms: i32) -> Res
 }
 
 /// Reads and acks until `want` messages came; returns how many.
-async fn drain(db: &Database, sub: &str, c: usize, want: u64, ack_ids: bool) -> Result<u64> {
+async fn drain(
+    db: &Database,
+    sub: &str,
+    c: usize,
+    want: u64,
+    ack_ids: bool,
+    read_max: i32,
+) -> Result<u64> {
     let mut got = 0u64;
     while got < want {
-        let messages = read(db, sub, c, 100, 1000).await?;
+        let messages = read(db, sub, c, read_max, 1000).await?;
         let ids: Vec<Bson> = messages
             .iter()
             .filter_map(|m| m.as_document()?.get("deliveryId").cloned())

@@ -146,6 +146,9 @@ struct Cli {
     /// With --consumers: ack a batch by naming every delivery, not through its last one.
     #[arg(long, requires = "consumers")]
     ack_ids: bool,
+    /// With --consumers: the most messages one read asks for (`max`).
+    #[arg(long, default_value_t = 100, requires = "consumers")]
+    read_max: i32,
     /// The database to use (dropped first).
     #[arg(long, default_value = "bench")]
     db: String,
@@ -213,6 +216,7 @@ async fn run(cli: Cli) -> Result<()> {
             batch: cli.batch as usize,
             payload: cli.payload,
             ack_ids: cli.ack_ids,
+            read_max: cli.read_max,
         };
         let result = consumers::run(&client, &cli.db, pid, &spec).await;
         drop(server);

@@ -546,8 +546,10 @@ impl Shard {
                 op_time: None,
             })
         };
-        self.writer.submit(Box::new(job)).await.map_err(|e| {
-            wire::MongoError::internal(format!("storing retention pins: {}", e.errmsg))
+        self.writer.submit(Box::new(job)).await.map_err(|mut e| {
+            // Its code stays (OutOfDiskSpace is not an internal error).
+            e.errmsg = format!("storing retention pins: {}", e.errmsg);
+            e
         })?;
         rx.await
             .map_err(|_| wire::MongoError::internal("the pins job did not answer"))

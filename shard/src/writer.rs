@@ -769,6 +769,10 @@ fn fail(state: &ShardState, acks: Vec<(Ack, Option<WriteOutput>)>, e: &StorageEr
     }
     let error = match e {
         StorageError::Interrupted(answer) => answer.clone(),
+        StorageError::DiskFull(_) => {
+            tracing::error!(error = %e, "write batch failed: the disk is full");
+            e.clone().into_mongo()
+        }
         other => {
             tracing::error!(error = %other, "write batch failed");
             MongoError::internal(format!("write failed: {other}"))

@@ -20,6 +20,7 @@ use router::Presentation;
 use router::launch::{self, Running};
 use tempfile::TempDir;
 
+pub mod disk;
 pub mod fsm;
 pub mod fuzz;
 pub mod netns;
@@ -536,8 +537,18 @@ impl ProcessCluster {
         shard_args: &[&str],
         router_args: &[&str],
     ) -> Result<ProcessCluster> {
+        Self::start_in(tempfile::tempdir()?, n_shards, shard_args, router_args).await
+    }
+
+    /// [`ProcessCluster::start_with_args`] in `dir`: shard `i` keeps its files in `dir/shard<i>`
+    /// (which may be prepared beforehand, a small disk mounted there).
+    pub async fn start_in(
+        dir: TempDir,
+        n_shards: usize,
+        shard_args: &[&str],
+        router_args: &[&str],
+    ) -> Result<ProcessCluster> {
         init_tracing();
-        let dir = tempfile::tempdir()?;
         let mut shards = Vec::new();
         for i in 0..n_shards {
             let port = free_port()?;

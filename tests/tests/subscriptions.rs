@@ -328,6 +328,220 @@ async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::R
     Ok(())
 }
 
+/// `listSubscriptions` is a cursor: a small `batchSize` returns the first rows and `getMore`
+/// the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_is_a_cursor_read_in_batches() -> anyhow::Result<()> {
+    let cluster = ProcessCluster::start(1).await?;
+    let client = cluster.client().await?;
+    let db = subscribed(&client, doc! {}).await?;
+    for c in ["a", "b", "c"] {
+        read(&db, c, 1, 0).await?;
+    }
+    let consumers = |batch: &[Bson]| -> Vec<String> {
+        batch
+            .iter()
+            .filter_map(Bson::as_document)
+            .filter_map(|r| r.get_str("consumer").ok().map(str::to_string))
+            .collect()
+    };
+    let reply = db
+        .run_command(doc! {"listSubscriptions": 1, "cursor": {"batchSize": 2}})
+        .await?;
+    let cursor = reply.get_document("cursor")?;
+    let mut names = consumers(cursor.get_array("firstBatch")?);
+    assert_eq!(names.len(), 2, "the first batch holds batchSize rows");
+    let id = cursor.get_i64("id")?;
+    assert_ne!(id, 0, "the cursor stays open for the rest");
+    let more = db
+        .run_command(doc! {"getMore": id, "collection": "$cmd.listSubscriptions"})
+        .await?;
+    let next = more.get_document("cursor")?;
+    names.extend(consumers(next.get_array("nextBatch")?));
+    assert_eq!(next.get_i64("id")?, 0, "exhausted");
+    names.sort();
+    assert_eq!(names, ["a", "b", "c"]);
+    Ok(())
+}
+
+/// F7: the config shard's disk fills up (its files on a small tmpfs, filled to the last byte,
+/// then its own free space taken by writes until even a small one fails) while a writer
+/// inserts into a collection on the other shard and a consumer reads and acks, every other
+/// batch with `waitDurable`. The config shard's writes fail with OutOfDiskSpace; the consumer
+/// goes on being served; a durable ack cannot be stored, so it answers only after the space is
+/// given back (4 s later), or fails; after that the config shard writes again without a
+/// restart, and in the end every insert was delivered first in commit order and nothing acked
+/// durably came again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> anyhow::Result<()> {
+    use std::sync::{Arc, Mutex};
+    use tests::disk::Tmpfs;
+    if !Tmpfs::available() {
+        anyhow::ensure!(
+            std::env::var("CI").is_err(),
+            "the disk-fault test needs root (to mount a tmpfs), which CI has"
+        );
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let disk = Arc::new(Tmpfs::mount(&dir.path().join("shard0"), 96)?);
+    let cluster = ProcessCluster::start_in(dir, 2, &[], &[]).await?;
+    let client = cluster.client().await?;
+    let admin = client.database("admin");
+    admin
+        .run_command(doc! {"enableSharding": "subs", "primaryShard": "shard1"})
+        .await?;
+    admin
+        .run_command(doc! {"enableSharding": "ballast", "primaryShard": "shard0"})
+        .await?;
+    let ballast = client.database("ballast").collection::<Document>("b");
+    let db = subscribed(&client, doc! {"ackTimeoutSecs": 60}).await?;
+    const N: i32 = 600;
+    let writer = {
+        let coll = db.collection::<Document>("c");
+        tokio::spawn(async move {
+            let mut i = 0;
+            while i < N {
+                match coll.insert_one(doc! {"_id": i}).await {
+                    Ok(_) => i += 1,
+                    Err(e) if e.to_string().contains("E11000") => i += 1,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut firsts: Vec<i32> = Vec::new();
+    let mut durable: std::collections::HashSet<i32> = Default::default();
+    let mut redelivered_durable = Vec::new();
+    let mut read_errors = Vec::new();
+    let mut full_errors = Vec::new();
+    let mut full = false;
+    let freed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // Durable acks asked while the disk was full: when each was asked and answered.
+    let mut asked_while_full = Vec::new();
+    let mut durable_after_free = 0;
+    let mut ballast_id = 0;
+    let started = Instant::now();
+    while firsts.len() < N as usize && started.elapsed() < Duration::from_secs(150) {
+        if !full && firsts.len() >= 100 {
+            disk.fill()?;
+            // Then the space the config shard's files still had: writes of ever smaller
+            // documents until one of each size fails.
+            for size in [1 << 20, 64 << 10, 4 << 10, 256] {
+                let pad = "x".repeat(size);
+                for _ in 0..20_000 {
+                    ballast_id += 1;
+                    if let Err(e) = ballast
+                        .insert_one(doc! {"_id": ballast_id, "pad": &pad})
+                        .await
+                    {
+                        full_errors.push(e);
+                        break;
+                    }
+                }
+            }
+            full = true;
+            let (disk, freed_at) = (disk.clone(), freed_at.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                disk.free().expect("freeing the disk");
+                *freed_at.lock().unwrap() = Some(Instant::now());
+            });
+        }
+        let freed = freed_at.lock().unwrap().is_some();
+        let batch = match read(&db, "a", 50, 500).await {
+            Ok(b) => b,
+            Err(e) => {
+                read_errors.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for m in &batch {
+            let k = key(m);
+            if m.get_i64("deliveryCount")? == 1 {
+                firsts.push(k);
+            } else if durable.contains(&k) {
+                redelivered_durable.push(k);
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let ids: Vec<Bson> = batch.iter().map(id).collect();
+        let wait_durable = firsts.len().is_multiple_of(2);
+        let asked = Instant::now();
+        let ack = db
+            .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": wait_durable})
+            .await;
+        if wait_durable && full && !freed {
+            asked_while_full.push((asked, Instant::now(), ack.is_ok()));
+        }
+        match ack {
+            Ok(_) if wait_durable => {
+                durable.extend(batch.iter().map(key));
+                durable_after_free += usize::from(freed);
+            }
+            Ok(_) => {}
+            Err(e) => assert!(
+                asked.elapsed() < Duration::from_secs(35),
+                "a failed ack waited {:?}: {e}",
+                asked.elapsed()
+            ),
+        }
+    }
+    writer.await?;
+    assert!(full, "the disk filled mid-run");
+    assert_eq!(full_errors.len(), 4, "a write of each size failed");
+    for e in &full_errors {
+        assert_eq!(
+            tests::scenarios::code_of(e),
+            Some(14031),
+            "the full disk's error is OutOfDiskSpace: {e}"
+        );
+    }
+    let freed_at = freed_at
+        .lock()
+        .unwrap()
+        .expect("the disk was given back mid-run");
+    assert!(
+        !asked_while_full.is_empty(),
+        "a durable ack was asked while the disk was full"
+    );
+    for (asked, answered, ok) in &asked_while_full {
+        assert!(
+            !ok || *answered >= freed_at,
+            "a durable ack asked {:?} into the fault was stored before the disk was freed",
+            asked.saturating_duration_since(freed_at - Duration::from_secs(4))
+        );
+    }
+    // Space given back, the config shard takes writes again (no restart).
+    let big = doc! {"_id": 0, "pad": "x".repeat(1 << 20)};
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut again = ballast.insert_one(big.clone()).await;
+    while again.is_err() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        again = ballast.insert_one(big.clone()).await;
+    }
+    again.map_err(|e| anyhow::anyhow!("writing once space is back: {e}"))?;
+    assert_eq!(
+        firsts,
+        (0..N).collect::<Vec<_>>(),
+        "every insert delivered first in commit order"
+    );
+    assert!(
+        redelivered_durable.is_empty(),
+        "durably acked, delivered again: {redelivered_durable:?}"
+    );
+    assert!(
+        durable_after_free > 0,
+        "durable acks stored again after the disk was freed"
+    );
+    assert!(read_errors.is_empty(), "reads failed: {read_errors:?}");
+    Ok(())
+}
+
 /// F5: the config shard frozen (`SIGSTOP`) for longer than a consumer's lease. The router
 /// cannot renew the lease or load the consumer again meanwhile: its reads come back empty,
 /// never failed, and once the config shard is back the consumer goes on from its last durable

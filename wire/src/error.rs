@@ -113,6 +113,7 @@ codes! {
     INVALID_PIPELINE_OPERATOR = 168, "InvalidPipelineOperator";
     CANNOT_IMPLICITLY_CREATE_COLLECTION = 227, "CannotImplicitlyCreateCollection";
     NOT_PRIMARY_OR_SECONDARY = 13436, "NotPrimaryOrSecondary";
+    OUT_OF_DISK_SPACE = 14031, "OutOfDiskSpace";
     NOT_PRIMARY_NO_SECONDARY_OK = 13435, "NotPrimaryNoSecondaryOk";
     INTERRUPTED_DUE_TO_REPL_STATE_CHANGE = 11602, "InterruptedDueToReplStateChange";
     INTERRUPTED_AT_SHUTDOWN = 11600, "InterruptedAtShutdown";

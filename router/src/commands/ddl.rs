@@ -431,7 +431,26 @@ pub(super) async fn enable_sharding(ctx: &Ctx<'_>) -> Result<Document> {
             ));
         }
     };
-    let entry = ctx.seams.catalog.ensure_database(db).await?;
+    let catalog = &ctx.seams.catalog;
+    let entry = match ctx.args().opt_str("primaryShard")? {
+        None => catalog.ensure_database(db).await?,
+        Some(name) => {
+            let shard = catalog.shard_named(name).ok_or_else(|| {
+                MongoError::new(
+                    ErrorCode::SHARD_NOT_FOUND,
+                    format!("Shard {name} not found"),
+                )
+            })?;
+            let entry = catalog.ensure_database_on(db, shard).await?;
+            if entry.primary != shard {
+                return Err(MongoError::new(
+                    ErrorCode::NAMESPACE_EXISTS,
+                    format!("database already created on a primary which is different from {name}"),
+                ));
+            }
+            entry
+        }
+    };
     Ok(doc! {"primary": entry.primary.to_string(), "ok": 1.0})
 }
 

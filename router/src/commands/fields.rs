@@ -287,7 +287,7 @@ fn known(command: Command) -> Known {
             "maxInFlight",
             "forwardedBy",
         ],
-        ListSubscriptions => &["filter"],
+        ListSubscriptions => &["filter", "cursor"],
         DropSubscription => &[],
         CollMod => &[
             "index",

@@ -180,12 +180,12 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
     let document = match command {
         GetMore => return find::get_more(ctx).await,
         ReadSubscription => return subscriptions::read(ctx).await,
+        ListSubscriptions => return subscriptions::list(ctx).await,
         CreateSubscription => subscriptions::create(ctx).await,
         AckSubscription => subscriptions::ack(ctx).await,
         NackSubscription => subscriptions::nack(ctx).await,
         AlterSubscription => subscriptions::alter(ctx).await,
         DropSubscription => subscriptions::drop(ctx).await,
-        ListSubscriptions => subscriptions::list(ctx).await,
         Find => return find::find(ctx).await,
         Aggregate => return aggregate::aggregate(ctx).await,
         Hello => {

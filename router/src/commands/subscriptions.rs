@@ -6,11 +6,12 @@
 
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document};
 use wire::raw::Body;
 use wire::{MongoError, Result};
 
 use super::Ctx;
+use crate::cursors::{CursorState, RouterCursor};
 use crate::subscriptions::spec::{self, check_name};
 
 pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
@@ -199,24 +200,17 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
 
 /// `listSubscriptions`: one batch (the rows of one database's subscriptions, or of all on
 /// `admin`), at most 16 MiB of them.
-pub(super) async fn list(ctx: &Ctx<'_>) -> Result<Document> {
+/// `listSubscriptions`: one row per consumer, as a cursor (`cursor: {batchSize}`; `getMore`
+/// reads the rest).
+pub(super) async fn list(ctx: &Ctx<'_>) -> Result<Body> {
     let filter = ctx.args().opt_doc("filter")?;
     let rows = ctx.seams.subscriptions.list(ctx.db, filter).await?;
-    let mut bytes = 0usize;
-    for row in &rows {
-        bytes += row.to_vec().map_or(0, |v| v.len());
-        if bytes > crate::subscriptions::REPLY_BUDGET {
-            return Err(MongoError::bad_value(
-                "the listing passes 16 MiB: narrow it with a filter",
-            ));
-        }
-    }
-    Ok(doc! {
-        "cursor": {
-            "id": 0i64,
-            "ns": format!("{}.$cmd.listSubscriptions", ctx.db),
-            "firstBatch": rows,
-        },
-        "ok": 1.0,
-    })
+    let ns = format!("{}.$cmd.listSubscriptions", ctx.db);
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: CursorState::Buffered(rows.into()),
+        info: None,
+    };
+    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    super::reads::first_reply(ctx, ns, cursor, batch, false).await
 }

@@ -188,6 +188,11 @@ impl Catalog {
         Ok(entry)
     }
 
+    /// The shard named `name` (`shard0`, …), if the cluster has it.
+    pub fn shard_named(&self, name: &str) -> Option<ShardId> {
+        ShardId::parse(name).filter(|s| s.index() < self.shards)
+    }
+
     /// The shard that is the primary of the fewest databases (the first of those).
     async fn least_loaded_shard(&self) -> Result<ShardId> {
         let mut counts = vec![0usize; self.shards];

@@ -25,11 +25,13 @@
 //!   torn tail was never acknowledged, and what follows it is zeros or an older epoch's.
 //! * A retracted record's frame is zeroed (and synced) before the next append, so it ends the
 //!   log like a torn tail.
-//! * After an I/O error on the log every later append fails until the log is reopened: an
-//!   `fdatasync` that failed leaves the file's state unknown (the kernel may have dropped the
-//!   dirty pages), and reopening replays what did reach the disk. Until then the log is in
-//!   doubt ([`Log::in_doubt`]): the failed batch may come back at the reopen, so the shard's
-//!   high-water mark stays below it and no change stream is promised past it.
+//! * After a failed `fdatasync` every later append fails until the log is reopened: it leaves
+//!   the file's state unknown (the kernel may have dropped the dirty pages), and reopening
+//!   replays what did reach the disk. Until then the log is in doubt ([`Log::in_doubt`]): the
+//!   failed batch may come back at the reopen, so the shard's high-water mark stays below it
+//!   and no change stream is promised past it. A write that failed before the sync (a full
+//!   disk) leaves the log as it was: its bytes past the end are zeros or a record whose
+//!   checksum fails, overwritten by the next append, so appends go on once space is freed.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -174,9 +176,9 @@ impl Log for LocalLog {
             at: log.len,
             len: framed.len() as u64,
         };
-        if let Err(e) = log.write(framed) {
-            log.broken = true;
-            return Err(engine(e));
+        if let Err(failed) = log.write(framed) {
+            log.broken |= failed.synced;
+            return Err(engine(failed.error));
         }
         log.len = appended.at + appended.len;
         Ok(appended)
@@ -258,18 +260,33 @@ fn checksum(epoch: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(epoch), payload)
 }
 
+/// A failed [`LogFile::write`]: its error, and whether it was the sync that failed.
+struct WriteFailed {
+    error: std::io::Error,
+    synced: bool,
+}
+
 impl LogFile {
     /// Writes `record` at the end of the log and syncs it, growing the file first if needed.
-    fn write(&mut self, record: &[u8]) -> std::io::Result<()> {
+    fn write(&mut self, record: &[u8]) -> Result<(), WriteFailed> {
+        let written = |error| WriteFailed {
+            error,
+            synced: false,
+        };
         let end = self.len + record.len() as u64;
         if end > self.allocated {
             let grown = end.div_ceil(GROW_BYTES) * GROW_BYTES;
             let zeros = vec![0u8; usize::try_from(grown - self.allocated).unwrap_or(0)];
-            self.file.write_all_at(&zeros, self.allocated)?;
+            self.file
+                .write_all_at(&zeros, self.allocated)
+                .map_err(written)?;
             self.allocated = grown;
         }
-        self.file.write_all_at(record, self.len)?;
-        self.file.sync_data()
+        self.file.write_all_at(record, self.len).map_err(written)?;
+        self.file.sync_data().map_err(|error| WriteFailed {
+            error,
+            synced: true,
+        })
     }
 }
 

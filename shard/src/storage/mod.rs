@@ -99,12 +99,17 @@ impl Table {
     }
 }
 
-/// A storage failure. Never client input: surfaces as `InternalError` to clients.
+/// A storage failure. Never client input: surfaces as `InternalError` to clients
+/// (`OutOfDiskSpace` when the disk is full).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StorageError {
     #[error("storage engine error: {0}")]
     Engine(String),
+    /// The disk (or the user's quota) is full: the write failed before anything of it was
+    /// kept, and the same write may succeed once space is freed.
+    #[error("out of disk space: {0}")]
+    DiskFull(String),
     #[error("injected storage fault: {0}")]
     Injected(&'static str),
     /// Not a storage failure: the operation was interrupted (`maxTimeMS`, `killOp`), or its
@@ -118,6 +123,9 @@ impl StorageError {
     pub fn into_mongo(self) -> wire::MongoError {
         match self {
             StorageError::Interrupted(e) => e,
+            StorageError::DiskFull(_) => {
+                wire::MongoError::new(wire::ErrorCode::OUT_OF_DISK_SPACE, self.to_string())
+            }
             other => wire::MongoError::internal(other.to_string()),
         }
     }
@@ -126,7 +134,18 @@ impl StorageError {
 pub type StorageResult<T> = std::result::Result<T, StorageError>;
 
 pub(crate) fn engine<E: std::fmt::Display>(e: E) -> StorageError {
-    StorageError::Engine(e.to_string())
+    let text = e.to_string();
+    if is_disk_full(&text) {
+        StorageError::DiskFull(text)
+    } else {
+        StorageError::Engine(text)
+    }
+}
+
+/// Whether an error says the disk or the quota is full (`ENOSPC`, `EDQUOT`), as an
+/// `io::Error` shows it: redb's errors carry the I/O error only as text.
+fn is_disk_full(text: &str) -> bool {
+    text.contains("(os error 28)") || text.contains("(os error 122)")
 }
 
 /// A key range over byte keys.
@@ -618,6 +637,18 @@ impl WriteTxn for FaultyWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_told_apart_from_other_failures() {
+        for full in [28, 122] {
+            let e = engine(std::io::Error::from_raw_os_error(full));
+            assert!(matches!(e, StorageError::DiskFull(_)), "{e}");
+            assert_eq!(e.into_mongo().code_name, "OutOfDiskSpace");
+        }
+        let eio = engine(std::io::Error::from_raw_os_error(5));
+        assert!(matches!(eio, StorageError::Engine(_)), "{eio}");
+        assert_eq!(eio.into_mongo().code, 1);
+    }
 
     fn collect(txn: &dyn ReadTxn, table: Table, range: &KeyRange, rev: bool) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
