@@ -81,6 +81,8 @@ pub struct Subscriptions {
     loading: tokio::sync::Mutex<()>,
     /// Writes to the state collections so far (each one commit on the config shard).
     commits: std::sync::atomic::AtomicU64,
+    /// Passes of the state writer that failed (the config shard away or out of space).
+    failed_writes: std::sync::atomic::AtomicU64,
     /// Clients to the other routers that hold consumers' leases (commands forwarded there).
     peers: Mutex<HashMap<String, Arc<wire::Client>>>,
 }
@@ -298,6 +300,7 @@ impl Subscriptions {
             shared: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
             commits: std::sync::atomic::AtomicU64::new(0),
+            failed_writes: std::sync::atomic::AtomicU64::new(0),
             peers: Mutex::new(HashMap::new()),
         })
     }
@@ -328,14 +331,23 @@ impl Subscriptions {
         });
     }
 
-    /// `serverStatus`'s `metrics.subscriptions`: the consumers served here and the state
-    /// commits made so far.
+    /// `serverStatus`'s `metrics.subscriptions`: the consumers served here, the state commits
+    /// made so far and the state writes that failed (each tried again).
     pub fn status(&self) -> Document {
         let consumers = self.live.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let failed = self
+            .failed_writes
+            .load(std::sync::atomic::Ordering::Relaxed);
         doc! {
             "consumers": consumers as i64,
             "stateCommits": self.state_commits() as i64,
+            "stateWriteFailures": failed as i64,
         }
+    }
+
+    pub(super) fn state_write_failed(&self) {
+        self.failed_writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn state_commits(&self) -> u64 {

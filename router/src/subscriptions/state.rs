@@ -282,6 +282,7 @@ impl Service for StateWriter {
         } else {
             let before = self.subs.state_commits();
             if let Err(e) = self.subs.write_state().await {
+                self.subs.state_write_failed();
                 tracing::warn!(error = %e, "subscription state not written; trying again");
             }
             self.owed = (self.subs.state_commits() - before).saturating_sub(1);
