@@ -259,7 +259,16 @@ impl Read {
     /// The reply: `{messages: [{deliveryId, deliveryCount, event, changes?}], caughtUp,
     /// ok: 1}`.
     pub fn reply(self) -> RawDocumentBuf {
-        let size: usize = self.messages.iter().map(|d| d.message.size() + 128).sum();
+        // Sized up front (a reply grown as it is written is copied again and again): per
+        // message its event, its id and at most 80 bytes of keys, lengths and count, and each
+        // of its changes with up to 8 bytes of key.
+        let size: usize = self
+            .messages
+            .iter()
+            .map(|d| {
+                d.message.size() + d.message.id_part().len() + 80 + 8 * d.message.changes.len()
+            })
+            .sum();
         let mut w = wire::raw::Writer::with_capacity(size + 64);
         let (mut index, mut epoch) = (itoa::Buffer::new(), itoa::Buffer::new());
         w.begin_document(None);
