@@ -48,6 +48,70 @@ fn id(m: &Document) -> Bson {
     Bson::String(m.get_str("deliveryId").expect("deliveryId").to_string())
 }
 
+/// What one consumer of `subs.s` saw, read by read: the keys first delivered (in order), those
+/// acked with `waitDurable`, any of those delivered again, and the reads that failed.
+#[derive(Default)]
+struct Tally {
+    firsts: Vec<i32>,
+    durable: std::collections::HashSet<i32>,
+    redelivered_durable: Vec<i32>,
+    read_errors: Vec<String>,
+}
+
+impl Tally {
+    /// A read of up to 50 for consumer `a`, tallied; `None` (after a pause) when it failed.
+    async fn read(&mut self, db: &Database) -> anyhow::Result<Option<Vec<Document>>> {
+        let batch = match read(db, "a", 50, 500).await {
+            Ok(b) => b,
+            Err(e) => {
+                self.read_errors.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Ok(None);
+            }
+        };
+        for m in &batch {
+            let k = key(m);
+            if m.get_i64("deliveryCount")? == 1 {
+                self.firsts.push(k);
+            } else if self.durable.contains(&k) {
+                self.redelivered_durable.push(k);
+            }
+        }
+        Ok(Some(batch))
+    }
+
+    /// Every insert `0..n` delivered first in commit order, and nothing acked durably again.
+    fn check(&self, n: i32) {
+        assert_eq!(
+            self.firsts,
+            (0..n).collect::<Vec<_>>(),
+            "every insert delivered first in commit order"
+        );
+        assert!(
+            self.redelivered_durable.is_empty(),
+            "durably acked, delivered again: {:?}",
+            self.redelivered_durable
+        );
+    }
+}
+
+/// Inserts `{_id: 0..n}` into `subs.c` one at a time, `gap` apart, through any failure (a
+/// failed insert is tried again; one that was applied before failing is a duplicate key).
+fn insert_steadily(db: &Database, n: i32, gap: Duration) -> tokio::task::JoinHandle<()> {
+    let coll = db.collection::<Document>("c");
+    tokio::spawn(async move {
+        let mut i = 0;
+        while i < n {
+            match coll.insert_one(doc! {"_id": i}).await {
+                Ok(_) => i += 1,
+                Err(e) if e.to_string().contains("E11000") => i += 1,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+            tokio::time::sleep(gap).await;
+        }
+    })
+}
+
 /// Reads until `want` messages arrived or `patience` ran out.
 async fn read_all(
     db: &Database,
@@ -260,69 +324,33 @@ async fn a_killed_config_shard_pauses_consumers_and_loses_nothing() -> anyhow::R
     let client = cluster.client().await?;
     let db = subscribed(&client, doc! {"ackTimeoutSecs": 60}).await?;
     const N: i32 = 600;
-    let writer = {
-        let coll = db.collection::<Document>("c");
-        tokio::spawn(async move {
-            let mut i = 0;
-            while i < N {
-                match coll.insert_one(doc! {"_id": i}).await {
-                    Ok(_) => i += 1,
-                    Err(e) if e.to_string().contains("E11000") => i += 1,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
-    let mut firsts: Vec<i32> = Vec::new();
-    let mut durable: std::collections::HashSet<i32> = Default::default();
-    let mut redelivered_durable = Vec::new();
-    let mut read_errors = Vec::new();
+    let writer = insert_steadily(&db, N, Duration::from_millis(5));
+    let mut tally = Tally::default();
     let mut killed = false;
     let started = Instant::now();
-    while firsts.len() < N as usize && started.elapsed() < Duration::from_secs(120) {
-        if !killed && firsts.len() >= 100 {
+    while tally.firsts.len() < N as usize && started.elapsed() < Duration::from_secs(120) {
+        if !killed && tally.firsts.len() >= 100 {
             cluster.shards[0].kill();
             tokio::time::sleep(Duration::from_secs(3)).await;
             cluster.shards[0].restart().await?;
             killed = true;
         }
-        let batch = match read(&db, "a", 50, 500).await {
-            Ok(b) => b,
-            Err(e) => {
-                read_errors.push(e.to_string());
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
+        let Some(batch) = tally.read(&db).await? else {
+            continue;
         };
-        for m in &batch {
-            let k = key(m);
-            if m.get_i64("deliveryCount")? == 1 {
-                firsts.push(k);
-            } else if durable.contains(&k) {
-                redelivered_durable.push(k);
-            }
-        }
         let ids: Vec<Bson> = batch.iter().map(id).collect();
-        let wait_durable = firsts.len().is_multiple_of(2);
+        let wait_durable = tally.firsts.len().is_multiple_of(2);
         let ack = db
             .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": wait_durable})
             .await;
         if ack.is_ok() && wait_durable {
-            durable.extend(batch.iter().map(key));
+            tally.durable.extend(batch.iter().map(key));
         }
     }
     writer.await?;
     assert!(killed, "the config shard was killed mid-run");
-    assert_eq!(
-        firsts,
-        (0..N).collect::<Vec<_>>(),
-        "every insert delivered first in commit order"
-    );
-    assert!(
-        redelivered_durable.is_empty(),
-        "durably acked, delivered again: {redelivered_durable:?}"
-    );
+    tally.check(N);
+    let read_errors = &tally.read_errors;
     // The router's connection to the shard drops: at most the read that was in flight fails.
     assert!(read_errors.len() <= 3, "reads failed: {read_errors:?}");
     Ok(())
@@ -397,24 +425,8 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
     let ballast = client.database("ballast").collection::<Document>("b");
     let db = subscribed(&client, doc! {"ackTimeoutSecs": 60}).await?;
     const N: i32 = 600;
-    let writer = {
-        let coll = db.collection::<Document>("c");
-        tokio::spawn(async move {
-            let mut i = 0;
-            while i < N {
-                match coll.insert_one(doc! {"_id": i}).await {
-                    Ok(_) => i += 1,
-                    Err(e) if e.to_string().contains("E11000") => i += 1,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
-    let mut firsts: Vec<i32> = Vec::new();
-    let mut durable: std::collections::HashSet<i32> = Default::default();
-    let mut redelivered_durable = Vec::new();
-    let mut read_errors = Vec::new();
+    let writer = insert_steadily(&db, N, Duration::from_millis(10));
+    let mut tally = Tally::default();
     let mut full_errors = Vec::new();
     let mut full = false;
     let freed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
@@ -423,8 +435,8 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
     let mut durable_after_free = 0;
     let mut ballast_id = 0;
     let started = Instant::now();
-    while firsts.len() < N as usize && started.elapsed() < Duration::from_secs(150) {
-        if !full && firsts.len() >= 100 {
+    while tally.firsts.len() < N as usize && started.elapsed() < Duration::from_secs(150) {
+        if !full && tally.firsts.len() >= 100 {
             disk.fill()?;
             // Then the space the config shard's files still had: writes of ever smaller
             // documents until one of each size fails.
@@ -450,27 +462,14 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
             });
         }
         let freed = freed_at.lock().unwrap().is_some();
-        let batch = match read(&db, "a", 50, 500).await {
-            Ok(b) => b,
-            Err(e) => {
-                read_errors.push(e.to_string());
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
+        let Some(batch) = tally.read(&db).await? else {
+            continue;
         };
-        for m in &batch {
-            let k = key(m);
-            if m.get_i64("deliveryCount")? == 1 {
-                firsts.push(k);
-            } else if durable.contains(&k) {
-                redelivered_durable.push(k);
-            }
-        }
         if batch.is_empty() {
             continue;
         }
         let ids: Vec<Bson> = batch.iter().map(id).collect();
-        let wait_durable = firsts.len().is_multiple_of(2);
+        let wait_durable = tally.firsts.len().is_multiple_of(2);
         let asked = Instant::now();
         let ack = db
             .run_command(doc! {"ackSubscription": "s", "consumer": "a", "deliveryIds": ids, "waitDurable": wait_durable})
@@ -480,7 +479,7 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
         }
         match ack {
             Ok(_) if wait_durable => {
-                durable.extend(batch.iter().map(key));
+                tally.durable.extend(batch.iter().map(key));
                 durable_after_free += usize::from(freed);
             }
             Ok(_) => {}
@@ -524,19 +523,12 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
         again = ballast.insert_one(big.clone()).await;
     }
     again.map_err(|e| anyhow::anyhow!("writing once space is back: {e}"))?;
-    assert_eq!(
-        firsts,
-        (0..N).collect::<Vec<_>>(),
-        "every insert delivered first in commit order"
-    );
-    assert!(
-        redelivered_durable.is_empty(),
-        "durably acked, delivered again: {redelivered_durable:?}"
-    );
+    tally.check(N);
     assert!(
         durable_after_free > 0,
         "durable acks stored again after the disk was freed"
     );
+    let read_errors = &tally.read_errors;
     assert!(read_errors.is_empty(), "reads failed: {read_errors:?}");
     // What a durable ack answered for was stored: a router killed now (its memory gone) does
     // not deliver any of it again.
@@ -561,7 +553,7 @@ async fn a_full_config_shard_disk_fails_writes_cleanly_and_loses_nothing() -> an
     let durable_again: Vec<i32> = again
         .iter()
         .copied()
-        .filter(|k| durable.contains(k))
+        .filter(|k| tally.durable.contains(k))
         .collect();
     assert!(
         durable_again.is_empty(),
