@@ -14,7 +14,6 @@ use wire::{MongoError, Result};
 
 use super::Ctx;
 use super::admin::admin_only;
-use crate::cursors::{CursorState, RouterCursor};
 
 /// The `inprog` entries: one `idleCursor` per open change stream when `idle_cursors`.
 fn inprog(ctx: &Ctx<'_>, idle_cursors: bool) -> Vec<Document> {
@@ -121,11 +120,5 @@ pub(super) async fn aggregate(ctx: &Ctx<'_>, stages: &[Document]) -> Result<Body
     let rest = pipeline::agg::Pipeline::parse(&stages[1..])?;
     let out = rest.run(inprog(ctx, idle_cursors))?;
     let ns = "admin.$cmd.aggregate".to_string();
-    let cursor = RouterCursor {
-        ns: ns.clone(),
-        state: CursorState::Buffered(out.into()),
-        info: None,
-    };
-    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::reads::first_reply(ctx, ns, cursor, batch, false).await
+    super::reads::buffered_reply(ctx, ns, out).await
 }

@@ -103,6 +103,18 @@ pub(super) async fn first_reply(
     Ok(Body::Raw(encoded_reply(&ns, id, true, &batch)))
 }
 
+/// The first reply of a cursor over `docs`, results the router computed (the command's
+/// `cursor: {batchSize}`; `getMore` reads the rest).
+pub(super) async fn buffered_reply(ctx: &Ctx<'_>, ns: String, docs: Vec<Document>) -> Result<Body> {
+    let cursor = RouterCursor {
+        ns: ns.clone(),
+        state: crate::cursors::CursorState::Buffered(docs.into()),
+        info: None,
+    };
+    let batch = batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
+    first_reply(ctx, ns, cursor, batch, false).await
+}
+
 pub(super) fn batch_size(ctx: &Ctx<'_>, from: Option<&Document>) -> Result<usize> {
     let v = match from {
         Some(d) => super::Args::new(d, ctx.name).opt_i64("batchSize")?,

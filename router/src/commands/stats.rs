@@ -14,7 +14,6 @@ use wire::{ErrorCode, MongoError, Result};
 
 use super::Ctx;
 use super::crud::validate_collection_name;
-use crate::cursors::{CursorState, RouterCursor};
 use crate::kernel::catalog::Placement;
 use crate::kernel::transport::Shards;
 
@@ -199,13 +198,7 @@ pub(super) async fn coll_stats_stage(
         ));
     }
     let out = rest.run(docs)?;
-    let cursor = RouterCursor {
-        ns: ns.clone(),
-        state: CursorState::Buffered(out.into()),
-        info: None,
-    };
-    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::reads::first_reply(ctx, ns, cursor, batch, false).await
+    super::reads::buffered_reply(ctx, ns, out).await
 }
 
 /// `validate`: every shard that holds the collection checks its part; the collection is

@@ -11,7 +11,6 @@ use wire::raw::Body;
 use wire::{MongoError, Result};
 
 use super::Ctx;
-use crate::cursors::{CursorState, RouterCursor};
 use crate::subscriptions::spec::{self, check_name};
 
 pub(super) async fn create(ctx: &Ctx<'_>) -> Result<Document> {
@@ -198,19 +197,11 @@ pub(super) async fn drop(ctx: &Ctx<'_>) -> Result<Document> {
         .await
 }
 
-/// `listSubscriptions`: one batch (the rows of one database's subscriptions, or of all on
-/// `admin`), at most 16 MiB of them.
-/// `listSubscriptions`: one row per consumer, as a cursor (`cursor: {batchSize}`; `getMore`
-/// reads the rest).
+/// `listSubscriptions`: one row per consumer of one database's subscriptions (of all on
+/// `admin`), as a cursor (`cursor: {batchSize}`; `getMore` reads the rest).
 pub(super) async fn list(ctx: &Ctx<'_>) -> Result<Body> {
     let filter = ctx.args().opt_doc("filter")?;
     let rows = ctx.seams.subscriptions.list(ctx.db, filter).await?;
     let ns = format!("{}.$cmd.listSubscriptions", ctx.db);
-    let cursor = RouterCursor {
-        ns: ns.clone(),
-        state: CursorState::Buffered(rows.into()),
-        info: None,
-    };
-    let batch = super::reads::batch_size(ctx, ctx.args().opt_doc("cursor")?)?;
-    super::reads::first_reply(ctx, ns, cursor, batch, false).await
+    super::reads::buffered_reply(ctx, ns, rows).await
 }
