@@ -1,7 +1,7 @@
 //! Subscription consumers (`--consumers 1,100`): for each count in turn, that many consumers of
 //! one new subscription each read every document one writer inserts (`readSubscription` of up
-//! to `--read-max` (100), then one ack of the batch: through its last delivery, or naming every one with
-//! `--ack-ids`), and the bench reports acked deliveries/s and the server's CPU per acked
+//! to `--read-max` (100), then one ack of the batch: through its last delivery, naming every
+//! one with `--ack-ids`, or carried by the next read with `--ack-with-read`), and the bench reports acked deliveries/s and the server's CPU per acked
 //! delivery and per written document, with each count's CPU per document over the first's.
 //!
 //! Invariant: a round ends only when every consumer has had every document; the CPU is the
@@ -20,8 +20,19 @@ pub struct Spec {
     pub docs: u64,
     pub batch: usize,
     pub payload: usize,
-    pub ack_ids: bool,
+    pub acks: Acks,
     pub read_max: i32,
+}
+
+/// How a consumer acks the batch it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// `ackSubscription {deliveryIds}` naming every delivery.
+    Ids,
+    /// `ackSubscription {through}` its last delivery.
+    Through,
+    /// The next `readSubscription {ackThrough}`.
+    WithRead,
 }
 
 /// One round's figures.
@@ -75,16 +86,16 @@ async fn round(
         .context("createSubscription")?;
     // Each consumer exists (at the subscription's start) before the first write.
     for c in 0..consumers {
-        read(db, &sub, c, 1, 0).await?;
+        read(db, &sub, c, 1, 0, None).await?;
     }
     let cpu0 = pid.and_then(|p| procstat::sample(p, ticks));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..consumers {
         let (db, sub, want) = (db.clone(), sub.clone(), spec.docs);
-        let (ack_ids, read_max) = (spec.ack_ids, spec.read_max);
+        let (acks, read_max) = (spec.acks, spec.read_max);
         tasks.push(tokio::spawn(async move {
-            drain(&db, &sub, c, want, ack_ids, read_max).await
+            drain(&db, &sub, c, want, acks, read_max).await
         }));
     }
     let filler = "x".repeat(spec.payload);
@@ -113,13 +124,21 @@ async fn round(
     })
 }
 
-async fn read(db: &Database, sub: &str, c: usize, max: i32, wait_ms: i32) -> Result<Vec<Bson>> {
-    let reply = db
-        .run_command(doc! {
-            "readSubscription": sub, "consumer": format!("c{c}"), "max": max, "waitMS": wait_ms,
-        })
-        .await
-        .context("readSubscription")?;
+async fn read(
+    db: &Database,
+    sub: &str,
+    c: usize,
+    max: i32,
+    wait_ms: i32,
+    ack_through: Option<Bson>,
+) -> Result<Vec<Bson>> {
+    let mut cmd = doc! {
+        "readSubscription": sub, "consumer": format!("c{c}"), "max": max, "waitMS": wait_ms,
+    };
+    if let Some(id) = ack_through {
+        cmd.insert("ackThrough", id);
+    }
+    let reply = db.run_command(cmd).await.context("readSubscription")?;
     Ok(reply.get_array("messages")?.clone())
 }
 
@@ -129,12 +148,13 @@ async fn drain(
     sub: &str,
     c: usize,
     want: u64,
-    ack_ids: bool,
+    acks: Acks,
     read_max: i32,
 ) -> Result<u64> {
     let mut got = 0u64;
+    let mut unacked = None;
     while got < want {
-        let messages = read(db, sub, c, read_max, 1000).await?;
+        let messages = read(db, sub, c, read_max, 1000, unacked.take()).await?;
         let ids: Vec<Bson> = messages
             .iter()
             .filter_map(|m| m.as_document()?.get("deliveryId").cloned())
@@ -142,14 +162,19 @@ async fn drain(
         let Some(last) = ids.last().cloned() else {
             continue;
         };
-        let mut ack = doc! {"ackSubscription": sub, "consumer": format!("c{c}")};
-        if ack_ids {
-            ack.insert("deliveryIds", ids.clone());
-        } else {
-            ack.insert("through", last);
-        }
-        db.run_command(ack).await.context("ackSubscription")?;
         got += ids.len() as u64;
+        let mut ack = doc! {"ackSubscription": sub, "consumer": format!("c{c}")};
+        match acks {
+            Acks::Ids => ack.insert("deliveryIds", ids),
+            Acks::Through => ack.insert("through", last),
+            Acks::WithRead if got < want => {
+                unacked = Some(last);
+                continue;
+            }
+            // The last batch: no read follows to carry its ack.
+            Acks::WithRead => ack.insert("through", last),
+        };
+        db.run_command(ack).await.context("ackSubscription")?;
     }
     Ok(got)
 }

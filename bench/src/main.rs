@@ -146,6 +146,10 @@ struct Cli {
     /// With --consumers: ack a batch by naming every delivery, not through its last one.
     #[arg(long, requires = "consumers")]
     ack_ids: bool,
+    /// With --consumers: ack a batch through its last delivery with the next read
+    /// (`ackThrough`), not with an `ackSubscription` of its own.
+    #[arg(long, requires = "consumers", conflicts_with = "ack_ids")]
+    ack_with_read: bool,
     /// With --consumers: the most messages one read asks for (`max`).
     #[arg(long, default_value_t = 100, requires = "consumers")]
     read_max: i32,
@@ -215,7 +219,13 @@ async fn run(cli: Cli) -> Result<()> {
             docs: cli.docs.unwrap_or(5_000),
             batch: cli.batch as usize,
             payload: cli.payload,
-            ack_ids: cli.ack_ids,
+            acks: if cli.ack_ids {
+                consumers::Acks::Ids
+            } else if cli.ack_with_read {
+                consumers::Acks::WithRead
+            } else {
+                consumers::Acks::Through
+            },
             read_max: cli.read_max,
         };
         let result = consumers::run(&client, &cli.db, pid, &spec).await;

@@ -41,9 +41,11 @@ pub(crate) fn kill_on_shards(transport: &Arc<ShardTransport>, services: &Service
     });
 }
 
-/// A new operation key (a UUID, as drivers and mongos make them).
+/// A new operation key (a random UUID, as drivers and mongos make them), from the thread's
+/// generator: every command has one, and asking the kernel for each costs a system call.
 pub fn new_key() -> bson::Binary {
-    bson::Binary::from_uuid(bson::Uuid::new())
+    let uuid = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    bson::Binary::from_uuid(bson::Uuid::from_bytes(uuid.into_bytes()))
 }
 
 struct Op {

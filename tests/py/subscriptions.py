@@ -182,6 +182,26 @@ def main(uri):
           f"acknowledged, the lag shrinks: {behind['lagBytes']} -> {caught_up}")
     db.command("dropSubscription", "lag")
 
+    # The next read carries the ack: one round trip per batch.
+    db.command("createSubscription", "carried", collection="carried")
+    read("carried", "k", max=1)
+    db.carried.insert_many([{"_id": i} for i in range(3)])
+    first = read("carried", "k", max=2, waitMS=2000)["messages"]
+    check([m["event"]["documentKey"]["_id"] for m in first] == [0, 1], f"two of three: {first}")
+    r = read("carried", "k", max=10, waitMS=2000, ackThrough=first[-1]["deliveryId"])
+    check(r["acked"] == 2 and r["late"] == 0 and r["unknown"] == 0, f"the read acked two: {r}")
+    check([m["event"]["documentKey"]["_id"] for m in r["messages"]] == [2],
+          f"and read only the third: {r['messages']}")
+    r = read("carried", "k", max=10, ackThrough=first[-1]["deliveryId"])
+    check(r["acked"] == 0 and r["late"] == 1 and r["messages"] == [], f"twice: late, nothing new {r}")
+    check("acked" not in read("carried", "k", max=10), "no ack asked, none reported")
+    try:
+        read("carried", "k", ackThrough=5)
+        check(False, "a number for ackThrough is refused")
+    except OperationFailure as e:
+        check(e.code == 14, f"TypeMismatch: {e}")
+    db.command("dropSubscription", "carried")
+
     # --- errors ---
     for cmd, code in [
         ({"readSubscription": "nope", "consumer": "c"}, 9100),

@@ -258,7 +258,7 @@ fn known(command: Command) -> Known {
             "consumerIdleTimeoutSecs",
             "selectors",
         ],
-        ReadSubscription => &["consumer", "max", "waitMS", "forwardedBy"],
+        ReadSubscription => &["consumer", "max", "waitMS", "ackThrough", "forwardedBy"],
         AckSubscription => &[
             "consumer",
             "deliveryIds",

@@ -36,6 +36,15 @@ pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
             Err(e) => return Err(e),
         },
     };
+    let ack_through = match ctx.cmd.get("ackThrough") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::String(id)) => Some(id.as_str()),
+        Some(_) => {
+            return Err(MongoError::type_mismatch(
+                "'ackThrough' must be a deliveryId",
+            ));
+        }
+    };
     let read = ctx
         .seams
         .subscriptions
@@ -45,6 +54,7 @@ pub(super) async fn read(ctx: &Ctx<'_>) -> Result<Body> {
             &consumer,
             max as usize,
             Duration::from_millis(wait as u64),
+            ack_through,
         )
         .await;
     match read {

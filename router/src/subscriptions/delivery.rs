@@ -23,7 +23,7 @@
 //! keeps only its token (its bytes are released). No out or due message's timer is earlier
 //! than `timers_from`, so a read with nothing due does not scan the window.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,6 +208,21 @@ impl Slot {
         }
     }
 
+    /// What the persisted state remembers of it.
+    fn remembered(&self) -> Remembered {
+        match self {
+            Slot::Done(_) => Remembered::Done,
+            Slot::Out { deliveries, .. } => Remembered::Delivered {
+                deliveries: *deliveries,
+                at: None,
+            },
+            Slot::Due { deliveries, at, .. } => Remembered::Delivered {
+                deliveries: *deliveries,
+                at: Some(*at),
+            },
+        }
+    }
+
     fn deliveries(&self) -> u32 {
         match self {
             Slot::Out { deliveries, .. } | Slot::Due { deliveries, .. } => *deliveries,
@@ -254,6 +269,17 @@ pub enum Remembered {
         deliveries: u32,
         at: Option<Millis>,
     },
+}
+
+/// A run of the persisted window: every message after the previous run's end (the first
+/// run's: after the floor) through `end` is in `state`. A window is contiguous (it holds every
+/// message the feed brought above the floor), and the feed brings the same messages again
+/// after a restore (as a resumed stream does), so runs remember each message exactly while a
+/// window of messages delivered once, or done, is one run whatever its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub end: ResumeToken,
+    pub state: Remembered,
 }
 
 /// A consumer's counters (messages, not deliveries, except `redelivered`).
@@ -347,8 +373,9 @@ pub struct Consumer {
     timers_from: Millis,
     /// Redriven dead letters, below the floor.
     redriven: BTreeMap<ResumeToken, Slot>,
-    /// What the persisted state says of messages above the floor not taken again yet.
-    remembered: HashMap<ResumeToken, Remembered>,
+    /// What the persisted state says of messages above the horizon (not taken again yet since
+    /// a restore), in token order.
+    remembered: VecDeque<Run>,
     /// Messages out or due (not done), and their bytes.
     in_flight: usize,
     in_flight_bytes: usize,
@@ -367,7 +394,7 @@ impl Consumer {
             window: VecDeque::new(),
             timers_from: Millis(u64::MAX),
             redriven: BTreeMap::new(),
-            remembered: HashMap::new(),
+            remembered: VecDeque::new(),
             in_flight: 0,
             in_flight_bytes: 0,
             paused: false,
@@ -382,7 +409,7 @@ impl Consumer {
         limits: Limits,
         epoch: u32,
         floor: Option<ResumeToken>,
-        remembered: HashMap<ResumeToken, Remembered>,
+        remembered: VecDeque<Run>,
         counters: Counters,
     ) -> Consumer {
         let mut c = Consumer::new(limits, epoch, floor);
@@ -425,30 +452,20 @@ impl Consumer {
         self.paused = paused;
     }
 
-    /// What the persisted state must remember above the floor: done messages, and delivery
-    /// counts and nack delays of the others (bounded by the window).
-    pub fn remembered(&self) -> Vec<(ResumeToken, Remembered)> {
-        let mut out: Vec<(ResumeToken, Remembered)> = self
-            .window
-            .iter()
-            .map(|slot| {
-                let r = match slot {
-                    Slot::Done(_) => Remembered::Done,
-                    Slot::Out { deliveries, .. } => Remembered::Delivered {
-                        deliveries: *deliveries,
-                        at: None,
-                    },
-                    Slot::Due { deliveries, at, .. } => Remembered::Delivered {
-                        deliveries: *deliveries,
-                        at: Some(*at),
-                    },
-                };
-                (slot.token().clone(), r)
-            })
-            .collect();
+    /// What the persisted state must remember above the floor, as runs in token order
+    /// (bounded by the window): done messages, and delivery counts and nack delays of the
+    /// others.
+    pub fn runs(&self) -> Vec<(&ResumeToken, Remembered)> {
+        let mut out = Vec::new();
+        let mut slots = self.window.iter().peekable();
+        while let Some(slot) = slots.next() {
+            let state = slot.remembered();
+            if slots.peek().is_none_or(|next| next.remembered() != state) {
+                out.push((slot.token(), state));
+            }
+        }
         // What the feed has not brought back yet since a restore is still owed.
-        out.extend(self.remembered.iter().map(|(t, r)| (t.clone(), *r)));
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(self.remembered.iter().map(|r| (&r.end, r.state)));
         out
     }
 
@@ -567,15 +584,22 @@ impl Consumer {
             return None;
         }
         self.horizon = Some(Mark::Message(message.clone()));
-        // What the state remembers before this message, the feed no longer brings.
-        if !self.remembered.is_empty() {
-            self.remembered.retain(|t, _| *t >= message.token);
+        // Runs that end before this message, the feed no longer brings.
+        while self
+            .remembered
+            .front()
+            .is_some_and(|r| r.end < message.token)
+        {
+            self.remembered.pop_front();
         }
-        let remembered = if self.remembered.is_empty() {
-            None
-        } else {
-            self.remembered.remove(&message.token)
-        };
+        let remembered = self.remembered.front().map(|r| r.state);
+        if self
+            .remembered
+            .front()
+            .is_some_and(|r| r.end == message.token)
+        {
+            self.remembered.pop_front();
+        }
         let (deliveries, at) = match remembered {
             Some(Remembered::Done) => {
                 self.window.push_back(Slot::Done(message.token.clone()));
@@ -629,7 +653,9 @@ impl Consumer {
             return;
         }
         self.horizon = Some(Mark::Token(token.clone()));
-        self.remembered.retain(|t, _| t > token);
+        while self.remembered.front().is_some_and(|r| r.end <= *token) {
+            self.remembered.pop_front();
+        }
         self.advance_floor();
     }
 
@@ -897,6 +923,7 @@ impl Consumer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     fn token(n: u64) -> ResumeToken {
         ResumeToken::from_parts(n.to_be_bytes().to_vec(), Vec::new())
@@ -1137,17 +1164,21 @@ mod tests {
     #[test]
     fn a_restored_consumer_skips_what_was_done_and_keeps_counts_and_delays() {
         let later = T0.after(Duration::from_secs(60));
-        let remembered = HashMap::from([
-            (token(2), Remembered::Done),
-            (
-                token(3),
+        let run = |n, state| Run {
+            end: token(n),
+            state,
+        };
+        let remembered = VecDeque::from([
+            run(2, Remembered::Done),
+            run(
+                3,
                 Remembered::Delivered {
                     deliveries: 2,
                     at: Some(later),
                 },
             ),
-            (
-                token(4),
+            run(
+                4,
                 Remembered::Delivered {
                     deliveries: 1,
                     at: None,
@@ -1172,6 +1203,50 @@ mod tests {
             "3 after its delay, 4 after its timeout"
         );
         assert!(d[0].id().starts_with("4."));
+    }
+
+    #[test]
+    fn a_window_is_remembered_as_runs_and_restored_message_by_message() {
+        let mut c = Consumer::new(limits(), 0, Some(token(0)));
+        for n in 1..=6 {
+            c.offer(message(n), T0).expect("delivered");
+        }
+        c.ack(&[id(&c, 3), id(&c, 4)], T0);
+        let later = T0.after(Duration::from_secs(5));
+        c.nack(&[id(&c, 6)], T0, Some(Duration::from_secs(5)), false);
+        let runs: Vec<_> = c.runs().into_iter().map(|(t, r)| (t.clone(), r)).collect();
+        let once = Remembered::Delivered {
+            deliveries: 1,
+            at: None,
+        };
+        let nacked = Remembered::Delivered {
+            deliveries: 1,
+            at: Some(later),
+        };
+        assert_eq!(
+            runs,
+            [
+                (token(2), once),
+                (token(4), Remembered::Done),
+                (token(5), once),
+                (token(6), nacked)
+            ],
+            "two delivered once, two done, one delivered once, one nacked"
+        );
+
+        let restored = runs
+            .into_iter()
+            .map(|(end, state)| Run { end, state })
+            .collect();
+        let mut c = Consumer::restored(limits(), 0, Some(token(0)), restored, Counters::default());
+        let counts: Vec<_> = (1..=7)
+            .map(|n| c.offer(message(n), T0).map(|d| d.count))
+            .collect();
+        assert_eq!(
+            counts,
+            [Some(2), Some(2), None, None, Some(2), None, Some(1)],
+            "each message in its run's state; past the last run, new"
+        );
     }
 
     #[test]
@@ -1315,6 +1390,63 @@ mod tests {
             }
             prop_assert_eq!(c.in_flight(), 0);
             prop_assert_eq!(c.floor(), c.horizon());
+        }
+
+        /// A consumer restored from its runs, fed the same messages again, finds each one
+        /// as it was: done ones stay done, the others come again with their counts, or wait
+        /// out their nack's delay.
+        #[test]
+        fn a_restore_from_runs_remembers_every_message(ops in proptest::collection::vec(op(), 1..80)) {
+            let limits = Limits {
+                ack_timeout: Duration::from_secs(10),
+                max_deliveries: 4,
+                backoff: vec![Duration::from_millis(100)],
+                max_in_flight: 8,
+            };
+            let mut c = Consumer::new(limits.clone(), 0, None);
+            let mut now = T0;
+            let mut next = 1u64;
+            let mut out: Vec<String> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Take(n) => {
+                        let (again, _) = c.take_due(now, n, usize::MAX);
+                        out.extend(again.iter().map(Delivery::id));
+                        for _ in 0..c.room().min(n) {
+                            let Some(d) = c.offer(message(next), now) else { break };
+                            out.push(d.id());
+                            next += 1;
+                        }
+                    }
+                    Op::Ack(i) if !out.is_empty() => {
+                        c.ack(&[DeliveryId::parse(&out[i % out.len()]).unwrap()], now);
+                    }
+                    Op::Nack(i, retry, dead) if !out.is_empty() => {
+                        let retry = retry.map(|ms| Duration::from_millis(u64::from(ms)));
+                        let id = DeliveryId::parse(&out[i % out.len()]).unwrap();
+                        c.nack(&[id], now, retry, dead);
+                    }
+                    Op::Tick(ms) => now = now.after(Duration::from_millis(u64::from(ms))),
+                    _ => {}
+                }
+            }
+            let runs: VecDeque<Run> = c
+                .runs()
+                .into_iter()
+                .map(|(end, state)| Run { end: end.clone(), state })
+                .collect();
+            let mut again = Consumer::restored(limits, 0, c.floor().cloned(), runs, c.counters);
+            let first = c.floor().map_or(1, |f| u64::from_be_bytes(f.data().try_into().unwrap()) + 1);
+            for n in first..next {
+                let expected = match c.position(&token(n)).map(|i| c.window[i].remembered()) {
+                    None | Some(Remembered::Done) => None,
+                    Some(Remembered::Delivered { deliveries, at }) => {
+                        let waits = at.is_some_and(|at| at > now);
+                        (!waits && deliveries < 4).then_some(deliveries + 1)
+                    }
+                };
+                prop_assert_eq!(again.offer(message(n), now).map(|d| d.count), expected, "message {}", n);
+            }
         }
     }
 }

@@ -136,6 +136,13 @@ impl Machine {
         self.dirty = true;
         self.urgent |= urgent;
     }
+
+    /// A cumulative ack: every message out or due at or before `through` is done.
+    fn ack_through(&mut self, through: &DeliveryId) -> Outcome {
+        let outcome = self.consumer.ack_through(through, wall_clock());
+        self.mark(false);
+        outcome
+    }
 }
 
 impl Live {
@@ -253,11 +260,14 @@ impl Gathered {
 pub struct Read {
     pub messages: Vec<Delivery>,
     pub caught_up: bool,
+    /// What the read's `ackThrough` did (`None`: it had none, or the consumer's state was
+    /// away and the ack was not applied).
+    pub acked: Option<Outcome>,
 }
 
 impl Read {
     /// The reply: `{messages: [{deliveryId, deliveryCount, event, changes?}], caughtUp,
-    /// ok: 1}`.
+    /// acked?, late?, unknown?, ok: 1}`.
     pub fn reply(self) -> RawDocumentBuf {
         // Sized up front (a reply grown as it is written is copied again and again): per
         // message its event, its id and at most 80 bytes of keys, lengths and count, and each
@@ -293,6 +303,11 @@ impl Read {
         }
         w.end();
         w.boolean("caughtUp", self.caught_up);
+        if let Some(o) = self.acked {
+            w.int64("acked", i64::from(o.applied));
+            w.int64("late", i64::from(o.late));
+            w.int64("unknown", i64::from(o.unknown));
+        }
         w.double("ok", 1.0);
         w.finish()
     }
@@ -786,8 +801,9 @@ impl Subscriptions {
         }
     }
 
-    /// `readSubscription`: due redeliveries first, then new messages; waits up to `wait` for
-    /// the first one, holding no lock meanwhile.
+    /// `readSubscription`: first the cumulative ack it carries (`ackThrough`, as
+    /// `ackSubscription {through}` would), then due redeliveries, then new messages; waits up
+    /// to `wait` for the first one, holding no lock meanwhile.
     pub async fn read(
         &self,
         db: &str,
@@ -795,13 +811,16 @@ impl Subscriptions {
         consumer: &str,
         max: usize,
         wait: Duration,
+        ack_through: Option<&str>,
     ) -> Result<Read> {
+        let ack_through = ack_through.map(parse_id).transpose()?;
         // The config shard away (the consumer's state cannot be loaded, its lease not taken
         // or renewed) is not the reader's error: the read waits and comes back empty, as a
         // read with nothing new does, and the consumer is served again once it is back.
         let away = || Read {
             messages: Vec::new(),
             caught_up: false,
+            acked: None,
         };
         let patience = wait.max(Duration::from_secs(1));
         let live = match tokio::time::timeout(patience, self.live(db, name, consumer, true)).await {
@@ -814,6 +833,11 @@ impl Subscriptions {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Ok(away()),
         };
+        let acked = ack_through.map(|through| {
+            let outcome = live.machine().ack_through(&through);
+            live.freed.notify_waiters();
+            outcome
+        });
         // Caught up means: read through everything this router knew of when the read began.
         let head = self.transport.clock().now();
         let mut got = Gathered {
@@ -899,6 +923,7 @@ impl Subscriptions {
         Ok(Read {
             messages: got.out,
             caught_up,
+            acked,
         })
     }
 
@@ -1048,7 +1073,7 @@ impl Subscriptions {
                 let (mut o, done) = m.consumer.ack(&ids, now);
                 m.redriven_done.extend(done);
                 if let Some(through) = &through {
-                    let t = m.consumer.ack_through(through, now);
+                    let t = m.ack_through(through);
                     o.applied += t.applied;
                     o.late += t.late;
                     o.unknown += t.unknown;

@@ -12,7 +12,7 @@
 //! longer write it, and learns so; an ack that asked to wait (`waitDurable`) is answered only
 //! after the pass that stored it; a failed pass loses nothing (what it wrote is written again).
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use bson::{Binary, Bson, Document, doc};
 use resume::token::ResumeToken;
 use wire::{MongoError, Result};
 
-use super::delivery::{Consumer, Counters, DeadLetter, Millis, Remembered};
+use super::delivery::{Consumer, Counters, DeadLetter, Millis, Remembered, Run};
 use super::spec::{CONSUMERS, DEAD_LETTERS, STATE_DB};
 use super::{Live, Subscriptions};
 use crate::kernel::services::Service;
@@ -76,14 +76,15 @@ fn binary(bytes: &[u8]) -> Bson {
     })
 }
 
-/// What a consumer remembers above its floor, packed into one binary value (the whole window
-/// is written with every moved position, so its encoding is kept cheap for the config shard
-/// to store): per message, the token's length (u16 LE) and bytes, then `0` (done) or `1`
-/// (delivered) with its deliveries (u32 LE) and the time it is due again (u64 LE ms, 0: not
-/// set).
-fn pack_remembered(entries: &[(ResumeToken, Remembered)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(entries.iter().map(|(t, _)| t.data().len() + 15).sum());
-    for (t, r) in entries {
+/// What a consumer remembers above its floor ([`Run`]s in token order), packed into one
+/// binary value (the whole window is written with every moved position, so its encoding is
+/// kept cheap for the config shard to store): per run, its end token's length (u16 LE) and
+/// bytes, then `0` (done) or `1` (delivered) with its deliveries (u32 LE) and the time it is
+/// due again (u64 LE ms, 0: not set). The form written when each message had its own entry is
+/// the same packing with one run per message.
+fn pack_runs(runs: &[(&ResumeToken, Remembered)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(runs.iter().map(|(t, _)| t.data().len() + 15).sum());
+    for (t, r) in runs {
         let data = &t.data()[..t.data().len().min(usize::from(u16::MAX))];
         out.extend_from_slice(&(data.len() as u16).to_le_bytes());
         out.extend_from_slice(data);
@@ -99,16 +100,17 @@ fn pack_remembered(entries: &[(ResumeToken, Remembered)]) -> Vec<u8> {
     out
 }
 
-/// [`pack_remembered`]'s entries; `None` when the bytes are not such a packing.
-fn unpack_remembered(mut b: &[u8]) -> Option<HashMap<ResumeToken, Remembered>> {
-    let mut out = HashMap::new();
+/// [`pack_runs`]'s runs; `None` when the bytes are not such a packing, or its runs are not in
+/// token order.
+fn unpack_runs(mut b: &[u8]) -> Option<VecDeque<Run>> {
+    let mut out: VecDeque<Run> = VecDeque::new();
     while !b.is_empty() {
         let len = usize::from(u16::from_le_bytes(b.get(..2)?.try_into().ok()?));
         let token = b.get(2..2 + len)?;
         let rest = b.get(2 + len..2 + len + 13)?;
         let deliveries = u32::from_le_bytes(rest[1..5].try_into().ok()?);
         let at = u64::from_le_bytes(rest[5..13].try_into().ok()?);
-        let r = match rest[0] {
+        let state = match rest[0] {
             0 => Remembered::Done,
             1 => Remembered::Delivered {
                 deliveries,
@@ -116,7 +118,11 @@ fn unpack_remembered(mut b: &[u8]) -> Option<HashMap<ResumeToken, Remembered>> {
             },
             _ => return None,
         };
-        out.insert(ResumeToken::from_parts(token.to_vec(), Vec::new()), r);
+        let end = ResumeToken::from_parts(token.to_vec(), Vec::new());
+        if out.back().is_some_and(|r| r.end >= end) {
+            return None;
+        }
+        out.push_back(Run { end, state });
         b = &b[2 + len + 13..];
     }
     Some(out)
@@ -126,7 +132,7 @@ fn unpack_remembered(mut b: &[u8]) -> Option<HashMap<ResumeToken, Remembered>> {
 pub struct Stored {
     pub epoch: u32,
     pub floor: Option<ResumeToken>,
-    pub remembered: HashMap<ResumeToken, Remembered>,
+    pub remembered: VecDeque<Run>,
     pub counters: Counters,
     pub status: Status,
     pub paused: bool,
@@ -149,19 +155,19 @@ impl Stored {
             Ok(t) => Some(ResumeToken::from_document(t)?),
             Err(_) => None,
         };
-        let mut remembered = HashMap::new();
+        let mut remembered = VecDeque::new();
         if let Ok(packed) = d.get_binary_generic("remembered") {
-            remembered = unpack_remembered(packed).ok_or_else(|| {
+            remembered = unpack_runs(packed).ok_or_else(|| {
                 MongoError::internal("a stored consumer whose 'remembered' does not decode")
             })?;
         }
-        // The form written before it was packed: an array of documents.
+        // The form written before it was packed: an array of documents, one per message.
+        let mut entries = Vec::new();
         for r in d.get_array("remembered").map(Vec::as_slice).unwrap_or(&[]) {
             let Some(r) = r.as_document() else { continue };
             let Ok(t) = r.get_binary_generic("t") else {
                 continue;
             };
-            let token = ResumeToken::from_parts(t.clone(), Vec::new());
             let state = if r.get_bool("done").unwrap_or(false) {
                 Remembered::Done
             } else {
@@ -171,8 +177,14 @@ impl Stored {
                     at: (at > 0).then_some(Millis(at as u64)),
                 }
             };
-            remembered.insert(token, state);
+            entries.push(Run {
+                end: ResumeToken::from_parts(t.clone(), Vec::new()),
+                state,
+            });
         }
+        entries.sort_by(|a, b| a.end.cmp(&b.end));
+        entries.dedup_by(|a, b| a.end == b.end);
+        remembered.extend(entries);
         let c = d.get_document("counters").cloned().unwrap_or_default();
         let count = |f: &str| u64::try_from(int(&c, f)).unwrap_or(0);
         Ok(Stored {
@@ -204,7 +216,7 @@ pub fn consumer_fields(
     last_read: Millis,
     lease_until: Millis,
 ) -> Document {
-    let remembered = binary(&pack_remembered(&c.remembered()));
+    let remembered = binary(&pack_runs(&c.runs()));
     let k = c.counters;
     doc! {
         "epoch": i64::from(c.epoch()),
@@ -460,41 +472,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn remembered_messages_pack_and_unpack_and_garbage_is_refused() {
+    fn runs_pack_and_unpack_and_garbage_is_refused() {
         let t = |n: u8| ResumeToken::from_parts(vec![n; usize::from(n)], Vec::new());
-        let entries = vec![
-            (t(1), Remembered::Done),
+        let (t1, t7, t40) = (t(1), t(7), t(40));
+        let runs = vec![
+            (&t1, Remembered::Done),
             (
-                t(40),
-                Remembered::Delivered {
-                    deliveries: 3,
-                    at: None,
-                },
-            ),
-            (
-                t(7),
+                &t7,
                 Remembered::Delivered {
                     deliveries: 1,
                     at: Some(Millis(1_700_000_000_000)),
                 },
             ),
+            (
+                &t40,
+                Remembered::Delivered {
+                    deliveries: 3,
+                    at: None,
+                },
+            ),
         ];
-        let packed = pack_remembered(&entries);
-        let back = unpack_remembered(&packed).expect("decodes");
-        assert_eq!(back, entries.into_iter().collect::<HashMap<_, _>>());
-        assert_eq!(unpack_remembered(&[]), Some(HashMap::new()));
+        let packed = pack_runs(&runs);
+        let back = unpack_runs(&packed).expect("decodes");
         assert_eq!(
-            unpack_remembered(&packed[..packed.len() - 1]),
-            None,
-            "cut short"
+            back.iter().map(|r| (&r.end, r.state)).collect::<Vec<_>>(),
+            runs
         );
-        assert_eq!(
-            unpack_remembered(&[0xff, 0xff, 1]),
-            None,
-            "a length past the end"
-        );
-        let mut bad_kind = pack_remembered(&[(t(2), Remembered::Done)]);
+        assert_eq!(unpack_runs(&[]), Some(VecDeque::new()));
+        assert_eq!(unpack_runs(&packed[..packed.len() - 1]), None, "cut short");
+        assert_eq!(unpack_runs(&[0xff, 0xff, 1]), None, "a length past the end");
+        let mut bad_kind = pack_runs(&[(&t(2), Remembered::Done)]);
         bad_kind[4] = 9;
-        assert_eq!(unpack_remembered(&bad_kind), None);
+        assert_eq!(unpack_runs(&bad_kind), None);
+        let unordered = pack_runs(&[(&t7, Remembered::Done), (&t1, Remembered::Done)]);
+        assert_eq!(unpack_runs(&unordered), None, "runs out of token order");
     }
 }
