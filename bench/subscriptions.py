@@ -8,7 +8,9 @@ groups, one harness, servers on core 0 and this client on core 1.
 Tests, each run `--rounds` times with the systems rotated (medians reported):
   one      one consumer drains N queued messages: read up to 100, ack the batch (Tributary and
            JetStream with one cumulative ack through the batch's last message, Redis with
-           XACK of every id; --ack-ids: Tributary names every delivery too)
+           XACK of every id; --ack-ids: Tributary names every delivery too; --cheap-acks: each
+           system's ack without a round trip of its own: Tributary's carried by the next read
+           (`ackThrough`), JetStream's published without waiting for its confirmation)
   fanout   10 consumers each drain the same N messages (one thread each)
   latency  a writer at ~1,000 messages/s for 5 s, one long-polling consumer: time from before
            the write to the delivery, p50 / p99 / p99.9
@@ -71,6 +73,10 @@ class Server:
 # one cumulative `through` (--ack-ids).
 ACK_BY_IDS = False
 
+# Acks without a round trip of their own (--cheap-acks): Tributary's next read carries the
+# batch's ack, JetStream's ack is not confirmed.
+CHEAP_ACKS = False
+
 
 class Tributary(Server):
     name = "tributary"
@@ -104,13 +110,18 @@ class Tributary(Server):
         from pymongo import MongoClient
         db = MongoClient(f"mongodb://127.0.0.1:{self.port}/").bench
         got = 0
+        carried = {}
         while got < n:
-            r = db.command("readSubscription", self.sub, consumer=consumer, max=100, waitMS=1000)
+            r = db.command("readSubscription", self.sub, consumer=consumer, max=100, waitMS=1000,
+                           **carried)
+            carried = {}
             msgs = r["messages"]
             if on_message:
                 for m in msgs:
                     on_message(m["event"]["fullDocument"])
-            if msgs and ACK_BY_IDS:
+            if msgs and CHEAP_ACKS and got + len(msgs) < n:
+                carried = {"ackThrough": msgs[-1]["deliveryId"]}
+            elif msgs and ACK_BY_IDS:
                 db.command("ackSubscription", self.sub, consumer=consumer,
                            deliveryIds=[m["deliveryId"] for m in msgs])
             elif msgs:
@@ -175,7 +186,10 @@ class JetStream(Server):
                 if on_message:
                     for m in msgs:
                         on_message(json.loads(m.data))
-                await msgs[-1].ack_sync()  # AckAll: the batch
+                if CHEAP_ACKS:
+                    await msgs[-1].ack()  # AckAll: the batch, unconfirmed
+                else:
+                    await msgs[-1].ack_sync()  # AckAll: the batch
                 got += len(msgs)
             await nc.close()
         asyncio.run(go())
@@ -278,11 +292,15 @@ def main():
     ap.add_argument("--tests", default="one,fanout,latency")
     ap.add_argument("--ack-ids", action="store_true",
                     help="Tributary acks each delivery by id rather than through the last")
+    ap.add_argument("--cheap-acks", action="store_true",
+                    help="acks without a round trip of their own (Tributary: carried by the "
+                         "next read; JetStream: unconfirmed)")
     ap.add_argument("--fanout-cpu", action="store_true",
                     help="only: server CPU per written document, 100 consumers vs 1")
     args = ap.parse_args()
-    global ACK_BY_IDS
+    global ACK_BY_IDS, CHEAP_ACKS
     ACK_BY_IDS = args.ack_ids
+    CHEAP_ACKS = args.cheap_acks
     if args.fanout_cpu:
         os.sched_setaffinity(0, {1})
         for r in range(args.rounds):
