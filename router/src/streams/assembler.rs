@@ -12,6 +12,7 @@
 //!   behind it waits, up to its client's pace (shared hubs: [`BatchAssembler::ready`]).
 
 use bytes::Bytes;
+use resume::token::ResumeToken;
 use tokio::time::Instant;
 
 /// A client batch stops before an event that would take it past this many bytes, so the
@@ -31,6 +32,8 @@ pub(super) struct BatchAssembler {
     /// Events asked for (the getMore's `batchSize`).
     n: usize,
     events: Vec<Bytes>,
+    /// Each event's token, when its client asked for them ([`BatchAssembler::keeping_tokens`]).
+    tokens: Option<Vec<ResumeToken>>,
     bytes: usize,
     /// An event was refused for room: the batch is full by bytes.
     refused: bool,
@@ -50,9 +53,17 @@ impl BatchAssembler {
         BatchAssembler {
             n,
             events: Vec::new(),
+            tokens: None,
             bytes: 0,
             refused: false,
         }
+    }
+
+    /// Keeps each event's token beside it (`keep`), for a client that would otherwise read
+    /// them back from the events' bytes.
+    pub(super) fn keeping_tokens(mut self, keep: bool) -> BatchAssembler {
+        self.tokens = keep.then(Vec::new);
+        self
     }
 
     /// Whether the batch takes no more events (by count, or because one was refused).
@@ -70,7 +81,7 @@ impl BatchAssembler {
 
     /// Takes `event`, or hands it back when the batch has no room for it (it starts the next
     /// batch). A full batch takes nothing.
-    pub(super) fn offer(&mut self, event: Bytes) -> Result<(), Bytes> {
+    pub(super) fn offer(&mut self, token: &ResumeToken, event: Bytes) -> Result<(), Bytes> {
         let size = entry_size(&event);
         let fits = self.events.is_empty() || self.bytes + size <= BATCH_BYTES;
         if self.is_full() || !fits {
@@ -79,6 +90,9 @@ impl BatchAssembler {
         }
         self.bytes += size;
         self.events.push(event);
+        if let Some(tokens) = &mut self.tokens {
+            tokens.push(token.clone());
+        }
         Ok(())
     }
 
@@ -109,9 +123,9 @@ impl BatchAssembler {
         }
     }
 
-    /// The batch's events.
-    pub(super) fn into_events(self) -> Vec<Bytes> {
-        self.events
+    /// The batch's events, and their tokens when it kept them (else none).
+    pub(super) fn into_events(self) -> (Vec<Bytes>, Vec<ResumeToken>) {
+        (self.events, self.tokens.unwrap_or_default())
     }
 }
 
@@ -125,35 +139,51 @@ mod tests {
         Bytes::from(vec![0u8; len])
     }
 
+    fn t() -> ResumeToken {
+        ResumeToken::from_parts(vec![1, 2, 3], Vec::new())
+    }
+
     #[test]
     fn a_batch_holds_at_most_n_events() {
         let mut b = BatchAssembler::new(2);
-        assert!(b.offer(event(10)).is_ok());
-        assert!(b.offer(event(10)).is_ok());
+        assert!(b.offer(&t(), event(10)).is_ok());
+        assert!(b.offer(&t(), event(10)).is_ok());
         assert!(b.is_full());
-        assert_eq!(b.offer(event(10)).map_err(|e| e.len()), Err(10));
-        assert_eq!(b.into_events().len(), 2);
+        assert_eq!(b.offer(&t(), event(10)).map_err(|e| e.len()), Err(10));
+        assert_eq!(b.into_events().0.len(), 2);
     }
 
     #[test]
     fn an_event_past_the_byte_budget_is_handed_back_to_start_the_next_batch() {
         let mut b = BatchAssembler::new(10);
         let big = BATCH_BYTES / 2;
-        assert!(b.offer(event(big)).is_ok());
-        let refused = b.offer(event(big)).expect_err("no room for a second half");
+        assert!(b.offer(&t(), event(big)).is_ok());
+        let refused = b
+            .offer(&t(), event(big))
+            .expect_err("no room for a second half");
         assert_eq!(refused.len(), big);
         assert!(b.is_full(), "a refusal fills the batch");
-        assert!(b.offer(event(1)).is_err(), "nothing after a refusal");
+        assert!(b.offer(&t(), event(1)).is_err(), "nothing after a refusal");
         let mut next = BatchAssembler::new(10);
-        assert!(next.offer(refused).is_ok());
+        assert!(next.offer(&t(), refused).is_ok());
     }
 
     #[test]
     fn an_event_larger_than_the_budget_goes_out_alone() {
         let mut b = BatchAssembler::new(10);
-        assert!(b.offer(event(BATCH_BYTES + 1)).is_ok());
-        assert!(b.offer(event(1)).is_err());
-        assert_eq!(b.into_events().len(), 1);
+        assert!(b.offer(&t(), event(BATCH_BYTES + 1)).is_ok());
+        assert!(b.offer(&t(), event(1)).is_err());
+        assert_eq!(b.into_events().0.len(), 1);
+    }
+
+    #[test]
+    fn tokens_are_kept_only_when_asked_for() {
+        let mut b = BatchAssembler::new(10).keeping_tokens(true);
+        b.offer(&t(), event(1)).unwrap();
+        assert_eq!(b.into_events().1, [t()]);
+        let mut b = BatchAssembler::new(10);
+        b.offer(&t(), event(1)).unwrap();
+        assert!(b.into_events().1.is_empty());
     }
 
     #[test]
@@ -179,7 +209,7 @@ mod tests {
         let deadline = now + Duration::from_secs(1);
         let pace = now + Duration::from_millis(100);
         let mut b = BatchAssembler::new(10);
-        b.offer(event(10)).unwrap();
+        b.offer(&t(), event(10)).unwrap();
         assert_eq!(b.ready(now, deadline, false, None), Ready::Send);
         assert_eq!(
             b.ready(now, deadline, false, Some(pace)),
@@ -203,7 +233,7 @@ mod tests {
         let now = Instant::now();
         let pace = now + Duration::from_millis(100);
         let mut b = BatchAssembler::new(1);
-        b.offer(event(10)).unwrap();
+        b.offer(&t(), event(10)).unwrap();
         assert_eq!(
             b.ready(now, now + Duration::from_secs(1), false, Some(pace)),
             Ready::Send

@@ -366,10 +366,11 @@ impl HubClient {
         streams: &Arc<Streams>,
         n: usize,
         max_time: Duration,
+        keep_tokens: bool,
     ) -> Result<Option<Batch>> {
         let deadline = tokio::time::Instant::now() + max_time;
         let mut changed = self.hub.shared.changed.subscribe();
-        let mut batch = BatchAssembler::new(n);
+        let mut batch = BatchAssembler::new(n).keeping_tokens(keep_tokens);
         loop {
             changed.borrow_and_update();
             let (taken, caught_up, released, end) = {
@@ -393,7 +394,7 @@ impl HubClient {
             for logged in taken {
                 if logged.time >= self.start
                     && let Some(event) = self.post.given(&logged)?
-                    && batch.offer(event).is_err()
+                    && batch.offer(&logged.token, event).is_err()
                 {
                     // The batch is full: this event starts the next one.
                     full = true;
@@ -408,8 +409,10 @@ impl HubClient {
                     End::Failed(e) => return Err(super::label_resumable(e)),
                     End::Invalidated(token) if n > 0 => {
                         self.closed = true;
+                        let (events, tokens) = batch.into_events();
                         return Ok(Some(Batch {
-                            events: batch.into_events(),
+                            events,
+                            tokens,
                             post_batch_resume_token: Some(token),
                             invalidated: true,
                         }));
@@ -430,8 +433,10 @@ impl HubClient {
                         self.last_sent = Some(now);
                     }
                     let token = self.post_batch_resume_token(caught_up, released);
+                    let (events, tokens) = batch.into_events();
                     return Ok(Some(Batch {
-                        events: batch.into_events(),
+                        events,
+                        tokens,
                         post_batch_resume_token: token,
                         invalidated: false,
                     }));

@@ -85,6 +85,9 @@ pub(crate) fn label_resumable(e: MongoError) -> MongoError {
 pub struct Batch {
     /// The events as the client gets them, encoded.
     pub events: Vec<Bytes>,
+    /// Each event's token, when the stream keeps them ([`ChangeStreamCursor::keep_tokens`]);
+    /// else none.
+    pub tokens: Vec<ResumeToken>,
     pub post_batch_resume_token: Option<ResumeToken>,
     /// The stream ended with an invalidate: close the cursor (`invalidated: true`).
     pub invalidated: bool,
@@ -226,6 +229,8 @@ pub struct ChangeStreamCursor {
     /// The post-batch resume token of the last batch given: the next is never lower, even
     /// from a stream re-opened behind it.
     given: Option<ResumeToken>,
+    /// Its batches carry each event's token ([`Batch::tokens`]).
+    keep_tokens: bool,
 }
 
 enum Inner {
@@ -407,6 +412,7 @@ impl ChangeStreamCursor {
             inner,
             origin,
             given: None,
+            keep_tokens: false,
         })
     }
 
@@ -428,6 +434,12 @@ impl ChangeStreamCursor {
         }
         PARKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(Stopping(std::mem::replace(&mut self.inner, Inner::Parked)))
+    }
+
+    /// Its batches carry each event's token from now on, for a reader that needs them (a
+    /// subscription's feed) and would otherwise read them back from the events' bytes.
+    pub fn keep_tokens(&mut self) {
+        self.keep_tokens = true;
     }
 
     /// The next client batch: up to `n` events, waiting up to `max_time` for the first one.
@@ -460,8 +472,9 @@ impl ChangeStreamCursor {
         n: usize,
         max_time: Duration,
     ) -> Result<Batch> {
+        let keep_tokens = self.keep_tokens;
         if let Inner::Shared(client) = &mut self.inner {
-            if let Some(batch) = client.next_batch(streams, n, max_time).await? {
+            if let Some(batch) = client.next_batch(streams, n, max_time, keep_tokens).await? {
                 return Ok(batch);
             }
             // It fell behind its hub: it goes on by itself from where it was.
@@ -483,7 +496,7 @@ impl ChangeStreamCursor {
         } = &mut **private;
         merged.set_demand(n);
         let deadline = tokio::time::Instant::now() + max_time;
-        let mut batch = BatchAssembler::new(n);
+        let mut batch = BatchAssembler::new(n).keeping_tokens(keep_tokens);
         let mut invalidated = false;
         loop {
             while !batch.is_full() {
@@ -502,7 +515,7 @@ impl ChangeStreamCursor {
                         }
                     }
                 };
-                match batch.offer(doc) {
+                match batch.offer(&token, doc) {
                     Ok(()) => *looked = Some(token),
                     Err(doc) => {
                         *held = Some((token, doc));
@@ -523,7 +536,7 @@ impl ChangeStreamCursor {
                 Ready::WaitUntil(until) => merged.wait(streams, until).await?,
             }
         }
-        let events = batch.into_events();
+        let (events, tokens) = batch.into_events();
         if invalidated {
             *closed = true;
         }
@@ -543,6 +556,7 @@ impl ChangeStreamCursor {
         }
         Ok(Batch {
             events,
+            tokens,
             post_batch_resume_token,
             invalidated,
         })

@@ -111,6 +111,9 @@ impl Feed {
                 .open(&def.db, &def.aggregate_from(Some(start))?)
                 .await?;
             self.cursor = opened.cursor;
+            if let Some(cursor) = &mut self.cursor {
+                cursor.keep_tokens();
+            }
             self.take(def, opened.batch)?;
             if self.cursor.is_none() {
                 return Ok(Fetched { at_head: false });
@@ -135,8 +138,14 @@ impl Feed {
     /// returns whether it ended with an invalidate.
     fn take(&mut self, def: &Definition, batch: crate::streams::Batch) -> Result<bool> {
         let count = batch.events.len();
+        // The tokens the stream kept (all of them, or none: its first batch, read before it
+        // was asked to).
+        let mut tokens = batch.tokens.into_iter();
         for (i, event) in batch.events.into_iter().enumerate() {
-            let token = event_token(&event)?;
+            let token = match tokens.next() {
+                Some(token) => token,
+                None => event_token(&event)?,
+            };
             if batch.invalidated && i + 1 == count {
                 // The stream goes on after it (`startAfter`): not a message. Nothing of this
                 // stream follows it, so what is grouped is complete.
