@@ -23,6 +23,10 @@ step "installing test dependencies"
 if ! command -v openssl >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq openssl nftables) >/dev/null
 fi
+# tests/py/http_status_page.py renders the router's status page in headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
+fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
   npm --prefix resume/tests/interop install --no-audit --no-fund --silent

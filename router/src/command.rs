@@ -20,6 +20,7 @@ wire::command_registry! {
     Aggregate: "aggregate" => InTransaction::Statement;
     AlterSubscription: "alterSubscription" => InTransaction::Refused;
     BuildInfo: "buildInfo" / "buildinfo" => InTransaction::Beside;
+    ChangeStreamBounds: "changeStreamBounds" => InTransaction::Refused;
     CollMod: "collMod" => InTransaction::Refused;
     CollStats: "collStats" / "collstats" => InTransaction::Refused;
     CommitTransaction: "commitTransaction" => InTransaction::Statement;
@@ -27,6 +28,7 @@ wire::command_registry! {
     ConnectionStatus: "connectionStatus" => InTransaction::Beside;
     Count: "count" => InTransaction::Refused;
     Create: "create" => InTransaction::Statement;
+    CreateHttpToken: "createHttpToken" => InTransaction::Refused;
     CreateIndexes: "createIndexes" => InTransaction::Statement;
     CreateRole: "createRole" => InTransaction::Refused;
     CreateSubscription: "createSubscription" => InTransaction::Refused;

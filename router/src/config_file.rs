@@ -182,6 +182,12 @@ const SETTINGS: &[Setting] = &[
         on: ROUTERS,
     },
     Setting {
+        path: "tributary.httpPort",
+        flag: "--httpPort",
+        kind: Kind::Value,
+        on: ROUTERS,
+    },
+    Setting {
         path: "tributary.streamRepliesPerSecond",
         flag: "--streamRepliesPerSecond",
         kind: Kind::Value,
@@ -335,6 +341,7 @@ setParameter:
 tributary:
   shards: 2
   metricsPort: 9216
+  httpPort: 8080
 security:
   authorization: disabled
 ";
@@ -354,7 +361,9 @@ security:
                 "--shards",
                 "2",
                 "--metricsPort",
-                "9216"
+                "9216",
+                "--httpPort",
+                "8080"
             ]
         );
     }

@@ -85,25 +85,20 @@ impl Running {
         }
     }
 
-    /// Serves the router's Prometheus metrics on `bind` (`GET /metrics`) until shutdown;
-    /// returns the address it listens on.
-    pub async fn serve_metrics(&self, bind: SocketAddr) -> anyhow::Result<SocketAddr> {
-        let router = self
-            .router
-            .clone()
-            .context("only a router has metrics to serve")?;
+    /// Serves the router's HTTP service on `bind` (the feeds, the status page and the
+    /// metrics: see [`crate::http`]) until shutdown; returns the address it listens on.
+    /// `what` names it in the log (`--httpPort`, or `--metricsPort`, which serves the same).
+    pub async fn serve_http(&self, bind: SocketAddr, what: &str) -> anyhow::Result<SocketAddr> {
+        let router = self.router.clone().context("only a router serves HTTP")?;
         let listener = TcpListener::bind(bind)
             .await
-            .with_context(|| format!("binding the metrics endpoint to {bind}"))?;
+            .with_context(|| format!("binding the {what} endpoint to {bind}"))?;
         let addr = listener.local_addr()?;
         let cancel = self.cancel.clone();
-        let services = router.seams().services.clone();
-        let render = move || {
-            let router = router.clone();
-            async move { router.render_metrics().await }
-        };
-        services.spawn("metrics", crate::metrics::serve(render, listener, cancel));
-        tracing::info!(%addr, "metrics endpoint listening");
+        let seams = router.seams().clone();
+        let services = seams.services.clone();
+        services.spawn("http", crate::http::serve(seams, listener, cancel));
+        tracing::info!(%addr, what, "http endpoint listening");
         Ok(addr)
     }
 }

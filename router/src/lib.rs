@@ -14,6 +14,7 @@ mod commands;
 pub mod config_file;
 pub mod cursors;
 pub mod failpoint;
+pub mod http;
 pub mod kernel;
 pub mod launch;
 pub mod local_sessions;

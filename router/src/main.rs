@@ -162,6 +162,11 @@ struct OpsArgs {
     /// router); off when not given.
     #[arg(long = "metricsPort")]
     metrics_port: Option<u16>,
+    /// Serve the HTTP service on this port (on the same address as the router): change feeds
+    /// (`GET /v1/changes`, JSON pages or server-sent events), stream bounds (`/v1/bounds`),
+    /// the status page (`/`, `/v1/status`) and the metrics; off when not given.
+    #[arg(long = "httpPort")]
+    http_port: Option<u16>,
     /// Log commands slower than this many milliseconds, as mongod's `slowOpThresholdMs`.
     #[arg(long = "slowms", default_value_t = 100)]
     slow_ms: u64,
@@ -379,10 +384,12 @@ async fn run() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let mut retention = cli.embedded.oplog.retention();
     let mut metrics = None;
+    let mut http = None;
     let running: Running = match cli.command {
         None => {
             let e = cli.embedded;
             metrics = e.ops.metrics_port.map(|p| SocketAddr::new(e.bind_ip, p));
+            http = e.ops.http_port.map(|p| SocketAddr::new(e.bind_ip, p));
             let options = RouterOptions {
                 presentation: presentation(e.repl_set_mode),
                 argv,
@@ -453,6 +460,7 @@ async fn run() -> anyhow::Result<()> {
             key_file,
         }) => {
             metrics = ops.metrics_port.map(|p| SocketAddr::new(bind_ip, p));
+            http = ops.http_port.map(|p| SocketAddr::new(bind_ip, p));
             let shard_key = key_file.read()?;
             let options = RouterOptions {
                 presentation: presentation(repl_set_mode),
@@ -478,7 +486,10 @@ async fn run() -> anyhow::Result<()> {
     };
     running.on_each_shard(move |s| s.set_oplog_retention(retention));
     if let Some(addr) = metrics {
-        running.serve_metrics(addr).await?;
+        running.serve_http(addr, "metrics").await?;
+    }
+    if let Some(addr) = http {
+        running.serve_http(addr, "http").await?;
     }
     let cancel = running.cancel.clone();
     tokio::spawn(async move {

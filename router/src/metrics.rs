@@ -2,8 +2,8 @@
 //! (`--metricsPort`) that shows them with the figures read at scrape time (connections,
 //! cursors, each shard's oplog and high-water mark).
 //!
-//! Owns: the counters and histograms, their names and labels, and the endpoint's tiny HTTP/1.1
-//! server (`GET /metrics`; anything else is 404).
+//! Owns: the counters and histograms, their names and labels, and their rendering in
+//! Prometheus's text format (served at `GET /metrics` by [`crate::http`]).
 //!
 //! Invariants:
 //! * label values are bounded: a command's label is its name, or `other` for a name the router
@@ -13,7 +13,6 @@
 //! * a scrape never waits on a shard for more than a second (a shard that does not answer is
 //!   left out of that scrape) and never fails the router.
 
-use std::future::Future;
 use std::time::Duration;
 
 use bson::{Document, doc};
@@ -24,9 +23,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use resume::ClusterTime;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::kernel::transport::{ShardTransport, Shards};
 
@@ -227,6 +223,11 @@ impl Metrics {
         self.events_delivered.inc_by(n);
     }
 
+    /// Change-stream events sent to clients since the router started.
+    pub fn events_delivered_total(&self) -> u64 {
+        self.events_delivered.get()
+    }
+
     /// The counter of idle shards' nudges, which change streams count into.
     pub fn idle_shard_nudges(&self) -> Counter {
         self.idle_shard_nudges.clone()
@@ -308,95 +309,9 @@ pub struct Live {
     pub now: ClusterTime,
 }
 
-/// Serves `GET /metrics` on `listener` until `cancel` fires; `render` makes each response's
-/// body.
-pub async fn serve<F, Fut>(render: F, listener: TcpListener, cancel: CancellationToken)
-where
-    F: Fn() -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = String> + Send,
-{
-    loop {
-        let (mut stream, _) = tokio::select! {
-            _ = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                    continue;
-                }
-            },
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let Ok(Ok(request)) =
-                tokio::time::timeout(Duration::from_secs(5), read_head(&mut stream)).await
-            else {
-                return;
-            };
-            let response = match request_path(&request) {
-                Some("/metrics") => {
-                    let body = render().await;
-                    http_response("200 OK", "text/plain; version=0.0.4; charset=utf-8", &body)
-                }
-                Some(_) => http_response("404 Not Found", "text/plain", "not found\n"),
-                None => http_response("400 Bad Request", "text/plain", "bad request\n"),
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
-    }
-}
-
-/// Reads a request's head (up to the blank line), at most 8 KiB.
-async fn read_head(stream: &mut tokio::net::TcpStream) -> std::io::Result<String> {
-    let mut buf = Vec::with_capacity(512);
-    let mut chunk = [0u8; 512];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// The path of a `GET` request, without its query.
-fn request_path(head: &str) -> Option<&str> {
-    let mut parts = head.lines().next()?.split(' ');
-    if parts.next()? != "GET" {
-        return None;
-    }
-    let target = parts.next()?;
-    parts.next()?.starts_with("HTTP/").then_some(())?;
-    Some(target.split('?').next().unwrap_or(target))
-}
-
-fn http_response(status: &str, content_type: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_get_with_a_version_has_a_path() {
-        assert_eq!(
-            request_path("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Some("/metrics")
-        );
-        assert_eq!(
-            request_path("GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Some("/metrics")
-        );
-        assert_eq!(request_path("POST /metrics HTTP/1.1\r\n\r\n"), None);
-        assert_eq!(request_path("GET /metrics\r\n\r\n"), None);
-        assert_eq!(request_path(""), None);
-    }
 
     #[test]
     fn command_labels_are_bounded() {

@@ -110,19 +110,6 @@ impl Router {
 
     /// The `--metricsPort` page: the counters, with the figures read now.
     pub async fn render_metrics(&self) -> String {
-        let seams = &self.seams;
-        let streams = seams.cursors.streams();
-        let live = crate::metrics::Live {
-            connections: seams.connections.counts().current,
-            cursors: seams.cursors.len(),
-            change_streams: streams.len(),
-            stream_tokens: streams
-                .into_iter()
-                .filter_map(|(_, info)| info.last_token)
-                .collect(),
-            shared_merges: seams.streams.hubs.stats().0,
-            now: seams.cluster_time(),
-        };
-        seams.metrics.render(live, &seams.transport).await
+        crate::http::status::render_metrics(&self.seams).await
     }
 }

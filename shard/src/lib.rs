@@ -431,7 +431,8 @@ impl Shard {
     }
 
     /// What `serverStatus` shows of this shard: its oplog (size, entries, oldest and newest
-    /// `ts`), high-water mark, pre-images and change-stream counters.
+    /// `ts`, and the point it was truncated through), high-water mark, pre-images and
+    /// change-stream counters.
     pub fn status(&self) -> Result<bson::Document, wire::MongoError> {
         let state = &self.state;
         let stats = state.oplog_stats();
@@ -449,6 +450,15 @@ impl Shard {
                 "entries": stats.entries as i64,
                 "oldest": ts(oldest),
                 "newest": ts(newest),
+                // Every entry at or before it is gone (zero: none ever was).
+                "truncatedThrough": stats.truncated_through.timestamp(),
+                // The earliest point a stream can start from here: after what truncation
+                // removed, within this history, past any stretch it lost.
+                "resumableFrom": state
+                    .lineage()
+                    .map_or(ClusterTime::ZERO, |l| l.resumable_from())
+                    .max(stats.truncated_through.next())
+                    .timestamp(),
             },
             "highWaterMark": state.high_water_mark().timestamp(),
             "lineage": state.lineage().map(|l| l.to_document()),

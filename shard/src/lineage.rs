@@ -156,6 +156,16 @@ impl Lineage {
         }
     }
 
+    /// The earliest start [`Lineage::check_start`] takes: the history's beginning, or the
+    /// end of the last stretch lost after it.
+    pub fn resumable_from(&self) -> ClusterTime {
+        self.boots
+            .iter()
+            .filter(|b| b.lost)
+            .map(|b| b.to)
+            .fold(self.began, ClusterTime::max)
+    }
+
     /// Whether a stream may start at `start` on this shard (`token`: the start point is a
     /// resume token, else `startAtOperationTime`).
     pub fn check_start(

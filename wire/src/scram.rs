@@ -135,6 +135,32 @@ impl Credential {
     }
 }
 
+impl Credential {
+    /// Whether `password` is `user`'s under `mechanism` (a login that sends the password, as
+    /// HTTP Basic does): the stored key derived again and compared in constant time. A
+    /// credential of more than [`MAX_VERIFY_ITERATIONS`] is refused rather than hashed.
+    pub fn verify(&self, mechanism: Mechanism, user: &str, password: &str) -> bool {
+        if self.iterations == 0 || self.iterations > MAX_VERIFY_ITERATIONS {
+            return false;
+        }
+        let Ok(prepared) = prepared_password(mechanism, user, password) else {
+            return false;
+        };
+        let salted = mechanism.salted_password(&prepared, &self.salt, self.iterations);
+        let stored = mechanism.hash(&mechanism.hmac(&salted, b"Client Key"));
+        stored.len() == self.stored_key.len()
+            && stored
+                .iter()
+                .zip(&self.stored_key)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+/// The most PBKDF2 iterations a password check spends (a user document is disk input: a
+/// hostile count must not buy seconds of CPU per request).
+pub const MAX_VERIFY_ITERATIONS: u32 = 1_000_000;
+
 /// A failed conversation: MongoDB answers `AuthenticationFailed` (18) whatever the reason, so
 /// as not to tell which part was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -430,6 +456,24 @@ mod tests {
         let server_final = conv.finish(&final_message, &credential)?;
         client.verify(&server_final)?;
         Ok(())
+    }
+
+    #[test]
+    fn a_password_verifies_against_its_credential_only() {
+        for mechanism in [Mechanism::Sha1, Mechanism::Sha256] {
+            let mut credential =
+                Credential::derive(mechanism, "ada", "s3cret", b"0123456789abcdef".to_vec())
+                    .expect("credential");
+            assert!(credential.verify(mechanism, "ada", "s3cret"));
+            assert!(!credential.verify(mechanism, "ada", "s3cret "));
+            assert!(!credential.verify(mechanism, "ada", ""));
+            if mechanism == Mechanism::Sha1 {
+                // SCRAM-SHA-1 hashes the user name in: another user's name does not verify.
+                assert!(!credential.verify(mechanism, "bob", "s3cret"));
+            }
+            credential.iterations = MAX_VERIFY_ITERATIONS + 1;
+            assert!(!credential.verify(mechanism, "ada", "s3cret"));
+        }
     }
 
     #[test]

@@ -119,6 +119,22 @@ struct ConnectionAuth {
     next_conversation: i32,
 }
 
+impl ConnectionAuth {
+    /// Records that the connection proved it is `who`, with its roles and what they grant.
+    fn admit(&mut self, who: Pair, roles: &[Pair], grants: &custom::Grants) {
+        if self.users.contains(&who) {
+            return;
+        }
+        self.users.push(who);
+        for role in roles {
+            if !self.roles.contains(role) {
+                self.roles.push(role.clone());
+            }
+        }
+        self.grants.extend(grants.clone());
+    }
+}
+
 /// Who each connection is, and whose each cursor is.
 #[derive(Default)]
 pub struct Auth {
@@ -451,15 +467,7 @@ pub fn sasl_continue(cx: &AuthCx<'_>, conn: &ConnectionInfo, cmd: &Document) -> 
         return Err(auth_failed());
     };
     let who = (pending.conversation.user.clone(), pending.db.clone());
-    if !state.users.contains(&who) {
-        state.users.push(who);
-        for role in &pending.roles {
-            if !state.roles.contains(role) {
-                state.roles.push(role.clone());
-            }
-        }
-        state.grants.extend(pending.grants.clone());
-    }
+    state.admit(who, &pending.roles, &pending.grants);
     if pending.skip_empty {
         return Ok(
             doc! {"conversationId": id, "done": true, "payload": binary(server_final), "ok": 1.0},
@@ -468,6 +476,61 @@ pub fn sasl_continue(cx: &AuthCx<'_>, conn: &ConnectionInfo, cmd: &Document) -> 
     pending.proven = true;
     state.pending.insert(id, pending);
     Ok(doc! {"conversationId": id, "done": false, "payload": binary(server_final), "ok": 1.0})
+}
+
+/// Logs connection `conn` in as `user` of `db` by its password (HTTP Basic), checked against
+/// the stored SCRAM-SHA-256 credential (else SCRAM-SHA-1's), off the async threads: the
+/// connection is then that user, with its roles read now, as after a SCRAM conversation.
+/// Anything wrong is 18 `AuthenticationFailed`, as a failed conversation is.
+pub async fn log_in_with_password(
+    cx: &AuthCx<'_>,
+    conn: u64,
+    user: &str,
+    db: &str,
+    password: &str,
+) -> Result<()> {
+    let Some(doc) = find_user(cx, user, db).await? else {
+        tracing::info!(user, db, "authentication failed: no such user");
+        return Err(auth_failed());
+    };
+    let Some((mechanism, credential)) = [Mechanism::Sha256, Mechanism::Sha1]
+        .into_iter()
+        .find_map(|m| credential_of(&doc, m).map(|c| (m, c)))
+    else {
+        return Err(auth_failed());
+    };
+    let (name, password) = (user.to_string(), password.to_string());
+    let proven =
+        tokio::task::spawn_blocking(move || credential.verify(mechanism, &name, &password))
+            .await
+            .unwrap_or(false);
+    if !proven {
+        tracing::info!(user, db, "authentication failed: wrong password");
+        return Err(auth_failed());
+    }
+    admit(cx, conn, user, db, &doc).await
+}
+
+/// Logs connection `conn` in as `user` of `db` on the router's word (a bearer token it
+/// signed names them): the user must still exist, and its roles are read now, so a dropped
+/// user or a revoked role takes effect on the token's next use.
+pub async fn log_in_as(cx: &AuthCx<'_>, conn: u64, user: &str, db: &str) -> Result<()> {
+    let Some(doc) = find_user(cx, user, db).await? else {
+        tracing::info!(user, db, "authentication failed: the token's user is gone");
+        return Err(auth_failed());
+    };
+    admit(cx, conn, user, db, &doc).await
+}
+
+async fn admit(cx: &AuthCx<'_>, conn: u64, user: &str, db: &str, doc: &Document) -> Result<()> {
+    let roles = custom::pairs(doc);
+    let grants = custom::resolve(cx, roles.clone()).await?;
+    cx.auth.lock().entry(conn).or_default().admit(
+        (user.to_string(), db.to_string()),
+        &roles,
+        &grants,
+    );
+    Ok(())
 }
 
 /// What `hello` adds with `--auth`: the mechanisms a named user has (`saslSupportedMechs`)

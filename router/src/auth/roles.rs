@@ -66,11 +66,13 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
         Hello | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions | Logout
         | ConnectionStatus | WhatsMyUri | ListCommands | StartSession | RefreshSessions
         | KillSessions | CommitTransaction | AbortTransaction | GetMore | KillCursors
-        | ListDatabases => Need::Nothing,
+        | ListDatabases | CreateHttpToken => Need::Nothing,
         Find | Count | Distinct | ListCollections | ListIndexes | CollStats | DbStats => {
             on(Need::Read)
         }
         Aggregate => aggregate_need(db, cmd),
+        // Bounding a stream needs what watching it does.
+        ChangeStreamBounds => aggregate_need(db, &crate::commands::watch_of_bounds(cmd)),
         // Reading a subscription needs what watching its stream does; managing one, the right
         // to change the database.
         ReadSubscription | AckSubscription | NackSubscription | ListSubscriptions => {
@@ -429,11 +431,12 @@ fn actions_ignoring_bypass(
             )])
         }
         Aggregate => aggregate_actions(db, cmd),
+        ChangeStreamBounds => aggregate_actions(db, &crate::commands::watch_of_bounds(cmd)),
         // What their need says (above): nothing, or `root`.
-        Hello | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions | Logout
-        | ConnectionStatus | WhatsMyUri | ListCommands | StartSession | RefreshSessions
-        | KillSessions | CommitTransaction | AbortTransaction | GetMore | KillCursors
-        | ListDatabases => Some(Vec::new()),
+        Hello | CreateHttpToken | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions
+        | Logout | ConnectionStatus | WhatsMyUri | ListCommands | StartSession
+        | RefreshSessions | KillSessions | CommitTransaction | AbortTransaction | GetMore
+        | KillCursors | ListDatabases => Some(Vec::new()),
         KillAllSessions | ConfigureFailPoint => None,
     }
 }

@@ -258,6 +258,8 @@ fn known(command: Command) -> Known {
             "consumerIdleTimeoutSecs",
             "selectors",
         ],
+        ChangeStreamBounds => &["allChangesForCluster"],
+        CreateHttpToken => &["expiresAfterSecs"],
         ReadSubscription => &["consumer", "max", "waitMS", "ackThrough", "forwardedBy"],
         AckSubscription => &[
             "consumer",

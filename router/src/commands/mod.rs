@@ -11,6 +11,7 @@ mod crud;
 mod current_op;
 mod ddl;
 mod explain;
+mod feeds;
 mod fields;
 mod find;
 mod handshake;
@@ -33,6 +34,7 @@ use crate::command::Command;
 use crate::seams::Seams;
 
 pub(crate) use args::Args;
+pub(crate) use feeds::watch_of_bounds;
 
 /// What a command handler gets.
 pub(crate) struct Ctx<'a> {
@@ -185,6 +187,8 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         AckSubscription => subscriptions::ack(ctx).await,
         NackSubscription => subscriptions::nack(ctx).await,
         AlterSubscription => subscriptions::alter(ctx).await,
+        ChangeStreamBounds => feeds::change_stream_bounds(ctx).await,
+        CreateHttpToken => feeds::create_http_token(ctx).await,
         DropSubscription => subscriptions::drop(ctx).await,
         Find => return find::find(ctx).await,
         Aggregate => return aggregate::aggregate(ctx).await,

@@ -45,6 +45,7 @@ use pipeline::changestream::spec::{
     ChangeStreamCommand, ChangeStreamPipeline, RequestContext, UserStage, parse_command,
     parse_pipeline,
 };
+use resume::ClusterTime;
 use resume::token::ResumeToken;
 use wire::raw::{CursorBody, CursorReply};
 use wire::{MongoError, Result};
@@ -81,6 +82,21 @@ pub(crate) fn label_resumable(e: MongoError) -> MongoError {
     }
 }
 
+/// The earliest marker (`changeStreamBounds`' `earliest`, the HTTP feed's `from=oldest`): a
+/// high-water-mark token at cluster time zero, before any event a cluster can write. A stream
+/// started after it begins at the oldest change every shard still keeps when it is opened,
+/// however far retention has moved since the marker was handed out.
+pub fn earliest_marker() -> ResumeToken {
+    resume::token::ResumeTokenData::high_water_mark(ClusterTime::ZERO, Default::default()).encode()
+}
+
+fn is_earliest_marker(token: &Document) -> bool {
+    ResumeToken::from_document(token)
+        .ok()
+        .and_then(|t| resume::token::ResumeTokenData::from_document(&t.to_document()).ok())
+        .is_some_and(|t| t.is_high_water_mark() && t.cluster_time() == ClusterTime::ZERO)
+}
+
 /// What one client batch holds.
 pub struct Batch {
     /// The events as the client gets them, encoded.
@@ -103,13 +119,76 @@ pub(crate) struct Opened {
 }
 
 impl Streams {
+    /// The oldest cluster time from which every shard still keeps its whole history: the
+    /// latest of the shards' `resumableFrom` (just after what retention truncated, within the
+    /// shard's history, past any stretch it lost). A stream started at it misses nothing that
+    /// is kept anywhere. Every shard must answer.
+    pub(crate) async fn earliest_kept(&self) -> Result<bson::Timestamp> {
+        use crate::kernel::transport::Shards;
+        let asks = self.transport.all().into_iter().map(|s| {
+            self.transport
+                .command(s, "admin", bson::doc! {"serverStatus": 1})
+        });
+        let mut earliest = ClusterTime::ZERO.next();
+        for status in futures::future::join_all(asks).await {
+            let status = status?;
+            let oplog = status.get_document("oplog").ok();
+            // A shard of an older version: its oldest entry is the bound.
+            let from = ["resumableFrom", "oldest"]
+                .iter()
+                .find_map(|f| match oplog.and_then(|o| o.get(*f)) {
+                    Some(Bson::Timestamp(t)) => Some(ClusterTime::from(*t)),
+                    _ => None,
+                })
+                .unwrap_or(ClusterTime::ZERO);
+            earliest = earliest.max(from);
+        }
+        Ok(earliest.timestamp())
+    }
+
+    /// `cmd` with an [`earliest_marker`] start replaced by a start at
+    /// [`Streams::earliest_kept`] now; `None` when it has none.
+    async fn resolve_earliest_marker(&self, cmd: &Document) -> Result<Option<Document>> {
+        let spec = cmd
+            .get_array("pipeline")
+            .ok()
+            .and_then(|p| p.first())
+            .and_then(Bson::as_document)
+            .and_then(|s| s.get_document("$changeStream").ok());
+        let Some(field) = ["resumeAfter", "startAfter"].into_iter().find(|f| {
+            spec.and_then(|s| s.get_document(f).ok())
+                .is_some_and(is_earliest_marker)
+        }) else {
+            return Ok(None);
+        };
+        let at = resume::token::ResumeTokenData::high_water_mark(
+            self.earliest_kept().await?.into(),
+            Default::default(),
+        )
+        .encode();
+        let mut cmd = cmd.clone();
+        if let Ok(pipeline) = cmd.get_array_mut("pipeline")
+            && let Some(Bson::Document(stage)) = pipeline.first_mut()
+            && let Ok(spec) = stage.get_document_mut("$changeStream")
+        {
+            spec.insert(field, at.to_document());
+        }
+        Ok(Some(cmd))
+    }
+
     /// Opens the stream an `aggregate` with `$changeStream` first asks for on `db`, and reads
     /// its first batch (without waiting). The start point is the command's: a token this
     /// cluster stamped is taken back to MongoDB's form (another cluster's is refused), and a
     /// resume is judged against the shards' histories as they are now; a stream without one
     /// starts now, sharing a hub.
     pub(crate) async fn open(self: &Arc<Self>, db: &str, cmd: &Document) -> Result<Opened> {
-        let plain = self.lineages.unstamp_start(cmd).await?;
+        let mut plain = self.lineages.unstamp_start(cmd).await?;
+        if let Some(resolved) = self
+            .resolve_earliest_marker(plain.as_ref().unwrap_or(cmd))
+            .await?
+        {
+            plain = Some(resolved);
+        }
         let ChangeStreamCommand {
             coll,
             stages,

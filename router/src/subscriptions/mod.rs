@@ -773,27 +773,7 @@ impl Subscriptions {
                     .post_batch_resume_token
                     .ok_or_else(|| MongoError::internal("a stream opened without a resume token"))
             }
-            StartAsked::Earliest => {
-                // The oldest time every shard still has history from.
-                let mut earliest = bson::Timestamp {
-                    time: 0,
-                    increment: 1,
-                };
-                for s in self.transport.all() {
-                    let status = self
-                        .transport
-                        .command(s, "admin", doc! {"serverStatus": 1})
-                        .await?;
-                    if let Ok(Bson::Timestamp(oldest)) = status
-                        .get_document("oplog")
-                        .map(|o| o.get("oldest").cloned().unwrap_or(Bson::Null))
-                        && (oldest.time, oldest.increment) > (earliest.time, earliest.increment)
-                    {
-                        earliest = oldest;
-                    }
-                }
-                Ok(spec::at_time(earliest))
-            }
+            StartAsked::Earliest => Ok(spec::at_time(self.streams.earliest_kept().await?)),
             // A snapshot is taken (`take_snapshot`), not resolved.
             StartAsked::Snapshot => Err(MongoError::internal(
                 "a snapshot start reached the start resolver",

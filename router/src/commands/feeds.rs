@@ -1,0 +1,108 @@
+//! The commands behind the HTTP feeds, which drivers can run too: `changeStreamBounds` (where a
+//! stream can start: before the oldest change kept, after the newest) and `createHttpToken`
+//! (a bearer token for the HTTP feeds, standing for the caller).
+
+use bson::{Bson, Document, doc};
+use resume::token::ResumeTokenData;
+use wire::{MongoError, Result};
+
+use super::Ctx;
+
+/// The `aggregate` whose change stream a `changeStreamBounds` command bounds: on a collection
+/// (`changeStreamBounds: "<coll>"`), a database (`changeStreamBounds: 1`) or, on `admin` with
+/// `allChangesForCluster: true`, the cluster. Authorisation asks what watching it needs.
+pub(crate) fn watch_of_bounds(cmd: &Document) -> Document {
+    let target = match cmd.get("changeStreamBounds") {
+        Some(Bson::String(coll)) => Bson::String(coll.clone()),
+        _ => Bson::Int32(1),
+    };
+    let mut spec = Document::new();
+    if cmd.get_bool("allChangesForCluster").unwrap_or(false) {
+        spec.insert("allChangesForCluster", true);
+    }
+    doc! {"aggregate": target, "pipeline": [{"$changeStream": spec}], "cursor": {"batchSize": 0}}
+}
+
+/// `changeStreamBounds`: `{earliest, current}` tokens for `resumeAfter` / `startAfter`, with
+/// their cluster times. `earliest` is the earliest marker (a stream started after it begins
+/// at the oldest change kept when it is opened, however far retention moved meanwhile);
+/// `earliestTime` is where that is now. `current` is after every change committed so far:
+/// the first post-batch resume token of the stream opened now.
+pub(super) async fn change_stream_bounds(ctx: &Ctx<'_>) -> Result<Document> {
+    match ctx.cmd.get("changeStreamBounds") {
+        Some(Bson::String(coll)) if !coll.is_empty() => {}
+        Some(v) if v.as_f64() == Some(1.0) || v.as_i64() == Some(1) || v.as_i32() == Some(1) => {}
+        _ => {
+            return Err(MongoError::failed_to_parse(
+                "changeStreamBounds takes a collection name, or 1 for the database",
+            ));
+        }
+    }
+    let cluster = ctx
+        .args()
+        .opt_bool("allChangesForCluster")?
+        .unwrap_or(false);
+    if cluster && ctx.db != "admin" {
+        return Err(MongoError::bad_value(
+            "allChangesForCluster is only valid on the admin database",
+        ));
+    }
+    let streams = &ctx.seams.streams;
+    let opened = streams.open(ctx.db, &watch_of_bounds(ctx.cmd)).await?;
+    if let Some(mut cursor) = opened.cursor {
+        cursor.kill().await;
+    }
+    let current = opened
+        .batch
+        .post_batch_resume_token
+        .ok_or_else(|| MongoError::internal("a stream opened without a resume token"))?;
+    let current_data = ResumeTokenData::from_document(&current.to_document())
+        .map_err(|e| MongoError::internal(format!("the stream's own token: {e}")))?;
+    let current = match streams.stamp() {
+        Some(cluster) => current_data.encode_stamped(cluster),
+        None => current,
+    };
+    let earliest_time = streams.earliest_kept().await?;
+    Ok(doc! {
+        "earliest": crate::streams::earliest_marker().to_document(),
+        "current": current.to_document(),
+        "earliestTime": Bson::Timestamp(earliest_time),
+        "currentTime": Bson::Timestamp(current_data.cluster_time().timestamp()),
+        "ok": 1.0,
+    })
+}
+
+/// How long a token lives unless the command asks otherwise, and the longest it may.
+const DEFAULT_TOKEN_SECS: i64 = 3600;
+const MAX_TOKEN_SECS: i64 = 30 * 24 * 3600;
+
+/// `createHttpToken {expiresAfterSecs}`: a bearer token for the HTTP feeds that stands for
+/// the connection's first authenticated user (with that user's rights, read at each use),
+/// signed with the cluster's key so that every router takes it, until it expires.
+pub(super) async fn create_http_token(ctx: &Ctx<'_>) -> Result<Document> {
+    let secs = ctx
+        .args()
+        .opt_i64("expiresAfterSecs")?
+        .unwrap_or(DEFAULT_TOKEN_SECS);
+    if !(1..=MAX_TOKEN_SECS).contains(&secs) {
+        return Err(MongoError::bad_value(format!(
+            "expiresAfterSecs must be between 1 and {MAX_TOKEN_SECS}"
+        )));
+    }
+    let Some((user, db)) = ctx.seams.auth.users_of(ctx.conn.id).into_iter().next() else {
+        return Err(MongoError::new(
+            wire::ErrorCode::UNAUTHORIZED,
+            "createHttpToken needs an authenticated user",
+        ));
+    };
+    let key = ctx.seams.cluster_key().await?;
+    let expires = crate::http::token::now_secs().saturating_add(secs as u64);
+    let claims = crate::http::token::Claims { user, db, expires };
+    Ok(doc! {
+        "token": crate::http::token::sign(&key.key, &claims),
+        "user": &claims.user,
+        "db": &claims.db,
+        "expiresAt": bson::DateTime::from_millis((expires as i64).saturating_mul(1000)),
+        "ok": 1.0,
+    })
+}

@@ -1,0 +1,369 @@
+//! `GET /v1/changes` and `GET /v1/bounds`: a change stream read over plain HTTP.
+//!
+//! A page opens the stream where its cursor says (`from`: `oldest`, `head`, or the `next` of
+//! the page before, which is a resume token), reads up to `limit` changes (waiting up to
+//! `waitMs` for the first), closes it and answers `{changes, next, caught_up}`. With
+//! `Accept: text/event-stream` the same stream stays open and each change is a server-sent
+//! event whose `id` is its resume token, so an `EventSource` that reconnects with
+//! `Last-Event-ID` resumes exactly; an idle stream sends a `heartbeat` event carrying the
+//! stream's position every `heartbeatMs`.
+//!
+//! Invariants: each change is exactly the event `watch()` returns (the router's own
+//! `aggregate` and `getMore` produce it), rendered as Extended JSON; `next` resumes after the
+//! last change given and never skips one; a page holds at most `limit` changes and about
+//! [`MAX_PAGE_BYTES`]; an event stream asks for the next batch only once the client has taken
+//! the one before; a stream is killed when its page is done or its client goes.
+
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{Value, json};
+use wire::{MongoError, Result};
+
+use super::query::{self, FeedRequest, Scope, cursor_of};
+use super::{Body, Caller, failure, json_response};
+
+/// About the most bytes of JSON a page holds: a page stops taking batches past it.
+pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// `GET /v1/bounds?ns=`: `{earliest, current}` cursors (with their cluster times).
+pub async fn bounds(caller: Caller, query: &str) -> Response<Body> {
+    let reply = async {
+        let params = query::params(query)?;
+        if let Some((k, _)) = params
+            .iter()
+            .find(|(k, _)| !matches!(k.as_str(), "ns" | "authSource"))
+        {
+            return Err(MongoError::bad_value(format!(
+                "unknown query parameter '{k}'"
+            )));
+        }
+        let ns = params
+            .iter()
+            .find(|(k, _)| k == "ns")
+            .map(|(_, v)| v.as_str());
+        let scope = Scope::parse(ns)?;
+        let (db, cmd) = scope.bounds_command();
+        let reply = caller.run(db, cmd).await?;
+        let cursor = |field: &str| {
+            reply
+                .get_document(field)
+                .ok()
+                .and_then(cursor_of)
+                .unwrap_or_default()
+        };
+        let time = |field: &str| {
+            reply
+                .get(field)
+                .cloned()
+                .unwrap_or(Bson::Null)
+                .into_relaxed_extjson()
+        };
+        Ok(json!({
+            "earliest": cursor("earliest"),
+            "current": cursor("current"),
+            "earliestTime": time("earliestTime"),
+            "currentTime": time("currentTime"),
+        }))
+    };
+    match reply.await {
+        Ok(json) => json_response(StatusCode::OK, &json),
+        Err(e) => failure(&e),
+    }
+}
+
+/// `GET /v1/changes`: a page, or server-sent events when the client accepts them.
+pub async fn changes(caller: Caller, req: &Request<Incoming>, query: &str) -> Response<Body> {
+    let feed = match FeedRequest::parse(query) {
+        Ok(f) => f,
+        Err(e) => return failure(&e),
+    };
+    let accepts_events = req
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"));
+    if !accepts_events {
+        return match page(caller, &feed).await {
+            Ok(json) => json_response(StatusCode::OK, &json),
+            Err(e) => failure(&e),
+        };
+    }
+    let last_event_id = match req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(query::token_of)
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(e) => return failure(&e),
+    };
+    match Stream::open(caller, &feed, last_event_id, 0).await {
+        Ok((stream, first)) => events(stream, first, feed),
+        Err(e) => failure(&e),
+    }
+}
+
+/// One page: up to `limit` changes from the request's cursor.
+async fn page(caller: Caller, feed: &FeedRequest) -> Result<Value> {
+    let (mut stream, mut events) = Stream::open(caller, feed, None, feed.limit).await?;
+    let limit = feed.limit as usize;
+    let deadline = tokio::time::Instant::now() + feed.wait;
+    let mut changes: Vec<Value> = Vec::with_capacity(events.len());
+    let mut bytes = 0;
+    let mut caught_up = false;
+    loop {
+        for event in events.drain(..) {
+            let json = render(event, feed.canonical);
+            bytes += json_len(&json);
+            changes.push(json);
+        }
+        if changes.len() >= limit || bytes >= MAX_PAGE_BYTES || stream.id == 0 {
+            caught_up = caught_up || stream.id == 0;
+            break;
+        }
+        // The first change is waited for until the deadline; after it, only what is there.
+        let wait = if changes.is_empty() {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            Duration::ZERO
+        };
+        events = stream.more((limit - changes.len()) as u32, wait).await?;
+        if events.is_empty() {
+            caught_up = true;
+            break;
+        }
+    }
+    let next = stream.position();
+    stream.close().await;
+    Ok(json!({"changes": changes, "next": next, "caught_up": caught_up}))
+}
+
+/// The event-stream body: the first batch, then a batch at a time as the client takes them.
+fn events(stream: Stream, first: Vec<Document>, feed: FeedRequest) -> Response<Body> {
+    struct State {
+        stream: Stream,
+        pending: Option<Vec<Document>>,
+        feed: FeedRequest,
+        done: bool,
+    }
+    let state = State {
+        stream,
+        pending: Some(first),
+        feed,
+        done: false,
+    };
+    let body = futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            st.stream.close().await;
+            return None;
+        }
+        let mut out = String::new();
+        let batch = match st.pending.take() {
+            Some(first) => {
+                // How long a reconnecting EventSource waits.
+                out.push_str("retry: 1000\n\n");
+                Ok(first)
+            }
+            None => st.stream.more(st.feed.limit, st.feed.heartbeat).await,
+        };
+        match batch {
+            Ok(batch) if batch.is_empty() => {
+                let next = st.stream.position();
+                out.push_str(&format!(
+                    "event: heartbeat\nid: {next}\ndata: {}\n\n",
+                    json!({"next": next})
+                ));
+            }
+            Ok(batch) => {
+                for event in batch {
+                    let id = event.get_document("_id").ok().and_then(cursor_of);
+                    let json = render(event, st.feed.canonical);
+                    if let Some(id) = id {
+                        out.push_str("id: ");
+                        out.push_str(&id);
+                        out.push('\n');
+                    }
+                    out.push_str("data: ");
+                    out.push_str(&json.to_string());
+                    out.push_str("\n\n");
+                }
+            }
+            Err(e) => {
+                let error = Bson::Document(e.to_document()).into_relaxed_extjson();
+                out.push_str(&format!("event: error\ndata: {error}\n\n"));
+                st.done = true;
+            }
+        }
+        // An invalidate ends the stream, after it is sent.
+        st.done = st.done || st.stream.id == 0;
+        Some((
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(out))),
+            st,
+        ))
+    });
+    let body = http_body_util::StreamBody::new(StreamExt::boxed(body));
+    let mut response = Response::new(BodyExt::boxed_unsync(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// A change event as Extended JSON.
+fn render(event: Document, canonical: bool) -> Value {
+    let event = Bson::Document(event);
+    if canonical {
+        event.into_canonical_extjson()
+    } else {
+        event.into_relaxed_extjson()
+    }
+}
+
+/// About how many bytes `json` takes (strings and structure), without rendering it.
+fn json_len(json: &Value) -> usize {
+    match json {
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => 2 + a.iter().map(json_len).sum::<usize>(),
+        Value::Object(o) => {
+            2 + o
+                .iter()
+                .map(|(k, v)| k.len() + 4 + json_len(v))
+                .sum::<usize>()
+        }
+        _ => 8,
+    }
+}
+
+/// A change stream open through the router's own commands, as a driver holds one.
+struct Stream {
+    caller: Option<Caller>,
+    db: String,
+    /// The cursor's collection, as `getMore` names it.
+    collection: String,
+    /// 0 once the stream is closed (an invalidate closes it).
+    id: i64,
+    /// The post-batch resume token of the last reply: after everything given so far.
+    next: Option<Document>,
+}
+
+impl Stream {
+    /// Opens the stream `feed` asks for (after `after` instead of its start when given),
+    /// with up to `first` changes in its first batch.
+    async fn open(
+        caller: Caller,
+        feed: &FeedRequest,
+        after: Option<Document>,
+        first: u32,
+    ) -> Result<(Stream, Vec<Document>)> {
+        let (db, mut cmd) = feed.aggregate(after);
+        cmd.insert("cursor", doc! {"batchSize": i64::from(first)});
+        let reply = caller.run(db, cmd).await?;
+        let cursor = reply.get_document("cursor").map_err(|_| malformed())?;
+        let ns = cursor.get_str("ns").unwrap_or("");
+        let collection = ns.split_once('.').map_or("", |(_, c)| c).to_string();
+        let mut stream = Stream {
+            caller: Some(caller),
+            db: db.to_string(),
+            collection,
+            id: 0,
+            next: None,
+        };
+        let events = stream.take(cursor, "firstBatch")?;
+        Ok((stream, events))
+    }
+
+    /// The next batch: up to `n` changes, waiting up to `wait` for the first.
+    async fn more(&mut self, n: u32, wait: Duration) -> Result<Vec<Document>> {
+        let Some(caller) = &self.caller else {
+            return Ok(Vec::new());
+        };
+        if self.id == 0 {
+            return Ok(Vec::new());
+        }
+        let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1);
+        let cmd = doc! {
+            "getMore": self.id,
+            "collection": &self.collection,
+            "batchSize": i64::from(n),
+            "maxTimeMS": wait_ms,
+        };
+        let reply = caller.run(&self.db, cmd).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.id = 0;
+                return Err(e);
+            }
+        };
+        let cursor = reply.get_document("cursor").map_err(|_| malformed())?;
+        self.take(cursor, "nextBatch")
+    }
+
+    fn take(&mut self, cursor: &Document, batch: &str) -> Result<Vec<Document>> {
+        self.id = cursor.get_i64("id").unwrap_or(0);
+        if let Ok(token) = cursor.get_document("postBatchResumeToken") {
+            self.next = Some(token.clone());
+        }
+        let events = cursor
+            .get_array(batch)
+            .map_err(|_| malformed())?
+            .iter()
+            .filter_map(|e| e.as_document().cloned())
+            .collect::<Vec<_>>();
+        if self.next.is_none()
+            && let Some(last) = events.last().and_then(|e| e.get_document("_id").ok())
+        {
+            self.next = Some(last.clone());
+        }
+        Ok(events)
+    }
+
+    /// The cursor after everything given so far.
+    fn position(&self) -> String {
+        self.next.as_ref().and_then(cursor_of).unwrap_or_default()
+    }
+
+    async fn close(&mut self) {
+        if let Some(caller) = self.caller.take()
+            && self.id != 0
+        {
+            let cmd = doc! {"killCursors": &self.collection, "cursors": [self.id]};
+            let _ = caller.run(&self.db, cmd).await;
+            self.id = 0;
+        }
+    }
+}
+
+impl Drop for Stream {
+    /// A client that went away mid-stream: its cursor is killed now, not when it idles out.
+    fn drop(&mut self) {
+        if let Some(caller) = self.caller.take()
+            && self.id != 0
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let cmd = doc! {"killCursors": &self.collection, "cursors": [self.id]};
+            let db = self.db.clone();
+            runtime.spawn(async move {
+                let _ = caller.run(&db, cmd).await;
+            });
+        }
+    }
+}
+
+fn malformed() -> MongoError {
+    MongoError::internal("the router's own cursor reply is malformed")
+}
