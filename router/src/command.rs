@@ -85,6 +85,7 @@ wire::command_registry! {
     SetClusterParameter: "setClusterParameter" => InTransaction::Refused;
     SetParameter: "setParameter" => InTransaction::Refused;
     ShardCollection: "shardCollection" / "shardcollection" => InTransaction::Refused;
+    SnapshotCursor: "snapshotCursor" => InTransaction::Refused;
     StartSession: "startSession" => InTransaction::Refused;
     Update: "update" => InTransaction::Statement;
     UpdateRole: "updateRole" => InTransaction::Refused;

@@ -278,7 +278,110 @@ def feed_checks(server, client):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             check(b"tributary_commands_total" in r.read(), "metrics")
 
+    def apply(state, event):
+        """Applies one change event to a dict of documents by _id."""
+        kind, key = event["operationType"], event.get("documentKey", {}).get("_id")
+        if kind in ("insert", "replace"):
+            state[key] = event["fullDocument"]
+        elif kind == "update":
+            doc = dict(state[key])
+            doc.update(event["updateDescription"]["updatedFields"])
+            for field in event["updateDescription"]["removedFields"]:
+                doc.pop(field, None)
+            state[key] = doc
+        elif kind == "delete":
+            del state[key]
+
+    def writers(coll, seconds, first_new):
+        """Inserts, updates, replaces and deletes for `seconds` in a thread; returns it."""
+        def run():
+            import random
+            rng = random.Random(7)
+            until = time.monotonic() + seconds
+            n = first_new
+            while time.monotonic() < until:
+                key = rng.randrange(1000)
+                op = rng.random()
+                if op < 0.4:
+                    coll.insert_one({"_id": n, "v": 0})
+                    n += 1
+                elif op < 0.7:
+                    coll.update_one({"_id": key}, {"$inc": {"v": 1}, "$set": {"w": rng.random()}})
+                elif op < 0.8:
+                    coll.update_one({"_id": key}, {"$unset": {"w": ""}})
+                elif op < 0.9:
+                    coll.replace_one({"_id": key}, {"v": -1, "r": True})
+                else:
+                    coll.delete_one({"_id": key})
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+
+    def follow(state, cursor):
+        """Applies the feed from `cursor` until it has caught up."""
+        while True:
+            page = changes(port, ns=coll_boot.full_name, limit=1000, **{"from": cursor})
+            for change in page["changes"]:
+                apply(state, as_bson(change))
+            cursor = page["next"]
+            if page["caught_up"]:
+                return cursor
+
+    coll_boot = db.boot
+
+    def snapshot_then_follow_is_exact():
+        client.admin.command("shardCollection", "feed.boot", key={"_id": "hashed"})
+        coll_boot.insert_many([{"_id": i, "v": 0} for i in range(1000)])
+        writing = writers(coll_boot, 3, 1000)
+        time.sleep(0.5)
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/v1/snapshot?ns=feed.boot", timeout=60) as r:
+            check(r.headers["Content-Type"] == "application/x-ndjson", r.headers["Content-Type"])
+            lines = [json.loads(l) for l in r.read().splitlines()]
+        end = lines[-1]
+        check("next" in end and end["count"] == len(lines) - 1, end)
+        state = {}
+        for line in lines[:-1]:
+            doc = as_bson(line)
+            check(doc["_id"] not in state, f"a document twice: {doc}")
+            state[doc["_id"]] = doc
+        writing.join()
+        follow(state, end["next"])
+        actual = {d["_id"]: d for d in coll_boot.find()}
+        check(state == actual, f"snapshot + feed != collection: {len(state)} vs {len(actual)}, "
+              f"differing {[k for k in set(state) | set(actual) if state.get(k) != actual.get(k)][:5]}")
+
+    def snapshot_cursor_through_a_driver():
+        writing = writers(coll_boot, 2, 1_000_000)
+        time.sleep(0.3)
+        point = db.command("snapshotCursor", "boot")
+        docs = db.command("find", "boot", filter={}, batchSize=100000,
+                          readConcern={"level": "snapshot", "atClusterTime": point["atClusterTime"]})
+        state = {d["_id"]: d for d in docs["cursor"]["firstBatch"]}
+        check(docs["cursor"]["id"] == 0, "one batch")
+        writing.join()
+        latest = db.command("changeStreamBounds", "boot")["current"]
+        with coll_boot.watch(resume_after=point["cursor"], max_await_time_ms=500) as stream:
+            while True:
+                event = stream.try_next()
+                if event is None:
+                    if stream.resume_token["_data"] >= latest["_data"]:
+                        break
+                    continue
+                apply(state, event)
+        actual = {d["_id"]: d for d in coll_boot.find()}
+        check(state == actual, "snapshotCursor + watch() != collection")
+
+    def snapshot_refusals():
+        status, body, _ = get(port, "/v1/snapshot?ns=feed")
+        check(status == 400 and body["ok"] == 0, (status, body))
+        status, body, _ = get(port, "/v1/snapshot?ns=feed.boot&limit=1")
+        check(status == 400, (status, body))
+
     return [
+        snapshot_then_follow_is_exact,
+        snapshot_cursor_through_a_driver,
+        snapshot_refusals,
         pages_resume_and_equal_watch,
         head_then_new_changes,
         wait_for_the_first_change,

@@ -67,9 +67,8 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
         | ConnectionStatus | WhatsMyUri | ListCommands | StartSession | RefreshSessions
         | KillSessions | CommitTransaction | AbortTransaction | GetMore | KillCursors
         | ListDatabases | CreateHttpToken => Need::Nothing,
-        Find | Count | Distinct | ListCollections | ListIndexes | CollStats | DbStats => {
-            on(Need::Read)
-        }
+        Find | Count | Distinct | ListCollections | ListIndexes | CollStats | DbStats
+        | SnapshotCursor => on(Need::Read),
         Aggregate => aggregate_need(db, cmd),
         // Bounding a stream needs what watching it does.
         ChangeStreamBounds => aggregate_need(db, &crate::commands::watch_of_bounds(cmd)),
@@ -432,6 +431,8 @@ fn actions_ignoring_bypass(
         }
         Aggregate => aggregate_actions(db, cmd),
         ChangeStreamBounds => aggregate_actions(db, &crate::commands::watch_of_bounds(cmd)),
+        // The snapshot is read, and the stream after it watched, with their own checks.
+        SnapshotCursor => on_db(&["find"]),
         // What their need says (above): nothing, or `root`.
         Hello | CreateHttpToken | SaslStart | SaslContinue | Ping | BuildInfo | EndSessions
         | Logout | ConnectionStatus | WhatsMyUri | ListCommands | StartSession

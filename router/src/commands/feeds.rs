@@ -1,6 +1,7 @@
 //! The commands behind the HTTP feeds, which drivers can run too: `changeStreamBounds` (where a
-//! stream can start: before the oldest change kept, after the newest) and `createHttpToken`
-//! (a bearer token for the HTTP feeds, standing for the caller).
+//! stream can start: before the oldest change kept, after the newest), `snapshotCursor` (a
+//! cluster time to read a snapshot at, and the cursor that follows that snapshot exactly) and
+//! `createHttpToken` (a bearer token for the HTTP feeds, standing for the caller).
 
 use bson::{Bson, Document, doc};
 use resume::token::ResumeTokenData;
@@ -68,6 +69,35 @@ pub(super) async fn change_stream_bounds(ctx: &Ctx<'_>) -> Result<Document> {
         "current": current.to_document(),
         "earliestTime": Bson::Timestamp(earliest_time),
         "currentTime": Bson::Timestamp(current_data.cluster_time().timestamp()),
+        "ok": 1.0,
+    })
+}
+
+/// `snapshotCursor: "<coll>"` (or 1 for the database): a cluster time `atClusterTime` to read
+/// the snapshot at (`readConcern: {level: "snapshot", atClusterTime}`), and `cursor`, the
+/// resume token that follows that snapshot exactly: a snapshot at `T` holds every write
+/// committed at or before `T`, and a stream started after the high-water mark of the tick
+/// after `T` has every change committed after `T`, so applying the one and then the other
+/// misses nothing and applies nothing twice.
+pub(super) async fn snapshot_cursor(ctx: &Ctx<'_>) -> Result<Document> {
+    match ctx.cmd.get("snapshotCursor") {
+        Some(Bson::String(coll)) if !coll.is_empty() => {}
+        Some(v) if v.as_f64() == Some(1.0) || v.as_i64() == Some(1) || v.as_i32() == Some(1) => {}
+        _ => {
+            return Err(MongoError::failed_to_parse(
+                "snapshotCursor takes a collection name, or 1 for the database",
+            ));
+        }
+    }
+    let at = ctx.seams.transport.clock().now();
+    let follow = ResumeTokenData::high_water_mark(at.next(), Default::default());
+    let cursor = match ctx.seams.streams.stamp() {
+        Some(cluster) => follow.encode_stamped(cluster),
+        None => follow.encode(),
+    };
+    Ok(doc! {
+        "atClusterTime": Bson::Timestamp(at.timestamp()),
+        "cursor": cursor.to_document(),
         "ok": 1.0,
     })
 }

@@ -260,6 +260,7 @@ fn known(command: Command) -> Known {
         ],
         ChangeStreamBounds => &["allChangesForCluster"],
         CreateHttpToken => &["expiresAfterSecs"],
+        SnapshotCursor => &[],
         ReadSubscription => &["consumer", "max", "waitMS", "ackThrough", "forwardedBy"],
         AckSubscription => &[
             "consumer",

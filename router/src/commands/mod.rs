@@ -189,6 +189,7 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         AlterSubscription => subscriptions::alter(ctx).await,
         ChangeStreamBounds => feeds::change_stream_bounds(ctx).await,
         CreateHttpToken => feeds::create_http_token(ctx).await,
+        SnapshotCursor => feeds::snapshot_cursor(ctx).await,
         DropSubscription => subscriptions::drop(ctx).await,
         Find => return find::find(ctx).await,
         Aggregate => return aggregate::aggregate(ctx).await,

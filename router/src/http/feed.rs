@@ -113,36 +113,53 @@ pub async fn changes(caller: Caller, req: &Request<Incoming>, query: &str) -> Re
     }
 }
 
-/// One page: up to `limit` changes from the request's cursor.
+/// How long a page goes on reading to catch up with what was committed before it was asked
+/// for, when the changes come slower than that, before it answers without `caught_up`.
+const CATCH_UP_PATIENCE: Duration = Duration::from_secs(5);
+/// A getMore's wait while catching up: the stream's position moves on at least this often.
+const CATCH_UP_STEP: Duration = Duration::from_millis(50);
+
+/// One page: up to `limit` changes from the request's cursor. It is `caught_up` when it holds
+/// every change committed before the request came (its `next` is past the cluster time the
+/// router had then): an empty batch alone says only that none had arrived yet.
 async fn page(caller: Caller, feed: &FeedRequest) -> Result<Value> {
+    let asked_at = caller.seams().cluster_time();
     let (mut stream, mut events) = Stream::open(caller, feed, None, feed.limit).await?;
     let limit = feed.limit as usize;
-    let deadline = tokio::time::Instant::now() + feed.wait;
+    let started = tokio::time::Instant::now();
+    let deadline = started + feed.wait;
+    let patience = started + feed.wait.max(CATCH_UP_PATIENCE);
     let mut changes: Vec<Value> = Vec::with_capacity(events.len());
     let mut bytes = 0;
-    let mut caught_up = false;
-    loop {
+    let caught_up = loop {
         for event in events.drain(..) {
             let json = render(event, feed.canonical);
             bytes += json_len(&json);
             changes.push(json);
         }
-        if changes.len() >= limit || bytes >= MAX_PAGE_BYTES || stream.id == 0 {
-            caught_up = caught_up || stream.id == 0;
-            break;
+        if stream.id == 0 {
+            // An invalidate ended the stream: there is nothing after it.
+            break true;
         }
-        // The first change is waited for until the deadline; after it, only what is there.
-        let wait = if changes.is_empty() {
-            deadline.saturating_duration_since(tokio::time::Instant::now())
+        if changes.len() >= limit || bytes >= MAX_PAGE_BYTES {
+            break false;
+        }
+        let now = tokio::time::Instant::now();
+        let reached = stream.time().is_some_and(|t| t > asked_at);
+        if reached && (!changes.is_empty() || now >= deadline) {
+            break true;
+        }
+        if !reached && now >= patience {
+            break false;
+        }
+        // Caught up and still without a change: wait for the first until the deadline.
+        let wait = if reached {
+            deadline.saturating_duration_since(now)
         } else {
-            Duration::ZERO
+            CATCH_UP_STEP
         };
         events = stream.more((limit - changes.len()) as u32, wait).await?;
-        if events.is_empty() {
-            caught_up = true;
-            break;
-        }
-    }
+    };
     let next = stream.position();
     stream.close().await;
     Ok(json!({"changes": changes, "next": next, "caught_up": caught_up}))
@@ -330,6 +347,13 @@ impl Stream {
             self.next = Some(last.clone());
         }
         Ok(events)
+    }
+
+    /// The cluster time of the stream's position.
+    fn time(&self) -> Option<resume::ClusterTime> {
+        let token = resume::token::ResumeToken::from_document(self.next.as_ref()?).ok()?;
+        let token = token.unstamp().map_or(token, |(plain, _)| plain);
+        token.decode().ok().map(|t| t.cluster_time())
     }
 
     /// The cursor after everything given so far.

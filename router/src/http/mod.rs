@@ -5,6 +5,7 @@
 //! | endpoint | what |
 //! |---|---|
 //! | `GET /v1/changes` | a page of a change stream as JSON, or (`Accept: text/event-stream`) server-sent events ([`feed`]) |
+//! | `GET /v1/snapshot` | a collection as of one cluster time (NDJSON), then the cursor that follows it exactly ([`snapshot`]) |
 //! | `GET /v1/bounds` | `changeStreamBounds` as JSON |
 //! | `GET /v1/status` | shards, streams and subscriptions at a glance, as JSON ([`status`]) |
 //! | `GET /` | the status page, drawn from `/v1/status` |
@@ -15,7 +16,7 @@
 //!
 //! Invariants:
 //! * a request runs the router's own commands (`aggregate`, `getMore`, `killCursors`,
-//!   `changeStreamBounds`) as a connection of its own, so it gets exactly what a driver gets
+//!   `changeStreamBounds`, `snapshotCursor`, `find`) as a connection of its own, so it gets exactly what a driver gets
 //!   and needs exactly the rights a driver needs; that connection's login and cursors end
 //!   with the request;
 //! * with `--auth`, every endpoint but `/metrics` needs a login: HTTP Basic (a user's
@@ -27,6 +28,7 @@
 
 pub mod feed;
 pub mod query;
+pub mod snapshot;
 pub mod status;
 pub mod token;
 
@@ -143,7 +145,7 @@ impl Http {
                 status::render_metrics(&self.seams).await,
             ),
             "/" | "/index.html" => text("text/html; charset=utf-8", status::PAGE.to_string()),
-            "/v1/status" | "/v1/changes" | "/v1/bounds" => {
+            "/v1/status" | "/v1/changes" | "/v1/bounds" | "/v1/snapshot" => {
                 let caller = match self.caller(&req, &query, peer, tls).await {
                     Ok(c) => c,
                     Err(e) => return failure(&e),
@@ -154,6 +156,7 @@ impl Http {
                         Err(e) => failure(&e),
                     },
                     "/v1/bounds" => feed::bounds(caller, &query).await,
+                    "/v1/snapshot" => snapshot::snapshot(caller, &query).await,
                     _ => feed::changes(caller, &req, &query).await,
                 }
             }
