@@ -146,8 +146,6 @@ pub struct FailPoints {
     /// history, so they do not enter the fail point again.
     committed: Mutex<std::collections::HashMap<(Vec<u8>, i64), usize>>,
     max_time_always_time_out: Mutex<Configured>,
-    /// `client.application.name` of each connection's handshake, for `appName`.
-    app_names: Mutex<std::collections::HashMap<u64, String>>,
 }
 
 impl FailPoints {
@@ -360,32 +358,6 @@ impl FailPoints {
             code,
             "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint",
         ))
-    }
-
-    /// Remembers the application name a connection gave in its handshake (`hello` with
-    /// `client.application.name`).
-    pub fn note_handshake(&self, connection: u64, hello: &Document) {
-        let name = hello
-            .get_document("client")
-            .and_then(|c| c.get_document("application"))
-            .and_then(|a| a.get_str("name"));
-        if let Ok(name) = name
-            && let Ok(mut names) = self.app_names.lock()
-        {
-            // Test servers only; a bound keeps a long run of short connections from growing it.
-            if names.len() >= 100_000 {
-                names.clear();
-            }
-            names.insert(connection, name.to_string());
-        }
-    }
-
-    /// The application name of `connection`, if its handshake gave one.
-    pub fn app_name(&self, connection: u64) -> Option<String> {
-        self.app_names
-            .lock()
-            .ok()
-            .and_then(|names| names.get(&connection).cloned())
     }
 
     fn slot(&self, name: &str) -> Option<&Mutex<Configured>> {

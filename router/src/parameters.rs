@@ -83,6 +83,20 @@ const PARAMETERS: &[Parameter] = &[
         set: None,
     },
     Parameter {
+        name: "changeStreamExtensions",
+        runtime: true,
+        get: |_| Bson::Boolean(pipeline::changestream::spec::extensions_enabled()),
+        set: Some(|_, v| match v {
+            Bson::Boolean(on) => {
+                pipeline::changestream::spec::set_extensions_enabled(*on);
+                Ok(())
+            }
+            _ => Err(MongoError::bad_value(
+                "changeStreamExtensions must be a boolean",
+            )),
+        }),
+    },
+    Parameter {
         name: "changeStreamHeldReplyBytesLimit",
         runtime: true,
         get: |r| limit(r.cursors.stream_held_bytes()),
@@ -150,6 +164,20 @@ const PARAMETERS: &[Parameter] = &[
         runtime: false,
         get: |r| Bson::Int64(r.max_clock_drift.as_secs() as i64),
         set: None,
+    },
+    Parameter {
+        name: "recordCommitMetadata",
+        runtime: true,
+        get: |_| Bson::Boolean(crate::commands::record_commit_metadata()),
+        set: Some(|_, v| match v {
+            Bson::Boolean(on) => {
+                crate::commands::set_record_commit_metadata(*on);
+                Ok(())
+            }
+            _ => Err(MongoError::bad_value(
+                "recordCommitMetadata must be a boolean",
+            )),
+        }),
     },
     Parameter {
         name: "requireApiVersion",

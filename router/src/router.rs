@@ -77,6 +77,7 @@ impl Router {
             auth: Default::default(),
             ops: Default::default(),
             local_sessions: Default::default(),
+            app_names: Default::default(),
             lineages,
             cluster_key: tokio::sync::OnceCell::new(),
         };

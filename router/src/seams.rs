@@ -57,6 +57,8 @@ pub(crate) struct Seams {
     pub(crate) ops: crate::ops::Ops,
     /// The logical sessions this router has seen (`$listLocalSessions`).
     pub(crate) local_sessions: crate::local_sessions::LocalSessions,
+    /// The application name each open connection gave in its handshake.
+    pub(crate) app_names: AppNames,
     /// The registry of the shards' histories (`lineages`).
     pub(crate) lineages: Arc<crate::kernel::lineages::Lineages>,
     /// The key that signs cluster times (`--auth`), loaded from the config shard when first
@@ -134,5 +136,49 @@ impl Seams {
         if let Err(e) = sent.await {
             tracing::debug!(error = %e.into_error(), "the config shard did not give its time");
         }
+    }
+}
+
+/// The application name (`client.application.name`) each open connection gave in its
+/// handshake: `appName` for fail points and for the commit metadata writes record. Bounded by
+/// the open connections (a name is forgotten when its connection closes) and by
+/// [`AppNames::MAX_LEN`] bytes a name.
+#[derive(Default)]
+pub(crate) struct AppNames {
+    names: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<str>>>,
+}
+
+impl AppNames {
+    /// MongoDB's bound on `client.application.name`.
+    pub const MAX_LEN: usize = 128;
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::sync::Arc<str>>> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers the name a handshake (`hello`) gives, if it gives one.
+    pub fn note_handshake(&self, connection: u64, hello: &bson::Document) {
+        let name = hello
+            .get_document("client")
+            .and_then(|c| c.get_document("application"))
+            .and_then(|a| a.get_str("name"));
+        if let Ok(name) = name {
+            let mut end = name.len().min(Self::MAX_LEN);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.lock()
+                .insert(connection, std::sync::Arc::from(&name[..end]));
+        }
+    }
+
+    pub fn get(&self, connection: u64) -> Option<std::sync::Arc<str>> {
+        self.lock().get(&connection).cloned()
+    }
+
+    pub fn closed(&self, connection: u64) {
+        self.lock().remove(&connection);
     }
 }

@@ -60,6 +60,7 @@ impl Handler for RouterHandler {
 
     fn closed(&self, conn: &ConnectionInfo) {
         self.seams.auth.closed(conn.id);
+        self.seams.app_names.closed(conn.id);
     }
 }
 

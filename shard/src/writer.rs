@@ -227,6 +227,10 @@ pub struct TxnOp {
     pub pre_image: Option<(bson::Uuid, Document)>,
 }
 
+/// The field of a write command (and of `commitTransaction`) in which the router sends who
+/// made the writes: its entries record it as `commitMetadata`.
+pub const COMMIT_METADATA_FIELD: &str = "tributaryCommit";
+
 /// The view a write job has of the shard: the batch's transaction and catalog copy (or, for a
 /// statement of a multi-document transaction, that transaction's store and catalog copy).
 pub struct WriteCtx<'a> {
@@ -245,6 +249,10 @@ pub struct WriteCtx<'a> {
     /// The current job's `bypassDocumentValidation`: its documents skip the collection's
     /// validator (see [`crate::validation`]).
     pub bypass_validation: bool,
+    /// Who made the current job's writes and how (`user`, `authenticatedDb`, `appName`,
+    /// `comment`, as the router sent them): recorded as `commitMetadata` in each entry the
+    /// job logs, for change streams with `showCommitMetadata`.
+    pub commit_metadata: Option<Document>,
     /// A dry run ([`WriteCtx::dry_run`]): writes go to an overlay, held keys are checked.
     dry_run: bool,
     pub wall_ms: u64,
@@ -270,6 +278,7 @@ impl<'a> WriteCtx<'a> {
             from_migrate: false,
             own_reservation: None,
             bypass_validation: false,
+            commit_metadata: None,
             dry_run: false,
             wall_ms: state.now_millis(),
         }
@@ -352,6 +361,9 @@ impl<'a> WriteCtx<'a> {
         let mut entry = spec.build(ts, term, self.wall_ms, prev_term);
         if self.from_migrate {
             entry.insert("fromMigrate", true);
+        }
+        if let Some(m) = &self.commit_metadata {
+            entry.insert("commitMetadata", m.clone());
         }
         let mut buf = Vec::new();
         entry
@@ -660,6 +672,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             from_migrate: false,
             own_reservation: None,
             bypass_validation: false,
+            commit_metadata: None,
             dry_run: false,
             wall_ms,
         };
@@ -672,6 +685,7 @@ fn run_batch(state: &ShardState, jobs: Vec<Job>) {
             ctx.from_migrate = false;
             ctx.own_reservation = None;
             ctx.bypass_validation = false;
+            ctx.commit_metadata = None;
             // A bug in a job must not take the writer thread down: treat a panic like a
             // storage failure (the whole batch is abandoned, nothing of it persists).
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut ctx)))

@@ -26,6 +26,7 @@ import urllib.request
 from bson import json_util
 from bson.json_util import JSONOptions
 from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from auth_tls import certificates, free_port  # noqa: E402
@@ -464,7 +465,82 @@ def auth_checks(server, ca):
         status, body, _ = get(port, "/v1/changes?ns=app.c", {"Authorization": f"Bearer {token}"})
         check(status == 401, (status, body))
 
-    return [setup, refusals, basic_over_tls_with_the_users_rights, bearer_tokens]
+    def watch_raw(db, coll, spec, pipeline=()):
+        """Opens a change stream with options a driver does not know; returns (db, cursor)."""
+        reply = db.command("aggregate", coll, pipeline=[{"$changeStream": spec}, *pipeline],
+                           cursor={})
+        return reply["cursor"]
+
+    def read_events(db, coll, cursor, want):
+        events, cid = list(cursor["firstBatch"]), cursor["id"]
+        deadline = time.monotonic() + 20
+        while len(events) < want and time.monotonic() < deadline:
+            more = db.command("getMore", cid, collection=coll, maxTimeMS=500)
+            events.extend(more["cursor"]["nextBatch"])
+        return events
+
+    def commit_metadata_from_two_users_and_a_transaction():
+        boss = client(username="boss", password="s3cret")
+        boss.app.command("createUser", "ana", pwd="pw", roles=["readWrite"])
+        boss.app.command("createUser", "ben", pwd="pw", roles=["readWrite"])
+        ana = client(username="ana", password="pw", authSource="app", appName="billing")
+        ben = client(username="ben", password="pw", authSource="app", appName="audit-tool")
+        start = boss.app.command("changeStreamBounds", "who")["current"]
+        ana.app.who.insert_one({"_id": 1}, comment="first order")
+        ben.app.who.update_one({"_id": 1}, {"$set": {"paid": True}}, comment={"ticket": 42})
+        with ana.start_session() as s:
+            s.start_transaction()
+            ana.app.who.insert_one({"_id": 2}, session=s)
+            ana.app.who.delete_one({"_id": 1}, session=s)
+            ana.admin.command({"commitTransaction": 1, "comment": "close ticket"}, session=s)
+        cursor = watch_raw(boss.app, "who", {"showCommitMetadata": True, "resumeAfter": start})
+        events = read_events(boss.app, "who", cursor, 4)
+        meta = [e["commitMetadata"] for e in events]
+        check([m["user"] for m in meta] == ["ana", "ben", "ana", "ana"], meta)
+        check(all(m["authenticatedDb"] == "app" for m in meta), meta)
+        check([m["appName"] for m in meta] == ["billing", "audit-tool", "billing", "billing"],
+              meta)
+        check(meta[0]["comment"] == "first order" and meta[1]["comment"] == {"ticket": 42}, meta)
+        check(meta[2]["comment"] == "close ticket" == meta[3]["comment"],
+              f"a transaction's events carry its commit's comment: {meta}")
+        check(meta[0]["txnMetadata"] is None, meta)
+        txn = meta[2]["txnMetadata"]
+        check(txn is not None and txn == meta[3]["txnMetadata"] and "txnNumber" in txn, meta)
+        check(all(m["wallTime"] == e["wallTime"] for m, e in zip(meta, events)), events)
+        # Selecting by user.
+        cursor = watch_raw(boss.app, "who", {"showCommitMetadata": True, "resumeAfter": start},
+                           [{"$match": {"commitMetadata.user": "ben"}}])
+        by_ben = read_events(boss.app, "who", cursor, 1)
+        check([e["operationType"] for e in by_ben] == ["update"], by_ben)
+        # Without the option, no commitMetadata.
+        cursor = watch_raw(boss.app, "who", {"resumeAfter": start})
+        plain = read_events(boss.app, "who", cursor, 1)
+        check("commitMetadata" not in plain[0], plain[0])
+        # Over HTTP too.
+        token = ana.app.command("createHttpToken")["token"]
+        cursor = urllib.parse.quote(start["_data"])
+        status, body, _ = get(port, f"/v1/changes?ns=app.who&showCommitMetadata=true&limit=4"
+                              f"&from={cursor}", {"Authorization": f"Bearer {token}"})
+        check(status == 200, (status, body))
+        check([c["commitMetadata"]["user"] for c in body["changes"]] == ["ana", "ben", "ana", "ana"],
+              body)
+
+    def the_extension_can_be_turned_off():
+        boss = client(username="boss", password="s3cret")
+        boss.admin.command("setParameter", 1, changeStreamExtensions=False)
+        try:
+            try:
+                boss.app.command("aggregate", "who",
+                                 pipeline=[{"$changeStream": {"showCommitMetadata": True}}],
+                                 cursor={})
+                raise AssertionError("an unknown $changeStream field was taken")
+            except OperationFailure as e:
+                check(e.code == 40415, e.details)
+        finally:
+            boss.admin.command("setParameter", 1, changeStreamExtensions=True)
+
+    return [setup, refusals, basic_over_tls_with_the_users_rights, bearer_tokens,
+            commit_metadata_from_two_users_and_a_transaction, the_extension_can_be_turned_off]
 
 
 def run(checks):

@@ -63,6 +63,23 @@ pub struct ChangeStreamOptions {
     pub show_raw_update_description: bool,
     pub match_collection_uuid_for_update_lookup: bool,
     pub show_commit_timestamp: bool,
+    /// Tributary's: every event carries `commitMetadata` (who wrote it, from which
+    /// application, with which comment, when, in which transaction), as the oplog recorded it
+    /// at write time.
+    pub show_commit_metadata: bool,
+}
+
+/// Whether Tributary's `$changeStream` options (`showCommitMetadata`) are taken; when not, they
+/// are unknown fields (40415), as on MongoDB. On unless the `changeStreamExtensions` parameter
+/// turns them off.
+static EXTENSIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+pub fn extensions_enabled() -> bool {
+    EXTENSIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub fn set_extensions_enabled(on: bool) {
+    EXTENSIONS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Where the stream starts.
@@ -483,6 +500,7 @@ pub fn parse_stage(arg: &Bson, ctx: &RequestContext<'_>) -> Result<ChangeStreamS
                 o.match_collection_uuid_for_update_lookup = boolean(k, v)?
             }
             "showCommitTimestamp" => o.show_commit_timestamp = boolean(k, v)?,
+            "showCommitMetadata" if extensions_enabled() => o.show_commit_metadata = boolean(k, v)?,
             "ignoreRemovedShards" => {
                 boolean(k, v)?;
             }

@@ -51,12 +51,41 @@ pub fn is_classic_type(operation_type: &str) -> bool {
     CLASSIC_TYPES.contains(&operation_type)
 }
 
+/// An event's `commitMetadata`: who wrote the change and how, as the entry recorded it at
+/// write time (its `commitMetadata`: `user`, `authenticatedDb`, `appName`, `comment`), when
+/// (`wallTime`), and in which transaction (`txnMetadata`: `lsid`, `txnNumber`). Every field
+/// is present, null when unknown, so a `$match` reads one shape.
+fn commit_metadata(entry: &Document, in_transaction: bool) -> Document {
+    let recorded = entry.get_document("commitMetadata").ok();
+    let field = |f: &str| {
+        recorded
+            .and_then(|r| r.get(f))
+            .cloned()
+            .unwrap_or(Bson::Null)
+    };
+    let txn = match (in_transaction, entry.get("lsid"), entry.get("txnNumber")) {
+        (true, Some(lsid), Some(n)) => {
+            Bson::Document(doc! {"lsid": lsid.clone(), "txnNumber": n.clone()})
+        }
+        _ => Bson::Null,
+    };
+    doc! {
+        "user": field("user"),
+        "authenticatedDb": field("authenticatedDb"),
+        "appName": field("appName"),
+        "comment": field("comment"),
+        "wallTime": entry.get("wall").cloned().unwrap_or(Bson::Null),
+        "txnMetadata": txn,
+    }
+}
+
 /// Builds events for one stream; holds the token-version state.
 #[derive(Debug, Clone)]
 pub struct Transformer {
     show_expanded_events: bool,
     show_raw_update_description: bool,
     show_commit_timestamp: bool,
+    show_commit_metadata: bool,
     /// Database and cluster streams turn `system.views` CRUD into view DDL events.
     view_events: bool,
     versions: TokenVersionPolicy,
@@ -89,6 +118,7 @@ impl Transformer {
             show_expanded_events: spec.options.show_expanded_events,
             show_raw_update_description: spec.options.show_raw_update_description,
             show_commit_timestamp: spec.options.show_commit_timestamp,
+            show_commit_metadata: spec.options.show_commit_metadata,
             view_events: spec.level != StreamLevel::Collection,
             versions: TokenVersionPolicy::new(&spec.start),
             buffers: encoded::Buffers::default(),
@@ -179,6 +209,12 @@ impl Transformer {
             && let Some(ct) = entry.get("commitTimestamp")
         {
             d.insert("commitTimestamp", ct.clone());
+        }
+        if self.show_commit_metadata {
+            d.insert(
+                "commitMetadata",
+                commit_metadata(entry, txn_op_index.is_some()),
+            );
         }
         Ok(Some(ChangeEvent {
             token,

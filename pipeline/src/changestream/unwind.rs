@@ -7,7 +7,8 @@
 //!
 //! Invariants:
 //! * every pseudo-entry carries the committing entry's `ts` and `wall` (so all events of one
-//!   transaction share a `clusterTime`), its `lsid`/`txnNumber` when it has them, and
+//!   transaction share a `clusterTime`), its `lsid`/`txnNumber` and `commitMetadata` when it
+//!   has them, and
 //!   `txnOpIndex`, `applyOpsIndex`, `applyOpsTs` (and `commitTimestamp` for prepared
 //!   transactions);
 //! * `txnOpIndex` is 0-based across the whole transaction and counts the ops the namespace and
@@ -136,7 +137,7 @@ fn stamp(
     committing_o: &Document,
 ) -> Document {
     let mut d = op.clone();
-    for f in ["ts", "wall", "lsid", "txnNumber"] {
+    for f in ["ts", "wall", "lsid", "txnNumber", "commitMetadata"] {
         match committing.get(f) {
             Some(v) => d.insert(f, v.clone()),
             None => d.remove(f),

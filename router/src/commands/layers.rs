@@ -110,16 +110,16 @@ pub(super) async fn fail_points(
     name: &str,
     plan: &mut Plan,
 ) -> ControlFlow<()> {
+    if plan.handshake {
+        seams.app_names.note_handshake(conn.id, &req.body);
+    }
     if !seams.options.enable_test_commands {
         plan.batch = failpoint::has_statement_list(&req.body);
         return ControlFlow::Continue(());
     }
-    if plan.handshake {
-        seams.failpoints.note_handshake(conn.id, &req.body);
-    }
     if let Some(triggered) = seams
         .failpoints
-        .check_command(name, seams.failpoints.app_name(conn.id).as_deref())
+        .check_command(name, seams.app_names.get(conn.id).as_deref())
     {
         if let Some(d) = triggered.block {
             tokio::time::sleep(d).await;
@@ -240,6 +240,16 @@ pub(super) async fn execute(ctx: &Ctx<'_>, plan: &Plan, req: &Request) -> Result
     // maxTimeMS.
     let op = seams.ops.start(conn, name, &req.db, &req.body);
     let run = crate::kernel::transport::OPERATION_KEY.scope(op.key.clone(), run);
+    let run = async {
+        match commit_metadata(seams, conn, name, &req.body) {
+            Some(meta) => {
+                crate::kernel::transport::COMMIT_METADATA
+                    .scope(std::sync::Arc::new(meta), run)
+                    .await
+            }
+            None => run.await,
+        }
+    };
     tokio::select! {
         result = within_max_time(name, &req.body, run) => result,
         () = op.cancel.cancelled() => {
@@ -317,6 +327,55 @@ pub(super) async fn after(
         Err(e) => Body::Document(e.to_document()),
     };
     Some(finish_reply(seams, reply))
+}
+
+/// Whether writes record who made them (`recordCommitMetadata`, on unless turned off).
+static RECORD_COMMIT_METADATA: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
+pub(crate) fn record_commit_metadata() -> bool {
+    RECORD_COMMIT_METADATA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn set_record_commit_metadata(on: bool) {
+    RECORD_COMMIT_METADATA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What a write records of who made it, for change streams' `commitMetadata`: the
+/// connection's user and its database, the application's name from its handshake, and the
+/// command's `comment` (for a transaction, its `commitTransaction`'s), each only when known;
+/// `None` for other commands, or when nothing is known.
+fn commit_metadata(
+    seams: &Seams,
+    conn: &ConnectionInfo,
+    name: &str,
+    body: &bson::Document,
+) -> Option<bson::Document> {
+    if !matches!(
+        name,
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "findandmodify"
+            | "aggregate"
+            | "commitTransaction"
+    ) || !record_commit_metadata()
+    {
+        return None;
+    }
+    let mut meta = bson::Document::new();
+    if let Some((user, db)) = seams.auth.users_of(conn.id).into_iter().next() {
+        meta.insert("user", user);
+        meta.insert("authenticatedDb", db);
+    }
+    if let Some(app) = seams.app_names.get(conn.id) {
+        meta.insert("appName", &*app);
+    }
+    if let Some(comment) = body.get("comment") {
+        meta.insert("comment", comment.clone());
+    }
+    (!meta.is_empty()).then_some(meta)
 }
 
 /// Runs a command within its `maxTimeMS` (50 when it runs out): the router's own work

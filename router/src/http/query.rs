@@ -193,7 +193,7 @@ pub struct FeedRequest {
     /// Canonical Extended JSON instead of relaxed.
     pub canonical: bool,
     /// The `$changeStream` options given (`fullDocument`, `fullDocumentBeforeChange`,
-    /// `showExpandedEvents`).
+    /// `showExpandedEvents`, `showCommitMetadata`).
     pub options: Document,
     /// The `$match` stage's filter, from its Extended JSON.
     pub filter: Option<Document>,
@@ -234,6 +234,7 @@ impl FeedRequest {
                     | "fullDocument"
                     | "fullDocumentBeforeChange"
                     | "showExpandedEvents"
+                    | "showCommitMetadata"
                     | "match"
                     | "heartbeatMs"
                     | "authSource"
@@ -278,18 +279,20 @@ impl FeedRequest {
                 options.insert(field, v);
             }
         }
-        match get("showExpandedEvents") {
-            None => {}
-            Some("true") => {
-                options.insert("showExpandedEvents", true);
-            }
-            Some("false") => {
-                options.insert("showExpandedEvents", false);
-            }
-            Some(_) => {
-                return Err(MongoError::bad_value(
-                    "'showExpandedEvents' must be true or false",
-                ));
+        for flag in ["showExpandedEvents", "showCommitMetadata"] {
+            match get(flag) {
+                None => {}
+                Some("true") => {
+                    options.insert(flag, true);
+                }
+                Some("false") => {
+                    options.insert(flag, false);
+                }
+                Some(_) => {
+                    return Err(MongoError::bad_value(format!(
+                        "'{flag}' must be true or false"
+                    )));
+                }
             }
         }
         let filter = get("match").map(parse_match).transpose()?;

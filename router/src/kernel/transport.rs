@@ -33,6 +33,25 @@ tokio::task_local! {
     /// The `clientOperationKey` of the client operation this task runs: the transport adds it
     /// to every command it sends a shard for the operation.
     pub static OPERATION_KEY: bson::Binary;
+    /// Who runs the client write this task serves (`user`, `authenticatedDb`, `appName`,
+    /// `comment`): the transport adds it to each write it sends a shard for it, whose oplog
+    /// entries record it ([`shard::writer::COMMIT_METADATA_FIELD`]).
+    pub static COMMIT_METADATA: std::sync::Arc<Document>;
+}
+
+/// The shard commands whose entries record the commit metadata: the writes, the second phase
+/// of an ordered insert across shards, and the commits of transactions.
+fn records_commit_metadata(name: &str) -> bool {
+    matches!(
+        name,
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "commitTransaction"
+            | "coordinateCommitTransaction"
+            | "_shardsvrCommitReservation"
+    )
 }
 
 /// The key of the operation the calling task runs, if it runs one.
@@ -201,6 +220,14 @@ impl ShardTransport {
             && !cmd.contains_key("clientOperationKey")
         {
             cmd.insert("clientOperationKey", key);
+        }
+        if let Ok(meta) = COMMIT_METADATA.try_with(std::sync::Arc::clone)
+            && cmd
+                .keys()
+                .next()
+                .is_some_and(|name| records_commit_metadata(name))
+        {
+            cmd.insert(shard::writer::COMMIT_METADATA_FIELD, (*meta).clone());
         }
         let deadline = tokio::time::Instant::now() + patience;
         let mut pause = RETRY_FIRST;

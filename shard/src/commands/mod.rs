@@ -34,7 +34,7 @@ use crate::command::Command;
 use crate::history::AsOf;
 use crate::storage::ReadTxn;
 use crate::txn::TxnArgs;
-use crate::writer::{WriteFn, WriteOutput};
+use crate::writer::{COMMIT_METADATA_FIELD, WriteFn, WriteOutput};
 use wire::raw::Body;
 
 /// A command's reply body and the optime of its last write (if it wrote).
@@ -235,8 +235,27 @@ impl Ctx<'_> {
     pub async fn submit(&self, job: WriteFn) -> Result<WriteOutput, MongoError> {
         match &self.txn {
             Some(t) => self.shard.transactions().write(self.shard, t, job),
-            None => self.shard.writer().submit(job).await,
+            None => {
+                self.shard
+                    .writer()
+                    .submit(self.with_commit_metadata(job))
+                    .await
+            }
         }
+    }
+
+    /// `job` recording the command's `tributaryCommit` (who wrote, from which application,
+    /// with which comment: see [`crate::writer::WriteCtx::commit_metadata`]) in its entries.
+    /// A transaction's statements record nothing: its commit does.
+    fn with_commit_metadata(&self, job: WriteFn) -> WriteFn {
+        let Ok(meta) = self.cmd.get_document(COMMIT_METADATA_FIELD) else {
+            return job;
+        };
+        let meta = meta.clone();
+        Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
+            w.commit_metadata = Some(meta);
+            job(w)
+        })
     }
 
     /// [`Ctx::submit`] for a job of statements (insert, update, delete, findAndModify), which
@@ -253,7 +272,10 @@ impl Ctx<'_> {
         let job: WriteFn = Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
             pipeline::interrupt::with(&interrupt, || job(w))
         });
-        self.shard.writer().submit(job).await
+        self.shard
+            .writer()
+            .submit(self.with_commit_metadata(job))
+            .await
     }
 
     /// Runs `f` on what the command reads: its transaction's snapshot with the transaction's

@@ -315,6 +315,9 @@ struct Record {
     txn_number: i64,
     participants: Vec<Peer>,
     decision: Option<Decision>,
+    /// The `commitTransaction`'s commit metadata, delivered with the decision so that each
+    /// participant's commit entry records it.
+    commit_metadata: Option<Document>,
 }
 
 impl Record {
@@ -334,6 +337,9 @@ impl Record {
             Some(Decision::Abort) => d.insert("decision", "abort"),
             None => None,
         };
+        if let Some(m) = &self.commit_metadata {
+            d.insert(crate::writer::COMMIT_METADATA_FIELD, m.clone());
+        }
         let mut buf = Vec::new();
         d.to_writer(&mut buf).map_err(|e| {
             crate::storage::StorageError::Engine(format!("a coordinator record: {e}"))
@@ -361,6 +367,10 @@ impl Record {
             txn_number: d.get_i64("txnNumber").ok()?,
             participants,
             decision,
+            commit_metadata: d
+                .get_document(crate::writer::COMMIT_METADATA_FIELD)
+                .ok()
+                .cloned(),
         })
     }
 }
@@ -451,6 +461,7 @@ pub async fn coordinate(
         txn_number: args.txn_number,
         participants,
         decision: None,
+        commit_metadata: args.commit_metadata.clone(),
     };
     shard
         .writer()
@@ -593,6 +604,9 @@ async fn deliver_for_a_while(
         Decision::Commit(ts) => {
             let mut m = session_command("commitTransaction", record);
             m.insert("commitTimestamp", ts.timestamp());
+            if let Some(meta) = &record.commit_metadata {
+                m.insert(crate::writer::COMMIT_METADATA_FIELD, meta.clone());
+            }
             m
         }
         Decision::Abort => {
@@ -726,6 +740,7 @@ mod tests {
                 },
             ],
             decision: None,
+            commit_metadata: None,
         };
         for d in [
             None,
@@ -737,6 +752,10 @@ mod tests {
             assert_eq!(back.decision, d);
             assert_eq!(back.participants, r.participants);
             assert_eq!(back.txn_number, 7);
+            assert_eq!(back.commit_metadata, None);
         }
+        r.commit_metadata = Some(doc! {"user": "ada", "comment": {"why": 1}});
+        let back = Record::decode(&r.encode().unwrap()).unwrap();
+        assert_eq!(back.commit_metadata, r.commit_metadata);
     }
 }

@@ -83,6 +83,9 @@ pub struct TxnArgs {
     pub from_coordinator: bool,
     /// `prepareTransaction`'s `coordinator`: whom to ask for the decision.
     pub coordinator: Option<Peer>,
+    /// The commit's metadata (who, from where, with which comment), recorded in the entry
+    /// that commits the transaction.
+    pub commit_metadata: Option<Document>,
 }
 
 impl TxnArgs {
@@ -146,6 +149,10 @@ impl TxnArgs {
                 .get_document("coordinator")
                 .ok()
                 .and_then(Peer::from_document),
+            commit_metadata: cmd
+                .get_document(crate::writer::COMMIT_METADATA_FIELD)
+                .ok()
+                .cloned(),
         }))
     }
 }
@@ -941,6 +948,7 @@ impl Transactions {
             commit_timestamp: None,
             from_coordinator: true,
             coordinator: None,
+            commit_metadata: None,
         };
         let applied = match answer.get("decision") {
             Some(Bson::Document(c)) => match c.get_timestamp("commit") {
@@ -1060,6 +1068,7 @@ fn user_uid(user: &str, db: &str) -> Vec<u8> {
 /// outcome in the session's record.
 fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
+        w.commit_metadata = args.commit_metadata.clone();
         let Active { store, ops, .. } = active;
         if conflicts(w, &store)? {
             return Ok(WriteOutput {
@@ -1383,6 +1392,7 @@ fn apply_writes(
 /// while the other participants, rightly, do not.
 fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterTime) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
+        w.commit_metadata = args.commit_metadata.clone();
         w.state().observe(commit_ts);
         apply_writes(w, prepared.writes)?;
         w.writes_belong_to(commit_ts);

@@ -192,7 +192,7 @@ impl Transformer {
         let (Some(o), Some(ts)) = (entry.o, entry.ts) else {
             return Ok(None);
         };
-        if !matches!(entry.op, "i" | "u" | "d") || entry.txn_op_index {
+        if !matches!(entry.op, "i" | "u" | "d") || entry.txn_op_index || self.show_commit_metadata {
             return Ok(None);
         }
         let Some((db, coll)) = entry.ns.split_once('.') else {
