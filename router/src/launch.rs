@@ -85,10 +85,18 @@ impl Running {
         }
     }
 
-    /// Serves the router's HTTP service on `bind` (the feeds, the status page and the
-    /// metrics: see [`crate::http`]) until shutdown; returns the address it listens on.
-    /// `what` names it in the log (`--httpPort`, or `--metricsPort`, which serves the same).
-    pub async fn serve_http(&self, bind: SocketAddr, what: &str) -> anyhow::Result<SocketAddr> {
+    /// Serves the router's HTTP service on `bind` until shutdown (see [`crate::http`]): every
+    /// endpoint (`--httpPort`), or the metrics alone (`--metricsPort`); returns the address it
+    /// listens on.
+    pub async fn serve_http(
+        &self,
+        bind: SocketAddr,
+        endpoints: crate::http::Endpoints,
+    ) -> anyhow::Result<SocketAddr> {
+        let what = match endpoints {
+            crate::http::Endpoints::All => "http",
+            crate::http::Endpoints::Metrics => "metrics",
+        };
         let router = self.router.clone().context("only a router serves HTTP")?;
         let listener = TcpListener::bind(bind)
             .await
@@ -97,7 +105,7 @@ impl Running {
         let cancel = self.cancel.clone();
         let seams = router.seams().clone();
         let services = seams.services.clone();
-        services.spawn("http", crate::http::serve(seams, listener, cancel));
+        services.spawn(what, crate::http::serve(seams, listener, endpoints, cancel));
         tracing::info!(%addr, what, "http endpoint listening");
         Ok(addr)
     }

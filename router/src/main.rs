@@ -486,10 +486,14 @@ async fn run() -> anyhow::Result<()> {
     };
     running.on_each_shard(move |s| s.set_oplog_retention(retention));
     if let Some(addr) = metrics {
-        running.serve_http(addr, "metrics").await?;
+        running
+            .serve_http(addr, router::http::Endpoints::Metrics)
+            .await?;
     }
     if let Some(addr) = http {
-        running.serve_http(addr, "http").await?;
+        running
+            .serve_http(addr, router::http::Endpoints::All)
+            .await?;
     }
     let cancel = running.cancel.clone();
     tokio::spawn(async move {

@@ -168,10 +168,10 @@ const PARAMETERS: &[Parameter] = &[
     Parameter {
         name: "recordCommitMetadata",
         runtime: true,
-        get: |_| Bson::Boolean(crate::commands::record_commit_metadata()),
+        get: |_| Bson::Boolean(crate::kernel::transport::record_commit_metadata()),
         set: Some(|_, v| match v {
             Bson::Boolean(on) => {
-                crate::commands::set_record_commit_metadata(*on);
+                crate::kernel::transport::set_record_commit_metadata(*on);
                 Ok(())
             }
             _ => Err(MongoError::bad_value(

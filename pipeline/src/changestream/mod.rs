@@ -28,6 +28,7 @@ pub mod diff_parser;
 pub mod images;
 pub mod invalidate;
 pub mod merge;
+pub mod net_effect;
 pub mod oplog_match;
 pub mod post_merge;
 pub mod resumability;

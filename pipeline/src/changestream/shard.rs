@@ -1,5 +1,6 @@
 //! The shard half of a change stream, composed in MongoDB's order (reference §4.1): oplog match
-//! → unwind transaction → transform → check invalidate → check resumability → classic-types
+//! → unwind transaction → transform (and, with `transactionNetEffect`, the fold of a
+//! transaction's events into their net effect) → check invalidate → check resumability → classic-types
 //! filter → pre- and post-images (from pre-images the shard looks up) → the user's stages and the
 //! size limit or the split of large events.
 //!
@@ -30,6 +31,7 @@ use wire::Result;
 use super::ChangeEvent;
 use super::images::{self, ImageSource};
 use super::invalidate::CheckInvalidate;
+use super::net_effect;
 use super::oplog_match;
 use super::post_merge::UserPipeline;
 use super::resumability::{CheckResumability, EnsureResumeTokenPresent};
@@ -117,7 +119,15 @@ impl ShardStream {
         if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
             return Ok(out);
         }
-        if is_transaction_entry(entry) {
+        if is_transaction_entry(entry) && self.spec.options.transaction_net_effect {
+            let ops = unwind(&self.spec, entry, lookup)?;
+            for folded in net_effect::fold(&mut self.transformer, &ops)? {
+                self.after_transform(folded.event, &folded.image_op, &mut out, images)?;
+                if self.invalidate.invalidated().is_some() {
+                    break;
+                }
+            }
+        } else if is_transaction_entry(entry) {
             for op in unwind(&self.spec, entry, lookup)? {
                 self.one(&op, &mut out, images)?;
                 if self.invalidate.invalidated().is_some() {
@@ -145,6 +155,18 @@ impl ShardStream {
         let Some(event) = self.transformer.transform(op)? else {
             return Ok(());
         };
+        self.after_transform(event, op, out, images)
+    }
+
+    /// The stages after the transform, for an event made from `op`: invalidate, the resume
+    /// check, the classic-types filter and the images.
+    fn after_transform(
+        &mut self,
+        event: ChangeEvent,
+        op: &Document,
+        out: &mut Vec<ChangeEvent>,
+        images: &mut dyn ImageSource,
+    ) -> Result<()> {
         let (event, invalidate) = self.invalidate.process(event)?;
         for e in std::iter::once(event).chain(invalidate) {
             let status = self.resumability.check(&e);

@@ -67,11 +67,14 @@ pub struct ChangeStreamOptions {
     /// application, with which comment, when, in which transaction), as the oplog recorded it
     /// at write time.
     pub show_commit_metadata: bool,
+    /// Tributary's: a transaction's events folded per document into its net change
+    /// ([`crate::changestream::net_effect`]).
+    pub transaction_net_effect: bool,
 }
 
-/// Whether Tributary's `$changeStream` options (`showCommitMetadata`) are taken; when not, they
-/// are unknown fields (40415), as on MongoDB. On unless the `changeStreamExtensions` parameter
-/// turns them off.
+/// Whether Tributary's `$changeStream` options (`showCommitMetadata`, `transactionNetEffect`)
+/// are taken; when not, they are unknown fields (40415), as on MongoDB. On unless the
+/// `changeStreamExtensions` parameter turns them off.
 static EXTENSIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 pub fn extensions_enabled() -> bool {
@@ -501,6 +504,9 @@ pub fn parse_stage(arg: &Bson, ctx: &RequestContext<'_>) -> Result<ChangeStreamS
             }
             "showCommitTimestamp" => o.show_commit_timestamp = boolean(k, v)?,
             "showCommitMetadata" if extensions_enabled() => o.show_commit_metadata = boolean(k, v)?,
+            "transactionNetEffect" if extensions_enabled() => {
+                o.transaction_net_effect = boolean(k, v)?
+            }
             "ignoreRemovedShards" => {
                 boolean(k, v)?;
             }
@@ -516,6 +522,12 @@ pub fn parse_stage(arg: &Bson, ctx: &RequestContext<'_>) -> Result<ChangeStreamS
         }
     }
 
+    if o.transaction_net_effect && o.show_raw_update_description {
+        return Err(MongoError::bad_value(
+            "transactionNetEffect combines update descriptions; it cannot be used with \
+             showRawUpdateDescription",
+        ));
+    }
     // assertIsLegalSpecification, in order.
     if ctx.standalone {
         return Err(MongoError::with_code(

@@ -15,7 +15,7 @@
 //! database; an empty `db` or `collection` in a resource means any, but never a `system.`
 //! collection, as in MongoDB.
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, doc};
 
 use crate::command::Command;
 
@@ -71,7 +71,7 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
         | SnapshotCursor => on(Need::Read),
         Aggregate => aggregate_need(db, cmd),
         // Bounding a stream needs what watching it does.
-        ChangeStreamBounds => aggregate_need(db, &crate::commands::watch_of_bounds(cmd)),
+        ChangeStreamBounds => aggregate_need(db, &watch_of_bounds(cmd)),
         // Reading a subscription needs what watching its stream does; managing one, the right
         // to change the database.
         ReadSubscription | AckSubscription | NackSubscription | ListSubscriptions => {
@@ -130,6 +130,21 @@ fn stages_of(cmd: &Document) -> Vec<&Document> {
     cmd.get_array("pipeline")
         .map(|p| p.iter().filter_map(Bson::as_document).collect())
         .unwrap_or_default()
+}
+
+/// The `aggregate` whose change stream a `changeStreamBounds` command bounds: on a collection
+/// (`changeStreamBounds: "<coll>"`), a database (`changeStreamBounds: 1`) or, on `admin` with
+/// `allChangesForCluster: true`, the cluster. Authorisation asks what watching it needs.
+pub(crate) fn watch_of_bounds(cmd: &Document) -> Document {
+    let target = match cmd.get("changeStreamBounds") {
+        Some(Bson::String(coll)) => Bson::String(coll.clone()),
+        _ => Bson::Int32(1),
+    };
+    let mut spec = Document::new();
+    if cmd.get_bool("allChangesForCluster").unwrap_or(false) {
+        spec.insert("allChangesForCluster", true);
+    }
+    doc! {"aggregate": target, "pipeline": [{"$changeStream": spec}], "cursor": {"batchSize": 0}}
 }
 
 fn aggregate_need(db: &str, cmd: &Document) -> Need {
@@ -430,7 +445,7 @@ fn actions_ignoring_bypass(
             )])
         }
         Aggregate => aggregate_actions(db, cmd),
-        ChangeStreamBounds => aggregate_actions(db, &crate::commands::watch_of_bounds(cmd)),
+        ChangeStreamBounds => aggregate_actions(db, &watch_of_bounds(cmd)),
         // The snapshot is read, and the stream after it watched, with their own checks.
         SnapshotCursor => on_db(&["find"]),
         // What their need says (above): nothing, or `root`.

@@ -9,21 +9,6 @@ use wire::{MongoError, Result};
 
 use super::Ctx;
 
-/// The `aggregate` whose change stream a `changeStreamBounds` command bounds: on a collection
-/// (`changeStreamBounds: "<coll>"`), a database (`changeStreamBounds: 1`) or, on `admin` with
-/// `allChangesForCluster: true`, the cluster. Authorisation asks what watching it needs.
-pub(crate) fn watch_of_bounds(cmd: &Document) -> Document {
-    let target = match cmd.get("changeStreamBounds") {
-        Some(Bson::String(coll)) => Bson::String(coll.clone()),
-        _ => Bson::Int32(1),
-    };
-    let mut spec = Document::new();
-    if cmd.get_bool("allChangesForCluster").unwrap_or(false) {
-        spec.insert("allChangesForCluster", true);
-    }
-    doc! {"aggregate": target, "pipeline": [{"$changeStream": spec}], "cursor": {"batchSize": 0}}
-}
-
 /// `changeStreamBounds`: `{earliest, current}` tokens for `resumeAfter` / `startAfter`, with
 /// their cluster times. `earliest` is the earliest marker (a stream started after it begins
 /// at the oldest change kept when it is opened, however far retention moved meanwhile);
@@ -49,7 +34,9 @@ pub(super) async fn change_stream_bounds(ctx: &Ctx<'_>) -> Result<Document> {
         ));
     }
     let streams = &ctx.seams.streams;
-    let opened = streams.open(ctx.db, &watch_of_bounds(ctx.cmd)).await?;
+    let opened = streams
+        .open(ctx.db, &crate::auth::roles::watch_of_bounds(ctx.cmd))
+        .await?;
     if let Some(mut cursor) = opened.cursor {
         cursor.kill().await;
     }

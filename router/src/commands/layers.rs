@@ -329,18 +329,6 @@ pub(super) async fn after(
     Some(finish_reply(seams, reply))
 }
 
-/// Whether writes record who made them (`recordCommitMetadata`, on unless turned off).
-static RECORD_COMMIT_METADATA: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(true);
-
-pub(crate) fn record_commit_metadata() -> bool {
-    RECORD_COMMIT_METADATA.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn set_record_commit_metadata(on: bool) {
-    RECORD_COMMIT_METADATA.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// What a write records of who made it, for change streams' `commitMetadata`: the
 /// connection's user and its database, the application's name from its handshake, and the
 /// command's `comment` (for a transaction, its `commitTransaction`'s), each only when known;
@@ -360,7 +348,7 @@ fn commit_metadata(
             | "findandmodify"
             | "aggregate"
             | "commitTransaction"
-    ) || !record_commit_metadata()
+    ) || !crate::kernel::transport::record_commit_metadata()
     {
         return None;
     }

@@ -34,8 +34,6 @@ use crate::command::Command;
 use crate::seams::Seams;
 
 pub(crate) use args::Args;
-pub(crate) use feeds::watch_of_bounds;
-pub(crate) use layers::{record_commit_metadata, set_record_commit_metadata};
 
 /// What a command handler gets.
 pub(crate) struct Ctx<'a> {

@@ -1,4 +1,5 @@
-//! The router's HTTP service (`--httpPort`, and `--metricsPort`): change feeds for clients
+//! The router's HTTP service (`--httpPort`; `--metricsPort` serves `/metrics` alone): change
+//! feeds for clients
 //! without a driver, the streams' bounds, the operators' status page and the Prometheus
 //! metrics, one handler per endpoint.
 //!
@@ -69,11 +70,31 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// What every handler shares.
 pub struct Http {
     pub(crate) seams: Arc<Seams>,
+    /// The `--metricsPort` listener: `/metrics` alone, in plain HTTP whatever the router's TLS
+    /// (it carries no data and takes no credentials, as before the feeds existed).
+    metrics_only: bool,
+}
+
+/// Which endpoints a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoints {
+    /// Everything (`--httpPort`), over TLS when the router's port has it.
+    All,
+    /// `GET /metrics` alone, in plain HTTP (`--metricsPort`).
+    Metrics,
 }
 
 /// Serves HTTP on `listener` until `cancel` fires.
-pub(crate) async fn serve(seams: Arc<Seams>, listener: TcpListener, cancel: CancellationToken) {
-    let http = Arc::new(Http { seams });
+pub(crate) async fn serve(
+    seams: Arc<Seams>,
+    listener: TcpListener,
+    endpoints: Endpoints,
+    cancel: CancellationToken,
+) {
+    let http = Arc::new(Http {
+        seams,
+        metrics_only: endpoints == Endpoints::Metrics,
+    });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -94,7 +115,12 @@ pub(crate) async fn serve(seams: Arc<Seams>, listener: TcpListener, cancel: Canc
         let (http, cancel) = (http.clone(), cancel.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let tls = http.seams.options.tls.clone();
+            let tls = http
+                .seams
+                .options
+                .tls
+                .clone()
+                .filter(|_| !http.metrics_only);
             let (io, over_tls): (Box<dyn wire::connection::Transport>, bool) = match tls {
                 Some(tls) => match tls.accept(stream, HEAD_TIMEOUT).await {
                     Some(t) => {
@@ -139,6 +165,13 @@ impl Http {
         }
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
+        if self.metrics_only && path != "/metrics" {
+            let e = MongoError::new(
+                ErrorCode::NAMESPACE_NOT_FOUND,
+                "only /metrics is served here",
+            );
+            return error_response(StatusCode::NOT_FOUND, &e);
+        }
         match path.as_str() {
             "/metrics" => text(
                 "text/plain; version=0.0.4; charset=utf-8",

@@ -39,6 +39,18 @@ tokio::task_local! {
     pub static COMMIT_METADATA: std::sync::Arc<Document>;
 }
 
+/// Whether writes record who made them (`recordCommitMetadata`, on unless turned off).
+static RECORD_COMMIT_METADATA: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
+pub fn record_commit_metadata() -> bool {
+    RECORD_COMMIT_METADATA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub fn set_record_commit_metadata(on: bool) {
+    RECORD_COMMIT_METADATA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The shard commands whose entries record the commit metadata: the writes, the second phase
 /// of an ordered insert across shards, and the commits of transactions.
 fn records_commit_metadata(name: &str) -> bool {

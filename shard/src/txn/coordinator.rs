@@ -518,15 +518,23 @@ pub async fn coordinate(
 /// every participant has the decision, so only a lost history gets here). Nothing is decided
 /// by asking: the participant applies a decision, and waits otherwise.
 fn decision_for_participant(shard: &Shard, args: &TxnArgs) -> Result<Document, MongoError> {
+    let mut metadata = None;
     let decision = match load(shard, &args.key)? {
         Some(record) if record.txn_number == args.txn_number => match record.decision {
-            Some(Decision::Commit(ts)) => Bson::Document(doc! {"commit": ts.timestamp()}),
+            Some(Decision::Commit(ts)) => {
+                metadata = record.commit_metadata;
+                Bson::Document(doc! {"commit": ts.timestamp()})
+            }
             Some(Decision::Abort) => Bson::String("abort".into()),
             None => Bson::String("pending".into()),
         },
         _ => Bson::String("unknown".into()),
     };
-    Ok(doc! {"decision": decision, "ok": 1.0})
+    let mut reply = doc! {"decision": decision, "ok": 1.0};
+    if let Some(m) = metadata {
+        reply.insert(crate::writer::COMMIT_METADATA_FIELD, m);
+    }
+    Ok(reply)
 }
 
 /// `coordinateCommitTransaction` without participants: a router that does not know the

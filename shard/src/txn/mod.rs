@@ -948,7 +948,10 @@ impl Transactions {
             commit_timestamp: None,
             from_coordinator: true,
             coordinator: None,
-            commit_metadata: None,
+            commit_metadata: answer
+                .get_document(crate::writer::COMMIT_METADATA_FIELD)
+                .ok()
+                .cloned(),
         };
         let applied = match answer.get("decision") {
             Some(Bson::Document(c)) => match c.get_timestamp("commit") {
@@ -1069,7 +1072,8 @@ fn user_uid(user: &str, db: &str) -> Vec<u8> {
 fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
         w.commit_metadata = args.commit_metadata.clone();
-        let Active { store, ops, .. } = active;
+        let Active { store, mut ops, .. } = active;
+        mark_no_net_change(&mut ops, &store);
         if conflicts(w, &store)? {
             return Ok(WriteOutput {
                 reply: write_conflict().to_document(),
@@ -1117,6 +1121,45 @@ fn chunks(ops: Vec<TxnOp>, limit: usize) -> Vec<Vec<TxnOp>> {
         out.push(Vec::new());
     }
     out
+}
+
+/// Marks the ops of each document the transaction leaves as it found it (its value when the
+/// transaction first wrote it is its value at the end: changed and changed back, or inserted
+/// and deleted) with `noNetChange`, which change streams with `transactionNetEffect` fold into
+/// nothing (`pipeline::changestream::net_effect`). Only the commit can tell: it has both values.
+fn mark_no_net_change(ops: &mut [TxnOp], store: &TxnStore<'_>) {
+    let unchanged: HashSet<&[u8]> = store
+        .writes()
+        .iter()
+        .filter(|((table, _), w)| *table == Table::Documents && w.seen == w.value)
+        .map(|((_, key), _)| key.as_slice())
+        .collect();
+    if unchanged.is_empty() {
+        return;
+    }
+    for op in ops {
+        let e = &op.entry;
+        let ui = match e.get("ui") {
+            Some(Bson::Binary(b)) => b
+                .bytes
+                .as_slice()
+                .try_into()
+                .ok()
+                .map(bson::Uuid::from_bytes),
+            _ => None,
+        };
+        let id = match e.get_str("op") {
+            Ok("d") => e.get_document("o").ok().and_then(|o| o.get("_id")),
+            Ok("i" | "u") => e.get_document("o2").ok().and_then(|o| o.get("_id")),
+            _ => None,
+        };
+        if let (Some(ui), Some(id)) = (ui, id)
+            && unchanged.contains(crate::keys::doc_key(&ui, id).as_slice())
+        {
+            op.entry
+                .insert(pipeline::changestream::net_effect::NO_NET_CHANGE, true);
+        }
+    }
 }
 
 /// Writes a transaction's operations as its `applyOps` entries, all in the writer's storage
@@ -1303,13 +1346,14 @@ fn prepare_job(
     pre_images: Arc<Mutex<Vec<TableWrite>>>,
 ) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
-        let Active { store, ops, .. } = active;
+        let Active { store, mut ops, .. } = active;
         if conflicts(w, &store)? {
             return Ok(WriteOutput {
                 reply: write_conflict().to_document(),
                 op_time: None,
             });
         }
+        mark_no_net_change(&mut ops, &store);
         drop(store);
         let (ts, befores) = log_apply_ops(w, &args, ops, doc! {"prepare": true})?;
         let befores: Vec<_> = befores
