@@ -30,18 +30,11 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import free_port, percentile, wait_listening  # noqa: E402
+from procs import cpu_seconds, free_port, percentile, wait_listening  # noqa: E402
 
 from pymongo import MongoClient  # noqa: E402
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAYLOAD = "x" * 100
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def page(http_port, **q):
@@ -128,7 +121,7 @@ def sse(client, http_port, seconds=5, rate=500):
           f"p99 {percentile(ms, 99):.2f} ms, p99.9 {percentile(ms, 99.9):.2f} ms")
 
 
-def metadata_cost(uri, pid, rounds, n=50000):
+def metadata_cost(uri, pid, rounds, n):
     writer = MongoClient(uri, appName="bench-writer")
     admin = MongoClient(uri).admin
     coll = writer.bench.meta
@@ -158,6 +151,8 @@ def main():
     ap.add_argument("--events", type=int, default=100000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tests", default="drain,sse,metadata")
+    ap.add_argument("--meta-docs", type=int, default=200000,
+                    help="documents inserted per metadata round")
     args = ap.parse_args()
     os.sched_setaffinity(0, {1})
     work = tempfile.mkdtemp(prefix="tributary-http-bench-")
@@ -177,7 +172,7 @@ def main():
         if "sse" in tests:
             sse(client, http_port)
         if "metadata" in tests:
-            metadata_cost(uri, server.pid, args.rounds)
+            metadata_cost(uri, server.pid, args.rounds, args.meta_docs)
     finally:
         server.terminate()
         server.wait()

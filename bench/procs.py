@@ -1,8 +1,18 @@
-"""What the benches that start tributary processes share: ports, waiting for a listener, and
-percentiles."""
+"""What the benches that start tributary processes share: ports, waiting for a listener,
+percentiles and a process's CPU time."""
 
+import os
 import socket
 import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """User plus system CPU seconds process `pid` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def free_port():

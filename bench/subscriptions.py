@@ -33,16 +33,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import free_port, percentile, wait_listening  # noqa: E402
+from procs import cpu_seconds, free_port, percentile, wait_listening  # noqa: E402
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAYLOAD = "x" * 100
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def start(cmd, port):

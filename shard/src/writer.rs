@@ -231,6 +231,37 @@ pub struct TxnOp {
 /// made the writes: its entries record it as `commitMetadata`.
 pub const COMMIT_METADATA_FIELD: &str = "tributaryCommit";
 
+/// A command's commit metadata, encoded once as the `commitMetadata` element its entries end
+/// with (each entry copies the bytes, never the document).
+#[derive(Debug, Clone)]
+pub struct CommitMetadata {
+    element: std::sync::Arc<[u8]>,
+}
+
+impl CommitMetadata {
+    pub fn new(meta: &Document) -> CommitMetadata {
+        let mut element = vec![0x03];
+        element.extend_from_slice(b"commitMetadata\0");
+        // Writing a document to a Vec cannot fail.
+        let _ = meta.to_writer(&mut element);
+        CommitMetadata {
+            element: element.into(),
+        }
+    }
+
+    /// Appends the element to the encoded document `doc` (its last field), fixing its length.
+    fn append_to(&self, doc: &mut Vec<u8>) {
+        if doc.len() < 5 {
+            return;
+        }
+        doc.pop();
+        doc.extend_from_slice(&self.element);
+        doc.push(0);
+        let len = i32::try_from(doc.len()).unwrap_or(i32::MAX);
+        doc[..4].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
 /// The view a write job has of the shard: the batch's transaction and catalog copy (or, for a
 /// statement of a multi-document transaction, that transaction's store and catalog copy).
 pub struct WriteCtx<'a> {
@@ -252,7 +283,7 @@ pub struct WriteCtx<'a> {
     /// Who made the current job's writes and how (`user`, `authenticatedDb`, `appName`,
     /// `comment`, as the router sent them): recorded as `commitMetadata` in each entry the
     /// job logs, for change streams with `showCommitMetadata`.
-    pub commit_metadata: Option<Document>,
+    pub commit_metadata: Option<CommitMetadata>,
     /// A dry run ([`WriteCtx::dry_run`]): writes go to an overlay, held keys are checked.
     dry_run: bool,
     pub wall_ms: u64,
@@ -362,13 +393,13 @@ impl<'a> WriteCtx<'a> {
         if self.from_migrate {
             entry.insert("fromMigrate", true);
         }
-        if let Some(m) = &self.commit_metadata {
-            entry.insert("commitMetadata", m.clone());
-        }
         let mut buf = Vec::new();
         entry
             .to_writer(&mut buf)
             .map_err(|e| StorageError::Engine(format!("serializing oplog entry: {e}")))?;
+        if let Some(m) = &self.commit_metadata {
+            m.append_to(&mut buf);
+        }
         self.txn.put(Table::Oplog, &oplog_key(ts), &buf)?;
         recorder.stamp(ts);
         pending.push((ts, Bytes::from(buf)));
@@ -808,6 +839,21 @@ mod tests {
 
     fn state(dir: &std::path::Path) -> Arc<ShardState> {
         state_with_log(dir, Arc::new(crate::log::Unlogged))
+    }
+
+    #[test]
+    fn commit_metadata_is_appended_as_the_last_field() {
+        use bson::doc;
+        let entry = doc! {"op": "i", "o": {"_id": 1}};
+        let mut bytes = Vec::new();
+        entry.to_writer(&mut bytes).unwrap();
+        let meta = doc! {"user": "ada", "comment": {"why": [1, 2]}};
+        CommitMetadata::new(&meta).append_to(&mut bytes);
+        let back = Document::from_reader(bytes.as_slice()).unwrap();
+        assert_eq!(
+            back,
+            doc! {"op": "i", "o": {"_id": 1}, "commitMetadata": meta}
+        );
     }
 
     /// A fresh shard's state in `dir`, writing through `log`.

@@ -303,27 +303,8 @@ impl Composed {
         }
     }
 
-    fn set(&mut self, path: &str, value: &Bson) {
-        self.removed.retain(|r| !under(r, path));
-        let stale: Vec<String> = self
-            .updated
-            .keys()
-            .filter(|k| k.as_str() != path && under(k, path))
-            .cloned()
-            .collect();
-        for k in stale {
-            self.updated.remove(&k);
-        }
-        if let Some((ancestor, rest)) = ancestor_in(self.updated.keys(), path)
-            && let Some(v) = self.updated.get_mut(&ancestor)
-            && set_in(v, &rest, Some(value))
-        {
-            return;
-        }
-        self.updated.insert(path, value.clone());
-    }
-
-    fn remove(&mut self, path: &str) {
+    /// Drops the updated paths at or under `path` (the next op's word on it is the last).
+    fn forget_updates_under(&mut self, path: &str) {
         let stale: Vec<String> = self
             .updated
             .keys()
@@ -333,14 +314,33 @@ impl Composed {
         for k in stale {
             self.updated.remove(&k);
         }
-        if let Some((ancestor, rest)) = ancestor_in(self.updated.keys(), path)
-            && let Some(v) = self.updated.get_mut(&ancestor)
-            && set_in(v, &rest, None)
-        {
-            return;
-        }
+    }
+
+    /// Sets (`Some`) or removes `path` inside the value of an updated path above it; false
+    /// when there is none to change.
+    fn change_in_updated(&mut self, path: &str, value: Option<&Bson>) -> bool {
+        let Some((ancestor, rest)) = ancestor_in(self.updated.keys(), path) else {
+            return false;
+        };
+        self.updated
+            .get_mut(&ancestor)
+            .is_some_and(|v| set_in(v, &rest, value))
+    }
+
+    fn set(&mut self, path: &str, value: &Bson) {
         self.removed.retain(|r| !under(r, path));
-        self.removed.push(path.to_string());
+        self.forget_updates_under(path);
+        if !self.change_in_updated(path, Some(value)) {
+            self.updated.insert(path, value.clone());
+        }
+    }
+
+    fn remove(&mut self, path: &str) {
+        self.forget_updates_under(path);
+        if !self.change_in_updated(path, None) {
+            self.removed.retain(|r| !under(r, path));
+            self.removed.push(path.to_string());
+        }
     }
 
     pub fn to_document(&self) -> Document {

@@ -77,6 +77,17 @@ pub struct ChangeStreamOptions {
 /// `changeStreamExtensions` parameter turns them off.
 static EXTENSIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
+/// The `$changeStream` stage's argument of an `aggregate` command, if its pipeline opens with
+/// one.
+pub fn stage_of(cmd: &Document) -> Option<&Document> {
+    cmd.get_array("pipeline")
+        .ok()?
+        .first()?
+        .as_document()?
+        .get_document("$changeStream")
+        .ok()
+}
+
 pub fn extensions_enabled() -> bool {
     EXTENSIONS.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -9,21 +9,27 @@ use wire::{MongoError, Result};
 
 use super::Ctx;
 
+/// A collection name, or 1 for the database: what these commands name first.
+fn check_target(ctx: &Ctx<'_>) -> Result<()> {
+    match ctx.cmd.get(ctx.name) {
+        Some(Bson::String(coll)) if !coll.is_empty() => Ok(()),
+        Some(v) if v.as_f64() == Some(1.0) || v.as_i64() == Some(1) || v.as_i32() == Some(1) => {
+            Ok(())
+        }
+        _ => Err(MongoError::failed_to_parse(format!(
+            "{} takes a collection name, or 1 for the database",
+            ctx.name
+        ))),
+    }
+}
+
 /// `changeStreamBounds`: `{earliest, current}` tokens for `resumeAfter` / `startAfter`, with
 /// their cluster times. `earliest` is the earliest marker (a stream started after it begins
 /// at the oldest change kept when it is opened, however far retention moved meanwhile);
 /// `earliestTime` is where that is now. `current` is after every change committed so far:
 /// the first post-batch resume token of the stream opened now.
 pub(super) async fn change_stream_bounds(ctx: &Ctx<'_>) -> Result<Document> {
-    match ctx.cmd.get("changeStreamBounds") {
-        Some(Bson::String(coll)) if !coll.is_empty() => {}
-        Some(v) if v.as_f64() == Some(1.0) || v.as_i64() == Some(1) || v.as_i32() == Some(1) => {}
-        _ => {
-            return Err(MongoError::failed_to_parse(
-                "changeStreamBounds takes a collection name, or 1 for the database",
-            ));
-        }
-    }
+    check_target(ctx)?;
     let cluster = ctx
         .args()
         .opt_bool("allChangesForCluster")?
@@ -67,15 +73,7 @@ pub(super) async fn change_stream_bounds(ctx: &Ctx<'_>) -> Result<Document> {
 /// after `T` has every change committed after `T`, so applying the one and then the other
 /// misses nothing and applies nothing twice.
 pub(super) async fn snapshot_cursor(ctx: &Ctx<'_>) -> Result<Document> {
-    match ctx.cmd.get("snapshotCursor") {
-        Some(Bson::String(coll)) if !coll.is_empty() => {}
-        Some(v) if v.as_f64() == Some(1.0) || v.as_i64() == Some(1) || v.as_i32() == Some(1) => {}
-        _ => {
-            return Err(MongoError::failed_to_parse(
-                "snapshotCursor takes a collection name, or 1 for the database",
-            ));
-        }
-    }
+    check_target(ctx)?;
     let at = ctx.seams.transport.clock().now();
     let follow = ResumeTokenData::high_water_mark(at.next(), Default::default());
     let cursor = match ctx.seams.streams.stamp() {

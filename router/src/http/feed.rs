@@ -16,18 +16,19 @@
 
 use std::time::Duration;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use wire::{MongoError, Result};
 
+use super::extjson;
 use super::query::{self, FeedRequest, Scope, cursor_of};
-use super::{Body, Caller, failure, json_response};
+use super::{Body, Caller, failure, json_response, json_text};
 
 /// About the most bytes of JSON a page holds: a page stops taking batches past it.
 pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -92,7 +93,7 @@ pub async fn changes(caller: Caller, req: &Request<Incoming>, query: &str) -> Re
         .any(|v| v.contains("text/event-stream"));
     if !accepts_events {
         return match page(caller, &feed).await {
-            Ok(json) => json_response(StatusCode::OK, &json),
+            Ok(json) => json_text(StatusCode::OK, json),
             Err(e) => failure(&e),
         };
     }
@@ -122,31 +123,34 @@ const CATCH_UP_STEP: Duration = Duration::from_millis(50);
 /// One page: up to `limit` changes from the request's cursor. It is `caught_up` when it holds
 /// every change committed before the request came (its `next` is past the cluster time the
 /// router had then): an empty batch alone says only that none had arrived yet.
-async fn page(caller: Caller, feed: &FeedRequest) -> Result<Value> {
+async fn page(caller: Caller, feed: &FeedRequest) -> Result<String> {
     let asked_at = caller.seams().cluster_time();
     let (mut stream, mut events) = Stream::open(caller, feed, None, feed.limit).await?;
     let limit = feed.limit as usize;
     let started = tokio::time::Instant::now();
     let deadline = started + feed.wait;
     let patience = started + feed.wait.max(CATCH_UP_PATIENCE);
-    let mut changes: Vec<Value> = Vec::with_capacity(events.len());
-    let mut bytes = 0;
+    let mut body = String::with_capacity(64 * 1024);
+    body.push_str("{\"changes\":[");
+    let mut n = 0;
     let caught_up = loop {
         for event in events.drain(..) {
-            let json = render(event, feed.canonical);
-            bytes += json_len(&json);
-            changes.push(json);
+            if n > 0 {
+                body.push(',');
+            }
+            extjson::write_document(&mut body, &event, feed.form())?;
+            n += 1;
         }
         if stream.id == 0 {
             // An invalidate ended the stream: there is nothing after it.
             break true;
         }
-        if changes.len() >= limit || bytes >= MAX_PAGE_BYTES {
+        if n >= limit || body.len() >= MAX_PAGE_BYTES {
             break false;
         }
         let now = tokio::time::Instant::now();
         let reached = stream.time().is_some_and(|t| t > asked_at);
-        if reached && (!changes.is_empty() || now >= deadline) {
+        if reached && (n > 0 || now >= deadline) {
             break true;
         }
         if !reached && now >= patience {
@@ -158,18 +162,25 @@ async fn page(caller: Caller, feed: &FeedRequest) -> Result<Value> {
         } else {
             CATCH_UP_STEP
         };
-        events = stream.more((limit - changes.len()) as u32, wait).await?;
+        events = stream.more((limit - n) as u32, wait).await?;
     };
     let next = stream.position();
     stream.close().await;
-    Ok(json!({"changes": changes, "next": next, "caught_up": caught_up}))
+    body.push_str("],\"next\":");
+    extjson::write_str(&mut body, &next);
+    body.push_str(if caught_up {
+        ",\"caught_up\":true}"
+    } else {
+        ",\"caught_up\":false}"
+    });
+    Ok(body)
 }
 
 /// The event-stream body: the first batch, then a batch at a time as the client takes them.
-fn events(stream: Stream, first: Vec<Document>, feed: FeedRequest) -> Response<Body> {
+fn events(stream: Stream, first: Vec<RawDocumentBuf>, feed: FeedRequest) -> Response<Body> {
     struct State {
         stream: Stream,
-        pending: Option<Vec<Document>>,
+        pending: Option<Vec<RawDocumentBuf>>,
         feed: FeedRequest,
         done: bool,
     }
@@ -203,15 +214,15 @@ fn events(stream: Stream, first: Vec<Document>, feed: FeedRequest) -> Response<B
             }
             Ok(batch) => {
                 for event in batch {
-                    let id = event.get_document("_id").ok().and_then(cursor_of);
-                    let json = render(event, st.feed.canonical);
-                    if let Some(id) = id {
+                    if let Some(id) = event_cursor(&event) {
                         out.push_str("id: ");
                         out.push_str(&id);
                         out.push('\n');
                     }
                     out.push_str("data: ");
-                    out.push_str(&json.to_string());
+                    if let Err(e) = extjson::write_document(&mut out, &event, st.feed.form()) {
+                        tracing::warn!(error = %e, "an event not rendered");
+                    }
                     out.push_str("\n\n");
                 }
             }
@@ -240,29 +251,10 @@ fn events(stream: Stream, first: Vec<Document>, feed: FeedRequest) -> Response<B
     response
 }
 
-/// A change event as Extended JSON.
-fn render(event: Document, canonical: bool) -> Value {
-    let event = Bson::Document(event);
-    if canonical {
-        event.into_canonical_extjson()
-    } else {
-        event.into_relaxed_extjson()
-    }
-}
-
-/// About how many bytes `json` takes (strings and structure), without rendering it.
-fn json_len(json: &Value) -> usize {
-    match json {
-        Value::String(s) => s.len() + 2,
-        Value::Array(a) => 2 + a.iter().map(json_len).sum::<usize>(),
-        Value::Object(o) => {
-            2 + o
-                .iter()
-                .map(|(k, v)| k.len() + 4 + json_len(v))
-                .sum::<usize>()
-        }
-        _ => 8,
-    }
+/// The cursor an event's token makes (its `_id`).
+fn event_cursor(event: &RawDocument) -> Option<String> {
+    let id = event.get_document("_id").ok()?;
+    cursor_of(&Document::try_from(id).ok()?)
 }
 
 /// A change stream open through the router's own commands, as a driver holds one.
@@ -285,11 +277,11 @@ impl Stream {
         feed: &FeedRequest,
         after: Option<Document>,
         first: u32,
-    ) -> Result<(Stream, Vec<Document>)> {
+    ) -> Result<(Stream, Vec<RawDocumentBuf>)> {
         let (db, mut cmd) = feed.aggregate(after);
         cmd.insert("cursor", doc! {"batchSize": i64::from(first)});
-        let reply = caller.run(db, cmd).await?;
-        let cursor = reply.get_document("cursor").map_err(|_| malformed())?;
+        let reply = caller.run_raw(db, cmd).await?;
+        let cursor = cursor_of_reply(&reply)?;
         let ns = cursor.get_str("ns").unwrap_or("");
         let collection = ns.split_once('.').map_or("", |(_, c)| c).to_string();
         let mut stream = Stream {
@@ -304,7 +296,7 @@ impl Stream {
     }
 
     /// The next batch: up to `n` changes, waiting up to `wait` for the first.
-    async fn more(&mut self, n: u32, wait: Duration) -> Result<Vec<Document>> {
+    async fn more(&mut self, n: u32, wait: Duration) -> Result<Vec<RawDocumentBuf>> {
         let Some(caller) = &self.caller else {
             return Ok(Vec::new());
         };
@@ -318,7 +310,7 @@ impl Stream {
             "batchSize": i64::from(n),
             "maxTimeMS": wait_ms,
         };
-        let reply = caller.run(&self.db, cmd).await;
+        let reply = caller.run_raw(&self.db, cmd).await;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
@@ -326,25 +318,25 @@ impl Stream {
                 return Err(e);
             }
         };
-        let cursor = reply.get_document("cursor").map_err(|_| malformed())?;
-        self.take(cursor, "nextBatch")
+        self.take(cursor_of_reply(&reply)?, "nextBatch")
     }
 
-    fn take(&mut self, cursor: &Document, batch: &str) -> Result<Vec<Document>> {
+    fn take(&mut self, cursor: &RawDocument, batch: &str) -> Result<Vec<RawDocumentBuf>> {
         self.id = cursor.get_i64("id").unwrap_or(0);
         if let Ok(token) = cursor.get_document("postBatchResumeToken") {
-            self.next = Some(token.clone());
+            self.next = Some(Document::try_from(token).map_err(|_| malformed())?);
         }
         let events = cursor
             .get_array(batch)
             .map_err(|_| malformed())?
-            .iter()
-            .filter_map(|e| e.as_document().cloned())
+            .into_iter()
+            .filter_map(|e| Some(e.ok()?.as_document()?.to_owned()))
             .collect::<Vec<_>>();
         if self.next.is_none()
-            && let Some(last) = events.last().and_then(|e| e.get_document("_id").ok())
+            && let Some(last) = events.last()
+            && let Ok(id) = last.get_document("_id")
         {
-            self.next = Some(last.clone());
+            self.next = Document::try_from(id).ok();
         }
         Ok(events)
     }
@@ -377,15 +369,15 @@ impl Drop for Stream {
     fn drop(&mut self) {
         if let Some(caller) = self.caller.take()
             && self.id != 0
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let cmd = doc! {"killCursors": &self.collection, "cursors": [self.id]};
-            let db = self.db.clone();
-            runtime.spawn(async move {
-                let _ = caller.run(&db, cmd).await;
-            });
+            caller.kill_cursor_later(&self.db, &self.collection, self.id);
         }
     }
+}
+
+/// A cursor reply's `cursor`.
+fn cursor_of_reply(reply: &RawDocument) -> Result<&RawDocument> {
+    reply.get_document("cursor").map_err(|_| malformed())
 }
 
 fn malformed() -> MongoError {

@@ -27,6 +27,7 @@
 //!   [`HEAD_TIMEOUT`] and [`MAX_HEAD_BYTES`]; a response body is produced only as fast as the
 //!   client takes it (one page, or one batch of events, at a time).
 
+pub mod extjson;
 pub mod feed;
 pub mod query;
 pub mod snapshot;
@@ -296,8 +297,50 @@ impl Caller {
         }
     }
 
+    /// [`Caller::run`] with the reply kept as the router encoded it.
+    pub async fn run_raw(&self, db: &str, mut body: Document) -> Result<bson::RawDocumentBuf> {
+        body.insert("$db", db);
+        let req = wire::server::Request {
+            body,
+            db: db.to_string(),
+            more_to_come: false,
+            exhaust_allowed: false,
+            legacy_op_query: false,
+        };
+        let reply = crate::commands::run(&self.seams, &self.conn, &req)
+            .await
+            .ok_or_else(|| MongoError::new(ErrorCode::HOST_UNREACHABLE, "connection closed"))?
+            .into_raw()?;
+        let ok = match reply.get("ok") {
+            Ok(Some(bson::RawBsonRef::Double(v))) => v != 0.0,
+            Ok(Some(bson::RawBsonRef::Int32(v))) => v != 0,
+            Ok(Some(bson::RawBsonRef::Int64(v))) => v != 0,
+            _ => false,
+        };
+        if ok {
+            return Ok(reply);
+        }
+        let doc = Document::try_from(reply.as_ref())
+            .map_err(|e| MongoError::internal(format!("an error reply: {e}")))?;
+        Err(MongoError::from_reply(&doc)
+            .unwrap_or_else(|| MongoError::internal("a reply neither ok nor an error")))
+    }
+
     pub(crate) fn seams(&self) -> &Arc<Seams> {
         &self.seams
+    }
+
+    /// Kills cursor `id` on `db.coll` in the background, then ends the login (for a client
+    /// that went away mid-response: its cursor goes now, not when it idles out).
+    fn kill_cursor_later(self, db: &str, coll: &str, id: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let cmd = bson::doc! {"killCursors": coll, "cursors": [id]};
+        let db = db.to_string();
+        runtime.spawn(async move {
+            let _ = self.run(&db, cmd).await;
+        });
     }
 }
 
@@ -341,7 +384,11 @@ fn error_response(status: StatusCode, e: &MongoError) -> Response<Body> {
 }
 
 pub fn json_response(status: StatusCode, json: &serde_json::Value) -> Response<Body> {
-    let body = serde_json::to_vec(json).unwrap_or_default();
+    json_text(status, serde_json::to_string(json).unwrap_or_default())
+}
+
+/// A response of JSON already written.
+pub fn json_text(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     response.headers_mut().insert(

@@ -216,6 +216,15 @@ fn number(name: &str, v: &str, max: u64) -> Result<u64> {
 }
 
 impl FeedRequest {
+    /// The Extended JSON form asked for.
+    pub fn form(&self) -> super::extjson::Form {
+        if self.canonical {
+            super::extjson::Form::Canonical
+        } else {
+            super::extjson::Form::Relaxed
+        }
+    }
+
     pub fn parse(query: &str) -> Result<FeedRequest> {
         let params = params(query)?;
         let get = |k: &str| {

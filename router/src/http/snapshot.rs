@@ -9,7 +9,7 @@
 //! line `{"error": <MongoError document>}` with no `next` (a copy without its cursor is not
 //! to be followed), and the cursor is killed when the client goes.
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, RawDocument, RawDocumentBuf, doc};
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
@@ -19,6 +19,7 @@ use hyper::header::{self, HeaderValue};
 use serde_json::json;
 use wire::{MongoError, Result};
 
+use super::extjson::{self, Form};
 use super::query::{self, Scope, cursor_of};
 use super::{Body, Caller, failure};
 
@@ -46,7 +47,7 @@ pub async fn snapshot(caller: Caller, query: &str) -> Response<Body> {
     }
 }
 
-async fn open(caller: Caller, query: &str) -> Result<(Copy, Vec<Document>)> {
+async fn open(caller: Caller, query: &str) -> Result<(Copy, Vec<RawDocumentBuf>)> {
     let params = query::params(query)?;
     let mut canonical = false;
     let mut ns = None;
@@ -85,7 +86,7 @@ async fn open(caller: Caller, query: &str) -> Result<(Copy, Vec<Document>)> {
         "batchSize": BATCH,
         "readConcern": {"level": "snapshot", "atClusterTime": at.clone()},
     };
-    let reply = caller.run(&db, find).await?;
+    let reply = caller.run_raw(&db, find).await?;
     let mut copy = Copy {
         caller: Some(caller),
         db,
@@ -102,23 +103,24 @@ async fn open(caller: Caller, query: &str) -> Result<(Copy, Vec<Document>)> {
 }
 
 impl Copy {
-    fn take(&mut self, reply: &Document, batch: &str) -> Result<Vec<Document>> {
-        let cursor = reply
-            .get_document("cursor")
-            .map_err(|_| MongoError::internal("a find reply without its cursor"))?;
+    fn take(&mut self, reply: &RawDocument, batch: &str) -> Result<Vec<RawDocumentBuf>> {
+        let malformed = || MongoError::internal("a find reply without its cursor");
+        let cursor = reply.get_document("cursor").map_err(|_| malformed())?;
         self.id = cursor.get_i64("id").unwrap_or(0);
         Ok(cursor
             .get_array(batch)
-            .map(|b| b.iter().filter_map(|d| d.as_document().cloned()).collect())
-            .unwrap_or_default())
+            .map_err(|_| malformed())?
+            .into_iter()
+            .filter_map(|d| Some(d.ok()?.as_document()?.to_owned()))
+            .collect())
     }
 
-    async fn more(&mut self) -> Result<Vec<Document>> {
+    async fn more(&mut self) -> Result<Vec<RawDocumentBuf>> {
         let Some(caller) = &self.caller else {
             return Ok(Vec::new());
         };
         let cmd = doc! {"getMore": self.id, "collection": self.coll.as_str(), "batchSize": BATCH};
-        let reply = caller.run(&self.db, cmd).await;
+        let reply = caller.run_raw(&self.db, cmd).await;
         match reply {
             Ok(reply) => self.take(&reply, "nextBatch"),
             Err(e) => {
@@ -128,18 +130,18 @@ impl Copy {
         }
     }
 
-    fn render(&mut self, docs: Vec<Document>, out: &mut String) {
+    fn render(&mut self, docs: Vec<RawDocumentBuf>, out: &mut String) -> Result<()> {
+        let form = if self.canonical {
+            Form::Canonical
+        } else {
+            Form::Relaxed
+        };
         for d in docs {
-            let d = Bson::Document(d);
-            let json = if self.canonical {
-                d.into_canonical_extjson()
-            } else {
-                d.into_relaxed_extjson()
-            };
-            out.push_str(&json.to_string());
+            extjson::write_document(out, &d, form)?;
             out.push('\n');
             self.count += 1;
         }
+        Ok(())
     }
 }
 
@@ -147,19 +149,13 @@ impl Drop for Copy {
     fn drop(&mut self) {
         if self.id != 0
             && let Some(caller) = self.caller.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let cmd = doc! {"killCursors": self.coll.as_str(), "cursors": [self.id]};
-            let db = self.db.clone();
-            // The caller's login lives as long as the kill needs it.
-            runtime.spawn(async move {
-                let _ = caller.run(&db, cmd).await;
-            });
+            caller.kill_cursor_later(&self.db, &self.coll, self.id);
         }
     }
 }
 
-fn body(copy: Copy, first: Vec<Document>) -> Response<Body> {
+fn body(copy: Copy, first: Vec<RawDocumentBuf>) -> Response<Body> {
     let state = (copy, Some(first));
     let lines = futures::stream::unfold(state, |(mut copy, first)| async move {
         if copy.done {
@@ -171,9 +167,8 @@ fn body(copy: Copy, first: Vec<Document>) -> Response<Body> {
             None if copy.id == 0 => Ok(Vec::new()),
             None => copy.more().await,
         };
-        match batch {
-            Ok(docs) => {
-                copy.render(docs, &mut out);
+        match batch.and_then(|docs| copy.render(docs, &mut out)) {
+            Ok(()) => {
                 if copy.id == 0 {
                     let end = json!({
                         "next": copy.next,

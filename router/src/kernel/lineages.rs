@@ -267,13 +267,9 @@ impl Lineages {
     /// `cmd` with a cluster-stamped resume token (`resumeAfter` / `startAfter`) in MongoDB's form
     /// again; `None` when it has none. A token stamped by another cluster is 280, non-resumable.
     pub async fn unstamp_start(&self, cmd: &Document) -> Result<Option<Document>> {
-        let spec = cmd
-            .get_array("pipeline")
-            .ok()
-            .and_then(|p| p.first())
-            .and_then(Bson::as_document)
-            .and_then(|s| s.get_document("$changeStream").ok());
-        let Some(spec) = spec else { return Ok(None) };
+        let Some(spec) = pipeline::changestream::spec::stage_of(cmd) else {
+            return Ok(None);
+        };
         for field in ["resumeAfter", "startAfter"] {
             let Some(stamped) = spec
                 .get_document(field)

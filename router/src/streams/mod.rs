@@ -149,12 +149,7 @@ impl Streams {
     /// `cmd` with an [`earliest_marker`] start replaced by a start at
     /// [`Streams::earliest_kept`] now; `None` when it has none.
     async fn resolve_earliest_marker(&self, cmd: &Document) -> Result<Option<Document>> {
-        let spec = cmd
-            .get_array("pipeline")
-            .ok()
-            .and_then(|p| p.first())
-            .and_then(Bson::as_document)
-            .and_then(|s| s.get_document("$changeStream").ok());
+        let spec = pipeline::changestream::spec::stage_of(cmd);
         let Some(field) = ["resumeAfter", "startAfter"].into_iter().find(|f| {
             spec.and_then(|s| s.get_document(f).ok())
                 .is_some_and(is_earliest_marker)

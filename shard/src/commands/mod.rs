@@ -251,7 +251,7 @@ impl Ctx<'_> {
         let Ok(meta) = self.cmd.get_document(COMMIT_METADATA_FIELD) else {
             return job;
         };
-        let meta = meta.clone();
+        let meta = crate::writer::CommitMetadata::new(meta);
         Box::new(move |w: &mut crate::writer::WriteCtx<'_>| {
             w.commit_metadata = Some(meta);
             job(w)

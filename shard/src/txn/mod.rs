@@ -1071,7 +1071,10 @@ fn user_uid(user: &str, db: &str) -> Vec<u8> {
 /// outcome in the session's record.
 fn commit_job(active: Active, args: TxnArgs) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
-        w.commit_metadata = args.commit_metadata.clone();
+        w.commit_metadata = args
+            .commit_metadata
+            .as_ref()
+            .map(crate::writer::CommitMetadata::new);
         let Active { store, mut ops, .. } = active;
         mark_no_net_change(&mut ops, &store);
         if conflicts(w, &store)? {
@@ -1436,7 +1439,10 @@ fn apply_writes(
 /// while the other participants, rightly, do not.
 fn commit_prepared_job(args: TxnArgs, prepared: PreparedTxn, commit_ts: ClusterTime) -> WriteFn {
     Box::new(move |w: &mut WriteCtx<'_>| {
-        w.commit_metadata = args.commit_metadata.clone();
+        w.commit_metadata = args
+            .commit_metadata
+            .as_ref()
+            .map(crate::writer::CommitMetadata::new);
         w.state().observe(commit_ts);
         apply_writes(w, prepared.writes)?;
         w.writes_belong_to(commit_ts);
