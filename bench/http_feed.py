@@ -12,8 +12,9 @@ Tests (each `--rounds` times, medians and the per-round ratios reported):
   sse       a writer at ~500 inserts/s for 5 s, one `Accept: text/event-stream` reader: time
             from before the insert to the event's arrival, p50 / p99 / p99.9
   metadata  server CPU per inserted document (batches of 100, the writer connected with an
-            appName and each insert with a comment, so every entry records commitMetadata),
-            with `recordCommitMetadata` on and off in alternating rounds: the cost ratio
+            appName and each insert with a comment, or none with --no-comment, so every entry
+            records commitMetadata), with `recordCommitMetadata` on and off in alternating
+            rounds: the cost ratio
 """
 
 import argparse
@@ -43,7 +44,7 @@ def page(http_port, **q):
         return json.loads(r.read())
 
 
-def drain(client, http_port, n, rounds):
+def drain(client, http_port, n, rounds, pid):
     coll = client.bench.drain
     ratios, driver_rates, http_rates = [], [], []
     for r in range(rounds):
@@ -52,7 +53,7 @@ def drain(client, http_port, n, rounds):
         for i in range(0, n, 1000):
             coll.insert_many([{"_id": j, "p": PAYLOAD} for j in range(i, min(n, i + 1000))])
         # The driver: watch() from the same start, as pymongo batches it.
-        t = time.perf_counter()
+        cpu, t = cpu_seconds(pid), time.perf_counter()
         got = 0
         with coll.watch(resume_after=start, batch_size=10000) as stream:
             for _ in stream:
@@ -60,19 +61,29 @@ def drain(client, http_port, n, rounds):
                 if got == n:
                     break
         driver = n / (time.perf_counter() - t)
+        driver_cpu = (cpu_seconds(pid) - cpu) / n * 1e6
         # HTTP: pages of 10,000 from the same start.
-        t = time.perf_counter()
-        cursor, got = start["_data"], 0
+        cpu, t = cpu_seconds(pid), time.perf_counter()
+        cursor, got, parse = start["_data"], 0, 0.0
         while got < n:
-            p = page(http_port, ns="bench.drain", limit=10000, **{"from": cursor})
+            qs = f"ns=bench.drain&limit=10000&from={cursor}"
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/changes?{qs}",
+                                        timeout=120) as r:
+                body = r.read()
+            parsing = time.perf_counter()
+            p = json.loads(body)
+            parse += time.perf_counter() - parsing
             got += len(p["changes"])
             cursor = p["next"]
         over_http = n / (time.perf_counter() - t)
+        http_cpu = (cpu_seconds(pid) - cpu) / n * 1e6
         driver_rates.append(driver)
         http_rates.append(over_http)
         ratios.append(over_http / driver)
-        print(f"  drain round {r}: driver {driver:,.0f}/s, http {over_http:,.0f}/s, "
-              f"ratio {over_http / driver:.2f}", flush=True)
+        print(f"  drain round {r}: driver {driver:,.0f}/s ({driver_cpu:.1f} µs server CPU/event), "
+              f"http {over_http:,.0f}/s ({http_cpu:.1f} µs server CPU/event, "
+              f"{parse / n * 1e6:.1f} µs json.loads/event), ratio {over_http / driver:.2f}",
+              flush=True)
     print(f"drain: driver {statistics.median(driver_rates):,.0f} events/s, http "
           f"{statistics.median(http_rates):,.0f} events/s, http/driver median "
           f"{statistics.median(ratios):.2f} (rounds {', '.join(f'{x:.2f}' for x in ratios)})")
@@ -121,7 +132,7 @@ def sse(client, http_port, seconds=5, rate=500):
           f"p99 {percentile(ms, 99):.2f} ms, p99.9 {percentile(ms, 99.9):.2f} ms")
 
 
-def metadata_cost(uri, pid, rounds, n):
+def metadata_cost(uri, pid, rounds, n, with_comment):
     writer = MongoClient(uri, appName="bench-writer")
     admin = MongoClient(uri).admin
     coll = writer.bench.meta
@@ -132,8 +143,11 @@ def metadata_cost(uri, pid, rounds, n):
         coll.drop()
         before = cpu_seconds(pid)
         for i in range(0, n, 100):
-            coll.insert_many([{"_id": j, "p": PAYLOAD} for j in range(i, i + 100)],
-                             comment={"job": "nightly-import", "batch": i})
+            docs = [{"_id": j, "p": PAYLOAD} for j in range(i, i + 100)]
+            if with_comment:
+                coll.insert_many(docs, comment={"job": "nightly-import", "batch": i})
+            else:
+                coll.insert_many(docs)
         per_doc = (cpu_seconds(pid) - before) / n * 1e6
         costs[on].append(per_doc)
         print(f"  metadata round {r // 2} {'on ' if on else 'off'}: {per_doc:.2f} µs CPU/doc",
@@ -153,6 +167,8 @@ def main():
     ap.add_argument("--tests", default="drain,sse,metadata")
     ap.add_argument("--meta-docs", type=int, default=200000,
                     help="documents inserted per metadata round")
+    ap.add_argument("--no-comment", action="store_true",
+                    help="metadata: inserts without a comment (the appName alone is recorded)")
     args = ap.parse_args()
     os.sched_setaffinity(0, {1})
     work = tempfile.mkdtemp(prefix="tributary-http-bench-")
@@ -168,11 +184,11 @@ def main():
         client = MongoClient(uri)
         tests = args.tests.split(",")
         if "drain" in tests:
-            drain(client, http_port, args.events, args.rounds)
+            drain(client, http_port, args.events, args.rounds, server.pid)
         if "sse" in tests:
             sse(client, http_port)
         if "metadata" in tests:
-            metadata_cost(uri, server.pid, args.rounds, args.meta_docs)
+            metadata_cost(uri, server.pid, args.rounds, args.meta_docs, not args.no_comment)
     finally:
         server.terminate()
         server.wait()

@@ -1,7 +1,6 @@
 //! The router's HTTP service (`--httpPort`; `--metricsPort` serves `/metrics` alone): change
-//! feeds for clients
-//! without a driver, the streams' bounds, the operators' status page and the Prometheus
-//! metrics, one handler per endpoint.
+//! feeds for clients without a driver, the streams' bounds, the operators' status page and the
+//! Prometheus metrics, one handler per endpoint.
 //!
 //! | endpoint | what |
 //! |---|---|
@@ -17,11 +16,12 @@
 //!
 //! Invariants:
 //! * a request runs the router's own commands (`aggregate`, `getMore`, `killCursors`,
-//!   `changeStreamBounds`, `snapshotCursor`, `find`) as a connection of its own, so it gets exactly what a driver gets
-//!   and needs exactly the rights a driver needs; that connection's login and cursors end
-//!   with the request;
-//! * with `--auth`, every endpoint but `/metrics` needs a login: HTTP Basic (a user's
-//!   password, only over TLS) or a bearer token from `createHttpToken`;
+//!   `changeStreamBounds`, `snapshotCursor`, `find`) as a connection of its own, so it gets
+//!   exactly what a driver gets and needs exactly the rights a driver needs; that
+//!   connection's login and cursors end with the request;
+//! * with `--auth`, every endpoint that reads data (`/v1/…`) needs a login: HTTP Basic (a
+//!   user's password, only over TLS) or a bearer token from `createHttpToken`; the page at
+//!   `/` and `/metrics` hold none;
 //! * an error is an HTTP status carrying the MongoDB error document ([`status_of`]);
 //! * bounded: at most [`MAX_CONNECTIONS`] connections, a request head within
 //!   [`HEAD_TIMEOUT`] and [`MAX_HEAD_BYTES`]; a response body is produced only as fast as the
