@@ -68,8 +68,8 @@ def drain(client, http_port, n, rounds, pid):
         while got < n:
             qs = f"ns=bench.drain&limit=10000&from={cursor}"
             with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/changes?{qs}",
-                                        timeout=120) as r:
-                body = r.read()
+                                        timeout=120) as reply:
+                body = reply.read()
             parsing = time.perf_counter()
             p = json.loads(body)
             parse += time.perf_counter() - parsing
