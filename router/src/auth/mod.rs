@@ -28,6 +28,7 @@ pub mod roles;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -135,9 +136,79 @@ impl ConnectionAuth {
     }
 }
 
+/// How many password hashes (HTTP Basic) run at once.
+static PASSWORD_CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// How long a proven password is remembered, and how many are.
+const PROVEN_FOR: Duration = Duration::from_secs(300);
+const PROVEN_MAX: usize = 1024;
+
+/// Passwords proven lately (HTTP Basic sends one with every request, and checking it costs a
+/// PBKDF2): each as a digest, keyed by a secret of this process, of the password and the
+/// stored key it was checked against, so a changed password or credential is checked again.
+/// At most [`PROVEN_MAX`], each for [`PROVEN_FOR`].
+pub(crate) struct Proven {
+    secret: [u8; 32],
+    seen: Mutex<ProvenMap>,
+}
+
+/// `(user, db)` → the digest proven, and when.
+type ProvenMap = HashMap<Pair, (Vec<u8>, std::time::Instant)>;
+
+impl Default for Proven {
+    fn default() -> Self {
+        Proven {
+            secret: rand::random(),
+            seen: Mutex::default(),
+        }
+    }
+}
+
+impl Proven {
+    fn digest(&self, stored_key: &[u8], password: &str) -> Vec<u8> {
+        use hmac::{KeyInit, Mac};
+        let Ok(mut mac) = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&self.secret)
+        else {
+            return Vec::new();
+        };
+        mac.update(&(stored_key.len() as u64).to_be_bytes());
+        mac.update(stored_key);
+        mac.update(password.as_bytes());
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProvenMap> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remembers(&self, user: &str, db: &str, digest: &[u8]) -> bool {
+        !digest.is_empty()
+            && self
+                .lock()
+                .get(&(user.to_string(), db.to_string()))
+                .is_some_and(|(d, at)| d == digest && at.elapsed() < PROVEN_FOR)
+    }
+
+    fn remember(&self, user: &str, db: &str, digest: Vec<u8>) {
+        let mut seen = self.lock();
+        if seen.len() >= PROVEN_MAX {
+            seen.retain(|_, (_, at)| at.elapsed() < PROVEN_FOR);
+            if seen.len() >= PROVEN_MAX {
+                seen.clear();
+            }
+        }
+        seen.insert(
+            (user.to_string(), db.to_string()),
+            (digest, std::time::Instant::now()),
+        );
+    }
+}
+
 /// Who each connection is, and whose each cursor is.
 #[derive(Default)]
 pub struct Auth {
+    /// Passwords proven lately over HTTP Basic.
+    pub(crate) proven: Proven,
     connections: Mutex<HashMap<u64, ConnectionAuth>>,
     /// The users of the connection that opened each open cursor.
     cursor_owners: Mutex<HashMap<i64, Vec<(String, String)>>>,
@@ -499,12 +570,25 @@ pub async fn log_in_with_password(
     else {
         return Err(auth_failed());
     };
-    let (name, password) = (user.to_string(), password.to_string());
-    let proven =
+    let seen = cx.auth.proven.digest(&credential.stored_key, password);
+    let proven = cx.auth.proven.remembers(user, db, &seen) || {
+        // At most PASSWORD_CHECKS hashes at once: each costs milliseconds of CPU, and a client
+        // without a password can ask for as many as it likes.
+        let permit = tokio::time::timeout(Duration::from_secs(10), PASSWORD_CHECKS.acquire()).await;
+        let Ok(Ok(_permit)) = permit else {
+            return Err(MongoError::new(
+                ErrorCode::EXCEEDED_TIME_LIMIT,
+                "too many password checks waiting: try again, or use a bearer token",
+            ));
+        };
+        let (name, password) = (user.to_string(), password.to_string());
         tokio::task::spawn_blocking(move || credential.verify(mechanism, &name, &password))
             .await
-            .unwrap_or(false);
-    if !proven {
+            .unwrap_or(false)
+    };
+    if proven {
+        cx.auth.proven.remember(user, db, seen);
+    } else {
         tracing::info!(user, db, "authentication failed: wrong password");
         return Err(auth_failed());
     }
@@ -802,4 +886,31 @@ pub async fn users_info(cx: &AuthCx<'_>, db: &str, cmd: &Document) -> Result<Doc
         })
         .collect();
     Ok(doc! {"users": users, "ok": 1.0})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proven_password_is_remembered_only_as_it_was_proven() {
+        let proven = Proven::default();
+        let seen = proven.digest(b"stored key", "s3cret");
+        assert!(!proven.remembers("ada", "admin", &seen), "nothing yet");
+        proven.remember("ada", "admin", seen.clone());
+        assert!(proven.remembers("ada", "admin", &seen));
+        // Another password, another stored key (the password was changed), another user or
+        // database: checked again.
+        assert!(!proven.remembers("ada", "admin", &proven.digest(b"stored key", "s3cret ")));
+        assert!(!proven.remembers("ada", "admin", &proven.digest(b"new key", "s3cret")));
+        assert!(!proven.remembers("bob", "admin", &seen));
+        assert!(!proven.remembers("ada", "app", &seen));
+        // Another process's digests differ: the secret is its own.
+        assert_ne!(Proven::default().digest(b"stored key", "s3cret"), seen);
+        // Bounded.
+        for i in 0..(PROVEN_MAX + 10) {
+            proven.remember(&format!("u{i}"), "admin", seen.clone());
+        }
+        assert!(proven.lock().len() <= PROVEN_MAX);
+    }
 }
