@@ -277,8 +277,8 @@ impl Drop for Caller {
 }
 
 impl Caller {
-    /// Runs `body` on `db` as this caller's command; an error reply is the error.
-    pub async fn run(&self, db: &str, mut body: Document) -> Result<Document> {
+    /// Runs `body` on `db` as this caller's command, the reply as the router made it.
+    async fn send(&self, db: &str, mut body: Document) -> Result<wire::raw::Body> {
         body.insert("$db", db);
         let req = wire::server::Request {
             body,
@@ -287,10 +287,14 @@ impl Caller {
             exhaust_allowed: false,
             legacy_op_query: false,
         };
-        let reply = crate::commands::run(&self.seams, &self.conn, &req)
+        crate::commands::run(&self.seams, &self.conn, &req)
             .await
-            .ok_or_else(|| MongoError::new(ErrorCode::HOST_UNREACHABLE, "connection closed"))?
-            .into_document()?;
+            .ok_or_else(|| MongoError::new(ErrorCode::HOST_UNREACHABLE, "connection closed"))
+    }
+
+    /// Runs `body` on `db` as this caller's command; an error reply is the error.
+    pub async fn run(&self, db: &str, body: Document) -> Result<Document> {
+        let reply = self.send(db, body).await?.into_document()?;
         match MongoError::from_reply(&reply) {
             Some(e) => Err(e),
             None => Ok(reply),
@@ -298,19 +302,8 @@ impl Caller {
     }
 
     /// [`Caller::run`] with the reply kept as the router encoded it.
-    pub async fn run_raw(&self, db: &str, mut body: Document) -> Result<bson::RawDocumentBuf> {
-        body.insert("$db", db);
-        let req = wire::server::Request {
-            body,
-            db: db.to_string(),
-            more_to_come: false,
-            exhaust_allowed: false,
-            legacy_op_query: false,
-        };
-        let reply = crate::commands::run(&self.seams, &self.conn, &req)
-            .await
-            .ok_or_else(|| MongoError::new(ErrorCode::HOST_UNREACHABLE, "connection closed"))?
-            .into_raw()?;
+    pub async fn run_raw(&self, db: &str, body: Document) -> Result<bson::RawDocumentBuf> {
+        let reply = self.send(db, body).await?.into_raw()?;
         let ok = match reply.get("ok") {
             Ok(Some(bson::RawBsonRef::Double(v))) => v != 0.0,
             Ok(Some(bson::RawBsonRef::Int32(v))) => v != 0,
