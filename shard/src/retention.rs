@@ -9,12 +9,16 @@
 //!   every committed entry above it is still in storage. A reader that needs entries after `T`
 //!   with `T < truncated_through` has lost history (`ChangeStreamHistoryLost`).
 //! * Entries written by the running batch are never truncated by it.
+//! * An entry whose `commitMetadata` refers to an earlier entry's is never kept without that
+//!   entry (a run of at most `COMMIT_METADATA_RUN` entries is truncated whole or not at all).
 
+use bson::RawDocument;
 use resume::ClusterTime;
 
 use crate::oplog::ts_of_key;
 use crate::pins::Pins;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, WriteTxn};
+use crate::writer::commit_metadata_reference;
 
 /// Meta-table key of the persisted [`OplogStats`].
 pub const STATS_KEY: &[u8] = b"oplog.stats";
@@ -147,12 +151,20 @@ pub fn trim(
     let mut bytes = stats.bytes;
     let mut changed = pins.expire_by_age(wall_secs);
     let mut pinned = pins.keep_from();
+    // The entry holding the commit metadata the first kept entry refers to, if any.
+    let mut referred = None;
     txn.scan(Table::Oplog, &KeyRange::all(), false, &mut |k, v| {
         let Some(ts) = ts_of_key(k) else {
             return Scan::Stop;
         };
+        let keep = |referred: &mut Option<ClusterTime>| {
+            *referred = RawDocument::from_bytes(v)
+                .ok()
+                .and_then(commit_metadata_reference);
+            Scan::Stop
+        };
         if keep_from.is_some_and(|f| ts >= f) || doomed.len() >= MAX_TRIM_PER_BATCH {
-            return Scan::Stop;
+            return keep(&mut referred);
         }
         let young = retention
             .min_retention_secs
@@ -162,21 +174,29 @@ pub fn trim(
             .max_age_secs
             .is_some_and(|age| u64::from(ts.secs) + u64::from(age) < u64::from(wall_secs));
         if !(too_big || too_old) {
-            return Scan::Stop;
+            return keep(&mut referred);
         }
         // A consumer needs this entry: keep it, unless its pin lags past its bound.
         while pinned.is_some_and(|p| ts >= p) {
             if !pins.expire_by_size(bytes) {
-                return Scan::Stop;
+                return keep(&mut referred);
             }
             changed = true;
             pinned = pins.keep_from();
         }
         bytes = bytes.saturating_sub(v.len() as u64);
-        doomed.push((k.to_vec(), ts));
+        doomed.push((k.to_vec(), ts, v.len() as u64));
         Scan::Continue
     })?;
-    for (k, ts) in doomed {
+    // Never keep a reference to commit metadata without the entry holding it: the run it
+    // belongs to (at most `COMMIT_METADATA_RUN` entries) stays whole.
+    if let Some(at) = referred {
+        let cut = doomed.partition_point(|(_, ts, _)| *ts < at);
+        for (_, _, len) in doomed.drain(cut..) {
+            bytes = bytes.saturating_add(len);
+        }
+    }
+    for (k, ts, _) in doomed {
         txn.delete(Table::Oplog, &k)?;
         stats.truncated_through = stats.truncated_through.max(ts);
         stats.entries = stats.entries.saturating_sub(1);
@@ -237,5 +257,98 @@ mod tests {
             Some((123, false)),
             "the form without the count still reads"
         );
+    }
+
+    /// An oplog in `dir` of `n` entries at `(1, 1..=n)`, each recording commit metadata (in runs
+    /// as the writer does when `meta` is set), committed.
+    fn oplog(dir: &std::path::Path, n: u32, meta: bool) -> crate::storage::RedbStorage {
+        use crate::storage::Storage;
+        let storage = crate::storage::RedbStorage::open(&dir.join("o.redb")).unwrap();
+        let mut txn = storage.begin_write().unwrap();
+        let mut run = None;
+        for i in 1..=n {
+            let ts = ClusterTime::new(1, i);
+            let mut entry = bson::doc! {"ts": ts.timestamp(), "op": "n", "o": {}};
+            if meta {
+                match run {
+                    Some(first) if i % crate::writer::COMMIT_METADATA_RUN != 1 => {
+                        entry.insert("commitMetadata", bson::Bson::Timestamp(first))
+                    }
+                    _ => {
+                        run = Some(ts.timestamp());
+                        entry.insert("commitMetadata", bson::doc! {"appName": "a"})
+                    }
+                };
+            }
+            let mut bytes = Vec::new();
+            entry.to_writer(&mut bytes).unwrap();
+            txn.put(Table::Oplog, &crate::oplog::oplog_key(ts), &bytes)
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        storage
+    }
+
+    /// Trims `storage`'s oplog (of `total` bytes) to `max_bytes`: the entries left.
+    fn trimmed(storage: &crate::storage::RedbStorage, total: u64, max_bytes: u64) -> u64 {
+        use crate::storage::Storage;
+        let mut stats = OplogStats {
+            bytes: total,
+            truncated_through: ClusterTime::ZERO,
+            entries: 0,
+        };
+        let mut txn = storage.begin_write().unwrap();
+        trim(
+            &mut *txn,
+            &mut stats,
+            Retention::bytes(max_bytes),
+            1,
+            None,
+            &mut Pins::default(),
+        )
+        .unwrap();
+        txn.commit().unwrap();
+        let read = storage.begin_read().unwrap();
+        let mut left = 0;
+        read.scan(Table::Oplog, &KeyRange::all(), false, &mut |_, _| {
+            left += 1;
+            Scan::Continue
+        })
+        .unwrap();
+        left
+    }
+
+    fn total_bytes(storage: &crate::storage::RedbStorage) -> u64 {
+        use crate::storage::Storage;
+        let read = storage.begin_read().unwrap();
+        let mut total = 0;
+        read.scan(Table::Oplog, &KeyRange::all(), false, &mut |_, v| {
+            total += v.len() as u64;
+            Scan::Continue
+        })
+        .unwrap();
+        total
+    }
+
+    #[test]
+    fn a_run_of_shared_commit_metadata_is_truncated_whole() {
+        let run = u64::from(crate::writer::COMMIT_METADATA_RUN);
+        // Without metadata, trimming to 45 % keeps 45 %, entry by entry.
+        let dir = tempfile::tempdir().unwrap();
+        let plain = oplog(dir.path(), 4 * run as u32, false);
+        let total = total_bytes(&plain);
+        let left = trimmed(&plain, total, total * 45 / 100);
+        assert!(
+            left > run && left < 3 * run && !left.is_multiple_of(run),
+            "{left}"
+        );
+        // With metadata shared in runs, the entries kept start a run: never a reference whose
+        // entry is gone.
+        let dir = tempfile::tempdir().unwrap();
+        let shared = oplog(dir.path(), 4 * run as u32, true);
+        let total = total_bytes(&shared);
+        let left = trimmed(&shared, total, total * 45 / 100);
+        assert!(left.is_multiple_of(run), "{left} entries left");
+        assert!(left > run && left < 4 * run, "{left}");
     }
 }

@@ -525,6 +525,28 @@ def auth_checks(server, ca):
         check([c["commitMetadata"]["user"] for c in body["changes"]] == ["ana", "ben", "ana", "ana"],
               body)
 
+    def a_batchs_events_all_carry_its_metadata_from_any_resume_point():
+        # A command's entries share one recorded document in runs; every event still has it,
+        # whether the stream reads the run from its start or resumes inside it.
+        boss = client(username="boss", password="s3cret")
+        ana = client(username="ana", password="pw", authSource="app", appName="bulk")
+        start = boss.app.command("changeStreamBounds", "bulk")["current"]
+        ana.app.bulk.insert_many([{"_id": i} for i in range(100)], comment={"job": "import"})
+        cursor = watch_raw(boss.app, "bulk", {"showCommitMetadata": True, "resumeAfter": start})
+        events = read_events(boss.app, "bulk", cursor, 100)
+        check(len(events) == 100, len(events))
+        meta = [(e["commitMetadata"]["appName"], e["commitMetadata"]["comment"]) for e in events]
+        check(meta == [("bulk", {"job": "import"})] * 100, meta)
+        for resume_at in (40, 70, 98):
+            cursor = watch_raw(boss.app, "bulk", {"showCommitMetadata": True,
+                                                  "resumeAfter": events[resume_at]["_id"]})
+            rest = read_events(boss.app, "bulk", cursor, 99 - resume_at)
+            check([e["documentKey"]["_id"] for e in rest] == list(range(resume_at + 1, 100)),
+                  rest)
+            check(all(e["commitMetadata"]["user"] == "ana" and
+                      e["commitMetadata"]["comment"] == {"job": "import"} for e in rest),
+                  f"resumed after event {resume_at}: {rest[:2]}")
+
     def the_extension_can_be_turned_off():
         boss = client(username="boss", password="s3cret")
         boss.admin.command("setParameter", 1, changeStreamExtensions=False)
@@ -540,7 +562,9 @@ def auth_checks(server, ca):
             boss.admin.command("setParameter", 1, changeStreamExtensions=True)
 
     return [setup, refusals, basic_over_tls_with_the_users_rights, bearer_tokens,
-            commit_metadata_from_two_users_and_a_transaction, the_extension_can_be_turned_off]
+            commit_metadata_from_two_users_and_a_transaction,
+            a_batchs_events_all_carry_its_metadata_from_any_resume_point,
+            the_extension_can_be_turned_off]
 
 
 def run(checks):

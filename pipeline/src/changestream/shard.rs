@@ -23,7 +23,7 @@
 //! * after an invalidate the stream yields nothing more and [`ShardStream::invalidated`] gives
 //!   the token to close the cursor with (`invalidated: true`, post-batch resume token = it).
 
-use bson::{Document, RawDocument};
+use bson::{Bson, Document, RawDocument};
 use resume::ClusterTime;
 use resume::token::{ResumeStatus, ResumeToken, ResumeTokenData, TokenVersion};
 use wire::Result;
@@ -54,6 +54,8 @@ pub struct ShardStream {
     split_large_events: bool,
     /// Read directly, not through a router: the resume proof a router would make.
     ensure: Option<EnsureResumeTokenPresent>,
+    /// With `showCommitMetadata`: the last recorded commit metadata read, by its entry's `ts`.
+    recorded: Option<(ClusterTime, Document)>,
 }
 
 impl ShardStream {
@@ -68,6 +70,7 @@ impl ShardStream {
             resume_point: None,
             split_large_events: false,
             ensure: None,
+            recorded: None,
             spec,
         }
     }
@@ -116,7 +119,18 @@ impl ShardStream {
         images: &mut dyn ImageSource,
     ) -> Result<Vec<ChangeEvent>> {
         let mut out = Vec::new();
-        if self.invalidate.invalidated().is_some() || !oplog_match::matches(&self.spec, entry) {
+        if self.invalidate.invalidated().is_some() {
+            return Ok(out);
+        }
+        let resolved;
+        let entry = match self.resolve_commit_metadata(entry, lookup) {
+            Some(e) => {
+                resolved = e;
+                &resolved
+            }
+            None => entry,
+        };
+        if !oplog_match::matches(&self.spec, entry) {
             return Ok(out);
         }
         if is_transaction_entry(entry) && self.spec.options.transaction_net_effect {
@@ -138,6 +152,44 @@ impl ShardStream {
             self.one(entry, &mut out, images)?;
         }
         Ok(out)
+    }
+
+    /// With `showCommitMetadata`, `entry` with the commit metadata its `commitMetadata` refers
+    /// to in place of the reference (the shard writes the document once in a run of a
+    /// command's entries, then `commitMetadata: Timestamp`, the `ts` of the entry holding it).
+    /// `None` when the entry is read as it is. Streams read in `ts` order, so the entry holding
+    /// the document was usually the last one read; else `lookup` reads it. A reference whose
+    /// entry cannot be read (the shard keeps it as long as the reference) leaves the entry
+    /// without metadata: its event's fields read `null`.
+    fn resolve_commit_metadata(
+        &mut self,
+        entry: &Document,
+        lookup: &mut dyn FnMut(OpTime) -> Option<Document>,
+    ) -> Option<Document> {
+        if !self.spec.options.show_commit_metadata {
+            return None;
+        }
+        let at = match entry.get("commitMetadata")? {
+            Bson::Document(meta) => {
+                if let Some(Bson::Timestamp(ts)) = entry.get("ts") {
+                    self.recorded = Some((ClusterTime::from(*ts), meta.clone()));
+                }
+                return None;
+            }
+            Bson::Timestamp(at) => ClusterTime::from(*at),
+            _ => return None,
+        };
+        if self.recorded.as_ref().is_none_or(|(ts, _)| *ts != at) {
+            let meta = lookup(OpTime { ts: at, term: -1 })
+                .and_then(|e| e.get_document("commitMetadata").ok().cloned());
+            self.recorded = meta.map(|m| (at, m));
+        }
+        let mut entry = entry.clone();
+        match &self.recorded {
+            Some((_, meta)) => entry.insert("commitMetadata", meta.clone()),
+            None => entry.remove("commitMetadata"),
+        };
+        Some(entry)
     }
 
     /// Whether the stream asks for images the shard adds (it then needs pre-images looked up,

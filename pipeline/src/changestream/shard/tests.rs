@@ -483,3 +483,35 @@ fn the_encoded_path_steps_aside_for_stages_and_resume_points() {
         "before its resume point"
     );
 }
+
+#[test]
+fn a_reference_to_recorded_commit_metadata_reads_as_the_document() {
+    let meta = doc! {"appName": "importer", "comment": "nightly"};
+    let mut first = insert("db.c", 4, doc! {"_id": 1});
+    first.insert("commitMetadata", meta.clone());
+    let mut second = insert("db.c", 5, doc! {"_id": 2});
+    second.insert("commitMetadata", ts(4, 1));
+    let mut spec = coll_spec("db", "c");
+    spec.options.show_commit_metadata = true;
+    let app_of = |e: &ChangeEvent| {
+        e.doc
+            .get_document("commitMetadata")
+            .unwrap()
+            .get("appName")
+            .cloned()
+    };
+    // Read in order: the reference is the document just read.
+    let mut s = ShardStream::new(spec.clone(), vec![]);
+    let events = run(&mut s, &[first.clone(), second.clone()]);
+    let apps: Vec<_> = events.iter().map(app_of).collect();
+    assert_eq!(apps, [Some("importer".into()), Some("importer".into())]);
+    // Started past the entry holding it: the lookup reads it.
+    let mut s = ShardStream::new(spec.clone(), vec![]);
+    let mut lookup = |at: OpTime| (at.ts == ct(4, 1)).then(|| first.clone());
+    let events = s.process_entry(&second, &mut lookup).unwrap();
+    assert_eq!(app_of(&events[0]), Some("importer".into()));
+    // Gone (never, while the reference is kept): the fields read null.
+    let mut s = ShardStream::new(spec, vec![]);
+    let events = s.process_entry(&second, &mut no_chain).unwrap();
+    assert_eq!(app_of(&events[0]), Some(Bson::Null));
+}
