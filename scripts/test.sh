@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check Tributary has, from a fresh clone: formatting, lints, the Rust test suites
 # (unit, property, integration with the real `mongodb` driver over TCP, multi-process and crash
-# tests), and the driver interop scripts (pymongo). Installs what the tests need first.
+# tests), the driver interop programs (pymongo and its async client, Node.js, Mongoose, mongosh,
+# Go, C) and the command line's. Installs what the tests need first.
 #
 #   bash scripts/test.sh            # the CI suite (well under 30 minutes on 2 cores)
 #   TRIBUTARY_SOAK=1 bash scripts/test.sh   # also the long soak suites (see README)
@@ -26,6 +27,13 @@ fi
 # tests/py/http_status_page.py renders the router's status page in headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
+fi
+# tests/go/interop.go and tests/c/interop.c build offline against Debian's Go driver (1.8.4, in
+# /usr/share/gocode) and libmongoc (1.23).
+if ! command -v go >/dev/null 2>&1 || [ ! -d /usr/share/gocode/src/go.mongodb.org/mongo-driver ] ||
+  ! pkg-config --exists libmongoc-1.0 2>/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq golang-go golang-mongodb-mongo-driver-dev \
+    libmongoc-dev pkg-config) >/dev/null
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
@@ -83,7 +91,7 @@ step "wire fuzzer: every listed command with mutated arguments, and raw frames (
 step "benches compile and run once (test mode)"
 cargo test --workspace --benches -- --test >/dev/null
 
-step "driver interop scripts: pymongo (tests/py), Node.js driver and mongosh (tests/js)"
+step "driver interop: pymongo and its async client (tests/py), Node.js, Mongoose and mongosh (tests/js), Go (tests/go), C (tests/c)"
 data=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # Test commands on: the Node script resumes through a closeConnection fail point.
@@ -103,6 +111,15 @@ for script in tests/js/*.js; do
   echo "--- $script"
   node "$script" "mongodb://127.0.0.1:$port/" || status=1
 done
+# Built into $data, out of the tree. Go in GOPATH mode against the Debian package: no go.mod,
+# no module download.
+echo "--- tests/go/interop.go"
+GO111MODULE=off GOPATH=/usr/share/gocode go build -o "$data/go-interop" tests/go/interop.go &&
+  "$data/go-interop" "mongodb://127.0.0.1:$port/" || status=1
+echo "--- tests/c/interop.c"
+# shellcheck disable=SC2046 # pkg-config's flags are meant to split
+gcc -Wall -Wextra -Werror -o "$data/c-interop" tests/c/interop.c \
+  $(pkg-config --cflags --libs libmongoc-1.0) && "$data/c-interop" "mongodb://127.0.0.1:$port/" || status=1
 # The retryable bulkWrite spec tests for a replica set, through pymongo, against the router
 # presented as one (`--replSetMode`).
 rs_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -87,6 +87,7 @@ wire::command_registry! {
     ShardCollection: "shardCollection" / "shardcollection" => InTransaction::Refused;
     SnapshotCursor: "snapshotCursor" => InTransaction::Refused;
     StartSession: "startSession" => InTransaction::Refused;
+    TributaryStatus: "tributaryStatus" => InTransaction::Refused;
     Update: "update" => InTransaction::Statement;
     UpdateRole: "updateRole" => InTransaction::Refused;
     UpdateUser: "updateUser" => InTransaction::Refused;

@@ -327,6 +327,15 @@ impl TailWindow {
     }
 }
 
+/// The `ts` an oplog entry's `commitMetadata` refers to, when it is a reference to an earlier
+/// entry of its run rather than the document (see `writer::CommitMetadata`).
+pub fn commit_metadata_reference(entry: &bson::RawDocument) -> Option<ClusterTime> {
+    match entry.get("commitMetadata") {
+        Ok(Some(bson::RawBsonRef::Timestamp(ts))) => Some(ClusterTime::from(ts)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,10 +15,9 @@
 use bson::RawDocument;
 use resume::ClusterTime;
 
-use crate::oplog::ts_of_key;
+use crate::oplog::{commit_metadata_reference, ts_of_key};
 use crate::pins::Pins;
 use crate::storage::{KeyRange, ReadTxn, Scan, StorageResult, Table, WriteTxn};
-use crate::writer::commit_metadata_reference;
 
 /// Meta-table key of the persisted [`OplogStats`].
 pub const STATS_KEY: &[u8] = b"oplog.stats";

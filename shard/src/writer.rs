@@ -287,15 +287,6 @@ impl CommitMetadata {
     }
 }
 
-/// The `ts` an oplog entry's `commitMetadata` refers to, when it is a reference to an earlier
-/// entry of its run rather than the document (see [`CommitMetadata`]).
-pub fn commit_metadata_reference(entry: &bson::RawDocument) -> Option<ClusterTime> {
-    match entry.get("commitMetadata") {
-        Ok(Some(bson::RawBsonRef::Timestamp(ts))) => Some(ClusterTime::from(ts)),
-        _ => None,
-    }
-}
-
 /// The view a write job has of the shard: the batch's transaction and catalog copy (or, for a
 /// statement of a multi-document transaction, that transaction's store and catalog copy).
 pub struct WriteCtx<'a> {
@@ -923,7 +914,7 @@ mod tests {
         let mut bytes = Vec::new();
         entries[1].to_writer(&mut bytes).unwrap();
         let raw = bson::RawDocument::from_bytes(&bytes).unwrap();
-        assert_eq!(commit_metadata_reference(raw), Some(first));
+        assert_eq!(crate::oplog::commit_metadata_reference(raw), Some(first));
     }
 
     /// A fresh shard's state in `dir`, writing through `log`.

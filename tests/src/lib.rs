@@ -281,7 +281,7 @@ pub fn tributary_binary() -> Result<PathBuf> {
                 .ok_or("test executable has no target directory")?;
             let release = profile_dir.file_name().is_some_and(|n| n == "release");
             let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            build.args(["build", "--quiet", "-p", "router", "--bin", "tributary"]);
+            build.args(["build", "--quiet", "-p", "tributary", "--bin", "tributary"]);
             if release {
                 build.arg("--release");
             }

@@ -116,8 +116,8 @@ fn need_ignoring_bypass(name: &str, db: &str, cmd: &Document) -> Need {
         | RevokePrivilegesFromRole
         | GrantRolesToRole
         | RevokeRolesFromRole => on(Need::UserAdmin),
-        ServerStatus | CurrentOp | ListShards | GetCmdLineOpts | GetLog | HostInfo
-        | GetParameter | GetClusterParameter => Need::ClusterMonitor,
+        ServerStatus | TributaryStatus | CurrentOp | ListShards | GetCmdLineOpts | GetLog
+        | HostInfo | GetParameter | GetClusterParameter => Need::ClusterMonitor,
         ShardCollection | EnableSharding | SetClusterParameter | SetParameter | KillOp => {
             Need::ClusterAdmin
         }
@@ -421,7 +421,7 @@ fn actions_ignoring_bypass(
         UpdateRole => on_db(&["createRole", "dropRole", "grantRole", "revokeRole"]),
         DropRole => on_db(&["dropRole"]),
         RolesInfo => on_db(&["viewRole"]),
-        ServerStatus => on_cluster("serverStatus"),
+        ServerStatus | TributaryStatus => on_cluster("serverStatus"),
         CurrentOp => on_cluster("inprog"),
         KillOp => on_cluster("killop"),
         ListShards => on_cluster("listShards"),

@@ -360,6 +360,7 @@ fn known(command: Command) -> Known {
         | SaslContinue
         | SaslStart
         | ServerStatus
+        | TributaryStatus
         | SetClusterParameter
         | SetParameter
         | ShardCollection

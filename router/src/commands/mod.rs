@@ -19,6 +19,7 @@ mod layers;
 mod out;
 mod reads;
 mod stats;
+pub(crate) mod status;
 mod subscriptions;
 mod views;
 
@@ -235,6 +236,7 @@ async fn run_command(command: Command, ctx: &Ctx<'_>) -> Result<Body> {
         SetClusterParameter => admin::set_cluster_parameter(ctx).await,
         GetClusterParameter => admin::get_cluster_parameter(ctx).await,
         ServerStatus => admin::server_status(ctx).await,
+        TributaryStatus => status::tributary_status(ctx).await,
         HostInfo => admin::host_info(),
         WhatsMyUri => Ok(bson::doc! {"you": conn.peer.to_string(), "ok": 1.0}),
         ListDatabases => admin::list_databases(ctx).await,

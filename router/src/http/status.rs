@@ -1,28 +1,18 @@
-//! `GET /v1/status` and the page at `GET /` that draws it: per shard its oplog window, size,
-//! high-water mark and whether it answers; the open change streams and shared merges with
-//! their lag; the subscriptions; and the counters the page charts (events delivered).
+//! `GET /v1/status` (the cluster's status, as the `tributaryStatus` command reports it:
+//! `commands::status`), the page at `GET /` that draws it, and `GET /metrics`.
 //!
-//! Invariants: reading the status never waits on a shard, or on the config shard, for more
-//! than [`ASK_PATIENCE`] (one that does not answer is shown down, not waited for); the lists
-//! are bounded ([`MAX_LISTED`]); with `--auth` it needs what `serverStatus` needs.
+//! Invariant: the status is the caller's own command, so it needs exactly the rights the
+//! command needs (those of `serverStatus`).
 
-use std::time::Duration;
-
-use bson::{Bson, Document, doc};
-use serde_json::{Value, json};
+use bson::{Bson, doc};
+use serde_json::Value;
 use wire::Result;
 
 use super::Caller;
-use crate::kernel::transport::Shards;
 use crate::seams::Seams;
 
 /// The status page: one file, no framework, drawn from `/v1/status`.
 pub const PAGE: &str = include_str!("status.html");
-
-/// How long the status waits for any one shard.
-const ASK_PATIENCE: Duration = Duration::from_secs(1);
-/// The most streams and subscriptions listed.
-const MAX_LISTED: usize = 100;
 
 /// The metrics in Prometheus's text format, with the figures read now.
 pub(crate) async fn render_metrics(seams: &Seams) -> String {
@@ -41,138 +31,11 @@ pub(crate) async fn render_metrics(seams: &Seams) -> String {
     seams.metrics.render(live, &seams.transport).await
 }
 
-fn time(ts: Option<bson::Timestamp>) -> Value {
-    ts.map_or(Value::Null, |t| json!({"t": t.time, "i": t.increment}))
-}
-
-/// The seconds from `then` to `now`, never negative.
-fn lag(now: resume::ClusterTime, then: resume::ClusterTime) -> f64 {
-    f64::from(now.secs.saturating_sub(then.secs))
-}
-
+/// The caller's `tributaryStatus` (which needs the rights `serverStatus` needs), as JSON.
 pub async fn status(caller: &Caller) -> Result<Value> {
-    let seams = caller.seams();
-    if seams.options.auth {
-        // The same rights as `serverStatus`.
-        caller.run("admin", doc! {"serverStatus": 1}).await?;
+    let mut reply = caller.run("admin", doc! {"tributaryStatus": 1}).await?;
+    for gossip in ["ok", "$clusterTime", "operationTime"] {
+        reply.remove(gossip);
     }
-    let now = seams.cluster_time();
-    let transport = &seams.transport;
-    let asks = transport.all().into_iter().map(|s| async move {
-        let ask = transport.command(s, "admin", doc! {"serverStatus": 1});
-        tokio::time::timeout(ASK_PATIENCE, ask).await
-    });
-    let answers = futures::future::join_all(asks).await;
-    let shards: Vec<Value> = transport
-        .names()
-        .into_iter()
-        .zip(answers)
-        .map(|(name, answer)| match answer {
-            Ok(Ok(status)) => {
-                let oplog = status.get_document("oplog").ok();
-                let ts = |k: &str| oplog.and_then(|o| o.get_timestamp(k).ok());
-                let n = |k: &str| {
-                    oplog
-                        .and_then(|o| o.get(k))
-                        .and_then(Bson::as_i64)
-                        .unwrap_or(0)
-                };
-                json!({
-                    "name": name,
-                    "up": true,
-                    "oplog": {
-                        "earliest": time(ts("oldest")),
-                        "current": time(ts("newest")),
-                        "bytes": n("sizeBytes"),
-                        "entries": n("entries"),
-                    },
-                    "highWaterMark": time(status.get_timestamp("highWaterMark").ok()),
-                })
-            }
-            _ => json!({"name": name, "up": false, "oplog": null, "highWaterMark": null}),
-        })
-        .collect();
-    let open = seams.cursors.streams();
-    let lags: Vec<f64> = open
-        .iter()
-        .map(|(_, info)| {
-            info.last_token
-                .as_ref()
-                .and_then(|t| resume::token::ResumeTokenData::from_document(t).ok())
-                .map_or(0.0, |t| lag(now, t.cluster_time()))
-        })
-        .collect();
-    let list: Vec<Value> = open
-        .iter()
-        .zip(&lags)
-        .take(MAX_LISTED)
-        .map(|((id, info), lag)| json!({"cursorId": id.to_string(), "ns": info.ns, "lagSecs": lag}))
-        .collect();
-    Ok(json!({
-        "router": {
-            "host": seams.subscriptions.router_id(),
-            "uptimeSecs": seams.started.elapsed().as_secs_f64(),
-            "clusterTime": {"t": now.secs, "i": now.inc},
-            "connections": seams.connections.counts().current,
-            "cursors": seams.cursors.len(),
-        },
-        "shards": shards,
-        "streams": {
-            "open": open.len(),
-            "sharedMerges": seams.streams.hubs.stats().0,
-            "maxLagSecs": lags.iter().copied().fold(0.0, f64::max),
-            "eventsDelivered": seams.metrics.events_delivered_total(),
-            "list": list,
-        },
-        "subscriptions": subscriptions(seams).await,
-    }))
-}
-
-/// The subscriptions defined (at most [`MAX_LISTED`]) with their consumers; empty when the
-/// config shard does not answer in time.
-async fn subscriptions(seams: &Seams) -> Vec<Value> {
-    use crate::subscriptions::spec::{CONSUMERS, DEFINITIONS, STATE_DB};
-    let read = |coll: &str, limit: i64, projection: Document| {
-        let cmd = doc! {"find": coll, "filter": {}, "projection": projection, "limit": limit,
-        "batchSize": limit, "singleBatch": true};
-        tokio::time::timeout(
-            ASK_PATIENCE,
-            seams
-                .transport
-                .read(shard::sharding::ShardId::CONFIG, STATE_DB, cmd),
-        )
-    };
-    let first_batch = |reply: Document| -> Vec<Document> {
-        reply
-            .get_document("cursor")
-            .and_then(|c| c.get_array("firstBatch"))
-            .map(|b| b.iter().filter_map(|d| d.as_document().cloned()).collect())
-            .unwrap_or_default()
-    };
-    let Ok(Ok(defs)) = read(DEFINITIONS, MAX_LISTED as i64, doc! {"db": 1, "name": 1}).await else {
-        return Vec::new();
-    };
-    let consumers = match read(CONSUMERS, 10_000, doc! {"_id": 1}).await {
-        Ok(Ok(reply)) => first_batch(reply),
-        _ => Vec::new(),
-    };
-    first_batch(defs)
-        .into_iter()
-        .map(|d| {
-            let id = d.get_str("_id").unwrap_or("");
-            let n = consumers
-                .iter()
-                .filter(|c| {
-                    c.get_document("_id")
-                        .and_then(|i| i.get_str("s"))
-                        .is_ok_and(|s| s == id)
-                })
-                .count();
-            json!({
-                "db": d.get_str("db").unwrap_or(""),
-                "name": d.get_str("name").unwrap_or(""),
-                "consumers": n,
-            })
-        })
-        .collect()
+    Ok(Bson::Document(reply).into_relaxed_extjson())
 }

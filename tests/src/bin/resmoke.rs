@@ -58,7 +58,7 @@ fn ensure_tributary_bin(args: &[String]) -> Result<Option<ExitCode>> {
     let release = dir.file_name().is_some_and(|n| n == "release");
     let mut build =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build.args(["build", "--quiet", "-p", "router", "--bin", "tributary"]);
+    build.args(["build", "--quiet", "-p", "tributary", "--bin", "tributary"]);
     if release {
         build.arg("--release");
     }

@@ -1,4 +1,7 @@
-//! The `tributary` binary: the embedded cluster by default, or one shard, or one router.
+//! The `tributary` binary: the embedded cluster by default, or one shard, or one router; and
+//! `tributary status`, a running cluster's state.
+
+mod status;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -17,12 +20,23 @@ use router::{Presentation, RouterOptions, ShardPatience};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// What `--version` says: the version, the commit built and the build profile.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TRIBUTARY_GIT_COMMIT"),
+    ", ",
+    env!("TRIBUTARY_BUILD_PROFILE"),
+    " build)"
+);
+
 /// Tributary: a sharded document store that serves MongoDB-compatible change streams.
 ///
 /// With no subcommand it runs the embedded cluster: a router with in-process shards.
 #[derive(Parser, Debug)]
 #[command(
-    version,
+    name = "tributary",
+    version = VERSION,
     args_override_self = true,
     about = "Tributary: a sharded document store that serves MongoDB-compatible change streams.\n\nWith no subcommand it runs the embedded cluster: a router with in-process shards."
 )]
@@ -241,6 +255,19 @@ struct StreamArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Print a running cluster's state: its shards with their oplog windows and high-water
+    /// marks, the open change streams and their lag, the subscriptions (the router's
+    /// `tributaryStatus` command).
+    Status {
+        /// The router to ask.
+        #[arg(long, default_value = "mongodb://127.0.0.1:27017")]
+        uri: String,
+        /// Print the router's reply as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        key_file: KeyFileArgs,
+    },
     /// Run one shard as its own process.
     #[command(args_override_self = true)]
     Shard {
@@ -386,6 +413,12 @@ async fn run() -> anyhow::Result<()> {
     let mut metrics = None;
     let mut http = None;
     let running: Running = match cli.command {
+        // A client of a running cluster: it prints and is done.
+        Some(Command::Status {
+            uri,
+            json,
+            key_file,
+        }) => return status::run(&uri, key_file.read()?, json).await,
         None => {
             let e = cli.embedded;
             metrics = e.ops.metrics_port.map(|p| SocketAddr::new(e.bind_ip, p));
