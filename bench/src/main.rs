@@ -138,6 +138,10 @@ struct Cli {
     /// Write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the result as a CSV row to this file, under a header row when the file is new
+    /// (so runs of a sweep can share one file).
+    #[arg(long)]
+    csv: Option<PathBuf>,
     /// Instead of writers and watchers: subscription consumers, for each count given in turn
     /// (e.g. `1,100`), each reading every one of `--docs` documents (default 5,000) one
     /// writer inserts in batches of `--batch` (`bench/src/consumers.rs`).
@@ -254,7 +258,28 @@ async fn run(cli: Cli) -> Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(path) = &cli.csv {
+        append_csv(path, &summary).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
+}
+
+/// Appends the summary's row to the CSV file at `path`, after the header if the file is new
+/// or empty.
+fn append_csv(path: &std::path::Path, summary: &Summary) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut text = String::new();
+    if file.metadata()?.len() == 0 {
+        text.push_str(report::CSV_HEADER);
+        text.push('\n');
+    }
+    text.push_str(&summary.csv_row());
+    text.push('\n');
+    file.write_all(text.as_bytes())
 }
 
 async fn bench(
@@ -320,11 +345,16 @@ async fn bench(
     }
     let before = sample();
     let stop_sampling = Arc::new(AtomicBool::new(false));
+    let goal = match cli.docs {
+        Some(docs) => Goal::Writes(docs),
+        None => Goal::Seconds(cli.seconds),
+    };
     let sampler = tokio::spawn(sample_every_second(
         shared.clone(),
         counts.clone(),
         pid,
         ticks_per_second,
+        goal,
         stop_sampling.clone(),
     ));
     let started = Instant::now();
@@ -483,13 +513,25 @@ fn spawn_watchers(
 }
 
 /// One progress line a second on stderr, and the ticks for the report.
+/// Where the writers stop: after so many seconds, or so many acknowledged writes.
+#[derive(Debug, Clone, Copy)]
+enum Goal {
+    Seconds(u64),
+    Writes(u64),
+}
+
 async fn sample_every_second(
     shared: Arc<Shared>,
     counts: Vec<Arc<AtomicU64>>,
     pid: Option<u32>,
     ticks_per_second: u64,
+    goal: Goal,
     stop: Arc<AtomicBool>,
 ) -> Vec<Tick> {
+    use std::io::IsTerminal;
+    // On a terminal the line is redrawn in place; in a log, one line a second.
+    let terminal = std::io::stderr().is_terminal();
+    let mut delivering_since = None;
     let mut ticks = Vec::new();
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.tick().await;
@@ -518,8 +560,25 @@ async fn sample_every_second(
             lag: acked.saturating_sub(slowest),
             server_rss_mb: now.map(|s| report::mb(s.rss)),
         };
-        eprintln!(
-            "t={:.0}s writes {}/s events {}/s (slowest watcher) lag {}{cpu}{}",
+        // Writing, then (once the writers are done) delivering to the slowest watcher.
+        let (phase, done, elapsed) = if !shared.writers_done.load(Ordering::Acquire) {
+            let done = match goal {
+                Goal::Seconds(s) => tick.t_secs / s.max(1) as f64,
+                Goal::Writes(n) => acked as f64 / n.max(1) as f64,
+            };
+            ("writing", done, shared.start.elapsed())
+        } else {
+            let since = *delivering_since.get_or_insert_with(Instant::now);
+            let done = if counts.is_empty() || acked == 0 {
+                1.0
+            } else {
+                slowest as f64 / acked as f64
+            };
+            ("delivering", done, since.elapsed())
+        };
+        let line = format!(
+            "{} {phase} t={:.0}s writes {}/s events {}/s (slowest watcher) lag {}{cpu}{}",
+            report::progress(done, elapsed),
             tick.t_secs,
             acked - last.0,
             slowest.saturating_sub(last.1),
@@ -528,10 +587,18 @@ async fn sample_every_second(
                 .map(|m| format!(" RSS {m:.0} MB"))
                 .unwrap_or_default(),
         );
+        if terminal {
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
         last = (acked, slowest);
         last_cpu = now;
         ticks.push(tick);
         if stop.load(Ordering::Relaxed) {
+            if terminal {
+                eprintln!();
+            }
             return ticks;
         }
     }

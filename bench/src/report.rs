@@ -173,6 +173,98 @@ impl Summary {
     }
 }
 
+/// The columns of [`Summary::csv_row`].
+pub const CSV_HEADER: &str = "command,seconds,writers,watchers,acked_writes,writes_per_sec,\
+events,events_per_sec,delivered_ratio,ack_to_event_p50_ms,ack_to_event_p99_ms,\
+ack_to_event_p999_ms,ack_to_event_max_ms,send_to_event_p50_ms,send_to_event_p99_ms,\
+send_to_event_p999_ms,send_to_event_max_ms,time_to_first_event_ms,resume_to_first_event_ms,\
+write_errors,watcher_errors,server_cpu_secs,server_cpu_us_per_write,server_cpu_us_per_event,\
+server_rss_start_mb,server_rss_end_mb,server_rss_max_mb";
+
+impl Summary {
+    /// The summary as one CSV row under [`CSV_HEADER`] (RFC 4180: a field with a comma, quote
+    /// or line break is quoted; a figure not measured is empty).
+    pub fn csv_row(&self) -> String {
+        let num = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let latency = |l: &Option<Latency>| -> [String; 4] {
+            [
+                num(l.as_ref().map(|l| l.p50_ms)),
+                num(l.as_ref().map(|l| l.p99_ms)),
+                num(l.as_ref().map(|l| l.p999_ms)),
+                num(l.as_ref().map(|l| l.max_ms)),
+            ]
+        };
+        let server = self.server.as_ref();
+        let mut fields = vec![
+            csv_field(&self.command),
+            self.seconds.to_string(),
+            self.writers.to_string(),
+            self.watchers.to_string(),
+            self.acked_writes.to_string(),
+            self.writes_per_sec.to_string(),
+            self.events.to_string(),
+            self.events_per_sec.to_string(),
+            num(self.delivered_ratio),
+        ];
+        fields.extend(latency(&self.ack_to_event));
+        fields.extend(latency(&self.send_to_event));
+        fields.extend([
+            num(self.time_to_first_event_ms),
+            num(self.resume_to_first_event_ms),
+            self.write_errors.to_string(),
+            csv_field(&self.watcher_errors.join("; ")),
+            num(server.map(|s| s.cpu_secs)),
+            num(server.and_then(|s| s.cpu_us_per_write)),
+            num(server.and_then(|s| s.cpu_us_per_event)),
+            num(server.map(|s| s.rss_start_mb)),
+            num(server.map(|s| s.rss_end_mb)),
+            num(server.map(|s| s.rss_max_mb)),
+        ]);
+        fields.join(",")
+    }
+}
+
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+/// A progress bar for a run `done` (0 to 1) of the way through after `elapsed`, with the time
+/// left at the pace so far: `[#######.............]  35%  ETA 13s`.
+pub fn progress(done: f64, elapsed: Duration) -> String {
+    const WIDTH: usize = 20;
+    let done = if done.is_finite() {
+        done.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let filled = (done * WIDTH as f64).round() as usize;
+    let eta = if done > 0.0 {
+        let left = elapsed.as_secs_f64() * (1.0 - done) / done;
+        format!("ETA {}", short_duration(left))
+    } else {
+        "ETA -".to_string()
+    };
+    format!(
+        "[{}{}] {:>3.0}%  {eta}",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        done * 100.0
+    )
+}
+
+fn short_duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+    }
+}
+
 /// Per-second rate between two counts.
 pub fn rate(n: u64, elapsed: Duration) -> f64 {
     let s = elapsed.as_secs_f64();
@@ -194,6 +286,64 @@ mod tests {
         assert!((l.p50_ms - 0.5).abs() < 0.01, "{l:?}");
         assert!((l.max_ms - 1.0).abs() < 0.01, "{l:?}");
         assert!(Latency::from_histogram(&Histogram::<u64>::new(3).expect("h")).is_none());
+    }
+
+    #[test]
+    fn the_progress_bar_fills_and_counts_down() {
+        assert_eq!(
+            progress(0.0, Duration::from_secs(3)),
+            "[....................]   0%  ETA -"
+        );
+        assert_eq!(
+            progress(0.25, Duration::from_secs(10)),
+            "[#####...............]  25%  ETA 30s"
+        );
+        assert_eq!(
+            progress(0.5, Duration::from_secs(100)),
+            "[##########..........]  50%  ETA 1m40s"
+        );
+        assert_eq!(
+            progress(1.5, Duration::from_secs(1)),
+            "[####################] 100%  ETA 0s"
+        );
+        assert!(progress(f64::NAN, Duration::ZERO).ends_with("ETA -"));
+    }
+
+    #[test]
+    fn a_csv_row_has_a_field_per_column_and_quotes_what_needs_it() {
+        let summary = Summary {
+            command: "tributary-bench --match {\"a\": 1, \"b\": 2}".into(),
+            seconds: 2.0,
+            writers: 1,
+            watchers: 1,
+            acked_writes: 10,
+            writes_per_sec: 5.0,
+            events: 10,
+            events_per_sec: 5.0,
+            delivered_ratio: Some(1.0),
+            ack_to_event: None,
+            send_to_event: None,
+            time_to_first_event_ms: None,
+            resume_to_first_event_ms: None,
+            write_errors: 0,
+            watcher_errors: Vec::new(),
+            server: None,
+            ticks: Vec::new(),
+        };
+        let row = summary.csv_row();
+        assert!(
+            row.starts_with(
+                "\"tributary-bench --match {\"\"a\"\": 1, \"\"b\"\": 2}\",2,1,1,10,5,10,5,1,"
+            ),
+            "{row}"
+        );
+        // Unquoted, the row has one comma fewer than the header's columns past the command.
+        let after_command = row.rsplit_once("\",").map(|(_, rest)| rest).unwrap_or("");
+        assert_eq!(
+            after_command.split(',').count(),
+            CSV_HEADER.split(',').count() - 1,
+            "{row}"
+        );
     }
 
     #[test]
