@@ -1,5 +1,6 @@
 //! Arithmetic on evaluated arguments: `$add`, `$subtract`, `$multiply`, `$divide`, `$mod`,
-//! `$abs`, `$ceil`, `$floor`, `$round`, `$trunc`, `$sqrt`, `$exp`, `$ln`, `$log10`, `$pow`, and
+//! `$abs`, `$ceil`, `$floor`, `$round`, `$trunc`, `$sqrt`, `$exp`, `$ln`, `$log10`, `$log`, `$pow`,
+//! and
 //! `$sum`, `$avg`, `$min`, `$max` over their arguments (or over one array argument).
 //!
 //! Invariants: a null or missing operand makes `null` (`$sum` and `$avg` count only numbers,
@@ -296,6 +297,43 @@ pub(super) fn sqrt_exp_or_log(op: Op, a: &[Option<Bson>]) -> Result<Option<Bson>
 }
 
 /// `$pow`: exact for integers while the result fits, a double otherwise.
+/// `$log: [number, base]`.
+pub(super) fn log(a: &[Option<Bson>]) -> Result<Option<Bson>> {
+    let (v, base) = (arg(a, 0), arg(a, 1));
+    if is_nullish(&v) || is_nullish(&base) {
+        return Ok(Some(Bson::Null));
+    }
+    let numeric = |b: &Option<Bson>, code: i32, what: &str| match b {
+        Some(n) if value::is_number(n) => Ok(value::as_f64(n).unwrap_or(f64::NAN)),
+        _ => Err(err(
+            code,
+            format!("$log's {what} must be numeric, not {}", missing_name(b)),
+        )),
+    };
+    let x = numeric(&v, 28756, "argument")?;
+    let b = numeric(&base, 28757, "base")?;
+    if x <= 0.0 {
+        return Err(err(
+            28758,
+            format!("$log's argument must be a positive number, but is {x}"),
+        ));
+    }
+    if b <= 0.0 || b == 1.0 {
+        return Err(err(
+            28759,
+            format!("$log's base must be a positive number not equal to 1, but is {b}"),
+        ));
+    }
+    let decimal =
+        matches!(v, Some(Bson::Decimal128(_))) || matches!(base, Some(Bson::Decimal128(_)));
+    let r = x.ln() / b.ln();
+    Ok(Some(if decimal {
+        Bson::Decimal128(value::f64_to_decimal(r))
+    } else {
+        Bson::Double(r)
+    }))
+}
+
 pub(super) fn pow(a: &[Option<Bson>]) -> Result<Option<Bson>> {
     let (x, y) = (arg(a, 0), arg(a, 1));
     if is_nullish(&x) || is_nullish(&y) {

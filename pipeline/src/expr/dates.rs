@@ -1,5 +1,6 @@
 //! Dates: `$year`, `$month`, `$dayOfMonth`, `$hour`, `$minute`, `$second`, `$millisecond`,
-//! `$dayOfWeek`, `$dayOfYear`, `$week`, `$dateToString`, and the calendar arithmetic the
+//! `$dayOfWeek`, `$dayOfYear`, `$week`, `$dateToString`, a timestamp's `$tsSecond` and
+//! `$tsIncrement`, and the calendar arithmetic the
 //! stages' time units share ([`civil_from_days`], [`days_from_civil`]).
 //!
 //! Invariants: every date is UTC: there is no timezone database, so a `timezone` other than a
@@ -12,6 +13,26 @@ use super::parse::op_name;
 use super::{Cx, Node, Op, arg, err, eval, is_nullish};
 use crate::Result;
 use crate::value::type_name;
+
+/// `$tsSecond` and `$tsIncrement`: a timestamp's seconds or increment, as a long.
+pub(super) fn timestamp_part(op: Op, a: &[Option<Bson>]) -> Result<Option<Bson>> {
+    let v = arg(a, 0);
+    Ok(Some(match v {
+        None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+        Some(Bson::Timestamp(t)) if op == Op::TsSecond => Bson::Int64(i64::from(t.time)),
+        Some(Bson::Timestamp(t)) => Bson::Int64(i64::from(t.increment)),
+        Some(other) => {
+            return Err(err(
+                5687301,
+                format!(
+                    "Argument to {} must be a timestamp, but is {}",
+                    op_name(op),
+                    type_name(&other)
+                ),
+            ));
+        }
+    }))
+}
 
 /// `$year` to `$week`: one field of a date, or of `{date, timezone}`.
 pub(super) fn date_part(op: Op, a: &[Option<Bson>]) -> Result<Option<Bson>> {

@@ -39,6 +39,7 @@ use crate::{MongoError, Result};
 
 mod arith;
 mod arrays;
+mod bits;
 mod compare;
 mod convert;
 mod dates;
@@ -48,6 +49,7 @@ mod parse;
 mod sets;
 mod size;
 mod strings;
+mod trig;
 
 pub(crate) use dates::{civil_from_days, days_from_civil};
 pub use env::Env;
@@ -253,6 +255,28 @@ enum Op {
     Week,
     BsonSize,
     BinarySize,
+    Log,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Atan2,
+    Sinh,
+    Cosh,
+    Tanh,
+    Asinh,
+    Acosh,
+    Atanh,
+    DegreesToRadians,
+    RadiansToDegrees,
+    BitAnd,
+    BitOr,
+    BitXor,
+    BitNot,
+    TsSecond,
+    TsIncrement,
 }
 
 impl Expr {
@@ -665,6 +689,25 @@ fn call(op: Op, a: Vec<Option<Bson>>, env: &Env) -> Result<Option<Bson>> {
         Op::Round | Op::Trunc => arith::round_or_trunc(op, &a),
         Op::Sqrt | Op::Exp | Op::Ln | Op::Log10 => arith::sqrt_exp_or_log(op, &a),
         Op::Pow => arith::pow(&a),
+        Op::Log => arith::log(&a),
+        Op::Sin
+        | Op::Cos
+        | Op::Tan
+        | Op::Asin
+        | Op::Acos
+        | Op::Atan
+        | Op::Sinh
+        | Op::Cosh
+        | Op::Tanh
+        | Op::Asinh
+        | Op::Acosh
+        | Op::Atanh
+        | Op::DegreesToRadians
+        | Op::RadiansToDegrees => trig::unary(op, &a),
+        Op::Atan2 => trig::atan2(&a),
+        Op::BitAnd | Op::BitOr | Op::BitXor => bits::fold(op, &a),
+        Op::BitNot => bits::not(&a),
+        Op::TsSecond | Op::TsIncrement => dates::timestamp_part(op, &a),
         Op::Sum | Op::Avg | Op::Min | Op::Max => arith::sum_avg_min_max(op, a, env),
         Op::Eq | Op::Ne | Op::Gt | Op::Gte | Op::Lt | Op::Lte => compare::comparison(op, &a, env),
         Op::Cmp => compare::cmp(&a, env),

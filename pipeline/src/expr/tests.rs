@@ -644,3 +644,82 @@ fn a_field_path_of_more_than_two_hundred_components_is_too_long() {
     let ok = format!("${}", vec!["a"; 200].join("."));
     assert!(Expr::parse(&Bson::String(ok)).is_ok());
 }
+
+#[test]
+fn trigonometry_logarithms_bits_and_timestamps() {
+    use std::f64::consts::{FRAC_PI_2, FRAC_PI_4, PI};
+    let close = |e: Bson, want: f64| {
+        let got = eval_on(e.clone(), &doc! {})
+            .unwrap()
+            .and_then(|v| value::as_f64(&v));
+        assert!(
+            got.is_some_and(|g| (g - want).abs() < 1e-12),
+            "{e}: {got:?}, want {want}"
+        );
+    };
+    close(bson::bson!({"$sin": FRAC_PI_2}), 1.0);
+    close(bson::bson!({"$cos": 0}), 1.0);
+    close(bson::bson!({"$tan": FRAC_PI_4}), 1.0);
+    close(bson::bson!({"$asin": 1}), FRAC_PI_2);
+    close(bson::bson!({"$acos": 1}), 0.0);
+    close(bson::bson!({"$atan": 1}), FRAC_PI_4);
+    close(bson::bson!({"$atan2": [1, -1]}), 3.0 * FRAC_PI_4);
+    close(bson::bson!({"$sinh": 0}), 0.0);
+    close(bson::bson!({"$cosh": 0}), 1.0);
+    close(bson::bson!({"$tanh": 0}), 0.0);
+    close(bson::bson!({"$asinh": 0}), 0.0);
+    close(bson::bson!({"$acosh": 1}), 0.0);
+    close(bson::bson!({"$atanh": 0}), 0.0);
+    close(bson::bson!({"$degreesToRadians": 180}), PI);
+    close(bson::bson!({"$radiansToDegrees": PI}), 180.0);
+    close(bson::bson!({"$log": [100, 10]}), 2.0);
+    close(bson::bson!({"$log": [8, 2]}), 3.0);
+    check(&[
+        (bson::bson!({"$sin": null}), b(Bson::Null)),
+        (bson::bson!({"$atan2": [1, "$nope"]}), b(Bson::Null)),
+        (bson::bson!({"$log": [null, 2]}), b(Bson::Null)),
+        (bson::bson!({"$cos": 0}), b(1.0)),
+        (bson::bson!({"$bitAnd": [12, 10]}), b(8)),
+        (bson::bson!({"$bitOr": [12, 10]}), b(14)),
+        (bson::bson!({"$bitXor": [12, 10]}), b(6)),
+        (bson::bson!({"$bitAnd": []}), b(-1)),
+        (bson::bson!({"$bitOr": [1, 2_i64]}), b(3_i64)),
+        (bson::bson!({"$bitNot": 0}), b(-1)),
+        (bson::bson!({"$bitNot": 0_i64}), b(-1_i64)),
+        (bson::bson!({"$bitAnd": [1, null]}), b(Bson::Null)),
+        (
+            bson::bson!({"$tsSecond": Bson::Timestamp(bson::Timestamp { time: 7, increment: 3 })}),
+            b(7_i64),
+        ),
+        (
+            bson::bson!({"$tsIncrement": Bson::Timestamp(bson::Timestamp { time: 7, increment: 3 })}),
+            b(3_i64),
+        ),
+        (bson::bson!({"$tsSecond": null}), b(Bson::Null)),
+    ]);
+    // A decimal operand makes a decimal result.
+    let r = eval_on(
+        bson::bson!({"$cos": Bson::Decimal128("0".parse().unwrap())}),
+        &doc! {},
+    )
+    .unwrap();
+    assert!(matches!(r, Some(Bson::Decimal128(_))), "{r:?}");
+    for (e, code) in [
+        (bson::bson!({"$asin": 2}), 50989),
+        (bson::bson!({"$sin": f64::INFINITY}), 50989),
+        (bson::bson!({"$acosh": 0.5}), 50989),
+        (bson::bson!({"$sin": "x"}), 28765),
+        (bson::bson!({"$log": [0, 10]}), 28758),
+        (bson::bson!({"$log": [10, 1]}), 28759),
+        (bson::bson!({"$log": ["x", 10]}), 28756),
+        (
+            bson::bson!({"$bitAnd": [1, 1.5]}),
+            ErrorCode::TYPE_MISMATCH.code,
+        ),
+        (bson::bson!({"$tsSecond": 1}), 5687301),
+        (bson::bson!({"$log": [1]}), 16020),
+    ] {
+        let got = eval_on(e.clone(), &doc! {}).expect_err(&format!("{e} should fail"));
+        assert_eq!(got.code, code, "{e}: {got}");
+    }
+}
