@@ -5,7 +5,7 @@
 # Go, C) and the command line's. Installs what the tests need first.
 #
 #   bash scripts/test.sh            # the CI suite (well under 30 minutes on 2 cores)
-#   TRIBUTARY_SOAK=1 bash scripts/test.sh   # also the long soak suites (see README)
+#   TRIBUTARY_SOAK=1 bash scripts/test.sh   # also the long soak suites (docs/src/development.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +36,10 @@ if ! command -v go >/dev/null 2>&1 || [ ! -d /usr/share/gocode/src/go.mongodb.or
     libmongoc-dev pkg-config) >/dev/null
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
+# The user guide (docs/) is an mdBook.
+if ! command -v mdbook >/dev/null 2>&1; then
+  cargo install mdbook --locked --version 0.5.4 --quiet
+fi
 if command -v npm >/dev/null 2>&1 && [ -f resume/tests/interop/package.json ]; then
   npm --prefix resume/tests/interop install --no-audit --no-fund --silent
 fi
@@ -47,6 +51,10 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "the guide: mdbook build, every chapter listed, every link and anchor resolves"
+mdbook build docs -d "${CARGO_TARGET_DIR:-$PWD/target}/book"
+python3 scripts/check_docs.py
 
 step "building the tributary binary (multi-process tests spawn it)"
 cargo build --bin tributary

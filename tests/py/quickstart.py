@@ -1,4 +1,5 @@
-"""The README's pymongo quick start, run against a live Tributary router.
+"""The pymongo walk-through of the guide's "Getting started" (docs/src/getting-started.md), run
+against a live Tributary router.
 
 Usage: python3 tests/py/quickstart.py mongodb://127.0.0.1:PORT/
 Exits non-zero (with the failing assertion) if any step does not behave as documented.

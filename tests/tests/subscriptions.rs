@@ -1017,11 +1017,12 @@ async fn an_abandoned_idle_consumer_is_dropped_by_another_router() -> anyhow::Re
 }
 
 /// Runs a driver script against `uri`: it passes or this fails with its output.
-async fn run_script(program: &str, script: &str, uri: &str) -> anyhow::Result<()> {
+async fn run_script(program: &str, script: &str, args: &[&str]) -> anyhow::Result<()> {
     use anyhow::Context;
     let path = format!("{}/{script}", env!("CARGO_MANIFEST_DIR"));
     let child = tokio::process::Command::new(program)
-        .args([path.as_str(), uri])
+        .arg(path)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -1039,16 +1040,21 @@ async fn run_script(program: &str, script: &str, uri: &str) -> anyhow::Result<()
     Ok(())
 }
 
-/// Everything the driver scripts check (pymongo, the Node driver, mongosh, the README's
-/// consumer) holds on a multi-process cluster too: a router, a config shard and two shards,
+/// Everything the driver scripts check (pymongo, the Node driver, mongosh, the guide's
+/// subscription samples) holds on a multi-process cluster too: a router, a config shard and two shards,
 /// each its own process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_scripts_pass_on_a_multi_process_cluster() -> anyhow::Result<()> {
     let cluster = ProcessCluster::start(2).await?;
     let uri = format!("mongodb://{}/", cluster.router.addr);
-    run_script("python3", "py/subscriptions.py", &uri).await?;
-    run_script("python3", "py/readme_consumer.py", &uri).await?;
-    run_script("node", "js/subscriptions.js", &uri).await?;
+    run_script("python3", "py/subscriptions.py", &[&uri]).await?;
+    run_script(
+        "python3",
+        "py/guide_samples.py",
+        &[&uri, "deployment/subscriptions.md"],
+    )
+    .await?;
+    run_script("node", "js/subscriptions.js", &[&uri]).await?;
     Ok(())
 }
 

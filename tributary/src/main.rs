@@ -50,7 +50,8 @@ struct Cli {
     log_format: LogFormat,
 
     /// Settings from a YAML file in mongod's layout (`net.port`, `net.bindIp`,
-    /// `storage.dbPath`, `operationProfiling.slowOpThresholdMs`, `setParameter.*`, and
+    /// `storage.dbPath`, `operationProfiling.slowOpThresholdMs`,
+    /// `setParameter.enableTestCommands` and `.maxAcceptableLogicalClockDriftSecs`, and
     /// Tributary's own under `tributary:`); flags on the command line win over it.
     #[arg(long = "config", short = 'f', global = true)]
     config: Option<PathBuf>,
