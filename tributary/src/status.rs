@@ -215,23 +215,12 @@ fn time(t: &Document) -> String {
 
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
 fn utc(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let at = bson::DateTime::from_millis(secs.saturating_mul(1000));
+    match at.try_to_rfc3339_string() {
+        // `2026-12-07T21:00:00Z`
+        Ok(text) => text.replacen('T', " ", 1).trim_end_matches('Z').to_string(),
+        Err(_) => format!("{secs} s"),
+    }
 }
 
 fn duration(secs: f64) -> String {
