@@ -102,11 +102,12 @@ impl RouterHandler {
     }
 }
 
-/// A getMore of a tailable-await cursor (change streams) or a blocked `hello` waits on purpose:
-/// its time is not slowness.
+/// A getMore of a tailable-await cursor (change streams), a blocked `hello` or a subscription
+/// read with `waitMS` waits on purpose: its time is not slowness.
 fn is_awaiting(name: &str, body: &bson::Document) -> bool {
     name == "getMore"
         || matches!(name, "hello" | "isMaster" | "ismaster") && body.contains_key("maxAwaitTimeMS")
+        || name == "readSubscription" && body.contains_key("waitMS")
 }
 
 /// What the metrics read from a reply: its error's `codeName`, and `n`.
@@ -214,5 +215,31 @@ impl Service for IdleCursors {
         for cursor in self.seams.cursors.take_idle(Instant::now()) {
             cursor.lock().await.kill(self.seams.shards()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::is_awaiting;
+
+    #[test]
+    fn commands_that_wait_on_purpose_are_not_slow() {
+        assert!(is_awaiting("getMore", &doc! {"getMore": 1_i64}));
+        assert!(is_awaiting(
+            "hello",
+            &doc! {"hello": 1, "maxAwaitTimeMS": 10_000}
+        ));
+        assert!(is_awaiting(
+            "readSubscription",
+            &doc! {"readSubscription": "s", "waitMS": 2_000}
+        ));
+        assert!(!is_awaiting("hello", &doc! {"hello": 1}));
+        assert!(!is_awaiting(
+            "readSubscription",
+            &doc! {"readSubscription": "s"}
+        ));
+        assert!(!is_awaiting("find", &doc! {"find": "c"}));
     }
 }
