@@ -266,20 +266,30 @@ func streamResumesAfterItsCursorIsKilled(ctx context.Context, db *mongo.Database
 	return nil
 }
 
+// watchInSession opens a change stream on coll, then a session to write in while it watches.
+func watchInSession(ctx context.Context, db *mongo.Database, coll *mongo.Collection) (*mongo.ChangeStream, mongo.Session, error) {
+	stream, err := watch(ctx, coll)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess, err := db.Client().StartSession()
+	if err != nil {
+		stream.Close(ctx)
+		return nil, nil, err
+	}
+	return stream, sess, nil
+}
+
 func transactionCommitsBothWithOneLsid(ctx context.Context, db *mongo.Database, _ string) error {
 	coll := db.Collection("c")
 	if err := db.CreateCollection(ctx, "c"); err != nil {
 		return err
 	}
-	stream, err := watch(ctx, coll)
+	stream, sess, err := watchInSession(ctx, db, coll)
 	if err != nil {
 		return err
 	}
 	defer stream.Close(ctx)
-	sess, err := db.Client().StartSession()
-	if err != nil {
-		return err
-	}
 	defer sess.EndSession(ctx)
 	_, err = sess.WithTransaction(ctx, func(sc mongo.SessionContext) (interface{}, error) {
 		for _, id := range []int32{1, 2} {
@@ -336,15 +346,11 @@ func abortedTransactionLeavesNothing(ctx context.Context, db *mongo.Database, _ 
 	if _, err := coll.InsertOne(ctx, bson.D{{"_id", int32(0)}}); err != nil {
 		return err
 	}
-	stream, err := watch(ctx, coll)
+	stream, sess, err := watchInSession(ctx, db, coll)
 	if err != nil {
 		return err
 	}
 	defer stream.Close(ctx)
-	sess, err := db.Client().StartSession()
-	if err != nil {
-		return err
-	}
 	defer sess.EndSession(ctx)
 	err = mongo.WithSession(ctx, sess, func(sc mongo.SessionContext) error {
 		if err := sess.StartTransaction(); err != nil {

@@ -12,6 +12,9 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { MongoClient } = require('mongodb');
+const { runChecks, summary, exitWith } = require('./support/checks');
+
+const LABEL = 'Node.js driver change streams';
 
 const WAIT_MS = 15000;
 
@@ -157,27 +160,9 @@ async function main(uri) {
   } else {
     console.log('FAIL  resumeAfterClosedConnection: the server runs without --enableTestCommands');
   }
-  let passed = 0;
-  let failed = params.enableTestCommands ? 0 : 1;
-  for (const check of checks) {
-    try {
-      await check(client, uri);
-      passed += 1;
-      console.log(`ok    ${check.name}`);
-    } catch (e) {
-      failed += 1;
-      console.log(`FAIL  ${check.name}: ${e && e.stack ? e.stack : e}`);
-    }
-  }
+  const result = await runChecks(checks, [client, uri], params.enableTestCommands ? 0 : 1);
   await client.close();
-  console.log(`${passed} passed, ${failed} failed: Node.js driver change streams`);
-  return failed === 0 ? 0 : 1;
+  return summary(result, LABEL);
 }
 
-main(process.argv[2] || 'mongodb://127.0.0.1:27017/')
-  .then((code) => process.exit(code))
-  .catch((e) => {
-    console.log(`FAIL  setup: ${e && e.stack ? e.stack : e}`);
-    console.log('0 passed, 1 failed: Node.js driver change streams');
-    process.exit(1);
-  });
+exitWith(main, LABEL);

@@ -15,6 +15,7 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const mongoose = require('mongoose');
+const { runChecks, summary, exitWith } = require('./support/checks');
 
 const { Long } = mongoose.mongo;
 const WAIT_MS = 15000;
@@ -256,34 +257,19 @@ async function main(uri) {
   const conn = await mongoose
     .createConnection(uri, { serverSelectionTimeoutMS: 10000 })
     .asPromise();
-  let passed = 0;
-  let failed = 0;
-  for (const check of [
-    modelWritesAreReadBack,
-    modelWatchSeesInsertUpdateDelete,
-    streamResumesAfterAnotherClientKillsItsCursor,
-    committedTransactionShowsBothInsertsWithOneLsidAndTxnNumber,
-    abortedTransactionLeavesNothing,
-    updateEventCarriesItsPreImage,
-  ]) {
-    try {
-      await check(conn, uri);
-      passed += 1;
-      console.log(`ok    ${check.name}`);
-    } catch (e) {
-      failed += 1;
-      console.log(`FAIL  ${check.name}: ${e && e.stack ? e.stack : e}`);
-    }
-  }
+  const result = await runChecks(
+    [
+      modelWritesAreReadBack,
+      modelWatchSeesInsertUpdateDelete,
+      streamResumesAfterAnotherClientKillsItsCursor,
+      committedTransactionShowsBothInsertsWithOneLsidAndTxnNumber,
+      abortedTransactionLeavesNothing,
+      updateEventCarriesItsPreImage,
+    ],
+    [conn, uri],
+  );
   await conn.close();
-  console.log(`${passed} passed, ${failed} failed: Mongoose ${mongoose.version}`);
-  return failed === 0 ? 0 : 1;
+  return summary(result, `Mongoose ${mongoose.version}`);
 }
 
-main(process.argv[2] || 'mongodb://127.0.0.1:27017/')
-  .then((code) => process.exit(code))
-  .catch((e) => {
-    console.log(`FAIL  setup: ${e && e.stack ? e.stack : e}`);
-    console.log('0 passed, 1 failed: Mongoose');
-    process.exit(1);
-  });
+exitWith(main, 'Mongoose');

@@ -11,6 +11,9 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { MongoClient } = require('mongodb');
+const { runChecks, summary, exitWith } = require('./support/checks');
+
+const LABEL = 'Node.js driver transactions';
 
 const WAIT_MS = 15000;
 
@@ -93,27 +96,9 @@ async function abortLeavesNothing(client) {
 async function main(uri) {
   const client = new MongoClient(uri, { serverSelectionTimeoutMS: 10000 });
   await client.connect();
-  let passed = 0;
-  let failed = 0;
-  for (const check of [withTransactionAndItsEvents, abortLeavesNothing]) {
-    try {
-      await check(client);
-      passed += 1;
-      console.log(`ok    ${check.name}`);
-    } catch (e) {
-      failed += 1;
-      console.log(`FAIL  ${check.name}: ${e && e.stack ? e.stack : e}`);
-    }
-  }
+  const result = await runChecks([withTransactionAndItsEvents, abortLeavesNothing], [client]);
   await client.close();
-  console.log(`${passed} passed, ${failed} failed: Node.js driver transactions`);
-  return failed === 0 ? 0 : 1;
+  return summary(result, LABEL);
 }
 
-main(process.argv[2] || 'mongodb://127.0.0.1:27017/')
-  .then((code) => process.exit(code))
-  .catch((e) => {
-    console.log(`FAIL  setup: ${e && e.stack ? e.stack : e}`);
-    console.log('0 passed, 1 failed: Node.js driver transactions');
-    process.exit(1);
-  });
+exitWith(main, LABEL);

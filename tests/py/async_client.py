@@ -13,12 +13,16 @@ check failed.
 """
 
 import asyncio
+import os
 import sys
 import time
 import traceback
 import uuid
 
 from pymongo import AsyncMongoClient
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from checks import Tally  # noqa: E402
 
 WAIT_S = 15
 # A check that hangs (a reply that never comes) fails instead of stalling the suite.
@@ -191,20 +195,16 @@ CHECKS = [
 
 
 async def main(uri):
-    passed = failed = 0
+    tally = Tally()
     async with AsyncMongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
         await client.admin.command("ping")
         for check in CHECKS:
             try:
                 await asyncio.wait_for(check(client, uri), CHECK_S)
-                passed += 1
-                print("ok    %s" % check.__name__)
+                tally.ok(check.__name__)
             except Exception:  # noqa: BLE001 - each check is reported on its own
-                failed += 1
-                print("FAIL  %s" % check.__name__)
-                traceback.print_exc()
-    print("%d passed, %d failed: pymongo AsyncMongoClient" % (passed, failed))
-    return 1 if failed else 0
+                tally.fail(check.__name__)
+    return tally.summary("pymongo AsyncMongoClient")
 
 
 if __name__ == "__main__":

@@ -13,23 +13,42 @@ from pymongo import MongoClient
 DEFAULT_URI = "mongodb://127.0.0.1:27017/"
 
 
+class Tally:
+    """Checks as they end: each printed `ok` or `FAIL` (with the exception being handled), and
+    the summary line."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def ok(self, name):
+        self.passed += 1
+        print("ok    %s" % name)
+
+    def fail(self, name):
+        """Call from an `except` block: prints its traceback."""
+        self.failed += 1
+        print("FAIL  %s" % name)
+        traceback.print_exc()
+
+    def summary(self, label):
+        """Prints the last line; returns the exit status."""
+        print("%d passed, %d failed: %s" % (self.passed, self.failed, label))
+        return 1 if self.failed else 0
+
+
 def run_checks(uri, checks, label):
     """Runs `checks` against `uri`; returns the exit status."""
     client = MongoClient(uri, serverSelectionTimeoutMS=10_000)
     client.admin.command("ping")
-    passed = failed = 0
+    tally = Tally()
     for check in checks:
         try:
             check(client)
-            passed += 1
-            print("ok    %s" % check.__name__)
+            tally.ok(check.__name__)
         except Exception:  # noqa: BLE001 - each check is reported on its own
-            failed += 1
-            print("FAIL  %s" % check.__name__)
-            traceback.print_exc()
+            tally.fail(check.__name__)
     client.close()
-    print("%d passed, %d failed: %s" % (passed, failed, label))
-    return 1 if failed else 0
+    return tally.summary(label)
 
 
 def uri_from_argv():
